@@ -1,0 +1,9 @@
+"""nbdnn: cuDNN's primitives as numba.cuda kernels, each with a NumPy/SciPy reference.
+
+NumPy arrays run on the CPU reference, CUDA arrays (numba, CuPy, PyTorch) on the GPU;
+`backend="cuda"` moves NumPy inputs to the GPU and the results back."""
+from .errors import (BadParamError, DeviceError, DtypeError, NbdnnError,
+                     NotSupportedError, ShapeError)
+from .ops.activation import activation, activation_backward
+
+__version__ = "0.1.0"

@@ -1,0 +1,145 @@
+"""Which backend runs a call, and what an array is, without importing numba.cuda.
+
+NumPy arrays run on the CPU reference; arrays exposing `__cuda_array_interface__`
+(numba device arrays, CuPy arrays, PyTorch CUDA tensors) and numba's simulated device
+arrays run on the CUDA backend. `backend="cpu"|"cuda"` forces a backend; the
+environment variable NBDNN_BACKEND sets the default for NumPy inputs, so a whole
+script of NumPy calls can be moved to the GPU without edits.
+"""
+import importlib
+import os
+
+import numpy as np
+
+from .errors import DeviceError, fail, BadParamError
+
+BACKENDS = ("cpu", "cuda")
+_describers = {}  # type -> fn(x) -> (shape, dtype, c_contiguous); filled on first sight
+
+
+def _describe_numpy(x):
+    return x.shape, x.dtype, x.flags.c_contiguous
+
+
+def _describe_torch(x):
+    if not x.is_cuda:
+        raise DeviceError(
+            f"a torch tensor on {x.device} is neither a NumPy nor a CUDA array: "
+            "pass tensor.numpy() for the CPU backend or tensor.cuda() for the GPU")
+    return tuple(x.shape), _torch_dtype(x.dtype), x.is_contiguous()
+
+
+_torch_dtypes = {}
+
+
+def _torch_dtype(tdt):
+    dt = _torch_dtypes.get(tdt)
+    if dt is None:
+        name = str(tdt).replace("torch.", "")
+        try:
+            dt = np.dtype(name)
+        except TypeError:  # bfloat16 and friends: ml_dtypes where installed
+            dt = np.dtype(getattr(importlib.import_module("ml_dtypes"), name))
+        _torch_dtypes[tdt] = dt
+    return dt
+
+
+def _describe_cai(x):
+    cai = x.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    dtype = np.dtype(cai["typestr"])
+    strides = cai.get("strides")
+    return shape, dtype, strides is None or strides == _c_strides(shape, dtype.itemsize)
+
+
+def _describe_attrs(x):
+    """numba device arrays (real or simulated) and CuPy: shape, dtype, flags attributes."""
+    flags = x.flags
+    return tuple(x.shape), np.dtype(x.dtype), bool(flags["C_CONTIGUOUS"])
+
+
+def _c_strides(shape, itemsize):
+    strides, acc = [], itemsize
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def _describer(t):
+    f = _describers.get(t)
+    if f is not None:
+        return f
+    mod = t.__module__ or ""
+    if issubclass(t, np.ndarray):
+        f = _describe_numpy
+    elif mod.startswith("torch"):
+        f = _describe_torch
+    elif mod.startswith(("numba.cuda", "cupy")):
+        f = _describe_attrs
+    elif hasattr(t, "__cuda_array_interface__"):
+        f = _describe_cai
+    else:
+        f = None
+    if f is not None:
+        _describers[t] = f
+    return f
+
+
+def is_array(x):
+    return _describer(type(x)) is not None
+
+
+def kind(x):
+    """'cpu' for NumPy arrays, 'cuda' for device arrays, None for anything else."""
+    t = type(x)
+    if issubclass(t, np.ndarray):
+        return "cpu"
+    return "cuda" if _describer(t) is not None else None
+
+
+def describe(op, name, x):
+    """(shape, dtype, c_contiguous) of any supported array; a clear error otherwise."""
+    f = _describer(type(x))
+    if f is None:
+        fail(BadParamError, op, name, "a NumPy array or a CUDA array",
+             f"{type(x).__module__}.{type(x).__name__}")
+    return f(x)
+
+
+def choose(op, arrays, backend=None):
+    """The backend for a call over `arrays` (name -> array or None).
+
+    Returns (backend_name, copy): copy is True when NumPy inputs go to the GPU and the
+    results come back to NumPy."""
+    kinds = {}
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        k = kind(a)
+        if k is None:
+            fail(BadParamError, op, name, "a NumPy array or a CUDA array",
+                 f"{type(a).__module__}.{type(a).__name__}")
+        kinds.setdefault(k, name)
+    if len(kinds) > 1:
+        raise DeviceError(
+            f"{op}: {kinds['cpu']} is a NumPy (host) array but {kinds['cuda']} is a CUDA "
+            "(device) array; pass both on one side (copy with cuda.to_device / .copy_to_host)")
+    k = next(iter(kinds), "cpu")
+    if backend is not None and backend not in BACKENDS:
+        fail(BadParamError, op, "backend", f"one of {BACKENDS} or None", repr(backend))
+    if k == "cuda":
+        if backend == "cpu":
+            raise DeviceError(f"{op}: backend='cpu' needs NumPy arrays; got CUDA arrays "
+                              "(copy them to the host first)")
+        return "cuda", False
+    if backend is None:
+        backend = os.environ.get("NBDNN_BACKEND", "cpu") or "cpu"
+        if backend not in BACKENDS:
+            fail(BadParamError, op, "NBDNN_BACKEND", f"one of {BACKENDS}", repr(backend))
+    return backend, backend == "cuda"
+
+
+def module(backend, family):
+    """The backend's module for an op family: nbdnn.cpu.<family> or nbdnn.cuda.<family>."""
+    return importlib.import_module(f"nbdnn.{backend}.{family}")

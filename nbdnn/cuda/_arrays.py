@@ -1,0 +1,144 @@
+"""Device arrays of every kind (numba, CuPy, PyTorch, numba's simulator): pointers,
+allocation of results of the caller's kind, host/device copies, stream handles.
+
+Results come back as the kind of array that came in: a torch tensor in gives a torch
+tensor out (allocated by torch's caching allocator, which is also the cheapest
+allocation on the host), CuPy gives CuPy, anything else a numba device array.
+"""
+import numpy as np
+from numba import cuda
+
+from . import SIMULATOR
+
+
+def _ptr_numba(x):
+    return int(x.gpu_data.device_pointer) if x.size else 0
+
+
+def _ptr_torch(x):
+    return x.data_ptr()
+
+
+def _ptr_cupy(x):
+    return x.data.ptr
+
+
+def _ptr_cai(x):
+    return x.__cuda_array_interface__["data"][0]
+
+
+def _ptr_simulated(x):
+    return x._ary.__array_interface__["data"][0]
+
+
+_ptr_fns = {}
+
+
+def _ptr_fn(t):
+    f = _ptr_fns.get(t)
+    if f is None:
+        mod = t.__module__ or ""
+        if mod.startswith("torch"):
+            f = _ptr_torch
+        elif mod.startswith("cupy"):
+            f = _ptr_cupy
+        elif mod.startswith("numba.cuda.simulator"):  # host memory behind a fake
+            f = _ptr_simulated
+        elif mod.startswith("numba.cuda") and hasattr(t, "gpu_data"):
+            f = _ptr_numba
+        else:
+            f = _ptr_cai
+        _ptr_fns[t] = f
+    return f
+
+
+def ptr(x):
+    """The device address of x's first element (an int)."""
+    return _ptr_fn(type(x))(x)
+
+
+def size(x):
+    n = x.numel() if hasattr(x, "numel") else x.size
+    return int(n)
+
+
+def dtype_name(x):
+    """'float32' etc. for any array kind (torch dtypes print as 'torch.float32')."""
+    return str(x.dtype).rpartition(".")[2]
+
+
+def _torch_dtype(dtype):
+    import torch
+    return getattr(torch, np.dtype(dtype).name)
+
+
+def empty(like, shape, dtype):
+    """An uninitialised C-contiguous device array of like's kind."""
+    mod = type(like).__module__ or ""
+    shape = tuple(int(s) for s in shape)
+    if mod.startswith("torch"):
+        import torch
+        return torch.empty(shape, dtype=_torch_dtype(dtype), device=like.device)
+    if mod.startswith("cupy"):
+        import cupy
+        with like.device:
+            return cupy.empty(shape, dtype=dtype)
+    return cuda.device_array(shape, dtype=dtype)
+
+
+def to_device(a, stream=0):
+    return cuda.to_device(np.ascontiguousarray(a), stream=stream or 0)
+
+
+def to_host(x):
+    """A NumPy copy of any device array (synchronises)."""
+    mod = type(x).__module__ or ""
+    if mod.startswith("torch"):
+        return x.detach().cpu().numpy()
+    if mod.startswith("cupy"):
+        return x.get()
+    if hasattr(x, "copy_to_host"):
+        return x.copy_to_host()
+    return cuda.as_cuda_array(x).copy_to_host()
+
+
+def as_numba(x):
+    """A numba device-array view of any CUDA array (for numba's own launch path)."""
+    if SIMULATOR or hasattr(x, "gpu_data"):
+        return x
+    return cuda.as_cuda_array(x)
+
+
+def flat(x):
+    """A 1-D view for the simulator's launch path, which indexes like NumPy."""
+    return x.reshape(int(np.prod(x.shape, dtype=np.int64)))
+
+
+def stream_handle(stream):
+    """The CUstream handle (int) of a numba, CuPy or PyTorch stream, or of any object
+    with `__cuda_stream__`; None and 0 mean the legacy default stream."""
+    if stream is None or stream == 0:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    for attr in ("cuda_stream", "ptr", "handle"):
+        h = getattr(stream, attr, None)
+        if h is not None:
+            return int(getattr(h, "value", h) or 0)
+    raise TypeError(f"not a CUDA stream: {type(stream).__name__}")
+
+
+def numba_stream(stream):
+    """A numba stream object for numba's own APIs (copies, simulator launches)."""
+    if stream is None or stream == 0 or SIMULATOR:
+        return 0
+    if hasattr(stream, "synchronize") and type(stream).__module__.startswith("numba"):
+        return stream
+    return cuda.external_stream(stream_handle(stream))
+
+
+def is_device(x):
+    from ..backend import kind
+    return kind(x) == "cuda"

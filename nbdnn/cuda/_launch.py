@@ -1,0 +1,152 @@
+"""Compile each kernel once per signature; launch without numba's dispatcher.
+
+numba's `kernel[grid, block](...)` re-types and re-flattens every argument in Python on
+each call (20-40 us on the H200, more with torch tensors). Here a `Kernel` compiles one
+signature once (`dispatcher.compile(sig)`), takes the CUfunction/CUkernel handle from
+the loaded module, and keeps a packed parameter buffer per signature. A launch writes
+the few values that change (pointers, sizes, scalars) into that buffer with one
+`struct.pack_into` and calls `cuLaunchKernel` through ctypes: ~3-5 us of host time.
+
+How numba passes arguments (numba-cuda 0.30, `_Kernel._prepare_args`): an array is
+flattened to meminfo, parent, nitems, itemsize, data pointer, then one shape and one
+stride (bytes) per dimension; scalars are their C type. Every nbdnn kernel takes 1-D
+C-contiguous arrays (`float32[::1]`) and explicit int64 sizes, so an array is always
+seven 8-byte slots. Each parameter gets its own 8-byte slot in the buffer; the kernel
+parameter array `void*[]` points at the slots.
+
+Validation happens in nbdnn.ops before we get here: the fast path trusts dtypes, sizes
+and contiguity (numba's specialised dispatchers would not check them either).
+
+Under numba's simulator `Kernel.launch` uses the plain `kernel[grid, block]` call.
+"""
+import ctypes
+import struct
+import threading
+
+from numba import cuda
+
+from . import SIMULATOR
+from ._arrays import flat, ptr, size
+
+REGISTRY = []  # every Kernel with the signatures it is used with (PTX test, warm-up)
+
+
+def _slot_codes(t):
+    """struct codes for one numba argument type, one 8-byte slot per parameter."""
+    name = str(t)
+    if name.startswith("array("):
+        if t.ndim != 1 or t.layout != "C":
+            raise TypeError(f"fast launch takes 1-D C arrays only, got {t}")
+        return "qqqqQqq"
+    return {"int64": "q", "uint64": "Q", "int32": "i4x", "uint32": "I4x",
+            "float32": "f4x", "float64": "d", "boolean": "?7x"}[name]
+
+
+class _Launcher:
+    """Packed parameters and the function handle of one compiled signature."""
+
+    def __init__(self, handle, argtypes, name):
+        self.handle, self.name = handle, name
+        self.is_array = tuple(str(t).startswith("array(") for t in argtypes)
+        self.itemsizes = tuple(t.dtype.bitwidth // 8 if a else 0
+                               for t, a in zip(argtypes, self.is_array))
+        self.packer = struct.Struct("<" + "".join(_slot_codes(t) for t in argtypes))
+        self.buf = ctypes.create_string_buffer(self.packer.size)
+        base = ctypes.addressof(self.buf)
+        nslots = self.packer.size // 8
+        self.params = (ctypes.c_void_p * nslots)(*[base + 8 * i for i in range(nslots)])
+        self.lock = threading.Lock()
+
+    def __call__(self, grid, block, stream, args, shmem):
+        vals = []
+        for a, is_arr, isz in zip(args, self.is_array, self.itemsizes):
+            if is_arr:
+                if type(a) is tuple:  # a raw (pointer, element count)
+                    p, n = a
+                else:
+                    p, n = ptr(a), size(a)
+                vals += (0, 0, n, isz, p, n, isz)
+            else:
+                vals.append(a)
+        gx, gy, gz = grid if isinstance(grid, tuple) else (grid, 1, 1)
+        bx, by, bz = block if isinstance(block, tuple) else (block, 1, 1)
+        with self.lock:  # the buffer is shared; cuLaunchKernel copies it
+            self.packer.pack_into(self.buf, 0, *vals)
+            rc = _cuLaunchKernel(self.handle, gx, gy, gz, bx, by, bz, shmem, stream,
+                                 self.params, None)
+        if rc:
+            from ..errors import DeviceError
+            raise DeviceError(f"cuLaunchKernel({self.name}) failed: {_error_name(rc)} "
+                              f"(grid {grid}, block {block}, shared {shmem} B)")
+
+
+_cuLaunchKernel = None
+_libcuda = None
+
+
+def _bind_driver():
+    global _cuLaunchKernel, _libcuda
+    if _cuLaunchKernel is None:
+        _libcuda = ctypes.CDLL("libcuda.so.1")
+        f = _libcuda.cuLaunchKernel
+        f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        f.restype = ctypes.c_int
+        _cuLaunchKernel = f
+
+
+def _error_name(rc):
+    s = ctypes.c_char_p()
+    _libcuda.cuGetErrorName(rc, ctypes.byref(s))
+    return (s.value or b"?").decode() + f" ({rc})"
+
+
+class Kernel:
+    """A numba kernel compiled once per signature and launched on the fast path.
+
+    pyfunc: the Python kernel; sigs: the signatures nbdnn launches it with (used by
+    the PTX test and `warm_up`); jit_options go to `cuda.jit`."""
+
+    def __init__(self, pyfunc, sigs, **jit_options):
+        self.pyfunc, self.sigs = pyfunc, tuple(sigs)
+        self.name = pyfunc.__name__
+        self.jit_options = jit_options
+        self.dispatcher = cuda.jit(**jit_options)(pyfunc)  # lazy: compiles on demand
+        self._launchers = {}
+        self._thread_ctx = threading.local()
+        REGISTRY.append(self)
+
+    def compile(self, sig):
+        """Compile and load `sig`; returns the launcher (the fast path's state)."""
+        launcher = self._launchers.get(sig)
+        if launcher is None:
+            _bind_driver()
+            kern = self.dispatcher.compile(sig)
+            cufunc = kern._codelibrary.get_cufunc()
+            launcher = _Launcher(int(cufunc.handle), kern.argument_types, self.name)
+            self._launchers[sig] = launcher
+        return launcher
+
+    def resources(self, sig):
+        """Registers, local memory (spills) and shared memory of the compiled kernel."""
+        kern = self.dispatcher.compile(sig)
+        return {"regs": kern.get_regs_per_thread(), "local": kern.get_local_mem_per_thread(),
+                "shared": kern.get_shared_mem_per_block()}
+
+    def launch(self, sig, grid, block, stream, *args, shmem=0):
+        """Run the kernel: grid/block ints or 3-tuples, stream a CUstream handle (int)."""
+        if SIMULATOR:
+            args = [flat(a) if hasattr(a, "shape") else a for a in args]
+            self.dispatcher[grid, block, 0, shmem](*args)
+            return
+        launcher = self._launchers.get(sig) or self.compile(sig)
+        if not getattr(self._thread_ctx, "ready", False):
+            cuda.current_context()  # make the primary context current on this thread
+            self._thread_ctx.ready = True
+        launcher(grid, block, stream, args, shmem)
+
+
+def warm_up(kernels=None):
+    """Compile every registered signature now (JIT happens here, not in a timed run)."""
+    for k in kernels or REGISTRY:
+        for sig in k.sigs:
+            k.compile(sig)

@@ -1,0 +1,144 @@
+"""What every op's front end does: pick the backend, validate, move NumPy inputs to the
+GPU when `backend="cuda"` is forced (and the results back), make CUDA inputs
+contiguous, hand validated arguments to the backend function of the same name."""
+import math
+import numbers
+
+import numpy as np
+
+from .. import backend as _backend
+from ..errors import BadParamError, DtypeError, NotSupportedError, ShapeError, fail
+
+FLOAT_DTYPES = ("float16", "float32", "float64")
+MAX_ELEMENTS = 2 ** 62  # kernels index in int64; past this nothing is addressable anyway
+_modules = {}
+
+
+def backend_module(name, family):
+    m = _modules.get((name, family))
+    if m is None:
+        m = _modules[name, family] = _backend.module(name, family)
+    return m
+
+
+class Call:
+    """One op call: the chosen backend and the arrays going to it.
+
+    Typical use in an op:  c = Call(op, family, backend, x=x, out=out);
+    shape, dtype = c.array("x", x); ...checks...; return c.run(fname, x, ..., out=out)"""
+
+    __slots__ = ("op", "family", "backend", "copy", "contig", "stream")
+
+    def __init__(self, op, family, backend, stream=None, **arrays):
+        self.op, self.family = op, family
+        self.backend, self.copy = _backend.choose(op, arrays, backend)
+        self.contig = {}
+        self.stream = stream
+
+    def array(self, name, x, dtypes=FLOAT_DTYPES):
+        """(shape, dtype) of argument `name`, checked against the allowed dtypes."""
+        shape, dtype, contig = _backend.describe(self.op, name, x)
+        if dtypes is not None and dtype.name not in dtypes:
+            fail(DtypeError, self.op, name, f"one of {', '.join(dtypes)}", dtype.name)
+        n = math.prod(shape)
+        if n > MAX_ELEMENTS:
+            fail(NotSupportedError, self.op, name, f"at most 2**62 elements", n)
+        self.contig[id(x)] = contig
+        return shape, dtype
+
+    def out(self, out, shape, dtype, name="out"):
+        """Check out= against the result's shape and dtype; out must be C-contiguous."""
+        if out is None:
+            return None
+        oshape, odtype, contig = _backend.describe(self.op, name, out)
+        if tuple(oshape) != tuple(shape):
+            fail(ShapeError, self.op, f"{name}.shape", tuple(shape), tuple(oshape))
+        if odtype != dtype:
+            fail(DtypeError, self.op, f"{name}.dtype", np.dtype(dtype).name, odtype.name)
+        if not contig:
+            fail(BadParamError, self.op, name, "C-contiguous", "a strided view")
+        if self.copy and not out.flags.writeable:
+            fail(BadParamError, self.op, name, "writeable", "a read-only array")
+        return out
+
+    def run(self, fname, *args, out=None, **kw):
+        """Call the backend's `fname`; arrays among args are made contiguous (CUDA) or
+        copied to the GPU and back (NumPy forced onto "cuda")."""
+        impl = backend_module(self.backend, self.family)
+        if self.backend == "cpu":
+            return getattr(impl, fname)(*args, out=out, **kw)
+        from ..cuda import _arrays
+        stream = _arrays.stream_handle(self.stream)
+        if self.copy:
+            dev = [_arrays.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+            dout = _arrays.to_device(out) if out is not None else None
+            res = getattr(impl, fname)(*dev, out=dout, stream=stream, **kw)
+            return _back_to_host(res, out)
+        args = [a if not _arrays.is_device(a) or self.contig.get(id(a), True)
+                else impl_contiguous(a, stream) for a in args]
+        return getattr(impl, fname)(*args, out=out, stream=stream, **kw)
+
+
+def impl_contiguous(x, stream):
+    from ..cuda._strided import contiguous
+    return contiguous(x, stream)
+
+
+def _back_to_host(res, out):
+    from ..cuda import _arrays
+    if isinstance(res, tuple):
+        return tuple(_back_to_host(r, None) for r in res) if out is None else \
+            (_back_to_host(res[0], out),) + tuple(_back_to_host(r, None) for r in res[1:])
+    if res is None or isinstance(res, (numbers.Number, np.generic)):
+        return res
+    host = _arrays.to_host(res)
+    if out is not None:
+        out[...] = host
+        return out
+    return host
+
+
+def choice(op, name, value, choices):
+    if value not in choices:
+        fail(BadParamError, op, name, f"one of {', '.join(map(repr, choices))}", repr(value))
+    return value
+
+
+def scalar(op, name, value, *, finite=True, low=None, high=None, low_open=False):
+    """A real Python/NumPy number, optionally finite and in [low, high] (or (low, ...))."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.generic)):
+        fail(BadParamError, op, name, "a real number", repr(value))
+    v = float(value)
+    if finite and not math.isfinite(v):
+        fail(BadParamError, op, name, "finite", v)
+    if low is not None and (v < low or (low_open and v == low)):
+        fail(BadParamError, op, name, f"{'>' if low_open else '>='} {low}", v)
+    if high is not None and v > high:
+        fail(BadParamError, op, name, f"<= {high}", v)
+    return v
+
+
+def blend_params(op, alpha, beta):
+    return scalar(op, "alpha", alpha), scalar(op, "beta", beta)
+
+
+def same_shape(op, names, shapes):
+    first = shapes[0]
+    for n, s in zip(names[1:], shapes[1:]):
+        if tuple(s) != tuple(first):
+            fail(ShapeError, op, f"{n}.shape", f"equal to {names[0]}.shape {tuple(first)}",
+                 tuple(s))
+
+
+def same_dtype(op, names, dtypes):
+    for n, d in zip(names[1:], dtypes[1:]):
+        if d != dtypes[0]:
+            fail(DtypeError, op, f"{n}.dtype", f"{dtypes[0].name} like {names[0]}", d.name)
+
+
+def normalize_axis(op, name, axis, ndim):
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        fail(BadParamError, op, name, "an int", repr(axis))
+    if not -ndim <= axis < ndim:
+        fail(BadParamError, op, name, f"in [{-ndim}, {ndim})", axis)
+    return int(axis) % ndim

@@ -1,0 +1,60 @@
+"""activation / activation_backward: cuDNN's cudnnActivationForward/Backward modes plus
+the modern ones (swish, gelu, gelu_tanh, softplus). The formulas are in
+nbdnn/cpu/activation.py."""
+from ._common import Call, blend_params, choice, same_dtype, same_shape, scalar
+
+MODES = ("relu", "leaky_relu", "clipped_relu", "elu", "sigmoid", "tanh", "swish",
+         "gelu", "gelu_tanh", "softplus", "identity")
+DEFAULT_COEF = {"leaky_relu": 0.01, "clipped_relu": 6.0, "elu": 1.0, "swish": 1.0,
+                "softplus": 1.0}
+
+
+def _coef(op, mode, coef):
+    choice(op, "mode", mode, MODES)
+    if mode not in DEFAULT_COEF:
+        return 0.0
+    if coef is None:
+        return DEFAULT_COEF[mode]
+    if mode == "clipped_relu":
+        return scalar(op, "coef (clipped_relu ceiling)", coef, low=0.0)
+    if mode == "softplus":
+        return scalar(op, "coef (softplus beta)", coef, low=0.0, low_open=True)
+    return scalar(op, f"coef ({mode})", coef)
+
+
+def activation(x, mode="relu", *, coef=None, alpha=1.0, beta=0.0, out=None,
+               backend=None, stream=None):
+    """y = alpha * f(x) + beta * out, elementwise; f by `mode`, parameterised by `coef`
+    (leaky_relu slope 0.01, clipped_relu ceiling 6, elu alpha 1, swish/softplus beta 1).
+
+    x: any shape, float16/float32/float64. Returns y (or `out`) of x's shape and dtype."""
+    op = "activation"
+    c = Call(op, "activation", backend, stream, x=x, out=out)
+    shape, dtype = c.array("x", x)
+    coef = _coef(op, mode, coef)
+    alpha, beta = blend_params(op, alpha, beta)
+    out = c.out(out, shape, dtype)
+    return c.run("activation", x, mode, coef, alpha=alpha, beta=beta, out=out)
+
+
+def activation_backward(dy, x, y=None, mode="relu", *, coef=None, alpha=1.0, beta=0.0,
+                        out=None, backend=None, stream=None):
+    """dx = alpha * dy * f'(x) + beta * out.
+
+    The derivative is computed from x for every mode (exact, and one array less to
+    read); y, the forward output, is accepted for cuDNN's argument list and checked
+    for shape, but not read."""
+    op = "activation_backward"
+    c = Call(op, "activation", backend, stream, dy=dy, x=x, y=y, out=out)
+    dshape, ddtype = c.array("dy", dy)
+    shape, dtype = c.array("x", x)
+    names, shapes, dtypes = ["x", "dy"], [shape, dshape], [dtype, ddtype]
+    if y is not None:
+        yshape, ydtype = c.array("y", y)
+        names.append("y"), shapes.append(yshape), dtypes.append(ydtype)
+    same_shape(op, names, shapes)
+    same_dtype(op, names, dtypes)
+    coef = _coef(op, mode, coef)
+    alpha, beta = blend_params(op, alpha, beta)
+    out = c.out(out, shape, dtype)
+    return c.run("activation_backward", dy, x, mode, coef, alpha=alpha, beta=beta, out=out)
