@@ -52,10 +52,13 @@ def _describe_cai(x):
     return shape, dtype, strides is None or strides == _c_strides(shape, dtype.itemsize)
 
 
-def _describe_attrs(x):
-    """numba device arrays (real or simulated) and CuPy: shape, dtype, flags attributes."""
-    flags = x.flags
-    return tuple(x.shape), np.dtype(x.dtype), bool(flags["C_CONTIGUOUS"])
+def _describe_numba(x):
+    """numba device arrays, real or simulated."""
+    return x.shape, x.dtype, x.is_c_contiguous()
+
+
+def _describe_cupy(x):
+    return x.shape, x.dtype, x.flags.c_contiguous
 
 
 def _c_strides(shape, itemsize):
@@ -75,8 +78,10 @@ def _describer(t):
         f = _describe_numpy
     elif mod.startswith("torch"):
         f = _describe_torch
-    elif mod.startswith(("numba.cuda", "cupy")):
-        f = _describe_attrs
+    elif mod.startswith("numba.cuda") and hasattr(t, "is_c_contiguous"):
+        f = _describe_numba
+    elif mod.startswith("cupy"):
+        f = _describe_cupy
     elif hasattr(t, "__cuda_array_interface__"):
         f = _describe_cai
     else:

@@ -120,7 +120,8 @@ def _to_device(a, strided):
         return _arrays.to_device(a)
     wide = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
     wide[..., ::2] = a
-    return cuda.to_device(wide)[..., ::2]
+    view = (slice(None),) * (a.ndim - 1) + (slice(None, None, 2),)
+    return cuda.to_device(wide)[view]
 
 
 def crosscheck(spec, case, dtype, strided=(), blend=None):

@@ -62,6 +62,36 @@ def size(x):
     return int(n)
 
 
+def _ptr_size_numba(x):
+    n = x.size
+    return (int(x.gpu_data.device_pointer) if n else 0), n
+
+
+def _ptr_size_torch(x):
+    return x.data_ptr(), x.numel()
+
+
+_ptr_size_fns = {}
+
+
+def ptr_size(x):
+    """(device address, element count) of a C-contiguous device array: the two
+    numbers a kernel launch needs, fetched the cheapest way for x's kind."""
+    t = type(x)
+    f = _ptr_size_fns.get(t)
+    if f is None:
+        mod = t.__module__ or ""
+        if mod.startswith("torch"):
+            f = _ptr_size_torch
+        elif mod.startswith("numba.cuda") and hasattr(t, "gpu_data") \
+                and not mod.startswith("numba.cuda.simulator"):
+            f = _ptr_size_numba
+        else:
+            f = lambda a: (ptr(a), size(a))  # noqa: E731
+        _ptr_size_fns[t] = f
+    return f(x)
+
+
 def dtype_name(x):
     """'float32' etc. for any array kind (torch dtypes print as 'torch.float32')."""
     return str(x.dtype).rpartition(".")[2]
@@ -117,7 +147,7 @@ def flat(x):
 def stream_handle(stream):
     """The CUstream handle (int) of a numba, CuPy or PyTorch stream, or of any object
     with `__cuda_stream__`; None and 0 mean the legacy default stream."""
-    if stream is None or stream == 0:
+    if stream is None or stream == 0 or SIMULATOR:
         return 0
     if isinstance(stream, int):
         return stream
@@ -127,7 +157,9 @@ def stream_handle(stream):
         h = getattr(stream, attr, None)
         if h is not None:
             return int(getattr(h, "value", h) or 0)
-    raise TypeError(f"not a CUDA stream: {type(stream).__name__}")
+    from ..errors import BadParamError
+    raise BadParamError(f"stream must be a CUDA stream (numba, CuPy, PyTorch, or an object "
+                        f"with __cuda_stream__); got {type(stream).__name__}")
 
 
 def numba_stream(stream):

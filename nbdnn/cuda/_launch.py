@@ -26,7 +26,7 @@ import threading
 from numba import cuda
 
 from . import SIMULATOR
-from ._arrays import flat, ptr, size
+from ._arrays import flat, ptr_size
 
 REGISTRY = []  # every Kernel with the signatures it is used with (PTX test, warm-up)
 
@@ -61,10 +61,7 @@ class _Launcher:
         vals = []
         for a, is_arr, isz in zip(args, self.is_array, self.itemsizes):
             if is_arr:
-                if type(a) is tuple:  # a raw (pointer, element count)
-                    p, n = a
-                else:
-                    p, n = ptr(a), size(a)
+                p, n = a if type(a) is tuple else ptr_size(a)  # tuple: (pointer, count)
                 vals += (0, 0, n, isz, p, n, isz)
             else:
                 vals.append(a)
@@ -92,6 +89,15 @@ def _bind_driver():
         f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
         f.restype = ctypes.c_int
         _cuLaunchKernel = f
+
+
+def _function_handle(kernel_handle):
+    """The CUfunction of a CUkernel (numba-cuda 0.30 loads modules as libraries) in the
+    current context: launching a CUkernel makes the driver look the function up on
+    every launch; the CUfunction skips that."""
+    func = ctypes.c_void_p()
+    rc = _libcuda.cuKernelGetFunction(ctypes.byref(func), ctypes.c_void_p(kernel_handle))
+    return func.value if rc == 0 and func.value else kernel_handle
 
 
 def _error_name(rc):
@@ -122,15 +128,15 @@ class Kernel:
             _bind_driver()
             kern = self.dispatcher.compile(sig)
             cufunc = kern._codelibrary.get_cufunc()
-            launcher = _Launcher(int(cufunc.handle), kern.argument_types, self.name)
+            launcher = _Launcher(_function_handle(int(cufunc.handle)), kern.argument_types,
+                                 self.name)
             self._launchers[sig] = launcher
         return launcher
 
     def resources(self, sig):
         """Registers, local memory (spills) and shared memory of the compiled kernel."""
-        kern = self.dispatcher.compile(sig)
-        return {"regs": kern.get_regs_per_thread(), "local": kern.get_local_mem_per_thread(),
-                "shared": kern.get_shared_mem_per_block()}
+        attrs = self.dispatcher.compile(sig)._codelibrary.get_cufunc().attrs
+        return {"regs": attrs.regs, "local_bytes": attrs.local, "shared_bytes": attrs.shared}
 
     def launch(self, sig, grid, block, stream, *args, shmem=0):
         """Run the kernel: grid/block ints or 3-tuples, stream a CUstream handle (int)."""

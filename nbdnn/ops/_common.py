@@ -62,21 +62,33 @@ class Call:
         return out
 
     def run(self, fname, *args, out=None, **kw):
-        """Call the backend's `fname`; arrays among args are made contiguous (CUDA) or
-        copied to the GPU and back (NumPy forced onto "cuda")."""
-        impl = backend_module(self.backend, self.family)
+        """Call the backend's `fname`; CUDA inputs that are strided views are made
+        contiguous first; NumPy inputs forced onto "cuda" are copied to the GPU and the
+        results back (into `out` when given)."""
+        fn = getattr(backend_module(self.backend, self.family), fname)
         if self.backend == "cpu":
-            return getattr(impl, fname)(*args, out=out, **kw)
-        from ..cuda import _arrays
-        stream = _arrays.stream_handle(self.stream)
+            return fn(*args, out=out, **kw)
+        arrays = _cuda_arrays()
+        stream = arrays.stream_handle(self.stream)
         if self.copy:
-            dev = [_arrays.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
-            dout = _arrays.to_device(out) if out is not None else None
-            res = getattr(impl, fname)(*dev, out=dout, stream=stream, **kw)
-            return _back_to_host(res, out)
-        args = [a if not _arrays.is_device(a) or self.contig.get(id(a), True)
-                else impl_contiguous(a, stream) for a in args]
-        return getattr(impl, fname)(*args, out=out, stream=stream, **kw)
+            dev = [arrays.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+            dout = arrays.to_device(out) if out is not None else None
+            return _back_to_host(fn(*dev, out=dout, stream=stream, **kw), out)
+        if not all(self.contig.values()):
+            args = [impl_contiguous(a, stream) if not self.contig.get(id(a), True) else a
+                    for a in args]
+        return fn(*args, out=out, stream=stream, **kw)
+
+
+_arrays_mod = None
+
+
+def _cuda_arrays():
+    global _arrays_mod
+    if _arrays_mod is None:
+        from ..cuda import _arrays
+        _arrays_mod = _arrays
+    return _arrays_mod
 
 
 def impl_contiguous(x, stream):

@@ -1,0 +1,201 @@
+"""`nbdnn info | check | bench`: versions and the driver/toolkit match; a cross-check of
+every op on random inputs; the benchmark table."""
+import argparse
+import sys
+import time
+
+import numpy as np
+
+
+def _versions():
+    import numba
+    import nbdnn
+    v = {"nbdnn": nbdnn.__version__, "numba": numba.__version__, "numpy": np.__version__}
+    try:
+        from importlib.metadata import version
+        v["numba-cuda"] = version("numba-cuda")
+    except Exception:
+        v["numba-cuda"] = "?"
+    return v
+
+
+def _header():
+    from nbdnn.cuda import SIMULATOR, DRIVER_STATUS
+    v = _versions()
+    line = " ".join(f"{k} {x}" for k, x in v.items())
+    if SIMULATOR:
+        return (f"{line}\nCUDA backend: numba's CUDA SIMULATOR ({DRIVER_STATUS}): kernels run "
+                "as Python threads; shapes are tiny and times say nothing about a GPU")
+    from numba import cuda
+    d = cuda.get_current_device()
+    return f"{line}\nCUDA backend: {d.name.decode() if isinstance(d.name, bytes) else d.name} " \
+           f"(sm_{d.compute_capability[0]}{d.compute_capability[1]}), hardware"
+
+
+# CUDA release -> newest PTX ISA its driver JIT-compiles (PTX ISA release notes)
+_PTX_ISA = {(12, 0): (8, 0), (12, 1): (8, 1), (12, 2): (8, 2), (12, 3): (8, 3), (12, 4): (8, 4),
+            (12, 5): (8, 5), (12, 6): (8, 5), (12, 8): (8, 7), (12, 9): (8, 8), (13, 0): (9, 0),
+            (13, 1): (9, 1), (13, 2): (9, 2)}
+
+
+def _driver_ptx_isa(driver):
+    if driver in _PTX_ISA:
+        return _PTX_ISA[driver]
+    older = [k for k in _PTX_ISA if k <= driver]
+    return _PTX_ISA[max(older)] if older else None
+
+
+def info(args):
+    from nbdnn.cuda import SIMULATOR, DRIVER_STATUS
+    import ctypes
+    for k, x in _versions().items():
+        print(f"{k:<12} {x}")
+    driver = None
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        ver = ctypes.c_int()
+        lib.cuDriverGetVersion(ctypes.byref(ver))
+        driver = (ver.value // 1000, ver.value % 1000 // 10)
+        print(f"{'CUDA driver':<12} {driver[0]}.{driver[1]}")
+    except OSError:
+        print(f"{'CUDA driver':<12} none ({DRIVER_STATUS})")
+    nvvm_version, emitted = _toolkit()
+    if nvvm_version:
+        print(f"{'NVVM':<12} {nvvm_version}")
+        print(f"{'PTX emitted':<12} ISA {emitted[0]}.{emitted[1]} (what numba's toolkit writes)")
+    else:
+        print(f"{'NVVM':<12} not found: install nbdnn[cu13] (or [cu12]) to compile kernels")
+    if SIMULATOR:
+        print("mode         SIMULATOR: numba's CUDA simulator runs the kernels (no usable GPU)")
+    else:
+        from numba import cuda
+        d = cuda.get_current_device()
+        name = d.name.decode() if isinstance(d.name, bytes) else d.name
+        print(f"{'GPU':<12} {name}, compute capability {d.compute_capability[0]}."
+              f"{d.compute_capability[1]}, {d.MULTIPROCESSOR_COUNT} SMs")
+        print("mode         hardware")
+    if driver and emitted and not SIMULATOR:
+        can = _driver_ptx_isa(driver)
+        if can is None or emitted > can:
+            print(f"MISMATCH     the driver (CUDA {driver[0]}.{driver[1]}) JIT-compiles PTX ISA up to "
+                  f"{can[0]}.{can[1] if can else '?'}, but the installed CUDA toolkit emits ISA "
+                  f"{emitted[0]}.{emitted[1]}: kernels will fail to load "
+                  "(CUDA_ERROR_UNSUPPORTED_PTX_VERSION). Fix: install the toolkit wheels that match "
+                  f"the driver, e.g. pip install 'cuda-toolkit[nvvm,nvrtc]=={driver[0]}.{driver[1]}.*', "
+                  "or upgrade the NVIDIA driver.")
+        else:
+            print(f"match        the driver runs what this toolkit emits (ISA {emitted[0]}."
+                  f"{emitted[1]} <= {can[0]}.{can[1]})")
+    return 0
+
+
+def _toolkit():
+    """(NVVM version, PTX ISA version numba emits), asked of a non-simulator process."""
+    import os
+    import subprocess
+    code = ("from numba import cuda\n"
+            "from numba.cuda.cudadrv import nvvm\n"
+            "def k(a):\n    a[0] = 1\n"
+            "ptx, _ = cuda.compile_ptx(k, 'void(float32[::1])', cc=(8, 0))\n"
+            "print('.'.join(map(str, nvvm.NVVM().get_version())))\n"
+            "print([l for l in ptx.splitlines() if l.startswith('.version')][0])")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if p.returncode:
+        return None, None
+    lines = p.stdout.split("\n")
+    major, minor = lines[1].split()[-1].split(".")
+    return lines[0], (int(major), int(minor))
+
+
+def _progress(i, n, label):
+    w = 30
+    done = int(w * i / max(n, 1))
+    sys.stderr.write(f"\r[{'#' * done}{'.' * (w - done)}] {i}/{n} {label[:40]:<40}")
+    sys.stderr.flush()
+    if i == n:
+        sys.stderr.write("\n")
+
+
+def _selected(specs, ops):
+    if not ops:
+        return specs
+    return [s for s in specs if any(s.name == o or s.name.startswith(o + "/")
+                                    or s.family == o for o in ops)]
+
+
+def check(args):
+    from nbdnn import testing
+    from nbdnn.cuda import SIMULATOR
+    print(_header())
+    specs = _selected(testing.SPECS, args.ops)
+    dtypes = args.dtype or list(testing.DTYPES)
+    rng = np.random.default_rng(args.seed)
+    draw = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    jobs = [(s, d) for s in specs for d in dtypes if d in s.dtypes]
+    rows, failed = [], 0
+    for i, (spec, dtype) in enumerate(jobs):
+        _progress(i, len(jobs), spec.name)
+        for rep in range(args.examples):
+            case = spec.make(draw, dtype, not SIMULATOR)
+            blend = [None, (0.5, 0.75, rep), (1.0, 0.0, rep)][rep % 3] if spec.blend else None
+            try:
+                r = testing.crosscheck(spec, case, dtype, strided={0} if rep % 2 else set(),
+                                       blend=blend)
+            except Exception as e:  # noqa: BLE001 - a crash is a failed check, reported
+                r = {"ok": False, "max_abs": float("nan"), "max_rel": float("nan"),
+                     "tol": spec.tolerance(dtype, case), "msg": f"{type(e).__name__}: {e}",
+                     "shapes": []}
+            if not r["ok"] or rep == args.examples - 1:
+                rows.append((spec.name, dtype, r))
+            if not r["ok"]:
+                failed += 1
+                break
+    _progress(len(jobs), len(jobs), "done")
+    print(f"{'op':<34} {'dtype':<8} {'shapes':<28} {'max abs':>9} {'max rel':>9} "
+          f"{'atol/rtol':>17}  result")
+    for name, dtype, r in rows:
+        shapes = ",".join("x".join(map(str, s)) for s in r["shapes"])[:28]
+        tol = f"{r['tol'][0]:.0e}/{r['tol'][1]:.0e}"
+        print(f"{name:<34} {dtype:<8} {shapes:<28} {r['max_abs']:9.2e} {r['max_rel']:9.2e} "
+              f"{tol:>17}  {'pass' if r['ok'] else 'FAIL ' + r['msg']}")
+    print(f"{len(jobs)} op/dtype pairs, {failed} failed")
+    return 1 if failed else 0
+
+
+def bench(args):
+    from nbdnn import bench as B
+    print(_header())
+    rows = B.run_suite(args.ops, cpu=not args.no_cpu, size_mb=args.size_mb,
+                       progress=_progress)
+    print(B.format_table(rows))
+    if args.json:
+        B.save_json(rows, args.json, {"versions": _versions(), "header": _header(),
+                                      "date": time.strftime("%Y-%m-%d")})
+    if args.plot:
+        B.plot(rows, args.plot)
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="nbdnn", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="versions, GPU, driver/toolkit match, simulator or hardware")
+    c = sub.add_parser("check", help="cross-check every op, CUDA against the CPU reference")
+    c.add_argument("--ops", nargs="*", help="op names or families (default: all)")
+    c.add_argument("--dtype", nargs="*", choices=["float16", "float32", "float64"])
+    c.add_argument("--examples", type=int, default=3, help="random cases per op and dtype")
+    c.add_argument("--seed", type=int, default=0)
+    b = sub.add_parser("bench", help="time every op: GPU, CPU, PyTorch, % of copy bandwidth")
+    b.add_argument("--ops", nargs="*")
+    b.add_argument("--json")
+    b.add_argument("--plot")
+    b.add_argument("--no-cpu", action="store_true", help="skip the (slow) CPU timings")
+    b.add_argument("--size-mb", type=float, default=None,
+                   help="tensor size for the elementwise rows (default 1024 MiB on a GPU)")
+    a = p.parse_args(argv)
+    return {"info": info, "check": check, "bench": bench}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,616 @@
+"""Softmax forward and backward over any axis: x viewed as (outer, L, inner), L the
+softmax axis. Arithmetic in float32 for float16/float32 storage, float64 for float64.
+algo is a runtime int (FAST 0, ACCURATE 1, LOG 2): uniform per launch, so no divergence.
+
+Kernels (traffic per element, float32; +4 B when beta != 0 reads out):
+1. rows (inner == 1, L <= ROWS_MAX: 32768 forward, 16384 backward): G lanes per row
+   (G <= 32: several rows per 128-thread block, shuffles only; G > 32: a block per
+   row, shuffles + one shared-memory step), each lane holding 4*V values in registers
+   (generated source, V in ROWS_VS; slots are named scalars, so nothing spills to local
+   memory). One read + one write: 8 B forward, 12 B backward (dy, y in, dx out).
+   16-byte `load4`/`store4` when L % 4 == 0 and the bases are aligned.
+2. long (inner == 1, rows past the register cache, up to 2**31 elements a row):
+   each row is cut into C chunks (C grows when there are few rows, so one row of 1M
+   elements still fills the GPU), pass A reduces a chunk to an online (max, sum) pair
+   (backward: a sum) in a small workspace, pass B combines the row's C pairs in a fixed
+   order (deterministic, every block of the row computes the same value) and writes
+   its chunk. 12 B forward (two reads, one write), 20 B backward.
+3. strided (inner > 1, softmax over a non-last axis, e.g. NCHW channels): a block of
+   BX x BY threads, BX consecutive columns of inner (coalesced), BY lanes splitting L;
+   each thread runs the online (max, sum) over its part of L, the BY partials are
+   combined (shuffles + shared memory, fixed order), then a write pass. 12 B forward,
+   20 B backward; the second read mostly hits L2.
+
+Non-finite inputs follow nbdnn/cpu/softmax.py: NaN or +inf in a row makes the row NaN
+(the online kernels force it: the online sum stays finite when the max is +inf).
+Under the simulator (no warp shuffles) every reduction goes through shared memory.
+"""
+import math
+
+import numpy as np
+from numba import cuda, float32, float64
+
+from . import SIMULATOR
+from ._arrays import dtype_name, empty, ptr, size
+from ._intrinsics import HAS_WARP, load4, store4, vector_alignment
+from ._launch import Kernel
+from ..errors import NotSupportedError
+
+DTYPES = ("float16", "float32", "float64")
+FAST, ACCURATE, LOG = 0, 1, 2
+ALGOS = {"fast": FAST, "accurate": ACCURATE, "log": LOG}
+FULL = 0xFFFFFFFF
+
+# kernel 1: register-cached rows
+ROWS_VS = (1, 2, 4, 8)            # 4-element vectors per lane (generated kernels)
+ROWS_BLOCK = 128                  # block size when G <= 32 (ROWS_BLOCK // G rows a block)
+ROWS_MAX = {False: 32768, True: 16384}   # longest cached row: forward, backward
+ROWS_MAX_G = {False: 1024, True: 512}    # backward caches 2 arrays: half the lanes
+# kernel 2: long rows
+LONG_BLOCK = 32 if SIMULATOR else 256
+LONG_MIN_CHUNK = 32 if SIMULATOR else 4096   # >= 16 elements a thread per pass
+# kernel 3: strided
+STRIDED_BLOCK = 64 if SIMULATOR else 256
+STRIDED_BX = 32                   # columns a block (fewer when inner is smaller)
+SHM = 32 if HAS_WARP else 1024    # one slot per warp; per thread under the simulator
+MAX_GRID = 2 ** 31 - 1
+_target_blocks = []               # 4 blocks per SM, measured once
+
+
+def _pow2(n):
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _device_functions(nt):
+    """Reductions and the online update in compute type nt (np.float32/np.float64)."""
+    NEG_INF, INF, ZERO, ONE, NAN = nt(-np.inf), nt(np.inf), nt(0), nt(1), nt(np.nan)
+    dev = cuda.jit(device=True)
+
+    @dev
+    def combine(m1, s1, m2, s2):
+        # (m, s) pairs: s = sum exp(x - m); an empty side has m = -inf and adds 0
+        M = m2 if m2 > m1 else m1
+        a = s1 * math.exp(m1 - M) if m1 != NEG_INF else ZERO
+        b = s2 * math.exp(m2 - M) if m2 != NEG_INF else ZERO
+        return M, a + b
+
+    @dev
+    def update(m, s, v, fast):
+        # one element into the running pair; fast keeps m = 0 (no max subtraction)
+        if fast:
+            return m, s + math.exp(v)
+        if v > m:
+            return v, s * math.exp(m - v) + ONE
+        if v != NEG_INF:  # NaN lands here and poisons s, as in the reference
+            return m, s + math.exp(v - m)
+        return m, s
+
+    @dev
+    def finish(m, s, algo, alpha):
+        # (c, inv): y = (x - c) * alpha for log, exp(x - m) * inv otherwise. A max of
+        # +inf (or a row of -inf) makes the row NaN as in the reference; the online sum
+        # alone would stay finite there.
+        if algo != FAST and (m == INF or m == NEG_INF):
+            s = NAN
+        if algo == LOG:
+            return m + math.log(s), ZERO
+        return ZERO, alpha / s
+
+    if HAS_WARP:
+        @dev
+        def grp_max(v, G, shm):
+            # max over the G lanes of a row: G <= 32 lane groups, or the whole block
+            off = (G if G < 32 else 32) // 2
+            while off > 0:
+                o = cuda.shfl_xor_sync(FULL, v, off)
+                v = o if o > v else v
+                off //= 2
+            if G > 32:
+                t = cuda.threadIdx.x
+                if t % 32 == 0:
+                    shm[t // 32] = v
+                cuda.syncthreads()
+                v = shm[0]
+                for i in range(1, G // 32):
+                    o = shm[i]
+                    v = o if o > v else v
+                cuda.syncthreads()
+            return v
+
+        @dev
+        def grp_sum(v, G, shm):
+            off = (G if G < 32 else 32) // 2
+            while off > 0:
+                v += cuda.shfl_xor_sync(FULL, v, off)
+                off //= 2
+            if G > 32:
+                t = cuda.threadIdx.x
+                if t % 32 == 0:
+                    shm[t // 32] = v
+                cuda.syncthreads()
+                v = shm[0]
+                for i in range(1, G // 32):
+                    v += shm[i]
+                cuda.syncthreads()
+            return v
+
+        @dev
+        def grp_pair(m, s, G, shm_m, shm_s):
+            off = (G if G < 32 else 32) // 2
+            while off > 0:
+                m2 = cuda.shfl_xor_sync(FULL, m, off)
+                s2 = cuda.shfl_xor_sync(FULL, s, off)
+                m, s = combine(m, s, m2, s2)
+                off //= 2
+            if G > 32:
+                t = cuda.threadIdx.x
+                if t % 32 == 0:
+                    shm_m[t // 32] = m
+                    shm_s[t // 32] = s
+                cuda.syncthreads()
+                m, s = shm_m[0], shm_s[0]
+                for i in range(1, G // 32):
+                    m, s = combine(m, s, shm_m[i], shm_s[i])
+                cuda.syncthreads()
+            return m, s
+    else:
+        @dev
+        def grp_max(v, G, shm):
+            t = cuda.threadIdx.x
+            shm[t] = v
+            cuda.syncthreads()
+            b = t - t % G
+            v = shm[b]
+            for i in range(1, G):
+                o = shm[b + i]
+                v = o if o > v else v
+            cuda.syncthreads()
+            return v
+
+        @dev
+        def grp_sum(v, G, shm):
+            t = cuda.threadIdx.x
+            shm[t] = v
+            cuda.syncthreads()
+            b = t - t % G
+            v = shm[b]
+            for i in range(1, G):
+                v += shm[b + i]
+            cuda.syncthreads()
+            return v
+
+        @dev
+        def grp_pair(m, s, G, shm_m, shm_s):
+            t = cuda.threadIdx.x
+            shm_m[t] = m
+            shm_s[t] = s
+            cuda.syncthreads()
+            b = t - t % G
+            m, s = shm_m[b], shm_s[b]
+            for i in range(1, G):
+                m, s = combine(m, s, shm_m[b + i], shm_s[b + i])
+            cuda.syncthreads()
+            return m, s
+
+    @dev
+    def col_pair(m, s, BX, shm_m, shm_s, summing):
+        # combine over the BY threads of column tx = t % BX (t = ty * BX + tx): xor
+        # shuffles over lane bits >= BX inside a warp, then one entry per warp in order.
+        # summing: plain sums in s (backward), m unused.
+        step = BX
+        if HAS_WARP and BX < 32:
+            off = 16
+            while off >= BX:
+                m2 = cuda.shfl_xor_sync(FULL, m, off)
+                s2 = cuda.shfl_xor_sync(FULL, s, off)
+                if summing:
+                    s = s + s2
+                else:
+                    m, s = combine(m, s, m2, s2)
+                off //= 2
+            step = 32
+        t = cuda.threadIdx.x
+        shm_m[t] = m
+        shm_s[t] = s
+        cuda.syncthreads()
+        i = t % BX
+        m, s = shm_m[i], shm_s[i]
+        i += step
+        while i < cuda.blockDim.x:
+            if summing:
+                s = s + shm_s[i]
+            else:
+                m, s = combine(m, s, shm_m[i], shm_s[i])
+            i += step
+        cuda.syncthreads()
+        return m, s
+
+    return dict(NEG_INF=NEG_INF, INF=INF, ZERO=ZERO, ONE=ONE, NAN=NAN,
+                combine=combine, update=update, finish=finish, grp_max=grp_max, grp_sum=grp_sum,
+                grp_pair=grp_pair, col_pair=col_pair)
+
+
+# ---- kernel 1: generated register-cached row kernels -----------------------------
+
+def _rows_source(V, backward):
+    """Source of the row kernel with 4*V cached values per lane (per array). Slot (k, j)
+    holds element 4*(lane + k*G) + j (vector path) or lane + G*(4k + j) (scalar path,
+    coalesced)."""
+    slots = [(k, j) for k in range(V) for j in range(4)]
+    ins = ["d", "w"] if backward else ["v"]          # dy, y  |  x
+    arrs = ["dy", "y"] if backward else ["x"]
+    dst = "dx" if backward else "y"
+    name = f"softmax_rows_{'bwd' if backward else 'fwd'}_v{V}"
+    src = [f"def {name}({', '.join(arrs)}, {dst}, nrows, L, G, algo, alpha, beta, aligned):",
+           "    t = cuda.threadIdx.x",
+           "    lane = t % G",
+           "    row = cuda.blockIdx.x * (cuda.blockDim.x // G) + t // G",
+           "    live = row < nrows",
+           "    base = row * L",
+           "    L4 = L // 4",
+           "    q = base // 4 + lane",
+           "    shm = cuda.shared.array(SHM, CT)"]
+    for p in ins:
+        src += [f"    {p}{k}_{j} = {'ZERO' if backward else 'NEG_INF'}" for k, j in slots]
+    src += ["    if live:", "        if aligned != 0:"]
+    for k in range(V):
+        src.append(f"            if lane + {k} * G < L4:")
+        for p, a in zip(ins, arrs):
+            src.append(f"                a0, a1, a2, a3 = load4({a}, q + {k} * G)")
+            src += [f"                {p}{k}_{j} = CT(a{j})" for j in range(4)]
+    src.append("        else:")
+    for k, j in slots:
+        src.append(f"            if lane + {4 * k + j} * G < L:")
+        for p, a in zip(ins, arrs):
+            src.append(f"                {p}{k}_{j} = CT({a}[base + lane + {4 * k + j} * G])")
+    acc = lambda j: f"s{j}"  # four partial sums for ILP
+    src += [f"    s{j} = ZERO" for j in range(4)]
+    if backward:
+        src.append("    if algo == LOG:")
+        src += [f"        s{j} += d{k}_{j}" for k, j in slots]
+        src.append("    else:")
+        src += [f"        s{j} += d{k}_{j} * w{k}_{j}" for k, j in slots]
+        src += ["    s = grp_sum((s0 + s1) + (s2 + s3), G, shm)", "    if algo == LOG:"]
+        src += [f"        d{k}_{j} = (d{k}_{j} - math.exp(w{k}_{j}) * s) * alpha"
+                for k, j in slots]
+        src.append("    else:")
+        src += [f"        d{k}_{j} = w{k}_{j} * (d{k}_{j} - s) * alpha" for k, j in slots]
+        out = "d"
+    else:
+        src += ["    m = ZERO", "    if algo != FAST:"]
+        src += [f"        m{j} = NEG_INF" for j in range(4)]
+        src += [f"        m{j} = v{k}_{j} if v{k}_{j} > m{j} else m{j}" for k, j in slots]
+        src += ["        m0 = m1 if m1 > m0 else m0", "        m2 = m3 if m3 > m2 else m2",
+                "        m = grp_max(m2 if m2 > m0 else m0, G, shm)", "    if algo == LOG:"]
+        src += [f"        {acc(j)} += math.exp(v{k}_{j} - m)" for k, j in slots]
+        src.append("    else:")
+        for k, j in slots:
+            src += [f"        v{k}_{j} = math.exp(v{k}_{j} - m)", f"        s{j} += v{k}_{j}"]
+        src += ["    s = grp_sum((s0 + s1) + (s2 + s3), G, shm)", "    if algo == LOG:",
+                "        c = m + math.log(s)"]
+        src += [f"        v{k}_{j} = (v{k}_{j} - c) * alpha" for k, j in slots]
+        src += ["    else:", "        c = alpha / s"]
+        src += [f"        v{k}_{j} = v{k}_{j} * c" for k, j in slots]
+        out = "v"
+    src += ["    if live:", "        if aligned != 0:"]
+    for k in range(V):
+        src += [f"            if lane + {k} * G < L4:", "                if beta != ZERO:",
+                f"                    b0, b1, b2, b3 = load4({dst}, q + {k} * G)"]
+        src += [f"                    {out}{k}_{j} += beta * CT(b{j})" for j in range(4)]
+        vals = ", ".join(f"{out}{k}_{j}" for j in range(4))
+        src.append(f"                store4({dst}, q + {k} * G, ({vals}))")
+    src.append("        else:")
+    for k, j in slots:
+        e = f"base + lane + {4 * k + j} * G"
+        src += [f"            if lane + {4 * k + j} * G < L:", "                if beta != ZERO:",
+                f"                    {out}{k}_{j} += beta * CT({dst}[{e}])",
+                f"                {dst}[{e}] = {out}{k}_{j}"]
+    return name, "\n".join(src) + "\n"
+
+
+def _rows_kernel(V, backward, ns):
+    name, src = _rows_source(V, backward)
+    code = compile(src, f"<nbdnn.cuda.softmax:{name}>", "exec")
+    exec(code, ns)
+    return ns[name]
+
+
+# ---- kernels 2 and 3 ------------------------------------------------------------
+
+def _other_kernels(f, CT):
+    NEG_INF, INF, ZERO, NAN = f["NEG_INF"], f["INF"], f["ZERO"], f["NAN"]
+    update, grp_pair, col_pair = f["update"], f["grp_pair"], f["col_pair"]
+    f_combine, f_grp_sum, finish = f["combine"], f["grp_sum"], f["finish"]
+
+    def softmax_long_stats(x, part, nrows, L, C, chunk, algo, aligned):
+        # block b = (row, c) reduces x[row, c*chunk : (c+1)*chunk] to part[2b], part[2b+1]
+        b = cuda.blockIdx.x
+        row = b // C
+        lo = (b - row * C) * chunk
+        hi = min(lo + chunk, L)
+        t, T = cuda.threadIdx.x, cuda.blockDim.x
+        fast = algo == FAST
+        m, s = (ZERO if fast else NEG_INF), ZERO
+        shm_m = cuda.shared.array(SHM, CT)
+        shm_s = cuda.shared.array(SHM, CT)
+        if row < nrows:
+            if aligned != 0:
+                g, gend = (row * L + lo) // 4 + t, (row * L + hi) // 4
+                while g < gend:
+                    a0, a1, a2, a3 = load4(x, g)
+                    m, s = update(m, s, CT(a0), fast)
+                    m, s = update(m, s, CT(a1), fast)
+                    m, s = update(m, s, CT(a2), fast)
+                    m, s = update(m, s, CT(a3), fast)
+                    g += T
+            else:
+                for i in range(row * L + lo + t, row * L + hi, T):
+                    m, s = update(m, s, CT(x[i]), fast)
+        m, s = grp_pair(m, s, T, shm_m, shm_s)
+        if t == 0:
+            part[2 * b] = m
+            part[2 * b + 1] = s
+
+    def softmax_long_apply(x, y, part, nrows, L, C, chunk, algo, alpha, beta, aligned):
+        b = cuda.blockIdx.x
+        row = b // C
+        lo = (b - row * C) * chunk
+        hi = min(lo + chunk, L)
+        t, T = cuda.threadIdx.x, cuda.blockDim.x
+        m, s = NEG_INF, ZERO
+        shm_m = cuda.shared.array(SHM, CT)
+        shm_s = cuda.shared.array(SHM, CT)
+        if row < nrows:
+            for j in range(t, C, T):  # the row's C partial pairs, in order
+                m, s = f_combine(m, s, part[2 * (row * C + j)], part[2 * (row * C + j) + 1])
+        m, s = grp_pair(m, s, T, shm_m, shm_s)
+        c, inv = finish(m, s, algo, alpha)
+        if row < nrows:
+            for i in range(row * L + lo + t, row * L + hi, T):
+                v = CT(x[i])
+                r = (v - c) * alpha if algo == LOG else math.exp(v - m) * inv
+                if beta != ZERO:
+                    r += beta * CT(y[i])
+                y[i] = r
+
+    def softmax_strided(x, y, nouter, L, inner, BX, algo, alpha, beta):
+        # x: (nouter, L, inner); block (o, column tile): thread t = ty * BX + tx
+        t, T = cuda.threadIdx.x, cuda.blockDim.x
+        BY = T // BX
+        tx, ty = t % BX, t // BX
+        nib = (inner + BX - 1) // BX
+        o = cuda.blockIdx.x // nib
+        i = (cuda.blockIdx.x - o * nib) * BX + tx
+        live = i < inner
+        fast = algo == FAST
+        m, s = (ZERO if fast else NEG_INF), ZERO
+        shm_m = cuda.shared.array(STRIDED_BLOCK, CT)
+        shm_s = cuda.shared.array(STRIDED_BLOCK, CT)
+        p0 = (o * L + ty) * inner + i
+        if live:
+            p = p0
+            for _ in range(ty, L, BY):
+                m, s = update(m, s, CT(x[p]), fast)
+                p += BY * inner
+        m, s = col_pair(m, s, BX, shm_m, shm_s, False)
+        c, inv = finish(m, s, algo, alpha)
+        if live:
+            p = p0
+            for _ in range(ty, L, BY):
+                v = CT(x[p])
+                r = (v - c) * alpha if algo == LOG else math.exp(v - m) * inv
+                if beta != ZERO:
+                    r += beta * CT(y[p])
+                y[p] = r
+                p += BY * inner
+
+    def softmax_long_stats_bwd(dy, y, part, nrows, L, C, chunk, algo, aligned):
+        # part[b] = sum over the chunk of dy*y (dy for log)
+        b = cuda.blockIdx.x
+        row = b // C
+        lo = (b - row * C) * chunk
+        hi = min(lo + chunk, L)
+        t, T = cuda.threadIdx.x, cuda.blockDim.x
+        s = ZERO
+        shm = cuda.shared.array(SHM, CT)
+        if row < nrows:
+            for i in range(row * L + lo + t, row * L + hi, T):
+                s += CT(dy[i]) if algo == LOG else CT(dy[i]) * CT(y[i])
+        s = f_grp_sum(s, T, shm)
+        if t == 0:
+            part[b] = s
+
+    def softmax_long_apply_bwd(dy, y, dx, part, nrows, L, C, chunk, algo, alpha, beta,
+                               aligned):
+        b = cuda.blockIdx.x
+        row = b // C
+        lo = (b - row * C) * chunk
+        hi = min(lo + chunk, L)
+        t, T = cuda.threadIdx.x, cuda.blockDim.x
+        s = ZERO
+        shm = cuda.shared.array(SHM, CT)
+        if row < nrows:
+            for j in range(t, C, T):
+                s += part[row * C + j]
+        s = f_grp_sum(s, T, shm)
+        if row < nrows:
+            for i in range(row * L + lo + t, row * L + hi, T):
+                d, w = CT(dy[i]), CT(y[i])
+                r = (d - math.exp(w) * s) * alpha if algo == LOG else w * (d - s) * alpha
+                if beta != ZERO:
+                    r += beta * CT(dx[i])
+                dx[i] = r
+
+    def softmax_strided_bwd(dy, y, dx, nouter, L, inner, BX, algo, alpha, beta):
+        t, T = cuda.threadIdx.x, cuda.blockDim.x
+        BY = T // BX
+        tx, ty = t % BX, t // BX
+        nib = (inner + BX - 1) // BX
+        o = cuda.blockIdx.x // nib
+        i = (cuda.blockIdx.x - o * nib) * BX + tx
+        live = i < inner
+        s = ZERO
+        shm_m = cuda.shared.array(STRIDED_BLOCK, CT)
+        shm_s = cuda.shared.array(STRIDED_BLOCK, CT)
+        p0 = (o * L + ty) * inner + i
+        if live:
+            p = p0
+            for _ in range(ty, L, BY):
+                s += CT(dy[p]) if algo == LOG else CT(dy[p]) * CT(y[p])
+                p += BY * inner
+        _, s = col_pair(ZERO, s, BX, shm_m, shm_s, True)
+        if live:
+            p = p0
+            for _ in range(ty, L, BY):
+                d, w = CT(dy[p]), CT(y[p])
+                r = (d - math.exp(w) * s) * alpha if algo == LOG else w * (d - s) * alpha
+                if beta != ZERO:
+                    r += beta * CT(dx[p])
+                dx[p] = r
+                p += BY * inner
+
+    return dict(long_stats=softmax_long_stats, long_apply=softmax_long_apply,
+                strided=softmax_strided, long_stats_bwd=softmax_long_stats_bwd,
+                long_apply_bwd=softmax_long_apply_bwd, strided_bwd=softmax_strided_bwd)
+
+
+# ---- building and launching -----------------------------------------------------
+
+def _build():
+    """kernels[(name, dtype)] -> (Kernel, sig) for every storage dtype."""
+    table = {}
+    for ct_name, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
+        f = _device_functions(nt)
+        ns = dict(f, cuda=cuda, math=math, load4=load4, store4=store4, CT=CT, SHM=SHM,
+                  FAST=FAST, LOG=LOG)
+        others = _other_kernels(f, CT)
+        for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
+            a, c = f"{t}[::1]", ct_name
+            sigs = {
+                "long_stats": f"void({a}, {c}[::1], int64, int64, int64, int64, int64, int64)",
+                "long_apply": f"void({a}, {a}, {c}[::1], int64, int64, int64, int64, int64, "
+                              f"{c}, {c}, int64)",
+                "strided": f"void({a}, {a}, int64, int64, int64, int64, int64, {c}, {c})",
+                "long_stats_bwd": f"void({a}, {a}, {c}[::1], int64, int64, int64, int64, "
+                                  "int64, int64)",
+                "long_apply_bwd": f"void({a}, {a}, {a}, {c}[::1], int64, int64, int64, "
+                                  f"int64, int64, {c}, {c}, int64)",
+                "strided_bwd": f"void({a}, {a}, {a}, int64, int64, int64, int64, int64, "
+                               f"{c}, {c})",
+            }
+            for name, sig in sigs.items():
+                table[name, t] = (Kernel(others[name], [sig]), sig)
+            for bwd in (False, True):
+                arrs = ", ".join([a] * (3 if bwd else 2))
+                sig = f"void({arrs}, int64, int64, int64, int64, {c}, {c}, int64)"
+                for V in ROWS_VS:
+                    # a 1024-lane (512 backward) block must fit 64K registers
+                    opts = {} if SIMULATOR or V < 4 else {"max_registers": 128 if bwd else 64}
+                    k = Kernel(_rows_kernel(V, bwd, ns), [sig], **opts)
+                    table[f"rows_{'bwd' if bwd else 'fwd'}_v{V}", t] = (k, sig)
+    return table
+
+
+_KERNELS = _build()
+
+
+def _rows_config(L, backward, block):
+    """(V, G) for kernel 1, or None when the row does not fit the register cache.
+    block=True forces a block per row (G >= 64) even for short rows (tests)."""
+    if L <= 128 and not block:
+        return 1, _pow2(-(-L // 4))
+    if L <= 1024 and not block:
+        return _pow2(-(-L // 128)), 32
+    V = 4 if L <= ROWS_MAX[backward] // 2 else 8
+    G = max(64, _pow2(-(-L // (4 * V))))
+    return (V, G) if G <= ROWS_MAX_G[backward] and L <= ROWS_MAX[backward] else None
+
+
+def _target():
+    if not _target_blocks:
+        n = 2 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
+        _target_blocks.append(4 * n)
+    return _target_blocks[0]
+
+
+def _long_config(rows, L):
+    """(C, chunk): C chunks of `chunk` elements (a multiple of 4) per row."""
+    C = max(1, min(-(-L // LONG_MIN_CHUNK), -(-_target() // rows)))
+    chunk = -(-(-(-L // C)) // 4) * 4
+    return -(-L // chunk), chunk
+
+
+def _strided_bx(inner):
+    return min(_pow2(inner), STRIDED_BX, STRIDED_BLOCK)
+
+
+def _check_grid(op, blocks):
+    if blocks > MAX_GRID:
+        raise NotSupportedError(f"{op}: {blocks} blocks exceed the CUDA grid limit "
+                                f"{MAX_GRID}; split the tensor")
+    return blocks
+
+
+def _split(shape, axis):
+    outer = math.prod(shape[:axis])
+    return outer, shape[axis], math.prod(shape[axis + 1:])
+
+
+def _path(inner, L, backward, force):
+    if inner > 1 or force == "strided":
+        return "strided", None
+    cfg = None if force == "long" else _rows_config(L, backward, force == "rows_block")
+    return ("rows", cfg) if cfg is not None else ("long", None)
+
+
+def _run(op, arrays, dst, shape, axis, algo, alpha, beta, force, stream):
+    """Pick the kernel for (outer, L, inner) and launch it. arrays: (x,) or (dy, y)."""
+    backward = len(arrays) == 2
+    dtype = dtype_name(dst)
+    outer, L, inner = _split(shape, axis)
+    if size(dst) == 0:
+        return
+    A = vector_alignment(np.dtype(dtype).itemsize)
+    aligned = int(L % 4 == 0 and all(ptr(a) % A == 0 for a in arrays + (dst,)))
+    a = ALGOS[algo]
+    kind, cfg = _path(inner, L, backward, force)
+    sfx = "_bwd" if backward else ""
+    if kind == "rows":
+        V, G = cfg
+        k, sig = _KERNELS[f"rows_{'bwd' if backward else 'fwd'}_v{V}", dtype]
+        block = max(G, ROWS_BLOCK)
+        grid = _check_grid(op, -(-outer // (block // G)))
+        k.launch(sig, grid, block, stream, *arrays, dst, outer, L, G, a, alpha, beta,
+                 aligned)
+    elif kind == "long":
+        C, chunk = _long_config(outer, L)
+        grid = _check_grid(op, outer * C)
+        ct = "float64" if dtype == "float64" else "float32"
+        part = empty(dst, ((1 if backward else 2) * grid,), ct)
+        k, sig = _KERNELS["long_stats" + sfx, dtype]
+        k.launch(sig, grid, LONG_BLOCK, stream, *arrays, part, outer, L, C, chunk, a,
+                 aligned)
+        k, sig = _KERNELS["long_apply" + sfx, dtype]
+        k.launch(sig, grid, LONG_BLOCK, stream, *arrays, dst, part, outer, L, C, chunk, a,
+                 alpha, beta, aligned)
+    else:
+        bx = _strided_bx(inner)
+        grid = _check_grid(op, outer * -(-inner // bx))
+        k, sig = _KERNELS["strided" + sfx, dtype]
+        k.launch(sig, grid, STRIDED_BLOCK, stream, *arrays, dst, outer, L, inner, bx, a,
+                 alpha, beta)
+
+
+def softmax(x, axis, algo, *, alpha, beta, out, stream, _kernel=None):
+    """y = alpha * softmax(x, axis) + beta * out; x contiguous (ops made it so)."""
+    y = out if out is not None else empty(x, x.shape, dtype_name(x))
+    _run("softmax", (x,), y, tuple(x.shape), axis, algo, alpha, beta, _kernel, stream)
+    return y
+
+
+def softmax_backward(dy, y, axis, algo, *, alpha, beta, out, stream, _kernel=None):
+    """dx = alpha * softmax'(dy, y) + beta * out."""
+    dx = out if out is not None else empty(y, y.shape, dtype_name(y))
+    _run("softmax_backward", (dy, y), dx, tuple(y.shape), axis, algo, alpha, beta,
+         _kernel, stream)
+    return dx

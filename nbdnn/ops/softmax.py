@@ -1,0 +1,62 @@
+"""softmax / softmax_backward: cuDNN's cudnnSoftmaxForward/Backward over any axis.
+
+algo "fast" (CUDNN_SOFTMAX_FAST: exp without max subtraction), "accurate"
+(CUDNN_SOFTMAX_ACCURATE: max-subtracted) and "log" (CUDNN_SOFTMAX_LOG: log-softmax).
+axis=1 on an NCHW tensor is cuDNN's CHANNEL mode; axis=-1 is the row softmax of
+attention and classifiers. The formulas are in nbdnn/cpu/softmax.py.
+
+`_kernel` is private, for tests: on the CUDA backend it forces one kernel path
+("rows", "rows_block", "long", "strided"; see nbdnn/cuda/softmax.py) where the shape
+allows it; the CPU backend ignores it.
+"""
+from ..errors import BadParamError, fail
+from ._common import (Call, blend_params, choice, normalize_axis, same_dtype,
+                      same_shape)
+
+ALGOS = ("fast", "accurate", "log")
+KERNELS = (None, "rows", "rows_block", "long", "strided")
+
+
+def _axis(op, name, axis, shape):
+    if len(shape) == 0:
+        fail(BadParamError, op, f"{name}.ndim", ">= 1 (softmax needs an axis)", 0)
+    return normalize_axis(op, "axis", axis, len(shape))
+
+
+def softmax(x, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
+            backend=None, stream=None, _kernel=None):
+    """y = alpha * softmax(x, axis) + beta * out.
+
+    fast: exp(x) / sum exp(x); accurate: exp(x - max) / sum exp(x - max);
+    log: x - max - log(sum exp(x - max)). x: any shape (ndim >= 1),
+    float16/float32/float64. Returns y (or `out`) of x's shape and dtype."""
+    op = "softmax"
+    c = Call(op, "softmax", backend, stream, x=x, out=out)
+    shape, dtype = c.array("x", x)
+    axis = _axis(op, "x", axis, shape)
+    choice(op, "algo", algo, ALGOS)
+    choice(op, "_kernel", _kernel, KERNELS)
+    alpha, beta = blend_params(op, alpha, beta)
+    out = c.out(out, shape, dtype)
+    return c.run("softmax", x, axis, algo, alpha=alpha, beta=beta, out=out, _kernel=_kernel)
+
+
+def softmax_backward(dy, y, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
+                     backend=None, stream=None, _kernel=None):
+    """dx = alpha * dL/dx + beta * out, given y = softmax(x) (log-softmax for "log").
+
+    fast/accurate: dx = y * (dy - sum(dy * y, axis)); log: dx = dy - exp(y) * sum(dy,
+    axis). dy, y: the same shape and dtype."""
+    op = "softmax_backward"
+    c = Call(op, "softmax", backend, stream, dy=dy, y=y, out=out)
+    dshape, ddtype = c.array("dy", dy)
+    shape, dtype = c.array("y", y)
+    same_shape(op, ["y", "dy"], [shape, dshape])
+    same_dtype(op, ["y", "dy"], [dtype, ddtype])
+    axis = _axis(op, "y", axis, shape)
+    choice(op, "algo", algo, ALGOS)
+    choice(op, "_kernel", _kernel, KERNELS)
+    alpha, beta = blend_params(op, alpha, beta)
+    out = c.out(out, shape, dtype)
+    return c.run("softmax_backward", dy, y, axis, algo, alpha=alpha, beta=beta, out=out,
+                 _kernel=_kernel)

@@ -1,0 +1,50 @@
+"""Host cost of one eager call on a tiny tensor (ReLU of 1k floats): nbdnn with numba
+device arrays and with torch tensors (with and without out=), numba's own dispatcher
+launching the same kernel, and PyTorch's eager relu. Median of 2000 calls.
+
+    PYTHONPATH=. python perf/launch_overhead.py [--json F]
+"""
+import argparse
+import json
+
+import numpy as np
+
+import nbdnn
+from nbdnn.bench import host_cost, _torch
+from numba import cuda
+from nbdnn.cuda import activation as cuda_act
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--json")
+    args = p.parse_args()
+    x = cuda.to_device(np.random.randn(1024).astype(np.float32))
+    y = cuda.device_array_like(x)
+    rows = {}
+    rows["nbdnn relu, numba arrays, out="] = host_cost(lambda: nbdnn.activation(x, "relu", out=y))
+    rows["nbdnn relu, numba arrays, new output"] = host_cost(lambda: nbdnn.activation(x, "relu"))
+    kern, sig = cuda_act._FORWARD["relu", "float32"]
+    disp = kern.dispatcher
+    rows["numba dispatcher kernel[grid, block](...)"] = host_cost(
+        lambda: disp[1, 256](x, y, 1024, 1.0, 0.0, 0.0, 1))
+    rows["Kernel.launch (fast path only)"] = host_cost(
+        lambda: kern.launch(sig, 1, 256, 0, x, y, 1024, 1.0, 0.0, 0.0, 1))
+    torch = _torch()
+    if torch is not None:
+        tx = torch.randn(1024, device="cuda")
+        ty = torch.empty_like(tx)
+        rows["nbdnn relu, torch tensors, out="] = host_cost(lambda: nbdnn.activation(tx, "relu", out=ty))
+        rows["nbdnn relu, torch tensors, new output"] = host_cost(lambda: nbdnn.activation(tx, "relu"))
+        rows["torch.relu(x)"] = host_cost(lambda: torch.relu(tx))
+        rows["torch.relu(x, out=)"] = host_cost(lambda: torch.nn.functional.relu(tx, inplace=False))
+    w = max(map(len, rows))
+    for k, v in rows.items():
+        print(f"{k:<{w}}  {v * 1e6:7.2f} us")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({k: v * 1e6 for k, v in rows.items()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Hypothesis profiles and the shape scale: tiny shapes under numba's CUDA simulator
+(one OS thread per CUDA thread), larger ones on a real GPU.
+
+Profiles: `ci` (derandomised, few examples: the simulator is slow), `dev` (more,
+random), `gpu` (many, random, large shapes). Choose with NBDNN_HYPOTHESIS_PROFILE;
+default: `gpu` on hardware, `ci` otherwise."""
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from nbdnn.cuda import SIMULATOR
+
+_common = dict(deadline=None, suppress_health_check=list(HealthCheck), print_blob=True)
+settings.register_profile("ci", max_examples=3, derandomize=True, **_common)
+settings.register_profile("dev", max_examples=10, **_common)
+settings.register_profile("gpu", max_examples=25, **_common)
+settings.load_profile(os.environ.get("NBDNN_HYPOTHESIS_PROFILE", "ci" if SIMULATOR else "gpu"))
+
+BIG = not SIMULATOR
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs real CUDA hardware (skipped in the simulator)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if SIMULATOR:
+        skip = pytest.mark.skip(reason="needs a real GPU (numba's simulator is active)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
