@@ -5,6 +5,8 @@ NumPy arrays run on the CPU reference, CUDA arrays (numba, CuPy, PyTorch) on the
 from .errors import (BadParamError, DeviceError, DtypeError, NbdnnError,
                      NotSupportedError, ShapeError)
 from .ops.activation import activation, activation_backward
+from .ops.tensor import (add_tensor, op_tensor, reduce_tensor, scale_tensor, set_tensor,
+                         transform_tensor)
 from .ops.softmax import softmax, softmax_backward
 
 __version__ = "0.1.0"

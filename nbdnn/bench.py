@@ -197,9 +197,6 @@ def _torch_f():
     return torch.nn.functional if torch is not None else None
 
 
-EXTRA_CASES = []  # (factory(n_elements) -> cases) added by op families
-
-
 def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None):
     """Time every case on the GPU (and CPU, PyTorch); returns Rows."""
     from nbdnn.cuda import SIMULATOR
@@ -207,7 +204,8 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None):
     if size_mb is None:
         size_mb = 0.01 if SIMULATOR else 1024
     n = max(256, int(size_mb * 2 ** 20) // 4)
-    cases = _elementwise_cases(n) + [c for f in EXTRA_CASES for c in f(n)]
+    from ._bench_cases import _reduce_cases, _softmax_cases
+    cases = _elementwise_cases(n) + _reduce_cases(n) + _softmax_cases(n)
     if ops:
         cases = [c for c in cases if any(c[0] == o or c[0].startswith(o + "/") or c[1] == o
                                          for o in ops)]

@@ -52,6 +52,7 @@ class OpSpec:
     tol: dict = dataclasses.field(default_factory=lambda: dict(ELEMENTWISE_TOL))
     blend: bool = True             # takes alpha/beta/out= (first output)
     family: str = ""
+    strided_ok: bool = True        # False for in-place ops, which refuse strided views
 
     def tolerance(self, dtype, case):
         return case.tol if case.tol is not None else self.tol[dtype]
@@ -136,6 +137,7 @@ def crosscheck(spec, case, dtype, strided=(), blend=None):
     ref_args = tuple(a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == "f"
                      else a for a in args)
     ref_kw = dict(kw)
+    strided = strided if spec.strided_ok else ()
     dev_args = tuple(_to_device(a, i in strided) if isinstance(a, np.ndarray) else a
                      for i, a in enumerate(args))
     if blend is not None:
@@ -204,4 +206,8 @@ for _m in nbdnn.ops.activation.MODES:
     SPECS.append(OpSpec(f"activation_backward/{_m}", nbdnn.activation_backward,
                         _activation_maker(_m, True), family="activation"))
 
+from ._specs_tensor import SPECS as _TENSOR_SPECS  # noqa: E402 (rows need the helpers above)
+from ._specs_softmax import SPECS as _SOFTMAX_SPECS  # noqa: E402
+
+SPECS += _TENSOR_SPECS + _SOFTMAX_SPECS
 SPEC_BY_NAME = {s.name: s for s in SPECS}

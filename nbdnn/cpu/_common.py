@@ -15,6 +15,6 @@ def blend(result, out, alpha, beta, dtype):
     if beta != 0:
         r = r + r.dtype.type(beta) * out.astype(r.dtype)
     if out is None:
-        return np.ascontiguousarray(r.astype(dtype, copy=False))
+        return np.ascontiguousarray(r.astype(dtype, copy=False)).reshape(r.shape)
     out[...] = r
     return out

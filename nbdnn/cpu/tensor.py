@@ -27,7 +27,7 @@ def _bcast(a, ndim):
 
 def _store(r, out, dtype):
     if out is None:
-        return np.ascontiguousarray(np.asarray(r).astype(dtype))
+        return np.array(np.asarray(r).astype(dtype), order="C")  # keeps 0-d shape
     out[...] = r
     return out
 
@@ -112,9 +112,9 @@ def reduce_tensor(x, op, axes, keepdims, return_indices, *, alpha, beta, out, st
     r, idx = reduce_values(x.astype(ct), op, axes)
     oshape = tuple(1 if i in axes else n for i, n in enumerate(x.shape)) if keepdims \
         else tuple(n for i, n in enumerate(x.shape) if i not in axes)
-    res = blend(np.reshape(r, oshape), out, alpha, beta, x.dtype)
+    res = blend(np.reshape(r, oshape), out, alpha, beta, x.dtype).reshape(oshape)
     if return_indices:
-        return res, np.ascontiguousarray(np.reshape(idx, oshape))
+        return res, np.array(np.reshape(idx, oshape), dtype=np.int64)
     return res
 
 

@@ -117,7 +117,8 @@ def empty(like, shape, dtype):
 
 
 def to_device(a, stream=0):
-    return cuda.to_device(np.ascontiguousarray(a), stream=stream or 0)
+    a = np.asarray(a)  # ascontiguousarray alone would make a 0-d array 1-d
+    return cuda.to_device(np.ascontiguousarray(a).reshape(a.shape), stream=stream or 0)
 
 
 def to_host(x):

@@ -3,27 +3,35 @@ softmax axis. Arithmetic in float32 for float16/float32 storage, float64 for flo
 algo is a runtime int (FAST 0, ACCURATE 1, LOG 2): uniform per launch, so no divergence.
 
 Kernels (traffic per element, float32; +4 B when beta != 0 reads out):
-1. rows (inner == 1, L <= ROWS_MAX: 32768 forward, 16384 backward): G lanes per row
-   (G <= 32: several rows per 128-thread block, shuffles only; G > 32: a block per
-   row, shuffles + one shared-memory step), each lane holding 4*V values in registers
-   (generated source, V in ROWS_VS; slots are named scalars, so nothing spills to local
-   memory). One read + one write: 8 B forward, 12 B backward (dy, y in, dx out).
-   16-byte `load4`/`store4` when L % 4 == 0 and the bases are aligned.
+1. rows (inner == 1, L <= ROWS_MAX: 32768 forward, 16384 backward): G lanes per row,
+   each holding 4*V values in registers (generated source, V in ROWS_VS; the slots are
+   named scalars, so nothing goes to local memory). One read + one write: 8 B forward,
+   12 B backward (dy, y in, dx out). 16-byte `load4`/`store4` when L % 4 == 0 and the
+   bases are aligned; otherwise coalesced scalar accesses. `_rows_config`:
+     L <= 128:    V = 1, G = pow2(L/4) <= 32, ROWS_BLOCK/G rows a block (shuffles only)
+     L <= 1024:   G = 32 (a warp a row), V = pow2(L/128) in 2..8
+     longer:      a block a row, G = pow2(L/(4V)) >= 64, V = 4 up to ROWS_MAX/2, then 8;
+                  shuffles + one shared-memory step; register caps (max_registers)
+                  keep 1024-lane (backward: 512-lane) blocks launchable.
 2. long (inner == 1, rows past the register cache, up to 2**31 elements a row):
-   each row is cut into C chunks (C grows when there are few rows, so one row of 1M
-   elements still fills the GPU), pass A reduces a chunk to an online (max, sum) pair
-   (backward: a sum) in a small workspace, pass B combines the row's C pairs in a fixed
-   order (deterministic, every block of the row computes the same value) and writes
-   its chunk. 12 B forward (two reads, one write), 20 B backward.
+   each row is cut into C chunks of >= LONG_MIN_CHUNK elements, C chosen so that
+   rows * C reaches ~4 blocks per SM (one row of 1M elements still fills the GPU);
+   pass A reduces a chunk to an online (max, sum) pair (backward: a sum) in a small
+   workspace, pass B combines the row's C pairs in a fixed order (deterministic, every
+   block of the row gets the same value) and writes its chunk. 12 B forward (two
+   reads, one write), 20 B backward; vector accesses when aligned.
 3. strided (inner > 1, softmax over a non-last axis, e.g. NCHW channels): a block of
-   BX x BY threads, BX consecutive columns of inner (coalesced), BY lanes splitting L;
-   each thread runs the online (max, sum) over its part of L, the BY partials are
-   combined (shuffles + shared memory, fixed order), then a write pass. 12 B forward,
-   20 B backward; the second read mostly hits L2.
+   BX x BY threads (BX = min(pow2(inner), 32)), BX consecutive columns of inner
+   (coalesced), BY threads splitting L; each thread runs the online (max, sum) over
+   its part of L, the BY partials are combined (shuffles + shared memory, fixed order),
+   then a write pass. 12 B forward, 20 B backward; the second read mostly hits L2.
 
-Non-finite inputs follow nbdnn/cpu/softmax.py: NaN or +inf in a row makes the row NaN
-(the online kernels force it: the online sum stays finite when the max is +inf).
-Under the simulator (no warp shuffles) every reduction goes through shared memory.
+log-softmax is computed as (x - m) - log(s), so large |x| (1e4) loses nothing to
+rounding m + log(s). Non-finite inputs follow nbdnn/cpu/softmax.py: NaN or +inf in a
+row makes the row NaN (the online kernels force it: their sum stays finite when the max
+is +inf). Under the simulator (no warp shuffles) every reduction goes through shared
+memory, and LONG_*/STRIDED_* sizes shrink to keep thread counts small. The private
+`_kernel` argument ("rows", "rows_block", "long", "strided") forces a path for tests.
 """
 import math
 
@@ -32,14 +40,13 @@ from numba import cuda, float32, float64
 
 from . import SIMULATOR
 from ._arrays import dtype_name, empty, ptr, size
-from ._intrinsics import HAS_WARP, load4, store4, vector_alignment
+from ._intrinsics import load4, store4, vector_alignment
 from ._launch import Kernel
+from ._reduce import FAST, LOG, SHM, device_functions
 from ..errors import NotSupportedError
 
 DTYPES = ("float16", "float32", "float64")
-FAST, ACCURATE, LOG = 0, 1, 2
-ALGOS = {"fast": FAST, "accurate": ACCURATE, "log": LOG}
-FULL = 0xFFFFFFFF
+ALGOS = {"fast": FAST, "accurate": 1, "log": LOG}
 
 # kernel 1: register-cached rows
 ROWS_VS = (1, 2, 4, 8)            # 4-element vectors per lane (generated kernels)
@@ -52,182 +59,12 @@ LONG_MIN_CHUNK = 32 if SIMULATOR else 4096   # >= 16 elements a thread per pass
 # kernel 3: strided
 STRIDED_BLOCK = 64 if SIMULATOR else 256
 STRIDED_BX = 32                   # columns a block (fewer when inner is smaller)
-SHM = 32 if HAS_WARP else 1024    # one slot per warp; per thread under the simulator
 MAX_GRID = 2 ** 31 - 1
 _target_blocks = []               # 4 blocks per SM, measured once
 
 
 def _pow2(n):
     return 1 << max(0, int(n) - 1).bit_length()
-
-
-def _device_functions(nt):
-    """Reductions and the online update in compute type nt (np.float32/np.float64)."""
-    NEG_INF, INF, ZERO, ONE, NAN = nt(-np.inf), nt(np.inf), nt(0), nt(1), nt(np.nan)
-    dev = cuda.jit(device=True)
-
-    @dev
-    def combine(m1, s1, m2, s2):
-        # (m, s) pairs: s = sum exp(x - m); an empty side has m = -inf and adds 0
-        M = m2 if m2 > m1 else m1
-        a = s1 * math.exp(m1 - M) if m1 != NEG_INF else ZERO
-        b = s2 * math.exp(m2 - M) if m2 != NEG_INF else ZERO
-        return M, a + b
-
-    @dev
-    def update(m, s, v, fast):
-        # one element into the running pair; fast keeps m = 0 (no max subtraction)
-        if fast:
-            return m, s + math.exp(v)
-        if v > m:
-            return v, s * math.exp(m - v) + ONE
-        if v != NEG_INF:  # NaN lands here and poisons s, as in the reference
-            return m, s + math.exp(v - m)
-        return m, s
-
-    @dev
-    def finish(m, s, algo, alpha):
-        # (c, inv): y = (x - c) * alpha for log, exp(x - m) * inv otherwise. A max of
-        # +inf (or a row of -inf) makes the row NaN as in the reference; the online sum
-        # alone would stay finite there.
-        if algo != FAST and (m == INF or m == NEG_INF):
-            s = NAN
-        if algo == LOG:
-            return m + math.log(s), ZERO
-        return ZERO, alpha / s
-
-    if HAS_WARP:
-        @dev
-        def grp_max(v, G, shm):
-            # max over the G lanes of a row: G <= 32 lane groups, or the whole block
-            off = (G if G < 32 else 32) // 2
-            while off > 0:
-                o = cuda.shfl_xor_sync(FULL, v, off)
-                v = o if o > v else v
-                off //= 2
-            if G > 32:
-                t = cuda.threadIdx.x
-                if t % 32 == 0:
-                    shm[t // 32] = v
-                cuda.syncthreads()
-                v = shm[0]
-                for i in range(1, G // 32):
-                    o = shm[i]
-                    v = o if o > v else v
-                cuda.syncthreads()
-            return v
-
-        @dev
-        def grp_sum(v, G, shm):
-            off = (G if G < 32 else 32) // 2
-            while off > 0:
-                v += cuda.shfl_xor_sync(FULL, v, off)
-                off //= 2
-            if G > 32:
-                t = cuda.threadIdx.x
-                if t % 32 == 0:
-                    shm[t // 32] = v
-                cuda.syncthreads()
-                v = shm[0]
-                for i in range(1, G // 32):
-                    v += shm[i]
-                cuda.syncthreads()
-            return v
-
-        @dev
-        def grp_pair(m, s, G, shm_m, shm_s):
-            off = (G if G < 32 else 32) // 2
-            while off > 0:
-                m2 = cuda.shfl_xor_sync(FULL, m, off)
-                s2 = cuda.shfl_xor_sync(FULL, s, off)
-                m, s = combine(m, s, m2, s2)
-                off //= 2
-            if G > 32:
-                t = cuda.threadIdx.x
-                if t % 32 == 0:
-                    shm_m[t // 32] = m
-                    shm_s[t // 32] = s
-                cuda.syncthreads()
-                m, s = shm_m[0], shm_s[0]
-                for i in range(1, G // 32):
-                    m, s = combine(m, s, shm_m[i], shm_s[i])
-                cuda.syncthreads()
-            return m, s
-    else:
-        @dev
-        def grp_max(v, G, shm):
-            t = cuda.threadIdx.x
-            shm[t] = v
-            cuda.syncthreads()
-            b = t - t % G
-            v = shm[b]
-            for i in range(1, G):
-                o = shm[b + i]
-                v = o if o > v else v
-            cuda.syncthreads()
-            return v
-
-        @dev
-        def grp_sum(v, G, shm):
-            t = cuda.threadIdx.x
-            shm[t] = v
-            cuda.syncthreads()
-            b = t - t % G
-            v = shm[b]
-            for i in range(1, G):
-                v += shm[b + i]
-            cuda.syncthreads()
-            return v
-
-        @dev
-        def grp_pair(m, s, G, shm_m, shm_s):
-            t = cuda.threadIdx.x
-            shm_m[t] = m
-            shm_s[t] = s
-            cuda.syncthreads()
-            b = t - t % G
-            m, s = shm_m[b], shm_s[b]
-            for i in range(1, G):
-                m, s = combine(m, s, shm_m[b + i], shm_s[b + i])
-            cuda.syncthreads()
-            return m, s
-
-    @dev
-    def col_pair(m, s, BX, shm_m, shm_s, summing):
-        # combine over the BY threads of column tx = t % BX (t = ty * BX + tx): xor
-        # shuffles over lane bits >= BX inside a warp, then one entry per warp in order.
-        # summing: plain sums in s (backward), m unused.
-        step = BX
-        if HAS_WARP and BX < 32:
-            off = 16
-            while off >= BX:
-                m2 = cuda.shfl_xor_sync(FULL, m, off)
-                s2 = cuda.shfl_xor_sync(FULL, s, off)
-                if summing:
-                    s = s + s2
-                else:
-                    m, s = combine(m, s, m2, s2)
-                off //= 2
-            step = 32
-        t = cuda.threadIdx.x
-        shm_m[t] = m
-        shm_s[t] = s
-        cuda.syncthreads()
-        i = t % BX
-        m, s = shm_m[i], shm_s[i]
-        i += step
-        while i < cuda.blockDim.x:
-            if summing:
-                s = s + shm_s[i]
-            else:
-                m, s = combine(m, s, shm_m[i], shm_s[i])
-            i += step
-        cuda.syncthreads()
-        return m, s
-
-    return dict(NEG_INF=NEG_INF, INF=INF, ZERO=ZERO, ONE=ONE, NAN=NAN,
-                combine=combine, update=update, finish=finish, grp_max=grp_max, grp_sum=grp_sum,
-                grp_pair=grp_pair, col_pair=col_pair)
 
 
 # ---- kernel 1: generated register-cached row kernels -----------------------------
@@ -281,14 +118,17 @@ def _rows_source(V, backward):
         src += [f"        m{j} = NEG_INF" for j in range(4)]
         src += [f"        m{j} = v{k}_{j} if v{k}_{j} > m{j} else m{j}" for k, j in slots]
         src += ["        m0 = m1 if m1 > m0 else m0", "        m2 = m3 if m3 > m2 else m2",
-                "        m = grp_max(m2 if m2 > m0 else m0, G, shm)", "    if algo == LOG:"]
+                "        m = grp_max(m2 if m2 > m0 else m0, G, shm)",
+                # a row past nrows (whole lane group) would compute -inf - -inf: harmless
+                # on the GPU, a warning per thread under the simulator
+                "        if not live:", "            m = ZERO", "    if algo == LOG:"]
         src += [f"        {acc(j)} += math.exp(v{k}_{j} - m)" for k, j in slots]
         src.append("    else:")
         for k, j in slots:
             src += [f"        v{k}_{j} = math.exp(v{k}_{j} - m)", f"        s{j} += v{k}_{j}"]
-        src += ["    s = grp_sum((s0 + s1) + (s2 + s3), G, shm)", "    if algo == LOG:",
-                "        c = m + math.log(s)"]
-        src += [f"        v{k}_{j} = (v{k}_{j} - c) * alpha" for k, j in slots]
+        src += ["    s = grp_sum((s0 + s1) + (s2 + s3), G, shm)", "    if not live:",
+                "        s = ONE", "    if algo == LOG:", "        c = math.log(s)"]
+        src += [f"        v{k}_{j} = (v{k}_{j} - m - c) * alpha" for k, j in slots]
         src += ["    else:", "        c = alpha / s"]
         src += [f"        v{k}_{j} = v{k}_{j} * c" for k, j in slots]
         out = "v"
@@ -321,6 +161,20 @@ def _other_kernels(f, CT):
     NEG_INF, INF, ZERO, NAN = f["NEG_INF"], f["INF"], f["ZERO"], f["NAN"]
     update, grp_pair, col_pair = f["update"], f["grp_pair"], f["col_pair"]
     f_combine, f_grp_sum, finish = f["combine"], f["grp_sum"], f["finish"]
+    dev = cuda.jit(device=True)
+
+    @dev
+    def fwd_elem(v, m, c, inv, alpha, algo):  # one output of the write pass
+        return (v - m - c) * alpha if algo == LOG else math.exp(v - m) * inv
+
+    @dev
+    def bwd_term(d, w, lg):  # one term of the backward row sum
+        return d if lg else d * w
+
+    @dev
+    def bwd_elem(d, w, s, alpha, lg):
+        return (d - math.exp(w) * s) * alpha if lg else w * (d - s) * alpha
+
 
     def softmax_long_stats(x, part, nrows, L, C, chunk, algo, aligned):
         # block b = (row, c) reduces x[row, c*chunk : (c+1)*chunk] to part[2b], part[2b+1]
@@ -365,10 +219,23 @@ def _other_kernels(f, CT):
                 m, s = f_combine(m, s, part[2 * (row * C + j)], part[2 * (row * C + j) + 1])
         m, s = grp_pair(m, s, T, shm_m, shm_s)
         c, inv = finish(m, s, algo, alpha)
-        if row < nrows:
+        if row < nrows and aligned != 0:
+            g, gend = (row * L + lo) // 4 + t, (row * L + hi) // 4
+            while g < gend:
+                a0, a1, a2, a3 = load4(x, g)
+                r0 = fwd_elem(CT(a0), m, c, inv, alpha, algo)
+                r1 = fwd_elem(CT(a1), m, c, inv, alpha, algo)
+                r2 = fwd_elem(CT(a2), m, c, inv, alpha, algo)
+                r3 = fwd_elem(CT(a3), m, c, inv, alpha, algo)
+                if beta != ZERO:
+                    b0, b1, b2, b3 = load4(y, g)
+                    r0, r1, r2, r3 = (r0 + beta * CT(b0), r1 + beta * CT(b1),
+                                      r2 + beta * CT(b2), r3 + beta * CT(b3))
+                store4(y, g, (r0, r1, r2, r3))
+                g += T
+        elif row < nrows:
             for i in range(row * L + lo + t, row * L + hi, T):
-                v = CT(x[i])
-                r = (v - c) * alpha if algo == LOG else math.exp(v - m) * inv
+                r = fwd_elem(CT(x[i]), m, c, inv, alpha, algo)
                 if beta != ZERO:
                     r += beta * CT(y[i])
                 y[i] = r
@@ -397,8 +264,7 @@ def _other_kernels(f, CT):
         if live:
             p = p0
             for _ in range(ty, L, BY):
-                v = CT(x[p])
-                r = (v - c) * alpha if algo == LOG else math.exp(v - m) * inv
+                r = fwd_elem(CT(x[p]), m, c, inv, alpha, algo)
                 if beta != ZERO:
                     r += beta * CT(y[p])
                 y[p] = r
@@ -413,9 +279,18 @@ def _other_kernels(f, CT):
         t, T = cuda.threadIdx.x, cuda.blockDim.x
         s = ZERO
         shm = cuda.shared.array(SHM, CT)
-        if row < nrows:
+        lg = algo == LOG
+        if row < nrows and aligned != 0:
+            g, gend = (row * L + lo) // 4 + t, (row * L + hi) // 4
+            while g < gend:
+                d0, d1, d2, d3 = load4(dy, g)
+                w0, w1, w2, w3 = load4(y, g)
+                s += (bwd_term(CT(d0), CT(w0), lg) + bwd_term(CT(d1), CT(w1), lg)) + \
+                    (bwd_term(CT(d2), CT(w2), lg) + bwd_term(CT(d3), CT(w3), lg))
+                g += T
+        elif row < nrows:
             for i in range(row * L + lo + t, row * L + hi, T):
-                s += CT(dy[i]) if algo == LOG else CT(dy[i]) * CT(y[i])
+                s += bwd_term(CT(dy[i]), CT(y[i]), lg)
         s = f_grp_sum(s, T, shm)
         if t == 0:
             part[b] = s
@@ -433,10 +308,25 @@ def _other_kernels(f, CT):
             for j in range(t, C, T):
                 s += part[row * C + j]
         s = f_grp_sum(s, T, shm)
-        if row < nrows:
+        lg = algo == LOG
+        if row < nrows and aligned != 0:
+            g, gend = (row * L + lo) // 4 + t, (row * L + hi) // 4
+            while g < gend:
+                d0, d1, d2, d3 = load4(dy, g)
+                w0, w1, w2, w3 = load4(y, g)
+                r0 = bwd_elem(CT(d0), CT(w0), s, alpha, lg)
+                r1 = bwd_elem(CT(d1), CT(w1), s, alpha, lg)
+                r2 = bwd_elem(CT(d2), CT(w2), s, alpha, lg)
+                r3 = bwd_elem(CT(d3), CT(w3), s, alpha, lg)
+                if beta != ZERO:
+                    b0, b1, b2, b3 = load4(dx, g)
+                    r0, r1, r2, r3 = (r0 + beta * CT(b0), r1 + beta * CT(b1),
+                                      r2 + beta * CT(b2), r3 + beta * CT(b3))
+                store4(dx, g, (r0, r1, r2, r3))
+                g += T
+        elif row < nrows:
             for i in range(row * L + lo + t, row * L + hi, T):
-                d, w = CT(dy[i]), CT(y[i])
-                r = (d - math.exp(w) * s) * alpha if algo == LOG else w * (d - s) * alpha
+                r = bwd_elem(CT(dy[i]), CT(y[i]), s, alpha, lg)
                 if beta != ZERO:
                     r += beta * CT(dx[i])
                 dx[i] = r
@@ -456,14 +346,13 @@ def _other_kernels(f, CT):
         if live:
             p = p0
             for _ in range(ty, L, BY):
-                s += CT(dy[p]) if algo == LOG else CT(dy[p]) * CT(y[p])
+                s += bwd_term(CT(dy[p]), CT(y[p]), algo == LOG)
                 p += BY * inner
         _, s = col_pair(ZERO, s, BX, shm_m, shm_s, True)
         if live:
             p = p0
             for _ in range(ty, L, BY):
-                d, w = CT(dy[p]), CT(y[p])
-                r = (d - math.exp(w) * s) * alpha if algo == LOG else w * (d - s) * alpha
+                r = bwd_elem(CT(dy[p]), CT(y[p]), s, alpha, algo == LOG)
                 if beta != ZERO:
                     r += beta * CT(dx[p])
                 dx[p] = r
@@ -480,9 +369,9 @@ def _build():
     """kernels[(name, dtype)] -> (Kernel, sig) for every storage dtype."""
     table = {}
     for ct_name, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
-        f = _device_functions(nt)
+        f = device_functions(nt)
         ns = dict(f, cuda=cuda, math=math, load4=load4, store4=store4, CT=CT, SHM=SHM,
-                  FAST=FAST, LOG=LOG)
+                  FAST=FAST, LOG=LOG)  # globals of the generated row kernels
         others = _other_kernels(f, CT)
         for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
             a, c = f"{t}[::1]", ct_name
@@ -578,7 +467,7 @@ def _run(op, arrays, dst, shape, axis, algo, alpha, beta, force, stream):
     if kind == "rows":
         V, G = cfg
         k, sig = _KERNELS[f"rows_{'bwd' if backward else 'fwd'}_v{V}", dtype]
-        block = max(G, ROWS_BLOCK)
+        block = G if G > 32 else ROWS_BLOCK  # a block a row past a warp
         grid = _check_grid(op, -(-outer // (block // G)))
         k.launch(sig, grid, block, stream, *arrays, dst, outer, L, G, a, alpha, beta,
                  aligned)

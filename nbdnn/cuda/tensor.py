@@ -9,7 +9,7 @@
 - `_fill_<dtype>`: set_tensor, writes ns B with store4.
 - `_transform_<ct>`: out[i] = alpha*x[perm offset(i)] + beta*out[i]: reads ns B
   gathered (coalesced writes, strided reads), writes ns B.
-- `reduce_rows_*` (cuda/_reduce.py): rows of a (rows, L) view, TPR threads per row,
+- `reduce_rows_*` (cuda/_tensor_reduce.py): rows of a (rows, L) view, TPR threads per row,
   16-byte loads, 2 vectors in flight per thread per iteration, warp-shuffle tree.
   Few long rows (all-axes reduce) split into S chunks: pass 1 writes (rows, S)
   partials with indices, pass 2 reduces them: reads ns B + tiny, deterministic.
@@ -26,7 +26,7 @@ from numba import cuda, float32, float64
 from ._arrays import dtype_name, empty, ptr, size
 from ._intrinsics import load4, store4, vector_alignment
 from ._launch import Kernel
-from . import _reduce
+from . import _tensor_reduce as _reduce
 from ..errors import NotSupportedError
 
 BLOCK = 256
@@ -40,12 +40,12 @@ UNARY = ("sqrt", "not", "copy")
 
 def _ew_functions(npt):
     """op -> f(x, y) in compute type npt; min/max propagate NaN like np.minimum."""
-    one = npt(1)
+    one, zero, nan = npt(1), npt(0), npt(np.nan)
     dev = cuda.jit(device=True)
     fns = {"add": lambda x, y: x + y, "mul": lambda x, y: x * y,
            "min": lambda x, y: x if (x != x or x < y) else y,
            "max": lambda x, y: x if (x != x or x > y) else y,
-           "sqrt": lambda x, y: math.sqrt(x), "not": lambda x, y: one - x,
+           "sqrt": lambda x, y: nan if x < zero else math.sqrt(x), "not": lambda x, y: one - x,
            "copy": lambda x, y: x, "rhs": lambda x, y: y}
     return {k: dev(f) for k, f in fns.items()}
 
@@ -103,7 +103,7 @@ def _ew_kernel(f, ct, unary):
     return op_tensor_ew
 
 
-def _fill_kernel(n_):
+def _fill_kernel():
     # y: (n,) flat; every element := value (rounded to y's dtype on store)
     def fill(y, n, value, aligned):
         g0 = cuda.blockIdx.x * (GROUPS * BLOCK) + cuda.threadIdx.x
@@ -159,10 +159,12 @@ def _build():
             ew.update({(op, t): (k, s) for t, s in sigs.items()})
         sigs = {t: f"void({t}[::1], {t}[::1], int64, {ctn}, {ctn}, {idx6})" for t in dts}
         k = Kernel(_transform_kernel(ct), list(sigs.values()))
+        k.name = f"_transform_{ctn}"
         tr.update({t: (k, s) for t, s in sigs.items()})
         for t in dts:
             s = f"void({t}[::1], int64, {ctn}, int64)"
-            fill[t] = (Kernel(_fill_kernel(t), [s]), s)
+            fill[t] = (Kernel(_fill_kernel(), [s]), s)
+            fill[t][0].name = f"_fill_{t}"
     return ew, fill, tr
 
 
@@ -278,7 +280,7 @@ def transform_tensor(x, perm, *, alpha, beta, out, stream):
 
 
 def reduce_tensor(x, op, axes, keepdims, return_indices, *, alpha, beta, out, stream):
-    """out = alpha * R(x over axes) + beta * out (see nbdnn/cuda/_reduce.py)."""
+    """out = alpha * R(x over axes) + beta * out (see nbdnn/cuda/_tensor_reduce.py)."""
     shape = tuple(int(s) for s in x.shape)
     dtype = dtype_name(x)
     oshape = tuple(1 if i in axes else n for i, n in enumerate(shape)) if keepdims else \
