@@ -160,18 +160,12 @@ def _build():
 _FORWARD, _BACKWARD = _build()
 
 
-WAVES = 8  # resident blocks per SM the grid is sized for (2048 threads / 256)
-_sm_count = []
-
-
 def _grid(n):
-    """Enough blocks to fill every SM WAVES deep, fewer for small n. A grid of one
-    short-lived block per 16 KiB (65k blocks at 1 GiB) lost ~8% of bandwidth to block
-    start/stop at the forward pass's 8 B/element; a grid-stride loop over a resident
-    grid does not."""
-    if not _sm_count:
-        _sm_count.append(1 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT)
-    return max(1, min(-(-n // (4 * GROUPS * BLOCK)), WAVES * _sm_count[0]))
+    """One pass: every block handles GROUPS * BLOCK * 4 elements once. (A resident grid
+    of 8 blocks per SM looping over the tensor measured 86% of copy bandwidth forward
+    against 91-93% for this full grid; the grid-stride loop remains only so that any
+    grid-size cap stays correct.)"""
+    return max(1, min(-(-n // (4 * GROUPS * BLOCK)), 2 ** 31 - 1))
 
 
 def _launch(table, mode, arrays, out, alpha, beta, coef, stream):
