@@ -95,12 +95,22 @@ def is_array(x):
     return _describer(type(x)) is not None
 
 
+_kinds = {}  # type -> 'cpu' | 'cuda', filled on first sight
+
+
 def kind(x):
     """'cpu' for NumPy arrays, 'cuda' for device arrays, None for anything else."""
     t = type(x)
-    if issubclass(t, np.ndarray):
-        return "cpu"
-    return "cuda" if _describer(t) is not None else None
+    k = _kinds.get(t)
+    if k is None:
+        if issubclass(t, np.ndarray):
+            k = "cpu"
+        elif _describer(t) is not None:
+            k = "cuda"
+        else:
+            return None
+        _kinds[t] = k
+    return k
 
 
 def describe(op, name, x):
@@ -121,7 +131,7 @@ def choose(op, arrays, backend=None):
     for name, a in arrays.items():
         if a is None:
             continue
-        k = kind(a)
+        k = _kinds.get(type(a)) or kind(a)
         if k is None:
             fail(BadParamError, op, name, "a NumPy array or a CUDA array",
                  f"{type(a).__module__}.{type(a).__name__}")

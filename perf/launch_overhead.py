@@ -24,7 +24,7 @@ def main():
     rows = {}
     rows["nbdnn relu, numba arrays, out="] = host_cost(lambda: nbdnn.activation(x, "relu", out=y))
     rows["nbdnn relu, numba arrays, new output"] = host_cost(lambda: nbdnn.activation(x, "relu"))
-    kern, sig = cuda_act._FORWARD["relu", "float32"]
+    kern, sig = cuda_act._FORWARD["relu", np.dtype("float32")]
     disp = kern.dispatcher
     rows["numba dispatcher kernel[grid, block](...)"] = host_cost(
         lambda: disp[1, 256](x, y, 1024, 1.0, 0.0, 0.0, 1))

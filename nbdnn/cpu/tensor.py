@@ -112,7 +112,7 @@ def reduce_tensor(x, op, axes, keepdims, return_indices, *, alpha, beta, out, st
     r, idx = reduce_values(x.astype(ct), op, axes)
     oshape = tuple(1 if i in axes else n for i, n in enumerate(x.shape)) if keepdims \
         else tuple(n for i, n in enumerate(x.shape) if i not in axes)
-    res = blend(np.reshape(r, oshape), out, alpha, beta, x.dtype).reshape(oshape)
+    res = blend(np.reshape(r, oshape), out, alpha, beta, x.dtype)  # out itself when given
     if return_indices:
         return res, np.array(np.reshape(idx, oshape), dtype=np.int64)
     return res

@@ -97,6 +97,18 @@ def dtype_name(x):
     return str(x.dtype).rpartition(".")[2]
 
 
+_dtypes = {}
+
+
+def dtype_of(x):
+    """x's dtype as a NumPy dtype, for any array kind (cached per dtype object)."""
+    d = x.dtype
+    nd = _dtypes.get(d)
+    if nd is None:
+        nd = _dtypes[d] = np.dtype(str(d).rpartition(".")[2])
+    return nd
+
+
 def _torch_dtype(dtype):
     import torch
     return getattr(torch, np.dtype(dtype).name)

@@ -4,9 +4,11 @@ Traffic per element (float32): forward reads x and writes y (8 B; +4 B when beta
 reads y); backward reads dy and x and writes dx (12 B). A few flops per element, so
 both are bound by memory bandwidth (H200: ~4 TB/s copy). Each thread moves GROUPS
 vectors of 4 elements with 16-byte loads/stores (`load4`/`store4`): with one scalar
-per thread a 1 GiB ReLU reached 61% of copy bandwidth, with 4 scalars 92%; the
-vector accesses halve the instruction count again. Unaligned views (pointer not a
-multiple of 16 B) and the tail take the scalar path inside the same kernel.
+per thread a 1 GiB ReLU reached 61% of copy bandwidth, with 4 scalars 92% (NOTES).
+Measured here (H200, relu forward, % of copy, perf/diagnose.py; run-to-run spread
+~2 points): GROUPS x BLOCK = 2x128 96%, 2x256 96%, 4x128 95%, 4x256 91-93%, 8x128 96%,
+2x512 90%. Unaligned views (pointer not a multiple of 16 B) and the tail take the
+scalar path inside the same kernel.
 
 Arithmetic runs in float32 for float16/float32 storage and float64 for float64. The
 formulas are written to stay finite for |x| up to 1e4 and beyond (sigmoid by the sign
@@ -21,13 +23,13 @@ from numba import cuda, float32, float64
 from . import SIMULATOR
 from ._intrinsics import load4, store4, vector_alignment
 from ._launch import Kernel
-from ._arrays import dtype_name, empty, ptr_size
+from ._arrays import dtype_of, empty, ptr_size
 
 MODES = ("relu", "leaky_relu", "clipped_relu", "elu", "sigmoid", "tanh", "swish",
          "gelu", "gelu_tanh", "softplus", "identity")
 DTYPES = ("float16", "float32", "float64")
-BLOCK = 256
-GROUPS = 4  # 4-element vectors per thread, all loaded before the first store
+BLOCK = 128
+GROUPS = 2  # 4-element vectors per thread, all loaded before the first store
 
 
 def _device_functions(t):
@@ -152,8 +154,8 @@ def _build():
             bsigs = [f"void({t}[::1], {t}[::1], {t}[::1], int64, {ct_name}, {ct_name}, "
                      f"{ct_name}, int64)" for t in dts]
             for t, fs, bs in zip(dts, fsigs, bsigs):
-                fwd[mode, t] = (Kernel(_make_kernel(f, ct, False), [fs]), fs)
-                bwd[mode, t] = (Kernel(_make_kernel(d, ct, True), [bs]), bs)
+                fwd[mode, np.dtype(t)] = (Kernel(_make_kernel(f, ct, False), [fs]), fs)
+                bwd[mode, np.dtype(t)] = (Kernel(_make_kernel(d, ct, True), [bs]), bs)
     return fwd, bwd
 
 
@@ -171,14 +173,17 @@ def _grid(n):
 def _launch(table, mode, arrays, out, alpha, beta, coef, stream):
     """arrays: the inputs (x, or dy and x); out: the result buffer or None."""
     x = arrays[-1]
-    dtype = dtype_name(x)
+    dtype = dtype_of(x)
     kernel, sig = table[mode, dtype]
     y = out if out is not None else empty(x, x.shape, dtype)
-    ptrs = [ptr_size(a) for a in arrays] + [ptr_size(y)]
+    ptrs = [ptr_size(a) for a in arrays]
+    ptrs.append(ptr_size(y))
     n = ptrs[0][1]
     if n:
-        align = vector_alignment(np.dtype(dtype).itemsize)
-        aligned = int(all(p % align == 0 for p, _ in ptrs))
+        anyptr = 0
+        for p, _ in ptrs:
+            anyptr |= p
+        aligned = int(anyptr % vector_alignment(dtype.itemsize) == 0)
         bufs = (*arrays, y) if SIMULATOR else ptrs  # the fast path takes (pointer, n)
         kernel.launch(sig, _grid(n), BLOCK, stream, *bufs, n, alpha, beta, coef, aligned)
     return y

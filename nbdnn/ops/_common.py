@@ -7,10 +7,10 @@ import numbers
 import numpy as np
 
 from .. import backend as _backend
-from ..errors import BadParamError, DtypeError, NotSupportedError, ShapeError, fail
+from ..errors import BadParamError, DtypeError, ShapeError, fail
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
-MAX_ELEMENTS = 2 ** 62  # kernels index in int64; past this nothing is addressable anyway
+_allowed_sets = {}  # dtype-name tuple -> frozenset of np.dtype (dtype.name is slow)
 _modules = {}
 
 
@@ -21,29 +21,39 @@ def backend_module(name, family):
     return m
 
 
+def _allowed(dtypes):
+    s = _allowed_sets.get(dtypes)
+    if s is None:
+        s = _allowed_sets[dtypes] = frozenset(np.dtype(d) for d in dtypes)
+    return s
+
+
 class Call:
     """One op call: the chosen backend and the arrays going to it.
 
     Typical use in an op:  c = Call(op, family, backend, x=x, out=out);
-    shape, dtype = c.array("x", x); ...checks...; return c.run(fname, x, ..., out=out)"""
+    shape, dtype = c.array("x", x); ...checks...; return c.run(fname, x, ..., out=out)
 
-    __slots__ = ("op", "family", "backend", "copy", "contig", "stream")
+    This sits on every eager call's path, so it does the least work it can: one
+    describe per array (cached per array type), dtype checks against frozensets."""
+
+    __slots__ = ("op", "family", "backend", "copy", "strided", "stream")
 
     def __init__(self, op, family, backend, stream=None, **arrays):
         self.op, self.family = op, family
         self.backend, self.copy = _backend.choose(op, arrays, backend)
-        self.contig = {}
+        self.strided = None  # ids of CUDA inputs that are strided views
         self.stream = stream
 
     def array(self, name, x, dtypes=FLOAT_DTYPES):
         """(shape, dtype) of argument `name`, checked against the allowed dtypes."""
         shape, dtype, contig = _backend.describe(self.op, name, x)
-        if dtypes is not None and dtype.name not in dtypes:
+        if dtypes is not None and dtype not in _allowed(dtypes):
             fail(DtypeError, self.op, name, f"one of {', '.join(dtypes)}", dtype.name)
-        n = math.prod(shape)
-        if n > MAX_ELEMENTS:
-            fail(NotSupportedError, self.op, name, f"at most 2**62 elements", n)
-        self.contig[id(x)] = contig
+        if not contig:
+            if self.strided is None:
+                self.strided = set()
+            self.strided.add(id(x))
         return shape, dtype
 
     def out(self, out, shape, dtype, name="out"):
@@ -51,7 +61,7 @@ class Call:
         if out is None:
             return None
         oshape, odtype, contig = _backend.describe(self.op, name, out)
-        if tuple(oshape) != tuple(shape):
+        if oshape != shape and tuple(oshape) != tuple(shape):
             fail(ShapeError, self.op, f"{name}.shape", tuple(shape), tuple(oshape))
         if odtype != dtype:
             fail(DtypeError, self.op, f"{name}.dtype", np.dtype(dtype).name, odtype.name)
@@ -65,7 +75,7 @@ class Call:
         """Call the backend's `fname`; CUDA inputs that are strided views are made
         contiguous first; NumPy inputs forced onto "cuda" are copied to the GPU and the
         results back (into `out` when given)."""
-        fn = getattr(backend_module(self.backend, self.family), fname)
+        fn = _function(self.backend, self.family, fname)
         if self.backend == "cpu":
             return fn(*args, out=out, **kw)
         arrays = _cuda_arrays()
@@ -74,13 +84,20 @@ class Call:
             dev = [arrays.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
             dout = arrays.to_device(out) if out is not None else None
             return _back_to_host(fn(*dev, out=dout, stream=stream, **kw), out)
-        if not all(self.contig.values()):
-            args = [impl_contiguous(a, stream) if not self.contig.get(id(a), True) else a
-                    for a in args]
+        if self.strided:
+            args = [impl_contiguous(a, stream) if id(a) in self.strided else a for a in args]
         return fn(*args, out=out, stream=stream, **kw)
 
 
 _arrays_mod = None
+_functions = {}
+
+
+def _function(backend, family, fname):
+    f = _functions.get((backend, family, fname))
+    if f is None:
+        f = _functions[backend, family, fname] = getattr(backend_module(backend, family), fname)
+    return f
 
 
 def _cuda_arrays():
@@ -118,6 +135,11 @@ def choice(op, name, value, choices):
 
 def scalar(op, name, value, *, finite=True, low=None, high=None, low_open=False):
     """A real Python/NumPy number, optionally finite and in [low, high] (or (low, ...))."""
+    t = type(value)
+    if (t is float or t is int) and low is None and high is None:  # the common case, fast
+        v = float(value)
+        if not finite or -math.inf < v < math.inf:
+            return v
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.generic)):
         fail(BadParamError, op, name, "a real number", repr(value))
     v = float(value)
