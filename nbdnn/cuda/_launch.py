@@ -43,39 +43,54 @@ def _slot_codes(t):
 
 
 class _Launcher:
-    """Packed parameters and the function handle of one compiled signature."""
+    """Packed parameters and the function handle of one compiled signature.
+
+    `pack` is generated per signature (straight-line code, no per-argument loop: this
+    runs on every eager call) and writes every parameter into the shared buffer."""
 
     def __init__(self, handle, argtypes, name):
         self.handle, self.name = handle, name
-        self.itemsizes = tuple(t.dtype.bitwidth // 8 if str(t).startswith("array(") else 0
-                               for t in argtypes)  # 0: a scalar
-        self.packer = struct.Struct("<" + "".join(_slot_codes(t) for t in argtypes))
-        self.buf = ctypes.create_string_buffer(self.packer.size)
+        packer = struct.Struct("<" + "".join(_slot_codes(t) for t in argtypes))
+        self.buf = ctypes.create_string_buffer(packer.size)
         base = ctypes.addressof(self.buf)
-        nslots = self.packer.size // 8
+        nslots = packer.size // 8
         self.params = (ctypes.c_void_p * nslots)(*[base + 8 * i for i in range(nslots)])
         self.params_address = ctypes.addressof(self.params)
         self.function = _driver.CUfunction(handle)
         self.lock = threading.Lock()
+        self.pack = _make_packer(argtypes, packer.pack_into, self.buf)
 
     def __call__(self, grid, block, stream, args, shmem):
-        vals = []
-        for a, isz in zip(args, self.itemsizes):
-            if isz:  # an array: (pointer, count) tuple or a device array
-                p, n = a if type(a) is tuple else ptr_size(a)
-                vals += (0, 0, n, isz, p, n, isz)
-            else:
-                vals.append(a)
         gx, gy, gz = grid if type(grid) is tuple else (grid, 1, 1)
         bx, by, bz = block if type(block) is tuple else (block, 1, 1)
         with self.lock:  # the buffer is shared; cuLaunchKernel copies it
-            self.packer.pack_into(self.buf, 0, *vals)
+            self.pack(*args)
             rc, = _cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, shmem, stream,
                                   self.params_address, 0)
         if rc:
             from ..errors import DeviceError
             raise DeviceError(f"cuLaunchKernel({self.name}) failed: {_error_name(int(rc))} "
                               f"(grid {grid}, block {block}, shared {shmem} B)")
+
+
+def _make_packer(argtypes, pack_into, buf):
+    """pack(*args): an array argument (a device array or a (pointer, count) tuple)
+    becomes meminfo, parent, nitems, itemsize, data, shape, stride; a scalar itself."""
+    names, body, vals = [], [], []
+    for i, t in enumerate(argtypes):
+        a = f"a{i}"
+        names.append(a)
+        if str(t).startswith("array("):
+            isz = t.dtype.bitwidth // 8
+            body.append(f"    p{i}, n{i} = {a} if type({a}) is tuple else ptr_size({a})")
+            vals += ["0", "0", f"n{i}", str(isz), f"p{i}", f"n{i}", str(isz)]
+        else:
+            vals.append(a)
+    src = (f"def pack({', '.join(names)}):\n" + "\n".join(body) +
+           f"\n    pack_into(buf, 0, {', '.join(vals)})\n")
+    ns = {"ptr_size": ptr_size, "pack_into": pack_into, "buf": buf}
+    exec(compile(src, "<nbdnn packer>", "exec"), ns)
+    return ns["pack"]
 
 
 _cuLaunchKernel = None

@@ -1,0 +1,78 @@
+"""What only hardware shows: bit-identical reruns (no float atomics anywhere), tensors
+past 2**31 elements (64-bit indexing), and resource use of the hot kernels. Marked
+`gpu`: skipped under the simulator."""
+import numpy as np
+import pytest
+
+import nbdnn
+
+pytestmark = pytest.mark.gpu
+
+
+def _dev(a):
+    from numba import cuda
+    return cuda.to_device(a)
+
+
+def _host(a):
+    from nbdnn.cuda import _arrays
+    return _arrays.to_host(a)
+
+
+def _tuple(r):
+    return r if isinstance(r, tuple) else (r,)
+
+
+CALLS = [
+    ("activation gelu", lambda x: nbdnn.activation(x, "gelu")),
+    ("reduce add all", lambda x: nbdnn.reduce_tensor(x, "add", None)),
+    ("reduce norm2 last", lambda x: nbdnn.reduce_tensor(x, "norm2", (1,))),
+    ("reduce max cols", lambda x: nbdnn.reduce_tensor(x, "max", (0,), return_indices=True)),
+    ("softmax rows", lambda x: nbdnn.softmax(x, axis=1)),
+    ("softmax cols", lambda x: nbdnn.softmax(x, axis=0)),
+    ("log_softmax long rows", lambda x: nbdnn.softmax(x.reshape(4, -1), axis=1, algo="log")),
+]
+
+
+@pytest.mark.parametrize("name, call", CALLS, ids=[c[0] for c in CALLS])
+def test_default_algorithms_are_bit_identical_run_to_run(name, call):
+    x = _dev(np.random.default_rng(0).standard_normal((2048, 1000), dtype=np.float32))
+    first = [_host(r) for r in _tuple(call(x))]
+    for _ in range(3):
+        again = [_host(r) for r in _tuple(call(x))]
+        for a, b in zip(first, again):
+            assert a.tobytes() == b.tobytes(), f"{name}: results differ between runs"
+
+
+def test_activation_past_2_31_elements():
+    """float16 ReLU on 2**31 + 1000 elements (4 GiB): the tail past 2**31 is right."""
+    from numba import cuda
+    n = 2 ** 31 + 1000
+    x = cuda.device_array(n, dtype=np.float16)
+    tail = np.linspace(-2, 2, 4000).astype(np.float16)
+    x[n - 4000:].copy_to_device(tail)
+    x[:4000].copy_to_device(tail)
+    y = nbdnn.activation(x, "relu")
+    np.testing.assert_array_equal(y[n - 4000:].copy_to_host(), np.maximum(tail, 0))
+    np.testing.assert_array_equal(y[:4000].copy_to_host(), np.maximum(tail, 0))
+    del x, y
+
+
+def test_reduce_past_2_31_elements():
+    """Sum of 2**31 + 8 float16 ones, accumulated in float32 without index overflow."""
+    from numba import cuda
+    n = 2 ** 31 + 8
+    x = cuda.device_array(n, dtype=np.float16)
+    nbdnn.set_tensor(x, 1.0)
+    total = float(_host(nbdnn.reduce_tensor(x, "add", None)).ravel()[0])
+    assert abs(total - n) <= 1e-6 * n
+    del x
+
+
+def test_hot_kernels_do_not_spill():
+    from nbdnn.cuda import activation as A
+    for mode in ("relu", "gelu", "gelu_tanh", "softplus"):
+        for table in (A._FORWARD, A._BACKWARD):
+            kernel, sig = table[mode, np.dtype("float32")]
+            res = kernel.resources(sig)
+            assert res["local_bytes"] == 0, (mode, res)
