@@ -59,10 +59,11 @@ def test_activation_past_2_31_elements():
 
 
 def test_reduce_past_2_31_elements():
-    """Sum of 2**31 + 8 float16 ones, accumulated in float32 without index overflow."""
+    """Sum of 2**31 + 8 float32 ones (8 GiB) without index overflow. (A float16 sum
+    would overflow float16's range: the result has the input's dtype.)"""
     from numba import cuda
     n = 2 ** 31 + 8
-    x = cuda.device_array(n, dtype=np.float16)
+    x = cuda.device_array(n, dtype=np.float32)
     nbdnn.set_tensor(x, 1.0)
     total = float(_host(nbdnn.reduce_tensor(x, "add", None)).ravel()[0])
     assert abs(total - n) <= 1e-6 * n
