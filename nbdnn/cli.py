@@ -93,7 +93,8 @@ def _toolkit():
     """(NVVM version, PTX ISA version numba emits), asked of a non-simulator process."""
     import os
     import subprocess
-    code = ("from numba import cuda\n"
+    code = ("import nbdnn.cuda\n"  # numpy 2.5's missing np.row_stack, shimmed first
+            "from numba import cuda\n"
             "from numba.cuda.cudadrv import nvvm\n"
             "def k(a):\n    a[0] = 1\n"
             "ptx, _ = cuda.compile_ptx(k, 'void(float32[::1])', cc=(8, 0))\n"
