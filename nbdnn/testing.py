@@ -210,4 +210,3 @@ from ._specs_tensor import SPECS as _TENSOR_SPECS  # noqa: E402 (rows need the h
 from ._specs_softmax import SPECS as _SOFTMAX_SPECS  # noqa: E402
 
 SPECS += _TENSOR_SPECS + _SOFTMAX_SPECS
-SPEC_BY_NAME = {s.name: s for s in SPECS}

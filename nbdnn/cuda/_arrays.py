@@ -145,13 +145,6 @@ def to_host(x):
     return cuda.as_cuda_array(x).copy_to_host()
 
 
-def as_numba(x):
-    """A numba device-array view of any CUDA array (for numba's own launch path)."""
-    if SIMULATOR or hasattr(x, "gpu_data"):
-        return x
-    return cuda.as_cuda_array(x)
-
-
 def flat(x):
     """A 1-D view for the simulator's launch path, which indexes like NumPy."""
     return x.reshape(int(np.prod(x.shape, dtype=np.int64)))
@@ -173,15 +166,6 @@ def stream_handle(stream):
     from ..errors import BadParamError
     raise BadParamError(f"stream must be a CUDA stream (numba, CuPy, PyTorch, or an object "
                         f"with __cuda_stream__); got {type(stream).__name__}")
-
-
-def numba_stream(stream):
-    """A numba stream object for numba's own APIs (copies, simulator launches)."""
-    if stream is None or stream == 0 or SIMULATOR:
-        return 0
-    if hasattr(stream, "synchronize") and type(stream).__module__.startswith("numba"):
-        return stream
-    return cuda.external_stream(stream_handle(stream))
 
 
 def is_device(x):
