@@ -5,7 +5,8 @@ any shape and axis; rows with L % 4 == 0 (the 16-byte vector path); NCHW over th
 channels (the strided kernel); long rows (big: past the register cache, kernel 2;
 small: short rows forced onto kernel 2 through the private `_kernel` knob, which the
 CPU reference ignores). `_kernel` is also drawn at random ("rows_block" puts short rows
-on the block-per-row variant, "strided" runs the strided kernel with inner == 1).
+on the block-per-row variant, "fused" on the two-pass block-per-row kernel, "strided"
+runs the strided kernel with inner == 1).
 Backward inputs use a real forward output for y (softmax, or log-softmax for "log").
 """
 import numpy as np
@@ -15,7 +16,7 @@ from nbdnn.cpu.softmax import forward as _forward
 from nbdnn.testing import Case, OpSpec, rand, reduction_tol, shape_nd
 
 ALGOS = ("fast", "accurate", "log")
-_FORCE = (None, None, None, "rows_block", "long", "strided")
+_FORCE = (None, None, None, "rows_block", "fused", "long", "strided")
 
 
 def _shape_axis(draw, big):

@@ -1,7 +1,12 @@
 """Timing and roofline figures for `nbdnn bench` and perf/.
 
 GPU times come from CUDA events around the op, after warm-up (JIT, module load), as
-the median of many runs; CPU times from perf_counter. Every GPU row is set against the
+the median of many runs; CPU times from perf_counter. Before each timed run the GPU
+writes a 256 MiB buffer (as triton.testing.do_bench does): this evicts the inputs from
+the 50 MB L2, so small tensors are timed cold, and it keeps the GPU busy while the host
+enqueues the start event, the op and the stop event, so the events time the GPU's
+work and not the caller's Python (without it, a 20 us host front end showed up as
+~5-10% of a 0.3 ms kernel, more on a slow host). Every GPU row is set against the
 device copy bandwidth measured in the same run on a buffer of the same size (copy
 speed depends on size: 3.7-3.8 TB/s at 256 MiB, 4.1-4.2 TB/s at 1 GiB on an H200)
 and, when PyTorch is installed, against the PyTorch equivalent on the same data.
@@ -23,9 +28,31 @@ def _torch():
         return None
 
 
-def time_gpu(fn, *, warmup=3, reps=25, min_time=0.2):
+FLUSH_BYTES = 256 << 20
+_flush_state = []
+
+
+def _flush():
+    """Enqueue a 256 MiB memset on the legacy default stream (~80 us on an H200)."""
+    if not _flush_state:
+        from numba import cuda
+        from .cuda import SIMULATOR
+        if SIMULATOR:
+            _flush_state.append(None)
+        else:
+            from cuda.bindings import driver
+            buf = cuda.device_array(FLUSH_BYTES // 4, dtype=np.uint32)
+            ptr = int(buf.gpu_data.device_pointer)
+            _flush_state.append(lambda: driver.cuMemsetD32Async(ptr, 0, FLUSH_BYTES // 4, 0))
+            _flush_state.append(buf)  # keep it alive
+    if _flush_state[0] is not None:
+        _flush_state[0]()
+
+
+def time_gpu(fn, *, warmup=3, reps=25, min_time=0.2, flush=True):
     """Median seconds of fn() on the GPU, timed with CUDA events; reps grows until the
-    runs cover at least min_time seconds (short kernels get many samples)."""
+    runs cover at least min_time seconds (short kernels get many samples). flush:
+    write a 256 MiB buffer before each run (module docstring)."""
     from numba import cuda
     for _ in range(warmup):
         fn()
@@ -34,6 +61,8 @@ def time_gpu(fn, *, warmup=3, reps=25, min_time=0.2):
     samples = []
     t_end = time.perf_counter() + min_time
     while len(samples) < reps or (time.perf_counter() < t_end and len(samples) < 2000):
+        if flush:
+            _flush()
         start.record()
         fn()
         stop.record()

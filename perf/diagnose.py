@@ -2,7 +2,7 @@
 spills of the kernels a bench touched, softmax row-kernel configurations, activation
 unroll depth. Prints a table per experiment.
 
-    PYTHONPATH=. python perf/diagnose.py [softmax] [activation] [reduce]
+    PYTHONPATH=. python perf/diagnose.py [timing] [softmax] [activation] [reduce]
 """
 import math
 import sys
@@ -17,41 +17,61 @@ from numba import cuda, float32
 
 
 def softmax_variants():
+    """Every forward/backward path forced at 8192 rows (`_kernel`), and the fused
+    kernel's block size; % of copy of the same size, x torch in the same run."""
     rows = 8192
-    f = S.device_functions(np.float32)
-    ns = dict(f, cuda=cuda, math=math, load4=S.load4, store4=S.store4, CT=float32, SHM=S.SHM,
-              FAST=S.FAST, LOG=S.LOG)
-    sig = "void(float32[::1], float32[::1], int64, int64, int64, int64, float32, float32, int64)"
-    orig_cfg = S._rows_config
-    for L in (1024, 4096, 8192, 32768):
+    for L in (1024, 2048, 4096, 8192, 16384, 32768, 65536):
         x = torch.randn(rows, L, device="cuda")
-        y = torch.empty_like(x)
+        y, dy, dx = torch.empty_like(x), torch.randn_like(x), torch.empty_like(x)
         bw = copy_bandwidth(4 * rows * L)
-        tt = time_gpu(lambda: torch.softmax(x, -1))
-        V0, G0 = orig_cfg(L, False, False)
-        print(f"L={L}: default V={V0} G={G0}; torch {tt*1e3:.3f} ms ({8*rows*L/tt/bw*100:.0f}% copy)")
-        for V in (1, 2, 4, 8):
-            G = L // (4 * V)
-            if G < 32 or G > 1024:
-                continue
-            for maxreg in (None, 64, 128, 255):
-                opts = {} if maxreg is None else {"max_registers": maxreg}
-                k = _launch.Kernel(S._rows_kernel(V, False, ns), [sig], **opts)
-                try:
-                    res = k.resources(sig)
-                except Exception as e:  # noqa: BLE001
-                    print("   V", V, "maxreg", maxreg, "compile failed", e)
-                    continue
-                S._KERNELS[f"rows_fwd_v{V}", "float32"] = (k, sig)
-                S._rows_config = lambda L_, b, blk, V=V, G=G: (V, G)
-                try:
-                    t = time_gpu(lambda: nbdnn.softmax(x, -1, out=y))
-                    ok = torch.allclose(y, torch.softmax(x, -1), atol=1e-6)
-                    print(f"   V={V} G={G} maxreg={maxreg}: {t*1e3:.3f} ms "
-                          f"{8*rows*L/t/bw*100:.0f}% copy, {tt/t:.2f}x torch, {res}, ok={ok}")
-                except Exception as e:  # noqa: BLE001
-                    print(f"   V={V} G={G} maxreg={maxreg}: failed {type(e).__name__}: {str(e)[:120]}")
-        S._rows_config = orig_cfg
+        tf = time_gpu(lambda: torch.softmax(x, -1))
+        ref = torch.softmax(x, -1)
+        tb = time_gpu(lambda: torch.ops.aten._softmax_backward_data(dy, ref, -1, x.dtype))
+        print(f"L={L}: torch fwd {tf*1e3:.3f} ms ({8*rows*L/tf/bw*100:.0f}%), "
+              f"bwd {tb*1e3:.3f} ms ({12*rows*L/tb/bw*100:.0f}%)", flush=True)
+        for kern in (None, "rows", "fused", "long"):
+            blocks = (256, 512, 1024) if kern == "fused" else (S.FUSED_BLOCK,)
+            for blk in blocks:
+                S.FUSED_BLOCK = blk
+                for bwd in (False, True):
+                    try:
+                        if bwd:
+                            fn = lambda: nbdnn.softmax_backward(dy, ref, -1, out=dx, _kernel=kern)
+                        else:
+                            fn = lambda: nbdnn.softmax(x, -1, out=y, _kernel=kern)
+                        fn()
+                        ok = torch.allclose(dx, torch.ops.aten._softmax_backward_data(
+                            dy, ref, -1, x.dtype), atol=1e-5) if bwd else \
+                            torch.allclose(y, ref, atol=1e-6)
+                        t = time_gpu(fn)
+                        nb, tt = (12, tb) if bwd else (8, tf)
+                        print(f"   {'bwd' if bwd else 'fwd'} {str(kern):6} block {blk:5}: "
+                              f"{t*1e3:.3f} ms {nb*rows*L/t/bw*100:4.0f}% copy "
+                              f"{tt/t:5.2f}x torch ok={ok}", flush=True)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"   {kern} bwd={bwd}: {type(e).__name__}: {str(e)[:100]}")
+        S.FUSED_BLOCK = 1024
+        del x, y, dy, dx, ref
+        torch.cuda.empty_cache()
+
+
+def timing_method():
+    """The same kernels timed with and without the L2 flush before each run."""
+    x = torch.randn(8192, 32768, device="cuda")
+    s = torch.randn(8192, 1024, device="cuda")
+    sy = torch.empty_like(s)
+    # (fn, bytes moved, bytes of the tensor: the copy measured against)
+    cases = {"reduce add all 1 GiB": (lambda: nbdnn.reduce_tensor(x, "add"), 4 * x.numel()),
+             "reduce max last 1 GiB": (lambda: nbdnn.reduce_tensor(x, "max", (1,)), 4 * x.numel()),
+             "torch sum 1 GiB": (lambda: x.sum(), 4 * x.numel()),
+             "softmax 8192x1024": (lambda: nbdnn.softmax(s, -1, out=sy), 8 * s.numel()),
+             "torch softmax 8192x1024": (lambda: torch.softmax(s, -1), 8 * s.numel())}
+    for name, (fn, nbytes) in cases.items():
+        bw = copy_bandwidth(4 * (s if "softmax" in name else x).numel())
+        for flush in (False, True):
+            t = time_gpu(fn, flush=flush)
+            print(f"{name:26} flush={flush!s:5}: {t*1e3:.4f} ms {nbytes/t/bw*100:.0f}% copy",
+                  flush=True)
 
 
 def activation_variants():
@@ -79,7 +99,9 @@ def reduce_resources():
 
 
 if __name__ == "__main__":
-    what = sys.argv[1:] or ["softmax", "activation", "reduce"]
+    what = sys.argv[1:] or ["softmax", "activation", "reduce", "timing"]
+    if "timing" in what:
+        timing_method()
     if "reduce" in what:
         reduce_resources()
     if "softmax" in what:

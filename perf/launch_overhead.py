@@ -38,12 +38,57 @@ def main():
         rows["nbdnn relu, torch tensors, new output"] = host_cost(lambda: nbdnn.activation(tx, "relu"))
         rows["torch.relu(x)"] = host_cost(lambda: torch.relu(tx))
         rows["torch.relu(x, out=)"] = host_cost(lambda: torch.nn.functional.relu(tx, inplace=False))
+    rows.update(_launch_paths(kern, sig, x, y))
+    if torch is not None:
+        rows.update(_front_end_pieces(tx, ty))
     w = max(map(len, rows))
     for k, v in rows.items():
         print(f"{k:<{w}}  {v * 1e6:7.2f} us")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({k: v * 1e6 for k, v in rows.items()}, f, indent=1)
+
+
+def _launch_paths(kern, sig, x, y):
+    """cuLaunchKernel of the same packed parameters three ways: cuda.bindings, ctypes,
+    and a numba @njit function calling the driver's entry point."""
+    import ctypes
+    from numba import njit
+    from nbdnn.cuda import _launch
+    kern.launch(sig, 1, 256, 0, x, y, 1024, 1.0, 0.0, 0.0, 1)
+    lau = kern._launchers[sig]
+    f, pa = int(lau.handle), lau.params_address
+    drv = _launch._cuLaunchKernel
+    rows = {"cuda.bindings cuLaunchKernel (pre-packed)": host_cost(
+        lambda: drv(lau.function, 1, 1, 1, 256, 1, 1, 0, 0, pa, 0))}
+    c = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+    u, p = ctypes.c_uint, ctypes.c_size_t
+    c.argtypes = [p, u, u, u, u, u, u, u, p, p, p]
+    c.restype = ctypes.c_int
+    rows["ctypes cuLaunchKernel (pre-packed)"] = host_cost(
+        lambda: c(f, 1, 1, 1, 256, 1, 1, 0, 0, pa, 0))
+
+    @njit(cache=False)
+    def nj(f, gx, bx, shmem, stream, params):
+        return c(f, gx, 1, 1, bx, 1, 1, shmem, stream, params, 0)
+    assert nj(f, 1, 256, 0, 0, pa) == 0
+    rows["@njit -> cuLaunchKernel (pre-packed)"] = host_cost(lambda: nj(f, 1, 256, 0, 0, pa))
+    rows["struct.pack_into of relu's parameters"] = host_cost(
+        lambda: lau.pack(x, y, 1024, 1.0, 0.0, 0.0, 1))
+    return rows
+
+
+def _front_end_pieces(tx, ty):
+    from nbdnn import backend
+    from nbdnn.cuda import activation as ca
+    return {
+        "front end: backend.choose": host_cost(
+            lambda: backend.choose("activation", {"x": tx, "out": ty})),
+        "front end: backend.describe (torch)": host_cost(
+            lambda: backend.describe("activation", "x", tx)),
+        "cuda.activation (no front end), torch": host_cost(
+            lambda: ca.activation(tx, "relu", 0.0, alpha=1.0, beta=0.0, out=ty, stream=0)),
+    }
 
 
 if __name__ == "__main__":

@@ -186,8 +186,8 @@ def test_reduce_nan_and_inf_propagate_like_the_reference(op, axes):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator's NumPy scalars
-@pytest.mark.parametrize("axis, kernel", [(1, None), (1, "rows_block"), (1, "long"),
-                                          (0, None)])
+@pytest.mark.parametrize("axis, kernel", [(1, None), (1, "rows_block"), (1, "fused"),
+                                          (1, "long"), (0, None)])
 @pytest.mark.parametrize("algo", ["accurate", "log", "fast"])
 def test_softmax_nan_and_inf_propagate_like_the_reference(algo, axis, kernel):
     ref = nbdnn.softmax(XN, axis, algo=algo)

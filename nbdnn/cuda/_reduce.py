@@ -3,7 +3,7 @@ compute type: warp-shuffle trees on hardware, shared-memory loops under the simu
 (which has no shuffles). Every reduction runs in a fixed order, so results are
 bit-identical run to run, and every lane of a group ends with the same value.
 
-- combine / update / finish: the online softmax pair (m, s), s = sum exp(x - m).
+- combine / update / update4 / finish: the online softmax pair (m, s), s = sum exp(x - m).
 - grp_max / grp_sum / grp_pair(v, G, shm...): over the G lanes of a row, G a power of
   two; G <= 32: aligned lane groups inside a warp (shuffles only); G > 32: groups of
   whole warps (shuffles, then one slot per warp in `shm`, SHM slots: <= 1024 threads).
@@ -46,6 +46,27 @@ def device_functions(nt):
             return v, s * math.exp(m - v) + ONE
         if v != NEG_INF:  # NaN lands here and poisons s, as in the reference
             return m, s + math.exp(v - m)
+        return m, s
+
+    @dev
+    def update4(m, s, a0, a1, a2, a3, fast):
+        # four elements with one rescale: max first (NaN never wins a comparison, so
+        # b ignores it), then four exps against the new max. A NaN poisons s as in
+        # `update`, also while m is still -inf (every element so far -inf or NaN).
+        if fast:
+            return m, s + ((math.exp(a0) + math.exp(a1)) + (math.exp(a2) + math.exp(a3)))
+        b = a0 if a0 > NEG_INF else NEG_INF
+        b = a1 if a1 > b else b
+        b = a2 if a2 > b else b
+        b = a3 if a3 > b else b
+        if b > m:
+            s = s * math.exp(m - b)
+            m = b
+        if m != NEG_INF:
+            return m, s + ((math.exp(a0 - m) + math.exp(a1 - m))
+                           + (math.exp(a2 - m) + math.exp(a3 - m)))
+        if a0 != a0 or a1 != a1 or a2 != a2 or a3 != a3:
+            return m, NAN
         return m, s
 
     @dev
@@ -193,5 +214,5 @@ def device_functions(nt):
         return m, s
 
     return dict(NEG_INF=NEG_INF, INF=INF, ZERO=ZERO, ONE=ONE, NAN=NAN,
-                combine=combine, update=update, finish=finish, grp_max=grp_max, grp_sum=grp_sum,
+                combine=combine, update=update, update4=update4, finish=finish, grp_max=grp_max, grp_sum=grp_sum,
                 grp_pair=grp_pair, col_pair=col_pair)

@@ -6,7 +6,7 @@ axis=1 on an NCHW tensor is cuDNN's CHANNEL mode; axis=-1 is the row softmax of
 attention and classifiers. The formulas are in nbdnn/cpu/softmax.py.
 
 `_kernel` is private, for tests: on the CUDA backend it forces one kernel path
-("rows", "rows_block", "long", "strided"; see nbdnn/cuda/softmax.py) where the shape
+("rows", "rows_block", "fused", "long", "strided"; see nbdnn/cuda/softmax.py) where the shape
 allows it; the CPU backend ignores it.
 """
 from ..errors import BadParamError, fail
@@ -14,7 +14,7 @@ from ._common import (Call, blend_params, choice, normalize_axis, same_dtype,
                       same_shape)
 
 ALGOS = ("fast", "accurate", "log")
-KERNELS = (None, "rows", "rows_block", "long", "strided")
+KERNELS = (None, "rows", "rows_block", "fused", "long", "strided")
 
 
 def _axis(op, name, axis, shape):
