@@ -2,7 +2,7 @@
 spills of the kernels a bench touched, softmax row-kernel configurations, activation
 unroll depth. Prints a table per experiment.
 
-    PYTHONPATH=. python perf/diagnose.py [timing] [softmax] [activation] [reduce]
+    PYTHONPATH=. python perf/diagnose.py [timing] [softmax] [softmax_long] [activation] [reduce]
 """
 import math
 import sys
@@ -30,9 +30,11 @@ def softmax_variants():
         print(f"L={L}: torch fwd {tf*1e3:.3f} ms ({8*rows*L/tf/bw*100:.0f}%), "
               f"bwd {tb*1e3:.3f} ms ({12*rows*L/tb/bw*100:.0f}%)", flush=True)
         for kern in (None, "rows", "fused", "long"):
-            blocks = (256, 512, 1024) if kern == "fused" else (S.FUSED_BLOCK,)
+            blocks = (256, 512, 1024) if kern == "fused" else (0,)
             for blk in blocks:
-                S.FUSED_BLOCK = blk
+                saved_block = S.FUSED_BLOCK
+                if blk:
+                    S.FUSED_BLOCK = {False: blk, True: blk}
                 for bwd in (False, True):
                     try:
                         if bwd:
@@ -50,8 +52,65 @@ def softmax_variants():
                               f"{tt/t:5.2f}x torch ok={ok}", flush=True)
                     except Exception as e:  # noqa: BLE001
                         print(f"   {kern} bwd={bwd}: {type(e).__name__}: {str(e)[:100]}")
-        S.FUSED_BLOCK = 1024
+                S.FUSED_BLOCK = saved_block
         del x, y, dy, dx, ref
+        torch.cuda.empty_cache()
+
+
+def softmax_long_variants():
+    """The fused kernel's knobs (block, register cap, cache-hinted second pass) and a
+    16-vector register row, on 8192 rows of 8k-64k floats."""
+    rows = 8192
+    f = S.device_functions(np.float32)
+    ns = dict(f, cuda=cuda, math=math, load4=S.load4, store4=S.store4, CT=float32,
+              SHM=S.SHM, FAST=S.FAST, LOG=S.LOG)
+    sig = "void(float32[::1], float32[::1], int64, int64, int64, int64, float32, float32, int64)"
+    for L in (8192, 16384, 32768, 65536):
+        x = torch.randn(rows, L, device="cuda")
+        y, dy, dx = torch.empty_like(x), torch.randn_like(x), torch.empty_like(x)
+        ref = torch.softmax(x, -1)
+        dref = torch.ops.aten._softmax_backward_data(dy, ref, -1, x.dtype)
+        bw = copy_bandwidth(4 * rows * L)
+        tf = time_gpu(lambda: torch.softmax(x, -1))
+        print(f"L={L}: torch fwd {tf*1e3:.3f} ms", flush=True)
+        for streaming in (False, True):
+            for maxreg in (None, 32):
+                S._KERNELS = S._build(streaming=streaming, fused_maxreg=maxreg)
+                saved_block = S.FUSED_BLOCK
+                for blk in (512, 1024):
+                    S.FUSED_BLOCK = {False: blk, True: blk}
+                    res = S._KERNELS["fused", "float32"]
+                    out = []
+                    for bwd in (False, True):
+                        fn = (lambda: nbdnn.softmax_backward(dy, ref, -1, out=dx, _kernel="fused")) \
+                            if bwd else (lambda: nbdnn.softmax(x, -1, out=y, _kernel="fused"))
+                        fn()
+                        ok = torch.allclose(dx, dref, atol=1e-5) if bwd else torch.allclose(y, ref, atol=1e-6)
+                        t = time_gpu(fn)
+                        out.append(f"{'bwd' if bwd else 'fwd'} {(12 if bwd else 8)*rows*L/t/bw*100:4.0f}%"
+                                   f"{'' if ok else ' WRONG'}")
+                    print(f"   fused streaming={streaming!s:5} maxreg={maxreg!s:4} block={blk:4}: "
+                          f"{', '.join(out)}  {res[0].resources(res[1])}", flush=True)
+                S.FUSED_BLOCK = saved_block
+        S._KERNELS = S._build(fused_maxreg=S.FUSED_MAXREG)
+        V = 16
+        G = L // (4 * V)
+        if G <= 1024:
+            for maxreg in (128, 64):
+                k = _launch.Kernel(S._rows_kernel(V, False, ns), [sig], max_registers=maxreg)
+                saved = S._KERNELS["rows_fwd_v8", "float32"], S._rows_config
+                S._KERNELS["rows_fwd_v8", "float32"] = (k, sig)
+                S._rows_config = lambda L_, b, blk: (8, G)
+                try:
+                    nbdnn.softmax(x, -1, out=y, _kernel="rows")
+                    ok = torch.allclose(y, ref, atol=1e-6)
+                    t = time_gpu(lambda: nbdnn.softmax(x, -1, out=y, _kernel="rows"))
+                    print(f"   rows V=16 G={G} maxreg={maxreg}: fwd {8*rows*L/t/bw*100:.0f}% "
+                          f"ok={ok} {k.resources(sig)}", flush=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"   rows V=16 G={G} maxreg={maxreg}: {type(e).__name__} {str(e)[:80]}")
+                S._KERNELS["rows_fwd_v8", "float32"], S._rows_config = saved
+        del x, y, dy, dx, ref, dref
         torch.cuda.empty_cache()
 
 
@@ -106,5 +165,7 @@ if __name__ == "__main__":
         reduce_resources()
     if "softmax" in what:
         softmax_variants()
+    if "softmax_long" in what:
+        softmax_long_variants()
     if "activation" in what:
         activation_variants()

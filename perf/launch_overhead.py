@@ -78,17 +78,55 @@ def _launch_paths(kern, sig, x, y):
     return rows
 
 
+def loop_cost(fn, n=20000):
+    """Mean host seconds of fn() over n back-to-back calls (one timer around 100 calls,
+    synchronising between batches): finer than timing each call."""
+    import time
+    for _ in range(200):
+        fn()
+    cuda.synchronize()
+    total = 0.0
+    for _ in range(n // 100):
+        t = time.perf_counter()
+        for _ in range(100):
+            fn()
+        total += time.perf_counter() - t
+        cuda.synchronize()
+    return total / (n // 100 * 100)
+
+
 def _front_end_pieces(tx, ty):
     from nbdnn import backend
-    from nbdnn.cuda import activation as ca
-    return {
+    from nbdnn.cuda import activation as ca, _arrays
+    kern, sig = ca._FORWARD["relu", np.dtype("float32")]
+    lau = kern._launchers[sig]
+    px, py = _arrays.ptr_size(tx), _arrays.ptr_size(ty)
+    drv = __import__("nbdnn.cuda._launch", fromlist=["x"])._cuLaunchKernel
+    dt = np.dtype("float32")
+    pieces = {
+        "piece: ptr_size(torch)": lambda: _arrays.ptr_size(tx),
+        "piece: dtype_of(torch)": lambda: _arrays.dtype_of(tx),
+        "piece: kernel table lookup": lambda: ca._FORWARD["relu", dt],
+        "piece: pack (pointer tuples)": lambda: lau.pack(px, py, 1024, 1.0, 0.0, 0.0, 1),
+        "piece: cuLaunchKernel (bindings)": lambda: drv(lau.function, 1, 1, 1, 128, 1, 1, 0, 0,
+                                                      lau.params_address, 0),
+        "piece: launcher() (pack + launch)": lambda: lau(1, 128, 0, (px, py, 1024, 1.0, 0.0, 0.0, 1), 0),
+        "piece: Kernel.launch": lambda: kern.launch(sig, 1, 128, 0, px, py, 1024, 1.0, 0.0, 0.0, 1),
+        "piece: cuda.activation": lambda: ca.activation(tx, "relu", 0.0, alpha=1.0, beta=0.0,
+                                                        out=ty, stream=0),
+        "piece: nbdnn.activation": lambda: nbdnn.activation(tx, "relu", out=ty),
+        "piece: torch.relu": lambda: __import__("torch").relu(tx),
+    }
+    rows = {k: loop_cost(f) for k, f in pieces.items()}
+    rows.update({
         "front end: backend.choose": host_cost(
             lambda: backend.choose("activation", {"x": tx, "out": ty})),
         "front end: backend.describe (torch)": host_cost(
             lambda: backend.describe("activation", "x", tx)),
         "cuda.activation (no front end), torch": host_cost(
             lambda: ca.activation(tx, "relu", 0.0, alpha=1.0, beta=0.0, out=ty, stream=0)),
-    }
+    })
+    return rows
 
 
 if __name__ == "__main__":

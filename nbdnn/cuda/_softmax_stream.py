@@ -19,12 +19,15 @@ import math
 
 from numba import cuda
 
-from ._intrinsics import load4, store4
+from ._intrinsics import load4, load4_lu, store4, store4_cs
 from ._reduce import FAST, LOG
 
 
-def stream_kernels(f, CT, SHM, STRIDED_BLOCK):
-    """name -> Python kernel, in compute type CT, over the device functions f."""
+def stream_kernels(f, CT, SHM, STRIDED_BLOCK, streaming=True):
+    """name -> Python kernel, in compute type CT, over the device functions f.
+    streaming: the write passes read with "last use" loads and write with evict-first
+    stores, so that the rows still waiting for their second read stay in L2."""
+    ld2, st2 = (load4_lu, store4_cs) if streaming else (load4, store4)
     NEG_INF, ZERO = f["NEG_INF"], f["ZERO"]
     update, update4, grp_pair, col_pair = f["update"], f["update4"], f["grp_pair"], f["col_pair"]
     combine, grp_sum, finish = f["combine"], f["grp_sum"], f["finish"]
@@ -64,7 +67,7 @@ def stream_kernels(f, CT, SHM, STRIDED_BLOCK):
 
     @dev
     def fwd_vec(x, y, g, m, c, inv, alpha, beta, algo):
-        a0, a1, a2, a3 = load4(x, g)
+        a0, a1, a2, a3 = ld2(x, g)
         r0 = fwd_elem(CT(a0), m, c, inv, alpha, algo)
         r1 = fwd_elem(CT(a1), m, c, inv, alpha, algo)
         r2 = fwd_elem(CT(a2), m, c, inv, alpha, algo)
@@ -73,7 +76,7 @@ def stream_kernels(f, CT, SHM, STRIDED_BLOCK):
             b0, b1, b2, b3 = load4(y, g)
             r0, r1, r2, r3 = (r0 + beta * CT(b0), r1 + beta * CT(b1),
                               r2 + beta * CT(b2), r3 + beta * CT(b3))
-        store4(y, g, (r0, r1, r2, r3))
+        st2(y, g, (r0, r1, r2, r3))
 
     @dev
     def apply_range(x, y, i0, i1, m, c, inv, alpha, beta, algo, aligned):
@@ -113,8 +116,8 @@ def stream_kernels(f, CT, SHM, STRIDED_BLOCK):
         if aligned != 0:
             g, gend = i0 // 4 + t, i1 // 4
             while g < gend:
-                d0, d1, d2, d3 = load4(dy, g)
-                w0, w1, w2, w3 = load4(y, g)
+                d0, d1, d2, d3 = ld2(dy, g)
+                w0, w1, w2, w3 = ld2(y, g)
                 r0 = bwd_elem(CT(d0), CT(w0), s, alpha, lg)
                 r1 = bwd_elem(CT(d1), CT(w1), s, alpha, lg)
                 r2 = bwd_elem(CT(d2), CT(w2), s, alpha, lg)
@@ -123,7 +126,7 @@ def stream_kernels(f, CT, SHM, STRIDED_BLOCK):
                     b0, b1, b2, b3 = load4(dx, g)
                     r0, r1, r2, r3 = (r0 + beta * CT(b0), r1 + beta * CT(b1),
                                       r2 + beta * CT(b2), r3 + beta * CT(b3))
-                store4(dx, g, (r0, r1, r2, r3))
+                st2(dx, g, (r0, r1, r2, r3))
                 g += T
         else:
             for i in range(i0 + t, i1, T):

@@ -10,11 +10,14 @@ Kernels (traffic per element, float32; +4 B when beta != 0 reads out):
    coalesced scalar accesses. `_rows_config`:
      L <= 128:    V = 1, G = pow2(L/4) <= 32, ROWS_BLOCK/G rows a block (shuffles only)
      L <= 1024:   G = 32 (a warp a row), V = pow2(L/128) in 2..8
-     longer:      a block a row, V = 8, G = pow2(L/32) >= 64; shuffles + one
-                  shared-memory step; register caps keep the blocks launchable.
-2. fused (inner == 1, FUSED_MIN < L <= FUSED_MAX, at least one row per SM): a block of
-   FUSED_BLOCK threads a row streams it twice, the second read from L2. 8 B forward
-   and 12 B from DRAM when the resident rows fit L2.
+     longer:      a block a row, V = 8 (V = 16 forward past ROWS_V16_MIN),
+                  G = pow2(L/(4V)) >= 64; shuffles + one shared-memory step;
+                  register caps keep the blocks launchable.
+2. fused (inner == 1, ROWS_MAX < L <= FUSED_MAX, at least one row per SM): a block
+   of FUSED_BLOCK threads a row streams it twice, the second read from L2 when the
+   resident rows fit there (8 B forward and 12 B backward from DRAM; the write pass
+   uses evict-first stores so that it does not push the waiting rows out). Measured
+   65-71% of copy at 32k-64k (perf/diagnose.py softmax_long), L2-bound and noisy.
 3. long (inner == 1, longer rows or too few rows to fill the GPU; up to 2**31 elements
    a row): each row cut into C chunks, C chosen so that rows * C reaches ~4 blocks per
    SM; pass A reduces each chunk to an online (max, sum) pair (backward: a sum), pass B
@@ -51,13 +54,15 @@ DTYPES = ("float16", "float32", "float64")
 ALGOS = {"fast": FAST, "accurate": 1, "log": LOG}
 
 # kernel 1: register-cached rows
-ROWS_VS = (1, 2, 4, 8)            # 4-element vectors per lane (generated kernels)
+ROWS_VS = (1, 2, 4, 8, 16)        # 4-element vectors per lane (generated kernels)
+ROWS_V16_MIN = 8192               # forward rows longer than this hold 64 values a lane
 ROWS_BLOCK = 128                  # block size when G <= 32 (ROWS_BLOCK // G rows a block)
 ROWS_MAX = {False: 32768, True: 16384}   # longest cached row: forward, backward
 ROWS_MAX_G = {False: 1024, True: 512}    # backward caches 2 arrays: half the lanes
 # kernel 2: fused two-pass rows (measured: perf/diagnose.py softmax)
-FUSED_MIN, FUSED_MAX = 8192, 65536
-FUSED_BLOCK = 32 if SIMULATOR else 1024
+FUSED_MAX = 65536                 # longer rows: kernel 3 (rows past ROWS_MAX: here)
+FUSED_BLOCK = {False: 32, True: 32} if SIMULATOR else {False: 512, True: 1024}
+FUSED_MAXREG = None
 # kernel 3: long rows
 LONG_BLOCK = 32 if SIMULATOR else 256
 LONG_MIN_CHUNK = 32 if SIMULATOR else 4096   # >= 16 elements a thread per pass
@@ -74,14 +79,15 @@ def _pow2(n):
 
 # ---- building and launching -----------------------------------------------------
 
-def _build():
-    """kernels[(name, dtype)] -> (Kernel, sig) for every storage dtype."""
+def _build(streaming=True, fused_maxreg=None):
+    """kernels[(name, dtype)] -> (Kernel, sig) for every storage dtype. The arguments
+    are the fused kernel's tuning knobs (perf/diagnose.py varies them)."""
     table = {}
     for ct_name, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
         f = device_functions(nt)
         ns = dict(f, cuda=cuda, math=math, load4=load4, store4=store4, CT=CT, SHM=SHM,
                   FAST=FAST, LOG=LOG)  # globals of the generated row kernels
-        others = stream_kernels(f, CT, SHM, STRIDED_BLOCK)
+        others = stream_kernels(f, CT, SHM, STRIDED_BLOCK, streaming)
         for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
             a, c = f"{t}[::1]", ct_name
             sigs = {
@@ -99,35 +105,42 @@ def _build():
                                f"{c}, {c})",
             }
             for name, sig in sigs.items():
-                table[name, t] = (Kernel(others[name], [sig]), sig)
+                cap = fused_maxreg if name.startswith("fused") and not SIMULATOR else None
+                opts = {"max_registers": cap} if cap else {}
+                table[name, t] = (Kernel(others[name], [sig], **opts), sig)
             for bwd in (False, True):
                 arrs = ", ".join([a] * (3 if bwd else 2))
                 sig = f"void({arrs}, int64, int64, int64, int64, {c}, {c}, int64)"
-                for V in ROWS_VS:
-                    # a 1024-lane (512 backward) block must fit 64K registers
-                    opts = {} if SIMULATOR or V < 4 else {"max_registers": 128 if bwd else 64}
+                for V in ROWS_VS if not bwd else ROWS_VS[:-1]:
+                    # a block of G lanes must fit 64K registers: 1024 x 64 (V = 4, 8
+                    # forward), 512 x 128 (V = 16 forward; V = 4, 8 backward)
+                    cap = 128 if bwd or V == 16 else 64
+                    opts = {} if SIMULATOR or V < 4 else {"max_registers": cap}
                     k = Kernel(_rows_kernel(V, bwd, ns), [sig], **opts)
                     table[f"rows_{'bwd' if bwd else 'fwd'}_v{V}", t] = (k, sig)
     return table
 
 
-_KERNELS = _build()
+_KERNELS = _build(fused_maxreg=FUSED_MAXREG)
 
 
 def _rows_config(L, backward, block):
     """(V, G) for kernel 1, or None when the row does not fit the register cache.
     block=True forces a block per row (G >= 64) even for short rows (tests).
 
-    Past 128 elements the lanes hold as many values as they can (V = 8: 32 a lane):
-    measured on the H200 at 8192 rows (perf/diagnose.py), fewer lanes with more
-    values each won at every length: L = 4096 ran at 81% of copy with V = 8, G = 128
-    against 60% with V = 4, G = 256; L = 8192 at 86% (V = 8, G = 256) against 46%."""
+    Past 128 elements the lanes hold as many values as they can: fewer lanes with more
+    values each won at every length measured (H200, 8192 rows, perf/diagnose.py;
+    RESULTS.md): L = 4096 V = 8 95% of copy; L = 8192 V = 8 95%, V = 16 97%;
+    L = 16384 V = 16 (256 lanes, 2 blocks an SM) 95% against 72% with V = 8 (512 lanes);
+    L = 32768 V = 16 (512 lanes, 1 block an SM) 75% against 52% with V = 8. Backward
+    holds two arrays: V <= 8 up to 16384."""
     if L <= 128 and not block:
         return 1, _pow2(-(-L // 4))
     if L <= 1024 and not block:
         return _pow2(-(-L // 128)), 32
-    G = max(64, _pow2(-(-L // 32)))
-    V = min(8, _pow2(-(-L // (4 * G))))
+    vmax = 16 if not backward and L > ROWS_V16_MIN else 8
+    G = max(64, _pow2(-(-L // (4 * vmax))))
+    V = min(vmax, _pow2(-(-L // (4 * G))))
     return (V, G) if G <= ROWS_MAX_G[backward] and L <= ROWS_MAX[backward] else None
 
 
@@ -164,7 +177,7 @@ def _split(shape, axis):
 def _path(outer, L, inner, backward, force):
     if inner > 1 or force == "strided":
         return "strided", None
-    if force == "fused" or (force is None and FUSED_MIN < L <= FUSED_MAX
+    if force == "fused" or (force is None and ROWS_MAX[backward] < L <= FUSED_MAX
                             and 4 * outer >= _target()):
         return "fused", None
     cfg = None if force == "long" else _rows_config(L, backward, force == "rows_block")
@@ -192,8 +205,8 @@ def _run(op, arrays, dst, shape, axis, algo, alpha, beta, force, stream):
                  aligned)
     elif kind == "fused":
         k, sig = _KERNELS["fused" + sfx, dtype]
-        k.launch(sig, _check_grid(op, outer), FUSED_BLOCK, stream, *arrays, dst, outer, L,
-                 a, alpha, beta, aligned)
+        k.launch(sig, _check_grid(op, outer), FUSED_BLOCK[backward], stream, *arrays, dst,
+                 outer, L, a, alpha, beta, aligned)
     elif kind == "long":
         C, chunk = _long_config(outer, L)
         grid = _check_grid(op, outer * C)

@@ -1,0 +1,38 @@
+"""Which softmax kernel runs for which shape (nbdnn.cuda.softmax._path), and the
+paths that random shapes reach rarely under the simulator: 16-vector register rows
+(forward rows past ROWS_V16_MIN) checked on short rows by lowering the threshold."""
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn.cuda import softmax as S
+
+
+def test_path_choice_by_shape():
+    rows = S._target()  # enough rows to fill the GPU
+    assert S._path(rows, 1000, 1, False, None) == ("rows", (8, 32))
+    assert S._path(rows, 4096, 1, False, None) == ("rows", (8, 128))
+    assert S._path(rows, 16384, 1, False, None) == ("rows", (16, 256))
+    assert S._path(rows, 32768, 1, False, None) == ("rows", (16, 512))
+    assert S._path(rows, 16384, 1, True, None) == ("rows", (8, 512))
+    assert S._path(rows, 32768, 1, True, None) == ("fused", None)
+    assert S._path(rows, 65536, 1, False, None) == ("fused", None)
+    assert S._path(rows, 65537, 1, False, None) == ("long", None)
+    assert S._path(1, 40000, 1, False, None) == ("long", None)  # one row: split it
+    assert S._path(rows, 100, 3, False, None) == ("strided", None)
+    assert S._path(rows, 100, 1, False, "fused") == ("fused", None)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator's NumPy scalars
+@pytest.mark.parametrize("L", [2052, 2101])             # vector and scalar paths
+@pytest.mark.parametrize("algo", ["fast", "accurate", "log"])
+def test_sixteen_vector_rows_match_the_reference(monkeypatch, L, algo):
+    monkeypatch.setattr(S, "ROWS_V16_MIN", 0)
+    assert S._rows_config(L, False, True) == (16, 64)
+    rng = np.random.default_rng(L)
+    x = rng.standard_normal((2, L)).astype(np.float32) * 4
+    out = rng.standard_normal((2, L)).astype(np.float32)
+    ref = 0.5 * nbdnn.softmax(x, -1, algo=algo) + 0.25 * out
+    got = nbdnn.softmax(x, -1, algo=algo, alpha=0.5, beta=0.25, out=out.copy(),
+                        backend="cuda", _kernel="rows_block")
+    np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)
