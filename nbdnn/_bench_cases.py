@@ -35,7 +35,7 @@ def _reduce_cases(n):
 
 def _softmax_cases(n):
     cases = []
-    for cols in (1024, 4096, 32768):
+    for cols in (1024, 2048, 4096, 8192, 16384, 32768, 65536):
         rows = 8192
 
         def make(d, h, cols=cols, rows=rows):

@@ -57,7 +57,7 @@ def softmax_variants():
         torch.cuda.empty_cache()
 
 
-def softmax_long_variants():
+def softmax_long_variants(fused=True, lengths=(8192, 16384, 32768, 65536)):
     """The fused kernel's knobs (block, register cap, cache-hinted second pass) and a
     16-vector register row, on 8192 rows of 8k-64k floats."""
     rows = 8192
@@ -65,7 +65,7 @@ def softmax_long_variants():
     ns = dict(f, cuda=cuda, math=math, load4=S.load4, store4=S.store4, CT=float32,
               SHM=S.SHM, FAST=S.FAST, LOG=S.LOG)
     sig = "void(float32[::1], float32[::1], int64, int64, int64, int64, float32, float32, int64)"
-    for L in (8192, 16384, 32768, 65536):
+    for L in lengths:
         x = torch.randn(rows, L, device="cuda")
         y, dy, dx = torch.empty_like(x), torch.randn_like(x), torch.empty_like(x)
         ref = torch.softmax(x, -1)
@@ -73,7 +73,7 @@ def softmax_long_variants():
         bw = copy_bandwidth(4 * rows * L)
         tf = time_gpu(lambda: torch.softmax(x, -1))
         print(f"L={L}: torch fwd {tf*1e3:.3f} ms", flush=True)
-        for streaming in (False, True):
+        for streaming in (False, True) if fused else ():
             for maxreg in (None, 32):
                 S._KERNELS = S._build(streaming=streaming, fused_maxreg=maxreg)
                 saved_block = S.FUSED_BLOCK
@@ -112,6 +112,18 @@ def softmax_long_variants():
                 S._KERNELS["rows_fwd_v8", "float32"], S._rows_config = saved
         del x, y, dy, dx, ref, dref
         torch.cuda.empty_cache()
+
+
+def softmax_resources():
+    """Registers and spills of every softmax row kernel a dtype uses past 1024."""
+    for dt in (torch.float16, torch.float32, torch.float64):
+        for L in (2048, 16384, 32768):
+            x = torch.randn(264, L, device="cuda", dtype=dt)
+            nbdnn.softmax(x, -1)
+            nbdnn.softmax_backward(x, x, -1)
+    for (name, dtype), (k, sig) in sorted(S._KERNELS.items()):
+        if sig in k._launchers:
+            print(f"{name:16} {dtype:8} {k.resources(sig)}")
 
 
 def timing_method():
@@ -161,11 +173,15 @@ if __name__ == "__main__":
     what = sys.argv[1:] or ["softmax", "activation", "reduce", "timing"]
     if "timing" in what:
         timing_method()
+    if "softmax_resources" in what:
+        softmax_resources()
     if "reduce" in what:
         reduce_resources()
     if "softmax" in what:
         softmax_variants()
     if "softmax_long" in what:
         softmax_long_variants()
+    if "softmax_rows" in what:  # the 16-vector register rows only
+        softmax_long_variants(fused=False, lengths=(16384, 32768))
     if "activation" in what:
         activation_variants()

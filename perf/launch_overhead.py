@@ -117,6 +117,20 @@ def _front_end_pieces(tx, ty):
         "piece: nbdnn.activation": lambda: nbdnn.activation(tx, "relu", out=ty),
         "piece: torch.relu": lambda: __import__("torch").relu(tx),
     }
+    from nbdnn.ops import _common, activation as oa
+    from cuda.bindings import driver
+    cs = driver.CUstream(0)
+    pieces.update({
+        "piece: cuLaunchKernel, CUstream object": lambda: drv(
+            lau.function, 1, 1, 1, 128, 1, 1, 0, cs, lau.params_address, 0),
+        "piece: Call()": lambda: _common.Call("activation", "activation", None, None,
+                                              x=tx, out=ty),
+        "piece: Call + array(x)": lambda: _common.Call("activation", "activation", None,
+                                                       None, x=tx, out=ty).array("x", tx),
+        "piece: _coef + blend_params": lambda: (oa._coef("activation", "relu", None),
+                                                _common.blend_params("activation", 1.0, 0.0)),
+        "piece: stream_handle(None)": lambda: _arrays.stream_handle(None),
+    })
     rows = {k: loop_cost(f) for k, f in pieces.items()}
     rows.update({
         "front end: backend.choose": host_cost(

@@ -77,3 +77,13 @@ def test_hot_kernels_do_not_spill():
             kernel, sig = table[mode, np.dtype("float32")]
             res = kernel.resources(sig)
             assert res["local_bytes"] == 0, (mode, res)
+
+
+def test_softmax_register_rows_do_not_spill():
+    """float32 row kernels hold up to 64 values a lane in named registers under a
+    register cap; a spill would turn the register cache into local-memory traffic."""
+    from nbdnn.cuda import softmax as S
+    for (name, dtype), (kernel, sig) in S._KERNELS.items():
+        if dtype == "float32" and name.startswith(("rows_", "fused")):
+            res = kernel.resources(sig)
+            assert res["local_bytes"] == 0, (name, res)
