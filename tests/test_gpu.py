@@ -80,10 +80,13 @@ def test_hot_kernels_do_not_spill():
 
 
 def test_softmax_register_rows_do_not_spill():
-    """float32 row kernels hold up to 64 values a lane in named registers under a
-    register cap; a spill would turn the register cache into local-memory traffic."""
+    """Row kernels hold up to 64 values a lane in named registers under a register
+    cap; a spill turns the register cache into local-memory traffic. One measured
+    exception: the forward 8-vector kernel at 64 registers spills 8-24 B and is still
+    faster than at any spill-free cap (32 warps an SM; perf/softmax_caps.py)."""
     from nbdnn.cuda import softmax as S
     for (name, dtype), (kernel, sig) in S._KERNELS.items():
-        if dtype == "float32" and name.startswith(("rows_", "fused")):
+        if name.startswith(("rows_", "fused")):
             res = kernel.resources(sig)
-            assert res["local_bytes"] == 0, (name, res)
+            allowed = 32 if name == "rows_fwd_v8" and dtype != "float64" else 0
+            assert res["local_bytes"] <= allowed, (name, dtype, res)

@@ -21,6 +21,12 @@ def test_path_choice_by_shape():
     assert S._path(1, 40000, 1, False, None) == ("long", None)  # one row: split it
     assert S._path(rows, 100, 3, False, None) == ("strided", None)
     assert S._path(rows, 100, 1, False, "fused") == ("fused", None)
+    # float64: two registers a value, so shorter register rows (no spills)
+    assert S._path(rows, 1024, 1, False, None, True) == ("rows", (2, 128))
+    assert S._path(rows, 8192, 1, False, None, True) == ("rows", (2, 1024))
+    assert S._path(rows, 8192, 1, True, None, True) == ("rows", (4, 512))
+    assert S._path(rows, 8200, 1, False, None, True) == ("fused", None)
+    assert S._path(rows, 256, 1, False, None, True) == ("rows", (2, 32))
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator's NumPy scalars

@@ -13,11 +13,11 @@ Kernels (traffic per element, float32; +4 B when beta != 0 reads out):
      longer:      a block a row, V = 8 (V = 16 forward past ROWS_V16_MIN),
                   G = pow2(L/(4V)) >= 64; shuffles + one shared-memory step;
                   register caps keep the blocks launchable.
-2. fused (inner == 1, ROWS_MAX < L <= FUSED_MAX, at least one row per SM): a block
-   of FUSED_BLOCK threads a row streams it twice, the second read from L2 when the
-   resident rows fit there (8 B forward and 12 B backward from DRAM; the write pass
-   uses evict-first stores so that it does not push the waiting rows out). Measured
-   65-71% of copy at 32k-64k (perf/diagnose.py softmax_long), L2-bound and noisy.
+2. fused (inner == 1, past the register cache up to FUSED_MAX, at least one row per
+   SM): a block of FUSED_BLOCK threads a row streams it twice, the second read from L2
+   when the resident rows fit there (8 B forward and 12 B backward from DRAM; the write
+   pass uses evict-first stores so that it does not push the waiting rows out).
+   Measured 65-72% of copy at 32k-64k (perf/diagnose.py softmax_long), L2-bound.
 3. long (inner == 1, longer rows or too few rows to fill the GPU; up to 2**31 elements
    a row): each row cut into C chunks, C chosen so that rows * C reaches ~4 blocks per
    SM; pass A reduces each chunk to an online (max, sum) pair (backward: a sum), pass B
@@ -79,6 +79,12 @@ def _pow2(n):
 
 # ---- building and launching -----------------------------------------------------
 
+def _row_vs(wide, backward):
+    """The V of kernel 1 for a compute type: float64 stops before it would spill."""
+    vmax = (4 if backward else 2) if wide else (8 if backward else 16)
+    return [V for V in ROWS_VS if V <= vmax]
+
+
 def _build(streaming=True, fused_maxreg=None):
     """kernels[(name, dtype)] -> (Kernel, sig) for every storage dtype. The arguments
     are the fused kernel's tuning knobs (perf/diagnose.py varies them)."""
@@ -111,7 +117,7 @@ def _build(streaming=True, fused_maxreg=None):
             for bwd in (False, True):
                 arrs = ", ".join([a] * (3 if bwd else 2))
                 sig = f"void({arrs}, int64, int64, int64, int64, {c}, {c}, int64)"
-                for V in ROWS_VS if not bwd else ROWS_VS[:-1]:
+                for V in _row_vs(ct_name == "float64", bwd):
                     # a block of G lanes must fit 64K registers: 1024 x 64 (V = 4, 8
                     # forward), 512 x 128 (V = 16 forward; V = 4, 8 backward)
                     cap = 128 if bwd or V == 16 else 64
@@ -124,21 +130,25 @@ def _build(streaming=True, fused_maxreg=None):
 _KERNELS = _build(fused_maxreg=FUSED_MAXREG)
 
 
-def _rows_config(L, backward, block):
+def _rows_config(L, backward, block, wide=False):
     """(V, G) for kernel 1, or None when the row does not fit the register cache.
-    block=True forces a block per row (G >= 64) even for short rows (tests).
+    block=True forces a block per row (G >= 64) even for short rows (tests); wide: the
+    compute type is float64 (two registers a value).
 
     Past 128 elements the lanes hold as many values as they can: fewer lanes with more
     values each won at every length measured (H200, 8192 rows, perf/diagnose.py;
     RESULTS.md): L = 4096 V = 8 95% of copy; L = 8192 V = 8 95%, V = 16 97%;
     L = 16384 V = 16 (256 lanes, 2 blocks an SM) 95% against 72% with V = 8 (512 lanes);
     L = 32768 V = 16 (512 lanes, 1 block an SM) 75% against 52% with V = 8. Backward
-    holds two arrays: V <= 8 up to 16384."""
+    holds two arrays: V <= 8. float64 stops where its kernels would spill
+    (perf/softmax_caps.py): V <= 2 forward, V <= 4 backward, rows of up to 8192."""
     if L <= 128 and not block:
         return 1, _pow2(-(-L // 4))
-    if L <= 1024 and not block:
+    vmax = _row_vs(wide, backward)[-1]
+    if not wide and not backward and L <= ROWS_V16_MIN:
+        vmax = 8
+    if L <= 128 * min(vmax, 8) and not block:  # a warp a row
         return _pow2(-(-L // 128)), 32
-    vmax = 16 if not backward and L > ROWS_V16_MIN else 8
     G = max(64, _pow2(-(-L // (4 * vmax))))
     V = min(vmax, _pow2(-(-L // (4 * G))))
     return (V, G) if G <= ROWS_MAX_G[backward] and L <= ROWS_MAX[backward] else None
@@ -174,14 +184,17 @@ def _split(shape, axis):
     return outer, shape[axis], math.prod(shape[axis + 1:])
 
 
-def _path(outer, L, inner, backward, force):
+def _path(outer, L, inner, backward, force, wide=False):
     if inner > 1 or force == "strided":
         return "strided", None
-    if force == "fused" or (force is None and ROWS_MAX[backward] < L <= FUSED_MAX
-                            and 4 * outer >= _target()):
+    if force == "fused":
         return "fused", None
-    cfg = None if force == "long" else _rows_config(L, backward, force == "rows_block")
-    return ("rows", cfg) if cfg is not None else ("long", None)
+    cfg = None if force == "long" else _rows_config(L, backward, force == "rows_block", wide)
+    if cfg is not None:
+        return "rows", cfg
+    if force is None and L <= FUSED_MAX and 4 * outer >= _target():
+        return "fused", None
+    return "long", None
 
 
 def _run(op, arrays, dst, shape, axis, algo, alpha, beta, force, stream):
@@ -194,7 +207,7 @@ def _run(op, arrays, dst, shape, axis, algo, alpha, beta, force, stream):
     A = vector_alignment(np.dtype(dtype).itemsize)
     aligned = int(L % 4 == 0 and all(ptr(a) % A == 0 for a in arrays + (dst,)))
     a = ALGOS[algo]
-    kind, cfg = _path(outer, L, inner, backward, force)
+    kind, cfg = _path(outer, L, inner, backward, force, dtype == "float64")
     sfx = "_bwd" if backward else ""
     if kind == "rows":
         V, G = cfg
