@@ -8,5 +8,6 @@ from .ops.activation import activation, activation_backward
 from .ops.tensor import (add_tensor, op_tensor, reduce_tensor, scale_tensor, set_tensor,
                          transform_tensor)
 from .ops.softmax import softmax, softmax_backward
+from .ops.matmul import matmul, matmul_backward
 
 __version__ = "0.1.0"

@@ -82,7 +82,8 @@ class Call:
         stream = arrays.stream_handle(self.stream)
         if self.copy:
             dev = [arrays.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
-            dout = arrays.to_device(out) if out is not None else None
+            dout = (None if out is None else tuple(map(arrays.to_device, out))
+                    if isinstance(out, tuple) else arrays.to_device(out))
             return _back_to_host(fn(*dev, out=dout, stream=stream, **kw), out)
         if self.strided:
             args = [impl_contiguous(a, stream) if id(a) in self.strided else a for a in args]
@@ -115,6 +116,8 @@ def impl_contiguous(x, stream):
 
 def _back_to_host(res, out):
     from ..cuda import _arrays
+    if isinstance(out, tuple):  # one out= array per result
+        return tuple(_back_to_host(r, o) for r, o in zip(res, out))
     if isinstance(res, tuple):
         return tuple(_back_to_host(r, None) for r in res) if out is None else \
             (_back_to_host(res[0], out),) + tuple(_back_to_host(r, None) for r in res[1:])

@@ -1,0 +1,83 @@
+"""Generated source of the tiled GEMM kernel (nbdnn.cuda.matmul's docstring describes
+it): every loop over the tile is unrolled in the text, and the TM x TN accumulators
+and the fragments are named scalars, so they stay in registers (numba has no unroll
+pragma, and a local array indexed by a loop variable goes to local memory).
+
+Block tile BM x BN, k-step BK, thread tile TM x TN, TX = BN/TN by TY = BM/TM threads.
+Thread (tx, ty) owns rows ty + i*TY and columns tx + j*TX of the block tile (strided,
+so that a warp reads consecutive shared-memory words of the B tile and writes
+consecutive columns of c). Shared tiles are k-major: As[k*BM + m], Bs[k*BN + n].
+Per k-step a block reads (BM + BN)*BK elements from global memory and each thread
+does TM*TN*BK multiply-adds from (TM + TN)*BK shared-memory loads.
+"""
+
+
+def _tile_loads(arr, tile, rows, trans, L, T, BK, dim):
+    """Lines loading `rows` x BK elements of op(arr) (rows of op(a) or columns of
+    op(b), `dim` = M or N of them in all) into the shared tile, L a thread. The
+    element (r, k) sits at r*K + k when arr is a and not transposed or b transposed,
+    else at k*dim + r; consecutive threads take consecutive addresses either way."""
+    out = []
+    for l in range(L):
+        out += [f"        e = t + {l * T}",
+                f"        if {trans} == {'0' if arr == 'a' else '1'}:",
+                f"            r = e // {BK}", f"            kk = e % {BK}",
+                "        else:",
+                f"            r = e % {rows}", f"            kk = e // {rows}",
+                f"        gr = {'m0' if arr == 'a' else 'n0'} + r",
+                "        gk = k0 + kk",
+                f"        if gr < {dim} and gk < K:",
+                f"            if {trans} == {'0' if arr == 'a' else '1'}:",
+                f"                v = CT({arr}[{arr}off + gr * K + gk])",
+                "            else:",
+                f"                v = CT({arr}[{arr}off + gk * {dim} + gr])",
+                "        else:",
+                "            v = ZERO",
+                f"        {tile}[kk * {rows} + r] = v"]
+    return out
+
+
+def gemm_source(BM, BN, BK, TM, TN):
+    """(name, source) of kernel `gemm_<config>`: c[z] = epilogue(op(a[z]) @ op(b[z]))."""
+    TY, TX = BM // TM, BN // TN
+    T = TX * TY
+    assert BM * BK % T == 0 and BN * BK % T == 0, "tile loads must split evenly"
+    name = f"gemm_{BM}x{BN}x{BK}_{TM}x{TN}"
+    src = [f"def {name}(a, b, c, bias, offs, M, N, K, trans_a, trans_b, has_bias, act, "
+           "coef, alpha, beta):",
+           f"    As = cuda.shared.array({BK * BM}, CT)",
+           f"    Bs = cuda.shared.array({BK * BN}, CT)",
+           "    t = cuda.threadIdx.x",
+           f"    tx = t % {TX}", f"    ty = t // {TX}",
+           f"    ntn = (N + {BN - 1}) // {BN}",
+           f"    m0 = (cuda.blockIdx.x // ntn) * {BM}",
+           f"    n0 = (cuda.blockIdx.x % ntn) * {BN}",
+           "    z = cuda.blockIdx.y",
+           "    aoff = offs[2 * z]", "    boff = offs[2 * z + 1]", "    coff = z * M * N"]
+    src += [f"    acc{i}_{j} = ZERO" for i in range(TM) for j in range(TN)]
+    src.append(f"    for k0 in range(0, K, {BK}):")
+    src += _tile_loads("a", "As", BM, "trans_a", BM * BK // T, T, BK, "M")
+    src += _tile_loads("b", "Bs", BN, "trans_b", BN * BK // T, T, BK, "N")
+    src.append("        cuda.syncthreads()")
+    for kk in range(BK):
+        src += [f"        a{i} = As[{kk * BM} + ty + {i * TY}]" for i in range(TM)]
+        src += [f"        b{j} = Bs[{kk * BN} + tx + {j * TX}]" for j in range(TN)]
+        src += [f"        acc{i}_{j} += a{i} * b{j}" for i in range(TM) for j in range(TN)]
+    src.append("        cuda.syncthreads()")
+    for j in range(TN):
+        src += [f"    col{j} = n0 + tx + {j * TX}",
+                f"    bb{j} = ZERO",
+                f"    if has_bias != 0 and col{j} < N:",
+                f"        bb{j} = CT(bias[col{j}])"]
+    for i in range(TM):
+        src += [f"    m = m0 + ty + {i * TY}", "    if m < M:"]
+        for j in range(TN):
+            src += [f"        if col{j} < N:",
+                    f"            r = acc{i}_{j} + bb{j}",
+                    "            if act >= 0:",
+                    "                r = act_fn(r, act, coef)",
+                    "            r = alpha * r",
+                    "            if beta != ZERO:",
+                    f"                r += beta * CT(c[coff + m * N + col{j}])",
+                    f"            c[coff + m * N + col{j}] = r"]
+    return name, "\n".join(src) + "\n"

@@ -1,0 +1,173 @@
+"""matmul and matmul_backward on the GPU: one tiled GEMM kernel with a fused epilogue.
+
+Kernel (generated source, nbdnn/cuda/_gemm_source.py): a block computes a BM x BN tile
+of c[z] = op(a[z]) @ op(b[z]) in k-steps of BK: the block stages BM x BK of op(a) and
+BK x BN of op(b) in shared memory (zero-filled past the edges), each of its
+(BM/TM)*(BN/TN) threads accumulates a TM x TN tile in registers, and the epilogue
+applies bias, the activation (a runtime mode; nbdnn.cuda.activation's device
+functions) and the alpha/beta blend before the only write of c. Transposes are
+runtime flags that only change how tiles are loaded. Batches run on grid.y, each
+block reading its a/b offsets from a small table, which expresses any NumPy batch
+broadcast (a table is built once per batch layout and cached).
+
+Arithmetic: float32 for float16/float32 storage (float16 is converted on load),
+float64 for float64. Traffic per block and k-step: (BM + BN)*BK loads, BM*BN*BK FMAs.
+
+Tile configs (TILES): "large" 128x128x8 with 8x8 a thread (256 threads, the numba
+SGEMM on record in NUMBA_CUDA_NOTES.md) when the grid fills the SMs, "small" 64x64x8
+with 4x4 otherwise; float64 uses half the thread tile. Not yet tuned on hardware:
+registers, spills and speed are to be measured (perf/) before this is called fast.
+
+Backward is the same kernel with transposes, summed over broadcast batch axes by
+reduce_tensor (fixed order: deterministic), dbias by reduce_tensor over all rows.
+"""
+import math
+
+import numpy as np
+from numba import cuda, float32, float64
+
+from . import SIMULATOR
+from . import activation as _act
+from ._arrays import dtype_name, empty, to_device
+from ._gemm_source import gemm_source
+from ._launch import Kernel
+from .tensor import reduce_tensor
+from ..errors import NotSupportedError
+
+DTYPES = ("float16", "float32", "float64")
+if SIMULATOR:  # a few dozen threads a block
+    TILES = {"float32": {"large": (8, 8, 4, 2, 2), "small": (4, 4, 4, 2, 2)}}
+else:
+    TILES = {"float32": {"large": (128, 128, 8, 8, 8), "small": (64, 64, 8, 4, 4)},
+             "float64": {"large": (64, 64, 8, 4, 4), "small": (32, 32, 8, 2, 2)}}
+TILES.setdefault("float64", TILES["float32"])
+MAX_BATCH = 65535                     # grid.y
+_offsets_cache = {}
+
+
+def _act_source(modes):
+    """act_fn(x, mode, coef): a chain over the activation modes (mode = index)."""
+    lines = ["def act_fn(x, mode, coef):"]
+    for i, m in enumerate(modes):
+        lines += [f"    if mode == {i}:", f"        return f_{m}(x, coef)"]
+    lines.append("    return x")
+    return "\n".join(lines) + "\n"
+
+
+def _build():
+    table = {}
+    for ct_name, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
+        fns = _act._device_functions(nt)
+        ns = {"cuda": cuda, "CT": CT, "ZERO": nt(0)}
+        ns.update({f"f_{m}": fns[m][0] for m in _act.MODES})
+        exec(compile(_act_source(_act.MODES), "<nbdnn matmul epilogue>", "exec"), ns)
+        ns["act_fn"] = cuda.jit(device=True)(ns["act_fn"])
+        for size, cfg in TILES[ct_name].items():
+            name, src = gemm_source(*cfg)
+            exec(compile(src, f"<nbdnn.cuda.matmul:{name}>", "exec"), ns)
+            for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
+                a = f"{t}[::1]"
+                sig = (f"void({a}, {a}, {a}, {a}, int64[::1], int64, int64, int64, int64, "
+                       f"int64, int64, int64, {ct_name}, {ct_name}, {ct_name})")
+                table[size, t] = (Kernel(ns[name], [sig]), sig, cfg)
+    return table
+
+
+_KERNELS = _build()
+
+
+def _offsets(like, a_batch, b_batch, batch, a_mat, b_mat):
+    """Device int64 table [a offset, b offset] per batch index (cached per layout)."""
+    key = (a_batch, b_batch, batch, a_mat, b_mat)
+    t = _offsets_cache.get(key)
+    if t is None:
+        n = math.prod(batch)
+        ia = np.broadcast_to(np.arange(math.prod(a_batch)).reshape(a_batch), batch).ravel()
+        ib = np.broadcast_to(np.arange(math.prod(b_batch)).reshape(b_batch), batch).ravel()
+        host = np.empty(2 * max(n, 1), dtype=np.int64)
+        host[0::2][:n], host[1::2][:n] = ia * a_mat, ib * b_mat
+        if len(_offsets_cache) > 256:
+            _offsets_cache.clear()
+        t = _offsets_cache[key] = to_device(host)
+    return t
+
+
+def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream):
+    """c = alpha * act(op(a) @ op(b) + bias) + beta * out; shapes already checked."""
+    ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
+    M, K = (ash[-1], ash[-2]) if trans_a else (ash[-2], ash[-1])
+    N = bsh[-2] if trans_b else bsh[-1]
+    batch = tuple(np.broadcast_shapes(ash[:-2], bsh[:-2]))
+    dtype = dtype_name(a)
+    c = out if out is not None else empty(a, batch + (M, N), dtype)
+    nb = math.prod(batch)
+    if nb == 0 or M == 0 or N == 0:
+        return c
+    if nb > MAX_BATCH:
+        raise NotSupportedError(f"matmul: {nb} matrices in a batch exceed the grid limit "
+                                f"{MAX_BATCH}; split the batch")
+    tiles = TILES["float64" if dtype == "float64" else "float32"]
+    BM, BN = tiles["large"][:2]
+    size = "large" if -(-M // BM) * -(-N // BN) * nb >= _sm_count() else "small"
+    kernel, sig, (BM, BN, _, TM, TN) = _KERNELS[size, dtype]
+    offs = _offsets(a, ash[:-2], bsh[:-2], batch, M * K, K * N)
+    grid = (-(-M // BM) * -(-N // BN), nb, 1)
+    threads = (BM // TM) * (BN // TN)
+    mode = -1 if act is None else _act.MODES.index(act)
+    kernel.launch(sig, grid, threads, stream, a, b, c, bias if bias is not None else c,
+                  offs, M, N, K, int(trans_a), int(trans_b), int(bias is not None), mode,
+                  coef, alpha, beta)
+    return c
+
+
+_sm = []
+
+
+def _sm_count():
+    if not _sm:
+        _sm.append(2 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT)
+    return _sm[0]
+
+
+def matmul(a, b, trans_a, trans_b, bias, activation, coef, *, alpha, beta, out, stream):
+    return _gemm(a, b, trans_a, trans_b, bias, activation, coef, alpha, beta, out, stream)
+
+
+def _reduced_to(g, shape, alpha, beta, out, stream):
+    """alpha * (g summed over the batch axes broadcast to reach shape) + beta * out."""
+    gsh = tuple(int(s) for s in g.shape)
+    lead = len(gsh) - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape[:-2])
+                                      if n == 1 and gsh[lead + i] != 1)
+    keep = tuple(1 if i in axes else n for i, n in enumerate(gsh))
+    dst = out.reshape(keep) if out is not None else None
+    r = reduce_tensor(g, "add", axes, True, False, alpha=alpha, beta=beta, out=dst,
+                      stream=stream)
+    return r.reshape(tuple(shape)) if out is None else out
+
+
+def _out_shape(x, y, tx, ty):
+    xs, ys = tuple(int(s) for s in x.shape), tuple(int(s) for s in y.shape)
+    rows, cols = xs[-1] if tx else xs[-2], ys[-2] if ty else ys[-1]
+    return tuple(np.broadcast_shapes(xs[:-2], ys[:-2])) + (rows, cols)
+
+
+def matmul_backward(dc, a, b, trans_a, trans_b, bias, *, alpha, beta, out, stream):
+    outs = out if out is not None else (None,) * (3 if bias else 2)
+    grads = []
+    # d op(a) = dc @ op(b)^T, stored transposed when trans_a; d op(b) = op(a)^T @ dc
+    for (x, y, tx, ty), target, o in (
+            ((b, dc, trans_b, True) if trans_a else (dc, b, False, not trans_b), a, outs[0]),
+            ((dc, a, True, trans_a) if trans_b else (a, dc, not trans_a, False), b, outs[1])):
+        shape = tuple(int(s) for s in target.shape)
+        if _out_shape(x, y, tx, ty) == shape:  # no broadcast: blend in the epilogue
+            grads.append(_gemm(x, y, tx, ty, None, None, 0.0, alpha, beta, o, stream))
+        else:
+            full = _gemm(x, y, tx, ty, None, None, 0.0, 1.0, 0.0, None, stream)
+            grads.append(_reduced_to(full, shape, alpha, beta, o, stream))
+    if bias:
+        dsh = tuple(int(s) for s in dc.shape)
+        n, rows = dsh[-1], math.prod(dsh[:-1])
+        grads.append(reduce_tensor(dc.reshape((rows, n)), "add", (0,), False, False,
+                                   alpha=alpha, beta=beta, out=outs[2], stream=stream))
+    return tuple(grads)

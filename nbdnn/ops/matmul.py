@@ -1,0 +1,91 @@
+"""matmul / matmul_backward: batched GEMM with broadcasting and a fused epilogue
+(bias, activation, alpha/beta blend), as cuBLASLt's matmul with epilogues. The
+formulas are in nbdnn/cpu/matmul.py."""
+import numpy as np
+
+from ..errors import BadParamError, ShapeError, fail
+from ._common import Call, blend_params, same_dtype
+from .activation import _coef
+
+
+def _bool(op, name, v):
+    if not isinstance(v, (bool, np.bool_)):
+        fail(BadParamError, op, name, "True or False", repr(v))
+    return bool(v)
+
+
+def _dims(op, a_shape, b_shape, trans_a, trans_b):
+    """(batch shape, M, K, N) of op(a) @ op(b); ShapeError when they do not fit."""
+    for name, s in (("a", a_shape), ("b", b_shape)):
+        if len(s) < 2:
+            fail(ShapeError, op, f"{name}.ndim", ">= 2 (a matrix or a batch of them)", len(s))
+    M, K = (a_shape[-1], a_shape[-2]) if trans_a else (a_shape[-2], a_shape[-1])
+    Kb, N = (b_shape[-1], b_shape[-2]) if trans_b else (b_shape[-2], b_shape[-1])
+    if K != Kb:
+        fail(ShapeError, op, "b.shape", f"K = {K} rows in op(b) to match op(a) "
+             f"(a {tuple(a_shape)}, trans_a={trans_a}, trans_b={trans_b})", tuple(b_shape))
+    try:
+        batch = np.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2]))
+    except ValueError:
+        fail(ShapeError, op, "batch axes", "broadcastable (NumPy rules)",
+             f"a {tuple(a_shape)}, b {tuple(b_shape)}")
+    return tuple(batch), M, K, N
+
+
+def matmul(a, b, *, trans_a=False, trans_b=False, bias=None, activation=None, coef=None,
+           alpha=1.0, beta=0.0, out=None, backend=None, stream=None):
+    """c = alpha * act(op(a) @ op(b) + bias) + beta * out.
+
+    a: (..., M, K) ((..., K, M) with trans_a); b: (..., K, N) ((..., N, K) with
+    trans_b); batch axes broadcast. bias: (N,) or None. activation: None or an
+    activation mode (nbdnn.activation's names; `coef` as there). float16 (float32
+    accumulation), float32, float64; a, b, bias of one dtype. Returns c of shape
+    (batch..., M, N) and a's dtype (or `out`)."""
+    op = "matmul"
+    c = Call(op, "matmul", backend, stream, a=a, b=b, bias=bias, out=out)
+    a_shape, dtype = c.array("a", a)
+    b_shape, b_dtype = c.array("b", b)
+    same_dtype(op, ["a", "b"], [dtype, b_dtype])
+    trans_a, trans_b = _bool(op, "trans_a", trans_a), _bool(op, "trans_b", trans_b)
+    batch, M, K, N = _dims(op, a_shape, b_shape, trans_a, trans_b)
+    if bias is not None:
+        bias_shape, bias_dtype = c.array("bias", bias)
+        if tuple(bias_shape) != (N,):
+            fail(ShapeError, op, "bias.shape", f"(N,) = ({N},)", tuple(bias_shape))
+        same_dtype(op, ["a", "bias"], [dtype, bias_dtype])
+    coef = 0.0 if activation is None else _coef(op, activation, coef)
+    alpha, beta = blend_params(op, alpha, beta)
+    out = c.out(out, batch + (M, N), dtype)
+    return c.run("matmul", a, b, trans_a, trans_b, bias, activation, coef, alpha=alpha,
+                 beta=beta, out=out)
+
+
+def matmul_backward(dc, a, b, *, trans_a=False, trans_b=False, bias=False, alpha=1.0,
+                    beta=0.0, out=None, backend=None, stream=None):
+    """Gradients of c = op(a) @ op(b) + bias given dc = dL/dc (before any activation:
+    apply activation_backward first). Returns (da, db), or (da, db, dbias) when
+    bias=True, of a's, b's and (N,) shapes; each = alpha * gradient + beta * out[i]
+    when out is a tuple of arrays of those shapes."""
+    op = "matmul_backward"
+    outs = tuple(out) if out is not None else ()
+    c = Call(op, "matmul", backend, stream, dc=dc, a=a, b=b,
+             **{f"out[{i}]": o for i, o in enumerate(outs)})
+    dc_shape, dc_dtype = c.array("dc", dc)
+    a_shape, dtype = c.array("a", a)
+    b_shape, b_dtype = c.array("b", b)
+    same_dtype(op, ["a", "b", "dc"], [dtype, b_dtype, dc_dtype])
+    trans_a, trans_b = _bool(op, "trans_a", trans_a), _bool(op, "trans_b", trans_b)
+    bias = _bool(op, "bias", bias)
+    batch, M, K, N = _dims(op, a_shape, b_shape, trans_a, trans_b)
+    if tuple(dc_shape) != batch + (M, N):
+        fail(ShapeError, op, "dc.shape", f"the shape of c, {batch + (M, N)}", tuple(dc_shape))
+    alpha, beta = blend_params(op, alpha, beta)
+    shapes = [tuple(a_shape), tuple(b_shape)] + ([(N,)] if bias else [])
+    if out is not None:
+        if len(outs) != len(shapes):
+            fail(BadParamError, op, "out", f"None or a tuple of {len(shapes)} arrays",
+                 f"{len(outs)} arrays")
+        outs = tuple(c.out(o, s, dtype, f"out[{i}]") for i, (o, s) in
+                     enumerate(zip(outs, shapes)))
+    return c.run("matmul_backward", dc, a, b, trans_a, trans_b, bias, alpha=alpha,
+                 beta=beta, out=outs or None)
