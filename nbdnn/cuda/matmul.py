@@ -24,7 +24,7 @@ reduce_tensor (fixed order: deterministic), dbias by reduce_tensor over all rows
 import math
 
 import numpy as np
-from numba import cuda, float32, float64
+from numba import cuda, float32, float64, uint64
 
 from . import SIMULATOR
 from . import activation as _act
@@ -58,7 +58,7 @@ def _build():
     table = {}
     for ct_name, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
         fns = _act._device_functions(nt)
-        ns = {"cuda": cuda, "CT": CT, "ZERO": nt(0)}
+        ns = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "U": int if SIMULATOR else uint64}
         ns.update({f"f_{m}": fns[m][0] for m in _act.MODES})
         exec(compile(_act_source(_act.MODES), "<nbdnn matmul epilogue>", "exec"), ns)
         ns["act_fn"] = cuda.jit(device=True)(ns["act_fn"])

@@ -16,6 +16,7 @@ def _bool(op, name, v):
 
 def _dims(op, a_shape, b_shape, trans_a, trans_b):
     """(batch shape, M, K, N) of op(a) @ op(b); ShapeError when they do not fit."""
+    a_shape, b_shape = tuple(a_shape), tuple(b_shape)  # the simulator's shapes index
     for name, s in (("a", a_shape), ("b", b_shape)):
         if len(s) < 2:
             fail(ShapeError, op, f"{name}.ndim", ">= 2 (a matrix or a batch of them)", len(s))

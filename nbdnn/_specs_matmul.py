@@ -1,0 +1,65 @@
+"""OpSpec rows for matmul / matmul_backward (imported by nbdnn.testing).
+
+Shapes come from four batch families (none; equal batches; a batched against one
+b, as activations against weights; a (p, 1) against b (q,), broadcasting both ways),
+with M, N, K drawn from 1 up (edges of every tile), both transposes, bias or not, and
+an epilogue activation. Tolerances grow with the reduction length (matmul_tol).
+"""
+import math
+
+import numpy as np
+
+import nbdnn
+from nbdnn.testing import EPS, Case, OpSpec, rand
+
+ACTIVATIONS = (None, None, "relu", "gelu", "sigmoid", "leaky_relu")
+
+
+def matmul_tol(dtype, length):
+    """(atol, rtol) for sums of `length` products of values in [-1, 1], accumulated in
+    float32 (float64 for float64) and rounded once to dtype."""
+    acc = EPS["float64" if dtype == "float64" else "float32"]
+    return (4 * acc * length + 4 * EPS[dtype] * math.sqrt(length),
+            4 * EPS[dtype] + 4 * acc * math.sqrt(length))
+
+
+def _shapes(draw, big):
+    """(a shape, b shape, trans_a, trans_b, (batch, M, N, K))."""
+    hi = 160 if big else 9
+    M, N, K = draw(1, hi), draw(1, hi), draw(1, hi)
+    fam = draw(0, 3)
+    n = draw(1, 3)
+    ab, bb = [((), ()), ((n,), (n,)), ((n,), ()), ((draw(1, 2), 1), (n,))][fam]
+    ta, tb = draw(0, 1) == 1, draw(0, 1) == 1
+    a = ab + ((K, M) if ta else (M, K))
+    b = bb + ((N, K) if tb else (K, N))
+    return a, b, ta, tb, (np.broadcast_shapes(ab, bb), M, N, K)
+
+
+def _matmul(a, b, bias=None, **kw):
+    return nbdnn.matmul(a, b, bias=bias, **kw)
+
+
+def _make_forward(draw, dtype, big):
+    rng = np.random.default_rng(draw(0, 2 ** 31))
+    ash, bsh, ta, tb, (_, _, N, K) = _shapes(draw, big)
+    bias = rand(rng, (N,), dtype, -1, 1) if draw(0, 1) else None
+    act = ACTIVATIONS[draw(0, len(ACTIVATIONS) - 1)]
+    return Case((rand(rng, ash, dtype, -1, 1), rand(rng, bsh, dtype, -1, 1), bias),
+                {"trans_a": ta, "trans_b": tb, "activation": act},
+                tol=matmul_tol(dtype, K + 1))
+
+
+def _make_backward(draw, dtype, big):
+    rng = np.random.default_rng(draw(0, 2 ** 31))
+    ash, bsh, ta, tb, (batch, M, N, K) = _shapes(draw, big)
+    dc = rand(rng, tuple(batch) + (M, N), dtype, -1, 1)
+    length = max(N, M * max(1, math.prod(batch)))  # the longest sum: db, dbias
+    return Case((dc, rand(rng, ash, dtype, -1, 1), rand(rng, bsh, dtype, -1, 1)),
+                {"trans_a": ta, "trans_b": tb, "bias": draw(0, 1) == 1},
+                tol=matmul_tol(dtype, length))
+
+
+SPECS = [OpSpec("matmul", _matmul, _make_forward, family="matmul"),
+         OpSpec("matmul_backward", nbdnn.matmul_backward, _make_backward, family="matmul",
+                blend=False)]
