@@ -17,29 +17,35 @@ of the unrolled shared-memory addresses in its own register (197 registers for t
 """
 
 
-def _tile_loads(arr, tile, rows, trans, L, T, BK, dim):
-    """Lines loading `rows` x BK elements of op(arr) (rows of op(a) or columns of
-    op(b), `dim` = M or N of them in all) into the shared tile, L a thread. The
-    element (r, k) sits at r*K + k when arr is a and not transposed or b transposed,
-    else at k*dim + r; consecutive threads take consecutive addresses either way."""
-    out = []
+def _tile_loads(arr, rows, trans, L, T, BK, dim):
+    """(setup, loop) lines loading `rows` x BK elements of op(arr) (rows of op(a) or
+    columns of op(b), `dim` = M or N of them in all) into shared memory, L a thread.
+    Element (r, k) sits at r*K + k when arr is a and not transposed or b transposed
+    ("k-contiguous"), else at k*dim + r; consecutive threads take consecutive
+    addresses either way. Everything but the k offset is computed once, before the
+    k loop: per load a source index that advances by BK*step a k-step, a row-in-range
+    flag, the k within the tile and the shared-memory slot."""
+    kc = f"{trans} == {'0' if arr == 'a' else '1'}"
+    o0 = "m0" if arr == "a" else "n0"
+    setup = [f"    step_{arr} = 1 if {kc} else {dim}"]
+    loop = []
     for l in range(L):
-        out += [f"        e = t + {l * T}",
-                f"        if {trans} == {'0' if arr == 'a' else '1'}:",
-                f"            r = e // {BK}", f"            kk = e % {BK}",
-                "        else:",
-                f"            r = e % {rows}", f"            kk = e // {rows}",
-                f"        gr = {'m0' if arr == 'a' else 'n0'} + r",
-                "        gk = k0 + kk",
-                f"        if gr < {dim} and gk < K:",
-                f"            if {trans} == {'0' if arr == 'a' else '1'}:",
-                f"                v = CT({arr}[U({arr}off + gr * K + gk)])",
-                "            else:",
-                f"                v = CT({arr}[U({arr}off + gk * {dim} + gr)])",
-                "        else:",
-                "            v = ZERO",
-                f"        {tile}[U(kk * {rows} + r)] = v"]
-    return out
+        v = f"{arr}{l}"
+        setup += [f"    e = t + {l * T}",
+                  f"    if {kc}:",
+                  f"        r = e // {BK}", f"        kk_{v} = e % {BK}",
+                  f"        src_{v} = {arr}off + ({o0} + r) * K + kk_{v}",
+                  "    else:",
+                  f"        r = e % {rows}", f"        kk_{v} = e // {rows}",
+                  f"        src_{v} = {arr}off + kk_{v} * {dim} + {o0} + r",
+                  f"    ok_{v} = {o0} + r < {dim}",
+                  f"    dst_{v} = kk_{v} * {rows} + r"]
+        loop += ["        v = ZERO",
+                 f"        if ok_{v} and kk_{v} < K - k0:",
+                 f"            v = CT({arr}[U(src_{v})])",
+                 f"        {'As' if arr == 'a' else 'Bs'}[U(dst_{v})] = v",
+                 f"        src_{v} += {BK} * step_{arr}"]
+    return setup, loop
 
 
 def gemm_source(BM, BN, BK, TM, TN):
@@ -62,9 +68,11 @@ def gemm_source(BM, BN, BK, TM, TN):
     src += [f"    pa{i} = ty + {i * TY}" for i in range(TM)]
     src += [f"    pb{j} = tx + {j * TX}" for j in range(TN)]
     src += [f"    acc{i}_{j} = ZERO" for i in range(TM) for j in range(TN)]
+    setup_a, loop_a = _tile_loads("a", BM, "trans_a", BM * BK // T, T, BK, "M")
+    setup_b, loop_b = _tile_loads("b", BN, "trans_b", BN * BK // T, T, BK, "N")
+    src += setup_a + setup_b
     src.append(f"    for k0 in range(0, K, {BK}):")
-    src += _tile_loads("a", "As", BM, "trans_a", BM * BK // T, T, BK, "M")
-    src += _tile_loads("b", "Bs", BN, "trans_b", BN * BK // T, T, BK, "N")
+    src += loop_a + loop_b
     src.append("        cuda.syncthreads()")
     for kk in range(BK):
         src += [f"        a{i} = As[U(pa{i} + {kk * BM})]" for i in range(TM)]

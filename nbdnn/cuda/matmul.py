@@ -15,8 +15,11 @@ float64 for float64. Traffic per block and k-step: (BM + BN)*BK loads, BM*BN*BK 
 
 Tile configs (TILES): "large" 128x128x8 with 8x8 a thread (256 threads, the numba
 SGEMM on record in NUMBA_CUDA_NOTES.md) when the grid fills the SMs, "small" 64x64x8
-with 4x4 otherwise; float64 uses half the thread tile. Not yet tuned on hardware:
-registers, spills and speed are to be measured (perf/) before this is called fast.
+with 4x4 otherwise; float64 uses half the thread tile. Resources from ptxas (CUDA 13
+nvJitLink, sm_90, no GPU; the driver's JIT may differ): float32 large 166 registers,
+small 80, no spills (one 256-thread large block an SM; capped at 128 registers it
+spills 156 B). Not yet timed on hardware: perf/sgemm.py measures TFLOP/s against
+cuBLAS per config; the configs and the large/small rule are to be tuned with it.
 
 Backward is the same kernel with transposes, summed over broadcast batch axes by
 reduce_tensor (fixed order: deterministic), dbias by reduce_tensor over all rows.
@@ -106,10 +109,7 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream):
     if nb > MAX_BATCH:
         raise NotSupportedError(f"matmul: {nb} matrices in a batch exceed the grid limit "
                                 f"{MAX_BATCH}; split the batch")
-    tiles = TILES["float64" if dtype == "float64" else "float32"]
-    BM, BN = tiles["large"][:2]
-    size = "large" if -(-M // BM) * -(-N // BN) * nb >= _sm_count() else "small"
-    kernel, sig, (BM, BN, _, TM, TN) = _KERNELS[size, dtype]
+    kernel, sig, (BM, BN, _, TM, TN) = _KERNELS[_choose_size(M, N, nb, dtype), dtype]
     offs = _offsets(a, ash[:-2], bsh[:-2], batch, M * K, K * N)
     grid = (-(-M // BM) * -(-N // BN), nb, 1)
     threads = (BM // TM) * (BN // TN)
@@ -118,6 +118,12 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream):
                   offs, M, N, K, int(trans_a), int(trans_b), int(bias is not None), mode,
                   coef, alpha, beta)
     return c
+
+
+def _choose_size(M, N, nb, dtype):
+    """"large" tiles when they give every SM a block, else "small" (to be tuned)."""
+    BM, BN = TILES["float64" if dtype == "float64" else "float32"]["large"][:2]
+    return "large" if -(-M // BM) * -(-N // BN) * nb >= _sm_count() else "small"
 
 
 _sm = []
