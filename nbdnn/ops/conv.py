@@ -1,0 +1,221 @@
+"""conv1d / conv2d / conv3d and their backward passes: cuDNN's convolution with every
+geometry parameter, both modes, NCHW and NHWC, and the fused bias / residual /
+activation epilogue of cudnnConvolutionBiasActivationForward. One N-d implementation;
+the formulas are in nbdnn/cpu/conv.py.
+
+Parameters (per spatial axis, an int for all of them or a sequence of nd):
+stride >= 1, dilation >= 1, padding >= 0: an int, nd ints (symmetric) or nd
+(pre, post) pairs. groups divides C and K (groups == C is depthwise; K = m*C a
+channel multiplier). layout "NCHW" (channels first; w is (K, C/g, *R)) or "NHWC"
+(channels last; w is (K, *R, C/g)); the rank-exact names NCW/NWC/NCDHW/NDHWC work too.
+"""
+import numbers
+
+from ..errors import BadParamError, NotSupportedError, ShapeError, fail
+from ._common import Call, blend_params, choice, same_dtype
+from .activation import _coef
+
+LAYOUTS = {"NCHW": False, "NHWC": True, "NCW": False, "NWC": True, "NCDHW": False,
+           "NDHWC": True}
+MODES = ("cross_correlation", "convolution")
+ALGOS = ("auto", "direct")  # implicit_gemm, gemm, winograd: not yet (issue #3)
+
+
+def _ints(op, name, v, nd, lo):
+    vals = (v,) * nd if isinstance(v, numbers.Integral) else v
+    try:
+        vals = tuple(vals)
+    except TypeError:
+        vals = None
+    if vals is None or len(vals) != nd or not all(
+            isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= lo for i in vals):
+        fail(BadParamError, op, name, f"an int >= {lo} or {nd} of them", repr(v))
+    return tuple(int(i) for i in vals)
+
+
+def _pads(op, padding, nd):
+    """((pre, post), ...) per spatial axis."""
+    if isinstance(padding, numbers.Integral) or (
+            len(tuple(padding)) == nd and all(isinstance(p, numbers.Integral) for p in padding)):
+        return tuple((p, p) for p in _ints(op, "padding", padding, nd, 0))
+    pairs = tuple(padding)
+    if len(pairs) != nd or not all(len(tuple(p)) == 2 for p in pairs):
+        fail(BadParamError, op, "padding", f"an int, {nd} ints or {nd} (pre, post) pairs",
+             repr(padding))
+    flat = _ints(op, "padding", tuple(i for p in pairs for i in p), 2 * nd, 0)
+    return tuple(zip(flat[0::2], flat[1::2]))
+
+
+def _layout(op, layout, nd):
+    choice(op, "layout", layout, tuple(LAYOUTS))
+    if len(layout) not in (4, nd + 2):
+        fail(BadParamError, op, "layout", f"a {nd + 2}-letter layout or NCHW/NHWC", layout)
+    return LAYOUTS[layout]
+
+
+def geometry(op, nd, x_shape, w_shape, last, stride, pads, dilation, groups):
+    """(N, C, S, K, R, P) after checking that x and w fit; S, R, P spatial tuples."""
+    for name, s in (("x", x_shape), ("w", w_shape)):
+        if len(s) != nd + 2:
+            fail(ShapeError, op, f"{name}.ndim", f"{nd + 2} for a {nd}-d convolution", len(s))
+    N, C, S = (x_shape[0], x_shape[-1], tuple(x_shape[1:-1])) if last else \
+        (x_shape[0], x_shape[1], tuple(x_shape[2:]))
+    K, Cg, R = (w_shape[0], w_shape[-1], tuple(w_shape[1:-1])) if last else \
+        (w_shape[0], w_shape[1], tuple(w_shape[2:]))
+    if not isinstance(groups, numbers.Integral) or isinstance(groups, bool) or groups < 1:
+        fail(BadParamError, op, "groups", "an int >= 1", repr(groups))
+    if C % groups or K % groups:
+        fail(ShapeError, op, "groups", f"a divisor of C = {C} and K = {K}", groups)
+    if Cg != C // groups:
+        fail(ShapeError, op, "w.shape", f"C/groups = {C // groups} input channels per filter "
+             f"({'last' if last else 'second'} axis)", tuple(w_shape))
+    P = tuple((s + a + b - d * (r - 1) - 1) // st + 1
+              for s, (a, b), d, r, st in zip(S, pads, dilation, R, stride))
+    if any(p <= 0 for p in P) or any(r <= 0 for r in R):
+        fail(ShapeError, op, "output size", "> 0 on every spatial axis (input "
+             f"{S} + padding {pads} against filter {R} dilated {dilation})", P)
+    return N, C, S, K, R, P
+
+
+def out_shape(N, K, P, last):
+    return (N,) + P + (K,) if last else (N, K) + P
+
+
+def conv_params(op, nd, stride, padding, dilation, mode, layout):
+    return (_ints(op, "stride", stride, nd, 1), _pads(op, padding, nd),
+            _ints(op, "dilation", dilation, nd, 1), choice(op, "mode", mode, MODES),
+            _layout(op, layout, nd))
+
+
+def _algo(op, algo):
+    if algo in ("implicit_gemm", "gemm", "winograd"):
+        raise NotSupportedError(f"{op}: algo {algo!r} is not implemented yet; use "
+                                f"'direct' or 'auto'")
+    return choice(op, "algo", algo, ALGOS)
+
+
+def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
+         mode="cross_correlation", layout="NCHW", algo="auto", activation=None, coef=None,
+         residual=None, alpha=1.0, beta=0.0, out=None, backend=None, stream=None):
+    op = f"conv{nd}d"
+    c = Call(op, "conv", backend, stream, x=x, w=w, bias=bias, residual=residual, out=out)
+    x_shape, dtype = c.array("x", x)
+    w_shape, w_dtype = c.array("w", w)
+    same_dtype(op, ["x", "w"], [dtype, w_dtype])
+    stride, pads, dilation, mode, last = conv_params(op, nd, stride, padding, dilation,
+                                                     mode, layout)
+    N, C, S, K, R, P = geometry(op, nd, tuple(x_shape), tuple(w_shape), last, stride,
+                                pads, dilation, groups)
+    yshape = out_shape(N, K, P, last)
+    if bias is not None:
+        b_shape, b_dtype = c.array("bias", bias)
+        if tuple(b_shape) != (K,):
+            fail(ShapeError, op, "bias.shape", f"(K,) = ({K},)", tuple(b_shape))
+        same_dtype(op, ["x", "bias"], [dtype, b_dtype])
+    if residual is not None:
+        r_shape, r_dtype = c.array("residual", residual)
+        if tuple(r_shape) != yshape:
+            fail(ShapeError, op, "residual.shape", f"the output's {yshape}", tuple(r_shape))
+        same_dtype(op, ["x", "residual"], [dtype, r_dtype])
+    coef = 0.0 if activation is None else _coef(op, activation, coef)
+    _algo(op, algo)
+    alpha, beta = blend_params(op, alpha, beta)
+    if beta != 0 and residual is None and out is None:
+        fail(BadParamError, op, "beta", "0 unless residual= or out= is given", beta)
+    out = c.out(out, yshape, dtype)
+    return c.run("conv_forward", x, w, bias, residual, stride, pads, dilation, groups, mode,
+                 last, activation, coef, alpha=alpha, beta=beta, out=out)
+
+
+def conv1d(x, w, bias=None, **kw):
+    """1-D convolution: x (N, C, W) or (N, W, C); see conv2d."""
+    return conv(1, x, w, bias, **kw)
+
+
+def conv2d(x, w, bias=None, **kw):
+    """y = act(alpha * conv(x, w) + beta * z + bias), z = residual if given else out.
+
+    x (N, C, H, W) and w (K, C/groups, R, S) for layout "NCHW"; x (N, H, W, C) and w
+    (K, R, S, C/groups) for "NHWC". Keywords: stride, padding, dilation, groups, mode
+    ("cross_correlation" or "convolution": flipped filter), layout, algo ("auto",
+    "direct"), activation (a mode of nbdnn.activation) and coef, residual, alpha,
+    beta, out. Returns y of shape (N, K, P, Q) (or (N, P, Q, K)) and x's dtype."""
+    return conv(2, x, w, bias, **kw)
+
+
+def conv3d(x, w, bias=None, **kw):
+    """3-D convolution: x (N, C, D, H, W) or (N, D, H, W, C); see conv2d."""
+    return conv(3, x, w, bias, **kw)
+
+
+def _backward_call(op, names, arrays, backend, stream, out):
+    c = Call(op, "conv", backend, stream, out=out, **dict(zip(names, arrays)))
+    described = [c.array(n, a) for n, a in zip(names, arrays)]
+    same_dtype(op, list(names), [d for _, d in described])
+    return c, [tuple(s) for s, _ in described], described[0][1]
+
+
+def _shape_arg(op, name, shape, nd):
+    try:
+        shape = tuple(int(s) for s in shape)
+    except TypeError:
+        shape = None
+    if shape is None or len(shape) != nd + 2:
+        fail(BadParamError, op, name, f"a shape of {nd + 2} ints", repr(shape))
+    return shape
+
+
+def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                       mode="cross_correlation", layout="NCHW", alpha=1.0, beta=0.0,
+                       out=None, backend=None, stream=None):
+    """dx = alpha * dL/dx + beta * out for y = conv(x, w); x_shape is x's shape, the
+    dimensionality follows w."""
+    op = "conv_backward_data"
+    c, (dy_shape, w_shape), dtype = _backward_call(op, ("dy", "w"), (dy, w), backend,
+                                                   stream, out)
+    nd = len(w_shape) - 2
+    x_shape = _shape_arg(op, "x_shape", x_shape, nd)
+    stride, pads, dilation, mode, last = conv_params(op, nd, stride, padding, dilation,
+                                                     mode, layout)
+    N, C, S, K, R, P = geometry(op, nd, x_shape, w_shape, last, stride, pads, dilation,
+                                groups)
+    if dy_shape != out_shape(N, K, P, last):
+        fail(ShapeError, op, "dy.shape", f"the output's {out_shape(N, K, P, last)}", dy_shape)
+    alpha, beta = blend_params(op, alpha, beta)
+    out = c.out(out, x_shape, dtype)
+    return c.run("conv_backward_data", dy, w, x_shape, stride, pads, dilation, groups, mode,
+                 last, alpha=alpha, beta=beta, out=out)
+
+
+def conv_backward_filter(dy, x, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                         mode="cross_correlation", layout="NCHW", alpha=1.0, beta=0.0,
+                         out=None, backend=None, stream=None):
+    """dw = alpha * dL/dw + beta * out for y = conv(x, w); w_shape is w's shape."""
+    op = "conv_backward_filter"
+    c, (dy_shape, x_shape), dtype = _backward_call(op, ("dy", "x"), (dy, x), backend,
+                                                   stream, out)
+    nd = len(x_shape) - 2
+    w_shape = _shape_arg(op, "w_shape", w_shape, nd)
+    stride, pads, dilation, mode, last = conv_params(op, nd, stride, padding, dilation,
+                                                     mode, layout)
+    N, C, S, K, R, P = geometry(op, nd, x_shape, w_shape, last, stride, pads, dilation,
+                                groups)
+    if dy_shape != out_shape(N, K, P, last):
+        fail(ShapeError, op, "dy.shape", f"the output's {out_shape(N, K, P, last)}", dy_shape)
+    alpha, beta = blend_params(op, alpha, beta)
+    out = c.out(out, w_shape, dtype)
+    return c.run("conv_backward_filter", dy, x, w_shape, stride, pads, dilation, groups,
+                 mode, last, alpha=alpha, beta=beta, out=out)
+
+
+def conv_backward_bias(dy, *, layout="NCHW", alpha=1.0, beta=0.0, out=None, backend=None,
+                       stream=None):
+    """db[k] = alpha * sum of dy over every axis but the channel axis + beta * out."""
+    op = "conv_backward_bias"
+    c, (dy_shape,), dtype = _backward_call(op, ("dy",), (dy,), backend, stream, out)
+    if len(dy_shape) < 3:
+        fail(ShapeError, op, "dy.ndim", ">= 3 (N, channels, spatial axes)", len(dy_shape))
+    last = _layout(op, layout, len(dy_shape) - 2)
+    alpha, beta = blend_params(op, alpha, beta)
+    out = c.out(out, (dy_shape[-1] if last else dy_shape[1],), dtype)
+    return c.run("conv_backward_bias", dy, last, alpha=alpha, beta=beta, out=out)

@@ -1,0 +1,102 @@
+"""The convolution reference (nbdnn/cpu/conv.py) against naive loops and finite
+differences in float64: every geometry parameter, both modes, both layouts, 1-3 d."""
+import numpy as np
+import pytest
+
+import nbdnn
+
+RNG = np.random.default_rng(3)
+CONV = {1: nbdnn.conv1d, 2: nbdnn.conv2d, 3: nbdnn.conv3d}
+
+
+def _naive(x, w, stride, pads, dilation, groups, mode):
+    """Channels-first loops straight from the definition."""
+    N, C = x.shape[:2]
+    K, Cg = w.shape[:2]
+    S, R = x.shape[2:], w.shape[2:]
+    if mode == "convolution":
+        w = np.flip(w, axis=tuple(range(2, w.ndim)))
+    P = tuple((s + a + b - d * (r - 1) - 1) // st + 1
+              for s, (a, b), d, r, st in zip(S, pads, dilation, R, stride))
+    y = np.zeros((N, K) + P)
+    for n, k in np.ndindex(N, K):
+        g = k // (K // groups)
+        for p in np.ndindex(*P):
+            acc = 0.0
+            for c in range(Cg):
+                for r in np.ndindex(*R):
+                    pos = [pi * st + ri * d - a for pi, st, ri, d, (a, _) in
+                           zip(p, stride, r, dilation, pads)]
+                    if all(0 <= q < s for q, s in zip(pos, S)):
+                        acc += x[(n, g * Cg + c) + tuple(pos)] * w[(k, c) + r]
+            y[(n, k) + p] = acc
+    return y
+
+
+CASES = [  # nd, x shape (N, C, *S), K, R, stride, padding, dilation, groups, mode
+    (2, (2, 4, 6, 5), 6, (3, 2), (1, 1), 1, (1, 1), 1, "cross_correlation"),
+    (2, (1, 4, 7, 7), 4, (3, 3), (2, 1), ((1, 0), (2, 1)), (2, 1), 2, "convolution"),
+    (2, (1, 3, 5, 6), 6, (3, 3), 1, 1, 1, 3, "cross_correlation"),      # depthwise x2
+    (1, (2, 3, 9), 2, (4,), (2,), ((3, 1),), (2,), 1, "convolution"),
+    (3, (1, 2, 4, 5, 3), 2, (2, 3, 1), (1, 2, 1), 1, (1, 1, 2), 2, "cross_correlation"),
+]
+
+
+def _pads(padding, nd):
+    if isinstance(padding, int):
+        return ((padding, padding),) * nd
+    return tuple(p if isinstance(p, tuple) else (p, p) for p in padding)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_forward_matches_naive_loops(case, layout):
+    nd, xs, K, R, stride, padding, dilation, groups, mode = case
+    x = RNG.standard_normal(xs)
+    w = RNG.standard_normal((K, xs[1] // groups) + R)
+    ref = _naive(x, w, stride if isinstance(stride, tuple) else (stride,) * nd,
+                 _pads(padding, nd), dilation if isinstance(dilation, tuple) else (dilation,) * nd,
+                 groups, mode)
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode,
+              layout=layout)
+    if layout == "NHWC":
+        y = CONV[nd](np.moveaxis(x, 1, -1), np.moveaxis(w, 1, -1), **kw)
+        y = np.moveaxis(y, -1, 1)
+    else:
+        y = CONV[nd](x, w, **kw)
+    np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_fused_epilogue():
+    x, w = RNG.standard_normal((2, 3, 5, 5)), RNG.standard_normal((4, 3, 3, 3))
+    bias, z = RNG.standard_normal(4), RNG.standard_normal((2, 4, 3, 3))
+    conv = nbdnn.conv2d(x, w)
+    y = nbdnn.conv2d(x, w, bias, residual=z, activation="relu", alpha=0.5, beta=2.0)
+    np.testing.assert_allclose(y, np.maximum(0.5 * conv + 2 * z + bias[:, None, None], 0),
+                               rtol=1e-13)
+    out = z.copy()
+    nbdnn.conv2d(x, w, alpha=2.0, beta=-1.0, out=out)
+    np.testing.assert_allclose(out, 2 * conv - z, rtol=1e-13)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_backward_matches_finite_differences(case):
+    nd, xs, K, R, stride, padding, dilation, groups, mode = case
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode)
+    x = RNG.standard_normal(xs)
+    w = RNG.standard_normal((K, xs[1] // groups) + R)
+    g = RNG.standard_normal(CONV[nd](x, w, **kw).shape)
+    dx = nbdnn.conv_backward_data(g, w, x.shape, **kw)
+    dw = nbdnn.conv_backward_filter(g, x, w.shape, **kw)
+    db = nbdnn.conv_backward_bias(g)
+    np.testing.assert_allclose(db, g.sum(axis=(0,) + tuple(range(2, g.ndim))), rtol=1e-12)
+    h = 1e-6
+    for v, grad, loss in ((x, dx, lambda v: np.sum(g * CONV[nd](v, w, **kw))),
+                          (w, dw, lambda v: np.sum(g * CONV[nd](x, v, **kw)))):
+        num = np.zeros_like(v)
+        for idx in np.ndindex(v.shape):
+            vp, vm = v.copy(), v.copy()
+            vp[idx] += h
+            vm[idx] -= h
+            num[idx] = (loss(vp) - loss(vm)) / (2 * h)
+        np.testing.assert_allclose(grad, num, rtol=1e-6, atol=1e-6)
