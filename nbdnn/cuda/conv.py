@@ -1,0 +1,258 @@
+"""Convolution on the GPU, algorithm "direct": one thread an output element, for every
+geometry (1-3 d, stride, per-side padding, dilation, groups, both modes, NCHW and
+NHWC). The formulas are in nbdnn/cpu/conv.py.
+
+Every kernel sees 3 spatial axes (1-d and 2-d problems get leading axes of size 1)
+and derives the strides of x, w and y from the layout, so one kernel serves every
+rank and layout. A thread's output index is decomposed in the array's memory order
+(channels fastest for NHWC), so consecutive threads write consecutive addresses.
+- forward: y[n, k, p] gathers C/g * T*R*S products, then the epilogue
+  act(alpha * acc + beta * z + bias), z = residual or the previous y.
+- backward data: dx[n, c, s] gathers, over the K/g filters of c's group and every tap
+  whose stride arithmetic lands on s, dy * w' (no atomics: deterministic).
+- backward filter: dw[k, c, t] sums dy * x over N and the output positions, one
+  thread a filter element (deterministic; little parallelism when K*C/g*R*S is small).
+- backward bias: reduce_tensor over every axis but the channels.
+Per output element the forward reads C/g*T*R*S elements of x and of w (from L1/L2:
+neighbouring threads share them), so this is the reference-speed algorithm; the
+GEMM-based algorithms of issue #3 are the fast ones.
+"""
+import numpy as np
+from numba import cuda, float32, float64
+
+from . import SIMULATOR
+from . import activation as _act
+from ._arrays import dtype_name, empty
+from ._launch import Kernel
+from .matmul import _act_source
+from .tensor import reduce_tensor
+
+DTYPES = ("float16", "float32", "float64")
+BLOCK = 64 if SIMULATOR else 256
+MAX_BLOCKS = 2 ** 31 - 1
+
+
+@cuda.jit(device=True)
+def _strides(C, D, H, W, last):
+    """(n, c, d, h, w) element strides of an (N, C, D, H, W) tensor, channels first or
+    last."""
+    if last:
+        return D * H * W * C, 1, H * W * C, W * C, C
+    return C * D * H * W, D * H * W, H * W, W, 1
+
+
+@cuda.jit(device=True)
+def _split(i, C, D, H, W, last):
+    """(n, c, d, h, w) of flat index i in memory order."""
+    c = 0
+    if last:
+        c = i % C
+        i //= C
+    w = i % W
+    i //= W
+    h = i % H
+    i //= H
+    d = i % D
+    i //= D
+    if not last:
+        c = i % C
+        i //= C
+    return i, c, d, h, w
+
+
+def _kernels(CT, act_fn):
+    ZERO = CT(0)
+
+    def conv_fwd(x, w, y, bias, z, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw,
+                 qd, qh, qw, dd, dh, dw, flip, last, has_bias, has_z, act, coef, alpha,
+                 beta):
+        Cg, Kg = C // G, K // G
+        xn, xc, xd, xh, xw = _strides(C, D, H, W, last)
+        wk, wc, wt, wr, ws = _strides(Cg, T, R, S, last)
+        yn, yc, yd, yh, yw = _strides(K, PD, PH, PW, last)
+        total = N * K * PD * PH * PW
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while i < total:
+            n, k, pd, ph, pw = _split(i, K, PD, PH, PW, last)
+            c0 = (k // Kg) * Cg
+            acc = ZERO
+            for c in range(Cg):
+                for t in range(T):
+                    idd = pd * sd + t * dd - qd
+                    if 0 <= idd < D:
+                        for r in range(R):
+                            ih = ph * sh + r * dh - qh
+                            if 0 <= ih < H:
+                                for s in range(S):
+                                    iw = pw * sw + s * dw - qw
+                                    if 0 <= iw < W:
+                                        ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) \
+                                            if flip else (t, r, s)
+                                        acc += CT(x[n * xn + (c0 + c) * xc + idd * xd +
+                                                    ih * xh + iw * xw]) * \
+                                            CT(w[k * wk + c * wc + ft * wt + fr * wr + fs * ws])
+            o = n * yn + k * yc + pd * yd + ph * yh + pw * yw
+            v = alpha * acc
+            if beta != ZERO:
+                v += beta * CT(z[o] if has_z else y[o])
+            if has_bias:
+                v += CT(bias[k])
+            if act >= 0:
+                v = act_fn(v, act, coef)
+            y[o] = v
+            i += cuda.gridDim.x * cuda.blockDim.x
+
+    def conv_bwd_data(dy, w, dx, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw,
+                      qd, qh, qw, dd, dh, dw, flip, last, alpha, beta):
+        Cg, Kg = C // G, K // G
+        xn, xc, xd, xh, xw = _strides(C, D, H, W, last)
+        wk, wc, wt, wr, ws = _strides(Cg, T, R, S, last)
+        yn, yc, yd, yh, yw = _strides(K, PD, PH, PW, last)
+        total = N * C * D * H * W
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while i < total:
+            n, c, idd, ih, iw = _split(i, C, D, H, W, last)
+            k0, cl = (c // Cg) * Kg, c % Cg
+            acc = ZERO
+            for t in range(T):
+                ud = idd + qd - t * dd  # = pd * sd
+                if ud >= 0 and ud % sd == 0 and ud // sd < PD:
+                    for r in range(R):
+                        uh = ih + qh - r * dh
+                        if uh >= 0 and uh % sh == 0 and uh // sh < PH:
+                            for s in range(S):
+                                uw = iw + qw - s * dw
+                                if uw >= 0 and uw % sw == 0 and uw // sw < PW:
+                                    ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) \
+                                        if flip else (t, r, s)
+                                    yo = n * yn + ud // sd * yd + uh // sh * yh + uw // sw * yw
+                                    wo = cl * wc + ft * wt + fr * wr + fs * ws
+                                    for k in range(k0, k0 + Kg):
+                                        acc += CT(dy[yo + k * yc]) * CT(w[wo + k * wk])
+            o = n * xn + c * xc + idd * xd + ih * xh + iw * xw
+            v = alpha * acc
+            if beta != ZERO:
+                v += beta * CT(dx[o])
+            dx[o] = v
+            i += cuda.gridDim.x * cuda.blockDim.x
+
+    def conv_bwd_filter(dy, x, dwt, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw,
+                        qd, qh, qw, dd, dh, dw, flip, last, alpha, beta):
+        Cg, Kg = C // G, K // G
+        xn, xc, xd, xh, xw = _strides(C, D, H, W, last)
+        wk, wc, wt, wr, ws = _strides(Cg, T, R, S, last)
+        yn, yc, yd, yh, yw = _strides(K, PD, PH, PW, last)
+        total = K * Cg * T * R * S
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while i < total:
+            k, c, ft, fr, fs = _split(i, Cg, T, R, S, last)
+            t, r, s = (T - 1 - ft, R - 1 - fr, S - 1 - fs) if flip else (ft, fr, fs)
+            xc0 = (k // Kg) * Cg + c
+            acc = ZERO
+            for n in range(N):
+                for pd in range(PD):
+                    idd = pd * sd + t * dd - qd
+                    if 0 <= idd < D:
+                        for ph in range(PH):
+                            ih = ph * sh + r * dh - qh
+                            if 0 <= ih < H:
+                                for pw in range(PW):
+                                    iw = pw * sw + s * dw - qw
+                                    if 0 <= iw < W:
+                                        acc += CT(dy[n * yn + k * yc + pd * yd + ph * yh +
+                                                     pw * yw]) * \
+                                            CT(x[n * xn + xc0 * xc + idd * xd + ih * xh +
+                                                 iw * xw])
+            o = k * wk + c * wc + ft * wt + fr * wr + fs * ws
+            v = alpha * acc
+            if beta != ZERO:
+                v += beta * CT(dwt[o])
+            dwt[o] = v
+            i += cuda.gridDim.x * cuda.blockDim.x
+
+    return {"fwd": conv_fwd, "bwd_data": conv_bwd_data, "bwd_filter": conv_bwd_filter}
+
+
+_GEOM = ", ".join(["int64"] * 24)
+
+
+def _build():
+    table = {}
+    for ct_name, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
+        fns = _act._device_functions(nt)
+        ns = {f"f_{m}": fns[m][0] for m in _act.MODES}
+        exec(compile(_act_source(_act.MODES), "<nbdnn conv epilogue>", "exec"), ns)
+        kernels = _kernels(CT, cuda.jit(device=True)(ns["act_fn"]))
+        for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
+            a = f"{t}[::1]"
+            sigs = {"fwd": f"void({a}, {a}, {a}, {a}, {a}, {_GEOM}, int64, int64, int64, "
+                           f"{ct_name}, {ct_name}, {ct_name})",
+                    "bwd_data": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
+                    "bwd_filter": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
+            for name, sig in sigs.items():
+                table[name, t] = (Kernel(kernels[name], [sig]), sig)
+    return table
+
+
+_KERNELS = _build()
+
+
+def _geometry(x_shape, w_shape, stride, pads, dilation, groups, mode, last):
+    """The 24 ints every kernel takes: N, C, K, G, D, H, W, T, R, S, PD, PH, PW,
+    strides, pre-paddings, dilations (3 each, 1-d/2-d padded to 3), flip, last."""
+    xs = (x_shape[0], x_shape[-1]) + tuple(x_shape[1:-1]) if last else tuple(x_shape)
+    ws = (w_shape[0], w_shape[-1]) + tuple(w_shape[1:-1]) if last else tuple(w_shape)
+    lead = (1,) * (5 - len(xs))
+    S, R = lead + xs[2:], lead + ws[2:]
+    st, dl = (1,) * len(lead) + tuple(stride), (1,) * len(lead) + tuple(dilation)
+    pre = (0,) * len(lead) + tuple(a for a, _ in pads)
+    post = (0,) * len(lead) + tuple(b for _, b in pads)
+    P = tuple((s + a + b - d * (r - 1) - 1) // q + 1
+              for s, a, b, d, r, q in zip(S, pre, post, dl, R, st))
+    return (xs[0], xs[1], ws[0], groups) + S + R + P + st + pre + dl + \
+        (int(mode == "convolution"), int(last))
+
+
+def _launch(name, dtype, total, stream, *args):
+    k, sig = _KERNELS[name, dtype]
+    if total:
+        k.launch(sig, min(-(-total // BLOCK), MAX_BLOCKS), BLOCK, stream, *args)
+
+
+def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, last,
+                 activation, coef, *, alpha, beta, out, stream):
+    g = _geometry(tuple(x.shape), tuple(w.shape), stride, pads, dilation, groups, mode, last)
+    N, K, P = g[0], g[2], g[10:13]
+    shape = (N,) + P[3 - (len(x.shape) - 2):] + (K,) if last else \
+        (N, K) + P[3 - (len(x.shape) - 2):]
+    y = out if out is not None else empty(x, shape, dtype_name(x))
+    act = -1 if activation is None else _act.MODES.index(activation)
+    _launch("fwd", dtype_name(x), N * K * P[0] * P[1] * P[2], stream, x, w, y,
+            bias if bias is not None else y, residual if residual is not None else y, *g,
+            int(bias is not None), int(residual is not None), act, coef, alpha, beta)
+    return y
+
+
+def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, last, *,
+                       alpha, beta, out, stream):
+    g = _geometry(x_shape, tuple(w.shape), stride, pads, dilation, groups, mode, last)
+    dx = out if out is not None else empty(dy, x_shape, dtype_name(dy))
+    _launch("bwd_data", dtype_name(dy), int(np.prod(x_shape)), stream, dy, w, dx, *g,
+            alpha, beta)
+    return dx
+
+
+def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, last, *,
+                         alpha, beta, out, stream):
+    g = _geometry(tuple(x.shape), w_shape, stride, pads, dilation, groups, mode, last)
+    dw = out if out is not None else empty(dy, w_shape, dtype_name(dy))
+    _launch("bwd_filter", dtype_name(dy), int(np.prod(w_shape)), stream, dy, x, dw, *g,
+            alpha, beta)
+    return dw
+
+
+def conv_backward_bias(dy, last, *, alpha, beta, out, stream):
+    nd = len(dy.shape)
+    axes = tuple(i for i in range(nd) if i != (nd - 1 if last else 1))
+    return reduce_tensor(dy, "add", axes, False, False, alpha=alpha, beta=beta, out=out,
+                         stream=stream)
