@@ -1,0 +1,47 @@
+"""Bad convolution calls raise the documented NbdnnError subclass, naming the
+parameter (issue #3's list: output size <= 0, groups not dividing C or K, filter
+channels != C/groups, negative padding, layout mismatch, unimplemented algorithms)."""
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn import BadParamError, DtypeError, NotSupportedError, ShapeError
+
+F32 = np.float32
+X, W = np.ones((1, 4, 5, 5), F32), np.ones((6, 4, 3, 3), F32)
+
+
+@pytest.mark.parametrize("call, err, words", [
+    (lambda: nbdnn.conv2d(X, np.ones((6, 4, 7, 7), F32)), ShapeError, "output size"),
+    (lambda: nbdnn.conv2d(X, W, groups=3), ShapeError, "groups"),
+    (lambda: nbdnn.conv2d(X, np.ones((6, 4, 3, 3), F32), groups=2), ShapeError, "w.shape"),
+    (lambda: nbdnn.conv2d(X, W, padding=-1), BadParamError, "padding"),
+    (lambda: nbdnn.conv2d(X, W, padding=((1, -1), (0, 0))), BadParamError, "padding"),
+    (lambda: nbdnn.conv2d(X, W, stride=0), BadParamError, "stride"),
+    (lambda: nbdnn.conv2d(X, W, dilation=(1, 1, 1)), BadParamError, "dilation"),
+    (lambda: nbdnn.conv2d(X, W, groups=0), BadParamError, "groups"),
+    (lambda: nbdnn.conv2d(X, W, layout="NHWC"), ShapeError, "w.shape"),
+    (lambda: nbdnn.conv2d(X, W, layout="CHWN"), BadParamError, "layout"),
+    (lambda: nbdnn.conv2d(X, W, mode="xcorr"), BadParamError, "mode"),
+    (lambda: nbdnn.conv2d(X, W, algo="winograd"), NotSupportedError, "winograd"),
+    (lambda: nbdnn.conv2d(X, W, algo="fastest"), BadParamError, "algo"),
+    (lambda: nbdnn.conv2d(X, W.astype(np.float64)), DtypeError, "w.dtype"),
+    (lambda: nbdnn.conv2d(X, W, np.ones(4, F32)), ShapeError, "bias.shape"),
+    (lambda: nbdnn.conv2d(X, W, residual=np.ones((1, 6, 5, 5), F32)), ShapeError,
+     "residual.shape"),
+    (lambda: nbdnn.conv2d(X, W, beta=1.0), BadParamError, "beta"),
+    (lambda: nbdnn.conv2d(X, W, activation="nope"), BadParamError, "mode"),
+    (lambda: nbdnn.conv1d(X, W), ShapeError, "x.ndim"),
+    (lambda: nbdnn.conv2d(X, W, out=np.ones((1, 6, 5, 5), F32)), ShapeError, "out.shape"),
+    (lambda: nbdnn.conv_backward_data(np.ones((1, 6, 3, 3), F32), W, (1, 4, 5)),
+     BadParamError, "x_shape"),
+    (lambda: nbdnn.conv_backward_data(np.ones((1, 6, 4, 3), F32), W, X.shape), ShapeError,
+     "dy.shape"),
+    (lambda: nbdnn.conv_backward_filter(np.ones((1, 6, 3, 3), F32), X, (6, 2, 3, 3)),
+     ShapeError, "w.shape"),
+    (lambda: nbdnn.conv_backward_bias(np.ones((6, 3), F32)), ShapeError, "dy.ndim"),
+])
+def test_bad_conv_calls(call, err, words):
+    with pytest.raises(err) as e:
+        call()
+    assert words in str(e.value)
