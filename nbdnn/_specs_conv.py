@@ -1,5 +1,5 @@
-"""OpSpec rows for convolution (imported by nbdnn.testing): forward (fused epilogue
-drawn at random) and the three backward passes, over random rank (1-3 d), layout,
+"""OpSpec rows for convolution (imported by nbdnn.testing): forward (fused epilogue and
+algorithm drawn at random) and the three backward passes, over random rank (1-3 d), layout,
 mode, stride, per-side padding, dilation and groups (depthwise and channel
 multipliers included). Tolerances grow with the reduction length (C/g * taps forward
 and backward data, N * output positions for the filter)."""
@@ -52,7 +52,8 @@ def _make_forward(draw, dtype, big):
     if draw(0, 2) == 0:
         residual = rand(rng, CONV[nd](x, w, **kw).shape, dtype)
         kw["beta"] = 0.5
-    kw.update(nd=nd, activation=ACTIVATIONS[draw(0, len(ACTIVATIONS) - 1)])
+    kw.update(nd=nd, activation=ACTIVATIONS[draw(0, len(ACTIVATIONS) - 1)],
+              algo=("auto", "direct", "implicit_gemm")[draw(0, 2)])
     return Case((x, w, bias, residual), kw, tol=matmul_tol(dtype, taps + 2))
 
 

@@ -66,7 +66,8 @@ def _grouped(v, groups):
 
 
 def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, last,
-                 activation, coef, *, alpha, beta, out, stream=None):
+                 activation, coef, algo="auto", *, alpha, beta, out, stream=None):
+    """algo: the GPU's choice; every algorithm computes the formula above."""
     ct = compute_dtype(x.dtype)
     xf = _first(x, last).astype(ct, copy=False)
     wf = _filters(w, mode, last, ct)

@@ -48,6 +48,31 @@ def _tile_loads(arr, rows, trans, L, T, BK, dim):
     return setup, loop
 
 
+def block_setup(BM, BN, BK, TM, TN):
+    """Lines every tiled kernel starts with: shared tiles, the thread's place (tx, ty)
+    and fragment rows/columns (pa, pb), zeroed accumulators."""
+    TY, TX = BM // TM, BN // TN
+    src = [f"    As = cuda.shared.array({BK * BM}, CT)",
+           f"    Bs = cuda.shared.array({BK * BN}, CT)",
+           "    t = cuda.threadIdx.x",
+           f"    tx = t % {TX}", f"    ty = t // {TX}"]
+    src += [f"    pa{i} = ty + {i * TY}" for i in range(TM)]
+    src += [f"    pb{j} = tx + {j * TX}" for j in range(TN)]
+    src += [f"    acc{i}_{j} = ZERO" for i in range(TM) for j in range(TN)]
+    return src
+
+
+def tile_products(BM, BN, BK, TM, TN):
+    """The k-step's multiply-adds from the shared tiles (inside the k loop, after the
+    loads), fenced by barriers."""
+    src = ["        cuda.syncthreads()"]
+    for kk in range(BK):
+        src += [f"        a{i} = As[U(pa{i} + {kk * BM})]" for i in range(TM)]
+        src += [f"        b{j} = Bs[U(pb{j} + {kk * BN})]" for j in range(TN)]
+        src += [f"        acc{i}_{j} += a{i} * b{j}" for i in range(TM) for j in range(TN)]
+    return src + ["        cuda.syncthreads()"]
+
+
 def gemm_source(BM, BN, BK, TM, TN):
     """(name, source) of kernel `gemm_<config>`: c[z] = epilogue(op(a[z]) @ op(b[z]))."""
     TY, TX = BM // TM, BN // TN
@@ -55,30 +80,17 @@ def gemm_source(BM, BN, BK, TM, TN):
     assert BM * BK % T == 0 and BN * BK % T == 0, "tile loads must split evenly"
     name = f"gemm_{BM}x{BN}x{BK}_{TM}x{TN}"
     src = [f"def {name}(a, b, c, bias, offs, M, N, K, trans_a, trans_b, has_bias, act, "
-           "coef, alpha, beta):",
-           f"    As = cuda.shared.array({BK * BM}, CT)",
-           f"    Bs = cuda.shared.array({BK * BN}, CT)",
-           "    t = cuda.threadIdx.x",
-           f"    tx = t % {TX}", f"    ty = t // {TX}",
-           f"    ntn = (N + {BN - 1}) // {BN}",
-           f"    m0 = (cuda.blockIdx.x // ntn) * {BM}",
-           f"    n0 = (cuda.blockIdx.x % ntn) * {BN}",
-           "    z = cuda.blockIdx.y",
-           "    aoff = offs[U(2 * z)]", "    boff = offs[U(2 * z + 1)]", "    coff = z * M * N"]
-    src += [f"    pa{i} = ty + {i * TY}" for i in range(TM)]
-    src += [f"    pb{j} = tx + {j * TX}" for j in range(TN)]
-    src += [f"    acc{i}_{j} = ZERO" for i in range(TM) for j in range(TN)]
+           "coef, alpha, beta):"] + block_setup(BM, BN, BK, TM, TN)
+    src += [f"    ntn = (N + {BN - 1}) // {BN}",
+            f"    m0 = (cuda.blockIdx.x // ntn) * {BM}",
+            f"    n0 = (cuda.blockIdx.x % ntn) * {BN}",
+            "    z = cuda.blockIdx.y",
+            "    aoff = offs[U(2 * z)]", "    boff = offs[U(2 * z + 1)]", "    coff = z * M * N"]
     setup_a, loop_a = _tile_loads("a", BM, "trans_a", BM * BK // T, T, BK, "M")
     setup_b, loop_b = _tile_loads("b", BN, "trans_b", BN * BK // T, T, BK, "N")
     src += setup_a + setup_b
     src.append(f"    for k0 in range(0, K, {BK}):")
-    src += loop_a + loop_b
-    src.append("        cuda.syncthreads()")
-    for kk in range(BK):
-        src += [f"        a{i} = As[U(pa{i} + {kk * BM})]" for i in range(TM)]
-        src += [f"        b{j} = Bs[U(pb{j} + {kk * BN})]" for j in range(TN)]
-        src += [f"        acc{i}_{j} += a{i} * b{j}" for i in range(TM) for j in range(TN)]
-    src.append("        cuda.syncthreads()")
+    src += loop_a + loop_b + tile_products(BM, BN, BK, TM, TN)
     for j in range(TN):
         src += [f"    col{j} = n0 + tx + {j * TX}",
                 f"    bb{j} = ZERO",

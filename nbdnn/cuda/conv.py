@@ -1,6 +1,11 @@
-"""Convolution on the GPU, algorithm "direct": one thread an output element, for every
-geometry (1-3 d, stride, per-side padding, dilation, groups, both modes, NCHW and
-NHWC). The formulas are in nbdnn/cpu/conv.py.
+"""Convolution on the GPU for every geometry (1-3 d, stride, per-side padding, dilation,
+groups, both modes, NCHW and NHWC). The formulas are in nbdnn/cpu/conv.py.
+
+Forward algorithms (`algo=`; "auto" takes implicit_gemm):
+- implicit_gemm: the GEMM kernel's tiles and thread layout with the A tile gathered
+  from x on the fly (nbdnn/cuda/_igemm_source.py); M = N*P output positions,
+  N = K/g filters, K = C/g*T*R*S taps, one grid row per group. Fused epilogue.
+- direct: one thread an output element (below).
 
 Every kernel sees 3 spatial axes (1-d and 2-d problems get leading axes of size 1)
 and derives the strides of x, w and y from the layout, so one kernel serves every
@@ -18,13 +23,14 @@ neighbouring threads share them), so this is the reference-speed algorithm; the
 GEMM-based algorithms of issue #3 are the fast ones.
 """
 import numpy as np
-from numba import cuda, float32, float64
+from numba import cuda, float32, float64, uint64
 
 from . import SIMULATOR
 from . import activation as _act
 from ._arrays import dtype_name, empty
+from ._igemm_source import igemm_source
 from ._launch import Kernel
-from .matmul import _act_source
+from .matmul import TILES, _act_source, _choose_size
 from .tensor import reduce_tensor
 
 DTYPES = ("float16", "float32", "float64")
@@ -182,13 +188,21 @@ def _build():
         fns = _act._device_functions(nt)
         ns = {f"f_{m}": fns[m][0] for m in _act.MODES}
         exec(compile(_act_source(_act.MODES), "<nbdnn conv epilogue>", "exec"), ns)
-        kernels = _kernels(CT, cuda.jit(device=True)(ns["act_fn"]))
+        act_fn = cuda.jit(device=True)(ns["act_fn"])
+        kernels = _kernels(CT, act_fn)
+        ins = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "act_fn": act_fn, "strides": _strides,
+               "U": int if SIMULATOR else uint64}
+        for size, cfg in TILES[ct_name].items():
+            name, src = igemm_source(*cfg)
+            exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
+            kernels["igemm_" + size] = ins[name]
         for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
             a = f"{t}[::1]"
             sigs = {"fwd": f"void({a}, {a}, {a}, {a}, {a}, {_GEOM}, int64, int64, int64, "
                            f"{ct_name}, {ct_name}, {ct_name})",
                     "bwd_data": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
                     "bwd_filter": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
+            sigs.update({"igemm_" + size: sigs["fwd"] for size in TILES[ct_name]})
             for name, sig in sigs.items():
                 table[name, t] = (Kernel(kernels[name], [sig]), sig)
     return table
@@ -220,16 +234,26 @@ def _launch(name, dtype, total, stream, *args):
 
 
 def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, last,
-                 activation, coef, *, alpha, beta, out, stream):
+                 activation, coef, algo, *, alpha, beta, out, stream):
     g = _geometry(tuple(x.shape), tuple(w.shape), stride, pads, dilation, groups, mode, last)
     N, K, P = g[0], g[2], g[10:13]
     shape = (N,) + P[3 - (len(x.shape) - 2):] + (K,) if last else \
         (N, K) + P[3 - (len(x.shape) - 2):]
-    y = out if out is not None else empty(x, shape, dtype_name(x))
-    act = -1 if activation is None else _act.MODES.index(activation)
-    _launch("fwd", dtype_name(x), N * K * P[0] * P[1] * P[2], stream, x, w, y,
-            bias if bias is not None else y, residual if residual is not None else y, *g,
-            int(bias is not None), int(residual is not None), act, coef, alpha, beta)
+    dtype = dtype_name(x)
+    y = out if out is not None else empty(x, shape, dtype)
+    args = (x, w, y, bias if bias is not None else y, residual if residual is not None else y,
+            *g, int(bias is not None), int(residual is not None),
+            -1 if activation is None else _act.MODES.index(activation), coef, alpha, beta)
+    total = N * K * P[0] * P[1] * P[2]
+    if algo == "direct":
+        _launch("fwd", dtype, total, stream, *args)
+    elif total:
+        M, Kg = total // K, K // groups
+        size = _choose_size(M, Kg, groups, dtype)
+        k, sig = _KERNELS["igemm_" + size, dtype]
+        BM, BN, _, TM, TN = TILES["float64" if dtype == "float64" else "float32"][size]
+        k.launch(sig, (-(-M // BM) * -(-Kg // BN), groups, 1), (BM // TM) * (BN // TN),
+                 stream, *args)
     return y
 
 

@@ -18,7 +18,7 @@ from .activation import _coef
 LAYOUTS = {"NCHW": False, "NHWC": True, "NCW": False, "NWC": True, "NCDHW": False,
            "NDHWC": True}
 MODES = ("cross_correlation", "convolution")
-ALGOS = ("auto", "direct")  # implicit_gemm, gemm, winograd: not yet (issue #3)
+ALGOS = ("auto", "direct", "implicit_gemm")  # gemm, winograd: not yet (issue #3)
 
 
 def _ints(op, name, v, nd, lo):
@@ -88,7 +88,7 @@ def conv_params(op, nd, stride, padding, dilation, mode, layout):
 
 
 def _algo(op, algo):
-    if algo in ("implicit_gemm", "gemm", "winograd"):
+    if algo in ("gemm", "winograd"):
         raise NotSupportedError(f"{op}: algo {algo!r} is not implemented yet; use "
                                 f"'direct' or 'auto'")
     return choice(op, "algo", algo, ALGOS)
@@ -118,13 +118,13 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
             fail(ShapeError, op, "residual.shape", f"the output's {yshape}", tuple(r_shape))
         same_dtype(op, ["x", "residual"], [dtype, r_dtype])
     coef = 0.0 if activation is None else _coef(op, activation, coef)
-    _algo(op, algo)
+    algo = _algo(op, algo)
     alpha, beta = blend_params(op, alpha, beta)
     if beta != 0 and residual is None and out is None:
         fail(BadParamError, op, "beta", "0 unless residual= or out= is given", beta)
     out = c.out(out, yshape, dtype)
     return c.run("conv_forward", x, w, bias, residual, stride, pads, dilation, groups, mode,
-                 last, activation, coef, alpha=alpha, beta=beta, out=out)
+                 last, activation, coef, algo, alpha=alpha, beta=beta, out=out)
 
 
 def conv1d(x, w, bias=None, **kw):
@@ -138,7 +138,8 @@ def conv2d(x, w, bias=None, **kw):
     x (N, C, H, W) and w (K, C/groups, R, S) for layout "NCHW"; x (N, H, W, C) and w
     (K, R, S, C/groups) for "NHWC". Keywords: stride, padding, dilation, groups, mode
     ("cross_correlation" or "convolution": flipped filter), layout, algo ("auto",
-    "direct"), activation (a mode of nbdnn.activation) and coef, residual, alpha,
+    "direct", "implicit_gemm"), activation (a mode of nbdnn.activation) and coef,
+    residual, alpha,
     beta, out. Returns y of shape (N, K, P, Q) (or (N, P, Q, K)) and x's dtype."""
     return conv(2, x, w, bias, **kw)
 
