@@ -17,16 +17,17 @@ of the unrolled shared-memory addresses in its own register (197 registers for t
 """
 
 
-def _tile_loads(arr, rows, trans, L, T, BK, dim):
-    """(setup, loop) lines loading `rows` x BK elements of op(arr) (rows of op(a) or
-    columns of op(b), `dim` = M or N of them in all) into shared memory, L a thread.
-    Element (r, k) sits at r*K + k when arr is a and not transposed or b transposed
+def tile_loads(arr, rows, trans, L, T, BK, dim, red="K", side="a"):
+    """(setup, loop) lines loading `rows` x BK elements of op(arr) (rows of op(a) when
+    side is "a", columns of op(b) when "b"; `dim` of them in all, `red` the reduction
+    length) into shared memory, L a thread; `{arr}off` is the matrix's offset.
+    Element (r, k) sits at r*red + k when side a is not transposed or side b is
     ("k-contiguous"), else at k*dim + r; consecutive threads take consecutive
     addresses either way. Everything but the k offset is computed once, before the
     k loop: per load a source index that advances by BK*step a k-step, a row-in-range
     flag, the k within the tile and the shared-memory slot."""
-    kc = f"{trans} == {'0' if arr == 'a' else '1'}"
-    o0 = "m0" if arr == "a" else "n0"
+    kc = f"{trans} == {'0' if side == 'a' else '1'}"
+    o0 = "m0" if side == "a" else "n0"
     setup = [f"    step_{arr} = 1 if {kc} else {dim}"]
     loop = []
     for l in range(L):
@@ -34,16 +35,16 @@ def _tile_loads(arr, rows, trans, L, T, BK, dim):
         setup += [f"    e = t + {l * T}",
                   f"    if {kc}:",
                   f"        r = e // {BK}", f"        kk_{v} = e % {BK}",
-                  f"        src_{v} = {arr}off + ({o0} + r) * K + kk_{v}",
+                  f"        src_{v} = {arr}off + ({o0} + r) * {red} + kk_{v}",
                   "    else:",
                   f"        r = e % {rows}", f"        kk_{v} = e // {rows}",
                   f"        src_{v} = {arr}off + kk_{v} * {dim} + {o0} + r",
                   f"    ok_{v} = {o0} + r < {dim}",
                   f"    dst_{v} = kk_{v} * {rows} + r"]
         loop += ["        v = ZERO",
-                 f"        if ok_{v} and kk_{v} < K - k0:",
+                 f"        if ok_{v} and kk_{v} < {red} - k0:",
                  f"            v = CT({arr}[U(src_{v})])",
-                 f"        {'As' if arr == 'a' else 'Bs'}[U(dst_{v})] = v",
+                 f"        {'As' if side == 'a' else 'Bs'}[U(dst_{v})] = v",
                  f"        src_{v} += {BK} * step_{arr}"]
     return setup, loop
 
@@ -86,8 +87,8 @@ def gemm_source(BM, BN, BK, TM, TN):
             f"    n0 = (cuda.blockIdx.x % ntn) * {BN}",
             "    z = cuda.blockIdx.y",
             "    aoff = offs[U(2 * z)]", "    boff = offs[U(2 * z + 1)]", "    coff = z * M * N"]
-    setup_a, loop_a = _tile_loads("a", BM, "trans_a", BM * BK // T, T, BK, "M")
-    setup_b, loop_b = _tile_loads("b", BN, "trans_b", BN * BK // T, T, BK, "N")
+    setup_a, loop_a = tile_loads("a", BM, "trans_a", BM * BK // T, T, BK, "M")
+    setup_b, loop_b = tile_loads("b", BN, "trans_b", BN * BK // T, T, BK, "N", side="b")
     src += setup_a + setup_b
     src.append(f"    for k0 in range(0, K, {BK}):")
     src += loop_a + loop_b + tile_products(BM, BN, BK, TM, TN)

@@ -16,7 +16,7 @@ reduction index is decoded into (c, t, r, s) (runtime divisions). Channels-last 
 consecutive reduction indices in consecutive threads (c is contiguous in x);
 channels-first takes consecutive output positions.
 """
-from ._gemm_source import block_setup, tile_products
+from ._gemm_source import block_setup, tile_loads, tile_products
 
 _GEOM = ("N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd, qh, qw, dd, dh, dw, "
          "flip, last")
@@ -59,23 +59,6 @@ def _a_loads(BM, BK, T, L):
     return setup, loop
 
 
-def _b_loads(BN, BK, T, L):
-    setup, loop = [], []
-    for l in range(L):
-        v = f"b{l}"
-        setup += [f"    e = t + {l * T}",
-                  f"    r = e // {BK}", f"    kk_{v} = e % {BK}",
-                  f"    ok_{v} = n0 + r < Kg",
-                  f"    src_{v} = woff + (n0 + r) * Kr + kk_{v}",
-                  f"    dst_{v} = kk_{v} * {BN} + r"]
-        loop += ["        v = ZERO",
-                 f"        if ok_{v} and kk_{v} < Kr - k0:",
-                 f"            v = CT(w[U(src_{v})])",
-                 f"        Bs[U(dst_{v})] = v",
-                 f"        src_{v} += {BK}"]
-    return setup, loop
-
-
 def igemm_source(BM, BN, BK, TM, TN):
     """(name, source) of kernel `conv_igemm_<config>`, with conv_fwd's arguments."""
     TY, TX = BM // TM, BN // TN
@@ -93,7 +76,8 @@ def igemm_source(BM, BN, BK, TM, TN):
             f"    n0 = (cuda.blockIdx.x % ntn) * {BN}",
             "    xg = g * Cg * xc", "    woff = g * Kg * Kr"]
     setup_a, loop_a = _a_loads(BM, BK, T, BM * BK // T)
-    setup_b, loop_b = _b_loads(BN, BK, T, BN * BK // T)
+    # the filters: the GEMM's B side, k-contiguous (as op(b) with trans_b)
+    setup_b, loop_b = tile_loads("w", BN, "1", BN * BK // T, T, BK, "Kg", red="Kr", side="b")
     src += setup_a + setup_b
     src.append(f"    for k0 in range(0, Kr, {BK}):")
     src += loop_a + loop_b + tile_products(BM, BN, BK, TM, TN)
