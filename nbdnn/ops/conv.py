@@ -220,3 +220,43 @@ def conv_backward_bias(dy, *, layout="NCHW", alpha=1.0, beta=0.0, out=None, back
     alpha, beta = blend_params(op, alpha, beta)
     out = c.out(out, (dy_shape[-1] if last else dy_shape[1],), dtype)
     return c.run("conv_backward_bias", dy, last, alpha=alpha, beta=beta, out=out)
+
+
+def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
+    """Time every forward algorithm applicable to this call (as cudnnFindConvolution
+    ForwardAlgorithm does) and return them fastest first: a list of dicts with algo,
+    time (seconds: median of `reps` runs after one warm-up, each timed on the host
+    clock with the GPU synchronised before and after), workspace (bytes of scratch
+    memory) and deterministic. Keywords are conv2d's (the rank follows x); `algo` and
+    `out` are not taken. On the CPU backend every algorithm is the one reference, so
+    the ranking means nothing there."""
+    import statistics
+    import time
+    for k in ("algo", "out"):
+        if k in kw:
+            fail(BadParamError, "find_conv_algorithm", k, "not given (every algorithm is "
+                 "tried, each into its own output)", repr(kw[k]))
+    nd = len(tuple(x.shape)) - 2
+    results = []
+    for algo in ALGOS[1:]:
+        conv(nd, x, w, bias, algo=algo, **kw)  # warm-up: JIT, validation
+        samples = []
+        for _ in range(reps):
+            sync = _synchronizer(x)
+            sync()
+            t0 = time.perf_counter()
+            conv(nd, x, w, bias, algo=algo, **kw)
+            sync()
+            samples.append(time.perf_counter() - t0)
+        results.append({"algo": algo, "time": statistics.median(samples), "workspace": 0,
+                        "deterministic": True})
+    return sorted(results, key=lambda r: r["time"])
+
+
+def _synchronizer(x):
+    """A function that waits for the GPU when x is a device array (no-op for NumPy)."""
+    from .. import backend
+    if backend.kind(x) != "cuda":
+        return lambda: None
+    from numba import cuda
+    return cuda.synchronize

@@ -1,0 +1,109 @@
+"""conv2d speed against cuDNN (torch.nn.functional.conv2d, cudnn.benchmark on, TF32
+off) in the same run: the ResNet-50 layer set (batch 32: the 7x7/2 stem and the 1x1
+and 3x3 layers of each stage) and MobileNet's depthwise 3x3 layers; forward for every
+nbdnn algorithm, backward data and filter, and conv+bias+relu fused against three
+nbdnn calls. fp32, NCHW (--nhwc for channels-last). Prints TFLOP/s (2*N*K*P*Q*C/g*R*S
+per pass), the ratio to cuDNN and the geometric means.
+
+    PYTHONPATH=. python perf/conv.py [--nhwc] [--json F] [--algos implicit_gemm direct]
+"""
+import argparse
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+
+import nbdnn
+from nbdnn.bench import time_gpu
+
+# name, C, K, H (= W), kernel, stride, padding, groups
+RESNET = [("stem 7x7/2", 3, 64, 224, 7, 2, 3, 1),
+          ("s1 1x1 64>64", 64, 64, 56, 1, 1, 0, 1), ("s1 3x3 64", 64, 64, 56, 3, 1, 1, 1),
+          ("s1 1x1 64>256", 64, 256, 56, 1, 1, 0, 1), ("s1 1x1 256>64", 256, 64, 56, 1, 1, 0, 1),
+          ("s2 3x3 128", 128, 128, 28, 3, 1, 1, 1), ("s2 1x1 128>512", 128, 512, 28, 1, 1, 0, 1),
+          ("s2 1x1 512>128", 512, 128, 28, 1, 1, 0, 1), ("s3 3x3 256", 256, 256, 14, 3, 1, 1, 1),
+          ("s3 1x1 256>1024", 256, 1024, 14, 1, 1, 0, 1),
+          ("s3 1x1 1024>256", 1024, 256, 14, 1, 1, 0, 1), ("s4 3x3 512", 512, 512, 7, 3, 1, 1, 1),
+          ("s4 1x1 512>2048", 512, 2048, 7, 1, 1, 0, 1),
+          ("s4 1x1 2048>512", 2048, 512, 7, 1, 1, 0, 1)]
+DEPTHWISE = [(f"dw 3x3 {c}@{h}", c, c, h, 3, 1, 1, c)
+             for c, h in ((32, 112), (64, 112), (128, 56), (256, 28), (512, 14), (1024, 7))]
+
+
+def _geo(layer, batch=32):
+    _, C, K, H, R, s, p, g = layer
+    P = (H + 2 * p - R) // s + 1
+    return dict(C=C, K=K, H=H, R=R, s=s, p=p, g=g, P=P,
+                flops=2 * batch * K * P * P * (C // g) * R * R)
+
+
+def _case(layer, nhwc, batch=32):
+    d = _geo(layer, batch)
+    x = torch.randn(batch, d["C"], d["H"], d["H"], device="cuda")
+    w = torch.randn(d["K"], d["C"] // d["g"], d["R"], d["R"], device="cuda") * 0.1
+    if nhwc:  # nbdnn takes NHWC as (N, H, W, C) / (K, R, S, C); torch as channels_last
+        xn, wn = x.permute(0, 2, 3, 1).contiguous(), w.permute(0, 2, 3, 1).contiguous()
+        x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
+    else:
+        xn, wn = x, w
+    return d, x, w, xn, wn
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nhwc", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--algos", nargs="*", default=["implicit_gemm", "direct"])
+    args = ap.parse_args()
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    layout = "NHWC" if args.nhwc else "NCHW"
+    rows, ratios = [], {a: [] for a in args.algos + ["bwd_data", "bwd_filter"]}
+    for layer in RESNET + DEPTHWISE:
+        d, x, w, xn, wn = _case(layer, args.nhwc)
+        kw = dict(stride=d["s"], padding=d["p"], groups=d["g"], layout=layout)
+        t_ref = time_gpu(lambda: F.conv2d(x, w, stride=d["s"], padding=d["p"], groups=d["g"]))
+        row = {"layer": layer[0], "cudnn_tflops": d["flops"] / t_ref / 1e12}
+        ref = F.conv2d(x, w, stride=d["s"], padding=d["p"], groups=d["g"])
+        ref_n = ref.permute(0, 2, 3, 1) if args.nhwc else ref
+        for algo in args.algos:
+            y = nbdnn.conv2d(xn, wn, algo=algo, **kw)
+            err = float((y - ref_n).abs().max() / ref_n.abs().max())
+            t = time_gpu(lambda: nbdnn.conv2d(xn, wn, algo=algo, out=y, **kw))
+            row[algo] = {"tflops": d["flops"] / t / 1e12, "vs_cudnn": t_ref / t, "rel_err": err}
+            ratios[algo].append(t_ref / t)
+        dy = torch.randn_like(ref_n)
+        xr = x.detach().requires_grad_()
+        wr = w.detach().requires_grad_()
+        out = F.conv2d(xr, wr, stride=d["s"], padding=d["p"], groups=d["g"])
+        g = dy.permute(0, 3, 1, 2) if args.nhwc else dy
+        tb_ref = time_gpu(lambda: torch.autograd.grad(out, (xr, wr), g, retain_graph=True))
+        td = time_gpu(lambda: nbdnn.conv_backward_data(dy, wn, tuple(xn.shape), **kw))
+        tf = time_gpu(lambda: nbdnn.conv_backward_filter(dy, xn, tuple(wn.shape), **kw))
+        row["bwd"] = {"cudnn_both_ms": tb_ref * 1e3, "data_ms": td * 1e3, "filter_ms": tf * 1e3}
+        ratios["bwd_data"].append(tb_ref / 2 / td)   # cuDNN's pair split evenly (approx.)
+        ratios["bwd_filter"].append(tb_ref / 2 / tf)
+        rows.append(row)
+        print(f"{layer[0]:18} cuDNN {row['cudnn_tflops']:6.1f} TFLOP/s | " + " | ".join(
+            f"{a} {row[a]['tflops']:6.2f} ({row[a]['vs_cudnn']:.0%}, err {row[a]['rel_err']:.0e})"
+            for a in args.algos) + f" | bwd data {td*1e3:.2f} ms, filter {tf*1e3:.2f} ms "
+            f"(cuDNN both {tb_ref*1e3:.2f} ms)", flush=True)
+    geo = {k: math.exp(sum(map(math.log, v)) / len(v)) for k, v in ratios.items() if v}
+    print("geometric mean vs cuDNN:", {k: f"{v:.0%}" for k, v in geo.items()})
+    d, x, w, xn, wn = _case(RESNET[2], args.nhwc)
+    bias = torch.randn(d["K"], device="cuda")
+    kw = dict(padding=1, layout=layout)
+    fused = time_gpu(lambda: nbdnn.conv2d(xn, wn, bias, activation="relu", **kw))
+    three = time_gpu(lambda: nbdnn.activation(nbdnn.add_tensor(
+        bias.reshape((1, 1, 1, -1) if args.nhwc else (1, -1, 1, 1)),
+        nbdnn.conv2d(xn, wn, **kw)), "relu"))
+    print(f"conv+bias+relu (s1 3x3 64): fused {fused*1e3:.3f} ms, three calls {three*1e3:.3f} ms")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "geomean": geo, "fused_ms": fused * 1e3,
+                       "three_calls_ms": three * 1e3}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
