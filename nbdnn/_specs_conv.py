@@ -53,7 +53,7 @@ def _make_forward(draw, dtype, big):
         residual = rand(rng, CONV[nd](x, w, **kw).shape, dtype)
         kw["beta"] = 0.5
     kw.update(nd=nd, activation=ACTIVATIONS[draw(0, len(ACTIVATIONS) - 1)],
-              algo=("auto", "direct", "implicit_gemm")[draw(0, 2)])
+              algo=("auto", "direct", "implicit_gemm", "gemm")[draw(0, 3)])
     return Case((x, w, bias, residual), kw, tol=matmul_tol(dtype, taps + 2))
 
 

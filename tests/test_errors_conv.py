@@ -51,8 +51,11 @@ def test_bad_conv_calls(call, err, words):
 def test_find_conv_algorithm_ranks_every_algorithm():
     x, w = np.ones((1, 2, 4, 4), F32), np.ones((3, 2, 3, 3), F32)
     found = nbdnn.find_conv_algorithm(x, w, padding=1, reps=1, backend="cuda")
-    assert sorted(r["algo"] for r in found) == ["direct", "implicit_gemm"]
+    assert sorted(r["algo"] for r in found) == ["direct", "gemm", "implicit_gemm"]
     assert [r["time"] for r in found] == sorted(r["time"] for r in found)
-    assert all(r["deterministic"] and r["workspace"] == 0 for r in found)
+    assert all(r["deterministic"] for r in found)
+    space = {r["algo"]: r["workspace"] for r in found}
+    assert space["direct"] == space["implicit_gemm"] == 0
+    assert space["gemm"] == 16 * (2 * 9 + 3) * 4  # M * (C*R*S + K) float32s
     with pytest.raises(BadParamError, match="algo"):
         nbdnn.find_conv_algorithm(x, w, algo="direct")

@@ -2,6 +2,8 @@
 groups, both modes, NCHW and NHWC). The formulas are in nbdnn/cpu/conv.py.
 
 Forward algorithms (`algo=`; "auto" takes implicit_gemm):
+- gemm: explicit im2col into a workspace, the matmul kernel, an epilogue pass
+  (nbdnn/cuda/_conv_gemm.py).
 - implicit_gemm: the GEMM kernel's tiles and thread layout with the A tile gathered
   from x on the fly (nbdnn/cuda/_igemm_source.py); M = N*P output positions,
   N = K/g filters, K = C/g*T*R*S taps, one grid row per group. Fused epilogue.
@@ -33,41 +35,15 @@ from . import SIMULATOR
 from . import activation as _act
 from ._arrays import dtype_name, empty
 from ._igemm_source import igemm_source
+from . import _conv_gemm
+from ._conv_index import split as _split, strides as _strides
 from ._launch import Kernel
-from .matmul import TILES, _act_source, _choose_size
+from .matmul import TILES, _act_source, _choose_size, _gemm
 from .tensor import reduce_tensor
 
 DTYPES = ("float16", "float32", "float64")
 BLOCK = 64 if SIMULATOR else 256
 MAX_BLOCKS = 2 ** 31 - 1
-
-
-@cuda.jit(device=True)
-def _strides(C, D, H, W, last):
-    """(n, c, d, h, w) element strides of an (N, C, D, H, W) tensor, channels first or
-    last."""
-    if last:
-        return D * H * W * C, 1, H * W * C, W * C, C
-    return C * D * H * W, D * H * W, H * W, W, 1
-
-
-@cuda.jit(device=True)
-def _split(i, C, D, H, W, last):
-    """(n, c, d, h, w) of flat index i in memory order."""
-    c = 0
-    if last:
-        c = i % C
-        i //= C
-    w = i % W
-    i //= W
-    h = i % H
-    i //= H
-    d = i % D
-    i //= D
-    if not last:
-        c = i % C
-        i //= C
-    return i, c, d, h, w
 
 
 def _kernels(CT, act_fn):
@@ -194,6 +170,7 @@ def _build():
         exec(compile(_act_source(_act.MODES), "<nbdnn conv epilogue>", "exec"), ns)
         act_fn = cuda.jit(device=True)(ns["act_fn"])
         kernels = _kernels(CT, act_fn)
+        kernels.update(_conv_gemm.kernels(CT, act_fn))
         ins = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "act_fn": act_fn, "strides": _strides,
                "U": int if SIMULATOR else uint64}
         for size, cfg in TILES[ct_name].items():
@@ -207,6 +184,7 @@ def _build():
                     "bwd_data": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
                     "bwd_filter": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
             sigs.update({"igemm_" + size: sigs["fwd"] for size in TILES[ct_name]})
+            sigs.update(_conv_gemm.signatures(t, ct_name, _GEOM))
             for name, sig in sigs.items():
                 table[name, t] = (Kernel(kernels[name], [sig]), sig)
     return table
@@ -245,12 +223,16 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
         (N, K) + P[3 - (len(x.shape) - 2):]
     dtype = dtype_name(x)
     y = out if out is not None else empty(x, shape, dtype)
+    act = -1 if activation is None else _act.MODES.index(activation)
     args = (x, w, y, bias if bias is not None else y, residual if residual is not None else y,
-            *g, int(bias is not None), int(residual is not None),
-            -1 if activation is None else _act.MODES.index(activation), coef, alpha, beta)
+            *g, int(bias is not None), int(residual is not None), act, coef, alpha, beta)
     total = N * K * P[0] * P[1] * P[2]
     if algo == "direct":
         _launch("fwd", dtype, total, stream, *args)
+    elif algo == "gemm":
+        if total:
+            _conv_gemm.forward(_KERNELS, _gemm, x, w, y, bias, residual, g, act,
+                               coef, alpha, beta, stream)
     elif total:
         M, Kg = total // K, K // groups
         size = _choose_size(M, Kg, groups, dtype)

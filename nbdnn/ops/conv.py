@@ -9,6 +9,7 @@ stride >= 1, dilation >= 1, padding >= 0: an int, nd ints (symmetric) or nd
 channel multiplier). layout "NCHW" (channels first; w is (K, C/g, *R)) or "NHWC"
 (channels last; w is (K, *R, C/g)); the rank-exact names NCW/NWC/NCDHW/NDHWC work too.
 """
+import math
 import numbers
 
 from ..errors import BadParamError, NotSupportedError, ShapeError, fail
@@ -18,7 +19,7 @@ from .activation import _coef
 LAYOUTS = {"NCHW": False, "NHWC": True, "NCW": False, "NWC": True, "NCDHW": False,
            "NDHWC": True}
 MODES = ("cross_correlation", "convolution")
-ALGOS = ("auto", "direct", "implicit_gemm")  # gemm, winograd: not yet (issue #3)
+ALGOS = ("auto", "direct", "implicit_gemm", "gemm")  # winograd: not yet (issue #3)
 
 
 def _ints(op, name, v, nd, lo):
@@ -88,7 +89,7 @@ def conv_params(op, nd, stride, padding, dilation, mode, layout):
 
 
 def _algo(op, algo):
-    if algo in ("gemm", "winograd"):
+    if algo == "winograd":
         raise NotSupportedError(f"{op}: algo {algo!r} is not implemented yet; use "
                                 f"'direct' or 'auto'")
     return choice(op, "algo", algo, ALGOS)
@@ -138,7 +139,7 @@ def conv2d(x, w, bias=None, **kw):
     x (N, C, H, W) and w (K, C/groups, R, S) for layout "NCHW"; x (N, H, W, C) and w
     (K, R, S, C/groups) for "NHWC". Keywords: stride, padding, dilation, groups, mode
     ("cross_correlation" or "convolution": flipped filter), layout, algo ("auto",
-    "direct", "implicit_gemm"), activation (a mode of nbdnn.activation) and coef,
+    "direct", "implicit_gemm", "gemm"), activation (a mode of nbdnn.activation) and coef,
     residual, alpha,
     beta, out. Returns y of shape (N, K, P, Q) (or (N, P, Q, K)) and x's dtype."""
     return conv(2, x, w, bias, **kw)
@@ -248,9 +249,29 @@ def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
             conv(nd, x, w, bias, algo=algo, **kw)
             sync()
             samples.append(time.perf_counter() - t0)
-        results.append({"algo": algo, "time": statistics.median(samples), "workspace": 0,
-                        "deterministic": True})
+        results.append({"algo": algo, "time": statistics.median(samples),
+                        "workspace": _workspace(algo, x, w, kw), "deterministic": True})
     return sorted(results, key=lambda r: r["time"])
+
+
+def _workspace(algo, x, w, kw):
+    """Bytes of scratch memory: the gemm algorithm's im2col columns and raw product."""
+    if algo != "gemm":
+        return 0
+    nd = len(tuple(x.shape)) - 2
+    stride, pads, dilation, _, last = conv_params(
+        "find_conv_algorithm", nd, kw.get("stride", 1), kw.get("padding", 0),
+        kw.get("dilation", 1), kw.get("mode", "cross_correlation"), kw.get("layout", "NCHW"))
+    groups = kw.get("groups", 1)
+    N, C, S, K, R, P = geometry("find_conv_algorithm", nd, tuple(x.shape), tuple(w.shape),
+                                last, stride, pads, dilation, groups)
+    M = N * math.prod(P)
+    return M * (C * math.prod(R) + K) * _itemsize(x)
+
+
+def _itemsize(x):
+    from ..backend import describe
+    return describe("find_conv_algorithm", "x", x)[1].itemsize
 
 
 def _synchronizer(x):

@@ -1,0 +1,32 @@
+"""Index helpers shared by the convolution kernels: every kernel sees (N, C, D, H, W)
+tensors (1-d and 2-d problems get leading spatial axes of size 1), channels first or
+last."""
+from numba import cuda
+
+
+@cuda.jit(device=True)
+def strides(C, D, H, W, last):
+    """(n, c, d, h, w) element strides of an (N, C, D, H, W) tensor, channels first or
+    last."""
+    if last:
+        return D * H * W * C, 1, H * W * C, W * C, C
+    return C * D * H * W, D * H * W, H * W, W, 1
+
+
+@cuda.jit(device=True)
+def split(i, C, D, H, W, last):
+    """(n, c, d, h, w) of flat index i in memory order."""
+    c = 0
+    if last:
+        c = i % C
+        i //= C
+    w = i % W
+    i //= W
+    h = i % H
+    i //= H
+    d = i % D
+    i //= D
+    if not last:
+        c = i % C
+        i //= C
+    return i, c, d, h, w
