@@ -29,8 +29,26 @@ def workspace_elements(g):
     return G * M * (C // G * T * R * S + K // G)
 
 
+def make_epilogue(CT, act_fn):
+    """y[o] = act(alpha * acc + beta * z[o] + bias[k]), z = residual or y itself."""
+    ZERO = CT(0)
+
+    @cuda.jit(device=True)
+    def epilogue(acc, y, z, bias, o, k, has_bias, has_z, act, coef, alpha, beta):
+        v = alpha * acc
+        if beta != ZERO:
+            v += beta * CT(z[o] if has_z else y[o])
+        if has_bias:
+            v += CT(bias[k])
+        if act >= 0:
+            v = act_fn(v, act, coef)
+        y[o] = v
+    return epilogue
+
+
 def kernels(CT, act_fn):
     ZERO = CT(0)
+    epilogue = make_epilogue(CT, act_fn)
 
     def conv_im2col(x, cols, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd, qh,
                     qw, dd, dh, dw, flip, last):
@@ -67,14 +85,8 @@ def kernels(CT, act_fn):
             n, k, pd, ph, pw = split(i, K, PD, PH, PW, last)
             g = k // Kg
             m = ((n * PD + pd) * PH + ph) * PW + pw
-            v = alpha * CT(raw[(g * M + m) * Kg + k - g * Kg])
-            if beta != ZERO:
-                v += beta * CT(z[i] if has_z else y[i])
-            if has_bias:
-                v += CT(bias[k])
-            if act >= 0:
-                v = act_fn(v, act, coef)
-            y[i] = v
+            epilogue(CT(raw[(g * M + m) * Kg + k - g * Kg]), y, z, bias, i, k, has_bias,
+                     has_z, act, coef, alpha, beta)
             i += cuda.gridDim.x * cuda.blockDim.x
 
     return {"im2col": conv_im2col, "gemm_epilogue": conv_gemm_epilogue}

@@ -48,6 +48,7 @@ MAX_BLOCKS = 2 ** 31 - 1
 
 def _kernels(CT, act_fn):
     ZERO = CT(0)
+    epilogue = _conv_gemm.make_epilogue(CT, act_fn)
 
     def conv_fwd(x, w, y, bias, z, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw,
                  qd, qh, qw, dd, dh, dw, flip, last, has_bias, has_z, act, coef, alpha,
@@ -77,15 +78,8 @@ def _kernels(CT, act_fn):
                                         acc += CT(x[n * xn + (c0 + c) * xc + idd * xd +
                                                     ih * xh + iw * xw]) * \
                                             CT(w[k * wk + c * wc + ft * wt + fr * wr + fs * ws])
-            o = n * yn + k * yc + pd * yd + ph * yh + pw * yw
-            v = alpha * acc
-            if beta != ZERO:
-                v += beta * CT(z[o] if has_z else y[o])
-            if has_bias:
-                v += CT(bias[k])
-            if act >= 0:
-                v = act_fn(v, act, coef)
-            y[o] = v
+            epilogue(acc, y, z, bias, n * yn + k * yc + pd * yd + ph * yh + pw * yw, k,
+                     has_bias, has_z, act, coef, alpha, beta)
             i += cuda.gridDim.x * cuda.blockDim.x
 
     def conv_bwd_data(dy, w, dx, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw,
