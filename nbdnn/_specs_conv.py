@@ -9,6 +9,7 @@ import numpy as np
 
 import nbdnn
 from nbdnn._specs_matmul import matmul_tol
+from nbdnn.ops.conv import winograd_fits
 from nbdnn.testing import Case, OpSpec, rand
 
 CONV = {1: nbdnn.conv1d, 2: nbdnn.conv2d, 3: nbdnn.conv3d}
@@ -52,8 +53,12 @@ def _make_forward(draw, dtype, big):
     if draw(0, 2) == 0:
         residual = rand(rng, CONV[nd](x, w, **kw).shape, dtype)
         kw["beta"] = 0.5
+    algos = ("auto", "direct", "implicit_gemm", "gemm")
+    if winograd_fits(nd, ws[2:] if kw["layout"] == "NCHW" else ws[1:-1], kw["stride"],
+                     kw["dilation"]):
+        algos += ("winograd",) * 2
     kw.update(nd=nd, activation=ACTIVATIONS[draw(0, len(ACTIVATIONS) - 1)],
-              algo=("auto", "direct", "implicit_gemm", "gemm")[draw(0, 3)])
+              algo=algos[draw(0, len(algos) - 1)])
     return Case((x, w, bias, residual), kw, tol=matmul_tol(dtype, taps + 2))
 
 

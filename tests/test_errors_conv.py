@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn import BadParamError, DtypeError, NotSupportedError, ShapeError
+from nbdnn import BadParamError, DtypeError, ShapeError
 
 F32 = np.float32
 X, W = np.ones((1, 4, 5, 5), F32), np.ones((6, 4, 3, 3), F32)
@@ -23,7 +23,9 @@ X, W = np.ones((1, 4, 5, 5), F32), np.ones((6, 4, 3, 3), F32)
     (lambda: nbdnn.conv2d(X, W, layout="NHWC"), ShapeError, "w.shape"),
     (lambda: nbdnn.conv2d(X, W, layout="CHWN"), BadParamError, "layout"),
     (lambda: nbdnn.conv2d(X, W, mode="xcorr"), BadParamError, "mode"),
-    (lambda: nbdnn.conv2d(X, W, algo="winograd"), NotSupportedError, "winograd"),
+    (lambda: nbdnn.conv2d(X, np.ones((6, 4, 5, 5), F32), padding=2, algo="winograd"),
+     BadParamError, "algo"),
+    (lambda: nbdnn.conv2d(X, W, stride=2, algo="winograd"), BadParamError, "stride"),
     (lambda: nbdnn.conv2d(X, W, algo="fastest"), BadParamError, "algo"),
     (lambda: nbdnn.conv2d(X, W.astype(np.float64)), DtypeError, "w.dtype"),
     (lambda: nbdnn.conv2d(X, W, np.ones(4, F32)), ShapeError, "bias.shape"),
@@ -51,11 +53,14 @@ def test_bad_conv_calls(call, err, words):
 def test_find_conv_algorithm_ranks_every_algorithm():
     x, w = np.ones((1, 2, 4, 4), F32), np.ones((3, 2, 3, 3), F32)
     found = nbdnn.find_conv_algorithm(x, w, padding=1, reps=1, backend="cuda")
-    assert sorted(r["algo"] for r in found) == ["direct", "gemm", "implicit_gemm"]
+    assert sorted(r["algo"] for r in found) == ["direct", "gemm", "implicit_gemm", "winograd"]
     assert [r["time"] for r in found] == sorted(r["time"] for r in found)
     assert all(r["deterministic"] for r in found)
     space = {r["algo"]: r["workspace"] for r in found}
     assert space["direct"] == space["implicit_gemm"] == 0
     assert space["gemm"] == 16 * (2 * 9 + 3) * 4  # M * (C*R*S + K) float32s
+    assert space["winograd"] == 16 * (3 * 2 + 2 * 4 + 3 * 4) * 4  # 16 (K*C + C*T + K*T)
+    assert "winograd" not in {r["algo"] for r in nbdnn.find_conv_algorithm(
+        x, w, stride=2, reps=1, backend="cuda")}
     with pytest.raises(BadParamError, match="algo"):
         nbdnn.find_conv_algorithm(x, w, algo="direct")

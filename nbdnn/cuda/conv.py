@@ -4,6 +4,8 @@ groups, both modes, NCHW and NHWC). The formulas are in nbdnn/cpu/conv.py.
 Forward algorithms (`algo=`; "auto" takes implicit_gemm):
 - gemm: explicit im2col into a workspace, the matmul kernel, an epilogue pass
   (nbdnn/cuda/_conv_gemm.py).
+- winograd: F(2x2, 3x3) transforms around 16 batched GEMMs (2-d, 3x3, stride 1,
+  dilation 1; nbdnn/cuda/_conv_winograd.py).
 - implicit_gemm: the GEMM kernel's tiles and thread layout with the A tile gathered
   from x on the fly (nbdnn/cuda/_igemm_source.py); M = N*P output positions,
   N = K/g filters, K = C/g*T*R*S taps, one grid row per group. Fused epilogue.
@@ -35,7 +37,7 @@ from . import SIMULATOR
 from . import activation as _act
 from ._arrays import dtype_name, empty
 from ._igemm_source import igemm_source
-from . import _conv_gemm
+from . import _conv_gemm, _conv_winograd
 from ._conv_index import split as _split, strides as _strides
 from ._launch import Kernel
 from .matmul import TILES, _act_source, _choose_size, _gemm
@@ -165,6 +167,7 @@ def _build():
         act_fn = cuda.jit(device=True)(ns["act_fn"])
         kernels = _kernels(CT, act_fn)
         kernels.update(_conv_gemm.kernels(CT, act_fn))
+        kernels.update(_conv_winograd.kernels(CT, _conv_gemm.make_epilogue(CT, act_fn)))
         ins = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "act_fn": act_fn, "strides": _strides,
                "U": int if SIMULATOR else uint64}
         for size, cfg in TILES[ct_name].items():
@@ -179,6 +182,7 @@ def _build():
                     "bwd_filter": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
             sigs.update({"igemm_" + size: sigs["fwd"] for size in TILES[ct_name]})
             sigs.update(_conv_gemm.signatures(t, ct_name, _GEOM))
+            sigs.update(_conv_winograd.signatures(t, ct_name))
             for name, sig in sigs.items():
                 table[name, t] = (Kernel(kernels[name], [sig]), sig)
     return table
@@ -223,10 +227,11 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
     total = N * K * P[0] * P[1] * P[2]
     if algo == "direct":
         _launch("fwd", dtype, total, stream, *args)
-    elif algo == "gemm":
+    elif algo in ("gemm", "winograd"):
         if total:
-            _conv_gemm.forward(_KERNELS, _gemm, x, w, y, bias, residual, g, act,
-                               coef, alpha, beta, stream)
+            mod = _conv_gemm if algo == "gemm" else _conv_winograd
+            mod.forward(_KERNELS, _gemm, x, w, y, bias, residual, g, act, coef, alpha, beta,
+                        stream)
     elif total:
         M, Kg = total // K, K // groups
         size = _choose_size(M, Kg, groups, dtype)

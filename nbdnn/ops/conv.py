@@ -12,14 +12,14 @@ channel multiplier). layout "NCHW" (channels first; w is (K, C/g, *R)) or "NHWC"
 import math
 import numbers
 
-from ..errors import BadParamError, NotSupportedError, ShapeError, fail
+from ..errors import BadParamError, ShapeError, fail
 from ._common import Call, blend_params, choice, same_dtype
 from .activation import _coef
 
 LAYOUTS = {"NCHW": False, "NHWC": True, "NCW": False, "NWC": True, "NCDHW": False,
            "NDHWC": True}
 MODES = ("cross_correlation", "convolution")
-ALGOS = ("auto", "direct", "implicit_gemm", "gemm")  # winograd: not yet (issue #3)
+ALGOS = ("auto", "direct", "implicit_gemm", "gemm", "winograd")
 
 
 def _ints(op, name, v, nd, lo):
@@ -88,11 +88,17 @@ def conv_params(op, nd, stride, padding, dilation, mode, layout):
             _layout(op, layout, nd))
 
 
-def _algo(op, algo):
-    if algo == "winograd":
-        raise NotSupportedError(f"{op}: algo {algo!r} is not implemented yet; use "
-                                f"'direct' or 'auto'")
-    return choice(op, "algo", algo, ALGOS)
+def winograd_fits(nd, R, stride, dilation):
+    return nd == 2 and R == (3, 3) and stride == (1, 1) and dilation == (1, 1)
+
+
+def _algo(op, algo, nd, R, stride, dilation):
+    choice(op, "algo", algo, ALGOS)
+    if algo == "winograd" and not winograd_fits(nd, R, stride, dilation):
+        fail(BadParamError, op, "algo", "winograd only for 2-d 3x3 filters with stride 1 "
+             "and dilation 1", f"'winograd' with a {nd}-d {R} filter, stride {stride}, "
+             f"dilation {dilation}")
+    return algo
 
 
 def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
@@ -119,7 +125,7 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
             fail(ShapeError, op, "residual.shape", f"the output's {yshape}", tuple(r_shape))
         same_dtype(op, ["x", "residual"], [dtype, r_dtype])
     coef = 0.0 if activation is None else _coef(op, activation, coef)
-    algo = _algo(op, algo)
+    algo = _algo(op, algo, nd, R, stride, dilation)
     alpha, beta = blend_params(op, alpha, beta)
     if beta != 0 and residual is None and out is None:
         fail(BadParamError, op, "beta", "0 unless residual= or out= is given", beta)
@@ -139,7 +145,7 @@ def conv2d(x, w, bias=None, **kw):
     x (N, C, H, W) and w (K, C/groups, R, S) for layout "NCHW"; x (N, H, W, C) and w
     (K, R, S, C/groups) for "NHWC". Keywords: stride, padding, dilation, groups, mode
     ("cross_correlation" or "convolution": flipped filter), layout, algo ("auto",
-    "direct", "implicit_gemm", "gemm"), activation (a mode of nbdnn.activation) and coef,
+    "direct", "implicit_gemm", "gemm", "winograd"), activation (a mode of nbdnn.activation) and coef,
     residual, alpha,
     beta, out. Returns y of shape (N, K, P, Q) (or (N, P, Q, K)) and x's dtype."""
     return conv(2, x, w, bias, **kw)
@@ -240,6 +246,8 @@ def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
     nd = len(tuple(x.shape)) - 2
     results = []
     for algo in ALGOS[1:]:
+        if algo == "winograd" and not _winograd_applies(x, w, kw):
+            continue
         conv(nd, x, w, bias, algo=algo, **kw)  # warm-up: JIT, validation
         samples = []
         for _ in range(reps):
@@ -254,19 +262,34 @@ def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
     return sorted(results, key=lambda r: r["time"])
 
 
-def _workspace(algo, x, w, kw):
-    """Bytes of scratch memory: the gemm algorithm's im2col columns and raw product."""
-    if algo != "gemm":
-        return 0
-    nd = len(tuple(x.shape)) - 2
+def _problem(x, w, kw):
+    op, nd = "find_conv_algorithm", len(tuple(x.shape)) - 2
     stride, pads, dilation, _, last = conv_params(
-        "find_conv_algorithm", nd, kw.get("stride", 1), kw.get("padding", 0),
-        kw.get("dilation", 1), kw.get("mode", "cross_correlation"), kw.get("layout", "NCHW"))
+        op, nd, kw.get("stride", 1), kw.get("padding", 0), kw.get("dilation", 1),
+        kw.get("mode", "cross_correlation"), kw.get("layout", "NCHW"))
     groups = kw.get("groups", 1)
-    N, C, S, K, R, P = geometry("find_conv_algorithm", nd, tuple(x.shape), tuple(w.shape),
-                                last, stride, pads, dilation, groups)
-    M = N * math.prod(P)
-    return M * (C * math.prod(R) + K) * _itemsize(x)
+    N, C, S, K, R, P = geometry(op, nd, tuple(x.shape), tuple(w.shape), last, stride, pads,
+                                dilation, groups)
+    return nd, N, C, K, R, P, stride, dilation, groups
+
+
+def _winograd_applies(x, w, kw):
+    nd, _, _, _, R, _, stride, dilation, _ = _problem(x, w, kw)
+    return winograd_fits(nd, R, stride, dilation)
+
+
+def _workspace(algo, x, w, kw):
+    """Bytes of scratch memory: gemm's im2col columns and raw product; winograd's
+    transformed filters, input tiles and products."""
+    if algo not in ("gemm", "winograd"):
+        return 0
+    nd, N, C, K, R, P, _, _, groups = _problem(x, w, kw)
+    if algo == "gemm":
+        elements = N * math.prod(P) * (C * math.prod(R) + K)
+    else:
+        tiles = N * -(-P[0] // 2) * -(-P[1] // 2)
+        elements = 16 * (K * (C // groups) + C * tiles + K * tiles)
+    return elements * _itemsize(x)
 
 
 def _itemsize(x):
