@@ -68,10 +68,12 @@ def _make_backward(which):
         nd, xs, ws, kw, (_, taps, positions) = _problem(draw, big)
         x, w = rand(rng, xs, dtype, -1, 1), rand(rng, ws, dtype, -1, 1)
         dy = rand(rng, CONV[nd](x, w, **kw).shape, dtype, -1, 1)
+        algo = ("auto", "direct", "gemm")[draw(0, 2)]
         if which == "data":
-            return Case((dy, w, xs), kw, tol=matmul_tol(dtype, taps * max(1, ws[0])))
+            return Case((dy, w, xs), dict(kw, algo=algo),
+                        tol=matmul_tol(dtype, taps * max(1, ws[0])))
         if which == "filter":
-            return Case((dy, x, ws), kw, tol=matmul_tol(dtype, positions))
+            return Case((dy, x, ws), dict(kw, algo=algo), tol=matmul_tol(dtype, positions))
         return Case((dy,), {"layout": kw["layout"]}, tol=matmul_tol(dtype, positions))
     return make
 

@@ -3,7 +3,9 @@
 numba.cuda.compile_ptx is None under the simulator, so the compile runs in a separate
 process with NUMBA_ENABLE_CUDASIM=0. Device functions ask numba for the current
 device's compute capability when they compile; with no GPU that process substitutes
-a stand-in device (cc 9.0) for that one question."""
+a stand-in device (cc 9.0) for that one question. The (kernel, signature, cc) jobs are
+dealt round-robin to one process per core (at most 4): the unrolled GEMM kernels take
+10-20 s each to compile."""
 import json
 import os
 import subprocess
@@ -20,15 +22,15 @@ from nbdnn.cuda import _launch
 import importlib, pkgutil, nbdnn.cuda as pkg
 for m in pkgutil.iter_modules(pkg.__path__):
     importlib.import_module("nbdnn.cuda." + m.name)
+shard, nshards = int(sys.argv[1]), int(sys.argv[2])
+jobs = [(k, sig, cc) for k in _launch.REGISTRY for sig in k.sigs for cc in ((8, 0), (9, 0))]
 bad, n = [], 0
-for k in _launch.REGISTRY:
-    for sig in k.sigs:
-        for cc in ((8, 0), (9, 0)):
-            n += 1
-            try:
-                cuda.compile_ptx(k.pyfunc, sig, cc=cc)
-            except Exception as e:
-                bad.append(f"{k.name} {sig} sm_{cc[0]}{cc[1]}: {type(e).__name__}: {str(e)[:400]}")
+for k, sig, cc in jobs[shard::nshards]:
+    n += 1
+    try:
+        cuda.compile_ptx(k.pyfunc, sig, cc=cc)
+    except Exception as e:
+        bad.append(f"{k.name} {sig} sm_{cc[0]}{cc[1]}: {type(e).__name__}: {str(e)[:400]}")
 print(json.dumps({"compiled": n, "failed": bad}))
 """
 
@@ -37,9 +39,16 @@ def test_every_kernel_compiles_to_ptx():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
-                       text=True, timeout=1200)
-    assert p.returncode == 0, p.stderr[-3000:]
-    res = json.loads(p.stdout.strip().splitlines()[-1])
-    assert res["compiled"] > 0
-    assert not res["failed"], "\n".join(res["failed"])
+    nshards = max(1, min(4, os.cpu_count() or 1))
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, str(i), str(nshards)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(nshards)]
+    compiled, failed = 0, []
+    for p in procs:
+        out, err = p.communicate(timeout=1500)
+        assert p.returncode == 0, err[-3000:]
+        res = json.loads(out.strip().splitlines()[-1])
+        compiled += res["compiled"]
+        failed += res["failed"]
+    assert compiled > 0
+    assert not failed, "\n".join(failed)

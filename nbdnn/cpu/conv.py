@@ -90,8 +90,8 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
     return blend(_last(y, last), out, 1.0, 0.0, x.dtype)
 
 
-def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, last, *,
-                       alpha, beta, out, stream=None):
+def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, last,
+                       algo="auto", *, alpha, beta, out, stream=None):
     ct = compute_dtype(dy.dtype)
     g = _first(dy, last).astype(ct, copy=False)                      # (N, K, *P)
     wf = _filters(w, mode, last, ct)                                 # (K, C/g, *R)
@@ -113,8 +113,8 @@ def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, las
     return blend(_last(dx, last), out, alpha, beta, dy.dtype)
 
 
-def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, last, *,
-                         alpha, beta, out, stream=None):
+def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, last,
+                         algo="auto", *, alpha, beta, out, stream=None):
     ct = compute_dtype(dy.dtype)
     g = _first(dy, last).astype(ct, copy=False)
     xf = _first(x, last).astype(ct, copy=False)

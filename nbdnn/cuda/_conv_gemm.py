@@ -1,12 +1,18 @@
 """Convolution algorithm "gemm": explicit im2col into a workspace, the matmul kernel,
-then an epilogue pass (nbdnn.cuda.conv's docstring lists the algorithms).
+then an epilogue pass (nbdnn.cuda.conv's docstring lists the algorithms); and the
+backward passes through the same GEMM:
+
+    rows[g, m, k]  = dy at output position m, filter g*K/g + k                 (G, M, K/g)
+    dW_g           = rows_g^T @ cols_g   (backward filter; sums over M in order)
+    dcols_g        = rows_g @ W_g, then dx gathers its taps' dcols (col2im, no atomics)
+
 
     cols[g, m, kx] = x at output position m's tap kx (0 in the padding)    (G, M, Kr)
     raw[g]         = cols[g] @ W_g^T, W_g = the group's filters as stored   (G, M, K/g)
     y[n, k, p]     = act(alpha * raw + beta * z + bias[k])                  y's layout
 
 M = N*P, Kr = C/g*T*R*S in the filters' storage order, so W_g is w reshaped. The
-workspace is G*M*(Kr + K/g) elements (`workspace_elements`): Kr/(C/g) = T*R*S times
+workspace is G*M*(Kr + K/g) elements: Kr/(C/g) = T*R*S times
 the input and the raw output besides. float16 rounds raw to float16 before the
 epilogue (one rounding more than the fused algorithms).
 """
@@ -15,18 +21,10 @@ from numba import cuda
 
 from . import SIMULATOR
 from ._arrays import dtype_name, empty
-from ._conv_index import split, strides
+from ._conv_index import landing, split, strides
 
 BLOCK = 64 if SIMULATOR else 256
 MAX_BLOCKS = 2 ** 31 - 1
-
-
-def workspace_elements(g):
-    """Scratch elements for geometry g (nbdnn.cuda.conv._geometry's 24 ints)."""
-    N, C, K, G = g[:4]
-    T, R, S, PD, PH, PW = g[7:13]
-    M = N * PD * PH * PW
-    return G * M * (C // G * T * R * S + K // G)
 
 
 def make_epilogue(CT, act_fn):
@@ -89,30 +87,110 @@ def kernels(CT, act_fn):
                      has_z, act, coef, alpha, beta)
             i += cuda.gridDim.x * cuda.blockDim.x
 
-    return {"im2col": conv_im2col, "gemm_epilogue": conv_gemm_epilogue}
+    def conv_y_to_rows(dy, rows, N, K, G, PD, PH, PW, last):
+        # rows[g, m, k] = dy[n, g*Kg + k, p] (the epilogue's map, read in dy's order)
+        Kg, M = K // G, N * PD * PH * PW
+        total = N * K * PD * PH * PW
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while i < total:
+            n, k, pd, ph, pw = split(i, K, PD, PH, PW, last)
+            g = k // Kg
+            rows[(g * M + ((n * PD + pd) * PH + ph) * PW + pw) * Kg + k - g * Kg] = dy[i]
+            i += cuda.gridDim.x * cuda.blockDim.x
+
+    def conv_col2im(dcols, dx, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd, qh,
+                    qw, dd, dh, dw, flip, last, alpha, beta):
+        # dx[n, c, s] = sum over the (m, kx) whose tap lands on s of dcols[g, m, kx]:
+        # a gather in a fixed order (no atomics)
+        Cg = C // G
+        M, Kr = N * PD * PH * PW, Cg * T * R * S
+        total = N * C * D * H * W
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while i < total:
+            n, c, idd, ih, iw = split(i, C, D, H, W, last)
+            g, cl = c // Cg, c % Cg
+            acc = ZERO
+            for t in range(T):
+                pd = landing(idd, qd, t, dd, sd, PD)
+                for r in range(R if pd >= 0 else 0):
+                    ph = landing(ih, qh, r, dh, sh, PH)
+                    for s in range(S if ph >= 0 else 0):
+                        pw = landing(iw, qw, s, dw, sw, PW)
+                        if pw >= 0:
+                            ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) if flip else (t, r, s)
+                            kx = ((ft * R + fr) * S + fs) * Cg + cl if last else \
+                                ((cl * T + ft) * R + fr) * S + fs
+                            m = ((n * PD + pd) * PH + ph) * PW + pw
+                            acc += CT(dcols[(g * M + m) * Kr + kx])
+            v = alpha * acc
+            if beta != ZERO:
+                v += beta * CT(dx[i])
+            dx[i] = v
+            i += cuda.gridDim.x * cuda.blockDim.x
+
+    return {"im2col": conv_im2col, "gemm_epilogue": conv_gemm_epilogue,
+            "y_to_rows": conv_y_to_rows, "col2im": conv_col2im}
 
 
 def signatures(t, ct, geom):
     a = f"{t}[::1]"
     return {"im2col": f"void({a}, {a}, {geom})",
             "gemm_epilogue": f"void({a}, {a}, {a}, {a}, int64, int64, int64, int64, int64, "
-                             f"int64, int64, int64, int64, int64, {ct}, {ct}, {ct})"}
+                             f"int64, int64, int64, int64, int64, {ct}, {ct}, {ct})",
+            "y_to_rows": f"void({a}, {a}, int64, int64, int64, int64, int64, int64, int64)",
+            "col2im": f"void({a}, {a}, {geom}, {ct}, {ct})"}
+
+
+def _launch(table, name, dtype, total, stream, *args):
+    k, sig = table[name, dtype]
+    if total:
+        k.launch(sig, min(-(-total // BLOCK), MAX_BLOCKS), BLOCK, stream, *args)
+
+
+def _dims(g):
+    N, C, K, G = g[:4]
+    T, R, S, PD, PH, PW = g[7:13]
+    return N, C, K, G, N * PD * PH * PW, K // G, C // G * T * R * S, PD, PH, PW
+
+
+def _rows(table, dy, g, stream):
+    """dy as (G, M, K/g) rows: the GEMM's view of the output gradient."""
+    N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
+    rows = empty(dy, (G, M, Kg), dtype_name(dy))
+    _launch(table, "y_to_rows", dtype_name(dy), N * K * PD * PH * PW, stream, dy, rows, N, K,
+            G, PD, PH, PW, g[-1])
+    return rows
+
+
+def _cols(table, x, g, stream):
+    N, C, K, G, M, Kg, Kr, *_ = _dims(g)
+    cols = empty(x, (G, M, Kr), dtype_name(x))
+    _launch(table, "im2col", dtype_name(x), G * M * Kr, stream, x, cols, *g)
+    return cols
+
+
+def backward_filter(table, gemm, dy, x, dw, g, alpha, beta, stream):
+    """dW_g = rows_g^T @ cols_g: a GEMM over the M = N*P output positions."""
+    N, C, K, G, M, Kg, Kr, *_ = _dims(g)
+    gemm(_rows(table, dy, g, stream), _cols(table, x, g, stream), True, False, None, None,
+         0.0, alpha, beta, dw.reshape((G, Kg, Kr)), stream)
+
+
+def backward_data(table, gemm, dy, w, dx, g, alpha, beta, stream):
+    """dcols_g = rows_g @ W_g, then col2im gathers them into dx."""
+    N, C, K, G, M, Kg, Kr, *_ = _dims(g)
+    dcols = gemm(_rows(table, dy, g, stream), w.reshape((G, Kg, Kr)), False, False, None,
+                 None, 0.0, 1.0, 0.0, None, stream)
+    _launch(table, "col2im", dtype_name(dy), int(np.prod(dx.shape)), stream, dcols, dx, *g,
+            alpha, beta)
 
 
 def forward(table, gemm, x, w, y, bias, residual, g, act, coef, alpha, beta, stream):
     """im2col, GEMM, epilogue; g: the 24 geometry ints; act: a mode index or -1."""
-    N, C, K, G = g[:4]
-    T, R, S, PD, PH, PW = g[7:13]
-    M, Kg, Kr = N * PD * PH * PW, K // G, C // G * T * R * S
-    dtype = dtype_name(x)
-    cols = empty(x, (G, M, Kr), dtype)
-    k, sig = table["im2col", dtype]
-    grid = min(-(-(G * M * Kr) // BLOCK), MAX_BLOCKS)
-    k.launch(sig, grid, BLOCK, stream, x, cols, *g)
-    raw = gemm(cols, w.reshape((G, Kg, Kr)), False, True, None, None, 0.0, 1.0, 0.0, None,
-               stream)
-    k, sig = table["gemm_epilogue", dtype]
-    grid = min(-(-int(np.prod(y.shape)) // BLOCK), MAX_BLOCKS)
-    k.launch(sig, grid, BLOCK, stream, raw, y, bias if bias is not None else y,
-             residual if residual is not None else y, N, K, G, PD, PH, PW, g[-1],
-             int(bias is not None), int(residual is not None), act, coef, alpha, beta)
+    N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
+    raw = gemm(_cols(table, x, g, stream), w.reshape((G, Kg, Kr)), False, True, None, None,
+               0.0, 1.0, 0.0, None, stream)
+    _launch(table, "gemm_epilogue", dtype_name(x), int(np.prod(y.shape)), stream, raw, y,
+            bias if bias is not None else y, residual if residual is not None else y, N, K,
+            G, PD, PH, PW, g[-1], int(bias is not None), int(residual is not None), act,
+            coef, alpha, beta)

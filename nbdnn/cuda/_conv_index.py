@@ -30,3 +30,13 @@ def split(i, C, D, H, W, last):
         c = i % C
         i //= C
     return i, c, d, h, w
+
+
+@cuda.jit(device=True)
+def landing(ix, pad, tap, dil, stride, P):
+    """The output position p whose tap `tap` reads padded input index ix + pad
+    (p*stride + tap*dil == ix + pad), or -1 when there is none."""
+    u = ix + pad - tap * dil
+    if u >= 0 and u % stride == 0 and u // stride < P:
+        return u // stride
+    return -1

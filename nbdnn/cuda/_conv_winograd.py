@@ -8,7 +8,7 @@ dilation 1 (any padding, groups, mode, layout). Lavin & Gray's transform:
 
 tiles = N * ceil(P/2) * ceil(Q/2). 2.25x fewer multiplies than direct for the product,
 at the cost of the transforms and a workspace of 16*(K*C/g + C*tiles + K*tiles)
-elements (`workspace_elements`). The transforms are written out as straight-line
+elements. The transforms are written out as straight-line
 expressions (generated source): G, B^T and A^T have entries 0, +-1, 1/2.
 """
 import numpy as np
@@ -106,11 +106,6 @@ def signatures(t, ct):
             "winograd_input": f"void({a}, {a}, " + ", ".join([i] * 10) + ")",
             "winograd_output": f"void({a}, {a}, {a}, {a}, " + ", ".join([i] * 10) +
                                f", {ct}, {ct}, {ct})"}
-
-
-def workspace_elements(N, C, K, G, P, Q):
-    tiles = N * -(-P // 2) * -(-Q // 2)
-    return 16 * (K * (C // G) + C * tiles + K * tiles)
 
 
 def _run(table, name, dtype, total, stream, *args):

@@ -17,9 +17,12 @@ rank and layout. A thread's output index is decomposed in the array's memory ord
 (channels fastest for NHWC), so consecutive threads write consecutive addresses.
 - forward: y[n, k, p] gathers C/g * T*R*S products, then the epilogue
   act(alpha * acc + beta * z + bias), z = residual or the previous y.
-- backward data: dx[n, c, s] gathers, over the K/g filters of c's group and every tap
+- backward data and filter, algorithm "gemm" (the default): the matmul kernel over
+  the output gradient's rows and the im2col columns, col2im for dx
+  (nbdnn/cuda/_conv_gemm.py).
+- backward data, "direct": dx[n, c, s] gathers, over the K/g filters of c's group and every tap
   whose stride arithmetic lands on s, dy * w' (no atomics: deterministic).
-- backward filter: dw[k, c, t] sums dy * x over N and the output positions, one
+- backward filter, "direct": dw[k, c, t] sums dy * x over N and the output positions, one
   thread a filter element (deterministic; little parallelism when K*C/g*R*S is small).
 - backward bias: reduce_tensor over every axis but the channels.
 Per output element the direct forward reads C/g*T*R*S elements of x and of w (from
@@ -38,7 +41,7 @@ from . import activation as _act
 from ._arrays import dtype_name, empty
 from ._igemm_source import igemm_source
 from . import _conv_gemm, _conv_winograd
-from ._conv_index import split as _split, strides as _strides
+from ._conv_index import landing as _landing, split as _split, strides as _strides
 from ._launch import Kernel
 from .matmul import TILES, _act_source, _choose_size, _gemm
 from .tensor import reduce_tensor
@@ -97,20 +100,17 @@ def _kernels(CT, act_fn):
             k0, cl = (c // Cg) * Kg, c % Cg
             acc = ZERO
             for t in range(T):
-                ud = idd + qd - t * dd  # = pd * sd
-                if ud >= 0 and ud % sd == 0 and ud // sd < PD:
-                    for r in range(R):
-                        uh = ih + qh - r * dh
-                        if uh >= 0 and uh % sh == 0 and uh // sh < PH:
-                            for s in range(S):
-                                uw = iw + qw - s * dw
-                                if uw >= 0 and uw % sw == 0 and uw // sw < PW:
-                                    ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) \
-                                        if flip else (t, r, s)
-                                    yo = n * yn + ud // sd * yd + uh // sh * yh + uw // sw * yw
-                                    wo = cl * wc + ft * wt + fr * wr + fs * ws
-                                    for k in range(k0, k0 + Kg):
-                                        acc += CT(dy[yo + k * yc]) * CT(w[wo + k * wk])
+                pd = _landing(idd, qd, t, dd, sd, PD)
+                for r in range(R if pd >= 0 else 0):
+                    ph = _landing(ih, qh, r, dh, sh, PH)
+                    for s in range(S if ph >= 0 else 0):
+                        pw = _landing(iw, qw, s, dw, sw, PW)
+                        if pw >= 0:
+                            ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) if flip else (t, r, s)
+                            yo = n * yn + pd * yd + ph * yh + pw * yw
+                            wo = cl * wc + ft * wt + fr * wr + fs * ws
+                            for k in range(k0, k0 + Kg):
+                                acc += CT(dy[yo + k * yc]) * CT(w[wo + k * wk])
             o = n * xn + c * xc + idd * xd + ih * xh + iw * xw
             v = alpha * acc
             if beta != ZERO:
@@ -242,21 +242,27 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
     return y
 
 
-def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, last, *,
-                       alpha, beta, out, stream):
+def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, last, algo,
+                       *, alpha, beta, out, stream):
     g = _geometry(x_shape, tuple(w.shape), stride, pads, dilation, groups, mode, last)
     dx = out if out is not None else empty(dy, x_shape, dtype_name(dy))
-    _launch("bwd_data", dtype_name(dy), int(np.prod(x_shape)), stream, dy, w, dx, *g,
-            alpha, beta)
+    if algo == "direct":
+        _launch("bwd_data", dtype_name(dy), int(np.prod(x_shape)), stream, dy, w, dx, *g,
+                alpha, beta)
+    elif np.prod(x_shape):
+        _conv_gemm.backward_data(_KERNELS, _gemm, dy, w, dx, g, alpha, beta, stream)
     return dx
 
 
-def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, last, *,
-                         alpha, beta, out, stream):
+def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, last, algo,
+                         *, alpha, beta, out, stream):
     g = _geometry(tuple(x.shape), w_shape, stride, pads, dilation, groups, mode, last)
     dw = out if out is not None else empty(dy, w_shape, dtype_name(dy))
-    _launch("bwd_filter", dtype_name(dy), int(np.prod(w_shape)), stream, dy, x, dw, *g,
-            alpha, beta)
+    if algo == "direct":
+        _launch("bwd_filter", dtype_name(dy), int(np.prod(w_shape)), stream, dy, x, dw, *g,
+                alpha, beta)
+    elif np.prod(w_shape):
+        _conv_gemm.backward_filter(_KERNELS, _gemm, dy, x, dw, g, alpha, beta, stream)
     return dw
 
 

@@ -20,6 +20,7 @@ LAYOUTS = {"NCHW": False, "NHWC": True, "NCW": False, "NWC": True, "NCDHW": Fals
            "NDHWC": True}
 MODES = ("cross_correlation", "convolution")
 ALGOS = ("auto", "direct", "implicit_gemm", "gemm", "winograd")
+BACKWARD_ALGOS = ("auto", "direct", "gemm")  # auto: gemm
 
 
 def _ints(op, name, v, nd, lo):
@@ -174,10 +175,10 @@ def _shape_arg(op, name, shape, nd):
 
 
 def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
-                       mode="cross_correlation", layout="NCHW", alpha=1.0, beta=0.0,
-                       out=None, backend=None, stream=None):
+                       mode="cross_correlation", layout="NCHW", algo="auto", alpha=1.0,
+                       beta=0.0, out=None, backend=None, stream=None):
     """dx = alpha * dL/dx + beta * out for y = conv(x, w); x_shape is x's shape, the
-    dimensionality follows w."""
+    dimensionality follows w. algo: "auto" (= "gemm") or "direct"."""
     op = "conv_backward_data"
     c, (dy_shape, w_shape), dtype = _backward_call(op, ("dy", "w"), (dy, w), backend,
                                                    stream, out)
@@ -190,15 +191,17 @@ def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, group
     if dy_shape != out_shape(N, K, P, last):
         fail(ShapeError, op, "dy.shape", f"the output's {out_shape(N, K, P, last)}", dy_shape)
     alpha, beta = blend_params(op, alpha, beta)
+    algo = choice(op, "algo", algo, BACKWARD_ALGOS)
     out = c.out(out, x_shape, dtype)
     return c.run("conv_backward_data", dy, w, x_shape, stride, pads, dilation, groups, mode,
-                 last, alpha=alpha, beta=beta, out=out)
+                 last, algo, alpha=alpha, beta=beta, out=out)
 
 
 def conv_backward_filter(dy, x, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
-                         mode="cross_correlation", layout="NCHW", alpha=1.0, beta=0.0,
-                         out=None, backend=None, stream=None):
-    """dw = alpha * dL/dw + beta * out for y = conv(x, w); w_shape is w's shape."""
+                         mode="cross_correlation", layout="NCHW", algo="auto", alpha=1.0,
+                         beta=0.0, out=None, backend=None, stream=None):
+    """dw = alpha * dL/dw + beta * out for y = conv(x, w); w_shape is w's shape.
+    algo: "auto" (= "gemm") or "direct"."""
     op = "conv_backward_filter"
     c, (dy_shape, x_shape), dtype = _backward_call(op, ("dy", "x"), (dy, x), backend,
                                                    stream, out)
@@ -211,9 +214,10 @@ def conv_backward_filter(dy, x, w_shape, *, stride=1, padding=0, dilation=1, gro
     if dy_shape != out_shape(N, K, P, last):
         fail(ShapeError, op, "dy.shape", f"the output's {out_shape(N, K, P, last)}", dy_shape)
     alpha, beta = blend_params(op, alpha, beta)
+    algo = choice(op, "algo", algo, BACKWARD_ALGOS)
     out = c.out(out, w_shape, dtype)
     return c.run("conv_backward_filter", dy, x, w_shape, stride, pads, dilation, groups,
-                 mode, last, alpha=alpha, beta=beta, out=out)
+                 mode, last, algo, alpha=alpha, beta=beta, out=out)
 
 
 def conv_backward_bias(dy, *, layout="NCHW", alpha=1.0, beta=0.0, out=None, backend=None,
