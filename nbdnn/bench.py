@@ -145,9 +145,13 @@ class Row:
     def pct_copy(self):
         return 100 * self.bytes / self.gpu_s / self.copy_bw
 
+    @property
+    def tflops(self):
+        return self.flops / self.gpu_s / 1e12 if self.flops else None
+
     def as_dict(self):
         d = dataclasses.asdict(self)
-        d.update(gbps=self.gbps, pct_copy=self.pct_copy,
+        d.update(gbps=self.gbps, pct_copy=self.pct_copy, tflops=self.tflops,
                  vs_torch=(self.torch_s / self.gpu_s) if self.torch_s else None,
                  vs_cpu=(self.cpu_s / self.gpu_s) if self.cpu_s else None)
         return d
@@ -155,14 +159,15 @@ class Row:
 
 def format_table(rows):
     head = (f"{'op':<28} {'shape':<18} {'dtype':<8} {'GPU ms':>9} {'GB/s':>8} {'%copy':>6} "
-            f"{'torch ms':>9} {'vs torch':>8} {'CPU ms':>9} {'GPU/CPU':>8}")
+            f"{'TFLOP/s':>8} {'torch ms':>9} {'vs torch':>8} {'CPU ms':>9} {'GPU/CPU':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         d = r.as_dict()
         t = f"{r.torch_s * 1e3:9.3f} {d['vs_torch']:7.2f}x" if r.torch_s else f"{'-':>9} {'-':>8}"
         c = f"{r.cpu_s * 1e3:9.2f} {d['vs_cpu']:7.0f}x" if r.cpu_s else f"{'-':>9} {'-':>8}"
+        f = f"{r.tflops:8.2f}" if r.flops else f"{'-':>8}"
         lines.append(f"{r.op:<28} {r.shape:<18} {r.dtype:<8} {r.gpu_s * 1e3:9.3f} "
-                     f"{r.gbps:8.0f} {r.pct_copy:5.0f}% {t} {c}")
+                     f"{r.gbps:8.0f} {r.pct_copy:5.0f}% {f} {t} {c}")
     return "\n".join(lines)
 
 
@@ -234,7 +239,9 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None):
         size_mb = 0.01 if SIMULATOR else 1024
     n = max(256, int(size_mb * 2 ** 20) // 4)
     from ._bench_cases import _reduce_cases, _softmax_cases
-    cases = _elementwise_cases(n) + _reduce_cases(n) + _softmax_cases(n)
+    from ._bench_compute import _conv_cases, _matmul_cases
+    cases = (_elementwise_cases(n) + _reduce_cases(n) + _softmax_cases(n) + _matmul_cases(n)
+             + _conv_cases(n))
     if ops:
         cases = [c for c in cases if any(c[0] == o or c[0].startswith(o + "/") or c[1] == o
                                          for o in ops)]
@@ -249,7 +256,7 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None):
         dev = {k: _arrays.to_device(v) for k, v in host.items()}
         dev["y"] = _arrays.empty(dev["x"], (n,), np.float32)
     rows = []
-    for i, (label, family, shape, dtype, nbytes, make) in enumerate(cases):
+    for i, (label, family, shape, dtype, nbytes, make, *flops) in enumerate(cases):
         if progress:
             progress(i, len(cases), label)
         fns = make(dev, host)
@@ -259,7 +266,7 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None):
         cpu_s = time_cpu(fns["cpu"], warmup=0, reps=2, min_time=0) if cpu else None
         bw = copy_bandwidth(max(nbytes // 2, 4)) if not SIMULATOR else float("nan")
         rows.append(Row(label, "x".join(map(str, shape)), dtype, nbytes, gpu_s, bw,
-                        torch_s, cpu_s))
+                        torch_s, cpu_s, flops[0] if flops else 0))
     if progress:
         progress(len(cases), len(cases), "done")
     return rows

@@ -1,0 +1,22 @@
+"""`nbdnn bench`'s suite end to end on tiny sizes (the simulator's timings mean
+nothing; this checks that every case runs and reports)."""
+import json
+
+import pytest
+
+from nbdnn import bench
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_suite_runs_and_reports(tmp_path):
+    rows = bench.run_suite(["activation/relu", "reduce_tensor/add/all", "matmul/skinny"],
+                           cpu=True, size_mb=0.004)
+    names = [r.op for r in rows]
+    assert names == ["activation/relu", "reduce_tensor/add/all", "matmul/skinny"]
+    mm = rows[-1]
+    assert mm.flops > 0 and mm.tflops > 0
+    table = bench.format_table(rows)
+    assert "TFLOP/s" in table and len(table.splitlines()) == len(rows) + 2
+    path = tmp_path / "bench.json"
+    bench.save_json(rows, str(path), {"note": "test"})
+    assert len(json.loads(path.read_text())["rows"]) == len(rows)
