@@ -31,7 +31,25 @@ CALLS = [
     ("softmax rows", lambda x: nbdnn.softmax(x, axis=1)),
     ("softmax cols", lambda x: nbdnn.softmax(x, axis=0)),
     ("log_softmax long rows", lambda x: nbdnn.softmax(x.reshape(4, -1), axis=1, algo="log")),
+    ("matmul", lambda x: nbdnn.matmul(x, x, trans_b=True)),
+    ("matmul_backward", lambda x: nbdnn.matmul_backward(x[:, :500], x[:, :1000],
+                                                        x[:1000, :500], bias=True)),
+    ("conv2d implicit_gemm", lambda x: nbdnn.conv2d(_img(x), _filt(x), padding=1)),
+    ("conv2d gemm / winograd", lambda x: (
+        nbdnn.conv2d(_img(x), _filt(x), padding=1, algo="gemm"),
+        nbdnn.conv2d(_img(x), _filt(x), padding=1, algo="winograd"))),
+    ("conv backward data/filter", lambda x: (
+        nbdnn.conv_backward_data(_img(x, 16), _filt(x), (8, 16, 32, 32), padding=1),
+        nbdnn.conv_backward_filter(_img(x, 16), _img(x), (16, 16, 3, 3), padding=1))),
 ]
+
+
+def _img(x, c=16):
+    return x.reshape(2048 * 1000)[:8 * c * 32 * 32].reshape(8, c, 32, 32)
+
+
+def _filt(x):
+    return x.reshape(2048 * 1000)[:16 * 16 * 9].reshape(16, 16, 3, 3)
 
 
 @pytest.mark.parametrize("name, call", CALLS, ids=[c[0] for c in CALLS])
