@@ -31,7 +31,7 @@ def main():
         t_ref = time_gpu(lambda: torch.matmul(a, b, out=c))
         ref = torch.matmul(a, b)
         line = {"shape": (M, N, K), "cublas_tflops": flops / t_ref / 1e12}
-        for size in ("large", "small"):
+        for size in ("large", "small", "tiny"):
             saved = MM._choose_size
             MM._choose_size = lambda *_, s=size: s
             try:
@@ -44,11 +44,11 @@ def main():
             finally:
                 MM._choose_size = saved
         rows.append(line)
-        best = max(line[s]["vs_cublas"] for s in ("large", "small"))
+        best = max(line[s]["vs_cublas"] for s in ("large", "small", "tiny"))
         print(f"{M}x{N}x{K}: cuBLAS {line['cublas_tflops']:.1f} TFLOP/s; " + "; ".join(
             f"{s} {line[s]['tflops']:.1f} ({line[s]['vs_cublas']:.0%}, {line[s]['regs']} regs, "
             f"{line[s]['local_bytes']} B spill, err {line[s]['rel_err']:.1e})"
-            for s in ("large", "small")) + f"; best {best:.0%}", flush=True)
+            for s in ("large", "small", "tiny")) + f"; best {best:.0%}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -63,6 +63,7 @@ def igemm_source(BM, BN, BK, TM, TN):
     """(name, source) of kernel `conv_igemm_<config>`, with conv_fwd's arguments."""
     TY, TX = BM // TM, BN // TN
     T = TX * TY
+    assert BM * BK % T == 0 and BN * BK % T == 0, "tile loads must split evenly"
     name = f"conv_igemm_{BM}x{BN}x{BK}_{TM}x{TN}"
     src = [f"def {name}(x, w, y, bias, z, {_GEOM}, has_bias, has_z, act, coef, alpha, beta):"]
     src += block_setup(BM, BN, BK, TM, TN)

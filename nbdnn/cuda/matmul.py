@@ -14,8 +14,9 @@ Arithmetic: float32 for float16/float32 storage (float16 is converted on load),
 float64 for float64. Traffic per block and k-step: (BM + BN)*BK loads, BM*BN*BK FMAs.
 
 Tile configs (TILES): "large" 128x128x8 with 8x8 a thread (256 threads, the numba
-SGEMM on record in NUMBA_CUDA_NOTES.md) when the grid fills the SMs, "small" 64x64x8
-with 4x4 otherwise; float64 uses half the thread tile. Resources from ptxas (CUDA 13
+SGEMM on record in NUMBA_CUDA_NOTES.md) when the grid fills the SMs, then "small"
+64x64x8 with 4x4, then "tiny" 32x32x8 with 2x2 (skinny shapes); float64 uses half the
+thread tile. Resources from ptxas (CUDA 13
 nvJitLink, sm_90, no GPU; the driver's JIT may differ): float32 large 166 registers,
 small 80, no spills (one 256-thread large block an SM; capped at 128 registers it
 spills 156 B). Not yet timed on hardware: perf/sgemm.py measures TFLOP/s against
@@ -39,10 +40,13 @@ from ..errors import NotSupportedError
 
 DTYPES = ("float16", "float32", "float64")
 if SIMULATOR:  # a few dozen threads a block
-    TILES = {"float32": {"large": (8, 8, 4, 2, 2), "small": (4, 4, 4, 2, 2)}}
+    TILES = {"float32": {"large": (8, 8, 4, 2, 2), "small": (4, 4, 4, 2, 2),
+                         "tiny": (2, 2, 2, 1, 1)}}
 else:
-    TILES = {"float32": {"large": (128, 128, 8, 8, 8), "small": (64, 64, 8, 4, 4)},
-             "float64": {"large": (64, 64, 8, 4, 4), "small": (32, 32, 8, 2, 2)}}
+    TILES = {"float32": {"large": (128, 128, 8, 8, 8), "small": (64, 64, 8, 4, 4),
+                         "tiny": (32, 32, 8, 2, 2)},
+             "float64": {"large": (64, 64, 8, 4, 4), "small": (32, 32, 8, 2, 2),
+                         "tiny": (16, 16, 16, 1, 1)}}
 TILES.setdefault("float64", TILES["float32"])
 MAX_BATCH = 65535                     # grid.y
 _offsets_cache = {}
@@ -121,9 +125,15 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream):
 
 
 def _choose_size(M, N, nb, dtype):
-    """"large" tiles when they give every SM a block, else "small" (to be tuned)."""
-    BM, BN = TILES["float64" if dtype == "float64" else "float32"]["large"][:2]
-    return "large" if -(-M // BM) * -(-N // BN) * nb >= _sm_count() else "small"
+    """The largest tiles that still give every SM a block; "tiny" (32x32 for float32:
+    4x the blocks of "small") for skinny and small problems, e.g. M = 64 against
+    K = N = 4096 (to be tuned on the H200)."""
+    tiles = TILES["float64" if dtype == "float64" else "float32"]
+    for size in ("large", "small"):
+        BM, BN = tiles[size][:2]
+        if -(-M // BM) * -(-N // BN) * nb >= _sm_count():
+            return size
+    return "tiny"
 
 
 _sm = []
