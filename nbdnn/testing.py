@@ -210,5 +210,6 @@ from ._specs_tensor import SPECS as _TENSOR_SPECS  # noqa: E402 (rows need the h
 from ._specs_softmax import SPECS as _SOFTMAX_SPECS  # noqa: E402
 from ._specs_matmul import SPECS as _MATMUL_SPECS  # noqa: E402
 from ._specs_conv import SPECS as _CONV_SPECS  # noqa: E402
+from ._specs_dropout import SPECS as _DROPOUT_SPECS  # noqa: E402
 
-SPECS += _TENSOR_SPECS + _SOFTMAX_SPECS + _MATMUL_SPECS + _CONV_SPECS
+SPECS += _TENSOR_SPECS + _SOFTMAX_SPECS + _MATMUL_SPECS + _CONV_SPECS + _DROPOUT_SPECS

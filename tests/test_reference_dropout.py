@@ -1,0 +1,69 @@
+"""Dropout's generator against Random123's known answers, its mask against a
+binomial test, p = 0 and p = 1 exactly, and the CPU and CUDA masks bit for bit."""
+import math
+
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn.cpu.dropout import philox4x32_10
+
+# Random123 tests/kat_vectors, "philox4x32 10": counter[4] key[2] -> result[4]
+KAT = [((0, 0, 0, 0), (0, 0), (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),
+       ((0xffffffff,) * 4, (0xffffffff,) * 2, (0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd)),
+       ((0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), (0xa4093822, 0x299f31d0),
+        (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1))]
+
+
+@pytest.mark.parametrize("ctr, key, expect", KAT)
+def test_philox_known_answers(ctr, key, expect):
+    assert tuple(int(w) for w in philox4x32_10(*ctr, *key)) == expect
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_keep_rate_is_binomial(p):
+    n = 1 << 18
+    _, m = nbdnn.dropout(np.ones(n, np.float32), p, seed=123, offset=7)
+    kept = int(m.sum())
+    sd = math.sqrt(n * p * (1 - p))
+    assert abs(kept - n * (1 - p)) < 5 * sd  # a 5-sigma two-sided test
+    # neighbouring elements (one Philox call) are not correlated
+    assert abs(np.corrcoef(m[0::2].astype(float), m[1::2].astype(float))[0, 1]) < 0.02
+
+
+def test_p_zero_and_one_are_exact():
+    x = np.random.default_rng(0).standard_normal(1001).astype(np.float32)
+    y, m = nbdnn.dropout(x, 0.0, seed=1)
+    assert m.all() and np.array_equal(y, x)
+    y, m = nbdnn.dropout(x, 1.0, seed=1)
+    assert not m.any() and not y.any()
+
+
+def test_forward_scales_and_backward_matches():
+    x = np.random.default_rng(1).standard_normal((4, 50))
+    y, m = nbdnn.dropout(x, 0.25, seed=9, offset=3)
+    np.testing.assert_allclose(y, x * m / 0.75, rtol=1e-15)
+    dy = np.random.default_rng(2).standard_normal((4, 50))
+    np.testing.assert_allclose(nbdnn.dropout_backward(dy, m, 0.25), dy * m / 0.75, rtol=1e-15)
+
+
+def test_offsets_and_seeds_give_fresh_masks():
+    x = np.ones(4096, np.float32)
+    masks = [nbdnn.dropout(x, 0.5, seed=s, offset=o)[1] for s, o in ((1, 0), (1, 4096), (2, 0))]
+    for a in range(3):
+        for b in range(a + 1, 3):
+            assert 0.4 < np.mean(masks[a] == masks[b]) < 0.6
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator's NumPy scalars
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("p, seed, offset", [(0.3, 0, 0), (0.7, 2 ** 64 - 1, 2 ** 40 + 3),
+                                             (0.0, 5, 1), (1.0, 5, 1)])
+def test_cuda_mask_is_the_cpu_mask_bit_for_bit(dtype, p, seed, offset):
+    x = np.random.default_rng(3).standard_normal((3, 41)).astype(dtype)
+    y, m = nbdnn.dropout(x, p, seed=seed, offset=offset)
+    yg, mg = nbdnn.dropout(x, p, seed=seed, offset=offset, backend="cuda")
+    assert mg.dtype == np.uint8 and np.array_equal(mg, m)
+    np.testing.assert_array_equal(yg, y)
+    np.testing.assert_array_equal(nbdnn.dropout_backward(x, m, p, backend="cuda"),
+                                  nbdnn.dropout_backward(x, m, p))
