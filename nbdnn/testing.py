@@ -211,5 +211,7 @@ from ._specs_softmax import SPECS as _SOFTMAX_SPECS  # noqa: E402
 from ._specs_matmul import SPECS as _MATMUL_SPECS  # noqa: E402
 from ._specs_conv import SPECS as _CONV_SPECS  # noqa: E402
 from ._specs_dropout import SPECS as _DROPOUT_SPECS  # noqa: E402
+from ._specs_norm import SPECS as _NORM_SPECS  # noqa: E402
 
-SPECS += _TENSOR_SPECS + _SOFTMAX_SPECS + _MATMUL_SPECS + _CONV_SPECS + _DROPOUT_SPECS
+SPECS += (_TENSOR_SPECS + _SOFTMAX_SPECS + _MATMUL_SPECS + _CONV_SPECS + _DROPOUT_SPECS
+          + _NORM_SPECS)

@@ -1,0 +1,100 @@
+"""layer_norm / rms_norm over the trailing axes, with their saved statistics, optional
+scale and bias, and backward passes (dx, dscale, dbias). The formulas are in
+nbdnn/cpu/norm.py."""
+import numbers
+
+from ..errors import BadParamError, DtypeError, ShapeError, fail
+from ._common import Call, same_dtype, same_shape, scalar
+
+
+def _ndim(op, ndim, shape):
+    if isinstance(ndim, bool) or not isinstance(ndim, numbers.Integral) or \
+            not 1 <= ndim <= len(shape):
+        fail(BadParamError, op, "ndim", f"an int in [1, {len(shape)}] (x.ndim)", repr(ndim))
+    return int(ndim)
+
+
+def _params(c, op, names, arrays, tail, dtype):
+    for name, a in zip(names, arrays):
+        if a is not None:
+            shape, dt = c.array(name, a)
+            if tuple(shape) != tail:
+                fail(ShapeError, op, f"{name}.shape", f"x's normalised axes {tail}", tuple(shape))
+            same_dtype(op, ["x", name], [dtype, dt])
+
+
+def _stats(c, op, names, arrays, lead, dtype):
+    want = "float64" if dtype.name == "float64" else "float32"
+    for name, a in zip(names, arrays):
+        shape, dt = c.array(name, a, dtypes=None)
+        if dt.name != want:
+            fail(DtypeError, op, f"{name}.dtype", f"{want} (the forward's statistics)", dt.name)
+        if tuple(shape) != lead:
+            fail(ShapeError, op, f"{name}.shape", f"x's rows {lead}", tuple(shape))
+
+
+def _forward(op, x, scale, bias, ndim, eps, out, backend, stream):
+    """(call, checked arguments) of a forward op."""
+    c = Call(op, "norm", backend, stream, x=x, scale=scale, bias=bias, out=out)
+    shape, dtype = c.array("x", x)
+    shape = tuple(shape)
+    ndim = _ndim(op, ndim, shape)
+    _params(c, op, ("scale", "bias"), (scale, bias), shape[len(shape) - ndim:], dtype)
+    eps = scalar(op, "eps", eps, low=0.0, low_open=True)
+    return c, (x, scale, bias, ndim, eps), c.out(out, shape, dtype)
+
+
+def layer_norm(x, scale=None, bias=None, *, ndim=1, eps=1e-5, out=None, backend=None,
+               stream=None):
+    """(y, mean, invstd): y = (x - mean) / sqrt(var + eps) * scale + bias over the last
+    `ndim` axes; mean and invstd have x.shape[:-ndim] and the compute dtype (float32,
+    float64 for float64). scale, bias: x.shape[-ndim:] or None."""
+    c, args, out = _forward("layer_norm", x, scale, bias, ndim, eps, out, backend, stream)
+    return c.run("layer_norm", *args, out=out)
+
+
+def rms_norm(x, scale=None, bias=None, *, ndim=1, eps=1e-6, out=None, backend=None,
+             stream=None):
+    """(y, invrms): y = x / sqrt(mean(x^2) + eps) * scale + bias over the last `ndim`
+    axes."""
+    c, args, out = _forward("rms_norm", x, scale, bias, ndim, eps, out, backend, stream)
+    return c.run("rms_norm", *args, out=out)
+
+
+def _backward(op, dy, x, stats, names, scale, ndim, out, backend, stream):
+    """(call, checked arguments, out tuple or None) of a backward op."""
+    outs = tuple(out) if out is not None else ()
+    c = Call(op, "norm", backend, stream, dy=dy, x=x, scale=scale,
+             **dict(zip(names, stats)), **{f"out[{i}]": o for i, o in enumerate(outs)})
+    shape, dtype = c.array("x", x)
+    dshape, ddtype = c.array("dy", dy)
+    shape = tuple(shape)
+    same_shape(op, ["x", "dy"], [shape, dshape])
+    same_dtype(op, ["x", "dy"], [dtype, ddtype])
+    ndim = _ndim(op, ndim, shape)
+    lead, tail = shape[:len(shape) - ndim], shape[len(shape) - ndim:]
+    _params(c, op, ("scale",), (scale,), tail, dtype)
+    _stats(c, op, names, stats, lead, dtype)
+    if out is not None:
+        if len(outs) != 3:
+            fail(BadParamError, op, "out", "None or a tuple of 3 arrays (dx, dscale, dbias)",
+                 f"{len(outs)} arrays")
+        outs = tuple(c.out(o, s, dtype, f"out[{i}]") for i, (o, s) in
+                     enumerate(zip(outs, (shape, tail, tail))))
+    return c, (dy, x, *stats, scale, ndim), outs or None
+
+
+def layer_norm_backward(dy, x, mean, invstd, scale=None, *, ndim=1, out=None, backend=None,
+                        stream=None):
+    """(dx, dscale, dbias) from the forward's x, mean, invstd and scale."""
+    c, args, out = _backward("layer_norm_backward", dy, x, (mean, invstd), ("mean", "invstd"),
+                             scale, ndim, out, backend, stream)
+    return c.run("layer_norm_backward", *args, out=out)
+
+
+def rms_norm_backward(dy, x, invrms, scale=None, *, ndim=1, out=None, backend=None,
+                      stream=None):
+    """(dx, dscale, dbias) from the forward's x, invrms and scale."""
+    c, args, out = _backward("rms_norm_backward", dy, x, (invrms,), ("invrms",), scale, ndim,
+                             out, backend, stream)
+    return c.run("rms_norm_backward", *args, out=out)
