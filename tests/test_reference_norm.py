@@ -59,6 +59,7 @@ X = np.ones((2, 3), np.float32)
 @pytest.mark.parametrize("call, err, words", [
     (lambda: nbdnn.layer_norm(X, ndim=3), BadParamError, "ndim"),
     (lambda: nbdnn.layer_norm(X, eps=0.0), BadParamError, "eps"),
+    (lambda: nbdnn.layer_norm(np.ones((2, 0), np.float32)), ShapeError, "x.shape"),
     (lambda: nbdnn.layer_norm(X, np.ones(2, np.float32)), ShapeError, "scale.shape"),
     (lambda: nbdnn.rms_norm(X, None, np.ones(3, np.float64)), DtypeError, "bias.dtype"),
     (lambda: nbdnn.layer_norm_backward(X, X, np.ones(2, np.float64), np.ones(2, np.float32)),

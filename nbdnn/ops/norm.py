@@ -11,6 +11,9 @@ def _ndim(op, ndim, shape):
     if isinstance(ndim, bool) or not isinstance(ndim, numbers.Integral) or \
             not 1 <= ndim <= len(shape):
         fail(BadParamError, op, "ndim", f"an int in [1, {len(shape)}] (x.ndim)", repr(ndim))
+    if 0 in shape[len(shape) - ndim:]:  # a mean over no elements
+        fail(ShapeError, op, "x.shape", f"no empty axis among the last {ndim} (normalised)",
+             shape)
     return int(ndim)
 
 
