@@ -19,10 +19,11 @@ tests)
     timeout 120 python3 -m nbdnn check --examples 2 > "$OUT/check.log" 2>&1
     tail -5 "$OUT/pytest.log" "$OUT/check.log" ;;
 perf)
+    # at most 8 files come back from a device call: one log for every step
     timeout 240 python3 -m nbdnn bench --no-cpu --json "$OUT/bench.json" --plot "$OUT/bench.png" \
-        > "$OUT/bench.log" 2>&1
-    timeout 150 python3 perf/sgemm.py --json "$OUT/sgemm.json" > "$OUT/sgemm.log" 2>&1
-    timeout 240 python3 perf/conv.py --json "$OUT/conv.json" > "$OUT/conv.log" 2>&1
-    timeout 60 python3 perf/launch_overhead.py --json "$OUT/launch.json" > "$OUT/launch.log" 2>&1
-    tail -3 "$OUT"/*.log ;;
+        > "$OUT/perf.log" 2>&1
+    timeout 150 python3 perf/sgemm.py --json "$OUT/sgemm.json" >> "$OUT/perf.log" 2>&1
+    timeout 240 python3 perf/conv.py --json "$OUT/conv.json" >> "$OUT/perf.log" 2>&1
+    timeout 60 python3 perf/launch_overhead.py --json "$OUT/launch.json" >> "$OUT/perf.log" 2>&1
+    tail -40 "$OUT/perf.log" ;;
 esac
