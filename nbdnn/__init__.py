@@ -10,7 +10,8 @@ from .ops.tensor import (add_tensor, op_tensor, reduce_tensor, scale_tensor, set
 from .ops.softmax import softmax, softmax_backward
 from .ops.matmul import matmul, matmul_backward
 from .ops.dropout import dropout, dropout_backward
-from .ops.norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward
+from .ops.norm import (group_norm, group_norm_backward, instance_norm, instance_norm_backward,
+                       layer_norm, layer_norm_backward, rms_norm, rms_norm_backward)
 from .ops.conv import (conv1d, conv2d, conv3d, conv_backward_bias, conv_backward_data,
                        conv_backward_filter, find_conv_algorithm)
 

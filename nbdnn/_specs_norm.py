@@ -43,3 +43,51 @@ for _n in ("layer_norm", "rms_norm"):
     SPECS.append(OpSpec(_n, FORWARD[_n], _maker(_n, False), family="norm", blend=False))
     SPECS.append(OpSpec(f"{_n}_backward", BACKWARD[_n], _maker(_n, True), family="norm",
                         blend=False))
+
+
+def _group_problem(draw, dtype, big):
+    rng = np.random.default_rng(draw(0, 2 ** 31))
+    G = draw(1, 3)
+    C = G * draw(1, 3)
+    spatial = shape_nd(draw, big, ndim_lo=0, ndim_hi=2, total_small=16, total_big=4096)
+    last = draw(0, 1) == 1
+    N = draw(1, 3)
+    shape = (N,) + spatial + (C,) if last else (N, C) + spatial
+    groups = [G, C, None][draw(0, 2)]  # None: instance_norm
+    scale = rand(rng, (C,), dtype, 0.5, 2) if draw(0, 1) else None
+    L = int(np.prod(shape)) // N // (G if groups == G else C)
+    return rng, shape, groups, scale, last, L
+
+
+def _group(x, scale=None, bias=None, groups=None, **kw):
+    if groups is None:
+        return nbdnn.instance_norm(x, scale, bias, **kw)
+    return nbdnn.group_norm(x, groups, scale, bias, **kw)
+
+
+def _group_backward(dy, x, mean, invstd, scale=None, groups=None, **kw):
+    if groups is None:
+        return nbdnn.instance_norm_backward(dy, x, mean, invstd, scale, **kw)
+    return nbdnn.group_norm_backward(dy, x, mean, invstd, scale, groups=groups, **kw)
+
+
+def _group_maker(backward):
+    def make(draw, dtype, big):
+        rng, shape, groups, scale, last, L = _group_problem(draw, dtype, big)
+        kw = {"layout": "NHWC" if last else "NCHW"}
+        x = rand(rng, shape, dtype)
+        tol = tuple(4 * t for t in reduction_tol(dtype, L + 2))
+        if not backward:
+            bias = rand(rng, (shape[-1] if last else shape[1],), dtype) if draw(0, 1) else None
+            return Case((x, scale, bias, groups), kw, tol=tol)
+        ct = np.float64 if dtype == "float64" else np.float32
+        stats = tuple(s.astype(ct) for s in _group(x.astype(np.float64), groups=groups,
+                                                   **kw)[1:])
+        tol = tuple(4 * t for t in reduction_tol(dtype, max(L, int(np.prod(shape))) + 2))
+        return Case((rand(rng, shape, dtype, -1, 1), x) + stats + (scale, groups), kw, tol=tol)
+    return make
+
+
+SPECS += [OpSpec("group_norm", _group, _group_maker(False), family="norm", blend=False),
+          OpSpec("group_norm_backward", _group_backward, _group_maker(True), family="norm",
+                 blend=False)]

@@ -72,3 +72,56 @@ def test_bad_norm_calls(call, err, words):
     with pytest.raises(err) as e:
         call()
     assert words in str(e.value)
+
+
+def test_group_norm_matches_definition_and_instance_norm():
+    x = RNG.standard_normal((2, 6, 3, 4))
+    s, b = RNG.standard_normal(6), RNG.standard_normal(6)
+    y, mean, invstd = nbdnn.group_norm(x, 3, s, b)
+    xg = x.reshape(2, 3, -1)
+    ref = ((xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + 1e-5))
+    ref = ref.reshape(x.shape) * s[:, None, None] + b[:, None, None]
+    np.testing.assert_allclose(y, ref, rtol=1e-13, atol=1e-13)
+    assert mean.shape == invstd.shape == (2, 3)
+    yi = nbdnn.instance_norm(x)[0]
+    np.testing.assert_allclose(yi, nbdnn.group_norm(x, 6)[0], rtol=0)
+    yl = nbdnn.group_norm(np.moveaxis(x, 1, -1).copy(), 3, s, b, layout="NHWC")[0]
+    np.testing.assert_allclose(np.moveaxis(yl, -1, 1), y, rtol=1e-13)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_group_norm_backward_matches_finite_differences(layout):
+    x = RNG.standard_normal((2, 4, 3) if layout == "NCHW" else (2, 3, 4))
+    s, b = RNG.standard_normal(4), RNG.standard_normal(4)
+    dy = RNG.standard_normal(x.shape)
+    f = lambda x_, s_, b_: nbdnn.group_norm(x_, 2, s_, b_, layout=layout)[0]  # noqa: E731
+    _, mean, invstd = nbdnn.group_norm(x, 2, s, b, layout=layout)
+    grads = nbdnn.group_norm_backward(dy, x, mean, invstd, s, groups=2, layout=layout)
+    h = 1e-6
+    for k, v in enumerate((x, s, b)):
+        num = np.zeros_like(v)
+        for idx in np.ndindex(v.shape):
+            args = [x, s, b]
+            vp, vm = v.copy(), v.copy()
+            vp[idx] += h
+            vm[idx] -= h
+            num[idx] = (np.sum(dy * f(*args[:k], vp, *args[k + 1:]))
+                        - np.sum(dy * f(*args[:k], vm, *args[k + 1:]))) / (2 * h)
+        np.testing.assert_allclose(grads[k], num, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("call, err, words", [
+    (lambda: nbdnn.group_norm(np.ones((2, 6, 3), np.float32), 4), ShapeError, "groups"),
+    (lambda: nbdnn.group_norm(np.ones(6, np.float32), 2), ShapeError, "x.ndim"),
+    (lambda: nbdnn.group_norm(np.ones((2, 6), np.float32), 2, layout="HWCN"), BadParamError,
+     "layout"),
+    (lambda: nbdnn.instance_norm(np.ones((2, 3, 4), np.float32), np.ones(4, np.float32)),
+     ShapeError, "scale.shape"),
+    (lambda: nbdnn.group_norm_backward(np.ones((2, 6), np.float32), np.ones((2, 6), np.float32),
+                                       np.ones((2, 3), np.float32), np.ones((2, 2), np.float32),
+                                       groups=3), ShapeError, "invstd.shape"),
+])
+def test_bad_group_norm_calls(call, err, words):
+    with pytest.raises(err) as e:
+        call()
+    assert words in str(e.value)

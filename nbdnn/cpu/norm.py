@@ -92,3 +92,49 @@ def _backward_nd(dyr, xhat, inv, scale, centred, ct, x, ndim):
     return ((dx * inv).reshape(x.shape).astype(x.dtype),
             (dyr * xhat).sum(axis=0).reshape(tail).astype(x.dtype),
             dyr.sum(axis=0).reshape(tail).astype(x.dtype))
+
+
+# ---- group_norm (instance_norm is group_norm with a group a channel) -------------------
+#   x (N, C, *S) (NCHW) or (N, *S, C) (NHWC), normalised over each (n, group of C/G
+#   channels, all of S); scale and bias per channel (C,); statistics (N, G).
+
+def _first(x, last):
+    return np.moveaxis(x, -1, 1) if last else x
+
+
+def _channel_shape(xf):
+    return (1, xf.shape[1]) + (1,) * (xf.ndim - 2)
+
+
+def group_norm(x, groups, scale, bias, eps, last, *, out, stream=None):
+    ct = compute_dtype(x.dtype)
+    xf = _first(x.astype(ct), last)
+    N = xf.shape[0]
+    xg = xf.reshape(N, groups, -1)
+    mean = xg.mean(axis=2, keepdims=True)
+    d = xg - mean
+    invstd = 1 / np.sqrt((d * d).mean(axis=2, keepdims=True) + ct(eps))
+    y = (d * invstd).reshape(xf.shape)
+    if scale is not None:
+        y = y * scale.astype(ct).reshape(_channel_shape(xf))
+    if bias is not None:
+        y = y + bias.astype(ct).reshape(_channel_shape(xf))
+    y = np.moveaxis(y, 1, -1) if last else y
+    return _put(y, out, x.dtype), mean.reshape(N, groups), invstd.reshape(N, groups)
+
+
+def group_norm_backward(dy, x, mean, invstd, scale, groups, last, *, out, stream=None):
+    ct = compute_dtype(x.dtype)
+    xf, dyf = _first(x.astype(ct), last), _first(dy.astype(ct), last)
+    N = xf.shape[0]
+    inv = invstd.astype(ct)[..., None]
+    xh = (xf.reshape(N, groups, -1) - mean.astype(ct)[..., None]) * inv
+    g = dyf * scale.astype(ct).reshape(_channel_shape(xf)) if scale is not None else dyf
+    gg = g.reshape(N, groups, -1)
+    dx = inv * (gg - gg.mean(axis=2, keepdims=True) - xh * (gg * xh).mean(axis=2, keepdims=True))
+    dx = dx.reshape(xf.shape)
+    axes = (0,) + tuple(range(2, xf.ndim))
+    dscale = (dyf * xh.reshape(xf.shape)).sum(axis=axes)
+    dx = np.moveaxis(dx, 1, -1) if last else dx
+    return _into((dx.astype(x.dtype), dscale.astype(x.dtype),
+                  dyf.sum(axis=axes).astype(x.dtype)), out)

@@ -1,10 +1,13 @@
-"""layer_norm / rms_norm on the GPU: x viewed as (rows, L), a block a row.
+"""layer_norm / rms_norm / group_norm (instance_norm: a group a channel) on the GPU: a
+block a row, a row being the elements normalised together (layer/rms: the trailing
+axes; group: (n, group), NCHW or NHWC, addressed through `_element`).
 
 Forward: pass 1 sums x (layer_norm only) for the mean, pass 2 sums (x - mean)^2 (the
 two-pass variance: exact for mean 1e4, std 1 in float32), pass 3 writes y with scale
 and bias; the block's thread 0 saves the statistics. Backward: one block a row sums
 g = dy*scale and g*xhat, then writes dx; dscale and dbias come from a column kernel
-(a thread a normalised element, summing over the rows in order: deterministic).
+(a thread a channel, or a normalised element for layer/rms norm, summing over the
+rows in order: deterministic).
 Reads per element: 3 forward (2 for rms), 2 of x and dy backward; rows of up to a few
 thousand elements stay in L1/L2 between the passes. Not yet run on hardware.
 """
@@ -22,66 +25,88 @@ BLOCK = 32 if SIMULATOR else 256
 MAX_GRID = 2 ** 31 - 1
 
 
+@cuda.jit(device=True)
+def _element(i, row, C, G, HW, last):
+    """(memory offset, channel) of element i of row (n, g) of an (N, C, HW) tensor
+    normalised over groups of C/G channels; NHWC when last. layer/rms norm are the
+    case G = 1, HW = 1, C = L: offset row*L + i, channel i."""
+    Cg = C // G
+    n, g = row // G, row % G
+    if last:
+        s, cl = i // Cg, i % Cg
+        return (n * HW + s) * C + g * Cg + cl, g * Cg + cl
+    return (n * C + g * Cg) * HW + i, g * Cg + i // HW
+
+
 def _kernels(CT, f):
     grp_sum = f["grp_sum"]
     ZERO, ONE = CT(0), CT(1)
 
-    def norm_fwd(x, y, scale, bias, st1, st2, rows, L, eps, centred, has_scale, has_bias):
+    def norm_fwd(x, y, scale, bias, st1, st2, C, G, HW, last, eps, centred, has_scale,
+                 has_bias):
         row, t, T = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x
+        L = C // G * HW
         shm = cuda.shared.array(SHM, CT)
-        base = row * L
         mean = ZERO
         if centred:
             s = ZERO
             for i in range(t, L, T):
-                s += CT(x[base + i])
+                s += CT(x[_element(i, row, C, G, HW, last)[0]])
             mean = grp_sum(s, T, shm) / CT(L)
         q = ZERO
         for i in range(t, L, T):
-            d = CT(x[base + i]) - mean
+            d = CT(x[_element(i, row, C, G, HW, last)[0]]) - mean
             q += d * d
         inv = ONE / math.sqrt(grp_sum(q, T, shm) / CT(L) + eps)
         if t == 0:
             st1[row] = mean if centred else inv
             st2[row] = inv
         for i in range(t, L, T):
-            v = (CT(x[base + i]) - mean) * inv
+            o, c = _element(i, row, C, G, HW, last)
+            v = (CT(x[o]) - mean) * inv
             if has_scale:
-                v *= CT(scale[i])
+                v *= CT(scale[c])
             if has_bias:
-                v += CT(bias[i])
-            y[base + i] = v
+                v += CT(bias[c])
+            y[o] = v
 
-    def norm_bwd(dy, x, st1, st2, scale, dx, rows, L, centred, has_scale):
+    def norm_bwd(dy, x, st1, st2, scale, dx, C, G, HW, last, centred, has_scale):
         row, t, T = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x
+        L = C // G * HW
         shm = cuda.shared.array(SHM, CT)
-        base = row * L
         mean = st1[row] if centred else ZERO
         inv = st2[row]
         sg, sgx = ZERO, ZERO
         for i in range(t, L, T):
-            g = CT(dy[base + i]) * (CT(scale[i]) if has_scale else ONE)
+            o, c = _element(i, row, C, G, HW, last)
+            g = CT(dy[o]) * (CT(scale[c]) if has_scale else ONE)
             sg += g
-            sgx += g * (CT(x[base + i]) - mean) * inv
+            sgx += g * (CT(x[o]) - mean) * inv
         sg = grp_sum(sg, T, shm) / CT(L)
         sgx = grp_sum(sgx, T, shm) / CT(L)
         for i in range(t, L, T):
-            g = CT(dy[base + i]) * (CT(scale[i]) if has_scale else ONE)
-            v = g - (CT(x[base + i]) - mean) * inv * sgx
+            o, c = _element(i, row, C, G, HW, last)
+            g = CT(dy[o]) * (CT(scale[c]) if has_scale else ONE)
+            v = g - (CT(x[o]) - mean) * inv * sgx
             if centred:
                 v -= sg
-            dx[base + i] = v * inv
+            dx[o] = v * inv
 
-    def norm_params_bwd(dy, x, st1, st2, dscale, dbias, rows, L, centred):
-        l = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        if l < L:
+    def norm_params_bwd(dy, x, st1, st2, dscale, dbias, N, C, G, HW, last, centred):
+        # a thread a channel, summing dy*xhat and dy over (n, spatial) in order
+        c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if c < C:
             a, b = ZERO, ZERO
-            for r in range(rows):
-                d = CT(dy[r * L + l])
-                a += d * (CT(x[r * L + l]) - (st1[r] if centred else ZERO)) * st2[r]
-                b += d
-            dscale[l] = a
-            dbias[l] = b
+            for n in range(N):
+                r = n * G + c // (C // G)
+                mean = st1[r] if centred else ZERO
+                for s in range(HW):
+                    o = (n * HW + s) * C + c if last else (n * C + c) * HW + s
+                    d = CT(dy[o])
+                    a += d * (CT(x[o]) - mean) * st2[r]
+                    b += d
+            dscale[c] = a
+            dbias[c] = b
 
     return {"fwd": norm_fwd, "bwd": norm_bwd, "params_bwd": norm_params_bwd}
 
@@ -92,10 +117,10 @@ def _build():
         ks = _kernels(CT, device_functions(nt))
         for t in (d for d in ("float16", "float32", "float64") if (d == "float64") == (ct == "float64")):
             a, s = f"{t}[::1]", f"{ct}[::1]"
-            sigs = {"fwd": f"void({a}, {a}, {a}, {a}, {s}, {s}, int64, int64, {ct}, int64, "
-                           "int64, int64)",
-                    "bwd": f"void({a}, {a}, {s}, {s}, {a}, {a}, int64, int64, int64, int64)",
-                    "params_bwd": f"void({a}, {a}, {s}, {s}, {a}, {a}, int64, int64, int64)"}
+            i4 = "int64, int64, int64, int64"  # C, G, HW, last
+            sigs = {"fwd": f"void({a}, {a}, {a}, {a}, {s}, {s}, {i4}, {ct}, int64, int64, int64)",
+                    "bwd": f"void({a}, {a}, {s}, {s}, {a}, {a}, {i4}, int64, int64)",
+                    "params_bwd": f"void({a}, {a}, {s}, {s}, {a}, {a}, int64, {i4}, int64)"}
             for name, sig in sigs.items():
                 table[name, t] = (Kernel(ks[name], [sig]), sig)
     return table
@@ -104,57 +129,82 @@ def _build():
 _KERNELS = _build()
 
 
-def _split(x, ndim):
+def _layout_of(x, ndim):
+    """(N, C, G, HW, last) that make layer/rms norm over the last ndim axes a grouped
+    normalisation: rows of L = prod(tail) elements, one 'channel' per element."""
     shape = tuple(int(s) for s in x.shape)
-    lead = shape[:len(shape) - ndim]
-    return lead, math.prod(lead), math.prod(shape[len(shape) - ndim:])
+    lead, tail = shape[:len(shape) - ndim], shape[len(shape) - ndim:]
+    return (math.prod(lead), math.prod(tail), 1, 1, 0), lead, tail
 
 
-def _forward(x, scale, bias, ndim, eps, out, stream, centred):
+def grouped_layout(x, groups, last):
+    """(N, C, G, HW, last) of an (N, C, *S) or (N, *S, C) tensor in `groups` groups."""
+    shape = tuple(int(s) for s in x.shape)
+    C = shape[-1] if last else shape[1]
+    return (shape[0], C, groups, math.prod(shape) // max(1, shape[0] * C), int(last))
+
+
+def forward(x, scale, bias, geo, stats_shape, eps, out, stream, centred):
+    """y and statistics (rows = N*G); geo = (N, C, G, HW, last)."""
     dtype = dtype_name(x)
     ct = "float64" if dtype == "float64" else "float32"
-    lead, rows, L = _split(x, ndim)
+    N, C, G, HW, last = geo
+    rows, L = N * G, C // G * HW
     y = out if out is not None else empty(x, x.shape, dtype)
-    st1, st2 = empty(x, lead, ct), empty(x, lead, ct)
+    st1, st2 = empty(x, stats_shape, ct), empty(x, stats_shape, ct)
     if rows and L:
         if rows > MAX_GRID:
             from ..errors import NotSupportedError
             raise NotSupportedError(f"{rows} rows exceed the grid limit {MAX_GRID}")
         k, sig = _KERNELS["fwd", dtype]
         k.launch(sig, rows, BLOCK, stream, x, y, scale if scale is not None else x,
-                 bias if bias is not None else x, st1, st2, rows, L, eps, int(centred),
+                 bias if bias is not None else x, st1, st2, C, G, HW, last, eps, int(centred),
                  int(scale is not None), int(bias is not None))
     return (y, st1, st2) if centred else (y, st2)
 
 
-def layer_norm(x, scale, bias, ndim, eps, *, out, stream):
-    return _forward(x, scale, bias, ndim, eps, out, stream, True)
-
-
-def rms_norm(x, scale, bias, ndim, eps, *, out, stream):
-    return _forward(x, scale, bias, ndim, eps, out, stream, False)
-
-
-def _backward(dy, x, st1, st2, scale, ndim, out, stream, centred):
+def backward(dy, x, st1, st2, scale, geo, param_shape, out, stream, centred):
     dtype = dtype_name(x)
-    lead, rows, L = _split(x, ndim)
-    tail = tuple(int(s) for s in x.shape)[len(lead):]
+    N, C, G, HW, last = geo
+    rows, L = N * G, C // G * HW
     dx, dscale, dbias = out if out is not None else (
-        empty(x, x.shape, dtype), empty(x, tail, dtype), empty(x, tail, dtype))
+        empty(x, x.shape, dtype), empty(x, param_shape, dtype), empty(x, param_shape, dtype))
     if rows and L:
         k, sig = _KERNELS["bwd", dtype]
         k.launch(sig, rows, BLOCK, stream, dy, x, st1, st2, scale if scale is not None else x,
-                 dx, rows, L, int(centred), int(scale is not None))
-    if L:
+                 dx, C, G, HW, last, int(centred), int(scale is not None))
+    if C:
         k, sig = _KERNELS["params_bwd", dtype]
-        k.launch(sig, -(-L // BLOCK), BLOCK, stream, dy, x, st1, st2, dscale, dbias, rows, L,
-                 int(centred))
+        k.launch(sig, -(-C // BLOCK), BLOCK, stream, dy, x, st1, st2, dscale, dbias, N, C, G,
+                 HW, last, int(centred))
     return dx, dscale, dbias
 
 
+def layer_norm(x, scale, bias, ndim, eps, *, out, stream):
+    geo, lead, _ = _layout_of(x, ndim)
+    return forward(x, scale, bias, geo, lead, eps, out, stream, True)
+
+
+def rms_norm(x, scale, bias, ndim, eps, *, out, stream):
+    geo, lead, _ = _layout_of(x, ndim)
+    return forward(x, scale, bias, geo, lead, eps, out, stream, False)
+
+
 def layer_norm_backward(dy, x, mean, invstd, scale, ndim, *, out, stream):
-    return _backward(dy, x, mean, invstd, scale, ndim, out, stream, True)
+    geo, _, tail = _layout_of(x, ndim)
+    return backward(dy, x, mean, invstd, scale, geo, tail, out, stream, True)
 
 
 def rms_norm_backward(dy, x, invrms, scale, ndim, *, out, stream):
-    return _backward(dy, x, invrms, invrms, scale, ndim, out, stream, False)
+    geo, _, tail = _layout_of(x, ndim)
+    return backward(dy, x, invrms, invrms, scale, geo, tail, out, stream, False)
+
+
+def group_norm(x, groups, scale, bias, eps, last, *, out, stream):
+    geo = grouped_layout(x, groups, last)
+    return forward(x, scale, bias, geo, (geo[0], groups), eps, out, stream, True)
+
+
+def group_norm_backward(dy, x, mean, invstd, scale, groups, last, *, out, stream):
+    geo = grouped_layout(x, groups, last)
+    return backward(dy, x, mean, invstd, scale, geo, (geo[1],), out, stream, True)

@@ -1,6 +1,7 @@
-"""layer_norm / rms_norm over the trailing axes, with their saved statistics, optional
-scale and bias, and backward passes (dx, dscale, dbias). The formulas are in
-nbdnn/cpu/norm.py."""
+"""layer_norm / rms_norm over the trailing axes, group_norm / instance_norm over channel
+groups (NCHW or NHWC), with their saved statistics, optional scale and bias, and
+backward passes (dx, dscale, dbias). The formulas are in nbdnn/cpu/norm.py."""
+import math
 import numbers
 
 from ..errors import BadParamError, DtypeError, ShapeError, fail
@@ -101,3 +102,78 @@ def rms_norm_backward(dy, x, invrms, scale=None, *, ndim=1, out=None, backend=No
     c, args, out = _backward("rms_norm_backward", dy, x, (invrms,), ("invrms",), scale, ndim,
                              out, backend, stream)
     return c.run("rms_norm_backward", *args, out=out)
+
+
+LAYOUTS = {"NCHW": False, "NHWC": True, "NC": False, "NCW": False, "NWC": True,
+           "NCDHW": False, "NDHWC": True}
+
+
+def _grouped(op, c, x, scale, bias, groups, layout):
+    """(shape, dtype, groups, last) of a group_norm call after the checks."""
+    shape, dtype = c.array("x", x)
+    shape = tuple(shape)
+    if len(shape) < 2:
+        fail(ShapeError, op, "x.ndim", ">= 2 (N, C, spatial...)", len(shape))
+    if layout not in LAYOUTS:
+        fail(BadParamError, op, "layout", f"one of {', '.join(LAYOUTS)}", repr(layout))
+    last = LAYOUTS[layout]
+    C = shape[-1] if last else shape[1]
+    if groups is None:
+        groups = C
+    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 1 \
+            or C % groups:
+        fail(ShapeError, op, "groups", f"an int >= 1 dividing C = {C}", repr(groups))
+    if math.prod(shape) == 0:
+        fail(ShapeError, op, "x.shape", "no empty axis (a mean over no elements)", shape)
+    _params(c, op, ("scale", "bias"), (scale, bias), (C,), dtype)
+    return shape, dtype, int(groups), last
+
+
+def group_norm(x, groups, scale=None, bias=None, *, eps=1e-5, layout="NCHW", out=None,
+               backend=None, stream=None):
+    """(y, mean, invstd): x (N, C, *S) ("NCHW") or (N, *S, C) ("NHWC") normalised over
+    each sample's groups of C/groups channels; scale, bias (C,) or None; mean, invstd
+    (N, groups) in the compute dtype."""
+    op = "group_norm"
+    c = Call(op, "norm", backend, stream, x=x, scale=scale, bias=bias, out=out)
+    shape, dtype, groups, last = _grouped(op, c, x, scale, bias, groups, layout)
+    eps = scalar(op, "eps", eps, low=0.0, low_open=True)
+    out = c.out(out, shape, dtype)
+    return c.run("group_norm", x, groups, scale, bias, eps, last, out=out)
+
+
+def instance_norm(x, scale=None, bias=None, *, eps=1e-5, layout="NCHW", out=None,
+                  backend=None, stream=None):
+    """group_norm with a group a channel: statistics (N, C)."""
+    return group_norm(x, None, scale, bias, eps=eps, layout=layout, out=out, backend=backend,
+                      stream=stream)
+
+
+def group_norm_backward(dy, x, mean, invstd, scale=None, *, groups, layout="NCHW", out=None,
+                        backend=None, stream=None):
+    """(dx, dscale, dbias) from the forward's x, mean, invstd and scale."""
+    op = "group_norm_backward"
+    outs = tuple(out) if out is not None else ()
+    c = Call(op, "norm", backend, stream, dy=dy, x=x, mean=mean, invstd=invstd, scale=scale,
+             **{f"out[{i}]": o for i, o in enumerate(outs)})
+    shape, dtype, groups, last = _grouped(op, c, x, scale, None, groups, layout)
+    dshape, ddtype = c.array("dy", dy)
+    same_shape(op, ["x", "dy"], [shape, dshape])
+    same_dtype(op, ["x", "dy"], [dtype, ddtype])
+    _stats(c, op, ("mean", "invstd"), (mean, invstd), (shape[0], groups), dtype)
+    C = shape[-1] if last else shape[1]
+    if out is not None:
+        if len(outs) != 3:
+            fail(BadParamError, op, "out", "None or a tuple of 3 arrays (dx, dscale, dbias)",
+                 f"{len(outs)} arrays")
+        outs = tuple(c.out(o, s, dtype, f"out[{i}]") for i, (o, s) in
+                     enumerate(zip(outs, (shape, (C,), (C,)))))
+    return c.run("group_norm_backward", dy, x, mean, invstd, scale, groups, last,
+                 out=outs or None)
+
+
+def instance_norm_backward(dy, x, mean, invstd, scale=None, *, layout="NCHW", out=None,
+                           backend=None, stream=None):
+    """group_norm_backward with a group a channel."""
+    return group_norm_backward(dy, x, mean, invstd, scale, groups=None, layout=layout,
+                               out=out, backend=backend, stream=stream)
