@@ -38,10 +38,23 @@ CALLS = [
     ("conv2d gemm / winograd", lambda x: (
         nbdnn.conv2d(_img(x), _filt(x), padding=1, algo="gemm"),
         nbdnn.conv2d(_img(x), _filt(x), padding=1, algo="winograd"))),
+    ("layer_norm fwd/bwd", lambda x: _norm_round_trip(x)),
+    ("group_norm fwd/bwd", lambda x: _group_round_trip(_img(x))),
+    ("dropout", lambda x: nbdnn.dropout(x, 0.3, seed=7, offset=11)),
     ("conv backward data/filter", lambda x: (
         nbdnn.conv_backward_data(_img(x, 16), _filt(x), (8, 16, 32, 32), padding=1),
         nbdnn.conv_backward_filter(_img(x, 16), _img(x), (16, 16, 3, 3), padding=1))),
 ]
+
+
+def _norm_round_trip(x):
+    y, mean, invstd = nbdnn.layer_norm(x, x[0], x[1])
+    return (y, mean, invstd) + nbdnn.layer_norm_backward(x, x, mean, invstd, x[0])
+
+
+def _group_round_trip(x):
+    y, mean, invstd = nbdnn.group_norm(x, 4)
+    return (y, mean, invstd) + nbdnn.group_norm_backward(x, x, mean, invstd, groups=4)
 
 
 def _img(x, c=16):
