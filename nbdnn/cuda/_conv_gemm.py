@@ -19,12 +19,9 @@ epilogue (one rounding more than the fused algorithms).
 import numpy as np
 from numba import cuda
 
-from . import SIMULATOR
 from ._arrays import dtype_name, empty
-from ._conv_index import landing, split, strides
+from ._conv_index import landing, launch, split, strides
 
-BLOCK = 64 if SIMULATOR else 256
-MAX_BLOCKS = 2 ** 31 - 1
 
 
 def make_epilogue(CT, act_fn):
@@ -141,12 +138,6 @@ def signatures(t, ct, geom):
             "col2im": f"void({a}, {a}, {geom}, {ct}, {ct})"}
 
 
-def _launch(table, name, dtype, total, stream, *args):
-    k, sig = table[name, dtype]
-    if total:
-        k.launch(sig, min(-(-total // BLOCK), MAX_BLOCKS), BLOCK, stream, *args)
-
-
 def _dims(g):
     N, C, K, G = g[:4]
     T, R, S, PD, PH, PW = g[7:13]
@@ -157,7 +148,7 @@ def _rows(table, dy, g, stream):
     """dy as (G, M, K/g) rows: the GEMM's view of the output gradient."""
     N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
     rows = empty(dy, (G, M, Kg), dtype_name(dy))
-    _launch(table, "y_to_rows", dtype_name(dy), N * K * PD * PH * PW, stream, dy, rows, N, K,
+    launch(table, "y_to_rows", dtype_name(dy), N * K * PD * PH * PW, stream, dy, rows, N, K,
             G, PD, PH, PW, g[-1])
     return rows
 
@@ -165,7 +156,7 @@ def _rows(table, dy, g, stream):
 def _cols(table, x, g, stream):
     N, C, K, G, M, Kg, Kr, *_ = _dims(g)
     cols = empty(x, (G, M, Kr), dtype_name(x))
-    _launch(table, "im2col", dtype_name(x), G * M * Kr, stream, x, cols, *g)
+    launch(table, "im2col", dtype_name(x), G * M * Kr, stream, x, cols, *g)
     return cols
 
 
@@ -181,7 +172,7 @@ def backward_data(table, gemm, dy, w, dx, g, alpha, beta, stream):
     N, C, K, G, M, Kg, Kr, *_ = _dims(g)
     dcols = gemm(_rows(table, dy, g, stream), w.reshape((G, Kg, Kr)), False, False, None,
                  None, 0.0, 1.0, 0.0, None, stream)
-    _launch(table, "col2im", dtype_name(dy), int(np.prod(dx.shape)), stream, dcols, dx, *g,
+    launch(table, "col2im", dtype_name(dy), int(np.prod(dx.shape)), stream, dcols, dx, *g,
             alpha, beta)
 
 
@@ -190,7 +181,7 @@ def forward(table, gemm, x, w, y, bias, residual, g, act, coef, alpha, beta, str
     N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
     raw = gemm(_cols(table, x, g, stream), w.reshape((G, Kg, Kr)), False, True, None, None,
                0.0, 1.0, 0.0, None, stream)
-    _launch(table, "gemm_epilogue", dtype_name(x), int(np.prod(y.shape)), stream, raw, y,
+    launch(table, "gemm_epilogue", dtype_name(x), int(np.prod(y.shape)), stream, raw, y,
             bias if bias is not None else y, residual if residual is not None else y, N, K,
             G, PD, PH, PW, g[-1], int(bias is not None), int(residual is not None), act,
             coef, alpha, beta)

@@ -3,6 +3,19 @@ tensors (1-d and 2-d problems get leading spatial axes of size 1), channels firs
 last."""
 from numba import cuda
 
+from . import SIMULATOR
+
+BLOCK = 64 if SIMULATOR else 256
+MAX_BLOCKS = 2 ** 31 - 1
+
+
+def launch(table, name, dtype, total, stream, *args):
+    """Launch table[name, dtype], a grid-stride kernel over `total` items, BLOCK threads
+    a block (nothing when total is 0)."""
+    k, sig = table[name, dtype]
+    if total:
+        k.launch(sig, min(-(-total // BLOCK), MAX_BLOCKS), BLOCK, stream, *args)
+
 
 @cuda.jit(device=True)
 def strides(C, D, H, W, last):

@@ -11,15 +11,11 @@ at the cost of the transforms and a workspace of 16*(K*C/g + C*tiles + K*tiles)
 elements. The transforms are written out as straight-line
 expressions (generated source): G, B^T and A^T have entries 0, +-1, 1/2.
 """
-import numpy as np
 from numba import cuda
 
-from . import SIMULATOR
 from ._arrays import dtype_name, empty
-from ._conv_index import strides
+from ._conv_index import launch, strides
 
-BLOCK = 64 if SIMULATOR else 256
-MAX_BLOCKS = 2 ** 31 - 1
 _BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))
 _G = ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1))
 _AT = ((1, 1, 1, 0), (0, 1, -1, -1))
@@ -108,12 +104,6 @@ def signatures(t, ct):
                                f", {ct}, {ct}, {ct})"}
 
 
-def _run(table, name, dtype, total, stream, *args):
-    k, sig = table[name, dtype]
-    if total:
-        k.launch(sig, min(-(-total // BLOCK), MAX_BLOCKS), BLOCK, stream, *args)
-
-
 def forward(table, gemm, x, w, y, bias, residual, g, act, coef, alpha, beta, stream):
     """g: nbdnn.cuda.conv._geometry's 24 ints (2-d problems: D = T = PD = 1)."""
     N, C, K, G, _, H, W = g[:7]
@@ -124,12 +114,12 @@ def forward(table, gemm, x, w, y, bias, residual, g, act, coef, alpha, beta, str
     dtype = dtype_name(x)
     U = empty(x, (16, G, Kg, Cg), dtype)
     V = empty(x, (16, G, Cg, ntile), dtype)
-    _run(table, "winograd_filter", dtype, K * Cg, stream, w, U, K, G, Cg, flip, last)
-    _run(table, "winograd_input", dtype, C * ntile, stream, x, V, N, C, G, H, W, TH, TW, qh,
+    launch(table, "winograd_filter", dtype, K * Cg, stream, w, U, K, G, Cg, flip, last)
+    launch(table, "winograd_input", dtype, C * ntile, stream, x, V, N, C, G, H, W, TH, TW, qh,
          qw, last)
     Mw = gemm(U.reshape((16 * G, Kg, Cg)), V.reshape((16 * G, Cg, ntile)), False, False,
               None, None, 0.0, 1.0, 0.0, None, stream)
-    _run(table, "winograd_output", dtype, K * ntile, stream, Mw, y,
+    launch(table, "winograd_output", dtype, K * ntile, stream, Mw, y,
          bias if bias is not None else y, residual if residual is not None else y, N, K, P,
          Q, TH, TW, last, int(bias is not None), int(residual is not None), act, coef,
          alpha, beta)

@@ -20,25 +20,32 @@ BLOCK = 256
 _UINT = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
 
 
+@cuda.jit(device=True)
+def strided_offset(i, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5):
+    """sum_k coord_k(i) * t_k for flat C-order index i of shape (s0, ..., s5) (s0 is
+    implied) and element strides t0..t5: the offset of element i in a strided view.
+    Shared by the gather below and cuda/tensor.py's broadcast and transpose kernels."""
+    r = i
+    off = (r % s5) * t5
+    r //= s5
+    off += (r % s4) * t4
+    r //= s4
+    off += (r % s3) * t3
+    r //= s3
+    off += (r % s2) * t2
+    r //= s2
+    off += (r % s1) * t1
+    r //= s1
+    return off + r * t0
+
+
 def strided_gather(src, dst, n, shift, s0, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5):
     # dst[i] = src[shift + sum_k coord_k(i) * t_k]; shape (s0..s5), element strides
     # (t0..t5); shift makes every offset >= 0 when some strides are negative
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     step = cuda.gridDim.x * cuda.blockDim.x
     while i < n:
-        r = i
-        off = (r % s5) * t5
-        r //= s5
-        off += (r % s4) * t4
-        r //= s4
-        off += (r % s3) * t3
-        r //= s3
-        off += (r % s2) * t2
-        r //= s2
-        off += (r % s1) * t1
-        r //= s1
-        off += r * t0 + shift
-        dst[i] = src[off]
+        dst[i] = src[shift + strided_offset(i, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5)]
         i += step
 
 

@@ -41,14 +41,12 @@ from . import activation as _act
 from ._arrays import dtype_name, empty
 from ._igemm_source import igemm_source
 from . import _conv_gemm, _conv_winograd
-from ._conv_index import landing as _landing, split as _split, strides as _strides
+from ._conv_index import landing as _landing, launch, split as _split, strides as _strides
 from ._launch import Kernel
 from .matmul import TILES, _act_source, _choose_size, _gemm
 from .tensor import reduce_tensor
 
 DTYPES = ("float16", "float32", "float64")
-BLOCK = 64 if SIMULATOR else 256
-MAX_BLOCKS = 2 ** 31 - 1
 
 
 def _kernels(CT, act_fn):
@@ -207,12 +205,6 @@ def _geometry(x_shape, w_shape, stride, pads, dilation, groups, mode, last):
         (int(mode == "convolution"), int(last))
 
 
-def _launch(name, dtype, total, stream, *args):
-    k, sig = _KERNELS[name, dtype]
-    if total:
-        k.launch(sig, min(-(-total // BLOCK), MAX_BLOCKS), BLOCK, stream, *args)
-
-
 def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, last,
                  activation, coef, algo, *, alpha, beta, out, stream):
     g = _geometry(tuple(x.shape), tuple(w.shape), stride, pads, dilation, groups, mode, last)
@@ -226,7 +218,7 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
             *g, int(bias is not None), int(residual is not None), act, coef, alpha, beta)
     total = N * K * P[0] * P[1] * P[2]
     if algo == "direct":
-        _launch("fwd", dtype, total, stream, *args)
+        launch(_KERNELS, "fwd", dtype, total, stream, *args)
     elif algo in ("gemm", "winograd"):
         if total:
             mod = _conv_gemm if algo == "gemm" else _conv_winograd
@@ -247,7 +239,7 @@ def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, las
     g = _geometry(x_shape, tuple(w.shape), stride, pads, dilation, groups, mode, last)
     dx = out if out is not None else empty(dy, x_shape, dtype_name(dy))
     if algo == "direct":
-        _launch("bwd_data", dtype_name(dy), int(np.prod(x_shape)), stream, dy, w, dx, *g,
+        launch(_KERNELS, "bwd_data", dtype_name(dy), int(np.prod(x_shape)), stream, dy, w, dx, *g,
                 alpha, beta)
     elif np.prod(x_shape):
         _conv_gemm.backward_data(_KERNELS, _gemm, dy, w, dx, g, alpha, beta, stream)
@@ -259,7 +251,7 @@ def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, l
     g = _geometry(tuple(x.shape), w_shape, stride, pads, dilation, groups, mode, last)
     dw = out if out is not None else empty(dy, w_shape, dtype_name(dy))
     if algo == "direct":
-        _launch("bwd_filter", dtype_name(dy), int(np.prod(w_shape)), stream, dy, x, dw, *g,
+        launch(_KERNELS, "bwd_filter", dtype_name(dy), int(np.prod(w_shape)), stream, dy, x, dw, *g,
                 alpha, beta)
     elif np.prod(w_shape):
         _conv_gemm.backward_filter(_KERNELS, _gemm, dy, x, dw, g, alpha, beta, stream)

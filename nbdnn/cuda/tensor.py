@@ -26,6 +26,7 @@ from numba import cuda, float32, float64
 from ._arrays import dtype_name, empty, ptr, size
 from ._intrinsics import load4, store4, vector_alignment
 from ._launch import Kernel
+from ._strided import strided_offset
 from . import _tensor_reduce as _reduce
 from ..errors import NotSupportedError
 
@@ -83,19 +84,8 @@ def _ew_kernel(f, ct, unary):
                         if bfull != 0:
                             bv = ct(b[e])
                         else:
-                            r = e
-                            off = (r % s5) * t5
-                            r //= s5
-                            off += (r % s4) * t4
-                            r //= s4
-                            off += (r % s3) * t3
-                            r //= s3
-                            off += (r % s2) * t2
-                            r //= s2
-                            off += (r % s1) * t1
-                            r //= s1
-                            off += r * t0
-                            bv = ct(b[off])
+                            bv = ct(b[strided_offset(e, s1, s2, s3, s4, s5, t0, t1, t2,
+                                                     t3, t4, t5)])
                     v = f(al1 * ct(a[e]), al2 * bv)
                     if beta != 0:
                         v += beta * ct(y[e])
@@ -125,19 +115,7 @@ def _transform_kernel(ct):
         i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         step = cuda.gridDim.x * cuda.blockDim.x
         while i < n:
-            r = i
-            off = (r % s5) * t5
-            r //= s5
-            off += (r % s4) * t4
-            r //= s4
-            off += (r % s3) * t3
-            r //= s3
-            off += (r % s2) * t2
-            r //= s2
-            off += (r % s1) * t1
-            r //= s1
-            off += r * t0
-            v = alpha * ct(x[off])
+            v = alpha * ct(x[strided_offset(i, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5)])
             if beta != 0:
                 v += beta * ct(y[i])
             y[i] = v

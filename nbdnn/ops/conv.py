@@ -174,6 +174,20 @@ def _shape_arg(op, name, shape, nd):
     return shape
 
 
+def _backward_geometry(op, dy_shape, x_shape, w_shape, nd, stride, padding, dilation,
+                       groups, mode, layout, algo, alpha, beta):
+    """The checked (geometry args, algo, alpha, beta) of a data or filter gradient."""
+    stride, pads, dilation, mode, last = conv_params(op, nd, stride, padding, dilation,
+                                                     mode, layout)
+    N, C, S, K, R, P = geometry(op, nd, x_shape, w_shape, last, stride, pads, dilation,
+                                groups)
+    if dy_shape != out_shape(N, K, P, last):
+        fail(ShapeError, op, "dy.shape", f"the output's {out_shape(N, K, P, last)}", dy_shape)
+    alpha, beta = blend_params(op, alpha, beta)
+    return ((stride, pads, dilation, groups, mode, last),
+            choice(op, "algo", algo, BACKWARD_ALGOS), alpha, beta)
+
+
 def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
                        mode="cross_correlation", layout="NCHW", algo="auto", alpha=1.0,
                        beta=0.0, out=None, backend=None, stream=None):
@@ -184,17 +198,12 @@ def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, group
                                                    stream, out)
     nd = len(w_shape) - 2
     x_shape = _shape_arg(op, "x_shape", x_shape, nd)
-    stride, pads, dilation, mode, last = conv_params(op, nd, stride, padding, dilation,
-                                                     mode, layout)
-    N, C, S, K, R, P = geometry(op, nd, x_shape, w_shape, last, stride, pads, dilation,
-                                groups)
-    if dy_shape != out_shape(N, K, P, last):
-        fail(ShapeError, op, "dy.shape", f"the output's {out_shape(N, K, P, last)}", dy_shape)
-    alpha, beta = blend_params(op, alpha, beta)
-    algo = choice(op, "algo", algo, BACKWARD_ALGOS)
+    geo, algo, alpha, beta = _backward_geometry(op, dy_shape, x_shape, w_shape, nd, stride,
+                                                padding, dilation, groups, mode, layout, algo,
+                                                alpha, beta)
     out = c.out(out, x_shape, dtype)
-    return c.run("conv_backward_data", dy, w, x_shape, stride, pads, dilation, groups, mode,
-                 last, algo, alpha=alpha, beta=beta, out=out)
+    return c.run("conv_backward_data", dy, w, x_shape, *geo, algo, alpha=alpha, beta=beta,
+                 out=out)
 
 
 def conv_backward_filter(dy, x, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
@@ -207,17 +216,12 @@ def conv_backward_filter(dy, x, w_shape, *, stride=1, padding=0, dilation=1, gro
                                                    stream, out)
     nd = len(x_shape) - 2
     w_shape = _shape_arg(op, "w_shape", w_shape, nd)
-    stride, pads, dilation, mode, last = conv_params(op, nd, stride, padding, dilation,
-                                                     mode, layout)
-    N, C, S, K, R, P = geometry(op, nd, x_shape, w_shape, last, stride, pads, dilation,
-                                groups)
-    if dy_shape != out_shape(N, K, P, last):
-        fail(ShapeError, op, "dy.shape", f"the output's {out_shape(N, K, P, last)}", dy_shape)
-    alpha, beta = blend_params(op, alpha, beta)
-    algo = choice(op, "algo", algo, BACKWARD_ALGOS)
+    geo, algo, alpha, beta = _backward_geometry(op, dy_shape, x_shape, w_shape, nd, stride,
+                                                padding, dilation, groups, mode, layout, algo,
+                                                alpha, beta)
     out = c.out(out, w_shape, dtype)
-    return c.run("conv_backward_filter", dy, x, w_shape, stride, pads, dilation, groups,
-                 mode, last, algo, alpha=alpha, beta=beta, out=out)
+    return c.run("conv_backward_filter", dy, x, w_shape, *geo, algo, alpha=alpha, beta=beta,
+                 out=out)
 
 
 def conv_backward_bias(dy, *, layout="NCHW", alpha=1.0, beta=0.0, out=None, backend=None,
