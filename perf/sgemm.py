@@ -1,6 +1,9 @@
 """SGEMM speed: nbdnn.matmul against cuBLAS (torch.matmul, TF32 off) in the same run,
-fp32, square 512-8192 and skinny M = 64; each tile config forced in turn, with its
-registers and spills. TFLOP/s = 2*M*N*K / time.
+fp32, square 512-8192 and skinny M = 64. Per shape: the automatic plan (tile size and
+split-K chunks, nbdnn.cuda.matmul._plan), then each tile config forced in turn (with
+the split-K the plan would give it), with registers and spills. Config "large_r128"
+is the 128x128 tile compiled with a 128-register cap (two blocks an SM, some
+spills). TFLOP/s = 2*M*N*K / time.
 
     PYTHONPATH=. python perf/sgemm.py [--json F]
 """
@@ -12,9 +15,43 @@ import torch
 import nbdnn
 from nbdnn.bench import time_gpu
 from nbdnn.cuda import matmul as MM
+from nbdnn.cuda._launch import Kernel
 
 SHAPES = [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
-          (8192, 8192, 8192), (64, 4096, 4096), (4096, 64, 4096), (64, 8192, 1024)]
+          (8192, 8192, 8192), (64, 4096, 4096), (4096, 64, 4096), (64, 8192, 1024),
+          (64, 576, 100352)]
+FORCED = ("large", "large_r128", "small", "tiny")
+
+
+def _add_capped():
+    k, sig, cfg = MM._KERNELS["large", "float32"]
+    MM._KERNELS["large_r128", "float32"] = (Kernel(k.pyfunc, [sig], max_registers=128),
+                                            sig, cfg)
+
+
+def _forced_plan(size):
+    auto = MM._plan
+
+    def plan(M, N, K, nb, dtype, can_split):
+        base = "large" if size == "large_r128" else size
+        tiles = MM.TILES["float32"]
+        BM, BN = tiles[base][:2]
+        blocks = -(-M // BM) * -(-N // BN) * nb
+        sm = MM._sm_count()
+        splits = max(1, min(-(-sm // blocks), K // MM.MIN_CHUNK, MM.MAX_SPLITS)) \
+            if can_split else 1
+        return size, splits
+    return plan, auto
+
+
+def _time(run, a, b, c, ref, flops, t_ref, k=None, sig=None):
+    run()
+    err = float((c - ref).abs().max() / ref.abs().max())
+    t = time_gpu(run)
+    row = {"tflops": flops / t / 1e12, "vs_cublas": t_ref / t, "rel_err": err}
+    if k is not None:
+        row.update(k.resources(sig))
+    return row
 
 
 def main():
@@ -22,6 +59,7 @@ def main():
     p.add_argument("--json")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
+    _add_capped()
     rows = []
     for M, N, K in SHAPES:
         a = torch.randn(M, K, device="cuda")
@@ -30,25 +68,25 @@ def main():
         flops = 2 * M * N * K
         t_ref = time_gpu(lambda: torch.matmul(a, b, out=c))
         ref = torch.matmul(a, b)
-        line = {"shape": (M, N, K), "cublas_tflops": flops / t_ref / 1e12}
-        for size in ("large", "small", "tiny"):
-            saved = MM._choose_size
-            MM._choose_size = lambda *_, s=size: s
+        line = {"shape": (M, N, K), "cublas_tflops": flops / t_ref / 1e12,
+                "plan": MM._plan(M, N, K, 1, "float32", True)}
+        line["auto"] = _time(lambda: nbdnn.matmul(a, b, out=c), a, b, c, ref, flops, t_ref)
+        for size in FORCED:
+            plan, auto = _forced_plan(size)
+            MM._plan = plan
             try:
-                nbdnn.matmul(a, b, out=c)
-                err = float((c - ref).abs().max() / ref.abs().max())
-                t = time_gpu(lambda: nbdnn.matmul(a, b, out=c))
                 k, sig, cfg = MM._KERNELS[size, "float32"]
-                line[size] = {"tflops": flops / t / 1e12, "vs_cublas": t_ref / t,
-                              "rel_err": err, "cfg": cfg, **k.resources(sig)}
+                line[size] = _time(lambda: nbdnn.matmul(a, b, out=c), a, b, c, ref, flops,
+                                   t_ref, k, sig)
+                line[size]["splits"] = plan(M, N, K, 1, "float32", True)[1]
             finally:
-                MM._choose_size = saved
+                MM._plan = auto
         rows.append(line)
-        best = max(line[s]["vs_cublas"] for s in ("large", "small", "tiny"))
-        print(f"{M}x{N}x{K}: cuBLAS {line['cublas_tflops']:.1f} TFLOP/s; " + "; ".join(
-            f"{s} {line[s]['tflops']:.1f} ({line[s]['vs_cublas']:.0%}, {line[s]['regs']} regs, "
-            f"{line[s]['local_bytes']} B spill, err {line[s]['rel_err']:.1e})"
-            for s in ("large", "small", "tiny")) + f"; best {best:.0%}", flush=True)
+        print(f"{M}x{N}x{K}: cuBLAS {line['cublas_tflops']:.1f} TFLOP/s; auto {line['plan']} "
+              f"{line['auto']['tflops']:.1f} ({line['auto']['vs_cublas']:.0%}); " + "; ".join(
+                  f"{s}/{line[s]['splits']} {line[s]['tflops']:.1f} ({line[s]['vs_cublas']:.0%}, "
+                  f"{line[s]['regs']} regs, {line[s]['local_bytes']} B spill, "
+                  f"err {line[s]['rel_err']:.1e})" for s in FORCED), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

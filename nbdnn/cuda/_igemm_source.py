@@ -11,64 +11,66 @@ thread layout are the GEMM's (nbdnn/cuda/_gemm_source.py); the epilogue writes
 y[n, g*Kg + k, p] through the layout's strides.
 
 A tile: each thread's rows (output positions) are decoded once, before the k loop,
-into an input base offset and the top-left input coordinate; per k-step the
-reduction index is decoded into (c, t, r, s) (runtime divisions). Channels-last takes
-consecutive reduction indices in consecutive threads (c is contiguous in x);
-channels-first takes consecutive output positions.
+into the input offset of the receptive field's corner (xb) and its coordinates (bd,
+bh, bw). A reduction index kx is a tap: `taps[4*kx:4*kx+4]` (nbdnn.cuda.conv builds
+it on the host, cached per geometry) holds its offset in x and its (d, h, w)
+displacement, so a k-step costs a thread four cached table loads an element instead
+of the six runtime 64-bit divisions that decoded kx in variant 1 (2.8 TFLOP/s on
+ResNet's 3x3 layers, 9% of cuDNN; perf/RESULTS.md run D). The bounds test folds each
+coordinate's two sides into one unsigned compare. Channels-last takes consecutive
+reduction indices in consecutive threads (c is contiguous in x); channels-first takes
+consecutive output positions. The k loop is the GEMM's (two stages, one barrier).
 """
-from ._gemm_source import block_setup, tile_loads, tile_products
+from ._gemm_source import PAD, block_setup, col_expr, main_loop, row_expr, tile_loads
 
 _GEOM = ("N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd, qh, qw, dd, dh, dw, "
          "flip, last")
 
 
 def _a_loads(BM, BK, T, L):
-    setup, loop = [], []
+    """The A tile's (setup, fetch, stash): one output row a thread (so one row decode),
+    L consecutive taps of it channels-last, taps T/BM apart channels-first."""
+    assert BK % L == 0 and T % BM == 0 and BM * BK == L * T
+    setup = ["    if last:",
+             f"        r = t // {BK // L}", f"        kk_a = (t % {BK // L}) * {L}",
+             "        dk_a = 1",
+             "    else:",
+             f"        r = t % {BM}", f"        kk_a = t // {BM}", f"        dk_a = {T // BM}",
+             "    m = m0 + r",
+             "    ok_a = m < Mg",
+             "    pw = m % PW", "    q = m // PW", "    ph = q % PH", "    q //= PH",
+             "    pd = q % PD", "    n = q // PD",
+             "    bd = pd * sd - qd", "    bh = ph * sh - qh", "    bw = pw * sw - qw",
+             "    xb = n * xn + xg + bd * xd + bh * xh + bw * xw",
+             f"    dst_a = kk_a * {BM + PAD} + r"]
+    fetch, stash = [], []
     for l in range(L):
         v = f"a{l}"
-        setup += [f"    e = t + {l * T}",
-                  "    if last:", f"        r = e // {BK}", f"        kk_{v} = e % {BK}",
-                  "    else:", f"        r = e % {BM}", f"        kk_{v} = e // {BM}",
-                  "    m = m0 + r",
-                  f"    ok_{v} = m < Mg",
-                  "    pw = m % PW", "    q = m // PW", "    ph = q % PH", "    q //= PH",
-                  "    pd = q % PD", "    n = q // PD",
-                  f"    xb_{v} = n * xn + xg",
-                  f"    bd_{v} = pd * sd - qd", f"    bh_{v} = ph * sh - qh",
-                  f"    bw_{v} = pw * sw - qw",
-                  f"    dst_{v} = kk_{v} * {BM} + r"]
-        loop += ["        v = ZERO",
-                 f"        kx = k0 + kk_{v}",
-                 f"        if ok_{v} and kx < Kr:",
-                 "            if last:",
-                 "                c = kx % Cg", "                q = kx // Cg",
-                 "                s = q % S", "                q //= S",
-                 "                r = q % R", "                tt = q // R",
-                 "            else:",
-                 "                s = kx % S", "                q = kx // S",
-                 "                r = q % R", "                q //= R",
-                 "                tt = q % T", "                c = q // T",
-                 "            if flip:",
-                 "                tt, r, s = T - 1 - tt, R - 1 - r, S - 1 - s",
-                 f"            idd = bd_{v} + tt * dd",
-                 f"            ih = bh_{v} + r * dh",
-                 f"            iw = bw_{v} + s * dw",
-                 "            if 0 <= idd < D and 0 <= ih < H and 0 <= iw < W:",
-                 f"                v = CT(x[U(xb_{v} + c * xc + idd * xd + ih * xh + iw * xw)])",
-                 f"        As[U(dst_{v})] = v"]
-    return setup, loop
+        fetch += [f"        r_{v} = ZERO",
+                  f"        kx = k0 + kk_a + {l} * dk_a",
+                  "        if ok_a and kx < kend:",
+                  "            j = U(4 * kx)",
+                  "            if (UB(bd + taps[j + U(1)]) < UB(D) and UB(bh + taps[j + U(2)]) < "
+                  "UB(H)",
+                  "                    and UB(bw + taps[j + U(3)]) < UB(W)):",
+                  f"                r_{v} = CT(x[U(xb + taps[j])])"]
+        stash.append(f"        As[U(so_a + dst_a + {l} * {BM + PAD} * dk_a)] = r_{v}")
+    return setup, fetch, stash
 
 
 def igemm_source(BM, BN, BK, TM, TN):
-    """(name, source) of kernel `conv_igemm_<config>`, with conv_fwd's arguments."""
+    """(name, source) of kernel `conv_igemm_<config>`: conv_fwd's arguments after the
+    tap table."""
     TY, TX = BM // TM, BN // TN
     T = TX * TY
     assert BM * BK % T == 0 and BN * BK % T == 0, "tile loads must split evenly"
     name = f"conv_igemm_{BM}x{BN}x{BK}_{TM}x{TN}"
-    src = [f"def {name}(x, w, y, bias, z, {_GEOM}, has_bias, has_z, act, coef, alpha, beta):"]
+    src = [f"def {name}(x, w, y, bias, z, taps, {_GEOM}, has_bias, has_z, act, coef, alpha, "
+           "beta):"]
     src += block_setup(BM, BN, BK, TM, TN)
     src += ["    Cg = C // G", "    Kg = K // G",
             "    Mg = N * PD * PH * PW", "    Kr = Cg * T * R * S",
+            "    kbeg = 0", "    kend = Kr",
             "    xn, xc, xd, xh, xw = strides(C, D, H, W, last)",
             "    yn, yc, yd, yh, yw = strides(K, PD, PH, PW, last)",
             "    g = cuda.blockIdx.y",
@@ -76,20 +78,21 @@ def igemm_source(BM, BN, BK, TM, TN):
             f"    m0 = (cuda.blockIdx.x // ntn) * {BM}",
             f"    n0 = (cuda.blockIdx.x % ntn) * {BN}",
             "    xg = g * Cg * xc", "    woff = g * Kg * Kr"]
-    setup_a, loop_a = _a_loads(BM, BK, T, BM * BK // T)
+    setup_a, fetch_a, stash_a = _a_loads(BM, BK, T, BM * BK // T)
     # the filters: the GEMM's B side, k-contiguous (as op(b) with trans_b)
-    setup_b, loop_b = tile_loads("w", BN, "1", BN * BK // T, T, BK, "Kg", red="Kr", side="b")
+    setup_b, fetch_b, stash_b = tile_loads("w", BN, "1", BN * BK // T, T, BK, "Kg",
+                                           red="Kr", side="b")
     src += setup_a + setup_b
-    src.append(f"    for k0 in range(0, Kr, {BK}):")
-    src += loop_a + loop_b + tile_products(BM, BN, BK, TM, TN)
+    src += main_loop(BM, BN, BK, TM, TN, fetch_a + fetch_b, stash_a + stash_b)
     for j in range(TN):
-        src += [f"    k{j} = g * Kg + n0 + tx + {j * TX}",
-                f"    live{j} = n0 + tx + {j * TX} < Kg",
+        src += [f"    kl{j} = n0 + {col_expr(BN, TN, j)}",
+                f"    k{j} = g * Kg + kl{j}",
+                f"    live{j} = kl{j} < Kg",
                 f"    bb{j} = ZERO",
                 f"    if has_bias != 0 and live{j}:",
                 f"        bb{j} = CT(bias[U(k{j})])"]
     for i in range(TM):
-        src += [f"    m = m0 + ty + {i * TY}", "    if m < Mg:",
+        src += [f"    m = m0 + {row_expr(BM, TM, i)}", "    if m < Mg:",
                 "        pw = m % PW", "        q = m // PW", "        ph = q % PH",
                 "        q //= PH", "        pd = q % PD", "        n = q // PD",
                 "        yb = n * yn + pd * yd + ph * yh + pw * yw"]

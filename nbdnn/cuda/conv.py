@@ -38,12 +38,12 @@ from numba import cuda, float32, float64, uint64
 
 from . import SIMULATOR
 from . import activation as _act
-from ._arrays import dtype_name, empty
+from ._arrays import dtype_name, empty, to_device
 from ._igemm_source import igemm_source
 from . import _conv_gemm, _conv_winograd
 from ._conv_index import landing as _landing, launch, split as _split, strides as _strides
 from ._launch import Kernel
-from .matmul import TILES, _act_source, _choose_size, _gemm
+from .matmul import TILES, _act_source, _gemm, _plan
 from .tensor import reduce_tensor
 
 DTYPES = ("float16", "float32", "float64")
@@ -167,7 +167,8 @@ def _build():
         kernels.update(_conv_gemm.kernels(CT, act_fn))
         kernels.update(_conv_winograd.kernels(CT, _conv_gemm.make_epilogue(CT, act_fn)))
         ins = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "act_fn": act_fn, "strides": _strides,
-               "U": int if SIMULATOR else uint64}
+               "U": int if SIMULATOR else uint64,
+               "UB": (lambda v: int(v) % (1 << 64)) if SIMULATOR else uint64}
         for size, cfg in TILES[ct_name].items():
             name, src = igemm_source(*cfg)
             exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
@@ -178,7 +179,8 @@ def _build():
                            f"{ct_name}, {ct_name}, {ct_name})",
                     "bwd_data": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
                     "bwd_filter": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
-            sigs.update({"igemm_" + size: sigs["fwd"] for size in TILES[ct_name]})
+            igemm = sigs["fwd"].replace(f"{a}, {_GEOM}", f"{a}, int64[::1], {_GEOM}", 1)
+            sigs.update({"igemm_" + size: igemm for size in TILES[ct_name]})
             sigs.update(_conv_gemm.signatures(t, ct_name, _GEOM))
             sigs.update(_conv_winograd.signatures(t, ct_name))
             for name, sig in sigs.items():
@@ -187,6 +189,34 @@ def _build():
 
 
 _KERNELS = _build()
+
+
+_taps_cache = {}
+
+
+def _taps(like, g):
+    """The implicit GEMM's tap table (nbdnn/cuda/_igemm_source.py): for each reduction
+    index kx, in the filters' storage order, its offset in x from the receptive
+    field's corner and its (d, h, w) displacement; int64 (4, Kr) interleaved."""
+    N, C, K, G, D, H, W, T, R, S = g[:10]
+    dd, dh, dw, flip, last = g[19:]
+    key = g[1:10] + g[19:]
+    tab = _taps_cache.get(key)
+    if tab is None:
+        Cg = C // G
+        c, t, r, s = np.meshgrid(np.arange(Cg), np.arange(T), np.arange(R), np.arange(S),
+                                 indexing="ij")
+        if last:  # reduction order (t, r, s, c)
+            c, t, r, s = (a.transpose(1, 2, 3, 0) for a in (c, t, r, s))
+        if flip:
+            t, r, s = T - 1 - t, R - 1 - r, S - 1 - s
+        sc, sd_, sh_, sw_ = (1, H * W * C, W * C, C) if last else (D * H * W, H * W, W, 1)
+        td, th, tw = t * dd, r * dh, s * dw
+        host = np.stack([c * sc + td * sd_ + th * sh_ + tw * sw_, td, th, tw], axis=-1)
+        if len(_taps_cache) > 256:
+            _taps_cache.clear()
+        tab = _taps_cache[key] = to_device(np.ascontiguousarray(host, np.int64).ravel())
+    return tab
 
 
 def _geometry(x_shape, w_shape, stride, pads, dilation, groups, mode, last):
@@ -226,11 +256,11 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
                         stream)
     elif total:
         M, Kg = total // K, K // groups
-        size = _choose_size(M, Kg, groups, dtype)
+        size, _ = _plan(M, Kg, 0, groups, dtype, False)
         k, sig = _KERNELS["igemm_" + size, dtype]
         BM, BN, _, TM, TN = TILES["float64" if dtype == "float64" else "float32"][size]
         k.launch(sig, (-(-M // BM) * -(-Kg // BN), groups, 1), (BM // TM) * (BN // TN),
-                 stream, *args)
+                 stream, *args[:5], _taps(x, g), *args[5:])
     return y
 
 

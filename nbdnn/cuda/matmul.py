@@ -39,16 +39,16 @@ from .tensor import reduce_tensor
 from ..errors import NotSupportedError
 
 DTYPES = ("float16", "float32", "float64")
-if SIMULATOR:  # a few dozen threads a block
-    TILES = {"float32": {"large": (8, 8, 4, 2, 2), "small": (4, 4, 4, 2, 2),
-                         "tiny": (2, 2, 2, 1, 1)}}
-else:
-    TILES = {"float32": {"large": (128, 128, 8, 8, 8), "small": (64, 64, 8, 4, 4),
-                         "tiny": (32, 32, 8, 2, 2)},
-             "float64": {"large": (64, 64, 8, 4, 4), "small": (32, 32, 8, 2, 2),
-                         "tiny": (16, 16, 16, 1, 1)}}
+HW_TILES = {"float32": {"large": (128, 128, 8, 8, 8), "small": (64, 64, 8, 4, 4),
+                        "tiny": (32, 32, 8, 2, 2)},
+            "float64": {"large": (64, 64, 8, 4, 4), "small": (32, 32, 8, 2, 2),
+                        "tiny": (16, 16, 16, 1, 1)}}
+SIM_TILES = {"float32": {"large": (8, 8, 4, 2, 2), "small": (4, 4, 4, 2, 2),  # a few dozen
+                         "tiny": (2, 2, 2, 1, 1)}}                           # threads a block
+TILES = dict(SIM_TILES if SIMULATOR else HW_TILES)
 TILES.setdefault("float64", TILES["float32"])
 MAX_BATCH = 65535                     # grid.y
+MIN_CHUNK, MAX_SPLITS = 256, 64        # split-K: shortest chunk, most chunks (grid.z)
 _offsets_cache = {}
 
 
@@ -75,7 +75,7 @@ def _build():
             for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
                 a = f"{t}[::1]"
                 sig = (f"void({a}, {a}, {a}, {a}, int64[::1], int64, int64, int64, int64, "
-                       f"int64, int64, int64, {ct_name}, {ct_name}, {ct_name})")
+                       f"int64, int64, int64, {ct_name}, {ct_name}, {ct_name}, int64)")
                 table[size, t] = (Kernel(ns[name], [sig]), sig, cfg)
     return table
 
@@ -113,27 +113,40 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream):
     if nb > MAX_BATCH:
         raise NotSupportedError(f"matmul: {nb} matrices in a batch exceed the grid limit "
                                 f"{MAX_BATCH}; split the batch")
-    kernel, sig, (BM, BN, _, TM, TN) = _KERNELS[_choose_size(M, N, nb, dtype), dtype]
+    size, splits = _plan(M, N, K, nb, dtype,
+                         bias is None and act is None and dtype != "float16")
+    kernel, sig, (BM, BN, BK, TM, TN) = _KERNELS[size, dtype]
     offs = _offsets(a, ash[:-2], bsh[:-2], batch, M * K, K * N)
-    grid = (-(-M // BM) * -(-N // BN), nb, 1)
-    threads = (BM // TM) * (BN // TN)
+    tiles = -(-M // BM) * -(-N // BN)
+    chunk = -(-K // (splits * BK)) * BK
+    splits = -(-K // chunk) if K else 1
+    dst = c if splits == 1 else empty(a, (splits,) + batch + (M, N), dtype)
     mode = -1 if act is None else _act.MODES.index(act)
-    kernel.launch(sig, grid, threads, stream, a, b, c, bias if bias is not None else c,
-                  offs, M, N, K, int(trans_a), int(trans_b), int(bias is not None), mode,
-                  coef, alpha, beta)
+    kernel.launch(sig, (tiles, nb, splits), (BM // TM) * (BN // TN), stream, a, b, dst,
+                  bias if bias is not None else c, offs, M, N, K, int(trans_a),
+                  int(trans_b), int(bias is not None), mode, coef,
+                  alpha if splits == 1 else 1.0, beta if splits == 1 else 0.0,
+                  max(chunk, BK))
+    if splits > 1:  # the chunks' partial products, summed in chunk order
+        reduce_tensor(dst, "add", (0,), False, False, alpha=alpha, beta=beta,
+                      out=c, stream=stream)
     return c
 
 
-def _choose_size(M, N, nb, dtype):
-    """The largest tiles that still give every SM a block; "tiny" (32x32 for float32:
-    4x the blocks of "small") for skinny and small problems, e.g. M = 64 against
-    K = N = 4096 (to be tuned on the H200)."""
+def _plan(M, N, K, nb, dtype, can_split):
+    """(tile size, split-K chunks): the largest tiles whose grid, with the reduction
+    split into at most MAX_SPLITS chunks of at least MIN_CHUNK, gives every SM a
+    block; else "tiny" (32x32 for float32). Splitting needs float32/float64 output
+    and no epilogue (the partial sums are stored in the output dtype and summed by
+    reduce_tensor in chunk order: deterministic)."""
     tiles = TILES["float64" if dtype == "float64" else "float32"]
-    for size in ("large", "small"):
+    sm = _sm_count()
+    for size in ("large", "small", "tiny"):
         BM, BN = tiles[size][:2]
-        if -(-M // BM) * -(-N // BN) * nb >= _sm_count():
-            return size
-    return "tiny"
+        blocks = -(-M // BM) * -(-N // BN) * nb
+        splits = max(1, min(-(-sm // blocks), K // MIN_CHUNK, MAX_SPLITS)) if can_split else 1
+        if blocks * splits >= sm or size == "tiny":
+            return size, splits
 
 
 _sm = []

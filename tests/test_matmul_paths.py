@@ -1,0 +1,43 @@
+"""Which GEMM tiles and how many split-K chunks run for which shape
+(nbdnn.cuda.matmul._plan), and every (tile, chunks) pair forced on small shapes: the
+chunk edges, a reduction shorter than one chunk, transposes, the beta blend and a
+broadcast batch. Random shapes never split under the simulator (MIN_CHUNK = 256)."""
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn.cuda import matmul as MM
+
+
+def test_plan_by_shape(monkeypatch):
+    monkeypatch.setattr(MM, "_sm", [132])
+    monkeypatch.setattr(MM, "TILES", MM.HW_TILES)
+    big = "float32"
+    assert MM._plan(4096, 4096, 4096, 1, big, True) == ("large", 1)      # 1024 tiles
+    assert MM._plan(1024, 1024, 1024, 1, big, True) == ("large", 3)      # 64 tiles x 3
+    assert MM._plan(64, 576, 100352, 1, big, True) == ("large", 27)      # conv dW
+    assert MM._plan(64, 576, 100352, 1, big, False) == ("tiny", 1)       # no split
+    assert MM._plan(512, 512, 512, 1, big, True) == ("tiny", 1)          # too short to split
+    assert MM._plan(64, 64, 10 ** 7, 1, big, True) == ("tiny", 33)         # 4 tiles x 33
+    assert MM._plan(128, 128, 10 ** 7, 1, big, True) == ("small", 33)      # 4 tiles x 33
+    assert MM._plan(100, 100, 0, 1, big, True)[1] == 1
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("size", ["large", "small", "tiny"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("trans", [(False, False), (True, True), (True, False)])
+def test_forced_plan_matches_numpy(monkeypatch, size, splits, trans):
+    monkeypatch.setattr(MM, "MIN_CHUNK", 1)
+    monkeypatch.setattr(MM, "_plan", lambda *a: (size, splits))
+    rng = np.random.default_rng(splits)
+    ta, tb = trans
+    M, N, K = 9, 7, 19                       # no tile, chunk or k-step edge lines up
+    a = rng.standard_normal((2, K, M) if ta else (2, M, K))
+    b = rng.standard_normal((1, N, K) if tb else (1, K, N))
+    out = rng.standard_normal((2, M, N))
+    want = 0.5 * np.matmul(a.swapaxes(-1, -2) if ta else a,
+                           b.swapaxes(-1, -2) if tb else b) + 2.0 * out
+    got = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, alpha=0.5, beta=2.0, out=out.copy(),
+                       backend="cuda")
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
