@@ -78,10 +78,52 @@ def _make_backward(which):
     return make
 
 
+def _depthwise_problem(draw, big):
+    """A 2-d depthwise problem (groups == C, multiplier 1-2) that mostly fits the
+    generated kernels (3x3/5x5, stride 1-2 along H, dilation 1 along H); dilation 2
+    along H sends some to the direct fallback."""
+    C, mult = draw(1, 3), draw(1, 2)
+    R = (3, 5)[draw(0, 1)]
+    stride, dil = (draw(1, 2), draw(1, 2)), ((1, 1, 1, 2)[draw(0, 3)], draw(1, 2))
+    pads = tuple((draw(0, 2), draw(0, 2)) for _ in range(2))
+    cap = 12 if big else 7
+    S = tuple(max(draw(1, cap), (R - 1) * d + 1 - a - b) for d, (a, b) in zip(dil, pads))
+    last, N, K = draw(0, 1) == 1, draw(1, 2), C * mult
+    xs = (N,) + S + (C,) if last else (N, C) + S
+    ws = (K, R, R, 1) if last else (K, 1, R, R)
+    kw = dict(stride=stride, padding=pads, dilation=dil, groups=C,
+              mode=("cross_correlation", "convolution")[draw(0, 1)],
+              layout="NHWC" if last else "NCHW", algo=("auto", "depthwise")[draw(0, 1)])
+    return xs, ws, kw
+
+
+def _make_depthwise(which):
+    def make(draw, dtype, big):
+        rng = np.random.default_rng(draw(0, 2 ** 31))
+        xs, ws, kw = _depthwise_problem(draw, big)
+        x, w = rand(rng, xs, dtype, -1, 1), rand(rng, ws, dtype, -1, 1)
+        y = nbdnn.conv2d(x, w, **kw)
+        taps, positions = 2 * 25, y.size // ws[0]  # multiplier x R*S; N*P*Q
+        if which == "forward":
+            bias = rand(rng, (ws[0],), dtype, -1, 1) if draw(0, 1) else None
+            kw.update(activation=ACTIVATIONS[draw(0, len(ACTIVATIONS) - 1)])
+            return Case((x, w, bias), kw, tol=matmul_tol(dtype, taps))
+        dy = rand(rng, y.shape, dtype, -1, 1)
+        if which == "data":
+            return Case((dy, w, xs), kw, tol=matmul_tol(dtype, taps))
+        return Case((dy, x, ws), kw, tol=matmul_tol(dtype, positions))
+    return make
+
+
 SPECS = [OpSpec("conv", _conv, _make_forward, family="conv"),
          OpSpec("conv_backward_data", nbdnn.conv_backward_data, _make_backward("data"),
                 family="conv"),
          OpSpec("conv_backward_filter", nbdnn.conv_backward_filter,
                 _make_backward("filter"), family="conv"),
+         OpSpec("conv_depthwise", nbdnn.conv2d, _make_depthwise("forward"), family="conv"),
+         OpSpec("conv_depthwise_backward_data", nbdnn.conv_backward_data,
+                _make_depthwise("data"), family="conv"),
+         OpSpec("conv_depthwise_backward_filter", nbdnn.conv_backward_filter,
+                _make_depthwise("filter"), family="conv"),
          OpSpec("conv_backward_bias", nbdnn.conv_backward_bias, _make_backward("bias"),
                 family="conv")]

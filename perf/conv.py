@@ -5,7 +5,11 @@ nbdnn algorithm, backward data and filter, and conv+bias+relu fused against thre
 nbdnn calls. fp32, NCHW (--nhwc for channels-last). Prints TFLOP/s (2*N*K*P*Q*C/g*R*S
 per pass), the ratio to cuDNN and the geometric means.
 
-    PYTHONPATH=. python perf/conv.py [--nhwc] [--json F] [--algos implicit_gemm direct]
+"auto" is what a caller gets by default (depthwise kernels for groups == C, implicit
+GEMM otherwise); backward passes run "auto". Geometric means over all layers and over
+the ResNet and depthwise sets apart.
+
+    PYTHONPATH=. python perf/conv.py [--nhwc] [--json F] [--algos auto implicit_gemm direct]
 """
 import argparse
 import json
@@ -54,7 +58,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nhwc", action="store_true")
     ap.add_argument("--json")
-    ap.add_argument("--algos", nargs="*", default=["implicit_gemm", "direct"])
+    ap.add_argument("--algos", nargs="*", default=["auto", "implicit_gemm"])
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
@@ -89,8 +93,13 @@ def main():
             f"{a} {row[a]['tflops']:6.2f} ({row[a]['vs_cudnn']:.0%}, err {row[a]['rel_err']:.0e})"
             for a in args.algos) + f" | bwd data {td*1e3:.2f} ms, filter {tf*1e3:.2f} ms "
             f"(cuDNN both {tb_ref*1e3:.2f} ms)", flush=True)
-    geo = {k: math.exp(sum(map(math.log, v)) / len(v)) for k, v in ratios.items() if v}
-    print("geometric mean vs cuDNN:", {k: f"{v:.0%}" for k, v in geo.items()})
+    geo = {}
+    for part, sl in (("all", slice(None)), ("resnet", slice(0, len(RESNET))),
+                     ("depthwise", slice(len(RESNET), None))):
+        geo[part] = {k: math.exp(sum(map(math.log, v[sl])) / len(v[sl]))
+                     for k, v in ratios.items() if v}
+        print(f"geometric mean vs cuDNN, {part}:",
+              {k: f"{v:.0%}" for k, v in geo[part].items()})
     d, x, w, xn, wn = _case(RESNET[2], args.nhwc)
     bias = torch.randn(d["K"], device="cuda")
     kw = dict(padding=1, layout=layout)

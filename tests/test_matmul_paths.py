@@ -14,12 +14,13 @@ def test_plan_by_shape(monkeypatch):
     monkeypatch.setattr(MM, "TILES", MM.HW_TILES)
     big = "float32"
     assert MM._plan(4096, 4096, 4096, 1, big, True) == ("large", 1)      # 1024 tiles
-    assert MM._plan(1024, 1024, 1024, 1, big, True) == ("large", 3)      # 64 tiles x 3
-    assert MM._plan(64, 576, 100352, 1, big, True) == ("large", 27)      # conv dW
+    assert MM._plan(2048, 2048, 2048, 1, big, True) == ("large", 1)      # 256 tiles
+    assert MM._plan(1024, 1024, 1024, 1, big, True) == ("small", 1)      # 256 small tiles
+    assert MM._plan(512, 512, 512, 1, big, True) == ("small", 2)         # 64 tiles x 2
+    assert MM._plan(64, 4096, 4096, 1, big, True) == ("small", 3)
+    assert MM._plan(64, 576, 100352, 1, big, True) == ("small", 15)      # conv dW
     assert MM._plan(64, 576, 100352, 1, big, False) == ("tiny", 1)       # no split
-    assert MM._plan(512, 512, 512, 1, big, True) == ("tiny", 1)          # too short to split
-    assert MM._plan(64, 64, 10 ** 7, 1, big, True) == ("tiny", 33)         # 4 tiles x 33
-    assert MM._plan(128, 128, 10 ** 7, 1, big, True) == ("small", 33)      # 4 tiles x 33
+    assert MM._plan(32, 32, 10 ** 7, 1, big, True) == ("tiny", MM.MAX_SPLITS)
     assert MM._plan(100, 100, 0, 1, big, True)[1] == 1
 
 

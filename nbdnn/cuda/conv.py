@@ -40,10 +40,10 @@ from . import SIMULATOR
 from . import activation as _act
 from ._arrays import dtype_name, empty, to_device
 from ._igemm_source import igemm_source
-from . import _conv_gemm, _conv_winograd
+from . import _conv_depthwise, _conv_gemm, _conv_winograd
 from ._conv_index import landing as _landing, launch, split as _split, strides as _strides
 from ._launch import Kernel
-from .matmul import TILES, _act_source, _gemm, _plan
+from .matmul import TILES, _act_source, _gemm, _plan, _sm_count
 from .tensor import reduce_tensor
 
 DTYPES = ("float16", "float32", "float64")
@@ -173,6 +173,10 @@ def _build():
             name, src = igemm_source(*cfg)
             exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
             kernels["igemm_" + size] = ins[name]
+        ins["epilogue"] = _conv_gemm.make_epilogue(CT, act_fn)
+        for name, src in _conv_depthwise.sources().items():
+            exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
+            kernels[name] = ins[name]
         for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
             a = f"{t}[::1]"
             sigs = {"fwd": f"void({a}, {a}, {a}, {a}, {a}, {_GEOM}, int64, int64, int64, "
@@ -183,6 +187,7 @@ def _build():
             sigs.update({"igemm_" + size: igemm for size in TILES[ct_name]})
             sigs.update(_conv_gemm.signatures(t, ct_name, _GEOM))
             sigs.update(_conv_winograd.signatures(t, ct_name))
+            sigs.update(_conv_depthwise.signatures(t, ct_name, _GEOM))
             for name, sig in sigs.items():
                 table[name, t] = (Kernel(kernels[name], [sig]), sig)
     return table
@@ -247,7 +252,12 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
     args = (x, w, y, bias if bias is not None else y, residual if residual is not None else y,
             *g, int(bias is not None), int(residual is not None), act, coef, alpha, beta)
     total = N * K * P[0] * P[1] * P[2]
-    if algo == "direct":
+    if algo == "auto":
+        algo = "depthwise" if g[1] == groups else "implicit_gemm"
+    if algo == "depthwise" and _conv_depthwise.forward(_KERNELS, x, y, w, *args[3:5], g,
+                                                       args[-6:], stream):
+        return y
+    if algo in ("direct", "depthwise"):  # depthwise without a generated kernel
         launch(_KERNELS, "fwd", dtype, total, stream, *args)
     elif algo in ("gemm", "winograd"):
         if total:
@@ -257,6 +267,8 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
     elif total:
         M, Kg = total // K, K // groups
         size, _ = _plan(M, Kg, 0, groups, dtype, False)
+        if size == "large" and Kg <= TILES["float32"]["small"][1]:
+            size = "small"  # 64 filters would leave half of a 128-wide tile idle
         k, sig = _KERNELS["igemm_" + size, dtype]
         BM, BN, _, TM, TN = TILES["float64" if dtype == "float64" else "float32"][size]
         k.launch(sig, (-(-M // BM) * -(-Kg // BN), groups, 1), (BM // TM) * (BN // TN),
@@ -268,6 +280,12 @@ def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, las
                        *, alpha, beta, out, stream):
     g = _geometry(x_shape, tuple(w.shape), stride, pads, dilation, groups, mode, last)
     dx = out if out is not None else empty(dy, x_shape, dtype_name(dy))
+    if algo == "auto":
+        algo = "depthwise" if g[1] == groups else "gemm"
+    if algo == "depthwise":
+        if _conv_depthwise.backward_data(_KERNELS, dy, w, dx, g, alpha, beta, stream):
+            return dx
+        algo = "direct"
     if algo == "direct":
         launch(_KERNELS, "bwd_data", dtype_name(dy), int(np.prod(x_shape)), stream, dy, w, dx, *g,
                 alpha, beta)
@@ -280,6 +298,13 @@ def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, l
                          *, alpha, beta, out, stream):
     g = _geometry(tuple(x.shape), w_shape, stride, pads, dilation, groups, mode, last)
     dw = out if out is not None else empty(dy, w_shape, dtype_name(dy))
+    if algo == "auto":
+        algo = "depthwise" if g[1] == groups else "gemm"
+    if algo == "depthwise":
+        if _conv_depthwise.backward_filter(_KERNELS, dy, x, dw, g, alpha, beta, stream,
+                                           _sm_count()):
+            return dw
+        algo = "gemm"
     if algo == "direct":
         launch(_KERNELS, "bwd_filter", dtype_name(dy), int(np.prod(w_shape)), stream, dy, x, dw, *g,
                 alpha, beta)

@@ -76,7 +76,11 @@ def _build():
                 a = f"{t}[::1]"
                 sig = (f"void({a}, {a}, {a}, {a}, int64[::1], int64, int64, int64, int64, "
                        f"int64, int64, int64, {ct_name}, {ct_name}, {ct_name}, int64)")
-                table[size, t] = (Kernel(ns[name], [sig]), sig, cfg)
+                # capped, the 128x128 tile spills 32 B and two blocks share an SM:
+                # 62-63% of cuBLAS against 58-60% at 163 registers (perf/RESULTS.md)
+                cap = {} if SIMULATOR or (size, ct_name) != ("large", "float32") else \
+                    {"max_registers": 128}
+                table[size, t] = (Kernel(ns[name], [sig], **cap), sig, cfg)
     return table
 
 
@@ -134,19 +138,30 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream):
 
 
 def _plan(M, N, K, nb, dtype, can_split):
-    """(tile size, split-K chunks): the largest tiles whose grid, with the reduction
-    split into at most MAX_SPLITS chunks of at least MIN_CHUNK, gives every SM a
-    block; else "tiny" (32x32 for float32). Splitting needs float32/float64 output
-    and no epilogue (the partial sums are stored in the output dtype and summed by
-    reduce_tensor in chunk order: deterministic)."""
+    """(tile size, split-K chunks), from perf/sgemm.py on the H200 (perf/RESULTS.md):
+    "large" when its grid is at least 1.5 waves (62-63% of cuBLAS from 2048^2 up; at
+    1024^2 "small" unsplit gives 64% against large's 47% even split three ways);
+    else "small", its reduction split into at most MAX_SPLITS chunks of at least
+    MIN_CHUNK until the grid fills the SMs, while that reaches half a wave; else
+    "tiny", split likewise. Splitting needs float32/float64 output and no epilogue
+    (the partial sums are stored in the output dtype and summed by reduce_tensor in
+    chunk order: deterministic)."""
     tiles = TILES["float64" if dtype == "float64" else "float32"]
     sm = _sm_count()
-    for size in ("large", "small", "tiny"):
+
+    def blocks(size):
         BM, BN = tiles[size][:2]
-        blocks = -(-M // BM) * -(-N // BN) * nb
-        splits = max(1, min(-(-sm // blocks), K // MIN_CHUNK, MAX_SPLITS)) if can_split else 1
-        if blocks * splits >= sm or size == "tiny":
-            return size, splits
+        return -(-M // BM) * -(-N // BN) * nb
+
+    def chunks(n):
+        return max(1, min(-(-sm // n), K // MIN_CHUNK, MAX_SPLITS)) if can_split else 1
+
+    if 2 * blocks("large") >= 3 * sm:
+        return "large", 1
+    n = blocks("small")
+    if 2 * n * chunks(n) >= sm:
+        return "small", chunks(n)
+    return "tiny", chunks(blocks("tiny"))
 
 
 _sm = []

@@ -19,8 +19,8 @@ from .activation import _coef
 LAYOUTS = {"NCHW": False, "NHWC": True, "NCW": False, "NWC": True, "NCDHW": False,
            "NDHWC": True}
 MODES = ("cross_correlation", "convolution")
-ALGOS = ("auto", "direct", "implicit_gemm", "gemm", "winograd")
-BACKWARD_ALGOS = ("auto", "direct", "gemm")  # auto: gemm
+ALGOS = ("auto", "direct", "implicit_gemm", "gemm", "winograd", "depthwise")
+BACKWARD_ALGOS = ("auto", "direct", "gemm", "depthwise")
 
 
 def _ints(op, name, v, nd, lo):
@@ -93,6 +93,12 @@ def winograd_fits(nd, R, stride, dilation):
     return nd == 2 and R == (3, 3) and stride == (1, 1) and dilation == (1, 1)
 
 
+def _depthwise(op, algo, C, groups):
+    if algo == "depthwise" and C != groups:
+        fail(BadParamError, op, "algo", "depthwise only with one input channel a group "
+             "(groups == C)", f"'depthwise' with C = {C}, groups = {groups}")
+
+
 def _algo(op, algo, nd, R, stride, dilation):
     choice(op, "algo", algo, ALGOS)
     if algo == "winograd" and not winograd_fits(nd, R, stride, dilation):
@@ -127,6 +133,7 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
         same_dtype(op, ["x", "residual"], [dtype, r_dtype])
     coef = 0.0 if activation is None else _coef(op, activation, coef)
     algo = _algo(op, algo, nd, R, stride, dilation)
+    _depthwise(op, algo, C, groups)
     alpha, beta = blend_params(op, alpha, beta)
     if beta != 0 and residual is None and out is None:
         fail(BadParamError, op, "beta", "0 unless residual= or out= is given", beta)
@@ -145,10 +152,13 @@ def conv2d(x, w, bias=None, **kw):
 
     x (N, C, H, W) and w (K, C/groups, R, S) for layout "NCHW"; x (N, H, W, C) and w
     (K, R, S, C/groups) for "NHWC". Keywords: stride, padding, dilation, groups, mode
-    ("cross_correlation" or "convolution": flipped filter), layout, algo ("auto",
-    "direct", "implicit_gemm", "gemm", "winograd"), activation (a mode of nbdnn.activation) and coef,
-    residual, alpha,
-    beta, out. Returns y of shape (N, K, P, Q) (or (N, P, Q, K)) and x's dtype."""
+    ("cross_correlation" or "convolution": flipped filter), layout, algo, activation
+    (a mode of nbdnn.activation) and coef, residual, alpha, beta, out. Returns y of
+    shape (N, K, P, Q) (or (N, P, Q, K)) and x's dtype.
+
+    algo: "direct", "implicit_gemm", "gemm", "winograd" (2-d 3x3, stride 1, dilation
+    1), "depthwise" (groups == C; filters without a generated kernel run "direct"), or
+    "auto": "depthwise" when groups == C, else "implicit_gemm"."""
     return conv(2, x, w, bias, **kw)
 
 
@@ -184,15 +194,18 @@ def _backward_geometry(op, dy_shape, x_shape, w_shape, nd, stride, padding, dila
     if dy_shape != out_shape(N, K, P, last):
         fail(ShapeError, op, "dy.shape", f"the output's {out_shape(N, K, P, last)}", dy_shape)
     alpha, beta = blend_params(op, alpha, beta)
-    return ((stride, pads, dilation, groups, mode, last),
-            choice(op, "algo", algo, BACKWARD_ALGOS), alpha, beta)
+    choice(op, "algo", algo, BACKWARD_ALGOS)
+    _depthwise(op, algo, C, groups)
+    return (stride, pads, dilation, groups, mode, last), algo, alpha, beta
 
 
 def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
                        mode="cross_correlation", layout="NCHW", algo="auto", alpha=1.0,
                        beta=0.0, out=None, backend=None, stream=None):
     """dx = alpha * dL/dx + beta * out for y = conv(x, w); x_shape is x's shape, the
-    dimensionality follows w. algo: "auto" (= "gemm") or "direct"."""
+    dimensionality follows w. algo: "gemm", "direct", "depthwise" (groups == C; the
+    forward kernel over dy for stride 1, dilation 1, else "direct") or "auto"
+    ("depthwise" when groups == C, else "gemm")."""
     op = "conv_backward_data"
     c, (dy_shape, w_shape), dtype = _backward_call(op, ("dy", "w"), (dy, w), backend,
                                                    stream, out)
@@ -210,7 +223,8 @@ def conv_backward_filter(dy, x, w_shape, *, stride=1, padding=0, dilation=1, gro
                          mode="cross_correlation", layout="NCHW", algo="auto", alpha=1.0,
                          beta=0.0, out=None, backend=None, stream=None):
     """dw = alpha * dL/dw + beta * out for y = conv(x, w); w_shape is w's shape.
-    algo: "auto" (= "gemm") or "direct"."""
+    algo: "gemm", "direct", "depthwise" (groups == C; 3x3 and 5x5 2-d filters, else
+    "gemm") or "auto" ("depthwise" when groups == C, else "gemm")."""
     op = "conv_backward_filter"
     c, (dy_shape, x_shape), dtype = _backward_call(op, ("dy", "x"), (dy, x), backend,
                                                    stream, out)
@@ -254,7 +268,8 @@ def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
     nd = len(tuple(x.shape)) - 2
     results = []
     for algo in ALGOS[1:]:
-        if algo == "winograd" and not _winograd_applies(x, w, kw):
+        if algo == "winograd" and not _winograd_applies(x, w, kw) or \
+                algo == "depthwise" and not _depthwise_applies(x, w, kw):
             continue
         conv(nd, x, w, bias, algo=algo, **kw)  # warm-up: JIT, validation
         samples = []
@@ -284,6 +299,11 @@ def _problem(x, w, kw):
 def _winograd_applies(x, w, kw):
     nd, _, _, _, R, _, stride, dilation, _ = _problem(x, w, kw)
     return winograd_fits(nd, R, stride, dilation)
+
+
+def _depthwise_applies(x, w, kw):
+    _, _, C, _, _, _, _, _, groups = _problem(x, w, kw)
+    return C == groups
 
 
 def _workspace(algo, x, w, kw):

@@ -1,0 +1,204 @@
+"""Algorithm "depthwise": convolutions with one input channel a group (C/g == 1, any
+channel multiplier K/g), 1-d and 2-d, generated per filter size so the taps unroll.
+
+Depthwise layers do 2*R*S flops per output and read each input ~R*S times from L1:
+memory-bound, and instruction-bound as soon as a kernel spends more than a few
+instructions a tap (the general direct kernel spends ~20: 0.2 TFLOP/s, 11% of cuDNN on
+MobileNet's 3x3 layers; perf/RESULTS.md run D).
+
+- forward `dw_fwd_<R>x<S>s<sh>`: a thread computes VH outputs down a column (fixed n,
+  k, ow). It walks the (VH-1)*sh + R input rows once, loads each row's S taps into
+  registers (column tests hoisted out of the row loop) and adds each into the
+  outputs whose window holds that row, with the R*S weights in registers: per
+  output, R*S FMAs and (R + (VH-1)*sh)*S/VH loads (4.5 for 3x3, stride 1, VH = 8).
+  Consecutive threads take consecutive ow (NCHW) or consecutive k (NHWC): coalesced.
+- backward data, stride 1, dilation 1, multiplier 1: the same kernel on dy with the
+  flipped filter and pre-padding R-1-q (nbdnn/cpu/conv.py derives it).
+- backward filter `dw_filter_<R>x<S>`: block (k, j) sums dy * x over the j-th chunk of
+  the N*P*Q output positions for all R*S taps at once (registers), reduces them across
+  the block in shared memory in a fixed tree order, and writes partial[k, j, tap];
+  reduce_tensor sums the chunks in order (deterministic, no atomics).
+Other depthwise geometries (3-d, dilated rows, filter sizes not generated) take the
+direct kernels.
+"""
+import numpy as np
+
+from . import SIMULATOR
+from ._arrays import dtype_name, empty
+from ._conv_index import BLOCK
+from .tensor import reduce_tensor
+
+FWD_SPECS = ((3, 3, 1), (3, 3, 2), (5, 5, 1), (5, 5, 2))   # (R, S, stride along H)
+FILTER_SPECS = ((3, 3), (5, 5))
+FILTER_THREADS = 16 if SIMULATOR else 256  # the simulator runs a thread per OS thread
+_GEOM = ("N, C, K, G, D, H, W, T, R_, S_, PD, PH, PW, sd, sh_, sw, qd, qh, qw, dd, dh, dw, "
+         "flip, last")
+
+
+def _vh(sh):
+    return 8 if sh == 1 else 4
+
+
+def fwd_source(R, S, sh):
+    """(name, source) of the forward kernel; conv_fwd's arguments, grid-stride over
+    column strips."""
+    VH = _vh(sh)
+    rows = (VH - 1) * sh + R
+    name = f"dw_fwd_{R}x{S}s{sh}"
+    src = [f"def {name}(x, w, y, bias, z, {_GEOM}, has_bias, has_z, act, coef, alpha, beta):",
+           "    Kg = K // G",
+           f"    HS = (PH + {VH - 1}) // {VH}",
+           "    total = N * K * HS * PW",
+           "    xn, xc, xd, xh, xw = strides(C, D, H, W, last)",
+           "    yn, yc, yd, yh, yw = strides(K, PD, PH, PW, last)",
+           "    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
+           "    while i < total:",
+           "        if last:",
+           "            k = i % K", "            q = i // K", "            ow = q % PW",
+           "            q //= PW", "            hs = q % HS", "            n = q // HS",
+           "        else:",
+           "            ow = i % PW", "            q = i // PW", "            hs = q % HS",
+           "            q //= HS", "            k = q % K", "            n = q // K",
+           f"        wb = k * {R * S}"]
+    for r in range(R):
+        for s in range(S):
+            src.append(f"        w{r}_{s} = CT(w[U(wb + ({R * S - 1 - r * S - s} if flip else "
+                       f"{r * S + s}))])")
+    src += [f"        oh0 = hs * {VH}", f"        ih0 = oh0 * {sh} - qh",
+            "        iw0 = ow * sw - qw", "        xb = n * xn + (k // Kg) * xc"]
+    for s in range(S):
+        src += [f"        cw{s} = iw0 + {s} * dw", f"        ok{s} = 0 <= cw{s} < W",
+                f"        cw{s} *= xw"]
+    src += [f"        acc{v} = ZERO" for v in range(VH)]
+    for j in range(rows):
+        src += [f"        ih = ih0 + {j}", "        if 0 <= ih < H:",
+                "            rb = xb + ih * xh"]
+        src += [f"            x{s} = CT(x[U(rb + cw{s})]) if ok{s} else ZERO" for s in range(S)]
+        for v in range(VH):
+            r = j - v * sh
+            if 0 <= r < R:
+                src += [f"            acc{v} += " + " + ".join(
+                    f"x{s} * w{r}_{s}" for s in range(S))]
+    for v in range(VH):
+        src += [f"        if oh0 + {v} < PH:",
+                f"            o = n * yn + k * yc + (oh0 + {v}) * yh + ow * yw",
+                f"            epilogue(acc{v}, y, z, bias, o, k, has_bias, has_z, act, coef, "
+                "alpha, beta)"]
+    src.append("        i += cuda.gridDim.x * cuda.blockDim.x")
+    return name, "\n".join(src) + "\n"
+
+
+def filter_source(R, S):
+    """(name, source) of the backward-filter partial sums: grid (K, chunks)."""
+    T = FILTER_THREADS
+    name = f"dw_filter_{R}x{S}"
+    src = [f"def {name}(dy, x, part, {_GEOM}, chunk):",
+           f"    red = cuda.shared.array({T}, CT)",
+           "    k = cuda.blockIdx.x", "    j = cuda.blockIdx.y", "    t = cuda.threadIdx.x",
+           "    Kg = K // G", "    PQ = PH * PW", "    NPQ = N * PQ",
+           "    xn, xc, xd, xh, xw = strides(C, D, H, W, last)",
+           "    yn, yc, yd, yh, yw = strides(K, PD, PH, PW, last)",
+           "    xk = (k // Kg) * xc",
+           "    p = j * chunk + t", "    pend = min(NPQ, j * chunk + chunk)"]
+    src += [f"    a{r}_{s} = ZERO" for r in range(R) for s in range(S)]
+    src += ["    while p < pend:",
+            "        n = p // PQ", "        q = p % PQ", "        oh = q // PW", "        ow = q % PW",
+            "        g = CT(dy[U(n * yn + k * yc + oh * yh + ow * yw)])",
+            "        ih0 = oh * sh_ - qh", "        iw0 = ow * sw - qw",
+            "        xb = n * xn + xk"]
+    for s in range(S):
+        src += [f"        cw{s} = iw0 + {s} * dw", f"        ok{s} = 0 <= cw{s} < W"]
+    for r in range(R):
+        src += [f"        ih = ih0 + {r} * dh", "        if 0 <= ih < H:",
+                "            rb = xb + ih * xh"]
+        src += [f"            if ok{s}:\n                a{r}_{s} += g * CT(x[U(rb + cw{s} * xw)])"
+                for s in range(S)]
+    src.append(f"        p += {T}")
+    for r in range(R):
+        for s in range(S):  # block sum in a fixed tree order
+            src += [f"    red[t] = a{r}_{s}", "    cuda.syncthreads()"]
+            h = T // 2
+            while h:
+                src += [f"    if t < {h}:", f"        red[t] += red[t + {h}]",
+                        "    cuda.syncthreads()"]
+                h //= 2
+            src += ["    if t == 0:",
+                    f"        tap = {R * S - 1 - r * S - s} if flip else {r * S + s}",
+                    f"        part[U((k * cuda.gridDim.y + j) * {R * S} + tap)] = red[0]",
+                    "    cuda.syncthreads()"]
+    return name, "\n".join(src) + "\n"
+
+
+def fwd_spec(g):
+    """The generated forward kernel's (R, S, sh) for geometry g, or None."""
+    N, C, K, G, D, H, W, T, R, S = g[:10]
+    sd, sh, sw, qd, qh, qw, dd, dh, dw = g[13:22]
+    key = (R, S, sh)
+    return key if C == G and T == 1 and D == 1 and dh == 1 and key in FWD_SPECS else None
+
+
+def forward(table, x, y, w, bias, z, g, tail, stream):
+    """y = epilogue(depthwise conv); g the geometry, tail (has_bias, has_z, act, coef,
+    alpha, beta); False when no generated kernel fits."""
+    spec = fwd_spec(g)
+    if spec is None:
+        return False
+    N, K, PH, PW = g[0], g[2], g[11], g[12]
+    total = N * K * -(-PH // _vh(spec[2])) * PW
+    if total:
+        k, sig = table[f"dw_fwd_{spec[0]}x{spec[1]}s{spec[2]}", dtype_name(x)]
+        k.launch(sig, min(-(-total // BLOCK), 2 ** 31 - 1), BLOCK, stream, x, w, y, bias, z,
+                 *g, *tail)
+    return True
+
+
+def backward_data(table, dy, w, dx, g, alpha, beta, stream):
+    """dx as the forward kernel over dy (stride 1, dilation 1, multiplier 1); False
+    when that does not apply."""
+    N, C, K, G, D, H, W, T, R, S, PD, PH, PW = g[:13]
+    st, dil = g[13:16], g[19:22]
+    if not (C == G == K and T == 1 and D == 1 and st == (1, 1, 1) and dil == (1, 1, 1)):
+        return False
+    qh, qw, flip, last = g[17], g[18], g[22], g[23]
+    gt = (N, C, C, C, 1, PH, PW, 1, R, S, 1, H, W, 1, 1, 1, 0, R - 1 - qh, S - 1 - qw,
+          1, 1, 1, 1 - flip, last)
+    if fwd_spec(gt) is None:
+        return False
+    return forward(table, dy, dx, w, dx, dx, gt, (0, 0, -1, 0.0, alpha, beta), stream)
+
+
+def backward_filter(table, dy, x, dwt, g, alpha, beta, stream, sm_count):
+    """dw from per-chunk partial sums; False when no generated kernel fits."""
+    N, C, K, G, D, H, W, T, R, S, PD, PH, PW = g[:13]
+    if not (C == G and T == 1 and D == 1 and (R, S) in FILTER_SPECS):
+        return False
+    npq = N * PH * PW
+    if K == 0:
+        return True
+    chunks = max(1, min(-(-2 * sm_count // K), -(-npq // (8 * FILTER_THREADS))))
+    chunk = -(-npq // chunks)
+    dtype = dtype_name(dy)
+    part = empty(dy, (K, chunks, R * S), dtype)
+    k, sig = table[f"dw_filter_{R}x{S}", dtype]
+    k.launch(sig, (K, chunks, 1), FILTER_THREADS, stream, dy, x, part, *g, chunk)
+    reduce_tensor(part, "add", (1,), False, False, alpha=alpha, beta=beta,
+                  out=dwt.reshape((K, R * S)), stream=stream)
+    return True
+
+
+def sources():
+    """Every generated kernel: name -> source."""
+    out = dict(fwd_source(*spec) for spec in FWD_SPECS)
+    out.update(filter_source(*spec) for spec in FILTER_SPECS)
+    return out
+
+
+def signatures(t, ct, geom):
+    a = f"{t}[::1]"
+    sig = {}
+    for R, S, sh in FWD_SPECS:
+        sig[f"dw_fwd_{R}x{S}s{sh}"] = (f"void({a}, {a}, {a}, {a}, {a}, {geom}, int64, int64, "
+                                       f"int64, {ct}, {ct}, {ct})")
+    for R, S in FILTER_SPECS:
+        sig[f"dw_filter_{R}x{S}"] = f"void({a}, {a}, {a}, {geom}, int64)"
+    return sig
