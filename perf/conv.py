@@ -54,11 +54,30 @@ def _case(layer, nhwc, batch=32):
     return d, x, w, xn, wn
 
 
+def _tiles(xn, wn, kw, flops, t_ref):
+    """implicit_gemm TFLOP/s with each tile size forced."""
+    from nbdnn.cuda import conv as CV
+    out, plan = {}, CV._plan
+    try:
+        for size in ("large", "small", "tiny"):
+            CV._plan = lambda *a, s=size: (s, 1)
+            nbdnn.conv2d(xn, wn, algo="implicit_gemm", **kw)
+            t = time_gpu(lambda: nbdnn.conv2d(xn, wn, algo="implicit_gemm", **kw))
+            out[size] = round(flops / t / 1e12, 2)
+    finally:
+        CV._plan = plan
+    print("   implicit_gemm tiles (TFLOP/s):", out, f"cuDNN {flops / t_ref / 1e12:.1f}",
+          flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nhwc", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--algos", nargs="*", default=["auto", "implicit_gemm"])
+    ap.add_argument("--tiles", action="store_true",
+                    help="also implicit_gemm with each GEMM tile forced (ResNet layers)")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
@@ -77,6 +96,8 @@ def main():
             t = time_gpu(lambda: nbdnn.conv2d(xn, wn, algo=algo, out=y, **kw))
             row[algo] = {"tflops": d["flops"] / t / 1e12, "vs_cudnn": t_ref / t, "rel_err": err}
             ratios[algo].append(t_ref / t)
+        if args.tiles and d["g"] == 1:
+            row["tiles"] = _tiles(xn, wn, kw, d["flops"], t_ref)
         dy = torch.randn_like(ref_n)
         xr = x.detach().requires_grad_()
         wr = w.detach().requires_grad_()

@@ -1,9 +1,7 @@
 """SGEMM speed: nbdnn.matmul against cuBLAS (torch.matmul, TF32 off) in the same run,
 fp32, square 512-8192 and skinny M = 64. Per shape: the automatic plan (tile size and
 split-K chunks, nbdnn.cuda.matmul._plan), then each tile config forced in turn (with
-the split-K the plan would give it), with registers and spills. Config "large_r128"
-is the 128x128 tile compiled with a 128-register cap (two blocks an SM, some
-spills). TFLOP/s = 2*M*N*K / time.
+the split-K the plan would give it), with registers and spills. TFLOP/s = 2*M*N*K / time.
 
     PYTHONPATH=. python perf/sgemm.py [--json F]
 """
@@ -15,27 +13,18 @@ import torch
 import nbdnn
 from nbdnn.bench import time_gpu
 from nbdnn.cuda import matmul as MM
-from nbdnn.cuda._launch import Kernel
 
 SHAPES = [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
           (8192, 8192, 8192), (64, 4096, 4096), (4096, 64, 4096), (64, 8192, 1024),
           (64, 576, 100352)]
-FORCED = ("large", "large_r128", "small", "tiny")
-
-
-def _add_capped():
-    k, sig, cfg = MM._KERNELS["large", "float32"]
-    MM._KERNELS["large_r128", "float32"] = (Kernel(k.pyfunc, [sig], max_registers=128),
-                                            sig, cfg)
+FORCED = ("large", "small", "tiny")
 
 
 def _forced_plan(size):
     auto = MM._plan
 
     def plan(M, N, K, nb, dtype, can_split):
-        base = "large" if size == "large_r128" else size
-        tiles = MM.TILES["float32"]
-        BM, BN = tiles[base][:2]
+        BM, BN = MM.TILES["float32"][size][:2]
         blocks = -(-M // BM) * -(-N // BN) * nb
         sm = MM._sm_count()
         splits = max(1, min(-(-sm // blocks), K // MM.MIN_CHUNK, MM.MAX_SPLITS)) \
@@ -59,7 +48,6 @@ def main():
     p.add_argument("--json")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    _add_capped()
     rows = []
     for M, N, K in SHAPES:
         a = torch.randn(M, K, device="cuda")

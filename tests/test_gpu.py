@@ -34,6 +34,11 @@ CALLS = [
     ("matmul", lambda x: nbdnn.matmul(x, x, trans_b=True)),
     ("matmul_backward", lambda x: nbdnn.matmul_backward(x[:, :500], x[:, :1000],
                                                         x[:1000, :500], bias=True)),
+    ("matmul split-K", lambda x: nbdnn.matmul(x.reshape(64, 32000), x.reshape(32000, 64))),
+    ("conv2d depthwise fwd/bwd", lambda x: (
+        nbdnn.conv2d(_img(x), _dw_filt(x), padding=1, groups=16),
+        nbdnn.conv_backward_data(_img(x), _dw_filt(x), (8, 16, 32, 32), padding=1, groups=16),
+        nbdnn.conv_backward_filter(_img(x), _img(x), (16, 1, 3, 3), padding=1, groups=16))),
     ("conv2d implicit_gemm", lambda x: nbdnn.conv2d(_img(x), _filt(x), padding=1)),
     ("conv2d gemm / winograd", lambda x: (
         nbdnn.conv2d(_img(x), _filt(x), padding=1, algo="gemm"),
@@ -63,6 +68,10 @@ def _img(x, c=16):
 
 def _filt(x):
     return x.reshape(2048 * 1000)[:16 * 16 * 9].reshape(16, 16, 3, 3)
+
+
+def _dw_filt(x):
+    return x.reshape(2048 * 1000)[:16 * 9].reshape(16, 1, 3, 3)
 
 
 @pytest.mark.parametrize("name, call", CALLS, ids=[c[0] for c in CALLS])
@@ -121,3 +130,16 @@ def test_softmax_register_rows_do_not_spill():
             res = kernel.resources(sig)
             allowed = 32 if name == "rows_fwd_v8" and dtype != "float64" else 0
             assert res["local_bytes"] <= allowed, (name, dtype, res)
+
+
+def test_gemm_and_depthwise_kernels_spill_at_most_as_measured():
+    """The float32 128x128 GEMM tile runs under a 128-register cap and spills 32 B
+    (62-63% of cuBLAS against 58-60% uncapped, perf/RESULTS.md); nothing else may
+    spill (float16 under the same cap spilled 56 B on the H200, so it runs uncapped)."""
+    from nbdnn.cuda import conv as CV, matmul as MM
+    for (size, dtype), (kernel, sig, _) in MM._KERNELS.items():
+        allowed = 32 if size == "large" and dtype != "float64" else 0
+        assert kernel.resources(sig)["local_bytes"] <= allowed, (size, dtype)
+    for (name, dtype), (kernel, sig) in CV._KERNELS.items():
+        if name.startswith(("dw_", "igemm_")):
+            assert kernel.resources(sig)["local_bytes"] == 0, (name, dtype)

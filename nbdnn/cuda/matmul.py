@@ -78,8 +78,8 @@ def _build():
                        f"int64, int64, int64, {ct_name}, {ct_name}, {ct_name}, int64)")
                 # capped, the 128x128 tile spills 32 B and two blocks share an SM:
                 # 62-63% of cuBLAS against 58-60% at 163 registers (perf/RESULTS.md)
-                cap = {} if SIMULATOR or (size, ct_name) != ("large", "float32") else \
-                    {"max_registers": 128}
+                cap = {} if SIMULATOR or (size, t) != ("large", "float32") else \
+                    {"max_registers": 128}  # float16's converting loads would spill 56 B
                 table[size, t] = (Kernel(ns[name], [sig], **cap), sig, cfg)
     return table
 
