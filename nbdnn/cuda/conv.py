@@ -1,7 +1,8 @@
 """Convolution on the GPU for every geometry (1-3 d, stride, per-side padding, dilation,
 groups, both modes, NCHW and NHWC). The formulas are in nbdnn/cpu/conv.py.
 
-Forward algorithms (`algo=`; "auto" takes implicit_gemm):
+Forward algorithms (`algo=`; "auto" takes depthwise when groups == C, else
+implicit_gemm):
 - gemm: explicit im2col into a workspace, the matmul kernel, an epilogue pass
   (nbdnn/cuda/_conv_gemm.py).
 - winograd: F(2x2, 3x3) transforms around 16 batched GEMMs (2-d, 3x3, stride 1,
@@ -9,6 +10,8 @@ Forward algorithms (`algo=`; "auto" takes implicit_gemm):
 - implicit_gemm: the GEMM kernel's tiles and thread layout with the A tile gathered
   from x on the fly (nbdnn/cuda/_igemm_source.py); M = N*P output positions,
   N = K/g filters, K = C/g*T*R*S taps, one grid row per group. Fused epilogue.
+- depthwise: generated 3x3/5x5 kernels for one input channel a group
+  (nbdnn/cuda/_conv_depthwise.py); other depthwise filters run direct.
 - direct: one thread an output element (below).
 
 Every kernel sees 3 spatial axes (1-d and 2-d problems get leading axes of size 1)
@@ -17,9 +20,12 @@ rank and layout. A thread's output index is decomposed in the array's memory ord
 (channels fastest for NHWC), so consecutive threads write consecutive addresses.
 - forward: y[n, k, p] gathers C/g * T*R*S products, then the epilogue
   act(alpha * acc + beta * z + bias), z = residual or the previous y.
-- backward data and filter, algorithm "gemm" (the default): the matmul kernel over
-  the output gradient's rows and the im2col columns, col2im for dx
-  (nbdnn/cuda/_conv_gemm.py).
+- backward data and filter, algorithm "gemm" (the default unless groups == C): the
+  matmul kernel over the output gradient's rows and the im2col columns (split-K for
+  the filter's long reduction), col2im for dx (nbdnn/cuda/_conv_gemm.py).
+- backward, "depthwise" (the default when groups == C): the forward depthwise kernel
+  over dy for data (stride 1, dilation 1, else direct), ordered chunk sums for the
+  filter (3x3/5x5, else gemm).
 - backward data, "direct": dx[n, c, s] gathers, over the K/g filters of c's group and every tap
   whose stride arithmetic lands on s, dy * w' (no atomics: deterministic).
 - backward filter, "direct": dw[k, c, t] sums dy * x over N and the output positions, one
@@ -28,10 +34,9 @@ rank and layout. A thread's output index is decomposed in the array's memory ord
 Per output element the direct forward reads C/g*T*R*S elements of x and of w (from
 L1/L2: neighbouring threads share them): the reference-speed algorithm.
 
-Not yet run on hardware (verified in the simulator). Resources from ptxas (CUDA 13
-nvJitLink, sm_90, no GPU), float32: direct forward 138 registers, backward data 162,
-backward filter 128; implicit GEMM large 234, small 144; no spills. The register
-counts (64-bit geometry arithmetic) are the first thing to tune on the H200.
+Resources (ptxas, sm_90), float32: direct forward 138 registers; implicit GEMM large
+182, small 104, tiny 80; depthwise forward 3x3 105, 5x5 153; no spills. Speed against
+cuDNN: perf/RESULTS.md ("Convolution").
 """
 import numpy as np
 from numba import cuda, float32, float64, uint64

@@ -13,14 +13,13 @@ broadcast (a table is built once per batch layout and cached).
 Arithmetic: float32 for float16/float32 storage (float16 is converted on load),
 float64 for float64. Traffic per block and k-step: (BM + BN)*BK loads, BM*BN*BK FMAs.
 
-Tile configs (TILES): "large" 128x128x8 with 8x8 a thread (256 threads, the numba
-SGEMM on record in NUMBA_CUDA_NOTES.md) when the grid fills the SMs, then "small"
-64x64x8 with 4x4, then "tiny" 32x32x8 with 2x2 (skinny shapes); float64 uses half the
-thread tile. Resources from ptxas (CUDA 13
-nvJitLink, sm_90, no GPU; the driver's JIT may differ): float32 large 166 registers,
-small 80, no spills (one 256-thread large block an SM; capped at 128 registers it
-spills 156 B). Not yet timed on hardware: perf/sgemm.py measures TFLOP/s against
-cuBLAS per config; the configs and the large/small rule are to be tuned with it.
+Tile configs (TILES): "large" 128x128x8 with 8x8 a thread, "small" 64x64x8 with
+4x4, "tiny" 32x32x8 with 2x2 (256 threads each); float64 uses half the thread tile.
+`_plan` picks the tile and the split-K chunks from H200 measurements (perf/sgemm.py,
+perf/RESULTS.md: 62-63% of cuBLAS from 2048^2 up, 63% at 1024^2, 42-69% on M = 64).
+Registers (driver JIT, H200): float32 large 128 under a cap (32 B spilled; 163
+uncapped and slower), small 55, tiny 32; float16 large runs uncapped (the cap spilled
+56 B); float64 large 128, no spills.
 
 Backward is the same kernel with transposes, summed over broadcast batch axes by
 reduce_tensor (fixed order: deterministic), dbias by reduce_tensor over all rows.
