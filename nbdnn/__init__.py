@@ -14,5 +14,6 @@ from .ops.norm import (group_norm, group_norm_backward, instance_norm, instance_
                        layer_norm, layer_norm_backward, rms_norm, rms_norm_backward)
 from .ops.conv import (conv1d, conv2d, conv3d, conv_backward_bias, conv_backward_data,
                        conv_backward_filter, find_conv_algorithm)
+from .ops.pool import pool1d, pool2d, pool3d, pool_backward
 
 __version__ = "0.1.0"

@@ -1,0 +1,186 @@
+"""Pooling on the GPU for every geometry (1-3 d, stride, per-side padding, dilation,
+ceil mode, NCHW and NHWC); the formulas are in nbdnn/cpu/pool.py.
+
+- forward: one thread an output element, decomposed in memory order (channels fastest
+  for NHWC) so that consecutive threads write consecutive addresses; it scans its
+  window (a 3x3/2 window reads each input ~2.25 times, from L1).
+- backward: one thread an input element gathers, over the window taps whose stride
+  arithmetic lands on it, dy[p] / count (avg) or dy[p] when it is window p's first
+  maximal element (max: the window is rescanned) - no atomics, deterministic.
+Every kernel sees 3 spatial axes (1-d and 2-d get leading axes of size 1). Traffic:
+forward reads x once from DRAM and writes y; backward reads dy ~k/s times a tap axis
+and x (max) once a window, and writes dx.
+
+Not yet run on hardware (verified in the simulator): the session that wrote this had
+spent its device time.
+"""
+import math
+
+import numpy as np
+from numba import cuda, float32, float64
+
+from ._arrays import dtype_name, empty
+from ._conv_index import launch, landing, split, strides
+from ._launch import Kernel
+from ..cpu.pool import MODES
+
+DTYPES = ("float16", "float32", "float64")
+
+
+@cuda.jit(device=True)
+def _count(a, k, d, lo, hi):
+    """Taps j < k with lo <= a + j*d < hi."""
+    n = 0
+    for j in range(k):
+        if lo <= a + j * d < hi:
+            n += 1
+    return n
+
+
+@cuda.jit(device=True)
+def _window_count(ad, ah, aw, KD, KH, KW, dd, dh, dw, D, H, W, qd, qh, qw, ed, eh, ew,
+                  exclude_pad):
+    """Positions of a window inside the input (exclude_pad) or the padded input."""
+    if exclude_pad:
+        return _count(ad, KD, dd, 0, D) * _count(ah, KH, dh, 0, H) * _count(aw, KW, dw, 0, W)
+    return (_count(ad, KD, dd, -qd, ed) * _count(ah, KH, dh, -qh, eh) *
+            _count(aw, KW, dw, -qw, ew))
+
+
+def _kernels(CT):
+    ZERO, NEG = CT(0), CT(-math.inf)
+
+    @cuda.jit(device=True)
+    def window(x, base, ad, ah, aw, D, H, W, KD, KH, KW, dd, dh, dw, xd, xh, xw, mode,
+               propagate):
+        """(sum or max, first maximal tap or -1) of one window; ad/ah/aw its corner."""
+        acc = NEG if mode == 0 else ZERO
+        best, tap, nan_tap = -1, 0, -1
+        for t in range(KD):
+            idd = ad + t * dd
+            for r in range(KH):
+                ih = ah + r * dh
+                for s in range(KW):
+                    iw = aw + s * dw
+                    if 0 <= idd < D and 0 <= ih < H and 0 <= iw < W:
+                        v = CT(x[base + idd * xd + ih * xh + iw * xw])
+                        if mode != 0:
+                            acc += v
+                        elif v != v:
+                            if nan_tap < 0:
+                                nan_tap = tap
+                        elif best < 0 or v > acc:
+                            acc, best = v, tap
+                    tap += 1
+        if mode == 0 and nan_tap >= 0 and (propagate != 0 or best < 0):
+            return CT(math.nan), nan_tap
+        return acc, best
+
+    def pool_fwd(x, y, N, C, D, H, W, KD, KH, KW, PD, PH, PW, sd, sh, sw, qd, qh, qw,
+                 ed, eh, ew, dd, dh, dw, last, mode, propagate, alpha, beta):
+        xn, xc, xd, xh, xw = strides(C, D, H, W, last)
+        total = N * C * PD * PH * PW
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while i < total:  # i runs over y in memory order
+            n, c, pd, ph, pw = split(i, C, PD, PH, PW, last)
+            ad, ah, aw = pd * sd - qd, ph * sh - qh, pw * sw - qw
+            v, _ = window(x, n * xn + c * xc, ad, ah, aw, D, H, W, KD, KH, KW, dd, dh, dw,
+                          xd, xh, xw, mode, propagate)
+            if mode != 0:
+                cnt = _window_count(ad, ah, aw, KD, KH, KW, dd, dh, dw, D, H, W, qd, qh, qw,
+                                    ed, eh, ew, mode == 2)
+                v = v / CT(cnt) if cnt > 0 else ZERO
+            r = alpha * v
+            if beta != ZERO:
+                r += beta * CT(y[i])
+            y[i] = r
+            i += cuda.gridDim.x * cuda.blockDim.x
+
+    def pool_bwd(dy, x, dx, N, C, D, H, W, KD, KH, KW, PD, PH, PW, sd, sh, sw, qd, qh, qw,
+                 ed, eh, ew, dd, dh, dw, last, mode, propagate, alpha, beta):
+        xn, xc, xd, xh, xw = strides(C, D, H, W, last)
+        yn, yc, yd, yh, yw = strides(C, PD, PH, PW, last)
+        total = N * C * D * H * W
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while i < total:
+            n, c, idd, ih, iw = split(i, C, D, H, W, last)
+            acc = ZERO
+            for t in range(KD):
+                pd = landing(idd, qd, t, dd, sd, PD)
+                for r in range(KH if pd >= 0 else 0):
+                    ph = landing(ih, qh, r, dh, sh, PH)
+                    for s in range(KW if ph >= 0 else 0):
+                        pw = landing(iw, qw, s, dw, sw, PW)
+                        if pw >= 0:
+                            ad, ah, aw = pd * sd - qd, ph * sh - qh, pw * sw - qw
+                            g = CT(dy[n * yn + c * yc + pd * yd + ph * yh + pw * yw])
+                            if mode == 0:
+                                _, best = window(x, n * xn + c * xc, ad, ah, aw, D, H, W, KD,
+                                                 KH, KW, dd, dh, dw, xd, xh, xw, 0, propagate)
+                                if best == (t * KH + r) * KW + s:
+                                    acc += g
+                            else:
+                                acc += g / CT(_window_count(ad, ah, aw, KD, KH, KW, dd, dh,
+                                                            dw, D, H, W, qd, qh, qw, ed, eh,
+                                                            ew, mode == 2))
+            v = alpha * acc
+            if beta != ZERO:
+                v += beta * CT(dx[i])
+            dx[i] = v
+            i += cuda.gridDim.x * cuda.blockDim.x
+
+    return {"fwd": pool_fwd, "bwd": pool_bwd}
+
+
+_GEOM = ", ".join(["int64"] * 26)
+
+
+def _build():
+    table = {}
+    for ct_name, CT in (("float32", float32), ("float64", float64)):
+        kernels = _kernels(CT)
+        for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
+            a = f"{t}[::1]"
+            sigs = {"fwd": f"void({a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
+                    "bwd": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
+            for name, sig in sigs.items():
+                table[name, t] = (Kernel(kernels[name], [sig]), sig)
+    return table
+
+
+_KERNELS = _build()
+
+
+def _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate):
+    """The 26 ints the kernels take (3 spatial axes, leading ones of size 1)."""
+    nd = len(K)
+    N, C = x_shape[0], (x_shape[-1] if last else x_shape[1])
+    S = tuple(x_shape[1:-1]) if last else tuple(x_shape[2:])
+    lead = 3 - nd
+    S3, K3, P3 = (1,) * lead + S, (1,) * lead + K, (1,) * lead + tuple(P)
+    st, dl = (1,) * lead + tuple(stride), (1,) * lead + tuple(dilation)
+    pre = (0,) * lead + tuple(a for a, _ in pads)
+    end = S3[:lead] + tuple(s + b for s, (_, b) in zip(S, pads))
+    return (N, C) + S3 + K3 + P3 + st + pre + end + dl + (int(last), MODES.index(mode),
+                                                          int(propagate))
+
+
+def pool_forward(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *,
+                 alpha, beta, out, stream):
+    x_shape = tuple(int(s) for s in x.shape)
+    y_shape = (x_shape[0],) + tuple(P) + (x_shape[-1],) if last else x_shape[:2] + tuple(P)
+    y = out if out is not None else empty(x, y_shape, dtype_name(x))
+    g = _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate)
+    launch(_KERNELS, "fwd", dtype_name(x), int(np.prod(y_shape)), stream, x, y, *g,
+           alpha, beta)
+    return y
+
+
+def pool_backward(dy, x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *,
+                  alpha, beta, out, stream):
+    x_shape = tuple(int(s) for s in x.shape)
+    dx = out if out is not None else empty(x, x_shape, dtype_name(x))
+    g = _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate)
+    launch(_KERNELS, "bwd", dtype_name(x), int(np.prod(x_shape)), stream, dy, x, dx, *g,
+           alpha, beta)
+    return dx

@@ -1,0 +1,95 @@
+"""pool1d/pool2d/pool3d and pool_backward: max, avg (padding counted) and
+avg_exclude_pad over windows with stride, per-side padding, dilation and ceil mode.
+The formulas are in nbdnn/cpu/pool.py."""
+from ..cpu.pool import MODES, out_size
+from ..errors import BadParamError, ShapeError, fail
+from ._common import Call, blend_params, choice, same_dtype
+from .conv import _ints, _layout, _pads
+
+
+def _flag(op, name, v):
+    if not isinstance(v, bool):
+        fail(BadParamError, op, name, "True or False", repr(v))
+    return v
+
+
+def _params(op, nd, x_shape, kernel, stride, padding, dilation, mode, ceil_mode,
+            nan_propagation, layout):
+    """The checked (K, stride, pads, dilation, mode, ceil, propagate, last, P)."""
+    last = _layout(op, layout, nd)
+    if len(x_shape) != nd + 2:
+        fail(ShapeError, op, "x.ndim", f"{nd + 2} for {nd}-d pooling", len(x_shape))
+    K = _ints(op, "kernel", kernel, nd, 1)
+    stride = K if stride is None else _ints(op, "stride", stride, nd, 1)
+    pads, dilation = _pads(op, padding, nd), _ints(op, "dilation", dilation, nd, 1)
+    choice(op, "mode", mode, MODES)
+    ceil_mode = _flag(op, "ceil_mode", ceil_mode)
+    S = tuple(x_shape[1:-1]) if last else tuple(x_shape[2:])
+    P = tuple(out_size(*a, ceil_mode) for a in zip(S, K, stride, dilation,
+                                                    (p for p, _ in pads), (q for _, q in pads)))
+    if None in P:
+        fail(ShapeError, op, "kernel", f"a window no larger than the padded input {S} + "
+             f"padding {pads} (dilation {dilation})", K)
+    return (K, stride, pads, dilation, mode, ceil_mode,
+            _flag(op, "nan_propagation", nan_propagation), last, P)
+
+
+def _y_shape(x_shape, P, last):
+    return (x_shape[0],) + P + (x_shape[-1],) if last else tuple(x_shape[:2]) + P
+
+
+def pool(nd, x, kernel, *, stride=None, padding=0, dilation=1, mode="max", ceil_mode=False,
+         nan_propagation=True, layout="NCHW", alpha=1.0, beta=0.0, out=None, backend=None,
+         stream=None):
+    op = f"pool{nd}d"
+    c = Call(op, "pool", backend, stream, x=x, out=out)
+    x_shape, dtype = c.array("x", x)
+    geo = _params(op, nd, tuple(x_shape), kernel, stride, padding, dilation, mode, ceil_mode,
+                  nan_propagation, layout)
+    alpha, beta = blend_params(op, alpha, beta)
+    out = c.out(out, _y_shape(tuple(x_shape), geo[-1], geo[-2]), dtype)
+    return c.run("pool_forward", x, *geo, alpha=alpha, beta=beta, out=out)
+
+
+def pool1d(x, kernel, **kw):
+    """1-D pooling: x (N, C, W) or (N, W, C); see pool2d."""
+    return pool(1, x, kernel, **kw)
+
+
+def pool2d(x, kernel, **kw):
+    """y = alpha * pool(x) + beta * out over windows of `kernel` (an int or one a
+    spatial axis). Keywords: stride (default: the kernel), padding (an int, one a
+    axis, or (pre, post) pairs), dilation, mode ("max", "avg" counting padding,
+    "avg_exclude_pad"), ceil_mode, nan_propagation (max: True gives NaN for a window
+    holding one, False skips NaNs), layout ("NCHW"/"NHWC"), alpha, beta, out. Global
+    average pooling: kernel = the spatial shape, mode "avg"."""
+    return pool(2, x, kernel, **kw)
+
+
+def pool3d(x, kernel, **kw):
+    """3-D pooling: x (N, C, D, H, W) or (N, D, H, W, C); see pool2d."""
+    return pool(3, x, kernel, **kw)
+
+
+def pool_backward(dy, x, kernel, *, stride=None, padding=0, dilation=1, mode="max",
+                  ceil_mode=False, nan_propagation=True, layout="NCHW", alpha=1.0, beta=0.0,
+                  out=None, backend=None, stream=None):
+    """dx = alpha * dL/dx + beta * out for y = pool(x) with the same parameters (the
+    rank follows x). Max sends each dy to the first maximal element of its window in
+    window order; overlapping windows are gathered, not scattered: deterministic."""
+    op = "pool_backward"
+    c = Call(op, "pool", backend, stream, dy=dy, x=x, out=out)
+    x_shape, dtype = c.array("x", x)
+    dy_shape, dy_dtype = c.array("dy", dy)
+    same_dtype(op, ["x", "dy"], [dtype, dy_dtype])
+    nd = len(x_shape) - 2
+    if nd not in (1, 2, 3):
+        fail(ShapeError, op, "x.ndim", "3, 4 or 5 (N, C and 1-3 spatial axes)", len(x_shape))
+    geo = _params(op, nd, tuple(x_shape), kernel, stride, padding, dilation, mode, ceil_mode,
+                  nan_propagation, layout)
+    y_shape = _y_shape(tuple(x_shape), geo[-1], geo[-2])
+    if tuple(dy_shape) != y_shape:
+        fail(ShapeError, op, "dy.shape", f"the output's {y_shape}", tuple(dy_shape))
+    alpha, beta = blend_params(op, alpha, beta)
+    out = c.out(out, tuple(x_shape), dtype)
+    return c.run("pool_backward", dy, x, *geo, alpha=alpha, beta=beta, out=out)
