@@ -43,6 +43,12 @@ CALLS = [
     ("conv2d gemm / winograd", lambda x: (
         nbdnn.conv2d(_img(x), _filt(x), padding=1, algo="gemm"),
         nbdnn.conv2d(_img(x), _filt(x), padding=1, algo="winograd"))),
+    ("pool max/avg fwd/bwd", lambda x: (
+        nbdnn.pool2d(_img(x), 3, stride=2, padding=1),
+        nbdnn.pool_backward(nbdnn.pool2d(_img(x), 3, stride=2, padding=1), _img(x), 3,
+                            stride=2, padding=1),
+        nbdnn.pool_backward(nbdnn.pool2d(_img(x), 2, mode="avg"), _img(x), 2, mode="avg"))),
+    ("batch_norm train/bwd", lambda x: _bn_round_trip(_img(x))),
     ("layer_norm fwd/bwd", lambda x: _norm_round_trip(x)),
     ("group_norm fwd/bwd", lambda x: _group_round_trip(_img(x))),
     ("dropout", lambda x: nbdnn.dropout(x, 0.3, seed=7, offset=11)),
@@ -55,6 +61,12 @@ CALLS = [
 def _norm_round_trip(x):
     y, mean, invstd = nbdnn.layer_norm(x, x[0], x[1])
     return (y, mean, invstd) + nbdnn.layer_norm_backward(x, x, mean, invstd, x[0])
+
+
+def _bn_round_trip(x):
+    y, mean, invstd = nbdnn.batch_norm_train(x, activation="relu")
+    return (y, mean, invstd) + nbdnn.batch_norm_backward(x, x, None, mean, invstd,
+                                                         activation="relu")
 
 
 def _group_round_trip(x):

@@ -71,10 +71,11 @@ class Call:
             fail(BadParamError, self.op, name, "writeable", "a read-only array")
         return out
 
-    def run(self, fname, *args, out=None, **kw):
+    def run(self, fname, *args, out=None, inplace=(), **kw):
         """Call the backend's `fname`; CUDA inputs that are strided views are made
         contiguous first; NumPy inputs forced onto "cuda" are copied to the GPU and the
-        results back (into `out` when given)."""
+        results back (into `out` when given), and so are the arguments at positions
+        `inplace` (updated in place by the op)."""
         fn = _function(self.backend, self.family, fname)
         if self.backend == "cpu":
             return fn(*args, out=out, **kw)
@@ -84,7 +85,11 @@ class Call:
             dev = [arrays.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
             dout = (None if out is None else tuple(map(arrays.to_device, out))
                     if isinstance(out, tuple) else arrays.to_device(out))
-            return _back_to_host(fn(*dev, out=dout, stream=stream, **kw), out)
+            res = _back_to_host(fn(*dev, out=dout, stream=stream, **kw), out)
+            for i in inplace:
+                if isinstance(args[i], np.ndarray):
+                    args[i][...] = arrays.to_host(dev[i])
+            return res
         if self.strided:
             args = [impl_contiguous(a, stream) if id(a) in self.strided else a for a in args]
         return fn(*args, out=out, stream=stream, **kw)

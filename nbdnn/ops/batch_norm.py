@@ -1,0 +1,129 @@
+"""batch_norm_train / batch_norm_infer / batch_norm_backward: modes spatial and
+per_activation, NCHW/NHWC (any rank >= 2), fused residual add and activation (cuDNN's
+BN_ADD_ACTIVATION). The formulas are in nbdnn/cpu/batch_norm.py."""
+import math
+
+from ..errors import BadParamError, DtypeError, ShapeError, fail
+from ._common import Call, blend_params, choice, same_dtype, same_shape, scalar
+from .activation import _coef
+
+MODES = ("spatial", "per_activation")
+
+
+def _geometry(op, x_shape, mode, layout):
+    """(parameter shape, last)."""
+    choice(op, "mode", mode, MODES)
+    choice(op, "layout", layout, ("NCHW", "NHWC"))
+    if len(x_shape) < 2:
+        fail(ShapeError, op, "x.ndim", ">= 2 (N, C, ...)", len(x_shape))
+    last = layout == "NHWC"
+    if mode == "per_activation":
+        return tuple(x_shape[1:]), last
+    return (x_shape[-1] if last else x_shape[1],), last
+
+
+def _arrays(c, op, dtype, pshape, params=(), stats=(), like=()):
+    """Check scale/bias-like params (x's dtype), statistics (the compute dtype), both of
+    the parameter shape, and arrays shaped like x; None entries are skipped."""
+    want = "float64" if dtype.name == "float64" else "float32"
+    for kind, group in (("param", params), ("stat", stats)):
+        for name, a in group:
+            if a is None:
+                continue
+            shape, dt = c.array(name, a, dtypes=None)
+            if tuple(shape) != pshape:
+                fail(ShapeError, op, f"{name}.shape", f"the parameter shape {pshape}",
+                     tuple(shape))
+            if kind == "stat" and dt.name != want:
+                fail(DtypeError, op, f"{name}.dtype", f"{want} (statistics are kept in the "
+                     "compute dtype)", dt.name)
+            if kind == "param":
+                same_dtype(op, ["x", name], [dtype, dt])
+    for name, (a, shape) in like:
+        if a is not None:
+            s, dt = c.array(name, a)
+            same_shape(op, ["x", name], [shape, tuple(s)])
+            same_dtype(op, ["x", name], [dtype, dt])
+
+
+def _act(op, activation, coef):
+    return (None, 0.0) if activation is None else (activation, _coef(op, activation, coef))
+
+
+def batch_norm_train(x, scale=None, bias=None, running_mean=None, running_var=None, *,
+                     momentum=0.1, eps=1e-5, mode="spatial", layout="NCHW", residual=None,
+                     activation=None, coef=None, out=None, backend=None, stream=None):
+    """(y, saved_mean, saved_invstd): y = act(scale * (x - mean) * invstd + bias +
+    residual) with the batch's statistics; running_mean/running_var (optional, the
+    compute dtype, C-contiguous) are updated in place with `momentum` (cuDNN's
+    exponential average factor; unbiased variance). out: y's buffer."""
+    op = "batch_norm_train"
+    c = Call(op, "batch_norm", backend, stream, x=x, scale=scale, bias=bias,
+             running_mean=running_mean, running_var=running_var, residual=residual, out=out)
+    shape, dtype = c.array("x", x)
+    shape = tuple(shape)
+    pshape, last = _geometry(op, shape, mode, layout)
+    _arrays(c, op, dtype, pshape, (("scale", scale), ("bias", bias)),
+            (("running_mean", running_mean), ("running_var", running_var)),
+            (("residual", (residual, shape)),))
+    ct = "float64" if dtype.name == "float64" else "float32"
+    for name, r in (("running_mean", running_mean), ("running_var", running_var)):
+        if r is not None:
+            c.out(r, pshape, ct, name)  # updated in place: contiguous and writeable
+    momentum = scalar(op, "momentum", momentum, low=0.0, high=1.0)
+    eps = scalar(op, "eps", eps, low=0.0, low_open=True)
+    act, coef = _act(op, activation, coef)
+    if math.prod(shape) == 0:
+        fail(ShapeError, op, "x.shape", "no zero-sized axis (statistics of nothing)", shape)
+    return c.run("batch_norm_train", x, scale, bias, running_mean, running_var, residual,
+                 momentum, eps, mode, last, act, coef, out=c.out(out, shape, dtype),
+                 inplace=(3, 4))
+
+
+def batch_norm_infer(x, scale, bias, mean, var, *, eps=1e-5, mode="spatial", layout="NCHW",
+                     residual=None, activation=None, coef=None, alpha=1.0, beta=0.0, out=None,
+                     backend=None, stream=None):
+    """y = alpha * act(scale * (x - mean) / sqrt(var + eps) + bias + residual) + beta *
+    out, with given statistics (the running ones; compute dtype)."""
+    op = "batch_norm_infer"
+    c = Call(op, "batch_norm", backend, stream, x=x, scale=scale, bias=bias, mean=mean,
+             var=var, residual=residual, out=out)
+    shape, dtype = c.array("x", x)
+    shape = tuple(shape)
+    pshape, last = _geometry(op, shape, mode, layout)
+    _arrays(c, op, dtype, pshape, (("scale", scale), ("bias", bias)),
+            (("mean", mean), ("var", var)), (("residual", (residual, shape)),))
+    eps = scalar(op, "eps", eps, low=0.0, low_open=True)
+    act, coef = _act(op, activation, coef)
+    alpha, beta = blend_params(op, alpha, beta)
+    return c.run("batch_norm_infer", x, scale, bias, mean, var, residual, eps, mode, last,
+                 act, coef, alpha=alpha, beta=beta, out=c.out(out, shape, dtype))
+
+
+def batch_norm_backward(dy, x, scale, saved_mean, saved_invstd, *, bias=None, residual=None,
+                        activation=None, coef=None, mode="spatial", layout="NCHW", out=None,
+                        backend=None, stream=None):
+    """(dx, dscale, dbias), and dresidual when the forward added a residual; dy is the
+    gradient of the forward's y. With an activation, bias and residual must be the
+    forward's (the pre-activation is recomputed). out: None or a tuple of the results'
+    buffers."""
+    op = "batch_norm_backward"
+    outs = tuple(out) if out is not None else ()
+    c = Call(op, "batch_norm", backend, stream, dy=dy, x=x, scale=scale, bias=bias,
+             saved_mean=saved_mean, saved_invstd=saved_invstd, residual=residual,
+             **{f"out[{i}]": o for i, o in enumerate(outs)})
+    shape, dtype = c.array("x", x)
+    shape = tuple(shape)
+    pshape, last = _geometry(op, shape, mode, layout)
+    _arrays(c, op, dtype, pshape, (("scale", scale), ("bias", bias)),
+            (("saved_mean", saved_mean), ("saved_invstd", saved_invstd)),
+            (("dy", (dy, shape)), ("residual", (residual, shape))))
+    act, coef = _act(op, activation, coef)
+    n = 4 if residual is not None else 3
+    if out is not None:
+        if len(outs) != n:
+            fail(BadParamError, op, "out", f"None or a tuple of {n} arrays", f"{len(outs)}")
+        outs = tuple(c.out(o, s, dtype, f"out[{i}]")
+                     for i, (o, s) in enumerate(zip(outs, (shape, pshape, pshape, shape))))
+    return c.run("batch_norm_backward", dy, x, scale, bias, saved_mean, saved_invstd,
+                 residual, mode, last, act, coef, out=outs or None)

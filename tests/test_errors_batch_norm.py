@@ -1,0 +1,41 @@
+"""Bad batch-norm calls raise the documented NbdnnError subclass naming the parameter."""
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn import BadParamError, DtypeError, ShapeError
+
+X = np.ones((2, 3, 4), np.float32)
+P = np.ones(3, np.float32)
+S = np.ones(3, np.float32)
+
+
+@pytest.mark.parametrize("call, err, words", [
+    (lambda: nbdnn.batch_norm_train(X, P, P, eps=0.0), BadParamError, "eps"),
+    (lambda: nbdnn.batch_norm_train(X, P, P, eps=-1e-5), BadParamError, "eps"),
+    (lambda: nbdnn.batch_norm_train(X, P, P, momentum=1.5), BadParamError, "momentum"),
+    (lambda: nbdnn.batch_norm_train(X, P, P, momentum=-0.1), BadParamError, "momentum"),
+    (lambda: nbdnn.batch_norm_train(X, np.ones(4, np.float32)), ShapeError, "scale.shape"),
+    (lambda: nbdnn.batch_norm_train(X, P.astype(np.float64)), DtypeError, "scale"),
+    (lambda: nbdnn.batch_norm_train(X, P, P, np.ones(3, np.float16)), DtypeError,
+     "running_mean.dtype"),
+    (lambda: nbdnn.batch_norm_train(X, P, P, np.ones(4, np.float32)), ShapeError,
+     "running_mean.shape"),
+    (lambda: nbdnn.batch_norm_train(X, mode="per_channel"), BadParamError, "mode"),
+    (lambda: nbdnn.batch_norm_train(X, layout="NCDHW"), BadParamError, "layout"),
+    (lambda: nbdnn.batch_norm_train(X[0, 0]), ShapeError, "x.ndim"),
+    (lambda: nbdnn.batch_norm_train(X[:0]), ShapeError, "x.shape"),
+    (lambda: nbdnn.batch_norm_train(X, residual=np.ones((2, 3), np.float32)), ShapeError,
+     "residual"),
+    (lambda: nbdnn.batch_norm_train(X, activation="softmax"), BadParamError, "mode"),
+    (lambda: nbdnn.batch_norm_infer(X, P, P, S, S.astype(np.float64)), DtypeError, "var.dtype"),
+    (lambda: nbdnn.batch_norm_infer(X, P, P, S, np.ones(2, np.float32)), ShapeError,
+     "var.shape"),
+    (lambda: nbdnn.batch_norm_backward(X, X, P, S, S, out=(X,)), BadParamError, "out"),
+    (lambda: nbdnn.batch_norm_backward(X[:1], X, P, S, S), ShapeError, "dy"),
+    (lambda: nbdnn.batch_norm_train(X, P, P, mode="per_activation"), ShapeError, "scale.shape"),
+])
+def test_bad_batch_norm_calls(call, err, words):
+    with pytest.raises(err) as e:
+        call()
+    assert words in str(e.value)
