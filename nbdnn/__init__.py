@@ -16,5 +16,6 @@ from .ops.conv import (conv1d, conv2d, conv3d, conv_backward_bias, conv_backward
                        conv_backward_filter, find_conv_algorithm)
 from .ops.pool import pool1d, pool2d, pool3d, pool_backward
 from .ops.batch_norm import batch_norm_backward, batch_norm_infer, batch_norm_train
+from .ops.lrn import lrn, lrn_backward
 
 __version__ = "0.1.0"

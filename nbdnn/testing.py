@@ -214,6 +214,7 @@ from ._specs_dropout import SPECS as _DROPOUT_SPECS  # noqa: E402
 from ._specs_norm import SPECS as _NORM_SPECS  # noqa: E402
 from ._specs_pool import SPECS as _POOL_SPECS  # noqa: E402
 from ._specs_batch_norm import SPECS as _BN_SPECS  # noqa: E402
+from ._specs_lrn import SPECS as _LRN_SPECS  # noqa: E402
 
 SPECS += (_TENSOR_SPECS + _SOFTMAX_SPECS + _MATMUL_SPECS + _CONV_SPECS + _DROPOUT_SPECS
-          + _NORM_SPECS + _POOL_SPECS + _BN_SPECS)
+          + _NORM_SPECS + _POOL_SPECS + _BN_SPECS + _LRN_SPECS)

@@ -1,4 +1,5 @@
-"""Bad batch-norm calls raise the documented NbdnnError subclass naming the parameter."""
+"""Bad batch-norm and LRN calls raise the documented NbdnnError subclass naming the
+parameter."""
 import numpy as np
 import pytest
 
@@ -36,6 +37,22 @@ S = np.ones(3, np.float32)
     (lambda: nbdnn.batch_norm_train(X, P, P, mode="per_activation"), ShapeError, "scale.shape"),
 ])
 def test_bad_batch_norm_calls(call, err, words):
+    with pytest.raises(err) as e:
+        call()
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("call, err, words", [
+    (lambda: nbdnn.lrn(X, 0), BadParamError, "n"),
+    (lambda: nbdnn.lrn(X, 17), BadParamError, "n"),
+    (lambda: nbdnn.lrn(X, 5, beta=0.0), BadParamError, "beta"),
+    (lambda: nbdnn.lrn(X, 5, k=0.0), BadParamError, "k"),
+    (lambda: nbdnn.lrn(X, 5, layout="NCW"), BadParamError, "layout"),
+    (lambda: nbdnn.lrn(X[0], 5), ShapeError, "x.ndim"),
+    (lambda: nbdnn.lrn_backward(X[:1], X), ShapeError, "dy"),
+    (lambda: nbdnn.lrn_backward(X.astype(np.float64), X), DtypeError, "dy"),
+])
+def test_bad_lrn_calls(call, err, words):
     with pytest.raises(err) as e:
         call()
     assert words in str(e.value)

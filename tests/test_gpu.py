@@ -49,6 +49,8 @@ CALLS = [
                             stride=2, padding=1),
         nbdnn.pool_backward(nbdnn.pool2d(_img(x), 2, mode="avg"), _img(x), 2, mode="avg"))),
     ("batch_norm train/bwd", lambda x: _bn_round_trip(_img(x))),
+    ("lrn fwd/bwd", lambda x: (nbdnn.lrn(_img(x), 5, 0.5), nbdnn.lrn_backward(_img(x), _img(x),
+                                                                              5, 0.5))),
     ("layer_norm fwd/bwd", lambda x: _norm_round_trip(x)),
     ("group_norm fwd/bwd", lambda x: _group_round_trip(_img(x))),
     ("dropout", lambda x: nbdnn.dropout(x, 0.3, seed=7, offset=11)),
