@@ -61,29 +61,3 @@ def _conv_cases(n):
                       2 * B * K * H * H * C // G * 9))
     return cases
 
-
-def _pool_cases(n):
-    """ResNet's stem max pool (3x3/2, padding 1, 112x112), the same window averaged, and
-    a 2x2/2 max pool on stage-2 maps; batch 32, NCHW; bytes = x read once + y written."""
-    cases = []
-    for label, (C, H, k, s, p, mode) in (("max_3x3s2", (64, 112, 3, 2, 1, "max")),
-                                         ("avg_3x3s2", (64, 112, 3, 2, 1, "avg")),
-                                         ("max_2x2s2", (256, 56, 2, 2, 0, "max"))):
-        B, P = 32, (H + 2 * p - k) // s + 1
-        if B * C * H * H > n:
-            continue
-
-        def make(d, h, C=C, H=H, k=k, s=s, p=p, mode=mode, P=P, B=B):
-            torch = _torch_fp32()
-            x, y = d["x"][:B * C * H * H].reshape(B, C, H, H), d["y"][:B * C * P * P]
-            y = y.reshape(B, C, P, P)
-            hx = h["x"][:B * C * H * H].reshape(B, C, H, H)
-            kw = dict(stride=s, padding=p, mode=mode)
-            F = torch.nn.functional if torch else None
-            tf = F and ((lambda: F.max_pool2d(x, k, s, p)) if mode == "max" else
-                        (lambda: F.avg_pool2d(x, k, s, p)))
-            return {"gpu": lambda: nbdnn.pool2d(x, k, out=y, **kw),
-                    "cpu": lambda: nbdnn.pool2d(hx, k, **kw), "torch": tf}
-        cases.append((f"pool2d/{label}", "pool", (B, C, H, H), "float32",
-                      4 * (B * C * H * H + B * C * P * P), make))
-    return cases

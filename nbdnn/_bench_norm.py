@@ -1,0 +1,108 @@
+"""Benchmark cases of issue 4's memory-bound families (run by bench.run_suite): pooling
+on ResNet shapes, batch norm, layer norm and RMS norm, against PyTorch's ops on the same
+shapes. Bytes are what a kernel must move (each input read once, each output written
+once); the %copy column reads against that. A case that does not fit the suite's
+element budget n is left out (the simulator's budget is tiny)."""
+import numpy as np
+
+import nbdnn
+from ._bench_compute import _torch_fp32
+
+
+def _pool_cases(n):
+    """ResNet's stem max pool (3x3/2, padding 1, 112x112), the same window averaged, and
+    a 2x2/2 max pool on stage-2 maps; batch 32, NCHW; bytes = x read once + y written."""
+    cases = []
+    for label, (C, H, k, s, p, mode) in (("max_3x3s2", (64, 112, 3, 2, 1, "max")),
+                                         ("avg_3x3s2", (64, 112, 3, 2, 1, "avg")),
+                                         ("max_2x2s2", (256, 56, 2, 2, 0, "max"))):
+        B, P = 32, (H + 2 * p - k) // s + 1
+        if B * C * H * H > n:
+            continue
+
+        def make(d, h, C=C, H=H, k=k, s=s, p=p, mode=mode, P=P, B=B):
+            torch = _torch_fp32()
+            x, y = d["x"][:B * C * H * H].reshape(B, C, H, H), d["y"][:B * C * P * P]
+            y = y.reshape(B, C, P, P)
+            hx = h["x"][:B * C * H * H].reshape(B, C, H, H)
+            kw = dict(stride=s, padding=p, mode=mode)
+            F = torch.nn.functional if torch else None
+            tf = F and ((lambda: F.max_pool2d(x, k, s, p)) if mode == "max" else
+                        (lambda: F.avg_pool2d(x, k, s, p)))
+            return {"gpu": lambda: nbdnn.pool2d(x, k, out=y, **kw),
+                    "cpu": lambda: nbdnn.pool2d(hx, k, **kw), "torch": tf}
+        cases.append((f"pool2d/{label}", "pool", (B, C, H, H), "float32",
+                      4 * (B * C * H * H + B * C * P * P), make))
+    return cases
+
+
+def _device(torch, host):
+    """A device copy of a host array, a torch tensor when PyTorch is there."""
+    if torch is not None:
+        return torch.from_numpy(host).cuda()
+    from .cuda._arrays import to_device
+    return to_device(host)
+
+
+def _bn_cases(n):
+    """Batch norm, 64x256x64x64 NCHW (256 MiB): inference (x, y), training forward
+    (x, y; the kernel reads x twice) and backward (dy, x, dx; it reads dy and x twice)."""
+    B, C, H = 64, 256, 64
+    size = B * C * H * H
+    if size > n:
+        return []
+    cases = []
+    for label, passes in (("infer", 2), ("train", 2), ("backward", 3)):
+        def make(d, h, label=label):
+            torch = _torch_fp32()
+            shape = (B, C, H, H)
+            x, y, dy = (d[k][:size].reshape(shape) for k in ("x", "y", "dy"))
+            hx, hdy = h["x"][:size].reshape(shape), h["dy"][:size].reshape(shape)
+            hw, hb = np.ones(C, np.float32), np.zeros(C, np.float32)
+            w, b, mean, var = (_device(torch, a.copy()) for a in (hw, hb, hb, hw))
+            F = torch.nn.functional if torch else None
+            if label == "infer":
+                return {"gpu": lambda: nbdnn.batch_norm_infer(x, w, b, mean, var, out=y),
+                        "cpu": lambda: nbdnn.batch_norm_infer(hx, hw, hb, hb, hw),
+                        "torch": F and (lambda: F.batch_norm(x, mean, var, w, b))}
+            if label == "train":
+                return {"gpu": lambda: nbdnn.batch_norm_train(x, w, b, mean, var, out=y),
+                        "cpu": lambda: nbdnn.batch_norm_train(hx, hw, hb),
+                        "torch": F and (lambda: F.batch_norm(x, mean, var, w, b, True))}
+            _, m, inv = nbdnn.batch_norm_train(x, w, b)
+            stats = []
+
+            def cpu():
+                if not stats:
+                    stats.extend(nbdnn.batch_norm_train(hx, hw, hb)[1:])
+                return nbdnn.batch_norm_backward(hdy, hx, hw, *stats)
+            return {"gpu": lambda: nbdnn.batch_norm_backward(dy, x, w, m, inv), "cpu": cpu,
+                    "torch": None}
+        cases.append((f"batch_norm/{label}", "batch_norm", (B, C, H, H), "float32",
+                      4 * passes * size, make))
+    return cases
+
+
+def _row_norm_cases(n):
+    """layer_norm over rows of 1k, 4k and 16k floats and rms_norm over 4k, 256 MiB."""
+    cases = []
+    for op, L in (("layer_norm", 1024), ("layer_norm", 4096), ("layer_norm", 16384),
+                  ("rms_norm", 4096)):
+        rows = (1 << 26) // L
+        if rows * L > n:
+            continue
+
+        def make(d, h, op=op, L=L, rows=rows):
+            torch = _torch_fp32()
+            x, y = d["x"][:rows * L].reshape(rows, L), d["y"][:rows * L].reshape(rows, L)
+            w, b = d["dy"][:L], d["dy"][L:2 * L]
+            hx = h["x"][:rows * L].reshape(rows, L)
+            F = torch.nn.functional if torch else None
+            fn = getattr(nbdnn, op)
+            tf = F and ((lambda: F.layer_norm(x, (L,), w, b)) if op == "layer_norm" else
+                        (lambda: F.rms_norm(x, (L,), w)))
+            return {"gpu": (lambda: fn(x, w, b, out=y)) if op == "layer_norm" else
+                    (lambda: fn(x, w, out=y)),
+                    "cpu": lambda: fn(hx), "torch": tf}
+        cases.append((f"{op}/{L}", op, (rows, L), "float32", 8 * rows * L, make))
+    return cases
