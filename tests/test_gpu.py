@@ -157,3 +157,13 @@ def test_gemm_and_depthwise_kernels_spill_at_most_as_measured():
     for (name, dtype), (kernel, sig) in CV._KERNELS.items():
         if name.startswith(("dw_", "igemm_")):
             assert kernel.resources(sig)["local_bytes"] == 0, (name, dtype)
+
+
+def test_batch_norm_statistics_past_2_24_elements_at_mean_1e4():
+    """A channel averaged over N*L = 2**24 + 8 float32 values of mean 1e4, std 1: the
+    shifted two-pass statistics keep float32 accuracy (naive float32 sums would not)."""
+    x = (1e4 + np.random.default_rng(0).standard_normal(2 ** 24 + 8)).astype(np.float32)
+    _, mean, invstd = nbdnn.batch_norm_train(_dev(x.reshape(-1, 1)))
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(_host(mean), [x64.mean()], rtol=1e-6)
+    np.testing.assert_allclose(_host(invstd), [1 / np.sqrt(x64.var() + 1e-5)], rtol=1e-4)

@@ -3,8 +3,8 @@
 x is addressed as (N, C, L): element (n, c, l) at (n*C + c)*L + l channels-first,
 (n*L + l)*C + c channels-last (spatial mode; per_activation is C = an image's size,
 L = 1). Four kernels:
-- stats: a block a channel sums x, then (x - mean)^2 (shifted two-pass: exact for mean
-  1e4, std 1 in float32), over the M = N*L elements in order; thread 0 writes
+- stats: a block a channel sums x - x[first], then (x - mean)^2 (shifted two-pass:
+  float32 keeps mean 1e4, std 1 over N*L past 2**24), over the M = N*L elements in order; thread 0 writes
   saved_mean/saved_invstd and updates the running statistics. Reads x twice.
 - apply: a thread an element in memory order: act(scale*(x-mean)*invstd + bias + z),
   blended (training and inference; inference derives invstd from var).
@@ -71,10 +71,13 @@ def _kernels(CT, nt):
         c, t, T = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x
         shm = cuda.shared.array(SHM, CT)
         M = N * L
+        # shifted by the channel's first element: a thread's partial sums stay near 0
+        # even for mean 1e4 over N*L past 2**24 (float32 would lose the mean's digits)
+        x0 = CT(x[_offset(0, c, 0, C, L, last)])
         s = ZERO
         for m in range(t, M, T):
-            s += CT(x[_offset(m // L, c, m % L, C, L, last)])
-        mu = grp_sum(s, T, shm) / CT(M)
+            s += CT(x[_offset(m // L, c, m % L, C, L, last)]) - x0
+        mu = x0 + grp_sum(s, T, shm) / CT(M)
         q = ZERO
         for m in range(t, M, T):
             d = CT(x[_offset(m // L, c, m % L, C, L, last)]) - mu
