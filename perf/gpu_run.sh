@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Device calls that verify and measure everything; each step has its own time limit
 # and writes under $OUT. JIT-compiling every kernel signature makes the whole suite
-# longer than one 10-minute call: give pytest a part of it per call.
+# longer than one 10-minute call in one process; `suite` runs it in five parallel
+# pytest processes (JIT is CPU-bound; the machine has 16 cores): ~5 minutes.
+#   bash perf/gpu_run.sh suite                # the whole suite minus the PTX test, + check
 #   bash perf/gpu_run.sh tests [pytest args]   # default: tests/ minus the PTX test
 #       e.g. ... tests tests/test_crosscheck.py -k "softmax or reduce or activation"
 #            ... tests tests/test_crosscheck.py -k "matmul or conv or norm or dropout"
 #            ... tests tests --ignore=tests/test_crosscheck.py --ignore=tests/test_ptx.py
 #   bash perf/gpu_run.sh check                # nbdnn check, every op and dtype
-#   bash perf/gpu_run.sh perf                 # bench, SGEMM and conv vs cuBLAS/cuDNN, host cost
+#   bash perf/gpu_run.sh perf                 # nbdnn bench: every row, against PyTorch
+#   bash perf/gpu_run.sh compute              # SGEMM and conv vs cuBLAS/cuDNN, host cost
 # Run from the repository root on the GPU machine (no install: PYTHONPATH=.).
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -20,6 +23,17 @@ numba_cuda.__version__, numpy.__version__, torch.__version__, torch.backends.cud
 mode=${1:-tests}
 shift || true
 case "$mode" in
+suite)
+    export NBDNN_HYPOTHESIS_PROFILE=dev
+    P="timeout 540 python3 -m pytest -q -p no:cacheprovider"
+    X=tests/test_crosscheck.py
+    $P $X -k "softmax or reduce or activation" > "$OUT/t1.log" 2>&1 &
+    $P $X -k "matmul or conv" > "$OUT/t2.log" 2>&1 &
+    $P $X -k "not (softmax or reduce or activation or matmul or conv)" > "$OUT/t3.log" 2>&1 &
+    $P tests --ignore=$X --ignore=tests/test_ptx.py > "$OUT/t4.log" 2>&1 &
+    timeout 540 python3 -m nbdnn check --examples 2 > "$OUT/check.log" 2>&1 &
+    wait  # (a pgrep loop on "pytest" matches this script's own command line)
+    for f in "$OUT"/t?.log "$OUT/check.log"; do tail -n 2 "$f"; done ;;
 tests)
     [ $# -gt 0 ] || set -- tests --ignore=tests/test_ptx.py
     NBDNN_HYPOTHESIS_PROFILE=dev timeout 540 python3 -m pytest -q -p no:cacheprovider "$@" \
@@ -29,11 +43,13 @@ check)
     timeout 540 python3 -m nbdnn check --examples 2 > "$OUT/check.log" 2>&1
     tail -25 "$OUT/check.log" ;;
 perf)
-    # at most 8 files come back from a device call: one log for every step
-    timeout 240 python3 -m nbdnn bench --no-cpu --json "$OUT/bench.json" --plot "$OUT/bench.png" \
+    # at most 8 files come back from a device call
+    timeout 540 python3 -m nbdnn bench --no-cpu --json "$OUT/bench.json" --plot "$OUT/bench.png" \
         > "$OUT/perf.log" 2>&1
-    timeout 150 python3 perf/sgemm.py --json "$OUT/sgemm.json" >> "$OUT/perf.log" 2>&1
-    timeout 240 python3 perf/conv.py --json "$OUT/conv.json" >> "$OUT/perf.log" 2>&1
+    tail -45 "$OUT/perf.log" ;;
+compute)
+    timeout 150 python3 perf/sgemm.py --json "$OUT/sgemm.json" > "$OUT/perf.log" 2>&1
+    timeout 300 python3 perf/conv.py --json "$OUT/conv.json" >> "$OUT/perf.log" 2>&1
     timeout 60 python3 perf/launch_overhead.py --json "$OUT/launch.json" >> "$OUT/perf.log" 2>&1
     tail -40 "$OUT/perf.log" ;;
 esac
