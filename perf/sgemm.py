@@ -21,15 +21,13 @@ FORCED = ("large", "small", "tiny")
 
 
 def _forced_plan(size):
+    """_plan forced to `size`, with the split-K the plan would give that tile."""
     auto = MM._plan
 
     def plan(M, N, K, nb, dtype, can_split):
         BM, BN = MM.TILES["float32"][size][:2]
         blocks = -(-M // BM) * -(-N // BN) * nb
-        sm = MM._sm_count()
-        splits = max(1, min(-(-sm // blocks), K // MM.MIN_CHUNK, MM.MAX_SPLITS)) \
-            if can_split else 1
-        return size, splits
+        return size, MM.split_count(blocks, K) if can_split else 1
     return plan, auto
 
 

@@ -122,8 +122,8 @@ def main_loop(BM, BN, BK, TM, TN, fetch, stash):
     fetches the next tile into registers, multiplies the current stage, stashes the
     fetched tile into the other stage, one barrier."""
     za, zb = BK * (BM + PAD), BK * (BN + PAD)
-    src = ["    so_a = 0", "    so_b = 0", "    k0 = kbeg", "    if True:"]
-    src += fetch + stash + ["    cuda.syncthreads()",
+    src = ["    so_a = 0", "    so_b = 0", "    k0 = kbeg"]
+    src += [line[4:] for line in fetch + stash] + ["    cuda.syncthreads()",
                             f"    for k0 in range(kbeg + {BK}, kend + {BK}, {BK}):",
                             "        more = k0 < kend",
                             "        if more:"]

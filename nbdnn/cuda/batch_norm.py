@@ -27,6 +27,7 @@ from . import activation as _act
 from ._arrays import dtype_name, empty
 from ._launch import Kernel
 from ._reduce import SHM, device_functions
+from .matmul import _act_source
 
 BLOCK = 32 if SIMULATOR else 256
 DTYPES = ("float16", "float32", "float64")
@@ -38,16 +39,12 @@ def _offset(n, c, l, C, L, last):
 
 
 def _chains(nt):
-    """act_fn(x, mode, coef) and act_grad(x, mode, coef) over nbdnn's activation modes."""
+    """act_fn(x, mode, coef) and its derivative act_grad over nbdnn's activation modes."""
     fns = _act._device_functions(nt)
-    ns = {}
-    for name, k in (("act_fn", 0), ("act_grad", 1)):
-        lines = [f"def {name}(x, mode, coef):"]
-        for i, m in enumerate(_act.MODES):
-            ns[f"{name}_{m}"] = fns[m][k]
-            lines += [f"    if mode == {i}:", f"        return {name}_{m}(x, coef)"]
-        lines.append("    return x")
-        exec(compile("\n".join(lines) + "\n", f"<nbdnn batch_norm {name}>", "exec"), ns)
+    ns = {f"{p}{m}": fns[m][k] for m in _act.MODES for p, k in (("f_", 0), ("g_", 1))}
+    for name, prefix in (("act_fn", "f_"), ("act_grad", "g_")):
+        exec(compile(_act_source(_act.MODES, name, prefix), f"<nbdnn batch_norm {name}>",
+                     "exec"), ns)
     return cuda.jit(device=True)(ns["act_fn"]), cuda.jit(device=True)(ns["act_grad"])
 
 

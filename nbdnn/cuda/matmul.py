@@ -51,11 +51,12 @@ MIN_CHUNK, MAX_SPLITS = 256, 64        # split-K: shortest chunk, most chunks (g
 _offsets_cache = {}
 
 
-def _act_source(modes):
-    """act_fn(x, mode, coef): a chain over the activation modes (mode = index)."""
-    lines = ["def act_fn(x, mode, coef):"]
+def _act_source(modes, name="act_fn", prefix="f_"):
+    """`name`(x, mode, coef): a chain over the activation modes (mode = index) calling
+    `prefix`<mode>(x, coef) from the namespace the source is run in."""
+    lines = [f"def {name}(x, mode, coef):"]
     for i, m in enumerate(modes):
-        lines += [f"    if mode == {i}:", f"        return f_{m}(x, coef)"]
+        lines += [f"    if mode == {i}:", f"        return {prefix}{m}(x, coef)"]
     lines.append("    return x")
     return "\n".join(lines) + "\n"
 
@@ -153,7 +154,7 @@ def _plan(M, N, K, nb, dtype, can_split):
         return -(-M // BM) * -(-N // BN) * nb
 
     def chunks(n):
-        return max(1, min(-(-sm // n), K // MIN_CHUNK, MAX_SPLITS)) if can_split else 1
+        return split_count(n, K) if can_split else 1
 
     if 2 * blocks("large") >= 3 * sm:
         return "large", 1
@@ -161,6 +162,12 @@ def _plan(M, N, K, nb, dtype, can_split):
     if 2 * n * chunks(n) >= sm:
         return "small", chunks(n)
     return "tiny", chunks(blocks("tiny"))
+
+
+def split_count(blocks, K):
+    """Reduction chunks that give a grid of `blocks` tiles one block an SM, each chunk
+    at least MIN_CHUNK long, at most MAX_SPLITS."""
+    return max(1, min(-(-_sm_count() // blocks), K // MIN_CHUNK, MAX_SPLITS))
 
 
 _sm = []

@@ -135,6 +135,13 @@ def _back_to_host(res, out):
     return host
 
 
+def flag(op, name, v):
+    """A bool parameter (Python or NumPy)."""
+    if not isinstance(v, (bool, np.bool_)):
+        fail(BadParamError, op, name, "True or False", repr(v))
+    return bool(v)
+
+
 def choice(op, name, value, choices):
     if value not in choices:
         fail(BadParamError, op, name, f"one of {', '.join(map(repr, choices))}", repr(value))

@@ -3,9 +3,10 @@ per_activation, NCHW/NHWC (any rank >= 2), fused residual add and activation (cu
 BN_ADD_ACTIVATION). The formulas are in nbdnn/cpu/batch_norm.py."""
 import math
 
-from ..errors import BadParamError, DtypeError, ShapeError, fail
+from ..errors import BadParamError, ShapeError, fail
 from ._common import Call, blend_params, choice, same_dtype, same_shape, scalar
 from .activation import _coef
+from .norm import _params, _stats
 
 MODES = ("spatial", "per_activation")
 
@@ -23,22 +24,10 @@ def _geometry(op, x_shape, mode, layout):
 
 
 def _arrays(c, op, dtype, pshape, params=(), stats=(), like=()):
-    """Check scale/bias-like params (x's dtype), statistics (the compute dtype), both of
-    the parameter shape, and arrays shaped like x; None entries are skipped."""
-    want = "float64" if dtype.name == "float64" else "float32"
-    for kind, group in (("param", params), ("stat", stats)):
-        for name, a in group:
-            if a is None:
-                continue
-            shape, dt = c.array(name, a, dtypes=None)
-            if tuple(shape) != pshape:
-                fail(ShapeError, op, f"{name}.shape", f"the parameter shape {pshape}",
-                     tuple(shape))
-            if kind == "stat" and dt.name != want:
-                fail(DtypeError, op, f"{name}.dtype", f"{want} (statistics are kept in the "
-                     "compute dtype)", dt.name)
-            if kind == "param":
-                same_dtype(op, ["x", name], [dtype, dt])
+    """Check scale/bias-like params and statistics (nbdnn.ops.norm's checks, against
+    the parameter shape) and arrays shaped like x; None entries are skipped."""
+    _params(c, op, *zip(*params), pshape, dtype, what="the parameter shape")
+    _stats(c, op, *zip(*stats), pshape, dtype, what="the parameter shape")
     for name, (a, shape) in like:
         if a is not None:
             s, dt = c.array(name, a)

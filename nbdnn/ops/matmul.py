@@ -4,14 +4,8 @@ formulas are in nbdnn/cpu/matmul.py."""
 import numpy as np
 
 from ..errors import BadParamError, ShapeError, fail
-from ._common import Call, blend_params, same_dtype
+from ._common import Call, blend_params, flag, same_dtype
 from .activation import _coef
-
-
-def _bool(op, name, v):
-    if not isinstance(v, (bool, np.bool_)):
-        fail(BadParamError, op, name, "True or False", repr(v))
-    return bool(v)
 
 
 def _dims(op, a_shape, b_shape, trans_a, trans_b):
@@ -47,7 +41,7 @@ def matmul(a, b, *, trans_a=False, trans_b=False, bias=None, activation=None, co
     a_shape, dtype = c.array("a", a)
     b_shape, b_dtype = c.array("b", b)
     same_dtype(op, ["a", "b"], [dtype, b_dtype])
-    trans_a, trans_b = _bool(op, "trans_a", trans_a), _bool(op, "trans_b", trans_b)
+    trans_a, trans_b = flag(op, "trans_a", trans_a), flag(op, "trans_b", trans_b)
     batch, M, K, N = _dims(op, a_shape, b_shape, trans_a, trans_b)
     if bias is not None:
         bias_shape, bias_dtype = c.array("bias", bias)
@@ -75,8 +69,8 @@ def matmul_backward(dc, a, b, *, trans_a=False, trans_b=False, bias=False, alpha
     a_shape, dtype = c.array("a", a)
     b_shape, b_dtype = c.array("b", b)
     same_dtype(op, ["a", "b", "dc"], [dtype, b_dtype, dc_dtype])
-    trans_a, trans_b = _bool(op, "trans_a", trans_a), _bool(op, "trans_b", trans_b)
-    bias = _bool(op, "bias", bias)
+    trans_a, trans_b = flag(op, "trans_a", trans_a), flag(op, "trans_b", trans_b)
+    bias = flag(op, "bias", bias)
     batch, M, K, N = _dims(op, a_shape, b_shape, trans_a, trans_b)
     if tuple(dc_shape) != batch + (M, N):
         fail(ShapeError, op, "dc.shape", f"the shape of c, {batch + (M, N)}", tuple(dc_shape))

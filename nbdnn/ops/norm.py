@@ -18,23 +18,29 @@ def _ndim(op, ndim, shape):
     return int(ndim)
 
 
-def _params(c, op, names, arrays, tail, dtype):
+def _params(c, op, names, arrays, tail, dtype, what="x's normalised axes"):
+    """scale/bias-like arrays (None skipped): x's dtype, shape `tail`."""
     for name, a in zip(names, arrays):
         if a is not None:
             shape, dt = c.array(name, a)
             if tuple(shape) != tail:
-                fail(ShapeError, op, f"{name}.shape", f"x's normalised axes {tail}", tuple(shape))
+                fail(ShapeError, op, f"{name}.shape", f"{what} {tail}", tuple(shape))
             same_dtype(op, ["x", name], [dtype, dt])
 
 
-def _stats(c, op, names, arrays, lead, dtype):
+def _stats(c, op, names, arrays, lead, dtype, what="x's rows"):
+    """Statistics (None skipped): the compute dtype (float32 for float16/float32
+    inputs, float64 for float64), shape `lead`."""
     want = "float64" if dtype.name == "float64" else "float32"
     for name, a in zip(names, arrays):
+        if a is None:
+            continue
         shape, dt = c.array(name, a, dtypes=None)
         if dt.name != want:
-            fail(DtypeError, op, f"{name}.dtype", f"{want} (the forward's statistics)", dt.name)
+            fail(DtypeError, op, f"{name}.dtype", f"{want} (statistics are kept in the "
+                 "compute dtype)", dt.name)
         if tuple(shape) != lead:
-            fail(ShapeError, op, f"{name}.shape", f"x's rows {lead}", tuple(shape))
+            fail(ShapeError, op, f"{name}.shape", f"{what} {lead}", tuple(shape))
 
 
 def _forward(op, x, scale, bias, ndim, eps, out, backend, stream):

@@ -2,15 +2,9 @@
 avg_exclude_pad over windows with stride, per-side padding, dilation and ceil mode.
 The formulas are in nbdnn/cpu/pool.py."""
 from ..cpu.pool import MODES, out_size
-from ..errors import BadParamError, ShapeError, fail
-from ._common import Call, blend_params, choice, same_dtype
+from ..errors import ShapeError, fail
+from ._common import Call, blend_params, choice, flag, same_dtype
 from .conv import _ints, _layout, _pads
-
-
-def _flag(op, name, v):
-    if not isinstance(v, bool):
-        fail(BadParamError, op, name, "True or False", repr(v))
-    return v
 
 
 def _params(op, nd, x_shape, kernel, stride, padding, dilation, mode, ceil_mode,
@@ -23,7 +17,7 @@ def _params(op, nd, x_shape, kernel, stride, padding, dilation, mode, ceil_mode,
     stride = K if stride is None else _ints(op, "stride", stride, nd, 1)
     pads, dilation = _pads(op, padding, nd), _ints(op, "dilation", dilation, nd, 1)
     choice(op, "mode", mode, MODES)
-    ceil_mode = _flag(op, "ceil_mode", ceil_mode)
+    ceil_mode = flag(op, "ceil_mode", ceil_mode)
     S = tuple(x_shape[1:-1]) if last else tuple(x_shape[2:])
     P = tuple(out_size(*a, ceil_mode) for a in zip(S, K, stride, dilation,
                                                     (p for p, _ in pads), (q for _, q in pads)))
@@ -31,7 +25,7 @@ def _params(op, nd, x_shape, kernel, stride, padding, dilation, mode, ceil_mode,
         fail(ShapeError, op, "kernel", f"a window no larger than the padded input {S} + "
              f"padding {pads} (dilation {dilation})", K)
     return (K, stride, pads, dilation, mode, ceil_mode,
-            _flag(op, "nan_propagation", nan_propagation), last, P)
+            flag(op, "nan_propagation", nan_propagation), last, P)
 
 
 def _y_shape(x_shape, P, last):
