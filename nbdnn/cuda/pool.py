@@ -20,11 +20,13 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from ._arrays import dtype_name, empty
-from ._conv_index import launch, landing, split, strides
+from ._conv_index import MAX_BLOCKS, launch, landing, split, strides
+from . import SIMULATOR
 from ._launch import Kernel
 from ..cpu.pool import MODES
 
 DTYPES = ("float16", "float32", "float64")
+BX, BY = (8, 4) if SIMULATOR else (32, 8)  # forward block: contiguous axis x rows
 
 
 @cuda.jit(device=True)
@@ -78,23 +80,49 @@ def _kernels(CT):
 
     def pool_fwd(x, y, N, C, D, H, W, KD, KH, KW, PD, PH, PW, sd, sh, sw, qd, qh, qw,
                  ed, eh, ew, dd, dh, dw, last, mode, propagate, alpha, beta):
+        # a block BY output rows (NCHW: ph; NHWC: pw) of one plane (NCHW: (n, c, pd);
+        # NHWC: (n, pd, ph)), BX threads along the contiguous axis (pw; c) looping over
+        # it: the block's indices are divided once, not per output
+        tx, ty = cuda.threadIdx.x % BX, cuda.threadIdx.x // BX
         xn, xc, xd, xh, xw = strides(C, D, H, W, last)
-        total = N * C * PD * PH * PW
-        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        while i < total:  # i runs over y in memory order
-            n, c, pd, ph, pw = split(i, C, PD, PH, PW, last)
-            ad, ah, aw = pd * sd - qd, ph * sh - qh, pw * sw - qw
-            v, _ = window(x, n * xn + c * xc, ad, ah, aw, D, H, W, KD, KH, KW, dd, dh, dw,
-                          xd, xh, xw, mode, propagate)
-            if mode != 0:
-                cnt = _window_count(ad, ah, aw, KD, KH, KW, dd, dh, dw, D, H, W, qd, qh, qw,
-                                    ed, eh, ew, mode == 2)
-                v = v / CT(cnt) if cnt > 0 else ZERO
-            r = alpha * v
-            if beta != ZERO:
-                r += beta * CT(y[i])
-            y[i] = r
-            i += cuda.gridDim.x * cuda.blockDim.x
+        bands = -(-(PW if last else PH) // BY)
+        planes = N * PD * (PH if last else C)
+        b = cuda.blockIdx.x
+        while b < planes * bands:
+            p, band = b // bands, b % bands
+            row = band * BY + ty
+            if last:
+                ph, q = p % PH, p // PH
+                pd, n = q % PD, q // PD
+                pw, c0, cols, cstep = row, tx, C, BX
+                ok = pw < PW
+            else:
+                pd, nc = p % PD, p // PD
+                n, c = nc // C, nc % C
+                ph, c0, cols, cstep = row, tx, PW, BX
+                ok = ph < PH
+            ad, ah = pd * sd - qd, ph * sh - qh
+            j = c0
+            while ok and j < cols:
+                if last:
+                    c, pw = j, row
+                else:
+                    pw = j
+                aw = pw * sw - qw
+                v, _ = window(x, n * xn + c * xc, ad, ah, aw, D, H, W, KD, KH, KW, dd, dh,
+                              dw, xd, xh, xw, mode, propagate)
+                if mode != 0:
+                    cnt = _window_count(ad, ah, aw, KD, KH, KW, dd, dh, dw, D, H, W, qd, qh,
+                                        qw, ed, eh, ew, mode == 2)
+                    v = v / CT(cnt) if cnt > 0 else ZERO
+                i = ((((n * PD + pd) * PH + ph) * PW + pw) * C + c if last else
+                     (((n * C + c) * PD + pd) * PH + ph) * PW + pw)
+                r = alpha * v
+                if beta != ZERO:
+                    r += beta * CT(y[i])
+                y[i] = r
+                j += cstep
+            b += cuda.gridDim.x
 
     def pool_bwd(dy, x, dx, N, C, D, H, W, KD, KH, KW, PD, PH, PW, sd, sh, sw, qd, qh, qw,
                  ed, eh, ew, dd, dh, dw, last, mode, propagate, alpha, beta):
@@ -171,8 +199,12 @@ def pool_forward(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last,
     y_shape = (x_shape[0],) + tuple(P) + (x_shape[-1],) if last else x_shape[:2] + tuple(P)
     y = out if out is not None else empty(x, y_shape, dtype_name(x))
     g = _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate)
-    launch(_KERNELS, "fwd", dtype_name(x), int(np.prod(y_shape)), stream, x, y, *g,
-           alpha, beta)
+    if int(np.prod(y_shape)):
+        (N, C), (PD, PH, PW) = g[:2], g[8:11]
+        rows, planes = (PW, N * PD * PH) if last else (PH, N * PD * C)
+        k, sig = _KERNELS["fwd", dtype_name(x)]
+        k.launch(sig, min(planes * -(-rows // BY), MAX_BLOCKS), BX * BY, stream, x, y, *g,
+                 alpha, beta)
     return y
 
 
