@@ -105,4 +105,36 @@ def _row_norm_cases(n):
                     (lambda: fn(x, w, out=y)),
                     "cpu": lambda: fn(hx), "torch": tf}
         cases.append((f"{op}/{L}", op, (rows, L), "float32", 8 * rows * L, make))
+    cases += _row_norm_backward_cases(n)
     return cases
+
+
+def _row_norm_backward_cases(n):
+    """layer_norm backward over rows of 4096, 256 MiB: reads dy and x, writes dx (12 B an
+    element; dscale and dbias are one row)."""
+    L = 4096
+    rows = (1 << 26) // L
+    if rows * L > n:
+        return []
+
+    def make(d, h):
+        torch = _torch_fp32()
+        x, dy = d["x"][:rows * L].reshape(rows, L), d["dy"][:rows * L].reshape(rows, L)
+        w = d["y"][:L]
+        hx, hdy = h["x"][:rows * L].reshape(rows, L), h["dy"][:rows * L].reshape(rows, L)
+        _, mean, inv = nbdnn.layer_norm(x, w)
+        stats = []
+
+        def cpu():
+            if not stats:
+                stats.extend(nbdnn.layer_norm(hx, hdy[0])[1:])
+            return nbdnn.layer_norm_backward(hdy, hx, *stats, hdy[0])
+        tb = None
+        if torch is not None:
+            m, r = mean.reshape(rows, 1), inv.reshape(rows, 1)
+            tb = lambda: torch.ops.aten.native_layer_norm_backward(  # noqa: E731
+                dy, x, (L,), m, r, w, None, (True, True, False))
+        return {"gpu": lambda: nbdnn.layer_norm_backward(dy, x, mean, inv, w), "cpu": cpu,
+                "torch": tb}
+    return [(f"layer_norm_backward/{L}", "layer_norm", (rows, L), "float32", 12 * rows * L,
+             make)]

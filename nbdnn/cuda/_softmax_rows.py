@@ -13,28 +13,9 @@ def _rows_source(V, backward):
     arrs = ["dy", "y"] if backward else ["x"]
     dst = "dx" if backward else "y"
     name = f"softmax_rows_{'bwd' if backward else 'fwd'}_v{V}"
-    src = [f"def {name}({', '.join(arrs)}, {dst}, nrows, L, G, algo, alpha, beta, aligned):",
-           "    t = cuda.threadIdx.x",
-           "    lane = t % G",
-           "    row = cuda.blockIdx.x * (cuda.blockDim.x // G) + t // G",
-           "    live = row < nrows",
-           "    base = row * L",
-           "    L4 = L // 4",
-           "    q = base // 4 + lane",
-           "    shm = cuda.shared.array(SHM, CT)"]
-    for p in ins:
-        src += [f"    {p}{k}_{j} = {'ZERO' if backward else 'NEG_INF'}" for k, j in slots]
-    src += ["    if live:", "        if aligned != 0:"]
-    for k in range(V):
-        src.append(f"            if lane + {k} * G < L4:")
-        for p, a in zip(ins, arrs):
-            src.append(f"                a0, a1, a2, a3 = load4({a}, q + {k} * G)")
-            src += [f"                {p}{k}_{j} = CT(a{j})" for j in range(4)]
-    src.append("        else:")
-    for k, j in slots:
-        src.append(f"            if lane + {4 * k + j} * G < L:")
-        for p, a in zip(ins, arrs):
-            src.append(f"                {p}{k}_{j} = CT({a}[base + lane + {4 * k + j} * G])")
+    src = prologue(name, f"{', '.join(arrs)}, {dst}, nrows, L, G, algo, alpha, beta, aligned",
+                   V)
+    src += load_lines(ins, arrs, V, "ZERO" if backward else "NEG_INF")
     acc = lambda j: f"s{j}"  # four partial sums for ILP
     src += [f"    s{j} = ZERO" for j in range(4)]
     if backward:
@@ -67,20 +48,62 @@ def _rows_source(V, backward):
         src += ["    else:", "        c = alpha / s"]
         src += [f"        v{k}_{j} = v{k}_{j} * c" for k, j in slots]
         out = "v"
+    return name, "\n".join(src + store_lines(out, dst, V, blend=True)) + "\n"
+
+
+def prologue(name, args, V):
+    """Lane, row and base offsets of the row kernels (G lanes a row)."""
+    return [f"def {name}({args}):",
+            "    t = cuda.threadIdx.x",
+            "    lane = t % G",
+            "    row = cuda.blockIdx.x * (cuda.blockDim.x // G) + t // G",
+            "    live = row < nrows",
+            "    base = row * L",
+            "    L4 = L // 4",
+            "    q = base // 4 + lane",
+            "    shm = cuda.shared.array(SHM, CT)"]
+
+
+def load_lines(ins, arrs, V, fill):
+    """Slots p<k>_<j> of each array in `arrs` (names `ins`), `fill` past the row's end:
+    16-byte loads when aligned, coalesced scalars otherwise."""
+    slots = [(k, j) for k in range(V) for j in range(4)]
+    src = [f"    {p}{k}_{j} = {fill}" for p in ins for k, j in slots]
     src += ["    if live:", "        if aligned != 0:"]
     for k in range(V):
-        src += [f"            if lane + {k} * G < L4:", "                if beta != ZERO:",
-                f"                    b0, b1, b2, b3 = load4({dst}, q + {k} * G)"]
-        src += [f"                    {out}{k}_{j} += beta * CT(b{j})" for j in range(4)]
+        src.append(f"            if lane + {k} * G < L4:")
+        for p, a in zip(ins, arrs):
+            src.append(f"                a0, a1, a2, a3 = load4({a}, q + {k} * G)")
+            src += [f"                {p}{k}_{j} = CT(a{j})" for j in range(4)]
+    src.append("        else:")
+    for k, j in slots:
+        src.append(f"            if lane + {4 * k + j} * G < L:")
+        for p, a in zip(ins, arrs):
+            src.append(f"                {p}{k}_{j} = CT({a}[base + lane + {4 * k + j} * G])")
+    return src
+
+
+def store_lines(out, dst, V, blend):
+    """Store slots out<k>_<j> to dst (blend: += beta * dst first)."""
+    src = ["    if live:", "        if aligned != 0:"]
+    for k in range(V):
+        src.append(f"            if lane + {k} * G < L4:")
+        if blend:
+            src += ["                if beta != ZERO:",
+                    f"                    b0, b1, b2, b3 = load4({dst}, q + {k} * G)"]
+            src += [f"                    {out}{k}_{j} += beta * CT(b{j})" for j in range(4)]
         vals = ", ".join(f"{out}{k}_{j}" for j in range(4))
         src.append(f"                store4({dst}, q + {k} * G, ({vals}))")
     src.append("        else:")
-    for k, j in slots:
-        e = f"base + lane + {4 * k + j} * G"
-        src += [f"            if lane + {4 * k + j} * G < L:", "                if beta != ZERO:",
-                f"                    {out}{k}_{j} += beta * CT({dst}[{e}])",
-                f"                {dst}[{e}] = {out}{k}_{j}"]
-    return name, "\n".join(src) + "\n"
+    for k in range(V):
+        for j in range(4):
+            e = f"base + lane + {4 * k + j} * G"
+            src.append(f"            if lane + {4 * k + j} * G < L:")
+            if blend:
+                src += ["                if beta != ZERO:",
+                        f"                    {out}{k}_{j} += beta * CT({dst}[{e}])"]
+            src.append(f"                {dst}[{e}] = {out}{k}_{j}")
+    return src
 
 
 def rows_kernel(V, backward, ns):

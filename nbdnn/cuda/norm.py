@@ -1,15 +1,17 @@
-"""layer_norm / rms_norm / group_norm (instance_norm: a group a channel) on the GPU: a
-block a row, a row being the elements normalised together (layer/rms: the trailing
-axes; group: (n, group), NCHW or NHWC, addressed through `_element`).
+"""layer_norm / rms_norm / group_norm (instance_norm: a group a channel) on the GPU. A
+row is the elements normalised together (layer/rms: the trailing axes; group: (n,
+group), NCHW or NHWC, addressed through `_element`).
 
-Forward: pass 1 sums x (layer_norm only) for the mean, pass 2 sums (x - mean)^2 (the
-two-pass variance: exact for mean 1e4, std 1 in float32), pass 3 writes y with scale
-and bias; the block's thread 0 saves the statistics. Backward: one block a row sums
-g = dy*scale and g*xhat, then writes dx; dscale and dbias come from a column kernel
-(a thread a channel, or a normalised element for layer/rms norm, summing over the
-rows in order: deterministic).
-Reads per element: 3 forward (2 for rms), 2 of x and dy backward; rows of up to a few
-thousand elements stay in L1/L2 between the passes. Not yet run on hardware.
+- layer/rms norm forward, rows up to 32768: the row held in registers
+  (_norm_rows.py; 8 B an element float32: x read once, y written once).
+- otherwise forward (group/instance norm, longer rows): a block a row; pass 1 sums x
+  (layer_norm only) for the mean, pass 2 sums (x - mean)^2 (two-pass: exact for mean
+  1e4, std 1 in float32), pass 3 writes y with scale and bias; rows of up to a few
+  thousand elements stay in L1/L2 between the passes.
+- backward dx: a block a row sums g = dy*scale and g*xhat, then writes dx.
+- backward dscale/dbias: layer/rms norm, chunk partials over blocks of rows summed in
+  order (_norm_rows.py); group norm, a thread a channel summing over (n, spatial) in
+  order. Both deterministic.
 """
 import math
 
@@ -17,9 +19,12 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from . import SIMULATOR
-from ._arrays import dtype_name, empty
+from ._arrays import dtype_name, empty, ptr
+from . import _norm_rows as _rows
+from ._intrinsics import load4, store4, vector_alignment
 from ._launch import Kernel
 from ._reduce import SHM, device_functions
+from .softmax import ROWS_BLOCK, _row_vs, _rows_config
 
 BLOCK = 32 if SIMULATOR else 256
 MAX_GRID = 2 ** 31 - 1
@@ -114,15 +119,29 @@ def _kernels(CT, f):
 def _build():
     table = {}
     for ct, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
-        ks = _kernels(CT, device_functions(nt))
+        f = device_functions(nt)
+        ks = _kernels(CT, f)
+        ns = dict(f, cuda=cuda, math=math, load4=load4, store4=store4, CT=CT, SHM=SHM)
+        ks["params_partials"], ks["params_final"] = _rows.param_kernels(CT)
         for t in (d for d in ("float16", "float32", "float64") if (d == "float64") == (ct == "float64")):
             a, s = f"{t}[::1]", f"{ct}[::1]"
             i4 = "int64, int64, int64, int64"  # C, G, HW, last
             sigs = {"fwd": f"void({a}, {a}, {a}, {a}, {s}, {s}, {i4}, {ct}, int64, int64, int64)",
                     "bwd": f"void({a}, {a}, {s}, {s}, {a}, {a}, {i4}, int64, int64)",
-                    "params_bwd": f"void({a}, {a}, {s}, {s}, {a}, {a}, int64, {i4}, int64)"}
+                    "params_bwd": f"void({a}, {a}, {s}, {s}, {a}, {a}, int64, {i4}, int64)",
+                    "params_partials": f"void({a}, {a}, {s}, {s}, {s}, {s}, int64, int64, "
+                                       "int64)",
+                    "params_final": f"void({s}, {s}, {a}, {a}, int64, int64)"}
             for name, sig in sigs.items():
                 table[name, t] = (Kernel(ks[name], [sig]), sig)
+            sig = (f"void({a}, {a}, {a}, {a}, {s}, {s}, int64, int64, int64, {ct}, int64, "
+                   "int64, int64, int64)")
+            for V in _row_vs(ct == "float64", False):
+                # V = 16 runs blocks of up to 512 lanes: 128 registers (ptxas: 110, no
+                # spills); V <= 8 needs 76 at most, blocks of up to 256 lanes
+                opts = {} if SIMULATOR or V < 16 else {"max_registers": 128}
+                table[f"rows_v{V}", t] = (Kernel(_rows.forward_kernel(V, ns), [sig], **opts),
+                                          sig)
     return table
 
 
@@ -156,10 +175,21 @@ def forward(x, scale, bias, geo, stats_shape, eps, out, stream, centred):
         if rows > MAX_GRID:
             from ..errors import NotSupportedError
             raise NotSupportedError(f"{rows} rows exceed the grid limit {MAX_GRID}")
-        k, sig = _KERNELS["fwd", dtype]
-        k.launch(sig, rows, BLOCK, stream, x, y, scale if scale is not None else x,
-                 bias if bias is not None else x, st1, st2, C, G, HW, last, eps, int(centred),
-                 int(scale is not None), int(bias is not None))
+        sc, bi = (scale if scale is not None else x), (bias if bias is not None else x)
+        flags = (int(centred), int(scale is not None), int(bias is not None))
+        cfg = _rows_config(L, False, False, ct == "float64") if G == 1 and HW == 1 else None
+        if cfg is not None:  # layer/rms norm: the row in registers
+            V, Gl = cfg
+            A = vector_alignment(np.dtype(dtype).itemsize)
+            aligned = int(L % 4 == 0 and all(ptr(a) % A == 0 for a in (x, y, sc, bi)))
+            block = Gl if Gl > 32 else ROWS_BLOCK
+            k, sig = _KERNELS[f"rows_v{V}", dtype]
+            k.launch(sig, -(-rows // (block // Gl)), block, stream, x, y, sc, bi, st1, st2,
+                     rows, L, Gl, eps, *flags, aligned)
+        else:
+            k, sig = _KERNELS["fwd", dtype]
+            k.launch(sig, rows, BLOCK, stream, x, y, sc, bi, st1, st2, C, G, HW, last, eps,
+                     *flags)
     return (y, st1, st2) if centred else (y, st2)
 
 
@@ -173,7 +203,16 @@ def backward(dy, x, st1, st2, scale, geo, param_shape, out, stream, centred):
         k, sig = _KERNELS["bwd", dtype]
         k.launch(sig, rows, BLOCK, stream, dy, x, st1, st2, scale if scale is not None else x,
                  dx, C, G, HW, last, int(centred), int(scale is not None))
-    if C:
+    if G == 1 and HW == 1 and rows and L:  # layer/rms norm: chunk partials over rows
+        ct = dtype_name(st2)
+        nch = -(-rows // (_rows.CY * _rows.R))
+        p1, p2 = empty(x, (nch * L,), ct), empty(x, (nch * L,), ct)
+        k, sig = _KERNELS["params_partials", dtype]
+        k.launch(sig, (-(-L // _rows.CX), min(nch, 65535), 1), _rows.CX * _rows.CY, stream,
+                 dy, x, st1, st2, p1, p2, rows, L, int(centred))
+        k, sig = _KERNELS["params_final", dtype]
+        k.launch(sig, -(-L // BLOCK), BLOCK, stream, p1, p2, dscale, dbias, rows, L)
+    elif C:
         k, sig = _KERNELS["params_bwd", dtype]
         k.launch(sig, -(-C // BLOCK), BLOCK, stream, dy, x, st1, st2, dscale, dbias, N, C, G,
                  HW, last, int(centred))

@@ -1,0 +1,137 @@
+"""layer_norm / rms_norm over contiguous rows: the forward row kept in registers, and
+the backward parameter sums as chunk partials (norm.py picks them for layer/rms norm).
+
+Forward (generated, the layout of softmax kernel 1, _softmax_rows.py): G lanes a row,
+4*V values a lane as named scalars; mean (layer_norm) and the sum of squared
+deviations come from the registers, so x is read once and y written once: 8 B an
+element (float32) against 16 B for norm.py's three-pass block kernel. Shapes and
+register caps come from softmax's `_rows_config` (rows up to 32768 elements).
+
+Backward parameters: dscale[l] = sum_r dy*xhat, dbias[l] = sum_r dy over the rows r.
+A block of CX columns x CY row groups sums R rows a thread for one chunk of CY*R rows
+(coalesced along the row), the chunk partials are then summed in chunk order
+(deterministic, no atomics): dy and x read once more, 8 B an element.
+"""
+from numba import cuda
+
+from . import SIMULATOR
+from ._softmax_rows import load_lines, prologue
+
+CX, CY = (8, 4) if SIMULATOR else (32, 8)
+R = 4 if SIMULATOR else 16
+CXY = CX * CY
+
+
+def _valid(k, j, aligned):
+    return f"lane + {k} * G < L4" if aligned else f"lane + {4 * k + j} * G < L"
+
+
+def _affine_store_lines(V):
+    """y = v * inv * scale + bias on the live slots, each vector stored as soon as it is
+    computed (scale/bias indexed by column; storing early frees the slot's registers
+    for the next vector's scale and bias)."""
+    src = ["    if live:", "        if aligned != 0:"]
+    for k in range(V):
+        src += [f"            if {_valid(k, 0, True)}:",
+                "                c0 = c1 = c2 = c3 = inv",
+                "                b0 = b1 = b2 = b3 = ZERO",
+                "                if has_scale:",
+                f"                    a0, a1, a2, a3 = load4(scale, lane + {k} * G)",
+                "                    c0, c1, c2, c3 = inv * CT(a0), inv * CT(a1), "
+                "inv * CT(a2), inv * CT(a3)",
+                "                if has_bias:",
+                f"                    a0, a1, a2, a3 = load4(bias, lane + {k} * G)",
+                "                    b0, b1, b2, b3 = CT(a0), CT(a1), CT(a2), CT(a3)"]
+        vals = ", ".join(f"v{k}_{j} * c{j} + b{j}" for j in range(4))
+        src.append(f"                store4(y, q + {k} * G, ({vals}))")
+    src.append("        else:")
+    for k in range(V):
+        for j in range(4):
+            i = f"lane + {4 * k + j} * G"
+            src += [f"            if {i} < L:",
+                    f"                y[base + {i}] = v{k}_{j} * (inv * CT(scale[{i}]) if "
+                    f"has_scale else inv) + (CT(bias[{i}]) if has_bias else ZERO)"]
+    return src
+
+
+def forward_source(V):
+    slots = [(k, j) for k in range(V) for j in range(4)]
+    name = f"norm_rows_fwd_v{V}"
+    src = prologue(name, "x, y, scale, bias, st1, st2, nrows, L, G, eps, centred, has_scale, "
+                   "has_bias, aligned", V)
+    src += load_lines(["v"], ["x"], V, "ZERO")
+    src += [f"    s{j} = ZERO" for j in range(4)]
+    src += ["    mean = ZERO", "    if centred:"]
+    src += [f"        s{j} += v{k}_{j}" for k, j in slots]
+    src += ["        mean = grp_sum((s0 + s1) + (s2 + s3), G, shm) / CT(L)"]
+    src += [f"    s{j} = ZERO" for j in range(4)]
+    # deviations on the live slots only (the padding stays 0 and adds nothing)
+    src.append("    if aligned != 0:")
+    for k in range(V):
+        src.append(f"        if {_valid(k, 0, True)}:")
+        for j in range(4):
+            src += [f"            v{k}_{j} -= mean", f"            s{j} += v{k}_{j} * v{k}_{j}"]
+    src.append("    else:")
+    for k, j in slots:
+        src += [f"        if {_valid(k, j, False)}:", f"            v{k}_{j} -= mean",
+                f"            s{j} += v{k}_{j} * v{k}_{j}"]
+    src += ["    inv = ONE / math.sqrt(grp_sum((s0 + s1) + (s2 + s3), G, shm) / CT(L) + eps)",
+            "    if live and lane == 0:",
+            "        st1[row] = mean if centred else inv",
+            "        st2[row] = inv"]
+    src += _affine_store_lines(V)
+    return name, "\n".join(src) + "\n"
+
+
+def forward_kernel(V, ns):
+    name, src = forward_source(V)
+    exec(compile(src, f"<nbdnn.cuda.norm:{name}>", "exec"), ns)
+    return ns[name]
+
+
+def param_kernels(CT):
+    """(partials, final): dscale/dbias chunk partials of (rows, L) and their sum."""
+    ZERO = CT(0)
+
+    def partials(dy, x, st1, st2, p1, p2, rows, L, centred):
+        shm = cuda.shared.array(CXY, CT)
+        t = cuda.threadIdx.x
+        tx, ty = t % CX, t // CX
+        c = cuda.blockIdx.x * CX + tx
+        j = cuda.blockIdx.y
+        while j * CY * R < rows:
+            a, b = ZERO, ZERO
+            if c < L:
+                r = j * CY * R + ty
+                for _ in range(R):
+                    if r < rows:
+                        d = CT(dy[r * L + c])
+                        mean = st1[r] if centred else ZERO
+                        a += d * (CT(x[r * L + c]) - mean) * st2[r]
+                        b += d
+                    r += CY
+            for k in range(2):  # a then b over the CY threads of the column, in order
+                shm[t] = a if k == 0 else b
+                cuda.syncthreads()
+                if ty == 0 and c < L:
+                    s = shm[tx]
+                    for i in range(1, CY):
+                        s += shm[tx + i * CX]
+                    if k == 0:
+                        p1[j * L + c] = s
+                    else:
+                        p2[j * L + c] = s
+                cuda.syncthreads()
+            j += cuda.gridDim.y
+
+    def final(p1, p2, dscale, dbias, rows, L):
+        c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if c < L:
+            a, b = ZERO, ZERO
+            for j in range(-(-rows // (CY * R))):
+                a += p1[j * L + c]
+                b += p2[j * L + c]
+            dscale[c] = a
+            dbias[c] = b
+
+    return partials, final
