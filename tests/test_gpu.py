@@ -159,6 +159,16 @@ def test_gemm_and_depthwise_kernels_spill_at_most_as_measured():
             assert kernel.resources(sig)["local_bytes"] == 0, (name, dtype)
 
 
+def test_norm_pool_and_batch_norm_kernels_do_not_spill():
+    """The register-cached norm rows (up to 64 values a lane under a 128-register cap)
+    and batch norm's register-held chunks must stay in registers."""
+    from nbdnn.cuda import batch_norm as BN, norm as NM, pool as PL
+    for table in (NM._KERNELS, BN._KERNELS, PL._KERNELS):
+        for (name, dtype), (kernel, sig) in table.items():
+            if dtype != "float64":
+                assert kernel.resources(sig)["local_bytes"] == 0, (name, dtype)
+
+
 def test_batch_norm_statistics_past_2_24_elements_at_mean_1e4():
     """A channel averaged over N*L = 2**24 + 8 float32 values of mean 1e4, std 1: the
     shifted two-pass statistics keep float32 accuracy (naive float32 sums would not)."""

@@ -42,10 +42,10 @@ def launch_shape(C, nch, columns):
     return (gx, min(nch, MAX_GRID_Y), 1), (CX * CY if columns else BLOCK)
 
 
-def kernels(CT, pre, act_grad):
+def kernels(CT, act_grad, apply_coefs):
     """{'stats_planes', 'stats_columns', 'bwd_planes', 'bwd_columns', 'stats_final',
-    'bwd_final'} python kernels in compute type CT; pre/act_grad from batch_norm."""
-    from ._reduce import SHM
+    'bwd_final'} python kernels in compute type CT; act_grad and apply_coefs (the
+    apply kernel's per-channel (mean, scale*invstd, bias)) from batch_norm."""
     ZERO, ONE = CT(0), CT(1)
 
     @cuda.jit(device=True)
@@ -83,7 +83,9 @@ def kernels(CT, pre, act_grad):
         def partials(x, dy, z, scale, bias, mean, invstd, p1, p2, N, C, L, has_scale,
                      has_bias, has_z, act, coef):
             shm = cuda.shared.array(T, CT)
-            vals = cuda.local.array(R, CT)
+            xs = cuda.local.array(R, CT)
+            ds = cuda.local.array(R, CT)
+            zs = cuda.local.array(R, CT)
             t = cuda.threadIdx.x
             M = N * L
             E = R * (CY if columns else BLOCK)
@@ -93,51 +95,60 @@ def kernels(CT, pre, act_grad):
                 c = c if ok else 0
             else:
                 c, ok = cuda.blockIdx.x, True
-            x0 = CT(x[c if columns else c * L])
+            first = c if columns else c * L   # a valid address for masked slots
+            x0 = CT(x[first])
+            mc, ic, sc, bc = ZERO, ZERO, ONE, ZERO
+            if not stats:
+                mc, ic = mean[c], invstd[c]
+                if has_scale:
+                    sc = CT(scale[c])
+                if has_bias:
+                    bc = CT(bias[c])
             j = cuda.blockIdx.y
             while j * E < M:
-                # first element of this thread, then steps of dm (rows or (n, l) pairs)
+                # this thread's elements: m, m + dm, ... of the channel; (n, l) stepped
                 if columns:
                     m, dm = j * E + t // CX, CY
                 else:
                     m, dm = j * E + t, BLOCK
+                if not ok:
+                    m = M
                 n, l = m // L, m % L
                 dn, dl = dm // L, dm % L
-                s, q = ZERO, ZERO
+                # loads first, unconditional (masked slots read `first`): all R in flight
                 for k in range(R):
-                    v, gx = ZERO, ZERO
-                    if ok and m < M:
-                        i = (n * L + l) * C + c if columns else (n * C + c) * L + l
-                        if stats:
-                            v = CT(x[i]) - x0
-                        else:
-                            inv = invstd[c]
-                            p, xhat = pre(x, z, scale, bias, mean, inv, i, c, has_scale,
-                                          has_bias, has_z)
-                            v = CT(dy[i]) * (act_grad(p, act, coef) if act >= 0 else ONE)
-                            gx = v * xhat
-                    vals[k] = v
-                    s += v
-                    q += gx
-                    m += dm
+                    i = (n * L + l) * C + c if columns else (n * C + c) * L + l
+                    i = i if m + k * dm < M else first
+                    xs[k] = CT(x[i])
+                    if not stats:
+                        ds[k] = CT(dy[i])
+                        zs[k] = CT(z[i])  # z is x when there is none
                     n += dn
                     l += dl
                     if l >= L:
                         l -= L
                         n += 1
-                if columns:
-                    s = column_sum(s, shm)
-                else:
-                    s = block_sum(s, shm)
+                s, q = ZERO, ZERO
+                for k in range(R):
+                    if m + k * dm < M:
+                        if stats:
+                            xs[k] -= x0
+                            s += xs[k]
+                        else:
+                            xhat = (xs[k] - mc) * ic
+                            g = ds[k]
+                            if act >= 0:
+                                zk = zs[k] if has_z else ZERO
+                                g *= act_grad(xhat * sc + bc + zk, act, coef)
+                            s += g
+                            q += g * xhat
+                s = column_sum(s, shm) if columns else block_sum(s, shm)
                 if stats:
-                    cnt = min(E, M - j * E)
-                    mu = s / CT(cnt)
-                    m = j * E + (t // CX if columns else t)
+                    mu = s / CT(min(E, M - j * E))
                     for k in range(R):
-                        if m < M:
-                            d = vals[k] - mu
+                        if m + k * dm < M:
+                            d = xs[k] - mu
                             q += d * d
-                        m += dm
                     s = mu
                 q = column_sum(q, shm) if columns else block_sum(q, shm)
                 if ok and (t < CX if columns else t == 0):
@@ -146,8 +157,8 @@ def kernels(CT, pre, act_grad):
                 j += cuda.gridDim.y
         return partials
 
-    def stats_final(x, p1, p2, mean, invstd, rmean, rvar, N, C, L, columns, eps, momentum,
-                    has_running):
+    def stats_final(x, scale, bias, p1, p2, mean, invstd, rmean, rvar, co, N, C, L, columns,
+                    eps, momentum, has_running, has_scale, has_bias):
         # Chan's merge of (count, mean, M2) in chunk order; a thread a channel
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if c < C:
@@ -165,14 +176,17 @@ def kernels(CT, pre, act_grad):
                 j += 1
             var = m2 / CT(M)
             mu += CT(x[c if columns else c * L])
+            inv = ONE / math.sqrt(var + eps)
             mean[c] = mu
-            invstd[c] = ONE / math.sqrt(var + eps)
+            invstd[c] = inv
+            apply_coefs(scale, bias, mu, inv, co, c, has_scale, has_bias)
             if has_running:
                 unbiased = var * CT(M) / CT(M - 1) if M > 1 else var
                 rmean[c] = (ONE - momentum) * rmean[c] + momentum * mu
                 rvar[c] = (ONE - momentum) * rvar[c] + momentum * unbiased
 
-    def bwd_final(p1, p2, dscale, dbias, sums, N, C, L, columns):
+    def bwd_final(scale, bias, mean, invstd, p1, p2, dscale, dbias, cb, N, C, L, columns,
+                  has_scale, has_bias):
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if c < C:
             M = N * L
@@ -183,12 +197,17 @@ def kernels(CT, pre, act_grad):
                 a += p1[j * C + c]
                 b += p2[j * C + c]
                 j += 1
-            dbias[c] = a   # sums keeps them unrounded for dx (float16 outputs would
-            dscale[c] = b  # lose bits that invstd then amplifies)
-            sums[2 * c] = a
-            sums[2 * c + 1] = b
+            dbias[c] = a
+            dscale[c] = b
+            # dx's per-channel terms; the sums unrounded (float16 dscale/dbias would
+            # lose bits that invstd then amplifies)
+            cb[6 * c] = mean[c]
+            cb[6 * c + 1] = invstd[c]
+            cb[6 * c + 2] = CT(scale[c]) if has_scale else ONE
+            cb[6 * c + 3] = CT(bias[c]) if has_bias else ZERO
+            cb[6 * c + 4] = a
+            cb[6 * c + 5] = b
 
-    del SHM
     return {"stats_planes": make(True, False), "stats_columns": make(True, True),
             "bwd_planes": make(False, False), "bwd_columns": make(False, True),
             "stats_final": stats_final, "bwd_final": bwd_final}

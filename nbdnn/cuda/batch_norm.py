@@ -49,28 +49,29 @@ def _kernels(CT, nt):
     ZERO, ONE = CT(0), CT(1)
 
     @cuda.jit(device=True)
-    def pre(x, z, scale, bias, mean, inv, i, c, has_scale, has_bias, has_z):
-        """(pre-activation, xhat) of element i (channel c)."""
-        xhat = (CT(x[i]) - mean[c]) * inv
-        v = xhat * (CT(scale[c]) if has_scale else ONE)
-        if has_bias:
-            v += CT(bias[c])
-        if has_z:
-            v += CT(z[i])
-        return v, xhat
+    def apply_coefs(scale, bias, mu, inv, co, c, has_scale, has_bias):
+        """co[3c:3c+3] = (mean, scale*invstd, bias): the apply kernel's channel terms."""
+        co[3 * c] = mu
+        co[3 * c + 1] = inv * (CT(scale[c]) if has_scale else ONE)
+        co[3 * c + 2] = CT(bias[c]) if has_bias else ZERO
+
+    def bn_coefs(scale, bias, mean, var, co, C, eps, has_scale, has_bias):
+        # inference: invstd from the given variance, once a channel
+        c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if c < C:
+            apply_coefs(scale, bias, mean[c], ONE / math.sqrt(CT(var[c]) + eps), co, c,
+                        has_scale, has_bias)
 
     @cuda.jit(device=True)
     def channel(e, C, L, columns):
         return e % C if columns else (e // L) % C
 
     @cuda.jit(device=True)
-    def out_value(xv, zv, yv, c, scale, bias, mean, sv, eps, is_var, has_scale, has_bias,
-                  act, coef, alpha, beta):
-        """alpha * act(scale*(x - mean)*invstd + bias + z) + beta * y, channel c."""
-        inv = ONE / math.sqrt(sv[c] + eps) if is_var else sv[c]
-        v = (CT(xv) - mean[c]) * inv * (CT(scale[c]) if has_scale else ONE) + CT(zv)
-        if has_bias:
-            v += CT(bias[c])
+    def out_value(xv, zv, yv, m, k, b, has_z, act, coef, alpha, beta):
+        """alpha * act((x - m)*k + b + z) + beta * y (m, k, b: apply_coefs)."""
+        v = (CT(xv) - m) * k + b
+        if has_z:
+            v += CT(zv)
         if act >= 0:
             v = act_fn(v, act, coef)
         r = alpha * v
@@ -79,57 +80,60 @@ def _kernels(CT, nt):
         return r
 
     @cuda.jit(device=True)
-    def dx_value(dyv, xv, zv, c, scale, bias, mean, invstd, sums, M, has_scale, has_bias,
-                 act, coef):
-        """(dx, dz) of one element of channel c."""
-        xhat = (CT(xv) - mean[c]) * invstd[c]
-        k = CT(scale[c]) if has_scale else ONE
+    def dx_value(dyv, xv, zv, m, inv, sc, b, sg, sgx, M, has_z, act, coef):
+        """(dx, dz) of one element; m..sgx: _bn_sums.bwd_final's six channel terms."""
+        xhat = (CT(xv) - m) * inv
         g = CT(dyv)
         if act >= 0:
-            p = xhat * k + CT(zv)
-            if has_bias:
-                p += CT(bias[c])
+            p = xhat * sc + b
+            if has_z:
+                p += CT(zv)
             g *= act_grad(p, act, coef)
-        return k * invstd[c] / M * (M * g - sums[2 * c] - xhat * sums[2 * c + 1]), g
+        return sc * inv / M * (M * g - sg - xhat * sgx), g
 
-    def bn_apply(x, y, z, scale, bias, mean, sv, N, C, L, columns, eps, is_var, has_scale,
-                 has_bias, has_z, act, coef, alpha, beta, vec):
-        # a thread 4 consecutive elements (one 16-byte access per array when vec: the 4
-        # share a channel (planes) or take 4 consecutive ones (columns))
+    @cuda.jit(device=True)
+    def terms(co, c, n, j, columns):
+        """Term j of the n-term channel record of c (4 consecutive channels' records
+        for columns: c + e, e = 0..3, returned as 4 values)."""
+        a = co[n * c + j]
+        if not columns:
+            return a, a, a, a
+        return a, co[n * (c + 1) + j], co[n * (c + 2) + j], co[n * (c + 3) + j]
+
+    def bn_apply(x, y, z, co, N, C, L, columns, has_z, act, coef, alpha, beta, vec):
+        # a thread 4 consecutive elements: one 16-byte access per array when vec (the 4
+        # share a channel (planes) or take 4 consecutive ones (columns)). Every load is
+        # unconditional (z is x when there is none) so that all are in flight at once.
         total = N * C * L
         g = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         while 4 * g < total:
             e = 4 * g
             if vec != 0:
                 x0, x1, x2, x3 = load4(x, g)
-                z0 = z1 = z2 = z3 = y0 = y1 = y2 = y3 = ZERO
-                if has_z:
-                    a0, a1, a2, a3 = load4(z, g)
-                    z0, z1, z2, z3 = CT(a0), CT(a1), CT(a2), CT(a3)
+                z0, z1, z2, z3 = load4(z, g)
+                y0 = y1 = y2 = y3 = ZERO
                 if beta != ZERO:
                     a0, a1, a2, a3 = load4(y, g)
                     y0, y1, y2, y3 = CT(a0), CT(a1), CT(a2), CT(a3)
+                # every channel term loaded before any arithmetic: all in flight at once
                 c = channel(e, C, L, columns)
-                d = 1 if columns else 0
-                r0 = out_value(x0, z0, y0, c, scale, bias, mean, sv, eps, is_var, has_scale,
-                               has_bias, act, coef, alpha, beta)
-                r1 = out_value(x1, z1, y1, c + d, scale, bias, mean, sv, eps, is_var,
-                               has_scale, has_bias, act, coef, alpha, beta)
-                r2 = out_value(x2, z2, y2, c + 2 * d, scale, bias, mean, sv, eps, is_var,
-                               has_scale, has_bias, act, coef, alpha, beta)
-                r3 = out_value(x3, z3, y3, c + 3 * d, scale, bias, mean, sv, eps, is_var,
-                               has_scale, has_bias, act, coef, alpha, beta)
+                m0, m1, m2, m3 = terms(co, c, 3, 0, columns)
+                k0, k1, k2, k3 = terms(co, c, 3, 1, columns)
+                b0, b1, b2, b3 = terms(co, c, 3, 2, columns)
+                r0 = out_value(x0, z0, y0, m0, k0, b0, has_z, act, coef, alpha, beta)
+                r1 = out_value(x1, z1, y1, m1, k1, b1, has_z, act, coef, alpha, beta)
+                r2 = out_value(x2, z2, y2, m2, k2, b2, has_z, act, coef, alpha, beta)
+                r3 = out_value(x3, z3, y3, m3, k3, b3, has_z, act, coef, alpha, beta)
                 store4(y, g, (r0, r1, r2, r3))
             else:
                 for i in range(e, min(e + 4, total)):
-                    y[i] = out_value(x[i], z[i] if has_z else ZERO,
-                                     y[i] if beta != ZERO else ZERO, channel(i, C, L, columns),
-                                     scale, bias, mean, sv, eps, is_var, has_scale, has_bias,
-                                     act, coef, alpha, beta)
+                    c = channel(i, C, L, columns)
+                    y[i] = out_value(x[i], z[i], y[i] if beta != ZERO else ZERO, co[3 * c],
+                                     co[3 * c + 1], co[3 * c + 2], has_z, act, coef, alpha,
+                                     beta)
             g += cuda.gridDim.x * cuda.blockDim.x
 
-    def bn_bwd_dx(dy, x, z, scale, bias, mean, invstd, sums, dx, dz, N, C, L, columns,
-                  has_scale, has_bias, has_z, act, coef, vec):
+    def bn_bwd_dx(dy, x, z, cb, dx, dz, N, C, L, columns, has_z, act, coef, vec):
         total = N * C * L
         M = CT(N * L)
         g = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -138,35 +142,33 @@ def _kernels(CT, nt):
             if vec != 0:
                 d0, d1, d2, d3 = load4(dy, g)
                 x0, x1, x2, x3 = load4(x, g)
-                z0 = z1 = z2 = z3 = ZERO
-                if has_z:
-                    a0, a1, a2, a3 = load4(z, g)
-                    z0, z1, z2, z3 = CT(a0), CT(a1), CT(a2), CT(a3)
+                z0, z1, z2, z3 = load4(z, g)
                 c = channel(e, C, L, columns)
-                d = 1 if columns else 0
-                r0, g0 = dx_value(d0, x0, z0, c, scale, bias, mean, invstd, sums, M,
-                                  has_scale, has_bias, act, coef)
-                r1, g1 = dx_value(d1, x1, z1, c + d, scale, bias, mean, invstd, sums, M,
-                                  has_scale, has_bias, act, coef)
-                r2, g2 = dx_value(d2, x2, z2, c + 2 * d, scale, bias, mean, invstd, sums, M,
-                                  has_scale, has_bias, act, coef)
-                r3, g3 = dx_value(d3, x3, z3, c + 3 * d, scale, bias, mean, invstd, sums, M,
-                                  has_scale, has_bias, act, coef)
+                m0, m1, m2, m3 = terms(cb, c, 6, 0, columns)
+                i0, i1, i2, i3 = terms(cb, c, 6, 1, columns)
+                s0, s1, s2, s3 = terms(cb, c, 6, 2, columns)
+                b0, b1, b2, b3 = terms(cb, c, 6, 3, columns)
+                p0, p1, p2, p3 = terms(cb, c, 6, 4, columns)
+                q0, q1, q2, q3 = terms(cb, c, 6, 5, columns)
+                r0, g0 = dx_value(d0, x0, z0, m0, i0, s0, b0, p0, q0, M, has_z, act, coef)
+                r1, g1 = dx_value(d1, x1, z1, m1, i1, s1, b1, p1, q1, M, has_z, act, coef)
+                r2, g2 = dx_value(d2, x2, z2, m2, i2, s2, b2, p2, q2, M, has_z, act, coef)
+                r3, g3 = dx_value(d3, x3, z3, m3, i3, s3, b3, p3, q3, M, has_z, act, coef)
                 store4(dx, g, (r0, r1, r2, r3))
                 if has_z:
                     store4(dz, g, (g0, g1, g2, g3))
             else:
                 for i in range(e, min(e + 4, total)):
-                    r, gi = dx_value(dy[i], x[i], z[i] if has_z else ZERO,
-                                     channel(i, C, L, columns), scale, bias, mean, invstd,
-                                     sums, M, has_scale, has_bias, act, coef)
+                    c = 6 * channel(i, C, L, columns)
+                    r, gi = dx_value(dy[i], x[i], z[i], cb[c], cb[c + 1], cb[c + 2], cb[c + 3],
+                                     cb[c + 4], cb[c + 5], M, has_z, act, coef)
                     dx[i] = r
                     if has_z:
                         dz[i] = gi
             g += cuda.gridDim.x * cuda.blockDim.x
 
-    ks = _bn_sums.kernels(CT, pre, act_grad)
-    ks.update(apply=bn_apply, bwd_dx=bn_bwd_dx)
+    ks = _bn_sums.kernels(CT, act_grad, apply_coefs)
+    ks.update(apply=bn_apply, bwd_dx=bn_bwd_dx, coefs=bn_coefs)
     return ks
 
 
@@ -177,17 +179,20 @@ def _build():
         for t in (d for d in DTYPES if (d == "float64") == (ct == "float64")):
             a, s = f"{t}[::1]", f"{ct}[::1]"
             geo = "int64, int64, int64, int64"  # N, C, L, columns
-            ins = f"{a}, {a}, {a}, {a}, {a}, {s}, {s}"  # dy|x, x|y, z, scale, bias, mean, sv
             flags = "int64, int64, int64, int64"  # has_scale, has_bias, has_z, act
-            part = f"void({ins}, {s}, {s}, int64, int64, int64, {flags}, {ct})"
+            part = (f"void({a}, {a}, {a}, {a}, {a}, {s}, {s}, {s}, {s}, int64, int64, int64, "
+                    f"{flags}, {ct})")
             sigs = {"stats_planes": part, "stats_columns": part, "bwd_planes": part,
                     "bwd_columns": part,
-                    "stats_final": f"void({a}, {s}, {s}, {s}, {s}, {s}, {s}, {geo}, {ct}, "
-                                   f"{ct}, int64)",
-                    "bwd_final": f"void({s}, {s}, {a}, {a}, {s}, {geo})",
-                    "apply": f"void({ins}, {geo}, {ct}, int64, int64, int64, int64, int64, "
-                             f"{ct}, {ct}, {ct}, int64)",
-                    "bwd_dx": f"void({ins}, {s}, {a}, {a}, {geo}, {flags}, {ct}, int64)"}
+                    "stats_final": f"void({a}, {a}, {a}, {s}, {s}, {s}, {s}, {s}, {s}, {s}, "
+                                   f"{geo}, {ct}, {ct}, int64, int64, int64)",
+                    "bwd_final": f"void({a}, {a}, {s}, {s}, {s}, {s}, {a}, {a}, {s}, {geo}, "
+                                 "int64, int64)",
+                    "coefs": f"void({a}, {a}, {s}, {s}, {s}, int64, {ct}, int64, int64)",
+                    "apply": f"void({a}, {a}, {a}, {s}, {geo}, int64, int64, {ct}, {ct}, "
+                             f"{ct}, int64)",
+                    "bwd_dx": f"void({a}, {a}, {a}, {s}, {a}, {a}, {geo}, int64, int64, {ct}, "
+                              "int64)"}
             for name, sig in sigs.items():
                 table[name, t] = (Kernel(ks[name], [sig]), sig)
     return table
@@ -223,16 +228,14 @@ def _grid(total):
     return min(max(1, -(-total // (4 * BLOCK))), 2 ** 31 - 1)
 
 
-def _apply(x, y, z, scale, bias, mean, sv, geo, eps, is_var, act, coef, alpha, beta, stream):
+def _apply(x, y, z, co, geo, act, coef, alpha, beta, stream):
+    """y = alpha * act((x - mean)*k + bias + z) + beta * y; co: the channel terms."""
     N, C, L, columns = geo
     k, sig = _KERNELS["apply", dtype_name(x)]
     mode = -1 if act is None else _act.MODES.index(act)
-    if N * C * L:
-        vec = _vec(geo, [a for a in (x, y, z) if a is not None])
-        k.launch(sig, _grid(N * C * L), BLOCK, stream, x, y, z if z is not None else x,
-                 scale if scale is not None else x, bias if bias is not None else x, mean, sv,
-                 N, C, L, columns, eps, int(is_var), int(scale is not None),
-                 int(bias is not None), int(z is not None), mode, coef, alpha, beta, vec)
+    vec = _vec(geo, [a for a in (x, y, z) if a is not None])
+    k.launch(sig, _grid(N * C * L), BLOCK, stream, x, y, z if z is not None else x, co, *geo,
+             int(z is not None), mode, coef, alpha, beta, vec)
     return y
 
 
@@ -245,6 +248,10 @@ def _partials(kind, x, ins, p_dtype, geo, flags, stream):
     grid, block = _bn_sums.launch_shape(C, nch, columns)
     k.launch(sig, grid, block, stream, *ins, p1, p2, N, C, L, *flags)
     return p1, p2
+
+
+def _or(a, x):
+    return a if a is not None else x
 
 
 def batch_norm_train(x, scale, bias, running_mean, running_var, residual, momentum, eps,
@@ -262,22 +269,29 @@ def batch_norm_train(x, scale, bias, running_mean, running_var, residual, moment
     scratch = None if running_mean is not None and running_var is not None else \
         empty(x, pshape, ct)  # stands in for a running statistic not given
     p1, p2 = _partials("stats", x, (x, x, x, x, x, mean, mean), ct, geo, (0, 0, 0, -1, 0.0),
-                   stream)
+                       stream)
+    co = empty(x, (3 * C,), ct)
     k, sig = _KERNELS["stats_final", dtype]
-    k.launch(sig, -(-C // BLOCK), BLOCK, stream, x, p1, p2, mean, invstd,
-             running_mean if running_mean is not None else scratch,
-             running_var if running_var is not None else scratch, N, C, L, columns, eps,
-             momentum, int(has_run))
-    _apply(x, y, residual, scale, bias, mean, invstd, geo, eps, False, act, coef, 1.0, 0.0,
-           stream)
+    k.launch(sig, -(-C // BLOCK), BLOCK, stream, x, _or(scale, x), _or(bias, x), p1, p2, mean,
+             invstd, _or(running_mean, scratch), _or(running_var, scratch), co, *geo, eps,
+             momentum, int(has_run), int(scale is not None), int(bias is not None))
+    _apply(x, y, residual, co, geo, act, coef, 1.0, 0.0, stream)
     return y, mean, invstd
 
 
 def batch_norm_infer(x, scale, bias, mean, var, residual, eps, mode, last, act, coef, *,
                      alpha, beta, out, stream):
-    y = out if out is not None else empty(x, x.shape, dtype_name(x))
-    return _apply(x, y, residual, scale, bias, mean, var, _ncl(x, mode, last), eps, True, act,
-                  coef, alpha, beta, stream)
+    dtype = dtype_name(x)
+    geo = _ncl(x, mode, last)
+    C = geo[1]
+    y = out if out is not None else empty(x, x.shape, dtype)
+    if not math.prod(geo[:3]):
+        return y
+    co = empty(x, (3 * C,), dtype_name(mean))
+    k, sig = _KERNELS["coefs", dtype]
+    k.launch(sig, -(-C // BLOCK), BLOCK, stream, _or(scale, x), _or(bias, x), mean, var, co, C,
+             eps, int(scale is not None), int(bias is not None))
+    return _apply(x, y, residual, co, geo, act, coef, alpha, beta, stream)
 
 
 def batch_norm_backward(dy, x, scale, bias, mean, invstd, residual, mode, last, act, coef, *,
@@ -294,17 +308,18 @@ def batch_norm_backward(dy, x, scale, bias, mean, invstd, residual, mode, last, 
     if not N * C * L:
         return tuple(res)
     m = -1 if act is None else _act.MODES.index(act)
-    flags = (int(scale is not None), int(bias is not None), int(residual is not None), m, coef)
-    z = residual if residual is not None else x
-    ins = (x, dy, z, scale if scale is not None else x, bias if bias is not None else x, mean,
-           invstd)
+    has = (int(scale is not None), int(bias is not None))
+    z = _or(residual, x)
+    sc, bi = _or(scale, x), _or(bias, x)
     ct = dtype_name(mean)
-    p1, p2 = _partials("bwd", x, ins, ct, geo, flags, stream)
-    sums = empty(x, (2 * C,), ct)
+    p1, p2 = _partials("bwd", x, (x, dy, z, sc, bi, mean, invstd), ct, geo,
+                       has + (int(residual is not None), m, coef), stream)
+    cb = empty(x, (6 * C,), ct)
     k, sig = _KERNELS["bwd_final", dtype]
-    k.launch(sig, -(-C // BLOCK), BLOCK, stream, p1, p2, dscale, dbias, sums, *geo)
+    k.launch(sig, -(-C // BLOCK), BLOCK, stream, sc, bi, mean, invstd, p1, p2, dscale, dbias,
+             cb, *geo, *has)
     k, sig = _KERNELS["bwd_dx", dtype]
     vec = _vec(geo, [a for a in (dy, x, dx, residual) if a is not None])
-    k.launch(sig, _grid(N * C * L), BLOCK, stream, dy, x, z, *ins[3:], sums, dx, dz, *geo,
-             *flags, vec)
+    k.launch(sig, _grid(N * C * L), BLOCK, stream, dy, x, z, cb, dx, dz, *geo,
+             int(residual is not None), m, coef, vec)
     return tuple(res)

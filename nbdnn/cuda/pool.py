@@ -27,6 +27,7 @@ from ..cpu.pool import MODES
 
 DTYPES = ("float16", "float32", "float64")
 BX, BY = (8, 4) if SIMULATOR else (32, 8)  # forward block: contiguous axis x rows
+FIXED = ((1, 2, 2), (1, 3, 3))  # forward windows compiled in (ResNet's): unrolled taps
 
 
 @cuda.jit(device=True)
@@ -49,23 +50,31 @@ def _window_count(ad, ah, aw, KD, KH, KW, dd, dh, dw, D, H, W, qd, qh, qw, ed, e
             _count(aw, KW, dw, -qw, ew))
 
 
-def _kernels(CT):
+def _kernels(CT, fixed=None):
+    """fixed: a (KD, KH, KW) window compiled in (unrolled taps) or None."""
     ZERO, NEG = CT(0), CT(-math.inf)
 
     @cuda.jit(device=True)
     def window(x, base, ad, ah, aw, D, H, W, KD, KH, KW, dd, dh, dw, xd, xh, xw, mode,
                propagate):
-        """(sum or max, first maximal tap or -1) of one window; ad/ah/aw its corner."""
+        """(sum or max, first maximal tap or -1) of one window; ad/ah/aw its corner.
+        Every tap loads (outside taps read a clamped, valid address and are then
+        ignored): with a fixed window the unrolled loads are all in flight at once."""
         acc = NEG if mode == 0 else ZERO
         best, tap, nan_tap = -1, 0, -1
         for t in range(KD):
             idd = ad + t * dd
+            okd = 0 <= idd < D
+            od = (idd if okd else 0) * xd
             for r in range(KH):
                 ih = ah + r * dh
+                okh = okd and 0 <= ih < H
+                oh = od + (ih if 0 <= ih < H else 0) * xh
                 for s in range(KW):
                     iw = aw + s * dw
-                    if 0 <= idd < D and 0 <= ih < H and 0 <= iw < W:
-                        v = CT(x[base + idd * xd + ih * xh + iw * xw])
+                    okw = 0 <= iw < W
+                    v = CT(x[base + oh + (iw if okw else 0) * xw])
+                    if okh and okw:
                         if mode != 0:
                             acc += v
                         elif v != v:
@@ -83,6 +92,8 @@ def _kernels(CT):
         # a block BY output rows (NCHW: ph; NHWC: pw) of one plane (NCHW: (n, c, pd);
         # NHWC: (n, pd, ph)), BX threads along the contiguous axis (pw; c) looping over
         # it: the block's indices are divided once, not per output
+        if fixed is not None:
+            KD, KH, KW = fixed
         tx, ty = cuda.threadIdx.x % BX, cuda.threadIdx.x // BX
         xn, xc, xd, xh, xw = strides(C, D, H, W, last)
         bands = -(-(PW if last else PH) // BY)
@@ -167,10 +178,13 @@ def _build():
     table = {}
     for ct_name, CT in (("float32", float32), ("float64", float64)):
         kernels = _kernels(CT)
+        for k in FIXED:
+            kernels[f"fwd{k}"] = _kernels(CT, k)["fwd"]
         for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
             a = f"{t}[::1]"
             sigs = {"fwd": f"void({a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
                     "bwd": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
+            sigs.update({f"fwd{k}": sigs["fwd"] for k in FIXED})
             for name, sig in sigs.items():
                 table[name, t] = (Kernel(kernels[name], [sig]), sig)
     return table
@@ -202,7 +216,8 @@ def pool_forward(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last,
     if int(np.prod(y_shape)):
         (N, C), (PD, PH, PW) = g[:2], g[8:11]
         rows, planes = (PW, N * PD * PH) if last else (PH, N * PD * C)
-        k, sig = _KERNELS["fwd", dtype_name(x)]
+        name = "fwd" + (str(tuple(g[5:8])) if tuple(g[5:8]) in FIXED else "")
+        k, sig = _KERNELS[name, dtype_name(x)]
         k.launch(sig, min(planes * -(-rows // BY), MAX_BLOCKS), BX * BY, stream, x, y, *g,
                  alpha, beta)
     return y
