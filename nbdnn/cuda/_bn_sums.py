@@ -42,27 +42,12 @@ def launch_shape(C, nch, columns):
     return (gx, min(nch, MAX_GRID_Y), 1), (CX * CY if columns else BLOCK)
 
 
-def kernels(CT, act_grad, apply_coefs):
+def kernels(CT, act_grad, apply_coefs, grp_sum):
     """{'stats_planes', 'stats_columns', 'bwd_planes', 'bwd_columns', 'stats_final',
     'bwd_final'} python kernels in compute type CT; act_grad and apply_coefs (the
-    apply kernel's per-channel (mean, scale*invstd, bias)) from batch_norm."""
+    apply kernel's per-channel (mean, scale*invstd, bias)) from batch_norm; grp_sum
+    (_reduce: warp shuffles, then one shared-memory step) sums over a planes block."""
     ZERO, ONE = CT(0), CT(1)
-
-    @cuda.jit(device=True)
-    def block_sum(v, shm):
-        # over the whole block, in a fixed order (thread 0's tree)
-        t, T = cuda.threadIdx.x, cuda.blockDim.x
-        shm[t] = v
-        cuda.syncthreads()
-        w = T // 2
-        while w > 0:
-            if t < w:
-                shm[t] += shm[t + w]
-            cuda.syncthreads()
-            w //= 2
-        v = shm[0]
-        cuda.syncthreads()
-        return v
 
     @cuda.jit(device=True)
     def column_sum(v, shm):
@@ -77,15 +62,18 @@ def kernels(CT, act_grad, apply_coefs):
         cuda.syncthreads()
         return v
 
-    def make(stats, columns):
+    def make(stats, columns, fused=False):
+        # fused (backward with an activation): the act' chain is too large for the
+        # compiler to unroll the compute loop, and a rolled loop would index the staging
+        # arrays dynamically (local memory): each element is loaded and used in turn
         T = CX * CY if columns else BLOCK
+        staged = not fused
 
         def partials(x, dy, z, scale, bias, mean, invstd, p1, p2, N, C, L, has_scale,
                      has_bias, has_z, act, coef):
-            shm = cuda.shared.array(T, CT)
+            shm = cuda.shared.array(T, CT)  # >= SHM: grp_sum's slots too
             xs = cuda.local.array(R, CT)
             ds = cuda.local.array(R, CT)
-            zs = cuda.local.array(R, CT)
             t = cuda.threadIdx.x
             M = N * L
             E = R * (CY if columns else BLOCK)
@@ -116,33 +104,35 @@ def kernels(CT, act_grad, apply_coefs):
                 n, l = m // L, m % L
                 dn, dl = dm // L, dm % L
                 # loads first, unconditional (masked slots read `first`): all R in flight
+                s, q = ZERO, ZERO
                 for k in range(R):
                     i = (n * L + l) * C + c if columns else (n * C + c) * L + l
                     i = i if m + k * dm < M else first
-                    xs[k] = CT(x[i])
-                    if not stats:
-                        ds[k] = CT(dy[i])
-                        zs[k] = CT(z[i])  # z is x when there is none
+                    if staged:
+                        xs[k] = CT(x[i])
+                        if not stats:
+                            ds[k] = CT(dy[i])
+                    elif m + k * dm < M:
+                        xhat = (CT(x[i]) - mc) * ic
+                        zk = CT(z[i]) if has_z else ZERO
+                        g = CT(dy[i]) * act_grad(xhat * sc + bc + zk, act, coef)
+                        s += g
+                        q += g * xhat
                     n += dn
                     l += dl
                     if l >= L:
                         l -= L
                         n += 1
-                s, q = ZERO, ZERO
-                for k in range(R):
+                for k in range(R if staged else 0):
                     if m + k * dm < M:
                         if stats:
                             xs[k] -= x0
                             s += xs[k]
                         else:
                             xhat = (xs[k] - mc) * ic
-                            g = ds[k]
-                            if act >= 0:
-                                zk = zs[k] if has_z else ZERO
-                                g *= act_grad(xhat * sc + bc + zk, act, coef)
-                            s += g
-                            q += g * xhat
-                s = column_sum(s, shm) if columns else block_sum(s, shm)
+                            s += ds[k]
+                            q += ds[k] * xhat
+                s = column_sum(s, shm) if columns else grp_sum(s, BLOCK, shm)
                 if stats:
                     mu = s / CT(min(E, M - j * E))
                     for k in range(R):
@@ -150,7 +140,7 @@ def kernels(CT, act_grad, apply_coefs):
                             d = xs[k] - mu
                             q += d * d
                     s = mu
-                q = column_sum(q, shm) if columns else block_sum(q, shm)
+                q = column_sum(q, shm) if columns else grp_sum(q, BLOCK, shm)
                 if ok and (t < CX if columns else t == 0):
                     p1[j * C + c] = s
                     p2[j * C + c] = q
@@ -210,4 +200,5 @@ def kernels(CT, act_grad, apply_coefs):
 
     return {"stats_planes": make(True, False), "stats_columns": make(True, True),
             "bwd_planes": make(False, False), "bwd_columns": make(False, True),
+            "bwd_act_planes": make(False, False, True), "bwd_act_columns": make(False, True, True),
             "stats_final": stats_final, "bwd_final": bwd_final}

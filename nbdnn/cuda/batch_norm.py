@@ -28,6 +28,7 @@ from . import _bn_sums
 from ._arrays import dtype_name, empty, ptr
 from ._intrinsics import load4, store4, vector_alignment
 from ._launch import Kernel
+from ._reduce import device_functions
 from .matmul import _act_source
 
 BLOCK = 32 if SIMULATOR else 256
@@ -167,7 +168,7 @@ def _kernels(CT, nt):
                         dz[i] = gi
             g += cuda.gridDim.x * cuda.blockDim.x
 
-    ks = _bn_sums.kernels(CT, act_grad, apply_coefs)
+    ks = _bn_sums.kernels(CT, act_grad, apply_coefs, device_functions(nt)["grp_sum"])
     ks.update(apply=bn_apply, bwd_dx=bn_bwd_dx, coefs=bn_coefs)
     return ks
 
@@ -183,7 +184,7 @@ def _build():
             part = (f"void({a}, {a}, {a}, {a}, {a}, {s}, {s}, {s}, {s}, int64, int64, int64, "
                     f"{flags}, {ct})")
             sigs = {"stats_planes": part, "stats_columns": part, "bwd_planes": part,
-                    "bwd_columns": part,
+                    "bwd_columns": part, "bwd_act_planes": part, "bwd_act_columns": part,
                     "stats_final": f"void({a}, {a}, {a}, {s}, {s}, {s}, {s}, {s}, {s}, {s}, "
                                    f"{geo}, {ct}, {ct}, int64, int64, int64)",
                     "bwd_final": f"void({a}, {a}, {s}, {s}, {s}, {s}, {a}, {a}, {s}, {geo}, "
@@ -312,7 +313,8 @@ def batch_norm_backward(dy, x, scale, bias, mean, invstd, residual, mode, last, 
     z = _or(residual, x)
     sc, bi = _or(scale, x), _or(bias, x)
     ct = dtype_name(mean)
-    p1, p2 = _partials("bwd", x, (x, dy, z, sc, bi, mean, invstd), ct, geo,
+    p1, p2 = _partials("bwd_act" if act is not None else "bwd", x,
+                       (x, dy, z, sc, bi, mean, invstd), ct, geo,
                        has + (int(residual is not None), m, coef), stream)
     cb = empty(x, (6 * C,), ct)
     k, sig = _KERNELS["bwd_final", dtype]
