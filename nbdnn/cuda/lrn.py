@@ -5,8 +5,8 @@ reads of neighbours, from L1); backward sums dy_j x_j s_j^(-beta-1) over the cha
 j whose window holds it, recomputing each s_j (n^2 reads, L1-resident for n = 5).
 Channels are HW apart (NCHW) or adjacent (NHWC). Gathers only: deterministic.
 
-Not yet run on hardware (verified in the simulator): the session that wrote this had
-spent its device time.
+Verified on the H200 (crosscheck, PyTorch comparisons, determinism; perf/RESULTS.md
+runs G-I). Speed not yet measured.
 """
 import math
 

@@ -1,9 +1,11 @@
 """Pooling on the GPU for every geometry (1-3 d, stride, per-side padding, dilation,
 ceil mode, NCHW and NHWC); the formulas are in nbdnn/cpu/pool.py.
 
-- forward: one thread an output element, decomposed in memory order (channels fastest
-  for NHWC) so that consecutive threads write consecutive addresses; it scans its
-  window (a 3x3/2 window reads each input ~2.25 times, from L1).
+- forward: a block BY output rows of one plane, BX threads along the contiguous axis
+  (pw for NCHW, c for NHWC; consecutive threads write consecutive addresses), so the
+  block's indices are divided once; a thread scans its window (a 3x3/2 window reads
+  each input ~2.25 times, from L1) with unconditional clamped loads, the 2x2 and 3x3
+  windows compiled in so that their taps unroll and load together.
 - backward: one thread an input element gathers, over the window taps whose stride
   arithmetic lands on it, dy[p] / count (avg) or dy[p] when it is window p's first
   maximal element (max: the window is rescanned) - no atomics, deterministic.
@@ -11,8 +13,9 @@ Every kernel sees 3 spatial axes (1-d and 2-d get leading axes of size 1). Traff
 forward reads x once from DRAM and writes y; backward reads dy ~k/s times a tap axis
 and x (max) once a window, and writes dx.
 
-Not yet run on hardware (verified in the simulator): the session that wrote this had
-spent its device time.
+Verified on the H200 (crosscheck, PyTorch comparisons, determinism; perf/RESULTS.md
+runs G-I). Forward speed: 254-289 us for ResNet's pools against PyTorch's 80-104 us,
+not yet explained (RESULTS.md).
 """
 import math
 
