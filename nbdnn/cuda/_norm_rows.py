@@ -1,11 +1,13 @@
-"""layer_norm / rms_norm over contiguous rows: the forward row kept in registers, and
-the backward parameter sums as chunk partials (norm.py picks them for layer/rms norm).
+"""layer_norm / rms_norm over contiguous rows: the row kept in registers forward and
+backward (dx), and the backward parameter sums as chunk partials (norm.py picks them
+for layer/rms norm).
 
 Forward (generated, the layout of softmax kernel 1, _softmax_rows.py): G lanes a row,
 4*V values a lane as named scalars; mean (layer_norm) and the sum of squared
 deviations come from the registers, so x is read once and y written once: 8 B an
 element (float32) against 16 B for norm.py's three-pass block kernel. Shapes and
-register caps come from softmax's `_rows_config` (rows up to 32768 elements).
+register caps come from softmax's `_rows_config` (rows up to 32768 elements). Backward
+dx holds dy and x (softmax backward's shapes, rows up to 16384): 12 B an element.
 
 Backward parameters: dscale[l] = sum_r dy*xhat, dbias[l] = sum_r dy over the rows r.
 A block of CX columns x CY row groups sums R rows a thread for one chunk of CY*R rows
@@ -15,7 +17,7 @@ A block of CX columns x CY row groups sums R rows a thread for one chunk of CY*R
 from numba import cuda
 
 from . import SIMULATOR
-from ._softmax_rows import load_lines, prologue
+from ._softmax_rows import load_lines, prologue, store_lines
 
 CX, CY = (8, 4) if SIMULATOR else (32, 8)
 R = 4 if SIMULATOR else 16
@@ -83,8 +85,45 @@ def forward_source(V):
     return name, "\n".join(src) + "\n"
 
 
-def forward_kernel(V, ns):
-    name, src = forward_source(V)
+def backward_source(V):
+    """dx = (g - xhat*mean(g*xhat) - mean(g)) * inv, g = dy*scale, with dy and x held
+    in registers (rms norm: mean 0 and no mean(g) term): 12 B an element."""
+    slots = [(k, j) for k in range(V) for j in range(4)]
+    name = f"norm_rows_bwd_v{V}"
+    src = prologue(name, "dy, x, st1, st2, scale, dx, nrows, L, G, centred, has_scale, "
+                   "aligned", V)
+    src += load_lines(["d", "v"], ["dy", "x"], V, "ZERO")
+    src += ["    r = row if live else 0",
+            "    mean = st1[r] if centred else ZERO",
+            "    inv = st2[r]",
+            "    if live:",
+            "        if aligned != 0:"]
+    for k in range(V):  # the padding stays 0 (d = 0 adds nothing below)
+        src += [f"            if {_valid(k, 0, True)}:",
+                "                if has_scale:",
+                f"                    a0, a1, a2, a3 = load4(scale, lane + {k} * G)"]
+        src += [f"                    d{k}_{j} *= CT(a{j})" for j in range(4)]
+        src += [f"                v{k}_{j} = (v{k}_{j} - mean) * inv" for j in range(4)]
+    src.append("        else:")
+    for k, j in slots:
+        i = f"lane + {4 * k + j} * G"
+        src += [f"            if {i} < L:",
+                f"                d{k}_{j} *= CT(scale[{i}]) if has_scale else ONE",
+                f"                v{k}_{j} = (v{k}_{j} - mean) * inv"]
+    src += [f"    s{j} = ZERO" for j in range(4)] + [f"    t{j} = ZERO" for j in range(4)]
+    src += [f"    s{j} += d{k}_{j}" for k, j in slots]
+    src += [f"    t{j} += d{k}_{j} * v{k}_{j}" for k, j in slots]
+    src += ["    sg = grp_sum((s0 + s1) + (s2 + s3), G, shm) / CT(L)",
+            "    sgx = grp_sum((t0 + t1) + (t2 + t3), G, shm) / CT(L)",
+            "    if not centred:",
+            "        sg = ZERO"]
+    src += [f"    d{k}_{j} = (d{k}_{j} - v{k}_{j} * sgx - sg) * inv" for k, j in slots]
+    src += store_lines("d", "dx", V, blend=False)
+    return name, "\n".join(src) + "\n"
+
+
+def row_kernel(V, backward, ns):
+    name, src = (backward_source if backward else forward_source)(V)
     exec(compile(src, f"<nbdnn.cuda.norm:{name}>", "exec"), ns)
     return ns[name]
 

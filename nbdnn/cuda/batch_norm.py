@@ -273,8 +273,8 @@ def batch_norm_train(x, scale, bias, running_mean, running_var, residual, moment
                        stream)
     co = empty(x, (3 * C,), ct)
     k, sig = _KERNELS["stats_final", dtype]
-    k.launch(sig, -(-C // BLOCK), BLOCK, stream, x, _or(scale, x), _or(bias, x), p1, p2, mean,
-             invstd, _or(running_mean, scratch), _or(running_var, scratch), co, *geo, eps,
+    k.launch(sig, *_bn_sums.final_shape(C), stream, x, _or(scale, x), _or(bias, x), p1, p2,
+             mean, invstd, _or(running_mean, scratch), _or(running_var, scratch), co, *geo, eps,
              momentum, int(has_run), int(scale is not None), int(bias is not None))
     _apply(x, y, residual, co, geo, act, coef, 1.0, 0.0, stream)
     return y, mean, invstd
@@ -318,8 +318,8 @@ def batch_norm_backward(dy, x, scale, bias, mean, invstd, residual, mode, last, 
                        has + (int(residual is not None), m, coef), stream)
     cb = empty(x, (6 * C,), ct)
     k, sig = _KERNELS["bwd_final", dtype]
-    k.launch(sig, -(-C // BLOCK), BLOCK, stream, sc, bi, mean, invstd, p1, p2, dscale, dbias,
-             cb, *geo, *has)
+    k.launch(sig, *_bn_sums.final_shape(C), stream, sc, bi, mean, invstd, p1, p2, dscale,
+             dbias, cb, *geo, *has)
     k, sig = _KERNELS["bwd_dx", dtype]
     vec = _vec(geo, [a for a in (dy, x, dx, residual) if a is not None])
     k.launch(sig, _grid(N * C * L), BLOCK, stream, dy, x, z, cb, dx, dz, *geo,

@@ -8,7 +8,9 @@ group), NCHW or NHWC, addressed through `_element`).
   (layer_norm only) for the mean, pass 2 sums (x - mean)^2 (two-pass: exact for mean
   1e4, std 1 in float32), pass 3 writes y with scale and bias; rows of up to a few
   thousand elements stay in L1/L2 between the passes.
-- backward dx: a block a row sums g = dy*scale and g*xhat, then writes dx.
+- backward dx: layer/rms norm rows up to 16384, dy and x held in registers
+  (_norm_rows.py; 12 B an element); otherwise a block a row sums g = dy*scale and
+  g*xhat, then writes dx.
 - backward dscale/dbias: layer/rms norm, chunk partials over blocks of rows summed in
   order (_norm_rows.py); group norm, a thread a channel summing over (n, spatial) in
   order. Both deterministic.
@@ -140,8 +142,15 @@ def _build():
                 # V = 16 runs blocks of up to 512 lanes: 128 registers (ptxas: 110, no
                 # spills); V <= 8 needs 76 at most, blocks of up to 256 lanes
                 opts = {} if SIMULATOR or V < 16 else {"max_registers": 128}
-                table[f"rows_v{V}", t] = (Kernel(_rows.forward_kernel(V, ns), [sig], **opts),
-                                          sig)
+                table[f"rows_v{V}", t] = (Kernel(_rows.row_kernel(V, False, ns), [sig],
+                                                 **opts), sig)
+            sig = (f"void({a}, {a}, {s}, {s}, {a}, {a}, int64, int64, int64, int64, int64, "
+                   "int64)")
+            for V in _row_vs(ct == "float64", True):
+                # dy and x held: blocks of up to 512 lanes, 128 registers
+                opts = {} if SIMULATOR or V < 4 else {"max_registers": 128}
+                table[f"rows_bwd_v{V}", t] = (Kernel(_rows.row_kernel(V, True, ns), [sig],
+                                                     **opts), sig)
     return table
 
 
@@ -199,10 +208,20 @@ def backward(dy, x, st1, st2, scale, geo, param_shape, out, stream, centred):
     rows, L = N * G, C // G * HW
     dx, dscale, dbias = out if out is not None else (
         empty(x, x.shape, dtype), empty(x, param_shape, dtype), empty(x, param_shape, dtype))
-    if rows and L:
+    sc = scale if scale is not None else x
+    cfg = _rows_config(L, True, False, dtype == "float64") if G == 1 and HW == 1 else None
+    if rows and L and cfg is not None:  # layer/rms norm: dy and x in registers
+        V, Gl = cfg
+        A = vector_alignment(np.dtype(dtype).itemsize)
+        aligned = int(L % 4 == 0 and all(ptr(a) % A == 0 for a in (dy, x, sc, dx)))
+        block = Gl if Gl > 32 else ROWS_BLOCK
+        k, sig = _KERNELS[f"rows_bwd_v{V}", dtype]
+        k.launch(sig, -(-rows // (block // Gl)), block, stream, dy, x, st1, st2, sc, dx, rows,
+                 L, Gl, int(centred), int(scale is not None), aligned)
+    elif rows and L:
         k, sig = _KERNELS["bwd", dtype]
-        k.launch(sig, rows, BLOCK, stream, dy, x, st1, st2, scale if scale is not None else x,
-                 dx, C, G, HW, last, int(centred), int(scale is not None))
+        k.launch(sig, rows, BLOCK, stream, dy, x, st1, st2, sc, dx, C, G, HW, last,
+                 int(centred), int(scale is not None))
     if G == 1 and HW == 1 and rows and L:  # layer/rms norm: chunk partials over rows
         ct = dtype_name(st2)
         nch = -(-rows // (_rows.CY * _rows.R))
