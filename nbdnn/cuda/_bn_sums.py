@@ -37,10 +37,9 @@ FW, FC = (4, 4) if SIMULATOR else (32, 8)   # finals: lanes a channel, channels 
 FWC = FW * FC
 
 
-def chunking(N, L, columns):
-    """(elements a chunk, chunks a channel)."""
-    E = R * (CY if columns else BLOCK)
-    return E, max(1, -(-N * L // E))
+def chunks(N, L, columns):
+    """Chunks a channel (of R * CY rows, or R * BLOCK elements)."""
+    return max(1, -(-N * L // (R * (CY if columns else BLOCK))))
 
 
 def final_shape(C):

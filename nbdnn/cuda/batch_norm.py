@@ -243,7 +243,7 @@ def _apply(x, y, z, co, geo, act, coef, alpha, beta, stream):
 def _partials(kind, x, ins, p_dtype, geo, flags, stream):
     """Per-chunk partials (p1, p2), each (chunks, C) in the compute dtype."""
     N, C, L, columns = geo
-    _, nch = _bn_sums.chunking(N, L, columns)
+    nch = _bn_sums.chunks(N, L, columns)
     p1, p2 = empty(x, (nch * C,), p_dtype), empty(x, (nch * C,), p_dtype)
     k, sig = _KERNELS[f"{kind}_{'columns' if columns else 'planes'}", dtype_name(x)]
     grid, block = _bn_sums.launch_shape(C, nch, columns)
