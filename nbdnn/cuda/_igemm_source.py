@@ -58,32 +58,43 @@ def _a_loads(BM, BK, T, L):
     return setup, fetch, stash
 
 
+def _head(name, BM, BN, BK, TM, TN):
+    """The def line and what both variants set up: the block's place in (M, Kg, group),
+    strides, accumulators."""
+    src = [f"def {name}(x, w, y, bias, z, taps, {_GEOM}, has_bias, has_z, act, coef, alpha, "
+           "beta):"]
+    src += block_setup(BM, BN, BK, TM, TN)
+    return src + ["    Cg = C // G", "    Kg = K // G",
+                  "    Mg = N * PD * PH * PW", "    Kr = Cg * T * R * S",
+                  "    xn, xc, xd, xh, xw = strides(C, D, H, W, last)",
+                  "    g = cuda.blockIdx.y",
+                  f"    ntn = (Kg + {BN - 1}) // {BN}",
+                  f"    m0 = (cuda.blockIdx.x // ntn) * {BM}",
+                  f"    n0 = (cuda.blockIdx.x % ntn) * {BN}",
+                  "    xg = g * Cg * xc", "    woff = g * Kg * Kr"]
+
+
 def igemm_source(BM, BN, BK, TM, TN):
-    """(name, source) of kernel `conv_igemm_<config>`: conv_fwd's arguments after the
-    tap table."""
+    """(name, source) of variant 2, `conv_igemm_<config>`: conv_fwd's arguments after
+    the tap table (one entry a reduction index)."""
     TY, TX = BM // TM, BN // TN
     T = TX * TY
     assert BM * BK % T == 0 and BN * BK % T == 0, "tile loads must split evenly"
     name = f"conv_igemm_{BM}x{BN}x{BK}_{TM}x{TN}"
-    src = [f"def {name}(x, w, y, bias, z, taps, {_GEOM}, has_bias, has_z, act, coef, alpha, "
-           "beta):"]
-    src += block_setup(BM, BN, BK, TM, TN)
-    src += ["    Cg = C // G", "    Kg = K // G",
-            "    Mg = N * PD * PH * PW", "    Kr = Cg * T * R * S",
-            "    kbeg = 0", "    kend = Kr",
-            "    xn, xc, xd, xh, xw = strides(C, D, H, W, last)",
-            "    yn, yc, yd, yh, yw = strides(K, PD, PH, PW, last)",
-            "    g = cuda.blockIdx.y",
-            f"    ntn = (Kg + {BN - 1}) // {BN}",
-            f"    m0 = (cuda.blockIdx.x // ntn) * {BM}",
-            f"    n0 = (cuda.blockIdx.x % ntn) * {BN}",
-            "    xg = g * Cg * xc", "    woff = g * Kg * Kr"]
+    src = _head(name, BM, BN, BK, TM, TN) + ["    kbeg = 0", "    kend = Kr"]
     setup_a, fetch_a, stash_a = _a_loads(BM, BK, T, BM * BK // T)
     # the filters: the GEMM's B side, k-contiguous (as op(b) with trans_b)
     setup_b, fetch_b, stash_b = tile_loads("w", BN, "1", BN * BK // T, T, BK, "Kg",
                                            red="Kr", side="b")
     src += setup_a + setup_b
     src += main_loop(BM, BN, BK, TM, TN, fetch_a + fetch_b, stash_a + stash_b)
+    src += _epilogue(BM, BN, TM, TN)
+    return name, "\n".join(src) + "\n"
+
+def _epilogue(BM, BN, TM, TN):
+    """y[n, g*Kg + k, p] = act(alpha * acc + beta * z + bias[k]) through y's strides
+    (derived here from the parameters, so that they are not live across the k loop)."""
+    src = ["    yn, yc, yd, yh, yw = strides(K, PD, PH, PW, last)"]
     for j in range(TN):
         src += [f"    kl{j} = n0 + {col_expr(BN, TN, j)}",
                 f"    k{j} = g * Kg + kl{j}",
@@ -106,4 +117,78 @@ def igemm_source(BM, BN, BK, TM, TN):
                     "            if act >= 0:",
                     "                v = act_fn(v, act, coef)",
                     "            y[o] = v"]
+    return src
+
+
+def _chunk_loads(BM, BN, BK, T):
+    """(setup, fetch, stash) of variant 3's two tiles at k-step (tap, c0): A rows are
+    output positions (taken as variant 2 does), B rows filters (k-contiguous in the
+    (K, T*R*S, C/g) filter copy). Each thread tests once, before the loop, which taps
+    of its row land inside the input (a bit each in `mask`) and then keeps one source
+    index a side, advanced by BK channels a step and re-based when the tap changes
+    (the table's offset load is uniform across the block and runs once every
+    ceil(Cg/BK) steps). Every element load is unconditional: one outside the input or
+    past C/g reads index 0 and is replaced by zero, so a thread's loads issue back to
+    back with no branch between them."""
+    LA, LB = BM * BK // T, BN * BK // T
+    assert BK % LA == 0 and T % BM == 0 and BK % LB == 0 and T % BN == 0
+    setup = ["    if last:",
+             f"        r = t // {BK // LA}", f"        kk_a = (t % {BK // LA}) * {LA}",
+             "        dk_a = 1",
+             "    else:",
+             f"        r = t % {BM}", f"        kk_a = t // {BM}", f"        dk_a = {T // BM}",
+             "    m = m0 + r", "    ok_a = m < Mg",
+             "    pw = m % PW", "    q = m // PW", "    ph = q % PH", "    q //= PH",
+             "    pd = q % PD", "    n = q // PD",
+             "    bd = pd * sd - qd", "    bh = ph * sh - qh", "    bw = pw * sw - qw",
+             "    xb = n * xn + xg + bd * xd + bh * xh + bw * xw + kk_a * xc",
+             "    ls_a = dk_a * xc", "    lim_a = Cg - kk_a",
+             f"    dst_a = kk_a * {BM + PAD} + r",
+             "    mask = U(0)",
+             "    for tp in range(TRS if ok_a else 0):",
+             "        j = U(4 * tp)",
+             "        if (UB(bd + taps[j + U(1)]) < UB(D) and UB(bh + taps[j + U(2)]) < UB(H)",
+             "                and UB(bw + taps[j + U(3)]) < UB(W)):",
+             "            mask |= U(1) << U(tp)",
+             f"    rb = t // {BK // LB}", f"    kk_b = (t % {BK // LB}) * {LB}",
+             "    ok_b = n0 + rb < Kg", "    src_b = woff + (n0 + rb) * Kr + kk_b",
+             "    lim_b = Cg - kk_b",
+             f"    dst_b = kk_b * {BN + PAD} + rb",
+             "    tap = 0", "    c0 = 0", "    src_a = xb + taps[0]", "    okt = (mask & U(1)) != 0"]
+    fetch, stash = [], []
+    for l in range(LA):
+        fetch += [f"        ok = okt & (c0 + {l} * dk_a < lim_a)",
+                  f"        v = CT(x[U(src_a + {l} * ls_a) if ok else U(0)])",
+                  f"        r_a{l} = v if ok else ZERO"]
+        stash.append(f"        As[U(so_a + dst_a + {l * (BM + PAD)} * dk_a)] = r_a{l}")
+    for l in range(LB):
+        fetch += [f"        ok = ok_b & (c0 + {l} < lim_b)",
+                  f"        v = CT(w[U(src_b + {l}) if ok else U(0)])",
+                  f"        r_b{l} = v if ok else ZERO"]
+        stash.append(f"        Bs[U(so_b + dst_b + {l * (BN + PAD)})] = r_b{l}")
+    fetch += [f"        c0 += {BK}", f"        src_a += {BK} * xc", f"        src_b += {BK}",
+              "        if c0 >= Cg:",  # next tap (the table's entry TRS is a sentinel)
+              "            src_b += Cg - c0", "            c0 = 0", "            tap += 1",
+              "            src_a = xb + taps[U(4 * tap)]",
+              "            okt = ((mask >> U(tap)) & U(1)) != 0"]
+    return setup, fetch, stash
+
+
+def igemm_chunked_source(BM, BN, BK, TM, TN):
+    """(name, source) of variant 3, `conv_igemm_chunked_<config>`: the reduction runs
+    over taps (t, r, s) and, within a tap, over chunks of BK channels, so a k-step's A
+    elements share one tap: the bounds test and base address are per tap, and an
+    element costs an add, a compare and a select. The filters come as a (K, T*R*S, C/g)
+    copy (w itself for NHWC), `taps` holds one entry a tap and a sentinel. When C/g is
+    not a multiple of BK the last chunk of each tap is part padding (zeros): this
+    variant is for C/g >= BK, and T*R*S <= 64 taps (the mask's bits)."""
+    TY, TX = BM // TM, BN // TN
+    T = TX * TY
+    name = f"conv_igemm_chunked_{BM}x{BN}x{BK}_{TM}x{TN}"
+    src = _head(name, BM, BN, BK, TM, TN)
+    src += ["    TRS = T * R * S", "    kbeg = 0",
+            f"    kend = TRS * ((Cg + {BK - 1}) // {BK}) * {BK}"]  # k0 only counts steps
+    setup, fetch, stash = _chunk_loads(BM, BN, BK, T)
+    src += setup + main_loop(BM, BN, BK, TM, TN, fetch, stash)
+    src += _epilogue(BM, BN, TM, TN)
     return name, "\n".join(src) + "\n"

@@ -44,12 +44,12 @@ from numba import cuda, float32, float64, uint64
 from . import SIMULATOR
 from . import activation as _act
 from ._arrays import dtype_name, empty, to_device
-from ._igemm_source import igemm_source
+from ._igemm_source import igemm_chunked_source, igemm_source
 from . import _conv_depthwise, _conv_gemm, _conv_winograd
 from ._conv_index import landing as _landing, launch, split as _split, strides as _strides
 from ._launch import Kernel
 from .matmul import TILES, _act_source, _gemm, _plan, _sm_count
-from .tensor import reduce_tensor
+from .tensor import reduce_tensor, transform_into
 
 DTYPES = ("float16", "float32", "float64")
 
@@ -175,9 +175,11 @@ def _build():
                "U": int if SIMULATOR else uint64,
                "UB": (lambda v: int(v) % (1 << 64)) if SIMULATOR else uint64}
         for size, cfg in TILES[ct_name].items():
-            name, src = igemm_source(*cfg)
-            exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
-            kernels["igemm_" + size] = ins[name]
+            for variant, gen in (("igemm_", igemm_source), ("igemm_chunked_",
+                                                            igemm_chunked_source)):
+                name, src = gen(*cfg)
+                exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
+                kernels[variant + size] = ins[name]
         ins["epilogue"] = _conv_gemm.make_epilogue(CT, act_fn)
         for name, src in _conv_depthwise.sources().items():
             exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
@@ -189,12 +191,16 @@ def _build():
                     "bwd_data": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
                     "bwd_filter": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
             igemm = sigs["fwd"].replace(f"{a}, {_GEOM}", f"{a}, int64[::1], {_GEOM}", 1)
-            sigs.update({"igemm_" + size: igemm for size in TILES[ct_name]})
+            sigs.update({v + size: igemm for size in TILES[ct_name]
+                         for v in ("igemm_", "igemm_chunked_")})
             sigs.update(_conv_gemm.signatures(t, ct_name, _GEOM))
             sigs.update(_conv_winograd.signatures(t, ct_name))
             sigs.update(_conv_depthwise.signatures(t, ct_name, _GEOM))
             for name, sig in sigs.items():
-                table[name, t] = (Kernel(kernels[name], [sig]), sig)
+                # the 128x128 tile at 128 registers runs two blocks an SM (as the GEMM)
+                cap = {"max_registers": 128} if name == "igemm_chunked_large" and \
+                    ct_name == "float32" and not SIMULATOR else {}
+                table[name, t] = (Kernel(kernels[name], [sig], **cap), sig)
     return table
 
 
@@ -204,16 +210,17 @@ _KERNELS = _build()
 _taps_cache = {}
 
 
-def _taps(like, g):
+def _taps(g, chunked):
     """The implicit GEMM's tap table (nbdnn/cuda/_igemm_source.py): for each reduction
-    index kx, in the filters' storage order, its offset in x from the receptive
-    field's corner and its (d, h, w) displacement; int64 (4, Kr) interleaved."""
+    index kx, in the filters' storage order (variant 2), or each tap (t, r, s) (variant
+    3, chunked, plus a sentinel), its offset in x from the receptive field's corner
+    and its (d, h, w) displacement; int64 (4, n) interleaved."""
     N, C, K, G, D, H, W, T, R, S = g[:10]
     dd, dh, dw, flip, last = g[19:]
-    key = g[1:10] + g[19:]
+    key = g[1:10] + g[19:] + (chunked,)
     tab = _taps_cache.get(key)
     if tab is None:
-        Cg = C // G
+        Cg = 1 if chunked else C // G
         c, t, r, s = np.meshgrid(np.arange(Cg), np.arange(T), np.arange(R), np.arange(S),
                                  indexing="ij")
         if last:  # reduction order (t, r, s, c)
@@ -223,6 +230,7 @@ def _taps(like, g):
         sc, sd_, sh_, sw_ = (1, H * W * C, W * C, C) if last else (D * H * W, H * W, W, 1)
         td, th, tw = t * dd, r * dh, s * dw
         host = np.stack([c * sc + td * sd_ + th * sh_ + tw * sw_, td, th, tw], axis=-1)
+        host = np.append(host.ravel(), [0] * 4 * chunked)  # chunked: a sentinel tap
         if len(_taps_cache) > 256:
             _taps_cache.clear()
         tab = _taps_cache[key] = to_device(np.ascontiguousarray(host, np.int64).ravel())
@@ -274,10 +282,16 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
         size, _ = _plan(M, Kg, 0, groups, dtype, False)
         if size == "large" and Kg <= TILES["float32"]["small"][1]:
             size = "small"  # 64 filters would leave half of a 128-wide tile idle
-        k, sig = _KERNELS["igemm_" + size, dtype]
-        BM, BN, _, TM, TN = TILES["float64" if dtype == "float64" else "float32"][size]
+        BM, BN, BK, TM, TN = TILES["float64" if dtype == "float64" else "float32"][size]
+        chunked = g[1] // groups >= BK and g[7] * g[8] * g[9] <= 64  # (variant 3's mask)
+        wk = w
+        if chunked and not last and g[7] * g[8] * g[9] > 1:  # (K, C/g, TRS) -> (K, TRS, C/g)
+            wk = empty(w, tuple(w.shape), dtype)
+            transform_into(w, (K, g[1] // groups, g[7] * g[8] * g[9]), (0, 2, 1), wk, 1.0,
+                           0.0, stream)
+        k, sig = _KERNELS[("igemm_chunked_" if chunked else "igemm_") + size, dtype]
         k.launch(sig, (-(-M // BM) * -(-Kg // BN), groups, 1), (BM // TM) * (BN // TN),
-                 stream, *args[:5], _taps(x, g), *args[5:])
+                 stream, x, wk, *args[2:5], _taps(g, chunked), *args[5:])
     return y
 
 

@@ -1,0 +1,46 @@
+"""One launch of each named kernel case, for Nsight Compute (H200): ResNet's 3x3 and
+1x1 layers through the implicit GEMM (NCHW and NHWC), the 4096^2 SGEMM with the same
+tile, and the stem max pool. Each case launches once (numba compiles before the launch).
+
+    ncu --set full -k regex:"conv_igemm|gemm_|pool" -o prof \
+        python3 perf/ncu_cases.py igemm3x3 gemm4096 pool
+"""
+import sys
+
+import torch
+
+import nbdnn
+
+
+def conv(C, K, H, R, p, nhwc=False, B=32):
+    x = torch.randn(B, C, H, H, device="cuda")
+    w = torch.randn(K, C, R, R, device="cuda") * 0.1
+    if nhwc:
+        x, w = x.permute(0, 2, 3, 1).contiguous(), w.permute(0, 2, 3, 1).contiguous()
+    kw = dict(padding=p, algo="implicit_gemm", layout="NHWC" if nhwc else "NCHW")
+    return lambda: nbdnn.conv2d(x, w, **kw)
+
+
+def gemm(n):
+    a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
+    return lambda: nbdnn.matmul(a, b)
+
+
+def pool(C, H, k, s, p, B=32):
+    x = torch.randn(B, C, H, H, device="cuda")
+    return lambda: nbdnn.pool2d(x, k, stride=s, padding=p)
+
+
+CASES = {"igemm3x3": lambda: conv(128, 128, 28, 3, 1),
+         "igemm3x3_nhwc": lambda: conv(128, 128, 28, 3, 1, nhwc=True),
+         "igemm3x3_s3": lambda: conv(256, 256, 14, 3, 1),
+         "igemm1x1": lambda: conv(256, 1024, 14, 1, 0),
+         "gemm4096": lambda: gemm(4096),
+         "pool": lambda: pool(64, 112, 3, 2, 1),
+         "pool2": lambda: pool(256, 56, 2, 2, 0)}
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or CASES:
+        fn = CASES[name]()
+        fn()
+        torch.cuda.synchronize()

@@ -1,0 +1,23 @@
+"""SASS of one registered kernel (needs nvdisasm: the GPU machine), with counts of the
+local-memory (spill) instructions and of the FFMAs.
+
+    PYTHONPATH=. python perf/sass_dump.py nbdnn.cuda.conv conv_igemm_chunked_128x128x8_8x8 float32
+"""
+import importlib
+import re
+import sys
+
+import nbdnn.cuda  # noqa: F401  (numpy shim before numba.cuda)
+from nbdnn.cuda._launch import REGISTRY
+
+mod, name, dtype = sys.argv[1:4]
+importlib.import_module(mod)
+for k in REGISTRY:
+    sigs = [s for s in k.sigs if s.split("(", 1)[1].startswith(dtype)]
+    if k.name == name and sigs:
+        sass = k.dispatcher.compile(sigs[0]).inspect_sass()
+        print(sass)
+        ops = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\d+\s+)?([A-Z0-9_.]+)", sass, re.M)
+        for op in ("LDL", "STL", "FFMA", "LDG", "LDS", "BAR", "IMAD"):
+            print(op, sum(1 for o in ops if o.startswith(op)), file=sys.stderr)
+        break

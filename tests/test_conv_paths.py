@@ -1,0 +1,63 @@
+"""Both implicit-GEMM variants (nbdnn/cuda/_igemm_source.py) with every tile forced,
+against the CPU reference: variant 2 (a table entry a reduction index) runs when
+C/groups < BK, variant 3 (taps, then BK-channel chunks) otherwise. The shapes put
+C/groups below, at, past and well past a chunk (ragged last chunks), both layouts,
+groups, stride, dilation, per-side padding, the flipped mode and the fused epilogue;
+float64 compares to 1e-12, float32 and float16 by their reduction tolerances."""
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn.cuda import SIMULATOR, conv as CV
+from nbdnn.cuda.matmul import TILES
+import nbdnn.testing  # noqa: F401  (imports the spec modules in order)
+from nbdnn._specs_matmul import matmul_tol
+
+# (C, K, groups, H, W, R, S, stride, dilation, padding, mode)
+GEOMS = [(1, 3, 1, 5, 4, 2, 3, (1, 1), (1, 1), ((1, 0), (2, 1)), "cross_correlation"),
+         (4, 5, 1, 6, 5, 3, 3, (1, 1), (1, 1), ((1, 1), (1, 1)), "convolution"),
+         (9, 6, 1, 5, 6, 3, 2, (2, 1), (1, 2), ((0, 2), (1, 0)), "cross_correlation"),
+         (12, 4, 2, 4, 4, 1, 1, (1, 1), (1, 1), ((0, 0), (0, 0)), "cross_correlation"),
+         (10, 9, 1, 7, 5, 1, 3, (1, 2), (1, 1), ((0, 0), (1, 1)), "convolution"),
+         (20, 3, 1, 3, 2, 2, 1, (1, 1), (1, 1), ((0, 0), (0, 0)), "cross_correlation")]
+# the simulator runs a block's threads as OS threads: the 4-thread tiny tile's many
+# blocks make it slow there, so it takes the cheapest shapes only
+TINY = GEOMS if not SIMULATOR else GEOMS[:1] + GEOMS[-1:]
+CASES = [(g, s) for g in GEOMS for s in ("large", "small")] + [(g, "tiny") for g in TINY]
+
+
+def _run(geom, dtype, last, size, monkeypatch):
+    C, K, G, H, W, R, S, stride, dil, pads, mode = geom
+    monkeypatch.setattr(CV, "_plan", lambda *a: (size, 1))
+    rng = np.random.default_rng(C * 31 + K)
+    x = rng.uniform(-1, 1, (2, H, W, C) if last else (2, C, H, W)).astype(dtype)
+    w = rng.uniform(-1, 1, (K, R, S, C // G) if last else (K, C // G, R, S)).astype(dtype)
+    bias = rng.uniform(-1, 1, K).astype(dtype)
+    kw = dict(stride=stride, dilation=dil, padding=pads, groups=G, mode=mode,
+              layout="NHWC" if last else "NCHW", activation="relu")
+    want = nbdnn.conv2d(x, w, bias, backend="cpu", **kw)
+    got = nbdnn.conv2d(x, w, bias, backend="cuda", algo="implicit_gemm", **kw)
+    return got, want, C // G * R * S
+
+
+@pytest.mark.parametrize("last", [False, True])
+@pytest.mark.parametrize("geom,size", CASES, ids=lambda v: v if isinstance(v, str) else
+                         f"C{v[0]}K{v[1]}G{v[2]}")
+def test_igemm_variants_match_reference(monkeypatch, geom, size, last):
+    got, want, _ = _run(geom, np.float64, last, size, monkeypatch)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_igemm_chunked_low_precision(monkeypatch, dtype):
+    got, want, red = _run(GEOMS[4], dtype, True, "small", monkeypatch)
+    atol, rtol = matmul_tol(np.dtype(dtype).name, red + 2)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=atol, rtol=rtol)
+
+
+def test_shapes_reach_both_variants():
+    """The geometries above put C/groups on both sides of every tile's BK."""
+    for cfg in TILES["float64"].values():
+        bk = cfg[2]
+        cg = {g[0] // g[2] for g in GEOMS}
+        assert min(cg) < bk <= max(cg) and any(c > bk and c % bk for c in cg)
