@@ -4,6 +4,8 @@ C/groups < BK, variant 3 (taps, then BK-channel chunks) otherwise. The shapes pu
 C/groups below, at, past and well past a chunk (ragged last chunks), both layouts,
 groups, stride, dilation, per-side padding, the flipped mode and the fused epilogue;
 float64 compares to 1e-12, float32 and float16 by their reduction tolerances."""
+import math
+
 import numpy as np
 import pytest
 
@@ -17,7 +19,7 @@ from nbdnn._specs_matmul import matmul_tol
 GEOMS = [(1, 3, 1, 5, 4, 2, 3, (1, 1), (1, 1), ((1, 0), (2, 1)), "cross_correlation"),
          (4, 5, 1, 6, 5, 3, 3, (1, 1), (1, 1), ((1, 1), (1, 1)), "convolution"),
          (9, 6, 1, 5, 6, 3, 2, (2, 1), (1, 2), ((0, 2), (1, 0)), "cross_correlation"),
-         (12, 4, 2, 4, 4, 1, 1, (1, 1), (1, 1), ((0, 0), (0, 0)), "cross_correlation"),
+         (16, 8, 2, 4, 4, 1, 1, (1, 1), (1, 1), ((0, 0), (0, 0)), "cross_correlation"),
          (10, 9, 1, 7, 5, 1, 3, (1, 2), (1, 1), ((0, 0), (1, 1)), "convolution"),
          (20, 3, 1, 3, 2, 2, 1, (1, 1), (1, 1), ((0, 0), (0, 0)), "cross_correlation")]
 # the simulator runs a block's threads as OS threads: the 4-thread tiny tile's many
@@ -56,8 +58,18 @@ def test_igemm_chunked_low_precision(monkeypatch, dtype):
 
 
 def test_shapes_reach_both_variants():
-    """The geometries above put C/groups on both sides of every tile's BK."""
+    """The geometries above put C/groups on both sides of every tile's BK, and reach
+    the vector epilogue in both layouts (NCHW: 4 | P; NHWC: 4 | K and 4 | K/g)."""
     for cfg in TILES["float64"].values():
         bk = cfg[2]
         cg = {g[0] // g[2] for g in GEOMS}
         assert min(cg) < bk <= max(cg) and any(c > bk and c % bk for c in cg)
+    chunked = [g for g in GEOMS if g[0] // g[2] >= TILES["float64"]["large"][2]]
+    assert any(_positions(g) % 4 == 0 for g in chunked)
+    assert any(g[1] % 4 == 0 and g[1] // g[2] % 4 == 0 for g in chunked)
+
+
+def _positions(geom):
+    C, K, G, H, W, R, S, stride, dil, pads, mode = geom
+    return math.prod((n + a + b - d * (r - 1) - 1) // q + 1 for n, r, q, d, (a, b) in
+                     zip((H, W), (R, S), stride, dil, pads))

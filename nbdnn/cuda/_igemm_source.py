@@ -37,12 +37,7 @@ def _a_loads(BM, BK, T, L):
              "    else:",
              f"        r = t % {BM}", f"        kk_a = t // {BM}", f"        dk_a = {T // BM}",
              "    m = m0 + r",
-             "    ok_a = m < Mg",
-             "    pw = m % PW", "    q = m // PW", "    ph = q % PH", "    q //= PH",
-             "    pd = q % PD", "    n = q // PD",
-             "    bd = pd * sd - qd", "    bh = ph * sh - qh", "    bw = pw * sw - qw",
-             "    xb = n * xn + xg + bd * xd + bh * xh + bw * xw",
-             f"    dst_a = kk_a * {BM + PAD} + r"]
+             "    ok_a = m < Mg"] + _row_decode(4) + [f"    dst_a = kk_a * {BM + PAD} + r"]
     fetch, stash = [], []
     for l in range(L):
         v = f"a{l}"
@@ -58,114 +53,101 @@ def _a_loads(BM, BK, T, L):
     return setup, fetch, stash
 
 
-def _head(name, BM, BN, BK, TM, TN):
-    """The def line and what both variants set up: the block's place in (M, Kg, group),
-    strides, accumulators."""
+def _head(name, BM, BN, BK, TM, TN, swap):
+    """The def line and what both variants set up: the block's output positions
+    [m0, m0 + PT) and filters [n0, n0 + FT) of group g, strides, accumulators. The
+    positions are the tile's rows (A side), or with `swap` its columns (B side)."""
+    PT, FT = (BN, BM) if swap else (BM, BN)
     src = [f"def {name}(x, w, y, bias, z, taps, {_GEOM}, has_bias, has_z, act, coef, alpha, "
-           "beta):"]
+           "beta, vec):"]
     src += block_setup(BM, BN, BK, TM, TN)
     return src + ["    Cg = C // G", "    Kg = K // G",
                   "    Mg = N * PD * PH * PW", "    Kr = Cg * T * R * S",
                   "    xn, xc, xd, xh, xw = strides(C, D, H, W, last)",
                   "    g = cuda.blockIdx.y",
-                  f"    ntn = (Kg + {BN - 1}) // {BN}",
-                  f"    m0 = (cuda.blockIdx.x // ntn) * {BM}",
-                  f"    n0 = (cuda.blockIdx.x % ntn) * {BN}",
+                  f"    ntn = (Kg + {FT - 1}) // {FT}",
+                  f"    m0 = (cuda.blockIdx.x // ntn) * {PT}",
+                  f"    n0 = (cuda.blockIdx.x % ntn) * {FT}",
                   "    xg = g * Cg * xc", "    woff = g * Kg * Kr"]
+
+
+def _row_decode(ind):
+    """Output position m (< 2**63) -> its receptive field's corner (bd, bh, bw) and the
+    input offset xb of that corner, with unsigned divisions (numba's signed // and %
+    add floor-rounding fix-ups to each; I casts back to int64, since numba types
+    uint64 op int64 as float64)."""
+    p = " " * ind
+    return [f"{p}q = U(m) // U(PW)", f"{p}pw = I(U(m) - q * U(PW))", f"{p}n = q // U(PH)",
+            f"{p}ph = I(q - n * U(PH))", f"{p}q = n // U(PD)", f"{p}pd = I(n - q * U(PD))",
+            f"{p}n = I(q)",
+            f"{p}bd = pd * sd - qd", f"{p}bh = ph * sh - qh", f"{p}bw = pw * sw - qw",
+            f"{p}xb = n * xn + xg + bd * xd + bh * xh + bw * xw"]
 
 
 def igemm_source(BM, BN, BK, TM, TN):
     """(name, source) of variant 2, `conv_igemm_<config>`: conv_fwd's arguments after
-    the tap table (one entry a reduction index)."""
+    the tap table (one entry a reduction index), then `vec`."""
     TY, TX = BM // TM, BN // TN
     T = TX * TY
     assert BM * BK % T == 0 and BN * BK % T == 0, "tile loads must split evenly"
     name = f"conv_igemm_{BM}x{BN}x{BK}_{TM}x{TN}"
-    src = _head(name, BM, BN, BK, TM, TN) + ["    kbeg = 0", "    kend = Kr"]
+    src = _head(name, BM, BN, BK, TM, TN, False) + ["    kbeg = 0", "    kend = Kr"]
     setup_a, fetch_a, stash_a = _a_loads(BM, BK, T, BM * BK // T)
     # the filters: the GEMM's B side, k-contiguous (as op(b) with trans_b)
     setup_b, fetch_b, stash_b = tile_loads("w", BN, "1", BN * BK // T, T, BK, "Kg",
                                            red="Kr", side="b")
     src += setup_a + setup_b
     src += main_loop(BM, BN, BK, TM, TN, fetch_a + fetch_b, stash_a + stash_b)
-    src += _epilogue(BM, BN, TM, TN)
+    src += _epilogue(BM, BN, TM, TN, False)
     return name, "\n".join(src) + "\n"
 
-def _epilogue(BM, BN, TM, TN):
-    """y[n, g*Kg + k, p] = act(alpha * acc + beta * z + bias[k]) through y's strides
-    (derived here from the parameters, so that they are not live across the k loop)."""
-    src = ["    yn, yc, yd, yh, yw = strides(K, PD, PH, PW, last)"]
-    for j in range(TN):
-        src += [f"    kl{j} = n0 + {col_expr(BN, TN, j)}",
-                f"    k{j} = g * Kg + kl{j}",
-                f"    live{j} = kl{j} < Kg",
-                f"    bb{j} = ZERO",
-                f"    if has_bias != 0 and live{j}:",
-                f"        bb{j} = CT(bias[U(k{j})])"]
-    for i in range(TM):
-        src += [f"    m = m0 + {row_expr(BM, TM, i)}", "    if m < Mg:",
-                "        pw = m % PW", "        q = m // PW", "        ph = q % PH",
-                "        q //= PH", "        pd = q % PD", "        n = q // PD",
-                "        yb = n * yn + pd * yd + ph * yh + pw * yw"]
-        for j in range(TN):
-            src += [f"        if live{j}:",
-                    f"            o = U(yb + k{j} * yc)",
-                    f"            v = alpha * acc{i}_{j}",
-                    "            if beta != ZERO:",
-                    "                v += beta * CT(z[o] if has_z else y[o])",
-                    f"            v += bb{j}",
-                    "            if act >= 0:",
-                    "                v = act_fn(v, act, coef)",
-                    "            y[o] = v"]
-    return src
 
-
-def _chunk_loads(BM, BN, BK, T):
-    """(setup, fetch, stash) of variant 3's two tiles at k-step (tap, c0): A rows are
-    output positions (taken as variant 2 does), B rows filters (k-contiguous in the
-    (K, T*R*S, C/g) filter copy). Each thread tests once, before the loop, which taps
-    of its row land inside the input (a bit each in `mask`) and then keeps one source
-    index a side, advanced by BK channels a step and re-based when the tap changes
-    (the table's offset load is uniform across the block and runs once every
-    ceil(Cg/BK) steps). Every element load is unconditional: one outside the input or
-    past C/g reads index 0 and is replaced by zero, so a thread's loads issue back to
-    back with no branch between them."""
-    LA, LB = BM * BK // T, BN * BK // T
-    assert BK % LA == 0 and T % BM == 0 and BK % LB == 0 and T % BN == 0
+def _chunk_loads(BM, BN, BK, T, swap):
+    """(setup, fetch, stash) of variant 3's two tiles at k-step (tap, c0): the x tile's
+    rows are output positions (consecutive threads take consecutive positions
+    channels-first, consecutive channels channels-last), the w tile's rows filters
+    (k-contiguous in the (K, T*R*S, C/g) filter copy); with `swap` the x tile is the B
+    side. Each thread tests once, before the loop, which taps of its position land
+    inside the input (a bit each in `mask`), then keeps one source index a side,
+    advanced by BK channels a step and re-based when the tap changes (the table's
+    offset load is uniform across the block and runs once every ceil(Cg/BK) steps).
+    Every element load is unconditional: one outside the input or past C/g reads
+    index 0 and is replaced by zero, so a thread's loads issue back to back."""
+    PT, FT = (BN, BM) if swap else (BM, BN)
+    xt, xs, wt, ws = ("Bs", "so_b", "As", "so_a") if swap else ("As", "so_a", "Bs", "so_b")
+    LA, LB = PT * BK // T, FT * BK // T
+    assert BK % LA == 0 and T % PT == 0 and BK % LB == 0 and T % FT == 0
     setup = ["    if last:",
              f"        r = t // {BK // LA}", f"        kk_a = (t % {BK // LA}) * {LA}",
              "        dk_a = 1",
              "    else:",
-             f"        r = t % {BM}", f"        kk_a = t // {BM}", f"        dk_a = {T // BM}",
-             "    m = m0 + r", "    ok_a = m < Mg",
-             "    pw = m % PW", "    q = m // PW", "    ph = q % PH", "    q //= PH",
-             "    pd = q % PD", "    n = q // PD",
-             "    bd = pd * sd - qd", "    bh = ph * sh - qh", "    bw = pw * sw - qw",
-             "    xb = n * xn + xg + bd * xd + bh * xh + bw * xw + kk_a * xc",
-             "    ls_a = dk_a * xc", "    lim_a = Cg - kk_a",
-             f"    dst_a = kk_a * {BM + PAD} + r",
-             "    mask = U(0)",
-             "    for tp in range(TRS if ok_a else 0):",
-             "        j = U(4 * tp)",
-             "        if (UB(bd + taps[j + U(1)]) < UB(D) and UB(bh + taps[j + U(2)]) < UB(H)",
-             "                and UB(bw + taps[j + U(3)]) < UB(W)):",
-             "            mask |= U(1) << U(tp)",
-             f"    rb = t // {BK // LB}", f"    kk_b = (t % {BK // LB}) * {LB}",
-             "    ok_b = n0 + rb < Kg", "    src_b = woff + (n0 + rb) * Kr + kk_b",
-             "    lim_b = Cg - kk_b",
-             f"    dst_b = kk_b * {BN + PAD} + rb",
-             "    tap = 0", "    c0 = 0", "    src_a = xb + taps[0]", "    okt = (mask & U(1)) != 0"]
+             f"        r = t % {PT}", f"        kk_a = t // {PT}", f"        dk_a = {T // PT}",
+             "    m = m0 + r", "    ok_a = m < Mg"] + _row_decode(4)
+    setup += ["    xb += kk_a * xc", "    ls_a = dk_a * xc", "    lim_a = Cg - kk_a",
+              f"    dst_a = kk_a * {PT + PAD} + r",
+              "    mask = U(0)",
+              "    for tp in range(TRS if ok_a else 0):",
+              "        j = U(4 * tp)",
+              "        if (UB(bd + taps[j + U(1)]) < UB(D) and UB(bh + taps[j + U(2)]) < UB(H)",
+              "                and UB(bw + taps[j + U(3)]) < UB(W)):",
+              "            mask |= U(1) << U(tp)",
+              f"    rb = t // {BK // LB}", f"    kk_b = (t % {BK // LB}) * {LB}",
+              "    ok_b = n0 + rb < Kg", "    src_b = woff + (n0 + rb) * Kr + kk_b",
+              "    lim_b = Cg - kk_b",
+              f"    dst_b = kk_b * {FT + PAD} + rb",
+              "    tap = 0", "    c0 = 0", "    src_a = xb + taps[0]",
+              "    okt = (mask & U(1)) != 0"]
     fetch, stash = [], []
     for l in range(LA):
         fetch += [f"        ok = okt & (c0 + {l} * dk_a < lim_a)",
                   f"        v = CT(x[U(src_a + {l} * ls_a) if ok else U(0)])",
                   f"        r_a{l} = v if ok else ZERO"]
-        stash.append(f"        As[U(so_a + dst_a + {l * (BM + PAD)} * dk_a)] = r_a{l}")
+        stash.append(f"        {xt}[U({xs} + dst_a + {l * (PT + PAD)} * dk_a)] = r_a{l}")
     for l in range(LB):
         fetch += [f"        ok = ok_b & (c0 + {l} < lim_b)",
                   f"        v = CT(w[U(src_b + {l}) if ok else U(0)])",
                   f"        r_b{l} = v if ok else ZERO"]
-        stash.append(f"        Bs[U(so_b + dst_b + {l * (BN + PAD)})] = r_b{l}")
+        stash.append(f"        {wt}[U({ws} + dst_b + {l * (FT + PAD)})] = r_b{l}")
     fetch += [f"        c0 += {BK}", f"        src_a += {BK} * xc", f"        src_b += {BK}",
               "        if c0 >= Cg:",  # next tap (the table's entry TRS is a sentinel)
               "            src_b += Cg - c0", "            c0 = 0", "            tap += 1",
@@ -174,21 +156,81 @@ def _chunk_loads(BM, BN, BK, T):
     return setup, fetch, stash
 
 
-def igemm_chunked_source(BM, BN, BK, TM, TN):
-    """(name, source) of variant 3, `conv_igemm_chunked_<config>`: the reduction runs
-    over taps (t, r, s) and, within a tap, over chunks of BK channels, so a k-step's A
-    elements share one tap: the bounds test and base address are per tap, and an
-    element costs an add, a compare and a select. The filters come as a (K, T*R*S, C/g)
-    copy (w itself for NHWC), `taps` holds one entry a tap and a sentinel. When C/g is
-    not a multiple of BK the last chunk of each tap is part padding (zeros): this
-    variant is for C/g >= BK, and T*R*S <= 64 taps (the mask's bits)."""
+def igemm_chunked_source(BM, BN, BK, TM, TN, swap):
+    """(name, source) of variant 3, `conv_igemm_chunked_<config>[_t]`: the reduction
+    runs over taps (t, r, s) and, within a tap, over chunks of BK channels, so a
+    k-step's x elements share one tap: the bounds test and base address are per tap,
+    and an element costs an add, a compare and a select. The filters come as a
+    (K, T*R*S, C/g) copy (w itself for NHWC), `taps` holds one entry a tap and a
+    sentinel. When C/g is not a multiple of BK the last chunk of each tap is part
+    padding (zeros): this variant is for C/g >= BK and T*R*S <= 64 (the mask's bits).
+    `swap` (the "_t" kernels, for channels-first) puts the output positions on the
+    tile's columns: a warp's lanes then run along p, which is contiguous in an NCHW
+    y, so the epilogue's stores coalesce."""
     TY, TX = BM // TM, BN // TN
     T = TX * TY
-    name = f"conv_igemm_chunked_{BM}x{BN}x{BK}_{TM}x{TN}"
-    src = _head(name, BM, BN, BK, TM, TN)
+    name = f"conv_igemm_chunked_{BM}x{BN}x{BK}_{TM}x{TN}" + ("_t" if swap else "")
+    src = _head(name, BM, BN, BK, TM, TN, swap)
     src += ["    TRS = T * R * S", "    kbeg = 0",
             f"    kend = TRS * ((Cg + {BK - 1}) // {BK}) * {BK}"]  # k0 only counts steps
-    setup, fetch, stash = _chunk_loads(BM, BN, BK, T)
+    setup, fetch, stash = _chunk_loads(BM, BN, BK, T, swap)
     src += setup + main_loop(BM, BN, BK, TM, TN, fetch, stash)
-    src += _epilogue(BM, BN, TM, TN)
+    src += _epilogue(BM, BN, TM, TN, swap)
     return name, "\n".join(src) + "\n"
+
+
+def _value(acc, o):
+    """Lines leaving act(alpha * acc + beta * z[o] + bias) in v."""
+    return [f"    v = alpha * {acc}",
+            "    if beta != ZERO:",
+            f"        v += beta * CT(z[{o}] if has_z else y[{o}])",
+            "    v += bb",
+            "    if act >= 0:",
+            "        v = act_fn(v, act, coef)"]
+
+
+def _epilogue(BM, BN, TM, TN, swap):
+    """y[n, g*Kg + k, p] = act(alpha * acc + beta * z + bias[k]). With the P = PD*PH*PW
+    positions merged, y's offset is m*K + k channels-last and (m // P)*K*P + k*P +
+    m % P channels-first: one unsigned division a position, none channels-last. The
+    tile's columns come in runs of 4 consecutive indices (the fragments'); when `vec`
+    (the host checked that such a run is 4 contiguous, aligned elements of y: filters
+    channels-last, positions channels-first) each run is one 16-byte store."""
+    pos_n, fil_n = (TN, TM) if swap else (TM, TN)
+    pos_x = (lambda a: col_expr(BN, TN, a)) if swap else (lambda a: row_expr(BM, TM, a))
+    fil_x = (lambda b: row_expr(BM, TM, b)) if swap else (lambda b: col_expr(BN, TN, b))
+    src = ["    P = PD * PH * PW", "    yk = 1 if last else P"]
+    for b in range(fil_n):
+        src += [f"    kl{b} = n0 + {fil_x(b)}", f"    live{b} = kl{b} < Kg",
+                f"    bb{b} = ZERO",
+                f"    if has_bias != 0 and live{b}:",
+                f"        bb{b} = CT(bias[U(g * Kg + kl{b})])",
+                f"    ko{b} = U(g * Kg + kl{b}) * U(yk)"]
+    for a in range(pos_n):
+        src += [f"    m = m0 + {pos_x(a)}", f"    okm{a} = m < Mg", f"    nq = U(m) // U(P)",
+                f"    yb{a} = U(m) * U(K) if last else nq * U(K * P) + U(m) - nq * U(P)"]
+
+    def elem(i, j, ind):
+        a, b = (j, i) if swap else (i, j)
+        body = [f"o = yb{a} + ko{b}", f"bb = bb{b}"] + [ln[4:] for ln in _value(
+            f"acc{i}_{j}", "o")]
+        return [" " * ind + ln for ln in body]
+
+    if TN % 4:  # no runs of 4 (the simulator's small tiles): vec is ignored
+        src.append("    if True:")
+    else:
+        src.append("    if vec:")  # runs of 4 columns: 4 consecutive y elements
+    for i in range(TM if TN % 4 == 0 else 0):
+        for q in range(0, TN, 4):
+            a, b = (q, i) if swap else (i, q)
+            src += [f"        if okm{a} and live{b}:"]
+            for e in range(4):
+                src += elem(i, q + e, 12) + [f"            v{e} = v"]
+            src += [f"            store4(y, (yb{a} + ko{b}) // U(4), (v0, v1, v2, v3))"]
+    if TN % 4 == 0:
+        src.append("    else:")
+    for i in range(TM):
+        for j in range(TN):
+            a, b = (j, i) if swap else (i, j)
+            src += [f"        if okm{a} and live{b}:"] + elem(i, j, 12) + ["            y[o] = v"]
+    return src

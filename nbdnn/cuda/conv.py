@@ -39,11 +39,12 @@ Resources (ptxas, sm_90), float32: direct forward 138 registers; implicit GEMM l
 cuDNN: perf/RESULTS.md ("Convolution").
 """
 import numpy as np
-from numba import cuda, float32, float64, uint64
+from numba import cuda, float32, float64, int64, uint64
 
 from . import SIMULATOR
 from . import activation as _act
-from ._arrays import dtype_name, empty, to_device
+from ._arrays import dtype_name, empty, ptr, to_device
+from ._intrinsics import store4, vector_alignment
 from ._igemm_source import igemm_chunked_source, igemm_source
 from . import _conv_depthwise, _conv_gemm, _conv_winograd
 from ._conv_index import landing as _landing, launch, split as _split, strides as _strides
@@ -172,12 +173,13 @@ def _build():
         kernels.update(_conv_gemm.kernels(CT, act_fn))
         kernels.update(_conv_winograd.kernels(CT, _conv_gemm.make_epilogue(CT, act_fn)))
         ins = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "act_fn": act_fn, "strides": _strides,
+               "store4": store4, "I": int if SIMULATOR else int64,
                "U": int if SIMULATOR else uint64,
                "UB": (lambda v: int(v) % (1 << 64)) if SIMULATOR else uint64}
         for size, cfg in TILES[ct_name].items():
-            for variant, gen in (("igemm_", igemm_source), ("igemm_chunked_",
-                                                            igemm_chunked_source)):
-                name, src = gen(*cfg)
+            for variant, (name, src) in (("igemm_", igemm_source(*cfg)),
+                                         ("igemm_chunked_", igemm_chunked_source(*cfg, False)),
+                                         ("igemm_chunked_t_", igemm_chunked_source(*cfg, True))):
                 exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
                 kernels[variant + size] = ins[name]
         ins["epilogue"] = _conv_gemm.make_epilogue(CT, act_fn)
@@ -190,16 +192,17 @@ def _build():
                            f"{ct_name}, {ct_name}, {ct_name})",
                     "bwd_data": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
                     "bwd_filter": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
-            igemm = sigs["fwd"].replace(f"{a}, {_GEOM}", f"{a}, int64[::1], {_GEOM}", 1)
+            igemm = sigs["fwd"].replace(f"{a}, {_GEOM}", f"{a}, int64[::1], {_GEOM}", 1)[:-1] \
+                + ", int64)"
             sigs.update({v + size: igemm for size in TILES[ct_name]
-                         for v in ("igemm_", "igemm_chunked_")})
+                         for v in ("igemm_", "igemm_chunked_", "igemm_chunked_t_")})
             sigs.update(_conv_gemm.signatures(t, ct_name, _GEOM))
             sigs.update(_conv_winograd.signatures(t, ct_name))
             sigs.update(_conv_depthwise.signatures(t, ct_name, _GEOM))
             for name, sig in sigs.items():
                 # the 128x128 tile at 128 registers runs two blocks an SM (as the GEMM)
-                cap = {"max_registers": 128} if name == "igemm_chunked_large" and \
-                    ct_name == "float32" and not SIMULATOR else {}
+                cap = {"max_registers": 128} if name.startswith("igemm_chunked") and \
+                    name.endswith("_large") and ct_name == "float32" and not SIMULATOR else {}
                 table[name, t] = (Kernel(kernels[name], [sig], **cap), sig)
     return table
 
@@ -235,6 +238,17 @@ def _taps(g, chunked):
             _taps_cache.clear()
         tab = _taps_cache[key] = to_device(np.ascontiguousarray(host, np.int64).ravel())
     return tab
+
+
+def _vector_epilogue(y, K, Kg, P, last, variant):
+    """1 when the implicit GEMM's epilogue may store runs of 4 columns as one vector:
+    the tile's columns are filters (channels-last, K and K/g multiples of 4) or
+    positions ("_t", channels-first, P a multiple of 4), and y is aligned."""
+    if variant == "igemm_" and not last:
+        return 0
+    fits = (K % 4 == 0 and Kg % 4 == 0) if last else P % 4 == 0
+    a = vector_alignment(np.dtype(dtype_name(y)).itemsize)
+    return int(fits and ptr(y) % a == 0)
 
 
 def _geometry(x_shape, w_shape, stride, pads, dilation, groups, mode, last):
@@ -289,9 +303,13 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
             wk = empty(w, tuple(w.shape), dtype)
             transform_into(w, (K, g[1] // groups, g[7] * g[8] * g[9]), (0, 2, 1), wk, 1.0,
                            0.0, stream)
-        k, sig = _KERNELS[("igemm_chunked_" if chunked else "igemm_") + size, dtype]
-        k.launch(sig, (-(-M // BM) * -(-Kg // BN), groups, 1), (BM // TM) * (BN // TN),
-                 stream, x, wk, *args[2:5], _taps(g, chunked), *args[5:])
+        variant = ("igemm_chunked_t_" if not last else "igemm_chunked_") if chunked else \
+            "igemm_"
+        k, sig = _KERNELS[variant + size, dtype]
+        PT, FT = (BN, BM) if variant == "igemm_chunked_t_" else (BM, BN)  # positions, filters
+        k.launch(sig, (-(-M // PT) * -(-Kg // FT), groups, 1), (BM // TM) * (BN // TN),
+                 stream, x, wk, *args[2:5], _taps(g, chunked), *args[5:],
+                 _vector_epilogue(y, K, Kg, total // (N * K), last, variant))
     return y
 
 

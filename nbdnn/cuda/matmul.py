@@ -42,7 +42,7 @@ HW_TILES = {"float32": {"large": (128, 128, 8, 8, 8), "small": (64, 64, 8, 4, 4)
                         "tiny": (32, 32, 8, 2, 2)},
             "float64": {"large": (64, 64, 8, 4, 4), "small": (32, 32, 8, 2, 2),
                         "tiny": (16, 16, 16, 1, 1)}}
-SIM_TILES = {"float32": {"large": (8, 8, 4, 2, 2), "small": (4, 4, 4, 2, 2),  # a few dozen
+SIM_TILES = {"float32": {"large": (8, 16, 4, 2, 4), "small": (4, 4, 4, 2, 2),  # a few dozen
                          "tiny": (2, 2, 2, 1, 1)}}                           # threads a block
 TILES = dict(SIM_TILES if SIMULATOR else HW_TILES)
 TILES.setdefault("float64", TILES["float32"])
