@@ -76,6 +76,9 @@ def main():
     ap.add_argument("--nhwc", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--algos", nargs="*", default=["auto", "implicit_gemm"])
+    ap.add_argument("--layers", nargs="*", default=[],
+                    help="only the layers whose name holds one of these substrings")
+    ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--tiles", action="store_true",
                     help="also implicit_gemm with each GEMM tile forced (ResNet layers)")
     args = ap.parse_args()
@@ -84,20 +87,33 @@ def main():
     layout = "NHWC" if args.nhwc else "NCHW"
     rows, ratios = [], {a: [] for a in args.algos + ["bwd_data", "bwd_filter"]}
     for layer in RESNET + DEPTHWISE:
+        if args.layers and not any(t in layer[0] for t in args.layers):
+            continue
         d, x, w, xn, wn = _case(layer, args.nhwc)
+        part = "depthwise" if layer in DEPTHWISE else "resnet"
         kw = dict(stride=d["s"], padding=d["p"], groups=d["g"], layout=layout)
         t_ref = time_gpu(lambda: F.conv2d(x, w, stride=d["s"], padding=d["p"], groups=d["g"]))
         row = {"layer": layer[0], "cudnn_tflops": d["flops"] / t_ref / 1e12}
         ref = F.conv2d(x, w, stride=d["s"], padding=d["p"], groups=d["g"])
         ref_n = ref.permute(0, 2, 3, 1) if args.nhwc else ref
         for algo in args.algos:
-            y = nbdnn.conv2d(xn, wn, algo=algo, **kw)
+            try:
+                y = nbdnn.conv2d(xn, wn, algo=algo, **kw)
+            except nbdnn.BadParamError:  # e.g. winograd on a 1x1 layer
+                row[algo] = None
+                continue
             err = float((y - ref_n).abs().max() / ref_n.abs().max())
             t = time_gpu(lambda: nbdnn.conv2d(xn, wn, algo=algo, out=y, **kw))
             row[algo] = {"tflops": d["flops"] / t / 1e12, "vs_cudnn": t_ref / t, "rel_err": err}
-            ratios[algo].append(t_ref / t)
+            ratios[algo].append((part, t_ref / t))
         if args.tiles and d["g"] == 1:
             row["tiles"] = _tiles(xn, wn, kw, d["flops"], t_ref)
+        line = " | ".join(f"{a} {row[a]['tflops']:6.2f} ({row[a]['vs_cudnn']:.0%}, err "
+                          f"{row[a]['rel_err']:.0e})" for a in args.algos if row[a])
+        rows.append(row)
+        if args.no_backward:
+            print(f"{layer[0]:18} cuDNN {row['cudnn_tflops']:6.1f} TFLOP/s | {line}", flush=True)
+            continue
         dy = torch.randn_like(ref_n)
         xr = x.detach().requires_grad_()
         wr = w.detach().requires_grad_()
@@ -107,18 +123,18 @@ def main():
         td = time_gpu(lambda: nbdnn.conv_backward_data(dy, wn, tuple(xn.shape), **kw))
         tf = time_gpu(lambda: nbdnn.conv_backward_filter(dy, xn, tuple(wn.shape), **kw))
         row["bwd"] = {"cudnn_both_ms": tb_ref * 1e3, "data_ms": td * 1e3, "filter_ms": tf * 1e3}
-        ratios["bwd_data"].append(tb_ref / 2 / td)   # cuDNN's pair split evenly (approx.)
-        ratios["bwd_filter"].append(tb_ref / 2 / tf)
-        rows.append(row)
-        print(f"{layer[0]:18} cuDNN {row['cudnn_tflops']:6.1f} TFLOP/s | " + " | ".join(
-            f"{a} {row[a]['tflops']:6.2f} ({row[a]['vs_cudnn']:.0%}, err {row[a]['rel_err']:.0e})"
-            for a in args.algos) + f" | bwd data {td*1e3:.2f} ms, filter {tf*1e3:.2f} ms "
-            f"(cuDNN both {tb_ref*1e3:.2f} ms)", flush=True)
+        ratios["bwd_data"].append((part, tb_ref / 2 / td))  # cuDNN's pair split evenly
+        ratios["bwd_filter"].append((part, tb_ref / 2 / tf))   # (an approximation)
+        print(f"{layer[0]:18} cuDNN {row['cudnn_tflops']:6.1f} TFLOP/s | {line} | bwd data "
+              f"{td*1e3:.2f} ms, filter {tf*1e3:.2f} ms (cuDNN both {tb_ref*1e3:.2f} ms)",
+              flush=True)
     geo = {}
-    for part, sl in (("all", slice(None)), ("resnet", slice(0, len(RESNET))),
-                     ("depthwise", slice(len(RESNET), None))):
-        geo[part] = {k: math.exp(sum(map(math.log, v[sl])) / len(v[sl]))
-                     for k, v in ratios.items() if v}
+    for part in ("all", "resnet", "depthwise"):
+        geo[part] = {}
+        for k, v in ratios.items():
+            vals = [r for p, r in v if part in ("all", p)]
+            if vals:
+                geo[part][k] = math.exp(sum(map(math.log, vals)) / len(vals))
         print(f"geometric mean vs cuDNN, {part}:",
               {k: f"{v:.0%}" for k, v in geo[part].items()})
     d, x, w, xn, wn = _case(RESNET[2], args.nhwc)

@@ -73,3 +73,53 @@ def _positions(geom):
     C, K, G, H, W, R, S, stride, dil, pads, mode = geom
     return math.prod((n + a + b - d * (r - 1) - 1) // q + 1 for n, r, q, d, (a, b) in
                      zip((H, W), (R, S), stride, dil, pads))
+
+
+@pytest.mark.parametrize("last", [False, True])
+@pytest.mark.parametrize("geom", GEOMS, ids=lambda g: f"C{g[0]}K{g[1]}G{g[2]}")
+def test_backward_data_auto_matches_reference(geom, last):
+    """"auto" backward data: a forward convolution of dy (nbdnn.cuda.conv.
+    _data_as_forward) where every stride is 1 and the paddings allow it, else the gemm
+    path; with the beta blend."""
+    C, K, G, H, W, R, S, stride, dil, pads, mode = geom
+    rng = np.random.default_rng(C * 7 + K)
+    xs = (2, H, W, C) if last else (2, C, H, W)
+    w = rng.uniform(-1, 1, (K, R, S, C // G) if last else (K, C // G, R, S))
+    kw = dict(stride=stride, dilation=dil, padding=pads, groups=G, mode=mode,
+              layout="NHWC" if last else "NCHW")
+    dy = rng.uniform(-1, 1, nbdnn.conv2d(np.zeros(xs), w, backend="cpu", **kw).shape)
+    out = rng.uniform(-1, 1, xs)
+    want = nbdnn.conv_backward_data(dy, w, xs, backend="cpu", alpha=0.5, beta=2.0,
+                                    out=out.copy(), **kw)
+    got = nbdnn.conv_backward_data(dy, w, xs, backend="cuda", alpha=0.5, beta=2.0,
+                                   out=out.copy(), **kw)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("last,G,dtype,direct", [(False, 1, np.float64, True),
+                                                (False, 2, np.float64, True),
+                                                (True, 1, np.float64, True),
+                                                (True, 2, np.float64, False),
+                                                (False, 1, np.float16, False)])
+def test_backward_filter_1x1_matches_reference(monkeypatch, last, G, dtype, direct):
+    """1x1, stride 1, no padding: backward filter straight through the GEMM (no
+    im2col) where it applies (`direct`), else the im2col path; the beta blend."""
+    taken = []
+    real = CV._conv_gemm.backward_filter_1x1
+    monkeypatch.setattr(CV._conv_gemm, "backward_filter_1x1",
+                        lambda *a: taken.append(real(*a)) or taken[-1])
+    rng = np.random.default_rng(G)
+    C, K, H = 4, 6, 12                                     # P = 144 positions
+    xs = (2, H, H, C) if last else (2, C, H, H)
+    ws = (K, 1, 1, C // G) if last else (K, C // G, 1, 1)
+    kw = dict(groups=G, layout="NHWC" if last else "NCHW")
+    x = rng.uniform(-1, 1, xs).astype(dtype)
+    dy = rng.uniform(-1, 1, nbdnn.conv2d(x, np.zeros(ws, dtype), backend="cpu", **kw).shape)
+    dy, out = dy.astype(dtype), rng.uniform(-1, 1, ws).astype(dtype)
+    want = nbdnn.conv_backward_filter(dy, x, ws, backend="cpu", alpha=0.5, beta=2.0,
+                                      out=out.copy(), **kw)
+    got = nbdnn.conv_backward_filter(dy, x, ws, backend="cuda", alpha=0.5, beta=2.0,
+                                     out=out.copy(), **kw)
+    atol, rtol = (1e-12, 1e-12) if dtype == np.float64 else matmul_tol("float16", 2 * 144)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=atol, rtol=rtol)
+    assert taken == [direct]

@@ -118,3 +118,20 @@ def test_against_pytorch(mode):
             F.avg_pool2d(t, k, s, p, ceil_mode=ceil, count_include_pad=mode == "avg")
         got = nbdnn.pool2d(x, k, stride=s, padding=p, mode=mode, ceil_mode=ceil)
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("K, st, pads", [((3, 3), (2, 2), ((1, 1), (1, 1))),   # compiled in
+                                         ((2, 2), (2, 2), ((0, 0), (0, 0))),   # compiled in
+                                         ((2, 3), (1, 2), ((0, 1), (1, 0)))])  # general
+@pytest.mark.parametrize("prop", [True, False])
+def test_gpu_forward_nan_windows_match_naive_loops(K, st, pads, prop):
+    """The GPU forward's branch-free window (NaN seen / number seen flags) against the
+    naive loops: windows holding a NaN, all NaN, or only padding; max and both averages."""
+    rng = np.random.default_rng(3)
+    x = np.round(rng.standard_normal((2, 2, 7, 6)), 1)
+    x[0, 0, 1, 1] = x[0, 1, :3, :3] = x[1, 0, 4, 2] = np.nan
+    for mode in ("max", "avg", "avg_exclude_pad"):
+        kw = dict(stride=st, padding=pads, mode=mode, nan_propagation=prop)
+        want, _ = naive_pool(x, K, st, pads, (1, 1), mode, False, prop)
+        got = nbdnn.pool2d(x, K, backend="cuda", **kw)
+        np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-14)

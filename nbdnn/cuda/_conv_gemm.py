@@ -21,6 +21,7 @@ from numba import cuda
 
 from ._arrays import dtype_name, empty
 from ._conv_index import landing, launch, split, strides
+from .tensor import reduce_tensor
 
 
 
@@ -53,10 +54,7 @@ def kernels(CT, act_fn):
         total = G * M * Kr
         i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         while i < total:
-            kx = i % Kr
-            q = i // Kr
-            m = q % M
-            g = q // M
+            g, _, _, m, kx = split(i, 1, 1, M, Kr, False)
             n, _, pd, ph, pw = split(m, 1, PD, PH, PW, False)
             if last:
                 _, t, r, s, c = split(kx, T, R, S, Cg, False)
@@ -165,6 +163,33 @@ def backward_filter(table, gemm, dy, x, dw, g, alpha, beta, stream):
     N, C, K, G, M, Kg, Kr, *_ = _dims(g)
     gemm(_rows(table, dy, g, stream), _cols(table, x, g, stream), True, False, None, None,
          0.0, alpha, beta, dw.reshape((G, Kg, Kr)), stream)
+
+
+def backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):
+    """A 1x1 filter with stride 1 and no padding needs no im2col: channels-last (one
+    group) dW = dy^T @ x over the M = N*P rows as stored; channels-first dW_g = sum over
+    n of dy[n, g] @ x[n, g]^T, a batched GEMM (N*G products over P) whose products are
+    summed in batch order (deterministic). Channels-first needs P >= 128 (a shorter
+    reduction leaves the GEMM mostly epilogue and the N*K*C/g partials outweigh it)
+    and float32/float64 (float16 partials would round N times).
+    False, doing nothing, otherwise."""
+    N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
+    P = PD * PH * PW
+    one = Kr == C // G and all(v == 1 for v in g[13:16]) and not any(g[16:19])
+    if not one or tuple(g[4:7]) != (PD, PH, PW):  # (no post-padding either)
+        return False
+    last = g[-1]
+    if last and G == 1:
+        gemm(dy.reshape((M, K)), x.reshape((M, C)), True, False, None, None, 0.0, alpha, beta,
+             dw.reshape((K, C)), stream)
+        return True
+    if last or P < 128 or dtype_name(dy) == "float16":  # (float16: one rounding, not N)
+        return False
+    parts = gemm(dy.reshape((N * G, Kg, P)), x.reshape((N * G, Kr, P)), False, True, None,
+                 None, 0.0, 1.0, 0.0, None, stream)
+    reduce_tensor(parts.reshape((N, G * Kg, Kr)), "add", (0,), False, False, alpha=alpha,
+                  beta=beta, out=dw.reshape((K, Kr)), stream=stream)
+    return True
 
 
 def backward_data(table, gemm, dy, w, dx, g, alpha, beta, stream):

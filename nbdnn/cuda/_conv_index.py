@@ -1,7 +1,7 @@
 """Index helpers shared by the convolution kernels: every kernel sees (N, C, D, H, W)
 tensors (1-d and 2-d problems get leading spatial axes of size 1), channels first or
 last."""
-from numba import cuda
+from numba import cuda, int64, uint64
 
 from . import SIMULATOR
 
@@ -26,23 +26,28 @@ def strides(C, D, H, W, last):
     return C * D * H * W, D * H * W, H * W, W, 1
 
 
+U, I = (int, int) if SIMULATOR else (uint64, int64)
+
+
 @cuda.jit(device=True)
 def split(i, C, D, H, W, last):
-    """(n, c, d, h, w) of flat index i in memory order."""
-    c = 0
+    """(n, c, d, h, w) of flat index i >= 0 in memory order. Unsigned divisions: numba's
+    signed // and % add floor-rounding fix-ups to each (I casts back, since numba types
+    uint64 op int64 as float64)."""
+    u, c = U(i), U(0)
     if last:
-        c = i % C
-        i //= C
-    w = i % W
-    i //= W
-    h = i % H
-    i //= H
-    d = i % D
-    i //= D
+        q = u // U(C)
+        c, u = u - q * U(C), q
+    q = u // U(W)
+    w, u = u - q * U(W), q
+    q = u // U(H)
+    h, u = u - q * U(H), q
+    q = u // U(D)
+    d, u = u - q * U(D), q
     if not last:
-        c = i % C
-        i //= C
-    return i, c, d, h, w
+        q = u // U(C)
+        c, u = u - q * U(C), q
+    return I(u), I(c), I(d), I(h), I(w)
 
 
 @cuda.jit(device=True)

@@ -1,8 +1,8 @@
 """Convolution on the GPU for every geometry (1-3 d, stride, per-side padding, dilation,
 groups, both modes, NCHW and NHWC). The formulas are in nbdnn/cpu/conv.py.
 
-Forward algorithms (`algo=`; "auto" takes depthwise when groups == C, else
-implicit_gemm):
+Forward algorithms (`algo=`; "auto" takes depthwise when groups == C, winograd for
+3x3 stride-1 layers of >= 128 channels a group, else implicit_gemm):
 - gemm: explicit im2col into a workspace, the matmul kernel, an epilogue pass
   (nbdnn/cuda/_conv_gemm.py).
 - winograd: F(2x2, 3x3) transforms around 16 batched GEMMs (2-d, 3x3, stride 1,
@@ -20,7 +20,9 @@ rank and layout. A thread's output index is decomposed in the array's memory ord
 (channels fastest for NHWC), so consecutive threads write consecutive addresses.
 - forward: y[n, k, p] gathers C/g * T*R*S products, then the epilogue
   act(alpha * acc + beta * z + bias), z = residual or the previous y.
-- backward data and filter, algorithm "gemm" (the default unless groups == C): the
+- backward data, "auto" with every stride 1 (and paddings <= d*(R-1)): the forward
+  algorithms over dy with the filter's channels swapped and flipped (_data_as_forward).
+- backward data and filter, algorithm "gemm" (the default otherwise, unless groups == C): the
   matmul kernel over the output gradient's rows and the im2col columns (split-K for
   the filter's long reduction), col2im for dx (nbdnn/cuda/_conv_gemm.py).
 - backward, "depthwise" (the default when groups == C): the forward depthwise kernel
@@ -240,6 +242,19 @@ def _taps(g, chunked):
     return tab
 
 
+def _auto_forward(g):
+    """depthwise for groups == C; winograd for 3x3, stride 1, dilation 1 2-d layers of
+    at least 128 channels in and out a group (on ResNet's s2-s4 3x3 layers it beats the
+    implicit GEMM 1.4-2.5x: perf/RESULTS.md); else implicit_gemm."""
+    N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw = g[:16]
+    if C == G:
+        return "depthwise"
+    if (D, T, PD, R, S, sh, sw, g[20], g[21]) == (1, 1, 1, 3, 3, 1, 1, 1, 1) and \
+            min(C, K) // G >= 128:
+        return "winograd"
+    return "implicit_gemm"
+
+
 def _vector_epilogue(y, K, Kg, P, last, variant):
     """1 when the implicit GEMM's epilogue may store runs of 4 columns as one vector:
     the tile's columns are filters (channels-last, K and K/g multiples of 4) or
@@ -280,7 +295,7 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
             *g, int(bias is not None), int(residual is not None), act, coef, alpha, beta)
     total = N * K * P[0] * P[1] * P[2]
     if algo == "auto":
-        algo = "depthwise" if g[1] == groups else "implicit_gemm"
+        algo = _auto_forward(g)
     if algo == "depthwise" and _conv_depthwise.forward(_KERNELS, x, y, w, *args[3:5], g,
                                                        args[-6:], stream):
         return y
@@ -318,6 +333,9 @@ def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, las
     g = _geometry(x_shape, tuple(w.shape), stride, pads, dilation, groups, mode, last)
     dx = out if out is not None else empty(dy, x_shape, dtype_name(dy))
     if algo == "auto":
+        if g[1] != groups and _data_as_forward(dy, w, dx, stride, pads, dilation, groups,
+                                               mode, last, alpha, beta, stream):
+            return dx
         algo = "depthwise" if g[1] == groups else "gemm"
     if algo == "depthwise":
         if _conv_depthwise.backward_data(_KERNELS, dy, w, dx, g, alpha, beta, stream):
@@ -329,6 +347,33 @@ def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, las
     elif np.prod(x_shape):
         _conv_gemm.backward_data(_KERNELS, _gemm, dy, w, dx, g, alpha, beta, stream)
     return dx
+
+
+def _data_as_forward(dy, w, dx, stride, pads, dilation, groups, mode, last, alpha, beta,
+                     stream):
+    """With stride 1, dx is a forward convolution of dy: dx[i] = sum_r dy[i + q - r*d]
+    w[r] reads dy with pre-padding d*(R-1) - q and post-padding d*(R-1) - q_post
+    through the flipped filter, whose input and output channels swap within each group
+    (w' = (C, K/g, taps), a transposed copy). So the forward algorithms (implicit GEMM,
+    winograd) serve it. False, doing nothing, when a stride is not 1 or a padding
+    exceeds d*(R-1) (the forward padding would be negative)."""
+    ws = tuple(w.shape)
+    R = ws[1:-1] if last else ws[2:]
+    if any(s != 1 for s in stride) or any(max(a, b) > d * (r - 1) for (a, b), d, r in
+                                          zip(pads, dilation, R)):
+        return False
+    back = [(d * (r - 1) - a, d * (r - 1) - b) for (a, b), d, r in zip(pads, dilation, R)]
+    K, Cg, taps = ws[0], ws[-1 if last else 1], int(np.prod(R))
+    Kg = K // groups
+    view, perm = ((groups, Kg, taps, Cg), (0, 3, 2, 1)) if last else \
+        ((groups, Kg, Cg, taps), (0, 2, 1, 3))
+    wt = empty(w, (groups * Cg,) + R + (Kg,) if last else (groups * Cg, Kg) + R,
+               dtype_name(w))
+    transform_into(w, view, perm, wt, 1.0, 0.0, stream)
+    flipped = "cross_correlation" if mode == "convolution" else "convolution"
+    conv_forward(dy, wt, None, None, tuple(stride), back, tuple(dilation), groups, flipped,
+                 last, None, 0.0, "auto", alpha=alpha, beta=beta, out=dx, stream=stream)
+    return True
 
 
 def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, last, algo,
@@ -345,7 +390,8 @@ def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, l
     if algo == "direct":
         launch(_KERNELS, "bwd_filter", dtype_name(dy), int(np.prod(w_shape)), stream, dy, x, dw, *g,
                 alpha, beta)
-    elif np.prod(w_shape):
+    elif np.prod(w_shape) and not _conv_gemm.backward_filter_1x1(_gemm, dy, x, dw, g, alpha,
+                                                                 beta, stream):
         _conv_gemm.backward_filter(_KERNELS, _gemm, dy, x, dw, g, alpha, beta, stream)
     return dw
 

@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from ._arrays import dtype_name, empty
-from ._conv_index import MAX_BLOCKS, launch, landing, split, strides
+from ._conv_index import MAX_BLOCKS, U, launch, landing, split, strides
 from . import SIMULATOR
 from ._launch import Kernel
 from ..cpu.pool import MODES
@@ -90,6 +90,39 @@ def _kernels(CT, fixed=None):
             return CT(math.nan), nan_tap
         return acc, best
 
+    @cuda.jit(device=True)
+    def window_fwd(x, base, ad, ah, aw, D, H, W, KD, KH, KW, dd, dh, dw, xd, xh, xw, mode,
+                   propagate):
+        """The forward's window value (max, or sum for the averages), branch-free: every
+        tap loads from a clamped valid address and is masked after, max tracks whether
+        a NaN or a number was seen instead of the first maximal tap (window() above,
+        which the backward needs)."""
+        mx, sm, nan, seen = NEG, ZERO, False, False
+        for t in range(KD):
+            idd = ad + t * dd
+            okd = (idd >= 0) & (idd < D)
+            od = (idd if okd else 0) * xd
+            for r in range(KH):
+                ih = ah + r * dh
+                inh = (ih >= 0) & (ih < H)
+                okh = okd & inh
+                oh = od + (ih if inh else 0) * xh
+                for s in range(KW):
+                    iw = aw + s * dw
+                    okw = (iw >= 0) & (iw < W)
+                    v = CT(x[U(base + oh + (iw if okw else 0) * xw)])
+                    ok = okh & okw
+                    num = ok & (v == v)
+                    nan |= ok & (v != v)
+                    seen |= num
+                    mx = v if num & (v > mx) else mx
+                    sm += v if ok else ZERO
+        if mode != 0:
+            return sm
+        if nan and (propagate != 0 or not seen):
+            return CT(math.nan)
+        return mx
+
     def pool_fwd(x, y, N, C, D, H, W, KD, KH, KW, PD, PH, PW, sd, sh, sw, qd, qh, qw,
                  ed, eh, ew, dd, dh, dw, last, mode, propagate, alpha, beta):
         # a block BY output rows (NCHW: ph; NHWC: pw) of one plane (NCHW: (n, c, pd);
@@ -123,8 +156,8 @@ def _kernels(CT, fixed=None):
                 else:
                     pw = j
                 aw = pw * sw - qw
-                v, _ = window(x, n * xn + c * xc, ad, ah, aw, D, H, W, KD, KH, KW, dd, dh,
-                              dw, xd, xh, xw, mode, propagate)
+                v = window_fwd(x, n * xn + c * xc, ad, ah, aw, D, H, W, KD, KH, KW, dd, dh,
+                               dw, xd, xh, xw, mode, propagate)
                 if mode != 0:
                     cnt = _window_count(ad, ah, aw, KD, KH, KW, dd, dh, dw, D, H, W, qd, qh,
                                         qw, ed, eh, ew, mode == 2)
@@ -133,8 +166,8 @@ def _kernels(CT, fixed=None):
                      (((n * C + c) * PD + pd) * PH + ph) * PW + pw)
                 r = alpha * v
                 if beta != ZERO:
-                    r += beta * CT(y[i])
-                y[i] = r
+                    r += beta * CT(y[U(i)])
+                y[U(i)] = r
                 j += cstep
             b += cuda.gridDim.x
 
