@@ -148,15 +148,21 @@ def test_softmax_register_rows_do_not_spill():
 
 def test_gemm_and_depthwise_kernels_spill_at_most_as_measured():
     """The float32 128x128 GEMM tile runs under a 128-register cap and spills 32 B
-    (62-63% of cuBLAS against 58-60% uncapped, perf/RESULTS.md); nothing else may
-    spill (float16 under the same cap spilled 56 B on the H200, so it runs uncapped)."""
+    (62-63% of cuBLAS against 58-60% uncapped, perf/RESULTS.md); float16 under the same
+    cap spilled 56 B on the H200, so it runs uncapped. The chunked implicit GEMM's
+    128x128 tile (float32 and float16) runs under the same cap with a stack frame of at
+    most 200 B (ptxas for sm_90): values live only before and after the k loop, which
+    keeps 4 local loads (perf/sass_dump.py). Nothing else may spill."""
     from nbdnn.cuda import conv as CV, matmul as MM
     for (size, dtype), (kernel, sig, _) in MM._KERNELS.items():
         allowed = 32 if size == "large" and dtype != "float64" else 0
         assert kernel.resources(sig)["local_bytes"] <= allowed, (size, dtype)
     for (name, dtype), (kernel, sig) in CV._KERNELS.items():
         if name.startswith(("dw_", "igemm_")):
-            assert kernel.resources(sig)["local_bytes"] == 0, (name, dtype)
+            capped = name.startswith("igemm_chunked") and name.endswith("_large") and \
+                dtype != "float64"
+            assert kernel.resources(sig)["local_bytes"] <= (200 if capped else 0), \
+                (name, dtype)
 
 
 def test_norm_pool_and_batch_norm_kernels_do_not_spill():

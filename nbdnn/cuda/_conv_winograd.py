@@ -14,7 +14,7 @@ expressions (generated source): G, B^T and A^T have entries 0, +-1, 1/2.
 from numba import cuda
 
 from ._arrays import dtype_name, empty
-from ._conv_index import launch, strides
+from ._conv_index import U, launch, split, strides
 
 _BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))
 _G = ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1))
@@ -58,27 +58,32 @@ def _source():
             "    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
             "    ntile = N * TH * TW",
             "    if i >= C * ntile:", "        return",
-            "    c = i // ntile", "    tile = i % ntile",
-            "    n = tile // (TH * TW)", "    th = (tile // TW) % TH", "    tw = tile % TW",
+            "    c, n, _, th, tw = split(i, N, 1, TH, TW, False)",
             "    xn, xc, xd, xh, xw = strides(C, 1, H, W, last)",
-            "    h0 = 2 * th - qh", "    w0 = 2 * tw - qw"]
+            "    h0 = 2 * th - qh", "    w0 = 2 * tw - qw", "    base = n * xn + c * xc"]
+    # all 16 loads unconditional (outside taps read a clamped address, then zero)
+    for a in range(4):
+        src += [f"    ih = h0 + {a}", f"    okh{a} = (ih >= 0) & (ih < H)",
+                f"    oh{a} = (ih if okh{a} else 0) * xh",
+                f"    iw = w0 + {a}", f"    okw{a} = (iw >= 0) & (iw < W)",
+                f"    ow{a} = (iw if okw{a} else 0) * xw"]
     for a in range(4):
         for b in range(4):
-            src += [f"    d{a}_{b} = ZERO",
-                    f"    if 0 <= h0 + {a} < H and 0 <= w0 + {b} < W:",
-                    f"        d{a}_{b} = CT(x[n * xn + c * xc + (h0 + {a}) * xh + (w0 + {b}) * xw])"]
+            src += [f"    d{a}_{b} = CT(x[U(base + oh{a} + ow{b})])",
+                    f"    d{a}_{b} = d{a}_{b} if okh{a} & okw{b} else ZERO"]
     src += _sandwich(_BT, "d", "v", 4)
-    src += [f"    V[{4 * i + j} * C * ntile + i] = v{i}_{j}" for i in range(4) for j in range(4)]
+    src += [f"    V[U({4 * i + j} * C * ntile + i)] = v{i}_{j}" for i in range(4)
+            for j in range(4)]
     src += ["", "",
             "def winograd_output(Mw, y, bias, z, N, K, P, Q, TH, TW, last, has_bias, has_z, "
             "act, coef, alpha, beta):",
             "    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
             "    ntile = N * TH * TW",
             "    if i >= K * ntile:", "        return",
-            "    k = i // ntile", "    tile = i % ntile",
-            "    n = tile // (TH * TW)", "    th = (tile // TW) % TH", "    tw = tile % TW",
+            "    k, n, _, th, tw = split(i, N, 1, TH, TW, False)",
             "    yn, yc, yd, yh, yw = strides(K, 1, P, Q, last)"]
-    src += [f"    m{a}_{b} = CT(Mw[{4 * a + b} * K * ntile + i])" for a in range(4) for b in range(4)]
+    src += [f"    m{a}_{b} = CT(Mw[U({4 * a + b} * K * ntile + i)])" for a in range(4)
+            for b in range(4)]
     src += _sandwich(_AT, "m", "o", 4)
     for a in range(2):
         for b in range(2):
@@ -90,7 +95,7 @@ def _source():
 
 def kernels(CT, epilogue):
     ns = {"cuda": cuda, "CT": CT, "ZERO": CT(0), "HALF": CT(0.5), "strides": strides,
-          "epilogue": epilogue}
+          "split": split, "U": U, "epilogue": epilogue}
     exec(compile(_source(), "<nbdnn.cuda._conv_winograd>", "exec"), ns)
     return {n: ns[n] for n in ("winograd_filter", "winograd_input", "winograd_output")}
 
