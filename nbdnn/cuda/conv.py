@@ -36,9 +36,12 @@ rank and layout. A thread's output index is decomposed in the array's memory ord
 Per output element the direct forward reads C/g*T*R*S elements of x and of w (from
 L1/L2: neighbouring threads share them): the reference-speed algorithm.
 
-Resources (ptxas, sm_90), float32: direct forward 138 registers; implicit GEMM large
-182, small 104, tiny 80; depthwise forward 3x3 105, 5x5 153; no spills. Speed against
-cuDNN: perf/RESULTS.md ("Convolution").
+Resources (ptxas, sm_90), float32: direct forward 138 registers; implicit GEMM
+variant 2 large 168, small 96, tiny 72; variant 3 (chunked, and its "_t" form) small
+~102, tiny 72, large capped at 128 (two blocks an SM) with a 176-200 B stack frame
+whose spills sit outside the k loop (4 local loads in it, perf/sass_dump.py);
+depthwise forward 3x3 105, 5x5 153; nothing else spills. Speed against cuDNN:
+perf/RESULTS.md ("Convolution").
 """
 import numpy as np
 from numba import cuda, float32, float64, int64, uint64
@@ -182,6 +185,8 @@ def _build():
             for variant, (name, src) in (("igemm_", igemm_source(*cfg)),
                                          ("igemm_chunked_", igemm_chunked_source(*cfg, False)),
                                          ("igemm_chunked_t_", igemm_chunked_source(*cfg, True))):
+                if variant == "igemm_" and size == "large":
+                    continue  # (variant 2 runs C/g < BK: a reduction too short for it)
                 exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
                 kernels[variant + size] = ins[name]
         ins["epilogue"] = _conv_gemm.make_epilogue(CT, act_fn)
@@ -197,7 +202,8 @@ def _build():
             igemm = sigs["fwd"].replace(f"{a}, {_GEOM}", f"{a}, int64[::1], {_GEOM}", 1)[:-1] \
                 + ", int64)"
             sigs.update({v + size: igemm for size in TILES[ct_name]
-                         for v in ("igemm_", "igemm_chunked_", "igemm_chunked_t_")})
+                         for v in ("igemm_", "igemm_chunked_", "igemm_chunked_t_")
+                         if v + size in kernels})
             sigs.update(_conv_gemm.signatures(t, ct_name, _GEOM))
             sigs.update(_conv_winograd.signatures(t, ct_name))
             sigs.update(_conv_depthwise.signatures(t, ct_name, _GEOM))
@@ -320,6 +326,9 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
                            0.0, stream)
         variant = ("igemm_chunked_t_" if not last else "igemm_chunked_") if chunked else \
             "igemm_"
+        if variant == "igemm_" and size == "large":  # (not built: see _build)
+            size = "small"
+            BM, BN, BK, TM, TN = TILES["float64" if dtype == "float64" else "float32"][size]
         k, sig = _KERNELS[variant + size, dtype]
         PT, FT = (BN, BM) if variant == "igemm_chunked_t_" else (BM, BN)  # positions, filters
         k.launch(sig, (-(-M // PT) * -(-Kg // FT), groups, 1), (BM // TM) * (BN // TN),
