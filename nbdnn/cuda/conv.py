@@ -37,7 +37,7 @@ Per output element the direct forward reads C/g*T*R*S elements of x and of w (fr
 L1/L2: neighbouring threads share them): the reference-speed algorithm.
 
 Resources (ptxas, sm_90), float32: direct forward 138 registers; implicit GEMM
-variant 2 large 168, small 96, tiny 72; variant 3 (chunked, and its "_t" form) small
+variant 2 small 96, tiny 72 (no large tile); variant 3 (chunked, and its "_t" form) small
 ~102, tiny 72, large capped at 128 (two blocks an SM) with a 176-200 B stack frame
 whose spills sit outside the k loop (4 local loads in it, perf/sass_dump.py);
 depthwise forward 3x3 105, 5x5 153; nothing else spills. Speed against cuDNN:
