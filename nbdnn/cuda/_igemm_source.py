@@ -80,14 +80,10 @@ def _head(name, BM, BN, BK, TM, TN, swap):
 
 
 def _row_decode(ind):
-    """Output position m (< 2**63) -> its receptive field's corner (bd, bh, bw) and the
-    input offset xb of that corner, with unsigned divisions (numba's signed // and %
-    add floor-rounding fix-ups to each; I casts back to int64, since numba types
-    uint64 op int64 as float64)."""
+    """Output position m -> its receptive field's corner (bd, bh, bw) and the input
+    offset xb of that corner (split divides unsigned)."""
     p = " " * ind
-    return [f"{p}q = U(m) // U(PW)", f"{p}pw = I(U(m) - q * U(PW))", f"{p}n = q // U(PH)",
-            f"{p}ph = I(q - n * U(PH))", f"{p}q = n // U(PD)", f"{p}pd = I(n - q * U(PD))",
-            f"{p}n = I(q)",
+    return [f"{p}n, _, pd, ph, pw = split(m, 1, PD, PH, PW, False)",
             f"{p}bd = pd * sd - qd", f"{p}bh = ph * sh - qh", f"{p}bw = pw * sw - qw",
             f"{p}xb = n * xn + xg + bd * xd + bh * xh + bw * xw"]
 

@@ -37,14 +37,14 @@ Per output element the direct forward reads C/g*T*R*S elements of x and of w (fr
 L1/L2: neighbouring threads share them): the reference-speed algorithm.
 
 Resources (ptxas, sm_90), float32: direct forward 138 registers; implicit GEMM
-variant 2 small 96, tiny 72 (no large tile); variant 3 (chunked, and its "_t" form) small
-~102, tiny 72, large capped at 128 (two blocks an SM) with a 176-200 B stack frame
+variant 2 small 102, tiny 72 (no large tile); variant 3 (chunked, and its "_t" form) small
+102, tiny 72, large capped at 128 (two blocks an SM) with a 176-200 B stack frame
 whose spills sit outside the k loop (4 local loads in it, perf/sass_dump.py);
 depthwise forward 3x3 105, 5x5 153; nothing else spills. Speed against cuDNN:
 perf/RESULTS.md ("Convolution").
 """
 import numpy as np
-from numba import cuda, float32, float64, int64, uint64
+from numba import cuda, float32, float64, uint64
 
 from . import SIMULATOR
 from . import activation as _act
@@ -52,7 +52,8 @@ from ._arrays import dtype_name, empty, ptr, to_device
 from ._intrinsics import store4, vector_alignment
 from ._igemm_source import igemm_chunked_source, igemm_source
 from . import _conv_depthwise, _conv_gemm, _conv_winograd
-from ._conv_index import landing as _landing, launch, split as _split, strides as _strides
+from ._conv_index import U as _U, landing as _landing, launch, split as _split, \
+    strides as _strides
 from ._launch import Kernel
 from .matmul import TILES, _act_source, _gemm, _plan, _sm_count
 from .tensor import reduce_tensor, transform_into
@@ -178,8 +179,7 @@ def _build():
         kernels.update(_conv_gemm.kernels(CT, act_fn))
         kernels.update(_conv_winograd.kernels(CT, _conv_gemm.make_epilogue(CT, act_fn)))
         ins = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "act_fn": act_fn, "strides": _strides,
-               "store4": store4, "I": int if SIMULATOR else int64,
-               "U": int if SIMULATOR else uint64,
+               "split": _split, "store4": store4, "U": _U,
                "UB": (lambda v: int(v) % (1 << 64)) if SIMULATOR else uint64}
         for size, cfg in TILES[ct_name].items():
             for variant, (name, src) in (("igemm_", igemm_source(*cfg)),
@@ -313,28 +313,36 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
             mod.forward(_KERNELS, _gemm, x, w, y, bias, residual, g, act, coef, alpha, beta,
                         stream)
     elif total:
-        M, Kg = total // K, K // groups
-        size, _ = _plan(M, Kg, 0, groups, dtype, False)
-        if size == "large" and Kg <= TILES["float32"]["small"][1]:
-            size = "small"  # 64 filters would leave half of a 128-wide tile idle
-        BM, BN, BK, TM, TN = TILES["float64" if dtype == "float64" else "float32"][size]
-        chunked = g[1] // groups >= BK and g[7] * g[8] * g[9] <= 64  # (variant 3's mask)
-        wk = w
-        if chunked and not last and g[7] * g[8] * g[9] > 1:  # (K, C/g, TRS) -> (K, TRS, C/g)
-            wk = empty(w, tuple(w.shape), dtype)
-            transform_into(w, (K, g[1] // groups, g[7] * g[8] * g[9]), (0, 2, 1), wk, 1.0,
-                           0.0, stream)
-        variant = ("igemm_chunked_t_" if not last else "igemm_chunked_") if chunked else \
-            "igemm_"
-        if variant == "igemm_" and size == "large":  # (not built: see _build)
-            size = "small"
-            BM, BN, BK, TM, TN = TILES["float64" if dtype == "float64" else "float32"][size]
-        k, sig = _KERNELS[variant + size, dtype]
-        PT, FT = (BN, BM) if variant == "igemm_chunked_t_" else (BM, BN)  # positions, filters
-        k.launch(sig, (-(-M // PT) * -(-Kg // FT), groups, 1), (BM // TM) * (BN // TN),
-                 stream, x, wk, *args[2:5], _taps(g, chunked), *args[5:],
-                 _vector_epilogue(y, K, Kg, total // (N * K), last, variant))
+        _implicit_gemm(x, w, y, args, g, total, dtype, stream)
     return y
+
+
+def _implicit_gemm(x, w, y, args, g, total, dtype, stream):
+    """Launch the implicit GEMM (nbdnn/cuda/_igemm_source.py): the tile from the GEMM's
+    plan, variant 3 where C/g fills a k-step and the taps fit its mask ("_t" for
+    channels-first), else variant 2 (no 128x128 tile)."""
+    N, K, groups, last = g[0], g[2], g[3], g[-1]
+    M, Kg, taps = total // K, K // groups, g[7] * g[8] * g[9]
+    tiles = TILES["float64" if dtype == "float64" else "float32"]
+
+    def fits_chunked(size):
+        return g[1] // groups >= tiles[size][2] and taps <= 64
+
+    size, _ = _plan(M, Kg, 0, groups, dtype, False)
+    if size == "large" and (Kg <= TILES["float32"]["small"][1] or not fits_chunked(size)):
+        size = "small"  # 64 filters would leave half of a 128-wide tile idle
+    BM, BN, BK, TM, TN = tiles[size]
+    chunked = fits_chunked(size)
+    wk = w
+    if chunked and not last and taps > 1:  # (K, C/g, TRS) -> (K, TRS, C/g)
+        wk = empty(w, tuple(w.shape), dtype)
+        transform_into(w, (K, g[1] // groups, taps), (0, 2, 1), wk, 1.0, 0.0, stream)
+    variant = ("igemm_chunked_t_" if not last else "igemm_chunked_") if chunked else "igemm_"
+    k, sig = _KERNELS[variant + size, dtype]
+    PT, FT = (BN, BM) if variant == "igemm_chunked_t_" else (BM, BN)  # positions, filters
+    k.launch(sig, (-(-M // PT) * -(-Kg // FT), groups, 1), (BM // TM) * (BN // TN), stream,
+             x, wk, *args[2:5], _taps(g, chunked), *args[5:],
+             _vector_epilogue(y, K, Kg, total // (N * K), last, variant))
 
 
 def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, last, algo,

@@ -206,7 +206,8 @@ def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, group
     """dx = alpha * dL/dx + beta * out for y = conv(x, w); x_shape is x's shape, the
     dimensionality follows w. algo: "gemm", "direct", "depthwise" (groups == C; the
     forward kernel over dy for stride 1, dilation 1, else "direct") or "auto"
-    ("depthwise" when groups == C, else "gemm")."""
+    ("depthwise" when groups == C; on the GPU with every stride 1, the forward
+    algorithms over dy with the filters transposed and flipped; else "gemm")."""
     op = "conv_backward_data"
     c, (dy_shape, w_shape), dtype = _backward_call(op, ("dy", "w"), (dy, w), backend,
                                                    stream, out)
