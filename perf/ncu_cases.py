@@ -1,6 +1,6 @@
 """One launch of each named kernel case, for Nsight Compute (H200): ResNet's 3x3 and
 1x1 layers through the implicit GEMM (NCHW and NHWC), the 4096^2 SGEMM with the same
-tile, and the stem max pool. Each case launches once (numba compiles before the launch).
+tile, the stem max pool, MobileNet depthwise 3x3 layers and layer_norm_backward. Each case launches once (numba compiles before the launch).
 
     ncu --set full -k regex:"conv_igemm|gemm_|pool" -o prof \
         python3 perf/ncu_cases.py igemm3x3 gemm4096 pool
@@ -21,6 +21,19 @@ def conv(C, K, H, R, p, nhwc=False, B=32):
     return lambda: nbdnn.conv2d(x, w, **kw)
 
 
+def depthwise(C, H, B=32):
+    x = torch.randn(B, C, H, H, device="cuda")
+    w = torch.randn(C, 1, 3, 3, device="cuda")
+    return lambda: nbdnn.conv2d(x, w, padding=1, groups=C)
+
+
+def layer_norm_backward(rows, cols):
+    x, dy = torch.randn(rows, cols, device="cuda"), torch.randn(rows, cols, device="cuda")
+    scale = torch.randn(cols, device="cuda")
+    _, mean, invstd = nbdnn.layer_norm(x, scale)
+    return lambda: nbdnn.layer_norm_backward(dy, x, mean, invstd, scale)
+
+
 def gemm(n):
     a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
     return lambda: nbdnn.matmul(a, b)
@@ -37,7 +50,10 @@ CASES = {"igemm3x3": lambda: conv(128, 128, 28, 3, 1),
          "igemm1x1": lambda: conv(256, 1024, 14, 1, 0),
          "gemm4096": lambda: gemm(4096),
          "pool": lambda: pool(64, 112, 3, 2, 1),
-         "pool2": lambda: pool(256, 56, 2, 2, 0)}
+         "pool2": lambda: pool(256, 56, 2, 2, 0),
+         "dw112": lambda: depthwise(64, 112), "dw28": lambda: depthwise(256, 28),
+         "dw7": lambda: depthwise(1024, 7),
+         "lnbwd": lambda: layer_norm_backward(16384, 4096)}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or CASES:

@@ -166,3 +166,39 @@ def test_winograd_matches_reference(C, K, G, H, W, pads, mode, last):
     want = nbdnn.conv2d(x, w, bias, backend="cpu", out=out.copy(), **kw)
     got = nbdnn.conv2d(x, w, bias, backend="cuda", algo="winograd", out=out.copy(), **kw)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+# (C, multiplier, H, W, R, stride, dilation, padding, mode): variant 2 (tiles) where
+# stride is square and dilation 1, variant 1 (column strips) otherwise
+DEPTHWISE = [(3, 1, 7, 8, 3, 1, 1, ((1, 1), (1, 1)), "cross_correlation"),   # rows of 4: vec
+             (2, 2, 6, 9, 3, 1, 1, ((0, 2), (1, 1)), "convolution"),        # ragged blocks
+             (3, 1, 9, 6, 3, 2, 1, ((1, 1), (1, 1)), "cross_correlation"),
+             (2, 1, 7, 9, 5, 1, 1, ((2, 2), (2, 2)), "convolution"),
+             (2, 1, 11, 7, 5, 2, 1, ((2, 1), (0, 2)), "cross_correlation"),
+             (2, 1, 7, 7, 3, 1, 2, ((2, 2), (2, 2)), "cross_correlation")]  # dilated: v1
+
+
+@pytest.mark.parametrize("last", [False, True])
+@pytest.mark.parametrize("plain", [True, False])
+@pytest.mark.parametrize("geom", DEPTHWISE)
+def test_depthwise_variants_match_reference(geom, plain, last):
+    """The depthwise forward kernels against the CPU reference (float64, 1e-12): the
+    tile kernel's plain epilogue (one add) and full one (alpha, beta blend, ReLU), its
+    16-byte row stores (channels-first, PW % 4 == 0) and scalar ones, channel
+    multipliers, the flipped mode; the dilated layer takes variant 1."""
+    C, m, H, W, R, st, dil, pads, mode = geom
+    rng = np.random.default_rng(C * 7 + H)
+    x = rng.uniform(-1, 1, (2, H, W, C) if last else (2, C, H, W))
+    w = rng.uniform(-1, 1, (C * m, R, R, 1) if last else (C * m, 1, R, R))
+    bias = rng.uniform(-1, 1, C * m)
+    kw = dict(stride=st, dilation=dil, padding=pads, groups=C, mode=mode,
+              layout="NHWC" if last else "NCHW")
+    if not plain:
+        kw.update(activation="relu", alpha=0.5, beta=2.0)
+    out = rng.uniform(-1, 1, nbdnn.conv2d(x, w, backend="cpu", **{
+        k: v for k, v in kw.items() if k not in ("activation", "alpha", "beta")}).shape)
+    want = nbdnn.conv2d(x, w, bias, backend="cpu", out=out.copy(), **kw)
+    got = nbdnn.conv2d(x, w, bias, backend="cuda", algo="depthwise", out=out.copy(), **kw)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    g = CV._geometry(x.shape, w.shape, (st, st), pads, (dil, dil), C, mode, last)
+    assert (CV._conv_depthwise.tile_spec(g) is None) == (dil > 1)

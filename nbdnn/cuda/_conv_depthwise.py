@@ -6,14 +6,22 @@ memory-bound, and instruction-bound as soon as a kernel spends more than a few
 instructions a tap (the general direct kernel spends ~20: 0.2 TFLOP/s, 11% of cuDNN on
 MobileNet's 3x3 layers; perf/RESULTS.md run D).
 
-- forward `dw_fwd_<R>x<S>s<sh>`: a thread computes VH outputs down a column (fixed n,
-  k, ow). It walks the (VH-1)*sh + R input rows once, loads each row's S taps into
-  registers (column tests hoisted out of the row loop) and adds each into the
-  outputs whose window holds that row, with the R*S weights in registers: per
-  output, R*S FMAs and (R + (VH-1)*sh)*S/VH loads (4.5 for 3x3, stride 1, VH = 8).
+- forward, variant 1 `dw_fwd_<R>x<S>s<sh>` (any stride and dilation along W): a
+  thread computes VH outputs down a column (fixed n, k, ow). It walks the
+  (VH-1)*sh + R input rows once, loads each row's S taps into registers and adds
+  each into the outputs whose window holds that row, with the R*S weights in
+  registers: per output, R*S FMAs and (R + (VH-1)*sh)*S/VH loads (4.5 for 3x3,
+  stride 1, VH = 8). Nsight Compute (3x3, 64 channels at 112x112): 174 instructions
+  an output, issue-bound at 1.0-1.2x cuDNN.
+- forward, variant 2 `dw_tile_<R>x<S>s<st>` (square stride 1 or 2, dilation 1): a
+  thread computes a VH x VW block (4x4; 2x4 for 5x5), so the index work, the
+  weights and each loaded value serve up to 16 outputs, with every load
+  unconditional, a 32-bit index split, an epilogue of one add an output for plain
+  calls and 16-byte stores of aligned rows. 80 instructions an output and 1.6-2.2x
+  cuDNN on the 56x56 and 112x112 layers (perf/RESULTS.md run Q).
   Consecutive threads take consecutive ow (NCHW) or consecutive k (NHWC): coalesced.
-- backward data, stride 1, dilation 1, multiplier 1: the same kernel on dy with the
-  flipped filter and pre-padding R-1-q (nbdnn/cpu/conv.py derives it).
+- backward data, stride 1, dilation 1, multiplier 1: the forward kernels on dy with
+  the flipped filter and pre-padding R-1-q (nbdnn/cpu/conv.py derives it).
 - backward filter `dw_filter_<R>x<S>`: block (k, j) sums dy * x over the j-th chunk of
   the N*P*Q output positions for all R*S taps at once (registers), reduces them across
   the block in shared memory in a fixed tree order, and writes partial[k, j, tap];
@@ -24,7 +32,8 @@ direct kernels.
 import numpy as np
 
 from . import SIMULATOR
-from ._arrays import dtype_name, empty
+from ._arrays import dtype_name, empty, ptr
+from ._intrinsics import vector_alignment
 from ._conv_index import BLOCK
 from .tensor import reduce_tensor
 
@@ -88,6 +97,93 @@ def fwd_source(R, S, sh):
     return name, "\n".join(src) + "\n"
 
 
+# (R, S, stride in H and W) -> a thread's block of outputs (rows VH, columns VW). 5x5
+# takes 2 rows: a 4x4 block's 121 loads and 400 FMAs (stride 2) took NVVM 44 s.
+TILE_SPECS = {(3, 3, 1): (4, 4), (3, 3, 2): (4, 4), (5, 5, 1): (2, 4), (5, 5, 2): (2, 4)}
+
+
+def tile_source(R, S, st, VH, VW):
+    """(name, source) of variant 2 of the forward: stride st along H and W, dilation 1.
+    A thread computes a VH x VW block of outputs (fixed n, k): it loads the block's
+    (VH-1)*st + R input rows of (VW-1)*st + S columns once each and adds every value
+    into each output whose window holds it. Per output: R*S FMAs, ((VH-1)*st + R) *
+    ((VW-1)*st + S) / (VH*VW) loads (2.25 for 3x3/1), and the index and epilogue work
+    of one output in VH*VW. Every load is unconditional (clamped, then masked), so a
+    thread has all of them in flight at once. When `vec` (the host checked that each
+    output row's VW = 4 columns are 4 contiguous, 16-byte aligned elements of y:
+    channels-first, PW % 4 == 0) a row of the block is one 16-byte store."""
+    rows, cols = (VH - 1) * st + R, (VW - 1) * st + S
+    name = f"dw_tile_{R}x{S}s{st}"
+    src = [f"def {name}(x, w, y, bias, z, {_GEOM}, has_bias, has_z, act, coef, alpha, beta, "
+           "vec):",
+           f"    HS = U(PH + {VH - 1}) // U({VH})", f"    WS = U(PW + {VW - 1}) // U({VW})",
+           "    total = N * K * I(HS * WS)",
+           "    xn, xc, xd, xh, xw = strides(C, D, H, W, last)",
+           "    yn, yc, yd, yh, yw = strides(K, PD, PH, PW, last)",
+           "    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
+           "    plain = alpha == CT(1) and beta == ZERO and act < 0",
+           "    while i < total:",
+           "        if total <= 4294967295:",
+           "            n, k, _, hs, ws = split32(i, K, 1, I(HS), I(WS), last)",
+           "        else:",
+           "            n, k, _, hs, ws = split(i, K, 1, I(HS), I(WS), last)",
+           f"        wb = k * {R * S}"]
+    for r in range(R):
+        for s in range(S):
+            src.append(f"        w{r}_{s} = CT(w[U(wb + ({R * S - 1 - r * S - s} if flip else "
+                       f"{r * S + s}))])")
+    src += ["        bb = CT(bias[k]) if has_bias else ZERO",
+            f"        oh0 = hs * {VH}", f"        ow0 = ws * {VW}",
+            f"        ih0 = oh0 * {st} - qh", f"        iw0 = ow0 * {st} - qw",
+            "        xb = n * xn + (k if G == K else k // (K // G)) * xc"]
+    for c in range(cols):  # clamped column offsets and their masks
+        src += [f"        iw = iw0 + {c}", f"        okw{c} = (iw >= 0) & (iw < W)",
+                f"        cw{c} = (iw if okw{c} else 0) * xw"]
+    src += [f"        acc{v}_{u} = ZERO" for v in range(VH) for u in range(VW)]
+    for j in range(rows):
+        src += [f"        ih = ih0 + {j}", "        okh = (ih >= 0) & (ih < H)",
+                "        rb = xb + (ih if okh else 0) * xh"]
+        for c in range(cols):
+            src += [f"        x{c} = CT(x[U(rb + cw{c})])",
+                    f"        x{c} = x{c} if okh & okw{c} else ZERO"]
+        for v in range(VH):
+            r = j - v * st
+            if 0 <= r < R:
+                for u in range(VW):
+                    src += [f"        acc{v}_{u} += x{u * st + s} * w{r}_{s}" for s in range(S)]
+    src += [f"        okc{u} = ow0 + {u} < PW" for u in range(VW)]
+    for v in range(VH):  # y = act(alpha * acc + beta * z + bias), a row at a time
+        src += [f"        if oh0 + {v} < PH:",
+                f"            ob = n * yn + k * yc + (oh0 + {v}) * yh + ow0 * yw",
+                "            if plain:"]  # (the common call: one add an output)
+        src += [f"                v{u} = acc{v}_{u} + bb" for u in range(VW)]
+        src += _tile_stores(VW, 16)
+        src.append("            else:")
+        for u in range(VW):
+            src += [f"                v{u} = alpha * acc{v}_{u}",
+                    "                if beta != ZERO:",
+                    f"                    o = ob + {u} * yw if okc{u} else 0",
+                    f"                    v{u} += beta * CT(z[U(o)] if has_z else y[U(o)])",
+                    f"                v{u} += bb",
+                    "                if act >= 0:",
+                    f"                    v{u} = act_fn(v{u}, act, coef)"]
+        src += _tile_stores(VW, 16)
+    src.append("        i += cuda.gridDim.x * cuda.blockDim.x")
+    return name, "\n".join(src) + "\n"
+
+
+def _tile_stores(VW, ind):
+    """Lines storing v0..v{VW-1} at ob + u*yw: one 16-byte store when vec."""
+    p = " " * ind
+    src = []
+    if VW == 4:
+        src += [f"{p}if vec:", f"{p}    store4(y, U(ob) // U(4), (v0, v1, v2, v3))", f"{p}else:"]
+        p += "    "
+    for u in range(VW):
+        src += [f"{p}if okc{u}:", f"{p}    y[U(ob + {u} * yw)] = v{u}"]
+    return src
+
+
 def filter_source(R, S):
     """(name, source) of the backward-filter partial sums: grid (K, chunks)."""
     T = FILTER_THREADS
@@ -137,19 +233,43 @@ def fwd_spec(g):
     return key if C == G and T == 1 and D == 1 and dh == 1 and key in FWD_SPECS else None
 
 
+def tile_spec(g):
+    """The tiled forward kernel's (R, S, stride) for geometry g, or None."""
+    N, C, K, G, D, H, W, T, R, S = g[:10]
+    sd, sh, sw, qd, qh, qw, dd, dh, dw = g[13:22]
+    key = (R, S, sh)
+    return key if C == G and T == 1 and D == 1 and sh == sw and dh == dw == 1 and \
+        key in TILE_SPECS else None
+
+
 def forward(table, x, y, w, bias, z, g, tail, stream):
     """y = epilogue(depthwise conv); g the geometry, tail (has_bias, has_z, act, coef,
-    alpha, beta); False when no generated kernel fits."""
-    spec = fwd_spec(g)
-    if spec is None:
-        return False
+    alpha, beta); False when no generated kernel fits. Variant 2 (tiles) where it
+    applies, else variant 1 (column strips; any stride and dilation along W)."""
     N, K, PH, PW = g[0], g[2], g[11], g[12]
-    total = N * K * -(-PH // _vh(spec[2])) * PW
+    spec = tile_spec(g)
+    if spec is not None:
+        name = f"dw_tile_{spec[0]}x{spec[1]}s{spec[2]}"
+        VH, VW = TILE_SPECS[spec]
+        total = N * K * -(-PH // VH) * -(-PW // VW)
+    else:
+        spec = fwd_spec(g)
+        if spec is None:
+            return False
+        name = f"dw_fwd_{spec[0]}x{spec[1]}s{spec[2]}"
+        total = N * K * -(-PH // _vh(spec[2])) * PW
     if total:
-        k, sig = table[f"dw_fwd_{spec[0]}x{spec[1]}s{spec[2]}", dtype_name(x)]
+        k, sig = table[name, dtype_name(x)]
+        vec = (_vector_rows(y, PW, g[-1]),) if name.startswith("dw_tile") else ()
         k.launch(sig, min(-(-total // BLOCK), 2 ** 31 - 1), BLOCK, stream, x, w, y, bias, z,
-                 *g, *tail)
+                 *g, *tail, *vec)
     return True
+
+
+def _vector_rows(y, PW, last):
+    """1 when the tile kernel's rows of 4 outputs are aligned 16-byte runs of y."""
+    return int(not last and PW % 4 == 0 and
+               ptr(y) % vector_alignment(np.dtype(dtype_name(y)).itemsize) == 0)
 
 
 def backward_data(table, dy, w, dx, g, alpha, beta, stream):
@@ -189,6 +309,7 @@ def backward_filter(table, dy, x, dwt, g, alpha, beta, stream, sm_count):
 def sources():
     """Every generated kernel: name -> source."""
     out = dict(fwd_source(*spec) for spec in FWD_SPECS)
+    out.update(tile_source(*spec, *shape) for spec, shape in TILE_SPECS.items())
     out.update(filter_source(*spec) for spec in FILTER_SPECS)
     return out
 
@@ -199,6 +320,8 @@ def signatures(t, ct, geom):
     for R, S, sh in FWD_SPECS:
         sig[f"dw_fwd_{R}x{S}s{sh}"] = (f"void({a}, {a}, {a}, {a}, {a}, {geom}, int64, int64, "
                                        f"int64, {ct}, {ct}, {ct})")
+    for R, S, st in TILE_SPECS:
+        sig[f"dw_tile_{R}x{S}s{st}"] = sig[f"dw_fwd_{R}x{S}s{st}"][:-1] + ", int64)"
     for R, S in FILTER_SPECS:
         sig[f"dw_filter_{R}x{S}"] = f"void({a}, {a}, {a}, {geom}, int64)"
     return sig

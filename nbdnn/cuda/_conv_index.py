@@ -1,7 +1,7 @@
 """Index helpers shared by the convolution kernels: every kernel sees (N, C, D, H, W)
 tensors (1-d and 2-d problems get leading spatial axes of size 1), channels first or
 last."""
-from numba import cuda, int64, uint64
+from numba import cuda, int64, uint32, uint64
 
 from . import SIMULATOR
 
@@ -26,7 +26,7 @@ def strides(C, D, H, W, last):
     return C * D * H * W, D * H * W, H * W, W, 1
 
 
-U, I = (int, int) if SIMULATOR else (uint64, int64)
+U, I, U32 = (int, int, int) if SIMULATOR else (uint64, int64, uint32)
 
 
 @cuda.jit(device=True)
@@ -46,6 +46,27 @@ def split(i, C, D, H, W, last):
     d, u = u - q * U(D), q
     if not last:
         q = u // U(C)
+        c, u = u - q * U(C), q
+    return I(u), I(c), I(d), I(h), I(w)
+
+
+@cuda.jit(device=True)
+def split32(i, C, D, H, W, last):
+    """split for 0 <= i < 2**32 (the caller's test): each division is a 64-bit one of
+    zero-extended 32-bit values, which LLVM narrows to div.u32 (a 64-bit division is a
+    ~70-instruction subroutine)."""
+    u, c = U(U32(i)), U(0)
+    if last:
+        q = u // U(U32(C))
+        c, u = u - q * U(C), q
+    q = u // U(U32(W))
+    w, u = u - q * U(W), q
+    q = u // U(U32(H))
+    h, u = u - q * U(H), q
+    q = u // U(U32(D))
+    d, u = u - q * U(D), q
+    if not last:
+        q = u // U(U32(C))
         c, u = u - q * U(C), q
     return I(u), I(c), I(d), I(h), I(w)
 

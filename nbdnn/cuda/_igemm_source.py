@@ -183,17 +183,27 @@ def igemm_chunked_source(BM, BN, BK, TM, TN, swap):
     return name, "\n".join(src) + "\n"
 
 
+def _value(acc, o):
+    """Lines leaving act(alpha * acc + beta * z[o] + bias) in v."""
+    return [f"    v = alpha * {acc}",
+            "    if beta != ZERO:",
+            f"        v += beta * CT(z[{o}] if has_z else y[{o}])",
+            "    v += bb",
+            "    if act >= 0:",
+            "        v = act_fn(v, act, coef)"]
+
+
 def _epilogue(BM, BN, TM, TN, swap):
     """y[n, g*Kg + k, p] = act(alpha * acc + beta * z + bias[k]). With the P = PD*PH*PW
     positions merged, y's offset is m*K + k channels-last and (m // P)*K*P + k*P +
     m % P channels-first: one unsigned division a position, none channels-last. The
     tile's columns come in runs of 4 consecutive indices (the fragments'); when `vec`
     (the host checked that such a run is 4 contiguous, aligned elements of y: filters
-    channels-last, positions channels-first) each run is one 16-byte store. A run's
-    four values are computed once, before either store path (one inlined activation an
-    element: duplicating it doubled the 128x128 kernels' compile time, and holding all
-    64 values until one store path doubled it again); the beta blend's read of an
-    element outside y reads index 0 instead."""
+    channels-last, positions channels-first) each run is one 16-byte store. The two
+    store paths each compute their values (the activation is inlined in both): a run's
+    four values computed once, each under its own guard, before one `vec` test a run,
+    ran 20-28% slower on 1x1 layers and the fused conv+bias+relu (perf/RESULTS.md run
+    Q) for the same NVVM compile time (~35 s for the 128x128 kernels)."""
     pos_n, fil_n = (TN, TM) if swap else (TM, TN)
     pos_x = (lambda a: col_expr(BN, TN, a)) if swap else (lambda a: row_expr(BM, TM, a))
     fil_x = (lambda b: row_expr(BM, TM, b)) if swap else (lambda b: col_expr(BN, TN, b))
@@ -208,25 +218,27 @@ def _epilogue(BM, BN, TM, TN, swap):
         src += [f"    m = m0 + {pos_x(a)}", f"    okm{a} = m < Mg", f"    nq = U(m) // U(P)",
                 f"    yb{a} = U(m) * U(K) if last else nq * U(K * P) + U(m) - nq * U(P)"]
 
-    R = 4 if TN % 4 == 0 else 1  # runs of 4 columns (the simulator's tiles: no runs)
+    def elem(i, j, ind):
+        a, b = (j, i) if swap else (i, j)
+        body = [f"o = yb{a} + ko{b}", f"bb = bb{b}"] + [ln[4:] for ln in _value(
+            f"acc{i}_{j}", "o")]
+        return [" " * ind + ln for ln in body]
+
+    if TN % 4:  # no runs of 4 (the simulator's small tiles): vec is ignored
+        src.append("    if True:")
+    else:
+        src.append("    if vec:")  # runs of 4 columns: 4 consecutive y elements
+    for i in range(TM if TN % 4 == 0 else 0):
+        for q in range(0, TN, 4):
+            a, b = (q, i) if swap else (i, q)
+            src += [f"        if okm{a} and live{b}:"]
+            for e in range(4):
+                src += elem(i, q + e, 12) + [f"            v{e} = v"]
+            src += [f"            store4(y, (yb{a} + ko{b}) // U(4), (v0, v1, v2, v3))"]
+    if TN % 4 == 0:
+        src.append("    else:")
     for i in range(TM):
-        for q in range(0, TN, R):
-            for e in range(R):
-                a, b = (q + e, i) if swap else (i, q + e)
-                src += [f"    ok{e} = okm{a} and live{b}", f"    v{e} = ZERO",
-                        f"    o{e} = yb{a} + ko{b}",
-                        f"    if ok{e}:",
-                        f"        v{e} = alpha * acc{i}_{q + e}",
-                        "        if beta != ZERO:",
-                        f"            v{e} += beta * CT(z[o{e}] if has_z else y[o{e}])",
-                        f"        v{e} += bb{b}",
-                        "        if act >= 0:",
-                        f"            v{e} = act_fn(v{e}, act, coef)"]
-            scalar = [ln for e in range(R) for ln in (f"    if ok{e}:", f"        y[o{e}] = v{e}")]
-            if R == 1:
-                src += scalar
-            else:  # a run is 4 consecutive, aligned y elements when vec
-                src += ["    if vec:", "        if ok0:",
-                        "            store4(y, o0 // U(4), (v0, v1, v2, v3))", "    else:"]
-                src += ["    " + ln for ln in scalar]
+        for j in range(TN):
+            a, b = (j, i) if swap else (i, j)
+            src += [f"        if okm{a} and live{b}:"] + elem(i, j, 12) + ["            y[o] = v"]
     return src

@@ -40,7 +40,8 @@ Resources (ptxas, sm_90), float32: direct forward 138 registers; implicit GEMM
 variant 2 small 102, tiny 72 (no large tile); variant 3 (chunked, and its "_t" form) small
 102, tiny 72, large capped at 128 (two blocks an SM) with a 176-200 B stack frame
 whose spills sit outside the k loop (4 local loads in it, perf/sass_dump.py);
-depthwise forward 3x3 105, 5x5 153; nothing else spills. Speed against cuDNN:
+depthwise forward variant 1 3x3 105, 5x5 153, variant 2 (tiles) 3x3 96 (stride 1)
+and 126 (stride 2), 5x5 167; nothing else spills. Speed against cuDNN:
 perf/RESULTS.md ("Convolution").
 """
 import numpy as np
@@ -52,8 +53,8 @@ from ._arrays import dtype_name, empty, ptr, to_device
 from ._intrinsics import store4, vector_alignment
 from ._igemm_source import igemm_chunked_source, igemm_source
 from . import _conv_depthwise, _conv_gemm, _conv_winograd
-from ._conv_index import U as _U, landing as _landing, launch, split as _split, \
-    strides as _strides
+from ._conv_index import I as _I, U as _U, landing as _landing, launch, split as _split, \
+    split32 as _split32, strides as _strides
 from ._launch import Kernel
 from .matmul import TILES, _act_source, _gemm, _plan, _sm_count
 from .tensor import reduce_tensor, transform_into
@@ -179,7 +180,7 @@ def _build():
         kernels.update(_conv_gemm.kernels(CT, act_fn))
         kernels.update(_conv_winograd.kernels(CT, _conv_gemm.make_epilogue(CT, act_fn)))
         ins = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "act_fn": act_fn, "strides": _strides,
-               "split": _split, "store4": store4, "U": _U,
+               "split": _split, "split32": _split32, "store4": store4, "U": _U, "I": _I,
                "UB": (lambda v: int(v) % (1 << 64)) if SIMULATOR else uint64}
         for size, cfg in TILES[ct_name].items():
             for variant, (name, src) in (("igemm_", igemm_source(*cfg)),
