@@ -24,6 +24,10 @@ BACKWARD_ALGOS = ("auto", "direct", "gemm", "depthwise")
 
 
 def _ints(op, name, v, nd, lo):
+    if type(v) is int and v >= lo:  # the common calls first: this is on every call's path
+        return (v,) * nd
+    if type(v) is tuple and len(v) == nd and all(type(i) is int and i >= lo for i in v):
+        return v
     vals = (v,) * nd if isinstance(v, numbers.Integral) else v
     try:
         vals = tuple(vals)
@@ -37,6 +41,8 @@ def _ints(op, name, v, nd, lo):
 
 def _pads(op, padding, nd):
     """((pre, post), ...) per spatial axis."""
+    if type(padding) is int and padding >= 0:
+        return ((padding, padding),) * nd
     if isinstance(padding, numbers.Integral) or (
             len(tuple(padding)) == nd and all(isinstance(p, numbers.Integral) for p in padding)):
         return tuple((p, p) for p in _ints(op, "padding", padding, nd, 0))
