@@ -5,12 +5,13 @@ numba.cuda.compile_ptx is None under the simulator, so the compile runs in a sep
 process with NUMBA_ENABLE_CUDASIM=0. Device functions ask numba for the current
 device's compute capability when they compile; with no GPU that process substitutes
 a stand-in device (cc 9.0) for that one question. The (kernel, signature, cc) jobs are
-dealt round-robin to one process per core (at most 4). The 128x128-tile GEMM and
-implicit-GEMM kernels take ~30 s each to compile and exist for the H200: they compile
-for sm_90 only (their generator is the one the smaller tiles use, which also compile
-for sm_80). sm_80 checks that the kernels use nothing past Ampere, which the float32
-signature of a kernel shows as well as its float16 and float64 ones: both limits
-keep CI's two cores under its time limit."""
+dealt round-robin to one process per core (at most 4), the slow ones last so that
+each process gets its share of them (CI's two cores sat one idle for minutes). The
+128x128-tile GEMM and implicit-GEMM kernels take ~30 s each to compile and exist for
+the H200: they compile for sm_90 only (their generator is the one the smaller tiles
+use, which also compile for sm_80). sm_80 checks that the kernels use nothing past
+Ampere, which the float32 signature of a kernel shows as well as its float16 and
+float64 ones: both limits keep CI's two cores under its time limit."""
 import json
 import os
 import subprocess
@@ -33,6 +34,8 @@ def ccs(name, sig):
         return ((9, 0),)
     return ((8, 0), (9, 0))
 jobs = [(k, sig, cc) for k in _launch.REGISTRY for sig in k.sigs for cc in ccs(k.name, sig)]
+# the slow compiles (10-35 s each) last, so that round-robin deals them out evenly
+jobs.sort(key=lambda j: any(h in j[0].name for h in ("128x128", "dw_tile", "64x64")))
 bad, n = [], 0
 for k, sig, cc in jobs[shard::nshards]:
     n += 1
