@@ -1,5 +1,6 @@
-"""`nbdnn info | check | bench`: versions and the driver/toolkit match; a cross-check of
-every op on random inputs; the benchmark table."""
+"""`nbdnn info | check | bench | demo`: versions and the driver/toolkit match; a
+cross-check of every op on random inputs; the benchmark table; a small CNN trained on
+the digits (nbdnn/demo.py)."""
 import argparse
 import sys
 import time
@@ -194,6 +195,13 @@ def main(argv=None):
     b.add_argument("--no-cpu", action="store_true", help="skip the (slow) CPU timings")
     b.add_argument("--size-mb", type=float, default=None,
                    help="tensor size for the elementwise rows (default 1024 MiB on a GPU)")
+    sub.add_parser("demo", add_help=False,
+                   help="train a small CNN on the digits dataset (nbdnn demo --help)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["demo"]:
+        from .demo import main as demo
+        demo(argv[1:])
+        return 0
     a = p.parse_args(argv)
     return {"info": info, "check": check, "bench": bench}[a.cmd](a)
 

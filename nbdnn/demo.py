@@ -1,0 +1,133 @@
+"""`nbdnn demo`: train a small CNN on scikit-learn's bundled digits (1797 8x8 images,
+no download) with nbdnn.nn, on the CPU backend, the CUDA backend or both, and report
+time per epoch, images/s and test accuracy.
+
+The network: conv 3x3 (1 -> 16) - BN - ReLU - max pool 2, conv 3x3 (16 -> 32) - BN -
+ReLU - max pool 2, dropout 0.1, linear (128 -> 10); SGD with momentum, batch 64
+(the last partial batch of an epoch is dropped, so every step has one shape). The same
+seed gives the same weights, batches and dropout masks on both backends, so their
+loss curves agree to float32 rounding: with both, the demo prints the largest
+difference over the first epoch, and --plot draws the two curves.
+
+    nbdnn demo [--backend cpu|cuda|both] [--epochs 8] [--plot loss.png]
+"""
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from . import nn
+
+CLASSES = 10
+
+
+def load_digits(seed=0, test_fraction=0.2):
+    """(x_train, y_train, x_test, y_test): x (n, 1, 8, 8) float32 in [0, 1], y ints."""
+    try:
+        from sklearn.datasets import load_digits as sk_digits
+    except ImportError:
+        sys.exit("nbdnn demo needs scikit-learn for its bundled digits dataset: "
+                 "pip install scikit-learn (or nbdnn[demo])")
+    d = sk_digits()
+    x = (d.data / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_test = int(len(x) * test_fraction)
+    test, train = order[:n_test], order[n_test:]
+    return x[train], d.target[train], x[test], d.target[test]
+
+
+def digits_cnn(seed=0):
+    return nn.Sequential([
+        nn.Conv2d(1, 16, 3, padding=1, seed=seed), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1, seed=seed + 1), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Dropout(0.1, seed=seed + 2), nn.Flatten(), nn.Linear(32 * 2 * 2, CLASSES,
+                                                                seed=seed + 3)])
+
+
+def _progress(epoch, epochs, step, steps, loss, rate):
+    done = int(30 * step / steps)
+    sys.stderr.write(f"\r  epoch {epoch + 1}/{epochs} [{'#' * done}{'.' * (30 - done)}] "
+                     f"loss {loss:.4f}  {rate:,.0f} img/s ")
+    sys.stderr.flush()
+
+
+def accuracy(model, x, y, device, batch=256):
+    hits = 0
+    for i in range(0, len(x), batch):
+        logits = nn._to(model.forward(nn._to(x[i:i + batch], device), train=False), "cpu")
+        hits += int(np.sum(np.argmax(logits, axis=1) == y[i:i + batch]))
+    return hits / len(x)
+
+
+def train(device, epochs=8, batch=64, lr=0.05, momentum=0.9, seed=0, quiet=False):
+    """Train on one backend; returns a dict with the per-step losses, seconds per
+    epoch, images/s and test accuracy."""
+    xtr, ytr, xte, yte = load_digits(seed)
+    onehot = np.eye(CLASSES, dtype=np.float32)
+    model = digits_cnn(seed).to(device)
+    loss_fn, opt = nn.CrossEntropyLoss(), nn.SGD(model, lr, momentum=momentum)
+    steps, losses, epoch_times = len(xtr) // batch, [], []
+    for epoch in range(epochs):
+        order = np.random.default_rng(seed + 1000 + epoch).permutation(len(xtr))
+        t0 = time.perf_counter()
+        for s in range(steps):
+            idx = order[s * batch:(s + 1) * batch]
+            xb, tb = nn._to(xtr[idx], device), nn._to(onehot[ytr[idx]], device)
+            loss = loss_fn.forward(model.forward(xb, train=True), tb)
+            model.backward(loss_fn.backward(), need_dx=False)
+            opt.step()
+            losses.append(float(nn._to(loss, "cpu").reshape(())))
+            if not quiet:
+                _progress(epoch, epochs, s + 1, steps, losses[-1],
+                          (s + 1) * batch / (time.perf_counter() - t0))
+        epoch_times.append(time.perf_counter() - t0)
+    if not quiet:
+        sys.stderr.write("\n")
+    per_epoch = float(np.median(epoch_times))
+    return {"device": device, "losses": losses, "epoch_s": per_epoch,
+            "images_s": steps * batch / per_epoch, "accuracy": accuracy(model, xte, yte, device),
+            "steps_per_epoch": steps}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="nbdnn demo", description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", choices=("cpu", "cuda", "both"), default="cpu")
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plot", help="draw the loss curves to this image (needs matplotlib)")
+    args = ap.parse_args(argv)
+    devices = ("cpu", "cuda") if args.backend == "both" else (args.backend,)
+    runs = []
+    for device in devices:
+        print(f"training on {device}, eager", file=sys.stderr)
+        runs.append(train(device, args.epochs, args.batch, args.lr, seed=args.seed))
+    print(f"\n{'backend':<8} {'mode':<6} {'s/epoch':>8} {'images/s':>10} {'test acc':>9}")
+    for r in runs:
+        print(f"{r['device']:<8} {'eager':<6} {r['epoch_s']:8.3f} {r['images_s']:10,.0f} "
+              f"{r['accuracy']:9.2%}")
+    if len(runs) == 2:
+        n = runs[0]["steps_per_epoch"]
+        diff = np.max(np.abs(np.subtract(runs[0]["losses"][:n], runs[1]["losses"][:n])))
+        print(f"largest |loss cpu - loss cuda| over the first epoch ({n} steps): {diff:.2e}")
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in runs:
+            ax.plot(r["losses"], label=r["device"], lw=1)
+        ax.set(xlabel="step", ylabel="training loss", yscale="log",
+               title="digits CNN, nbdnn.nn, same seed")
+        ax.legend()
+        fig.savefig(args.plot, dpi=120, bbox_inches="tight")
+        print(f"loss curves: {args.plot}")
+    return runs
+
+
+if __name__ == "__main__":
+    main()
