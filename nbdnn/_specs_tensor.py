@@ -48,6 +48,9 @@ def _op_tensor_maker(op):
         if op == "sqrt" and a.size > 2:
             a.flat[draw(0, a.size - 1)] = -1  # NaN out
         b = None if op in _t.UNARY_OPS else rand(rng, _bcast_shape(draw, shape), dtype)
+        if op == "div":  # divisors in +-[0.5, 3] (a zero divisor: the test below)
+            b = np.asarray((np.sign(b) + (b == 0)) * (0.5 + np.abs(b) * 2.5 / 3),
+                           dtype).reshape(b.shape)
         if op in ("min", "max") and b is not None and a.size > 1:
             a.flat[draw(0, a.size - 1)] = np.nan
         kw = {"alpha1": [1.0, -0.5, 2.0][draw(0, 2)], "alpha2": [1.0, 0.75][draw(0, 1)]}

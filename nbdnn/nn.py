@@ -1,5 +1,5 @@
 """A small model layer built only from nbdnn ops: layers with forward and backward,
-`Sequential`, a cross-entropy loss and SGD with momentum, on either backend.
+`Sequential`, a cross-entropy loss, SGD with momentum and Adam, on either backend.
 
 A layer holds its parameters in `params` (name -> array) and, after `backward`, their
 gradients in `grads`; `forward(x, train)` keeps what `backward(dy)` needs. Arrays are
@@ -345,3 +345,33 @@ class SGD:
                     nbdnn.add_tensor(g, v, beta=self.momentum, out=v)
                 g = v
             nbdnn.add_tensor(g, p, alpha=-self.lr, out=p)
+
+
+class Adam:
+    """Adam with bias correction (and L2 weight decay into g), in nbdnn tensor ops on
+    the parameters' device: m = b1*m + (1-b1)*g, v = b2*v + (1-b2)*g*g,
+    p -= lr * (m / (1 - b1**t)) / (sqrt(v / (1 - b2**t)) + eps)."""
+
+    def __init__(self, model, lr=1e-3, *, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        self.model, self.lr, self.betas, self.eps, self.wd = model, lr, betas, eps, weight_decay
+        self.t, self.state = 0, {}
+
+    def step(self):
+        self.t += 1
+        b1, b2 = self.betas
+        bc1, bc2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+        for layer, name in self.model.parameters():
+            p, g = layer.params[name], layer.grads[name]
+            if self.wd:
+                g = nbdnn.add_tensor(p, g, alpha=self.wd)
+            key = (id(layer), name)
+            if key not in self.state:
+                eps = np.full(1, self.eps, p.dtype)
+                self.state[key] = (nbdnn.scale_tensor(g, 0.0), nbdnn.scale_tensor(g, 0.0),
+                                   eps if isinstance(p, np.ndarray) else _to(eps, "cuda"))
+            m, v, eps = self.state[key]
+            nbdnn.add_tensor(g, m, alpha=1 - b1, beta=b1, out=m)
+            nbdnn.op_tensor("mul", g, g, alpha2=1 - b2, beta=b2, out=v)
+            d = nbdnn.add_tensor(eps, nbdnn.op_tensor("sqrt", v, alpha1=1 / bc2))
+            step = nbdnn.op_tensor("div", m, d, alpha1=self.lr / bc1)
+            nbdnn.add_tensor(step, p, alpha=-1.0, out=p)

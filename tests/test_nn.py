@@ -141,3 +141,21 @@ def test_cuda_backend_matches_cpu_and_save_load(tmp_path):
         np.testing.assert_array_equal(v, s_cpu[k])
     with pytest.raises(nbdnn.ShapeError):
         nn.Sequential([nn.Linear(3, 2)]).load(tmp_path / "cpu.npz")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_adam_update_rule(device):
+    """Three Adam steps on given gradients against the formula in float64 NumPy."""
+    lin = nn.Linear(3, 2, seed=7, dtype=np.float64)
+    net = nn.Sequential([lin]).to(device)
+    opt = nn.Adam(net, 0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+    p = lin.params["w"] if device == "cpu" else nn._to(lin.params["w"], "cpu")
+    p, m, v = p.copy(), np.zeros_like(p), np.zeros_like(p)
+    for t in range(1, 4):
+        g = RNG.standard_normal(p.shape)
+        lin.grads = {"w": nn._to(g, device), "b": nn._to(np.zeros(2), device)}
+        opt.step()
+        g = g + 0.1 * p
+        m, v = 0.8 * m + 0.2 * g, 0.99 * v + 0.01 * g * g
+        p = p - 0.01 * (m / (1 - 0.8 ** t)) / (np.sqrt(v / (1 - 0.99 ** t)) + 1e-6)
+        np.testing.assert_allclose(nn._to(lin.params["w"], "cpu"), p, rtol=1e-12)

@@ -63,6 +63,8 @@ def _naive_op(op, x, y):
         return x + y
     if op == "mul":
         return x * y
+    if op == "div":
+        return x / y
     if op == "min":
         return x if x <= y else y
     if op == "max":
@@ -96,6 +98,15 @@ def test_op_tensor_matches_loop(op, b_shape, alpha1, alpha2, beta):
     if out is not None:
         assert got is out
     np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15)  # NaN where sqrt(<0)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_op_tensor_div_by_zero_is_ieee(backend):
+    """x / +-0 is +-inf by the signs, 0 / 0 NaN, on both backends."""
+    a = np.array([1.0, -2.0, 0.0, 3.0, 6.0], np.float32)
+    b = np.array([0.0, 0.0, 0.0, -0.0, 4.0], np.float32)
+    got = nbdnn.op_tensor("div", a, b, backend=backend)
+    np.testing.assert_array_equal(got, [np.inf, -np.inf, np.nan, -np.inf, 1.5])
 
 
 # ------------------------------------------------------------- reduce_tensor

@@ -4,7 +4,7 @@ float64 for float64 (compute_dtype); results rounded once to the input dtype.
 
 add_tensor      out = alpha * A + beta * C          A broadcast to C (C not read if beta == 0)
 op_tensor       out = f(alpha1 * A, alpha2 * B) + beta * out
-                f: add x+y, mul x*y, min, max (NaN propagates), sqrt(x), not 1-x
+                f: add x+y, mul x*y, div x/y, min, max (NaN propagates), sqrt(x), not 1-x
 reduce_tensor   out = alpha * R(x over axes) + beta * out
                 R: add sum x, mul prod x, min, max, amax max|x|, avg sum x / n,
                 norm1 sum |x|, norm2 sqrt(sum x^2), mul_no_zeros prod_{x != 0} x
@@ -43,11 +43,13 @@ def add_tensor(a, c, *, alpha, beta, out, stream=None):
 
 
 def _op(op, x, y):
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         if op == "add":
             return x + y
         if op == "mul":
             return x * y
+        if op == "div":
+            return x / y
         if op == "min":
             return np.minimum(x, y)
         if op == "max":

@@ -35,7 +35,7 @@ GROUPS = 2      # 4-element vectors per thread in the elementwise kernels
 NDIMS = 6       # gather kernels index up to 6 (merged) dims
 DTYPES = ("float16", "float32", "float64")
 CT = {"float16": "float32", "float32": "float32", "float64": "float64"}
-EW_OPS = ("add", "mul", "min", "max", "sqrt", "not", "copy", "rhs")
+EW_OPS = ("add", "mul", "div", "min", "max", "sqrt", "not", "copy", "rhs")
 UNARY = ("sqrt", "not", "copy")
 
 
@@ -44,6 +44,7 @@ def _ew_functions(npt):
     one, zero, nan = npt(1), npt(0), npt(np.nan)
     dev = cuda.jit(device=True)
     fns = {"add": lambda x, y: x + y, "mul": lambda x, y: x * y,
+           "div": lambda x, y: x / y,  # IEEE: kernels compile with numba's numpy error model
            "min": lambda x, y: x if (x != x or x < y) else y,
            "max": lambda x, y: x if (x != x or x > y) else y,
            "sqrt": lambda x, y: nan if x < zero else math.sqrt(x), "not": lambda x, y: one - x,

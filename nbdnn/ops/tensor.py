@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import BadParamError, ShapeError, fail
 from ._common import Call, blend_params, choice, normalize_axis, same_dtype, scalar
 
-OP_TENSOR_OPS = ("add", "mul", "min", "max", "sqrt", "not")
+OP_TENSOR_OPS = ("add", "mul", "div", "min", "max", "sqrt", "not")
 UNARY_OPS = ("sqrt", "not")
 REDUCE_OPS = ("add", "mul", "min", "max", "amax", "avg", "norm1", "norm2", "mul_no_zeros")
 INDEX_OPS = ("min", "max", "amax")
@@ -70,7 +70,8 @@ def op_tensor(op, a, b=None, *, alpha1=1.0, alpha2=1.0, beta=0.0, out=None,
               backend=None, stream=None):
     """cudnnOpTensor: out = f(alpha1 * A, alpha2 * B) + beta * out.
 
-    f by `op`: add (x + y), mul (x * y), min, max (NaN propagates), and the unary
+    f by `op`: add (x + y), mul (x * y), div (x / y, IEEE: x/0 is +-inf or NaN; not in
+    cuDNN, here for optimizers such as Adam), min, max (NaN propagates), and the unary
     sqrt (sqrt(x), NaN below 0) and not (1 - x, cuDNN's CUDNN_OP_TENSOR_NOT), which
     take no b. b broadcasts to a (per dim 1 or equal, trailing-aligned)."""
     name = "op_tensor"
