@@ -159,3 +159,15 @@ def test_adam_update_rule(device):
         m, v = 0.8 * m + 0.2 * g, 0.99 * v + 0.01 * g * g
         p = p - 0.01 * (m / (1 - 0.8 ** t)) / (np.sqrt(v / (1 - 0.99 ** t)) + 1e-6)
         np.testing.assert_allclose(nn._to(lin.params["w"], "cpu"), p, rtol=1e-12)
+
+
+def test_resnet18_shapes_and_parameter_count():
+    """ResNet-18's 11.7 M parameters (torchvision's count: 11,689,512) and its output
+    shape; a forward and backward pass on a small image run on the CPU backend."""
+    net = nn.resnet18()
+    count = sum(int(np.prod(m.params[k].shape)) for m, k in net.parameters())
+    assert count == 11_689_512
+    x = _img(1, 3, 32, 32).astype(np.float32)
+    y = net.forward(x, train=True)
+    assert y.shape == (1, 1000)
+    assert net.backward(np.ones_like(y)).shape == x.shape
