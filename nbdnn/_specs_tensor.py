@@ -48,7 +48,7 @@ def _op_tensor_maker(op):
         if op == "sqrt" and a.size > 2:
             a.flat[draw(0, a.size - 1)] = -1  # NaN out
         b = None if op in _t.UNARY_OPS else rand(rng, _bcast_shape(draw, shape), dtype)
-        if op == "div":  # divisors in +-[0.5, 3] (a zero divisor: the test below)
+        if op == "div":  # divisors in +-[0.5, 3] (zero divisors: test_reference_tensor)
             b = np.asarray((np.sign(b) + (b == 0)) * (0.5 + np.abs(b) * 2.5 / 3),
                            dtype).reshape(b.shape)
         if op in ("min", "max") and b is not None and a.size > 1:

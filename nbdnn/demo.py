@@ -57,7 +57,7 @@ def _progress(epoch, epochs, step, steps, loss, rate):
 def accuracy(model, x, y, device, batch=256):
     hits = 0
     for i in range(0, len(x), batch):
-        logits = nn._to(model.forward(nn._to(x[i:i + batch], device), train=False), "cpu")
+        logits = nn.move(model.forward(nn.move(x[i:i + batch], device), train=False), "cpu")
         hits += int(np.sum(np.argmax(logits, axis=1) == y[i:i + batch]))
     return hits / len(x)
 
@@ -75,11 +75,11 @@ def train(device, epochs=8, batch=64, lr=0.05, momentum=0.9, seed=0, quiet=False
         t0 = time.perf_counter()
         for s in range(steps):
             idx = order[s * batch:(s + 1) * batch]
-            xb, tb = nn._to(xtr[idx], device), nn._to(onehot[ytr[idx]], device)
+            xb, tb = nn.move(xtr[idx], device), nn.move(onehot[ytr[idx]], device)
             loss = loss_fn.forward(model.forward(xb, train=True), tb)
             model.backward(loss_fn.backward(), need_dx=False)
             opt.step()
-            losses.append(float(nn._to(loss, "cpu").reshape(())))
+            losses.append(float(nn.move(loss, "cpu").reshape(())))
             if not quiet:
                 _progress(epoch, epochs, s + 1, steps, losses[-1],
                           (s + 1) * batch / (time.perf_counter() - t0))

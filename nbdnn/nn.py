@@ -22,12 +22,16 @@ import numpy as np
 import nbdnn
 
 
-def _to(a, device):
-    if device == "cpu":
-        return a if isinstance(a, np.ndarray) else np.asarray(a.copy_to_host())
-    from .cuda import SIMULATOR  # noqa: F401  (prepares numba.cuda: shim, simulator)
-    from numba import cuda
-    return cuda.to_device(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
+def move(a, device):
+    """a on "cpu" (a NumPy array) or "cuda" (a device array); arrays already there stay."""
+    if (device == "cpu") == isinstance(a, np.ndarray):
+        return a
+    from .cuda._arrays import to_device, to_host
+    return to_host(a) if device == "cpu" else to_device(a)
+
+
+def device_of(a):
+    return "cpu" if isinstance(a, np.ndarray) else "cuda"
 
 
 class Layer:
@@ -53,7 +57,7 @@ class Layer:
         for layer in self.layers():
             for d in (layer.params, layer.buffers):
                 for k in d:
-                    d[k] = _to(d[k], device)
+                    d[k] = move(d[k], device)
             layer.grads = {}
         return self
 
@@ -285,7 +289,7 @@ class Sequential(Layer):
         for i, m in enumerate(self.layers()):
             for kind, d in (("p", m.params), ("b", m.buffers)):
                 for k, v in d.items():
-                    out[f"{i}.{kind}.{k}"] = _to(v, "cpu")
+                    out[f"{i}.{kind}.{k}"] = move(v, "cpu")
         return out
 
     def save(self, path):
@@ -301,8 +305,7 @@ class Sequential(Layer):
                         if tuple(a.shape) != tuple(v.shape):
                             raise nbdnn.ShapeError(f"load: {i}.{k} has shape {a.shape}, "
                                                    f"the model's {tuple(v.shape)}")
-                        d[k] = a.astype(v.dtype) if isinstance(v, np.ndarray) else \
-                            _to(a.astype(v.dtype), "cuda")
+                        d[k] = move(a.astype(v.dtype), device_of(v))
         return self
 
 
@@ -385,9 +388,8 @@ class Adam:
                 g = nbdnn.add_tensor(p, g, alpha=self.wd)
             key = (id(layer), name)
             if key not in self.state:
-                eps = np.full(1, self.eps, p.dtype)
                 self.state[key] = (nbdnn.scale_tensor(g, 0.0), nbdnn.scale_tensor(g, 0.0),
-                                   eps if isinstance(p, np.ndarray) else _to(eps, "cuda"))
+                                   move(np.full(1, self.eps, p.dtype), device_of(p)))
             m, v, eps = self.state[key]
             nbdnn.add_tensor(g, m, alpha=1 - b1, beta=b1, out=m)
             nbdnn.op_tensor("mul", g, g, alpha2=1 - b2, beta=b2, out=v)

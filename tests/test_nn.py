@@ -123,10 +123,10 @@ def test_cuda_backend_matches_cpu_and_save_load(tmp_path):
     for device in ("cpu", "cuda"):
         net = _net().to(device)
         loss, opt = nn.CrossEntropyLoss(), nn.SGD(net, 0.05, momentum=0.9)
-        xs, ts = nn._to(x, device), nn._to(onehot, device)
+        xs, ts = nn.move(x, device), nn.move(onehot, device)
         values = []
         for _ in range(2):
-            values.append(float(nn._to(loss.forward(net.forward(xs, True), ts),
+            values.append(float(nn.move(loss.forward(net.forward(xs, True), ts),
                                        "cpu").reshape(())))
             net.backward(loss.backward(), need_dx=False)
             opt.step()
@@ -149,16 +149,16 @@ def test_adam_update_rule(device):
     lin = nn.Linear(3, 2, seed=7, dtype=np.float64)
     net = nn.Sequential([lin]).to(device)
     opt = nn.Adam(net, 0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
-    p = lin.params["w"] if device == "cpu" else nn._to(lin.params["w"], "cpu")
+    p = lin.params["w"] if device == "cpu" else nn.move(lin.params["w"], "cpu")
     p, m, v = p.copy(), np.zeros_like(p), np.zeros_like(p)
     for t in range(1, 4):
         g = RNG.standard_normal(p.shape)
-        lin.grads = {"w": nn._to(g, device), "b": nn._to(np.zeros(2), device)}
+        lin.grads = {"w": nn.move(g, device), "b": nn.move(np.zeros(2), device)}
         opt.step()
         g = g + 0.1 * p
         m, v = 0.8 * m + 0.2 * g, 0.99 * v + 0.01 * g * g
         p = p - 0.01 * (m / (1 - 0.8 ** t)) / (np.sqrt(v / (1 - 0.99 ** t)) + 1e-6)
-        np.testing.assert_allclose(nn._to(lin.params["w"], "cpu"), p, rtol=1e-12)
+        np.testing.assert_allclose(nn.move(lin.params["w"], "cpu"), p, rtol=1e-12)
 
 
 def test_resnet18_shapes_and_parameter_count():

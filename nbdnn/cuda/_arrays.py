@@ -108,6 +108,16 @@ def dtype_name(x):
 _dtypes = {}
 
 
+def vector_aligned(*arrays):
+    """True when every array's base address suits load4/store4 (their first array's
+    itemsize decides the alignment)."""
+    from ._intrinsics import vector_alignment
+    a = 0
+    for x in arrays:
+        a |= ptr(x)
+    return a % vector_alignment(dtype_of(arrays[0]).itemsize) == 0
+
+
 def dtype_of(x):
     """x's dtype as a NumPy dtype, for any array kind (cached per dtype object)."""
     d = x.dtype

@@ -32,8 +32,7 @@ direct kernels.
 import numpy as np
 
 from . import SIMULATOR
-from ._arrays import dtype_name, dtype_of, empty, ptr
-from ._intrinsics import vector_alignment
+from ._arrays import dtype_name, empty, vector_aligned
 from ._conv_index import BLOCK
 from .tensor import reduce_tensor
 
@@ -268,8 +267,7 @@ def forward(table, x, y, w, bias, z, g, tail, stream):
 
 def _vector_rows(y, PW, last):
     """1 when the tile kernel's rows of 4 outputs are aligned 16-byte runs of y."""
-    return int(not last and PW % 4 == 0 and
-               ptr(y) % vector_alignment(dtype_of(y).itemsize) == 0)
+    return int(not last and PW % 4 == 0 and vector_aligned(y))
 
 
 def backward_data(table, dy, w, dx, g, alpha, beta, stream):

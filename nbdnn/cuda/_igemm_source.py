@@ -22,9 +22,9 @@ reduction indices in consecutive threads (c is contiguous in x); channels-first 
 consecutive output positions. The k loop is the GEMM's (two stages, one barrier).
 
 Variant 2 (above; `igemm_source`) serves C/g < BK (the 3-channel stem) and filters of
-more than 64 taps, with the 64x64 and 32x32 tiles only. Variant 3 (`igemm_chunked_source`, the rest): the reduction runs
-tap by tap, BK channels a step, so the bounds test and base address are per tap
-and an element costs an add, a compare and a select (Nsight Compute on variant 2:
+more than 64 taps, with the 64x64 and 32x32 tiles only. Variant 3
+(`igemm_chunked_source`, the rest): the reduction runs tap by tap, BK channels a step,
+so the bounds test and base address are per tap and an element costs an add, a compare and a select (Nsight Compute on variant 2:
 249 M instructions for 116 M FFMAs on ResNet's s2 3x3, 3.1 of 9.4 cycles a warp
 waiting on the table's L1 loads; variant 3 took ResNet's forward from 30% to 39% of
 cuDNN, its epilogue below to 55%: perf/RESULTS.md runs K-L).

@@ -25,8 +25,8 @@ from numba import cuda, float32, float64
 from . import SIMULATOR
 from . import activation as _act
 from . import _bn_sums
-from ._arrays import dtype_name, empty, ptr
-from ._intrinsics import load4, store4, vector_alignment
+from ._arrays import dtype_name, empty, vector_aligned
+from ._intrinsics import load4, store4
 from ._launch import Kernel
 from ._reduce import device_functions
 from .matmul import _act_source
@@ -219,10 +219,7 @@ def _vec(geo, arrays):
     N, C, L, columns = geo
     if (C if columns else L) % 4:
         return 0
-    a = 0
-    for arr in arrays:
-        a |= ptr(arr)
-    return int(a % vector_alignment(np.dtype(dtype_name(arrays[0])).itemsize) == 0)
+    return int(vector_aligned(*arrays))
 
 
 def _grid(total):

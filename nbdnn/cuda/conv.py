@@ -49,8 +49,8 @@ from numba import cuda, float32, float64, uint64
 
 from . import SIMULATOR
 from . import activation as _act
-from ._arrays import dtype_name, empty, ptr, to_device
-from ._intrinsics import store4, vector_alignment
+from ._arrays import dtype_name, empty, to_device, vector_aligned
+from ._intrinsics import store4
 from ._igemm_source import igemm_chunked_source, igemm_source
 from . import _conv_depthwise, _conv_gemm, _conv_winograd
 from ._conv_index import I as _I, U as _U, landing as _landing, launch, split as _split, \
@@ -269,8 +269,7 @@ def _vector_epilogue(y, K, Kg, P, last, variant):
     if variant == "igemm_" and not last:
         return 0
     fits = (K % 4 == 0 and Kg % 4 == 0) if last else P % 4 == 0
-    a = vector_alignment(np.dtype(dtype_name(y)).itemsize)
-    return int(fits and ptr(y) % a == 0)
+    return int(fits and vector_aligned(y))
 
 
 def _geometry(x_shape, w_shape, stride, pads, dilation, groups, mode, last):

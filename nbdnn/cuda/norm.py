@@ -21,9 +21,9 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from . import SIMULATOR
-from ._arrays import dtype_name, empty, ptr
+from ._arrays import dtype_name, empty, vector_aligned
 from . import _norm_rows as _rows
-from ._intrinsics import load4, store4, vector_alignment
+from ._intrinsics import load4, store4
 from ._launch import Kernel
 from ._reduce import SHM, device_functions
 from .softmax import ROWS_BLOCK, _row_vs, _rows_config
@@ -189,8 +189,7 @@ def forward(x, scale, bias, geo, stats_shape, eps, out, stream, centred):
         cfg = _rows_config(L, False, False, ct == "float64") if G == 1 and HW == 1 else None
         if cfg is not None:  # layer/rms norm: the row in registers
             V, Gl = cfg
-            A = vector_alignment(np.dtype(dtype).itemsize)
-            aligned = int(L % 4 == 0 and all(ptr(a) % A == 0 for a in (x, y, sc, bi)))
+            aligned = int(L % 4 == 0 and vector_aligned(x, y, sc, bi))
             block = Gl if Gl > 32 else ROWS_BLOCK
             k, sig = _KERNELS[f"rows_v{V}", dtype]
             k.launch(sig, -(-rows // (block // Gl)), block, stream, x, y, sc, bi, st1, st2,
@@ -212,8 +211,7 @@ def backward(dy, x, st1, st2, scale, geo, param_shape, out, stream, centred):
     cfg = _rows_config(L, True, False, dtype == "float64") if G == 1 and HW == 1 else None
     if rows and L and cfg is not None:  # layer/rms norm: dy and x in registers
         V, Gl = cfg
-        A = vector_alignment(np.dtype(dtype).itemsize)
-        aligned = int(L % 4 == 0 and all(ptr(a) % A == 0 for a in (dy, x, sc, dx)))
+        aligned = int(L % 4 == 0 and vector_aligned(dy, x, sc, dx))
         block = Gl if Gl > 32 else ROWS_BLOCK
         k, sig = _KERNELS[f"rows_bwd_v{V}", dtype]
         k.launch(sig, -(-rows // (block // Gl)), block, stream, dy, x, st1, st2, sc, dx, rows,

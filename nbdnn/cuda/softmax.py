@@ -42,8 +42,8 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from . import SIMULATOR
-from ._arrays import dtype_name, empty, ptr, size
-from ._intrinsics import load4, store4, vector_alignment
+from ._arrays import dtype_name, empty, size, vector_aligned
+from ._intrinsics import load4, store4
 from ._launch import Kernel
 from ._reduce import FAST, LOG, SHM, device_functions
 from ._softmax_rows import rows_kernel as _rows_kernel
@@ -204,8 +204,7 @@ def _run(op, arrays, dst, shape, axis, algo, alpha, beta, force, stream):
     outer, L, inner = _split(shape, axis)
     if size(dst) == 0:
         return
-    A = vector_alignment(np.dtype(dtype).itemsize)
-    aligned = int(L % 4 == 0 and all(ptr(a) % A == 0 for a in arrays + (dst,)))
+    aligned = int(L % 4 == 0 and vector_aligned(*arrays, dst))
     a = ALGOS[algo]
     kind, cfg = _path(outer, L, inner, backward, force, dtype == "float64")
     sfx = "_bwd" if backward else ""
