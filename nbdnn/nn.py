@@ -208,20 +208,21 @@ class Linear(Layer):
 
 
 class Dropout(Layer):
-    """Inverted dropout in training (identity otherwise). Each call takes the next
-    x.size counters of the (seed, offset) stream, so steps draw fresh masks and both
-    backends draw the same ones."""
+    """Inverted dropout in training (identity otherwise). The offset is a counter
+    buffer (one uint64 on the layer's device) that each call reads and advances by
+    x.size on the device, so steps draw fresh masks, both backends draw the same ones,
+    and so do the replays of a captured training step."""
 
     def __init__(self, p, *, seed=0):
         super().__init__()
-        self.p, self.seed, self.offset = p, seed, 0
+        self.p, self.seed = p, seed
+        self.buffers["offset"] = np.zeros(1, np.uint64)
 
     def forward(self, x, train=False):
         if not train or self.p == 0:
             self.mask = None
             return x
-        y, self.mask = nbdnn.dropout(x, self.p, seed=self.seed, offset=self.offset)
-        self.offset += int(np.prod(x.shape))
+        y, self.mask = nbdnn.dropout(x, self.p, seed=self.seed, offset=self.buffers["offset"])
         return y
 
     def backward(self, dy, need_dx=True):

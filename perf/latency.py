@@ -1,9 +1,11 @@
 """Batch-1 inference latency (issue 5): the digits CNN (nbdnn/demo.py) at 1x1x8x8 and
-ResNet-18 (nbdnn.nn.resnet18) at 1x3x224x224, fp32, eval mode: nbdnn eager against
-PyTorch eager and PyTorch under a CUDA graph (torch.cuda.graphs), same GPU, same run.
-Latency = host wall time from the call to the result being ready (synchronize), the
-median of many calls after warm-up; nbdnn's input is a torch tensor, so its outputs
-come from torch's caching allocator.
+ResNet-18 (nbdnn.nn.resnet18) at 1x3x224x224, fp32, eval mode: nbdnn eager and
+nbdnn.cuda.Graph against PyTorch eager and PyTorch under a CUDA graph
+(torch.cuda.graphs), same GPU, same run. Then one training step of the digits CNN at
+batch 64 (forward, loss, backward, SGD with momentum): nbdnn eager, nbdnn graph,
+PyTorch eager. Latency = host wall time from the call to the result being ready
+(synchronize), the median of many calls after warm-up; nbdnn's inputs are torch
+tensors, so its outputs come from torch's caching allocator.
 
     PYTHONPATH=. python perf/latency.py [--reps 200] [--json F]
 """
@@ -17,7 +19,8 @@ import torch
 import torch.nn as tnn
 
 from nbdnn import nn
-from nbdnn.demo import digits_cnn
+from nbdnn.cuda import Graph
+from nbdnn.demo import _step, digits_cnn
 
 
 def _latency(fn, reps):
@@ -62,6 +65,39 @@ def _torch_graphed(model, x):
     return g.replay
 
 
+def _host(a):
+    return a.detach().cpu().numpy() if hasattr(a, "detach") else a.copy_to_host()
+
+
+def _train_step(reps, batch=64):
+    """One digits training step at batch 64, nbdnn eager / graph and PyTorch eager."""
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.random((batch, 1, 8, 8), np.float32)).cuda()
+    t = torch.from_numpy(np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)]).cuda()
+    row = {"model": "digits CNN train step, batch 64"}
+    for mode in ("eager", "graph"):
+        model = digits_cnn().to("cuda")
+        loss_fn, opt = nn.CrossEntropyLoss(), nn.SGD(model, 0.01, momentum=0.9)
+        step = lambda: _step(model, loss_fn, opt, x, t)  # noqa: E731
+        step()  # the optimizer's velocities
+        if mode == "graph":
+            g = Graph()
+            with g.capture():
+                step()
+            step = g.replay
+        row[f"nbdnn_{mode}_ms"] = _latency(step, reps) * 1e3
+    theirs = _torch_digits().cuda().train()
+    topt = torch.optim.SGD(theirs.parameters(), lr=0.01, momentum=0.9)
+    labels = t.argmax(1)
+
+    def torch_step():
+        topt.zero_grad(set_to_none=True)
+        tnn.functional.cross_entropy(theirs(x), labels).backward()
+        topt.step()
+    row["torch_eager_ms"] = _latency(torch_step, reps) * 1e3
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=200)
@@ -78,6 +114,12 @@ def main():
         x = torch.randn(*shape, device="cuda")
         row = {"model": name,
                "nbdnn_eager_ms": _latency(lambda: ours.forward(x), args.reps) * 1e3}
+        g = Graph()
+        with g.capture():
+            y = ours.forward(x)
+        row["nbdnn_graph_ms"] = _latency(g.replay, args.reps) * 1e3
+        row["graph_kernels"] = len(g)
+        np.testing.assert_array_equal(_host(y), _host(ours.forward(x)))
         if theirs is not None:
             theirs = theirs.cuda().eval()
             with torch.no_grad():
@@ -86,6 +128,9 @@ def main():
         rows.append(row)
         print(" | ".join(f"{k} {v:.3f}" if isinstance(v, float) else str(v)
                          for k, v in row.items()), flush=True)
+    rows.append(_train_step(args.reps))
+    print(" | ".join(f"{k} {v:.3f}" if isinstance(v, float) else str(v)
+                     for k, v in rows[-1].items()), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "reps": args.reps, "numpy": np.__version__}, f, indent=1)

@@ -1,6 +1,7 @@
 """Host cost of one eager call on a tiny tensor (ReLU of 1k floats): nbdnn with numba
 device arrays and with torch tensors (with and without out=), numba's own dispatcher
-launching the same kernel, and PyTorch's eager relu. Median of 2000 calls.
+launching the same kernel, and PyTorch's eager relu. Median of 2000 calls. Then the
+cost a kernel of replaying a captured nbdnn.cuda.Graph of 1000 such calls.
 
     PYTHONPATH=. python perf/launch_overhead.py [--json F]
 """
@@ -39,6 +40,7 @@ def main():
         rows["torch.relu(x)"] = host_cost(lambda: torch.relu(tx))
         rows["torch.relu(x, out=)"] = host_cost(lambda: torch.nn.functional.relu(tx, inplace=False))
     rows.update(_launch_paths(kern, sig, x, y))
+    rows.update(_graph_replay(x, y))
     if torch is not None:
         rows.update(_front_end_pieces(tx, ty))
     w = max(map(len, rows))
@@ -47,6 +49,33 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({k: v * 1e6 for k, v in rows.items()}, f, indent=1)
+
+
+def _graph_replay(x, y, n=1000, reps=50):
+    """A graph of n captured relu calls: the host time of g.replay() and the wall
+    time of replay + synchronize, both per captured kernel (the GPU runs each tiny
+    kernel in about a microsecond, so the second is the replay's throughput)."""
+    import statistics
+    import time
+    from nbdnn.cuda import Graph
+    g = Graph()
+    with g.capture():
+        for _ in range(n):
+            nbdnn.activation(x, "relu", out=y)
+    assert len(g) == n
+    host, wall = [], []
+    for _ in range(reps):
+        cuda.synchronize()
+        t = time.perf_counter()
+        g.replay()
+        t1 = time.perf_counter()
+        cuda.synchronize()
+        host.append(t1 - t)
+        wall.append(time.perf_counter() - t)
+    return {f"graph of {n} relu calls: host time of replay(), a kernel":
+            statistics.median(host) / n,
+            f"graph of {n} relu calls: replay + synchronize, a kernel":
+            statistics.median(wall) / n}
 
 
 def _launch_paths(kern, sig, x, y):

@@ -28,11 +28,11 @@ def _check_layer(layer, x, train=True, picks=8):
     def value():
         return float(np.sum(np.asarray(layer.forward(x, train)) * r))
     if isinstance(layer, nn.Dropout):  # a fixed mask: rewind the counter each call
-        base = layer.offset
+        base = layer.buffers["offset"].copy()
         f = value
 
         def value():
-            layer.offset = base
+            layer.buffers["offset"][...] = base
             return f()
     value()
     dx = np.asarray(layer.backward(r))

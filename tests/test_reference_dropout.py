@@ -67,3 +67,33 @@ def test_cuda_mask_is_the_cpu_mask_bit_for_bit(dtype, p, seed, offset):
     np.testing.assert_array_equal(yg, y)
     np.testing.assert_array_equal(nbdnn.dropout_backward(x, m, p, backend="cuda"),
                                   nbdnn.dropout_backward(x, m, p))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator's NumPy scalars
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_counter_offset_draws_the_int_offsets_masks_and_advances(backend):
+    """A uint64 counter gives the masks of offsets start, start + n, ... and ends at
+    start + 3n (wrapping at 2**64); on CUDA the counter lives and advances on the GPU."""
+    x = np.random.default_rng(4).standard_normal((5, 7)).astype(np.float32)
+    start = 2 ** 64 - 40
+    counter = np.array([start], np.uint64)
+    if backend == "cuda":
+        from numba import cuda
+        xs, counter = cuda.to_device(x), cuda.to_device(counter)
+    else:
+        xs = x
+    for k in range(3):
+        y, m = nbdnn.dropout(xs, 0.4, seed=11, offset=counter)
+        ye, me = nbdnn.dropout(x, 0.4, seed=11, offset=(start + k * x.size) % 2 ** 64)
+        host = (lambda a: a) if backend == "cpu" else (lambda a: a.copy_to_host())
+        assert np.array_equal(host(m), me) and np.array_equal(host(y), ye)
+    end = counter if backend == "cpu" else counter.copy_to_host()
+    assert int(end[0]) == (start + 3 * x.size) % 2 ** 64
+
+
+def test_counter_offset_forced_onto_cuda_is_copied_back():
+    x = np.ones((2, 8), np.float32)
+    counter = np.zeros(1, np.uint64)
+    _, m = nbdnn.dropout(x, 0.5, seed=1, offset=counter, backend="cuda")
+    assert int(counter[0]) == 16
+    assert np.array_equal(m, nbdnn.dropout(x, 0.5, seed=1, offset=0)[1])

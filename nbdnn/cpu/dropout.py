@@ -56,6 +56,9 @@ def _scaled(v, m, p):
 
 
 def dropout(x, p, seed, offset, *, out, stream=None):
+    if isinstance(offset, np.ndarray):  # a counter: read it, then advance it by x.size
+        offset, counter = int(offset[0]), offset
+        counter[0] = (offset + x.size) % 2 ** 64
     m = mask(x.size, p, seed, offset).reshape(x.shape)
     y = _scaled(x, m, p)
     if out is not None:

@@ -46,3 +46,5 @@ from numba import cuda  # noqa: E402
 from numba.cuda.core import config as _config  # noqa: E402
 
 SIMULATOR = bool(_config.ENABLE_CUDASIM)
+
+from .graph import Graph  # noqa: E402,F401  (nbdnn.cuda.Graph)

@@ -29,6 +29,12 @@ from . import SIMULATOR
 from ._arrays import flat, ptr_size
 
 REGISTRY = []  # every Kernel with the signatures it is used with (PTX test, warm-up)
+_recording = threading.local()  # .graph: the nbdnn.cuda.Graph recording this thread
+
+
+def recording():
+    """The Graph recording this thread's launches, or None."""
+    return getattr(_recording, "graph", None)
 
 
 def _slot_codes(t):
@@ -60,13 +66,15 @@ class _Launcher:
         self.lock = threading.Lock()
         self.pack = _make_packer(argtypes, packer.pack_into, self.buf)
 
-    def __call__(self, grid, block, stream, args, shmem):
+    def __call__(self, grid, block, stream, args, shmem, recorder=None):
         gx, gy, gz = grid if type(grid) is tuple else (grid, 1, 1)
         bx, by, bz = block if type(block) is tuple else (block, 1, 1)
         with self.lock:  # the buffer is shared; cuLaunchKernel copies it
             self.pack(*args)
             rc, = _cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, shmem, stream,
                                   self.params_address, 0)
+            if recorder is not None and not rc:
+                recorder.record(self, (gx, gy, gz), (bx, by, bz), shmem, self.buf.raw)
         if rc:
             from ..errors import DeviceError
             raise DeviceError(f"cuLaunchKernel({self.name}) failed: {_error_name(int(rc))} "
@@ -158,17 +166,25 @@ class Kernel:
         attrs = self.dispatcher.compile(sig)._codelibrary.get_cufunc().attrs
         return {"regs": attrs.regs, "local_bytes": attrs.local, "shared_bytes": attrs.shared}
 
-    def launch(self, sig, grid, block, stream, *args, shmem=0):
-        """Run the kernel: grid/block ints or 3-tuples, stream a CUstream handle (int)."""
+    def launch(self, sig, grid, block, stream, *args, shmem=0, owners=()):
+        """Run the kernel: grid/block ints or 3-tuples, stream a CUstream handle (int).
+        An array may be passed as a (pointer, count) tuple; `owners` then names the
+        arrays behind such pointers, which a graph being recorded keeps alive."""
+        recorder = getattr(_recording, "graph", None)
         if SIMULATOR:
-            args = [flat(a) if hasattr(a, "shape") else a for a in args]
-            self.dispatcher[grid, block, 0, shmem](*args)
+            flat_args = [flat(a) if hasattr(a, "shape") else a for a in args]
+            self.dispatcher[grid, block, 0, shmem](*flat_args)
+            if recorder is not None:
+                recorder.record_simulated(self.dispatcher, grid, block, shmem, flat_args)
+                recorder.keep(args, owners)
             return
         launcher = self._launchers.get(sig) or self.compile(sig)
         if not getattr(self._thread_ctx, "ready", False):
             cuda.current_context()  # make the primary context current on this thread
             self._thread_ctx.ready = True
-        launcher(grid, block, stream, args, shmem)
+        launcher(grid, block, stream, args, shmem, recorder)
+        if recorder is not None:
+            recorder.keep(args, owners)
 
 
 def warm_up(kernels=None):

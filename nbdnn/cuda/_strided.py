@@ -12,7 +12,7 @@ from numba import cuda
 
 from . import SIMULATOR
 from ._arrays import empty, ptr
-from ._launch import Kernel
+from ._launch import Kernel, recording
 from ..errors import NotSupportedError
 
 MAX_DIMS = 6
@@ -69,8 +69,13 @@ def contiguous(x, stream=0):
     """A C-contiguous copy of the device array x (same kind; numba for others)."""
     dtype = np.dtype(str(x.dtype).rpartition(".")[2])
     shape = tuple(int(s) for s in x.shape)
-    if SIMULATOR:
-        return cuda.to_device(np.ascontiguousarray(x.copy_to_host()))
+    if SIMULATOR:  # a host round trip; a graph being recorded repeats it on replay
+        out = cuda.to_device(np.ascontiguousarray(x.copy_to_host()))
+        graph = recording()
+        if graph is not None:
+            graph.record_step(lambda: out.copy_to_device(np.ascontiguousarray(
+                x.copy_to_host())))
+        return out
     out = empty(x, shape, dtype)
     n = math.prod(shape)
     if n == 0:
@@ -86,5 +91,5 @@ def contiguous(x, stream=0):
     base = ptr(x) + lo * dtype.itemsize  # the lowest address any element has
     grid = min(-(-n // BLOCK), 65535 * 8)
     _gather.launch(_SIGS[dtype.itemsize], grid, BLOCK, stream, (base, hi - lo + 1), out,
-                   n, -lo, *[s for s, _ in dims], *[t for _, t in dims])
+                   n, -lo, *[s for s, _ in dims], *[t for _, t in dims], owners=(x,))
     return out

@@ -185,7 +185,8 @@ def _launch(table, mode, arrays, out, alpha, beta, coef, stream):
             anyptr |= p
         aligned = int(anyptr % vector_alignment(dtype.itemsize) == 0)
         bufs = (*arrays, y) if SIMULATOR else ptrs  # the fast path takes (pointer, n)
-        kernel.launch(sig, _grid(n), BLOCK, stream, *bufs, n, alpha, beta, coef, aligned)
+        kernel.launch(sig, _grid(n), BLOCK, stream, *bufs, n, alpha, beta, coef, aligned,
+                      owners=(*arrays, y))
     return y
 
 

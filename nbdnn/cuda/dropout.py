@@ -34,7 +34,8 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
 def _kernels(CT):
     ZERO = CT(0)
 
-    def dropout_fwd(x, y, m, n, thr, scale, off_lo, off_hi, key_lo, key_hi):
+    @cuda.jit(device=True)
+    def draw(x, y, m, n, thr, scale, off_lo, off_hi, key_lo, key_hi):
         j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         while j * 4 < n:
             ju = np.uint64(j)
@@ -49,25 +50,42 @@ def _kernels(CT):
                     y[i] = CT(x[i]) * scale if keep else ZERO
             j += cuda.gridDim.x * cuda.blockDim.x
 
+    def dropout_fwd(x, y, m, n, thr, scale, off_lo, off_hi, key_lo, key_hi):
+        draw(x, y, m, n, thr, scale, off_lo, off_hi, key_lo, key_hi)
+
+    def dropout_fwd_counter(x, y, m, n, thr, scale, counter, key_lo, key_hi):
+        off = counter[0]  # read at run time: a graph replay sees the advanced counter
+        draw(x, y, m, n, thr, scale, off & _MASK, off >> _S32, key_lo, key_hi)
+
     def dropout_bwd(dy, m, dx, n, scale):
         i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         while i < n:
             dx[i] = CT(dy[i]) * scale if m[i] != 0 else ZERO
             i += cuda.gridDim.x * cuda.blockDim.x
 
-    return dropout_fwd, dropout_bwd
+    return dropout_fwd, dropout_fwd_counter, dropout_bwd
+
+
+def dropout_advance(counter, n):
+    """counter[0] += n, one thread, after the mask kernel (same stream) read it."""
+    if cuda.grid(1) == 0:
+        counter[0] = counter[0] + np.uint64(n)
 
 
 def _build():
     table = {}
     for t in ("float16", "float32", "float64"):
         ct = "float64" if t == "float64" else "float32"
-        fwd, bwd = _kernels(float64 if t == "float64" else float32)
+        fwd, fwd_counter, bwd = _kernels(float64 if t == "float64" else float32)
         a = f"{t}[::1]"
         sf = f"void({a}, {a}, uint8[::1], int64, uint64, {ct}, uint64, uint64, uint64, uint64)"
+        sc = f"void({a}, {a}, uint8[::1], int64, uint64, {ct}, uint64[::1], uint64, uint64)"
         sb = f"void({a}, uint8[::1], {a}, int64, {ct})"
         table["fwd", t] = (Kernel(fwd, [sf]), sf)
+        table["fwd_counter", t] = (Kernel(fwd_counter, [sc]), sc)
         table["bwd", t] = (Kernel(bwd, [sb]), sb)
+    sa = "void(uint64[::1], uint64)"
+    table["advance"] = (Kernel(dropout_advance, [sa]), sa)
     return table
 
 
@@ -87,11 +105,16 @@ def dropout(x, p, seed, offset, *, out, stream):
     y = out if out is not None else empty(x, x.shape, dtype)
     m = empty(x, x.shape, "uint8")
     n = size(x)
+    counter = not isinstance(offset, int)
     if n:
-        k, sig = _KERNELS["fwd", dtype]
+        k, sig = _KERNELS["fwd_counter" if counter else "fwd", dtype]
+        off = (offset,) if counter else (offset & MASK32, offset >> 32)
         # p == 0 keeps all: 2**32 exceeds every word (a uint64 holds it)
         k.launch(sig, _grid(-(-n // 4)), BLOCK, stream, x, y, m, n, keep_threshold(p),
-                 _scale(p), offset & MASK32, offset >> 32, seed & MASK32, seed >> 32)
+                 _scale(p), *off, seed & MASK32, seed >> 32)
+    if counter:
+        k, sig = _KERNELS["advance"]
+        k.launch(sig, 1, 1, stream, offset, n)
     return y, m
 
 

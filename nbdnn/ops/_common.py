@@ -42,6 +42,8 @@ class Call:
     def __init__(self, op, family, backend, stream=None, **arrays):
         self.op, self.family = op, family
         self.backend, self.copy = _backend.choose(op, arrays, backend)
+        if self.copy:  # remember which NumPy input goes over, for capture's error
+            self.copy = next((n for n, a in arrays.items() if a is not None), "an input")
         self.strided = None  # ids of CUDA inputs that are strided views
         self.stream = stream
 
@@ -82,6 +84,9 @@ class Call:
         arrays = _cuda_arrays()
         stream = arrays.stream_handle(self.stream)
         if self.copy:
+            from ..cuda._launch import recording
+            if recording() is not None:
+                fail_capture(self.op, self.copy)
             dev = [arrays.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
             dout = (None if out is None else tuple(map(arrays.to_device, out))
                     if isinstance(out, tuple) else arrays.to_device(out))
@@ -112,6 +117,14 @@ def _cuda_arrays():
         from ..cuda import _arrays
         _arrays_mod = _arrays
     return _arrays_mod
+
+
+def fail_capture(op, name):
+    from ..errors import NotSupportedError
+    raise NotSupportedError(
+        f"{op}: {name} is a NumPy array, copied to the GPU once per call; inside "
+        f"Graph.capture that copy would be baked in and replays would not see new host "
+        f"data. Copy it to a device array before capturing and write new data into it")
 
 
 def impl_contiguous(x, stream):

@@ -17,7 +17,8 @@ def _p(op, p):
 
 def _u64(op, name, v):
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v < U64:
-        fail(BadParamError, op, name, "an int in [0, 2**64)", repr(v))
+        fail(BadParamError, op, name, "an int in [0, 2**64)" +
+             (" or a 1-element uint64 array" if name == "offset" else ""), repr(v))
     return int(v)
 
 
@@ -26,14 +27,26 @@ def dropout(x, p, *, seed, offset=0, out=None, backend=None, stream=None):
     is kept, with probability 1 - p. seed and offset (ints in [0, 2**64)) select the
     random stream: the same pair gives the same mask on every backend and every run;
     advance offset (e.g. by the element count) between calls that need fresh masks.
-    out: y's buffer."""
+
+    offset may also be a counter: a 1-element uint64 array on x's side (NumPy for the
+    CPU, a device array for CUDA). The op then reads the offset from it when it runs
+    and adds x.size to it afterwards (mod 2**64), so successive calls, and successive
+    replays of a captured CUDA graph, draw fresh masks: the same masks as int offsets
+    0, n, 2n, ... on every backend. out: y's buffer."""
     op = "dropout"
-    c = Call(op, "dropout", backend, stream, x=x, out=out)
+    counter = hasattr(offset, "shape") and not isinstance(offset, numbers.Integral)
+    c = Call(op, "dropout", backend, stream, x=x, out=out,
+             **({"offset": offset} if counter else {}))
     shape, dtype = c.array("x", x)
     p = _p(op, p)
-    seed, offset = _u64(op, "seed", seed), _u64(op, "offset", offset)
+    seed = _u64(op, "seed", seed)
+    if counter:
+        c.array("offset", offset, dtypes=("uint64",))
+        offset = c.out(offset, (1,), np.dtype(np.uint64), "offset")  # updated in place
+    else:
+        offset = _u64(op, "offset", offset)
     out = c.out(out, shape, dtype)
-    return c.run("dropout", x, p, seed, offset, out=out)
+    return c.run("dropout", x, p, seed, offset, out=out, inplace=(3,) if counter else ())
 
 
 def dropout_backward(dy, mask, p, *, out=None, backend=None, stream=None):
