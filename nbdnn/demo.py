@@ -69,44 +69,25 @@ def accuracy(model, x, y, device, batch=256):
 
 def train(device, epochs=8, batch=64, lr=0.05, momentum=0.9, seed=0, quiet=False,
           mode="eager"):
-    """Train on one backend, eagerly or (CUDA only) replaying one captured training
-    step: the first step runs eagerly (it creates the optimizer's velocities), the
-    second is captured while it runs, every later step copies its batch into the
-    captured input buffers and replays. Returns a dict with the per-step losses,
-    seconds per epoch, images/s and test accuracy."""
+    """Train on one backend through a Plan (nbdnn.nn): eagerly, or (CUDA only)
+    replaying one captured training step (the first step runs eagerly and creates
+    the optimizer's velocities, the second is captured while it runs, every later
+    step copies its batch into the plan's buffers and replays). Returns a dict with
+    the per-step losses, seconds per epoch, images/s and test accuracy."""
     if mode == "graph" and device != "cuda":
         raise ValueError("graph mode needs the CUDA backend")
     xtr, ytr, xte, yte = load_digits(seed)
     onehot = np.eye(CLASSES, dtype=np.float32)
     model = digits_cnn(seed).to(device)
-    loss_fn, opt = nn.CrossEntropyLoss(), nn.SGD(model, lr, momentum=momentum)
-    state = {"graph": None, "xb": None, "tb": None, "loss": None, "steps": 0}
-
-    def step(xh, th):
-        if mode == "eager" or state["xb"] is None:
-            state["xb"], state["tb"] = nn.move(xh, device), nn.move(th, device)
-        else:  # new data into the buffers the graph reads
-            state["xb"].copy_to_device(xh)
-            state["tb"].copy_to_device(th)
-        if state["graph"] is not None:
-            state["graph"].replay()
-            return state["loss"]
-        if mode == "graph" and state["steps"] == 1:
-            from .cuda import Graph
-            state["graph"] = Graph()
-            with state["graph"].capture():
-                state["loss"] = _step(model, loss_fn, opt, state["xb"], state["tb"])
-            return state["loss"]
-        state["steps"] += 1
-        return _step(model, loss_fn, opt, state["xb"], state["tb"])
-
+    plan = model.plan(batch, xtr.shape[1:], loss=nn.CrossEntropyLoss(),
+                      optimizer=nn.SGD(model, lr, momentum=momentum), graph=mode == "graph")
     steps, losses, epoch_times = len(xtr) // batch, [], []
     for epoch in range(epochs):
         order = np.random.default_rng(seed + 1000 + epoch).permutation(len(xtr))
         t0 = time.perf_counter()
         for s in range(steps):
             idx = order[s * batch:(s + 1) * batch]
-            loss = step(xtr[idx], onehot[ytr[idx]])
+            loss = plan.step(xtr[idx], onehot[ytr[idx]])
             losses.append(float(nn.move(loss, "cpu").reshape(())))
             if not quiet:
                 _progress(epoch, epochs, s + 1, steps, losses[-1],
@@ -118,14 +99,6 @@ def train(device, epochs=8, batch=64, lr=0.05, momentum=0.9, seed=0, quiet=False
     return {"device": device, "mode": mode, "losses": losses, "epoch_s": per_epoch,
             "images_s": steps * batch / per_epoch, "accuracy": accuracy(model, xte, yte, device),
             "steps_per_epoch": steps}
-
-
-def _step(model, loss_fn, opt, xb, tb):
-    """One training step: forward, loss, backward, SGD update; returns the loss array."""
-    loss = loss_fn.forward(model.forward(xb, train=True), tb)
-    model.backward(loss_fn.backward(), need_dx=False)
-    opt.step()
-    return loss
 
 
 def main(argv=None):

@@ -30,6 +30,16 @@ def move(a, device):
     return to_host(a) if device == "cpu" else to_device(a)
 
 
+def copy_into(dst, a):
+    """dst[...] = a in place, for dst and a on either device (shapes must match)."""
+    if isinstance(dst, np.ndarray):
+        dst[...] = move(a, "cpu")
+    elif isinstance(a, np.ndarray) and hasattr(dst, "copy_to_device"):
+        dst.copy_to_device(np.ascontiguousarray(a, dst.dtype))
+    else:
+        nbdnn.scale_tensor(move(a, "cuda"), 1.0, out=dst)
+
+
 def device_of(a):
     return "cpu" if isinstance(a, np.ndarray) else "cuda"
 
@@ -293,11 +303,18 @@ class Sequential(Layer):
                     out[f"{i}.{kind}.{k}"] = move(v, "cpu")
         return out
 
+    def plan(self, batch_size, input_shape, *, loss=None, optimizer=None, graph=None):
+        """A Plan: inference and training steps on buffers allocated once for this
+        batch size, captured as CUDA graphs on the CUDA backend (see nbdnn.nn.Plan)."""
+        return Plan(self, batch_size, input_shape, loss=loss, optimizer=optimizer,
+                    graph=graph)
+
     def save(self, path):
         np.savez(path, **self.state())
 
     def load(self, path):
-        """Parameters and buffers from save(); they stay on the model's device."""
+        """Parameters and buffers from save(), copied into the model's own arrays (on
+        its device; a Plan's captured graphs keep working)."""
         with np.load(path) as f:
             for i, m in enumerate(self.layers()):
                 for kind, d in (("p", m.params), ("b", m.buffers)):
@@ -306,7 +323,7 @@ class Sequential(Layer):
                         if tuple(a.shape) != tuple(v.shape):
                             raise nbdnn.ShapeError(f"load: {i}.{k} has shape {a.shape}, "
                                                    f"the model's {tuple(v.shape)}")
-                        d[k] = move(a.astype(v.dtype), device_of(v))
+                        copy_into(v, a.astype(v.dtype))
         return self
 
 
@@ -328,72 +345,4 @@ def resnet18(num_classes=1000, *, seed=0, dtype=np.float32):
     return Sequential(layers)
 
 
-class CrossEntropyLoss:
-    """Mean negative log-likelihood of log_softmax(logits) against one-hot targets
-    (N, classes): forward returns the loss as a 1-element array (on the logits'
-    device), backward the logits' gradient, softmax(logits) - onehot over N."""
-
-    def forward(self, logits, onehot):
-        self.n = logits.shape[0]
-        self.logp = nbdnn.softmax(logits, axis=1, algo="log")
-        self.onehot = onehot
-        prod = nbdnn.op_tensor("mul", self.logp, onehot)
-        return nbdnn.reduce_tensor(prod, "add", None, keepdims=False, alpha=-1.0 / self.n)
-
-    def backward(self):
-        dlogp = nbdnn.scale_tensor(self.onehot, -1.0 / self.n)
-        return nbdnn.softmax_backward(dlogp, self.logp, axis=1, algo="log")
-
-
-class SGD:
-    """p -= lr * v, v = momentum * v + (g + weight_decay * p), per parameter, with
-    nbdnn's add_tensor on the parameters' device (the velocities start at zero; make
-    the optimizer after model.to(...))."""
-
-    def __init__(self, model, lr, *, momentum=0.0, weight_decay=0.0):
-        self.model, self.lr, self.momentum, self.wd = model, lr, momentum, weight_decay
-        self.velocity = {}
-
-    def step(self):
-        for layer, name in self.model.parameters():
-            p, g = layer.params[name], layer.grads[name]
-            if self.wd:
-                g = nbdnn.add_tensor(p, g, alpha=self.wd)
-            if self.momentum:
-                key = (id(layer), name)
-                v = self.velocity.get(key)
-                if v is None:
-                    v = self.velocity[key] = nbdnn.scale_tensor(g, 1.0)
-                else:
-                    nbdnn.add_tensor(g, v, beta=self.momentum, out=v)
-                g = v
-            nbdnn.add_tensor(g, p, alpha=-self.lr, out=p)
-
-
-class Adam:
-    """Adam with bias correction (and L2 weight decay into g), in nbdnn tensor ops on
-    the parameters' device: m = b1*m + (1-b1)*g, v = b2*v + (1-b2)*g*g,
-    p -= lr * (m / (1 - b1**t)) / (sqrt(v / (1 - b2**t)) + eps)."""
-
-    def __init__(self, model, lr=1e-3, *, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        self.model, self.lr, self.betas, self.eps, self.wd = model, lr, betas, eps, weight_decay
-        self.t, self.state = 0, {}
-
-    def step(self):
-        self.t += 1
-        b1, b2 = self.betas
-        bc1, bc2 = 1 - b1 ** self.t, 1 - b2 ** self.t
-        for layer, name in self.model.parameters():
-            p, g = layer.params[name], layer.grads[name]
-            if self.wd:
-                g = nbdnn.add_tensor(p, g, alpha=self.wd)
-            key = (id(layer), name)
-            if key not in self.state:
-                self.state[key] = (nbdnn.scale_tensor(g, 0.0), nbdnn.scale_tensor(g, 0.0),
-                                   move(np.full(1, self.eps, p.dtype), device_of(p)))
-            m, v, eps = self.state[key]
-            nbdnn.add_tensor(g, m, alpha=1 - b1, beta=b1, out=m)
-            nbdnn.op_tensor("mul", g, g, alpha2=1 - b2, beta=b2, out=v)
-            d = nbdnn.add_tensor(eps, nbdnn.op_tensor("sqrt", v, alpha1=1 / bc2))
-            step = nbdnn.op_tensor("div", m, d, alpha1=self.lr / bc1)
-            nbdnn.add_tensor(step, p, alpha=-1.0, out=p)
+from ._nn_train import SGD, Adam, CrossEntropyLoss, Plan  # noqa: E402,F401

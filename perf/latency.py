@@ -20,7 +20,7 @@ import torch.nn as tnn
 
 from nbdnn import nn
 from nbdnn.cuda import Graph
-from nbdnn.demo import _step, digits_cnn
+from nbdnn.demo import digits_cnn
 
 
 def _latency(fn, reps):
@@ -67,6 +67,13 @@ def _torch_graphed(model, x):
 
 def _host(a):
     return a.detach().cpu().numpy() if hasattr(a, "detach") else a.copy_to_host()
+
+
+def _step(model, loss_fn, opt, xb, tb):
+    loss = loss_fn.forward(model.forward(xb, train=True), tb)
+    model.backward(loss_fn.backward(), need_dx=False)
+    opt.step()
+    return loss
 
 
 def _train_step(reps, batch=64):

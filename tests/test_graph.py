@@ -181,3 +181,59 @@ def test_captured_training_step_equals_eager_steps():
     assert losses == eager_losses
     for (la, na), (lb, nb) in zip(eager.parameters(), model.parameters()):
         np.testing.assert_array_equal(_host(la.params[na]), _host(lb.params[nb]))
+
+
+def test_captured_adam_step_corrects_by_the_replays_t():
+    """Adam's bias correction advances on the device: replays equal eager steps."""
+    rng = np.random.default_rng(5)
+    batches = [(rng.standard_normal((4, 6)).astype(np.float32),
+                np.eye(3, dtype=np.float32)[rng.integers(0, 3, 4)]) for _ in range(4)]
+
+    def make():
+        model = nn.Sequential([nn.Linear(6, 3, seed=4)]).to("cuda")
+        return model, nn.CrossEntropyLoss(), nn.Adam(model, 0.05)
+    eager, e_loss, e_opt = make()
+    want = [float(_host(_step(eager, e_loss, e_opt, _dev(x), _dev(t)))) for x, t in batches]
+    model, loss_fn, opt = make()
+    xb, tb = _dev(batches[0][0]), _dev(batches[0][1])
+    got = [float(_host(_step(model, loss_fn, opt, xb, tb)))]
+    g = Graph()
+    for i, (x, t) in enumerate(batches[1:]):
+        xb.copy_to_device(x)
+        tb.copy_to_device(t)
+        if i == 0:
+            with g.capture():
+                loss = _step(model, loss_fn, opt, xb, tb)
+        else:
+            g.replay()
+        got.append(float(_host(loss)))
+    assert got == want
+    np.testing.assert_array_equal(_host(eager.seq[0].params["w"]), _host(model.seq[0].params["w"]))
+
+
+def test_torch_cuda_graph_captures_nbdnn_calls_on_its_stream():
+    """The PyTorch interop the docs describe: warm up, then nbdnn calls given
+    stream=torch.cuda.current_stream() inside torch.cuda.graph are in torch's graph
+    (a result allocated there comes from torch's graph pool)."""
+    torch = pytest.importorskip("torch")
+    if cuda_pkg.SIMULATOR or not torch.cuda.is_available():
+        pytest.skip("needs a GPU and PyTorch with CUDA")
+    x = torch.randn(4, 8, device="cuda")
+    y = torch.empty_like(x)
+
+    def calls():
+        s = torch.cuda.current_stream()
+        nbdnn.activation(x, "relu", out=y, stream=s)
+        return nbdnn.scale_tensor(y, 2.0, stream=s)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        calls()  # warm-up: JIT and module loads, which a capture forbids
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        z = calls()
+    x.copy_(torch.randn(4, 8, device="cuda"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(z, 2 * torch.relu(x))

@@ -1,7 +1,7 @@
 """Which GEMM tiles and how many split-K chunks run for which shape
 (nbdnn.cuda.matmul._plan), and every (tile, chunks) pair forced on small shapes: the
 chunk edges, a reduction shorter than one chunk, transposes, the beta blend and a
-broadcast batch. Random shapes never split under the simulator (MIN_CHUNK = 256)."""
+broadcast batch. Under the simulator (2 SMs) random shapes split only from K = 256 (MIN_CHUNK = 128)."""
 import numpy as np
 import pytest
 
@@ -16,9 +16,10 @@ def test_plan_by_shape(monkeypatch):
     assert MM._plan(4096, 4096, 4096, 1, big, True) == ("large", 1)      # 1024 tiles
     assert MM._plan(2048, 2048, 2048, 1, big, True) == ("large", 1)      # 256 tiles
     assert MM._plan(1024, 1024, 1024, 1, big, True) == ("small", 1)      # 256 small tiles
-    assert MM._plan(512, 512, 512, 1, big, True) == ("small", 2)         # 64 tiles x 2
-    assert MM._plan(64, 4096, 4096, 1, big, True) == ("small", 3)
-    assert MM._plan(64, 576, 100352, 1, big, True) == ("small", 15)      # conv dW
+    assert MM._plan(512, 512, 512, 1, big, True) == ("small", 4)         # 64 tiles x 4
+    assert MM._plan(64, 4096, 4096, 1, big, True) == ("small", 9)        # ~4 blocks an SM
+    assert MM._plan(64, 8192, 1024, 1, big, True) == ("small", 5)
+    assert MM._plan(64, 576, 100352, 1, big, True) == ("small", 59)      # conv dW
     assert MM._plan(64, 576, 100352, 1, big, False) == ("tiny", 1)       # no split
     assert MM._plan(32, 32, 10 ** 7, 1, big, True) == ("tiny", MM.MAX_SPLITS)
     assert MM._plan(100, 100, 0, 1, big, True)[1] == 1

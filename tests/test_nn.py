@@ -171,3 +171,39 @@ def test_resnet18_shapes_and_parameter_count():
     y = net.forward(x, train=True)
     assert y.shape == (1, 1000)
     assert net.backward(np.ones_like(y)).shape == x.shape
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_plan_steps_equal_plain_steps_and_load_keeps_the_plan(device, tmp_path):
+    """Plan.step (eager on the CPU, graphs on CUDA: the first step eager, the second
+    captured, then replays) gives the losses and weights of plain calls; forward
+    sees the updated weights; load() writes into the arrays the plan captured."""
+    rng = np.random.default_rng(8)
+    xs = rng.standard_normal((3, 2, 1, 4, 4)).astype(np.float32)
+    ts = np.eye(3, dtype=np.float32)[rng.integers(0, 3, (3, 2))]
+
+    def make():
+        m = nn.Sequential([nn.Conv2d(1, 2, 3, padding=1, seed=3), nn.ReLU(),
+                           nn.Dropout(0.25, seed=4), nn.Flatten(),
+                           nn.Linear(32, 3, seed=5)]).to(device)
+        return m, nn.CrossEntropyLoss(), nn.SGD(m, 0.1, momentum=0.9)
+    ref, rl, ro = make()
+    want = []
+    for x, t in zip(xs, ts):
+        loss = rl.forward(ref.forward(nn.move(x, device), train=True), nn.move(t, device))
+        ref.backward(rl.backward(), need_dx=False)
+        ro.step()
+        want.append(float(nn.move(loss, "cpu").reshape(())))
+    model, loss_fn, opt = make()
+    plan = model.plan(2, (1, 4, 4), loss=loss_fn, optimizer=opt)
+    got = [float(nn.move(plan.step(x, t), "cpu").reshape(())) for x, t in zip(xs, ts)]
+    assert got == want
+    expect = nn.move(ref.forward(nn.move(xs[0], device)), "cpu")
+    np.testing.assert_array_equal(nn.move(plan.forward(xs[0]), "cpu"), expect)
+    fresh, _, _ = make()
+    fresh.save(tmp_path / "w.npz")
+    model.load(tmp_path / "w.npz")
+    np.testing.assert_array_equal(nn.move(plan.forward(xs[0]), "cpu"),
+                                  nn.move(fresh.forward(nn.move(xs[0], device)), "cpu"))
+    with pytest.raises(nbdnn.ShapeError):
+        plan.step(xs[0][:1], ts[0][:1])

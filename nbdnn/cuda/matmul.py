@@ -16,7 +16,7 @@ float64 for float64. Traffic per block and k-step: (BM + BN)*BK loads, BM*BN*BK 
 Tile configs (TILES): "large" 128x128x8 with 8x8 a thread, "small" 64x64x8 with
 4x4, "tiny" 32x32x8 with 2x2 (256 threads each); float64 uses half the thread tile.
 `_plan` picks the tile and the split-K chunks from H200 measurements (perf/sgemm.py,
-perf/RESULTS.md: 62-63% of cuBLAS from 2048^2 up, 63% at 1024^2, 42-69% on M = 64).
+perf/RESULTS.md: 62-63% of cuBLAS from 2048^2 up, 63% at 1024^2, 53-78% on M = 64).
 Registers (driver JIT, H200): float32 large 128 under a cap (32 B spilled; 163
 uncapped and slower), small 55, tiny 32; float16 large runs uncapped (the cap spilled
 56 B); float64 large 128, no spills.
@@ -47,7 +47,8 @@ SIM_TILES = {"float32": {"large": (8, 16, 4, 2, 4), "small": (4, 4, 4, 2, 2),  #
 TILES = dict(SIM_TILES if SIMULATOR else HW_TILES)
 TILES.setdefault("float64", TILES["float32"])
 MAX_BATCH = 65535                     # grid.y
-MIN_CHUNK, MAX_SPLITS = 256, 64        # split-K: shortest chunk, most chunks (grid.z)
+MIN_CHUNK, MAX_SPLITS = 128, 64        # split-K: shortest chunk, most chunks (grid.z)
+SPLIT_BLOCKS_PER_SM = 4                # split-K's target: the small tile fits 4 an SM
 _offsets_cache = {}
 
 
@@ -142,8 +143,8 @@ def _plan(M, N, K, nb, dtype, can_split):
     "large" when its grid is at least 1.5 waves (62-63% of cuBLAS from 2048^2 up; at
     1024^2 "small" unsplit gives 64% against large's 47% even split three ways);
     else "small", its reduction split into at most MAX_SPLITS chunks of at least
-    MIN_CHUNK until the grid fills the SMs, while that reaches half a wave; else
-    "tiny", split likewise. Splitting needs float32/float64 output and no epilogue
+    MIN_CHUNK until about SPLIT_BLOCKS_PER_SM blocks an SM, while that reaches half a
+    wave; else "tiny", split likewise. Splitting needs float32/float64 output and no epilogue
     (the partial sums are stored in the output dtype and summed by reduce_tensor in
     chunk order: deterministic)."""
     tiles = TILES["float64" if dtype == "float64" else "float32"]
@@ -165,9 +166,15 @@ def _plan(M, N, K, nb, dtype, can_split):
 
 
 def split_count(blocks, K):
-    """Reduction chunks that give a grid of `blocks` tiles one block an SM, each chunk
-    at least MIN_CHUNK long, at most MAX_SPLITS."""
-    return max(1, min(-(-_sm_count() // blocks), K // MIN_CHUNK, MAX_SPLITS))
+    """Reduction chunks for a grid of `blocks` tiles: none when the grid covers every
+    SM; else enough for SPLIT_BLOCKS_PER_SM blocks an SM, each chunk at least MIN_CHUNK
+    long, at most MAX_SPLITS. (Run S, perf/RESULTS.md: aiming at one block an SM left
+    M = 64 at 38-47% of cuBLAS; four, whose latency the SM hides by switching blocks,
+    gave 53-67%, and 68% against 55% at 512^3 with chunks of 128.)"""
+    sm = _sm_count()
+    if blocks >= sm:
+        return 1
+    return max(1, min(-(-SPLIT_BLOCKS_PER_SM * sm // blocks), K // MIN_CHUNK, MAX_SPLITS))
 
 
 _sm = []
