@@ -178,21 +178,15 @@ DEPTHWISE = [(3, 1, 7, 8, 3, 1, 1, ((1, 1), (1, 1)), "cross_correlation"),   # r
              (2, 1, 7, 7, 3, 1, 2, ((2, 2), (2, 2)), "cross_correlation")]  # dilated: v1
 
 
-@pytest.mark.parametrize("layout", ["NCHW plane", "NCHW tile", "NHWC"])
+@pytest.mark.parametrize("last", [False, True])
 @pytest.mark.parametrize("plain", [True, False])
-@pytest.mark.parametrize("geom", DEPTHWISE + [(1, 2, 33, 30, 3, 1, 1, ((1, 1), (1, 1)),
-                                                "cross_correlation")])
-def test_depthwise_variants_match_reference(geom, plain, layout, monkeypatch):
-    """The depthwise forward kernels against the CPU reference (float64, 1e-12):
-    channels-first maps through variant 3 (planes in shared memory; the 33x30 map
-    needs its larger group) and, with it switched off, variant 2 (tiles): its plain
-    epilogue (one add) and full one (alpha, beta blend, ReLU), its 16-byte row stores
-    (channels-first, PW % 4 == 0) and scalar ones, channel multipliers, the flipped
-    mode; the dilated layer takes variant 1."""
+@pytest.mark.parametrize("geom", DEPTHWISE)
+def test_depthwise_variants_match_reference(geom, plain, last):
+    """The depthwise forward kernels against the CPU reference (float64, 1e-12): the
+    tile kernel's plain epilogue (one add) and full one (alpha, beta blend, ReLU), its
+    16-byte row stores (channels-first, PW % 4 == 0) and scalar ones, channel
+    multipliers, the flipped mode; the dilated layer takes variant 1."""
     C, m, H, W, R, st, dil, pads, mode = geom
-    last = layout == "NHWC"
-    if layout == "NCHW tile":
-        monkeypatch.setattr(CV._conv_depthwise._conv_dw_plane, "PLANE_MAX", 0)
     rng = np.random.default_rng(C * 7 + H)
     x = rng.uniform(-1, 1, (2, H, W, C) if last else (2, C, H, W))
     w = rng.uniform(-1, 1, (C * m, R, R, 1) if last else (C * m, 1, R, R))
@@ -208,8 +202,3 @@ def test_depthwise_variants_match_reference(geom, plain, layout, monkeypatch):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     g = CV._geometry(x.shape, w.shape, (st, st), pads, (dil, dil), C, mode, last)
     assert (CV._conv_depthwise.tile_spec(g) is None) == (dil > 1)
-    plane = CV._conv_depthwise._conv_dw_plane.plane_spec(g)
-    assert (plane is None) == (layout != "NCHW plane" or dil > 1)
-    if plane is not None:
-        small = CV._conv_depthwise._conv_dw_plane.SMALL
-        assert (plane[3] == small) == (H < 30)

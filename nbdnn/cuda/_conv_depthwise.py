@@ -20,9 +20,9 @@ MobileNet's 3x3 layers; perf/RESULTS.md run D).
   calls and 16-byte stores of aligned rows. 80 instructions an output and 1.6-2.2x
   cuDNN on the 56x56 and 112x112 layers (perf/RESULTS.md run Q).
   Consecutive threads take consecutive ow (NCHW) or consecutive k (NHWC): coalesced.
-- forward, variant 3 `dw_plane_*` (_conv_dw_plane.py): channels-first maps whose
-  receptive field fits 4096 elements (56x56 and smaller): a group of threads a
-  plane, the plane staged in shared memory, loads and stores coalesced.
+- tried and removed: a variant staging whole planes in shared memory (a group of
+  threads a plane, coalesced loads and stores, for maps up to 56x56) ran 1.7-2x
+  slower than variant 2 at 7x7-56x56 (perf/RESULTS.md, run S).
 - backward data, stride 1, dilation 1, multiplier 1: the forward kernels on dy with
   the flipped filter and pre-padding R-1-q (nbdnn/cpu/conv.py derives it).
 - backward filter `dw_filter_<R>x<S>`: block (k, j) sums dy * x over the j-th chunk of
@@ -34,7 +34,7 @@ direct kernels.
 """
 import numpy as np
 
-from . import SIMULATOR, _conv_dw_plane
+from . import SIMULATOR
 from ._arrays import dtype_name, empty, vector_aligned
 from ._conv_index import BLOCK
 from .tensor import reduce_tensor
@@ -246,12 +246,8 @@ def tile_spec(g):
 
 def forward(table, x, y, w, bias, z, g, tail, stream):
     """y = epilogue(depthwise conv); g the geometry, tail (has_bias, has_z, act, coef,
-    alpha, beta); False when no generated kernel fits. Variant 3 (whole planes in
-    shared memory, _conv_dw_plane.py) for small channels-first maps, else variant 2
-    (tiles) where it applies, else variant 1 (column strips; any stride and dilation
-    along W)."""
-    if _conv_dw_plane.forward(table, x, y, w, bias, z, g, tail, stream, dtype_name(x)):
-        return True
+    alpha, beta); False when no generated kernel fits. Variant 2 (tiles) where it
+    applies, else variant 1 (column strips; any stride and dilation along W)."""
     N, K, PH, PW = g[0], g[2], g[11], g[12]
     spec = tile_spec(g)
     if spec is not None:
@@ -316,7 +312,6 @@ def sources():
     out = dict(fwd_source(*spec) for spec in FWD_SPECS)
     out.update(tile_source(*spec, *shape) for spec, shape in TILE_SPECS.items())
     out.update(filter_source(*spec) for spec in FILTER_SPECS)
-    out.update(_conv_dw_plane.sources())
     return out
 
 
@@ -330,5 +325,4 @@ def signatures(t, ct, geom):
         sig[f"dw_tile_{R}x{S}s{st}"] = sig[f"dw_fwd_{R}x{S}s{st}"][:-1] + ", int64)"
     for R, S in FILTER_SPECS:
         sig[f"dw_filter_{R}x{S}"] = f"void({a}, {a}, {a}, {geom}, int64)"
-    sig.update(_conv_dw_plane.signatures(sig["dw_fwd_3x3s1"]))
     return sig

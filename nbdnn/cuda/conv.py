@@ -53,8 +53,8 @@ from ._arrays import dtype_name, empty, to_device, vector_aligned
 from ._intrinsics import store4
 from ._igemm_source import igemm_chunked_source, igemm_source
 from . import _conv_depthwise, _conv_gemm, _conv_winograd
-from ._conv_index import I as _I, U as _U, U32 as _U32, landing as _landing, launch, \
-    split as _split, split32 as _split32, strides as _strides
+from ._conv_index import I as _I, U as _U, landing as _landing, launch, split as _split, \
+    split32 as _split32, strides as _strides
 from ._launch import Kernel
 from .matmul import TILES, _act_source, _gemm, _plan, _sm_count
 from .tensor import reduce_tensor, transform_into
@@ -180,7 +180,7 @@ def _build():
         kernels.update(_conv_gemm.kernels(CT, act_fn))
         kernels.update(_conv_winograd.kernels(CT, _conv_gemm.make_epilogue(CT, act_fn)))
         ins = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "act_fn": act_fn, "strides": _strides,
-               "split": _split, "split32": _split32, "store4": store4, "U": _U, "I": _I, "U32": _U32,
+               "split": _split, "split32": _split32, "store4": store4, "U": _U, "I": _I,
                "UB": (lambda v: int(v) % (1 << 64)) if SIMULATOR else uint64}
         for size, cfg in TILES[ct_name].items():
             for variant, (name, src) in (("igemm_", igemm_source(*cfg)),
