@@ -62,3 +62,33 @@ def test_forward_and_backward_match_reference(monkeypatch, op, L, offset):
 def test_kernel_table_has_every_row_variant():
     names = {name for name, _ in NM._KERNELS}
     assert {"rows_v1", "rows_v16", "rows_bwd_v1", "rows_bwd_v8", "fwd", "bwd"} <= names
+
+
+@pytest.mark.parametrize("op, L, offset, dtype", [
+    ("layer_norm", 1032, 0, np.float32),      # 16-byte path
+    ("layer_norm", 1032, 1, np.float32),      # scalar path (misaligned views)
+    ("rms_norm", 600, 0, np.float64)])
+def test_fused_parameter_gradients_loop_over_rows(monkeypatch, op, L, offset, dtype):
+    """Block-a-row backward rows sum dscale/dbias inside the dx kernel: more rows than
+    blocks (each block loops), both access paths, float32 and float64, against the
+    CPU reference; the fused path is the one that ran."""
+    ran = []
+    fused = NM._fused_params
+    monkeypatch.setattr(NM, "_fused_params", lambda *a: ran.append(fused(*a)) or ran[-1])
+    rng = np.random.default_rng(L + offset)
+    from nbdnn.cuda.matmul import _sm_count
+    rows = 2 * NM.FUSED_LANES_PER_SM // 64 * _sm_count() + 3   # blocks loop over rows
+    flat = (rng.standard_normal(rows * L + offset) * 2 + 5).astype(dtype)
+    x = flat[offset:].reshape(rows, L)
+    dy = rng.standard_normal((rows, L)).astype(dtype)
+    scale = rng.standard_normal(L).astype(dtype)
+    fwd, back = getattr(nbdnn, op), getattr(nbdnn, op + "_backward")
+    stats = fwd(x, scale)[1:]
+    want = back(dy, x, *stats, scale)
+    dx = _arrays.to_device(flat)[offset:].reshape(rows, L)
+    got = back(_arrays.to_device(dy), dx, *map(_arrays.to_device, stats),
+               _arrays.to_device(scale))
+    tol = 1e-4 if dtype == np.float32 else 1e-11
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.copy_to_host(), w, rtol=tol, atol=tol * np.sqrt(rows))
+    assert ran == [True]

@@ -85,45 +85,101 @@ def forward_source(V):
     return name, "\n".join(src) + "\n"
 
 
-def backward_source(V):
+def _slot_columns(V, aligned):
+    """(valid condition, column, shared index) of each slot (k, j): the columns a lane
+    owns, and where its partial sums sit in shared memory: j-major on the vector path,
+    so that a warp's lanes hit consecutive banks (column-major would be 4-way)."""
+    if aligned:
+        return [(_valid(k, 0, True), f"U(4 * (lane + {k} * G) + {j})",
+                 f"U(lane + {k} * G + {j} * PLMAX4)") for k in range(V) for j in range(4)]
+    return [(_valid(k, j, False), f"U(lane + {4 * k + j} * G)", f"U(lane + {4 * k + j} * G)")
+            for k in range(V) for j in range(4)]
+
+
+def _per_slot(V, lines_of, ind):
+    """lines_of(k, j, column, shared index) under each slot's validity test, for both
+    layouts (the aligned flag picks one at run time)."""
+    p = " " * ind
+    src = [f"{p}if aligned != 0:"]
+    for branch in (True, False):
+        if not branch:
+            src.append(f"{p}else:")
+        for (valid, col, sh), (k, j) in zip(_slot_columns(V, branch),
+                                            [(k, j) for k in range(V) for j in range(4)]):
+            src.append(f"{p}    if {valid}:")
+            src += [f"{p}        {line}" for line in lines_of(k, j, col, sh)]
+    return src
+
+
+def backward_source(V, params=None):
     """dx = (g - xhat*mean(g*xhat) - mean(g)) * inv, g = dy*scale, with dy and x held
-    in registers (rms norm: mean 0 and no mean(g) term): 12 B an element."""
+    in registers (rms norm: mean 0 and no mean(g) term): 12 B an element.
+
+    params = G (variant 2, a block of G lanes a row, L <= PLMAX): the block loops over
+    rows r = blockIdx.x, + gridDim.x, ... and also sums dscale = dy*xhat and dbias = dy
+    for its rows into shared memory, each lane over the columns it owns (no atomics,
+    no barrier), then writes its partial row of each to p1/p2[blockIdx.x, :]: dy and
+    x are read once for all three results, 12 B an element instead of 20. G is a
+    constant here: with a run-time G the compiler hoists every slot's column offset
+    out of the row loop and the kernel needed 198-252 registers."""
     slots = [(k, j) for k in range(V) for j in range(4)]
-    name = f"norm_rows_bwd_v{V}"
+    name = f"norm_rows_bwdp_v{V}_g{params}" if params else f"norm_rows_bwd_v{V}"
     src = prologue(name, "dy, x, st1, st2, scale, dx, nrows, L, G, centred, has_scale, "
-                   "aligned", V)
-    src += load_lines(["d", "v"], ["dy", "x"], V, "ZERO")
-    src += ["    r = row if live else 0",
-            "    mean = st1[r] if centred else ZERO",
-            "    inv = st2[r]",
-            "    if live:",
-            "        if aligned != 0:"]
+                   "aligned" + (", p1, p2" if params else ""), V)
+    if params:
+        src[0] = src[0].replace(", G, ", ", G_, ")
+        src.insert(1, f"    G = {params}")
+    body = load_lines(["d", "v"], ["dy", "x"], V, "ZERO")
+    body += ["    r = row if live else 0",
+             "    mean = st1[r] if centred else ZERO",
+             "    inv = st2[r]",
+             "    if live:",
+             "        if aligned != 0:"]
+    acc = (lambda k, j, sh: [f"pacc[{sh}] += d{k}_{j} * v{k}_{j}",
+                             f"pacc[{sh[:-1]} + PLMAX)] += d{k}_{j}"]) if params else None
+    cols = {True: _slot_columns(V, True), False: _slot_columns(V, False)}
     for k in range(V):  # the padding stays 0 (d = 0 adds nothing below)
-        src += [f"            if {_valid(k, 0, True)}:",
-                "                if has_scale:",
-                f"                    a0, a1, a2, a3 = load4(scale, lane + {k} * G)"]
-        src += [f"                    d{k}_{j} *= CT(a{j})" for j in range(4)]
-        src += [f"                v{k}_{j} = (v{k}_{j} - mean) * inv" for j in range(4)]
-    src.append("        else:")
+        body += [f"            if {_valid(k, 0, True)}:"]
+        body += [f"                v{k}_{j} = (v{k}_{j} - mean) * inv" for j in range(4)]
+        if params:
+            body += [f"                {a}" for j in range(4)
+                     for a in acc(k, j, cols[True][4 * k + j][2])]
+        body += ["                if has_scale:",
+                 f"                    a0, a1, a2, a3 = load4(scale, lane + {k} * G)"]
+        body += [f"                    d{k}_{j} *= CT(a{j})" for j in range(4)]
+    body.append("        else:")
     for k, j in slots:
         i = f"lane + {4 * k + j} * G"
-        src += [f"            if {i} < L:",
-                f"                d{k}_{j} *= CT(scale[{i}]) if has_scale else ONE",
-                f"                v{k}_{j} = (v{k}_{j} - mean) * inv"]
-    src += [f"    s{j} = ZERO" for j in range(4)] + [f"    t{j} = ZERO" for j in range(4)]
-    src += [f"    s{j} += d{k}_{j}" for k, j in slots]
-    src += [f"    t{j} += d{k}_{j} * v{k}_{j}" for k, j in slots]
-    src += ["    sg = grp_sum((s0 + s1) + (s2 + s3), G, shm) / CT(L)",
-            "    sgx = grp_sum((t0 + t1) + (t2 + t3), G, shm) / CT(L)",
-            "    if not centred:",
-            "        sg = ZERO"]
-    src += [f"    d{k}_{j} = (d{k}_{j} - v{k}_{j} * sgx - sg) * inv" for k, j in slots]
-    src += store_lines("d", "dx", V, blend=False)
+        body += [f"            if {i} < L:",
+                 f"                v{k}_{j} = (v{k}_{j} - mean) * inv"]
+        if params:
+            body += [f"                {a}" for a in acc(k, j, cols[False][4 * k + j][2])]
+        body += [f"                d{k}_{j} *= CT(scale[{i}]) if has_scale else ONE"]
+    body += [f"    s{j} = ZERO" for j in range(4)] + [f"    t{j} = ZERO" for j in range(4)]
+    body += [f"    s{j} += d{k}_{j}" for k, j in slots]
+    body += [f"    t{j} += d{k}_{j} * v{k}_{j}" for k, j in slots]
+    body += ["    sg = grp_sum((s0 + s1) + (s2 + s3), G, shm) / CT(L)",
+             "    sgx = grp_sum((t0 + t1) + (t2 + t3), G, shm) / CT(L)",
+             "    if not centred:",
+             "        sg = ZERO"]
+    body += [f"    d{k}_{j} = (d{k}_{j} - v{k}_{j} * sgx - sg) * inv" for k, j in slots]
+    body += store_lines("d", "dx", V, blend=False)
+    if not params:
+        return name, "\n".join(src + body) + "\n"
+    src += ["    pacc = cuda.shared.array(PSHM, CT)"]
+    src += _per_slot(V, lambda k, j, c, sh: [f"pacc[{sh}] = ZERO",
+                                             f"pacc[{sh[:-1]} + PLMAX)] = ZERO"], 4)
+    src += ["    while row < nrows:"] + ["    " + line for line in body]
+    src += ["        row += cuda.gridDim.x", "        live = row < nrows",
+            "        base = row * L", "        q = base // 4 + lane",
+            "    o = U(cuda.blockIdx.x * L)"]
+    src += _per_slot(V, lambda k, j, c, sh: [f"p1[o + {c}] = pacc[{sh}]",
+                                             f"p2[o + {c}] = pacc[{sh[:-1]} + PLMAX)]"], 4)
     return name, "\n".join(src) + "\n"
 
 
-def row_kernel(V, backward, ns):
-    name, src = (backward_source if backward else forward_source)(V)
+def row_kernel(V, backward, ns, params=None):
+    name, src = backward_source(V, params) if backward else forward_source(V)
     exec(compile(src, f"<nbdnn.cuda.norm:{name}>", "exec"), ns)
     return ns[name]
 

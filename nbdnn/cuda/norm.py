@@ -11,14 +11,18 @@ group), NCHW or NHWC, addressed through `_element`).
 - backward dx: layer/rms norm rows up to 16384, dy and x held in registers
   (_norm_rows.py; 12 B an element); otherwise a block a row sums g = dy*scale and
   g*xhat, then writes dx.
-- backward dscale/dbias: layer/rms norm, chunk partials over blocks of rows summed in
-  order (_norm_rows.py); group norm, a thread a channel summing over (n, spatial) in
-  order. Both deterministic.
+- backward dscale/dbias: layer/rms norm rows of 1k-4k (a block a row, L <= PLMAX),
+  summed inside the dx kernel (variant 2 of _norm_rows.backward_source: each block
+  loops over rows and keeps per-column partials in shared memory, then
+  reduce_tensor sums the blocks' partial rows in order): dy and x read once, 12 B an
+  element; other layer/rms norm rows: chunk partials over blocks of rows in a second
+  pass (_norm_rows.py, 8 B more); group norm, a thread a channel summing over (n,
+  spatial) in order. All deterministic.
 """
 import math
 
 import numpy as np
-from numba import cuda, float32, float64
+from numba import cuda, float32, float64, uint64
 
 from . import SIMULATOR
 from ._arrays import dtype_name, empty, vector_aligned
@@ -30,6 +34,16 @@ from .softmax import ROWS_BLOCK, _row_vs, _rows_config
 
 BLOCK = 32 if SIMULATOR else 256
 MAX_GRID = 2 ** 31 - 1
+PLMAX = {"float32": 4096, "float64": 2048}  # fused backward: columns (32 KiB a block)
+FUSED_V = 4                                   # 4-element vectors a lane, G lanes a row
+FUSED_LANES_PER_SM = 512                      # resident at 128 registers (2 blocks of 256)
+
+
+def _fused_groups(ct):
+    """The lane counts G of the fused backward: rows past a warp's reach (1024 float32,
+    512 float64 elements) up to PLMAX, 4*FUSED_V elements a lane."""
+    lo = 1024 if ct == "float32" else 512
+    return [G for G in (64, 128, 256) if lo < 16 * G and 16 * G // 2 < PLMAX[ct]]
 
 
 @cuda.jit(device=True)
@@ -123,7 +137,9 @@ def _build():
     for ct, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
         f = device_functions(nt)
         ks = _kernels(CT, f)
-        ns = dict(f, cuda=cuda, math=math, load4=load4, store4=store4, CT=CT, SHM=SHM)
+        ns = dict(f, cuda=cuda, math=math, load4=load4, store4=store4, CT=CT, SHM=SHM,
+                  PLMAX=PLMAX[ct], PLMAX4=PLMAX[ct] // 4, PSHM=2 * PLMAX[ct],
+                  U=int if SIMULATOR else uint64)
         ks["params_partials"], ks["params_final"] = _rows.param_kernels(CT)
         for t in (d for d in ("float16", "float32", "float64") if (d == "float64") == (ct == "float64")):
             a, s = f"{t}[::1]", f"{ct}[::1]"
@@ -151,6 +167,14 @@ def _build():
                 opts = {} if SIMULATOR or V < 4 else {"max_registers": 128}
                 table[f"rows_bwd_v{V}", t] = (Kernel(_rows.row_kernel(V, True, ns), [sig],
                                                      **opts), sig)
+            if t == ct:  # partials in the compute type: float32 and float64 storage
+                psig = sig[:-1] + f", {s}, {s})"
+                # float32: 129 registers uncapped (2 blocks of 256 would not fit an
+                # SM), 128 capped without spills; float64 180 uncapped
+                opts = {"max_registers": 128} if ct == "float32" and not SIMULATOR else {}
+                for G in _fused_groups(ct):
+                    kern = _rows.row_kernel(FUSED_V, True, ns, G)
+                    table[f"rows_bwdp_g{G}", t] = (Kernel(kern, [psig], **opts), psig)
     return table
 
 
@@ -212,6 +236,9 @@ def backward(dy, x, st1, st2, scale, geo, param_shape, out, stream, centred):
     if rows and L and cfg is not None:  # layer/rms norm: dy and x in registers
         V, Gl = cfg
         aligned = int(L % 4 == 0 and vector_aligned(dy, x, sc, dx))
+        if _fused_params(dy, x, st1, st2, sc, dx, dscale, dbias, rows, L, Gl, centred,
+                         scale is not None, aligned, stream):
+            return dx, dscale, dbias
         block = Gl if Gl > 32 else ROWS_BLOCK
         k, sig = _KERNELS[f"rows_bwd_v{V}", dtype]
         k.launch(sig, -(-rows // (block // Gl)), block, stream, dy, x, st1, st2, sc, dx, rows,
@@ -234,6 +261,29 @@ def backward(dy, x, st1, st2, scale, geo, param_shape, out, stream, centred):
         k.launch(sig, -(-C // BLOCK), BLOCK, stream, dy, x, st1, st2, dscale, dbias, N, C, G,
                  HW, last, int(centred))
     return dx, dscale, dbias
+
+
+def _fused_params(dy, x, st1, st2, sc, dx, dscale, dbias, rows, L, Gl, centred,
+                  has_scale, aligned, stream):
+    """dx, dscale and dbias in one pass over dy and x (a block a row looping over rows,
+    per-block partial rows summed by reduce_tensor in block order); False when the
+    row's shape or dtype does not take it."""
+    dtype = dtype_name(x)
+    G = 1 << max(0, -(-L // (4 * FUSED_V)) - 1).bit_length()  # pow2 >= L / 16
+    key = f"rows_bwdp_g{G}", dtype
+    if Gl <= 32 or L > PLMAX.get(dtype, 0) or key not in _KERNELS:
+        return False
+    from .matmul import _sm_count
+    from .tensor import reduce_tensor
+    nb = min(rows, FUSED_LANES_PER_SM // G * _sm_count())
+    p1, p2 = empty(x, (nb, L), dtype), empty(x, (nb, L), dtype)
+    k, sig = _KERNELS[key]
+    k.launch(sig, nb, G, stream, dy, x, st1, st2, sc, dx, rows, L, G, int(centred),
+             int(has_scale), aligned, p1, p2)
+    for p, d in ((p1, dscale), (p2, dbias)):
+        reduce_tensor(p, "add", (0,), False, False, alpha=1.0, beta=0.0, out=d.reshape(L),
+                      stream=stream)
+    return True
 
 
 def layer_norm(x, scale, bias, ndim, eps, *, out, stream):
