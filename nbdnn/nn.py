@@ -16,6 +16,13 @@ generator, so a seed gives the same network and the same masks on both backends.
     value = loss.forward(net.forward(x, train=True), onehot)   # a 1-element array
     net.backward(loss.backward())
     opt.step()
+
+On the CUDA backend `net.plan(batch, (1, 8, 8), loss=loss, optimizer=opt)` runs the
+same step on fixed buffers as a captured CUDA graph (`Plan`, nbdnn/_nn_train.py):
+`plan.step(x, onehot)` copies the batch in and replays the step for a microsecond of
+host time a kernel. Everything a replay must see change lives in device arrays:
+parameters, running statistics, optimizer state, dropout's offset counter, Adam's
+b1**t and b2**t.
 """
 import numpy as np
 
