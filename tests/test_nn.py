@@ -179,11 +179,11 @@ def test_plan_steps_equal_plain_steps_and_load_keeps_the_plan(device, tmp_path):
     captured, then replays) gives the losses and weights of plain calls; forward
     sees the updated weights; load() writes into the arrays the plan captured."""
     rng = np.random.default_rng(8)
-    xs = rng.standard_normal((3, 2, 1, 4, 4)).astype(np.float32)
+    xs = rng.standard_normal((3, 2, 2, 4, 4)).astype(np.float32)
     ts = np.eye(3, dtype=np.float32)[rng.integers(0, 3, (3, 2))]
 
     def make():
-        m = nn.Sequential([nn.Conv2d(1, 2, 3, padding=1, seed=3), nn.ReLU(),
+        m = nn.Sequential([nn.Conv2d(2, 2, 3, padding=1, seed=3), nn.ReLU(),
                            nn.Dropout(0.25, seed=4), nn.Flatten(),
                            nn.Linear(32, 3, seed=5)]).to(device)
         return m, nn.CrossEntropyLoss(), nn.SGD(m, 0.1, momentum=0.9)
@@ -195,7 +195,7 @@ def test_plan_steps_equal_plain_steps_and_load_keeps_the_plan(device, tmp_path):
         ro.step()
         want.append(float(nn.move(loss, "cpu").reshape(())))
     model, loss_fn, opt = make()
-    plan = model.plan(2, (1, 4, 4), loss=loss_fn, optimizer=opt)
+    plan = model.plan(2, (2, 4, 4), loss=loss_fn, optimizer=opt)
     got = [float(nn.move(plan.step(x, t), "cpu").reshape(())) for x, t in zip(xs, ts)]
     assert got == want
     expect = nn.move(ref.forward(nn.move(xs[0], device)), "cpu")
