@@ -1,6 +1,6 @@
 """Training pieces of nbdnn.nn (re-exported there): the cross-entropy loss, SGD and
-Adam as nbdnn tensor ops, and `Plan`, which runs a model's inference and training
-step on fixed buffers and, on the CUDA backend, as captured graphs."""
+Adam as nbdnn tensor ops, `train_step`, and `Plan`, which runs a model's inference and
+training step on fixed input buffers and, on the CUDA backend, as captured graphs."""
 import numpy as np
 
 import nbdnn
@@ -94,10 +94,22 @@ class Adam:
             nbdnn.add_tensor(step, p, alpha=-1.0, out=p)
 
 
+def train_step(model, loss, optimizer, x, target):
+    """One training step: forward, loss, backward, optimizer update; returns the loss
+    (a 1-element array on the model's device)."""
+    value = loss.forward(model.forward(x, train=True), target)
+    model.backward(loss.backward(), need_dx=False)
+    optimizer.step()
+    return value
+
+
 class Plan:
-    """A model's inference and training step on buffers allocated once, for one batch
-    size; on the CUDA backend each is captured as a CUDA graph (nbdnn.cuda.Graph) and
-    replayed, so a step costs about a microsecond of host time a kernel.
+    """A model's inference and training step for one batch size, with inputs copied
+    into buffers allocated once. On the CUDA backend each is captured as a CUDA graph
+    (nbdnn.cuda.Graph) and replayed: the activations, gradients and workspaces are
+    allocated once, at capture, and owned by the graph, and a step costs about a
+    microsecond of host time a kernel. Eagerly (graph=False, or the CPU backend) every
+    call allocates its intermediates as plain calls do.
 
         plan = model.plan(64, (1, 8, 8), loss=nn.CrossEntropyLoss(),
                           optimizer=nn.SGD(model, 0.05, momentum=0.9))
@@ -160,12 +172,6 @@ class Plan:
             self.target = move(np.zeros(tuple(target.shape), self.dtype), self.device)
         self._into(self.x, x)
         self._into(self.target, target)
-
-        def train_step():
-            out = self.model.forward(self.x, train=True)
-            value = self.loss.forward(out, self.target)
-            self.model.backward(self.loss.backward(), need_dx=False)
-            self.optimizer.step()
-            return value
         self._steps += 1
-        return self._run("step", train_step, self._steps == 1)
+        return self._run("step", lambda: train_step(self.model, self.loss, self.optimizer,
+                                                    self.x, self.target), self._steps == 1)

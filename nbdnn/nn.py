@@ -352,4 +352,4 @@ def resnet18(num_classes=1000, *, seed=0, dtype=np.float32):
     return Sequential(layers)
 
 
-from ._nn_train import SGD, Adam, CrossEntropyLoss, Plan  # noqa: E402,F401
+from ._nn_train import SGD, Adam, CrossEntropyLoss, Plan, train_step  # noqa: E402,F401

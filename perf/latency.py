@@ -69,13 +69,6 @@ def _host(a):
     return a.detach().cpu().numpy() if hasattr(a, "detach") else a.copy_to_host()
 
 
-def _step(model, loss_fn, opt, xb, tb):
-    loss = loss_fn.forward(model.forward(xb, train=True), tb)
-    model.backward(loss_fn.backward(), need_dx=False)
-    opt.step()
-    return loss
-
-
 def _train_step(reps, batch=64):
     """One digits training step at batch 64, nbdnn eager / graph and PyTorch eager."""
     rng = np.random.default_rng(0)
@@ -85,7 +78,7 @@ def _train_step(reps, batch=64):
     for mode in ("eager", "graph"):
         model = digits_cnn().to("cuda")
         loss_fn, opt = nn.CrossEntropyLoss(), nn.SGD(model, 0.01, momentum=0.9)
-        step = lambda: _step(model, loss_fn, opt, x, t)  # noqa: E731
+        step = lambda: nn.train_step(model, loss_fn, opt, x, t)  # noqa: E731
         step()  # the optimizer's velocities
         if mode == "graph":
             g = Graph()

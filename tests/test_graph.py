@@ -149,31 +149,24 @@ def _small_net(seed):
                           nn.Linear(4, 3, seed=seed + 1)])
 
 
-def _step(model, loss_fn, opt, xb, tb):
-    loss = loss_fn.forward(model.forward(xb, train=True), tb)
-    model.backward(loss_fn.backward(), need_dx=False)
-    opt.step()
-    return loss
-
-
 def test_captured_training_step_equals_eager_steps():
     rng = np.random.default_rng(2)
     batches = [(rng.standard_normal((2, 2, 2, 2)).astype(np.float32),
                 np.eye(3, dtype=np.float32)[rng.integers(0, 3, 2)]) for _ in range(3)]
     eager = _small_net(0).to("cuda")
     e_loss, e_opt = nn.CrossEntropyLoss(), nn.SGD(eager, 0.1, momentum=0.9)
-    eager_losses = [float(_host(_step(eager, e_loss, e_opt, _dev(x), _dev(t))))
+    eager_losses = [float(_host(nn.train_step(eager, e_loss, e_opt, _dev(x), _dev(t))))
                     for x, t in batches]
 
     model = _small_net(0).to("cuda")
     loss_fn, opt = nn.CrossEntropyLoss(), nn.SGD(model, 0.1, momentum=0.9)
     xb, tb = _dev(batches[0][0]), _dev(batches[0][1])
-    losses = [float(_host(_step(model, loss_fn, opt, xb, tb)))]  # creates the velocities
+    losses = [float(_host(nn.train_step(model, loss_fn, opt, xb, tb)))]  # makes velocities
     g = Graph()
     xb.copy_to_device(batches[1][0])
     tb.copy_to_device(batches[1][1])
     with g.capture():  # step 2 runs while it is recorded
-        loss = _step(model, loss_fn, opt, xb, tb)
+        loss = nn.train_step(model, loss_fn, opt, xb, tb)
     losses.append(float(_host(loss)))
     for x, t in batches[2:]:
         xb.copy_to_device(x)
@@ -195,17 +188,18 @@ def test_captured_adam_step_corrects_by_the_replays_t():
         model = nn.Sequential([nn.Linear(6, 3, seed=4)]).to("cuda")
         return model, nn.CrossEntropyLoss(), nn.Adam(model, 0.05)
     eager, e_loss, e_opt = make()
-    want = [float(_host(_step(eager, e_loss, e_opt, _dev(x), _dev(t)))) for x, t in batches]
+    want = [float(_host(nn.train_step(eager, e_loss, e_opt, _dev(x), _dev(t))))
+            for x, t in batches]
     model, loss_fn, opt = make()
     xb, tb = _dev(batches[0][0]), _dev(batches[0][1])
-    got = [float(_host(_step(model, loss_fn, opt, xb, tb)))]
+    got = [float(_host(nn.train_step(model, loss_fn, opt, xb, tb)))]
     g = Graph()
     for i, (x, t) in enumerate(batches[1:]):
         xb.copy_to_device(x)
         tb.copy_to_device(t)
         if i == 0:
             with g.capture():
-                loss = _step(model, loss_fn, opt, xb, tb)
+                loss = nn.train_step(model, loss_fn, opt, xb, tb)
         else:
             g.replay()
         got.append(float(_host(loss)))

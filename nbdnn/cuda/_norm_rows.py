@@ -90,10 +90,16 @@ def _slot_columns(V, aligned):
     owns, and where its partial sums sit in shared memory: j-major on the vector path,
     so that a warp's lanes hit consecutive banks (column-major would be 4-way)."""
     if aligned:
-        return [(_valid(k, 0, True), f"U(4 * (lane + {k} * G) + {j})",
-                 f"U(lane + {k} * G + {j} * PLMAX4)") for k in range(V) for j in range(4)]
-    return [(_valid(k, j, False), f"U(lane + {4 * k + j} * G)", f"U(lane + {4 * k + j} * G)")
+        return [(_valid(k, 0, True), f"4 * (lane + {k} * G) + {j}",
+                 f"lane + {k} * G + {j} * PLMAX4") for k in range(V) for j in range(4)]
+    return [(_valid(k, j, False), f"lane + {4 * k + j} * G", f"lane + {4 * k + j} * G")
             for k in range(V) for j in range(4)]
+
+
+def _sums(sh):
+    """The shared slots of one column's dscale and dbias partials (unsigned indices:
+    numba adds no negative-index wraparound)."""
+    return f"pacc[U({sh})]", f"pacc[U({sh} + PLMAX)]"
 
 
 def _per_slot(V, lines_of, ind):
@@ -111,39 +117,41 @@ def _per_slot(V, lines_of, ind):
     return src
 
 
-def backward_source(V, params=None):
+def backward_source(V, G=None):
     """dx = (g - xhat*mean(g*xhat) - mean(g)) * inv, g = dy*scale, with dy and x held
     in registers (rms norm: mean 0 and no mean(g) term): 12 B an element.
 
-    params = G (variant 2, a block of G lanes a row, L <= PLMAX): the block loops over
+    G given (variant 2, a block of G lanes a row, L <= PLMAX): the block loops over
     rows r = blockIdx.x, + gridDim.x, ... and also sums dscale = dy*xhat and dbias = dy
     for its rows into shared memory, each lane over the columns it owns (no atomics,
     no barrier), then writes its partial row of each to p1/p2[blockIdx.x, :]: dy and
     x are read once for all three results, 12 B an element instead of 20. G is a
     constant here: with a run-time G the compiler hoists every slot's column offset
     out of the row loop and the kernel needed 198-252 registers."""
+    fused = G is not None
     slots = [(k, j) for k in range(V) for j in range(4)]
-    name = f"norm_rows_bwdp_v{V}_g{params}" if params else f"norm_rows_bwd_v{V}"
+    name = f"norm_rows_bwdp_v{V}_g{G}" if fused else f"norm_rows_bwd_v{V}"
     src = prologue(name, "dy, x, st1, st2, scale, dx, nrows, L, G, centred, has_scale, "
-                   "aligned" + (", p1, p2" if params else ""), V)
-    if params:
+                   "aligned" + (", p1, p2" if fused else ""), V)
+    if fused:
         src[0] = src[0].replace(", G, ", ", G_, ")
-        src.insert(1, f"    G = {params}")
+        src.insert(1, f"    G = {G}")
+
+    def sums(k, j, aligned):  # the fused kernel's partial sums of slot (k, j)
+        if not fused:
+            return []
+        a, b = _sums(_slot_columns(V, aligned)[4 * k + j][2])
+        return [f"{a} += d{k}_{j} * v{k}_{j}", f"{b} += d{k}_{j}"]
     body = load_lines(["d", "v"], ["dy", "x"], V, "ZERO")
     body += ["    r = row if live else 0",
              "    mean = st1[r] if centred else ZERO",
              "    inv = st2[r]",
              "    if live:",
              "        if aligned != 0:"]
-    acc = (lambda k, j, sh: [f"pacc[{sh}] += d{k}_{j} * v{k}_{j}",
-                             f"pacc[{sh[:-1]} + PLMAX)] += d{k}_{j}"]) if params else None
-    cols = {True: _slot_columns(V, True), False: _slot_columns(V, False)}
     for k in range(V):  # the padding stays 0 (d = 0 adds nothing below)
         body += [f"            if {_valid(k, 0, True)}:"]
         body += [f"                v{k}_{j} = (v{k}_{j} - mean) * inv" for j in range(4)]
-        if params:
-            body += [f"                {a}" for j in range(4)
-                     for a in acc(k, j, cols[True][4 * k + j][2])]
+        body += [f"                {a}" for j in range(4) for a in sums(k, j, True)]
         body += ["                if has_scale:",
                  f"                    a0, a1, a2, a3 = load4(scale, lane + {k} * G)"]
         body += [f"                    d{k}_{j} *= CT(a{j})" for j in range(4)]
@@ -152,8 +160,7 @@ def backward_source(V, params=None):
         i = f"lane + {4 * k + j} * G"
         body += [f"            if {i} < L:",
                  f"                v{k}_{j} = (v{k}_{j} - mean) * inv"]
-        if params:
-            body += [f"                {a}" for a in acc(k, j, cols[False][4 * k + j][2])]
+        body += [f"                {a}" for a in sums(k, j, False)]
         body += [f"                d{k}_{j} *= CT(scale[{i}]) if has_scale else ONE"]
     body += [f"    s{j} = ZERO" for j in range(4)] + [f"    t{j} = ZERO" for j in range(4)]
     body += [f"    s{j} += d{k}_{j}" for k, j in slots]
@@ -164,22 +171,22 @@ def backward_source(V, params=None):
              "        sg = ZERO"]
     body += [f"    d{k}_{j} = (d{k}_{j} - v{k}_{j} * sgx - sg) * inv" for k, j in slots]
     body += store_lines("d", "dx", V, blend=False)
-    if not params:
+    if not fused:
         return name, "\n".join(src + body) + "\n"
     src += ["    pacc = cuda.shared.array(PSHM, CT)"]
-    src += _per_slot(V, lambda k, j, c, sh: [f"pacc[{sh}] = ZERO",
-                                             f"pacc[{sh[:-1]} + PLMAX)] = ZERO"], 4)
+    src += _per_slot(V, lambda k, j, c, sh: [f"{a} = ZERO" for a in _sums(sh)], 4)
     src += ["    while row < nrows:"] + ["    " + line for line in body]
     src += ["        row += cuda.gridDim.x", "        live = row < nrows",
             "        base = row * L", "        q = base // 4 + lane",
             "    o = U(cuda.blockIdx.x * L)"]
-    src += _per_slot(V, lambda k, j, c, sh: [f"p1[o + {c}] = pacc[{sh}]",
-                                             f"p2[o + {c}] = pacc[{sh[:-1]} + PLMAX)]"], 4)
+    src += _per_slot(V, lambda k, j, c, sh: [f"p{i + 1}[o + U({c})] = {a}"
+                                             for i, a in enumerate(_sums(sh))], 4)
     return name, "\n".join(src) + "\n"
 
 
-def row_kernel(V, backward, ns, params=None):
-    name, src = backward_source(V, params) if backward else forward_source(V)
+def row_kernel(V, backward, ns, G=None):
+    """The generated row kernel, exec'd in ns; G: backward variant 2's lane count."""
+    name, src = backward_source(V, G) if backward else forward_source(V)
     exec(compile(src, f"<nbdnn.cuda.norm:{name}>", "exec"), ns)
     return ns[name]
 

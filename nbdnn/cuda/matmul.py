@@ -16,7 +16,7 @@ float64 for float64. Traffic per block and k-step: (BM + BN)*BK loads, BM*BN*BK 
 Tile configs (TILES): "large" 128x128x8 with 8x8 a thread, "small" 64x64x8 with
 4x4, "tiny" 32x32x8 with 2x2 (256 threads each); float64 uses half the thread tile.
 `_plan` picks the tile and the split-K chunks from H200 measurements (perf/sgemm.py,
-perf/RESULTS.md: 62-63% of cuBLAS from 2048^2 up, 63% at 1024^2, 53-78% on M = 64).
+perf/RESULTS.md: 62-63% of cuBLAS from 2048^2 up, 64-67% at 512-1024, 52-69% on M = 64).
 Registers (driver JIT, H200): float32 large 128 under a cap (32 B spilled; 163
 uncapped and slower), small 55, tiny 32; float16 large runs uncapped (the cap spilled
 56 B); float64 large 128, no spills.
@@ -144,9 +144,9 @@ def _plan(M, N, K, nb, dtype, can_split):
     1024^2 "small" unsplit gives 64% against large's 47% even split three ways);
     else "small", its reduction split into at most MAX_SPLITS chunks of at least
     MIN_CHUNK until about SPLIT_BLOCKS_PER_SM blocks an SM, while that reaches half a
-    wave; else "tiny", split likewise. Splitting needs float32/float64 output and no epilogue
-    (the partial sums are stored in the output dtype and summed by reduce_tensor in
-    chunk order: deterministic)."""
+    wave; else "tiny", split likewise. Splitting needs float32/float64 output and no
+    epilogue (the partial sums are stored in the output dtype and summed by
+    reduce_tensor in chunk order: deterministic)."""
     tiles = TILES["float64" if dtype == "float64" else "float32"]
     sm = _sm_count()
 
@@ -170,7 +170,7 @@ def split_count(blocks, K):
     SM; else enough for SPLIT_BLOCKS_PER_SM blocks an SM, each chunk at least MIN_CHUNK
     long, at most MAX_SPLITS. (Run S, perf/RESULTS.md: aiming at one block an SM left
     M = 64 at 38-47% of cuBLAS; four, whose latency the SM hides by switching blocks,
-    gave 53-67%, and 68% against 55% at 512^3 with chunks of 128.)"""
+    gave 52-67%, and 68% against 55% at 512^3 with chunks of 128.)"""
     sm = _sm_count()
     if blocks >= sm:
         return 1

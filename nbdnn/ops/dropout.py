@@ -40,9 +40,8 @@ def dropout(x, p, *, seed, offset=0, out=None, backend=None, stream=None):
     shape, dtype = c.array("x", x)
     p = _p(op, p)
     seed = _u64(op, "seed", seed)
-    if counter:
-        c.array("offset", offset, dtypes=("uint64",))
-        offset = c.out(offset, (1,), np.dtype(np.uint64), "offset")  # updated in place
+    if counter:  # updated in place: c.out checks shape, dtype, contiguity, writeability
+        offset = c.out(offset, (1,), np.dtype(np.uint64), "offset")
     else:
         offset = _u64(op, "offset", offset)
     out = c.out(out, shape, dtype)
