@@ -168,10 +168,12 @@ def test_gemm_and_depthwise_kernels_spill_at_most_as_measured():
 def test_norm_pool_and_batch_norm_kernels_do_not_spill():
     """The register-cached norm rows (up to 64 values a lane under a 128-register cap)
     and batch norm's register-held chunks must stay in registers, in every dtype."""
-    from nbdnn.cuda import batch_norm as BN, norm as NM, pool as PL
+    from nbdnn.cuda import batch_norm as BN, norm as NM, pool as PL, _launch
     for table in (NM._KERNELS, BN._KERNELS, PL._KERNELS):
         for (name, dtype), (kernel, sig) in table.items():
             assert kernel.resources(sig)["local_bytes"] == 0, (name, dtype)
+    for kernel in (k for k in _launch.REGISTRY if k.name == "pool_fwd_fast"):
+        assert kernel.resources(kernel.sigs[0])["local_bytes"] == 0, kernel.sigs[0]
 
 
 def test_batch_norm_statistics_past_2_24_elements_at_mean_1e4():

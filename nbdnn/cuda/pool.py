@@ -1,23 +1,23 @@
 """Pooling on the GPU for every geometry (1-3 d, stride, per-side padding, dilation,
 ceil mode, NCHW and NHWC); the formulas are in nbdnn/cpu/pool.py.
 
-- forward: a block BY output rows of one plane, BX threads along the contiguous axis
-  (pw for NCHW, c for NHWC; consecutive threads write consecutive addresses), so the
-  block's indices are divided once; a thread scans its window (a 3x3/2 window reads
-  each input ~2.25 times, from L1) with unconditional clamped loads, the 2x2 and 3x3
-  windows compiled in so that their taps unroll and load together.
+- forward, 1-d and 2-d windows of up to 64 taps: _pool_fast.py (the geometry compiled
+  in, several output rows a thread, 32-bit offsets).
+- forward, the rest (3-d, larger windows, 2**32 elements and more): a block BY output
+  rows of one plane, BX threads along the contiguous axis (pw for NCHW, c for NHWC;
+  consecutive threads write consecutive addresses), so the block's indices are divided
+  once; a thread scans its window branch-free with unconditional clamped loads.
 - backward: one thread an input element gathers, over the window taps whose stride
   arithmetic lands on it, dy[p] / count (avg) or dy[p] when it is window p's first
   maximal element (max: the window is rescanned) - no atomics, deterministic.
-Every kernel sees 3 spatial axes (1-d and 2-d get leading axes of size 1). Traffic:
-forward reads x once from DRAM and writes y; backward reads dy ~k/s times a tap axis
-and x (max) once a window, and writes dx.
+Every kernel here sees 3 spatial axes (1-d and 2-d get leading axes of size 1).
+Traffic: forward reads x once from DRAM and writes y; backward reads dy ~k/s times a
+tap axis and x (max) once a window, and writes dx.
 
 Verified on the H200 (crosscheck, PyTorch comparisons, determinism; perf/RESULTS.md
-runs G-I, O). Forward speed: Nsight Compute found the old forward instruction-bound
-(~645 instructions an output at 25% occupancy, DRAM 7% busy); the branch-free window
-(window_fwd) took ResNet's pools from 254-289 us to 190-205 us, still 0.39-0.54x
-PyTorch's 80-104 us (RESULTS.md, "Pooling and normalisation").
+runs G-I, O, T). The general forward kernel was instruction-bound (Nsight Compute: ~645
+instructions an output at 25% occupancy, DRAM 7% busy; 190-205 us on ResNet's pools,
+0.39-0.54x PyTorch); _pool_fast runs them in 40-58 us (RESULTS.md, run T).
 """
 import math
 
@@ -26,13 +26,12 @@ from numba import cuda, float32, float64
 
 from ._arrays import dtype_name, empty
 from ._conv_index import MAX_BLOCKS, U, launch, landing, split, strides
-from . import SIMULATOR
+from . import SIMULATOR, _pool_fast
 from ._launch import Kernel
 from ..cpu.pool import MODES
 
 DTYPES = ("float16", "float32", "float64")
 BX, BY = (8, 4) if SIMULATOR else (32, 8)  # forward block: contiguous axis x rows
-FIXED = ((1, 2, 2), (1, 3, 3))  # forward windows compiled in (ResNet's): unrolled taps
 
 
 @cuda.jit(device=True)
@@ -55,8 +54,7 @@ def _window_count(ad, ah, aw, KD, KH, KW, dd, dh, dw, D, H, W, qd, qh, qw, ed, e
             _count(aw, KW, dw, -qw, ew))
 
 
-def _kernels(CT, fixed=None):
-    """fixed: a (KD, KH, KW) window compiled in (unrolled taps) or None."""
+def _kernels(CT):
     ZERO, NEG = CT(0), CT(-math.inf)
 
     @cuda.jit(device=True)
@@ -130,8 +128,6 @@ def _kernels(CT, fixed=None):
         # a block BY output rows (NCHW: ph; NHWC: pw) of one plane (NCHW: (n, c, pd);
         # NHWC: (n, pd, ph)), BX threads along the contiguous axis (pw; c) looping over
         # it: the block's indices are divided once, not per output
-        if fixed is not None:
-            KD, KH, KW = fixed
         tx, ty = cuda.threadIdx.x % BX, cuda.threadIdx.x // BX
         xn, xc, xd, xh, xw = strides(C, D, H, W, last)
         bands = -(-(PW if last else PH) // BY)
@@ -216,13 +212,10 @@ def _build():
     table = {}
     for ct_name, CT in (("float32", float32), ("float64", float64)):
         kernels = _kernels(CT)
-        for k in FIXED:
-            kernels[f"fwd{k}"] = _kernels(CT, k)["fwd"]
         for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
             a = f"{t}[::1]"
             sigs = {"fwd": f"void({a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
                     "bwd": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
-            sigs.update({f"fwd{k}": sigs["fwd"] for k in FIXED})
             for name, sig in sigs.items():
                 table[name, t] = (Kernel(kernels[name], [sig]), sig)
     return table
@@ -251,11 +244,17 @@ def pool_forward(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last,
     y_shape = (x_shape[0],) + tuple(P) + (x_shape[-1],) if last else x_shape[:2] + tuple(P)
     y = out if out is not None else empty(x, y_shape, dtype_name(x))
     g = _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate)
-    if int(np.prod(y_shape)):
+    if not math.prod(y_shape):
+        return y
+    if _pool_fast.usable(len(K), K, math.prod(x_shape), math.prod(y_shape)):
+        (C, H, W), (KH, KW), (PH, PW) = g[1:2] + g[3:5], g[6:8], g[9:11]
+        geometry = (KH, KW, g[12], g[13], g[15], g[16], g[21], g[22])
+        _pool_fast.launch(x, y, dtype_name(x), last, geometry, g[24], H, W, C, PH, PW, g[18],
+                          g[19], g[25], alpha, beta, stream)
+    else:
         (N, C), (PD, PH, PW) = g[:2], g[8:11]
         rows, planes = (PW, N * PD * PH) if last else (PH, N * PD * C)
-        name = "fwd" + (str(tuple(g[5:8])) if tuple(g[5:8]) in FIXED else "")
-        k, sig = _KERNELS[name, dtype_name(x)]
+        k, sig = _KERNELS["fwd", dtype_name(x)]
         k.launch(sig, min(planes * -(-rows // BY), MAX_BLOCKS), BX * BY, stream, x, y, *g,
                  alpha, beta)
     return y
