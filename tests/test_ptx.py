@@ -1,5 +1,5 @@
 """Every registered kernel signature compiles to PTX for sm_90, and its float32 and
-integer signatures for sm_80 too (but the 128x128 tiles'), with no GPU.
+integer signatures for sm_80 too (but the slowest tiles'), with no GPU.
 
 numba.cuda.compile_ptx is None under the simulator, so the compile runs in a separate
 process with NUMBA_ENABLE_CUDASIM=0. Device functions ask numba for the current
@@ -7,9 +7,10 @@ device's compute capability when they compile; with no GPU that process substitu
 a stand-in device (cc 9.0) for that one question. The (kernel, signature, cc) jobs are
 dealt round-robin to one process per core (at most 4), the slow ones last so that
 each process gets its share of them (CI's two cores sat one idle for minutes). The
-128x128-tile GEMM and implicit-GEMM kernels take ~30 s each to compile and exist for
-the H200: they compile for sm_90 only (their generator is the one the smaller tiles
-use, which also compile for sm_80). sm_80 checks that the kernels use nothing past
+128x128- and 64x64-tile GEMM and implicit-GEMM kernels and the larger depthwise tiles
+take 10-35 s each to compile: they compile for sm_90 only (their generators are the
+ones the smaller tiles and the 3x3/1 depthwise tile use, which also compile for sm_80;
+this test was 578 s of CI's 19 minutes). sm_80 checks that the kernels use nothing past
 Ampere, which the float32 signature of a kernel shows as well as its float16 and
 float64 ones: both limits keep CI's two cores under its time limit."""
 import json
@@ -30,7 +31,8 @@ for m in pkgutil.iter_modules(pkg.__path__):
     importlib.import_module("nbdnn.cuda." + m.name)
 shard, nshards = int(sys.argv[1]), int(sys.argv[2])
 def ccs(name, sig):
-    if "128x128" in name or any(t in sig for t in ("float16", "float64")):
+    sm90_only = any(h in name for h in ("128x128", "64x64", "dw_tile_3x3s2", "dw_tile_5x5"))
+    if sm90_only or any(t in sig for t in ("float16", "float64")):
         return ((9, 0),)
     return ((8, 0), (9, 0))
 jobs = [(k, sig, cc) for k in _launch.REGISTRY for sig in k.sigs for cc in ccs(k.name, sig)]
