@@ -24,6 +24,24 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs real CUDA hardware (skipped in the simulator)")
 
 
+def _ptx_module(session):
+    return next((item.module for item in session.items
+                 if item.path.name == "test_ptx.py"), None)
+
+
+def pytest_collection_finish(session):
+    """Start the PTX test's compile processes now: they run beside the other tests."""
+    m = _ptx_module(session)
+    if m is not None and not session.config.option.collectonly:
+        m.start()
+
+
+def pytest_sessionfinish(session):
+    m = _ptx_module(session)
+    if m is not None:
+        m.stop()
+
+
 def pytest_collection_modifyitems(config, items):
     if SIMULATOR:
         skip = pytest.mark.skip(reason="needs a real GPU (numba's simulator is active)")

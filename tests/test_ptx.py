@@ -5,7 +5,8 @@ numba.cuda.compile_ptx is None under the simulator, so the compile runs in a sep
 process with NUMBA_ENABLE_CUDASIM=0. Device functions ask numba for the current
 device's compute capability when they compile; with no GPU that process substitutes
 a stand-in device (cc 9.0) for that one question. The (kernel, signature, cc) jobs are
-dealt round-robin to one process per core (at most 4), the slow ones last so that
+dealt round-robin to one process per core (at most 4), started when collection ends
+(conftest.py) so that they run beside the other tests, the slow ones last so that
 each process gets its share of them (CI's two cores sat one idle for minutes). The
 128x128- and 64x64-tile GEMM and implicit-GEMM kernels and the larger depthwise tiles
 take 10-35 s each to compile: they compile for sm_90 only (their generators are the
@@ -17,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 SCRIPT = r"""
 import json, sys, types
@@ -49,19 +51,41 @@ print(json.dumps({"compiled": n, "failed": bad}))
 """
 
 
-def test_every_kernel_compiles_to_ptx():
+_started = []  # [(process, stdout file, stderr file)], once a session
+
+
+def start():
+    """Start the compile processes (conftest calls this when collection ends, so the
+    compiles run beside the other tests: pytest itself keeps one core busy, and CI has
+    two). Output goes to temporary files: a full pipe would stall a process nobody
+    reads yet."""
+    if _started:
+        return _started
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     nshards = max(1, min(4, os.cpu_count() or 1))
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, str(i), str(nshards)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(nshards)]
+    for i in range(nshards):
+        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        _started.append((subprocess.Popen([sys.executable, "-c", SCRIPT, str(i), str(nshards)],
+                                          env=env, stdout=out, stderr=err, text=True), out, err))
+    return _started
+
+
+def stop():
+    """Kill compile processes still running (an interrupted session)."""
+    for p, _, _ in _started:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_every_kernel_compiles_to_ptx():
     compiled, failed = 0, []
-    for p in procs:
-        out, err = p.communicate(timeout=1500)
-        assert p.returncode == 0, err[-3000:]
-        res = json.loads(out.strip().splitlines()[-1])
+    for p, out, err in start():
+        p.wait(timeout=1500)
+        out.seek(0), err.seek(0)
+        assert p.returncode == 0, err.read()[-3000:]
+        res = json.loads(out.read().strip().splitlines()[-1])
         compiled += res["compiled"]
         failed += res["failed"]
     assert compiled > 0
