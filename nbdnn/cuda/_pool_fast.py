@@ -15,7 +15,7 @@ Measured on the H200 (perf/RESULTS.md, run T; fp32, batch 32, NCHW), against the
 general kernel in pool.py (run N) and PyTorch/cuDNN in the same run:
 - max 3x3/2 on 64x112x112: 190 -> 58 us (60% of copy bandwidth; PyTorch 104 us);
 - avg 3x3/2: 200 -> 57 us (61%; PyTorch 90 us);
-- max 2x2/2 on 256x56x56: 205 -> 40 us (87%; PyTorch 80 us).
+- max 2x2/2 on 256x56x56: 205 -> 40 us (88%; PyTorch 81 us).
 A/B (run T): 1 output a thread 83-89 us on the 3x3/2 max, 2: 67, 3: 64, 4: 58, 6:
 65, 8: 59; 32-bit offsets and the fmax window took 0.5-2% (the kernel is limited by
 bytes in flight, not instructions); blocks of 128 beat 256 and 512 by 1-8%. Loading

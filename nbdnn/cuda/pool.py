@@ -247,7 +247,9 @@ def pool_forward(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last,
     if not math.prod(y_shape):
         return y
     if _pool_fast.usable(len(K), K, math.prod(x_shape), math.prod(y_shape)):
-        (C, H, W), (KH, KW), (PH, PW) = g[1:2] + g[3:5], g[6:8], g[9:11]
+        # _geometry's 3-axis tuple: the H and W axes of C, size, window, output, stride,
+        # leading padding, padded end and dilation; mode, propagate
+        C, H, W, KH, KW, PH, PW = g[1], g[3], g[4], g[6], g[7], g[9], g[10]
         geometry = (KH, KW, g[12], g[13], g[15], g[16], g[21], g[22])
         _pool_fast.launch(x, y, dtype_name(x), last, geometry, g[24], H, W, C, PH, PW, g[18],
                           g[19], g[25], alpha, beta, stream)
