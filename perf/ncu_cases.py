@@ -52,7 +52,7 @@ CASES = {"igemm3x3": lambda: conv(128, 128, 28, 3, 1),
          "pool": lambda: pool(64, 112, 3, 2, 1),
          "pool2": lambda: pool(256, 56, 2, 2, 0),
          "dw112": lambda: depthwise(64, 112), "dw28": lambda: depthwise(256, 28),
-         "dw7": lambda: depthwise(1024, 7),
+         "dw14": lambda: depthwise(512, 14), "dw7": lambda: depthwise(1024, 7),
          "lnbwd": lambda: layer_norm_backward(16384, 4096)}
 
 if __name__ == "__main__":

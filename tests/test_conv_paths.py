@@ -168,8 +168,9 @@ def test_winograd_matches_reference(C, K, G, H, W, pads, mode, last):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-# (C, multiplier, H, W, R, stride, dilation, padding, mode): variant 2 (tiles) where
-# stride is square and dilation 1, variant 1 (column strips) otherwise
+# (C, multiplier, H, W, R, stride, dilation, padding, mode): variant 3 (rows) on
+# channels-first maps, else variant 2 (tiles) where stride is square and dilation 1,
+# variant 1 (column strips) otherwise
 DEPTHWISE = [(3, 1, 7, 8, 3, 1, 1, ((1, 1), (1, 1)), "cross_correlation"),   # rows of 4: vec
              (2, 2, 6, 9, 3, 1, 1, ((0, 2), (1, 1)), "convolution"),        # ragged blocks
              (3, 1, 9, 6, 3, 2, 1, ((1, 1), (1, 1)), "cross_correlation"),
@@ -178,14 +179,25 @@ DEPTHWISE = [(3, 1, 7, 8, 3, 1, 1, ((1, 1), (1, 1)), "cross_correlation"),   # r
              (2, 1, 7, 7, 3, 1, 2, ((2, 2), (2, 2)), "cross_correlation")]  # dilated: v1
 
 
+@pytest.mark.parametrize("variant", ["rows", "rows_rpt1", "other"])
 @pytest.mark.parametrize("last", [False, True])
 @pytest.mark.parametrize("plain", [True, False])
 @pytest.mark.parametrize("geom", DEPTHWISE)
-def test_depthwise_variants_match_reference(geom, plain, last):
+def test_depthwise_variants_match_reference(geom, plain, last, variant, monkeypatch):
     """The depthwise forward kernels against the CPU reference (float64, 1e-12): the
-    tile kernel's plain epilogue (one add) and full one (alpha, beta blend, ReLU), its
+    plain epilogue (one add) and full one (alpha, beta blend, ReLU), the tile kernel's
     16-byte row stores (channels-first, PW % 4 == 0) and scalar ones, channel
-    multipliers, the flipped mode; the dilated layer takes variant 1."""
+    multipliers, the flipped mode, strides and dilation in the row kernel (4 rows a
+    thread, partial groups of rows, and 1 row); "other": the row kernel off, so the
+    dilated layer takes variant 1 and the rest variant 2."""
+    from nbdnn.cuda import _conv_depthwise_rows as DR
+    rows_usable = DR.usable
+    if variant == "other":
+        monkeypatch.setattr(DR, "usable", lambda *a: False)
+    elif last:
+        pytest.skip("the row kernel is channels-first only")
+    if variant == "rows_rpt1":
+        monkeypatch.setattr(DR, "RPT", 1)
     C, m, H, W, R, st, dil, pads, mode = geom
     rng = np.random.default_rng(C * 7 + H)
     x = rng.uniform(-1, 1, (2, H, W, C) if last else (2, C, H, W))
@@ -201,4 +213,5 @@ def test_depthwise_variants_match_reference(geom, plain, last):
     got = nbdnn.conv2d(x, w, bias, backend="cuda", algo="depthwise", out=out.copy(), **kw)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     g = CV._geometry(x.shape, w.shape, (st, st), pads, (dil, dil), C, mode, last)
+    assert rows_usable(g, x.size, got.size) == (not last)
     assert (CV._conv_depthwise.tile_spec(g) is None) == (dil > 1)

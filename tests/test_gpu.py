@@ -176,6 +176,18 @@ def test_norm_pool_and_batch_norm_kernels_do_not_spill():
         assert kernel.resources(kernel.sigs[0])["local_bytes"] == 0, kernel.sigs[0]
 
 
+def test_depthwise_row_kernels_do_not_spill():
+    """The depthwise row kernel at its largest register use (most rows a thread, every
+    dtype) holds its loads in registers."""
+    from nbdnn.cuda import _conv_depthwise_rows as DR
+    for dtype in ("float16", "float32", "float64"):
+        ct = "float64" if dtype == "float64" else "float32"
+        for geometry, rpt in (((3, 3, 1, 1, 1, 1, 0), 8), ((3, 3, 2, 2, 1, 1, 1), 7),
+                              ((5, 5, 1, 1, 1, 1, 0), 7)):
+            kernel, sig = DR.kernel(dtype, ct, geometry, rpt)
+            assert kernel.resources(sig)["local_bytes"] == 0, (dtype, geometry, rpt)
+
+
 def test_batch_norm_statistics_past_2_24_elements_at_mean_1e4():
     """A channel averaged over N*L = 2**24 + 8 float32 values of mean 1e4, std 1: the
     shifted two-pass statistics keep float32 accuracy (naive float32 sums would not)."""

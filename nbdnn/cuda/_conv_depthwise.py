@@ -20,11 +20,17 @@ MobileNet's 3x3 layers; perf/RESULTS.md run D).
   calls and 16-byte stores of aligned rows. 80 instructions an output and 1.6-2.2x
   cuDNN on the 56x56 and 112x112 layers (perf/RESULTS.md run Q).
   Consecutive threads take consecutive ow (NCHW) or consecutive k (NHWC): coalesced.
+- forward, variant 3 `dw_rows` (_conv_depthwise_rows.py), the default for every
+  channels-first layer with a window of up to 64 taps: lanes along the output row, up
+  to 8 vertical outputs a thread, the window geometry compiled in. 1.2-1.6x variant
+  2's speed on every MobileNet layer (perf/RESULTS.md, run U). Variants 1 and 2 serve
+  channels-last layers (and channels-first ones of 2**31 elements or more).
 - tried and removed: a variant staging whole planes in shared memory (a group of
   threads a plane, coalesced loads and stores, for maps up to 56x56) ran 1.7-2x
   slower than variant 2 at 7x7-56x56 (perf/RESULTS.md, run S).
-- backward data, stride 1, dilation 1, multiplier 1: the forward kernels on dy with
-  the flipped filter and pre-padding R-1-q (nbdnn/cpu/conv.py derives it).
+- backward data, stride 1, dilation 1, multiplier 1: the forward kernels (rows or
+  tiles, by layout) on dy with the flipped filter and pre-padding R-1-q
+  (nbdnn/cpu/conv.py derives it).
 - backward filter `dw_filter_<R>x<S>`: block (k, j) sums dy * x over the j-th chunk of
   the N*P*Q output positions for all R*S taps at once (registers), reduces them across
   the block in shared memory in a fixed tree order, and writes partial[k, j, tap];
@@ -32,11 +38,14 @@ MobileNet's 3x3 layers; perf/RESULTS.md run D).
 Other depthwise geometries (3-d, dilated rows, filter sizes not generated) take the
 direct kernels.
 """
+import math
+
 import numpy as np
 
-from . import SIMULATOR
+from . import SIMULATOR, _conv_depthwise_rows
 from ._arrays import dtype_name, empty, vector_aligned
 from ._conv_index import BLOCK
+from .matmul import _sm_count
 from .tensor import reduce_tensor
 
 FWD_SPECS = ((3, 3, 1), (3, 3, 2), (5, 5, 1), (5, 5, 2))   # (R, S, stride along H)
@@ -246,9 +255,16 @@ def tile_spec(g):
 
 def forward(table, x, y, w, bias, z, g, tail, stream):
     """y = epilogue(depthwise conv); g the geometry, tail (has_bias, has_z, act, coef,
-    alpha, beta); False when no generated kernel fits. Variant 2 (tiles) where it
-    applies, else variant 1 (column strips; any stride and dilation along W)."""
+    alpha, beta); False when no generated kernel fits. Variant 3 (rows) on narrow
+    channels-first maps, variant 2 (tiles) where it applies, else variant 1 (column
+    strips; any stride and dilation along W)."""
     N, K, PH, PW = g[0], g[2], g[11], g[12]
+    if _conv_depthwise_rows.usable(g, math.prod(x.shape), math.prod(y.shape)):
+        dtype = dtype_name(x)
+        _conv_depthwise_rows.launch(x, y, w, bias, z, g, tail, dtype,
+                                    "float64" if dtype == "float64" else "float32", stream,
+                                    _sm_count())
+        return True
     spec = tile_spec(g)
     if spec is not None:
         name = f"dw_tile_{spec[0]}x{spec[1]}s{spec[2]}"

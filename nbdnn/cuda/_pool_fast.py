@@ -3,22 +3,25 @@ window geometry (size, stride, leading padding, dilation) and the mode compiled 
 
 A thread computes RPT vertically neighbouring outputs (ph, ph + 1, ...): their windows
 share rows (3x3/2: 4 outputs read 9 rows, not 12), and a thread keeps that many more
-bytes in flight. Its index is split with 32-bit unsigned divisions (2 for NCHW, 3 for
-NHWC) and every offset is 32-bit (usable() checks the sizes), so a load's address is
-one wide multiply-add. The source is generated: each row's and column's offset and
-validity are computed once, then every tap loads from a clamped valid address (no
-branch around a load: all are in flight together) and is masked after. Max skips
+bytes in flight. Its index is split by multiplying high with magic numbers (2
+divisions for NCHW, 3 for NHWC; _stencil.magic) and every offset is 32-bit (usable()
+checks the sizes), so a load's address is one wide multiply-add. The source is
+generated: each row's and column's offset and validity (one unsigned test) are
+computed once, then every tap loads from a clamped valid address (no branch around a
+load: all are in flight together) and is masked after (_stencil.py). Max skips
 NaNs with fmax and finds them with one unordered test over the window; the rare
 window holding a NaN decides between NaN and the largest number afterwards.
 
-Measured on the H200 (perf/RESULTS.md, run T; fp32, batch 32, NCHW), against the
-general kernel in pool.py (run N) and PyTorch/cuDNN in the same run:
-- max 3x3/2 on 64x112x112: 190 -> 58 us (60% of copy bandwidth; PyTorch 104 us);
-- avg 3x3/2: 200 -> 57 us (61%; PyTorch 90 us);
-- max 2x2/2 on 256x56x56: 205 -> 40 us (88%; PyTorch 81 us).
+Measured on the H200 (perf/RESULTS.md, runs T and U; fp32, batch 32, NCHW), against
+the general kernel in pool.py (run N) and PyTorch/cuDNN in the same run:
+- max 3x3/2 on 64x112x112: 190 -> 49 us (72% of copy bandwidth; PyTorch 104 us);
+- avg 3x3/2: 200 -> 45 us (78%; PyTorch 91 us);
+- max 2x2/2 on 256x56x56: 205 -> 39 us (90%; PyTorch 81 us).
 A/B (run T): 1 output a thread 83-89 us on the 3x3/2 max, 2: 67, 3: 64, 4: 58, 6:
-65, 8: 59; 32-bit offsets and the fmax window took 0.5-2% (the kernel is limited by
-bytes in flight, not instructions); blocks of 128 beat 256 and 512 by 1-8%. Loading
+65, 8: 59; blocks of 128 beat 256 and 512 by 1-8%. Run U: one unsigned 32-bit test a
+tap row and column (was two signed 64-bit ones) took the 3x3/2 rows from 58/57 to
+52/51 us, the multiply-high split (was two 32-bit divisions, ~20 instructions and a
+zero test each) to 49/45 us. Loading
 each row's three stride-2 taps as one 8-byte pair plus a warp shuffle (a warp touches
 2 cache lines, not up to 9) was correct and 3-10% slower: not L1-bound either.
 Traffic (3x3/2, float32): x read once from DRAM (the rows shared between threads
@@ -33,7 +36,7 @@ import math
 from numba import cuda, float32, float64, int64, uint32, uint64
 from numba.cuda import libdevice
 
-from . import SIMULATOR
+from . import SIMULATOR, _stencil
 from ._launch import Kernel
 
 MAX_TAPS = 64
@@ -41,7 +44,8 @@ BLOCK = 32 if SIMULATOR else 128
 
 
 def usable(nd, K, x_size, y_size):
-    """The fast path takes 1-d/2-d windows of <= MAX_TAPS taps, 32-bit offsets."""
+    """The fast path takes 1-d/2-d windows of <= MAX_TAPS taps, 32-bit offsets (and
+    indices < 2**31, as the magic-number divisions need)."""
     return nd <= 2 and math.prod(K) <= MAX_TAPS and max(x_size, 2 * y_size) < 2 ** 32
 
 
@@ -50,31 +54,7 @@ MAX_LOADS = 40  # taps a thread loads at most (registers)
 
 
 def rows_per_thread(KH, KW, SH, DH, PH):
-    """Outputs (ph, ph + 1, ...) a thread computes: RPT, fewer when their windows'
-    loads would pass MAX_LOADS (large windows) or the map has fewer rows."""
-    rpt = max(1, min(RPT, PH))
-    while rpt > 1 and len({o * SH + r * DH for o in range(rpt) for r in range(KH)}) * KW > \
-            MAX_LOADS:
-        rpt -= 1
-    return rpt
-
-
-def _split(last, rpt):
-    """Source lines: (n or plane, ph, pw[, c]) of thread i (rpt rows of outputs a
-    thread) by unsigned 32-bit divisions; base: x's offset of the window's channel,
-    yb: y's offset of the first output. Offsets are 32-bit (usable() checks the sizes):
-    a load's address is then one wide multiply-add."""
-    d = "U32(U(U32({a})) // U(U32({b})))"
-    if last:
-        return [f"q = {d.format(a='i', b='C')}", "c = U32(i - q * C)",
-                f"r = {d.format(a='q', b='PW')}", "pw = U32(q - r * PW)",
-                f"n = {d.format(a='r', b='PP')}", f"ph = U32((r - n * PP) * {rpt})",
-                "base = U32(n * H * W * C + c)", "xs_w, xs_h = U32(C), U32(W * C)",
-                "yb, ys = U32(((n * PH + ph) * PW + pw) * C + c), U32(PW * C)"]
-    return [f"q = {d.format(a='i', b='PW')}", "pw = U32(i - q * PW)",
-            f"p = {d.format(a='q', b='PP')}", f"ph = U32((q - p * PP) * {rpt})",
-            "base = U32(p * H * W)", "xs_w, xs_h = U32(1), U32(W)",
-            "yb, ys = U32((p * PH + ph) * PW + pw), U32(PW)"]
+    return _stencil.rows_per_thread(KH, KW, SH, DH, PH, RPT, MAX_LOADS)
 
 
 def _reduce(taps, mode):
@@ -105,24 +85,17 @@ def source(last, KH, KW, SH, SW, QH, QW, DH, DW, mode, rpt=1):
     """Kernel source for one geometry; mode 0 max, 1 avg (padding counted), 2 avg
     excluding padding (nbdnn.cpu.pool.MODES); rpt outputs a thread (ph, ph + 1, ...)."""
     ind = "        "
-    body = _split(last, rpt) + [f"h0 = I(ph) * {SH} - {QH}", f"w0 = I(pw) * {SW} - {QW}"]
-    offs = sorted({o * SH + r * DH for o in range(rpt) for r in range(KH)})  # rows read
-    for j, off in enumerate(offs):
-        body += [f"ih{j} = h0 + {off}", f"in{j} = (ih{j} >= 0) & (ih{j} < H)",
-                 f"ro{j} = U32(base + U32(ih{j} if in{j} else 0) * xs_h)"]
-    for s in range(KW):
-        body += [f"iw{s} = w0 + {s * DW}", f"jn{s} = (iw{s} >= 0) & (iw{s} < W)",
-                 f"co{s} = U32(U32(iw{s} if jn{s} else 0) * xs_w)"]
-    # every load first, unconditional (clamped addresses): all in flight at once
-    body += [f"v{j}_{s} = CT(x[U(U32(ro{j} + co{s}))])" for j in range(len(offs))
-             for s in range(KW)]
+    offs = _stencil.row_offsets(KH, SH, DH, rpt)
+    body = _stencil.split_lines(last, rpt, _stencil.MAGIC_DIV) + [
+        f"h0 = I(ph) * {SH} - {QH}", f"w0 = I(pw) * {SW} - {QW}"] + \
+        _stencil.load_lines(offs, KW, DW)
     for o in range(rpt):
         taps = [(offs.index(o * SH + r * DH), s) for r in range(KH) for s in range(KW)]
         body += [f"if ph + {o} < PH:"] + ["    " + b for b in _reduce(taps, mode) + [
             "r = alpha * v", f"yi = U(U32(yb + {o} * ys))", "if beta != ZERO:",
             "    r += beta * CT(y[yi])", "y[yi] = r"]]
-    return ("def pool_fwd_fast(x, y, H, W, C, PH, PW, PP, EH, EW, total, propagate, alpha, "
-            "beta):\n"
+    return ("def pool_fwd_fast(x, y, H, W, C, PH, PW, PP, EH, EW, total, m_C, s_C, m_PW, s_PW, "
+            "m_PP, s_PP, propagate, alpha, beta):\n"
             "    i = U(cuda.blockIdx.x) * U(cuda.blockDim.x) + U(cuda.threadIdx.x)\n"
             "    if i < U(total):\n" + "".join(ind + line + "\n" for line in body))
 
@@ -132,7 +105,7 @@ def _fmax_simulated(a, b):
     return b if a != a else a if b != b else max(a, b)
 
 
-_INT = "int64, " * 10
+_INT = "int64, " * 16
 
 
 @functools.lru_cache(maxsize=None)
@@ -145,7 +118,7 @@ def kernel(dtype, last, geometry, mode, rpt):
     ns = {"cuda": cuda, "CT": CT, "FMAX": _fmax_simulated if SIMULATOR else fmax,
           "ZERO": CT(0), "NEG": CT(-math.inf), "NAN": CT(math.nan),
           "I": int if SIMULATOR else int64, "U": int if SIMULATOR else uint64,
-          "U32": int if SIMULATOR else uint32}
+          "U32": int if SIMULATOR else uint32, "W32": _stencil.W32}
     exec(compile(source(bool(last), *geometry, mode, rpt), "<nbdnn pool_fwd_fast>", "exec"), ns)
     sig = f"void({dtype}[::1], {dtype}[::1], {_INT}{ct_name}, {ct_name})"
     return Kernel(ns["pool_fwd_fast"], [sig]), sig
@@ -158,7 +131,12 @@ def launch(x, y, dtype, last, geometry, mode, H, W, C, PH, PW, EH, EW, propagate
     total = math.prod(int(s) for s in y.shape) // PH * PP  # threads
     k, sig = kernel(dtype, last, geometry, mode, rpt)
     k.launch(sig, -(-total // BLOCK), BLOCK, stream, x, y, H, W, C, PH, PW, PP, EH, EW, total,
-             propagate, alpha, beta)
+             *_magic_args(C, PW, PP), propagate, alpha, beta)
+
+
+@functools.lru_cache(maxsize=256)
+def _magic_args(*divisors):
+    return tuple(v for d in divisors for v in _stencil.magic(d))
 
 
 for _g in ((3, 3, 2, 2, 1, 1, 1, 1), (2, 2, 2, 2, 0, 0, 1, 1)):  # float32: CI's PTX time

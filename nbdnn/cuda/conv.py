@@ -10,7 +10,9 @@ Forward algorithms (`algo=`; "auto" takes depthwise when groups == C, winograd f
 - implicit_gemm: the GEMM kernel's tiles and thread layout with the A tile gathered
   from x on the fly (nbdnn/cuda/_igemm_source.py); M = N*P output positions,
   N = K/g filters, K = C/g*T*R*S taps, one grid row per group. Fused epilogue.
-- depthwise: generated 3x3/5x5 kernels for one input channel a group
+- depthwise: one input channel a group. Channels-first layers (windows of up to 64
+  taps, any stride and dilation) run the row kernel generated per window geometry
+  (nbdnn/cuda/_conv_depthwise_rows.py); channels-last ones generated 3x3/5x5 kernels
   (nbdnn/cuda/_conv_depthwise.py); other depthwise filters run direct.
 - direct: one thread an output element (below).
 
@@ -41,7 +43,8 @@ variant 2 small 102, tiny 72 (no large tile); variant 3 (chunked, and its "_t" f
 102, tiny 72, large capped at 128 (two blocks an SM) with a 176-200 B stack frame
 whose spills sit outside the k loop (4 local loads in it, perf/sass_dump.py);
 depthwise forward variant 1 3x3 105, 5x5 153, variant 2 (tiles) 3x3 96 (stride 1)
-and 126 (stride 2), 5x5 167; nothing else spills. Speed against cuDNN:
+and 126 (stride 2), 5x5 167, variant 3 (rows; the H200's driver) 3x3/1 48-64, 3x3/2
+72, 5x5/1 100; nothing else spills. Speed against cuDNN:
 perf/RESULTS.md ("Convolution").
 """
 import numpy as np
@@ -52,9 +55,9 @@ from . import activation as _act
 from ._arrays import dtype_name, empty, to_device, vector_aligned
 from ._intrinsics import store4
 from ._igemm_source import igemm_chunked_source, igemm_source
-from . import _conv_depthwise, _conv_gemm, _conv_winograd
-from ._conv_index import I as _I, U as _U, landing as _landing, launch, split as _split, \
-    split32 as _split32, strides as _strides
+from . import _conv_depthwise, _conv_depthwise_rows, _conv_gemm, _conv_winograd, _stencil
+from ._conv_index import I as _I, U as _U, U32 as _U32, landing as _landing, launch, \
+    split as _split, split32 as _split32, strides as _strides
 from ._launch import Kernel
 from .matmul import TILES, _act_source, _gemm, _plan, _sm_count
 from .tensor import reduce_tensor, transform_into
@@ -181,6 +184,7 @@ def _build():
         kernels.update(_conv_winograd.kernels(CT, _conv_gemm.make_epilogue(CT, act_fn)))
         ins = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "act_fn": act_fn, "strides": _strides,
                "split": _split, "split32": _split32, "store4": store4, "U": _U, "I": _I,
+               "U32": _U32, "W32": _stencil.W32,
                "UB": (lambda v: int(v) % (1 << 64)) if SIMULATOR else uint64}
         for size, cfg in TILES[ct_name].items():
             for variant, (name, src) in (("igemm_", igemm_source(*cfg)),
@@ -191,6 +195,7 @@ def _build():
                 exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
                 kernels[variant + size] = ins[name]
         ins["epilogue"] = _conv_gemm.make_epilogue(CT, act_fn)
+        _conv_depthwise_rows.NAMESPACES[ct_name] = ins
         for name, src in _conv_depthwise.sources().items():
             exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
             kernels[name] = ins[name]
@@ -217,6 +222,9 @@ def _build():
 
 
 _KERNELS = _build()
+# MobileNet's row kernel (float32 3x3/1, 4 rows a thread) for the PTX test; the others
+# are built on first use
+_conv_depthwise_rows.kernel("float32", "float32", (3, 3, 1, 1, 1, 1, 0), 4)
 
 
 _taps_cache = {}

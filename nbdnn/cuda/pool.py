@@ -2,7 +2,7 @@
 ceil mode, NCHW and NHWC); the formulas are in nbdnn/cpu/pool.py.
 
 - forward, 1-d and 2-d windows of up to 64 taps: _pool_fast.py (the geometry compiled
-  in, several output rows a thread, 32-bit offsets).
+  in, several output rows a thread, 32-bit offsets, multiply-high index split).
 - forward, the rest (3-d, larger windows, 2**32 elements and more): a block BY output
   rows of one plane, BX threads along the contiguous axis (pw for NCHW, c for NHWC;
   consecutive threads write consecutive addresses), so the block's indices are divided
@@ -17,7 +17,8 @@ tap axis and x (max) once a window, and writes dx.
 Verified on the H200 (crosscheck, PyTorch comparisons, determinism; perf/RESULTS.md
 runs G-I, O, T). The general forward kernel was instruction-bound (Nsight Compute: ~645
 instructions an output at 25% occupancy, DRAM 7% busy; 190-205 us on ResNet's pools,
-0.39-0.54x PyTorch); _pool_fast runs them in 40-58 us (RESULTS.md, run T).
+0.39-0.54x PyTorch); _pool_fast runs them in 39-49 us, 72-90% of copy bandwidth
+(RESULTS.md, run U).
 """
 import math
 
