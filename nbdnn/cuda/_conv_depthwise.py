@@ -27,7 +27,9 @@ MobileNet's 3x3 layers; perf/RESULTS.md run D).
   channels-last layers (and channels-first ones of 2**31 elements or more).
 - tried and removed: a variant staging whole planes in shared memory (a group of
   threads a plane, coalesced loads and stores, for maps up to 56x56) ran 1.7-2x
-  slower than variant 2 at 7x7-56x56 (perf/RESULTS.md, run S).
+  slower than variant 2 at 7x7-56x56 (perf/RESULTS.md, run S); one staging many
+  planes a block (one coalesced copy, one output a thread from shared memory) ran
+  1.5-2.4x slower than variant 3 at 7x7-28x28 (run U).
 - backward data, stride 1, dilation 1, multiplier 1: the forward kernels (rows or
   tiles, by layout) on dy with the flipped filter and pre-padding R-1-q
   (nbdnn/cpu/conv.py derives it).
