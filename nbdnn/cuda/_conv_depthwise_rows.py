@@ -49,8 +49,8 @@ def source(R, S, SH, SW, DH, DW, flip, rpt):
     windows share; flip: the filter flipped (mode "convolution"); plain calls (alpha
     1, beta 0, no activation) add the bias inline."""
     offs = _stencil.row_offsets(R, SH, DH, rpt)
-    div = _stencil.MAGIC_DIV
-    body = _stencil.split_lines(False, rpt, div) + [
+    div = _stencil.DIV
+    body = _stencil.split_lines(False, rpt) + [
         f"n = {div.format(a='p', b='K')}", "k = U32(p - n * K)",
         "if K != C:",  # channel multiplier M = K / C: input channel k // M
         f"    base = U32((n * C + {div.format(a='k', b='M')}) * H * W)",
@@ -105,10 +105,6 @@ def rpt_for(g, sm_count):
     return rpt
 
 
-@functools.lru_cache(maxsize=256)
-def _magic_args(PW, PP, K, M):
-    return tuple(v for d in (PW, PP, K, M) for v in _stencil.magic(d))
-
 
 def launch(x, y, w, bias, z, g, tail, dtype, ct_name, stream, sm_count):
     """y = epilogue(depthwise conv of x); g the conv geometry, tail (has_bias, has_z,
@@ -122,4 +118,4 @@ def launch(x, y, w, bias, z, g, tail, dtype, ct_name, stream, sm_count):
         return
     k, sig = kernel(dtype, ct_name, (R, S, sh, sw, dh, dw, flip), rpt)
     k.launch(sig, -(-total // BLOCK), BLOCK, stream, x, w, y, bias, z, H, W, C, K, PH, PW,
-             PP, qh, qw, total, *_magic_args(PW, PP, K, K // C), *tail)
+             PP, qh, qw, total, *_stencil.magic_args(PW, PP, K, K // C), *tail)

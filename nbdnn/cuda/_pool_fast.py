@@ -86,7 +86,7 @@ def source(last, KH, KW, SH, SW, QH, QW, DH, DW, mode, rpt=1):
     excluding padding (nbdnn.cpu.pool.MODES); rpt outputs a thread (ph, ph + 1, ...)."""
     ind = "        "
     offs = _stencil.row_offsets(KH, SH, DH, rpt)
-    body = _stencil.split_lines(last, rpt, _stencil.MAGIC_DIV) + [
+    body = _stencil.split_lines(last, rpt) + [
         f"h0 = I(ph) * {SH} - {QH}", f"w0 = I(pw) * {SW} - {QW}"] + \
         _stencil.load_lines(offs, KW, DW)
     for o in range(rpt):
@@ -131,12 +131,8 @@ def launch(x, y, dtype, last, geometry, mode, H, W, C, PH, PW, EH, EW, propagate
     total = math.prod(int(s) for s in y.shape) // PH * PP  # threads
     k, sig = kernel(dtype, last, geometry, mode, rpt)
     k.launch(sig, -(-total // BLOCK), BLOCK, stream, x, y, H, W, C, PH, PW, PP, EH, EW, total,
-             *_magic_args(C, PW, PP), propagate, alpha, beta)
+             *_stencil.magic_args(C, PW, PP), propagate, alpha, beta)
 
-
-@functools.lru_cache(maxsize=256)
-def _magic_args(*divisors):
-    return tuple(v for d in divisors for v in _stencil.magic(d))
 
 
 for _g in ((3, 3, 2, 2, 1, 1, 1, 1), (2, 2, 2, 2, 0, 0, 1, 1)):  # float32: CI's PTX time

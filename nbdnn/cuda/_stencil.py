@@ -3,20 +3,23 @@
 
 A thread owns rpt vertically neighbouring outputs (ph, ph + 1, ...) of one plane, so
 their windows share rows of taps (3x3/1: 4 outputs read 6 rows, not 12). Its index is
-split with 32-bit unsigned divisions and every offset is 32-bit (the callers check
-sizes < 2**32), so a load's address is one wide multiply-add. Each row's and column's
+split by multiplying high with magic numbers the host computes (magic()) and every
+offset is 32-bit (the callers check sizes), so a load's address is one wide
+multiply-add. Each row's and column's
 offset and validity are computed once; every tap then loads from a clamped, valid
 address (no branch around a load: a thread's loads are all in flight together) and is
 masked after.
 """
+import functools
+
 from numba import uint32
 
 from . import SIMULATOR
 
-DIV = "U32(U(U32({a})) // U(U32({b})))"
-# {a} // {b} as a multiply-high by the divisor's magic number (magic(); {a} < 2**31):
-# 3 instructions where a 32-bit division takes ~20 and a branch
-MAGIC_DIV = "U32((U(U32({a})) * U(U32(m_{b}))) >> U(s_{b}))"
+# {a} // {b} as a multiply-high by the divisor's magic number (kernel arguments m_{b},
+# s_{b} from magic(); {a} < 2**31): 3 instructions where a 32-bit division takes ~20
+# and a zero test (perf/RESULTS.md, run U)
+DIV = "U32((U(U32({a})) * U(U32(m_{b}))) >> U(s_{b}))"
 # a value's low 32 bits, unsigned (the simulator's stand-in wraps as uint32 does)
 W32 = (lambda v: int(v) & 0xFFFFFFFF) if SIMULATOR else uint32
 
@@ -40,20 +43,26 @@ def magic(d):
     return -(-(1 << s) // d), s
 
 
-def split_lines(last, rpt, div=DIV):
+@functools.lru_cache(maxsize=256)
+def magic_args(*divisors):
+    """The kernel arguments m_d, s_d of each divisor d, in order."""
+    return tuple(v for d in divisors for v in magic(d))
+
+
+def split_lines(last, rpt):
     """Source lines: (n or plane p, ph, pw[, c]) of thread i; base: x's offset of the
     window's plane (channels first) or channel (last); yb: y's offset of the first
     output, ys: the stride between the outputs of a thread. Needs H, W, C, PH, PW and
-    PP (groups of rpt rows, ceil(PH / rpt)); div: DIV, or MAGIC_DIV with m_PW, s_PW,
-    m_PP, s_PP (and m_C, s_C channels-last) from magic()."""
+    PP (groups of rpt rows, ceil(PH / rpt)), and the magic numbers of PW, PP (and C,
+    channels last)."""
     if last:
-        return [f"q = {div.format(a='i', b='C')}", "c = U32(i - q * C)",
-                f"r = {div.format(a='q', b='PW')}", "pw = U32(q - r * PW)",
-                f"n = {div.format(a='r', b='PP')}", f"ph = U32((r - n * PP) * {rpt})",
+        return [f"q = {DIV.format(a='i', b='C')}", "c = U32(i - q * C)",
+                f"r = {DIV.format(a='q', b='PW')}", "pw = U32(q - r * PW)",
+                f"n = {DIV.format(a='r', b='PP')}", f"ph = U32((r - n * PP) * {rpt})",
                 "base = U32(n * H * W * C + c)", "xs_w, xs_h = U32(C), U32(W * C)",
                 "yb, ys = U32(((n * PH + ph) * PW + pw) * C + c), U32(PW * C)"]
-    return [f"q = {div.format(a='i', b='PW')}", "pw = U32(i - q * PW)",
-            f"p = {div.format(a='q', b='PP')}", f"ph = U32((q - p * PP) * {rpt})",
+    return [f"q = {DIV.format(a='i', b='PW')}", "pw = U32(i - q * PW)",
+            f"p = {DIV.format(a='q', b='PP')}", f"ph = U32((q - p * PP) * {rpt})",
             "base = U32(p * H * W)", "xs_w, xs_h = U32(1), U32(W)",
             "yb, ys = U32((p * PH + ph) * PW + pw), U32(PW)"]
 
