@@ -105,7 +105,6 @@ def rpt_for(g, sm_count):
     return rpt
 
 
-
 def launch(x, y, w, bias, z, g, tail, dtype, ct_name, stream, sm_count):
     """y = epilogue(depthwise conv of x); g the conv geometry, tail (has_bias, has_z,
     act, coef, alpha, beta)."""

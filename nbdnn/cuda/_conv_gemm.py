@@ -24,7 +24,6 @@ from ._conv_index import landing, launch, split, strides
 from .tensor import reduce_tensor
 
 
-
 def make_epilogue(CT, act_fn):
     """y[o] = act(alpha * acc + beta * z[o] + bias[k]), z = residual or y itself."""
     ZERO = CT(0)

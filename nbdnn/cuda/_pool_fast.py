@@ -134,7 +134,6 @@ def launch(x, y, dtype, last, geometry, mode, H, W, C, PH, PW, EH, EW, propagate
              *_stencil.magic_args(C, PW, PP), propagate, alpha, beta)
 
 
-
 for _g in ((3, 3, 2, 2, 1, 1, 1, 1), (2, 2, 2, 2, 0, 0, 1, 1)):  # float32: CI's PTX time
     for _mode in (0, 1):
         kernel("float32", False, _g, _mode, rows_per_thread(*_g[:3], _g[6], 56))
