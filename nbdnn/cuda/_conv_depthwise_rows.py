@@ -11,7 +11,8 @@ S taps its outputs' windows share (3x3/1, rpt 8: 30 loads for 8 outputs) and kee
 ~50-100 registers, so 8-10 warps a scheduler hide the loads' latency. Every index is
 32-bit; the split divides by multiplying high with magic numbers computed on the host
 (_stencil.magic: ~3 instructions where a 32-bit division takes ~20 and a zero test),
-which took the kernel from 7.8 M to 5.0 M instructions at 1024@7 (run U).
+and one unsigned compare tests a tap row or column: with the flip compiled in, these
+took the kernel from 7.8 M to 5.0 M instructions at 1024@7 (run U).
 
 rpt: up to RPT rows (MAX_LOADS taps a thread), fewer while the grid would not fill
 the GPU once (WAVE threads an SM). Measured (run U, fp32, batch 32, GPU time): 3x3/1
