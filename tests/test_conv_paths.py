@@ -187,8 +187,8 @@ def test_depthwise_variants_match_reference(geom, plain, last, variant, monkeypa
     """The depthwise forward kernels against the CPU reference (float64, 1e-12): the
     plain epilogue (one add) and full one (alpha, beta blend, ReLU), the tile kernel's
     16-byte row stores (channels-first, PW % 4 == 0) and scalar ones, channel
-    multipliers, the flipped mode, strides and dilation in the row kernel (4 rows a
-    thread, partial groups of rows, and 1 row); "other": the row kernel off, so the
+    multipliers, the flipped mode, strides and dilation in the row kernel (the rule's
+    rows a thread, partial groups of rows, and 1 row); "other": the row kernel off, so the
     dilated layer takes variant 1 and the rest variant 2."""
     from nbdnn.cuda import _conv_depthwise_rows as DR
     rows_usable = DR.usable

@@ -40,12 +40,10 @@ MobileNet's 3x3 layers; perf/RESULTS.md run D).
 Other depthwise geometries (3-d, dilated rows, filter sizes not generated) take the
 direct kernels.
 """
-import math
-
 import numpy as np
 
 from . import SIMULATOR, _conv_depthwise_rows
-from ._arrays import dtype_name, empty, vector_aligned
+from ._arrays import dtype_name, empty, size, vector_aligned
 from ._conv_index import BLOCK
 from .matmul import _sm_count
 from .tensor import reduce_tensor
@@ -257,11 +255,11 @@ def tile_spec(g):
 
 def forward(table, x, y, w, bias, z, g, tail, stream):
     """y = epilogue(depthwise conv); g the geometry, tail (has_bias, has_z, act, coef,
-    alpha, beta); False when no generated kernel fits. Variant 3 (rows) on narrow
-    channels-first maps, variant 2 (tiles) where it applies, else variant 1 (column
+    alpha, beta); False when no generated kernel fits. Variant 3 (rows) on
+    channels-first layers, variant 2 (tiles) where it applies, else variant 1 (column
     strips; any stride and dilation along W)."""
     N, K, PH, PW = g[0], g[2], g[11], g[12]
-    if _conv_depthwise_rows.usable(g, math.prod(x.shape), math.prod(y.shape)):
+    if _conv_depthwise_rows.usable(g, size(x), size(y)):
         dtype = dtype_name(x)
         _conv_depthwise_rows.launch(x, y, w, bias, z, g, tail, dtype,
                                     "float64" if dtype == "float64" else "float32", stream,
