@@ -126,8 +126,9 @@ def test_backward_filter_1x1_matches_reference(monkeypatch, last, G, dtype, dire
 
 
 def test_auto_forward_choice():
-    """"auto" on the GPU: depthwise for groups == C, winograd for 3x3/1 2-d layers of
-    >= 128 channels a group (ResNet's s2-s4), else the implicit GEMM."""
+    """"auto" on the GPU: depthwise for groups == C, winograd4 (float16: winograd) for
+    3x3/1 2-d layers of >= 128 channels a group (ResNet's s2-s4), else the implicit
+    GEMM."""
     def g(C, K, G, R, stride=1, dil=1, D=1):
         return CV._geometry((32, C, D, 28, 28) if D > 1 else (32, C, 28, 28),
                             (K, C // G, R, R), (stride, stride), ((1, 1), (1, 1)),
@@ -135,10 +136,12 @@ def test_auto_forward_choice():
             CV._geometry((32, C, D, 28, 28), (K, C // G, 1, R, R), (1, stride, stride),
                          ((0, 0), (1, 1), (1, 1)), (1, dil, dil), G, "cross_correlation",
                          False)
-    assert CV._auto_forward(g(128, 128, 1, 3)) == "winograd"
-    assert CV._auto_forward(g(512, 512, 1, 3)) == "winograd"
+    assert CV._auto_forward(g(128, 128, 1, 3)) == "winograd4"
+    assert CV._auto_forward(g(512, 512, 1, 3)) == "winograd4"
+    assert CV._auto_forward(g(512, 512, 1, 3), "float64") == "winograd4"
+    assert CV._auto_forward(g(512, 512, 1, 3), "float16") == "winograd"
     assert CV._auto_forward(g(64, 64, 1, 3)) == "implicit_gemm"     # too few channels
-    assert CV._auto_forward(g(256, 256, 2, 3)) == "winograd"        # 128 a group
+    assert CV._auto_forward(g(256, 256, 2, 3)) == "winograd4"       # 128 a group
     assert CV._auto_forward(g(256, 256, 4, 3)) == "implicit_gemm"   # 64 a group
     assert CV._auto_forward(g(256, 256, 1, 3, stride=2)) == "implicit_gemm"
     assert CV._auto_forward(g(256, 256, 1, 3, dil=2)) == "implicit_gemm"
@@ -147,14 +150,16 @@ def test_auto_forward_choice():
     assert CV._auto_forward(g(64, 128, 64, 3)) == "depthwise"
 
 
+@pytest.mark.parametrize("algo", ["winograd", "winograd4"])
 @pytest.mark.parametrize("last", [False, True])
 @pytest.mark.parametrize("C,K,G,H,W,pads,mode", [
     (4, 5, 1, 6, 5, ((1, 1), (1, 1)), "convolution"),
     (6, 4, 2, 5, 7, ((0, 2), (2, 0)), "cross_correlation"),   # odd sizes: partial tiles
+    (2, 3, 1, 9, 10, ((1, 0), (0, 1)), "convolution"),        # several F(4x4) tiles
     (3, 3, 1, 3, 3, ((0, 0), (0, 0)), "cross_correlation")])  # a single output
-def test_winograd_matches_reference(C, K, G, H, W, pads, mode, last):
-    """F(2x2, 3x3) (its transforms' clamped loads and index split) against the CPU
-    reference, with bias, ReLU and the beta blend."""
+def test_winograd_matches_reference(C, K, G, H, W, pads, mode, last, algo):
+    """F(2x2, 3x3) and F(4x4, 3x3) (their transforms' clamped loads and index split)
+    against the CPU reference, with bias, ReLU and the beta blend."""
     rng = np.random.default_rng(C + K + H)
     x = rng.uniform(-1, 1, (2, H, W, C) if last else (2, C, H, W))
     w = rng.uniform(-1, 1, (K, 3, 3, C // G) if last else (K, C // G, 3, 3))
@@ -164,7 +169,7 @@ def test_winograd_matches_reference(C, K, G, H, W, pads, mode, last):
     out = rng.uniform(-1, 1, nbdnn.conv2d(x, w, backend="cpu", padding=pads, groups=G,
                                           layout=kw["layout"]).shape)
     want = nbdnn.conv2d(x, w, bias, backend="cpu", out=out.copy(), **kw)
-    got = nbdnn.conv2d(x, w, bias, backend="cuda", algo="winograd", out=out.copy(), **kw)
+    got = nbdnn.conv2d(x, w, bias, backend="cuda", algo=algo, out=out.copy(), **kw)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 

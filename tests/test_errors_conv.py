@@ -26,6 +26,10 @@ X, W = np.ones((1, 4, 5, 5), F32), np.ones((6, 4, 3, 3), F32)
     (lambda: nbdnn.conv2d(X, np.ones((6, 4, 5, 5), F32), padding=2, algo="winograd"),
      BadParamError, "algo"),
     (lambda: nbdnn.conv2d(X, W, stride=2, algo="winograd"), BadParamError, "stride"),
+    (lambda: nbdnn.conv2d(X, W, dilation=2, padding=2, algo="winograd4"), BadParamError,
+     "dilation"),
+    (lambda: nbdnn.conv2d(X.astype(np.float16), W.astype(np.float16), algo="winograd4"),
+     BadParamError, "float32 and float64"),
     (lambda: nbdnn.conv2d(X, W, algo="fastest"), BadParamError, "algo"),
     (lambda: nbdnn.conv2d(X, W.astype(np.float64)), DtypeError, "w.dtype"),
     (lambda: nbdnn.conv2d(X, W, np.ones(4, F32)), ShapeError, "bias.shape"),
@@ -53,14 +57,18 @@ def test_bad_conv_calls(call, err, words):
 def test_find_conv_algorithm_ranks_every_algorithm():
     x, w = np.ones((1, 2, 4, 4), F32), np.ones((3, 2, 3, 3), F32)
     found = nbdnn.find_conv_algorithm(x, w, padding=1, reps=1, backend="cuda")
-    assert sorted(r["algo"] for r in found) == ["direct", "gemm", "implicit_gemm", "winograd"]
+    assert sorted(r["algo"] for r in found) == ["direct", "gemm", "implicit_gemm", "winograd",
+                                                "winograd4"]
     assert [r["time"] for r in found] == sorted(r["time"] for r in found)
     assert all(r["deterministic"] for r in found)
     space = {r["algo"]: r["workspace"] for r in found}
     assert space["direct"] == space["implicit_gemm"] == 0
     assert space["gemm"] == 16 * (2 * 9 + 3) * 4  # M * (C*R*S + K) float32s
     assert space["winograd"] == 16 * (3 * 2 + 2 * 4 + 3 * 4) * 4  # 16 (K*C + C*T + K*T)
-    assert "winograd" not in {r["algo"] for r in nbdnn.find_conv_algorithm(
+    assert space["winograd4"] == 36 * (3 * 2 + 2 * 1 + 3 * 1) * 4  # one 4x4 tile
+    assert not {"winograd", "winograd4"} & {r["algo"] for r in nbdnn.find_conv_algorithm(
         x, w, stride=2, reps=1, backend="cuda")}
+    assert "winograd4" not in {r["algo"] for r in nbdnn.find_conv_algorithm(
+        x.astype(np.float16), w.astype(np.float16), padding=1, reps=1, backend="cuda")}
     with pytest.raises(BadParamError, match="algo"):
         nbdnn.find_conv_algorithm(x, w, algo="direct")

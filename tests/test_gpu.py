@@ -40,9 +40,10 @@ CALLS = [
         nbdnn.conv_backward_data(_img(x), _dw_filt(x), (8, 16, 32, 32), padding=1, groups=16),
         nbdnn.conv_backward_filter(_img(x), _img(x), (16, 1, 3, 3), padding=1, groups=16))),
     ("conv2d implicit_gemm", lambda x: nbdnn.conv2d(_img(x), _filt(x), padding=1)),
-    ("conv2d gemm / winograd", lambda x: (
+    ("conv2d gemm / winograd / winograd4", lambda x: (
         nbdnn.conv2d(_img(x), _filt(x), padding=1, algo="gemm"),
-        nbdnn.conv2d(_img(x), _filt(x), padding=1, algo="winograd"))),
+        nbdnn.conv2d(_img(x), _filt(x), padding=1, algo="winograd"),
+        nbdnn.conv2d(_img(x), _filt(x), padding=1, algo="winograd4"))),
     ("pool max/avg fwd/bwd", lambda x: (
         nbdnn.pool2d(_img(x), 3, stride=2, padding=1),
         nbdnn.pool_backward(nbdnn.pool2d(_img(x), 3, stride=2, padding=1), _img(x), 3,

@@ -1,12 +1,13 @@
 """Convolution on the GPU for every geometry (1-3 d, stride, per-side padding, dilation,
 groups, both modes, NCHW and NHWC). The formulas are in nbdnn/cpu/conv.py.
 
-Forward algorithms (`algo=`; "auto" takes depthwise when groups == C, winograd for
-3x3 stride-1 layers of >= 128 channels a group, else implicit_gemm):
+Forward algorithms (`algo=`; "auto" takes depthwise when groups == C, winograd4 for
+3x3 stride-1 layers of >= 128 channels a group (float16: winograd), else
+implicit_gemm):
 - gemm: explicit im2col into a workspace, the matmul kernel, an epilogue pass
   (nbdnn/cuda/_conv_gemm.py).
-- winograd: F(2x2, 3x3) transforms around 16 batched GEMMs (2-d, 3x3, stride 1,
-  dilation 1; nbdnn/cuda/_conv_winograd.py).
+- winograd / winograd4: F(2x2, 3x3) / F(4x4, 3x3) transforms around 16 / 36 batched
+  GEMMs (2-d, 3x3, stride 1, dilation 1; nbdnn/cuda/_conv_winograd.py).
 - implicit_gemm: the GEMM kernel's tiles and thread layout with the A tile gathered
   from x on the fly (nbdnn/cuda/_igemm_source.py); M = N*P output positions,
   N = K/g filters, K = C/g*T*R*S taps, one grid row per group. Fused epilogue.
@@ -257,16 +258,17 @@ def _taps(g, chunked):
     return tab
 
 
-def _auto_forward(g):
-    """depthwise for groups == C; winograd for 3x3, stride 1, dilation 1 2-d layers of
-    at least 128 channels in and out a group (on ResNet's s2-s4 3x3 layers it beats the
-    implicit GEMM 1.4-2.5x: perf/RESULTS.md); else implicit_gemm."""
+def _auto_forward(g, dtype="float32"):
+    """depthwise for groups == C; winograd4 (float16: winograd) for 3x3, stride 1,
+    dilation 1 2-d layers of at least 128 channels in and out a group (on ResNet's s1-s4
+    3x3 layers F(2x2) beat the implicit GEMM 1.4-2.5x and F(4x4) beats F(2x2) by
+    another 1.1-1.5x: perf/RESULTS.md); else implicit_gemm."""
     N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw = g[:16]
     if C == G:
         return "depthwise"
     if (D, T, PD, R, S, sh, sw, g[20], g[21]) == (1, 1, 1, 3, 3, 1, 1, 1, 1) and \
             min(C, K) // G >= 128:
-        return "winograd"
+        return "winograd" if dtype == "float16" else "winograd4"
     return "implicit_gemm"
 
 
@@ -309,17 +311,20 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
             *g, int(bias is not None), int(residual is not None), act, coef, alpha, beta)
     total = N * K * P[0] * P[1] * P[2]
     if algo == "auto":
-        algo = _auto_forward(g)
+        algo = _auto_forward(g, dtype)
     if algo == "depthwise" and _conv_depthwise.forward(_KERNELS, x, y, w, *args[3:5], g,
                                                        args[-6:], stream):
         return y
     if algo in ("direct", "depthwise"):  # depthwise without a generated kernel
         launch(_KERNELS, "fwd", dtype, total, stream, *args)
-    elif algo in ("gemm", "winograd"):
+    elif algo == "gemm":
         if total:
-            mod = _conv_gemm if algo == "gemm" else _conv_winograd
-            mod.forward(_KERNELS, _gemm, x, w, y, bias, residual, g, act, coef, alpha, beta,
-                        stream)
+            _conv_gemm.forward(_KERNELS, _gemm, x, w, y, bias, residual, g, act, coef, alpha,
+                               beta, stream)
+    elif algo in ("winograd", "winograd4"):
+        if total:
+            _conv_winograd.forward(_KERNELS, _gemm, x, w, y, bias, residual, g, act, coef,
+                                   alpha, beta, stream, 4 if algo == "winograd4" else 2)
     elif total:
         _implicit_gemm(x, w, y, args, g, total, dtype, stream)
     return y

@@ -19,7 +19,8 @@ from .activation import _coef
 LAYOUTS = {"NCHW": False, "NHWC": True, "NCW": False, "NWC": True, "NCDHW": False,
            "NDHWC": True}
 MODES = ("cross_correlation", "convolution")
-ALGOS = ("auto", "direct", "implicit_gemm", "gemm", "winograd", "depthwise")
+ALGOS = ("auto", "direct", "implicit_gemm", "gemm", "winograd", "winograd4", "depthwise")
+WINOGRAD = {"winograd": 2, "winograd4": 4}  # algo: outputs a tile side
 BACKWARD_ALGOS = ("auto", "direct", "gemm", "depthwise")
 
 
@@ -105,12 +106,15 @@ def _depthwise(op, algo, C, groups):
              "(groups == C)", f"'depthwise' with C = {C}, groups = {groups}")
 
 
-def _algo(op, algo, nd, R, stride, dilation):
+def _algo(op, algo, nd, R, stride, dilation, dtype):
     choice(op, "algo", algo, ALGOS)
-    if algo == "winograd" and not winograd_fits(nd, R, stride, dilation):
-        fail(BadParamError, op, "algo", "winograd only for 2-d 3x3 filters with stride 1 "
-             "and dilation 1", f"'winograd' with a {nd}-d {R} filter, stride {stride}, "
+    if algo in WINOGRAD and not winograd_fits(nd, R, stride, dilation):
+        fail(BadParamError, op, "algo", f"{algo} only for 2-d 3x3 filters with stride 1 "
+             "and dilation 1", f"'{algo}' with a {nd}-d {R} filter, stride {stride}, "
              f"dilation {dilation}")
+    if algo == "winograd4" and dtype == "float16":
+        fail(BadParamError, op, "algo", "winograd4 only for float32 and float64 (its "
+             "transforms cost float16 ~3 bits; 'winograd' takes float16)", "float16")
     return algo
 
 
@@ -138,7 +142,7 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
             fail(ShapeError, op, "residual.shape", f"the output's {yshape}", tuple(r_shape))
         same_dtype(op, ["x", "residual"], [dtype, r_dtype])
     coef = 0.0 if activation is None else _coef(op, activation, coef)
-    algo = _algo(op, algo, nd, R, stride, dilation)
+    algo = _algo(op, algo, nd, R, stride, dilation, str(dtype))
     _depthwise(op, algo, C, groups)
     alpha, beta = blend_params(op, alpha, beta)
     if beta != 0 and residual is None and out is None:
@@ -162,10 +166,12 @@ def conv2d(x, w, bias=None, **kw):
     (a mode of nbdnn.activation) and coef, residual, alpha, beta, out. Returns y of
     shape (N, K, P, Q) (or (N, P, Q, K)) and x's dtype.
 
-    algo: "direct", "implicit_gemm", "gemm", "winograd" (2-d 3x3, stride 1, dilation
-    1), "depthwise" (groups == C; filters without a generated kernel run "direct"), or
-    "auto": "depthwise" when groups == C, "winograd" on the GPU for 3x3 stride-1
-    layers of at least 128 channels in and out a group, else "implicit_gemm"."""
+    algo: "direct", "implicit_gemm", "gemm", "winograd" (F(2x2, 3x3): 2-d 3x3, stride
+    1, dilation 1), "winograd4" (F(4x4, 3x3): the same filters, float32/float64),
+    "depthwise" (groups == C; filters without a generated kernel run "direct"), or
+    "auto": "depthwise" when groups == C, "winograd4" (float16: "winograd") on the GPU
+    for 3x3 stride-1 layers of at least 128 channels in and out a group, else
+    "implicit_gemm"."""
     return conv(2, x, w, bias, **kw)
 
 
@@ -276,7 +282,7 @@ def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
     nd = len(tuple(x.shape)) - 2
     results = []
     for algo in ALGOS[1:]:
-        if algo == "winograd" and not _winograd_applies(x, w, kw) or \
+        if algo in WINOGRAD and not _winograd_applies(x, w, kw, algo) or \
                 algo == "depthwise" and not _depthwise_applies(x, w, kw):
             continue
         conv(nd, x, w, bias, algo=algo, **kw)  # warm-up: JIT, validation
@@ -304,9 +310,10 @@ def _problem(x, w, kw):
     return nd, N, C, K, R, P, stride, dilation, groups
 
 
-def _winograd_applies(x, w, kw):
+def _winograd_applies(x, w, kw, algo):
     nd, _, _, _, R, _, stride, dilation, _ = _problem(x, w, kw)
-    return winograd_fits(nd, R, stride, dilation)
+    return winograd_fits(nd, R, stride, dilation) and not (
+        algo == "winograd4" and _dtype(x) == "float16")
 
 
 def _depthwise_applies(x, w, kw):
@@ -317,20 +324,29 @@ def _depthwise_applies(x, w, kw):
 def _workspace(algo, x, w, kw):
     """Bytes of scratch memory: gemm's im2col columns and raw product; winograd's
     transformed filters, input tiles and products."""
-    if algo not in ("gemm", "winograd"):
+    if algo not in ("gemm",) + tuple(WINOGRAD):
         return 0
     nd, N, C, K, R, P, _, _, groups = _problem(x, w, kw)
     if algo == "gemm":
         elements = N * math.prod(P) * (C * math.prod(R) + K)
     else:
-        tiles = N * -(-P[0] // 2) * -(-P[1] // 2)
-        elements = 16 * (K * (C // groups) + C * tiles + K * tiles)
+        m = WINOGRAD[algo]
+        tiles = N * -(-P[0] // m) * -(-P[1] // m)
+        elements = (m + 2) ** 2 * (K * (C // groups) + C * tiles + K * tiles)
     return elements * _itemsize(x)
 
 
-def _itemsize(x):
+def _described(x):
     from ..backend import describe
-    return describe("find_conv_algorithm", "x", x)[1].itemsize
+    return describe("find_conv_algorithm", "x", x)[1]
+
+
+def _itemsize(x):
+    return _described(x).itemsize
+
+
+def _dtype(x):
+    return str(_described(x))
 
 
 def _synchronizer(x):
