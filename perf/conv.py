@@ -5,9 +5,17 @@ nbdnn algorithm, backward data and filter, and conv+bias+relu fused against thre
 nbdnn calls. fp32, NCHW (--nhwc for channels-last). Prints TFLOP/s (2*N*K*P*Q*C/g*R*S
 per pass), the ratio to cuDNN and the geometric means.
 
-"auto" is what a caller gets by default (depthwise kernels for groups == C, implicit
-GEMM otherwise); backward passes run "auto". Geometric means over all layers and over
-the ResNet and depthwise sets apart.
+"auto" is what a caller gets by default (depthwise kernels for groups == C, Winograd
+for 3x3/1 layers of >= 32 channels, implicit GEMM otherwise); backward passes run
+"auto". Geometric means over all layers and over the ResNet and depthwise sets apart.
+
+Every nbdnn time is taken twice: eager (a Python call, as cuDNN's is) and replayed
+from a captured nbdnn.cuda.Graph, which is the GPU's time alone. cuDNN's eager call
+is one launch whose ~35 us of host time the 256 MiB flush before each run hides, so
+its eager time is its GPU time; an nbdnn call of several launches (winograd: four,
+channels-first implicit GEMM: two) can take longer on the host than the flush, and
+then its eager time carries host time (perf/RESULTS.md run V). The ratios and
+geometric means are of the graph times; "eager" columns show the other.
 
     PYTHONPATH=. python perf/conv.py [--nhwc] [--json F] [--algos auto implicit_gemm direct]
 """
@@ -71,6 +79,15 @@ def _tiles(xn, wn, kw, flops, t_ref):
     return out
 
 
+def _timed(fn):
+    """(eager seconds, graph-replay seconds) of fn()."""
+    eager = time_gpu(fn)
+    g = nbdnn.cuda.Graph()
+    with g.capture():
+        fn()
+    return eager, time_gpu(g.replay)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nhwc", action="store_true")
@@ -103,13 +120,15 @@ def main():
                 row[algo] = None
                 continue
             err = float((y - ref_n).abs().max() / ref_n.abs().max())
-            t = time_gpu(lambda: nbdnn.conv2d(xn, wn, algo=algo, out=y, **kw))
-            row[algo] = {"tflops": d["flops"] / t / 1e12, "vs_cudnn": t_ref / t, "rel_err": err}
+            te, t = _timed(lambda: nbdnn.conv2d(xn, wn, algo=algo, out=y, **kw))
+            row[algo] = {"tflops": d["flops"] / t / 1e12, "vs_cudnn": t_ref / t,
+                         "eager_vs_cudnn": t_ref / te, "rel_err": err}
             ratios[algo].append((part, t_ref / t))
         if args.tiles and d["g"] == 1:
             row["tiles"] = _tiles(xn, wn, kw, d["flops"], t_ref)
-        line = " | ".join(f"{a} {row[a]['tflops']:6.2f} ({row[a]['vs_cudnn']:.0%}, err "
-                          f"{row[a]['rel_err']:.0e})" for a in args.algos if row[a])
+        line = " | ".join(f"{a} {row[a]['tflops']:6.2f} ({row[a]['vs_cudnn']:.0%}, eager "
+                          f"{row[a]['eager_vs_cudnn']:.0%}, err {row[a]['rel_err']:.0e})"
+                          for a in args.algos if row[a])
         rows.append(row)
         if args.no_backward:
             print(f"{layer[0]:18} cuDNN {row['cudnn_tflops']:6.1f} TFLOP/s | {line}", flush=True)
@@ -120,14 +139,17 @@ def main():
         out = F.conv2d(xr, wr, stride=d["s"], padding=d["p"], groups=d["g"])
         g = dy.permute(0, 3, 1, 2) if args.nhwc else dy
         tb_ref = time_gpu(lambda: torch.autograd.grad(out, (xr, wr), g, retain_graph=True))
-        td = time_gpu(lambda: nbdnn.conv_backward_data(dy, wn, tuple(xn.shape), **kw))
-        tf = time_gpu(lambda: nbdnn.conv_backward_filter(dy, xn, tuple(wn.shape), **kw))
-        row["bwd"] = {"cudnn_both_ms": tb_ref * 1e3, "data_ms": td * 1e3, "filter_ms": tf * 1e3}
+        dx, dw = torch.empty_like(xn), torch.empty_like(wn)
+        tde, td = _timed(lambda: nbdnn.conv_backward_data(dy, wn, tuple(xn.shape), out=dx, **kw))
+        tfe, tf = _timed(lambda: nbdnn.conv_backward_filter(dy, xn, tuple(wn.shape), out=dw,
+                                                            **kw))
+        row["bwd"] = {"cudnn_both_ms": tb_ref * 1e3, "data_ms": td * 1e3, "filter_ms": tf * 1e3,
+                      "data_eager_ms": tde * 1e3, "filter_eager_ms": tfe * 1e3}
         ratios["bwd_data"].append((part, tb_ref / 2 / td))  # cuDNN's pair split evenly
         ratios["bwd_filter"].append((part, tb_ref / 2 / tf))   # (an approximation)
         print(f"{layer[0]:18} cuDNN {row['cudnn_tflops']:6.1f} TFLOP/s | {line} | bwd data "
-              f"{td*1e3:.2f} ms, filter {tf*1e3:.2f} ms (cuDNN both {tb_ref*1e3:.2f} ms)",
-              flush=True)
+              f"{td*1e3:.3f} ms (eager {tde*1e3:.3f}), filter {tf*1e3:.3f} ms (eager "
+              f"{tfe*1e3:.3f}) (cuDNN both {tb_ref*1e3:.3f} ms)", flush=True)
     geo = {}
     for part in ("all", "resnet", "depthwise"):
         geo[part] = {}
@@ -140,14 +162,17 @@ def main():
     d, x, w, xn, wn = _case(RESNET[2], args.nhwc)
     bias = torch.randn(d["K"], device="cuda")
     kw = dict(padding=1, layout=layout)
-    fused = time_gpu(lambda: nbdnn.conv2d(xn, wn, bias, activation="relu", **kw))
-    three = time_gpu(lambda: nbdnn.activation(nbdnn.add_tensor(
-        bias.reshape((1, 1, 1, -1) if args.nhwc else (1, -1, 1, 1)),
-        nbdnn.conv2d(xn, wn, **kw)), "relu"))
-    print(f"conv+bias+relu (s1 3x3 64): fused {fused*1e3:.3f} ms, three calls {three*1e3:.3f} ms")
+    y = nbdnn.conv2d(xn, wn, **kw)
+    b = bias.reshape((1, 1, 1, -1) if args.nhwc else (1, -1, 1, 1))
+    fused_e, fused = _timed(lambda: nbdnn.conv2d(xn, wn, bias, activation="relu", out=y, **kw))
+    three_e, three = _timed(lambda: nbdnn.activation(nbdnn.add_tensor(
+        b, nbdnn.conv2d(xn, wn, out=y, **kw), out=y), "relu", out=y))
+    print(f"conv+bias+relu (s1 3x3 64): fused {fused*1e3:.3f} ms, three calls {three*1e3:.3f} "
+          f"ms (eager {fused_e*1e3:.3f} vs {three_e*1e3:.3f} ms)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "geomean": geo, "fused_ms": fused * 1e3,
+                       "fused_eager_ms": fused_e * 1e3, "three_calls_eager_ms": three_e * 1e3,
                        "three_calls_ms": three * 1e3}, f, indent=1)
 
 

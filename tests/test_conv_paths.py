@@ -126,23 +126,27 @@ def test_backward_filter_1x1_matches_reference(monkeypatch, last, G, dtype, dire
 
 
 def test_auto_forward_choice():
-    """"auto" on the GPU: depthwise for groups == C, winograd4 (float16: winograd) for
-    3x3/1 2-d layers of >= 128 channels a group (ResNet's s2-s4), else the implicit
-    GEMM."""
-    def g(C, K, G, R, stride=1, dil=1, D=1):
-        return CV._geometry((32, C, D, 28, 28) if D > 1 else (32, C, 28, 28),
-                            (K, C // G, R, R), (stride, stride), ((1, 1), (1, 1)),
-                            (dil, dil), G, "cross_correlation", False) if D == 1 else \
-            CV._geometry((32, C, D, 28, 28), (K, C // G, 1, R, R), (1, stride, stride),
+    """"auto" on the GPU: depthwise for groups == C; for 3x3/1 2-d layers of >= 32
+    channels a group winograd4 when K * its tiles >= 24576, else winograd (float16:
+    winograd from 128 channels); else the implicit GEMM."""
+    def g(C, K, G, R, stride=1, dil=1, D=1, N=32, H=28):
+        return CV._geometry((N, C, H, H), (K, C // G, R, R), (stride, stride),
+                            ((1, 1), (1, 1)), (dil, dil), G, "cross_correlation",
+                            False) if D == 1 else \
+            CV._geometry((N, C, D, H, H), (K, C // G, 1, R, R), (1, stride, stride),
                          ((0, 0), (1, 1), (1, 1)), (1, dil, dil), G, "cross_correlation",
                          False)
     assert CV._auto_forward(g(128, 128, 1, 3)) == "winograd4"
-    assert CV._auto_forward(g(512, 512, 1, 3)) == "winograd4"
     assert CV._auto_forward(g(512, 512, 1, 3), "float64") == "winograd4"
+    assert CV._auto_forward(g(512, 512, 1, 3, N=32, H=7)) == "winograd4"  # 512 * 128 tiles
+    assert CV._auto_forward(g(512, 512, 1, 3, N=8, H=7)) == "winograd"    # 512 * 32
+    assert CV._auto_forward(g(64, 64, 1, 3, N=1, H=56)) == "winograd"     # 64 * 196
+    assert CV._auto_forward(g(64, 64, 1, 3, N=1, H=112)) == "winograd4"   # 64 * 784
     assert CV._auto_forward(g(512, 512, 1, 3), "float16") == "winograd"
-    assert CV._auto_forward(g(64, 64, 1, 3)) == "implicit_gemm"     # too few channels
-    assert CV._auto_forward(g(256, 256, 2, 3)) == "winograd4"       # 128 a group
-    assert CV._auto_forward(g(256, 256, 4, 3)) == "implicit_gemm"   # 64 a group
+    assert CV._auto_forward(g(64, 64, 1, 3), "float16") == "implicit_gemm"
+    assert CV._auto_forward(g(16, 16, 1, 3)) == "implicit_gemm"     # too few channels
+    assert CV._auto_forward(g(256, 256, 8, 3)) == "winograd4"       # 32 a group
+    assert CV._auto_forward(g(256, 256, 16, 3)) == "implicit_gemm"  # 16 a group
     assert CV._auto_forward(g(256, 256, 1, 3, stride=2)) == "implicit_gemm"
     assert CV._auto_forward(g(256, 256, 1, 3, dil=2)) == "implicit_gemm"
     assert CV._auto_forward(g(256, 256, 1, 1)) == "implicit_gemm"

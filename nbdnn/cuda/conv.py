@@ -1,8 +1,8 @@
 """Convolution on the GPU for every geometry (1-3 d, stride, per-side padding, dilation,
 groups, both modes, NCHW and NHWC). The formulas are in nbdnn/cpu/conv.py.
 
-Forward algorithms (`algo=`; "auto" takes depthwise when groups == C, winograd4 for
-3x3 stride-1 layers of >= 128 channels a group (float16: winograd), else
+Forward algorithms (`algo=`; "auto" takes depthwise when groups == C, winograd4 or
+winograd for 3x3 stride-1 layers of >= 32 channels a group (`_auto_forward`), else
 implicit_gemm):
 - gemm: explicit im2col into a workspace, the matmul kernel, an epilogue pass
   (nbdnn/cuda/_conv_gemm.py).
@@ -259,17 +259,23 @@ def _taps(g, chunked):
 
 
 def _auto_forward(g, dtype="float32"):
-    """depthwise for groups == C; winograd4 (float16: winograd) for 3x3, stride 1,
-    dilation 1 2-d layers of at least 128 channels in and out a group (on ResNet's s1-s4
-    3x3 layers F(2x2) beat the implicit GEMM 1.4-2.5x and F(4x4) beats F(2x2) by
-    another 1.1-1.5x: perf/RESULTS.md); else implicit_gemm."""
+    """depthwise for groups == C. 3x3, stride 1, dilation 1 2-d layers: winograd4 when
+    its batched GEMMs have K * tiles >= 24576 outputs, else winograd (fewer, larger
+    GEMMs would leave SMs idle), from 32 channels in and out a group (float16: winograd
+    from 128). Measured through graphs on the H200 (perf/RESULTS.md run V), batch 1-32,
+    32-512 channels: one of the two beat the implicit GEMM on 17 of 18 layers
+    (1.2-6.3x; 4% behind at 32 channels, batch 8), and this rule picks the faster of
+    them on all 18. Else implicit_gemm."""
     N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw = g[:16]
     if C == G:
         return "depthwise"
-    if (D, T, PD, R, S, sh, sw, g[20], g[21]) == (1, 1, 1, 3, 3, 1, 1, 1, 1) and \
-            min(C, K) // G >= 128:
-        return "winograd" if dtype == "float16" else "winograd4"
-    return "implicit_gemm"
+    if (D, T, PD, R, S, sh, sw, g[20], g[21]) != (1, 1, 1, 3, 3, 1, 1, 1, 1):
+        return "implicit_gemm"
+    if dtype == "float16":
+        return "winograd" if min(C, K) // G >= 128 else "implicit_gemm"
+    if min(C, K) // G < 32:
+        return "implicit_gemm"
+    return "winograd4" if K * N * -(-PH // 4) * -(-PW // 4) >= 24576 else "winograd"
 
 
 def _vector_epilogue(y, K, Kg, P, last, variant):

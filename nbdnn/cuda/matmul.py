@@ -109,7 +109,8 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream):
     ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
     M, K = (ash[-1], ash[-2]) if trans_a else (ash[-2], ash[-1])
     N = bsh[-2] if trans_b else bsh[-1]
-    batch = tuple(np.broadcast_shapes(ash[:-2], bsh[:-2]))
+    batch = ash[:-2] if ash[:-2] == bsh[:-2] else \
+        tuple(np.broadcast_shapes(ash[:-2], bsh[:-2]))
     dtype = dtype_name(a)
     c = out if out is not None else empty(a, batch + (M, N), dtype)
     nb = math.prod(batch)

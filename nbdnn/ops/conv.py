@@ -12,6 +12,8 @@ channel multiplier). layout "NCHW" (channels first; w is (K, C/g, *R)) or "NHWC"
 import math
 import numbers
 
+import numpy as np
+
 from ..errors import BadParamError, ShapeError, fail
 from ._common import Call, blend_params, choice, same_dtype
 from .activation import _coef
@@ -21,6 +23,7 @@ LAYOUTS = {"NCHW": False, "NHWC": True, "NCW": False, "NWC": True, "NCDHW": Fals
 MODES = ("cross_correlation", "convolution")
 ALGOS = ("auto", "direct", "implicit_gemm", "gemm", "winograd", "winograd4", "depthwise")
 WINOGRAD = {"winograd": 2, "winograd4": 4}  # algo: outputs a tile side
+_FLOAT16 = np.dtype(np.float16)
 BACKWARD_ALGOS = ("auto", "direct", "gemm", "depthwise")
 
 
@@ -112,7 +115,7 @@ def _algo(op, algo, nd, R, stride, dilation, dtype):
         fail(BadParamError, op, "algo", f"{algo} only for 2-d 3x3 filters with stride 1 "
              "and dilation 1", f"'{algo}' with a {nd}-d {R} filter, stride {stride}, "
              f"dilation {dilation}")
-    if algo == "winograd4" and dtype == "float16":
+    if algo == "winograd4" and dtype == _FLOAT16:
         fail(BadParamError, op, "algo", "winograd4 only for float32 and float64 (its "
              "transforms cost float16 ~3 bits; 'winograd' takes float16)", "float16")
     return algo
@@ -142,7 +145,7 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
             fail(ShapeError, op, "residual.shape", f"the output's {yshape}", tuple(r_shape))
         same_dtype(op, ["x", "residual"], [dtype, r_dtype])
     coef = 0.0 if activation is None else _coef(op, activation, coef)
-    algo = _algo(op, algo, nd, R, stride, dilation, str(dtype))
+    algo = _algo(op, algo, nd, R, stride, dilation, dtype)
     _depthwise(op, algo, C, groups)
     alpha, beta = blend_params(op, alpha, beta)
     if beta != 0 and residual is None and out is None:
@@ -169,9 +172,10 @@ def conv2d(x, w, bias=None, **kw):
     algo: "direct", "implicit_gemm", "gemm", "winograd" (F(2x2, 3x3): 2-d 3x3, stride
     1, dilation 1), "winograd4" (F(4x4, 3x3): the same filters, float32/float64),
     "depthwise" (groups == C; filters without a generated kernel run "direct"), or
-    "auto": "depthwise" when groups == C, "winograd4" (float16: "winograd") on the GPU
-    for 3x3 stride-1 layers of at least 128 channels in and out a group, else
-    "implicit_gemm"."""
+    "auto": "depthwise" when groups == C; on the GPU for 3x3 stride-1 layers of at
+    least 32 channels in and out a group "winograd4", or "winograd" where F(4x4)'s
+    fewer tiles would leave the GPU idle (float16: "winograd" from 128 channels);
+    else "implicit_gemm"."""
     return conv(2, x, w, bias, **kw)
 
 
