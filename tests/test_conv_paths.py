@@ -152,6 +152,11 @@ def test_auto_forward_choice():
     assert CV._auto_forward(g(256, 256, 1, 1)) == "implicit_gemm"
     assert CV._auto_forward(g(256, 256, 1, 3, D=4)) == "implicit_gemm"  # 3-d
     assert CV._auto_forward(g(64, 128, 64, 3)) == "depthwise"
+    # the workspace limit: 36 * (64*64 + 128 * 256*14*14) float32s = 0.9 GB fits,
+    # at batch 1024 (3.7 GB) the implicit GEMM takes over
+    assert CV._auto_forward(g(64, 64, 1, 3, N=256, H=56)) == "winograd4"
+    assert CV._auto_forward(g(64, 64, 1, 3, N=1024, H=56)) == "implicit_gemm"
+    assert CV._auto_forward(g(64, 64, 1, 3, N=512, H=56), "float64") == "implicit_gemm"
 
 
 @pytest.mark.parametrize("algo", ["winograd", "winograd4"])

@@ -14,7 +14,11 @@ values per output through the GEMM instead of 4. F(4x4)'s larger coefficients (B
 to 5, A^T up to 8, G's 1/6 and 1/24) cost about 4x F(2x2)'s rounding error, so
 "winograd4" takes float32 and float64 only (float16 tiles would lose ~3 bits).
 The transforms are written out as straight-line expressions (generated source), each
-coefficient other than +-1 a constant of the compute type.
+coefficient other than +-1 a constant of the compute type. Registers on the H200
+(perf/RESULTS.md run V), F(4x4) filter / input / output transforms: 66 / 72 / 56
+(float32), 96 / 96 / 72 (float64), no local memory. Each transform is memory-bound:
+the input transform reads x once and writes 36/16 = 2.25 values an input element
+(F(2x2): 4), the output transform reads 2.25 (4) products an output element.
 """
 from fractions import Fraction as Fr
 

@@ -62,8 +62,10 @@ from ._conv_index import I as _I, U as _U, U32 as _U32, landing as _landing, lau
 from ._launch import Kernel
 from .matmul import TILES, _act_source, _gemm, _plan, _sm_count
 from .tensor import reduce_tensor, transform_into
+from ..ops.conv import winograd_workspace
 
 DTYPES = ("float16", "float32", "float64")
+_ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8}
 
 
 def _kernels(CT, act_fn):
@@ -258,24 +260,31 @@ def _taps(g, chunked):
     return tab
 
 
+AUTO_WORKSPACE_LIMIT = 2 ** 31  # bytes of scratch memory "auto" may ask for
+
+
 def _auto_forward(g, dtype="float32"):
     """depthwise for groups == C. 3x3, stride 1, dilation 1 2-d layers: winograd4 when
     its batched GEMMs have K * tiles >= 24576 outputs, else winograd (fewer, larger
     GEMMs would leave SMs idle), from 32 channels in and out a group (float16: winograd
-    from 128). Measured through graphs on the H200 (perf/RESULTS.md run V), batch 1-32,
-    32-512 channels: one of the two beat the implicit GEMM on 17 of 18 layers
-    (1.2-6.3x; 4% behind at 32 channels, batch 8), and this rule picks the faster of
-    them on all 18. Else implicit_gemm."""
+    from 128), while the workspace fits AUTO_WORKSPACE_LIMIT (ResNet-50's s1 3x3 at
+    batch 256 asks for 0.9 GB). Measured through graphs on the H200 (perf/RESULTS.md
+    run V), batch 1-32, 32-512 channels: one of the two beat the implicit GEMM on 17 of
+    18 layers (1.2-6.3x; 4% behind at 32 channels, batch 8), and this rule picks the
+    faster of them on all 18. Else implicit_gemm."""
     N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw = g[:16]
     if C == G:
         return "depthwise"
-    if (D, T, PD, R, S, sh, sw, g[20], g[21]) != (1, 1, 1, 3, 3, 1, 1, 1, 1):
+    if (D, T, PD, R, S, sh, sw, g[20], g[21]) != (1, 1, 1, 3, 3, 1, 1, 1, 1) or \
+            min(C, K) // G < (128 if dtype == "float16" else 32):
         return "implicit_gemm"
-    if dtype == "float16":
-        return "winograd" if min(C, K) // G >= 128 else "implicit_gemm"
-    if min(C, K) // G < 32:
-        return "implicit_gemm"
-    return "winograd4" if K * N * -(-PH // 4) * -(-PW // 4) >= 24576 else "winograd"
+    if dtype == "float16" or K * N * -(-PH // 4) * -(-PW // 4) < 24576:
+        algo, m = "winograd", 2
+    else:
+        algo, m = "winograd4", 4
+    fits = winograd_workspace(N, C, K, G, (PH, PW), m) * _ITEMSIZE[dtype] <= \
+        AUTO_WORKSPACE_LIMIT
+    return algo if fits else "implicit_gemm"
 
 
 def _vector_epilogue(y, K, Kg, P, last, variant):

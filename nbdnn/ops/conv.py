@@ -103,6 +103,14 @@ def winograd_fits(nd, R, stride, dilation):
     return nd == 2 and R == (3, 3) and stride == (1, 1) and dilation == (1, 1)
 
 
+def winograd_workspace(N, C, K, groups, P, m):
+    """Elements of winograd's scratch memory for outputs P = (P, Q), m outputs a tile
+    side: (m+2)^2 * (K*C/g transformed filters + C*T input tiles + K*T products), T =
+    N * ceil(P/m) * ceil(Q/m) tiles."""
+    tiles = N * -(-P[0] // m) * -(-P[1] // m)
+    return (m + 2) ** 2 * (K * (C // groups) + C * tiles + K * tiles)
+
+
 def _depthwise(op, algo, C, groups):
     if algo == "depthwise" and C != groups:
         fail(BadParamError, op, "algo", "depthwise only with one input channel a group "
@@ -174,8 +182,9 @@ def conv2d(x, w, bias=None, **kw):
     "depthwise" (groups == C; filters without a generated kernel run "direct"), or
     "auto": "depthwise" when groups == C; on the GPU for 3x3 stride-1 layers of at
     least 32 channels in and out a group "winograd4", or "winograd" where F(4x4)'s
-    fewer tiles would leave the GPU idle (float16: "winograd" from 128 channels);
-    else "implicit_gemm"."""
+    fewer tiles would leave the GPU idle (float16: "winograd" from 128 channels), if
+    its workspace fits 2 GiB (nbdnn.cuda.conv.AUTO_WORKSPACE_LIMIT); else
+    "implicit_gemm"."""
     return conv(2, x, w, bias, **kw)
 
 
@@ -334,9 +343,7 @@ def _workspace(algo, x, w, kw):
     if algo == "gemm":
         elements = N * math.prod(P) * (C * math.prod(R) + K)
     else:
-        m = WINOGRAD[algo]
-        tiles = N * -(-P[0] // m) * -(-P[1] // m)
-        elements = (m + 2) ** 2 * (K * (C // groups) + C * tiles + K * tiles)
+        elements = winograd_workspace(N, C, K, groups, P, WINOGRAD[algo])
     return elements * _itemsize(x)
 
 
