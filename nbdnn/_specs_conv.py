@@ -56,7 +56,7 @@ def _make_forward(draw, dtype, big):
     algos = ("auto", "direct", "implicit_gemm", "gemm")
     if winograd_fits(nd, ws[2:] if kw["layout"] == "NCHW" else ws[1:-1], kw["stride"],
                      kw["dilation"]):
-        algos += ("winograd", "winograd") if dtype == "float16" else ("winograd", "winograd4")
+        algos += ("winograd", "winograd4")
     kw.update(nd=nd, activation=ACTIVATIONS[draw(0, len(ACTIVATIONS) - 1)],
               algo=algos[draw(0, len(algos) - 1)])
     atol, rtol = matmul_tol(dtype, taps + 2)

@@ -182,6 +182,20 @@ def test_winograd_matches_reference(C, K, G, H, W, pads, mode, last, algo):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("last", [False, True])
+def test_winograd4_float16_works_in_float32(last):
+    """float16 layers: F(4x4)'s tiles and GEMM in float32, so the result is the exact
+    convolution of the float16 inputs rounded once to float16 (plus float32's error)."""
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-1, 1, (2, 9, 10, 5) if last else (2, 5, 9, 10)).astype(np.float16)
+    w = rng.uniform(-1, 1, (4, 3, 3, 5) if last else (4, 5, 3, 3)).astype(np.float16)
+    kw = dict(padding=1, layout="NHWC" if last else "NCHW")
+    want = nbdnn.conv2d(x.astype(np.float64), w.astype(np.float64), backend="cpu", **kw)
+    got = nbdnn.conv2d(x, w, backend="cuda", algo="winograd4", **kw)
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2 ** -10, atol=1e-4)
+
+
 # (C, multiplier, H, W, R, stride, dilation, padding, mode): variant 3 (rows) on
 # channels-first maps, else variant 2 (tiles) where stride is square and dilation 1,
 # variant 1 (column strips) otherwise

@@ -28,8 +28,6 @@ X, W = np.ones((1, 4, 5, 5), F32), np.ones((6, 4, 3, 3), F32)
     (lambda: nbdnn.conv2d(X, W, stride=2, algo="winograd"), BadParamError, "stride"),
     (lambda: nbdnn.conv2d(X, W, dilation=2, padding=2, algo="winograd4"), BadParamError,
      "dilation"),
-    (lambda: nbdnn.conv2d(X.astype(np.float16), W.astype(np.float16), algo="winograd4"),
-     BadParamError, "float32 and float64"),
     (lambda: nbdnn.conv2d(X, W, algo="fastest"), BadParamError, "algo"),
     (lambda: nbdnn.conv2d(X, W.astype(np.float64)), DtypeError, "w.dtype"),
     (lambda: nbdnn.conv2d(X, W, np.ones(4, F32)), ShapeError, "bias.shape"),
@@ -68,7 +66,9 @@ def test_find_conv_algorithm_ranks_every_algorithm():
     assert space["winograd4"] == 36 * (3 * 2 + 2 * 1 + 3 * 1) * 4  # one 4x4 tile
     assert not {"winograd", "winograd4"} & {r["algo"] for r in nbdnn.find_conv_algorithm(
         x, w, stride=2, reps=1, backend="cuda")}
-    assert "winograd4" not in {r["algo"] for r in nbdnn.find_conv_algorithm(
+    half = {r["algo"]: r["workspace"] for r in nbdnn.find_conv_algorithm(
         x.astype(np.float16), w.astype(np.float16), padding=1, reps=1, backend="cuda")}
+    assert half["winograd"] == space["winograd"] // 2  # float16 tiles
+    assert half["winograd4"] == space["winograd4"]     # float32 tiles for float16 layers
     with pytest.raises(BadParamError, match="algo"):
         nbdnn.find_conv_algorithm(x, w, algo="direct")

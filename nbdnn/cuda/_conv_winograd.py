@@ -12,7 +12,8 @@ Multiplies in the product per output, against direct's 9: 16/4 = 4 for F(2x2) (2
 fewer), 36/16 = 2.25 for F(4x4) (4x fewer), which also moves 36/16 = 2.25 transformed
 values per output through the GEMM instead of 4. F(4x4)'s larger coefficients (B^T up
 to 5, A^T up to 8, G's 1/6 and 1/24) cost about 4x F(2x2)'s rounding error, so
-"winograd4" takes float32 and float64 only (float16 tiles would lose ~3 bits).
+"winograd4" keeps float16 layers' workspace and GEMM in float32 (float16 tiles would
+lose ~3 bits); F(2x2) works in the layer's dtype.
 The transforms are written out as straight-line expressions (generated source), each
 coefficient other than +-1 a constant of the compute type. Registers on the H200
 (perf/RESULTS.md run V), F(4x4) filter / input / output transforms: 66 / 72 / 56
@@ -150,17 +151,20 @@ def kernels(CT, epilogue):
     return out
 
 
+def workspace_dtype(dtype, m):
+    return "float32" if dtype == "float16" and m == 4 else dtype
+
+
 def signatures(t, ct):
-    """F(2x2) for every dtype, F(4x4) for float32/float64 storage."""
+    """Arrays of dtype t; the workspace (U, V, M) of workspace_dtype."""
     a = f"{t}[::1]"
     i = "int64"
     sigs = {}
     for m, name in NAMES.items():
-        if m == 4 and t == "float16":
-            continue
-        sigs.update({f"{name}_filter": f"void({a}, {a}, {i}, {i}, {i}, {i}, {i})",
-                     f"{name}_input": f"void({a}, {a}, " + ", ".join([i] * 10) + ")",
-                     f"{name}_output": f"void({a}, {a}, {a}, {a}, " + ", ".join([i] * 10) +
+        ws = f"{workspace_dtype(t, m)}[::1]"
+        sigs.update({f"{name}_filter": f"void({a}, {ws}, {i}, {i}, {i}, {i}, {i})",
+                     f"{name}_input": f"void({a}, {ws}, " + ", ".join([i] * 10) + ")",
+                     f"{name}_output": f"void({ws}, {a}, {a}, {a}, " + ", ".join([i] * 10) +
                                        f", {ct}, {ct}, {ct})"})
     return sigs
 
@@ -178,8 +182,9 @@ def forward(table, gemm, x, w, y, bias, residual, g, act, coef, alpha, beta, str
     TH, TW = -(-P // m), -(-Q // m)
     ntile = N * TH * TW
     dtype = dtype_name(x)
-    U = empty(x, (a * a, G, Kg, Cg), dtype)
-    V = empty(x, (a * a, G, Cg, ntile), dtype)
+    wdtype = workspace_dtype(dtype, m)
+    U = empty(x, (a * a, G, Kg, Cg), wdtype)
+    V = empty(x, (a * a, G, Cg, ntile), wdtype)
     launch(table, f"{name}_filter", dtype, K * Cg, stream, w, U, K, G, Cg, flip, last)
     launch(table, f"{name}_input", dtype, C * ntile, stream, x, V, N, C, G, H, W, TH, TW, qh,
            qw, last)

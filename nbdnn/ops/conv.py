@@ -12,8 +12,6 @@ channel multiplier). layout "NCHW" (channels first; w is (K, C/g, *R)) or "NHWC"
 import math
 import numbers
 
-import numpy as np
-
 from ..errors import BadParamError, ShapeError, fail
 from ._common import Call, blend_params, choice, same_dtype
 from .activation import _coef
@@ -23,7 +21,6 @@ LAYOUTS = {"NCHW": False, "NHWC": True, "NCW": False, "NWC": True, "NCDHW": Fals
 MODES = ("cross_correlation", "convolution")
 ALGOS = ("auto", "direct", "implicit_gemm", "gemm", "winograd", "winograd4", "depthwise")
 WINOGRAD = {"winograd": 2, "winograd4": 4}  # algo: outputs a tile side
-_FLOAT16 = np.dtype(np.float16)
 BACKWARD_ALGOS = ("auto", "direct", "gemm", "depthwise")
 
 
@@ -117,15 +114,12 @@ def _depthwise(op, algo, C, groups):
              "(groups == C)", f"'depthwise' with C = {C}, groups = {groups}")
 
 
-def _algo(op, algo, nd, R, stride, dilation, dtype):
+def _algo(op, algo, nd, R, stride, dilation):
     choice(op, "algo", algo, ALGOS)
     if algo in WINOGRAD and not winograd_fits(nd, R, stride, dilation):
         fail(BadParamError, op, "algo", f"{algo} only for 2-d 3x3 filters with stride 1 "
              "and dilation 1", f"'{algo}' with a {nd}-d {R} filter, stride {stride}, "
              f"dilation {dilation}")
-    if algo == "winograd4" and dtype == _FLOAT16:
-        fail(BadParamError, op, "algo", "winograd4 only for float32 and float64 (its "
-             "transforms cost float16 ~3 bits; 'winograd' takes float16)", "float16")
     return algo
 
 
@@ -153,7 +147,7 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
             fail(ShapeError, op, "residual.shape", f"the output's {yshape}", tuple(r_shape))
         same_dtype(op, ["x", "residual"], [dtype, r_dtype])
     coef = 0.0 if activation is None else _coef(op, activation, coef)
-    algo = _algo(op, algo, nd, R, stride, dilation, dtype)
+    algo = _algo(op, algo, nd, R, stride, dilation)
     _depthwise(op, algo, C, groups)
     alpha, beta = blend_params(op, alpha, beta)
     if beta != 0 and residual is None and out is None:
@@ -178,7 +172,8 @@ def conv2d(x, w, bias=None, **kw):
     shape (N, K, P, Q) (or (N, P, Q, K)) and x's dtype.
 
     algo: "direct", "implicit_gemm", "gemm", "winograd" (F(2x2, 3x3): 2-d 3x3, stride
-    1, dilation 1), "winograd4" (F(4x4, 3x3): the same filters, float32/float64),
+    1, dilation 1), "winograd4" (F(4x4, 3x3): the same filters; float16 layers
+    transform and multiply in float32),
     "depthwise" (groups == C; filters without a generated kernel run "direct"), or
     "auto": "depthwise" when groups == C; on the GPU for 3x3 stride-1 layers of at
     least 32 channels in and out a group "winograd4", or "winograd" where F(4x4)'s
@@ -295,7 +290,7 @@ def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
     nd = len(tuple(x.shape)) - 2
     results = []
     for algo in ALGOS[1:]:
-        if algo in WINOGRAD and not _winograd_applies(x, w, kw, algo) or \
+        if algo in WINOGRAD and not _winograd_applies(x, w, kw) or \
                 algo == "depthwise" and not _depthwise_applies(x, w, kw):
             continue
         conv(nd, x, w, bias, algo=algo, **kw)  # warm-up: JIT, validation
@@ -323,10 +318,9 @@ def _problem(x, w, kw):
     return nd, N, C, K, R, P, stride, dilation, groups
 
 
-def _winograd_applies(x, w, kw, algo):
+def _winograd_applies(x, w, kw):
     nd, _, _, _, R, _, stride, dilation, _ = _problem(x, w, kw)
-    return winograd_fits(nd, R, stride, dilation) and not (
-        algo == "winograd4" and _dtype(x) == "float16")
+    return winograd_fits(nd, R, stride, dilation)
 
 
 def _depthwise_applies(x, w, kw):
@@ -342,22 +336,16 @@ def _workspace(algo, x, w, kw):
     nd, N, C, K, R, P, _, _, groups = _problem(x, w, kw)
     if algo == "gemm":
         elements = N * math.prod(P) * (C * math.prod(R) + K)
-    else:
+    else:  # winograd4 keeps float16 layers' workspace in float32
         elements = winograd_workspace(N, C, K, groups, P, WINOGRAD[algo])
+        if algo == "winograd4":
+            return elements * max(4, _itemsize(x))
     return elements * _itemsize(x)
 
 
-def _described(x):
-    from ..backend import describe
-    return describe("find_conv_algorithm", "x", x)[1]
-
-
 def _itemsize(x):
-    return _described(x).itemsize
-
-
-def _dtype(x):
-    return str(_described(x))
+    from ..backend import describe
+    return describe("find_conv_algorithm", "x", x)[1].itemsize
 
 
 def _synchronizer(x):
