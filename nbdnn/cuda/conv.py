@@ -15,7 +15,7 @@ implicit_gemm):
   taps, any stride and dilation) run the row kernel generated per window geometry
   (nbdnn/cuda/_conv_depthwise_rows.py); channels-last ones generated 3x3/5x5 kernels
   (nbdnn/cuda/_conv_depthwise.py); other depthwise filters run direct.
-- direct: one thread an output element (below).
+- direct: one thread an output element (nbdnn/cuda/_conv_direct.py).
 
 Every kernel sees 3 spatial axes (1-d and 2-d problems get leading axes of size 1)
 and derives the strides of x, w and y from the layout, so one kernel serves every
@@ -31,10 +31,8 @@ rank and layout. A thread's output index is decomposed in the array's memory ord
 - backward, "depthwise" (the default when groups == C): the forward depthwise kernel
   over dy for data (stride 1, dilation 1, else direct), ordered chunk sums for the
   filter (3x3/5x5, else gemm).
-- backward data, "direct": dx[n, c, s] gathers, over the K/g filters of c's group and every tap
-  whose stride arithmetic lands on s, dy * w' (no atomics: deterministic).
-- backward filter, "direct": dw[k, c, t] sums dy * x over N and the output positions, one
-  thread a filter element (deterministic; little parallelism when K*C/g*R*S is small).
+- backward data and filter, "direct": gathers, one thread a dx or dw element, no
+  atomics (nbdnn/cuda/_conv_direct.py).
 - backward bias: reduce_tensor over every axis but the channels.
 Per output element the direct forward reads C/g*T*R*S elements of x and of w (from
 L1/L2: neighbouring threads share them): the reference-speed algorithm.
@@ -56,9 +54,10 @@ from . import activation as _act
 from ._arrays import dtype_name, empty, to_device, vector_aligned
 from ._intrinsics import store4
 from ._igemm_source import igemm_chunked_source, igemm_source
-from . import _conv_depthwise, _conv_depthwise_rows, _conv_gemm, _conv_winograd, _stencil
-from ._conv_index import I as _I, U as _U, U32 as _U32, landing as _landing, launch, \
-    split as _split, split32 as _split32, strides as _strides
+from . import _conv_depthwise, _conv_depthwise_rows, _conv_direct, _conv_gemm, _conv_winograd, \
+    _stencil
+from ._conv_index import I as _I, U as _U, U32 as _U32, launch, split as _split, \
+    split32 as _split32, strides as _strides
 from ._launch import Kernel
 from .matmul import TILES, _act_source, _gemm, _plan, _sm_count
 from .tensor import reduce_tensor, transform_into
@@ -66,110 +65,6 @@ from ..ops.conv import winograd_workspace
 
 DTYPES = ("float16", "float32", "float64")
 _ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8}
-
-
-def _kernels(CT, act_fn):
-    ZERO = CT(0)
-    epilogue = _conv_gemm.make_epilogue(CT, act_fn)
-
-    def conv_fwd(x, w, y, bias, z, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw,
-                 qd, qh, qw, dd, dh, dw, flip, last, has_bias, has_z, act, coef, alpha,
-                 beta):
-        Cg, Kg = C // G, K // G
-        xn, xc, xd, xh, xw = _strides(C, D, H, W, last)
-        wk, wc, wt, wr, ws = _strides(Cg, T, R, S, last)
-        yn, yc, yd, yh, yw = _strides(K, PD, PH, PW, last)
-        total = N * K * PD * PH * PW
-        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        while i < total:
-            n, k, pd, ph, pw = _split(i, K, PD, PH, PW, last)
-            c0 = (k // Kg) * Cg
-            acc = ZERO
-            for c in range(Cg):
-                for t in range(T):
-                    idd = pd * sd + t * dd - qd
-                    if 0 <= idd < D:
-                        for r in range(R):
-                            ih = ph * sh + r * dh - qh
-                            if 0 <= ih < H:
-                                for s in range(S):
-                                    iw = pw * sw + s * dw - qw
-                                    if 0 <= iw < W:
-                                        ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) \
-                                            if flip else (t, r, s)
-                                        acc += CT(x[n * xn + (c0 + c) * xc + idd * xd +
-                                                    ih * xh + iw * xw]) * \
-                                            CT(w[k * wk + c * wc + ft * wt + fr * wr + fs * ws])
-            epilogue(acc, y, z, bias, n * yn + k * yc + pd * yd + ph * yh + pw * yw, k,
-                     has_bias, has_z, act, coef, alpha, beta)
-            i += cuda.gridDim.x * cuda.blockDim.x
-
-    def conv_bwd_data(dy, w, dx, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw,
-                      qd, qh, qw, dd, dh, dw, flip, last, alpha, beta):
-        Cg, Kg = C // G, K // G
-        xn, xc, xd, xh, xw = _strides(C, D, H, W, last)
-        wk, wc, wt, wr, ws = _strides(Cg, T, R, S, last)
-        yn, yc, yd, yh, yw = _strides(K, PD, PH, PW, last)
-        total = N * C * D * H * W
-        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        while i < total:
-            n, c, idd, ih, iw = _split(i, C, D, H, W, last)
-            k0, cl = (c // Cg) * Kg, c % Cg
-            acc = ZERO
-            for t in range(T):
-                pd = _landing(idd, qd, t, dd, sd, PD)
-                for r in range(R if pd >= 0 else 0):
-                    ph = _landing(ih, qh, r, dh, sh, PH)
-                    for s in range(S if ph >= 0 else 0):
-                        pw = _landing(iw, qw, s, dw, sw, PW)
-                        if pw >= 0:
-                            ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) if flip else (t, r, s)
-                            yo = n * yn + pd * yd + ph * yh + pw * yw
-                            wo = cl * wc + ft * wt + fr * wr + fs * ws
-                            for k in range(k0, k0 + Kg):
-                                acc += CT(dy[yo + k * yc]) * CT(w[wo + k * wk])
-            o = n * xn + c * xc + idd * xd + ih * xh + iw * xw
-            v = alpha * acc
-            if beta != ZERO:
-                v += beta * CT(dx[o])
-            dx[o] = v
-            i += cuda.gridDim.x * cuda.blockDim.x
-
-    def conv_bwd_filter(dy, x, dwt, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw,
-                        qd, qh, qw, dd, dh, dw, flip, last, alpha, beta):
-        Cg, Kg = C // G, K // G
-        xn, xc, xd, xh, xw = _strides(C, D, H, W, last)
-        wk, wc, wt, wr, ws = _strides(Cg, T, R, S, last)
-        yn, yc, yd, yh, yw = _strides(K, PD, PH, PW, last)
-        total = K * Cg * T * R * S
-        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        while i < total:
-            k, c, ft, fr, fs = _split(i, Cg, T, R, S, last)
-            t, r, s = (T - 1 - ft, R - 1 - fr, S - 1 - fs) if flip else (ft, fr, fs)
-            xc0 = (k // Kg) * Cg + c
-            acc = ZERO
-            for n in range(N):
-                for pd in range(PD):
-                    idd = pd * sd + t * dd - qd
-                    if 0 <= idd < D:
-                        for ph in range(PH):
-                            ih = ph * sh + r * dh - qh
-                            if 0 <= ih < H:
-                                for pw in range(PW):
-                                    iw = pw * sw + s * dw - qw
-                                    if 0 <= iw < W:
-                                        acc += CT(dy[n * yn + k * yc + pd * yd + ph * yh +
-                                                     pw * yw]) * \
-                                            CT(x[n * xn + xc0 * xc + idd * xd + ih * xh +
-                                                 iw * xw])
-            o = k * wk + c * wc + ft * wt + fr * wr + fs * ws
-            v = alpha * acc
-            if beta != ZERO:
-                v += beta * CT(dwt[o])
-            dwt[o] = v
-            i += cuda.gridDim.x * cuda.blockDim.x
-
-    return {"fwd": conv_fwd, "bwd_data": conv_bwd_data, "bwd_filter": conv_bwd_filter}
 
 
 _GEOM = ", ".join(["int64"] * 24)
@@ -182,7 +77,7 @@ def _build():
         ns = {f"f_{m}": fns[m][0] for m in _act.MODES}
         exec(compile(_act_source(_act.MODES), "<nbdnn conv epilogue>", "exec"), ns)
         act_fn = cuda.jit(device=True)(ns["act_fn"])
-        kernels = _kernels(CT, act_fn)
+        kernels = _conv_direct.kernels(CT, act_fn)
         kernels.update(_conv_gemm.kernels(CT, act_fn))
         kernels.update(_conv_winograd.kernels(CT, _conv_gemm.make_epilogue(CT, act_fn)))
         ins = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "act_fn": act_fn, "strides": _strides,
