@@ -72,3 +72,15 @@ def test_find_conv_algorithm_ranks_every_algorithm():
     assert half["winograd4"] == space["winograd4"]     # float32 tiles for float16 layers
     with pytest.raises(BadParamError, match="algo"):
         nbdnn.find_conv_algorithm(x, w, algo="direct")
+
+
+def test_remembered_geometry_still_rejects_what_equals_it():
+    """The front end remembers checked geometries; True and 1.0 equal 1 as keys but
+    are still refused, and a failing geometry fails every time."""
+    nbdnn.conv2d(X, W)  # groups=1, remembered
+    for bad in (True, 1.0):
+        with pytest.raises(BadParamError, match="groups"):
+            nbdnn.conv2d(X, W, groups=bad)
+    for _ in range(2):
+        with pytest.raises(ShapeError, match="groups"):
+            nbdnn.conv2d(X, W, groups=3)

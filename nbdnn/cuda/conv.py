@@ -46,6 +46,8 @@ and 126 (stride 2), 5x5 167, variant 3 (rows; the H200's driver) 3x3/1 48-64, 3x
 72, 5x5/1 100; nothing else spills. Speed against cuDNN:
 perf/RESULTS.md ("Convolution").
 """
+import functools
+
 import numpy as np
 from numba import cuda, float32, float64, uint64
 
@@ -192,9 +194,11 @@ def _vector_epilogue(y, K, Kg, P, last, variant):
     return int(fits and vector_aligned(y))
 
 
+@functools.lru_cache(maxsize=1024)
 def _geometry(x_shape, w_shape, stride, pads, dilation, groups, mode, last):
     """The 24 ints every kernel takes: N, C, K, G, D, H, W, T, R, S, PD, PH, PW,
-    strides, pre-paddings, dilations (3 each, 1-d/2-d padded to 3), flip, last."""
+    strides, pre-paddings, dilations (3 each, 1-d/2-d padded to 3), flip, last.
+    Remembered per call geometry (tuples, ints and a string: every eager call asks)."""
     xs = (x_shape[0], x_shape[-1]) + tuple(x_shape[1:-1]) if last else tuple(x_shape)
     ws = (w_shape[0], w_shape[-1]) + tuple(w_shape[1:-1]) if last else tuple(w_shape)
     lead = (1,) * (5 - len(xs))
@@ -302,7 +306,7 @@ def _data_as_forward(dy, w, dx, stride, pads, dilation, groups, mode, last, alph
     if any(s != 1 for s in stride) or any(max(a, b) > d * (r - 1) for (a, b), d, r in
                                           zip(pads, dilation, R)):
         return False
-    back = [(d * (r - 1) - a, d * (r - 1) - b) for (a, b), d, r in zip(pads, dilation, R)]
+    back = tuple((d * (r - 1) - a, d * (r - 1) - b) for (a, b), d, r in zip(pads, dilation, R))
     K, Cg, taps = ws[0], ws[-1 if last else 1], int(np.prod(R))
     Kg = K // groups
     view, perm = ((groups, Kg, taps, Cg), (0, 3, 2, 1)) if last else \

@@ -9,6 +9,7 @@ stride >= 1, dilation >= 1, padding >= 0: an int, nd ints (symmetric) or nd
 channel multiplier). layout "NCHW" (channels first; w is (K, C/g, *R)) or "NHWC"
 (channels last; w is (K, *R, C/g)); the rank-exact names NCW/NWC/NCDHW/NDHWC work too.
 """
+import functools
 import math
 import numbers
 
@@ -63,7 +64,17 @@ def _layout(op, layout, nd):
 
 
 def geometry(op, nd, x_shape, w_shape, last, stride, pads, dilation, groups):
-    """(N, C, S, K, R, P) after checking that x and w fit; S, R, P spatial tuples."""
+    """(N, C, S, K, R, P) after checking that x and w fit; S, R, P spatial tuples. A
+    geometry that passed is remembered (every argument is a hashable value by now;
+    groups only when an int, since True == 1 would find 1's entry): this runs on every
+    eager call."""
+    if type(groups) is int:
+        return _checked_geometry(op, nd, tuple(x_shape), tuple(w_shape), last, stride,
+                                 pads, dilation, groups)
+    return _check_geometry(op, nd, x_shape, w_shape, last, stride, pads, dilation, groups)
+
+
+def _check_geometry(op, nd, x_shape, w_shape, last, stride, pads, dilation, groups):
     for name, s in (("x", x_shape), ("w", w_shape)):
         if len(s) != nd + 2:
             fail(ShapeError, op, f"{name}.ndim", f"{nd + 2} for a {nd}-d convolution", len(s))
@@ -84,6 +95,9 @@ def geometry(op, nd, x_shape, w_shape, last, stride, pads, dilation, groups):
         fail(ShapeError, op, "output size", "> 0 on every spatial axis (input "
              f"{S} + padding {pads} against filter {R} dilated {dilation})", P)
     return N, C, S, K, R, P
+
+
+_checked_geometry = functools.lru_cache(maxsize=1024)(_check_geometry)
 
 
 def out_shape(N, K, P, last):
