@@ -36,22 +36,24 @@ from nbdnn.cuda._launch import Kernel
 BLOCK = 32 if SIMULATOR else 128
 
 
-def source(H, W):
-    lo, hi = (-W - 1) // 4, (W + 4) // 4
+def source(H, W, V=4):
+    """Thread t computes the V (4 or 8) outputs V*t .. V*t + V - 1 of the flat tensor."""
+    lo, hi = (-W - 1) // 4, (V + W) // 4
     lines = ["def dw_flat(x, w, y, bias, n4, C, has_bias):",
              "    t = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
-             "    if t >= n4:", "        return"]
+             f"    if t >= n4 // {V // 4}:", "        return",
+             f"    b4 = t * {V // 4}"]
     for g in range(lo, hi + 1):  # clamped group index: masked taps never use it
-        lines += [f"    q = t + {g}", "    q = 0 if q < 0 else (n4 - 1 if q >= n4 else q)",
+        lines += [f"    q = b4 + {g}", "    q = 0 if q < 0 else (n4 - 1 if q >= n4 else q)",
                   f"    a{g - lo}_0, a{g - lo}_1, a{g - lo}_2, a{g - lo}_3 = load4(x, q)"]
-    lines += [f"    p = (4 * t) // {H * W}", f"    o = 4 * t - p * {H * W}",
+    lines += [f"    p = (4 * b4) // {H * W}", f"    o = 4 * b4 - p * {H * W}",
               f"    r = o // {W}", f"    c = o - r * {W}",
               "    k0 = p % C", "    k1 = k0 + 1 if k0 + 1 < C else 0"]
     lines += [f"    w0_{i} = CT(w[k0 * 9 + {i}])" for i in range(9)]
     lines += [f"    w1_{i} = CT(w[k1 * 9 + {i}])" for i in range(9)]
     lines += ["    b0 = CT(bias[k0]) if has_bias else ZERO",
               "    b1 = CT(bias[k1]) if has_bias else ZERO", "    nxt = False"]
-    for j in range(4):
+    for j in range(V):
         lines += ["    rv0 = r >= 1", f"    rv2 = r < {H - 1}", "    cv0 = c >= 1",
                   f"    cv2 = c < {W - 1}", "    acc = b1 if nxt else b0"]
         for dr in (-1, 0, 1):
@@ -64,31 +66,34 @@ def source(H, W):
                 v = reg if not conds else f"({reg} if {' and '.join(conds)} else ZERO)"
                 lines.append(f"    acc += CT({v}) * (w1_{tap} if nxt else w0_{tap})")
         lines.append(f"    o{j} = acc")
-        if j < 3:  # the next output: one column right, wrapping rows and planes
+        if j < V - 1:  # the next output: one column right, wrapping rows and planes
             lines += ["    c += 1", f"    if c == {W}:", "        c = 0", "        r += 1",
                       f"        if r == {H}:", "            r = 0", "            nxt = True"]
-    lines.append("    store4(y, t, (o0, o1, o2, o3))")
+    lines += [f"    store4(y, b4 + {s}, (o{4 * s}, o{4 * s + 1}, o{4 * s + 2}, o{4 * s + 3}))"
+              for s in range(V // 4)]
     return "\n".join(lines) + "\n"
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(H, W, dtype="float32"):
+def kernel(H, W, V=4, dtype="float32"):
     CT = getattr(np, dtype)
     ns = {"cuda": cuda, "load4": load4, "store4": store4, "CT": CT, "ZERO": CT(0)}
-    exec(compile(source(H, W), f"<dw_flat {H}x{W}>", "exec"), ns)
+    exec(compile(source(H, W, V), f"<dw_flat {H}x{W}/{V}>", "exec"), ns)
     a = f"{dtype}[::1]"
     sig = f"void({a}, {a}, {a}, {a}, int64, int64, int64)"
     return Kernel(ns["dw_flat"], [sig]), sig
 
 
-def dw_flat(x, w, y, bias=None):
-    """y = depthwise 3x3/1 pad-1 conv of x (N, C, H, W), w (C, 1, 3, 3)."""
+def dw_flat(x, w, y, bias=None, V=4):
+    """y = depthwise 3x3/1 pad-1 conv of x (N, C, H, W), w (C, 1, 3, 3); V outputs a
+    thread."""
     N, C, H, W = (int(s) for s in x.shape)
-    assert N * C * H * W % 4 == 0 and H * W >= 4, "4 outputs a thread, two planes at most"
+    assert N * C * H * W % V == 0 and H * W >= V, "V outputs a thread, two planes at most"
     n4 = N * C * H * W // 4
-    k, sig = kernel(H, W, str(x.dtype).replace("torch.", ""))
-    k.launch(sig, -(-n4 // BLOCK), BLOCK, 0, x, w, y, bias if bias is not None else w, n4, C,
-             int(bias is not None))
+    k, sig = kernel(H, W, V, str(x.dtype).replace("torch.", ""))
+    threads = n4 // (V // 4)
+    k.launch(sig, -(-threads // BLOCK), BLOCK, 0, x, w, y, bias if bias is not None else w,
+             n4, C, int(bias is not None))
     return y
 
 
@@ -100,15 +105,17 @@ def check(shapes):
         x = rng.standard_normal((N, C, H, H)).astype(np.float32)
         w = rng.standard_normal((C, 1, 3, 3)).astype(np.float32)
         b = rng.standard_normal(C).astype(np.float32)
-        for bias in (None, b):
+        for bias, V in ((None, 4), (b, 4), (b, 8)):
+            if N * C * H * H % V or H * H < V:
+                continue
             want = nbdnn.conv2d(x.astype(np.float64), w.astype(np.float64),
                                 None if bias is None else bias.astype(np.float64), padding=1,
                                 groups=C)
             yd = to_device(np.zeros_like(x))
-            dw_flat(to_device(x), to_device(w), yd, None if bias is None else to_device(bias))
+            dw_flat(to_device(x), to_device(w), yd, None if bias is None else to_device(bias), V)
             got = yd.copy_to_host()
             err = np.abs(got - want).max()
-            assert err < 1e-5, (N, C, H, bias is not None, err)
+            assert err < 1e-5, (N, C, H, bias is not None, V, err)
         print(f"check {N}x{C}x{H}x{H}: ok", flush=True)
 
 
@@ -131,15 +138,20 @@ def ab(layers):
         w = torch.randn(C, 1, 3, 3, device="cuda")
         ref = F.conv2d(x, w, padding=1, groups=C)
         y = torch.empty_like(ref)
-        dw_flat(x, w, y)
-        err = float((y - ref).abs().max() / ref.abs().max())
         t_ref = time_gpu(lambda: F.conv2d(x, w, padding=1, groups=C))
         t_rows = graph_time(lambda: nbdnn.conv2d(x, w, padding=1, groups=C, out=y))
-        t_flat = graph_time(lambda: dw_flat(x, w, y))
-        k, sig = kernel(H, H)
-        print(f"{C}@{H}: cuDNN {t_ref * 1e6:.1f} us | rows {t_rows * 1e6:.1f} us "
-              f"({t_ref / t_rows:.0%}) | flat {t_flat * 1e6:.1f} us ({t_ref / t_flat:.0%}, "
-              f"err {err:.0e}, {k.resources(sig)})", flush=True)
+        line = f"{C}@{H}: cuDNN {t_ref * 1e6:.1f} us | rows {t_rows * 1e6:.1f} us " \
+            f"({t_ref / t_rows:.0%})"
+        for V in (4, 8):
+            y.zero_()
+            dw_flat(x, w, y, None, V)
+            err = float((y - ref).abs().max() / ref.abs().max())
+            t_flat = graph_time(lambda: dw_flat(x, w, y, None, V))
+            k, sig = kernel(H, H, V)
+            r = k.resources(sig)
+            line += f" | flat{V} {t_flat * 1e6:.1f} us ({t_ref / t_flat:.0%}, err {err:.0e}, " \
+                f"{r['regs']} regs, {r['local_bytes']} B local)"
+        print(line, flush=True)
 
 
 def main():
