@@ -1,7 +1,10 @@
 """Host cost of one eager call on a tiny tensor (ReLU of 1k floats): nbdnn with numba
 device arrays and with torch tensors (with and without out=), numba's own dispatcher
 launching the same kernel, and PyTorch's eager relu. Median of 2000 calls. Then the
-cost a kernel of replaying a captured nbdnn.cuda.Graph of 1000 such calls.
+cost a kernel of replaying a captured nbdnn.cuda.Graph of 1000 such calls, and the
+host cost of a small conv2d (1x128x8x8, 128 3x3 filters, torch tensors, out=) for each
+forward algorithm against torch's conv2d: several launches, workspaces and the GEMM's
+planning behind one call.
 
     PYTHONPATH=. python perf/launch_overhead.py [--json F]
 """
@@ -43,12 +46,26 @@ def main():
     rows.update(_graph_replay(x, y))
     if torch is not None:
         rows.update(_front_end_pieces(tx, ty))
+        rows.update(_conv_rows(torch))
     w = max(map(len, rows))
     for k, v in rows.items():
         print(f"{k:<{w}}  {v * 1e6:7.2f} us")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({k: v * 1e6 for k, v in rows.items()}, f, indent=1)
+
+
+def _conv_rows(torch):
+    x = torch.randn(1, 128, 8, 8, device="cuda")
+    w = torch.randn(128, 128, 3, 3, device="cuda")
+    y = torch.empty_like(x)
+    rows = {}
+    for algo in ("direct", "implicit_gemm", "winograd", "winograd4"):
+        rows[f"nbdnn conv2d {algo}, torch tensors, out="] = host_cost(
+            lambda: nbdnn.conv2d(x, w, padding=1, algo=algo, out=y), calls=500, warmup=50)
+    rows["torch conv2d (cuDNN)"] = host_cost(
+        lambda: torch.nn.functional.conv2d(x, w, padding=1), calls=500, warmup=50)
+    return rows
 
 
 def _graph_replay(x, y, n=1000, reps=50):
