@@ -187,8 +187,8 @@ def conv2d(x, w, bias=None, **kw):
 
     algo: "direct", "implicit_gemm", "gemm", "winograd" (F(2x2, 3x3): 2-d 3x3, stride
     1, dilation 1), "winograd4" (F(4x4, 3x3): the same filters; float16 layers
-    transform and multiply in float32),
-    "depthwise" (groups == C; filters without a generated kernel run "direct"), or
+    transform and multiply in float32), "depthwise" (groups == C; filters without a
+    generated kernel run "direct"), or
     "auto": "depthwise" when groups == C; on the GPU for 3x3 stride-1 layers of at
     least 32 channels in and out a group "winograd4", or "winograd" where F(4x4)'s
     fewer tiles would leave the GPU idle (float16: "winograd" from 128 channels), if
