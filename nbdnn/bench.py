@@ -136,6 +136,7 @@ class Row:
     torch_s: Optional[float] = None
     cpu_s: Optional[float] = None
     flops: int = 0
+    timing: str = "eager"            # or "graph": nbdnn's call replayed from a graph
 
     @property
     def gbps(self):
@@ -231,8 +232,26 @@ def _torch_f():
     return torch.nn.functional if torch is not None else None
 
 
-def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None):
-    """Time every case on the GPU (and CPU, PyTorch); returns Rows."""
+def _graph_replay(fn):
+    """fn captured into an nbdnn.cuda.Graph (the capture runs it once): the replay,
+    which times the GPU's work without the host's. None when fn cannot be captured."""
+    from .cuda import Graph
+    from .errors import NbdnnError
+    g = Graph()
+    try:
+        with g.capture():
+            fn()
+    except NbdnnError:
+        return None
+    return g.replay
+
+
+def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False):
+    """Time every case on the GPU (and CPU, PyTorch); returns Rows. graph: time nbdnn's
+    GPU call as the replay of a captured graph, its GPU time alone (an eager call of
+    several launches can take longer on the host than the flush hides); PyTorch's
+    stay eager (one launch a call, hidden by the flush), as does any nbdnn call that
+    cannot be captured (its row says timing "eager")."""
     from nbdnn.cuda import SIMULATOR
     from nbdnn.cuda import _arrays
     if size_mb is None:
@@ -262,12 +281,14 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None):
             progress(i, len(cases), label)
         fns = make(dev, host)
         timer = time_cpu if SIMULATOR else time_gpu
-        gpu_s = timer(fns["gpu"])
+        gpu_fn = (_graph_replay(fns["gpu"]) if graph else None) or fns["gpu"]
+        gpu_s = timer(gpu_fn)
         torch_s = time_gpu(fns["torch"]) if fns.get("torch") and not SIMULATOR else None
         cpu_s = time_cpu(fns["cpu"], warmup=0, reps=2, min_time=0) if cpu else None
         bw = copy_bandwidth(max(nbytes // 2, 4)) if not SIMULATOR else float("nan")
         rows.append(Row(label, "x".join(map(str, shape)), dtype, nbytes, gpu_s, bw,
-                        torch_s, cpu_s, flops[0] if flops else 0))
+                        torch_s, cpu_s, flops[0] if flops else 0,
+                        "graph" if gpu_fn is not fns["gpu"] else "eager"))
     if progress:
         progress(len(cases), len(cases), "done")
     return rows

@@ -169,7 +169,7 @@ def bench(args):
     from nbdnn import bench as B
     print(_header())
     rows = B.run_suite(args.ops, cpu=not args.no_cpu, size_mb=args.size_mb,
-                       progress=_progress)
+                       progress=_progress, graph=args.graph)
     print(B.format_table(rows))
     if args.json:
         B.save_json(rows, args.json, {"versions": _versions(), "header": _header(),
@@ -195,6 +195,8 @@ def main(argv=None):
     b.add_argument("--no-cpu", action="store_true", help="skip the (slow) CPU timings")
     b.add_argument("--size-mb", type=float, default=None,
                    help="tensor size for the elementwise rows (default 1024 MiB on a GPU)")
+    b.add_argument("--graph", action="store_true",
+                   help="time nbdnn's calls as CUDA graph replays: GPU time, no host time")
     sub.add_parser("demo", add_help=False,
                    help="train a small CNN on the digits dataset (nbdnn demo --help)")
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -20,3 +20,14 @@ def test_suite_runs_and_reports(tmp_path):
     path = tmp_path / "bench.json"
     bench.save_json(rows, str(path), {"note": "test"})
     assert len(json.loads(path.read_text())["rows"]) == len(rows)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_suite_times_graph_replays():
+    """graph=True times each nbdnn call from a captured graph (replayed eagerly under
+    the simulator) and says so per row; the default stays eager."""
+    ops = ["activation/relu", "softmax"]
+    rows = bench.run_suite(ops, cpu=False, size_mb=0.004, graph=True)
+    assert rows and all(r.timing == "graph" and r.gpu_s > 0 for r in rows)
+    assert all(r.timing == "eager" for r in bench.run_suite(ops[:1], cpu=False,
+                                                             size_mb=0.004))
