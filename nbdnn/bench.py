@@ -15,7 +15,7 @@ import dataclasses
 import json
 import statistics
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
