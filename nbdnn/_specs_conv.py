@@ -60,7 +60,8 @@ def _make_forward(draw, dtype, big):
     kw.update(nd=nd, activation=ACTIVATIONS[draw(0, len(ACTIVATIONS) - 1)],
               algo=algos[draw(0, len(algos) - 1)])
     atol, rtol = matmul_tol(dtype, taps + 2)
-    if kw["algo"] in ("winograd4", "auto"):  # F(4x4)'s transforms: ~4x the rounding
+    if kw["algo"] == "winograd4":  # F(4x4)'s transforms: ~4x the rounding (auto never
+        # takes it here: these layers have fewer than 32 channels a group)
         atol, rtol = 4 * atol, 4 * rtol
     return Case((x, w, bias, residual), kw, tol=(atol, rtol))
 

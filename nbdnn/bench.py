@@ -232,18 +232,27 @@ def _torch_f():
     return torch.nn.functional if torch is not None else None
 
 
-def _graph_replay(fn):
-    """fn captured into an nbdnn.cuda.Graph (the capture runs it once): the replay,
-    which times the GPU's work without the host's. None when fn cannot be captured."""
+def graph_replay(fn):
+    """fn's nbdnn calls captured into an nbdnn.cuda.Graph (the capture runs them once):
+    the replay, whose time is the GPU's work without the host's."""
     from .cuda import Graph
-    from .errors import NbdnnError
     g = Graph()
-    try:
-        with g.capture():
-            fn()
-    except NbdnnError:
-        return None
+    with g.capture():
+        fn()
     return g.replay
+
+
+def time_graph(fn, **kw):
+    """time_gpu of fn's nbdnn calls replayed from a captured graph (kw: time_gpu's)."""
+    return time_gpu(graph_replay(fn), **kw)
+
+
+def _graph_or_none(fn):
+    from .errors import NbdnnError
+    try:
+        return graph_replay(fn)
+    except NbdnnError:  # e.g. a call that copies from the host: time it eagerly
+        return None
 
 
 def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False):
@@ -281,7 +290,7 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False):
             progress(i, len(cases), label)
         fns = make(dev, host)
         timer = time_cpu if SIMULATOR else time_gpu
-        gpu_fn = (_graph_replay(fns["gpu"]) if graph else None) or fns["gpu"]
+        gpu_fn = (_graph_or_none(fns["gpu"]) if graph else None) or fns["gpu"]
         gpu_s = timer(gpu_fn)
         torch_s = time_gpu(fns["torch"]) if fns.get("torch") and not SIMULATOR else None
         cpu_s = time_cpu(fns["cpu"], warmup=0, reps=2, min_time=0) if cpu else None

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 import nbdnn
 from conv_layers import DEPTHWISE, RESNET
-from nbdnn.bench import time_gpu
+from nbdnn.bench import time_gpu, time_graph
 
 def _geo(layer, batch=32):
     _, C, K, H, R, s, p, g = layer
@@ -68,11 +68,7 @@ def _tiles(xn, wn, kw, flops, t_ref):
 
 def _timed(fn):
     """(eager seconds, graph-replay seconds) of fn()."""
-    eager = time_gpu(fn)
-    g = nbdnn.cuda.Graph()
-    with g.capture():
-        fn()
-    return eager, time_gpu(g.replay)
+    return time_gpu(fn), time_graph(fn)
 
 
 def main():

@@ -14,19 +14,11 @@ import torch
 import torch.nn.functional as F
 
 import nbdnn
-from nbdnn.bench import time_gpu
+from nbdnn.bench import time_gpu, time_graph
 from nbdnn.cuda import conv as CV
 
 ALGOS = ("implicit_gemm", "winograd", "winograd4")
 LAYERS = ("32@56", "64@56", "64@112", "128@28", "256@14", "512@7")
-
-
-def _graph_time(fn):
-    fn()
-    g = nbdnn.cuda.Graph()
-    with g.capture():
-        fn()
-    return time_gpu(g.replay, reps=15, min_time=0.05)
 
 
 def main():
@@ -48,7 +40,8 @@ def main():
             y = torch.empty_like(x)
             parts = [f"N{N:4} {layer:>7} cuDNN {t_ref * 1e6:8.1f} us"]
             for algo in ALGOS:
-                t = _graph_time(lambda: nbdnn.conv2d(x, w, padding=1, algo=algo, out=y))
+                t = time_graph(lambda: nbdnn.conv2d(x, w, padding=1, algo=algo, out=y),
+                               reps=15, min_time=0.05)
                 parts.append(f"{algo}{'*' if algo == pick else ' '} {t_ref / t:5.0%}")
             print(" | ".join(parts), flush=True)
     print("* = auto's choice")

@@ -122,31 +122,23 @@ def check(shapes):
 def ab(layers):
     import torch
     import torch.nn.functional as F
-    from nbdnn.bench import time_gpu
+    from nbdnn.bench import time_gpu, time_graph
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
-
-    def graph_time(fn):
-        fn()
-        g = nbdnn.cuda.Graph()
-        with g.capture():
-            fn()
-        return time_gpu(g.replay, min_time=0.1)
-
     for C, H in layers:
         x = torch.randn(32, C, H, H, device="cuda")
         w = torch.randn(C, 1, 3, 3, device="cuda")
         ref = F.conv2d(x, w, padding=1, groups=C)
         y = torch.empty_like(ref)
         t_ref = time_gpu(lambda: F.conv2d(x, w, padding=1, groups=C))
-        t_rows = graph_time(lambda: nbdnn.conv2d(x, w, padding=1, groups=C, out=y))
+        t_rows = time_graph(lambda: nbdnn.conv2d(x, w, padding=1, groups=C, out=y), min_time=0.1)
         line = f"{C}@{H}: cuDNN {t_ref * 1e6:.1f} us | rows {t_rows * 1e6:.1f} us " \
             f"({t_ref / t_rows:.0%})"
         for V in (4, 8):
             y.zero_()
             dw_flat(x, w, y, None, V)
             err = float((y - ref).abs().max() / ref.abs().max())
-            t_flat = graph_time(lambda: dw_flat(x, w, y, None, V))
+            t_flat = time_graph(lambda: dw_flat(x, w, y, None, V), min_time=0.1)
             k, sig = kernel(H, H, V)
             r = k.resources(sig)
             line += f" | flat{V} {t_flat * 1e6:.1f} us ({t_ref / t_flat:.0%}, err {err:.0e}, " \

@@ -169,10 +169,6 @@ def signatures(t, ct):
     return sigs
 
 
-def tiles(N, P, Q, m):
-    return N * -(-P // m) * -(-Q // m)
-
-
 def forward(table, gemm, x, w, y, bias, residual, g, act, coef, alpha, beta, stream, m=2):
     """g: nbdnn.cuda.conv._geometry's 24 ints (2-d problems: D = T = PD = 1); m: 2 or 4
     outputs a tile side."""

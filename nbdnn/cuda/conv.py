@@ -66,7 +66,6 @@ from .tensor import reduce_tensor, transform_into
 from ..ops.conv import winograd_workspace
 
 DTYPES = ("float16", "float32", "float64")
-_ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8}
 
 
 _GEOM = ", ".join(["int64"] * 24)
@@ -179,7 +178,7 @@ def _auto_forward(g, dtype="float32"):
         algo, m = "winograd", 2
     else:
         algo, m = "winograd4", 4
-    fits = winograd_workspace(N, C, K, G, (PH, PW), m) * _ITEMSIZE[dtype] <= \
+    fits = winograd_workspace(N, C, K, G, (PH, PW), m) * np.dtype(dtype).itemsize <= \
         AUTO_WORKSPACE_LIMIT
     return algo if fits else "implicit_gemm"
 
