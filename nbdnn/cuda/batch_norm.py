@@ -15,7 +15,9 @@ C = an image's size, L = 1). Kernels (traffic per element, float32):
 - backward dx: as apply, reads dy and x, writes dx (and dz): 12 B. Backward moves 20 B
   against 12 B that must: at most 60% of copy bandwidth.
 Every sum runs in a fixed order (block trees, chunks merged in order, no atomics):
-deterministic.
+deterministic. Channels-first tensors with planes of a multiple of 4 elements take
+_bn_planes' kernels for all four (16-byte vectors, multiply-high index splits; H200:
+inference 98% of copy, training and backward 60%, the two-pass ceilings' reach).
 """
 import math
 
@@ -24,7 +26,7 @@ from numba import cuda, float32, float64
 
 from . import SIMULATOR
 from . import activation as _act
-from . import _bn_sums
+from . import _bn_planes, _bn_sums
 from ._arrays import dtype_name, empty, vector_aligned
 from ._intrinsics import load4, store4
 from ._launch import Kernel
@@ -170,6 +172,7 @@ def _kernels(CT, nt):
 
     ks = _bn_sums.kernels(CT, act_grad, apply_coefs, device_functions(nt)["grp_sum"])
     ks.update(apply=bn_apply, bwd_dx=bn_bwd_dx, coefs=bn_coefs)
+    ks.update(_bn_planes.kernels(CT, out_value, dx_value, ks.pop("chan")))
     return ks
 
 
@@ -181,19 +184,26 @@ def _build():
             a, s = f"{t}[::1]", f"{ct}[::1]"
             geo = "int64, int64, int64, int64"  # N, C, L, columns
             flags = "int64, int64, int64, int64"  # has_scale, has_bias, has_z, act
+            six, seven = ", ".join(["int64"] * 6), ", ".join(["int64"] * 7)
             part = (f"void({a}, {a}, {a}, {a}, {a}, {s}, {s}, {s}, {s}, int64, int64, int64, "
                     f"{flags}, {ct})")
             sigs = {"stats_planes": part, "stats_columns": part, "bwd_planes": part,
                     "bwd_columns": part, "bwd_act_planes": part, "bwd_act_columns": part,
                     "stats_final": f"void({a}, {a}, {a}, {s}, {s}, {s}, {s}, {s}, {s}, {s}, "
-                                   f"{geo}, {ct}, {ct}, int64, int64, int64)",
+                                   f"{geo}, {ct}, {ct}, int64, int64, int64, int64)",
                     "bwd_final": f"void({a}, {a}, {s}, {s}, {s}, {s}, {a}, {a}, {s}, {geo}, "
-                                 "int64, int64)",
+                                 "int64, int64, int64)",
+                    "stats_planes_vec": f"void({a}, {s}, {s}, {six})",
+                    "bwd_planes_vec": f"void({a}, {a}, {s}, {s}, {s}, {s}, {six})",
                     "coefs": f"void({a}, {a}, {s}, {s}, {s}, int64, {ct}, int64, int64)",
                     "apply": f"void({a}, {a}, {a}, {s}, {geo}, int64, int64, {ct}, {ct}, "
                              f"{ct}, int64)",
                     "bwd_dx": f"void({a}, {a}, {a}, {s}, {a}, {a}, {geo}, int64, int64, {ct}, "
                               "int64)"}
+            sigs["apply_planes_vec"] = (f"void({a}, {a}, {a}, {s}, {seven}, int64, int64, "
+                                        f"{ct}, {ct}, {ct})")
+            sigs["dx_planes_vec"] = (f"void({a}, {a}, {a}, {s}, {a}, {a}, {seven}, {ct}, "
+                                     f"int64, int64, {ct})")
             for name, sig in sigs.items():
                 table[name, t] = (Kernel(ks[name], [sig]), sig)
     return table
@@ -226,26 +236,45 @@ def _grid(total):
     return min(max(1, -(-total // (4 * BLOCK))), 2 ** 31 - 1)
 
 
+def _planes(geo, arrays):
+    """The channels-first fast path applies (_bn_planes.usable)."""
+    return _bn_planes.usable(geo, vector_aligned(*(a for a in arrays if a is not None)))
+
+
 def _apply(x, y, z, co, geo, act, coef, alpha, beta, stream):
     """y = alpha * act((x - mean)*k + bias + z) + beta * y; co: the channel terms."""
     N, C, L, columns = geo
-    k, sig = _KERNELS["apply", dtype_name(x)]
     mode = -1 if act is None else _act.MODES.index(act)
+    if _planes(geo, (x, y, z)):
+        k, sig = _KERNELS["apply_planes_vec", dtype_name(x)]
+        args = _bn_planes.apply_args(N, C, L)
+        k.launch(sig, _bn_planes.grid(args[0]), _bn_planes.ABLOCK, stream, x, y, _or(z, x), co,
+                 *args, int(z is not None), mode, coef, alpha, beta)
+        return y
+    k, sig = _KERNELS["apply", dtype_name(x)]
     vec = _vec(geo, [a for a in (x, y, z) if a is not None])
     k.launch(sig, _grid(N * C * L), BLOCK, stream, x, y, z if z is not None else x, co, *geo,
              int(z is not None), mode, coef, alpha, beta, vec)
     return y
 
 
-def _partials(kind, x, ins, p_dtype, geo, flags, stream):
-    """Per-chunk partials (p1, p2), each (chunks, C) in the compute dtype."""
+def _partials(kind, x, ins, p_dtype, geo, flags, stream, fast=None):
+    """Per-chunk partials (p1, p2), each (chunks, C) in the compute dtype, and E, the
+    elements a chunk. fast: the channels-first kernel's inputs (_bn_planes), when it
+    applies."""
     N, C, L, columns = geo
+    if fast is not None:
+        grid, block, E, args = _bn_planes.sum_args(N, C, L)
+        p1, p2 = empty(x, (grid[1] * C,), p_dtype), empty(x, (grid[1] * C,), p_dtype)
+        k, sig = _KERNELS[f"{kind}_planes_vec", dtype_name(x)]
+        k.launch(sig, grid, block, stream, *fast, p1, p2, *args)
+        return p1, p2, E
     nch = _bn_sums.chunks(N, L, columns)
     p1, p2 = empty(x, (nch * C,), p_dtype), empty(x, (nch * C,), p_dtype)
     k, sig = _KERNELS[f"{kind}_{'columns' if columns else 'planes'}", dtype_name(x)]
     grid, block = _bn_sums.launch_shape(C, nch, columns)
     k.launch(sig, grid, block, stream, *ins, p1, p2, N, C, L, *flags)
-    return p1, p2
+    return p1, p2, _bn_sums.R * (_bn_sums.CY if columns else _bn_sums.BLOCK)
 
 
 def _or(a, x):
@@ -266,13 +295,14 @@ def batch_norm_train(x, scale, bias, running_mean, running_var, residual, moment
     has_run = running_mean is not None or running_var is not None
     scratch = None if running_mean is not None and running_var is not None else \
         empty(x, pshape, ct)  # stands in for a running statistic not given
-    p1, p2 = _partials("stats", x, (x, x, x, x, x, mean, mean), ct, geo, (0, 0, 0, -1, 0.0),
-                       stream)
+    fast = _planes(geo, (x,))
+    p1, p2, E = _partials("stats", x, (x, x, x, x, x, mean, mean), ct, geo,
+                          (0, 0, 0, -1, 0.0), stream, (x,) if fast else None)
     co = empty(x, (3 * C,), ct)
     k, sig = _KERNELS["stats_final", dtype]
     k.launch(sig, *_bn_sums.final_shape(C), stream, x, _or(scale, x), _or(bias, x), p1, p2,
              mean, invstd, _or(running_mean, scratch), _or(running_var, scratch), co, *geo, eps,
-             momentum, int(has_run), int(scale is not None), int(bias is not None))
+             momentum, int(has_run), int(scale is not None), int(bias is not None), E)
     _apply(x, y, residual, co, geo, act, coef, 1.0, 0.0, stream)
     return y, mean, invstd
 
@@ -310,13 +340,21 @@ def batch_norm_backward(dy, x, scale, bias, mean, invstd, residual, mode, last, 
     z = _or(residual, x)
     sc, bi = _or(scale, x), _or(bias, x)
     ct = dtype_name(mean)
-    p1, p2 = _partials("bwd_act" if act is not None else "bwd", x,
-                       (x, dy, z, sc, bi, mean, invstd), ct, geo,
-                       has + (int(residual is not None), m, coef), stream)
+    fast = _planes(geo, (dy, x))
+    p1, p2, E = _partials("bwd_act" if act is not None else "bwd", x,
+                          (x, dy, z, sc, bi, mean, invstd), ct, geo,
+                          has + (int(residual is not None), m, coef), stream,
+                          (dy, x, mean, invstd) if fast and act is None else None)
     cb = empty(x, (6 * C,), ct)
     k, sig = _KERNELS["bwd_final", dtype]
     k.launch(sig, *_bn_sums.final_shape(C), stream, sc, bi, mean, invstd, p1, p2, dscale,
-             dbias, cb, *geo, *has)
+             dbias, cb, *geo, *has, E)
+    if _planes(geo, (dy, x, dx, residual)):
+        k, sig = _KERNELS["dx_planes_vec", dtype]
+        args = _bn_planes.apply_args(N, C, L)
+        k.launch(sig, _bn_planes.grid(args[0]), _bn_planes.ABLOCK, stream, dy, x, z, cb, dx,
+                 dz, *args, N * L, int(residual is not None), m, coef)
+        return tuple(res)
     k, sig = _KERNELS["bwd_dx", dtype]
     vec = _vec(geo, [a for a in (dy, x, dx, residual) if a is not None])
     k.launch(sig, _grid(N * C * L), BLOCK, stream, dy, x, z, cb, dx, dz, *geo,

@@ -1,0 +1,88 @@
+"""Batch-norm kernel paths on the CUDA backend (in the simulator without a GPU): the
+channels-first fast path (_bn_planes: 16-byte vectors, chunked statistics and sums,
+the backwards-walking apply and dx of training) and the general kernels (_bn_sums and
+batch_norm's apply: planes not a multiple of 4, misaligned views, channels last),
+forward and backward, every epilogue, against the CPU reference."""
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn.cuda import SIMULATOR, _bn_planes, batch_norm as BN
+from nbdnn.cuda._arrays import to_device
+
+# (shape, layout, offset): MULTI's channels span several chunks whose last iteration is
+# partly masked (asserted below); 5x5 planes and an offset view take the general
+# kernels; NHWC the columns kernels
+MULTI = (4, 3, 8, 12) if SIMULATOR else (4, 3, 32, 36)
+CASES = [(MULTI, "NCHW", 0), ((2, 5, 4, 4), "NCHW", 0), ((2, 3, 5, 5), "NCHW", 0),
+         ((2, 3, 4, 4), "NCHW", 1), ((2, 4, 4, 3), "NHWC", 0)]
+
+
+def _inputs(shape, offset, dtype, seed):
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    def arr(s=shape, loc=0.0):
+        flat = (loc + rng.standard_normal(n + offset)).astype(dtype)
+        return flat[offset:offset + int(np.prod(s))].reshape(s)
+    return arr
+
+
+def test_fast_path_applies_where_expected():
+    dev = to_device(np.zeros(4 * 3 * 96 + 1, np.float32))
+    assert BN._planes((4, 3, 96, 0), (dev[:-1],))
+    assert not BN._planes((4, 3, 96, 0), (dev[1:],))  # misaligned
+    assert not BN._planes((2, 3, 25, 0), (dev[:150],))
+    assert not BN._planes((2, 4, 12, 1), (dev[:96],))
+    N, C, H, W = MULTI
+    G, V = _bn_planes.chunking(N, C, H * W)
+    assert G > 1 and V % (_bn_planes.VPT * _bn_planes.BLOCK)
+
+
+@pytest.mark.parametrize("shape, layout, offset", CASES)
+@pytest.mark.parametrize("act", [None, "relu"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_train_backward_infer_match_reference(shape, layout, offset, act, dtype):
+    arr = _inputs(shape, offset, dtype, sum(shape) + offset)
+    C = shape[-1] if layout == "NHWC" else shape[1]
+    x, z, dy = arr(loc=3.0), arr(), arr()
+    scale, bias = arr((C,)).copy(), arr((C,)).copy()
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=1e-10, atol=1e-10)
+    kw = dict(layout=layout, residual=z, activation=act)
+    got = {}
+    for be in ("cpu", "cuda"):
+        rm, rv = np.zeros(C, dtype), np.ones(C, dtype)
+        y, mean, invstd = nbdnn.batch_norm_train(x, scale, bias, rm, rv, backend=be, **kw)
+        grads = nbdnn.batch_norm_backward(dy, x, scale, mean, invstd, bias=bias, backend=be, **kw)
+        plain = nbdnn.batch_norm_backward(dy, x, scale, mean, invstd, layout=layout, backend=be)
+        yi = nbdnn.batch_norm_infer(x, scale, bias, rm, rv, alpha=0.5, beta=2.0,
+                                    out=np.array(z), backend=be, **kw)
+        got[be] = (y, mean, invstd, rm, rv, *grads, *plain, yi)
+    for g, w in zip(got["cuda"], got["cpu"]):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), **tol)
+
+
+def test_float16_planes():
+    arr = _inputs(MULTI, 0, "float16", 7)
+    x, dy = arr(loc=1.0), arr()
+    y, mean, invstd = nbdnn.batch_norm_train(x, backend="cuda")
+    x32 = x.astype(np.float32)
+    y32, m32, i32 = nbdnn.batch_norm_train(x32, backend="cpu")
+    np.testing.assert_allclose(mean, m32, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y.astype(np.float32), y32, atol=4e-3)
+    dx = nbdnn.batch_norm_backward(dy, x, None, mean, invstd, backend="cuda")[0]
+    dx32 = nbdnn.batch_norm_backward(dy.astype(np.float32), x32, None, m32, i32,
+                                     backend="cpu")[0]
+    np.testing.assert_allclose(dx.astype(np.float32), dx32, atol=1e-2)
+
+
+def test_fast_path_is_deterministic():
+    arr = _inputs(MULTI, 0, "float32", 3)
+    x, dy = arr(loc=5.0), arr()
+    a = nbdnn.batch_norm_train(x, backend="cuda")
+    b = nbdnn.batch_norm_train(x, backend="cuda")
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(u, v)
+    ga = nbdnn.batch_norm_backward(dy, x, None, a[1], a[2], backend="cuda")
+    gb = nbdnn.batch_norm_backward(dy, x, None, a[1], a[2], backend="cuda")
+    for u, v in zip(ga, gb):
+        np.testing.assert_array_equal(u, v)
