@@ -110,31 +110,32 @@ def _row_norm_cases(n):
 
 
 def _row_norm_backward_cases(n):
-    """layer_norm backward over rows of 4096, 256 MiB: reads dy and x, writes dx (12 B an
-    element; dscale and dbias are one row)."""
+    """layer_norm and rms_norm backward over rows of 4096, 256 MiB: read dy and x, write
+    dx (12 B an element; dscale and dbias are one row). PyTorch's fused layer-norm
+    backward is the peer; rms_norm has none timed."""
     L = 4096
     rows = (1 << 26) // L
     if rows * L > n:
         return []
 
-    def make(d, h):
+    def make(d, h, op):
         torch = _torch_fp32()
         x, dy = d["x"][:rows * L].reshape(rows, L), d["dy"][:rows * L].reshape(rows, L)
         w = d["y"][:L]
         hx, hdy = h["x"][:rows * L].reshape(rows, L), h["dy"][:rows * L].reshape(rows, L)
-        _, mean, inv = nbdnn.layer_norm(x, w)
+        fwd, bwd = getattr(nbdnn, op), getattr(nbdnn, op + "_backward")
+        saved = fwd(x, w)[1:]
         stats = []
 
         def cpu():
             if not stats:
-                stats.extend(nbdnn.layer_norm(hx, hdy[0])[1:])
-            return nbdnn.layer_norm_backward(hdy, hx, *stats, hdy[0])
+                stats.extend(fwd(hx, hdy[0])[1:])
+            return bwd(hdy, hx, *stats, hdy[0])
         tb = None
-        if torch is not None:
-            m, r = mean.reshape(rows, 1), inv.reshape(rows, 1)
+        if torch is not None and op == "layer_norm":
+            m, r = (s.reshape(rows, 1) for s in saved)
             tb = lambda: torch.ops.aten.native_layer_norm_backward(  # noqa: E731
                 dy, x, (L,), m, r, w, None, (True, True, False))
-        return {"gpu": lambda: nbdnn.layer_norm_backward(dy, x, mean, inv, w), "cpu": cpu,
-                "torch": tb}
-    return [(f"layer_norm_backward/{L}", "layer_norm", (rows, L), "float32", 12 * rows * L,
-             make)]
+        return {"gpu": lambda: bwd(dy, x, *saved, w), "cpu": cpu, "torch": tb}
+    return [(f"{op}_backward/{L}", op, (rows, L), "float32", 12 * rows * L,
+             lambda d, h, op=op: make(d, h, op)) for op in ("layer_norm", "rms_norm")]

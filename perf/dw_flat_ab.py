@@ -16,6 +16,11 @@ generated (4t + j + dr*W + dc); only the masks (row and column of each output) a
 channel (two planes at most) are computed at run time. The plane size is compiled
 in, so f // (H*W) and // W are multiplications.
 
+Outcome (run W, perf/RESULTS.md): correct, and slower than the row kernel on every
+layer (1024@7 11.9-14.2 us against 11.0; 512@14 21.6-23.9 against 17.3): the
+per-output masks and channel terms cost more than the cleaner loads save. Kept as
+the record of the experiment; the library does not use it.
+
 Padding 1, stride 1, dilation 1, K == C, N*C*H*W a multiple of 4, x and y 16-byte
 aligned, no epilogue but the bias (the library's plain path).
 

@@ -53,6 +53,7 @@ CALLS = [
     ("lrn fwd/bwd", lambda x: (nbdnn.lrn(_img(x), 5, 0.5), nbdnn.lrn_backward(_img(x), _img(x),
                                                                               5, 0.5))),
     ("layer_norm fwd/bwd", lambda x: _norm_round_trip(x)),
+    ("batch_norm NCHW fwd/bwd", lambda x: _bn_planes_round_trip(_img(x))),
     ("group_norm fwd/bwd", lambda x: _group_round_trip(_img(x))),
     ("dropout", lambda x: nbdnn.dropout(x, 0.3, seed=7, offset=11)),
     ("conv backward data/filter", lambda x: (
@@ -70,6 +71,12 @@ def _bn_round_trip(x):
     y, mean, invstd = nbdnn.batch_norm_train(x, activation="relu")
     return (y, mean, invstd) + nbdnn.batch_norm_backward(x, x, None, mean, invstd,
                                                          activation="relu")
+
+
+def _bn_planes_round_trip(x):
+    # planes of 32 x 32: the channels-first fast path (_bn_planes), 2 chunks a channel
+    y, mean, invstd = nbdnn.batch_norm_train(x)
+    return (y, mean, invstd) + nbdnn.batch_norm_backward(x, x, None, mean, invstd)
 
 
 def _group_round_trip(x):
@@ -189,11 +196,13 @@ def test_depthwise_row_kernels_do_not_spill():
             assert kernel.resources(sig)["local_bytes"] == 0, (dtype, geometry, rpt)
 
 
-def test_batch_norm_statistics_past_2_24_elements_at_mean_1e4():
+@pytest.mark.parametrize("shape", [(-1, 1), (2, 1, -1)])
+def test_batch_norm_statistics_past_2_24_elements_at_mean_1e4(shape):
     """A channel averaged over N*L = 2**24 + 8 float32 values of mean 1e4, std 1: the
-    shifted two-pass statistics keep float32 accuracy (naive float32 sums would not)."""
+    shifted two-pass statistics keep float32 accuracy (naive float32 sums would not).
+    (-1, 1): the columns kernels; (2, 1, -1): the channels-first fast path."""
     x = (1e4 + np.random.default_rng(0).standard_normal(2 ** 24 + 8)).astype(np.float32)
-    _, mean, invstd = nbdnn.batch_norm_train(_dev(x.reshape(-1, 1)))
+    _, mean, invstd = nbdnn.batch_norm_train(_dev(x.reshape(shape)))
     x64 = x.astype(np.float64)
     np.testing.assert_allclose(_host(mean), [x64.mean()], rtol=1e-6)
     np.testing.assert_allclose(_host(invstd), [1 / np.sqrt(x64.var() + 1e-5)], rtol=1e-4)
