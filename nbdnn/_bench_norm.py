@@ -139,3 +139,55 @@ def _row_norm_backward_cases(n):
         return {"gpu": lambda: bwd(dy, x, *saved, w), "cpu": cpu, "torch": tb}
     return [(f"{op}_backward/{L}", op, (rows, L), "float32", 12 * rows * L,
              lambda d, h, op=op: make(d, h, op)) for op in ("layer_norm", "rms_norm")]
+
+
+def _other_norm_cases(n, shape=(64, 256, 64, 64)):
+    """group_norm (32 groups) and instance_norm forward and backward, LRN (cuDNN's
+    defaults) forward and backward, dropout (p = 0.5) forward and backward; NCHW, 256
+    MiB. Bytes: forward x in, y out (8 B an element); backward dy and x in, dx out
+    (12 B); dropout writes a 1-byte mask (9 B) and its backward reads it (9 B)."""
+    B, C, H, W = shape
+    size = B * C * H * W
+    if size > n:
+        return []
+
+    def make(d, h, label):
+        torch = _torch_fp32()
+        F = torch.nn.functional if torch else None
+        x, y, dy = (d[k][:size].reshape(shape) for k in ("x", "y", "dy"))
+        hx = h["x"][:size].reshape(shape)
+        w = _device(torch, np.ones(C, np.float32))
+        groups = 32 if label.startswith("group") else None
+        if label in ("group_norm", "instance_norm"):
+            fn = (lambda a, **kw: nbdnn.group_norm(a, groups, **kw))
+            return {"gpu": lambda: fn(x, scale=w, out=y), "cpu": lambda: fn(hx),
+                    "torch": F and ((lambda: F.group_norm(x, 32, w)) if groups else
+                                    (lambda: F.instance_norm(x, weight=w)))}
+        if label.endswith("norm_backward"):
+            _, mean, inv = nbdnn.group_norm(x, groups, w)
+            stats = nbdnn.group_norm(hx, groups)[1:]
+            hdy = h["dy"][:size].reshape(shape)
+            return {"gpu": lambda: nbdnn.group_norm_backward(dy, x, mean, inv, w, groups=groups),
+                    "cpu": lambda: nbdnn.group_norm_backward(hdy, hx, *stats, groups=groups),
+                    "torch": None}
+        if label == "lrn":
+            return {"gpu": lambda: nbdnn.lrn(x, out=y), "cpu": lambda: nbdnn.lrn(hx),
+                    "torch": F and (lambda: F.local_response_norm(x, 5, 1e-4, 0.75, 2.0))}
+        if label == "lrn_backward":
+            hdy = h["dy"][:size].reshape(shape)
+            return {"gpu": lambda: nbdnn.lrn_backward(dy, x), "cpu":
+                    lambda: nbdnn.lrn_backward(hdy, hx), "torch": None}
+        _, mask = nbdnn.dropout(x, 0.5, seed=1)
+        if label == "dropout":
+            return {"gpu": lambda: nbdnn.dropout(x, 0.5, seed=1, out=y),
+                    "cpu": lambda: nbdnn.dropout(hx, 0.5, seed=1),
+                    "torch": F and (lambda: F.dropout(x, 0.5))}
+        hmask = nbdnn.dropout(hx, 0.5, seed=1)[1]
+        return {"gpu": lambda: nbdnn.dropout_backward(dy, mask, 0.5, out=y),
+                "cpu": lambda: nbdnn.dropout_backward(hx, hmask, 0.5), "torch": None}
+    rows = (("group_norm", 8), ("group_norm_backward", 12), ("instance_norm", 8),
+            ("instance_norm_backward", 12), ("lrn", 8), ("lrn_backward", 12), ("dropout", 9),
+            ("dropout_backward", 9))
+    return [(f"{label.replace('_backward', '')}/{'backward' if 'backward' in label else 'forward'}",
+             label.replace("_backward", ""), shape, "float32", per * size,
+             lambda d, h, label=label: make(d, h, label)) for label, per in rows]

@@ -268,9 +268,10 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False):
     n = max(256, int(size_mb * 2 ** 20) // 4)
     from ._bench_cases import _reduce_cases, _softmax_cases
     from ._bench_compute import _conv_cases, _matmul_cases
-    from ._bench_norm import _bn_cases, _pool_cases, _row_norm_cases
+    from ._bench_norm import _bn_cases, _other_norm_cases, _pool_cases, _row_norm_cases
     cases = (_elementwise_cases(n) + _reduce_cases(n) + _softmax_cases(n) + _matmul_cases(n)
-             + _conv_cases(n) + _pool_cases(n) + _bn_cases(n) + _row_norm_cases(n))
+             + _conv_cases(n) + _pool_cases(n) + _bn_cases(n) + _row_norm_cases(n)
+             + _other_norm_cases(n))
     if ops:
         cases = [c for c in cases if any(c[0] == o or c[0].startswith(o + "/") or c[1] == o
                                          for o in ops)]

@@ -92,3 +92,58 @@ def test_fused_parameter_gradients_loop_over_rows(monkeypatch, op, L, offset, dt
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.copy_to_host(), w, rtol=tol, atol=tol * np.sqrt(rows))
     assert ran == [True]
+
+
+# group norm's dscale/dbias partials: channels first (a block a channel, 4 elements a
+# thread with masked tails) and channels last (lanes on 32 channels: 40 masks 24 of the
+# second block's lanes), both in several chunks of samples (shapes chosen for the
+# GPU's and the simulator's block counts: asserted), plus a (N, C) tensor (HW = 1)
+# where: "sim" / "gpu" (sized for that target's block counts) or "both"
+GN_CASES = [((5, 2, 3, 3), 1, "NCHW", "sim"), ((24, 2, 40, 40), 2, "NCHW", "gpu"),
+            ((6, 3, 3, 40), 4, "NHWC", "sim"), ((48, 5, 4, 40), 8, "NHWC", "gpu"),
+            ((7, 40), 5, "NHWC", "both")]
+
+
+@pytest.mark.parametrize("shape, groups, layout, where", GN_CASES)
+def test_group_norm_backward_paths_match_reference(shape, groups, layout, where):
+    from nbdnn.cuda import SIMULATOR
+    if where != "both" and (where == "sim") != SIMULATOR:
+        pytest.skip("sized for the other target's block counts")
+    rng = np.random.default_rng(len(shape) + groups)
+    x = rng.standard_normal(shape) + 2.0
+    dy = rng.standard_normal(shape)
+    C = shape[-1] if layout == "NHWC" else shape[1]
+    s = rng.standard_normal(C)
+    want = nbdnn.group_norm_backward(dy, x, *nbdnn.group_norm(x, groups, s, layout=layout)[1:],
+                                     s, groups=groups, layout=layout)
+    N, gx = shape[0], (-(-C // 32) if layout == "NHWC" else C)
+    assert N == 7 or -(-N // max(1, min(N, -(-NM.GN_TARGET_BLOCKS // gx)))) < N  # chunks > 1
+    x32, dy32, s32 = (a.astype(np.float32) for a in (x, dy, s))
+    _, mean, inv = nbdnn.group_norm(x32, groups, s32, layout=layout, backend="cuda")
+    got = nbdnn.group_norm_backward(dy32, x32, mean, inv, s32, groups=groups, layout=layout,
+                                    backend="cuda")
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4 * np.abs(w).max())
+
+
+# the block-a-row kernels' walk (_row_walk): planes of 1 element, planes longer than a
+# block, one channel a group, channels last with groups wider than a block
+@pytest.mark.parametrize("shape, groups, layout", [
+    ((3, 6, 1), 3, "NCHW"), ((2, 4, 70), 2, "NCHW"), ((2, 5, 3, 3), 5, "NCHW"),
+    ((2, 3, 70), 1, "NHWC"), ((2, 2, 6), 2, "NHWC")])
+def test_group_norm_walk_matches_reference(shape, groups, layout):
+    rng = np.random.default_rng(sum(shape))
+    x, dy = rng.standard_normal(shape) + 1.0, rng.standard_normal(shape)
+    C = shape[-1] if layout == "NHWC" else shape[1]
+    s, b = rng.standard_normal(C), rng.standard_normal(C)
+    want = nbdnn.group_norm(x, groups, s, b, layout=layout)
+    got = nbdnn.group_norm(x.astype(np.float32), groups, s.astype(np.float32),
+                           b.astype(np.float32), layout=layout, backend="cuda")
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    gw = nbdnn.group_norm_backward(dy, x, *want[1:], s, groups=groups, layout=layout)
+    gg = nbdnn.group_norm_backward(dy.astype(np.float32), x.astype(np.float32), *got[1:],
+                                   s.astype(np.float32), groups=groups, layout=layout,
+                                   backend="cuda")
+    for g, w in zip(gg, gw):
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4 * np.abs(w).max())

@@ -60,14 +60,15 @@ def apply_args(N, C, L):
     return (N * C * L // 4, C, L // 4) + magic_args(L // 4, C)
 
 
-def _vector(k, m, names, lo_first):
+def _vector(k, m, prefix, arrays):
     """Lines: the channel vector m + k*BLOCK (clamped to lo past hi: a valid address,
-    flag f{k} false) as a tensor vector index, then its 16-byte loads."""
-    q, f = f"{names}q{k}", f"{names}f{k}"
+    flag f{k} false) as a tensor vector index, then its 16-byte loads from each array
+    (into {prefix}{array}{k}_0..3)."""
+    q, f = f"{prefix}q{k}", f"{prefix}f{k}"
     return [f"{q} = {m} + {k * BLOCK}", f"{f} = {q} < hi", f"{q} = {q} if {f} else lo",
             f"{q} = {q} + cl + {DIV.format(a=q, b='L4')} * cc"] + \
-        [f"{names}{a}{k}_0, {names}{a}{k}_1, {names}{a}{k}_2, {names}{a}{k}_3 = load4({a}, {q})"
-         for a in lo_first]
+        [", ".join(f"{prefix}{a}{k}_{i}" for i in range(4)) + f" = load4({a}, {q})"
+         for a in arrays]
 
 
 def sums_source(stats):
@@ -232,7 +233,8 @@ def kernels(CT, out_value, dx_value, chan):
         return a, b
 
     ns = {"cuda": cuda, "CT": CT, "ZERO": ZERO, "load4": load4, "chan": chan,
-          "block_chan": block_chan, "block_sum2": block_sum2, "VPT": VPT, "BLOCK": BLOCK, "U32": U32, "U": U}
+          "block_chan": block_chan, "block_sum2": block_sum2, "VPT": VPT, "BLOCK": BLOCK,
+          "U32": U32, "U": U}
     out = {}
     for stats in (True, False):
         src = sums_source(stats)

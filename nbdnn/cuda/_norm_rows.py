@@ -226,11 +226,12 @@ def param_kernels(CT):
                 cuda.syncthreads()
             j += cuda.gridDim.y
 
-    def final(p1, p2, dscale, dbias, rows, L):
+    def final(p1, p2, dscale, dbias, nch, L):
+        # column c of the nch chunk partials, summed in chunk order
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if c < L:
             a, b = ZERO, ZERO
-            for j in range(-(-rows // (CY * R))):
+            for j in range(nch):
                 a += p1[j * L + c]
                 b += p2[j * L + c]
             dscale[c] = a

@@ -1,6 +1,6 @@
 """layer_norm / rms_norm / group_norm (instance_norm: a group a channel) on the GPU. A
 row is the elements normalised together (layer/rms: the trailing axes; group: (n,
-group), NCHW or NHWC, addressed through `_element`).
+group), NCHW or NHWC, addressed through `_row_walk`).
 
 - layer/rms norm forward, rows up to 32768: the row held in registers
   (_norm_rows.py; 8 B an element float32: x read once, y written once).
@@ -16,8 +16,10 @@ group), NCHW or NHWC, addressed through `_element`).
   loops over rows and keeps per-column partials in shared memory, then
   reduce_tensor sums the blocks' partial rows in order): dy and x read once, 12 B an
   element; other layer/rms norm rows: chunk partials over blocks of rows in a second
-  pass (_norm_rows.py, 8 B more); group norm, a thread a channel summing over (n,
-  spatial) in order. All deterministic.
+  pass (_norm_rows.py, 8 B more); group norm, chunk partials over samples (channels
+  first: a block a channel along its planes; channels last: lanes on 32 channels),
+  then their sum in order. It was one thread a channel walking all of its N*HW
+  elements: 70 ms for 256 MiB on the H200 (perf/RESULTS.md, run W). All deterministic.
 """
 import math
 
@@ -37,6 +39,7 @@ MAX_GRID = 2 ** 31 - 1
 PLMAX = {"float32": 4096, "float64": 2048}  # fused backward: columns (32 KiB a block)
 FUSED_V = 4                                   # 4-element vectors a lane, G lanes a row
 FUSED_LANES_PER_SM = 512                      # resident at 128 registers (2 blocks of 256)
+GN_TARGET_BLOCKS = 4 if SIMULATOR else 1024   # group norm dscale/dbias partials
 
 
 def _fused_groups(ct):
@@ -47,16 +50,39 @@ def _fused_groups(ct):
 
 
 @cuda.jit(device=True)
-def _element(i, row, C, G, HW, last):
-    """(memory offset, channel) of element i of row (n, g) of an (N, C, HW) tensor
-    normalised over groups of C/G channels; NHWC when last. layer/rms norm are the
-    case G = 1, HW = 1, C = L: offset row*L + i, channel i."""
+def _row_walk(t, T, row, C, G, HW, last):
+    """A thread's walk over elements t, t + T, ... of row (n, g) of an (N, C, HW) tensor
+    normalised over groups of C/G channels (NHWC when last; layer/rms norm are G = 1,
+    HW = 1, C = L). Element i sits at base + a*sa + b in channel c0 + (b if last else
+    a), with (a, b) = divmod(i, D): D = HW, a the channel in the group and b the
+    position in its plane (channels first), or D = C/G, a the position and b the
+    channel (last). Returns (a, b, dq, dr, D, base, sa, c0); _walk_step advances (a, b)
+    by T = dq*D + dr: the divisions happen once a thread, not once an element (64-bit
+    divisions an element held group norm at 13% of copy, run W)."""
     Cg = C // G
     n, g = row // G, row % G
+    D = Cg if last else HW
     if last:
-        s, cl = i // Cg, i % Cg
-        return (n * HW + s) * C + g * Cg + cl, g * Cg + cl
-    return (n * C + g * Cg) * HW + i, g * Cg + i // HW
+        base, sa = n * HW * C + g * Cg, C
+    else:
+        base, sa = row * Cg * HW, HW
+    return t // D, t % D, T // D, T % D, D, base, sa, g * Cg
+
+
+@cuda.jit(device=True)
+def _walk_at(a, b, base, sa, c0, last):
+    """(memory offset, channel) of the walk's current element."""
+    return base + a * sa + b, c0 + (b if last else a)
+
+
+@cuda.jit(device=True)
+def _walk_step(a, b, dq, dr, D):
+    a += dq
+    b += dr
+    if b >= D:
+        b -= D
+        a += 1
+    return a, b
 
 
 def _kernels(CT, f):
@@ -68,28 +94,35 @@ def _kernels(CT, f):
         row, t, T = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x
         L = C // G * HW
         shm = cuda.shared.array(SHM, CT)
+        a0, b0, dq, dr, D, base, sa, c0 = _row_walk(t, T, row, C, G, HW, last)
         mean = ZERO
         if centred:
             s = ZERO
+            a, b = a0, b0
             for i in range(t, L, T):
-                s += CT(x[_element(i, row, C, G, HW, last)[0]])
+                s += CT(x[_walk_at(a, b, base, sa, c0, last)[0]])
+                a, b = _walk_step(a, b, dq, dr, D)
             mean = grp_sum(s, T, shm) / CT(L)
         q = ZERO
+        a, b = a0, b0
         for i in range(t, L, T):
-            d = CT(x[_element(i, row, C, G, HW, last)[0]]) - mean
+            d = CT(x[_walk_at(a, b, base, sa, c0, last)[0]]) - mean
             q += d * d
+            a, b = _walk_step(a, b, dq, dr, D)
         inv = ONE / math.sqrt(grp_sum(q, T, shm) / CT(L) + eps)
         if t == 0:
             st1[row] = mean if centred else inv
             st2[row] = inv
+        a, b = a0, b0
         for i in range(t, L, T):
-            o, c = _element(i, row, C, G, HW, last)
+            o, c = _walk_at(a, b, base, sa, c0, last)
             v = (CT(x[o]) - mean) * inv
             if has_scale:
                 v *= CT(scale[c])
             if has_bias:
                 v += CT(bias[c])
             y[o] = v
+            a, b = _walk_step(a, b, dq, dr, D)
 
     def norm_bwd(dy, x, st1, st2, scale, dx, C, G, HW, last, centred, has_scale):
         row, t, T = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x
@@ -97,39 +130,96 @@ def _kernels(CT, f):
         shm = cuda.shared.array(SHM, CT)
         mean = st1[row] if centred else ZERO
         inv = st2[row]
+        a0, b0, dq, dr, D, base, sa, c0 = _row_walk(t, T, row, C, G, HW, last)
         sg, sgx = ZERO, ZERO
+        a, b = a0, b0
         for i in range(t, L, T):
-            o, c = _element(i, row, C, G, HW, last)
+            o, c = _walk_at(a, b, base, sa, c0, last)
             g = CT(dy[o]) * (CT(scale[c]) if has_scale else ONE)
             sg += g
             sgx += g * (CT(x[o]) - mean) * inv
+            a, b = _walk_step(a, b, dq, dr, D)
         sg = grp_sum(sg, T, shm) / CT(L)
         sgx = grp_sum(sgx, T, shm) / CT(L)
+        a, b = a0, b0
         for i in range(t, L, T):
-            o, c = _element(i, row, C, G, HW, last)
+            o, c = _walk_at(a, b, base, sa, c0, last)
             g = CT(dy[o]) * (CT(scale[c]) if has_scale else ONE)
             v = g - (CT(x[o]) - mean) * inv * sgx
             if centred:
                 v -= sg
             dx[o] = v * inv
+            a, b = _walk_step(a, b, dq, dr, D)
 
-    def norm_params_bwd(dy, x, st1, st2, dscale, dbias, N, C, G, HW, last, centred):
-        # a thread a channel, summing dy*xhat and dy over (n, spatial) in order
-        c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        if c < C:
-            a, b = ZERO, ZERO
-            for n in range(N):
-                r = n * G + c // (C // G)
+    def gn_params_partials(dy, x, st1, st2, p1, p2, N, C, G, HW, last, centred, nper):
+        # block (channel(s), j) sums dy*xhat and dy over samples j*nper ... (j+1)*nper - 1:
+        # channels first, a block a channel, threads along each plane (coalesced), 4
+        # elements a thread in flight; channels last, lanes on 32 consecutive channels
+        # and PY row groups, a row's (n, s) stepped, not divided. Fixed order throughout.
+        t, T = cuda.threadIdx.x, cuda.blockDim.x
+        shm = cuda.shared.array(SHM, CT)
+        j = cuda.blockIdx.y
+        n0 = j * nper
+        n1 = min(N, n0 + nper)
+        Cg = C // G
+        a, b = ZERO, ZERO
+        if not last:
+            c = cuda.blockIdx.x
+            for n in range(n0, n1):
+                r = n * G + c // Cg
                 mean = st1[r] if centred else ZERO
-                for s in range(HW):
-                    o = (n * HW + s) * C + c if last else (n * C + c) * HW + s
-                    d = CT(dy[o])
-                    a += d * (CT(x[o]) - mean) * st2[r]
-                    b += d
-            dscale[c] = a
-            dbias[c] = b
+                base = (n * C + c) * HW
+                an = ZERO
+                for s0 in range(t, HW, 4 * T):
+                    s1, s2, s3 = s0 + T, s0 + 2 * T, s0 + 3 * T
+                    o1 = base + (s1 if s1 < HW else s0)
+                    o2 = base + (s2 if s2 < HW else s0)
+                    o3 = base + (s3 if s3 < HW else s0)
+                    d0, d1, d2, d3 = CT(dy[base + s0]), CT(dy[o1]), CT(dy[o2]), CT(dy[o3])
+                    x0, x1, x2, x3 = CT(x[base + s0]), CT(x[o1]), CT(x[o2]), CT(x[o3])
+                    d1 = d1 if s1 < HW else ZERO
+                    d2 = d2 if s2 < HW else ZERO
+                    d3 = d3 if s3 < HW else ZERO
+                    an += d0 * (x0 - mean) + d1 * (x1 - mean) + d2 * (x2 - mean) + \
+                        d3 * (x3 - mean)
+                    b += d0 + d1 + d2 + d3
+                a += an * st2[r]
+            a = grp_sum(a, T, shm)
+            b = grp_sum(b, T, shm)
+            if t == 0:
+                p1[j * C + c] = a
+                p2[j * C + c] = b
+            return
+        PY = T // 32
+        tx, ty = t % 32, t // 32
+        c = cuda.blockIdx.x * 32 + tx
+        cc = c if c < C else C - 1  # masked lanes read a valid channel
+        g = cc // Cg
+        n, s = n0 + ty // HW, ty % HW
+        while n < n1:
+            r = n * G + g
+            o = (n * HW + s) * C + cc
+            d = CT(dy[o])
+            a += d * (CT(x[o]) - (st1[r] if centred else ZERO)) * st2[r]
+            b += d
+            s += PY
+            while s >= HW:
+                s -= HW
+                n += 1
+        for k in range(2):  # a, then b, over the PY row groups of a channel, in order
+            shm[t] = a if k == 0 else b
+            cuda.syncthreads()
+            if ty == 0 and c < C:
+                v = shm[tx]
+                for i in range(1, PY):
+                    v += shm[tx + 32 * i]
+                if k == 0:
+                    p1[j * C + c] = v
+                else:
+                    p2[j * C + c] = v
+            cuda.syncthreads()
 
-    return {"fwd": norm_fwd, "bwd": norm_bwd, "params_bwd": norm_params_bwd}
+    return {"fwd": norm_fwd, "bwd": norm_bwd, "gn_params_partials": gn_params_partials}
 
 
 def _build():
@@ -146,7 +236,8 @@ def _build():
             i4 = "int64, int64, int64, int64"  # C, G, HW, last
             sigs = {"fwd": f"void({a}, {a}, {a}, {a}, {s}, {s}, {i4}, {ct}, int64, int64, int64)",
                     "bwd": f"void({a}, {a}, {s}, {s}, {a}, {a}, {i4}, int64, int64)",
-                    "params_bwd": f"void({a}, {a}, {s}, {s}, {a}, {a}, int64, {i4}, int64)",
+                    "gn_params_partials": f"void({a}, {a}, {s}, {s}, {s}, {s}, int64, {i4}, "
+                                          "int64, int64)",
                     "params_partials": f"void({a}, {a}, {s}, {s}, {s}, {s}, int64, int64, "
                                        "int64)",
                     "params_final": f"void({s}, {s}, {a}, {a}, int64, int64)"}
@@ -255,11 +346,18 @@ def backward(dy, x, st1, st2, scale, geo, param_shape, out, stream, centred):
         k.launch(sig, (-(-L // _rows.CX), min(nch, 65535), 1), _rows.CX * _rows.CY, stream,
                  dy, x, st1, st2, p1, p2, rows, L, int(centred))
         k, sig = _KERNELS["params_final", dtype]
-        k.launch(sig, -(-L // BLOCK), BLOCK, stream, p1, p2, dscale, dbias, rows, L)
-    elif C:
-        k, sig = _KERNELS["params_bwd", dtype]
-        k.launch(sig, -(-C // BLOCK), BLOCK, stream, dy, x, st1, st2, dscale, dbias, N, C, G,
-                 HW, last, int(centred))
+        k.launch(sig, -(-L // BLOCK), BLOCK, stream, p1, p2, dscale, dbias, nch, L)
+    elif C:  # group norm: chunk partials over samples, then their sum in order
+        ct = dtype_name(st2)
+        gx = -(-C // 32) if last else C
+        nper = -(-N // max(1, min(N, -(-GN_TARGET_BLOCKS // gx))))
+        nch = -(-N // nper)
+        p1, p2 = empty(x, (nch * C,), ct), empty(x, (nch * C,), ct)
+        k, sig = _KERNELS["gn_params_partials", dtype]
+        k.launch(sig, (gx, nch, 1), BLOCK, stream, dy, x, st1, st2, p1, p2, N, C, G, HW, last,
+                 int(centred), nper)
+        k, sig = _KERNELS["params_final", dtype]
+        k.launch(sig, -(-C // BLOCK), BLOCK, stream, p1, p2, dscale, dbias, nch, C)
     return dx, dscale, dbias
 
 
