@@ -70,6 +70,23 @@ def test_cuda_mask_is_the_cpu_mask_bit_for_bit(dtype, p, seed, offset):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator's NumPy scalars
+@pytest.mark.parametrize("n, offset", [(2048, 0), (1015, 0), (1015, 1)])
+def test_cuda_vector_and_scalar_paths_match_cpu(n, offset):
+    """16-byte vectors with 4-byte mask words (aligned, whole vectors), the scalar tail
+    (n not a multiple of the vectors a block covers) and misaligned views."""
+    from nbdnn.cuda._arrays import to_device, to_host
+    x = np.random.default_rng(n).standard_normal(n + 1).astype(np.float32)
+    xd = to_device(x)[offset:offset + n]
+    y, m = nbdnn.dropout(x[offset:offset + n], 0.4, seed=9, offset=7)
+    yg, mg = nbdnn.dropout(xd, 0.4, seed=9, offset=7)
+    np.testing.assert_array_equal(to_host(mg), m)
+    np.testing.assert_array_equal(to_host(yg), y)
+    dx = nbdnn.dropout_backward(xd, mg, 0.4)
+    np.testing.assert_array_equal(to_host(dx), nbdnn.dropout_backward(x[offset:offset + n],
+                                                                      m, 0.4))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator's NumPy scalars
 @pytest.mark.parametrize("backend", ["cpu", "cuda"])
 def test_counter_offset_draws_the_int_offsets_masks_and_advances(backend):
     """A uint64 counter gives the masks of offsets start, start + n, ... and ends at
