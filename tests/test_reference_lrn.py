@@ -49,3 +49,20 @@ def test_against_pytorch():
     for n in (5, 4):
         want = torch.nn.LocalResponseNorm(n, 0.3, 0.75, 2.0)(torch.from_numpy(x)).numpy()
         np.testing.assert_allclose(nbdnn.lrn(x, n, 0.3, 0.75, 2.0), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("shape, last, n", [((2, 7, 3, 5), False, 5), ((2, 3, 4, 7), True, 5),
+                                            ((3, 6, 4), False, 4), ((2, 3, 2), False, 7),
+                                            ((1, 2, 9), True, 3)])
+def test_cuda_matches_reference(shape, last, n):
+    """Both kernels of the CUDA backward (terms, then the window sums) and the forward,
+    channels first and last, even and odd windows, windows wider than C, against the
+    float64 reference."""
+    rng = np.random.default_rng(sum(shape) + n)
+    x, dy = rng.standard_normal(shape), rng.standard_normal(shape)
+    kw = dict(n=n, alpha=0.3, beta=0.75, k=1.5, layout="NHWC" if last else "NCHW")
+    want = nbdnn.lrn(x, **kw), nbdnn.lrn_backward(dy, x, **kw)
+    got = (nbdnn.lrn(x.astype(np.float32), backend="cuda", **kw),
+           nbdnn.lrn_backward(dy.astype(np.float32), x.astype(np.float32), backend="cuda", **kw))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
