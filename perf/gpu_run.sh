@@ -11,6 +11,8 @@
 #   bash perf/gpu_run.sh check                # nbdnn check, every op and dtype
 #   bash perf/gpu_run.sh perf                 # nbdnn bench: every row, against PyTorch
 #   bash perf/gpu_run.sh compute              # SGEMM and conv vs cuBLAS/cuDNN, host cost
+#   bash perf/gpu_run.sh norm                 # issue 4's ops: path tests, crosscheck and
+#                                             # the graph-timed bench rows, in parallel
 # Run from the repository root on the GPU machine (no install: PYTHONPATH=.).
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -47,6 +49,19 @@ perf)
     timeout 540 python3 -m nbdnn bench --no-cpu --json "$OUT/bench.json" --plot "$OUT/bench.png" \
         > "$OUT/perf.log" 2>&1
     tail -45 "$OUT/perf.log" ;;
+norm)
+    export NBDNN_HYPOTHESIS_PROFILE=dev
+    P="timeout 400 python3 -m pytest -q -p no:cacheprovider"
+    $P tests/test_norm_paths.py tests/test_bn_paths.py tests/test_reference_norm.py \
+        tests/test_reference_lrn.py tests/test_reference_dropout.py tests/test_pool_paths.py \
+        > "$OUT/t1.log" 2>&1 &
+    $P tests/test_crosscheck.py -k "norm or lrn or dropout or pool" > "$OUT/t2.log" 2>&1 &
+    $P tests/test_gpu.py -k "norm or pool or dropout or batch or past_2_24" > "$OUT/t3.log" 2>&1 &
+    wait
+    timeout 200 python3 -m nbdnn bench --no-cpu --graph --json "$OUT/bench.json" --ops pool \
+        batch_norm layer_norm rms_norm group_norm instance_norm lrn dropout > "$OUT/perf.log" 2>&1
+    for f in "$OUT"/t?.log; do tail -n 2 "$f"; done
+    tail -24 "$OUT/perf.log" ;;
 compute)
     timeout 150 python3 perf/sgemm.py --json "$OUT/sgemm.json" > "$OUT/perf.log" 2>&1
     timeout 300 python3 perf/conv.py --json "$OUT/conv.json" >> "$OUT/perf.log" 2>&1

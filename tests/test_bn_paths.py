@@ -86,3 +86,26 @@ def test_fast_path_is_deterministic():
     gb = nbdnn.batch_norm_backward(dy, x, None, a[1], a[2], backend="cuda")
     for u, v in zip(ga, gb):
         np.testing.assert_array_equal(u, v)
+
+
+def test_misaligned_residual_gradient_buffer():
+    """out=(dx, dscale, dbias, dz) with dz a misaligned view: both the fast and the
+    general dx kernels must fall back to scalar stores (a 16-byte store there faults on
+    a GPU)."""
+    shape = MULTI
+    arr = _inputs(shape, 0, "float32", 11)
+    x, z, dy = arr(loc=1.0), arr(), arr()
+    C = shape[1]
+    scale, bias = arr((C,)).copy(), arr((C,)).copy()
+    y, mean, invstd = nbdnn.batch_norm_train(to_device(x), to_device(scale), to_device(bias),
+                                             residual=to_device(z))
+    n = x.size
+    dz_buf = to_device(np.zeros(n + 1, np.float32))
+    out = (to_device(np.zeros_like(x)), to_device(np.zeros(C, np.float32)),
+           to_device(np.zeros(C, np.float32)), dz_buf[1:].reshape(shape))
+    got = nbdnn.batch_norm_backward(to_device(dy), to_device(x), to_device(scale), mean, invstd,
+                                    bias=to_device(bias), residual=to_device(z), out=out)
+    want = nbdnn.batch_norm_backward(dy, x, scale, mean.copy_to_host(),
+                                     invstd.copy_to_host(), bias=bias, residual=z)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.copy_to_host(), w, rtol=1e-4, atol=1e-4)

@@ -349,14 +349,15 @@ def batch_norm_backward(dy, x, scale, bias, mean, invstd, residual, mode, last, 
     k, sig = _KERNELS["bwd_final", dtype]
     k.launch(sig, *_bn_sums.final_shape(C), stream, sc, bi, mean, invstd, p1, p2, dscale,
              dbias, cb, *geo, *has, E)
-    if _planes(geo, (dy, x, dx, residual)):
+    if _planes(geo, (dy, x, dx, residual, dz if residual is not None else None)):
         k, sig = _KERNELS["dx_planes_vec", dtype]
         args = _bn_planes.apply_args(N, C, L)
         k.launch(sig, _bn_planes.grid(args[0]), _bn_planes.ABLOCK, stream, dy, x, z, cb, dx,
                  dz, *args, N * L, int(residual is not None), m, coef)
         return tuple(res)
     k, sig = _KERNELS["bwd_dx", dtype]
-    vec = _vec(geo, [a for a in (dy, x, dx, residual) if a is not None])
+    vec = _vec(geo, [a for a in (dy, x, dx, residual, dz if residual is not None else None)
+                     if a is not None])
     k.launch(sig, _grid(N * C * L), BLOCK, stream, dy, x, z, cb, dx, dz, *geo,
              int(residual is not None), m, coef, vec)
     return tuple(res)
