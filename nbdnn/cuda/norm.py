@@ -206,13 +206,14 @@ def _kernels(CT, f):
             while s >= HW:
                 s -= HW
                 n += 1
+        cols = cuda.shared.array(BLOCK, CT)  # a slot a thread (shm has one a warp)
         for k in range(2):  # a, then b, over the PY row groups of a channel, in order
-            shm[t] = a if k == 0 else b
+            cols[t] = a if k == 0 else b
             cuda.syncthreads()
             if ty == 0 and c < C:
-                v = shm[tx]
+                v = cols[tx]
                 for i in range(1, PY):
-                    v += shm[tx + 32 * i]
+                    v += cols[tx + 32 * i]
                 if k == 0:
                     p1[j * C + c] = v
                 else:
