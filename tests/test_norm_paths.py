@@ -117,7 +117,8 @@ def test_group_norm_backward_paths_match_reference(shape, groups, layout, where)
     want = nbdnn.group_norm_backward(dy, x, *nbdnn.group_norm(x, groups, s, layout=layout)[1:],
                                      s, groups=groups, layout=layout)
     N, gx = shape[0], (-(-C // 32) if layout == "NHWC" else C)
-    assert N == 7 or -(-N // max(1, min(N, -(-NM.GN_TARGET_BLOCKS // gx)))) < N  # chunks > 1
+    if where != "both":  # sized to split the samples into several chunks
+        assert -(-N // max(1, min(N, -(-NM.GN_TARGET_BLOCKS // gx)))) < N
     x32, dy32, s32 = (a.astype(np.float32) for a in (x, dy, s))
     _, mean, inv = nbdnn.group_norm(x32, groups, s32, layout=layout, backend="cuda")
     got = nbdnn.group_norm_backward(dy32, x32, mean, inv, s32, groups=groups, layout=layout,

@@ -19,18 +19,17 @@ are its N planes, vector m of the channel at m + c*L4 + (m // L4) * (C-1)*L4.
 Walking apply and dx backwards, to re-read from L2 the last chunks the sums pass
 left there, with last-use loads and streaming stores, measured no faster (run W).
 """
-from numba import cuda, int32, uint32, uint64
+from numba import cuda, int32
 
 from . import SIMULATOR
 from ._intrinsics import load4, store4
-from ._stencil import DIV, magic_args
+from ._stencil import DIV, U, U32, div, magic_args
 
 BLOCK = 32 if SIMULATOR else 256   # statistics and sums
 ABLOCK = 32 if SIMULATOR else 128  # apply and dx
 VPT = 2 if SIMULATOR else 4        # vectors a thread an iteration (statistics, sums)
 TARGET_BLOCKS = 8 if SIMULATOR else 2048
 LIMIT = 2 ** 31
-U32, U = (int, int) if SIMULATOR else (uint32, uint64)  # _stencil.DIV's casts
 
 
 def usable(geo, aligned):
@@ -124,8 +123,8 @@ def elementwise(CT, out_value, dx_value):
         """(tensor vector index, channel) of vector i (clamped: loads stay valid; the
         caller stores only when i < n4)."""
         g = i if i < n4 else n4 - 1
-        p = U32((U(U32(g)) * U(U32(m_L4))) >> U(s_L4))
-        return g, p - U32((U(U32(p)) * U(U32(m_C))) >> U(s_C)) * C
+        p = div(g, m_L4, s_L4)
+        return g, p - div(p, m_C, s_C) * C
 
     @cuda.jit(device=True)
     def vectors(n4, L4, m_L4, s_L4, C, m_C, s_C):

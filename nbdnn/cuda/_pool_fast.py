@@ -33,7 +33,7 @@ spill tests compile them; the float16/float64 forms ran on the H200 in run T).
 import functools
 import math
 
-from numba import cuda, float32, float64, int64, uint32, uint64
+from numba import cuda, float32, float64, int64
 from numba.cuda import libdevice
 
 from . import SIMULATOR, _stencil
@@ -117,8 +117,8 @@ def kernel(dtype, last, geometry, mode, rpt):
     fmax = libdevice.fmax if ct_name == "float64" else libdevice.fmaxf
     ns = {"cuda": cuda, "CT": CT, "FMAX": _fmax_simulated if SIMULATOR else fmax,
           "ZERO": CT(0), "NEG": CT(-math.inf), "NAN": CT(math.nan),
-          "I": int if SIMULATOR else int64, "U": int if SIMULATOR else uint64,
-          "U32": int if SIMULATOR else uint32, "W32": _stencil.W32}
+          "I": int if SIMULATOR else int64, "U": _stencil.U, "U32": _stencil.U32,
+          "W32": _stencil.W32}
     exec(compile(source(bool(last), *geometry, mode, rpt), "<nbdnn pool_fwd_fast>", "exec"), ns)
     sig = f"void({dtype}[::1], {dtype}[::1], {_INT}{ct_name}, {ct_name})"
     return Kernel(ns["pool_fwd_fast"], [sig]), sig

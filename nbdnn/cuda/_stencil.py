@@ -12,14 +12,22 @@ masked after.
 """
 import functools
 
-from numba import uint32
+from numba import cuda, uint32, uint64
 
 from . import SIMULATOR
 
+# DIV's casts (the simulator's Python ints need none)
+U32, U = (int, int) if SIMULATOR else (uint32, uint64)
 # {a} // {b} as a multiply-high by the divisor's magic number (kernel arguments m_{b},
 # s_{b} from magic(); {a} < 2**31): 3 instructions where a 32-bit division takes ~20
 # and a zero test (perf/RESULTS.md, run U)
 DIV = "U32((U(U32({a})) * U(U32(m_{b}))) >> U(s_{b}))"
+
+
+@cuda.jit(device=True)
+def div(a, m, s):
+    """DIV as a device function, for kernels that are not generated source."""
+    return U32((U(U32(a)) * U(U32(m))) >> U(s))
 # a value's low 32 bits, unsigned (the simulator's stand-in wraps as uint32 does)
 W32 = (lambda v: int(v) & 0xFFFFFFFF) if SIMULATOR else uint32
 

@@ -18,22 +18,14 @@ not yet measured.
 import math
 
 import numpy as np
-from numba import cuda, float32, float64, uint32, uint64
+from numba import cuda, float32, float64
 
-from . import SIMULATOR
 from ._arrays import dtype_name, empty
 from ._conv_index import launch
 from ._launch import Kernel
-from ._stencil import magic_args
+from ._stencil import div, magic_args
 
 DTYPES = ("float16", "float32", "float64")
-U32, U = (int, int) if SIMULATOR else (uint32, uint64)
-
-
-@cuda.jit(device=True)
-def _div(a, m, s):
-    """a // d for 0 <= a < 2**31 from d's magic numbers (m, s)."""
-    return U32((U(U32(a)) * U(U32(m))) >> U(s))
 
 
 def _kernels(CT):
@@ -52,11 +44,11 @@ def _kernels(CT):
         s_HW, m_C, s_C): small selects the multiply-high split."""
         small, m_hw, s_hw, m_c, s_c = mg
         if last:
-            c = i - _div(i, m_c, s_c) * C if small else i % C
+            c = i - div(i, m_c, s_c) * C if small else i % C
             return c, i - c, 1
         if small:
-            q = _div(i, m_hw, s_hw)
-            c = q - _div(q, m_c, s_c) * C
+            q = div(i, m_hw, s_hw)
+            c = q - div(q, m_c, s_c) * C
         else:
             c = (i // HW) % C
         return c, i - c * HW, HW
