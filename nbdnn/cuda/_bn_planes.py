@@ -110,8 +110,9 @@ def sums_source(stats):
 
 
 def elementwise(CT, out_value, dx_value):
-    """(apply, dx) python kernels over 2 vectors a thread (batch_norm's out_value,
-    dx_value)."""
+    """(apply, dx) python kernels over 2 vectors a thread: batch_norm's out_value and
+    dx_value (group norm's dx_value: _gn_planes; an apply without out_value is never
+    compiled)."""
     ZERO = CT(0)
 
     @cuda.jit(device=True)

@@ -4,6 +4,9 @@ group), NCHW or NHWC, addressed through `_row_walk`).
 
 - layer/rms norm forward, rows up to 32768: the row held in registers
   (_norm_rows.py; 8 B an element float32: x read once, y written once).
+- group/instance norm, channels first, planes of a multiple of 4 elements, aligned:
+  batch norm's plane kernels over re-shaped views (_gn_planes.py), forward and
+  backward.
 - otherwise forward (group/instance norm, longer rows): a block a row; pass 1 sums x
   (layer_norm only) for the mean, pass 2 sums (x - mean)^2 (two-pass: exact for mean
   1e4, std 1 in float32), pass 3 writes y with scale and bias; rows of up to a few
@@ -28,6 +31,7 @@ from numba import cuda, float32, float64, uint64
 
 from . import SIMULATOR
 from ._arrays import dtype_name, empty, vector_aligned
+from . import _gn_planes as _gn
 from . import _norm_rows as _rows
 from ._intrinsics import load4, store4
 from ._launch import Kernel
@@ -310,6 +314,8 @@ def forward(x, scale, bias, geo, stats_shape, eps, out, stream, centred):
             k, sig = _KERNELS[f"rows_v{V}", dtype]
             k.launch(sig, -(-rows // (block // Gl)), block, stream, x, y, sc, bi, st1, st2,
                      rows, L, Gl, eps, *flags, aligned)
+        elif centred and _gn.usable(geo, vector_aligned(x, y)):
+            _gn.forward(x, y, scale, bias, st1, st2, geo, eps, stream)
         else:
             k, sig = _KERNELS["fwd", dtype]
             k.launch(sig, rows, BLOCK, stream, x, y, sc, bi, st1, st2, C, G, HW, last, eps,
@@ -325,6 +331,9 @@ def backward(dy, x, st1, st2, scale, geo, param_shape, out, stream, centred):
         empty(x, x.shape, dtype), empty(x, param_shape, dtype), empty(x, param_shape, dtype))
     sc = scale if scale is not None else x
     cfg = _rows_config(L, True, False, dtype == "float64") if G == 1 and HW == 1 else None
+    if rows and L and cfg is None and centred and _gn.usable(geo, vector_aligned(dy, x, dx)):
+        _gn.backward(dy, x, st1, st2, scale, dx, dscale, dbias, geo, stream)
+        return dx, dscale, dbias
     if rows and L and cfg is not None:  # layer/rms norm: dy and x in registers
         V, Gl = cfg
         aligned = int(L % 4 == 0 and vector_aligned(dy, x, sc, dx))
