@@ -1,28 +1,21 @@
 """layer_norm / rms_norm / group_norm (instance_norm: a group a channel) on the GPU. A
 row is the elements normalised together (layer/rms: the trailing axes; group: (n,
-group), NCHW or NHWC, addressed through `_row_walk`).
+group), NCHW or NHWC, addressed through `_row_walk`). All sums deterministic.
 
-- layer/rms norm forward, rows up to 32768: the row held in registers
-  (_norm_rows.py; 8 B an element float32: x read once, y written once).
-- group/instance norm, channels first, planes of a multiple of 4 elements, aligned:
-  batch norm's plane kernels over re-shaped views (_gn_planes.py), forward and
-  backward.
-- otherwise forward (group/instance norm, longer rows): a block a row; pass 1 sums x
-  (layer_norm only) for the mean, pass 2 sums (x - mean)^2 (two-pass: exact for mean
-  1e4, std 1 in float32), pass 3 writes y with scale and bias; rows of up to a few
-  thousand elements stay in L1/L2 between the passes.
-- backward dx: layer/rms norm rows up to 16384, dy and x held in registers
-  (_norm_rows.py; 12 B an element); otherwise a block a row sums g = dy*scale and
-  g*xhat, then writes dx.
-- backward dscale/dbias: layer/rms norm rows of 1k-4k (a block a row, L <= PLMAX),
-  summed inside the dx kernel (variant 2 of _norm_rows.backward_source: each block
-  loops over rows and keeps per-column partials in shared memory, then
-  reduce_tensor sums the blocks' partial rows in order): dy and x read once, 12 B an
-  element; other layer/rms norm rows: chunk partials over blocks of rows in a second
-  pass (_norm_rows.py, 8 B more); group norm, chunk partials over samples (channels
-  first: a block a channel along its planes; channels last: lanes on 32 channels),
-  then their sum in order. It was one thread a channel walking all of its N*HW
-  elements: 70 ms for 256 MiB on the H200 (perf/RESULTS.md, run W). All deterministic.
+- layer/rms norm, rows up to 32768 (forward) / 16384 (dx): the row held in registers
+  (_norm_rows.py; float32 8 B an element forward, 12 B backward).
+- group/instance norm, channels first, planes of a multiple of 4, aligned: batch
+  norm's plane kernels over re-shaped views (_gn_planes.py).
+- otherwise a block a row: forward sums x (layer_norm) for the mean, then (x -
+  mean)^2 (two-pass: exact for mean 1e4, std 1 in float32), then writes y; dx sums g
+  = dy*scale and g*xhat, then writes dx. Rows of a few thousand elements stay in L1/L2
+  between the passes.
+- dscale/dbias: layer/rms norm rows of 1k-4k inside the dx kernel (a block loops over
+  rows keeping per-column partials in shared memory; reduce_tensor sums the blocks'
+  partial rows in order: dy and x read once); other layer/rms rows, chunk partials
+  over blocks of rows (8 B more); group norm, chunk partials over samples (channels
+  first a block a channel, channels last lanes on 32 channels), summed in order (one
+  thread a channel took 70 ms for 256 MiB on the H200, run W).
 """
 import math
 
