@@ -26,7 +26,8 @@ def _describe_torch(x):
         raise DeviceError(
             f"a torch tensor on {x.device} is neither a NumPy nor a CUDA array: "
             "pass tensor.numpy() for the CPU backend or tensor.cuda() for the GPU")
-    return tuple(x.shape), _torch_dtype(x.dtype), x.is_contiguous()
+    d = x.dtype
+    return tuple(x.shape), _torch_dtypes.get(d) or _torch_dtype(d), x.is_contiguous()
 
 
 _torch_dtypes = {}
@@ -127,6 +128,15 @@ def choose(op, arrays, backend=None):
 
     Returns (backend_name, copy): copy is True when NumPy inputs go to the GPU and the
     results come back to NumPy."""
+    if backend is None or backend == "cuda":  # fast path: every array a known CUDA kind
+        cuda = False
+        for a in arrays.values():
+            if a is not None:
+                cuda = _kinds.get(type(a)) == "cuda"
+                if not cuda:
+                    break
+        if cuda:
+            return "cuda", False
     kinds = {}
     for name, a in arrays.items():
         if a is None:

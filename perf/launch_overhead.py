@@ -96,8 +96,9 @@ def _graph_replay(x, y, n=1000, reps=50):
 
 
 def _launch_paths(kern, sig, x, y):
-    """cuLaunchKernel of the same packed parameters three ways: cuda.bindings, ctypes,
-    and a numba @njit function calling the driver's entry point."""
+    """cuLaunchKernel of the same packed parameters four ways: cuda.bindings, ctypes,
+    an @njit function given the values, and nbdnn's: an @njit function reading the
+    launch record (one array argument)."""
     import ctypes
     from numba import njit
     from nbdnn.cuda import _launch
@@ -119,8 +120,10 @@ def _launch_paths(kern, sig, x, y):
         return c(f, gx, 1, 1, bx, 1, 1, shmem, stream, params, 0)
     assert nj(f, 1, 256, 0, 0, pa) == 0
     rows["@njit -> cuLaunchKernel (pre-packed)"] = host_cost(lambda: nj(f, 1, 256, 0, 0, pa))
+    rows["@njit reading the launch record (nbdnn's path)"] = host_cost(
+        lambda: _launch._launch_record(lau.record))
     rows["struct.pack_into of relu's parameters"] = host_cost(
-        lambda: lau.pack(x, y, 1024, 1.0, 0.0, 0.0, 1))
+        lambda: lau.pack(1, 1, 1, 256, 1, 1, 0, 0, x, y, 1024, 1.0, 0.0, 0.0, 1))
     return rows
 
 
@@ -147,16 +150,17 @@ def _front_end_pieces(tx, ty):
     kern, sig = ca._FORWARD["relu", np.dtype("float32")]
     lau = kern._launchers[sig]
     px, py = _arrays.ptr_size(tx), _arrays.ptr_size(ty)
-    drv = __import__("nbdnn.cuda._launch", fromlist=["x"])._cuLaunchKernel
+    from nbdnn.cuda._launch import _cuLaunchKernel as drv, _launch_record
     dt = np.dtype("float32")
     pieces = {
         "piece: ptr_size(torch)": lambda: _arrays.ptr_size(tx),
         "piece: dtype_of(torch)": lambda: _arrays.dtype_of(tx),
         "piece: kernel table lookup": lambda: ca._FORWARD["relu", dt],
-        "piece: pack (pointer tuples)": lambda: lau.pack(px, py, 1024, 1.0, 0.0, 0.0, 1),
+        "piece: pack (pointer tuples)": lambda: lau.pack(1, 1, 1, 128, 1, 1, 0, 0, px, py,
+                                                         1024, 1.0, 0.0, 0.0, 1),
         "piece: cuLaunchKernel (bindings)": lambda: drv(lau.function, 1, 1, 1, 128, 1, 1, 0, 0,
                                                       lau.params_address, 0),
-        "piece: launcher() (pack + launch)": lambda: lau(1, 128, 0, (px, py, 1024, 1.0, 0.0, 0.0, 1), 0),
+        "piece: launch record (@njit)": lambda: _launch_record(lau.record),
         "piece: Kernel.launch": lambda: kern.launch(sig, 1, 128, 0, px, py, 1024, 1.0, 0.0, 0.0, 1),
         "piece: cuda.activation": lambda: ca.activation(tx, "relu", 0.0, alpha=1.0, beta=0.0,
                                                         out=ty, stream=0),

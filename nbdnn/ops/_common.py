@@ -21,6 +21,10 @@ def backend_module(name, family):
     return m
 
 
+_FLOATS = frozenset(np.dtype(d) for d in FLOAT_DTYPES)
+_describers = _backend._describers  # type -> describe function, filled by describe()
+
+
 def _allowed(dtypes):
     s = _allowed_sets.get(dtypes)
     if s is None:
@@ -49,8 +53,10 @@ class Call:
 
     def array(self, name, x, dtypes=FLOAT_DTYPES):
         """(shape, dtype) of argument `name`, checked against the allowed dtypes."""
-        shape, dtype, contig = _backend.describe(self.op, name, x)
-        if dtypes is not None and dtype not in _allowed(dtypes):
+        f = _describers.get(type(x))
+        shape, dtype, contig = f(x) if f is not None else _backend.describe(self.op, name, x)
+        if dtypes is not None and dtype not in (_FLOATS if dtypes is FLOAT_DTYPES
+                                                else _allowed(dtypes)):
             fail(DtypeError, self.op, name, f"one of {', '.join(dtypes)}", dtype.name)
         if not contig:
             if self.strided is None:
@@ -62,10 +68,12 @@ class Call:
         """Check out= against the result's shape and dtype; out must be C-contiguous."""
         if out is None:
             return None
-        oshape, odtype, contig = _backend.describe(self.op, name, out)
+        f = _describers.get(type(out))
+        oshape, odtype, contig = f(out) if f is not None else \
+            _backend.describe(self.op, name, out)
         if oshape != shape and tuple(oshape) != tuple(shape):
             fail(ShapeError, self.op, f"{name}.shape", tuple(shape), tuple(oshape))
-        if odtype != dtype:
+        if odtype is not dtype and odtype != dtype:
             fail(DtypeError, self.op, f"{name}.dtype", np.dtype(dtype).name, odtype.name)
         if not contig:
             fail(BadParamError, self.op, name, "C-contiguous", "a strided view")
@@ -78,9 +86,12 @@ class Call:
         contiguous first; NumPy inputs forced onto "cuda" are copied to the GPU and the
         results back (into `out` when given), and so are the arguments at positions
         `inplace` (updated in place by the op)."""
-        fn = _function(self.backend, self.family, fname)
+        fn = _functions.get((self.backend, self.family, fname)) or \
+            _function(self.backend, self.family, fname)
         if self.backend == "cpu":
             return fn(*args, out=out, **kw)
+        if self.stream is None and not self.copy and self.strided is None:  # the common case
+            return fn(*args, out=out, stream=0, **kw)
         arrays = _cuda_arrays()
         stream = arrays.stream_handle(self.stream)
         if self.copy:
@@ -181,6 +192,9 @@ def scalar(op, name, value, *, finite=True, low=None, high=None, low_open=False)
 
 
 def blend_params(op, alpha, beta):
+    if type(alpha) is float and type(beta) is float and \
+            -math.inf < alpha < math.inf and -math.inf < beta < math.inf:
+        return alpha, beta  # the common case, without two calls
     return scalar(op, "alpha", alpha), scalar(op, "beta", beta)
 
 

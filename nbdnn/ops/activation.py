@@ -9,7 +9,12 @@ DEFAULT_COEF = {"leaky_relu": 0.01, "clipped_relu": 6.0, "elu": 1.0, "swish": 1.
                 "softplus": 1.0}
 
 
+_NO_COEF = frozenset(m for m in MODES if m not in DEFAULT_COEF)
+
+
 def _coef(op, mode, coef):
+    if type(mode) is str and mode in _NO_COEF:  # relu, sigmoid, ...: the common case
+        return 0.0
     choice(op, "mode", mode, MODES)
     if mode not in DEFAULT_COEF:
         return 0.0
