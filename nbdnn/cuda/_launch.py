@@ -6,7 +6,7 @@ signature once (`dispatcher.compile(sig)`), takes the CUfunction/CUkernel handle
 the loaded module, and keeps a packed parameter buffer per signature. A launch writes
 the few values that change (pointers, sizes, scalars) into that buffer with one
 `struct.pack_into` and calls the driver's `cuLaunchKernel` from an @njit function
-that reads the launch record (_Launcher: 3.5 us of host time on the H200's host).
+that reads the launch record (_Launcher: 3.7-3.9 us of host time on the H200's host).
 
 How numba passes arguments (numba-cuda 0.30, `_Kernel._prepare_args`): an array is
 flattened to meminfo, parent, nitems, itemsize, data pointer, then one shape and one
@@ -59,9 +59,10 @@ class _Launcher:
     `pack` (generated per signature: straight-line code, this runs on every eager
     call) writes slots 2 onwards with one `struct.pack_into`; `_launch_record`, an
     @njit function, reads the record and calls the driver's cuLaunchKernel. On the
-    H200's host that call costs 3.5 us against 4.3 us through cuda.bindings (which
-    converts eleven Python arguments) and 4.9 us through @njit with the values as
-    arguments (numba types every int; one array's type is a single C check)."""
+    H200's host that call costs 3.7-3.9 us against 4.1-4.4 us through cuda.bindings
+    (which converts eleven Python arguments) and up to 4.9 us through @njit with the
+    values as arguments (numba types every int; one array's type is a single C check;
+    perf/RESULTS.md, run X)."""
 
     def __init__(self, handle, argtypes, name):
         self.handle, self.name = handle, name
