@@ -1,7 +1,8 @@
 """activation / activation_backward: cuDNN's cudnnActivationForward/Backward modes plus
 the modern ones (swish, gelu, gelu_tanh, softplus). The formulas are in
 nbdnn/cpu/activation.py."""
-from ._common import Call, blend_params, choice, same_dtype, same_shape, scalar
+from ._common import (Call, blend_params, choice, cuda_function, cuda_pair, same_dtype,
+                      same_shape, scalar)
 
 MODES = ("relu", "leaky_relu", "clipped_relu", "elu", "sigmoid", "tanh", "swish",
          "gelu", "gelu_tanh", "softplus", "identity")
@@ -34,6 +35,11 @@ def activation(x, mode="relu", *, coef=None, alpha=1.0, beta=0.0, out=None,
 
     x: any shape, float16/float32/float64. Returns y (or `out`) of x's shape and dtype."""
     op = "activation"
+    if cuda_pair(x, out, backend, stream) is not None:  # the eager common case
+        coef = _coef(op, mode, coef)
+        alpha, beta = blend_params(op, alpha, beta)
+        return cuda_function("activation", "activation")(x, mode, coef, alpha=alpha,
+                                                         beta=beta, out=out, stream=0)
     c = Call(op, "activation", backend, stream, x=x, out=out)
     shape, dtype = c.array("x", x)
     coef = _coef(op, mode, coef)

@@ -1,0 +1,68 @@
+"""The eager fast lane of unary ops (ops._common.cuda_pair): taken only where the full
+path would accept the call unchanged, with the same result; every other call goes
+the full path and raises its errors."""
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn.cuda._arrays import to_device
+from nbdnn.errors import NbdnnError
+from nbdnn.ops import _common, activation as op_act, softmax as op_softmax
+
+CALLS = {"activation": lambda x, **kw: nbdnn.activation(x, "leaky_relu", **kw),
+         "softmax": lambda x, **kw: nbdnn.softmax(x, -1, **kw)}
+MODULES = {"activation": op_act, "softmax": op_softmax}
+
+
+def _no_full_path(monkeypatch, name):
+    def refuse(*a, **k):
+        raise AssertionError("the full path ran")
+    monkeypatch.setattr(MODULES[name], "Call", refuse)
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_fast_lane_matches_the_reference(monkeypatch, name):
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal((3, 5)).astype(np.float32)
+    want = CALLS[name](h.astype(np.float64), alpha=2.0)
+    x, y = to_device(h), to_device(np.zeros_like(h))
+    CALLS[name](x, out=y)  # the first call of a type fills the describers: full path
+    _no_full_path(monkeypatch, name)
+    got = CALLS[name](x, out=y, alpha=2.0)
+    assert got is y
+    np.testing.assert_allclose(y.copy_to_host(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_pair_declines_all_but_the_common_case():
+    h = np.ones((2, 4), np.float32)
+    x, y = to_device(h), to_device(h)
+    nbdnn.activation(x, out=y)
+    assert _common.cuda_pair(x, y, None, None) == ((2, 4), np.dtype(np.float32))
+    assert _common.cuda_pair(x, y, "cuda", None) is not None
+    declined = [(x, y, "cpu", None), (x, y, None, 0), (x, None, None, None),
+                (x, to_device(np.ones((4, 2), np.float32)), None, None),
+                (x, to_device(np.ones((2, 4), np.float64)), None, None),
+                (x, to_device(np.ones((2, 8), np.float32))[:, ::2], None, None),
+                (x, h, None, None), (h, h.copy(), None, None),
+                (to_device(np.ones((2, 4), np.int32)), to_device(np.ones((2, 4), np.int32)),
+                 None, None)]
+    for args in declined:
+        assert _common.cuda_pair(*args) is None
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_errors_unchanged(name):
+    h = np.ones((2, 4), np.float32)
+    x, y = to_device(h), to_device(h)
+    CALLS[name](x, out=y)
+    with pytest.raises(NbdnnError, match="alpha"):
+        CALLS[name](x, out=y, alpha=float("nan"))
+    with pytest.raises(NbdnnError, match="shape"):
+        CALLS[name](x, out=to_device(np.ones((4, 2), np.float32)))
+    with pytest.raises(NbdnnError):
+        CALLS[name](x, out=y, backend="cpu")
+    if name == "activation":
+        with pytest.raises(NbdnnError, match="mode"):
+            nbdnn.activation(x, "nope", out=y)
+        with pytest.raises(NbdnnError, match="mode"):
+            nbdnn.activation(x, ["relu"], out=y)
