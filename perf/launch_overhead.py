@@ -1,6 +1,7 @@
 """Host cost of one eager call on a tiny tensor (ReLU of 1k floats): nbdnn with numba
 device arrays and with torch tensors (with and without out=), numba's own dispatcher
-launching the same kernel, and PyTorch's eager relu. Median of 2000 calls. Then the
+launching the same kernel, and PyTorch's eager relu; a 1x1024 softmax against
+torch.softmax (both take the unary fast lane). Median of 2000 calls. Then the
 cost a kernel of replaying a captured nbdnn.cuda.Graph of 1000 such calls, and the
 host cost of a small conv2d (1x128x8x8, 128 3x3 filters, torch tensors, out=) for each
 forward algorithm against torch's conv2d: several launches, workspaces and the GEMM's
@@ -42,6 +43,11 @@ def main():
         rows["nbdnn relu, torch tensors, new output"] = host_cost(lambda: nbdnn.activation(tx, "relu"))
         rows["torch.relu(x)"] = host_cost(lambda: torch.relu(tx))
         rows["torch.relu(x, out=)"] = host_cost(lambda: torch.nn.functional.relu(tx, inplace=False))
+        sx = tx.reshape(1, 1024)
+        sy = torch.empty_like(sx)
+        rows["nbdnn softmax 1x1024, torch tensors, out="] = host_cost(
+            lambda: nbdnn.softmax(sx, -1, out=sy))
+        rows["torch.softmax 1x1024"] = host_cost(lambda: torch.softmax(sx, -1))
     rows.update(_launch_paths(kern, sig, x, y))
     rows.update(_graph_replay(x, y))
     if torch is not None:
