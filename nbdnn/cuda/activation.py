@@ -99,7 +99,7 @@ def _kernel_source(backward):
          "    g0 = cuda.blockIdx.x * (GROUPS * BLOCK) + cuda.threadIdx.x",
          "    step = cuda.gridDim.x * (GROUPS * BLOCK)",
          "    while g0 * 4 < n:",
-         f"        if aligned != 0 and (g0 + (GROUPS - 1) * BLOCK) * 4 + 4 <= n:"]
+         "        if aligned != 0 and (g0 + (GROUPS - 1) * BLOCK) * 4 + 4 <= n:"]
     ind = " " * 12
     for j in range(GROUPS):
         for name, pre in (("x", "x"), ("dy", "d")):
@@ -168,10 +168,7 @@ def _grid(n):
     of 8 blocks per SM looping over the tensor measured 86% of copy bandwidth forward
     against 91-93% for this full grid; the grid-stride loop remains only so that any
     grid-size cap stays correct.)"""
-    return max(1, min(-(-n // _CHUNK), _MAXGRID))  # (inlined in _launch)
-
-
-_CHUNK, _MAXGRID = 4 * GROUPS * BLOCK, 2 ** 31 - 1
+    return max(1, min(-(-n // (4 * GROUPS * BLOCK)), 2 ** 31 - 1))
 
 
 def _launch(table, mode, arrays, out, alpha, beta, coef, stream):
@@ -188,7 +185,7 @@ def _launch(table, mode, arrays, out, alpha, beta, coef, stream):
         for p, _ in ps:
             anyptr |= p
         aligned = int(anyptr % _ALIGN[dtype.itemsize] == 0)
-        kernel.launch(sig, max(1, min(-(-n // _CHUNK), _MAXGRID)), BLOCK, stream, *((*arrays, y) if SIMULATOR else ps), n,
+        kernel.launch(sig, _grid(n), BLOCK, stream, *((*arrays, y) if SIMULATOR else ps), n,
                       alpha, beta, coef, aligned, owners=(*arrays, y))
     return y
 

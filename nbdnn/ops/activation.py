@@ -35,15 +35,14 @@ def activation(x, mode="relu", *, coef=None, alpha=1.0, beta=0.0, out=None,
 
     x: any shape, float16/float32/float64. Returns y (or `out`) of x's shape and dtype."""
     op = "activation"
-    if cuda_pair(x, out, backend, stream) is not None:  # the eager common case
-        coef = _coef(op, mode, coef)
-        alpha, beta = blend_params(op, alpha, beta)
-        return cuda_function("activation", "activation")(x, mode, coef, alpha=alpha,
-                                                         beta=beta, out=out, stream=0)
-    c = Call(op, "activation", backend, stream, x=x, out=out)
-    shape, dtype = c.array("x", x)
+    fast = cuda_pair(x, out, backend, stream)  # the eager common case: one check
+    c = None if fast else Call(op, "activation", backend, stream, x=x, out=out)
+    shape, dtype = fast or c.array("x", x)
     coef = _coef(op, mode, coef)
     alpha, beta = blend_params(op, alpha, beta)
+    if fast:
+        return cuda_function("activation", "activation")(x, mode, coef, alpha=alpha,
+                                                         beta=beta, out=out, stream=0)
     out = c.out(out, shape, dtype)
     return c.run("activation", x, mode, coef, alpha=alpha, beta=beta, out=out)
 
