@@ -15,6 +15,8 @@ from .errors import DeviceError, fail, BadParamError
 
 BACKENDS = ("cpu", "cuda")
 _describers = {}  # type -> fn(x) -> (shape, dtype, c_contiguous); filled on first sight
+_lanes = {}  # CUDA array type -> fn(x) -> (shape, dtype, count, address) | None; filled
+# by nbdnn.cuda._arrays.lane (this module does not import numba.cuda)
 
 
 def _describe_numpy(x):

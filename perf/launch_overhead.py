@@ -48,6 +48,9 @@ def main():
         rows["nbdnn softmax 1x1024, torch tensors, out="] = host_cost(
             lambda: nbdnn.softmax(sx, -1, out=sy))
         rows["torch.softmax 1x1024"] = host_cost(lambda: torch.softmax(sx, -1))
+    if torch is not None:
+        rows.update(_interleaved({"nbdnn relu, torch tensors, out=": lambda: nbdnn.activation(
+            tx, "relu", out=ty), "torch.relu(x)": lambda: torch.relu(tx)}))
     rows.update(_launch_paths(kern, sig, x, y))
     rows.update(_graph_replay(x, y))
     if torch is not None:
@@ -150,6 +153,18 @@ def loop_cost(fn, n=20000):
     return total / (n // 100 * 100)
 
 
+def _interleaved(fns, rounds=40, calls=500):
+    """Median over rounds of each function's mean host cost, the functions taking turns
+    round by round: the device host's speed drifts by up to 40% within seconds (run X),
+    so only costs measured side by side compare."""
+    import statistics
+    costs = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            costs[k].append(loop_cost(f, calls))
+    return {f"interleaved: {k}": statistics.median(v) for k, v in costs.items()}
+
+
 def _front_end_pieces(tx, ty):
     from nbdnn import backend
     from nbdnn.cuda import activation as ca, _arrays
@@ -160,6 +175,7 @@ def _front_end_pieces(tx, ty):
     dt = np.dtype("float32")
     pieces = {
         "piece: ptr_size(torch)": lambda: _arrays.ptr_size(tx),
+        "piece: lane(torch)": lambda: _arrays.lane(tx),
         "piece: dtype_of(torch)": lambda: _arrays.dtype_of(tx),
         "piece: kernel table lookup": lambda: ca._FORWARD["relu", dt],
         "piece: pack (pointer tuples)": lambda: lau.pack(1, 1, 1, 128, 1, 1, 0, 0, px, py,
@@ -186,7 +202,12 @@ def _front_end_pieces(tx, ty):
         "piece: _coef + blend_params": lambda: (oa._coef("activation", "relu", None),
                                                 _common.blend_params("activation", 1.0, 0.0)),
         "piece: stream_handle(None)": lambda: _arrays.stream_handle(None),
+        "piece: cuda_pair (the fast lane's check)": lambda: _common.cuda_pair(tx, ty, None,
+                                                                             None),
+        "piece: cuda.activation_lane": lambda: ca.activation_lane(tx, ty, lane, "relu", 0.0,
+                                                                  1.0, 0.0),
     })
+    lane = _common.cuda_pair(tx, ty, None, None)
     rows = {k: loop_cost(f) for k, f in pieces.items()}
     rows.update({
         "front end: backend.choose": host_cost(

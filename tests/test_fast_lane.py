@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda._arrays import to_device
+from nbdnn.cuda._arrays import ptr, to_device
 from nbdnn.errors import NbdnnError
 from nbdnn.ops import _common, activation as op_act, softmax as op_softmax
 
@@ -37,7 +37,8 @@ def test_pair_declines_all_but_the_common_case():
     h = np.ones((2, 4), np.float32)
     x, y = to_device(h), to_device(h)
     nbdnn.activation(x, out=y)
-    assert _common.cuda_pair(x, y, None, None) == ((2, 4), np.dtype(np.float32))
+    assert _common.cuda_pair(x, y, None, None) == ((2, 4), np.dtype(np.float32), 8,
+                                                   ptr(x), ptr(y))
     assert _common.cuda_pair(x, y, "cuda", None) is not None
     declined = [(x, y, "cpu", None), (x, y, None, 0), (x, None, None, None),
                 (x, to_device(np.ones((4, 2), np.float32)), None, None),

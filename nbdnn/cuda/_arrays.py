@@ -9,6 +9,7 @@ import numpy as np
 from numba import cuda
 
 from . import SIMULATOR
+from ..backend import _lanes as _lane_fns, _torch_dtype, _torch_dtypes, describe
 
 
 def _ptr_numba(x):
@@ -89,6 +90,45 @@ def ptr_size(x):
         else:
             f = lambda a: (ptr(a), size(a))  # noqa: E731
         _ptr_size_fns[t] = f
+    return f(x)
+
+
+def _lane_torch(x):
+    if x.is_cuda and x.is_contiguous():  # a CPU tensor takes the full path's error
+        d = x.dtype
+        return x.shape, _torch_dtypes.get(d) or _torch_dtype(d), x.numel(), x.data_ptr()
+    return None
+
+
+def _lane_numba(x):
+    if x.is_c_contiguous():
+        n = x.size
+        return x.shape, x.dtype, n, (int(x.gpu_data.device_pointer) if n else 0)
+    return None
+
+
+def _lane_any(x):
+    """CuPy, __cuda_array_interface__ objects, the simulator's arrays."""
+    shape, dtype, contig = describe("lane", "x", x)
+    return (shape, dtype, size(x), ptr(x)) if contig else None
+
+
+def lane(x):
+    """(shape, NumPy dtype, element count, device address) of a C-contiguous CUDA array;
+    None for a strided one. What an eager unary op's fast lane (ops._common.cuda_pair)
+    needs from each array, fetched in one call: one function per array kind."""
+    t = type(x)
+    f = _lane_fns.get(t)
+    if f is None:
+        mod = t.__module__ or ""
+        if mod.startswith("torch"):
+            f = _lane_torch
+        elif mod.startswith("numba.cuda") and hasattr(t, "gpu_data") \
+                and not mod.startswith("numba.cuda.simulator"):
+            f = _lane_numba
+        else:
+            f = _lane_any
+        _lane_fns[t] = f
     return f(x)
 
 

@@ -24,6 +24,7 @@ def backend_module(name, family):
 _FLOATS = frozenset(np.dtype(d) for d in FLOAT_DTYPES)
 _describers = _backend._describers  # type -> describe function, filled by describe()
 _kinds = _backend._kinds  # type -> 'cpu' | 'cuda', filled by kind()
+_lanes = _backend._lanes  # CUDA array type -> lane function, filled by cuda._arrays.lane
 
 
 def _allowed(dtypes):
@@ -113,29 +114,29 @@ class Call:
 
 
 def cuda_pair(x, out, backend, stream):
-    """(shape, dtype) of x when x and out= are C-contiguous arrays of one CUDA kind with
-    the same float dtype and shape, with no stream and no backend but "cuda" asked
-    for: an eager unary call's common case, validated in one step where Call, array,
-    out and run take four (2.7 us of the H200 host's ~12 for a ReLU, perf/RESULTS.md
-    run X). None otherwise: the caller takes the full path, which also raises the
-    errors."""
+    """(shape, dtype, count, x address, out address) when x and out= are C-contiguous
+    arrays of one CUDA kind with the same float dtype and shape, with no stream and no
+    backend but "cuda" asked for: an eager unary call's common case, validated in one
+    step (one `lane` call an array: shape, dtype and pointer) where Call, array, out,
+    run and the backend's pointer lookups take many (perf/RESULTS.md, runs X and Y).
+    None otherwise: the caller takes the full path, which also raises the errors."""
     t = type(x)
     if type(out) is not t or stream is not None or _kinds.get(t) != "cuda" or \
             not (backend is None or backend == "cuda"):
         return None
-    f = _describers.get(t)
-    if f is None:
+    f = _lanes.get(t) or _cuda_arrays().lane
+    a, b = f(x), f(out)
+    if a is None or b is None:
         return None
-    shape, dtype, contig = f(x)
-    oshape, odtype, ocontig = f(out)
-    if contig and ocontig and odtype is dtype and dtype in _FLOATS and oshape == shape:
-        return shape, dtype
+    shape, dtype, n, xp = a
+    if b[1] is dtype and dtype in _FLOATS and b[0] == shape:
+        return shape, dtype, n, xp, b[3]
     return None
 
 
 def cuda_function(family, fname):
-    """The CUDA backend's `fname`, for arrays cuda_pair accepted (called with stream=0;
-    returning it, not calling it, spares a second packing of the keywords: 0.4 us)."""
+    """The CUDA backend's `fname`, for arrays cuda_pair accepted (returning it, not
+    calling it, spares a second packing of the keywords: 0.4 us)."""
     return _functions.get(("cuda", family, fname)) or _function("cuda", family, fname)
 
 

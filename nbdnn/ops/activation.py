@@ -36,13 +36,13 @@ def activation(x, mode="relu", *, coef=None, alpha=1.0, beta=0.0, out=None,
     x: any shape, float16/float32/float64. Returns y (or `out`) of x's shape and dtype."""
     op = "activation"
     fast = cuda_pair(x, out, backend, stream)  # the eager common case: one check
-    c = None if fast else Call(op, "activation", backend, stream, x=x, out=out)
-    shape, dtype = fast or c.array("x", x)
     coef = _coef(op, mode, coef)
     alpha, beta = blend_params(op, alpha, beta)
     if fast:
-        return cuda_function("activation", "activation")(x, mode, coef, alpha=alpha,
-                                                         beta=beta, out=out, stream=0)
+        return cuda_function("activation", "activation_lane")(x, out, fast, mode, coef,
+                                                              alpha, beta)
+    c = Call(op, "activation", backend, stream, x=x, out=out)
+    shape, dtype = c.array("x", x)
     out = c.out(out, shape, dtype)
     return c.run("activation", x, mode, coef, alpha=alpha, beta=beta, out=out)
 

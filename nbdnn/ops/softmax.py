@@ -33,7 +33,7 @@ def softmax(x, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
     op = "softmax"
     fast = cuda_pair(x, out, backend, stream)  # the eager common case: one check
     c = None if fast else Call(op, "softmax", backend, stream, x=x, out=out)
-    shape, dtype = fast or c.array("x", x)
+    shape, dtype = fast[:2] if fast else c.array("x", x)
     axis = _axis(op, "x", axis, shape)
     choice(op, "algo", algo, ALGOS)
     choice(op, "_kernel", _kernel, KERNELS)
