@@ -67,3 +67,25 @@ def test_errors_unchanged(name):
             nbdnn.activation(x, "nope", out=y)
         with pytest.raises(NbdnnError, match="mode"):
             nbdnn.activation(x, ["relu"], out=y)
+
+
+def test_torch_lane_dtypes_pointers_and_declines():
+    torch = pytest.importorskip("torch")
+    from nbdnn.cuda import SIMULATOR
+    if SIMULATOR or not torch.cuda.is_available():
+        pytest.skip("needs PyTorch with CUDA and a GPU")
+    from nbdnn.backend import _torch_dtypes
+    from nbdnn.cuda._arrays import lane
+    for dt, want in ((torch.float16, np.float16), (torch.float32, np.float32),
+                     (torch.float64, np.float64)):
+        _torch_dtypes.pop(dt, None)  # the cache-miss path too
+        x = torch.linspace(-1, 1, 6, dtype=dt, device="cuda").reshape(2, 3)
+        shape, dtype, n, p = lane(x)
+        assert (tuple(shape), dtype, n, p) == ((2, 3), np.dtype(want), 6, x.data_ptr())
+        y = torch.empty_like(x)
+        assert nbdnn.activation(x, "relu", out=y) is y
+        assert torch.equal(y, torch.relu(x))
+    assert lane(torch.ones(2, 4, device="cuda")[:, ::2]) is None
+    assert lane(torch.ones(2, 4)) is None  # CPU memory: the full path says so
+    with pytest.raises(NbdnnError, match="cuda"):
+        nbdnn.activation(torch.ones(2, 4), out=torch.ones(2, 4))

@@ -9,7 +9,8 @@ import numpy as np
 from numba import cuda
 
 from . import SIMULATOR
-from ..backend import _lanes as _lane_fns, _torch_dtype, _torch_dtypes, describe
+from ..backend import _lanes as _lane_fns, _torch_dtypes, describe
+from ..backend import _torch_dtype as _np_dtype_of_torch
 
 
 def _ptr_numba(x):
@@ -96,7 +97,7 @@ def ptr_size(x):
 def _lane_torch(x):
     if x.is_cuda and x.is_contiguous():  # a CPU tensor takes the full path's error
         d = x.dtype
-        return x.shape, _torch_dtypes.get(d) or _torch_dtype(d), x.numel(), x.data_ptr()
+        return x.shape, _torch_dtypes.get(d) or _np_dtype_of_torch(d), x.numel(), x.data_ptr()
     return None
 
 
