@@ -89,3 +89,23 @@ def test_torch_lane_dtypes_pointers_and_declines():
     assert lane(torch.ones(2, 4)) is None  # CPU memory: the full path says so
     with pytest.raises(NbdnnError, match="cuda"):
         nbdnn.activation(torch.ones(2, 4), out=torch.ones(2, 4))
+
+
+def test_numba_lane_is_cached_per_array_and_right_for_views():
+    from nbdnn.cuda import SIMULATOR
+    if SIMULATOR:
+        pytest.skip("real numba device arrays only")
+    from nbdnn.cuda._arrays import lane, ptr_size
+    h = np.linspace(-1, 1, 12).astype(np.float32)
+    x = to_device(h)
+    base = int(x.gpu_data.device_pointer)
+    assert lane(x) == ((12,), np.dtype(np.float32), 12, base)
+    assert lane(x) is lane(x)  # kept on the array
+    tail = x[4:]
+    assert lane(tail) == ((8,), np.dtype(np.float32), 8, base + 16)
+    assert ptr_size(tail) == (base + 16, 8)
+    assert lane(x.reshape(3, 4)[:, ::2]) is None
+    assert lane(to_device(np.zeros(0, np.float32)))[2:] == (0, 0)
+    y = to_device(np.zeros(8, np.float32))
+    nbdnn.activation(tail, "relu", out=y)
+    np.testing.assert_array_equal(y.copy_to_host(), np.maximum(h[4:], 0))
