@@ -33,6 +33,15 @@ def _ptr_simulated(x):
     return x._ary.__array_interface__["data"][0]
 
 
+def _is_numba_device_array(t):
+    """A real numba DeviceNDArray type. (gpu_data is an instance attribute: testing the
+    type for it was False, which sent numba arrays down the __cuda_array_interface__
+    path: 1.6 us an array of the H200 host's time; perf/RESULTS.md run Y.)"""
+    mod = t.__module__ or ""
+    return mod.startswith("numba.cuda") and not mod.startswith("numba.cuda.simulator") \
+        and hasattr(t, "device_ctypes_pointer") and hasattr(t, "is_c_contiguous")
+
+
 _ptr_fns = {}
 
 
@@ -46,7 +55,7 @@ def _ptr_fn(t):
             f = _ptr_cupy
         elif mod.startswith("numba.cuda.simulator"):  # host memory behind a fake
             f = _ptr_simulated
-        elif mod.startswith("numba.cuda") and hasattr(t, "gpu_data"):
+        elif _is_numba_device_array(t):
             f = _ptr_numba
         else:
             f = _ptr_cai
@@ -66,13 +75,12 @@ def size(x):
 
 def _numba_facts(x):
     """(lane, (address, count)) of a numba device array, kept in the array's __dict__:
-    a DeviceNDArray's memory, shape and dtype never change, and fetching the address
-    (MemoryPointer -> CUdeviceptr -> int) and size took ~4 us of the H200 host's time an
-    array, every call (perf/RESULTS.md, run Y)."""
+    a DeviceNDArray's memory, shape and dtype never change (copy.copy, as in bind(),
+    keeps them too), and its address takes MemoryPointer -> CUdeviceptr -> int."""
     facts = x.__dict__.get("_nbdnn_facts")
     if facts is None:
         n = x.size
-        p = int(x.gpu_data.device_pointer) if n else 0
+        p = (x.gpu_data.device_pointer_value or 0) if n else 0  # int(CUdeviceptr)
         lane = (x.shape, x.dtype, n, p) if x.is_c_contiguous() else None
         facts = x.__dict__["_nbdnn_facts"] = (lane, (p, n))
     return facts
@@ -98,8 +106,7 @@ def ptr_size(x):
         mod = t.__module__ or ""
         if mod.startswith("torch"):
             f = _ptr_size_torch
-        elif mod.startswith("numba.cuda") and hasattr(t, "gpu_data") \
-                and not mod.startswith("numba.cuda.simulator"):
+        elif _is_numba_device_array(t):
             f = _ptr_size_numba
         else:
             f = lambda a: (ptr(a), size(a))  # noqa: E731
@@ -134,8 +141,7 @@ def lane(x):
         mod = t.__module__ or ""
         if mod.startswith("torch"):
             f = _lane_torch
-        elif mod.startswith("numba.cuda") and hasattr(t, "gpu_data") \
-                and not mod.startswith("numba.cuda.simulator"):
+        elif _is_numba_device_array(t):
             f = _lane_numba
         else:
             f = _lane_any

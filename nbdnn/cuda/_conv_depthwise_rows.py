@@ -86,6 +86,8 @@ NAMESPACES = {}  # ct_name -> the conv module's generated-source names (conv._bu
 def kernel(dtype, ct_name, geometry, rpt):
     """(Kernel, signature) of dw_rows for geometry (R, S, SH, SW, DH, DW, flip), built in the
     conv module's names for compute type ct_name (CT, epilogue, U, ...)."""
+    if ct_name not in NAMESPACES:  # filled when nbdnn.cuda.conv is imported
+        from . import conv  # noqa: F401
     ns = dict(NAMESPACES[ct_name])
     exec(compile(source(*geometry, rpt), "<nbdnn dw_rows>", "exec"), ns)
     a = f"{dtype}[::1]"
