@@ -109,3 +109,22 @@ def test_numba_lane_is_cached_per_array_and_right_for_views():
     y = to_device(np.zeros(8, np.float32))
     nbdnn.activation(tail, "relu", out=y)
     np.testing.assert_array_equal(y.copy_to_host(), np.maximum(h[4:], 0))
+
+
+@pytest.mark.parametrize("shape,axis,kernel", [
+    ((3, 5), -1, None), ((4, 8), -1, "rows_block"), ((2, 12), -1, "fused"),
+    ((2, 40), -1, "long"), ((3, 4, 2), 1, None), ((0, 4), -1, None)])
+def test_softmax_lane_on_every_path(monkeypatch, shape, axis, kernel):
+    """Every path through the lane's cached plan: one-kernel paths launch from it, the
+    others (long, strided, empty) go through _run; each twice (the second from the
+    cache), with out= holding stale values."""
+    rng = np.random.default_rng(1)
+    h = rng.standard_normal(shape).astype(np.float32)
+    want = nbdnn.softmax(h.astype(np.float64), axis, algo="log")
+    x = to_device(h)
+    nbdnn.softmax(x, axis, out=to_device(np.zeros_like(h)))  # fills the describers
+    _no_full_path(monkeypatch, "softmax")
+    for _ in range(2):
+        y = to_device(np.full_like(h, 7.0))
+        assert nbdnn.softmax(x, axis, algo="log", out=y, _kernel=kernel) is y
+        np.testing.assert_allclose(y.copy_to_host(), want, rtol=1e-5, atol=1e-5)

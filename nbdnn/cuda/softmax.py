@@ -43,7 +43,7 @@ from numba import cuda, float32, float64
 
 from . import SIMULATOR
 from ._arrays import dtype_name, empty, size, vector_aligned
-from ._intrinsics import load4, store4
+from ._intrinsics import load4, store4, vector_alignment
 from ._launch import Kernel
 from ._reduce import FAST, LOG, SHM, device_functions
 from ._softmax_rows import rows_kernel as _rows_kernel
@@ -128,6 +128,8 @@ def _build(streaming=True, fused_maxreg=None):
 
 
 _KERNELS = _build(fused_maxreg=FUSED_MAXREG)
+_ALIGN = {n: vector_alignment(n) for n in (2, 4, 8)}  # itemsize -> bytes
+_NAMES = {np.dtype(d): d for d in DTYPES}  # (np.dtype.name is a slow property)
 
 
 def _rows_config(L, backward, block, wide=False):
@@ -197,29 +199,53 @@ def _path(outer, L, inner, backward, force, wide=False):
     return "long", None
 
 
-def _run(op, arrays, dst, shape, axis, algo, alpha, beta, force, stream):
-    """Pick the kernel for (outer, L, inner) and launch it. arrays: (x,) or (dy, y)."""
-    backward = len(arrays) == 2
-    dtype = dtype_name(dst)
+_PLANS = {}  # (shape, axis, backward, force, dtype name) -> _plan's result
+
+
+def _plan(op, shape, axis, backward, force, dtype):
+    """How a call of this geometry runs, cached (the eager path's Python, not the GPU's
+    work): ("one", (kernel, sig, grid, block, scalars after the arrays)) for the
+    one-kernel paths, rows and fused; (kind, (outer, L, inner)) for long and strided."""
+    key = (shape, axis, backward, force, dtype)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
     outer, L, inner = _split(shape, axis)
-    if size(dst) == 0:
-        return
-    aligned = int(L % 4 == 0 and vector_aligned(*arrays, dst))
-    a = ALGOS[algo]
     kind, cfg = _path(outer, L, inner, backward, force, dtype == "float64")
     sfx = "_bwd" if backward else ""
     if kind == "rows":
         V, G = cfg
         k, sig = _KERNELS[f"rows_{'bwd' if backward else 'fwd'}_v{V}", dtype]
         block = G if G > 32 else ROWS_BLOCK  # a block a row past a warp
-        grid = _check_grid(op, -(-outer // (block // G)))
-        k.launch(sig, grid, block, stream, *arrays, dst, outer, L, G, a, alpha, beta,
-                 aligned)
+        plan = "one", (k, sig, _check_grid(op, -(-outer // (block // G))), block,
+                       (outer, L, G))
     elif kind == "fused":
         k, sig = _KERNELS["fused" + sfx, dtype]
-        k.launch(sig, _check_grid(op, outer), FUSED_BLOCK[backward], stream, *arrays, dst,
-                 outer, L, a, alpha, beta, aligned)
+        plan = "one", (k, sig, _check_grid(op, outer), FUSED_BLOCK[backward], (outer, L))
+    else:
+        plan = kind, (outer, L, inner)
+    if len(_PLANS) >= 4096:  # many shapes: start over rather than grow without bound
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
+def _run(op, arrays, dst, shape, axis, algo, alpha, beta, force, stream):
+    """Pick the kernel for (outer, L, inner) and launch it. arrays: (x,) or (dy, y)."""
+    if size(dst) == 0:
+        return
+    backward = len(arrays) == 2
+    dtype = dtype_name(dst)
+    kind, how = _plan(op, shape, axis, backward, force, dtype)
+    a = ALGOS[algo]
+    sfx = "_bwd" if backward else ""
+    if kind == "one":
+        k, sig, grid, block, scalars = how
+        aligned = int(scalars[1] % 4 == 0 and vector_aligned(*arrays, dst))
+        k.launch(sig, grid, block, stream, *arrays, dst, *scalars, a, alpha, beta, aligned)
     elif kind == "long":
+        outer, L, _ = how
+        aligned = int(L % 4 == 0 and vector_aligned(*arrays, dst))
         C, chunk = _long_config(outer, L)
         grid = _check_grid(op, outer * C)
         ct = "float64" if dtype == "float64" else "float32"
@@ -231,11 +257,33 @@ def _run(op, arrays, dst, shape, axis, algo, alpha, beta, force, stream):
         k.launch(sig, grid, LONG_BLOCK, stream, *arrays, dst, part, outer, L, C, chunk, a,
                  alpha, beta, aligned)
     else:
+        outer, L, inner = how
         bx = _strided_bx(inner)
         grid = _check_grid(op, outer * -(-inner // bx))
         k, sig = _KERNELS["strided" + sfx, dtype]
         k.launch(sig, grid, STRIDED_BLOCK, stream, *arrays, dst, outer, L, inner, bx, a,
                  alpha, beta)
+
+
+def softmax_lane(x, y, lane, axis, algo, alpha, beta, _kernel=None):
+    """softmax on the eager fast lane (x, y contiguous, one kind, dtype and shape, the
+    default stream; lane = ops._common.cuda_pair's (shape, dtype, count, x address,
+    y address)): a one-kernel geometry launches from the cached plan and the lane's
+    addresses; the others take _run."""
+    shape, dtype, n, xp, yp = lane
+    kind, how = _plan("softmax", shape, axis, False, _kernel, _NAMES[dtype]) if n else \
+        (None, None)
+    if kind != "one":
+        _run("softmax", (x,), y, tuple(shape), axis, algo, alpha, beta, _kernel, 0)
+        return y
+    k, sig, grid, block, scalars = how
+    aligned = int(scalars[1] % 4 == 0 and (xp | yp) % _ALIGN[dtype.itemsize] == 0)
+    if SIMULATOR:
+        k.launch(sig, grid, block, 0, x, y, *scalars, ALGOS[algo], alpha, beta, aligned)
+    else:
+        k.launch(sig, grid, block, 0, (xp, n), (yp, n), *scalars, ALGOS[algo], alpha, beta,
+                 aligned, owners=(x, y))
+    return y
 
 
 def softmax(x, axis, algo, *, alpha, beta, out, stream, _kernel=None):

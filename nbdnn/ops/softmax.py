@@ -39,8 +39,8 @@ def softmax(x, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
     choice(op, "_kernel", _kernel, KERNELS)
     alpha, beta = blend_params(op, alpha, beta)
     if fast:
-        return cuda_function("softmax", "softmax")(x, axis, algo, alpha=alpha, beta=beta,
-                                                  out=out, stream=0, _kernel=_kernel)
+        return cuda_function("softmax", "softmax_lane")(x, out, fast, axis, algo, alpha,
+                                                       beta, _kernel)
     out = c.out(out, shape, dtype)
     return c.run("softmax", x, axis, algo, alpha=alpha, beta=beta, out=out, _kernel=_kernel)
 
