@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Device calls that verify and measure everything; each step has its own time limit
 # and writes under $OUT. JIT-compiling every kernel signature makes the whole suite
-# longer than one 10-minute call in one process; `suite` runs it in nine parallel
+# longer than one 10-minute call in one process; `suite` runs it in twelve parallel
 # pytest processes (JIT is CPU-bound; the machine has 16 cores): ~5 minutes.
 #   bash perf/gpu_run.sh suite                # the whole suite minus the PTX test, + check
-#                                             # (9 processes, one log: $OUT/suite.log)
+#                                             # (12 processes, one log: $OUT/suite.log)
 #   bash perf/gpu_run.sh tests [pytest args]   # default: tests/ minus the PTX test
 #       e.g. ... tests tests/test_crosscheck.py -k "softmax or reduce or activation"
 #            ... tests tests/test_crosscheck.py -k "matmul or conv or norm or dropout"
@@ -37,20 +37,26 @@ suite)
     $P $X -k "matmul or conv" > "$L/t2.log" 2>&1 &
     $P $X -k "not (softmax or reduce or activation or matmul or conv)" > "$L/t3.log" 2>&1 &
     $P $(ls tests/test_[a-f]*.py | grep -v crosscheck) > "$L/t4.log" 2>&1 &
-    # test_gpu outgrew 460 s beside the rest of test_[g-z], and its spill tests (JIT
-    # of every kernel) beside its bit-identical reruns (run Y)
-    $P tests/test_gpu.py -k bit_identical > "$L/t5.log" 2>&1 &
-    $P tests/test_gpu.py -k gemm_and_depthwise > "$L/t6.log" 2>&1 &
-    $P tests/test_gpu.py -k "not (bit_identical or gemm_and_depthwise)" > "$L/t8.log" 2>&1 &
+    # test_gpu outgrew 460 s beside the rest of test_[g-z], and its GEMM/conv spill
+    # test (JIT of 63 kernels) in any one process (runs O, R, Y): by kernel family
+    G=tests/test_gpu.py
+    S=spill_at_most
+    $P $G -k bit_identical > "$L/t5.log" 2>&1 &
+    $P $G -k "$S and not igemm" > "$L/t6.log" 2>&1 &
+    $P $G -k "$S and igemm_chunked_t" > "$L/s1.log" 2>&1 &
+    $P $G -k "$S and igemm_chunked and not igemm_chunked_t" > "$L/s2.log" 2>&1 &
+    $P $G -k "$S and igemm and not igemm_chunked" > "$L/s3.log" 2>&1 &
+    $P $G -k "not (bit_identical or $S)" > "$L/t8.log" 2>&1 &
     $P $(ls tests/test_[g-z]*.py | grep -v "test_ptx\|test_gpu") > "$L/t7.log" 2>&1 &
     timeout $T python3 -m nbdnn check --examples 2 > "$L/check.log" 2>&1 &
     wait  # (a pgrep loop on "pytest" matches this script's own command line)
-    for f in "$L"/t?.log "$L/check.log"; do  # the summary line, or say there is none
+    for f in "$L"/t?.log "$L"/s?.log "$L/check.log"; do  # the summary, or say none
         echo "$(basename $f): $(grep -E '[0-9]+ (passed|failed|error)|op/dtype pairs' "$f" \
             | tail -n 1 || true)"
     done | sed 's/: $/: no summary (timed out?)/'
     # one file back (a device call returns at most 8)
-    for f in "$L"/t?.log "$L/check.log"; do echo "=== $f"; cat "$f"; echo; done > "$OUT/suite.log"
+    for f in "$L"/t?.log "$L"/s?.log "$L/check.log"; do echo "=== $f"; cat "$f"; echo
+    done > "$OUT/suite.log"
     rm -r "$L" ;;
 tests)
     [ $# -gt 0 ] || set -- tests --ignore=tests/test_ptx.py
