@@ -5,7 +5,8 @@ torch.softmax (both take the unary fast lane). Median of 2000 calls. Then the
 cost a kernel of replaying a captured nbdnn.cuda.Graph of 1000 such calls, and the
 host cost of a small conv2d (1x128x8x8, 128 3x3 filters, torch tensors, out=) for each
 forward algorithm against torch's conv2d: several launches, workspaces and the GEMM's
-planning behind one call.
+planning behind one call; and the other calls of a small CNN (batch norm, max pool,
+matmul, add) against PyTorch's.
 
     PYTHONPATH=. python perf/launch_overhead.py [--json F]
 """
@@ -56,6 +57,7 @@ def main():
     if torch is not None:
         rows.update(_front_end_pieces(tx, ty))
         rows.update(_conv_rows(torch))
+        rows.update(_layer_rows(torch))
     w = max(map(len, rows))
     for k, v in rows.items():
         print(f"{k:<{w}}  {v * 1e6:7.2f} us")
@@ -74,6 +76,34 @@ def _conv_rows(torch):
             lambda: nbdnn.conv2d(x, w, padding=1, algo=algo, out=y), calls=500, warmup=50)
     rows["torch conv2d (cuDNN)"] = host_cost(
         lambda: torch.nn.functional.conv2d(x, w, padding=1), calls=500, warmup=50)
+    return rows
+
+
+def _layer_rows(torch):
+    """The other calls of a small CNN's eager forward (digits CNN sizes, batch 1, torch
+    tensors, out=), each beside PyTorch's functional call."""
+    F = torch.nn.functional
+    x = torch.randn(1, 16, 8, 8, device="cuda")
+    y = torch.empty_like(x)
+    s, b, m, v = (torch.rand(16, device="cuda") + 0.5 for _ in range(4))
+    p = torch.empty(1, 16, 4, 4, device="cuda")
+    a, w = torch.randn(1, 128, device="cuda"), torch.randn(128, 10, device="cuda")
+    c = torch.empty(1, 10, device="cuda")
+    pairs = {
+        "batch_norm_infer 1x16x8x8": (
+            lambda: nbdnn.batch_norm_infer(x, s, b, m, v, out=y),
+            lambda: F.batch_norm(x, m, v, s, b, training=False)),
+        "max pool 2x2 1x16x8x8": (lambda: nbdnn.pool2d(x, 2, out=p),
+                                  lambda: F.max_pool2d(x, 2)),
+        "matmul 1x128 @ 128x10": (lambda: nbdnn.matmul(a, w, out=c),
+                                  lambda: torch.matmul(a, w)),
+        "add_tensor 1x16x8x8": (lambda: nbdnn.add_tensor(x, y, out=y),
+                                lambda: torch.add(x, y, out=y)),
+    }
+    rows = {}
+    for name, (ours, theirs) in pairs.items():
+        rows[f"nbdnn {name}, torch tensors, out="] = host_cost(ours, calls=1000)
+        rows[f"torch {name}"] = host_cost(theirs, calls=1000)
     return rows
 
 
