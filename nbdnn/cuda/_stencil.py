@@ -32,6 +32,7 @@ def div(a, m, s):
 W32 = (lambda v: int(v) & 0xFFFFFFFF) if SIMULATOR else uint32
 
 
+@functools.lru_cache(maxsize=4096)  # every eager pool and depthwise call asks
 def rows_per_thread(KH, KW, SH, DH, PH, rpt_max, max_loads):
     """Outputs a thread computes: at most rpt_max, fewer when their windows' loads would
     pass max_loads (registers) or the map has fewer rows; balanced so that the last

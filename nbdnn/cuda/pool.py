@@ -20,6 +20,7 @@ instructions an output at 25% occupancy, DRAM 7% busy; 190-205 us on ResNet's po
 0.39-0.54x PyTorch); _pool_fast runs them in 39-49 us, 72-90% of copy bandwidth
 (RESULTS.md, run U).
 """
+import functools
 import math
 
 import numpy as np
@@ -225,8 +226,10 @@ def _build():
 _KERNELS = _build()
 
 
+@functools.lru_cache(maxsize=1024)
 def _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate):
-    """The 26 ints the kernels take (3 spatial axes, leading ones of size 1)."""
+    """The 26 ints the kernels take (3 spatial axes, leading ones of size 1); remembered
+    per call geometry (validated tuples: every eager call asks)."""
     nd = len(K)
     N, C = x_shape[0], (x_shape[-1] if last else x_shape[1])
     S = tuple(x_shape[1:-1]) if last else tuple(x_shape[2:])

@@ -4,7 +4,7 @@ BN_ADD_ACTIVATION). The formulas are in nbdnn/cpu/batch_norm.py."""
 import math
 
 from ..errors import BadParamError, ShapeError, fail
-from ._common import Call, blend_params, choice, same_dtype, same_shape, scalar
+from ._common import Call, blend_params, choice, compute_dtype, same_dtype, same_shape, scalar
 from .activation import _coef
 from .norm import _params, _stats
 
@@ -55,7 +55,7 @@ def batch_norm_train(x, scale=None, bias=None, running_mean=None, running_var=No
     _arrays(c, op, dtype, pshape, (("scale", scale), ("bias", bias)),
             (("running_mean", running_mean), ("running_var", running_var)),
             (("residual", (residual, shape)),))
-    ct = "float64" if dtype.name == "float64" else "float32"
+    ct = compute_dtype(dtype)
     for name, r in (("running_mean", running_mean), ("running_var", running_var)):
         if r is not None:
             c.out(r, pshape, ct, name)  # updated in place: contiguous and writeable

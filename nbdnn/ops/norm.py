@@ -5,7 +5,7 @@ import math
 import numbers
 
 from ..errors import BadParamError, DtypeError, ShapeError, fail
-from ._common import Call, same_dtype, same_shape, scalar
+from ._common import Call, compute_dtype, same_dtype, same_shape, scalar
 
 
 def _ndim(op, ndim, shape):
@@ -31,13 +31,13 @@ def _params(c, op, names, arrays, tail, dtype, what="x's normalised axes"):
 def _stats(c, op, names, arrays, lead, dtype, what="x's rows"):
     """Statistics (None skipped): the compute dtype (float32 for float16/float32
     inputs, float64 for float64), shape `lead`."""
-    want = "float64" if dtype.name == "float64" else "float32"
+    want = compute_dtype(dtype)
     for name, a in zip(names, arrays):
         if a is None:
             continue
         shape, dt = c.array(name, a, dtypes=None)
-        if dt.name != want:
-            fail(DtypeError, op, f"{name}.dtype", f"{want} (statistics are kept in the "
+        if dt is not want and dt != want:
+            fail(DtypeError, op, f"{name}.dtype", f"{want.name} (statistics are kept in the "
                  "compute dtype)", dt.name)
         if tuple(shape) != lead:
             fail(ShapeError, op, f"{name}.shape", f"{what} {lead}", tuple(shape))
