@@ -30,6 +30,9 @@ def main():
     rows = {}
     rows["nbdnn relu, numba arrays, out="] = host_cost(lambda: nbdnn.activation(x, "relu", out=y))
     rows["nbdnn relu, numba arrays, new output"] = host_cost(lambda: nbdnn.activation(x, "relu"))
+    # what a new output costs by kind: numba's allocator against torch's caching one
+    rows["numba cuda.device_array(1024)"] = host_cost(
+        lambda: cuda.device_array(1024, np.float32), calls=1000)
     kern, sig = cuda_act._FORWARD["relu", np.dtype("float32")]
     disp = kern.dispatcher
     rows["numba dispatcher kernel[grid, block](...)"] = host_cost(
@@ -43,6 +46,8 @@ def main():
         rows["nbdnn relu, torch tensors, out="] = host_cost(lambda: nbdnn.activation(tx, "relu", out=ty))
         rows["nbdnn relu, torch tensors, new output"] = host_cost(lambda: nbdnn.activation(tx, "relu"))
         rows["torch.relu(x)"] = host_cost(lambda: torch.relu(tx))
+        rows["torch.empty(1024, device='cuda')"] = host_cost(
+            lambda: torch.empty(1024, device="cuda"))
         rows["torch.relu(x, out=)"] = host_cost(lambda: torch.nn.functional.relu(tx, inplace=False))
         sx = tx.reshape(1, 1024)
         sy = torch.empty_like(sx)
