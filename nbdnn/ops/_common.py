@@ -30,6 +30,8 @@ def compute_dtype(dtype):
     """float32 for float16/float32 storage, float64 for float64 (a dict lookup: a NumPy
     dtype's .name costs ~1 us, and every statistics-checking call asked twice)."""
     return _COMPUTE.get(dtype) or _COMPUTE[np.dtype(dtype)]
+
+
 _describers = _backend._describers  # type -> describe function, filled by describe()
 _kinds = _backend._kinds  # type -> 'cpu' | 'cuda', filled by kind()
 _lanes = _backend._lanes  # CUDA array type -> lane function, filled by cuda._arrays.lane
