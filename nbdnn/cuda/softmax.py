@@ -199,7 +199,8 @@ def _path(outer, L, inner, backward, force, wide=False):
     return "long", None
 
 
-_PLANS = {}  # (shape, axis, backward, force, dtype name) -> _plan's result
+_PLANS = {}  # (shape, axis, backward, force, dtype name) -> _plan's result; a test that
+# changes the ROWS_*/FUSED_*/LONG_* constants gives it a fresh dict (monkeypatch)
 
 
 def _plan(op, shape, axis, backward, force, dtype):

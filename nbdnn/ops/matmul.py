@@ -19,6 +19,8 @@ def _dims(op, a_shape, b_shape, trans_a, trans_b):
     if K != Kb:
         fail(ShapeError, op, "b.shape", f"K = {K} rows in op(b) to match op(a) "
              f"(a {tuple(a_shape)}, trans_a={trans_a}, trans_b={trans_b})", tuple(b_shape))
+    if a_shape[:-2] == b_shape[:-2]:  # no broadcasting (2-D operands among them)
+        return a_shape[:-2], M, K, N
     try:
         batch = np.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2]))
     except ValueError:
