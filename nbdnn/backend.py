@@ -56,8 +56,17 @@ def _describe_cai(x):
 
 
 def _describe_numba(x):
-    """numba device arrays, real or simulated."""
+    """numba's simulated device arrays."""
     return x.shape, x.dtype, x.is_c_contiguous()
+
+
+def _describe_numba_device(x):
+    """numba device arrays, described once: their shape, dtype and layout never change
+    (a model's parameters are described on every call that uses them)."""
+    d = x.__dict__.get("_nbdnn_described")
+    if d is None:
+        d = x.__dict__["_nbdnn_described"] = (x.shape, x.dtype, x.is_c_contiguous())
+    return d
 
 
 def _describe_cupy(x):
@@ -81,8 +90,11 @@ def _describer(t):
         f = _describe_numpy
     elif mod.startswith("torch"):
         f = _describe_torch
-    elif mod.startswith("numba.cuda") and hasattr(t, "is_c_contiguous"):
+    elif mod.startswith("numba.cuda.simulator") and hasattr(t, "is_c_contiguous"):
         f = _describe_numba
+    elif mod.startswith("numba.cuda") and hasattr(t, "is_c_contiguous") and \
+            hasattr(t, "device_ctypes_pointer"):
+        f = _describe_numba_device
     elif mod.startswith("cupy"):
         f = _describe_cupy
     elif hasattr(t, "__cuda_array_interface__"):

@@ -101,6 +101,9 @@ def test_numba_lane_is_cached_per_array_and_right_for_views():
     base = int(x.gpu_data.device_pointer)
     assert lane(x) == ((12,), np.dtype(np.float32), 12, base)
     assert lane(x) is lane(x)  # kept on the array
+    from nbdnn.backend import describe
+    assert describe("t", "x", x) == ((12,), np.dtype(np.float32), True)
+    assert describe("t", "x", x) is describe("t", "x", x)
     tail = x[4:]
     assert lane(tail) == ((8,), np.dtype(np.float32), 8, base + 16)
     assert ptr_size(tail) == (base + 16, 8)
