@@ -131,3 +131,29 @@ def test_softmax_lane_on_every_path(monkeypatch, shape, axis, kernel):
         y = to_device(np.full_like(h, 7.0))
         assert nbdnn.softmax(x, axis, algo="log", out=y, _kernel=kernel) is y
         np.testing.assert_allclose(y.copy_to_host(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_numba_facts_logic_on_a_stand_in():
+    """_numba_facts on an object shaped like a DeviceNDArray (the real one needs a GPU;
+    test_numba_lane_is_cached_per_array_and_right_for_views runs it there)."""
+    from nbdnn.cuda._arrays import _numba_facts
+
+    class Pointer:
+        device_pointer_value = 4096
+
+    class Array:
+        reads = 0
+
+        def __init__(self, shape, contiguous):
+            self.shape, self.dtype, self.size = shape, np.dtype(np.float32), int(np.prod(shape))
+            self.gpu_data, self.contiguous = Pointer(), contiguous
+
+        def is_c_contiguous(self):
+            Array.reads += 1
+            return self.contiguous
+
+    a = Array((2, 3), True)
+    assert _numba_facts(a) == (((2, 3), np.dtype(np.float32), 6, 4096), (4096, 6))
+    assert _numba_facts(a) is _numba_facts(a) and Array.reads == 1
+    assert _numba_facts(Array((2, 3), False)) == (None, (4096, 6))
+    assert _numba_facts(Array((0, 3), True))[1] == (0, 0)  # no memory behind it
