@@ -42,30 +42,33 @@ def _is_numba_device_array(t):
         and hasattr(t, "device_ctypes_pointer") and hasattr(t, "is_c_contiguous")
 
 
-_ptr_fns = {}
+def _array_kind(t):
+    mod = t.__module__ or ""
+    if mod.startswith("torch"):
+        return "torch"
+    if mod.startswith("cupy"):
+        return "cupy"
+    if mod.startswith("numba.cuda.simulator"):  # host memory behind a fake
+        return "simulated"
+    return "numba" if _is_numba_device_array(t) else None
 
 
-def _ptr_fn(t):
-    f = _ptr_fns.get(t)
-    if f is None:
-        mod = t.__module__ or ""
-        if mod.startswith("torch"):
-            f = _ptr_torch
-        elif mod.startswith("cupy"):
-            f = _ptr_cupy
-        elif mod.startswith("numba.cuda.simulator"):  # host memory behind a fake
-            f = _ptr_simulated
-        elif _is_numba_device_array(t):
-            f = _ptr_numba
-        else:
-            f = _ptr_cai
-        _ptr_fns[t] = f
+def _chosen(cache, table, t):
+    """table's function for type t's kind (table[None] for any other kind), remembered
+    per type: ptr, ptr_size and lane run on every launch."""
+    f = cache[t] = table.get(_array_kind(t)) or table[None]
     return f
+
+
+_ptr_fns = {}
+_PTR = {"torch": _ptr_torch, "cupy": _ptr_cupy, "simulated": _ptr_simulated,
+        "numba": _ptr_numba, None: _ptr_cai}
 
 
 def ptr(x):
     """The device address of x's first element (an int)."""
-    return _ptr_fn(type(x))(x)
+    t = type(x)
+    return (_ptr_fns.get(t) or _chosen(_ptr_fns, _PTR, t))(x)
 
 
 def size(x):
@@ -94,24 +97,19 @@ def _ptr_size_torch(x):
     return x.data_ptr(), x.numel()
 
 
+def _ptr_size_any(x):
+    return ptr(x), size(x)
+
+
 _ptr_size_fns = {}
+_PTR_SIZE = {"torch": _ptr_size_torch, "numba": _ptr_size_numba, None: _ptr_size_any}
 
 
 def ptr_size(x):
     """(device address, element count) of a C-contiguous device array: the two
     numbers a kernel launch needs, fetched the cheapest way for x's kind."""
     t = type(x)
-    f = _ptr_size_fns.get(t)
-    if f is None:
-        mod = t.__module__ or ""
-        if mod.startswith("torch"):
-            f = _ptr_size_torch
-        elif _is_numba_device_array(t):
-            f = _ptr_size_numba
-        else:
-            f = lambda a: (ptr(a), size(a))  # noqa: E731
-        _ptr_size_fns[t] = f
-    return f(x)
+    return (_ptr_size_fns.get(t) or _chosen(_ptr_size_fns, _PTR_SIZE, t))(x)
 
 
 def _lane_torch(x):
@@ -131,22 +129,15 @@ def _lane_any(x):
     return (shape, dtype, size(x), ptr(x)) if contig else None
 
 
+_LANE = {"torch": _lane_torch, "numba": _lane_numba, None: _lane_any}
+
+
 def lane(x):
     """(shape, NumPy dtype, element count, device address) of a C-contiguous CUDA array;
     None for a strided one. What an eager unary op's fast lane (ops._common.cuda_pair)
     needs from each array, fetched in one call: one function per array kind."""
     t = type(x)
-    f = _lane_fns.get(t)
-    if f is None:
-        mod = t.__module__ or ""
-        if mod.startswith("torch"):
-            f = _lane_torch
-        elif _is_numba_device_array(t):
-            f = _lane_numba
-        else:
-            f = _lane_any
-        _lane_fns[t] = f
-    return f(x)
+    return (_lane_fns.get(t) or _chosen(_lane_fns, _LANE, t))(x)
 
 
 _dtype_names = {}
