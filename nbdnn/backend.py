@@ -8,12 +8,14 @@ script of NumPy calls can be moved to the GPU without edits.
 """
 import importlib
 import os
+import threading
 
 import numpy as np
 
 from .errors import DeviceError, fail, BadParamError
 
 BACKENDS = ("cpu", "cuda")
+_recording = threading.local()  # this thread's .graph (cuda.Graph) and .plan (ops._plan)
 _describers = {}  # type -> fn(x) -> (shape, dtype, c_contiguous); filled on first sight
 _lanes = {}  # CUDA array type -> fn(x) -> (shape, dtype, count, address) | None; filled
 # by nbdnn.cuda._arrays.lane (this module does not import numba.cuda)

@@ -6,7 +6,8 @@ cost a kernel of replaying a captured nbdnn.cuda.Graph of 1000 such calls, and t
 host cost of a small conv2d (1x128x8x8, 128 3x3 filters, torch tensors, out=) for each
 forward algorithm against torch's conv2d: several launches, workspaces and the GEMM's
 planning behind one call; and the other calls of a small CNN (batch norm, max pool,
-matmul, add) against PyTorch's.
+matmul, add) against PyTorch's. nbdnn's layer and conv rows come twice: as called
+(eager call plans, nbdnn/ops/_plan.py) and with `op.unplanned` (the full front end).
 
     PYTHONPATH=. python perf/launch_overhead.py [--json F]
 """
@@ -71,22 +72,30 @@ def main():
             json.dump({k: v * 1e6 for k, v in rows.items()}, f, indent=1)
 
 
+def _planned_rows(name, op, args, kw, theirs, calls=1000):
+    """nbdnn's call (its 4th and later calls replay a plan), the same without plans
+    (op.unplanned: the whole front end every call), and PyTorch's."""
+    return {f"nbdnn {name}": host_cost(lambda: op(*args, **kw), calls=calls),
+            f"nbdnn {name}, no plan": host_cost(lambda: op.unplanned(*args, **kw), calls=calls),
+            f"torch {name}": host_cost(theirs, calls=calls)}
+
+
 def _conv_rows(torch):
     x = torch.randn(1, 128, 8, 8, device="cuda")
     w = torch.randn(128, 128, 3, 3, device="cuda")
     y = torch.empty_like(x)
     rows = {}
     for algo in ("direct", "implicit_gemm", "winograd", "winograd4"):
-        rows[f"nbdnn conv2d {algo}, torch tensors, out="] = host_cost(
-            lambda: nbdnn.conv2d(x, w, padding=1, algo=algo, out=y), calls=500, warmup=50)
-    rows["torch conv2d (cuDNN)"] = host_cost(
-        lambda: torch.nn.functional.conv2d(x, w, padding=1), calls=500, warmup=50)
+        rows.update(_planned_rows(f"conv2d 1x128x8x8 {algo}, out=", nbdnn.conv2d, (x, w),
+                                  dict(padding=1, algo=algo, out=y),
+                                  lambda: torch.nn.functional.conv2d(x, w, padding=1), 500))
     return rows
 
 
 def _layer_rows(torch):
     """The other calls of a small CNN's eager forward (digits CNN sizes, batch 1, torch
-    tensors, out=), each beside PyTorch's functional call."""
+    tensors), each beside PyTorch's functional call; with out= and, as nbdnn.nn's
+    layers call them, without."""
     F = torch.nn.functional
     x = torch.randn(1, 16, 8, 8, device="cuda")
     y = torch.empty_like(x)
@@ -94,21 +103,20 @@ def _layer_rows(torch):
     p = torch.empty(1, 16, 4, 4, device="cuda")
     a, w = torch.randn(1, 128, device="cuda"), torch.randn(128, 10, device="cuda")
     c = torch.empty(1, 10, device="cuda")
-    pairs = {
-        "batch_norm_infer 1x16x8x8": (
-            lambda: nbdnn.batch_norm_infer(x, s, b, m, v, out=y),
-            lambda: F.batch_norm(x, m, v, s, b, training=False)),
-        "max pool 2x2 1x16x8x8": (lambda: nbdnn.pool2d(x, 2, out=p),
-                                  lambda: F.max_pool2d(x, 2)),
-        "matmul 1x128 @ 128x10": (lambda: nbdnn.matmul(a, w, out=c),
-                                  lambda: torch.matmul(a, w)),
-        "add_tensor 1x16x8x8": (lambda: nbdnn.add_tensor(x, y, out=y),
-                                lambda: torch.add(x, y, out=y)),
-    }
     rows = {}
-    for name, (ours, theirs) in pairs.items():
-        rows[f"nbdnn {name}, torch tensors, out="] = host_cost(ours, calls=1000)
-        rows[f"torch {name}"] = host_cost(theirs, calls=1000)
+    for name, op, args, kw, theirs in (
+            ("batch_norm_infer 1x16x8x8, out=", nbdnn.batch_norm_infer, (x, s, b, m, v),
+             dict(out=y), lambda: F.batch_norm(x, m, v, s, b, training=False)),
+            ("max pool 2x2 1x16x8x8, out=", nbdnn.pool2d, (x, 2), dict(out=p),
+             lambda: F.max_pool2d(x, 2)),
+            ("max pool 2x2 1x16x8x8", nbdnn.pool2d, (x, 2), {}, lambda: F.max_pool2d(x, 2)),
+            ("matmul 1x128 @ 128x10, out=", nbdnn.matmul, (a, w), dict(out=c),
+             lambda: torch.matmul(a, w)),
+            ("add_tensor 1x16x8x8, out=", nbdnn.add_tensor, (x, y), dict(out=y),
+             lambda: torch.add(x, y, out=y)),
+            ("relu 1x16x8x8 (new output)", nbdnn.activation, (x, "relu"), {},
+             lambda: torch.relu(x))):
+        rows.update(_planned_rows(name, op, args, kw, theirs))
     return rows
 
 
@@ -235,7 +243,7 @@ def _front_end_pieces(tx, ty):
         "piece: Call + array(x)": lambda: _common.Call("activation", "activation", None,
                                                        None, x=tx, out=ty).array("x", tx),
         "piece: _coef + blend_params": lambda: (oa._coef("activation", "relu", None),
-                                                _common.blend_params("activation", 1.0, 0.0)),
+                                                _common.blend_params("activation", 1.0, 0.0, ty)),
         "piece: stream_handle(None)": lambda: _arrays.stream_handle(None),
         "piece: cuda_pair (the fast lane's check)": lambda: _common.cuda_pair(tx, ty, None,
                                                                              None),

@@ -48,3 +48,13 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """Each test starts without eager call plans (nbdnn/ops/_plan.py): a test that
+    steers dispatch (monkeypatched limits, forced variants) must not replay a plan
+    learned by an earlier test."""
+    from nbdnn.ops import _plan
+    _plan.clear()
+    yield

@@ -55,3 +55,23 @@ def test_nan_and_inf_propagate_like_the_reference(mode):
     gpu = nbdnn.activation(x, mode, backend="cuda")
     np.testing.assert_array_equal(np.isnan(gpu), np.isnan(ref))
     np.testing.assert_allclose(gpu[~np.isnan(ref)], ref[~np.isnan(ref)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: nbdnn.activation(x, beta=1.0),
+    lambda x: nbdnn.activation_backward(x, x, beta=0.5),
+    lambda x: nbdnn.softmax(x, beta=1.0),
+    lambda x: nbdnn.pool2d(x, 2, beta=1.0),
+    lambda x: nbdnn.batch_norm_infer(x, *[np.ones(2, np.float32)] * 4, beta=1.0),
+    lambda x: nbdnn.matmul(x[0, 0], x[0, 0], beta=1.0),
+    lambda x: nbdnn.conv2d(x, np.ones((2, 2, 1, 1), np.float32), beta=1.0),
+    lambda x: nbdnn.conv_backward_data(x, np.ones((2, 2, 1, 1), np.float32), x.shape,
+                                       beta=1.0),
+], ids=["activation", "activation_backward", "softmax", "pool2d", "batch_norm_infer",
+        "matmul", "conv2d", "conv_backward_data"])
+def test_beta_without_out_is_an_error(call):
+    """beta != 0 blends into out=, so it needs one (was: an AttributeError on the CPU and
+    uninitialised memory blended in on the GPU)."""
+    x = np.ones((1, 2, 4, 4), np.float32)
+    with pytest.raises(nbdnn.BadParamError, match="beta"):
+        call(x)

@@ -38,9 +38,12 @@ def test_pair_declines_all_but_the_common_case():
     x, y = to_device(h), to_device(h)
     nbdnn.activation(x, out=y)
     assert _common.cuda_pair(x, y, None, None) == ((2, 4), np.dtype(np.float32), 8,
-                                                   ptr(x), ptr(y))
+                                                   ptr(x), ptr(y), y)
     assert _common.cuda_pair(x, y, "cuda", None) is not None
-    declined = [(x, y, "cpu", None), (x, y, None, 0), (x, None, None, None),
+    new = _common.cuda_pair(x, None, None, None)  # out=None: a new array like x
+    assert new[:4] == ((2, 4), np.dtype(np.float32), 8, ptr(x))
+    assert new[5].shape == (2, 4) and new[4] == ptr(new[5]) and type(new[5]) is type(x)
+    declined = [(x, y, "cpu", None), (x, y, None, 0),
                 (x, to_device(np.ones((4, 2), np.float32)), None, None),
                 (x, to_device(np.ones((2, 4), np.float64)), None, None),
                 (x, to_device(np.ones((2, 8), np.float32))[:, ::2], None, None),
@@ -157,3 +160,18 @@ def test_numba_facts_logic_on_a_stand_in():
     assert _numba_facts(a) is _numba_facts(a) and Array.reads == 1
     assert _numba_facts(Array((2, 3), False)) == (None, (4096, 6))
     assert _numba_facts(Array((0, 3), True))[1] == (0, 0)  # no memory behind it
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_fast_lane_allocates_a_new_output(monkeypatch, name):
+    """Without out= (as nbdnn.nn's layers call them) the lane allocates the result like
+    x and still skips the full path."""
+    h = np.linspace(-2, 2, 15, dtype=np.float32).reshape(3, 5)
+    x, want = to_device(h), CALLS[name](h.astype(np.float64))
+    CALLS[name](x)
+    _no_full_path(monkeypatch, name)
+    got = CALLS[name](x)
+    assert type(got) is type(x) and got.shape == (3, 5)
+    np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(NbdnnError, match="beta"):
+        CALLS[name](x, beta=1.0)

@@ -9,7 +9,7 @@ import numpy as np
 from numba import cuda
 
 from . import SIMULATOR
-from ..backend import _lanes as _lane_fns, _torch_dtypes, describe
+from ..backend import _lanes as _lane_fns, _recording, _torch_dtypes, describe
 from ..backend import _torch_dtype as _np_dtype_of_torch
 
 
@@ -189,8 +189,16 @@ def _torch_dtype(dtype):
 def empty(like, shape, dtype):
     """An uninitialised C-contiguous device array of like's kind (torch's and CuPy's
     caching allocators for their arrays: a few us; numba's allocator: ~40 us)."""
-    mod = type(like).__module__ or ""
     shape = tuple(int(s) for s in shape)
+    a = _allocate(like, shape, dtype)
+    plan = _recording.__dict__.get("plan")
+    if plan is not None:  # an eager call being recorded for its plan (ops/_plan.py)
+        plan.alloc(like, shape, dtype, a)
+    return a
+
+
+def _allocate(like, shape, dtype):
+    mod = type(like).__module__ or ""
     if mod.startswith("torch"):
         import torch
         return torch.empty(shape, dtype=_to_torch.get(dtype) or _torch_dtype(dtype),
@@ -202,13 +210,22 @@ def empty(like, shape, dtype):
     return cuda.device_array(shape, dtype=dtype)
 
 
+def _host_copy():
+    """A copy between host and device: an eager call being recorded can't be planned."""
+    plan = _recording.__dict__.get("plan")
+    if plan is not None:
+        plan.impure()
+
+
 def to_device(a, stream=0):
+    _host_copy()
     a = np.asarray(a)  # ascontiguousarray alone would make a 0-d array 1-d
     return cuda.to_device(np.ascontiguousarray(a).reshape(a.shape), stream=stream or 0)
 
 
 def to_host(x):
     """A NumPy copy of any device array (synchronises)."""
+    _host_copy()
     mod = type(x).__module__ or ""
     if mod.startswith("torch"):
         return x.detach().cpu().numpy()

@@ -29,9 +29,11 @@ from numba import cuda
 
 from . import SIMULATOR
 from ._arrays import flat, ptr_size
+# this thread's .graph (the nbdnn.cuda.Graph recording it) and .plan (an eager call
+# plan's recorder, ops/_plan.py)
+from ..backend import _recording
 
 REGISTRY = []  # every Kernel with the signatures it is used with (PTX test, warm-up)
-_recording = threading.local()  # .graph: the nbdnn.cuda.Graph recording this thread
 
 
 def recording():
@@ -180,6 +182,9 @@ class Kernel:
         Straight-line on purpose: every eager call of every op runs it."""
         tls = _recording.__dict__  # this thread's: the graph recording, context ready
         recorder = tls.get("graph")
+        planner = tls.get("plan")
+        if planner is not None:
+            planner.launch(self, sig, grid, block, shmem, args, owners)
         if SIMULATOR:
             flat_args = [flat(a) if hasattr(a, "shape") else a for a in args]
             self.dispatcher[grid, block, 0, shmem](*flat_args)

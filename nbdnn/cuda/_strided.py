@@ -11,7 +11,7 @@ import numpy as np
 from numba import cuda
 
 from . import SIMULATOR
-from ._arrays import empty, ptr
+from ._arrays import _host_copy, empty, ptr
 from ._launch import Kernel, recording
 from ..errors import NotSupportedError
 
@@ -70,6 +70,7 @@ def contiguous(x, stream=0):
     dtype = np.dtype(str(x.dtype).rpartition(".")[2])
     shape = tuple(int(s) for s in x.shape)
     if SIMULATOR:  # a host round trip; a graph being recorded repeats it on replay
+        _host_copy()
         out = cuda.to_device(np.ascontiguousarray(x.copy_to_host()))
         graph = recording()
         if graph is not None:

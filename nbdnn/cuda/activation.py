@@ -200,8 +200,8 @@ def activation(x, mode, coef, *, alpha, beta, out, stream):
 def activation_lane(x, y, lane, mode, coef, alpha, beta):
     """activation on the eager fast lane: x, y contiguous, of one kind, dtype and shape,
     default stream; lane = ops._common.cuda_pair's (shape, dtype, count, x address,
-    y address), so no pointer is fetched twice."""
-    _, dtype, n, xp, yp = lane
+    y address, y), so no pointer is fetched twice."""
+    _, dtype, n, xp, yp, _ = lane
     if n:
         kernel, sig = _FORWARD[mode, dtype]
         aligned = int((xp | yp) % _ALIGN[dtype.itemsize] == 0)

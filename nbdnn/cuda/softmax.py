@@ -269,9 +269,9 @@ def _run(op, arrays, dst, shape, axis, algo, alpha, beta, force, stream):
 def softmax_lane(x, y, lane, axis, algo, alpha, beta, _kernel=None):
     """softmax on the eager fast lane (x, y contiguous, one kind, dtype and shape, the
     default stream; lane = ops._common.cuda_pair's (shape, dtype, count, x address,
-    y address)): a one-kernel geometry launches from the cached plan and the lane's
+    y address, y)): a one-kernel geometry launches from the cached plan and the lane's
     addresses; the others take _run."""
-    shape, dtype, n, xp, yp = lane
+    shape, dtype, n, xp, yp, _ = lane
     kind, how = _plan("softmax", shape, axis, False, _kernel, _NAMES[dtype]) if n else \
         (None, None)
     if kind != "one":

@@ -124,23 +124,28 @@ class Call:
 
 
 def cuda_pair(x, out, backend, stream):
-    """(shape, dtype, count, x address, out address) when x and out= are C-contiguous
-    arrays of one CUDA kind with the same float dtype and shape, with no stream and no
-    backend but "cuda" asked for: an eager unary call's common case, validated in one
-    step (one `lane` call an array: shape, dtype and pointer) where Call, array, out,
-    run and the backend's pointer lookups take many (perf/RESULTS.md, runs X and Y).
-    None otherwise: the caller takes the full path, which also raises the errors."""
+    """(shape, dtype, count, x address, out address, out) when x is a C-contiguous CUDA
+    array of a float dtype and out= is None (then allocated here, like x) or one of the
+    same kind, dtype and shape, with no stream and no backend but "cuda" asked for: an
+    eager unary call's common case, validated in one step (one `lane` call an array:
+    shape, dtype and pointer) where Call, array, out, run and the backend's pointer
+    lookups take many (perf/RESULTS.md, runs X and Y). None otherwise: the caller takes
+    the full path, which also raises the errors."""
     t = type(x)
-    if type(out) is not t or stream is not None or _kinds.get(t) != "cuda" or \
-            not (backend is None or backend == "cuda"):
+    if stream is not None or _kinds.get(t) != "cuda" or \
+            not (backend is None or backend == "cuda") or \
+            (out is not None and type(out) is not t):
         return None
     f = _lanes.get(t) or _cuda_arrays().lane
-    a, b = f(x), f(out)
-    if a is None or b is None:
+    a = f(x)
+    if a is None or a[1] not in _FLOATS:
         return None
     shape, dtype, n, xp = a
-    if b[1] is dtype and dtype in _FLOATS and b[0] == shape:
-        return shape, dtype, n, xp, b[3]
+    if out is None:
+        out = _cuda_arrays().empty(x, shape, dtype)
+    b = f(out)
+    if b is not None and b[1] is dtype and b[0] == shape:
+        return shape, dtype, n, xp, b[3], out
     return None
 
 
@@ -230,11 +235,22 @@ def scalar(op, name, value, *, finite=True, low=None, high=None, low_open=False)
     return v
 
 
-def blend_params(op, alpha, beta):
+def blend_params(op, alpha, beta, out):
+    """alpha and beta as floats; beta != 0 reads `out` (what it blends into), so it
+    needs one."""
     if type(alpha) is float and type(beta) is float and \
             -math.inf < alpha < math.inf and -math.inf < beta < math.inf:
-        return alpha, beta  # the common case, without two calls
-    return scalar(op, "alpha", alpha), scalar(op, "beta", beta)
+        pass  # the common case, without two calls
+    else:
+        alpha, beta = scalar(op, "alpha", alpha), scalar(op, "beta", beta)
+    if beta != 0 and out is None:
+        need_out(op, beta, out)
+    return alpha, beta
+
+
+def need_out(op, beta, out, what="beta"):
+    if beta != 0 and out is None:
+        fail(BadParamError, op, what, "0 when out= is not given (beta != 0 reads out)", beta)
 
 
 def same_shape(op, names, shapes):

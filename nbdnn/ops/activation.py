@@ -37,9 +37,9 @@ def activation(x, mode="relu", *, coef=None, alpha=1.0, beta=0.0, out=None,
     op = "activation"
     fast = cuda_pair(x, out, backend, stream)  # the eager common case: one check
     coef = _coef(op, mode, coef)
-    alpha, beta = blend_params(op, alpha, beta)
+    alpha, beta = blend_params(op, alpha, beta, out)
     if fast:
-        return cuda_function("activation", "activation_lane")(x, out, fast, mode, coef,
+        return cuda_function("activation", "activation_lane")(x, fast[5], fast, mode, coef,
                                                               alpha, beta)
     c = Call(op, "activation", backend, stream, x=x, out=out)
     shape, dtype = c.array("x", x)
@@ -65,6 +65,6 @@ def activation_backward(dy, x, y=None, mode="relu", *, coef=None, alpha=1.0, bet
     same_shape(op, names, shapes)
     same_dtype(op, names, dtypes)
     coef = _coef(op, mode, coef)
-    alpha, beta = blend_params(op, alpha, beta)
+    alpha, beta = blend_params(op, alpha, beta, out)
     out = c.out(out, shape, dtype)
     return c.run("activation_backward", dy, x, mode, coef, alpha=alpha, beta=beta, out=out)

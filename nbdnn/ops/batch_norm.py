@@ -84,7 +84,7 @@ def batch_norm_infer(x, scale, bias, mean, var, *, eps=1e-5, mode="spatial", lay
             (("mean", mean), ("var", var)), (("residual", (residual, shape)),))
     eps = scalar(op, "eps", eps, low=0.0, low_open=True)
     act, coef = _act(op, activation, coef)
-    alpha, beta = blend_params(op, alpha, beta)
+    alpha, beta = blend_params(op, alpha, beta, out)
     return c.run("batch_norm_infer", x, scale, bias, mean, var, residual, eps, mode, last,
                  act, coef, alpha=alpha, beta=beta, out=c.out(out, shape, dtype))
 

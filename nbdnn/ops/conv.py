@@ -163,9 +163,7 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
     coef = 0.0 if activation is None else _coef(op, activation, coef)
     algo = _algo(op, algo, nd, R, stride, dilation)
     _depthwise(op, algo, C, groups)
-    alpha, beta = blend_params(op, alpha, beta)
-    if beta != 0 and residual is None and out is None:
-        fail(BadParamError, op, "beta", "0 unless residual= or out= is given", beta)
+    alpha, beta = blend_params(op, alpha, beta, residual if out is None else out)
     out = c.out(out, yshape, dtype)
     return c.run("conv_forward", x, w, bias, residual, stride, pads, dilation, groups, mode,
                  last, activation, coef, algo, alpha=alpha, beta=beta, out=out)
@@ -220,7 +218,7 @@ def _shape_arg(op, name, shape, nd):
 
 
 def _backward_geometry(op, dy_shape, x_shape, w_shape, nd, stride, padding, dilation,
-                       groups, mode, layout, algo, alpha, beta):
+                       groups, mode, layout, algo, alpha, beta, out):
     """The checked (geometry args, algo, alpha, beta) of a data or filter gradient."""
     stride, pads, dilation, mode, last = conv_params(op, nd, stride, padding, dilation,
                                                      mode, layout)
@@ -228,7 +226,7 @@ def _backward_geometry(op, dy_shape, x_shape, w_shape, nd, stride, padding, dila
                                 groups)
     if dy_shape != out_shape(N, K, P, last):
         fail(ShapeError, op, "dy.shape", f"the output's {out_shape(N, K, P, last)}", dy_shape)
-    alpha, beta = blend_params(op, alpha, beta)
+    alpha, beta = blend_params(op, alpha, beta, out)
     choice(op, "algo", algo, BACKWARD_ALGOS)
     _depthwise(op, algo, C, groups)
     return (stride, pads, dilation, groups, mode, last), algo, alpha, beta
@@ -249,7 +247,7 @@ def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, group
     x_shape = _shape_arg(op, "x_shape", x_shape, nd)
     geo, algo, alpha, beta = _backward_geometry(op, dy_shape, x_shape, w_shape, nd, stride,
                                                 padding, dilation, groups, mode, layout, algo,
-                                                alpha, beta)
+                                                alpha, beta, out)
     out = c.out(out, x_shape, dtype)
     return c.run("conv_backward_data", dy, w, x_shape, *geo, algo, alpha=alpha, beta=beta,
                  out=out)
@@ -268,7 +266,7 @@ def conv_backward_filter(dy, x, w_shape, *, stride=1, padding=0, dilation=1, gro
     w_shape = _shape_arg(op, "w_shape", w_shape, nd)
     geo, algo, alpha, beta = _backward_geometry(op, dy_shape, x_shape, w_shape, nd, stride,
                                                 padding, dilation, groups, mode, layout, algo,
-                                                alpha, beta)
+                                                alpha, beta, out)
     out = c.out(out, w_shape, dtype)
     return c.run("conv_backward_filter", dy, x, w_shape, *geo, algo, alpha=alpha, beta=beta,
                  out=out)
@@ -282,7 +280,7 @@ def conv_backward_bias(dy, *, layout="NCHW", alpha=1.0, beta=0.0, out=None, back
     if len(dy_shape) < 3:
         fail(ShapeError, op, "dy.ndim", ">= 3 (N, channels, spatial axes)", len(dy_shape))
     last = _layout(op, layout, len(dy_shape) - 2)
-    alpha, beta = blend_params(op, alpha, beta)
+    alpha, beta = blend_params(op, alpha, beta, out)
     out = c.out(out, (dy_shape[-1] if last else dy_shape[1],), dtype)
     return c.run("conv_backward_bias", dy, last, alpha=alpha, beta=beta, out=out)
 

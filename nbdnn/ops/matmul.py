@@ -51,7 +51,7 @@ def matmul(a, b, *, trans_a=False, trans_b=False, bias=None, activation=None, co
             fail(ShapeError, op, "bias.shape", f"(N,) = ({N},)", tuple(bias_shape))
         same_dtype(op, ["a", "bias"], [dtype, bias_dtype])
     coef = 0.0 if activation is None else _coef(op, activation, coef)
-    alpha, beta = blend_params(op, alpha, beta)
+    alpha, beta = blend_params(op, alpha, beta, out)
     out = c.out(out, batch + (M, N), dtype)
     return c.run("matmul", a, b, trans_a, trans_b, bias, activation, coef, alpha=alpha,
                  beta=beta, out=out)
@@ -76,7 +76,7 @@ def matmul_backward(dc, a, b, *, trans_a=False, trans_b=False, bias=False, alpha
     batch, M, K, N = _dims(op, a_shape, b_shape, trans_a, trans_b)
     if tuple(dc_shape) != batch + (M, N):
         fail(ShapeError, op, "dc.shape", f"the shape of c, {batch + (M, N)}", tuple(dc_shape))
-    alpha, beta = blend_params(op, alpha, beta)
+    alpha, beta = blend_params(op, alpha, beta, out)
     shapes = [tuple(a_shape), tuple(b_shape)] + ([(N,)] if bias else [])
     if out is not None:
         if len(outs) != len(shapes):

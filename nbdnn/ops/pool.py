@@ -40,7 +40,7 @@ def pool(nd, x, kernel, *, stride=None, padding=0, dilation=1, mode="max", ceil_
     x_shape, dtype = c.array("x", x)
     geo = _params(op, nd, tuple(x_shape), kernel, stride, padding, dilation, mode, ceil_mode,
                   nan_propagation, layout)
-    alpha, beta = blend_params(op, alpha, beta)
+    alpha, beta = blend_params(op, alpha, beta, out)
     out = c.out(out, _y_shape(tuple(x_shape), geo[-1], geo[-2]), dtype)
     return c.run("pool_forward", x, *geo, alpha=alpha, beta=beta, out=out)
 
@@ -84,6 +84,6 @@ def pool_backward(dy, x, kernel, *, stride=None, padding=0, dilation=1, mode="ma
     y_shape = _y_shape(tuple(x_shape), geo[-1], geo[-2])
     if tuple(dy_shape) != y_shape:
         fail(ShapeError, op, "dy.shape", f"the output's {y_shape}", tuple(dy_shape))
-    alpha, beta = blend_params(op, alpha, beta)
+    alpha, beta = blend_params(op, alpha, beta, out)
     out = c.out(out, tuple(x_shape), dtype)
     return c.run("pool_backward", dy, x, *geo, alpha=alpha, beta=beta, out=out)

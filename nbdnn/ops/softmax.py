@@ -37,9 +37,9 @@ def softmax(x, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
     axis = _axis(op, "x", axis, shape)
     choice(op, "algo", algo, ALGOS)
     choice(op, "_kernel", _kernel, KERNELS)
-    alpha, beta = blend_params(op, alpha, beta)
+    alpha, beta = blend_params(op, alpha, beta, out)
     if fast:
-        return cuda_function("softmax", "softmax_lane")(x, out, fast, axis, algo, alpha,
+        return cuda_function("softmax", "softmax_lane")(x, fast[5], fast, axis, algo, alpha,
                                                        beta, _kernel)
     out = c.out(out, shape, dtype)
     return c.run("softmax", x, axis, algo, alpha=alpha, beta=beta, out=out, _kernel=_kernel)
@@ -60,7 +60,7 @@ def softmax_backward(dy, y, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out
     axis = _axis(op, "y", axis, shape)
     choice(op, "algo", algo, ALGOS)
     choice(op, "_kernel", _kernel, KERNELS)
-    alpha, beta = blend_params(op, alpha, beta)
+    alpha, beta = blend_params(op, alpha, beta, out)
     out = c.out(out, shape, dtype)
     return c.run("softmax_backward", dy, y, axis, algo, alpha=alpha, beta=beta, out=out,
                  _kernel=_kernel)

@@ -15,7 +15,7 @@ import numbers
 import numpy as np
 
 from ..errors import BadParamError, ShapeError, fail
-from ._common import Call, blend_params, choice, normalize_axis, same_dtype, scalar
+from ._common import Call, blend_params, choice, need_out, normalize_axis, same_dtype, scalar
 
 OP_TENSOR_OPS = ("add", "mul", "div", "min", "max", "sqrt", "not")
 UNARY_OPS = ("sqrt", "not")
@@ -43,11 +43,6 @@ def broadcast_to(op, small_name, small, big_name, big):
                  tuple(small))
 
 
-def _need_out(op, beta, out, what="beta"):
-    if beta != 0 and out is None:
-        fail(BadParamError, op, what, "0 when out= is not given (beta != 0 reads out)", beta)
-
-
 def add_tensor(a, c, *, alpha=1.0, beta=1.0, out=None, backend=None, stream=None):
     """cudnnAddTensor: result = alpha * A + beta * C, A broadcast to C's shape.
 
@@ -61,7 +56,7 @@ def add_tensor(a, c, *, alpha=1.0, beta=1.0, out=None, backend=None, stream=None
     same_dtype(op, ["c", "a"], [cdtype, adtype])
     _ndim(op, "c", cshape)
     broadcast_to(op, "a", ashape, "c", cshape)
-    alpha, beta = blend_params(op, alpha, beta)
+    alpha, beta = blend_params(op, alpha, beta, c)  # beta scales c, given
     out = k.out(out, cshape, cdtype)
     return k.run("add_tensor", a, c, alpha=alpha, beta=beta, out=out)
 
@@ -90,7 +85,7 @@ def op_tensor(op, a, b=None, *, alpha1=1.0, alpha2=1.0, beta=0.0, out=None,
         broadcast_to(name, "b", bshape, "a", ashape)
     alpha1, alpha2 = scalar(name, "alpha1", alpha1), scalar(name, "alpha2", alpha2)
     beta = scalar(name, "beta", beta)
-    _need_out(name, beta, out)
+    need_out(name, beta, out)
     out = k.out(out, ashape, adtype)
     return k.run("op_tensor", op, a, b, alpha1=alpha1, alpha2=alpha2, beta=beta, out=out)
 
@@ -138,8 +133,7 @@ def reduce_tensor(x, op="add", axes=None, *, keepdims=True, return_indices=False
     if return_indices and op not in INDEX_OPS:
         fail(BadParamError, name, "return_indices", f"False for op {op!r} (indices exist "
              f"for {', '.join(INDEX_OPS)})", return_indices)
-    alpha, beta = blend_params(name, alpha, beta)
-    _need_out(name, beta, out)
+    alpha, beta = blend_params(name, alpha, beta, out)
     oshape = tuple(1 if i in axes else n for i, n in enumerate(shape)) if keepdims else \
         tuple(n for i, n in enumerate(shape) if i not in axes)
     out = k.out(out, oshape, dtype)
@@ -210,7 +204,6 @@ def transform_tensor(x, layout_from=None, layout_to=None, *, perm=None, alpha=1.
     if len(shape) > 6:
         fail(ShapeError, op, "x.ndim", "<= 6", len(shape))
     p = _perm(op, len(shape), layout_from, layout_to, perm)
-    alpha, beta = blend_params(op, alpha, beta)
-    _need_out(op, beta, out)
+    alpha, beta = blend_params(op, alpha, beta, out)
     out = k.out(out, tuple(shape[i] for i in p), dtype)
     return k.run("transform_tensor", x, p, alpha=alpha, beta=beta, out=out)

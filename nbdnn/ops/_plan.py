@@ -1,0 +1,179 @@
+"""Eager call plans: an nbdnn call on CUDA arrays replayed from a recording of itself,
+without its Python front end (validation, shape inference, algorithm choice, argument
+marshalling: 10-50 us of host time for a conv, a batch norm or a pool; perf/RESULTS.md
+run Z).
+
+Like a cuDNN plan, a plan belongs to a call's signature: the op; each array's kind,
+shape, dtype, 16-byte alignment and which arrays share an address; and every other
+argument's type and value. Everything an nbdnn op does on the GPU for a signature is
+a fixed sequence of kernel launches, allocations of results and workspaces (by
+`cuda._arrays.empty`) and cached index tables; only the addresses change between
+calls. (The same premise as nbdnn.cuda.Graph, whose capture bakes in all of it.)
+
+A signature's calls on one thread:
+  1st  runs as usual (JIT, index tables, caches);
+  2nd  runs as usual while its launches and allocations are recorded: every array
+       argument of a launch becomes (source, byte offset, count), the source an input
+       array or an allocation of the call; an address in neither is a fixed table, kept
+       alive by the plan; the result maps to inputs and allocations by identity;
+  3rd  is recorded again and must give the same recording, or the signature is never
+       planned (host state that changes between calls, e.g. an op reading a counter);
+  4th+ replays the plan: one generated function allocates what the call allocated and
+       issues the same launches at the new addresses (perf/RESULTS.md: host µs a call).
+Not planned: calls inside a Graph capture or given a stream; calls with NumPy
+arrays, strided views or arguments of other types; calls whose recording copied
+between host and device or had arguments it cannot relocate.
+Plans are per thread (a replay's workspaces are its own; launches go to the legacy
+default stream, in order, as the eager call's do).
+"""
+import functools
+import itertools
+import os
+
+import numpy as np
+
+from .. import backend as _backend
+
+_kinds = _backend._kinds
+_lanes = _backend._lanes
+_recording = _backend._recording  # thread-local: .graph (a Graph), .plan (a _Recorder)
+_SCALARS = frozenset((int, float, bool, str, complex, type(None)))
+_NEVER = "never"
+MAX_PLANS = 4096  # signatures a thread remembers (_forget)
+
+
+class _NoPlan(Exception):
+    pass
+
+
+def planned(fn):
+    """fn (a public op) with eager call plans for its CUDA calls (fn itself when the
+    environment sets NBDNN_PLANS=0)."""
+    if os.environ.get("NBDNN_PLANS", "1") == "0":
+        return fn
+
+    @functools.wraps(fn)
+    def call(*args, **kw):
+        tls = _recording.__dict__
+        if tls.get("graph") is not None or tls.get("plan") is not None or \
+                kw.get("stream") is not None:
+            return fn(*args, **kw)
+        try:
+            key, arrays = _signature(fn, args, kw)
+        except _NoPlan:
+            return fn(*args, **kw)
+        plans = tls.get("plans")
+        if plans is None:
+            plans = tls["plans"] = {}
+        p = plans.get(key)
+        if p.__class__ is Plan:
+            return p.run(arrays)
+        return _learn(plans, key, p, fn, args, kw, arrays)
+    call.unplanned = fn
+    call.__kwdefaults__ = fn.__kwdefaults__  # call has no keyword-only parameters: inert
+    return call
+
+
+def _signature(fn, args, kw):
+    """(hashable key, [(array, lane)]) of a call; _NoPlan when it cannot be planned.
+    Flat: a scalar adds its type and value, an array its type and four facts (the
+    type says which)."""
+    arrays = []
+    parts = [fn]
+    add = parts.append
+    for v in itertools.chain(args, _named(kw, add)) if kw else args:
+        t = type(v)
+        if t in _SCALARS:
+            add(t)
+            add(v)
+        else:
+            _add(v, t, parts, arrays)
+    if not arrays:
+        raise _NoPlan
+    return tuple(parts), arrays
+
+
+def _named(kw, add):
+    """kw's values, each after its name goes into the key."""
+    for k, v in kw.items():
+        add(k)
+        yield v
+
+
+def _add(v, t, parts, arrays):
+    if (_kinds.get(t) or _backend.kind(v)) == "cuda":
+        lane = (_lanes.get(t) or _lane_of)(v)
+        if lane is None:  # a strided view: its gather copy is not planned
+            raise _NoPlan
+        p, alias = lane[3], -1  # alias: the first array at the same address
+        if p:
+            for j, (_, other) in enumerate(arrays):
+                if other[3] == p:
+                    alias = j
+                    break
+        arrays.append((v, lane))
+        parts += (t, lane[0], lane[1], p & 15, alias)
+    elif t is tuple or t is list:
+        sub = [t]
+        for e in v:
+            _add(e, type(e), sub, arrays)
+        parts.append(tuple(sub))
+    elif t in _SCALARS or isinstance(v, np.generic):
+        parts += (t, v)
+    else:
+        raise _NoPlan
+
+
+def _lane_of(x):
+    from ..cuda._arrays import lane
+    return lane(x)
+
+
+def _learn(plans, key, state, fn, args, kw, arrays):
+    """Calls 1-3 of a signature (the module's docstring)."""
+    if state is None or state is _NEVER:
+        if state is None:
+            if len(plans) >= MAX_PLANS:
+                _forget(plans)
+            plans[key] = 1
+        return fn(*args, **kw)
+    from ..cuda import _plan_record
+    result, recording = _plan_record.record(fn, args, kw, arrays)
+    if recording is None:
+        plans[key] = _NEVER
+    elif state == 1:
+        plans[key] = recording
+    else:
+        plans[key] = Plan(recording) if recording == state else _NEVER
+    return result
+
+
+def _forget(plans):
+    """Make room: drop the signatures still learning or never planned (calls whose
+    scalars change every time, e.g. an advancing dropout offset, leave many), and
+    everything when plans alone fill the table."""
+    for k in [k for k, v in plans.items() if v.__class__ is not Plan]:
+        del plans[k]
+    if len(plans) >= MAX_PLANS // 2:
+        plans.clear()
+
+
+class Plan:
+    """A signature's recording turned into one straight-line replay function."""
+
+    __slots__ = ("run", "recording")
+
+    def __init__(self, recording):
+        from ..cuda import _plan_record
+        self.recording = recording
+        self.run = _plan_record.replay_function(recording)
+
+
+def plans_of_this_thread():
+    """{signature: Plan | state} of the calling thread (tests, diagnostics)."""
+    return _recording.__dict__.setdefault("plans", {})
+
+
+def clear():
+    """Forget this thread's plans (after changing a setting that steers dispatch)."""
+    _recording.__dict__.pop("plans", None)

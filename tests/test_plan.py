@@ -1,0 +1,143 @@
+"""Eager call plans (nbdnn/ops/_plan.py): a signature's 4th and later calls replay a
+recording of its 2nd and 3rd at the new call's addresses. Every op row, fresh arrays
+each call (new addresses), against the CPU reference; aliasing, hidden host state,
+graphs and strided views."""
+import itertools
+
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn.cuda import Graph, cuda
+from nbdnn.ops import _plan
+from nbdnn.ops._plan import Plan, planned
+from nbdnn.testing import SPECS, crosscheck
+
+
+def _states():
+    return list(_plan.plans_of_this_thread().values())
+
+
+def _draws(call):
+    """The smallest shapes and parameters every call; the data's seed, every maker's
+    first draw, changes."""
+    first = [True]
+
+    def draw(lo, hi):
+        if first[0]:
+            first[0] = False
+            return lo + call % (hi - lo + 1)
+        return lo
+    return draw
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.fn not in (nbdnn.activation,
+                                                                   nbdnn.softmax)],
+                         ids=lambda s: s.name)  # (those two take their own lane)
+def test_every_op_replays_a_plan_right(spec):
+    """Five calls of one signature, each on new device arrays with new data: the last
+    two replay the plan (checked), and all five match the reference."""
+    dtype = "float32" if "float32" in spec.dtypes else spec.dtypes[0]
+    blend = (0.5, 0.75, 7) if spec.blend else None
+    for call in range(5):
+        if call == 3:
+            assert any(type(s) is Plan for s in _states()), "no plan after three calls"
+        case = spec.make(_draws(call), dtype, False)
+        r = crosscheck(spec, case, dtype, blend=blend)
+        assert r["ok"], f"call {call + 1}: {r['msg']}"
+    assert _plan._NEVER not in _states()
+
+
+def test_in_place_add_accumulates_through_the_plan():
+    """add_tensor(g, v, beta=0.9, out=v) (momentum), the same arrays six times: the plan
+    keeps out aliasing c."""
+    g = np.arange(12, dtype=np.float32).reshape(3, 4)
+    v = np.ones((3, 4), np.float32)
+    dg, dv = cuda.to_device(g), cuda.to_device(v)
+    for _ in range(6):
+        nbdnn.add_tensor(dg, dv, beta=0.9, out=dv)
+        v = g + 0.9 * v
+    np.testing.assert_allclose(dv.copy_to_host(), v, rtol=1e-6)
+    assert any(type(s) is Plan for s in _states())
+
+
+def test_aliasing_is_part_of_the_signature():
+    a = cuda.to_device(np.full(8, 2.0, np.float32))
+    c = cuda.to_device(np.ones(8, np.float32))
+    other = cuda.device_array(8, np.float32)
+    for _ in range(4):  # learns the out=other signature
+        nbdnn.add_tensor(a, c, out=other)
+    nbdnn.add_tensor(a, c, out=c)  # out aliases c: another signature
+    np.testing.assert_array_equal(c.copy_to_host(), np.full(8, 3.0, np.float32))
+    np.testing.assert_array_equal(other.copy_to_host(), np.full(8, 3.0, np.float32))
+
+
+def test_host_state_that_changes_is_never_planned():
+    """An op whose launches take a value that changes between calls (here a counter,
+    the way a hidden seed would): its 2nd and 3rd recordings differ, so it always runs
+    in full and every call is right."""
+    counter = itertools.count(1)
+
+    def scaled(x, out=None):
+        return nbdnn.scale_tensor.unplanned(x, float(next(counter)), out=out)
+
+    op = planned(scaled)
+    x = cuda.to_device(np.ones(4, np.float32))
+    got = [op(x).copy_to_host()[0] for _ in range(6)]
+    assert got == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert _plan._NEVER in _states()
+
+
+def test_strided_views_and_numpy_take_the_full_path():
+    x = cuda.to_device(np.arange(16, dtype=np.float32))[::2]
+    for _ in range(5):
+        y = nbdnn.activation(x, "relu")
+        z = nbdnn.activation(np.arange(8, dtype=np.float32), "relu")
+    np.testing.assert_array_equal(y.copy_to_host(), np.arange(0, 16, 2, dtype=np.float32))
+    np.testing.assert_array_equal(z, np.arange(8, dtype=np.float32))
+    assert _states() == []
+
+
+def test_a_graph_captures_a_planned_signature():
+    """Capture runs the full path (plans are off while a graph records), so the graph
+    holds the call's launches and replays see new data."""
+    x = cuda.to_device(np.linspace(-1, 1, 32).astype(np.float32).reshape(1, 2, 4, 4))
+    y = cuda.device_array((1, 2, 2, 2), np.float32)
+    for _ in range(5):
+        nbdnn.pool2d(x, 2, out=y)
+    g = Graph()
+    with g.capture():
+        nbdnn.pool2d(x, 2, out=y)
+    assert len(g) >= 1
+    host = np.random.default_rng(1).standard_normal((1, 2, 4, 4)).astype(np.float32)
+    x.copy_to_device(host)
+    g.replay()
+    cuda.synchronize()
+    np.testing.assert_array_equal(y.copy_to_host(), nbdnn.pool2d(host, 2))
+
+
+def test_nbdnn_plans_0_turns_plans_off(monkeypatch):
+    def op(x):
+        return x
+    monkeypatch.setenv("NBDNN_PLANS", "0")
+    assert planned(op) is op
+    monkeypatch.setenv("NBDNN_PLANS", "1")
+    assert planned(op).unplanned is op
+
+
+def test_a_failing_call_leaves_no_plan():
+    x = cuda.to_device(np.ones((2, 3), np.float32))
+    for _ in range(4):
+        with pytest.raises(nbdnn.BadParamError):
+            nbdnn.activation(x, "not-a-mode")
+    assert not any(type(s) is Plan for s in _states())
+
+
+def test_overlapping_inputs_are_not_planned():
+    """out= a shifted view of x: an address inside both could come from either, so the
+    call always runs in full (and gives what the eager op gives)."""
+    buf = cuda.to_device(np.arange(10, dtype=np.float32))
+    for _ in range(5):
+        nbdnn.scale_tensor(buf[:8], 1.0, out=buf[2:])
+    assert not any(type(s) is Plan for s in _states())
+
