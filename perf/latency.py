@@ -5,7 +5,8 @@ nbdnn.cuda.Graph against PyTorch eager and PyTorch under a CUDA graph
 batch 64 (forward, loss, backward, SGD with momentum): nbdnn eager, nbdnn graph,
 PyTorch eager. Latency = host wall time from the call to the result being ready
 (synchronize), the median of many calls after warm-up; nbdnn's inputs are torch
-tensors, so its outputs come from torch's caching allocator.
+tensors, so its outputs come from torch's caching allocator. nbdnn eager is timed as
+it runs (eager call plans) and with plans off.
 
     PYTHONPATH=. python perf/latency.py [--reps 200] [--json F]
 """
@@ -21,6 +22,7 @@ import torch.nn as tnn
 from nbdnn import nn
 from nbdnn.cuda import Graph
 from nbdnn.demo import digits_cnn
+from nbdnn.ops import _plan
 
 
 def _latency(fn, reps):
@@ -65,6 +67,17 @@ def _torch_graphed(model, x):
     return g.replay
 
 
+def _eager(fn, reps):
+    """nbdnn eager as it runs (calls replay their signature's plan, nbdnn/ops/_plan.py)
+    and with plans off (every call through the whole front end)."""
+    _plan.ENABLED = False
+    try:
+        full = _latency(fn, reps) * 1e3
+    finally:
+        _plan.ENABLED = True
+    return {"nbdnn_eager_ms": _latency(fn, reps) * 1e3, "nbdnn_eager_no_plans_ms": full}
+
+
 def _host(a):
     return a.detach().cpu().numpy() if hasattr(a, "detach") else a.copy_to_host()
 
@@ -84,8 +97,9 @@ def _train_step(reps, batch=64):
             g = Graph()
             with g.capture():
                 step()
-            step = g.replay
-        row[f"nbdnn_{mode}_ms"] = _latency(step, reps) * 1e3
+            row["nbdnn_graph_ms"] = _latency(g.replay, reps) * 1e3
+        else:
+            row.update(_eager(step, reps))
     theirs = _torch_digits().cuda().train()
     topt = torch.optim.SGD(theirs.parameters(), lr=0.01, momentum=0.9)
     labels = t.argmax(1)
@@ -112,8 +126,7 @@ def main():
                                        (1, 3, 224, 224))):
         ours.to("cuda")
         x = torch.randn(*shape, device="cuda")
-        row = {"model": name,
-               "nbdnn_eager_ms": _latency(lambda: ours.forward(x), args.reps) * 1e3}
+        row = {"model": name, **_eager(lambda: ours.forward(x), args.reps)}
         g = Graph()
         with g.capture():
             y = ours.forward(x)
