@@ -141,3 +141,39 @@ def test_overlapping_inputs_are_not_planned():
         nbdnn.scale_tensor(buf[:8], 1.0, out=buf[2:])
     assert not any(type(s) is Plan for s in _states())
 
+
+
+def _bn_calls(n):
+    """n batch_norm_infer calls on the same device arrays, new statistics each time;
+    yields (result, reference)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 4, 4)).astype(np.float32)
+    s, b = rng.random(3).astype(np.float32) + 0.5, rng.standard_normal(3).astype(np.float32)
+    dx, ds, db = cuda.to_device(x), cuda.to_device(s), cuda.to_device(b)
+    dm, dv = cuda.device_array(3, np.float32), cuda.device_array(3, np.float32)
+    for _ in range(n):
+        m, v = rng.standard_normal(3).astype(np.float32), rng.random(3).astype(np.float32) + .1
+        dm.copy_to_device(m)
+        dv.copy_to_device(v)
+        yield nbdnn.batch_norm_infer(dx, ds, db, dm, dv), nbdnn.batch_norm_infer(x, s, b, m, v)
+
+
+def test_a_plan_reuses_its_workspaces_but_not_its_outputs():
+    """batch_norm_infer's channel coefficients (a 3C workspace) are rewritten every call
+    into the plan's kept buffer; each call's result is a new array."""
+    results = []
+    for got, want in _bn_calls(6):
+        np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-5, atol=1e-5)
+        results.append(got)
+    plan = next(s for s in _states() if type(s) is Plan)
+    assert len(plan.recording.kept) == 1
+    assert len({id(r) for r in results}) == 6
+
+
+def test_large_workspaces_are_allocated_each_call(monkeypatch):
+    from nbdnn.cuda import _plan_record
+    monkeypatch.setattr(_plan_record, "KEEP_WORKSPACE_BYTES", 0)
+    for got, want in _bn_calls(6):
+        np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-5, atol=1e-5)
+    plan = next(s for s in _states() if type(s) is Plan)
+    assert plan.recording.kept == {}
