@@ -80,6 +80,10 @@ def _planned_rows(name, op, args, kw, theirs, calls=1000):
         rows[f"nbdnn {name}, no plan"] = host_cost(lambda: op.unplanned(*args, **kw),
                                                    calls=calls)
     rows[f"torch {name}"] = host_cost(theirs, calls=calls)
+    # the host's speed drifts within seconds (run Z: relu's median 12.7 us, 8.6 taking
+    # turns with torch): the pair again, taking turns
+    rows.update(_interleaved({f"nbdnn {name}": lambda: op(*args, **kw),
+                              f"torch {name}": theirs}, rounds=10, calls=300))
     return rows
 
 
