@@ -24,7 +24,9 @@ Not planned: calls inside a Graph capture or given a stream; calls with NumPy
 arrays, strided views or arguments of other types; calls whose recording copied
 between host and device or had arguments it cannot relocate.
 Plans are per thread (a replay's workspaces are its own; launches go to the legacy
-default stream, in order, as the eager call's do).
+default stream, in order, as the eager call's do). A plan replays the kernels its
+signature chose: after changing something outside the arguments that steers dispatch
+(a module-level limit, a forced variant), call `clear()`.
 """
 import functools
 import itertools
