@@ -18,11 +18,13 @@ A signature's calls on one thread:
        alive by the plan; the result maps to inputs and allocations by identity;
   3rd  is recorded again and must give the same recording, or the signature is never
        planned (host state that changes between calls, e.g. an op reading a counter);
-  4th+ replays the plan: one generated function allocates what the call allocated and
-       issues the same launches at the new addresses (perf/RESULTS.md: host µs a call).
+  4th+ replays the plan: one generated function allocates the results (workspaces up
+       to 1 MiB are the plan's own, reused) and issues the same launches at the new
+       addresses (perf/RESULTS.md, run Z: host µs a call).
 Not planned: calls inside a Graph capture or given a stream; calls with NumPy
-arrays, strided views or arguments of other types; calls whose recording copied
-between host and device or had arguments it cannot relocate.
+arrays, strided views or arguments of other types; calls whose inputs overlap at
+different addresses; calls whose recording copied between host and device or had
+arguments it cannot relocate.
 Plans are per thread (a replay's workspaces are its own; launches go to the legacy
 default stream, in order, as the eager call's do). A plan replays the kernels its
 signature chose: after changing something outside the arguments that steers dispatch
