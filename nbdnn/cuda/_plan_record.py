@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from . import SIMULATOR
-from ._arrays import _allocate, _recording, flat, ptr, ptr_size
+from ._arrays import _allocate, _recording, dtype_of, flat, ptr, ptr_size
 
 
 class _Recorder:
@@ -91,7 +91,7 @@ class _Recorder:
             return ("o", id(obj)) if SIMULATOR else ("f", p, n)
         x, base, _, dt = self.sources[j]
         off = p - base
-        if SIMULATOR and (obj is None or np.dtype(str(obj.dtype)) != dt or off % dt.itemsize):
+        if SIMULATOR and (obj is None or dtype_of(obj) != dt or off % dt.itemsize):
             self.ok = False  # the simulator passes views: same dtype, whole elements
         return self._name(j) + (off, n)
 
