@@ -21,9 +21,8 @@ from .ops.lrn import lrn, lrn_backward
 from .ops._plan import planned as _planned
 
 # Eager CUDA calls replay per-signature plans (nbdnn/ops/_plan.py; NBDNN_PLANS=0 turns
-# them off; `op.unplanned` is the bare op), but for find_conv_algorithm, and activation
-# and softmax, whose own lane (ops._common.cuda_pair) is ~0.5 us cheaper than a plan.
-_PLANNED = ("activation_backward", "add_tensor", "op_tensor", "reduce_tensor",
+# them off; `op.unplanned` is the bare op), but for find_conv_algorithm.
+_PLANNED = ("activation", "softmax", "activation_backward", "add_tensor", "op_tensor", "reduce_tensor",
             "scale_tensor", "set_tensor", "transform_tensor", "softmax_backward",
             "matmul", "matmul_backward", "dropout", "dropout_backward", "group_norm",
             "group_norm_backward", "instance_norm", "instance_norm_backward", "layer_norm",

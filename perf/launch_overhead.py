@@ -1,7 +1,7 @@
 """Host cost of one eager call on a tiny tensor (ReLU of 1k floats): nbdnn with numba
 device arrays and with torch tensors (with and without out=), numba's own dispatcher
 launching the same kernel, and PyTorch's eager relu; a 1x1024 softmax against
-torch.softmax (both take the unary fast lane). Median of 2000 calls. Then the
+torch.softmax (both replay eager call plans). Median of 2000 calls. Then the
 cost a kernel of replaying a captured nbdnn.cuda.Graph of 1000 such calls, and the
 host cost of a small conv2d (1x128x8x8, 128 3x3 filters, torch tensors, out=) for each
 forward algorithm against torch's conv2d: several launches, workspaces and the GEMM's
@@ -76,7 +76,7 @@ def _planned_rows(name, op, args, kw, theirs, calls=1000):
     """nbdnn's call (its 4th and later calls replay a plan), the same without plans
     (op.unplanned: the whole front end every call), and PyTorch's."""
     rows = {f"nbdnn {name}": host_cost(lambda: op(*args, **kw), calls=calls)}
-    if hasattr(op, "unplanned"):  # (activation and softmax take their own lane instead)
+    if hasattr(op, "unplanned"):
         rows[f"nbdnn {name}, no plan"] = host_cost(lambda: op.unplanned(*args, **kw),
                                                    calls=calls)
     rows[f"torch {name}"] = host_cost(theirs, calls=calls)
@@ -252,12 +252,8 @@ def _front_end_pieces(tx, ty):
         "piece: _coef + blend_params": lambda: (oa._coef("activation", "relu", None),
                                                 _common.blend_params("activation", 1.0, 0.0, ty)),
         "piece: stream_handle(None)": lambda: _arrays.stream_handle(None),
-        "piece: cuda_pair (the fast lane's check)": lambda: _common.cuda_pair(tx, ty, None,
-                                                                             None),
-        "piece: cuda.activation_lane": lambda: ca.activation_lane(tx, ty, lane, "relu", 0.0,
-                                                                  1.0, 0.0),
     })
-    lane = _common.cuda_pair(tx, ty, None, None)
+    pieces.update(_plan_pieces(tx, ty))
     rows = {k: loop_cost(f) for k, f in pieces.items()}
     rows.update({
         "front end: backend.choose": host_cost(
@@ -268,6 +264,20 @@ def _front_end_pieces(tx, ty):
             lambda: ca.activation(tx, "relu", 0.0, alpha=1.0, beta=0.0, out=ty, stream=0)),
     })
     return rows
+
+
+def _plan_pieces(tx, ty):
+    """An eager call plan's two steps for relu with out= (nbdnn/ops/_plan.py): the
+    call's signature (two tensors, a mode) and the replay (one LaunchTable call)."""
+    from nbdnn.ops import _plan
+    fn = nbdnn.activation.unplanned
+    key, arrays = _plan._signature(fn, (tx, "relu"), {"out": ty})
+    plan = _plan.plans_of_this_thread().get(key)
+    if type(plan) is not _plan.Plan:
+        return {}
+    return {"piece: plan signature (relu, out=)": lambda: _plan._signature(
+                fn, (tx, "relu"), {"out": ty}),
+            "piece: plan replay (relu, out=)": lambda: plan.run(arrays)}
 
 
 if __name__ == "__main__":

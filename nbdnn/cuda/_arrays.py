@@ -134,8 +134,8 @@ _LANE = {"torch": _lane_torch, "numba": _lane_numba, None: _lane_any}
 
 def lane(x):
     """(shape, NumPy dtype, element count, device address) of a C-contiguous CUDA array;
-    None for a strided one. What an eager unary op's fast lane (ops._common.cuda_pair)
-    needs from each array, fetched in one call: one function per array kind."""
+    None for a strided one. What an eager call plan's signature (ops/_plan.py) needs
+    from each array, fetched in one call: one function per array kind."""
     t = type(x)
     return (_lane_fns.get(t) or _chosen(_lane_fns, _LANE, t))(x)
 

@@ -79,6 +79,12 @@ class _Launcher:
         self.function = _driver.CUfunction(handle)
         self.lock = threading.Lock()
         self.pack = _make_packer(argtypes, packer.pack_into, self.buf)
+        self.nslots = nslots
+        self.data_slots, slot = [], 0  # each array argument's data-pointer slot
+        for t in argtypes:
+            n = struct.calcsize("<" + _slot_codes(t)) // 8
+            self.data_slots.append(slot + 4 if n == 7 else None)
+            slot += n
 
 
 def _make_packer(argtypes, pack_into, buf):
@@ -105,6 +111,7 @@ def _make_packer(argtypes, pack_into, buf):
 
 _cuLaunchKernel = None  # cuda.bindings' (graph instantiation; perf/launch_overhead.py)
 _launch_record = None
+_launch_table = None
 _libcuda = None
 _driver = None
 
@@ -112,7 +119,7 @@ _driver = None
 def _bind_driver():
     """The driver entry points: cuda.bindings' module, libcuda through ctypes, and
     `_launch_record(record) -> CUresult`, compiled here once a process (~0.3 s)."""
-    global _cuLaunchKernel, _launch_record, _libcuda, _driver
+    global _cuLaunchKernel, _launch_record, _launch_table, _libcuda, _driver
     if _launch_record is None:
         from cuda.bindings import driver
         from numba import njit
@@ -126,7 +133,83 @@ def _bind_driver():
         @njit
         def launch_record(r):
             return launch(r[0], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[1], 0)
-        _launch_record = launch_record
+
+        @njit
+        def launch_table(m):  # LaunchTable's layout
+            patches, starts, bases = m[1], m[3], m[4]
+            for i in range(m[0]):
+                q = patches + 3 * i
+                m[m[q]] = m[bases + m[q + 1]] + m[q + 2]
+            for k in range(m[2]):
+                r = m[starts + k]
+                rc = launch(m[r], m[r + 2], m[r + 3], m[r + 4], m[r + 5], m[r + 6],
+                            m[r + 7], m[r + 8], m[r + 9], m[r + 1], 0)
+                if rc:
+                    m[5] = rc
+                    return k + 1
+            return 0
+        _launch_record, _launch_table = launch_record, launch_table
+
+
+class Patch:
+    """A LaunchTable argument: `count` elements at byte `offset` from base `base`."""
+
+    __slots__ = ("base", "offset", "count")
+
+    def __init__(self, base, offset, count):
+        self.base, self.offset, self.count = base, offset, count
+
+
+class LaunchTable:
+    """A fixed sequence of launches whose array arguments move, issued by one @njit call
+    (an eager call plan's replay, ops/_plan.py): one packed launch record a kernel
+    instead of a `pack` and a driver call from Python each (~3 us a launch on the
+    H200's host), and its own buffers, so no lock.
+
+    launches: [(kernel, sig, grid, block, shmem, args)], an argument that moves given
+    as a Patch; n_bases: how many base addresses `run` takes. The int64 table `m`:
+        0-5   number of patches, where they start, number of launches, where their
+              starts are, where the bases are, the failing launch's CUresult;
+        then each launch's record (10 slots, _Launcher's), parameters, and the
+        pointers to its parameters (cuLaunchKernel's void**);
+        patches (parameter slot, base, byte offset); launch starts; bases.
+    `run(*addresses)` writes the bases and launches; a failed launch raises."""
+
+    def __init__(self, launches, n_bases):
+        blocks, patches, end = [], [], 6
+        for kernel, sig, grid, block, shmem, args in launches:
+            la = kernel.compile(sig)
+            vals = list(args)
+            for i, a in enumerate(args):
+                if type(a) is Patch:
+                    vals[i] = (0, a.count)
+                    patches.append((end + 10 + la.data_slots[i], a.base, a.offset))
+            grid = grid if type(grid) is tuple else (grid, 1, 1)
+            block = block if type(block) is tuple else (block, 1, 1)
+            with la.lock:
+                la.pack(*grid, *block, shmem, 0, *vals)
+                raw = la.buf.raw
+            blocks.append((end, raw, la.nslots, kernel.name))
+            end += 10 + 2 * la.nslots
+        m = self.m = np.zeros(end + 3 * len(patches) + len(blocks) + n_bases, np.int64)
+        address = m.ctypes.data
+        for start, raw, n, _ in blocks:
+            m[start:start + 10 + n] = np.frombuffer(raw, np.int64, 10 + n)
+            m[start + 1] = address + 8 * (start + 10 + n)
+            m[start + 10 + n:start + 10 + 2 * n] = address + 8 * (start + 10 + np.arange(n))
+        p = end
+        m[0:5] = len(patches), p, len(blocks), p + 3 * len(patches), \
+            p + 3 * len(patches) + len(blocks)
+        m[p:p + 3 * len(patches)] = np.array(patches, np.int64).reshape(-1)
+        m[m[3]:m[3] + len(blocks)] = [b[0] for b in blocks]
+        self.bases = int(m[4])
+        self.names = [b[3] for b in blocks]
+
+    def failed(self, k):
+        """Raise for launch k (1-based, launch_table's return)."""
+        from ..errors import DeviceError
+        raise DeviceError(f"cuLaunchKernel({self.names[k - 1]}) failed: "
+                          f"{_error_name(int(self.m[5]))} (replaying an eager call plan)")
 
 
 def _function_handle(kernel_handle):

@@ -8,6 +8,7 @@ result maps to inputs and allocations. Two recordings of one signature compare e
 when the call did the same thing at different addresses.
 """
 import math
+import threading
 
 import numpy as np
 
@@ -113,27 +114,22 @@ class _Recorder:
         return None
 
 
-KEEP_WORKSPACE_BYTES = 1 << 20  # a plan keeps its call's workspaces up to this size
-
-
 class Recording:
-    """What a recorded call did; equal when two calls did the same. `kept`: the call's
-    workspaces (allocations it did not return), when they total at most
-    KEEP_WORKSPACE_BYTES: the plan's replays reuse them instead of allocating (~4.5 us
-    each on the H200's host). Safe because replays, like the recorded call, launch on
-    the legacy default stream, in order, and plans are per thread."""
+    """What a recorded call did; equal when two calls did the same. `workspaces`: the
+    call's allocations that it did not return, {index: the recorded array}. A replay
+    does not allocate them (~2-4 us each on the H200's host): on the GPU they live in
+    the thread's plan workspace (_Workspace), under the simulator the plan keeps the
+    recorded arrays. Safe because replays, like the recorded call, launch on the
+    legacy default stream, in order, and plans are per thread."""
 
-    __slots__ = ("allocs", "launches", "result", "fixed", "kept")
+    __slots__ = ("allocs", "launches", "result", "fixed", "workspaces")
 
     def __init__(self, rec, result):
         self.allocs, self.launches = tuple(rec.allocs), tuple(rec.launches)
         self.result, self.fixed = result, rec.fixed
         returned = {j for kind, j in _names_in(result) if kind == "a"}
-        work = [m for m in range(len(self.allocs)) if m not in returned]
-        size = sum(math.prod(shape) * dt.itemsize for _, shape, dt in
-                   (self.allocs[m] for m in work))
-        self.kept = {m: rec.objects[rec.n_inputs + m] for m in work} \
-            if size <= KEEP_WORKSPACE_BYTES else {}
+        self.workspaces = {m: rec.objects[rec.n_inputs + m] for m in range(len(self.allocs))
+                           if m not in returned}
 
     def __eq__(self, other):
         return isinstance(other, Recording) and (self.allocs, self.launches, self.result) \
@@ -154,9 +150,35 @@ def record(fn, args, kw, arrays):
     return r, (Recording(rec, res) if rec.ok else None)
 
 
+class _Workspace(threading.local):
+    """One device buffer a thread for every plan's workspaces. A plan's replay runs its
+    kernels on the legacy default stream after every earlier call's, so all plans of a
+    thread can place their workspaces at the same addresses. A plan bakes the buffer's
+    address in and keeps the buffer; a larger need gets a new buffer, at least twice
+    the size (what old plans keep stays under the newest's size). clear() drops it."""
+
+    def __init__(self):
+        self.buffer, self.nbytes = None, 0
+
+    def release(self):
+        self.buffer, self.nbytes = None, 0
+
+    def get(self, like, nbytes):
+        if nbytes > self.nbytes:
+            self.nbytes = max(nbytes, 2 * self.nbytes)
+            self.buffer = _allocate(like, (self.nbytes,), np.uint8)
+        return self.buffer
+
+
+workspace = _Workspace()
+_ALIGN = 256  # bytes between workspaces in the buffer (cudaMalloc's alignment)
+
+
 def replay_function(recording):
     """A generated function run(arrays) -> result that does what the recording did, at
-    the addresses of `arrays` ([(array, lane)], as ops._plan builds them)."""
+    the addresses of `arrays` ([(array, lane)], as ops._plan builds them): it allocates
+    the call's results, writes the new addresses into the plan's LaunchTable and
+    issues all its launches in one @njit call (the simulator: Kernel.launch each)."""
     ns = {"empty": _allocate, "ptr": ptr, "_view": _view}  # (no recording in a replay)
     lines = ["def run(ins):"]
     inputs = sorted({a[1] for _, _, _, _, _, args in recording.launches for a in args
@@ -164,25 +186,84 @@ def replay_function(recording):
                     | set(_inputs_of(recording.result)))
     for j in inputs:
         lines.append(f"    x{j}, l{j} = ins[{j}]")
-        lines.append(f"    i{j} = l{j}[3]")
+    if SIMULATOR:
+        _simulated_launches(recording, ns, lines)
+    else:
+        _table_launches(recording, ns, lines)
+    lines.append(f"    return {_result(recording.result)}")
+    exec(compile("\n".join(lines) + "\n", "<nbdnn plan>", "exec"), ns)
+    return ns["run"]
+
+
+def _allocations(recording, ns, lines, address):
+    """Lines that allocate the call's results (its workspaces: W{m}, set by the
+    caller); address(m) -> a line recording allocation m's address, or None."""
     for m, (src, shape, dt) in enumerate(recording.allocs):
-        if m in recording.kept:
-            ns[f"W{m}"] = w = recording.kept[m]
+        if m in recording.workspaces:
             lines.append(f"    a{m} = W{m}")
-            if not SIMULATOR:
-                lines.append(f"    q{m} = {ptr(w)}")
-            continue
-        ns[f"D{m}"] = dt
-        lines.append(f"    a{m} = empty({_obj(src)}, {shape!r}, D{m})")
-        if not SIMULATOR:
-            lines.append(f"    q{m} = ptr(a{m})")
+        else:
+            ns[f"D{m}"] = dt
+            lines.append(f"    a{m} = empty({_obj(src)}, {shape!r}, D{m})")
+            line = address(m)
+            if line:
+                lines.append(line)
+
+
+def _table_launches(recording, ns, lines):
+    """The launches as one LaunchTable: each input or allocation a launch reads gets a
+    base slot, which the replay fills (a workspace's here, once: its place in the
+    thread's workspace buffer)."""
+    from ._launch import LaunchTable, Patch
+    bases = {}
+    for _, _, _, _, _, args in recording.launches:
+        for a in args:
+            if a[0] in ("i", "a"):
+                bases.setdefault(a[:2], len(bases))
+    launches = [(kernel, sig, grid, block, shmem,
+                 [Patch(bases[a[:2]], a[2], a[3]) if a[0] in ("i", "a") else
+                  (a[1], a[2]) if a[0] == "f" else a[2] for a in args])
+                for kernel, sig, grid, block, shmem, args in recording.launches]
+    table = LaunchTable(launches, len(bases))
+    ns["M"], ns["T"], ns["F"] = table.m, _launch_table(), table.failed
+    b0 = table.bases
+    for (kind, j), b in bases.items():
+        if kind == "i":
+            lines.append(f"    M[{b0 + b}] = l{j}[3]")
+    if recording.workspaces:
+        offsets, end = {}, 0
+        for m in recording.workspaces:
+            _, shape, dt = recording.allocs[m]
+            offsets[m] = end
+            end += -(-math.prod(shape) * dt.itemsize // _ALIGN) * _ALIGN
+        buf = workspace.get(next(iter(recording.workspaces.values())), end)
+        address = ptr(buf)
+        for m in offsets:
+            ns[f"W{m}"] = buf  # (the plan keeps it; a later allocation may be like it)
+            if ("a", m) in bases:
+                table.m[b0 + bases["a", m]] = address + offsets[m]
+        recording.workspaces = dict.fromkeys(offsets)  # not the recorded arrays
+    _allocations(recording, ns, lines,
+                 lambda m: f"    M[{b0 + bases['a', m]}] = ptr(a{m})" if ("a", m) in bases
+                 else None)
+    lines.append("    e = T(M)")
+    lines.append("    if e:")
+    lines.append("        F(e)")
+
+
+def _launch_table():
+    from . import _launch
+    _launch._bind_driver()
+    return _launch._launch_table
+
+
+def _simulated_launches(recording, ns, lines):
+    for m, w in recording.workspaces.items():
+        ns[f"W{m}"] = w  # the recorded arrays: the simulator's views keep their dtype
+    _allocations(recording, ns, lines, lambda m: None)
     for k, (kernel, sig, grid, block, shmem, args) in enumerate(recording.launches):
         ns[f"K{k}"], ns[f"S{k}"], ns[f"G{k}"], ns[f"B{k}"] = kernel, sig, grid, block
         vals = [_value(a, f"C{k}_{i}", ns, recording.fixed) for i, a in enumerate(args)]
         lines.append(f"    K{k}.launch(S{k}, G{k}, B{k}, 0, {', '.join(vals)}, shmem={shmem})")
-    lines.append(f"    return {_result(recording.result)}")
-    exec(compile("\n".join(lines) + "\n", "<nbdnn plan>", "exec"), ns)
-    return ns["run"]
 
 
 def _obj(src):
@@ -199,10 +280,7 @@ def _value(a, name, ns, fixed):
     if kind == "o":
         ns[name] = fixed[a[1]]
         return name
-    base = f"i{a[1]}" if kind == "i" else f"q{a[1]}"
-    if SIMULATOR:
-        return f"_view({_obj(a)}, {a[2]}, {a[3]})"
-    return f"({base} + {a[2]}, {a[3]})"
+    return f"_view({_obj(a)}, {a[2]}, {a[3]})"
 
 
 def _names_in(r):

@@ -197,22 +197,6 @@ def activation(x, mode, coef, *, alpha, beta, out, stream):
     return _launch(_FORWARD, mode, (x,), out, alpha, beta, coef, stream)
 
 
-def activation_lane(x, y, lane, mode, coef, alpha, beta):
-    """activation on the eager fast lane: x, y contiguous, of one kind, dtype and shape,
-    default stream; lane = ops._common.cuda_pair's (shape, dtype, count, x address,
-    y address, y), so no pointer is fetched twice."""
-    _, dtype, n, xp, yp, _ = lane
-    if n:
-        kernel, sig = _FORWARD[mode, dtype]
-        aligned = int((xp | yp) % _ALIGN[dtype.itemsize] == 0)
-        if SIMULATOR:
-            kernel.launch(sig, _grid(n), BLOCK, 0, x, y, n, alpha, beta, coef, aligned)
-        else:
-            kernel.launch(sig, _grid(n), BLOCK, 0, (xp, n), (yp, n), n, alpha, beta, coef,
-                          aligned, owners=(x, y))
-    return y
-
-
 def activation_backward(dy, x, mode, coef, *, alpha, beta, out, stream):
     """dx = alpha * dy * act'(x) + beta * out."""
     return _launch(_BACKWARD, mode, (dy, x), out, alpha, beta, coef, stream)

@@ -266,27 +266,6 @@ def _run(op, arrays, dst, shape, axis, algo, alpha, beta, force, stream):
                  alpha, beta)
 
 
-def softmax_lane(x, y, lane, axis, algo, alpha, beta, _kernel=None):
-    """softmax on the eager fast lane (x, y contiguous, one kind, dtype and shape, the
-    default stream; lane = ops._common.cuda_pair's (shape, dtype, count, x address,
-    y address, y)): a one-kernel geometry launches from the cached plan and the lane's
-    addresses; the others take _run."""
-    shape, dtype, n, xp, yp, _ = lane
-    kind, how = _plan("softmax", shape, axis, False, _kernel, _NAMES[dtype]) if n else \
-        (None, None)
-    if kind != "one":
-        _run("softmax", (x,), y, tuple(shape), axis, algo, alpha, beta, _kernel, 0)
-        return y
-    k, sig, grid, block, scalars = how
-    aligned = int(scalars[1] % 4 == 0 and (xp | yp) % _ALIGN[dtype.itemsize] == 0)
-    if SIMULATOR:
-        k.launch(sig, grid, block, 0, x, y, *scalars, ALGOS[algo], alpha, beta, aligned)
-    else:
-        k.launch(sig, grid, block, 0, (xp, n), (yp, n), *scalars, ALGOS[algo], alpha, beta,
-                 aligned, owners=(x, y))
-    return y
-
-
 def softmax(x, axis, algo, *, alpha, beta, out, stream, _kernel=None):
     """y = alpha * softmax(x, axis) + beta * out; x contiguous (ops made it so)."""
     y = out if out is not None else empty(x, x.shape, dtype_name(x))

@@ -34,7 +34,6 @@ def compute_dtype(dtype):
 
 _describers = _backend._describers  # type -> describe function, filled by describe()
 _kinds = _backend._kinds  # type -> 'cpu' | 'cuda', filled by kind()
-_lanes = _backend._lanes  # CUDA array type -> lane function, filled by cuda._arrays.lane
 
 
 def _allowed(dtypes):
@@ -121,38 +120,6 @@ class Call:
         if self.strided:
             args = [impl_contiguous(a, stream) if id(a) in self.strided else a for a in args]
         return fn(*args, out=out, stream=stream, **kw)
-
-
-def cuda_pair(x, out, backend, stream):
-    """(shape, dtype, count, x address, out address, out) when x is a C-contiguous CUDA
-    array of a float dtype and out= is None (then allocated here, like x) or one of the
-    same kind, dtype and shape, with no stream and no backend but "cuda" asked for: an
-    eager unary call's common case, validated in one step (one `lane` call an array:
-    shape, dtype and pointer) where Call, array, out, run and the backend's pointer
-    lookups take many (perf/RESULTS.md, runs X and Y). None otherwise: the caller takes
-    the full path, which also raises the errors."""
-    t = type(x)
-    if stream is not None or _kinds.get(t) != "cuda" or \
-            not (backend is None or backend == "cuda") or \
-            (out is not None and type(out) is not t):
-        return None
-    f = _lanes.get(t) or _cuda_arrays().lane
-    a = f(x)
-    if a is None or a[1] not in _FLOATS:
-        return None
-    shape, dtype, n, xp = a
-    if out is None:
-        out = _cuda_arrays().empty(x, shape, dtype)
-    b = f(out)
-    if b is not None and b[1] is dtype and b[0] == shape:
-        return shape, dtype, n, xp, b[3], out
-    return None
-
-
-def cuda_function(family, fname):
-    """The CUDA backend's `fname`, for arrays cuda_pair accepted (returning it, not
-    calling it, spares a second packing of the keywords: 0.4 us)."""
-    return _functions.get(("cuda", family, fname)) or _function("cuda", family, fname)
 
 
 _arrays_mod = None

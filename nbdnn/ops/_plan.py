@@ -18,28 +18,28 @@ A signature's calls on one thread:
        alive by the plan; the result maps to inputs and allocations by identity;
   3rd  is recorded again and must give the same recording, or the signature is never
        planned (host state that changes between calls, e.g. an op reading a counter);
-  4th+ replays the plan: one generated function allocates the results (workspaces up
-       to 1 MiB are the plan's own, reused) and issues the same launches at the new
-       addresses (perf/RESULTS.md, run Z: host µs a call).
+  4th+ replays the plan: one generated function allocates the results, writes the
+       new addresses into the plan's launch table and issues all its launches from
+       one @njit call (cuda._launch.LaunchTable); workspaces are not allocated: they
+       sit in one buffer a thread that all its plans share (perf/RESULTS.md, runs Z
+       and AA: host µs a call).
 Not planned: calls inside a Graph capture or given a stream; calls with NumPy
 arrays, strided views or arguments of other types; calls whose inputs overlap at
 different addresses; calls whose recording copied between host and device or had
 arguments it cannot relocate.
-Plans are per thread (a replay's workspaces are its own; launches go to the legacy
-default stream, in order, as the eager call's do). A plan replays the kernels its
+Plans are per thread (their workspace buffer is the thread's; launches go to the
+legacy default stream, in order, as the eager call's do). A plan replays the kernels its
 signature chose: after changing something outside the arguments that steers dispatch
 (a module-level limit, a forced variant), call `clear()`.
 """
 import functools
-import itertools
 import os
+import sys
 
 import numpy as np
 
 from .. import backend as _backend
 
-_kinds = _backend._kinds
-_lanes = _backend._lanes
 _recording = _backend._recording  # thread-local: .graph (a Graph), .plan (a _Recorder)
 _SCALARS = frozenset((int, float, bool, str, complex, type(None)))
 _NEVER = "never"
@@ -81,43 +81,50 @@ def planned(fn):
 
 def _signature(fn, args, kw):
     """(hashable key, [(array, lane)]) of a call; _NoPlan when it cannot be planned.
-    Flat: a scalar adds its type and value, an array its type and four facts (the
-    type says which)."""
+    Flat: a scalar adds its type and value, an array its type, shape, dtype and
+    address mod 16; when arrays share an address, which ones do ends the key."""
     arrays = []
     parts = [fn]
-    add = parts.append
-    for v in itertools.chain(args, _named(kw, add)) if kw else args:
+    for v in args:
         t = type(v)
         if t in _SCALARS:
-            add(t)
-            add(v)
+            parts += (t, v)
         else:
             _add(v, t, parts, arrays)
-    if not arrays:
+    if kw:
+        for k, v in kw.items():
+            t = type(v)
+            if t in _SCALARS:
+                parts += (k, t, v)
+            else:
+                parts.append(k)
+                _add(v, t, parts, arrays)
+    n = len(arrays)
+    if n > 1 and len({lane[3] for _, lane in arrays}) < n:
+        parts.append(_aliases(arrays))
+    elif not n:
         raise _NoPlan
     return tuple(parts), arrays
 
 
-def _named(kw, add):
-    """kw's values, each after its name goes into the key."""
-    for k, v in kw.items():
-        add(k)
-        yield v
+def _aliases(arrays):
+    """Each array's first predecessor at the same (nonzero) address, else -1."""
+    first = {}
+    return tuple(first.setdefault(lane[3], j) if lane[3] else -1
+                 for j, (_, lane) in enumerate(arrays))
+
+
+_cuda_lanes = {}  # CUDA array type -> its lane function (cuda._arrays.lane's choice)
 
 
 def _add(v, t, parts, arrays):
-    if (_kinds.get(t) or _backend.kind(v)) == "cuda":
-        lane = (_lanes.get(t) or _lane_of)(v)
+    lane_of = _cuda_lanes.get(t)
+    if lane_of is not None or _is_cuda(t, v):
+        lane = (lane_of or _cuda_lanes[t])(v)
         if lane is None:  # a strided view: its gather copy is not planned
             raise _NoPlan
-        p, alias = lane[3], -1  # alias: the first array at the same address
-        if p:
-            for j, (_, other) in enumerate(arrays):
-                if other[3] == p:
-                    alias = j
-                    break
         arrays.append((v, lane))
-        parts += (t, lane[0], lane[1], p & 15, alias)
+        parts += (t, lane[0], lane[1], lane[3] & 15)
     elif t is tuple or t is list:
         sub = [t]
         for e in v:
@@ -129,9 +136,14 @@ def _add(v, t, parts, arrays):
         raise _NoPlan
 
 
-def _lane_of(x):
-    from ..cuda._arrays import lane
-    return lane(x)
+def _is_cuda(t, v):
+    """True for a CUDA array type (and remember its lane function)."""
+    if (_backend._kinds.get(t) or _backend.kind(v)) != "cuda":
+        return False
+    from ..cuda import _arrays
+    _arrays.lane(v)  # chooses the type's lane function
+    _cuda_lanes[t] = _backend._lanes[t]
+    return True
 
 
 def _learn(plans, key, state, fn, args, kw, arrays):
@@ -180,5 +192,9 @@ def plans_of_this_thread():
 
 
 def clear():
-    """Forget this thread's plans (after changing a setting that steers dispatch)."""
+    """Forget this thread's plans (after changing a setting that steers dispatch) and
+    release its workspace buffer (what the plans keep goes with them)."""
     _recording.__dict__.pop("plans", None)
+    record = sys.modules.get("nbdnn.cuda._plan_record")
+    if record is not None:
+        record.workspace.release()

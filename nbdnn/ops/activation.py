@@ -1,8 +1,7 @@
 """activation / activation_backward: cuDNN's cudnnActivationForward/Backward modes plus
 the modern ones (swish, gelu, gelu_tanh, softplus). The formulas are in
 nbdnn/cpu/activation.py."""
-from ._common import (Call, blend_params, choice, cuda_function, cuda_pair, same_dtype,
-                      same_shape, scalar)
+from ._common import Call, blend_params, choice, same_dtype, same_shape, scalar
 
 MODES = ("relu", "leaky_relu", "clipped_relu", "elu", "sigmoid", "tanh", "swish",
          "gelu", "gelu_tanh", "softplus", "identity")
@@ -35,12 +34,8 @@ def activation(x, mode="relu", *, coef=None, alpha=1.0, beta=0.0, out=None,
 
     x: any shape, float16/float32/float64. Returns y (or `out`) of x's shape and dtype."""
     op = "activation"
-    fast = cuda_pair(x, out, backend, stream)  # the eager common case: one check
     coef = _coef(op, mode, coef)
     alpha, beta = blend_params(op, alpha, beta, out)
-    if fast:
-        return cuda_function("activation", "activation_lane")(x, fast[5], fast, mode, coef,
-                                                              alpha, beta)
     c = Call(op, "activation", backend, stream, x=x, out=out)
     shape, dtype = c.array("x", x)
     out = c.out(out, shape, dtype)

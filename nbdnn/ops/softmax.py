@@ -10,8 +10,7 @@ attention and classifiers. The formulas are in nbdnn/cpu/softmax.py.
 allows it; the CPU backend ignores it.
 """
 from ..errors import BadParamError, fail
-from ._common import (Call, blend_params, choice, cuda_function, cuda_pair,
-                      normalize_axis, same_dtype, same_shape)
+from ._common import Call, blend_params, choice, normalize_axis, same_dtype, same_shape
 
 ALGOS = ("fast", "accurate", "log")
 KERNELS = (None, "rows", "rows_block", "fused", "long", "strided")
@@ -31,16 +30,12 @@ def softmax(x, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
     log: x - max - log(sum exp(x - max)). x: any shape (ndim >= 1),
     float16/float32/float64. Returns y (or `out`) of x's shape and dtype."""
     op = "softmax"
-    fast = cuda_pair(x, out, backend, stream)  # the eager common case: one check
-    c = None if fast else Call(op, "softmax", backend, stream, x=x, out=out)
-    shape, dtype = fast[:2] if fast else c.array("x", x)
+    c = Call(op, "softmax", backend, stream, x=x, out=out)
+    shape, dtype = c.array("x", x)
     axis = _axis(op, "x", axis, shape)
     choice(op, "algo", algo, ALGOS)
     choice(op, "_kernel", _kernel, KERNELS)
     alpha, beta = blend_params(op, alpha, beta, out)
-    if fast:
-        return cuda_function("softmax", "softmax_lane")(x, fast[5], fast, axis, algo, alpha,
-                                                       beta, _kernel)
     out = c.out(out, shape, dtype)
     return c.run("softmax", x, axis, algo, alpha=alpha, beta=beta, out=out, _kernel=_kernel)
 
