@@ -252,6 +252,10 @@ def _front_end_pieces(tx, ty):
         "piece: _coef + blend_params": lambda: (oa._coef("activation", "relu", None),
                                                 _common.blend_params("activation", 1.0, 0.0, ty)),
         "piece: stream_handle(None)": lambda: _arrays.stream_handle(None),
+        # a plan's new output: torch.empty as _arrays.empty calls it, or new_empty
+        "piece: torch.empty((4, 256), dtype=, device=x.device)": lambda: __import__(
+            "torch").empty((4, 256), dtype=tx.dtype, device=tx.device),
+        "piece: x.new_empty((4, 256))": lambda: tx.new_empty((4, 256)),
     })
     pieces.update(_plan_pieces(tx, ty))
     rows = {k: loop_cost(f) for k, f in pieces.items()}

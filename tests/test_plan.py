@@ -193,3 +193,27 @@ def test_plans_share_the_threads_workspace_and_survive_its_growth():
     for got, want in _bn_calls(3):
         np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-5, atol=1e-5)
     assert sum(type(s) is Plan for s in _states()) == 2
+
+
+def test_torch_tensors_replay_with_new_outputs():
+    """torch tensors in: a plan allocates each new output with new_empty (x's dtype)
+    or torch.empty (another dtype: dropout's uint8 mask), on x's device."""
+    torch = pytest.importorskip("torch")
+    if SIMULATOR or not torch.cuda.is_available():
+        pytest.skip("needs PyTorch with CUDA and a GPU")
+    rng = np.random.default_rng(5)
+    outs = []
+    for _ in range(5):
+        h = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+        x = torch.from_numpy(h).cuda()
+        y = nbdnn.activation(x, "relu")
+        assert (y.dtype, y.device, y.shape) == (x.dtype, x.device, x.shape)
+        np.testing.assert_array_equal(y.cpu().numpy(), np.maximum(h, 0))
+        d, mask = nbdnn.dropout(x, 0.5, seed=7, offset=0)
+        want_d, want_mask = nbdnn.dropout(h, 0.5, seed=7, offset=0)
+        assert mask.dtype == torch.uint8 and mask.device == x.device
+        np.testing.assert_array_equal(mask.cpu().numpy(), want_mask)
+        np.testing.assert_allclose(d.cpu().numpy(), want_d, rtol=1e-6, atol=0)
+        outs.append(y)
+    assert len({o.data_ptr() for o in outs}) == 5
+    assert sum(type(s) is Plan for s in _states()) == 2

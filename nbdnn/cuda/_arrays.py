@@ -140,6 +140,21 @@ def lane(x):
     return (_lane_fns.get(t) or _chosen(_lane_fns, _LANE, t))(x)
 
 
+def _plan_facts_torch(x):
+    """lane() less what a plan's signature does not need (the count; NumPy's dtype):
+    four of torch's C getters instead of six."""
+    if x.is_cuda and x.is_contiguous():
+        return x.shape, x.dtype, None, x.data_ptr()
+    return None
+
+
+def plan_facts(t):
+    """fn(x) -> (shape, dtype, count or None, address), None for a strided array: what
+    an eager call plan's signature (ops/_plan.py) reads from an array of type t."""
+    return _plan_facts_torch if _array_kind(t) == "torch" else \
+        (_lane_fns.get(t) or _chosen(_lane_fns, _LANE, t))
+
+
 _dtype_names = {}
 
 

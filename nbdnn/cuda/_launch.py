@@ -7,6 +7,8 @@ the loaded module, and keeps a packed parameter buffer per signature. A launch w
 the few values that change (pointers, sizes, scalars) into that buffer with one
 `struct.pack_into` and calls the driver's `cuLaunchKernel` from an @njit function
 that reads the launch record (_Launcher: 3.7-3.9 us of host time on the H200's host).
+An eager call plan replays a whole call's launches from one such @njit call over its
+own packed records (LaunchTable): only the array addresses change between replays.
 
 How numba passes arguments (numba-cuda 0.30, `_Kernel._prepare_args`): an array is
 flattened to meminfo, parent, nitems, itemsize, data pointer, then one shape and one
@@ -173,7 +175,9 @@ class LaunchTable:
         then each launch's record (10 slots, _Launcher's), parameters, and the
         pointers to its parameters (cuLaunchKernel's void**);
         patches (parameter slot, base, byte offset); launch starts; bases.
-    `run(*addresses)` writes the bases and launches; a failed launch raises."""
+    A replay writes the bases (m[bases + i]) and calls _launch_table(m), which adds
+    each patch's offset to its base, launches in order and returns 0, or k for a
+    failed k-th launch (its CUresult in m[5]; `failed` raises)."""
 
     def __init__(self, launches, n_bases):
         blocks, patches, end = [], [], 6

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 
 from . import SIMULATOR
-from ._arrays import _allocate, _recording, dtype_of, flat, ptr, ptr_size
+from ._arrays import _allocate, _recording, dtype_of, flat, lane, ptr, ptr_size
 
 
 class _Recorder:
@@ -21,8 +21,10 @@ class _Recorder:
     recorded (_recording.plan)."""
 
     def __init__(self, arrays):
-        self.sources = [(x, lane[3], lane[2] * lane[1].itemsize, lane[1])
-                        for x, lane in arrays]  # (array, address, bytes, dtype)
+        self.sources = []  # (array, address, bytes, NumPy dtype)
+        for x, _ in arrays:
+            _, dt, n, p = lane(x)
+            self.sources.append((x, p, n * dt.itemsize, dt))
         self.n_inputs = len(arrays)
         self.objects = [x for x, _ in arrays]
         self.allocs, self.launches, self.fixed = [], [], {}
@@ -46,7 +48,10 @@ class _Recorder:
             return
         p, n = ptr_size(result)
         dt = np.dtype(dtype)
-        self.allocs.append((src, tuple(shape), dt))
+        source = self.objects[src[1] + (0 if src[0] == "i" else self.n_inputs)]
+        # a torch tensor of the same dtype: x.new_empty(shape) parses one argument
+        same = type(source).__module__.startswith("torch") and dtype_of(source) == dt
+        self.allocs.append((src, tuple(shape), dt, same))
         self.sources.append((result, p, n * dt.itemsize, dt))
         self.objects.append(result)
 
@@ -176,16 +181,16 @@ _ALIGN = 256  # bytes between workspaces in the buffer (cudaMalloc's alignment)
 
 def replay_function(recording):
     """A generated function run(arrays) -> result that does what the recording did, at
-    the addresses of `arrays` ([(array, lane)], as ops._plan builds them): it allocates
+    the addresses of `arrays` ([(array, facts)], as ops._plan builds them): it allocates
     the call's results, writes the new addresses into the plan's LaunchTable and
     issues all its launches in one @njit call (the simulator: Kernel.launch each)."""
     ns = {"empty": _allocate, "ptr": ptr, "_view": _view}  # (no recording in a replay)
     lines = ["def run(ins):"]
     inputs = sorted({a[1] for _, _, _, _, _, args in recording.launches for a in args
-                     if a[0] == "i"} | {s[1] for s, _, _ in recording.allocs if s[0] == "i"}
+                     if a[0] == "i"} | {s[1] for s, _, _, _ in recording.allocs if s[0] == "i"}
                     | set(_inputs_of(recording.result)))
     for j in inputs:
-        lines.append(f"    x{j}, l{j} = ins[{j}]")
+        lines.append(f"    x{j}, f{j} = ins[{j}]")
     if SIMULATOR:
         _simulated_launches(recording, ns, lines)
     else:
@@ -198,9 +203,11 @@ def replay_function(recording):
 def _allocations(recording, ns, lines, address):
     """Lines that allocate the call's results (its workspaces: W{m}, set by the
     caller); address(m) -> a line recording allocation m's address, or None."""
-    for m, (src, shape, dt) in enumerate(recording.allocs):
+    for m, (src, shape, dt, same) in enumerate(recording.allocs):
         if m in recording.workspaces:
             lines.append(f"    a{m} = W{m}")
+        elif same and not SIMULATOR:
+            lines.append(f"    a{m} = {_obj(src)}.new_empty({shape!r})")
         else:
             ns[f"D{m}"] = dt
             lines.append(f"    a{m} = empty({_obj(src)}, {shape!r}, D{m})")
@@ -228,11 +235,11 @@ def _table_launches(recording, ns, lines):
     b0 = table.bases
     for (kind, j), b in bases.items():
         if kind == "i":
-            lines.append(f"    M[{b0 + b}] = l{j}[3]")
+            lines.append(f"    M[{b0 + b}] = f{j}[3]")
     if recording.workspaces:
         offsets, end = {}, 0
         for m in recording.workspaces:
-            _, shape, dt = recording.allocs[m]
+            _, shape, dt, _ = recording.allocs[m]
             offsets[m] = end
             end += -(-math.prod(shape) * dt.itemsize // _ALIGN) * _ALIGN
         buf = workspace.get(next(iter(recording.workspaces.values())), end)

@@ -80,27 +80,42 @@ def planned(fn):
 
 
 def _signature(fn, args, kw):
-    """(hashable key, [(array, lane)]) of a call; _NoPlan when it cannot be planned.
+    """(hashable key, [(array, facts)]) of a call; _NoPlan when it cannot be planned.
     Flat: a scalar adds its type and value, an array its type, shape, dtype and
-    address mod 16; when arrays share an address, which ones do ends the key."""
+    address mod 16; when arrays share an address, which ones do ends the key. (The
+    array branch is written out in both loops: this runs on every eager call.)"""
     arrays = []
     parts = [fn]
     for v in args:
         t = type(v)
-        if t in _SCALARS:
+        facts_of = _facts.get(t)
+        if facts_of is not None:
+            f = facts_of(v)
+            if f is None:  # a strided view: its gather copy is not planned
+                raise _NoPlan
+            arrays.append((v, f))
+            parts += (t, f[0], f[1], f[3] & 15)
+        elif t in _SCALARS:
             parts += (t, v)
         else:
             _add(v, t, parts, arrays)
     if kw:
         for k, v in kw.items():
             t = type(v)
-            if t in _SCALARS:
+            facts_of = _facts.get(t)
+            if facts_of is not None:
+                f = facts_of(v)
+                if f is None:
+                    raise _NoPlan
+                arrays.append((v, f))
+                parts += (k, t, f[0], f[1], f[3] & 15)
+            elif t in _SCALARS:
                 parts += (k, t, v)
             else:
                 parts.append(k)
                 _add(v, t, parts, arrays)
     n = len(arrays)
-    if n > 1 and len({lane[3] for _, lane in arrays}) < n:
+    if n > 1 and len({f[3] for _, f in arrays}) < n:
         parts.append(_aliases(arrays))
     elif not n:
         raise _NoPlan
@@ -110,21 +125,26 @@ def _signature(fn, args, kw):
 def _aliases(arrays):
     """Each array's first predecessor at the same (nonzero) address, else -1."""
     first = {}
-    return tuple(first.setdefault(lane[3], j) if lane[3] else -1
-                 for j, (_, lane) in enumerate(arrays))
+    return tuple(first.setdefault(f[3], j) if f[3] else -1
+                 for j, (_, f) in enumerate(arrays))
 
 
-_cuda_lanes = {}  # CUDA array type -> its lane function (cuda._arrays.lane's choice)
+# CUDA array type -> fn(x) -> (shape, dtype, count or None, address), None if strided
+# (cuda._arrays.plan_facts chooses it; filled on first sight)
+_facts = {}
 
 
 def _add(v, t, parts, arrays):
-    lane_of = _cuda_lanes.get(t)
-    if lane_of is not None or _is_cuda(t, v):
-        lane = (lane_of or _cuda_lanes[t])(v)
-        if lane is None:  # a strided view: its gather copy is not planned
+    """An argument the loops did not place: a CUDA array of a type not seen yet, a
+    tuple or list (recursively), a NumPy scalar; _NoPlan for anything else."""
+    if (_backend._kinds.get(t) or _backend.kind(v)) == "cuda":
+        from ..cuda import _arrays
+        facts_of = _facts[t] = _arrays.plan_facts(t)
+        f = facts_of(v)
+        if f is None:
             raise _NoPlan
-        arrays.append((v, lane))
-        parts += (t, lane[0], lane[1], lane[3] & 15)
+        arrays.append((v, f))
+        parts += (t, f[0], f[1], f[3] & 15)
     elif t is tuple or t is list:
         sub = [t]
         for e in v:
@@ -134,16 +154,6 @@ def _add(v, t, parts, arrays):
         parts += (t, v)
     else:
         raise _NoPlan
-
-
-def _is_cuda(t, v):
-    """True for a CUDA array type (and remember its lane function)."""
-    if (_backend._kinds.get(t) or _backend.kind(v)) != "cuda":
-        return False
-    from ..cuda import _arrays
-    _arrays.lane(v)  # chooses the type's lane function
-    _cuda_lanes[t] = _backend._lanes[t]
-    return True
 
 
 def _learn(plans, key, state, fn, args, kw, arrays):
