@@ -206,14 +206,15 @@ def _allocations(recording, ns, lines, address):
     for m, (src, shape, dt, same) in enumerate(recording.allocs):
         if m in recording.workspaces:
             lines.append(f"    a{m} = W{m}")
-        elif same and not SIMULATOR:
+            continue
+        if same and not SIMULATOR:
             lines.append(f"    a{m} = {_obj(src)}.new_empty({shape!r})")
         else:
             ns[f"D{m}"] = dt
             lines.append(f"    a{m} = empty({_obj(src)}, {shape!r}, D{m})")
-            line = address(m)
-            if line:
-                lines.append(line)
+        line = address(m)
+        if line:
+            lines.append(line)
 
 
 def _table_launches(recording, ns, lines):
@@ -249,9 +250,13 @@ def _table_launches(recording, ns, lines):
             if ("a", m) in bases:
                 table.m[b0 + bases["a", m]] = address + offsets[m]
         recording.workspaces = dict.fromkeys(offsets)  # not the recorded arrays
-    _allocations(recording, ns, lines,
-                 lambda m: f"    M[{b0 + bases['a', m]}] = ptr(a{m})" if ("a", m) in bases
-                 else None)
+
+    def address(m):  # (a torch tensor's data_ptr() directly)
+        if ("a", m) not in bases:
+            return None
+        get = f"a{m}.data_ptr()" if recording.allocs[m][3] else f"ptr(a{m})"
+        return f"    M[{b0 + bases['a', m]}] = {get}"
+    _allocations(recording, ns, lines, address)
     lines.append("    e = T(M)")
     lines.append("    if e:")
     lines.append("        F(e)")
