@@ -207,7 +207,8 @@ def _allocations(recording, ns, lines, address):
         if m in recording.workspaces:
             lines.append(f"    a{m} = W{m}")
             continue
-        if same and not SIMULATOR:
+        if same and not SIMULATOR and not (src[0] == "a" and src[1] in recording.workspaces):
+            # (like a workspace: on the GPU that is the thread's uint8 buffer)
             lines.append(f"    a{m} = {_obj(src)}.new_empty({shape!r})")
         else:
             ns[f"D{m}"] = dt
