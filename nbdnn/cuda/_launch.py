@@ -169,7 +169,7 @@ class LaunchTable:
     H200's host), and its own buffers, so no lock.
 
     launches: [(kernel, sig, grid, block, shmem, args)], an argument that moves given
-    as a Patch; n_bases: how many base addresses `run` takes. The int64 table `m`:
+    as a Patch; n_bases: how many base addresses the patches name. The int64 table m:
         0-5   number of patches, where they start, number of launches, where their
               starts are, where the bases are, the failing launch's CUresult;
         then each launch's record (10 slots, _Launcher's), parameters, and the

@@ -163,7 +163,7 @@ class _Workspace(threading.local):
     the size (what old plans keep stays under the newest's size). clear() drops it."""
 
     def __init__(self):
-        self.buffer, self.nbytes = None, 0
+        self.release()
 
     def release(self):
         self.buffer, self.nbytes = None, 0
