@@ -17,8 +17,8 @@ from .errors import DeviceError, fail, BadParamError
 BACKENDS = ("cpu", "cuda")
 _recording = threading.local()  # this thread's .graph (cuda.Graph) and .plan (ops._plan)
 _describers = {}  # type -> fn(x) -> (shape, dtype, c_contiguous); filled on first sight
-_lanes = {}  # CUDA array type -> fn(x) -> (shape, dtype, count, address) | None; filled
-# by nbdnn.cuda._arrays.lane (this module does not import numba.cuda)
+_array_facts = {}  # CUDA array type -> fn(x) -> (shape, dtype, count, address) | None; filled
+# by nbdnn.cuda.runtime.arrays.facts (this module does not import numba.cuda)
 
 
 def _describe_numpy(x):
@@ -181,6 +181,15 @@ def choose(op, arrays, backend=None):
     return backend, backend == "cuda"
 
 
-def module(backend, family):
-    """The backend's module for an op family: nbdnn.cpu.<family> or nbdnn.cuda.<family>."""
+def module(backend, family, op=None):
+    """The backend's module for an op family: nbdnn.cpu.<family> or nbdnn.cuda.<family>
+    (a DeviceError for op when CUDA kernels can run neither on a GPU nor simulated)."""
+    if backend == "cuda":
+        cuda_runtime("simulator").require_gpu(op or family)
     return importlib.import_module(f"nbdnn.{backend}.{family}")
+
+
+def cuda_runtime(name):
+    """nbdnn.cuda.runtime.<name> (arrays, launch, strided, plan_record, device), for the
+    front end: ops/ reaches the CUDA backend only through this module."""
+    return importlib.import_module(f"nbdnn.cuda.runtime.{name}")

@@ -9,9 +9,9 @@ import numpy as np
 
 
 def _versions():
-    import numba
     import nbdnn
-    v = {"nbdnn": nbdnn.__version__, "numba": numba.__version__, "numpy": np.__version__}
+    from nbdnn.cuda.runtime.device import numba_version
+    v = {"nbdnn": nbdnn.__version__, "numba": numba_version(), "numpy": np.__version__}
     try:
         from importlib.metadata import version
         v["numba-cuda"] = version("numba-cuda")
@@ -27,10 +27,9 @@ def _header():
     if SIMULATOR:
         return (f"{line}\nCUDA backend: numba's CUDA SIMULATOR ({DRIVER_STATUS}): kernels run "
                 "as Python threads; shapes are tiny and times say nothing about a GPU")
-    from numba import cuda
-    d = cuda.get_current_device()
-    return f"{line}\nCUDA backend: {d.name.decode() if isinstance(d.name, bytes) else d.name} " \
-           f"(sm_{d.compute_capability[0]}{d.compute_capability[1]}), hardware"
+    from nbdnn.cuda.runtime.device import describe
+    name, cc, _ = describe()
+    return f"{line}\nCUDA backend: {name} (sm_{cc[0]}{cc[1]}), hardware"
 
 
 # CUDA release -> newest PTX ISA its driver JIT-compiles (PTX ISA release notes)
@@ -69,11 +68,9 @@ def info(args):
     if SIMULATOR:
         print("mode         SIMULATOR: numba's CUDA simulator runs the kernels (no usable GPU)")
     else:
-        from numba import cuda
-        d = cuda.get_current_device()
-        name = d.name.decode() if isinstance(d.name, bytes) else d.name
-        print(f"{'GPU':<12} {name}, compute capability {d.compute_capability[0]}."
-              f"{d.compute_capability[1]}, {d.MULTIPROCESSOR_COUNT} SMs")
+        from nbdnn.cuda.runtime.device import describe
+        name, cc, sms = describe()
+        print(f"{'GPU':<12} {name}, compute capability {cc[0]}.{cc[1]}, {sms} SMs")
         print("mode         hardware")
     if driver and emitted and not SIMULATOR:
         can = _driver_ptx_isa(driver)

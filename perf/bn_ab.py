@@ -1,4 +1,4 @@
-"""Batch norm's channels-first fast path (nbdnn/cuda/_bn_planes.py) against the general
+"""Batch norm's channels-first fast path (nbdnn/cuda/batch_norm/planes.py) against the general
 kernels (_bn_sums + batch_norm's apply/dx) on 64x256x64x64 fp32, both graph-timed, with
 a copy of the tensor and PyTorch in the same run; then the depthwise 7x7/14x14 layers
 against a copy of the same tensor (the floor behind issue 3's 2x goal there).
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import nbdnn
 from nbdnn.bench import time_gpu, time_graph
 from nbdnn.cuda import batch_norm as BN
-from nbdnn.cuda._launch import REGISTRY
+from nbdnn.cuda.runtime.launch import REGISTRY
 
 B, C, H = 64, 256, 64
 x = torch.randn(B, C, H, H, device="cuda")

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from nbdnn.bench import time_gpu
-from nbdnn._bench_norm import _bn_cases, _pool_cases, _row_norm_cases
+from nbdnn.bench.cases_norm import _bn_cases, _pool_cases, _row_norm_cases
 
 
 def back_to_back(fn, calls=20):

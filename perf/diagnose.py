@@ -12,7 +12,8 @@ import torch
 
 import nbdnn
 from nbdnn.bench import time_gpu, copy_bandwidth
-from nbdnn.cuda import _launch, softmax as S, activation as A
+from nbdnn.cuda.runtime import launch as _launch
+from nbdnn.cuda import softmax as S, activation as A
 from numba import cuda, float32
 
 

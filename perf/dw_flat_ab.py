@@ -1,6 +1,6 @@
 """Experiment (not in the library): a depthwise 3x3/1 kernel for small planes that maps
 threads along the flattened tensor, for the 7x7 and 14x14 MobileNet layers where the
-row kernel (nbdnn/cuda/_conv_depthwise_rows.py) misses 2x cuDNN (perf/RESULTS.md runs
+row kernel (nbdnn/cuda/conv/depthwise_rows.py) misses 2x cuDNN (perf/RESULTS.md runs
 U and V: 1024@7 170%, 512@14 194%).
 
 Why: under Nsight Compute the row kernel at 1024@7 issues ~100 thread instructions an
@@ -35,8 +35,8 @@ from numba import cuda
 
 import nbdnn
 from nbdnn.cuda import SIMULATOR
-from nbdnn.cuda._intrinsics import load4, store4
-from nbdnn.cuda._launch import Kernel
+from nbdnn.cuda.runtime.intrinsics import load4, store4
+from nbdnn.cuda.runtime.launch import Kernel
 
 BLOCK = 32 if SIMULATOR else 128
 
@@ -104,7 +104,7 @@ def dw_flat(x, w, y, bias=None, V=4):
 
 def check(shapes):
     """Against the CPU reference (float64), with and without a bias."""
-    from nbdnn.cuda._arrays import to_device
+    from nbdnn.cuda.runtime.arrays import to_device
     rng = np.random.default_rng(0)
     for N, C, H in shapes:
         x = rng.standard_normal((N, C, H, H)).astype(np.float32)

@@ -160,7 +160,7 @@ def _launch_paths(kern, sig, x, y):
     launch record (one array argument)."""
     import ctypes
     from numba import njit
-    from nbdnn.cuda import _launch
+    from nbdnn.cuda.runtime import launch as _launch
     kern.launch(sig, 1, 256, 0, x, y, 1024, 1.0, 0.0, 0.0, 1)
     lau = kern._launchers[sig]
     f, pa = int(lau.handle), lau.params_address
@@ -217,15 +217,16 @@ def _interleaved(fns, rounds=40, calls=500):
 
 def _front_end_pieces(tx, ty):
     from nbdnn import backend
-    from nbdnn.cuda import activation as ca, _arrays
+    from nbdnn.cuda import activation as ca
+    from nbdnn.cuda.runtime import arrays as _arrays
     kern, sig = ca._FORWARD["relu", np.dtype("float32")]
     lau = kern._launchers[sig]
     px, py = _arrays.ptr_size(tx), _arrays.ptr_size(ty)
-    from nbdnn.cuda._launch import _cuLaunchKernel as drv, _launch_record
+    from nbdnn.cuda.runtime.launch import _cuLaunchKernel as drv, _launch_record
     dt = np.dtype("float32")
     pieces = {
         "piece: ptr_size(torch)": lambda: _arrays.ptr_size(tx),
-        "piece: lane(torch)": lambda: _arrays.lane(tx),
+        "piece: facts(torch)": lambda: _arrays.facts(tx),
         "piece: dtype_of(torch)": lambda: _arrays.dtype_of(tx),
         "piece: kernel table lookup": lambda: ca._FORWARD["relu", dt],
         "piece: pack (pointer tuples)": lambda: lau.pack(1, 1, 1, 128, 1, 1, 0, 0, px, py,

@@ -8,7 +8,7 @@ import re
 import sys
 
 import nbdnn.cuda  # noqa: F401  (numpy shim before numba.cuda)
-from nbdnn.cuda._launch import REGISTRY
+from nbdnn.cuda.runtime.launch import REGISTRY
 
 mod, name, dtype = sys.argv[1:4]
 importlib.import_module(mod)

@@ -12,7 +12,8 @@ from numba import cuda, float32
 
 import nbdnn
 from nbdnn.bench import copy_bandwidth, time_gpu
-from nbdnn.cuda import _launch, softmax as S
+from nbdnn.cuda.runtime import launch as _launch
+from nbdnn.cuda import softmax as S
 
 
 def main():

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda import SIMULATOR, _arrays
+from nbdnn.cuda import SIMULATOR
+from nbdnn.cuda.runtime import arrays as _arrays
 from numba import cuda
 
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda import SIMULATOR, _bn_planes, batch_norm as BN
-from nbdnn.cuda._arrays import to_device
+from nbdnn.cuda import SIMULATOR, batch_norm as BN
+from nbdnn.cuda.batch_norm import planes as _bn_planes
+from nbdnn.cuda.runtime.arrays import to_device
 
 # (shape, layout, offset): MULTI's channels span several chunks whose last iteration is
 # partly masked (asserted below); 5x5 planes and an offset view take the general

@@ -1,4 +1,4 @@
-"""Both implicit-GEMM variants (nbdnn/cuda/_igemm_source.py) with every tile forced,
+"""Both implicit-GEMM variants (nbdnn/cuda/conv/implicit_gemm_source.py) with every tile forced,
 against the CPU reference: variant 2 (a table entry a reduction index) runs when
 C/groups < BK, variant 3 (taps, then BK-channel chunks) otherwise. The shapes put
 C/groups below, at, past and well past a chunk (ragged last chunks), both layouts,
@@ -13,7 +13,7 @@ import nbdnn
 from nbdnn.cuda import SIMULATOR, conv as CV
 from nbdnn.cuda.matmul import TILES
 import nbdnn.testing  # noqa: F401  (imports the spec modules in order)
-from nbdnn._specs_matmul import matmul_tol
+from nbdnn.testing.specs.matmul import matmul_tol
 
 # (C, K, groups, H, W, R, S, stride, dilation, padding, mode)
 GEOMS = [(1, 3, 1, 5, 4, 2, 3, (1, 1), (1, 1), ((1, 0), (2, 1)), "cross_correlation"),
@@ -218,7 +218,7 @@ def test_depthwise_variants_match_reference(geom, plain, last, variant, monkeypa
     multipliers, the flipped mode, strides and dilation in the row kernel (the rule's
     rows a thread, partial groups of rows, and 1 row); "other": the row kernel off, so the
     dilated layer takes variant 1 and the rest variant 2."""
-    from nbdnn.cuda import _conv_depthwise_rows as DR
+    from nbdnn.cuda.conv import depthwise_rows as DR
     rows_usable = DR.usable
     if variant == "other":
         monkeypatch.setattr(DR, "usable", lambda *a: False)

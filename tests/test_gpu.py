@@ -15,7 +15,7 @@ def _dev(a):
 
 
 def _host(a):
-    from nbdnn.cuda import _arrays
+    from nbdnn.cuda.runtime import arrays as _arrays
     return _arrays.to_host(a)
 
 
@@ -191,7 +191,8 @@ def test_gemm_and_depthwise_kernels_spill_at_most_as_measured(family):
 def test_norm_pool_and_batch_norm_kernels_do_not_spill():
     """The register-cached norm rows (up to 64 values a lane under a 128-register cap)
     and batch norm's register-held chunks must stay in registers, in every dtype."""
-    from nbdnn.cuda import batch_norm as BN, norm as NM, pool as PL, _launch
+    from nbdnn.cuda import batch_norm as BN, norm as NM, pool as PL
+    from nbdnn.cuda.runtime import launch as _launch
     for table in (NM._KERNELS, BN._KERNELS, PL._KERNELS):
         for (name, dtype), (kernel, sig) in table.items():
             assert kernel.resources(sig)["local_bytes"] == 0, (name, dtype)
@@ -202,7 +203,7 @@ def test_norm_pool_and_batch_norm_kernels_do_not_spill():
 def test_depthwise_row_kernels_do_not_spill():
     """The depthwise row kernel at its largest register use (most rows a thread, every
     dtype) holds its loads in registers."""
-    from nbdnn.cuda import _conv_depthwise_rows as DR
+    from nbdnn.cuda.conv import depthwise_rows as DR
     for dtype in ("float16", "float32", "float64"):
         ct = "float64" if dtype == "float64" else "float32"
         for geometry, rpt in (((3, 3, 1, 1, 1, 1, 0), 8), ((3, 3, 2, 2, 1, 1, 1), 7),

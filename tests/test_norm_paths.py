@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda import _arrays, norm as NM
+from nbdnn.cuda.runtime import arrays as _arrays
+from nbdnn.cuda import norm as NM
 from nbdnn.cuda.softmax import _rows_config
 
 # lengths: 4-lane groups (L=12), a warp a row (300), a block a row (1030: scalar;
@@ -76,8 +77,8 @@ def test_fused_parameter_gradients_loop_over_rows(monkeypatch, op, L, offset, dt
     fused = NM._fused_params
     monkeypatch.setattr(NM, "_fused_params", lambda *a: ran.append(fused(*a)) or ran[-1])
     rng = np.random.default_rng(L + offset)
-    from nbdnn.cuda.matmul import _sm_count
-    rows = 2 * NM.FUSED_LANES_PER_SM // 64 * _sm_count() + 3   # blocks loop over rows
+    from nbdnn.cuda.runtime.device import sm_count
+    rows = 2 * NM.FUSED_LANES_PER_SM // 64 * sm_count() + 3   # blocks loop over rows
     flat = (rng.standard_normal(rows * L + offset) * 2 + 5).astype(dtype)
     x = flat[offset:].reshape(rows, L)
     dy = rng.standard_normal((rows, L)).astype(dtype)

@@ -31,9 +31,7 @@ def _draws(call):
     return draw
 
 
-@pytest.mark.parametrize("spec", [s for s in SPECS if s.fn not in (nbdnn.activation,
-                                                                   nbdnn.softmax)],
-                         ids=lambda s: s.name)  # (those two take their own lane)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_every_op_replays_a_plan_right(spec):
     """Five calls of one signature, each on new device arrays with new data: the last
     two replay the plan (checked), and all five match the reference."""
@@ -175,7 +173,7 @@ def test_plans_share_the_threads_workspace_and_survive_its_growth():
     """Two signatures' workspaces at the same addresses (the thread's buffer), then a
     larger one: the buffer grows, and the first plans still replay right (they keep
     the buffer they were built with)."""
-    from nbdnn.cuda import _plan_record
+    from nbdnn.cuda.runtime import plan_record as _plan_record
     _plan.clear()
     for got, want in _bn_calls(5):
         np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-5, atol=1e-5)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda import _arrays, _pool_fast as PF
+from nbdnn.cuda.runtime import arrays as _arrays
+from nbdnn.cuda.pool import fast as PF
 
 
 def _run(x, nd, kernel, **kw):

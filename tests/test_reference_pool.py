@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cpu.pool import out_size
+from nbdnn._shapes import pool_out_size as out_size
 
 POOL = {1: nbdnn.pool1d, 2: nbdnn.pool2d, 3: nbdnn.pool3d}
 

@@ -25,22 +25,10 @@ is blended: alpha * value + beta * out.
 """
 import numpy as np
 
+from .._vocab import POOL_MODES as MODES
 from ._common import blend, compute_dtype
 from .conv import _first, _last, _windows
 
-MODES = ("max", "avg", "avg_exclude_pad")
-
-
-def out_size(S, k, s, d, pre, post, ceil_mode):
-    """Output length of one axis; None when the dilated window outgrows the padded
-    input."""
-    span = S + pre + post - d * (k - 1) - 1
-    if span < 0:
-        return None
-    if not ceil_mode:
-        return span // s + 1
-    P = -(-span // s) + 1
-    return P - 1 if (P - 1) * s >= S + pre else P
 
 
 def _padded(x, K, stride, dilation, pads, P, fill):

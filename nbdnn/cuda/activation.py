@@ -20,14 +20,12 @@ import math
 import numpy as np
 from numba import cuda, float32, float64
 
-from . import SIMULATOR
-from ._intrinsics import load4, store4, vector_alignment
-from ._launch import Kernel
-from ._arrays import dtype_of, empty, ptr_size
+from .runtime.simulator import SIMULATOR
+from .runtime.intrinsics import load4, store4, vector_alignment
+from .runtime.launch import Kernel
+from .runtime.arrays import dtype_of, empty, ptr_size
+from .._vocab import ACTIVATION_MODES as MODES, FLOAT_DTYPES as DTYPES
 
-MODES = ("relu", "leaky_relu", "clipped_relu", "elu", "sigmoid", "tanh", "swish",
-         "gelu", "gelu_tanh", "softplus", "identity")
-DTYPES = ("float16", "float32", "float64")
 BLOCK = 128
 GROUPS = 2  # 4-element vectors per thread, all loaded before the first store
 

@@ -10,10 +10,10 @@ go to float64); a 32-bit word is masked after every add.
 import numpy as np
 from numba import cuda, float32, float64
 
-from . import SIMULATOR
-from ._arrays import dtype_name, empty, ptr, size, vector_aligned
-from ._intrinsics import load4, store4
-from ._launch import Kernel
+from .runtime.simulator import SIMULATOR
+from .runtime.arrays import dtype_name, empty, ptr, size, vector_aligned
+from .runtime.intrinsics import load4, store4
+from .runtime.launch import Kernel
 from ..cpu.dropout import M0, M1, MASK32, W0, W1, keep_threshold
 
 BLOCK = 64 if SIMULATOR else 256

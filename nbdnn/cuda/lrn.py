@@ -20,12 +20,11 @@ import math
 import numpy as np
 from numba import cuda, float32, float64
 
-from ._arrays import dtype_name, empty
-from ._conv_index import launch
-from ._launch import Kernel
-from ._stencil import div, magic_args
-
-DTYPES = ("float16", "float32", "float64")
+from .runtime.arrays import dtype_name, empty
+from .runtime.grid import launch
+from .runtime.launch import Kernel
+from .runtime.stencil import div, magic_args
+from .._vocab import FLOAT_DTYPES as DTYPES
 
 
 def _kernels(CT):

@@ -7,17 +7,17 @@ import numbers
 import numpy as np
 
 from .. import backend as _backend
+from .._vocab import FLOAT_DTYPES
 from ..errors import BadParamError, DtypeError, ShapeError, fail
 
-FLOAT_DTYPES = ("float16", "float32", "float64")
 _allowed_sets = {}  # dtype-name tuple -> frozenset of np.dtype (dtype.name is slow)
 _modules = {}
 
 
-def backend_module(name, family):
+def backend_module(name, family, op=None):
     m = _modules.get((name, family))
     if m is None:
-        m = _modules[name, family] = _backend.module(name, family)
+        m = _modules[name, family] = _backend.module(name, family, op)
     return m
 
 
@@ -98,7 +98,7 @@ class Call:
         results back (into `out` when given), and so are the arguments at positions
         `inplace` (updated in place by the op)."""
         fn = _functions.get((self.backend, self.family, fname)) or \
-            _function(self.backend, self.family, fname)
+            _function(self.backend, self.family, fname, self.op)
         if self.backend == "cpu":
             return fn(*args, out=out, **kw)
         if self.stream is None and not self.copy and self.strided is None:  # the common case
@@ -106,8 +106,7 @@ class Call:
         arrays = _cuda_arrays()
         stream = arrays.stream_handle(self.stream)
         if self.copy:
-            from ..cuda._launch import recording
-            if recording() is not None:
+            if _backend.cuda_runtime("launch").recording() is not None:
                 fail_capture(self.op, self.copy)
             dev = [arrays.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
             dout = (None if out is None else tuple(map(arrays.to_device, out))
@@ -126,18 +125,18 @@ _arrays_mod = None
 _functions = {}
 
 
-def _function(backend, family, fname):
+def _function(backend, family, fname, op=None):
     f = _functions.get((backend, family, fname))
     if f is None:
-        f = _functions[backend, family, fname] = getattr(backend_module(backend, family), fname)
+        f = _functions[backend, family, fname] = getattr(backend_module(backend, family, op),
+                                                         fname)
     return f
 
 
 def _cuda_arrays():
     global _arrays_mod
     if _arrays_mod is None:
-        from ..cuda import _arrays
-        _arrays_mod = _arrays
+        _arrays_mod = _backend.cuda_runtime("arrays")
     return _arrays_mod
 
 
@@ -150,12 +149,11 @@ def fail_capture(op, name):
 
 
 def impl_contiguous(x, stream):
-    from ..cuda._strided import contiguous
-    return contiguous(x, stream)
+    return _backend.cuda_runtime("strided").contiguous(x, stream)
 
 
 def _back_to_host(res, out):
-    from ..cuda import _arrays
+    _arrays = _cuda_arrays()
     if isinstance(out, tuple):  # one out= array per result
         return tuple(_back_to_host(r, o) for r, o in zip(res, out))
     if isinstance(res, tuple):

@@ -7,7 +7,7 @@ Like a cuDNN plan, a plan belongs to a call's signature: the op; each array's ki
 shape, dtype, 16-byte alignment and which arrays share an address; and every other
 argument's type and value. Everything an nbdnn op does on the GPU for a signature is
 a fixed sequence of kernel launches, allocations of results and workspaces (by
-`cuda._arrays.empty`) and cached index tables; only the addresses change between
+`cuda.runtime.arrays.empty`) and cached index tables; only the addresses change between
 calls. (The same premise as nbdnn.cuda.Graph, whose capture bakes in all of it.)
 
 A signature's calls on one thread:
@@ -130,7 +130,7 @@ def _aliases(arrays):
 
 
 # CUDA array type -> fn(x) -> (shape, dtype, count or None, address), None if strided
-# (cuda._arrays.plan_facts chooses it; filled on first sight)
+# (cuda.runtime.arrays.plan_facts chooses it; filled on first sight)
 _facts = {}
 
 
@@ -138,8 +138,7 @@ def _add(v, t, parts, arrays):
     """An argument the loops did not place: a CUDA array of a type not seen yet, a
     tuple or list (recursively), a NumPy scalar; _NoPlan for anything else."""
     if (_backend._kinds.get(t) or _backend.kind(v)) == "cuda":
-        from ..cuda import _arrays
-        facts_of = _facts[t] = _arrays.plan_facts(t)
+        facts_of = _facts[t] = _backend.cuda_runtime("arrays").plan_facts(t)
         f = facts_of(v)
         if f is None:
             raise _NoPlan
@@ -164,8 +163,7 @@ def _learn(plans, key, state, fn, args, kw, arrays):
                 _forget(plans)
             plans[key] = 1
         return fn(*args, **kw)
-    from ..cuda import _plan_record
-    result, recording = _plan_record.record(fn, args, kw, arrays)
+    result, recording = _backend.cuda_runtime("plan_record").record(fn, args, kw, arrays)
     if recording is None:
         plans[key] = _NEVER
     elif state == 1:
@@ -191,9 +189,8 @@ class Plan:
     __slots__ = ("run", "recording")
 
     def __init__(self, recording):
-        from ..cuda import _plan_record
         self.recording = recording
-        self.run = _plan_record.replay_function(recording)
+        self.run = _backend.cuda_runtime("plan_record").replay_function(recording)
 
 
 def plans_of_this_thread():
@@ -205,6 +202,6 @@ def clear():
     """Forget this thread's plans (after changing a setting that steers dispatch) and
     release its workspace buffer (what the plans keep goes with them)."""
     _recording.__dict__.pop("plans", None)
-    record = sys.modules.get("nbdnn.cuda._plan_record")
+    record = sys.modules.get("nbdnn.cuda.runtime.plan_record")
     if record is not None:
         record.workspace.release()

@@ -2,11 +2,7 @@
 the modern ones (swish, gelu, gelu_tanh, softplus). The formulas are in
 nbdnn/cpu/activation.py."""
 from ._common import Call, blend_params, choice, same_dtype, same_shape, scalar
-
-MODES = ("relu", "leaky_relu", "clipped_relu", "elu", "sigmoid", "tanh", "swish",
-         "gelu", "gelu_tanh", "softplus", "identity")
-DEFAULT_COEF = {"leaky_relu": 0.01, "clipped_relu": 6.0, "elu": 1.0, "swish": 1.0,
-                "softplus": 1.0}
+from .._vocab import ACTIVATION_DEFAULT_COEF as DEFAULT_COEF, ACTIVATION_MODES as MODES
 
 
 _NO_COEF = frozenset(m for m in MODES if m not in DEFAULT_COEF)

@@ -3,12 +3,12 @@ per_activation, NCHW/NHWC (any rank >= 2), fused residual add and activation (cu
 BN_ADD_ACTIVATION). The formulas are in nbdnn/cpu/batch_norm.py."""
 import math
 
+from .._vocab import BATCH_NORM_MODES as MODES
 from ..errors import BadParamError, ShapeError, fail
 from ._common import Call, blend_params, choice, compute_dtype, same_dtype, same_shape, scalar
 from .activation import _coef
 from .norm import _params, _stats
 
-MODES = ("spatial", "per_activation")
 
 
 def _geometry(op, x_shape, mode, layout):

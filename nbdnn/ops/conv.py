@@ -16,11 +16,11 @@ import numbers
 from ..errors import BadParamError, ShapeError, fail
 from ._common import Call, blend_params, choice, same_dtype
 from .activation import _coef
+from .._shapes import winograd_workspace
+from .._vocab import CONV_ALGOS as ALGOS, CONV_MODES as MODES, LAYOUTS as _LAYOUTS, \
+    SPATIAL_LAYOUTS
 
-LAYOUTS = {"NCHW": False, "NHWC": True, "NCW": False, "NWC": True, "NCDHW": False,
-           "NDHWC": True}
-MODES = ("cross_correlation", "convolution")
-ALGOS = ("auto", "direct", "implicit_gemm", "gemm", "winograd", "winograd4", "depthwise")
+LAYOUTS = {n: _LAYOUTS[n][0] for n in SPATIAL_LAYOUTS}  # layout -> channels last
 WINOGRAD = {"winograd": 2, "winograd4": 4}  # algo: outputs a tile side
 BACKWARD_ALGOS = ("auto", "direct", "gemm", "depthwise")
 
@@ -112,14 +112,6 @@ def conv_params(op, nd, stride, padding, dilation, mode, layout):
 
 def winograd_fits(nd, R, stride, dilation):
     return nd == 2 and R == (3, 3) and stride == (1, 1) and dilation == (1, 1)
-
-
-def winograd_workspace(N, C, K, groups, P, m):
-    """Elements of winograd's scratch memory for outputs P = (P, Q), m outputs a tile
-    side: (m+2)^2 * (K*C/g transformed filters + C*T input tiles + K*T products), T =
-    N * ceil(P/m) * ceil(Q/m) tiles."""
-    tiles = N * -(-P[0] // m) * -(-P[1] // m)
-    return (m + 2) ** 2 * (K * (C // groups) + C * tiles + K * tiles)
 
 
 def _depthwise(op, algo, C, groups):
@@ -365,5 +357,4 @@ def _synchronizer(x):
     from .. import backend
     if backend.kind(x) != "cuda":
         return lambda: None
-    from numba import cuda
-    return cuda.synchronize
+    return backend.cuda_runtime("device").synchronize

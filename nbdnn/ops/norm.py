@@ -4,6 +4,7 @@ backward passes (dx, dscale, dbias). The formulas are in nbdnn/cpu/norm.py."""
 import math
 import numbers
 
+from .._vocab import LAYOUTS as _LAYOUTS
 from ..errors import BadParamError, DtypeError, ShapeError, fail
 from ._common import Call, compute_dtype, same_dtype, same_shape, scalar
 
@@ -110,8 +111,7 @@ def rms_norm_backward(dy, x, invrms, scale=None, *, ndim=1, out=None, backend=No
     return c.run("rms_norm_backward", *args, out=out)
 
 
-LAYOUTS = {"NCHW": False, "NHWC": True, "NC": False, "NCW": False, "NWC": True,
-           "NCDHW": False, "NDHWC": True}
+LAYOUTS = {n: last for n, (last, _) in _LAYOUTS.items()}  # layout -> channels last
 
 
 def _grouped(op, c, x, scale, bias, groups, layout):

@@ -1,7 +1,8 @@
 """pool1d/pool2d/pool3d and pool_backward: max, avg (padding counted) and
 avg_exclude_pad over windows with stride, per-side padding, dilation and ceil mode.
 The formulas are in nbdnn/cpu/pool.py."""
-from ..cpu.pool import MODES, out_size
+from .._shapes import pool_out_size as out_size
+from .._vocab import POOL_MODES as MODES
 from ..errors import ShapeError, fail
 from ._common import Call, blend_params, choice, flag, same_dtype
 from .conv import _ints, _layout, _pads

@@ -6,13 +6,13 @@ axis=1 on an NCHW tensor is cuDNN's CHANNEL mode; axis=-1 is the row softmax of
 attention and classifiers. The formulas are in nbdnn/cpu/softmax.py.
 
 `_kernel` is private, for tests: on the CUDA backend it forces one kernel path
-("rows", "rows_block", "fused", "long", "strided"; see nbdnn/cuda/softmax.py) where the shape
+("rows", "rows_block", "fused", "long", "strided"; see nbdnn/cuda/softmax/__init__.py) where the shape
 allows it; the CPU backend ignores it.
 """
+from .._vocab import SOFTMAX_ALGOS as ALGOS
 from ..errors import BadParamError, fail
 from ._common import Call, blend_params, choice, normalize_axis, same_dtype, same_shape
 
-ALGOS = ("fast", "accurate", "log")
 KERNELS = (None, "rows", "rows_block", "fused", "long", "strided")
 
 

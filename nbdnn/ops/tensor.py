@@ -14,6 +14,7 @@ import numbers
 
 import numpy as np
 
+from .._vocab import LAYOUT_COUNTERPART
 from ..errors import BadParamError, ShapeError, fail
 from ._common import Call, blend_params, choice, need_out, normalize_axis, same_dtype, scalar
 
@@ -164,8 +165,7 @@ def set_tensor(x, value, *, backend=None, stream=None):
     return k.run("set_tensor", value, out=x)
 
 
-LAYOUTS = {"NCHW": "NHWC", "NHWC": "NCHW", "NCDHW": "NDHWC", "NDHWC": "NCDHW",
-           "NCW": "NWC", "NWC": "NCW"}
+LAYOUTS = LAYOUT_COUNTERPART
 
 
 def _perm(op, ndim, layout_from, layout_to, perm):

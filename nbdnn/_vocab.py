@@ -1,0 +1,28 @@
+"""The words of the API, defined once: dtypes, layouts, modes and algorithm names. The
+front end (ops/) validates against them, the backends (cpu/, cuda/) index kernels by
+them (an activation's position in ACTIVATION_MODES is the fused-epilogue code every
+CUDA kernel shares), and testing/ draws from them."""
+
+# storage dtypes every op takes; float16 computes in float32, float64 in float64
+FLOAT_DTYPES = ("float16", "float32", "float64")
+
+ACTIVATION_MODES = ("relu", "leaky_relu", "clipped_relu", "elu", "sigmoid", "tanh", "swish",
+                    "gelu", "gelu_tanh", "softplus", "identity")
+# the coefficient each mode that takes one defaults to (cuDNN's coef / PyTorch's)
+ACTIVATION_DEFAULT_COEF = {"leaky_relu": 0.01, "clipped_relu": 6.0, "elu": 1.0, "swish": 1.0,
+                           "softplus": 1.0}
+
+SOFTMAX_ALGOS = ("fast", "accurate", "log")
+POOL_MODES = ("max", "avg", "avg_exclude_pad")
+CONV_MODES = ("cross_correlation", "convolution")
+CONV_ALGOS = ("auto", "direct", "implicit_gemm", "gemm", "winograd", "winograd4", "depthwise")
+BATCH_NORM_MODES = ("spatial", "per_activation")
+
+# layout -> (channels last?, rank or None). "NCHW" / "NHWC" name channels first / last
+# for any rank (cuDNN's use); the others fix the rank they spell.
+LAYOUTS = {"NCHW": (False, None), "NHWC": (True, None), "NC": (False, 2),
+           "NCW": (False, 3), "NWC": (True, 3), "NCDHW": (False, 5), "NDHWC": (True, 5)}
+# the same rank with the channels moved to the other end (transform_tensor)
+LAYOUT_COUNTERPART = {"NCHW": "NHWC", "NHWC": "NCHW", "NCDHW": "NDHWC", "NDHWC": "NCDHW",
+                      "NCW": "NWC", "NWC": "NCW"}
+SPATIAL_LAYOUTS = tuple(n for n in LAYOUTS if n != "NC")  # conv, pool, lrn: rank >= 3

@@ -1,0 +1,346 @@
+"""Convolution on the GPU for every geometry (1-3 d, stride, per-side padding, dilation,
+groups, both modes, NCHW and NHWC). The formulas are in nbdnn/cpu/conv.py.
+
+Forward algorithms (`algo=`; "auto" takes depthwise when groups == C, winograd4 or
+winograd for 3x3 stride-1 layers of >= 32 channels a group (`_auto_forward`), else
+implicit_gemm):
+- gemm: explicit im2col into a workspace, the matmul kernel, an epilogue pass
+  (nbdnn/cuda/conv/gemm.py).
+- winograd / winograd4: F(2x2, 3x3) / F(4x4, 3x3) transforms around 16 / 36 batched
+  GEMMs (2-d, 3x3, stride 1, dilation 1; nbdnn/cuda/conv/winograd.py).
+- implicit_gemm: the GEMM kernel's tiles and thread layout with the A tile gathered
+  from x on the fly (nbdnn/cuda/conv/implicit_gemm_source.py); M = N*P output positions,
+  N = K/g filters, K = C/g*T*R*S taps, one grid row per group. Fused epilogue.
+- depthwise: one input channel a group. Channels-first layers (windows of up to 64
+  taps, any stride and dilation) run the row kernel generated per window geometry
+  (nbdnn/cuda/conv/depthwise_rows.py); channels-last ones generated 3x3/5x5 kernels
+  (nbdnn/cuda/conv/depthwise.py); other depthwise filters run direct.
+- direct: one thread an output element (nbdnn/cuda/conv/direct.py).
+
+Every kernel sees 3 spatial axes (1-d and 2-d problems get leading axes of size 1)
+and derives the strides of x, w and y from the layout, so one kernel serves every
+rank and layout. A thread's output index is decomposed in the array's memory order
+(channels fastest for NHWC), so consecutive threads write consecutive addresses.
+- forward: y[n, k, p] gathers C/g * T*R*S products, then the epilogue
+  act(alpha * acc + beta * z + bias), z = residual or the previous y.
+- backward data, "auto" with every stride 1 (and paddings <= d*(R-1)): the forward
+  algorithms over dy with the filter's channels swapped and flipped (_data_as_forward).
+- backward data and filter, algorithm "gemm" (the default otherwise, unless groups == C): the
+  matmul kernel over the output gradient's rows and the im2col columns (split-K for
+  the filter's long reduction), col2im for dx (nbdnn/cuda/conv/gemm.py).
+- backward, "depthwise" (the default when groups == C): the forward depthwise kernel
+  over dy for data (stride 1, dilation 1, else direct), ordered chunk sums for the
+  filter (3x3/5x5, else gemm).
+- backward data and filter, "direct": gathers, one thread a dx or dw element, no
+  atomics (nbdnn/cuda/conv/direct.py).
+- backward bias: reduce_tensor over every axis but the channels.
+Per output element the direct forward reads C/g*T*R*S elements of x and of w (from
+L1/L2: neighbouring threads share them): the reference-speed algorithm.
+
+Resources (ptxas, sm_90), float32: direct forward 138 registers; implicit GEMM
+variant 2 small 102, tiny 72 (no large tile); variant 3 (chunked, and its "_t" form) small
+102, tiny 72, large capped at 128 (two blocks an SM) with a 176-200 B stack frame
+whose spills sit outside the k loop (4 local loads in it, perf/sass_dump.py);
+depthwise forward variant 1 3x3 105, 5x5 153, variant 2 (tiles) 3x3 96 (stride 1)
+and 126 (stride 2), 5x5 167, variant 3 (rows; the H200's driver) 3x3/1 48-64, 3x3/2
+72, 5x5/1 100; nothing else spills. Speed against cuDNN:
+perf/RESULTS.md ("Convolution").
+"""
+import functools
+
+import numpy as np
+from numba import cuda, float32, float64, uint64
+
+from ..runtime.simulator import SIMULATOR
+from .. import activation as _act
+from ..runtime.arrays import dtype_name, empty, to_device, vector_aligned
+from ..runtime.intrinsics import store4
+from .implicit_gemm_source import igemm_chunked_source, igemm_source
+from . import depthwise as _conv_depthwise, depthwise_rows as _conv_depthwise_rows, direct as _conv_direct, gemm as _conv_gemm, winograd as _conv_winograd
+from ..runtime import stencil as _stencil
+from ..runtime.grid import I as _I, U as _U, U32 as _U32, launch, split as _split, split32 as _split32, strides as _strides
+from ..runtime.launch import Kernel
+from ..matmul import TILES, _act_source, _gemm, _plan
+from ..runtime.device import sm_count
+from ..tensor import reduce_tensor, transform_into
+from ..._shapes import winograd_workspace
+from ..._vocab import FLOAT_DTYPES as DTYPES
+
+
+_GEOM = ", ".join(["int64"] * 24)
+
+
+def _build():
+    table = {}
+    for ct_name, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
+        fns = _act._device_functions(nt)
+        ns = {f"f_{m}": fns[m][0] for m in _act.MODES}
+        exec(compile(_act_source(_act.MODES), "<nbdnn conv epilogue>", "exec"), ns)
+        act_fn = cuda.jit(device=True)(ns["act_fn"])
+        kernels = _conv_direct.kernels(CT, act_fn)
+        kernels.update(_conv_gemm.kernels(CT, act_fn))
+        kernels.update(_conv_winograd.kernels(CT, _conv_gemm.make_epilogue(CT, act_fn)))
+        ins = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "act_fn": act_fn, "strides": _strides,
+               "split": _split, "split32": _split32, "store4": store4, "U": _U, "I": _I,
+               "U32": _U32, "W32": _stencil.W32,
+               "UB": (lambda v: int(v) % (1 << 64)) if SIMULATOR else uint64}
+        for size, cfg in TILES[ct_name].items():
+            for variant, (name, src) in (("igemm_", igemm_source(*cfg)),
+                                         ("igemm_chunked_", igemm_chunked_source(*cfg, False)),
+                                         ("igemm_chunked_t_", igemm_chunked_source(*cfg, True))):
+                if variant == "igemm_" and size == "large":
+                    continue  # (variant 2 runs C/g < BK: a reduction too short for it)
+                exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
+                kernels[variant + size] = ins[name]
+        ins["epilogue"] = _conv_gemm.make_epilogue(CT, act_fn)
+        _conv_depthwise_rows.NAMESPACES[ct_name] = ins
+        for name, src in _conv_depthwise.sources().items():
+            exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
+            kernels[name] = ins[name]
+        for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
+            a = f"{t}[::1]"
+            sigs = {"fwd": f"void({a}, {a}, {a}, {a}, {a}, {_GEOM}, int64, int64, int64, "
+                           f"{ct_name}, {ct_name}, {ct_name})",
+                    "bwd_data": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
+                    "bwd_filter": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
+            igemm = sigs["fwd"].replace(f"{a}, {_GEOM}", f"{a}, int64[::1], {_GEOM}", 1)[:-1] \
+                + ", int64)"
+            sigs.update({v + size: igemm for size in TILES[ct_name]
+                         for v in ("igemm_", "igemm_chunked_", "igemm_chunked_t_")
+                         if v + size in kernels})
+            sigs.update(_conv_gemm.signatures(t, ct_name, _GEOM))
+            sigs.update(_conv_winograd.signatures(t, ct_name))
+            sigs.update(_conv_depthwise.signatures(t, ct_name, _GEOM))
+            for name, sig in sigs.items():
+                # the 128x128 tile at 128 registers runs two blocks an SM (as the GEMM)
+                cap = {"max_registers": 128} if name.startswith("igemm_chunked") and \
+                    name.endswith("_large") and ct_name == "float32" and not SIMULATOR else {}
+                table[name, t] = (Kernel(kernels[name], [sig], **cap), sig)
+    return table
+
+
+_KERNELS = _build()
+# MobileNet's row kernel (float32 3x3/1, 4 rows a thread) for the PTX test; the others
+# are built on first use
+_conv_depthwise_rows.kernel("float32", "float32", (3, 3, 1, 1, 1, 1, 0), 4)
+
+
+_taps_cache = {}
+
+
+def _taps(g, chunked):
+    """The implicit GEMM's tap table (nbdnn/cuda/conv/implicit_gemm_source.py): for each reduction
+    index kx, in the filters' storage order (variant 2), or each tap (t, r, s) (variant
+    3, chunked, plus a sentinel), its offset in x from the receptive field's corner
+    and its (d, h, w) displacement; int64 (4, n) interleaved."""
+    N, C, K, G, D, H, W, T, R, S = g[:10]
+    dd, dh, dw, flip, last = g[19:]
+    key = g[1:10] + g[19:] + (chunked,)
+    tab = _taps_cache.get(key)
+    if tab is None:
+        Cg = 1 if chunked else C // G
+        c, t, r, s = np.meshgrid(np.arange(Cg), np.arange(T), np.arange(R), np.arange(S),
+                                 indexing="ij")
+        if last:  # reduction order (t, r, s, c)
+            c, t, r, s = (a.transpose(1, 2, 3, 0) for a in (c, t, r, s))
+        if flip:
+            t, r, s = T - 1 - t, R - 1 - r, S - 1 - s
+        sc, sd_, sh_, sw_ = (1, H * W * C, W * C, C) if last else (D * H * W, H * W, W, 1)
+        td, th, tw = t * dd, r * dh, s * dw
+        host = np.stack([c * sc + td * sd_ + th * sh_ + tw * sw_, td, th, tw], axis=-1)
+        host = np.append(host.ravel(), [0] * 4 * chunked)  # chunked: a sentinel tap
+        if len(_taps_cache) > 256:
+            _taps_cache.clear()
+        tab = _taps_cache[key] = to_device(np.ascontiguousarray(host, np.int64).ravel())
+    return tab
+
+
+AUTO_WORKSPACE_LIMIT = 2 ** 31  # bytes of scratch memory "auto" may ask for
+
+
+def _auto_forward(g, dtype="float32"):
+    """depthwise for groups == C. 3x3, stride 1, dilation 1 2-d layers: winograd4 when
+    its batched GEMMs have K * tiles >= 24576 outputs, else winograd (fewer, larger
+    GEMMs would leave SMs idle), from 32 channels in and out a group (float16: winograd
+    from 128), while the workspace fits AUTO_WORKSPACE_LIMIT (ResNet-50's s1 3x3 at
+    batch 256 asks for 0.9 GB). Measured through graphs on the H200 (perf/RESULTS.md
+    run V), batch 1-32, 32-512 channels: one of the two beat the implicit GEMM on 17 of
+    18 layers (1.2-6.3x; 4% behind at 32 channels, batch 8), and this rule picks the
+    faster of them on all 18. Else implicit_gemm."""
+    N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw = g[:16]
+    if C == G:
+        return "depthwise"
+    if (D, T, PD, R, S, sh, sw, g[20], g[21]) != (1, 1, 1, 3, 3, 1, 1, 1, 1) or \
+            min(C, K) // G < (128 if dtype == "float16" else 32):
+        return "implicit_gemm"
+    if dtype == "float16" or K * N * -(-PH // 4) * -(-PW // 4) < 24576:
+        algo, m = "winograd", 2
+    else:
+        algo, m = "winograd4", 4
+    fits = winograd_workspace(N, C, K, G, (PH, PW), m) * np.dtype(dtype).itemsize <= \
+        AUTO_WORKSPACE_LIMIT
+    return algo if fits else "implicit_gemm"
+
+
+def _vector_epilogue(y, K, Kg, P, last, variant):
+    """1 when the implicit GEMM's epilogue may store runs of 4 columns as one vector:
+    the tile's columns are filters (channels-last, K and K/g multiples of 4) or
+    positions ("_t", channels-first, P a multiple of 4), and y is aligned."""
+    if variant == "igemm_" and not last:
+        return 0
+    fits = (K % 4 == 0 and Kg % 4 == 0) if last else P % 4 == 0
+    return int(fits and vector_aligned(y))
+
+
+@functools.lru_cache(maxsize=1024)
+def _geometry(x_shape, w_shape, stride, pads, dilation, groups, mode, last):
+    """The 24 ints every kernel takes: N, C, K, G, D, H, W, T, R, S, PD, PH, PW,
+    strides, pre-paddings, dilations (3 each, 1-d/2-d padded to 3), flip, last.
+    Remembered per call geometry (tuples, ints and a string: every eager call asks)."""
+    xs = (x_shape[0], x_shape[-1]) + tuple(x_shape[1:-1]) if last else tuple(x_shape)
+    ws = (w_shape[0], w_shape[-1]) + tuple(w_shape[1:-1]) if last else tuple(w_shape)
+    lead = (1,) * (5 - len(xs))
+    S, R = lead + xs[2:], lead + ws[2:]
+    st, dl = (1,) * len(lead) + tuple(stride), (1,) * len(lead) + tuple(dilation)
+    pre = (0,) * len(lead) + tuple(a for a, _ in pads)
+    post = (0,) * len(lead) + tuple(b for _, b in pads)
+    P = tuple((s + a + b - d * (r - 1) - 1) // q + 1
+              for s, a, b, d, r, q in zip(S, pre, post, dl, R, st))
+    return (xs[0], xs[1], ws[0], groups) + S + R + P + st + pre + dl + \
+        (int(mode == "convolution"), int(last))
+
+
+def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, last,
+                 activation, coef, algo, *, alpha, beta, out, stream):
+    g = _geometry(tuple(x.shape), tuple(w.shape), stride, pads, dilation, groups, mode, last)
+    N, K, P = g[0], g[2], g[10:13]
+    shape = (N,) + P[3 - (len(x.shape) - 2):] + (K,) if last else \
+        (N, K) + P[3 - (len(x.shape) - 2):]
+    dtype = dtype_name(x)
+    y = out if out is not None else empty(x, shape, dtype)
+    act = -1 if activation is None else _act.MODES.index(activation)
+    args = (x, w, y, bias if bias is not None else y, residual if residual is not None else y,
+            *g, int(bias is not None), int(residual is not None), act, coef, alpha, beta)
+    total = N * K * P[0] * P[1] * P[2]
+    if algo == "auto":
+        algo = _auto_forward(g, dtype)
+    if algo == "depthwise" and _conv_depthwise.forward(_KERNELS, x, y, w, *args[3:5], g,
+                                                       args[-6:], stream):
+        return y
+    if algo in ("direct", "depthwise"):  # depthwise without a generated kernel
+        launch(_KERNELS, "fwd", dtype, total, stream, *args)
+    elif algo == "gemm":
+        if total:
+            _conv_gemm.forward(_KERNELS, _gemm, x, w, y, bias, residual, g, act, coef, alpha,
+                               beta, stream)
+    elif algo in ("winograd", "winograd4"):
+        if total:
+            _conv_winograd.forward(_KERNELS, _gemm, x, w, y, bias, residual, g, act, coef,
+                                   alpha, beta, stream, 4 if algo == "winograd4" else 2)
+    elif total:
+        _implicit_gemm(x, w, y, args, g, total, dtype, stream)
+    return y
+
+
+def _implicit_gemm(x, w, y, args, g, total, dtype, stream):
+    """Launch the implicit GEMM (nbdnn/cuda/conv/implicit_gemm_source.py): the tile from the GEMM's
+    plan, variant 3 where C/g fills a k-step and the taps fit its mask ("_t" for
+    channels-first), else variant 2 (no 128x128 tile)."""
+    N, K, groups, last = g[0], g[2], g[3], g[-1]
+    M, Kg, taps = total // K, K // groups, g[7] * g[8] * g[9]
+    tiles = TILES["float64" if dtype == "float64" else "float32"]
+
+    def fits_chunked(size):
+        return g[1] // groups >= tiles[size][2] and taps <= 64
+
+    size, _ = _plan(M, Kg, 0, groups, dtype, False)
+    if size == "large" and (Kg <= TILES["float32"]["small"][1] or not fits_chunked(size)):
+        size = "small"  # 64 filters would leave half of a 128-wide tile idle
+    BM, BN, BK, TM, TN = tiles[size]
+    chunked = fits_chunked(size)
+    wk = w
+    if chunked and not last and taps > 1:  # (K, C/g, TRS) -> (K, TRS, C/g)
+        wk = empty(x, tuple(w.shape), dtype)  # like x: torch's caching allocator when x is
+        # a torch tensor and w a numba parameter (numba's own allocator: ~30 us a call)
+        transform_into(w, (K, g[1] // groups, taps), (0, 2, 1), wk, 1.0, 0.0, stream)
+    variant = ("igemm_chunked_t_" if not last else "igemm_chunked_") if chunked else "igemm_"
+    k, sig = _KERNELS[variant + size, dtype]
+    PT, FT = (BN, BM) if variant == "igemm_chunked_t_" else (BM, BN)  # positions, filters
+    k.launch(sig, (-(-M // PT) * -(-Kg // FT), groups, 1), (BM // TM) * (BN // TN), stream,
+             x, wk, *args[2:5], _taps(g, chunked), *args[5:],
+             _vector_epilogue(y, K, Kg, total // (N * K), last, variant))
+
+
+def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, last, algo,
+                       *, alpha, beta, out, stream):
+    g = _geometry(x_shape, tuple(w.shape), stride, pads, dilation, groups, mode, last)
+    dx = out if out is not None else empty(dy, x_shape, dtype_name(dy))
+    if algo == "auto":
+        if g[1] != groups and _data_as_forward(dy, w, dx, stride, pads, dilation, groups,
+                                               mode, last, alpha, beta, stream):
+            return dx
+        algo = "depthwise" if g[1] == groups else "gemm"
+    if algo == "depthwise":
+        if _conv_depthwise.backward_data(_KERNELS, dy, w, dx, g, alpha, beta, stream):
+            return dx
+        algo = "direct"
+    if algo == "direct":
+        launch(_KERNELS, "bwd_data", dtype_name(dy), int(np.prod(x_shape)), stream, dy, w, dx, *g,
+                alpha, beta)
+    elif np.prod(x_shape):
+        _conv_gemm.backward_data(_KERNELS, _gemm, dy, w, dx, g, alpha, beta, stream)
+    return dx
+
+
+def _data_as_forward(dy, w, dx, stride, pads, dilation, groups, mode, last, alpha, beta,
+                     stream):
+    """With stride 1, dx is a forward convolution of dy: dx[i] = sum_r dy[i + q - r*d]
+    w[r] reads dy with pre-padding d*(R-1) - q and post-padding d*(R-1) - q_post
+    through the flipped filter, whose input and output channels swap within each group
+    (w' = (C, K/g, taps), a transposed copy). So the forward algorithms (implicit GEMM,
+    winograd) serve it. False, doing nothing, when a stride is not 1 or a padding
+    exceeds d*(R-1) (the forward padding would be negative)."""
+    ws = tuple(w.shape)
+    R = ws[1:-1] if last else ws[2:]
+    if any(s != 1 for s in stride) or any(max(a, b) > d * (r - 1) for (a, b), d, r in
+                                          zip(pads, dilation, R)):
+        return False
+    back = tuple((d * (r - 1) - a, d * (r - 1) - b) for (a, b), d, r in zip(pads, dilation, R))
+    K, Cg, taps = ws[0], ws[-1 if last else 1], int(np.prod(R))
+    Kg = K // groups
+    view, perm = ((groups, Kg, taps, Cg), (0, 3, 2, 1)) if last else \
+        ((groups, Kg, Cg, taps), (0, 2, 1, 3))
+    wt = empty(dy, (groups * Cg,) + R + (Kg,) if last else (groups * Cg, Kg) + R,
+               dtype_name(w))  # like dy, as _implicit_gemm's wk
+    transform_into(w, view, perm, wt, 1.0, 0.0, stream)
+    flipped = "cross_correlation" if mode == "convolution" else "convolution"
+    conv_forward(dy, wt, None, None, tuple(stride), back, tuple(dilation), groups, flipped,
+                 last, None, 0.0, "auto", alpha=alpha, beta=beta, out=dx, stream=stream)
+    return True
+
+
+def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, last, algo,
+                         *, alpha, beta, out, stream):
+    g = _geometry(tuple(x.shape), w_shape, stride, pads, dilation, groups, mode, last)
+    dw = out if out is not None else empty(dy, w_shape, dtype_name(dy))
+    if algo == "auto":
+        algo = "depthwise" if g[1] == groups else "gemm"
+    if algo == "depthwise":
+        if _conv_depthwise.backward_filter(_KERNELS, dy, x, dw, g, alpha, beta, stream,
+                                           sm_count()):
+            return dw
+        algo = "gemm"
+    if algo == "direct":
+        launch(_KERNELS, "bwd_filter", dtype_name(dy), int(np.prod(w_shape)), stream, dy, x, dw, *g,
+                alpha, beta)
+    elif np.prod(w_shape) and not _conv_gemm.backward_filter_1x1(_gemm, dy, x, dw, g, alpha,
+                                                                 beta, stream):
+        _conv_gemm.backward_filter(_KERNELS, _gemm, dy, x, dw, g, alpha, beta, stream)
+    return dw
+
+
+def conv_backward_bias(dy, last, *, alpha, beta, out, stream):
+    nd = len(dy.shape)
+    axes = tuple(i for i in range(nd) if i != (nd - 1 if last else 1))
+    return reduce_tensor(dy, "add", axes, False, False, alpha=alpha, beta=beta, out=out,
+                         stream=stream)

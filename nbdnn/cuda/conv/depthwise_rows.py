@@ -1,0 +1,124 @@
+"""Depthwise forward, variant 3 `dw_rows`: channels-first layers, one thread per rpt
+vertically neighbouring outputs of a plane, consecutive lanes on consecutive output
+columns.
+
+Why a third variant: variant 2 (`dw_tile`, a 4x4 block of outputs a thread) puts 4
+threads on a 7x7 plane and 16 on a 14x14 one. Nsight Compute on 1024 channels at 7x7
+(perf/RESULTS.md, run R): 1357 instructions a warp in one dependent chain, 5 warps a
+scheduler (92 registers), 1.3 waves, DRAM 7% busy: latency-bound at ~1x cuDNN, and a
+warp's lanes spread over 8 planes. Here a thread loads the (rpt - 1) * SH + R rows of
+S taps its outputs' windows share (3x3/1, rpt 8: 30 loads for 8 outputs) and keeps
+~50-100 registers, so 8-10 warps a scheduler hide the loads' latency. Every index is
+32-bit; the split divides by multiplying high with magic numbers computed on the host
+(_stencil.magic: ~3 instructions where a 32-bit division takes ~20 and a zero test),
+and one unsigned compare tests a tap row or column: with the flip compiled in, these
+took the kernel from 7.8 M to 5.0 M instructions at 1024@7 (run U).
+
+rpt: up to RPT rows (MAX_LOADS taps a thread), fewer while the grid would not fill
+the GPU once (WAVE threads an SM). Measured (run U, fp32, batch 32, GPU time): 3x3/1
+on 112x112 to 28x28 2.6-3.0x cuDNN (rpt 7-8, 2.0-2.6 TB/s), 14x14 1.9x, 7x7 1.65x
+(rpt 4: 159% against 139% at rpt 7); 3x3/2 1.1-1.55x; 5x5/1 at 14x14 2.2x.
+
+The kernel is generated per (dtype, window R x S, stride, dilation, flip, rpt), with
+the padding and sizes at run time, on first use (_stencil.py: index split, clamped
+loads); float32 3x3/1 at rpt 4 is registered at import (PTX test). Traffic: x once
+from DRAM (rows shared between threads from L1/L2), y written once; 2 * R * S flops an
+output.
+"""
+import functools
+
+from ..runtime.simulator import SIMULATOR
+from ..runtime import stencil as _stencil
+from ..runtime.launch import Kernel
+
+BLOCK = 32 if SIMULATOR else 128
+RPT = 8          # outputs a thread at most
+MAX_LOADS = 64   # taps a thread loads at most (registers)
+WAVE = 16 if SIMULATOR else 2048  # threads an SM holds (rpt_for)
+_MAGIC = ("PW", "PP", "K", "M")  # the divisors of the index split
+
+
+def usable(g, x_size, y_size):
+    """Channels-first 1-d/2-d depthwise (C/g == 1) layers, windows of at most 64 taps,
+    sizes < 2**31 (32-bit offsets, magic-number divisions)."""
+    N, C, K, G, D, H, W, T, R, S = g[:10]
+    return C == G and T == 1 and D == 1 and not g[-1] and R * S <= 64 and \
+        max(x_size, y_size) < 2 ** 31
+
+
+def source(R, S, SH, SW, DH, DW, flip, rpt):
+    """Kernel source: y[n, k, ph + o, pw] for o < rpt from one load of the rows their
+    windows share; flip: the filter flipped (mode "convolution"); plain calls (alpha
+    1, beta 0, no activation) add the bias inline."""
+    offs = _stencil.row_offsets(R, SH, DH, rpt)
+    div = _stencil.DIV
+    body = _stencil.split_lines(False, rpt) + [
+        f"n = {div.format(a='p', b='K')}", "k = U32(p - n * K)",
+        "if K != C:",  # channel multiplier M = K / C: input channel k // M
+        f"    base = U32((n * C + {div.format(a='k', b='M')}) * H * W)",
+        f"h0 = I(ph) * {SH} - qh", f"w0 = I(pw) * {SW} - qw"]
+    body += _stencil.load_lines(offs, S, DW)
+    body += [f"v{j}_{s} = v{j}_{s} if in{j} & jn{s} else ZERO" for j in range(len(offs))
+             for s in range(S)]
+    body += [f"wb = U(U32(k * {R * S}))"]
+    body += [f"wt{r}_{s} = CT(w[wb + U({R * S - 1 - r * S - s if flip else r * S + s})])"
+             for r in range(R) for s in range(S)]
+    body += ["bb = CT(bias[k]) if has_bias else ZERO",
+             "plain = alpha == CT(1) and beta == ZERO and act < 0"]
+    for o in range(rpt):
+        taps = [(offs.index(o * SH + r * DH), r, s) for r in range(R) for s in range(S)]
+        body += [f"if ph + {o} < PH:", "    acc = ZERO"]
+        body += [f"    acc += v{j}_{s} * wt{r}_{s}" for j, r, s in taps]
+        body += [f"    yi = U(U32(yb + {o} * ys))", "    if plain:", "        y[yi] = acc + bb",
+                 "    else:", "        epilogue(acc, y, z, bias, yi, k, has_bias, has_z, act, "
+                 "coef, alpha, beta)"]
+    magic = "".join(f"m_{d}, s_{d}, " for d in _MAGIC)
+    return (f"def dw_rows(x, w, y, bias, z, H, W, C, K, PH, PW, PP, qh, qw, total, {magic}"
+            "has_bias, has_z, act, coef, alpha, beta):\n"
+            "    i = U(cuda.blockIdx.x) * U(cuda.blockDim.x) + U(cuda.threadIdx.x)\n"
+            "    if i < U(total):\n" + "".join(f"        {line}\n" for line in body))
+
+
+_INTS = "int64, " * (10 + 2 * len(_MAGIC))
+NAMESPACES = {}  # ct_name -> the conv module's generated-source names (conv._build)
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(dtype, ct_name, geometry, rpt):
+    """(Kernel, signature) of dw_rows for geometry (R, S, SH, SW, DH, DW, flip), built in the
+    conv module's names for compute type ct_name (CT, epilogue, U, ...)."""
+    if ct_name not in NAMESPACES:  # filled when nbdnn.cuda.conv is imported
+        from .. import conv  # noqa: F401
+    ns = dict(NAMESPACES[ct_name])
+    exec(compile(source(*geometry, rpt), "<nbdnn dw_rows>", "exec"), ns)
+    a = f"{dtype}[::1]"
+    sig = f"void({a}, {a}, {a}, {a}, {a}, {_INTS}int64, int64, int64, {ct_name}, {ct_name}, " \
+          f"{ct_name})"
+    return Kernel(ns["dw_rows"], [sig]), sig
+
+
+def rpt_for(g, sm_count):
+    """Outputs a thread for geometry g: as many as RPT and MAX_LOADS allow (rows of taps
+    shared, more bytes in flight a thread), fewer while the grid would not fill the
+    GPU once (1024 channels at 7x7: 4 rows a thread, 158% of cuDNN, against 139% at 7;
+    perf/RESULTS.md run U)."""
+    N, K, PH, PW = g[0], g[2], g[11], g[12]
+    rpt = _stencil.rows_per_thread(g[8], g[9], g[14], g[20], PH, RPT, MAX_LOADS)
+    while rpt > 1 and N * K * -(-PH // rpt) * PW < sm_count * WAVE:
+        rpt = _stencil.rows_per_thread(g[8], g[9], g[14], g[20], PH, rpt - 1, MAX_LOADS)
+    return rpt
+
+
+def launch(x, y, w, bias, z, g, tail, dtype, ct_name, stream, sm_count):
+    """y = epilogue(depthwise conv of x); g the conv geometry, tail (has_bias, has_z,
+    act, coef, alpha, beta)."""
+    N, C, K, G, D, H, W, T, R, S, PD, PH, PW = g[:13]
+    sh, sw, qh, qw, dh, dw, flip = g[14], g[15], g[17], g[18], g[20], g[21], g[22]
+    rpt = rpt_for(g, sm_count)
+    PP = -(-PH // rpt)
+    total = N * K * PP * PW
+    if total == 0:
+        return
+    k, sig = kernel(dtype, ct_name, (R, S, sh, sw, dh, dw, flip), rpt)
+    k.launch(sig, -(-total // BLOCK), BLOCK, stream, x, w, y, bias, z, H, W, C, K, PH, PW,
+             PP, qh, qw, total, *_stencil.magic_args(PW, PP, K, K // C), *tail)

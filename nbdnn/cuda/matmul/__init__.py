@@ -1,0 +1,223 @@
+"""matmul and matmul_backward on the GPU: one tiled GEMM kernel with a fused epilogue.
+
+Kernel (generated source, nbdnn/cuda/matmul/gemm_source.py): a block computes a BM x BN tile
+of c[z] = op(a[z]) @ op(b[z]) in k-steps of BK: the block stages BM x BK of op(a) and
+BK x BN of op(b) in shared memory (zero-filled past the edges), each of its
+(BM/TM)*(BN/TN) threads accumulates a TM x TN tile in registers, and the epilogue
+applies bias, the activation (a runtime mode; nbdnn.cuda.activation's device
+functions) and the alpha/beta blend before the only write of c. Transposes are
+runtime flags that only change how tiles are loaded. Batches run on grid.y, each
+block reading its a/b offsets from a small table, which expresses any NumPy batch
+broadcast (a table is built once per batch layout and cached).
+
+Arithmetic: float32 for float16/float32 storage (float16 is converted on load),
+float64 for float64. Traffic per block and k-step: (BM + BN)*BK loads, BM*BN*BK FMAs.
+
+Tile configs (TILES): "large" 128x128x8 with 8x8 a thread, "small" 64x64x8 with
+4x4, "tiny" 32x32x8 with 2x2 (256 threads each); float64 uses half the thread tile.
+`_plan` picks the tile and the split-K chunks from H200 measurements (perf/sgemm.py,
+perf/RESULTS.md: 62-63% of cuBLAS from 2048^2 up, 64-67% at 512-1024, 52-69% on M = 64).
+Registers (driver JIT, H200): float32 large 128 under a cap (32 B spilled; 163
+uncapped and slower), small 55, tiny 32; float16 large runs uncapped (the cap spilled
+56 B); float64 large 128, no spills.
+
+Backward is the same kernel with transposes, summed over broadcast batch axes by
+reduce_tensor (fixed order: deterministic), dbias by reduce_tensor over all rows.
+"""
+import math
+
+import numpy as np
+from numba import cuda, float32, float64, uint64
+
+from ..runtime.simulator import SIMULATOR
+from .. import activation as _act
+from ..runtime.arrays import dtype_name, empty, to_device
+from .gemm_source import gemm_source
+from ..runtime.device import sm_count
+from ..runtime.launch import Kernel
+from ..tensor import reduce_tensor
+from ...errors import NotSupportedError
+from ..._vocab import FLOAT_DTYPES as DTYPES
+
+HW_TILES = {"float32": {"large": (128, 128, 8, 8, 8), "small": (64, 64, 8, 4, 4),
+                        "tiny": (32, 32, 8, 2, 2)},
+            "float64": {"large": (64, 64, 8, 4, 4), "small": (32, 32, 8, 2, 2),
+                        "tiny": (16, 16, 16, 1, 1)}}
+SIM_TILES = {"float32": {"large": (8, 16, 4, 2, 4), "small": (4, 4, 4, 2, 2),  # a few dozen
+                         "tiny": (2, 2, 2, 1, 1)}}                           # threads a block
+TILES = dict(SIM_TILES if SIMULATOR else HW_TILES)
+TILES.setdefault("float64", TILES["float32"])
+MAX_BATCH = 65535                     # grid.y
+MIN_CHUNK, MAX_SPLITS = 128, 64        # split-K: shortest chunk, most chunks (grid.z)
+SPLIT_BLOCKS_PER_SM = 4                # split-K's target: the small tile fits 4 an SM
+_offsets_cache = {}
+
+
+def _act_source(modes, name="act_fn", prefix="f_"):
+    """`name`(x, mode, coef): a chain over the activation modes (mode = index) calling
+    `prefix`<mode>(x, coef) from the namespace the source is run in."""
+    lines = [f"def {name}(x, mode, coef):"]
+    for i, m in enumerate(modes):
+        lines += [f"    if mode == {i}:", f"        return {prefix}{m}(x, coef)"]
+    lines.append("    return x")
+    return "\n".join(lines) + "\n"
+
+
+def _build():
+    table = {}
+    for ct_name, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
+        fns = _act._device_functions(nt)
+        ns = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "U": int if SIMULATOR else uint64}
+        ns.update({f"f_{m}": fns[m][0] for m in _act.MODES})
+        exec(compile(_act_source(_act.MODES), "<nbdnn matmul epilogue>", "exec"), ns)
+        ns["act_fn"] = cuda.jit(device=True)(ns["act_fn"])
+        for size, cfg in TILES[ct_name].items():
+            name, src = gemm_source(*cfg)
+            exec(compile(src, f"<nbdnn.cuda.matmul:{name}>", "exec"), ns)
+            for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
+                a = f"{t}[::1]"
+                sig = (f"void({a}, {a}, {a}, {a}, int64[::1], int64, int64, int64, int64, "
+                       f"int64, int64, int64, {ct_name}, {ct_name}, {ct_name}, int64)")
+                # capped, the 128x128 tile spills 32 B and two blocks share an SM:
+                # 62-63% of cuBLAS against 58-60% at 163 registers (perf/RESULTS.md)
+                cap = {} if SIMULATOR or (size, t) != ("large", "float32") else \
+                    {"max_registers": 128}  # float16's converting loads would spill 56 B
+                table[size, t] = (Kernel(ns[name], [sig], **cap), sig, cfg)
+    return table
+
+
+_KERNELS = _build()
+
+
+def _offsets(like, a_batch, b_batch, batch, a_mat, b_mat):
+    """Device int64 table [a offset, b offset] per batch index (cached per layout)."""
+    key = (a_batch, b_batch, batch, a_mat, b_mat)
+    t = _offsets_cache.get(key)
+    if t is None:
+        n = math.prod(batch)
+        ia = np.broadcast_to(np.arange(math.prod(a_batch)).reshape(a_batch), batch).ravel()
+        ib = np.broadcast_to(np.arange(math.prod(b_batch)).reshape(b_batch), batch).ravel()
+        host = np.empty(2 * max(n, 1), dtype=np.int64)
+        host[0::2][:n], host[1::2][:n] = ia * a_mat, ib * b_mat
+        if len(_offsets_cache) > 256:
+            _offsets_cache.clear()
+        t = _offsets_cache[key] = to_device(host)
+    return t
+
+
+def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream):
+    """c = alpha * act(op(a) @ op(b) + bias) + beta * out; shapes already checked."""
+    ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
+    M, K = (ash[-1], ash[-2]) if trans_a else (ash[-2], ash[-1])
+    N = bsh[-2] if trans_b else bsh[-1]
+    batch = ash[:-2] if ash[:-2] == bsh[:-2] else \
+        tuple(np.broadcast_shapes(ash[:-2], bsh[:-2]))
+    dtype = dtype_name(a)
+    c = out if out is not None else empty(a, batch + (M, N), dtype)
+    nb = math.prod(batch)
+    if nb == 0 or M == 0 or N == 0:
+        return c
+    if nb > MAX_BATCH:
+        raise NotSupportedError(f"matmul: {nb} matrices in a batch exceed the grid limit "
+                                f"{MAX_BATCH}; split the batch")
+    size, splits = _plan(M, N, K, nb, dtype,
+                         bias is None and act is None and dtype != "float16")
+    kernel, sig, (BM, BN, BK, TM, TN) = _KERNELS[size, dtype]
+    offs = _offsets(a, ash[:-2], bsh[:-2], batch, M * K, K * N)
+    tiles = -(-M // BM) * -(-N // BN)
+    chunk = -(-K // (splits * BK)) * BK
+    splits = -(-K // chunk) if K else 1
+    dst = c if splits == 1 else empty(a, (splits,) + batch + (M, N), dtype)
+    mode = -1 if act is None else _act.MODES.index(act)
+    kernel.launch(sig, (tiles, nb, splits), (BM // TM) * (BN // TN), stream, a, b, dst,
+                  bias if bias is not None else c, offs, M, N, K, int(trans_a),
+                  int(trans_b), int(bias is not None), mode, coef,
+                  alpha if splits == 1 else 1.0, beta if splits == 1 else 0.0,
+                  max(chunk, BK))
+    if splits > 1:  # the chunks' partial products, summed in chunk order
+        reduce_tensor(dst, "add", (0,), False, False, alpha=alpha, beta=beta,
+                      out=c, stream=stream)
+    return c
+
+
+def _plan(M, N, K, nb, dtype, can_split):
+    """(tile size, split-K chunks), from perf/sgemm.py on the H200 (perf/RESULTS.md):
+    "large" when its grid is at least 1.5 waves (62-63% of cuBLAS from 2048^2 up; at
+    1024^2 "small" unsplit gives 64% against large's 47% even split three ways);
+    else "small", its reduction split into at most MAX_SPLITS chunks of at least
+    MIN_CHUNK until about SPLIT_BLOCKS_PER_SM blocks an SM, while that reaches half a
+    wave; else "tiny", split likewise. Splitting needs float32/float64 output and no
+    epilogue (the partial sums are stored in the output dtype and summed by
+    reduce_tensor in chunk order: deterministic)."""
+    tiles = TILES["float64" if dtype == "float64" else "float32"]
+    sm = sm_count()
+
+    def blocks(size):
+        BM, BN = tiles[size][:2]
+        return -(-M // BM) * -(-N // BN) * nb
+
+    def chunks(n):
+        return split_count(n, K) if can_split else 1
+
+    if 2 * blocks("large") >= 3 * sm:
+        return "large", 1
+    n = blocks("small")
+    if 2 * n * chunks(n) >= sm:
+        return "small", chunks(n)
+    return "tiny", chunks(blocks("tiny"))
+
+
+def split_count(blocks, K):
+    """Reduction chunks for a grid of `blocks` tiles: none when the grid covers every
+    SM; else enough for SPLIT_BLOCKS_PER_SM blocks an SM, each chunk at least MIN_CHUNK
+    long, at most MAX_SPLITS. (Run S, perf/RESULTS.md: aiming at one block an SM left
+    M = 64 at 38-47% of cuBLAS; four, whose latency the SM hides by switching blocks,
+    gave 52-67%, and 68% against 55% at 512^3 with chunks of 128.)"""
+    sm = sm_count()
+    if blocks >= sm:
+        return 1
+    return max(1, min(-(-SPLIT_BLOCKS_PER_SM * sm // blocks), K // MIN_CHUNK, MAX_SPLITS))
+
+
+def matmul(a, b, trans_a, trans_b, bias, activation, coef, *, alpha, beta, out, stream):
+    return _gemm(a, b, trans_a, trans_b, bias, activation, coef, alpha, beta, out, stream)
+
+
+def _reduced_to(g, shape, alpha, beta, out, stream):
+    """alpha * (g summed over the batch axes broadcast to reach shape) + beta * out."""
+    gsh = tuple(int(s) for s in g.shape)
+    lead = len(gsh) - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape[:-2])
+                                      if n == 1 and gsh[lead + i] != 1)
+    keep = tuple(1 if i in axes else n for i, n in enumerate(gsh))
+    dst = out.reshape(keep) if out is not None else None
+    r = reduce_tensor(g, "add", axes, True, False, alpha=alpha, beta=beta, out=dst,
+                      stream=stream)
+    return r.reshape(tuple(shape)) if out is None else out
+
+
+def _out_shape(x, y, tx, ty):
+    xs, ys = tuple(int(s) for s in x.shape), tuple(int(s) for s in y.shape)
+    rows, cols = xs[-1] if tx else xs[-2], ys[-2] if ty else ys[-1]
+    return tuple(np.broadcast_shapes(xs[:-2], ys[:-2])) + (rows, cols)
+
+
+def matmul_backward(dc, a, b, trans_a, trans_b, bias, *, alpha, beta, out, stream):
+    outs = out if out is not None else (None,) * (3 if bias else 2)
+    grads = []
+    # d op(a) = dc @ op(b)^T, stored transposed when trans_a; d op(b) = op(a)^T @ dc
+    for (x, y, tx, ty), target, o in (
+            ((b, dc, trans_b, True) if trans_a else (dc, b, False, not trans_b), a, outs[0]),
+            ((dc, a, True, trans_a) if trans_b else (a, dc, not trans_a, False), b, outs[1])):
+        shape = tuple(int(s) for s in target.shape)
+        if _out_shape(x, y, tx, ty) == shape:  # no broadcast: blend in the epilogue
+            grads.append(_gemm(x, y, tx, ty, None, None, 0.0, alpha, beta, o, stream))
+        else:
+            full = _gemm(x, y, tx, ty, None, None, 0.0, 1.0, 0.0, None, stream)
+            grads.append(_reduced_to(full, shape, alpha, beta, o, stream))
+    if bias:
+        dsh = tuple(int(s) for s in dc.shape)
+        n, rows = dsh[-1], math.prod(dsh[:-1])
+        grads.append(reduce_tensor(dc.reshape((rows, n)), "add", (0,), False, False,
+                                   alpha=alpha, beta=beta, out=outs[2], stream=stream))
+    return tuple(grads)

@@ -1,0 +1,277 @@
+"""Pooling on the GPU for every geometry (1-3 d, stride, per-side padding, dilation,
+ceil mode, NCHW and NHWC); the formulas are in nbdnn/cpu/pool.py.
+
+- forward, 1-d and 2-d windows of up to 64 taps: _pool_fast.py (the geometry compiled
+  in, several output rows a thread, 32-bit offsets, multiply-high index split).
+- forward, the rest (3-d, larger windows, 2**32 elements and more): a block BY output
+  rows of one plane, BX threads along the contiguous axis (pw for NCHW, c for NHWC;
+  consecutive threads write consecutive addresses), so the block's indices are divided
+  once; a thread scans its window branch-free with unconditional clamped loads.
+- backward: one thread an input element gathers, over the window taps whose stride
+  arithmetic lands on it, dy[p] / count (avg) or dy[p] when it is window p's first
+  maximal element (max: the window is rescanned) - no atomics, deterministic.
+Every kernel here sees 3 spatial axes (1-d and 2-d get leading axes of size 1).
+Traffic: forward reads x once from DRAM and writes y; backward reads dy ~k/s times a
+tap axis and x (max) once a window, and writes dx.
+
+Verified on the H200 (crosscheck, PyTorch comparisons, determinism; perf/RESULTS.md
+runs G-I, O, T). The general forward kernel was instruction-bound (Nsight Compute: ~645
+instructions an output at 25% occupancy, DRAM 7% busy; 190-205 us on ResNet's pools,
+0.39-0.54x PyTorch); _pool_fast runs them in 39-49 us, 72-90% of copy bandwidth
+(RESULTS.md, run U).
+"""
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32, float64
+
+from ..runtime.arrays import dtype_name, empty
+from ..runtime.grid import MAX_BLOCKS, U, launch, landing, split, strides
+from ..runtime.simulator import SIMULATOR
+from . import fast as _pool_fast
+from ..runtime.launch import Kernel
+from ..._vocab import FLOAT_DTYPES as DTYPES
+from ..._vocab import POOL_MODES as MODES
+
+BX, BY = (8, 4) if SIMULATOR else (32, 8)  # forward block: contiguous axis x rows
+
+
+@cuda.jit(device=True)
+def _count(a, k, d, lo, hi):
+    """Taps j < k with lo <= a + j*d < hi."""
+    n = 0
+    for j in range(k):
+        if lo <= a + j * d < hi:
+            n += 1
+    return n
+
+
+@cuda.jit(device=True)
+def _window_count(ad, ah, aw, KD, KH, KW, dd, dh, dw, D, H, W, qd, qh, qw, ed, eh, ew,
+                  exclude_pad):
+    """Positions of a window inside the input (exclude_pad) or the padded input."""
+    if exclude_pad:
+        return _count(ad, KD, dd, 0, D) * _count(ah, KH, dh, 0, H) * _count(aw, KW, dw, 0, W)
+    return (_count(ad, KD, dd, -qd, ed) * _count(ah, KH, dh, -qh, eh) *
+            _count(aw, KW, dw, -qw, ew))
+
+
+def _kernels(CT):
+    ZERO, NEG = CT(0), CT(-math.inf)
+
+    @cuda.jit(device=True)
+    def window(x, base, ad, ah, aw, D, H, W, KD, KH, KW, dd, dh, dw, xd, xh, xw, mode,
+               propagate):
+        """(sum or max, first maximal tap or -1) of one window; ad/ah/aw its corner.
+        Every tap loads (outside taps read a clamped, valid address and are then
+        ignored): with a fixed window the unrolled loads are all in flight at once."""
+        acc = NEG if mode == 0 else ZERO
+        best, tap, nan_tap = -1, 0, -1
+        for t in range(KD):
+            idd = ad + t * dd
+            okd = 0 <= idd < D
+            od = (idd if okd else 0) * xd
+            for r in range(KH):
+                ih = ah + r * dh
+                okh = okd and 0 <= ih < H
+                oh = od + (ih if 0 <= ih < H else 0) * xh
+                for s in range(KW):
+                    iw = aw + s * dw
+                    okw = 0 <= iw < W
+                    v = CT(x[base + oh + (iw if okw else 0) * xw])
+                    if okh and okw:
+                        if mode != 0:
+                            acc += v
+                        elif v != v:
+                            if nan_tap < 0:
+                                nan_tap = tap
+                        elif best < 0 or v > acc:
+                            acc, best = v, tap
+                    tap += 1
+        if mode == 0 and nan_tap >= 0 and (propagate != 0 or best < 0):
+            return CT(math.nan), nan_tap
+        return acc, best
+
+    @cuda.jit(device=True)
+    def window_fwd(x, base, ad, ah, aw, D, H, W, KD, KH, KW, dd, dh, dw, xd, xh, xw, mode,
+                   propagate):
+        """The forward's window value (max, or sum for the averages), branch-free: every
+        tap loads from a clamped valid address and is masked after, max tracks whether
+        a NaN or a number was seen instead of the first maximal tap (window() above,
+        which the backward needs)."""
+        mx, sm, nan, seen = NEG, ZERO, False, False
+        for t in range(KD):
+            idd = ad + t * dd
+            okd = (idd >= 0) & (idd < D)
+            od = (idd if okd else 0) * xd
+            for r in range(KH):
+                ih = ah + r * dh
+                inh = (ih >= 0) & (ih < H)
+                okh = okd & inh
+                oh = od + (ih if inh else 0) * xh
+                for s in range(KW):
+                    iw = aw + s * dw
+                    okw = (iw >= 0) & (iw < W)
+                    v = CT(x[U(base + oh + (iw if okw else 0) * xw)])
+                    ok = okh & okw
+                    num = ok & (v == v)
+                    nan |= ok & (v != v)
+                    seen |= num
+                    mx = v if num & (v > mx) else mx
+                    sm += v if ok else ZERO
+        if mode != 0:
+            return sm
+        if nan and (propagate != 0 or not seen):
+            return CT(math.nan)
+        return mx
+
+    def pool_fwd(x, y, N, C, D, H, W, KD, KH, KW, PD, PH, PW, sd, sh, sw, qd, qh, qw,
+                 ed, eh, ew, dd, dh, dw, last, mode, propagate, alpha, beta):
+        # a block BY output rows (NCHW: ph; NHWC: pw) of one plane (NCHW: (n, c, pd);
+        # NHWC: (n, pd, ph)), BX threads along the contiguous axis (pw; c) looping over
+        # it: the block's indices are divided once, not per output
+        tx, ty = cuda.threadIdx.x % BX, cuda.threadIdx.x // BX
+        xn, xc, xd, xh, xw = strides(C, D, H, W, last)
+        bands = -(-(PW if last else PH) // BY)
+        planes = N * PD * (PH if last else C)
+        b = cuda.blockIdx.x
+        while b < planes * bands:
+            p, band = b // bands, b % bands
+            row = band * BY + ty
+            if last:
+                ph, q = p % PH, p // PH
+                pd, n = q % PD, q // PD
+                pw, c0, cols, cstep = row, tx, C, BX
+                ok = pw < PW
+            else:
+                pd, nc = p % PD, p // PD
+                n, c = nc // C, nc % C
+                ph, c0, cols, cstep = row, tx, PW, BX
+                ok = ph < PH
+            ad, ah = pd * sd - qd, ph * sh - qh
+            j = c0
+            while ok and j < cols:
+                if last:
+                    c, pw = j, row
+                else:
+                    pw = j
+                aw = pw * sw - qw
+                v = window_fwd(x, n * xn + c * xc, ad, ah, aw, D, H, W, KD, KH, KW, dd, dh,
+                               dw, xd, xh, xw, mode, propagate)
+                if mode != 0:
+                    cnt = _window_count(ad, ah, aw, KD, KH, KW, dd, dh, dw, D, H, W, qd, qh,
+                                        qw, ed, eh, ew, mode == 2)
+                    v = v / CT(cnt) if cnt > 0 else ZERO
+                i = ((((n * PD + pd) * PH + ph) * PW + pw) * C + c if last else
+                     (((n * C + c) * PD + pd) * PH + ph) * PW + pw)
+                r = alpha * v
+                if beta != ZERO:
+                    r += beta * CT(y[U(i)])
+                y[U(i)] = r
+                j += cstep
+            b += cuda.gridDim.x
+
+    def pool_bwd(dy, x, dx, N, C, D, H, W, KD, KH, KW, PD, PH, PW, sd, sh, sw, qd, qh, qw,
+                 ed, eh, ew, dd, dh, dw, last, mode, propagate, alpha, beta):
+        xn, xc, xd, xh, xw = strides(C, D, H, W, last)
+        yn, yc, yd, yh, yw = strides(C, PD, PH, PW, last)
+        total = N * C * D * H * W
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while i < total:
+            n, c, idd, ih, iw = split(i, C, D, H, W, last)
+            acc = ZERO
+            for t in range(KD):
+                pd = landing(idd, qd, t, dd, sd, PD)
+                for r in range(KH if pd >= 0 else 0):
+                    ph = landing(ih, qh, r, dh, sh, PH)
+                    for s in range(KW if ph >= 0 else 0):
+                        pw = landing(iw, qw, s, dw, sw, PW)
+                        if pw >= 0:
+                            ad, ah, aw = pd * sd - qd, ph * sh - qh, pw * sw - qw
+                            g = CT(dy[n * yn + c * yc + pd * yd + ph * yh + pw * yw])
+                            if mode == 0:
+                                _, best = window(x, n * xn + c * xc, ad, ah, aw, D, H, W, KD,
+                                                 KH, KW, dd, dh, dw, xd, xh, xw, 0, propagate)
+                                if best == (t * KH + r) * KW + s:
+                                    acc += g
+                            else:
+                                acc += g / CT(_window_count(ad, ah, aw, KD, KH, KW, dd, dh,
+                                                            dw, D, H, W, qd, qh, qw, ed, eh,
+                                                            ew, mode == 2))
+            v = alpha * acc
+            if beta != ZERO:
+                v += beta * CT(dx[i])
+            dx[i] = v
+            i += cuda.gridDim.x * cuda.blockDim.x
+
+    return {"fwd": pool_fwd, "bwd": pool_bwd}
+
+
+_GEOM = ", ".join(["int64"] * 26)
+
+
+def _build():
+    table = {}
+    for ct_name, CT in (("float32", float32), ("float64", float64)):
+        kernels = _kernels(CT)
+        for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
+            a = f"{t}[::1]"
+            sigs = {"fwd": f"void({a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
+                    "bwd": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
+            for name, sig in sigs.items():
+                table[name, t] = (Kernel(kernels[name], [sig]), sig)
+    return table
+
+
+_KERNELS = _build()
+
+
+@functools.lru_cache(maxsize=1024)
+def _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate):
+    """The 26 ints the kernels take (3 spatial axes, leading ones of size 1); remembered
+    per call geometry (validated tuples: every eager call asks)."""
+    nd = len(K)
+    N, C = x_shape[0], (x_shape[-1] if last else x_shape[1])
+    S = tuple(x_shape[1:-1]) if last else tuple(x_shape[2:])
+    lead = 3 - nd
+    S3, K3, P3 = (1,) * lead + S, (1,) * lead + K, (1,) * lead + tuple(P)
+    st, dl = (1,) * lead + tuple(stride), (1,) * lead + tuple(dilation)
+    pre = (0,) * lead + tuple(a for a, _ in pads)
+    end = S3[:lead] + tuple(s + b for s, (_, b) in zip(S, pads))
+    return (N, C) + S3 + K3 + P3 + st + pre + end + dl + (int(last), MODES.index(mode),
+                                                          int(propagate))
+
+
+def pool_forward(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *,
+                 alpha, beta, out, stream):
+    x_shape = tuple(int(s) for s in x.shape)
+    y_shape = (x_shape[0],) + tuple(P) + (x_shape[-1],) if last else x_shape[:2] + tuple(P)
+    y = out if out is not None else empty(x, y_shape, dtype_name(x))
+    g = _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate)
+    if not math.prod(y_shape):
+        return y
+    if _pool_fast.usable(len(K), K, math.prod(x_shape), math.prod(y_shape)):
+        # _geometry's 3-axis tuple: the H and W axes of C, size, window, output, stride,
+        # leading padding, padded end and dilation; mode, propagate
+        C, H, W, KH, KW, PH, PW = g[1], g[3], g[4], g[6], g[7], g[9], g[10]
+        geometry = (KH, KW, g[12], g[13], g[15], g[16], g[21], g[22])
+        _pool_fast.launch(x, y, dtype_name(x), last, geometry, g[24], H, W, C, PH, PW, g[18],
+                          g[19], g[25], alpha, beta, stream)
+    else:
+        (N, C), (PD, PH, PW) = g[:2], g[8:11]
+        rows, planes = (PW, N * PD * PH) if last else (PH, N * PD * C)
+        k, sig = _KERNELS["fwd", dtype_name(x)]
+        k.launch(sig, min(planes * -(-rows // BY), MAX_BLOCKS), BX * BY, stream, x, y, *g,
+                 alpha, beta)
+    return y
+
+
+def pool_backward(dy, x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *,
+                  alpha, beta, out, stream):
+    x_shape = tuple(int(s) for s in x.shape)
+    dx = out if out is not None else empty(x, x_shape, dtype_name(x))
+    g = _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate)
+    launch(_KERNELS, "bwd", dtype_name(x), int(np.prod(x_shape)), stream, dy, x, dx, *g,
+           alpha, beta)
+    return dx

@@ -1,0 +1,1 @@
+"""nbdnn.cuda.runtime."""

@@ -1,0 +1,279 @@
+"""Device arrays of every kind (numba, CuPy, PyTorch, numba's simulator): pointers,
+allocation of results of the caller's kind, host/device copies, stream handles.
+
+Results come back as the kind of array that came in: a torch tensor in gives a torch
+tensor out (allocated by torch's caching allocator, which is also the cheapest
+allocation on the host), CuPy gives CuPy, anything else a numba device array.
+"""
+import numpy as np
+from numba import cuda
+
+from .simulator import SIMULATOR
+from ...backend import _array_facts as _facts_fns, _recording, _torch_dtypes, describe
+from ...backend import _torch_dtype as _np_dtype_of_torch
+
+
+def _ptr_numba(x):
+    return _numba_facts(x)[1][0]
+
+
+def _ptr_torch(x):
+    return x.data_ptr()
+
+
+def _ptr_cupy(x):
+    return x.data.ptr
+
+
+def _ptr_cai(x):
+    return x.__cuda_array_interface__["data"][0]
+
+
+def _ptr_simulated(x):
+    return x._ary.__array_interface__["data"][0]
+
+
+def _is_numba_device_array(t):
+    """A real numba DeviceNDArray type. (gpu_data is an instance attribute: testing the
+    type for it was False, which sent numba arrays down the __cuda_array_interface__
+    path: 1.6 us an array of the H200 host's time; perf/RESULTS.md run Y.)"""
+    mod = t.__module__ or ""
+    return mod.startswith("numba.cuda") and not mod.startswith("numba.cuda.simulator") \
+        and hasattr(t, "device_ctypes_pointer") and hasattr(t, "is_c_contiguous")
+
+
+def _array_kind(t):
+    mod = t.__module__ or ""
+    if mod.startswith("torch"):
+        return "torch"
+    if mod.startswith("cupy"):
+        return "cupy"
+    if mod.startswith("numba.cuda.simulator"):  # host memory behind a fake
+        return "simulated"
+    return "numba" if _is_numba_device_array(t) else None
+
+
+def _chosen(cache, table, t):
+    """table's function for type t's kind (table[None] for any other kind), remembered
+    per type: ptr, ptr_size and facts run on every launch."""
+    f = cache[t] = table.get(_array_kind(t)) or table[None]
+    return f
+
+
+_ptr_fns = {}
+_PTR = {"torch": _ptr_torch, "cupy": _ptr_cupy, "simulated": _ptr_simulated,
+        "numba": _ptr_numba, None: _ptr_cai}
+
+
+def ptr(x):
+    """The device address of x's first element (an int)."""
+    t = type(x)
+    return (_ptr_fns.get(t) or _chosen(_ptr_fns, _PTR, t))(x)
+
+
+def size(x):
+    n = x.numel() if hasattr(x, "numel") else x.size
+    return int(n)
+
+
+def _numba_facts(x):
+    """(facts, (address, count)) of a numba device array, kept in the array's __dict__:
+    a DeviceNDArray's memory, shape and dtype never change (copy.copy, as in bind(),
+    keeps them too), and its address takes MemoryPointer -> CUdeviceptr -> int."""
+    facts = x.__dict__.get("_nbdnn_facts")
+    if facts is None:
+        n = x.size
+        p = (x.gpu_data.device_pointer_value or 0) if n else 0  # int(CUdeviceptr)
+        facts = (x.shape, x.dtype, n, p) if x.is_c_contiguous() else None
+        facts = x.__dict__["_nbdnn_facts"] = (facts, (p, n))
+    return facts
+
+
+def _ptr_size_numba(x):
+    return _numba_facts(x)[1]
+
+
+def _ptr_size_torch(x):
+    return x.data_ptr(), x.numel()
+
+
+def _ptr_size_any(x):
+    return ptr(x), size(x)
+
+
+_ptr_size_fns = {}
+_PTR_SIZE = {"torch": _ptr_size_torch, "numba": _ptr_size_numba, None: _ptr_size_any}
+
+
+def ptr_size(x):
+    """(device address, element count) of a C-contiguous device array: the two
+    numbers a kernel launch needs, fetched the cheapest way for x's kind."""
+    t = type(x)
+    return (_ptr_size_fns.get(t) or _chosen(_ptr_size_fns, _PTR_SIZE, t))(x)
+
+
+def _facts_torch(x):
+    if x.is_cuda and x.is_contiguous():  # a CPU tensor takes the full path's error
+        d = x.dtype
+        return x.shape, _torch_dtypes.get(d) or _np_dtype_of_torch(d), x.numel(), x.data_ptr()
+    return None
+
+
+def _facts_numba(x):
+    return _numba_facts(x)[0]
+
+
+def _facts_any(x):
+    """CuPy, __cuda_array_interface__ objects, the simulator's arrays."""
+    shape, dtype, contig = describe("facts", "x", x)
+    return (shape, dtype, size(x), ptr(x)) if contig else None
+
+
+_FACTS = {"torch": _facts_torch, "numba": _facts_numba, None: _facts_any}
+
+
+def facts(x):
+    """(shape, NumPy dtype, element count, device address) of a C-contiguous CUDA array;
+    None for a strided one. What an eager call plan's signature (ops/_plan.py) needs
+    from each array, fetched in one call: one function per array kind."""
+    t = type(x)
+    return (_facts_fns.get(t) or _chosen(_facts_fns, _FACTS, t))(x)
+
+
+def _plan_facts_torch(x):
+    """facts() less what a plan's signature does not need (the count; NumPy's dtype):
+    four of torch's C getters instead of six."""
+    if x.is_cuda and x.is_contiguous():
+        return x.shape, x.dtype, None, x.data_ptr()
+    return None
+
+
+def plan_facts(t):
+    """fn(x) -> (shape, dtype, count or None, address), None for a strided array: what
+    an eager call plan's signature (ops/_plan.py) reads from an array of type t."""
+    return _plan_facts_torch if _array_kind(t) == "torch" else \
+        (_facts_fns.get(t) or _chosen(_facts_fns, _FACTS, t))
+
+
+_dtype_names = {}
+
+
+def dtype_name(x):
+    """'float32' etc. for any array kind (torch dtypes print as 'torch.float32'); cached
+    per dtype object (str() of a NumPy dtype costs ~2 us, and a conv call asks thrice)."""
+    d = x.dtype
+    name = _dtype_names.get(d)
+    if name is None:
+        name = _dtype_names[d] = str(d).rpartition(".")[2]
+    return name
+
+
+_dtypes = {}
+
+
+def vector_aligned(*arrays):
+    """True when every array's base address suits load4/store4 (their first array's
+    itemsize decides the alignment)."""
+    from .intrinsics import vector_alignment
+    a = 0
+    for x in arrays:
+        a |= ptr(x)
+    return a % vector_alignment(dtype_of(arrays[0]).itemsize) == 0
+
+
+def dtype_of(x):
+    """x's dtype as a NumPy dtype, for any array kind (cached per dtype object)."""
+    d = x.dtype
+    nd = _dtypes.get(d)
+    if nd is None:
+        nd = _dtypes[d] = np.dtype(str(d).rpartition(".")[2])
+    return nd
+
+
+_to_torch = {}  # a dtype as nbdnn names it (str or np.dtype) -> torch's
+
+
+def _torch_dtype(dtype):
+    t = _to_torch.get(dtype)
+    if t is None:
+        import torch
+        t = _to_torch[dtype] = getattr(torch, np.dtype(dtype).name)
+    return t
+
+
+def empty(like, shape, dtype):
+    """An uninitialised C-contiguous device array of like's kind (torch's and CuPy's
+    caching allocators for their arrays: a few us; numba's allocator: ~40 us)."""
+    shape = tuple(int(s) for s in shape)
+    a = _allocate(like, shape, dtype)
+    plan = _recording.__dict__.get("plan")
+    if plan is not None:  # an eager call being recorded for its plan (ops/_plan.py)
+        plan.alloc(like, shape, dtype, a)
+    return a
+
+
+def _allocate(like, shape, dtype):
+    mod = type(like).__module__ or ""
+    if mod.startswith("torch"):
+        import torch
+        return torch.empty(shape, dtype=_to_torch.get(dtype) or _torch_dtype(dtype),
+                           device=like.device)
+    if mod.startswith("cupy"):
+        import cupy
+        with like.device:
+            return cupy.empty(shape, dtype=dtype)
+    return cuda.device_array(shape, dtype=dtype)
+
+
+def _host_copy():
+    """A copy between host and device: an eager call being recorded can't be planned."""
+    plan = _recording.__dict__.get("plan")
+    if plan is not None:
+        plan.impure()
+
+
+def to_device(a, stream=0):
+    _host_copy()
+    a = np.asarray(a)  # ascontiguousarray alone would make a 0-d array 1-d
+    return cuda.to_device(np.ascontiguousarray(a).reshape(a.shape), stream=stream or 0)
+
+
+def to_host(x):
+    """A NumPy copy of any device array (synchronises)."""
+    _host_copy()
+    mod = type(x).__module__ or ""
+    if mod.startswith("torch"):
+        return x.detach().cpu().numpy()
+    if mod.startswith("cupy"):
+        return x.get()
+    if hasattr(x, "copy_to_host"):
+        return x.copy_to_host()
+    return cuda.as_cuda_array(x).copy_to_host()
+
+
+def flat(x):
+    """A 1-D view for the simulator's launch path, which indexes like NumPy."""
+    return x.reshape(int(np.prod(x.shape, dtype=np.int64)))
+
+
+def stream_handle(stream):
+    """The CUstream handle (int) of a numba, CuPy or PyTorch stream, or of any object
+    with `__cuda_stream__`; None and 0 mean the legacy default stream."""
+    if stream is None or stream == 0 or SIMULATOR:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    for attr in ("cuda_stream", "ptr", "handle"):
+        h = getattr(stream, attr, None)
+        if h is not None:
+            return int(getattr(h, "value", h) or 0)
+    from ...errors import BadParamError
+    raise BadParamError(f"stream must be a CUDA stream (numba, CuPy, PyTorch, or an object "
+                        f"with __cuda_stream__); got {type(stream).__name__}")
+
+
+def is_device(x):
+    from ...backend import kind
+    return kind(x) == "cuda"

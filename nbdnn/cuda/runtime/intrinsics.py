@@ -1,0 +1,126 @@
+"""Hardware intrinsics with plain fallbacks for numba's simulator.
+
+- `load4(a, g)` / `store4(a, g, (v0, v1, v2, v3))`: elements 4g..4g+3 of a 1-D array
+  as one vector access (`ld.global.v4.f32` for float32: 16 bytes; two `v2.f64` for
+  float64; `v4.u16` for float16). numba emits only scalar loads from plain indexing
+  because global arrays only promise element alignment; the caller must know the
+  base pointer is aligned to `vector_alignment(itemsize)` bytes.
+- `load4_lu` / `store4_cs`: the same accesses with PTX cache hints, "last use" loads
+  and "streaming" (evict-first) stores, for data that will not be read again soon: a
+  kernel that re-reads its input from L2 keeps more of it there when its own output
+  and second reads leave first (inline PTX; float16/32/64).
+- `HAS_WARP`: warp shuffles exist (False under the simulator, which lacks them):
+  kernels branch on it to reduce through shared memory instead.
+"""
+from .simulator import SIMULATOR
+
+HAS_WARP = not SIMULATOR
+
+
+def vector_alignment(itemsize):
+    """Bytes of alignment load4/store4 need for arrays of this itemsize."""
+    return min(16, 4 * itemsize)
+
+
+if SIMULATOR:
+    def load4(a, g):
+        i = 4 * g
+        return a[i], a[i + 1], a[i + 2], a[i + 3]
+
+    def store4(a, g, v):
+        i = 4 * g
+        a[i], a[i + 1], a[i + 2], a[i + 3] = v
+
+    load4_lu, store4_cs = load4, store4
+else:
+    from llvmlite import ir
+    from numba.cuda import cgutils, types
+    from numba.cuda.extending import intrinsic
+
+    def _vector_ptr(context, builder, arrty, arr, g, n):
+        data = cgutils.create_struct_proxy(arrty)(context, builder, value=arr).data
+        vty = ir.VectorType(context.get_data_type(arrty.dtype), n)
+        first = builder.mul(g, ir.Constant(g.type, n))
+        return builder.bitcast(builder.gep(data, [first]), vty.as_pointer()), vty
+
+    @intrinsic
+    def load4(typingctx, a, g):
+        sig = types.UniTuple(a.dtype, 4)(a, g)
+
+        def codegen(context, builder, sig, args):
+            p, _ = _vector_ptr(context, builder, sig.args[0], args[0], args[1], 4)
+            align = vector_alignment(sig.args[0].dtype.bitwidth // 8)
+            v = builder.load(p, align=align)
+            vals = [builder.extract_element(v, ir.Constant(ir.IntType(32), k))
+                    for k in range(4)]
+            return context.make_tuple(builder, sig.return_type, vals)
+        return sig, codegen
+
+    @intrinsic
+    def store4(typingctx, a, g, v):
+        sig = types.void(a, g, v)
+
+        def codegen(context, builder, sig, args):
+            arrty, _, tupty = sig.args
+            p, vty = _vector_ptr(context, builder, arrty, args[0], args[1], 4)
+            vec = ir.Constant(vty, ir.Undefined)
+            for k in range(4):
+                e = context.cast(builder, builder.extract_value(args[2], k), tupty[k],
+                                 arrty.dtype)
+                vec = builder.insert_element(vec, e, ir.Constant(ir.IntType(32), k))
+            builder.store(vec, p, align=vector_alignment(arrty.dtype.bitwidth // 8))
+        return sig, codegen
+
+    # PTX per element type: (vector access text, register constraint, LLVM type to pass)
+    def _ptx_vector(dtype, context):
+        name = str(dtype)
+        if name == "float32":
+            return [("v4.f32", 0, 4)], "f", context.get_data_type(dtype)
+        if name == "float64":
+            return [("v2.f64", 0, 2), ("v2.f64", 16, 2)], "d", context.get_data_type(dtype)
+        return [("v4.b16", 0, 4)], "h", ir.IntType(16)
+
+    def _regs(first, n):
+        return "{" + ", ".join(f"${first + k}" for k in range(n)) + "}"
+
+    @intrinsic
+    def load4_lu(typingctx, a, g):
+        sig = types.UniTuple(a.dtype, 4)(a, g)
+
+        def codegen(context, builder, sig, args):
+            arrty = sig.args[0]
+            p, _ = _vector_ptr(context, builder, arrty, args[0], args[1], 4)
+            parts, con, ty = _ptx_vector(arrty.dtype, context)
+            text, first = [], 0
+            for op, off, n in parts:
+                text.append(f"ld.global.lu.{op} {_regs(first, n)}, [$4+{off}];")
+                first += n
+            fnty = ir.FunctionType(ir.LiteralStructType([ty] * 4), [ir.IntType(64)])
+            asm = ir.InlineAsm(fnty, "\n\t".join(text), ",".join([f"={con}"] * 4 + ["l"]),
+                               side_effect=True)
+            res = builder.call(asm, [builder.ptrtoint(p, ir.IntType(64))])
+            elt = context.get_data_type(arrty.dtype)
+            vals = [builder.bitcast(builder.extract_value(res, k), elt) for k in range(4)]
+            return context.make_tuple(builder, sig.return_type, vals)
+        return sig, codegen
+
+    @intrinsic
+    def store4_cs(typingctx, a, g, v):
+        sig = types.void(a, g, v)
+
+        def codegen(context, builder, sig, args):
+            arrty, _, tupty = sig.args
+            p, _ = _vector_ptr(context, builder, arrty, args[0], args[1], 4)
+            parts, con, ty = _ptx_vector(arrty.dtype, context)
+            vals = [builder.bitcast(context.cast(builder, builder.extract_value(args[2], k),
+                                                 tupty[k], arrty.dtype), ty)
+                    for k in range(4)]
+            text, first = [], 1
+            for op, off, n in parts:
+                text.append(f"st.global.cs.{op} [$0+{off}], {_regs(first, n)};")
+                first += n
+            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] + [ty] * 4)
+            asm = ir.InlineAsm(fnty, "\n\t".join(text), ",".join(["l"] + [con] * 4),
+                               side_effect=True)
+            builder.call(asm, [builder.ptrtoint(p, ir.IntType(64))] + vals)
+        return sig, codegen

@@ -1,0 +1,96 @@
+"""Strided views made contiguous on the device: one gather kernel for any dtype.
+
+Each output element is read once from its strided place and written once contiguously:
+2 * n * itemsize bytes. Elements are moved as unsigned integers of their itemsize, so
+one kernel per itemsize serves every dtype. Up to MAX_DIMS dims (leading dims padded
+with size 1); negative strides work (the base pointer moves to the lowest address).
+"""
+import math
+
+import numpy as np
+from numba import cuda
+
+from .simulator import SIMULATOR
+from .arrays import _host_copy, empty, ptr
+from .launch import Kernel, recording
+from ...errors import NotSupportedError
+
+MAX_DIMS = 6
+BLOCK = 256
+_UINT = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
+
+
+@cuda.jit(device=True)
+def strided_offset(i, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5):
+    """sum_k coord_k(i) * t_k for flat C-order index i of shape (s0, ..., s5) (s0 is
+    implied) and element strides t0..t5: the offset of element i in a strided view.
+    Shared by the gather below and cuda/tensor/__init__.py's broadcast and transpose kernels."""
+    r = i
+    off = (r % s5) * t5
+    r //= s5
+    off += (r % s4) * t4
+    r //= s4
+    off += (r % s3) * t3
+    r //= s3
+    off += (r % s2) * t2
+    r //= s2
+    off += (r % s1) * t1
+    r //= s1
+    return off + r * t0
+
+
+def strided_gather(src, dst, n, shift, s0, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5):
+    # dst[i] = src[shift + sum_k coord_k(i) * t_k]; shape (s0..s5), element strides
+    # (t0..t5); shift makes every offset >= 0 when some strides are negative
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    step = cuda.gridDim.x * cuda.blockDim.x
+    while i < n:
+        dst[i] = src[shift + strided_offset(i, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5)]
+        i += step
+
+
+_SIGS = {isz: f"void({t}[::1], {t}[::1], int64, {', '.join(['int64'] * 13)})"
+         for isz, t in _UINT.items()}
+_gather = Kernel(strided_gather, list(_SIGS.values()))
+
+
+def strides_elems(x, itemsize):
+    """Element strides of any device array kind."""
+    mod = type(x).__module__ or ""
+    if mod.startswith("torch"):
+        return tuple(x.stride())
+    st = getattr(x, "strides", None)
+    if st is None:
+        st = x.__cuda_array_interface__.get("strides")
+    return tuple(s // itemsize for s in st)
+
+
+def contiguous(x, stream=0):
+    """A C-contiguous copy of the device array x (same kind; numba for others)."""
+    dtype = np.dtype(str(x.dtype).rpartition(".")[2])
+    shape = tuple(int(s) for s in x.shape)
+    if SIMULATOR:  # a host round trip; a graph being recorded repeats it on replay
+        _host_copy()
+        out = cuda.to_device(np.ascontiguousarray(x.copy_to_host()))
+        graph = recording()
+        if graph is not None:
+            graph.record_step(lambda: out.copy_to_device(np.ascontiguousarray(
+                x.copy_to_host())))
+        return out
+    out = empty(x, shape, dtype)
+    n = math.prod(shape)
+    if n == 0:
+        return out
+    strides = strides_elems(x, dtype.itemsize)
+    # merge away size-1 dims; refuse more than MAX_DIMS real dims
+    dims = [(s, t) for s, t in zip(shape, strides) if s != 1]
+    if len(dims) > MAX_DIMS:
+        raise NotSupportedError(f"contiguous: at most {MAX_DIMS} non-unit dims; got {shape}")
+    dims = [(1, 0)] * (MAX_DIMS - len(dims)) + dims
+    lo = sum((s - 1) * t for s, t in dims if t < 0)
+    hi = sum((s - 1) * t for s, t in dims if t > 0)
+    base = ptr(x) + lo * dtype.itemsize  # the lowest address any element has
+    grid = min(-(-n // BLOCK), 65535 * 8)
+    _gather.launch(_SIGS[dtype.itemsize], grid, BLOCK, stream, (base, hi - lo + 1), out,
+                   n, -lo, *[s for s, _ in dims], *[t for _, t in dims], owners=(x,))
+    return out

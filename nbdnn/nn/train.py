@@ -1,0 +1,177 @@
+"""Training pieces of nbdnn.nn (re-exported there): the cross-entropy loss, SGD and
+Adam as nbdnn tensor ops, `train_step`, and `Plan`, which runs a model's inference and
+training step on fixed input buffers and, on the CUDA backend, as captured graphs."""
+import numpy as np
+
+import nbdnn
+
+from . import copy_into, device_of, move
+
+
+class CrossEntropyLoss:
+    """Mean negative log-likelihood of log_softmax(logits) against one-hot targets
+    (N, classes): forward returns the loss as a 1-element array (on the logits'
+    device), backward the logits' gradient, softmax(logits) - onehot over N."""
+
+    def forward(self, logits, onehot):
+        self.n = logits.shape[0]
+        self.logp = nbdnn.softmax(logits, axis=1, algo="log")
+        self.onehot = onehot
+        prod = nbdnn.op_tensor("mul", self.logp, onehot)
+        return nbdnn.reduce_tensor(prod, "add", None, keepdims=False, alpha=-1.0 / self.n)
+
+    def backward(self):
+        dlogp = nbdnn.scale_tensor(self.onehot, -1.0 / self.n)
+        return nbdnn.softmax_backward(dlogp, self.logp, axis=1, algo="log")
+
+
+class SGD:
+    """p -= lr * v, v = momentum * v + (g + weight_decay * p), per parameter, with
+    nbdnn's add_tensor on the parameters' device (the velocities start at zero; make
+    the optimizer after model.to(...))."""
+
+    def __init__(self, model, lr, *, momentum=0.0, weight_decay=0.0):
+        self.model, self.lr, self.momentum, self.wd = model, lr, momentum, weight_decay
+        self.velocity = {}
+
+    def step(self):
+        for layer, name in self.model.parameters():
+            p, g = layer.params[name], layer.grads[name]
+            if self.wd:
+                g = nbdnn.add_tensor(p, g, alpha=self.wd)
+            if self.momentum:
+                key = (id(layer), name)
+                v = self.velocity.get(key)
+                if v is None:
+                    v = self.velocity[key] = nbdnn.scale_tensor(g, 1.0)
+                else:
+                    nbdnn.add_tensor(g, v, beta=self.momentum, out=v)
+                g = v
+            nbdnn.add_tensor(g, p, alpha=-self.lr, out=p)
+
+
+class Adam:
+    """Adam with bias correction (and L2 weight decay into g), in nbdnn tensor ops on
+    the parameters' device: m = b1*m + (1-b1)*g, v = b2*v + (1-b2)*g*g,
+    p -= lr * (m / (1 - b1**t)) / (sqrt(v / (1 - b2**t)) + eps). b1**t and b2**t live
+    in device arrays multiplied by b1 and b2 every step, so a captured step
+    (nbdnn.cuda.Graph) corrects by the right t on every replay."""
+
+    def __init__(self, model, lr=1e-3, *, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        self.model, self.lr, self.betas, self.eps, self.wd = model, lr, betas, eps, weight_decay
+        self.state, self.shared = {}, None
+
+    def _shared(self, like):
+        """[b1**t, b2**t, 1 - b1**t, 1 - b2**t, eps] as 1-element arrays on like's device."""
+        if self.shared is None:
+            dev = device_of(like)
+            self.shared = [move(np.full(1, v, like.dtype), dev)
+                           for v in (1.0, 1.0, 0.0, 0.0, self.eps)]
+        return self.shared
+
+    def step(self):
+        b1, b2 = self.betas
+        params = self.model.parameters()
+        if not params:
+            return
+        p1, p2, c1, c2, eps = self._shared(params[0][0].params[params[0][1]])
+        nbdnn.scale_tensor(p1, b1, out=p1)
+        nbdnn.scale_tensor(p2, b2, out=p2)
+        nbdnn.op_tensor("not", p1, out=c1)   # 1 - b1**t
+        nbdnn.op_tensor("not", p2, out=c2)
+        for layer, name in params:
+            p, g = layer.params[name], layer.grads[name]
+            if self.wd:
+                g = nbdnn.add_tensor(p, g, alpha=self.wd)
+            key = (id(layer), name)
+            if key not in self.state:
+                self.state[key] = (nbdnn.scale_tensor(g, 0.0), nbdnn.scale_tensor(g, 0.0))
+            m, v = self.state[key]
+            nbdnn.add_tensor(g, m, alpha=1 - b1, beta=b1, out=m)
+            nbdnn.op_tensor("mul", g, g, alpha2=1 - b2, beta=b2, out=v)
+            d = nbdnn.add_tensor(eps, nbdnn.op_tensor("sqrt", nbdnn.op_tensor("div", v, c2)))
+            step = nbdnn.op_tensor("div", nbdnn.op_tensor("div", m, c1), d, alpha1=self.lr)
+            nbdnn.add_tensor(step, p, alpha=-1.0, out=p)
+
+
+def train_step(model, loss, optimizer, x, target):
+    """One training step: forward, loss, backward, optimizer update; returns the loss
+    (a 1-element array on the model's device)."""
+    value = loss.forward(model.forward(x, train=True), target)
+    model.backward(loss.backward(), need_dx=False)
+    optimizer.step()
+    return value
+
+
+class Plan:
+    """A model's inference and training step for one batch size, with inputs copied
+    into buffers allocated once. On the CUDA backend each is captured as a CUDA graph
+    (nbdnn.cuda.Graph) and replayed: the activations, gradients and workspaces are
+    allocated once, at capture, and owned by the graph, and a step costs about a
+    microsecond of host time a kernel. Eagerly (graph=False, or the CPU backend) every
+    call allocates its intermediates as plain calls do.
+
+        plan = model.plan(64, (1, 8, 8), loss=nn.CrossEntropyLoss(),
+                          optimizer=nn.SGD(model, 0.05, momentum=0.9))
+        loss = plan.step(x_batch, onehot_batch)    # host or device arrays, copied in
+        logits = plan.forward(x_batch)             # eval mode
+
+    The first `step` runs eagerly (it creates the optimizer's state), the second is
+    captured while it runs, later ones replay; `forward` is captured on its first
+    call. Results (the loss, the logits) are the plan's own buffers, rewritten by the
+    next call: copy what you keep. Parameters, running statistics, the optimizer's
+    state and dropout's counter are read and updated in place, so a step and a
+    forward see each other's effects. Make the plan after `model.to(device)`:
+    moving the model afterwards leaves the plan on the old arrays. graph=False runs
+    the same calls eagerly (the only mode on the CPU backend)."""
+
+    def __init__(self, model, batch_size, input_shape, *, loss=None, optimizer=None,
+                 graph=None):
+        params = [m.params[k] for m, k in model.parameters()]
+        self.device = device_of(params[0]) if params else "cpu"
+        self.dtype = params[0].dtype if params else np.float32
+        if graph is None:
+            graph = self.device == "cuda"
+        if graph and self.device != "cuda":
+            raise nbdnn.BadParamError("Plan: graph=True needs the model on 'cuda'")
+        self.model, self.loss, self.optimizer, self.graph = model, loss, optimizer, graph
+        self.x = move(np.zeros((batch_size,) + tuple(input_shape), self.dtype), self.device)
+        self.target = None
+        self._graphs, self._results, self._steps = {}, {}, 0
+
+    def _into(self, buf, a):
+        if tuple(a.shape) != tuple(buf.shape):
+            raise nbdnn.ShapeError(f"Plan: expected an array of shape {tuple(buf.shape)}, "
+                                   f"got {tuple(a.shape)}")
+        copy_into(buf, a)
+
+    def _run(self, name, fn, eager_first):
+        """fn() eagerly, or captured on its first graph call and replayed after."""
+        g = self._graphs.get(name)
+        if g is not None:
+            g.replay()
+        elif not self.graph or eager_first:
+            self._results[name] = fn()
+        else:
+            from ..cuda import Graph
+            g = self._graphs[name] = Graph()
+            with g.capture():
+                self._results[name] = fn()
+        return self._results[name]
+
+    def forward(self, x):
+        """The model's output in eval mode for a batch x (the plan's buffer)."""
+        self._into(self.x, x)
+        return self._run("forward", lambda: self.model.forward(self.x, train=False), False)
+
+    def step(self, x, target):
+        """One training step (forward, loss, backward, optimizer); the loss buffer."""
+        if self.loss is None or self.optimizer is None:
+            raise nbdnn.BadParamError("Plan.step needs loss= and optimizer=")
+        if self.target is None:
+            self.target = move(np.zeros(tuple(target.shape), self.dtype), self.device)
+        self._into(self.x, x)
+        self._into(self.target, target)
+        self._steps += 1
+        return self._run("step", lambda: train_step(self.model, self.loss, self.optimizer,
+                                                    self.x, self.target), self._steps == 1)

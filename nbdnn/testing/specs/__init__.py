@@ -1,0 +1,1 @@
+"""nbdnn.testing.specs."""

@@ -1,0 +1,65 @@
+"""OpSpec rows for the softmax family (imported by nbdnn.testing).
+
+Each maker draws one of four shape families so that every CUDA kernel is reached:
+any shape and axis; rows with L % 4 == 0 (the 16-byte vector path); NCHW over the
+channels (the strided kernel); long rows (big: past the register cache, kernel 2;
+small: short rows forced onto kernel 2 through the private `_kernel` knob, which the
+CPU reference ignores). `_kernel` is also drawn at random ("rows_block" puts short rows
+on the block-per-row variant, "fused" on the two-pass block-per-row kernel, "strided"
+runs the strided kernel with inner == 1).
+Backward inputs use a real forward output for y (softmax, or log-softmax for "log").
+"""
+import numpy as np
+
+import nbdnn
+from nbdnn.cpu.softmax import forward as _forward
+from nbdnn.testing import Case, OpSpec, rand, reduction_tol, shape_nd
+
+from nbdnn._vocab import SOFTMAX_ALGOS as ALGOS
+_FORCE = (None, None, None, "rows_block", "fused", "long", "strided")
+
+
+def _shape_axis(draw, big):
+    """(shape, axis, force) from one of four families."""
+    limit = (1 << 17) if big else 256
+    fam = draw(0, 3)
+    force = _FORCE[draw(0, len(_FORCE) - 1)]
+    if fam == 0:
+        shape = shape_nd(draw, big, total_big=limit)
+        return shape, draw(-len(shape), len(shape) - 1), force
+    if fam == 1:  # contiguous rows, L % 4 == 0
+        L = 4 * draw(1, (8, 64, 512, 8192)[draw(0, 3)] if big else (8, 48)[draw(0, 1)])
+        return (draw(1, max(1, limit // L)), L), -1, force
+    if fam == 2:  # NCHW, softmax over channels (cuDNN CHANNEL mode)
+        c = draw(1, 64 if big else 6)
+        hw = draw(1, 32 if big else 4)
+        n = draw(1, max(1, limit // (c * hw * hw)))
+        return (n, c, hw, draw(1, hw)), 1, force
+    if big:  # past the register cache: 32768 forward, 16384 backward
+        rows = draw(1, 3)
+        return (rows, draw(16385, limit // rows)), -1, None
+    return (draw(1, 2), draw(33, 120)), -1, "long"
+
+
+def _maker(algo, backward):
+    def make(draw, dtype, big):
+        rng = np.random.default_rng(draw(0, 2 ** 31))
+        shape, axis, force = _shape_axis(draw, big)
+        x = rand(rng, shape, dtype)
+        L = shape[axis]
+        kw = {"axis": axis, "algo": algo, "_kernel": force}
+        tol = reduction_tol(dtype, L)
+        if not backward:
+            return Case((x,), kw, tol=tol)
+        y = _forward(x.astype(np.float64), axis, algo).astype(dtype)
+        dy = rand(rng, shape, dtype, -1.0, 1.0)
+        return Case((dy, y), kw, tol=tol)
+    return make
+
+
+SPECS = []
+for _a in ALGOS:
+    SPECS.append(OpSpec(f"softmax/{_a}", nbdnn.softmax, _maker(_a, False), family="softmax"))
+for _a in ALGOS:
+    SPECS.append(OpSpec(f"softmax_backward/{_a}", nbdnn.softmax_backward,
+                        _maker(_a, True), family="softmax"))

@@ -1,0 +1,150 @@
+"""The house rules, read from the code (an AST walk over nbdnn/; imports inside
+functions count, and so does a module importing its own package's __init__):
+no import circles; cpu/ and cuda/ never import ops/, ops/ reaches the backends only
+through nbdnn.backend; numba only under cuda/; at most MAX_UP imports from a lower
+layer up; no module over 400 lines, no folder over 16 modules (docs/DESIGN.md)."""
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "nbdnn")
+MAX_LINES, MAX_MODULES, MAX_UP = 400, 16, 3
+# layers, lowest first: an import from a module to one of a higher layer is "up"
+LAYERS = [("nbdnn.errors", "nbdnn._vocab", "nbdnn._shapes"), ("nbdnn.backend",),
+          ("nbdnn.cpu", "nbdnn.cuda"), ("nbdnn.ops",), ("nbdnn",),
+          ("nbdnn.testing", "nbdnn.bench", "nbdnn.nn"), ("nbdnn.cli", "nbdnn.demo",
+                                                         "nbdnn.__main__")]
+
+
+def _modules():
+    mods = {}  # dotted name -> (path, is_package)
+    for d, _, files in os.walk(ROOT):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(d, f)
+                rel = os.path.relpath(path, os.path.dirname(ROOT))[:-3].replace(os.sep, ".")
+                pkg = rel.endswith(".__init__")
+                mods[rel[:-9] if pkg else rel] = (path, pkg)
+    return mods
+
+
+MODS = _modules()
+
+
+def _imports(mod):
+    """[(imported nbdnn module, line, top-level package imported)] of module mod."""
+    path, pkg = MODS[mod]
+    tree = ast.parse(open(path).read(), path)
+    base = mod.split(".") if pkg else mod.split(".")[:-1]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                up = base[:len(base) - node.level + 1]
+                prefix = ".".join(up + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            names = [f"{prefix}.{a.name}" for a in node.names] + [prefix]
+        else:
+            continue
+        found = set()
+        for n in names:
+            top = n.split(".")[0]
+            while n and n not in MODS:
+                n = n.rpartition(".")[0]
+            if n:
+                found.add(n)
+            elif top != "nbdnn":
+                out.append((None, node.lineno, top))
+        # "from .x import y" names x and maybe the submodule x.y: keep the most specific
+        for n in found:
+            if n != mod and not any(o != n and o.startswith(n + ".") for o in found):
+                out.append((n, node.lineno, "nbdnn"))
+    return out
+
+
+EDGES = {m: _imports(m) for m in MODS}
+
+
+def _layer(mod):
+    best = None
+    for i, names in enumerate(LAYERS):
+        for n in names:
+            if mod == n or mod.startswith(n + "."):
+                if best is None or len(n) > best[1]:
+                    best = (i, len(n))
+    return best[0] if best else len(LAYERS)
+
+
+def test_no_import_circles():
+    graph = {m: {t for t, _, _ in e if t} for m, e in EDGES.items()}
+    index, low, stack, on, circles = {}, {}, [], set(), []
+
+    def visit(v, counter=[0]):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not circles, circles
+
+
+def test_backends_below_the_front_end():
+    bad = []
+    for m, edges in EDGES.items():
+        for t, line, top in edges:
+            where = f"{m}:{line} imports {t or top}"
+            if top == "numba" and not (m == "nbdnn.cuda" or m.startswith("nbdnn.cuda.")):
+                bad.append(where + " (numba outside cuda/)")
+            if t is None:
+                continue
+            if (m.startswith("nbdnn.cpu") or m.startswith("nbdnn.cuda")) and \
+                    t.startswith("nbdnn.ops"):
+                bad.append(where + " (a backend reaching up into ops/)")
+            if m.startswith("nbdnn.ops") and (t.startswith("nbdnn.cpu") or
+                                              t.startswith("nbdnn.cuda")):
+                bad.append(where + " (ops/ around nbdnn.backend)")
+    assert not bad, "\n".join(bad)
+
+
+def test_few_imports_from_a_lower_layer_up():
+    up = [f"{m} -> {t}" for m, edges in EDGES.items() for t, _, _ in edges
+          if t and _layer(t) > _layer(m)]
+    assert len(up) <= MAX_UP, "\n".join(up)
+
+
+@pytest.mark.parametrize("mod", sorted(MODS))
+def test_module_is_short(mod):
+    n = sum(1 for _ in open(MODS[mod][0]))
+    assert n <= MAX_LINES, f"{MODS[mod][0]}: {n} lines"
+
+
+def test_folders_hold_few_modules():
+    crowded = []
+    for d, _, files in os.walk(ROOT):
+        k = sum(f.endswith(".py") for f in files)
+        if k > MAX_MODULES:
+            crowded.append(f"{d}: {k}")
+    assert not crowded, crowded
