@@ -69,25 +69,25 @@ def accuracy(model, x, y, device, batch=256):
 
 def train(device, epochs=8, batch=64, lr=0.05, momentum=0.9, seed=0, quiet=False,
           mode="eager"):
-    """Train on one backend through a Plan (nbdnn.nn): eagerly, or (CUDA only)
+    """Train on one backend through GraphedSteps (nbdnn.nn): eagerly, or (CUDA only)
     replaying one captured training step (the first step runs eagerly and creates
     the optimizer's velocities, the second is captured while it runs, every later
-    step copies its batch into the plan's buffers and replays). Returns a dict with
+    step copies its batch into the steps' buffers and replays). Returns a dict with
     the per-step losses, seconds per epoch, images/s and test accuracy."""
     if mode == "graph" and device != "cuda":
         raise ValueError("graph mode needs the CUDA backend")
     xtr, ytr, xte, yte = load_digits(seed)
     onehot = np.eye(CLASSES, dtype=np.float32)
     model = digits_cnn(seed).to(device)
-    plan = model.plan(batch, xtr.shape[1:], loss=nn.CrossEntropyLoss(),
-                      optimizer=nn.SGD(model, lr, momentum=momentum), graph=mode == "graph")
+    run = nn.GraphedSteps(model, batch, xtr.shape[1:], loss=nn.CrossEntropyLoss(),
+                          optimizer=nn.SGD(model, lr, momentum=momentum), graph=mode == "graph")
     steps, losses, epoch_times = len(xtr) // batch, [], []
     for epoch in range(epochs):
         order = np.random.default_rng(seed + 1000 + epoch).permutation(len(xtr))
         t0 = time.perf_counter()
         for s in range(steps):
             idx = order[s * batch:(s + 1) * batch]
-            loss = plan.step(xtr[idx], onehot[ytr[idx]])
+            loss = run.step(xtr[idx], onehot[ytr[idx]])
             losses.append(float(nn.move(loss, "cpu").reshape(())))
             if not quiet:
                 _progress(epoch, epochs, s + 1, steps, losses[-1],
@@ -114,11 +114,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     devices = ("cpu", "cuda") if args.backend == "both" else (args.backend,)
     modes = ("eager", "graph") if args.mode == "both" else (args.mode,)
-    plan = [(d, m) for d in devices for m in modes if d == "cuda" or m == "eager"]
-    if not plan:
+    runs = [(d, m) for d in devices for m in modes if d == "cuda" or m == "eager"]
+    if not runs:
         ap.error("graph mode needs the CUDA backend (--backend cuda or both)")
     runs = []
-    for device, mode in plan:
+    for device, mode in runs:
         print(f"training on {device}, {mode}", file=sys.stderr)
         runs.append(train(device, args.epochs, args.batch, args.lr, seed=args.seed,
                           mode=mode))

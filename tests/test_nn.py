@@ -174,10 +174,10 @@ def test_resnet18_shapes_and_parameter_count():
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_plan_steps_equal_plain_steps_and_load_keeps_the_plan(device, tmp_path):
-    """Plan.step (eager on the CPU, graphs on CUDA: the first step eager, the second
+def test_graphed_steps_equal_plain_steps_and_load_keeps_them(device, tmp_path):
+    """GraphedSteps.step (eager on the CPU, graphs on CUDA: the first step eager, the second
     captured, then replays) gives the losses and weights of plain calls; forward
-    sees the updated weights; load() writes into the arrays the plan captured."""
+    sees the updated weights; load() writes into the arrays the steps captured."""
     rng = np.random.default_rng(8)
     xs = rng.standard_normal((3, 2, 2, 4, 4)).astype(np.float32)
     ts = np.eye(3, dtype=np.float32)[rng.integers(0, 3, (3, 2))]
@@ -195,15 +195,15 @@ def test_plan_steps_equal_plain_steps_and_load_keeps_the_plan(device, tmp_path):
         ro.step()
         want.append(float(nn.move(loss, "cpu").reshape(())))
     model, loss_fn, opt = make()
-    plan = model.plan(2, (2, 4, 4), loss=loss_fn, optimizer=opt)
-    got = [float(nn.move(plan.step(x, t), "cpu").reshape(())) for x, t in zip(xs, ts)]
+    steps = nn.GraphedSteps(model, 2, (2, 4, 4), loss=loss_fn, optimizer=opt)
+    got = [float(nn.move(steps.step(x, t), "cpu").reshape(())) for x, t in zip(xs, ts)]
     assert got == want
     expect = nn.move(ref.forward(nn.move(xs[0], device)), "cpu")
-    np.testing.assert_array_equal(nn.move(plan.forward(xs[0]), "cpu"), expect)
+    np.testing.assert_array_equal(nn.move(steps.forward(xs[0]), "cpu"), expect)
     fresh, _, _ = make()
     fresh.save(tmp_path / "w.npz")
     model.load(tmp_path / "w.npz")
-    np.testing.assert_array_equal(nn.move(plan.forward(xs[0]), "cpu"),
+    np.testing.assert_array_equal(nn.move(steps.forward(xs[0]), "cpu"),
                                   nn.move(fresh.forward(nn.move(xs[0], device)), "cpu"))
     with pytest.raises(nbdnn.ShapeError):
-        plan.step(xs[0][:1], ts[0][:1])
+        steps.step(xs[0][:1], ts[0][:1])

@@ -3,7 +3,6 @@
 Reductions move n * 4 bytes (a read of x; the output is tiny). Softmax reads and
 writes each element once: 8 bytes per float32 element forward; backward reads dy and
 y and writes dx: 12 bytes."""
-import numpy as np
 
 import nbdnn
 from .timing import _torch

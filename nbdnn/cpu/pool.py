@@ -25,7 +25,6 @@ is blended: alpha * value + beta * out.
 """
 import numpy as np
 
-from .._vocab import POOL_MODES as MODES
 from ._common import blend, compute_dtype
 from .conv import _first, _last, _windows
 

@@ -1,11 +1,11 @@
 """Training pieces of nbdnn.nn (re-exported there): the cross-entropy loss, SGD and
-Adam as nbdnn tensor ops, `train_step`, and `Plan`, which runs a model's inference and
+Adam as nbdnn tensor ops, `train_step`, and `GraphedSteps`, which runs a model's inference and
 training step on fixed input buffers and, on the CUDA backend, as captured graphs."""
 import numpy as np
 
 import nbdnn
 
-from . import copy_into, device_of, move
+from .layers import copy_into, device_of, move
 
 
 class CrossEntropyLoss:
@@ -103,7 +103,7 @@ def train_step(model, loss, optimizer, x, target):
     return value
 
 
-class Plan:
+class GraphedSteps:
     """A model's inference and training step for one batch size, with inputs copied
     into buffers allocated once. On the CUDA backend each is captured as a CUDA graph
     (nbdnn.cuda.Graph) and replayed: the activations, gradients and workspaces are
@@ -111,18 +111,18 @@ class Plan:
     microsecond of host time a kernel. Eagerly (graph=False, or the CPU backend) every
     call allocates its intermediates as plain calls do.
 
-        plan = model.plan(64, (1, 8, 8), loss=nn.CrossEntropyLoss(),
-                          optimizer=nn.SGD(model, 0.05, momentum=0.9))
-        loss = plan.step(x_batch, onehot_batch)    # host or device arrays, copied in
-        logits = plan.forward(x_batch)             # eval mode
+        steps = nn.GraphedSteps(model, 64, (1, 8, 8), loss=nn.CrossEntropyLoss(),
+                                optimizer=nn.SGD(model, 0.05, momentum=0.9))
+        loss = steps.step(x_batch, onehot_batch)   # host or device arrays, copied in
+        logits = steps.forward(x_batch)            # eval mode
 
     The first `step` runs eagerly (it creates the optimizer's state), the second is
     captured while it runs, later ones replay; `forward` is captured on its first
-    call. Results (the loss, the logits) are the plan's own buffers, rewritten by the
+    call. Results (the loss, the logits) are these steps' own buffers, rewritten by the
     next call: copy what you keep. Parameters, running statistics, the optimizer's
     state and dropout's counter are read and updated in place, so a step and a
-    forward see each other's effects. Make the plan after `model.to(device)`:
-    moving the model afterwards leaves the plan on the old arrays. graph=False runs
+    forward see each other's effects. Make them after `model.to(device)`:
+    moving the model afterwards leaves them on the old arrays. graph=False runs
     the same calls eagerly (the only mode on the CPU backend)."""
 
     def __init__(self, model, batch_size, input_shape, *, loss=None, optimizer=None,
@@ -133,7 +133,7 @@ class Plan:
         if graph is None:
             graph = self.device == "cuda"
         if graph and self.device != "cuda":
-            raise nbdnn.BadParamError("Plan: graph=True needs the model on 'cuda'")
+            raise nbdnn.BadParamError("GraphedSteps: graph=True needs the model on 'cuda'")
         self.model, self.loss, self.optimizer, self.graph = model, loss, optimizer, graph
         self.x = move(np.zeros((batch_size,) + tuple(input_shape), self.dtype), self.device)
         self.target = None
@@ -141,7 +141,7 @@ class Plan:
 
     def _into(self, buf, a):
         if tuple(a.shape) != tuple(buf.shape):
-            raise nbdnn.ShapeError(f"Plan: expected an array of shape {tuple(buf.shape)}, "
+            raise nbdnn.ShapeError(f"GraphedSteps: expected an array of shape {tuple(buf.shape)}, "
                                    f"got {tuple(a.shape)}")
         copy_into(buf, a)
 
@@ -160,14 +160,14 @@ class Plan:
         return self._results[name]
 
     def forward(self, x):
-        """The model's output in eval mode for a batch x (the plan's buffer)."""
+        """The model's output in eval mode for a batch x (GraphedSteps' own buffer)."""
         self._into(self.x, x)
         return self._run("forward", lambda: self.model.forward(self.x, train=False), False)
 
     def step(self, x, target):
         """One training step (forward, loss, backward, optimizer); the loss buffer."""
         if self.loss is None or self.optimizer is None:
-            raise nbdnn.BadParamError("Plan.step needs loss= and optimizer=")
+            raise nbdnn.BadParamError("GraphedSteps.step needs loss= and optimizer=")
         if self.target is None:
             self.target = move(np.zeros(tuple(target.shape), self.dtype), self.device)
         self._into(self.x, x)

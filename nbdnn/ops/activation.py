@@ -1,6 +1,7 @@
 """activation / activation_backward: cuDNN's cudnnActivationForward/Backward modes plus
 the modern ones (swish, gelu, gelu_tanh, softplus). The formulas are in
 nbdnn/cpu/activation.py."""
+from .registry import op
 from ._common import Call, blend_params, choice, same_dtype, same_shape, scalar
 from .._vocab import ACTIVATION_DEFAULT_COEF as DEFAULT_COEF, ACTIVATION_MODES as MODES
 
@@ -23,6 +24,7 @@ def _coef(op, mode, coef):
     return scalar(op, f"coef ({mode})", coef)
 
 
+@op("activation", backward="activation_backward")
 def activation(x, mode="relu", *, coef=None, alpha=1.0, beta=0.0, out=None,
                backend=None, stream=None):
     """y = alpha * f(x) + beta * out, elementwise; f by `mode`, parameterised by `coef`
@@ -38,6 +40,7 @@ def activation(x, mode="relu", *, coef=None, alpha=1.0, beta=0.0, out=None,
     return c.run("activation", x, mode, coef, alpha=alpha, beta=beta, out=out)
 
 
+@op("activation")
 def activation_backward(dy, x, y=None, mode="relu", *, coef=None, alpha=1.0, beta=0.0,
                         out=None, backend=None, stream=None):
     """dx = alpha * dy * f'(x) + beta * out.

@@ -5,6 +5,7 @@ import math
 
 from .._vocab import BATCH_NORM_MODES as MODES
 from ..errors import BadParamError, ShapeError, fail
+from .registry import op
 from ._common import Call, blend_params, choice, compute_dtype, same_dtype, same_shape, scalar
 from .activation import _coef
 from .norm import _params, _stats
@@ -39,6 +40,7 @@ def _act(op, activation, coef):
     return (None, 0.0) if activation is None else (activation, _coef(op, activation, coef))
 
 
+@op("batch_norm", backward="batch_norm_backward")
 def batch_norm_train(x, scale=None, bias=None, running_mean=None, running_var=None, *,
                      momentum=0.1, eps=1e-5, mode="spatial", layout="NCHW", residual=None,
                      activation=None, coef=None, out=None, backend=None, stream=None):
@@ -69,6 +71,7 @@ def batch_norm_train(x, scale=None, bias=None, running_mean=None, running_var=No
                  inplace=(3, 4))
 
 
+@op("batch_norm")
 def batch_norm_infer(x, scale, bias, mean, var, *, eps=1e-5, mode="spatial", layout="NCHW",
                      residual=None, activation=None, coef=None, alpha=1.0, beta=0.0, out=None,
                      backend=None, stream=None):
@@ -89,6 +92,7 @@ def batch_norm_infer(x, scale, bias, mean, var, *, eps=1e-5, mode="spatial", lay
                  act, coef, alpha=alpha, beta=beta, out=c.out(out, shape, dtype))
 
 
+@op("batch_norm")
 def batch_norm_backward(dy, x, scale, saved_mean, saved_invstd, *, bias=None, residual=None,
                         activation=None, coef=None, mode="spatial", layout="NCHW", out=None,
                         backend=None, stream=None):

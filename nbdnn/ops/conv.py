@@ -14,6 +14,7 @@ import math
 import numbers
 
 from ..errors import BadParamError, ShapeError, fail
+from .registry import op
 from ._common import Call, blend_params, choice, same_dtype
 from .activation import _coef
 from .._shapes import winograd_workspace
@@ -161,11 +162,13 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
                  last, activation, coef, algo, alpha=alpha, beta=beta, out=out)
 
 
+@op("conv", backward=("conv_backward_data", "conv_backward_filter", "conv_backward_bias"))
 def conv1d(x, w, bias=None, **kw):
     """1-D convolution: x (N, C, W) or (N, W, C); see conv2d."""
     return conv(1, x, w, bias, **kw)
 
 
+@op("conv", backward=("conv_backward_data", "conv_backward_filter", "conv_backward_bias"))
 def conv2d(x, w, bias=None, **kw):
     """y = act(alpha * conv(x, w) + beta * z + bias), z = residual if given else out.
 
@@ -187,6 +190,7 @@ def conv2d(x, w, bias=None, **kw):
     return conv(2, x, w, bias, **kw)
 
 
+@op("conv", backward=("conv_backward_data", "conv_backward_filter", "conv_backward_bias"))
 def conv3d(x, w, bias=None, **kw):
     """3-D convolution: x (N, C, D, H, W) or (N, D, H, W, C); see conv2d."""
     return conv(3, x, w, bias, **kw)
@@ -224,6 +228,7 @@ def _backward_geometry(op, dy_shape, x_shape, w_shape, nd, stride, padding, dila
     return (stride, pads, dilation, groups, mode, last), algo, alpha, beta
 
 
+@op("conv")
 def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
                        mode="cross_correlation", layout="NCHW", algo="auto", alpha=1.0,
                        beta=0.0, out=None, backend=None, stream=None):
@@ -245,6 +250,7 @@ def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, group
                  out=out)
 
 
+@op("conv")
 def conv_backward_filter(dy, x, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
                          mode="cross_correlation", layout="NCHW", algo="auto", alpha=1.0,
                          beta=0.0, out=None, backend=None, stream=None):
@@ -264,6 +270,7 @@ def conv_backward_filter(dy, x, w_shape, *, stride=1, padding=0, dilation=1, gro
                  out=out)
 
 
+@op("conv")
 def conv_backward_bias(dy, *, layout="NCHW", alpha=1.0, beta=0.0, out=None, backend=None,
                        stream=None):
     """db[k] = alpha * sum of dy over every axis but the channel axis + beta * out."""
@@ -277,6 +284,7 @@ def conv_backward_bias(dy, *, layout="NCHW", alpha=1.0, beta=0.0, out=None, back
     return c.run("conv_backward_bias", dy, last, alpha=alpha, beta=beta, out=out)
 
 
+@op("conv", planned=False)
 def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
     """Time every forward algorithm applicable to this call (as cudnnFindConvolution
     ForwardAlgorithm does) and return them fastest first: a list of dicts with algo,

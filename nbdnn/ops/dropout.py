@@ -6,6 +6,7 @@ import numbers
 import numpy as np
 
 from ..errors import BadParamError, DtypeError, fail
+from .registry import op
 from ._common import Call, same_shape, scalar
 
 U64 = 2 ** 64
@@ -22,6 +23,7 @@ def _u64(op, name, v):
     return int(v)
 
 
+@op("dropout", backward="dropout_backward")
 def dropout(x, p, *, seed, offset=0, out=None, backend=None, stream=None):
     """(y, mask): y = x * mask / (1 - p), mask (uint8, x's shape) = 1 where the element
     is kept, with probability 1 - p. seed and offset (ints in [0, 2**64)) select the
@@ -48,6 +50,7 @@ def dropout(x, p, *, seed, offset=0, out=None, backend=None, stream=None):
     return c.run("dropout", x, p, seed, offset, out=out, inplace=(3,) if counter else ())
 
 
+@op("dropout")
 def dropout_backward(dy, mask, p, *, out=None, backend=None, stream=None):
     """dx = dy * mask / (1 - p), given the forward's mask and p."""
     op = "dropout_backward"

@@ -3,6 +3,7 @@ and defaults. The formulas are in nbdnn/cpu/lrn.py."""
 import numbers
 
 from ..errors import BadParamError, ShapeError, fail
+from .registry import op
 from ._common import Call, choice, same_dtype, same_shape, scalar
 
 
@@ -18,6 +19,7 @@ def _params(op, shape, n, alpha, beta, k, layout):
     return int(n), alpha, beta, k, layout == "NHWC"
 
 
+@op("lrn", backward="lrn_backward")
 def lrn(x, n=5, alpha=1e-4, beta=0.75, k=2.0, *, layout="NCHW", out=None, backend=None,
         stream=None):
     """y = x / (k + alpha/n * sum of x^2 over the channel window)^beta; the window of
@@ -29,6 +31,7 @@ def lrn(x, n=5, alpha=1e-4, beta=0.75, k=2.0, *, layout="NCHW", out=None, backen
     return c.run("lrn", x, *args, out=c.out(out, tuple(shape), dtype))
 
 
+@op("lrn")
 def lrn_backward(dy, x, n=5, alpha=1e-4, beta=0.75, k=2.0, *, layout="NCHW", out=None,
                  backend=None, stream=None):
     """dx for y = lrn(x, n, alpha, beta, k) given dy."""

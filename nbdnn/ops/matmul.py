@@ -4,6 +4,7 @@ formulas are in nbdnn/cpu/matmul.py."""
 import numpy as np
 
 from ..errors import BadParamError, ShapeError, fail
+from .registry import op
 from ._common import Call, blend_params, flag, same_dtype
 from .activation import _coef
 
@@ -29,6 +30,7 @@ def _dims(op, a_shape, b_shape, trans_a, trans_b):
     return tuple(batch), M, K, N
 
 
+@op("matmul", backward="matmul_backward")
 def matmul(a, b, *, trans_a=False, trans_b=False, bias=None, activation=None, coef=None,
            alpha=1.0, beta=0.0, out=None, backend=None, stream=None):
     """c = alpha * act(op(a) @ op(b) + bias) + beta * out.
@@ -57,6 +59,7 @@ def matmul(a, b, *, trans_a=False, trans_b=False, bias=None, activation=None, co
                  beta=beta, out=out)
 
 
+@op("matmul")
 def matmul_backward(dc, a, b, *, trans_a=False, trans_b=False, bias=False, alpha=1.0,
                     beta=0.0, out=None, backend=None, stream=None):
     """Gradients of c = op(a) @ op(b) + bias given dc = dL/dc (before any activation:

@@ -6,6 +6,7 @@ import numbers
 
 from .._vocab import LAYOUTS as _LAYOUTS
 from ..errors import BadParamError, DtypeError, ShapeError, fail
+from .registry import op
 from ._common import Call, compute_dtype, same_dtype, same_shape, scalar
 
 
@@ -55,6 +56,7 @@ def _forward(op, x, scale, bias, ndim, eps, out, backend, stream):
     return c, (x, scale, bias, ndim, eps), c.out(out, shape, dtype)
 
 
+@op("norm", backward="layer_norm_backward")
 def layer_norm(x, scale=None, bias=None, *, ndim=1, eps=1e-5, out=None, backend=None,
                stream=None):
     """(y, mean, invstd): y = (x - mean) / sqrt(var + eps) * scale + bias over the last
@@ -64,6 +66,7 @@ def layer_norm(x, scale=None, bias=None, *, ndim=1, eps=1e-5, out=None, backend=
     return c.run("layer_norm", *args, out=out)
 
 
+@op("norm", backward="rms_norm_backward")
 def rms_norm(x, scale=None, bias=None, *, ndim=1, eps=1e-6, out=None, backend=None,
              stream=None):
     """(y, invrms): y = x / sqrt(mean(x^2) + eps) * scale + bias over the last `ndim`
@@ -95,6 +98,7 @@ def _backward(op, dy, x, stats, names, scale, ndim, out, backend, stream):
     return c, (dy, x, *stats, scale, ndim), outs or None
 
 
+@op("norm")
 def layer_norm_backward(dy, x, mean, invstd, scale=None, *, ndim=1, out=None, backend=None,
                         stream=None):
     """(dx, dscale, dbias) from the forward's x, mean, invstd and scale."""
@@ -103,6 +107,7 @@ def layer_norm_backward(dy, x, mean, invstd, scale=None, *, ndim=1, out=None, ba
     return c.run("layer_norm_backward", *args, out=out)
 
 
+@op("norm")
 def rms_norm_backward(dy, x, invrms, scale=None, *, ndim=1, out=None, backend=None,
                       stream=None):
     """(dx, dscale, dbias) from the forward's x, invrms and scale."""
@@ -135,6 +140,7 @@ def _grouped(op, c, x, scale, bias, groups, layout):
     return shape, dtype, int(groups), last
 
 
+@op("norm", backward="group_norm_backward")
 def group_norm(x, groups, scale=None, bias=None, *, eps=1e-5, layout="NCHW", out=None,
                backend=None, stream=None):
     """(y, mean, invstd): x (N, C, *S) ("NCHW") or (N, *S, C) ("NHWC") normalised over
@@ -148,6 +154,7 @@ def group_norm(x, groups, scale=None, bias=None, *, eps=1e-5, layout="NCHW", out
     return c.run("group_norm", x, groups, scale, bias, eps, last, out=out)
 
 
+@op("norm", backward="instance_norm_backward")
 def instance_norm(x, scale=None, bias=None, *, eps=1e-5, layout="NCHW", out=None,
                   backend=None, stream=None):
     """group_norm with a group a channel: statistics (N, C)."""
@@ -155,6 +162,7 @@ def instance_norm(x, scale=None, bias=None, *, eps=1e-5, layout="NCHW", out=None
                       stream=stream)
 
 
+@op("norm")
 def group_norm_backward(dy, x, mean, invstd, scale=None, *, groups, layout="NCHW", out=None,
                         backend=None, stream=None):
     """(dx, dscale, dbias) from the forward's x, mean, invstd and scale."""
@@ -178,6 +186,7 @@ def group_norm_backward(dy, x, mean, invstd, scale=None, *, groups, layout="NCHW
                  out=outs or None)
 
 
+@op("norm")
 def instance_norm_backward(dy, x, mean, invstd, scale=None, *, layout="NCHW", out=None,
                            backend=None, stream=None):
     """group_norm_backward with a group a channel."""

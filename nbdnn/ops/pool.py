@@ -4,6 +4,7 @@ The formulas are in nbdnn/cpu/pool.py."""
 from .._shapes import pool_out_size as out_size
 from .._vocab import POOL_MODES as MODES
 from ..errors import ShapeError, fail
+from .registry import op
 from ._common import Call, blend_params, choice, flag, same_dtype
 from .conv import _ints, _layout, _pads
 
@@ -46,11 +47,13 @@ def pool(nd, x, kernel, *, stride=None, padding=0, dilation=1, mode="max", ceil_
     return c.run("pool_forward", x, *geo, alpha=alpha, beta=beta, out=out)
 
 
+@op("pool", backward="pool_backward")
 def pool1d(x, kernel, **kw):
     """1-D pooling: x (N, C, W) or (N, W, C); see pool2d."""
     return pool(1, x, kernel, **kw)
 
 
+@op("pool", backward="pool_backward")
 def pool2d(x, kernel, **kw):
     """y = alpha * pool(x) + beta * out over windows of `kernel` (an int or one a
     spatial axis). Keywords: stride (default: the kernel), padding (an int, one a
@@ -61,11 +64,13 @@ def pool2d(x, kernel, **kw):
     return pool(2, x, kernel, **kw)
 
 
+@op("pool", backward="pool_backward")
 def pool3d(x, kernel, **kw):
     """3-D pooling: x (N, C, D, H, W) or (N, D, H, W, C); see pool2d."""
     return pool(3, x, kernel, **kw)
 
 
+@op("pool")
 def pool_backward(dy, x, kernel, *, stride=None, padding=0, dilation=1, mode="max",
                   ceil_mode=False, nan_propagation=True, layout="NCHW", alpha=1.0, beta=0.0,
                   out=None, backend=None, stream=None):

@@ -11,6 +11,7 @@ allows it; the CPU backend ignores it.
 """
 from .._vocab import SOFTMAX_ALGOS as ALGOS
 from ..errors import BadParamError, fail
+from .registry import op
 from ._common import Call, blend_params, choice, normalize_axis, same_dtype, same_shape
 
 KERNELS = (None, "rows", "rows_block", "fused", "long", "strided")
@@ -22,6 +23,7 @@ def _axis(op, name, axis, shape):
     return normalize_axis(op, "axis", axis, len(shape))
 
 
+@op("softmax", backward="softmax_backward")
 def softmax(x, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
             backend=None, stream=None, _kernel=None):
     """y = alpha * softmax(x, axis) + beta * out.
@@ -40,6 +42,7 @@ def softmax(x, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
     return c.run("softmax", x, axis, algo, alpha=alpha, beta=beta, out=out, _kernel=_kernel)
 
 
+@op("softmax")
 def softmax_backward(dy, y, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
                      backend=None, stream=None, _kernel=None):
     """dx = alpha * dL/dx + beta * out, given y = softmax(x) (log-softmax for "log").

@@ -16,6 +16,7 @@ import numpy as np
 
 from .._vocab import LAYOUT_COUNTERPART
 from ..errors import BadParamError, ShapeError, fail
+from .registry import op
 from ._common import Call, blend_params, choice, need_out, normalize_axis, same_dtype, scalar
 
 OP_TENSOR_OPS = ("add", "mul", "div", "min", "max", "sqrt", "not")
@@ -44,6 +45,7 @@ def broadcast_to(op, small_name, small, big_name, big):
                  tuple(small))
 
 
+@op("tensor")
 def add_tensor(a, c, *, alpha=1.0, beta=1.0, out=None, backend=None, stream=None):
     """cudnnAddTensor: result = alpha * A + beta * C, A broadcast to C's shape.
 
@@ -62,6 +64,7 @@ def add_tensor(a, c, *, alpha=1.0, beta=1.0, out=None, backend=None, stream=None
     return k.run("add_tensor", a, c, alpha=alpha, beta=beta, out=out)
 
 
+@op("tensor")
 def op_tensor(op, a, b=None, *, alpha1=1.0, alpha2=1.0, beta=0.0, out=None,
               backend=None, stream=None):
     """cudnnOpTensor: out = f(alpha1 * A, alpha2 * B) + beta * out.
@@ -107,6 +110,7 @@ def reduce_axes(op, axes, ndim):
     return tuple(sorted(norm))
 
 
+@op("tensor")
 def reduce_tensor(x, op="add", axes=None, *, keepdims=True, return_indices=False,
                   alpha=1.0, beta=0.0, out=None, backend=None, stream=None):
     """cudnnReduceTensor: out = alpha * reduce_op(x over axes) + beta * out.
@@ -142,6 +146,7 @@ def reduce_tensor(x, op="add", axes=None, *, keepdims=True, return_indices=False
                  alpha=alpha, beta=beta, out=out)
 
 
+@op("tensor")
 def scale_tensor(x, alpha, *, out=None, backend=None, stream=None):
     """cudnnScaleTensor: y = alpha * x; in place with out=x."""
     op = "scale_tensor"
@@ -152,6 +157,7 @@ def scale_tensor(x, alpha, *, out=None, backend=None, stream=None):
     return k.run("scale_tensor", x, alpha, out=out)
 
 
+@op("tensor")
 def set_tensor(x, value, *, backend=None, stream=None):
     """cudnnSetTensor: every element of x set to `value`, IN PLACE; returns x.
 
@@ -191,6 +197,7 @@ def _perm(op, ndim, layout_from, layout_to, perm):
     return tuple(layout_from.index(ch) for ch in layout_to)
 
 
+@op("tensor")
 def transform_tensor(x, layout_from=None, layout_to=None, *, perm=None, alpha=1.0,
                      beta=0.0, out=None, backend=None, stream=None):
     """cudnnTransformTensor: out = alpha * transpose(x, perm) + beta * out, C-contiguous.

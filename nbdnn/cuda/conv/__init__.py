@@ -49,77 +49,18 @@ perf/RESULTS.md ("Convolution").
 import functools
 
 import numpy as np
-from numba import cuda, float32, float64, uint64
 
-from ..runtime.simulator import SIMULATOR
-from .. import activation as _act
+from ..matmul import TILES, _gemm, _plan
 from ..runtime.arrays import dtype_name, empty, to_device, vector_aligned
-from ..runtime.intrinsics import store4
-from .implicit_gemm_source import igemm_chunked_source, igemm_source
-from . import depthwise as _conv_depthwise, depthwise_rows as _conv_depthwise_rows, direct as _conv_direct, gemm as _conv_gemm, winograd as _conv_winograd
-from ..runtime import stencil as _stencil
-from ..runtime.grid import I as _I, U as _U, U32 as _U32, launch, split as _split, split32 as _split32, strides as _strides
-from ..runtime.launch import Kernel
-from ..matmul import TILES, _act_source, _gemm, _plan
 from ..runtime.device import sm_count
+from ..runtime.grid import launch
 from ..tensor import reduce_tensor, transform_into
 from ..._shapes import winograd_workspace
-from ..._vocab import FLOAT_DTYPES as DTYPES
+from ..._vocab import ACTIVATION_MODES
+from . import depthwise as _conv_depthwise, depthwise_rows as _conv_depthwise_rows, \
+    gemm as _conv_gemm, winograd as _conv_winograd
+from .kernels import KERNELS as _KERNELS
 
-
-_GEOM = ", ".join(["int64"] * 24)
-
-
-def _build():
-    table = {}
-    for ct_name, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
-        fns = _act._device_functions(nt)
-        ns = {f"f_{m}": fns[m][0] for m in _act.MODES}
-        exec(compile(_act_source(_act.MODES), "<nbdnn conv epilogue>", "exec"), ns)
-        act_fn = cuda.jit(device=True)(ns["act_fn"])
-        kernels = _conv_direct.kernels(CT, act_fn)
-        kernels.update(_conv_gemm.kernels(CT, act_fn))
-        kernels.update(_conv_winograd.kernels(CT, _conv_gemm.make_epilogue(CT, act_fn)))
-        ins = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "act_fn": act_fn, "strides": _strides,
-               "split": _split, "split32": _split32, "store4": store4, "U": _U, "I": _I,
-               "U32": _U32, "W32": _stencil.W32,
-               "UB": (lambda v: int(v) % (1 << 64)) if SIMULATOR else uint64}
-        for size, cfg in TILES[ct_name].items():
-            for variant, (name, src) in (("igemm_", igemm_source(*cfg)),
-                                         ("igemm_chunked_", igemm_chunked_source(*cfg, False)),
-                                         ("igemm_chunked_t_", igemm_chunked_source(*cfg, True))):
-                if variant == "igemm_" and size == "large":
-                    continue  # (variant 2 runs C/g < BK: a reduction too short for it)
-                exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
-                kernels[variant + size] = ins[name]
-        ins["epilogue"] = _conv_gemm.make_epilogue(CT, act_fn)
-        _conv_depthwise_rows.NAMESPACES[ct_name] = ins
-        for name, src in _conv_depthwise.sources().items():
-            exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
-            kernels[name] = ins[name]
-        for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
-            a = f"{t}[::1]"
-            sigs = {"fwd": f"void({a}, {a}, {a}, {a}, {a}, {_GEOM}, int64, int64, int64, "
-                           f"{ct_name}, {ct_name}, {ct_name})",
-                    "bwd_data": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
-                    "bwd_filter": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
-            igemm = sigs["fwd"].replace(f"{a}, {_GEOM}", f"{a}, int64[::1], {_GEOM}", 1)[:-1] \
-                + ", int64)"
-            sigs.update({v + size: igemm for size in TILES[ct_name]
-                         for v in ("igemm_", "igemm_chunked_", "igemm_chunked_t_")
-                         if v + size in kernels})
-            sigs.update(_conv_gemm.signatures(t, ct_name, _GEOM))
-            sigs.update(_conv_winograd.signatures(t, ct_name))
-            sigs.update(_conv_depthwise.signatures(t, ct_name, _GEOM))
-            for name, sig in sigs.items():
-                # the 128x128 tile at 128 registers runs two blocks an SM (as the GEMM)
-                cap = {"max_registers": 128} if name.startswith("igemm_chunked") and \
-                    name.endswith("_large") and ct_name == "float32" and not SIMULATOR else {}
-                table[name, t] = (Kernel(kernels[name], [sig], **cap), sig)
-    return table
-
-
-_KERNELS = _build()
 # MobileNet's row kernel (float32 3x3/1, 4 rows a thread) for the PTX test; the others
 # are built on first use
 _conv_depthwise_rows.kernel("float32", "float32", (3, 3, 1, 1, 1, 1, 0), 4)
@@ -218,7 +159,7 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
         (N, K) + P[3 - (len(x.shape) - 2):]
     dtype = dtype_name(x)
     y = out if out is not None else empty(x, shape, dtype)
-    act = -1 if activation is None else _act.MODES.index(activation)
+    act = -1 if activation is None else ACTIVATION_MODES.index(activation)
     args = (x, w, y, bias if bias is not None else y, residual if residual is not None else y,
             *g, int(bias is not None), int(residual is not None), act, coef, alpha, beta)
     total = N * K * P[0] * P[1] * P[2]

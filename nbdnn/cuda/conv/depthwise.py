@@ -40,7 +40,6 @@ MobileNet's 3x3 layers; perf/RESULTS.md run D).
 Other depthwise geometries (3-d, dilated rows, filter sizes not generated) take the
 direct kernels.
 """
-import numpy as np
 
 from ..runtime.simulator import SIMULATOR
 from . import depthwise_rows as _conv_depthwise_rows

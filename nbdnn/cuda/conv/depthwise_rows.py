@@ -30,6 +30,7 @@ import functools
 from ..runtime.simulator import SIMULATOR
 from ..runtime import stencil as _stencil
 from ..runtime.launch import Kernel
+from .source_names import namespace
 
 BLOCK = 32 if SIMULATOR else 128
 RPT = 8          # outputs a thread at most
@@ -80,16 +81,13 @@ def source(R, S, SH, SW, DH, DW, flip, rpt):
 
 
 _INTS = "int64, " * (10 + 2 * len(_MAGIC))
-NAMESPACES = {}  # ct_name -> the conv module's generated-source names (conv._build)
 
 
 @functools.lru_cache(maxsize=None)
 def kernel(dtype, ct_name, geometry, rpt):
     """(Kernel, signature) of dw_rows for geometry (R, S, SH, SW, DH, DW, flip), built in the
-    conv module's names for compute type ct_name (CT, epilogue, U, ...)."""
-    if ct_name not in NAMESPACES:  # filled when nbdnn.cuda.conv is imported
-        from .. import conv  # noqa: F401
-    ns = dict(NAMESPACES[ct_name])
+    generated convolution kernels' names for compute type ct_name (source_names.py)."""
+    ns = dict(namespace(ct_name))
     exec(compile(source(*geometry, rpt), "<nbdnn dw_rows>", "exec"), ns)
     a = f"{dtype}[::1]"
     sig = f"void({a}, {a}, {a}, {a}, {a}, {_INTS}int64, int64, int64, {ct_name}, {ct_name}, " \

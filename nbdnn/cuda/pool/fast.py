@@ -84,7 +84,7 @@ def _reduce(taps, mode):
 
 def source(last, KH, KW, SH, SW, QH, QW, DH, DW, mode, rpt=1):
     """Kernel source for one geometry; mode 0 max, 1 avg (padding counted), 2 avg
-    excluding padding (nbdnn.cpu.pool.MODES); rpt outputs a thread (ph, ph + 1, ...)."""
+    excluding padding (nbdnn._vocab.POOL_MODES); rpt outputs a thread (ph, ph + 1, ...)."""
     ind = "        "
     offs = _stencil.row_offsets(KH, SH, DH, rpt)
     body = _stencil.split_lines(last, rpt) + [

@@ -267,5 +267,6 @@ def reduce_tensor(x, op, axes, keepdims, return_indices, *, alpha, beta, out, st
     y = out if out is not None else empty(x, oshape, dtype)
     yi = empty(x, oshape, np.int64) if return_indices else None
     if math.prod(oshape):
-        _reduce.reduce(x, shape, dtype, op, axes, y, yi, alpha, beta, stream)
+        _reduce.reduce(x, shape, dtype, op, axes, y, yi, alpha, beta, stream,
+                       transform_into)
     return (y, yi) if return_indices else y

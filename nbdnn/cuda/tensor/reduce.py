@@ -357,9 +357,10 @@ def _cols(x, xi, outer, R, inner, key, tin, tout, y, yi, post, n, alpha, beta, s
           y, yi, post, n, alpha, beta, stream)
 
 
-def reduce(x, shape, dtype, op, axes, y, yi, alpha, beta, stream):
-    """y (and indices yi, or None) = alpha * op(x over axes) + beta * y."""
-    from . import transform_into
+def reduce(x, shape, dtype, op, axes, y, yi, alpha, beta, stream, transform_into):
+    """y (and indices yi, or None) = alpha * op(x over axes) + beta * y. transform_into:
+    the tensor family's permuting copy (tensor/__init__.py), for reductions over axes
+    that are not adjacent."""
     p, c, post = OPS[op]
     ctn = "float64" if dtype == "float64" else "float32"
     key = (p, c, yi is not None, ctn)

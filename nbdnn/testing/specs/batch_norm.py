@@ -6,7 +6,7 @@ variance must not lose it)."""
 import numpy as np
 
 import nbdnn
-from nbdnn.testing import Case, OpSpec, rand, shape_nd
+from nbdnn.testing.harness import Case, OpSpec, rand, shape_nd
 
 ACTS = (None, None, "relu", "gelu", "sigmoid")
 

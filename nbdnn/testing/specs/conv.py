@@ -10,7 +10,7 @@ import numpy as np
 import nbdnn
 from nbdnn.testing.specs.matmul import matmul_tol
 from nbdnn.ops.conv import winograd_fits
-from nbdnn.testing import Case, OpSpec, rand
+from nbdnn.testing.harness import Case, OpSpec, rand
 
 CONV = {1: nbdnn.conv1d, 2: nbdnn.conv2d, 3: nbdnn.conv3d}
 ACTIVATIONS = (None, None, "relu", "gelu", "tanh")

@@ -4,7 +4,7 @@ match the CPU's exactly (integer outputs are compared bit for bit)."""
 import numpy as np
 
 import nbdnn
-from nbdnn.testing import Case, OpSpec, rand, shape_nd
+from nbdnn.testing.harness import Case, OpSpec, rand, shape_nd
 
 P = (0.0, 0.1, 0.5, 0.9, 1.0)
 

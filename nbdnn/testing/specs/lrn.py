@@ -4,7 +4,7 @@ large enough alpha that the normalisation matters."""
 import numpy as np
 
 import nbdnn
-from nbdnn.testing import Case, OpSpec, rand, shape_nd
+from nbdnn.testing.harness import Case, OpSpec, rand, shape_nd
 
 
 def _make(backward):

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 import nbdnn
-from nbdnn.testing import EPS, Case, OpSpec, rand
+from nbdnn.testing.harness import EPS, Case, OpSpec, rand
 
 ACTIVATIONS = (None, None, "relu", "gelu", "sigmoid", "leaky_relu")
 

@@ -5,7 +5,7 @@ with the rows' conditioning (_conditioning)."""
 import numpy as np
 
 import nbdnn
-from nbdnn.testing import Case, OpSpec, rand, reduction_tol, shape_nd
+from nbdnn.testing.harness import Case, OpSpec, rand, reduction_tol, shape_nd
 
 FORWARD = {"layer_norm": nbdnn.layer_norm, "rms_norm": nbdnn.rms_norm}
 BACKWARD = {"layer_norm": nbdnn.layer_norm_backward, "rms_norm": nbdnn.rms_norm_backward}

@@ -7,9 +7,8 @@ import math
 import numpy as np
 
 import nbdnn
-from nbdnn._shapes import pool_out_size as out_size
 from nbdnn._vocab import POOL_MODES as MODES
-from nbdnn.testing import Case, OpSpec, rand
+from nbdnn.testing.harness import Case, OpSpec, rand
 
 POOL = {1: nbdnn.pool1d, 2: nbdnn.pool2d, 3: nbdnn.pool3d}
 

@@ -13,7 +13,7 @@ import numpy as np
 
 import nbdnn
 from nbdnn.cpu.softmax import forward as _forward
-from nbdnn.testing import Case, OpSpec, rand, reduction_tol, shape_nd
+from nbdnn.testing.harness import Case, OpSpec, rand, reduction_tol, shape_nd
 
 from nbdnn._vocab import SOFTMAX_ALGOS as ALGOS
 _FORCE = (None, None, None, "rows_block", "fused", "long", "strided")

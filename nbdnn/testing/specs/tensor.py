@@ -9,7 +9,7 @@ import numpy as np
 
 import nbdnn
 from nbdnn.ops import tensor as _t
-from nbdnn.testing import EPS, Case, OpSpec, rand, reduction_tol, shape_nd
+from nbdnn.testing.harness import ELEMENTWISE_TOL, EPS, Case, OpSpec, rand, reduction_tol, shape_nd
 
 FAMILY = "tensor"
 
@@ -99,7 +99,7 @@ def _reduce_tol(op, dtype, n):
     acc = "float64" if dtype == "float64" else "float32"
     atol, rtol = reduction_tol(dtype, n)
     if op in ("min", "max", "amax"):
-        return nbdnn.testing.ELEMENTWISE_TOL[dtype]
+        return ELEMENTWISE_TOL[dtype]
     if op in ("mul", "mul_no_zeros"):
         # products stay within ~[1e-5, 1e5]; blending with out (|out| <= 2) can cancel
         r = 4 * n * EPS[acc] + 2 * EPS[dtype]

@@ -1,0 +1,306 @@
+"""nbdnn.nn's layers (re-exported there): each holds its parameters in `params` and,
+after `backward`, their gradients in `grads`; `forward(x, train)` keeps what
+`backward(dy)` needs. Built only from nbdnn ops, so the same code runs on both backends.
+`move`, `copy_into`, `device_of`: arrays between the backends."""
+import numpy as np
+
+import nbdnn
+
+
+def move(a, device):
+    """a on "cpu" (a NumPy array) or "cuda" (a device array); arrays already there stay."""
+    if (device == "cpu") == isinstance(a, np.ndarray):
+        return a
+    from ..cuda.runtime.arrays import to_device, to_host
+    return to_host(a) if device == "cpu" else to_device(a)
+
+
+def copy_into(dst, a):
+    """dst[...] = a in place, for dst and a on either device (shapes must match)."""
+    if isinstance(dst, np.ndarray):
+        dst[...] = move(a, "cpu")
+    elif isinstance(a, np.ndarray) and hasattr(dst, "copy_to_device"):
+        dst.copy_to_device(np.ascontiguousarray(a, dst.dtype))
+    else:
+        nbdnn.scale_tensor(move(a, "cuda"), 1.0, out=dst)
+
+
+def device_of(a):
+    return "cpu" if isinstance(a, np.ndarray) else "cuda"
+
+
+class Layer:
+    """A layer without parameters; subclasses override forward and backward."""
+
+    def __init__(self):
+        self.params, self.grads, self.buffers = {}, {}, {}
+
+    def forward(self, x, train=False):
+        raise NotImplementedError
+
+    def backward(self, dy, need_dx=True):
+        raise NotImplementedError
+
+    def layers(self):
+        """This layer and the layers inside it, in order."""
+        return [self]
+
+    def to(self, device):
+        """Move parameters and buffers to "cpu" (NumPy) or "cuda" (device arrays)."""
+        if device not in ("cpu", "cuda"):
+            raise nbdnn.BadParamError(f"to: device must be 'cpu' or 'cuda', got {device!r}")
+        for layer in self.layers():
+            for d in (layer.params, layer.buffers):
+                for k in d:
+                    d[k] = move(d[k], device)
+            layer.grads = {}
+        return self
+
+
+def _he(rng, shape, fan_in, dtype):
+    return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(dtype)
+
+
+class Conv2d(Layer):
+    """y = conv2d(x, w) + b; x (N, C, H, W), w (K, C/groups, R, R) He-initialised."""
+
+    def __init__(self, C, K, R, *, stride=1, padding=0, groups=1, bias=True, seed=0,
+                 dtype=np.float32):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.params["w"] = _he(rng, (K, C // groups, R, R), C // groups * R * R, dtype)
+        if bias:
+            self.params["b"] = np.zeros(K, dtype)
+        self.kw = dict(stride=stride, padding=padding, groups=groups)
+
+    def forward(self, x, train=False):
+        self.x = x
+        return nbdnn.conv2d(x, self.params["w"], self.params.get("b"), **self.kw)
+
+    def backward(self, dy, need_dx=True):
+        w = self.params["w"]
+        self.grads["w"] = nbdnn.conv_backward_filter(dy, self.x, tuple(w.shape), **self.kw)
+        if "b" in self.params:
+            self.grads["b"] = nbdnn.conv_backward_bias(dy)
+        return nbdnn.conv_backward_data(dy, w, tuple(self.x.shape), **self.kw) \
+            if need_dx else None
+
+
+class BatchNorm2d(Layer):
+    """Spatial batch normalisation with scale (ones) and bias (zeros); training
+    updates the running mean and variance in place (momentum as cuDNN's factor)."""
+
+    def __init__(self, C, *, momentum=0.1, eps=1e-5, dtype=np.float32):
+        super().__init__()
+        self.params.update(scale=np.ones(C, dtype), bias=np.zeros(C, dtype))
+        self.buffers.update(mean=np.zeros(C, dtype), var=np.ones(C, dtype))
+        self.momentum, self.eps = momentum, eps
+
+    def forward(self, x, train=False):
+        p, b = self.params, self.buffers
+        if not train:
+            return nbdnn.batch_norm_infer(x, p["scale"], p["bias"], b["mean"], b["var"],
+                                          eps=self.eps)
+        self.x = x
+        y, self.mean, self.invstd = nbdnn.batch_norm_train(
+            x, p["scale"], p["bias"], b["mean"], b["var"], momentum=self.momentum,
+            eps=self.eps)
+        return y
+
+    def backward(self, dy, need_dx=True):
+        dx, self.grads["scale"], self.grads["bias"] = nbdnn.batch_norm_backward(
+            dy, self.x, self.params["scale"], self.mean, self.invstd)
+        return dx
+
+
+class Activation(Layer):
+    """y = activation(x, mode) for any of nbdnn.activation's modes."""
+
+    def __init__(self, mode="relu", coef=None):
+        super().__init__()
+        self.mode, self.coef = mode, coef
+
+    def forward(self, x, train=False):
+        self.x = x
+        self.y = nbdnn.activation(x, self.mode, coef=self.coef)
+        return self.y
+
+    def backward(self, dy, need_dx=True):
+        return nbdnn.activation_backward(dy, self.x, self.y, self.mode, coef=self.coef)
+
+
+def ReLU():
+    return Activation("relu")
+
+
+class _Pool(Layer):
+    mode = "max"
+
+    def __init__(self, kernel, stride=None, padding=0):
+        super().__init__()
+        self.kernel, self.kw = kernel, dict(stride=stride, padding=padding, mode=self.mode)
+
+    def forward(self, x, train=False):
+        self.x = x
+        return nbdnn.pool2d(x, self.kernel, **self.kw)
+
+    def backward(self, dy, need_dx=True):
+        return nbdnn.pool_backward(dy, self.x, self.kernel, **self.kw)
+
+
+class MaxPool2d(_Pool):
+    """Max pooling (stride defaults to the window)."""
+    mode = "max"
+
+
+class AvgPool2d(_Pool):
+    """Average pooling, padding counted (cuDNN's avg)."""
+    mode = "avg"
+
+
+class GlobalAvgPool2d(Layer):
+    """(N, C, H, W) -> (N, C, 1, 1): an average pool over the whole map."""
+
+    def forward(self, x, train=False):
+        self.x, self.kernel = x, tuple(x.shape[2:])
+        return nbdnn.pool2d(x, self.kernel, mode="avg")
+
+    def backward(self, dy, need_dx=True):
+        return nbdnn.pool_backward(dy, self.x, self.kernel, mode="avg")
+
+
+class Flatten(Layer):
+    """(N, ...) -> (N, prod(...)): a reshape, no copy."""
+
+    def forward(self, x, train=False):
+        self.shape = tuple(x.shape)
+        return x.reshape(self.shape[0], int(np.prod(self.shape[1:])))
+
+    def backward(self, dy, need_dx=True):
+        return dy.reshape(self.shape)
+
+
+class Linear(Layer):
+    """y = x w^T + b; x (N, in), w (out, in) He-initialised."""
+
+    def __init__(self, n_in, n_out, *, bias=True, seed=0, dtype=np.float32):
+        super().__init__()
+        self.params["w"] = _he(np.random.default_rng(seed), (n_out, n_in), n_in, dtype)
+        if bias:
+            self.params["b"] = np.zeros(n_out, dtype)
+
+    def forward(self, x, train=False):
+        self.x = x
+        return nbdnn.matmul(x, self.params["w"], trans_b=True, bias=self.params.get("b"))
+
+    def backward(self, dy, need_dx=True):
+        res = nbdnn.matmul_backward(dy, self.x, self.params["w"], trans_b=True,
+                                    bias="b" in self.params)
+        self.grads["w"] = res[1]
+        if "b" in self.params:
+            self.grads["b"] = res[2]
+        return res[0]
+
+
+class Dropout(Layer):
+    """Inverted dropout in training (identity otherwise). The offset is a counter
+    buffer (one uint64 on the layer's device) that each call reads and advances by
+    x.size on the device, so steps draw fresh masks, both backends draw the same ones,
+    and so do the replays of a captured training step."""
+
+    def __init__(self, p, *, seed=0):
+        super().__init__()
+        self.p, self.seed = p, seed
+        self.buffers["offset"] = np.zeros(1, np.uint64)
+
+    def forward(self, x, train=False):
+        if not train or self.p == 0:
+            self.mask = None
+            return x
+        y, self.mask = nbdnn.dropout(x, self.p, seed=self.seed, offset=self.buffers["offset"])
+        return y
+
+    def backward(self, dy, need_dx=True):
+        return dy if self.mask is None else nbdnn.dropout_backward(dy, self.mask, self.p)
+
+
+class BasicBlock(Layer):
+    """ResNet's basic block: y = relu(bn(conv3x3(relu(bn(conv3x3(x))))) + shortcut(x)),
+    the shortcut x itself or, when the shape changes, bn(conv1x1/stride(x))."""
+
+    def __init__(self, C, K, *, stride=1, seed=0, dtype=np.float32):
+        super().__init__()
+        self.body = Sequential([
+            Conv2d(C, K, 3, stride=stride, padding=1, bias=False, seed=seed, dtype=dtype),
+            BatchNorm2d(K, dtype=dtype), ReLU(),
+            Conv2d(K, K, 3, padding=1, bias=False, seed=seed + 1, dtype=dtype),
+            BatchNorm2d(K, dtype=dtype)])
+        self.shortcut = None if C == K and stride == 1 else Sequential([
+            Conv2d(C, K, 1, stride=stride, bias=False, seed=seed + 2, dtype=dtype),
+            BatchNorm2d(K, dtype=dtype)])
+        self.relu = ReLU()
+
+    def layers(self):
+        return [self] + self.body.layers() + (self.shortcut.layers() if self.shortcut
+                                              else []) + self.relu.layers()
+
+    def forward(self, x, train=False):
+        s = x if self.shortcut is None else self.shortcut.forward(x, train)
+        return self.relu.forward(nbdnn.add_tensor(s, self.body.forward(x, train)), train)
+
+    def backward(self, dy, need_dx=True):
+        g = self.relu.backward(dy)
+        dx = self.body.backward(g, need_dx)
+        ds = g if self.shortcut is None else self.shortcut.backward(g, need_dx)
+        return nbdnn.add_tensor(ds, dx) if need_dx else None
+
+
+class Sequential(Layer):
+    """Layers applied in order; backward runs them in reverse."""
+
+    def __init__(self, layers):
+        super().__init__()
+        self.seq = list(layers)
+
+    def layers(self):
+        return [self] + [m for layer in self.seq for m in layer.layers()]
+
+    def forward(self, x, train=False):
+        for layer in self.seq:
+            x = layer.forward(x, train)
+        return x
+
+    def backward(self, dy, need_dx=True):
+        for i, layer in enumerate(reversed(self.seq)):
+            dy = layer.backward(dy, need_dx or i < len(self.seq) - 1)
+        return dy
+
+    def parameters(self):
+        """(layer, name) of every parameter, in a fixed order."""
+        return [(m, k) for m in self.layers() for k in m.params]
+
+    def state(self):
+        """name -> host array of every parameter and buffer (for numpy.savez)."""
+        out = {}
+        for i, m in enumerate(self.layers()):
+            for kind, d in (("p", m.params), ("b", m.buffers)):
+                for k, v in d.items():
+                    out[f"{i}.{kind}.{k}"] = move(v, "cpu")
+        return out
+
+    def save(self, path):
+        np.savez(path, **self.state())
+
+    def load(self, path):
+        """Parameters and buffers from save(), copied into the model's own arrays (on
+        its device; GraphedSteps' captured graphs keep working)."""
+        with np.load(path) as f:
+            for i, m in enumerate(self.layers()):
+                for kind, d in (("p", m.params), ("b", m.buffers)):
+                    for k, v in d.items():
+                        a = f[f"{i}.{kind}.{k}"]
+                        if tuple(a.shape) != tuple(v.shape):
+                            raise nbdnn.ShapeError(f"load: {i}.{k} has shape {a.shape}, "
+                                                   f"the model's {tuple(v.shape)}")
+                        copy_into(v, a.astype(v.dtype))
+        return self

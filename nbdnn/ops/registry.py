@@ -1,0 +1,57 @@
+"""The op registry: every public op, recorded where it is defined.
+
+    @op("norm", backward="layer_norm_backward")
+    def layer_norm(x, scale=None, bias=None, *, ...): ...
+
+A record says the op's family (the module name shared by ops/, cpu/, cuda/ and
+testing/specs/), whether its eager CUDA calls replay per-signature plans (ops/_plan.py),
+and the name of its backward. Everything that lists ops reads this table and nothing
+else: nbdnn's exports and their plan wrapping, `nbdnn check` and the cross-check tests
+(testing/specs/<family>.py), `nbdnn bench`, the PTX test and the backend-completeness
+test. The families' modules are found by walking nbdnn/ops (`load()`), so adding a family
+is adding its module."""
+import dataclasses
+import importlib
+import pkgutil
+from typing import Callable, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class OpRecord:
+    name: str
+    fn: Callable               # the front end as defined (validates, then dispatches)
+    family: str                # ops/<family>.py, cpu/<family>.py, cuda/<family>
+    planned: bool = True       # eager CUDA calls replay plans (not: find_conv_algorithm)
+    backward: tuple = ()       # names of the ops that compute its gradients
+    doc: Optional[str] = None  # one line for `nbdnn check --ops` listings
+
+
+OPS = {}  # name -> OpRecord, in definition order
+
+
+def op(family, *, planned=True, backward=()):
+    """Register the decorated function as the public op of its name (returns it
+    unchanged: calls inside ops/ stay unplanned)."""
+    backward = (backward,) if isinstance(backward, str) else tuple(backward)
+
+    def register(fn):
+        if fn.__name__ in OPS:
+            raise RuntimeError(f"nbdnn op {fn.__name__!r} registered twice")
+        doc = (fn.__doc__ or "").strip().split("\n")[0] or None
+        OPS[fn.__name__] = OpRecord(fn.__name__, fn, family, planned, backward, doc)
+        return fn
+    return register
+
+
+def load():
+    """Import every family module under nbdnn/ops (each registers its ops); the table."""
+    pkg = importlib.import_module("nbdnn.ops")
+    for m in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if not m.name.startswith("_") and m.name != "registry":
+            importlib.import_module(f"nbdnn.ops.{m.name}")
+    return OPS
+
+
+def families():
+    """The families that have ops, in registry order."""
+    return tuple(dict.fromkeys(r.family for r in OPS.values()))
