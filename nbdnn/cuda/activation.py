@@ -15,6 +15,7 @@ formulas are written to stay finite for |x| up to 1e4 and beyond (sigmoid by the
 of x, softplus as max(z, 0) + log1p(exp(-|z|)), gelu_tanh's derivative saturated past
 |x| > 10) and to propagate NaN as the CPU reference does (`0 if x < 0 else x`).
 """
+import functools
 import math
 
 import numpy as np
@@ -24,6 +25,7 @@ from .runtime.simulator import SIMULATOR
 from .runtime.intrinsics import load4, store4, vector_alignment
 from .runtime.launch import Kernel
 from .runtime.arrays import dtype_of, empty, ptr_size
+from .runtime.codegen import compile_source
 from .._vocab import ACTIVATION_MODES as MODES, FLOAT_DTYPES as DTYPES
 
 BLOCK = 128
@@ -130,11 +132,34 @@ def _make_kernel(f, ct, backward):
     # x, y (dy, x, dx): (n,) flat.  y = alpha*f(x) + beta*y;  dx = alpha*dy*f'(x) + beta*dx
     ns = {"cuda": cuda, "load4": load4, "store4": store4, "GROUPS": GROUPS, "BLOCK": BLOCK,
           "f": f, "ct": ct, "zero": ct(0), "min": min}
-    exec(compile(_SOURCES[backward], f"<nbdnn activation {'backward' if backward else 'forward'}>",
-                 "exec"), ns)
-    k = ns["kernel"]
+    k = compile_source("kernel", _SOURCES[backward], ns,
+                       label=f"activation_{'backward' if backward else 'forward'}_{ct}", about={
+        "what": f"activation {'backward' if backward else 'forward'}, compute type {ct}",
+        "traffic": f"per element {'3 reads + 1 write' if backward else '1 read + 1 write'}"
+                   " (+1 read with beta != 0); GROUPS 16-byte vectors a thread in flight",
+        "why": "one elementwise kernel for every mode: f is the mode's device function"})
     k.__name__ = "activation_backward" if backward else "activation_forward"
     return k
+
+
+@functools.lru_cache(maxsize=None)
+def fused(npt, derivative=False):
+    """act_fn(x, mode, coef), or its derivative act_grad(x, mode, coef), as one device
+    function: a chain over MODES by index (any other mode returns x). The fused
+    activation of the matmul, convolution and batch norm epilogues (mode -1: none)."""
+    fns = _device_functions(npt)
+    name, prefix, k = ("act_grad", "g_", 1) if derivative else ("act_fn", "f_", 0)
+    lines = [f"def {name}(x, mode, coef):"]
+    for i, m in enumerate(MODES):
+        lines += [f"    if mode == {i}:", f"        return {prefix}{m}(x, coef)"]
+    lines.append("    return x")
+    ns = {f"{prefix}{m}": fns[m][k] for m in MODES}
+    fn = compile_source(name, "\n".join(lines) + "\n", ns, label=f"{name}_{np.dtype(npt).name}",
+                        about={
+        "what": f"the fused epilogue's activation{' derivative' if derivative else ''}, "
+                f"{np.dtype(npt).name}",
+        "why": "kernels take the mode as an int argument: one compiled kernel serves all"})
+    return cuda.jit(device=True)(fn)
 
 
 def _compute_type(dtype):

@@ -32,7 +32,6 @@ from ..runtime.arrays import dtype_name, empty, vector_aligned
 from ..runtime.intrinsics import load4, store4
 from ..runtime.launch import Kernel
 from ..runtime.block_reduce import device_functions
-from ..matmul import _act_source
 from ..._vocab import FLOAT_DTYPES as DTYPES
 
 BLOCK = 32 if SIMULATOR else 256
@@ -40,12 +39,7 @@ BLOCK = 32 if SIMULATOR else 256
 
 def _chains(nt):
     """act_fn(x, mode, coef) and its derivative act_grad over nbdnn's activation modes."""
-    fns = _act._device_functions(nt)
-    ns = {f"{p}{m}": fns[m][k] for m in _act.MODES for p, k in (("f_", 0), ("g_", 1))}
-    for name, prefix in (("act_fn", "f_"), ("act_grad", "g_")):
-        exec(compile(_act_source(_act.MODES, name, prefix), f"<nbdnn batch_norm {name}>",
-                     "exec"), ns)
-    return cuda.jit(device=True)(ns["act_fn"]), cuda.jit(device=True)(ns["act_grad"])
+    return _act.fused(nt), _act.fused(nt, derivative=True)
 
 
 def _kernels(CT, nt):

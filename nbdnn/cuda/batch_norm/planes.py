@@ -24,6 +24,7 @@ from numba import cuda, int32
 from ..runtime.simulator import SIMULATOR
 from ..runtime.intrinsics import load4, store4
 from ..runtime.stencil import DIV, U, U32, div, magic_args
+from ..runtime.codegen import compile_source
 
 BLOCK = 32 if SIMULATOR else 256   # statistics and sums
 ABLOCK = 32 if SIMULATOR else 128  # apply and dx
@@ -238,7 +239,10 @@ def kernels(CT, out_value, dx_value, chan):
     out = {}
     for stats in (True, False):
         src = sums_source(stats)
-        exec(compile(src, f"<nbdnn bn {'stats' if stats else 'bwd'} planes>", "exec"), ns)
+        compile_source("stats_planes_vec" if stats else "bwd_planes_vec", src, ns, about={
+            "what": f"batch norm {'statistics' if stats else 'backward sums'} over channel "
+                    "planes, 16-byte vectors",
+            "traffic": "x (and dy) read once; a partial a (channel, chunk)"})
     out["stats_planes_vec"] = ns["stats_planes_vec"]
     out["bwd_planes_vec"] = ns["bwd_planes_vec"]
     out["apply_planes_vec"], out["dx_planes_vec"] = elementwise(CT, out_value, dx_value)

@@ -30,6 +30,7 @@ import functools
 from ..runtime.simulator import SIMULATOR
 from ..runtime import stencil as _stencil
 from ..runtime.launch import Kernel
+from ..runtime.codegen import compile_source
 from .source_names import namespace
 
 BLOCK = 32 if SIMULATOR else 128
@@ -88,7 +89,13 @@ def kernel(dtype, ct_name, geometry, rpt):
     """(Kernel, signature) of dw_rows for geometry (R, S, SH, SW, DH, DW, flip), built in the
     generated convolution kernels' names for compute type ct_name (source_names.py)."""
     ns = dict(namespace(ct_name))
-    exec(compile(source(*geometry, rpt), "<nbdnn dw_rows>", "exec"), ns)
+    R, S, SH, SW, DH, DW, flip = geometry
+    compile_source("dw_rows", source(*geometry, rpt), ns, about={
+        "config": f"{dtype}, window {R}x{S}, stride {SH}x{SW}, dilation {DH}x{DW}, "
+                  f"flip {flip}, {rpt} outputs a thread",
+        "traffic": f"a thread loads {((rpt - 1) * SH + (R - 1) * DH + 1) * S} taps for "
+                   f"{rpt} outputs ({2 * R * S * rpt} flops)",
+        "why": "variant 3 (module docstring): rows shared between a thread's outputs"})
     a = f"{dtype}[::1]"
     sig = f"void({a}, {a}, {a}, {a}, {a}, {_INTS}int64, int64, int64, {ct_name}, {ct_name}, " \
           f"{ct_name})"

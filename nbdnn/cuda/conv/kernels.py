@@ -4,6 +4,8 @@ signature), for the direct, gemm (im2col/col2im and epilogues), winograd, implic
 kernels are built per window geometry on first use (depthwise_rows.py)."""
 
 from ..matmul import TILES
+from ..matmul.gemm_source import gemm_about
+from ..runtime.codegen import compile_source
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
 from ..._vocab import FLOAT_DTYPES
@@ -11,7 +13,12 @@ from . import depthwise, direct, gemm, winograd
 from .implicit_gemm_source import igemm_chunked_source, igemm_source
 from .source_names import COMPUTE, namespace
 
-GEOM = ", ".join(["int64"] * 24)  # the 24 ints of a ConvGeometry, as kernel parameters
+GEOM = ", ".join(["int64"] * 24)  # the 24 ints of a conv geometry, as kernel parameters
+IGEMM_WHY = {"igemm_": "variant 2: any C/g (taps gathered through a table per reduction index)",
+             "igemm_chunked_": "variant 3: C/g >= BK, channels last (a k-step one tap, "
+                               "contiguous channels)",
+             "igemm_chunked_t_": "variant 3 transposed: channels first (tile rows are "
+                                 "positions, so loads run along the map)"}
 
 
 def _build():
@@ -29,12 +36,13 @@ def _build():
                                          ("igemm_chunked_t_", igemm_chunked_source(*cfg, True))):
                 if variant == "igemm_" and size == "large":
                     continue  # (variant 2 runs C/g < BK: a reduction too short for it)
-                exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
-                kernels[variant + size] = ins[name]
+                kernels[variant + size] = compile_source(name, src, ins, label=f"{name}_{ct_name}",
+                                                         about=gemm_about(
+                    ct_name, size, cfg, f"implicit GEMM convolution, {IGEMM_WHY[variant]}"))
         ins = dict(base)
         for name, src in depthwise.sources().items():
-            exec(compile(src, f"<nbdnn.cuda.conv:{name}>", "exec"), ins)
-            kernels[name] = ins[name]
+            kernels[name] = compile_source(name, src, ins, label=f"{name}_{ct_name}", about={
+                "what": f"depthwise convolution, {ct_name} compute (depthwise.py's variants)"})
         for t in (d for d in FLOAT_DTYPES if (d == "float64") == (ct_name == "float64")):
             a = f"{t}[::1]"
             sigs = {"fwd": f"void({a}, {a}, {a}, {a}, {a}, {GEOM}, int64, int64, int64, "

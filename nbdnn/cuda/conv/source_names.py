@@ -8,7 +8,6 @@ import numpy as np
 from numba import cuda, float32, float64, uint64
 
 from .. import activation as _act
-from ..matmul import _act_source
 from ..runtime.grid import I, U, U32, split, split32, strides
 from ..runtime.intrinsics import store4
 from ..runtime.simulator import SIMULATOR
@@ -23,10 +22,7 @@ def namespace(ct_name):
     """The base names for compute type ct_name ("float32" or "float64"); callers exec
     into a copy (dict(namespace(ct))), never into this one."""
     CT, nt = COMPUTE[ct_name]
-    fns = _act._device_functions(nt)
-    ns = {f"f_{m}": fns[m][0] for m in _act.MODES}
-    exec(compile(_act_source(_act.MODES), "<nbdnn conv epilogue>", "exec"), ns)
-    act_fn = cuda.jit(device=True)(ns["act_fn"])
+    act_fn = _act.fused(nt)
     return {"cuda": cuda, "CT": CT, "ZERO": nt(0), "act_fn": act_fn, "strides": strides,
             "split": split, "split32": split32, "store4": store4, "U": U, "I": I,
             "U32": U32, "W32": W32, "UB": (lambda v: int(v) % (1 << 64)) if SIMULATOR else uint64,

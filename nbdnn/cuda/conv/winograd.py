@@ -27,6 +27,7 @@ from numba import cuda
 
 from ..runtime.arrays import dtype_name, empty
 from ..runtime.grid import U, launch, split, strides
+from ..runtime.codegen import compile_source
 
 _MATRICES = {  # m: (B^T, G, A^T)
     2: (((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)),
@@ -145,7 +146,11 @@ def kernels(CT, epilogue):
     for m, mats in _MATRICES.items():
         ns.update({_const(c): CT(float(abs(Fr(c)))) for mat in mats for row in mat
                    for c in row if c and abs(c) != 1})
-        exec(compile(_source(m), f"<nbdnn.cuda.conv.winograd:F{m}>", "exec"), ns)
+        about = {"what": f"winograd F({m}x{m}, 3x3) filter, input and output transforms",
+                 "traffic": f"a tile: {(m + 2) ** 2} inputs in, {m * m} outputs out (the "
+                            f"{(m + 2) ** 2} batched GEMMs between are matmul's)"}
+        compile_source(f"{NAMES[m]}_filter", _source(m), ns, about,
+                       label=f"{NAMES[m]}_transforms_{CT}")
         out.update({f"{NAMES[m]}_{p}": ns[f"{NAMES[m]}_{p}"]
                     for p in ("filter", "input", "output")})
     return out

@@ -32,8 +32,9 @@ from numba import cuda, float32, float64, uint64
 from ..runtime.simulator import SIMULATOR
 from .. import activation as _act
 from ..runtime.arrays import dtype_name, empty, to_device
-from .gemm_source import gemm_source
+from .gemm_source import gemm_about, gemm_source
 from ..runtime.device import sm_count
+from ..runtime.codegen import compile_source
 from ..runtime.launch import Kernel
 from ..tensor import reduce_tensor
 from ...errors import NotSupportedError
@@ -53,27 +54,15 @@ SPLIT_BLOCKS_PER_SM = 4                # split-K's target: the small tile fits 4
 _offsets_cache = {}
 
 
-def _act_source(modes, name="act_fn", prefix="f_"):
-    """`name`(x, mode, coef): a chain over the activation modes (mode = index) calling
-    `prefix`<mode>(x, coef) from the namespace the source is run in."""
-    lines = [f"def {name}(x, mode, coef):"]
-    for i, m in enumerate(modes):
-        lines += [f"    if mode == {i}:", f"        return {prefix}{m}(x, coef)"]
-    lines.append("    return x")
-    return "\n".join(lines) + "\n"
-
-
 def _build():
     table = {}
     for ct_name, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
-        fns = _act._device_functions(nt)
-        ns = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "U": int if SIMULATOR else uint64}
-        ns.update({f"f_{m}": fns[m][0] for m in _act.MODES})
-        exec(compile(_act_source(_act.MODES), "<nbdnn matmul epilogue>", "exec"), ns)
-        ns["act_fn"] = cuda.jit(device=True)(ns["act_fn"])
+        ns = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "U": int if SIMULATOR else uint64,
+              "act_fn": _act.fused(nt)}
         for size, cfg in TILES[ct_name].items():
             name, src = gemm_source(*cfg)
-            exec(compile(src, f"<nbdnn.cuda.matmul:{name}>", "exec"), ns)
+            compile_source(name, src, ns, label=f"{name}_{ct_name}",
+                           about=gemm_about(ct_name, size, cfg))
             for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
                 a = f"{t}[::1]"
                 sig = (f"void({a}, {a}, {a}, {a}, int64[::1], int64, int64, int64, int64, "

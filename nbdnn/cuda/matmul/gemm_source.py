@@ -135,6 +135,22 @@ def main_loop(BM, BN, BK, TM, TN, fetch, stash):
     return src + ["        cuda.syncthreads()"]
 
 
+def gemm_about(ct_name, size, cfg, what="the tiled GEMM (matmul, conv gemm/winograd)"):
+    """The header of a generated GEMM-family kernel (runtime/codegen.py): its tile and
+    what one block's k-step moves and computes."""
+    BM, BN, BK, TM, TN = cfg
+    item = 8 if ct_name == "float64" else 4
+    return {"what": f"{what}, {ct_name} compute, tile '{size}'",
+            "config": f"block tile {BM}x{BN}, k-step {BK}, thread tile {TM}x{TN}, "
+                      f"{(BM // TM) * (BN // TN)} threads, 2 shared stages",
+            "per k-step": f"{(BM + BN) * BK * item} B of a and b from global memory "
+                          f"(compute-type bytes; float16 storage moves half), "
+                          f"{2 * BM * BN * BK} flops: {2 * BM * BN * BK / ((BM + BN) * BK * item):.1f} "
+                          "flop/B",
+            "why": "gemm_source.py's docstring (variant 2: vector fragments, padded shared "
+                   "tiles, two stages, split-K)"}
+
+
 def gemm_source(BM, BN, BK, TM, TN):
     """(name, source) of kernel `gemm_<config>`: c[kz, z] = epilogue(op(a[z]) @ op(b[z]))
     over the reduction chunk kz (grid.z) of length ksplit."""

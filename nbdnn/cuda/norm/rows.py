@@ -18,6 +18,7 @@ from numba import cuda
 
 from ..runtime.simulator import SIMULATOR
 from ..softmax.rows import load_lines, prologue, store_lines
+from ..runtime.codegen import compile_source
 
 CX, CY = (8, 4) if SIMULATOR else (32, 8)
 R = 4 if SIMULATOR else 16
@@ -187,8 +188,10 @@ def backward_source(V, G=None):
 def row_kernel(V, backward, ns, G=None):
     """The generated row kernel, exec'd in ns; G: backward variant 2's lane count."""
     name, src = backward_source(V, G) if backward else forward_source(V)
-    exec(compile(src, f"<nbdnn.cuda.norm:{name}>", "exec"), ns)
-    return ns[name]
+    return compile_source(name, src, ns, about={
+        "config": f"{'backward' if backward else 'forward'}, {V} 4-element vectors a lane"
+                  + (f", {G} lanes a row" if G else ""),
+        "why": "layer/rms norm rows held in registers (module docstring)"})
 
 
 def param_kernels(CT):

@@ -39,6 +39,7 @@ from numba.cuda import libdevice
 from ..runtime.simulator import SIMULATOR
 from ..runtime import stencil as _stencil
 from ..runtime.launch import Kernel
+from ..runtime.codegen import compile_source
 
 MAX_TAPS = 64
 BLOCK = 32 if SIMULATOR else 128
@@ -120,7 +121,11 @@ def kernel(dtype, last, geometry, mode, rpt):
           "ZERO": CT(0), "NEG": CT(-math.inf), "NAN": CT(math.nan),
           "I": int if SIMULATOR else int64, "U": _stencil.U, "U32": _stencil.U32,
           "W32": _stencil.W32}
-    exec(compile(source(bool(last), *geometry, mode, rpt), "<nbdnn pool_fwd_fast>", "exec"), ns)
+    compile_source("pool_fwd_fast", source(bool(last), *geometry, mode, rpt), ns, about={
+        "config": f"{dtype}, {'channels last' if last else 'channels first'}, {mode}, "
+                  f"window geometry {geometry}, {rpt} outputs a thread",
+        "why": "the window geometry compiled in (module docstring): rows shared between "
+               "a thread's outputs"})
     sig = f"void({dtype}[::1], {dtype}[::1], {_INT}{ct_name}, {ct_name})"
     return Kernel(ns["pool_fwd_fast"], [sig]), sig
 

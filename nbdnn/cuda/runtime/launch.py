@@ -31,6 +31,7 @@ from numba import cuda
 
 from .simulator import SIMULATOR
 from .arrays import flat, ptr_size
+from .codegen import compile_source
 # this thread's .graph (the nbdnn.cuda.Graph recording it) and .plan (an eager call
 # plan's recorder, ops/_plan.py)
 from ...backend import _recording
@@ -107,8 +108,8 @@ def _make_packer(argtypes, pack_into, buf):
     src = (f"def pack({', '.join(names)}):\n" + "\n".join(body) +
            f"\n    pack_into(buf, 16, {', '.join(vals)})\n")
     ns = {"ptr_size": ptr_size, "pack_into": pack_into, "buf": buf}
-    exec(compile(src, "<nbdnn packer>", "exec"), ns)
-    return ns["pack"]
+    return compile_source("pack", src, ns, about={
+        "what": "a kernel's argument packer: the parameter buffer cuLaunchKernel reads"})
 
 
 _cuLaunchKernel = None  # cuda.bindings' (graph instantiation; perf/launch_overhead.py)

@@ -13,7 +13,8 @@ import threading
 import numpy as np
 
 from .simulator import SIMULATOR
-from .arrays import _allocate, _recording, dtype_of, flat, facts, ptr, ptr_size
+from .arrays import _allocate, _recording, dtype_of, facts, flat, ptr, ptr_size
+from .codegen import compile_source
 
 
 class _Recorder:
@@ -196,8 +197,8 @@ def replay_function(recording):
     else:
         _table_launches(recording, ns, lines)
     lines.append(f"    return {_result(recording.result)}")
-    exec(compile("\n".join(lines) + "\n", "<nbdnn plan>", "exec"), ns)
-    return ns["run"]
+    return compile_source("run", "\n".join(lines) + "\n", ns, about={
+        "what": "an eager call plan's replay (ops/_plan.py)"})
 
 
 def _allocations(recording, ns, lines, address):

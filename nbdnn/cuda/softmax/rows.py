@@ -1,7 +1,9 @@
 """Generated source of softmax kernel 1 (nbdnn.cuda.softmax's docstring describes it):
 the row held in registers, 4*V values a lane as named scalars, so that every slot has
 a compile-time name and nothing goes to local memory. `rows_kernel(V, backward, ns)`
-execs the source in `ns` (the device functions and constants the source names)."""
+builds it in `ns` (the device functions and constants the source names) through
+runtime/codegen.py."""
+from ..runtime.codegen import compile_source
 
 
 def _rows_source(V, backward):
@@ -108,6 +110,6 @@ def store_lines(out, dst, V, blend):
 
 def rows_kernel(V, backward, ns):
     name, src = _rows_source(V, backward)
-    code = compile(src, f"<nbdnn.cuda.softmax:{name}>", "exec")
-    exec(code, ns)
-    return ns[name]
+    return compile_source(name, src, ns, about={
+        "config": f"{'backward' if backward else 'forward'}, {V} 4-element vectors a lane",
+        "why": "a row held in registers (module docstring): x read once, y written once"})
