@@ -162,13 +162,15 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
                  last, activation, coef, algo, alpha=alpha, beta=beta, out=out)
 
 
-@op("conv", backward=("conv_backward_data", "conv_backward_filter", "conv_backward_bias"))
+@op("conv", backward=("conv_backward_data", "conv_backward_filter", "conv_backward_bias"),
+    dispatches="conv_forward")
 def conv1d(x, w, bias=None, **kw):
     """1-D convolution: x (N, C, W) or (N, W, C); see conv2d."""
     return conv(1, x, w, bias, **kw)
 
 
-@op("conv", backward=("conv_backward_data", "conv_backward_filter", "conv_backward_bias"))
+@op("conv", backward=("conv_backward_data", "conv_backward_filter", "conv_backward_bias"),
+    dispatches="conv_forward")
 def conv2d(x, w, bias=None, **kw):
     """y = act(alpha * conv(x, w) + beta * z + bias), z = residual if given else out.
 
@@ -190,7 +192,8 @@ def conv2d(x, w, bias=None, **kw):
     return conv(2, x, w, bias, **kw)
 
 
-@op("conv", backward=("conv_backward_data", "conv_backward_filter", "conv_backward_bias"))
+@op("conv", backward=("conv_backward_data", "conv_backward_filter", "conv_backward_bias"),
+    dispatches="conv_forward")
 def conv3d(x, w, bias=None, **kw):
     """3-D convolution: x (N, C, D, H, W) or (N, D, H, W, C); see conv2d."""
     return conv(3, x, w, bias, **kw)
@@ -284,7 +287,7 @@ def conv_backward_bias(dy, *, layout="NCHW", alpha=1.0, beta=0.0, out=None, back
     return c.run("conv_backward_bias", dy, last, alpha=alpha, beta=beta, out=out)
 
 
-@op("conv", planned=False)
+@op("conv", planned=False, dispatches=())
 def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
     """Time every forward algorithm applicable to this call (as cudnnFindConvolution
     ForwardAlgorithm does) and return them fastest first: a list of dicts with algo,

@@ -154,7 +154,7 @@ def group_norm(x, groups, scale=None, bias=None, *, eps=1e-5, layout="NCHW", out
     return c.run("group_norm", x, groups, scale, bias, eps, last, out=out)
 
 
-@op("norm", backward="instance_norm_backward")
+@op("norm", backward="instance_norm_backward", dispatches="group_norm")
 def instance_norm(x, scale=None, bias=None, *, eps=1e-5, layout="NCHW", out=None,
                   backend=None, stream=None):
     """group_norm with a group a channel: statistics (N, C)."""
@@ -186,7 +186,7 @@ def group_norm_backward(dy, x, mean, invstd, scale=None, *, groups, layout="NCHW
                  out=outs or None)
 
 
-@op("norm")
+@op("norm", dispatches="group_norm_backward")
 def instance_norm_backward(dy, x, mean, invstd, scale=None, *, layout="NCHW", out=None,
                            backend=None, stream=None):
     """group_norm_backward with a group a channel."""

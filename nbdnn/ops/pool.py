@@ -47,13 +47,13 @@ def pool(nd, x, kernel, *, stride=None, padding=0, dilation=1, mode="max", ceil_
     return c.run("pool_forward", x, *geo, alpha=alpha, beta=beta, out=out)
 
 
-@op("pool", backward="pool_backward")
+@op("pool", backward="pool_backward", dispatches="pool_forward")
 def pool1d(x, kernel, **kw):
     """1-D pooling: x (N, C, W) or (N, W, C); see pool2d."""
     return pool(1, x, kernel, **kw)
 
 
-@op("pool", backward="pool_backward")
+@op("pool", backward="pool_backward", dispatches="pool_forward")
 def pool2d(x, kernel, **kw):
     """y = alpha * pool(x) + beta * out over windows of `kernel` (an int or one a
     spatial axis). Keywords: stride (default: the kernel), padding (an int, one a
@@ -64,7 +64,7 @@ def pool2d(x, kernel, **kw):
     return pool(2, x, kernel, **kw)
 
 
-@op("pool", backward="pool_backward")
+@op("pool", backward="pool_backward", dispatches="pool_forward")
 def pool3d(x, kernel, **kw):
     """3-D pooling: x (N, C, D, H, W) or (N, D, H, W, C); see pool2d."""
     return pool(3, x, kernel, **kw)

@@ -23,22 +23,26 @@ class OpRecord:
     family: str                # ops/<family>.py, cpu/<family>.py, cuda/<family>
     planned: bool = True       # eager CUDA calls replay plans (not: find_conv_algorithm)
     backward: tuple = ()       # names of the ops that compute its gradients
+    dispatches: tuple = ()     # the backend functions it calls: cpu/ and cuda/<family>.<name>
     doc: Optional[str] = None  # one line for `nbdnn check --ops` listings
 
 
 OPS = {}  # name -> OpRecord, in definition order
 
 
-def op(family, *, planned=True, backward=()):
+def op(family, *, planned=True, backward=(), dispatches=None):
     """Register the decorated function as the public op of its name (returns it
-    unchanged: calls inside ops/ stay unplanned)."""
+    unchanged: calls inside ops/ stay unplanned). dispatches: the backend functions it
+    runs when they are not named like the op (conv2d runs conv_forward); () for none."""
     backward = (backward,) if isinstance(backward, str) else tuple(backward)
 
     def register(fn):
         if fn.__name__ in OPS:
             raise RuntimeError(f"nbdnn op {fn.__name__!r} registered twice")
         doc = (fn.__doc__ or "").strip().split("\n")[0] or None
-        OPS[fn.__name__] = OpRecord(fn.__name__, fn, family, planned, backward, doc)
+        names = (fn.__name__,) if dispatches is None else \
+            (dispatches,) if isinstance(dispatches, str) else tuple(dispatches)
+        OPS[fn.__name__] = OpRecord(fn.__name__, fn, family, planned, backward, names, doc)
         return fn
     return register
 

@@ -52,6 +52,11 @@ class OpSpec:
     blend: bool = True             # takes alpha/beta/out= (first output)
     family: str = ""
     strided_ok: bool = True        # False for in-place ops, which refuse strided views
+    ops: tuple = ()                # the registry's ops the row calls (default: fn's name)
+
+    def __post_init__(self):
+        if not self.ops:
+            self.ops = (self.fn.__name__,)
 
     def tolerance(self, dtype, case):
         return case.tol if case.tol is not None else self.tol[dtype]

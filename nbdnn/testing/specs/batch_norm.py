@@ -65,7 +65,10 @@ def _make_backward(draw, dtype, big):
     return Case((dy, x, scale, mean, invstd, bias, residual), kw, tol=_tol(dtype, x))
 
 
-SPECS = [OpSpec("batch_norm_train", _train, _make_train, family="norm", blend=False),
-         OpSpec("batch_norm_infer", _infer, _make_infer, family="norm"),
+SPECS = [OpSpec("batch_norm_train", _train, _make_train, family="norm", blend=False,
+                ops=("batch_norm_train",)),
+         OpSpec("batch_norm_infer", _infer, _make_infer, family="norm",
+                ops=("batch_norm_infer",)),
          OpSpec("batch_norm_backward", _backward, _make_backward, family="norm",
+                ops=("batch_norm_backward",),
                 blend=False)]

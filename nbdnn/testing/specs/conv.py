@@ -119,7 +119,7 @@ def _make_depthwise(which):
     return make
 
 
-SPECS = [OpSpec("conv", _conv, _make_forward, family="conv"),
+SPECS = [OpSpec("conv", _conv, _make_forward, family="conv", ops=("conv1d", "conv2d", "conv3d")),
          OpSpec("conv_backward_data", nbdnn.conv_backward_data, _make_backward("data"),
                 family="conv"),
          OpSpec("conv_backward_filter", nbdnn.conv_backward_filter,

@@ -60,6 +60,6 @@ def _make_backward(draw, dtype, big):
                 tol=matmul_tol(dtype, length))
 
 
-SPECS = [OpSpec("matmul", _matmul, _make_forward, family="matmul"),
+SPECS = [OpSpec("matmul", _matmul, _make_forward, family="matmul", ops=("matmul",)),
          OpSpec("matmul_backward", nbdnn.matmul_backward, _make_backward, family="matmul",
                 blend=False)]

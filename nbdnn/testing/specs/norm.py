@@ -103,6 +103,8 @@ def _group_maker(backward):
     return make
 
 
-SPECS += [OpSpec("group_norm", _group, _group_maker(False), family="norm", blend=False),
+SPECS += [OpSpec("group_norm", _group, _group_maker(False), family="norm", blend=False,
+                 ops=("group_norm", "instance_norm")),
           OpSpec("group_norm_backward", _group_backward, _group_maker(True), family="norm",
+                 ops=("group_norm_backward", "instance_norm_backward"),
                  blend=False)]

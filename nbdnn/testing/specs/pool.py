@@ -49,5 +49,5 @@ def _pool(x, K, nd=2, **kw):
     return POOL[nd](x, K, **kw)
 
 
-SPECS = [OpSpec("pool", _pool, _make(False), family="pool"),
+SPECS = [OpSpec("pool", _pool, _make(False), family="pool", ops=("pool1d", "pool2d", "pool3d")),
          OpSpec("pool_backward", nbdnn.pool_backward, _make(True), family="pool")]

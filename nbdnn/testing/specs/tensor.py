@@ -138,7 +138,8 @@ def _transform_perm_make(draw, dtype, big):
 
 
 SPECS = [OpSpec("add_tensor", nbdnn.add_tensor, _add_tensor_make, family=FAMILY)]
-SPECS += [OpSpec(f"op_tensor/{op}", _op_tensor_row, _op_tensor_maker(op), family=FAMILY)
+SPECS += [OpSpec(f"op_tensor/{op}", _op_tensor_row, _op_tensor_maker(op), family=FAMILY,
+                 ops=("op_tensor",))
           for op in _t.OP_TENSOR_OPS]
 SPECS += [OpSpec(f"reduce_tensor/{op}", nbdnn.reduce_tensor, _reduce_maker(op),
                  family=FAMILY) for op in _t.REDUCE_OPS]
