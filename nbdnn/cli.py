@@ -116,22 +116,29 @@ def _progress(i, n, label):
         sys.stderr.write("\n")
 
 
-def _selected(specs, ops):
-    if not ops:
-        return specs
-    return [s for s in specs if any(s.name == o or s.name.startswith(o + "/")
-                                    or s.family == o for o in ops)]
+def _pick(items, names, what):
+    from nbdnn.errors import BadParamError
+    from nbdnn.ops.registry import select
+    try:
+        return select(items, names)
+    except BadParamError as e:
+        sys.exit(f"nbdnn {what}: {e}")
 
 
 def check(args):
     from nbdnn import testing
     from nbdnn.cuda import SIMULATOR
     print(_header())
-    specs = _selected(testing.SPECS, args.ops)
+    if args.examples < 1:
+        sys.exit(f"nbdnn check: --examples must be >= 1, got {args.examples}")
+    specs = _pick(testing.SPECS, args.ops, "check")
     dtypes = args.dtype or list(testing.DTYPES)
     rng = np.random.default_rng(args.seed)
     draw = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
     jobs = [(s, d) for s in specs for d in dtypes if d in s.dtypes]
+    if not jobs:
+        sys.exit(f"nbdnn check: {', '.join(s.name for s in specs)} take none of "
+                 f"{', '.join(dtypes)}: nothing to check")
     rows, failed = [], 0
     for i, (spec, dtype) in enumerate(jobs):
         _progress(i, len(jobs), spec.name)
@@ -164,9 +171,18 @@ def check(args):
 
 def bench(args):
     from nbdnn import bench as B
+    from nbdnn.cuda import DRIVER_STATUS, SIMULATOR
+    if SIMULATOR:
+        sys.exit(f"nbdnn bench times kernels on a GPU, and there is none ({DRIVER_STATUS}): "
+                 "`nbdnn check` cross-checks the kernels in the simulator, and "
+                 "perf/suites/cpu_conv.py times the CPU reference")
     print(_header())
-    rows = B.run_suite(args.ops, cpu=not args.no_cpu, size_mb=args.size_mb,
-                       progress=_progress, graph=args.graph)
+    from nbdnn.errors import BadParamError
+    try:
+        rows = B.run_suite(args.ops, cpu=not args.no_cpu, size_mb=args.size_mb,
+                           progress=_progress, graph=args.graph)
+    except BadParamError as e:
+        sys.exit(f"nbdnn bench: {e}")
     print(B.format_table(rows))
     if args.json:
         B.save_json(rows, args.json, {"versions": _versions(), "header": _header(),
@@ -185,8 +201,8 @@ def main(argv=None):
     c.add_argument("--dtype", nargs="*", choices=["float16", "float32", "float64"])
     c.add_argument("--examples", type=int, default=3, help="random cases per op and dtype")
     c.add_argument("--seed", type=int, default=0)
-    b = sub.add_parser("bench", help="time every op: GPU, CPU, PyTorch, % of copy bandwidth")
-    b.add_argument("--ops", nargs="*")
+    b = sub.add_parser("bench", help="time every op: GPU, CPU, PyTorch, %% of copy bandwidth")
+    b.add_argument("--ops", nargs="*", help="op names, rows or families (default: all)")
     b.add_argument("--json")
     b.add_argument("--plot")
     b.add_argument("--no-cpu", action="store_true", help="skip the (slow) CPU timings")

@@ -27,6 +27,9 @@ from . import nn
 CLASSES = 10
 
 
+TRAIN_IMAGES = 1797 - int(1797 * 0.2)  # load_digits' training split
+
+
 def load_digits(seed=0, test_fraction=0.2):
     """(x_train, y_train, x_test, y_test): x (n, 1, 8, 8) float32 in [0, 1], y ints."""
     try:
@@ -101,12 +104,28 @@ def train(device, epochs=8, batch=64, lr=0.05, momentum=0.9, seed=0, quiet=False
             "steps_per_epoch": steps}
 
 
+def _positive(kind):
+    def parse(text):
+        v = kind(text)
+        if not (v > 0 and v < float("inf")):
+            raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+        return v
+    return parse
+
+
+def _row(r):
+    return (f"{r['device']:<8} {r['mode']:<6} {r['epoch_s']:8.3f} {r['images_s']:10,.0f} "
+            f"{r['accuracy']:9.2%}")
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="nbdnn demo", description=__doc__.split("\n")[0])
-    ap.add_argument("--backend", choices=("cpu", "cuda", "both"), default="cpu")
-    ap.add_argument("--epochs", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=0.05)
+    ap = argparse.ArgumentParser(prog="nbdnn demo", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=("cpu", "cuda", "both"), default="cpu",
+                    help="where to train (without a GPU, cuda and both run the CPU alone)")
+    ap.add_argument("--epochs", type=_positive(int), default=8)
+    ap.add_argument("--batch", type=_positive(int), default=64)
+    ap.add_argument("--lr", type=_positive(float), default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mode", choices=("eager", "graph", "both"), default="eager",
                     help="CUDA backend: eager calls, or replaying a captured training step")
@@ -114,18 +133,23 @@ def main(argv=None):
     args = ap.parse_args(argv)
     devices = ("cpu", "cuda") if args.backend == "both" else (args.backend,)
     modes = ("eager", "graph") if args.mode == "both" else (args.mode,)
-    runs = [(d, m) for d in devices for m in modes if d == "cuda" or m == "eager"]
-    if not runs:
+    jobs = [(d, m) for d in devices for m in modes if d == "cuda" or m == "eager"]
+    if not jobs:
         ap.error("graph mode needs the CUDA backend (--backend cuda or both)")
+    from .cuda import DRIVER_STATUS, SIMULATOR
+    if SIMULATOR and any(d == "cuda" for d, _ in jobs):
+        print(f"no GPU ({DRIVER_STATUS}): the CUDA backend would run in numba's simulator, "
+              "far too slowly to train; training on the CPU backend only", file=sys.stderr)
+        jobs = [("cpu", "eager")]
+    if args.batch > TRAIN_IMAGES:
+        ap.error(f"--batch {args.batch} is larger than the training set ({TRAIN_IMAGES} images)")
     runs = []
-    for device, mode in runs:
+    print(f"{'backend':<8} {'mode':<6} {'s/epoch':>8} {'images/s':>10} {'test acc':>9}")
+    for device, mode in jobs:
         print(f"training on {device}, {mode}", file=sys.stderr)
         runs.append(train(device, args.epochs, args.batch, args.lr, seed=args.seed,
                           mode=mode))
-    print(f"\n{'backend':<8} {'mode':<6} {'s/epoch':>8} {'images/s':>10} {'test acc':>9}")
-    for r in runs:
-        print(f"{r['device']:<8} {r['mode']:<6} {r['epoch_s']:8.3f} {r['images_s']:10,.0f} "
-              f"{r['accuracy']:9.2%}")
+        print(_row(runs[-1]), flush=True)  # as each run ends: a long one loses nothing
     n = runs[0]["steps_per_epoch"]
     for a, b in zip(runs, runs[1:]):
         diff = np.max(np.abs(np.subtract(a["losses"][:n], b["losses"][:n])))

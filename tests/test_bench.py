@@ -26,8 +26,18 @@ def test_suite_runs_and_reports(tmp_path):
 def test_suite_times_graph_replays():
     """graph=True times each nbdnn call from a captured graph (replayed eagerly under
     the simulator) and says so per row; the default stays eager."""
-    ops = ["activation/relu", "softmax"]
+    ops = ["activation/relu", "matmul/skinny"]
     rows = bench.run_suite(ops, cpu=False, size_mb=0.004, graph=True)
-    assert rows and all(r.timing == "graph" and r.gpu_s > 0 for r in rows)
+    assert len(rows) == 2 and all(r.timing == "graph" and r.gpu_s > 0 for r in rows)
     assert all(r.timing == "eager" for r in bench.run_suite(ops[:1], cpu=False,
                                                              size_mb=0.004))
+
+
+def test_json_has_no_nan(tmp_path):
+    """An unmeasured figure (the copy bandwidth under the simulator) is null: valid JSON."""
+    row = bench.Row("x", "1", "float32", 4, 1e-3, float("nan"))
+    path = tmp_path / "b.json"
+    bench.save_json([row], str(path), {"copy": float("inf")})
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text)["rows"][0]["pct_copy"] is None

@@ -19,3 +19,19 @@ def test_demo_command_prints_the_table(capsys):
     assert cli.main(["demo", "--epochs", "1"]) == 0
     out = capsys.readouterr().out
     assert "backend" in out and "cpu" in out and "test acc" in out
+
+
+def test_demo_refuses_bad_numbers():
+    for bad in (["--batch", "0"], ["--lr", "nan"], ["--epochs", "0"], ["--batch", "5000"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["demo"] + bad)
+        assert e.value.code == 2, bad
+
+
+def test_demo_without_a_gpu_trains_on_the_cpu(capsys):
+    from nbdnn.cuda import SIMULATOR
+    if not SIMULATOR:
+        pytest.skip("a GPU is here")
+    assert cli.main(["demo", "--epochs", "1", "--backend", "both", "--mode", "both"]) == 0
+    captured = capsys.readouterr()
+    assert "no GPU" in captured.err and "cpu" in captured.out

@@ -27,10 +27,10 @@ from numba import cuda
 if not cuda.is_available():
     d.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
 import nbdnn, nbdnn.testing
-from nbdnn.cuda import _launch
+from nbdnn.cuda.runtime import launch as _launch
 import importlib, pkgutil, nbdnn.cuda as pkg
-for m in pkgutil.iter_modules(pkg.__path__):
-    importlib.import_module("nbdnn.cuda." + m.name)
+for m in pkgutil.walk_packages(pkg.__path__, "nbdnn.cuda."):  # sub-packages too
+    importlib.import_module(m.name)
 shard, nshards = int(sys.argv[1]), int(sys.argv[2])
 def ccs(name, sig):
     sm90_only = any(h in name for h in ("128x128", "64x64", "dw_tile_3x3s2", "dw_tile_5x5"))

@@ -11,12 +11,15 @@ device copy bandwidth measured in the same run on a buffer of the same size (cop
 speed depends on size: 3.7-3.8 TB/s at 256 MiB, 4.1-4.2 TB/s at 1 GiB on an H200)
 and, when PyTorch is installed, against the PyTorch equivalent on the same data.
 """
+import collections
 import dataclasses
 import json
+import math
 from typing import Optional
 
 import numpy as np
 
+from ..ops.registry import select
 from .timing import (_torch, _torch_f, copy_bandwidth, graph_replay, host_cost,  # noqa: F401
                      time_cpu, time_gpu, time_graph, _graph_or_none)
 
@@ -68,9 +71,21 @@ def format_table(rows):
     return "\n".join(lines)
 
 
+def _finite(v):
+    """JSON has no NaN or infinity: null for an unmeasured or undefined figure."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
 def save_json(rows, path, meta):
     with open(path, "w") as f:
-        json.dump({"meta": meta, "rows": [r.as_dict() for r in rows]}, f, indent=1)
+        json.dump(_finite({"meta": meta, "rows": [r.as_dict() for r in rows]}), f, indent=1,
+                  allow_nan=False)
 
 
 def plot(rows, path):
@@ -123,6 +138,9 @@ def _elementwise_cases(n):
     return cases
 
 
+_Named = collections.namedtuple("_Named", "name family ops case")
+
+
 def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False):
     """Time every case on the GPU (and CPU, PyTorch); returns Rows. graph: time nbdnn's
     GPU call as the replay of a captured graph, its GPU time alone (an eager call of
@@ -140,9 +158,9 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False):
     cases = (_elementwise_cases(n) + _reduce_cases(n) + _softmax_cases(n) + _matmul_cases(n)
              + _conv_cases(n) + _pool_cases(n) + _bn_cases(n) + _row_norm_cases(n)
              + _other_norm_cases(n))
-    if ops:
-        cases = [c for c in cases if any(c[0] == o or c[0].startswith(o + "/") or c[1] == o
-                                         for o in ops)]
+    if ops:  # the same choice of names as `nbdnn check` (ops/registry.py select)
+        named = [_Named(c[0], c[1], (c[0].split("/")[0],), c) for c in cases]
+        cases = [t.case for t in select(named, ops)]
     rng = np.random.default_rng(0)
     host = {"x": rng.standard_normal(n, dtype=np.float32),
             "dy": rng.standard_normal(n, dtype=np.float32)}

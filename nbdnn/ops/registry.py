@@ -15,6 +15,8 @@ import importlib
 import pkgutil
 from typing import Callable, Optional
 
+from ..errors import BadParamError
+
 
 @dataclasses.dataclass(frozen=True)
 class OpRecord:
@@ -59,3 +61,29 @@ def load():
 def families():
     """The families that have ops, in registry order."""
     return tuple(dict.fromkeys(r.family for r in OPS.values()))
+
+
+def select(items, names):
+    """The items (each with .name, .family and .ops: cross-check rows, bench cases) that
+    `names` pick: a row name ("activation/relu"), an op ("conv2d", "softmax": all its
+    rows), a family ("norm"), or a mode after the slash ("relu") where it names one
+    family's rows. BadParamError for a name that picks nothing (it lists the choices)
+    or a mode of several families. No names: every item."""
+    if not names:
+        return list(items)
+    picked = []
+    for o in names:
+        hit = [t for t in items if t.name == o or t.name.startswith(o + "/")
+               or t.family == o or o in t.ops]
+        if not hit:
+            hit = [t for t in items if "/" in t.name and o in t.name.split("/")[1:]]
+            if len({t.family for t in hit}) > 1:
+                raise BadParamError(f"{o!r} is a mode of several ops "
+                                    f"({', '.join(t.name for t in hit)}): name one of them")
+        if not hit:
+            choices = sorted({t.name for t in items} | {t.family for t in items}
+                             | {n for t in items for n in t.ops})
+            raise BadParamError(f"no op, row or family named {o!r}; choose from "
+                                f"{', '.join(choices)}")
+        picked += [t for t in hit if t not in picked]
+    return picked
