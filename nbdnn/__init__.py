@@ -7,6 +7,7 @@ The public ops are the op registry's (nbdnn/ops/registry.py): each family module
 nbdnn/ops registers its ops with @op, and this module exports them, wrapped in eager
 call plans where the record says planned (nbdnn/ops/_plan.py; NBDNN_PLANS=0 turns them
 off; `op.unplanned` is the bare op)."""
+from . import _gpu_check  # noqa: F401  (chooses numba's simulator before numba.cuda loads)
 from .errors import (BadParamError, DeviceError, DtypeError, NbdnnError,
                      NotSupportedError, ShapeError)
 from .ops import registry as _registry

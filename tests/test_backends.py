@@ -37,3 +37,29 @@ def test_every_backward_is_an_op_and_every_op_has_a_row():
     assert checked <= set(OPS), checked - set(OPS)
     no_row = [n for n, rec in OPS.items() if rec.dispatches and n not in checked]
     assert not no_row, f"ops without a cross-check row: {no_row}"
+
+
+def _run(code):
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_the_simulator_does_not_depend_on_import_order():
+    """nbdnn imported before numba.cuda chooses the simulator where there is no GPU;
+    imported after, a CUDA call says how to get it (a DeviceError, not numba's
+    CudaSupportError from inside a launch)."""
+    from nbdnn._gpu_check import driver_status
+    if driver_status()[0]:
+        pytest.skip("a GPU is here: both orders run on it")
+    call = "nbdnn.softmax(np.ones((2, 3), np.float32), backend='cuda')"
+    r = _run(f"import numpy as np, nbdnn\nfrom numba import cuda\n{call}\n"
+             "from nbdnn.cuda import SIMULATOR; assert SIMULATOR")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = _run(f"from numba import cuda\nimport numpy as np, nbdnn\ntry:\n    {call}\n"
+             "except nbdnn.DeviceError as e:\n    print('DeviceError', e)")
+    assert r.returncode == 0 and "DeviceError" in r.stdout and "NUMBA_ENABLE_CUDASIM" in \
+        r.stdout, (r.stdout, r.stderr[-2000:])

@@ -52,10 +52,11 @@ class Call:
     This sits on every eager call's path, so it does the least work it can: one
     describe per array (cached per array type), dtype checks against frozensets."""
 
-    __slots__ = ("op", "family", "backend", "copy", "strided", "stream")
+    __slots__ = ("op", "family", "backend", "copy", "strided", "stream", "arrays", "outs")
 
     def __init__(self, op, family, backend, stream=None, **arrays):
         self.op, self.family = op, family
+        self.arrays, self.outs = arrays, None
         self.backend, self.copy = _backend.choose(op, arrays, backend)
         if self.copy:  # remember which NumPy input goes over, for capture's error
             self.copy = next((n for n, a in arrays.items() if a is not None), "an input")
@@ -90,7 +91,34 @@ class Call:
             fail(BadParamError, self.op, name, "C-contiguous", "a strided view")
         if self.copy and not out.flags.writeable:
             fail(BadParamError, self.op, name, "writeable", "a read-only array")
+        if len(self.arrays) > 1 or self.outs:
+            self._apart(name, out)
         return out
+
+    def _apart(self, name, out):
+        """BadParamError when `out` shares memory with an input or an earlier output,
+        unless it is exactly an input the op may overwrite (IN_PLACE: elementwise and
+        row-wise ops read each element before they write it; every other kernel would
+        read what it already wrote). Memory is compared as byte ranges, on the GPU as
+        on the CPU (numpy.may_share_memory), so the rule is the same on both backends."""
+        same_ok = IN_PLACE.get(self.op, ())
+        others = [(n, a) for n, a in self.arrays.items()
+                  if a is not None and n != name and not n.startswith("out")]
+        others += self.outs or []
+        span = _span_of(out)
+        for n, a in others:
+            sa = _span_of(a)
+            if n in same_ok and (a is out or (sa == span and tuple(a.shape) ==
+                                              tuple(out.shape))):
+                continue
+            if _overlap(span, sa):
+                allowed = f" or exactly one of {', '.join(same_ok)}" if same_ok else ""
+                fail(BadParamError, self.op, name,
+                     f"memory apart from the inputs and other outputs{allowed}",
+                     f"an array that overlaps {n}")
+        if self.outs is None:
+            self.outs = []
+        self.outs.append((name, out))
 
     def run(self, fname, *args, out=None, inplace=(), **kw):
         """Call the backend's `fname`; CUDA inputs that are strided views are made
@@ -166,6 +194,35 @@ def _back_to_host(res, out):
         out[...] = host
         return out
     return host
+
+
+# op -> inputs that out= may be exactly (the same array): the kernels read each element
+# of these before writing the element of out at the same place. Any other overlap of
+# out with an input or another output is an error (Call._apart).
+IN_PLACE = {"activation": ("x",), "activation_backward": ("dy", "x", "y"),
+            "scale_tensor": ("x",), "add_tensor": ("a", "c"), "set_tensor": (),
+            "softmax": ("x",), "softmax_backward": ("dy", "y"),
+            "layer_norm": ("x",), "rms_norm": ("x",), "group_norm": ("x",),
+            "instance_norm": ("x",), "batch_norm_infer": ("x", "residual"),
+            "batch_norm_train": ("x",), "dropout": ("x",), "dropout_backward": ("dy",)}
+IN_PLACE["op_tensor"] = ("a", "b")
+
+
+def _span_of(a):
+    """(first, one past last) byte of array a, NumPy or CUDA."""
+    if isinstance(a, np.ndarray):
+        return _byte_bounds(a)
+    return _cuda_arrays().span(a)
+
+
+try:
+    from numpy.lib.array_utils import byte_bounds as _byte_bounds
+except ImportError:  # numpy < 2
+    _byte_bounds = np.byte_bounds
+
+
+def _overlap(s, t):
+    return s[0] < t[1] and t[0] < s[1] and s[0] < s[1] and t[0] < t[1]
 
 
 def flag(op, name, v):

@@ -71,6 +71,29 @@ def ptr(x):
     return (_ptr_fns.get(t) or _chosen(_ptr_fns, _PTR, t))(x)
 
 
+def span(x):
+    """(first byte, one past the last byte) that a CUDA array of any kind covers, from
+    its address, shape and strides: two arrays whose spans meet may share memory (the
+    front end's overlap test, as NumPy's may_share_memory)."""
+    p, shape, item = ptr(x), tuple(x.shape), dtype_of(x).itemsize
+    if any(n == 0 for n in shape):
+        return p, p
+    kind = _array_kind(type(x))
+    if kind == "torch":
+        strides = [s * item for s in x.stride()]
+    elif kind == "simulated":
+        strides = x._ary.strides
+    elif kind in ("cupy", "numba"):
+        strides = x.strides
+    else:
+        strides = x.__cuda_array_interface__.get("strides") or \
+            tuple(item * int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+    lo = hi = p
+    for n, st in zip(shape, strides):
+        lo, hi = (lo + (n - 1) * st, hi) if st < 0 else (lo, hi + (n - 1) * st)
+    return lo, hi + item
+
+
 def size(x):
     n = x.numel() if hasattr(x, "numel") else x.size
     return int(n)
