@@ -100,3 +100,21 @@ def test_backward_matches_finite_differences(case):
             vm[idx] -= h
             num[idx] = (loss(vp) - loss(vm)) / (2 * h)
         np.testing.assert_allclose(grad, num, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_a_residual_is_added_with_weight_one(backend):
+    """act(conv + bias + z), as batch_norm_infer adds its residual; alpha2 scales z;
+    beta (which blends out) together with a residual is refused."""
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((2, 3, 6, 6)), rng.standard_normal((4, 3, 3, 3))
+    b, z = rng.standard_normal(4), rng.standard_normal((2, 4, 4, 4))
+    plain = nbdnn.conv2d(x, w, b)
+    got = nbdnn.conv2d(x, w, b, residual=z, activation="relu", backend=backend)
+    np.testing.assert_allclose(got, np.maximum(plain + z, 0), rtol=1e-12, atol=1e-12)
+    got = nbdnn.conv2d(x, w, b, residual=z, alpha2=-0.5, backend=backend)
+    np.testing.assert_allclose(got, plain - 0.5 * z, rtol=1e-12, atol=1e-12)
+    with pytest.raises(nbdnn.NotSupportedError, match="residual"):
+        nbdnn.conv2d(x, w, b, residual=z, beta=1.0, out=np.zeros_like(z), backend=backend)
+    with pytest.raises(nbdnn.BadParamError, match="alpha2"):
+        nbdnn.conv2d(x, w, b, alpha2=2.0, backend=backend)

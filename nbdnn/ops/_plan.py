@@ -66,6 +66,8 @@ def planned(fn):
         try:
             key, arrays = _signature(fn, args, kw)
         except _NoPlan:
+            key = None
+        if key is None:  # (outside the except: an op's own error chains to nothing)
             return fn(*args, **kw)
         plans = tls.get("plans")
         if plans is None:

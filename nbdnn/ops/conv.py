@@ -13,9 +13,9 @@ import functools
 import math
 import numbers
 
-from ..errors import BadParamError, ShapeError, fail
+from ..errors import BadParamError, NotSupportedError, ShapeError, fail
 from .registry import op
-from ._common import Call, blend_params, choice, same_dtype
+from ._common import Call, blend_params, choice, same_dtype, scalar
 from .activation import _coef
 from .._shapes import winograd_workspace
 from .._vocab import CONV_ALGOS as ALGOS, CONV_MODES as MODES, LAYOUTS as _LAYOUTS, \
@@ -132,7 +132,7 @@ def _algo(op, algo, nd, R, stride, dilation):
 
 def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
          mode="cross_correlation", layout="NCHW", algo="auto", activation=None, coef=None,
-         residual=None, alpha=1.0, beta=0.0, out=None, backend=None, stream=None):
+         residual=None, alpha=1.0, beta=0.0, alpha2=1.0, out=None, backend=None, stream=None):
     op = f"conv{nd}d"
     c = Call(op, "conv", backend, stream, x=x, w=w, bias=bias, residual=residual, out=out)
     x_shape, dtype = c.array("x", x)
@@ -156,7 +156,18 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
     coef = 0.0 if activation is None else _coef(op, activation, coef)
     algo = _algo(op, algo, nd, R, stride, dilation)
     _depthwise(op, algo, C, groups)
-    alpha, beta = blend_params(op, alpha, beta, residual if out is None else out)
+    alpha, beta = blend_params(op, alpha, beta, out)
+    alpha2 = scalar(op, "alpha2", alpha2)
+    if residual is None and alpha2 != 1.0:
+        fail(BadParamError, op, "alpha2", "1 without a residual (it scales the residual)",
+             alpha2)
+    if residual is not None:
+        if beta != 0:  # the fused epilogue adds one tensor z: the residual or out
+            raise NotSupportedError(
+                f"{op}: beta = {beta} with a residual: the fused epilogue adds one tensor "
+                "(z = residual, weight alpha2; without a residual, z = out, weight beta); "
+                "blend out in a second call (nbdnn.add_tensor)")
+        beta = alpha2  # the backends' z weight
     out = c.out(out, yshape, dtype)
     return c.run("conv_forward", x, w, bias, residual, stride, pads, dilation, groups, mode,
                  last, activation, coef, algo, alpha=alpha, beta=beta, out=out)
@@ -172,12 +183,15 @@ def conv1d(x, w, bias=None, **kw):
 @op("conv", backward=("conv_backward_data", "conv_backward_filter", "conv_backward_bias"),
     dispatches="conv_forward")
 def conv2d(x, w, bias=None, **kw):
-    """y = act(alpha * conv(x, w) + beta * z + bias), z = residual if given else out.
+    """y = act(alpha * conv(x, w) + alpha2 * residual + bias) with a residual (alpha2
+    defaults to 1: the residual is added, as batch_norm_infer adds its), else
+    y = act(alpha * conv(x, w) + beta * out + bias) (cuDNN's fused form, z = y). beta
+    != 0 together with a residual is a NotSupportedError: the epilogue adds one tensor.
 
     x (N, C, H, W) and w (K, C/groups, R, S) for layout "NCHW"; x (N, H, W, C) and w
     (K, R, S, C/groups) for "NHWC". Keywords: stride, padding, dilation, groups, mode
     ("cross_correlation" or "convolution": flipped filter), layout, algo, activation
-    (a mode of nbdnn.activation) and coef, residual, alpha, beta, out. Returns y of
+    (a mode of nbdnn.activation) and coef, residual, alpha, beta, alpha2, out. Returns y of
     shape (N, K, P, Q) (or (N, P, Q, K)) and x's dtype.
 
     algo: "direct", "implicit_gemm", "gemm", "winograd" (F(2x2, 3x3): 2-d 3x3, stride

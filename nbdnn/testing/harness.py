@@ -40,6 +40,7 @@ class Case:
     args: tuple
     kwargs: dict
     tol: tuple = None  # (atol, rtol) override for this case
+    blend: bool = True  # False: the call takes out= but not beta != 0 (conv's residual)
 
 
 @dataclasses.dataclass
@@ -157,6 +158,7 @@ def crosscheck(spec, case, dtype, strided=(), blend=None):
                      for i, a in enumerate(args))
     if blend is not None:
         alpha, beta, seed = blend
+        beta = beta if case.blend else 0.0
         shape0 = _as_tuple(spec.fn(*ref_args, **ref_kw))[0].shape
         out0 = np.random.default_rng(seed).uniform(-2, 2, shape0).astype(dtype)
         ref_kw.update(alpha=alpha, beta=beta, out=out0.astype(np.float64))

@@ -52,7 +52,7 @@ def _make_forward(draw, dtype, big):
     residual = None
     if draw(0, 2) == 0:
         residual = rand(rng, CONV[nd](x, w, **kw).shape, dtype)
-        kw["beta"] = 0.5
+        kw["alpha2"] = (1.0, 0.5)[draw(0, 1)]
     algos = ("auto", "direct", "implicit_gemm", "gemm")
     if winograd_fits(nd, ws[2:] if kw["layout"] == "NCHW" else ws[1:-1], kw["stride"],
                      kw["dilation"]):
@@ -63,7 +63,7 @@ def _make_forward(draw, dtype, big):
     if kw["algo"] == "winograd4":  # F(4x4)'s transforms: ~4x the rounding (auto never
         # takes it here: these layers have fewer than 32 channels a group)
         atol, rtol = 4 * atol, 4 * rtol
-    return Case((x, w, bias, residual), kw, tol=(atol, rtol))
+    return Case((x, w, bias, residual), kw, tol=(atol, rtol), blend=residual is None)
 
 
 def _make_backward(which):
