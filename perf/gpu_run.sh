@@ -12,7 +12,7 @@
 #   bash perf/gpu_run.sh check                # nbdnn check, every op and dtype
 #   bash perf/gpu_run.sh perf                 # nbdnn bench: every row, against PyTorch
 #   bash perf/gpu_run.sh compute              # SGEMM and conv vs cuBLAS/cuDNN, host cost
-#   bash perf/gpu_run.sh norm                 # issue 4's ops: path tests, crosscheck and
+#   bash perf/gpu_run.sh norm                 # pool and norm ops: path tests, crosscheck and
 #                                             # the graph-timed bench rows, in parallel
 # Run from the repository root on the GPU machine (no install: PYTHONPATH=.).
 set -u
@@ -85,8 +85,8 @@ norm)
     for f in "$OUT"/t?.log; do tail -n 2 "$f"; done
     tail -24 "$OUT/perf.log" ;;
 compute)
-    timeout 150 python3 perf/sgemm.py --json "$OUT/sgemm.json" > "$OUT/perf.log" 2>&1
-    timeout 300 python3 perf/conv.py --json "$OUT/conv.json" >> "$OUT/perf.log" 2>&1
-    timeout 60 python3 perf/launch_overhead.py --json "$OUT/launch.json" >> "$OUT/perf.log" 2>&1
+    timeout 150 python3 perf/suites/sgemm.py --json "$OUT/sgemm.json" > "$OUT/perf.log" 2>&1
+    timeout 300 python3 perf/suites/conv.py --json "$OUT/conv.json" >> "$OUT/perf.log" 2>&1
+    timeout 60 python3 perf/suites/launch_overhead.py --json "$OUT/launch.json" >> "$OUT/perf.log" 2>&1
     tail -40 "$OUT/perf.log" ;;
 esac

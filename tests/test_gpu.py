@@ -145,7 +145,7 @@ def test_softmax_register_rows_do_not_spill():
     """Row kernels hold up to 64 values a lane in named registers under a register
     cap; a spill turns the register cache into local-memory traffic. One measured
     exception: the forward 8-vector kernel at 64 registers spills 8-24 B and is still
-    faster than at any spill-free cap (32 warps an SM; perf/softmax_caps.py)."""
+    faster than at any spill-free cap (32 warps an SM; perf/experiments/softmax_caps.py)."""
     from nbdnn.cuda import softmax as S
     for (name, dtype), (kernel, sig) in S._KERNELS.items():
         if name.startswith(("rows_", "fused")):
@@ -166,11 +166,11 @@ _SPILL_FAMILIES = {"gemm": None, "dw_filter": ("dw_filter",), "dw_fwd": ("dw_fwd
 @pytest.mark.parametrize("family", list(_SPILL_FAMILIES))
 def test_gemm_and_depthwise_kernels_spill_at_most_as_measured(family):
     """The float32 128x128 GEMM tile runs under a 128-register cap and spills 32 B
-    (62-63% of cuBLAS against 58-60% uncapped, perf/RESULTS.md); float16 under the same
+    (62-63% of cuBLAS against 58-60% uncapped, perf/history/runs.md); float16 under the same
     cap spilled 56 B on the H200, so it runs uncapped. The chunked implicit GEMM's
     128x128 tile (float32 and float16) runs under the same cap with a stack frame of at
     most 200 B (ptxas for sm_90): values live only before and after the k loop, which
-    keeps 4 local loads (perf/sass_dump.py). Nothing else may spill."""
+    keeps 4 local loads (perf/tools/sass_dump.py). Nothing else may spill."""
     from nbdnn.cuda import conv as CV, matmul as MM
     prefixes = _SPILL_FAMILIES[family]
     if prefixes is None:

@@ -1,4 +1,4 @@
-"""Benchmark cases of issue 4's memory-bound families (run by bench.run_suite): pooling
+"""Benchmark cases of the memory-bound norm families (run by bench.run_suite): pooling
 on ResNet shapes, batch norm, layer norm and RMS norm, against PyTorch's ops on the same
 shapes. Bytes are what a kernel must move (each input read once, each output written
 once); the %copy column reads against that. A case that does not fit the suite's

@@ -10,7 +10,7 @@ Channels are HW apart (NCHW) or adjacent (NHWC); below 2**31 elements the channe
 split off by multiply-highs (_stencil.magic) instead of 64-bit divisions. Gathers
 only: deterministic.
 
-Verified on the H200 (crosscheck, PyTorch comparisons, determinism; perf/RESULTS.md
+Verified on the H200 (crosscheck, PyTorch comparisons, determinism; perf/history/runs.md
 runs G-I). Run W measured the forward at 12% of copy (1.97x PyTorch's) and the
 one-kernel backward at 4%; the two-kernel backward and the multiply-high split are
 not yet measured.

@@ -1,6 +1,6 @@
 """Eager call plans: an nbdnn call on CUDA arrays replayed from a recording of itself,
 without its Python front end (validation, shape inference, algorithm choice, argument
-marshalling: 10-50 us of host time for a conv, a batch norm or a pool; perf/RESULTS.md
+marshalling: 10-50 us of host time for a conv, a batch norm or a pool; perf/history/runs.md
 run Z).
 
 Like a cuDNN plan, a plan belongs to a call's signature: the op; each array's kind,
@@ -21,7 +21,7 @@ A signature's calls on one thread:
   4th+ replays the plan: one generated function allocates the results, writes the
        new addresses into the plan's launch table and issues all its launches from
        one @njit call (cuda._launch.LaunchTable); workspaces are not allocated: they
-       sit in one buffer a thread that all its plans share (perf/RESULTS.md, runs Z
+       sit in one buffer a thread that all its plans share (perf/history/runs.md, runs Z
        and AA: host µs a call).
 Not planned: calls inside a Graph capture or given a stream; calls with NumPy
 arrays, strided views or arguments of other types; calls whose inputs overlap at
@@ -44,7 +44,7 @@ _recording = _backend._recording  # thread-local: .graph (a Graph), .plan (a _Re
 _SCALARS = frozenset((int, float, bool, str, complex, type(None)))
 _NEVER = "never"
 MAX_PLANS = 4096  # signatures a thread remembers (_forget)
-ENABLED = True  # False: every call runs in full (perf/latency.py's comparison)
+ENABLED = True  # False: every call runs in full (perf/suites/latency.py's comparison)
 
 
 class _NoPlan(Exception):

@@ -13,7 +13,7 @@ are its N planes, vector m of the channel at m + c*L4 + (m // L4) * (C-1)*L4.
   by a fixed tree in shared memory: deterministic, and as robust as the general
   kernel's. Reads x once (4 B an element); backward reads dy and x once (8 B).
   The partials go to _bn_sums' finals with chunk size E.
-- apply / dx: 2 vectors a thread (relu's best shape, perf/RESULTS.md), the channel by
+- apply / dx: 2 vectors a thread (relu's best shape, perf/history/runs.md), the channel by
   two multiply-highs where the general kernel divides in 64 bits. 8 B an element
   (apply), 12 B (dx).
 Walking apply and dx backwards, to re-read from L2 the last chunks the sums pass

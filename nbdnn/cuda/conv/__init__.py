@@ -40,11 +40,11 @@ L1/L2: neighbouring threads share them): the reference-speed algorithm.
 Resources (ptxas, sm_90), float32: direct forward 138 registers; implicit GEMM
 variant 2 small 102, tiny 72 (no large tile); variant 3 (chunked, and its "_t" form) small
 102, tiny 72, large capped at 128 (two blocks an SM) with a 176-200 B stack frame
-whose spills sit outside the k loop (4 local loads in it, perf/sass_dump.py);
+whose spills sit outside the k loop (4 local loads in it, perf/tools/sass_dump.py);
 depthwise forward variant 1 3x3 105, 5x5 153, variant 2 (tiles) 3x3 96 (stride 1)
 and 126 (stride 2), 5x5 167, variant 3 (rows; the H200's driver) 3x3/1 48-64, 3x3/2
 72, 5x5/1 100; nothing else spills. Speed against cuDNN:
-perf/RESULTS.md ("Convolution").
+perf/history/runs.md ("Convolution").
 """
 import functools
 
@@ -104,7 +104,7 @@ def _auto_forward(g, dtype="float32"):
     its batched GEMMs have K * tiles >= 24576 outputs, else winograd (fewer, larger
     GEMMs would leave SMs idle), from 32 channels in and out a group (float16: winograd
     from 128), while the workspace fits AUTO_WORKSPACE_LIMIT (ResNet-50's s1 3x3 at
-    batch 256 asks for 0.9 GB). Measured through graphs on the H200 (perf/RESULTS.md
+    batch 256 asks for 0.9 GB). Measured through graphs on the H200 (perf/history/runs.md
     run V), batch 1-32, 32-512 channels: one of the two beat the implicit GEMM on 17 of
     18 layers (1.2-6.3x; 4% behind at 32 channels, batch 8), and this rule picks the
     faster of them on all 18. Else implicit_gemm."""

@@ -4,7 +4,7 @@ columns.
 
 Why a third variant: variant 2 (`dw_tile`, a 4x4 block of outputs a thread) puts 4
 threads on a 7x7 plane and 16 on a 14x14 one. Nsight Compute on 1024 channels at 7x7
-(perf/RESULTS.md, run R): 1357 instructions a warp in one dependent chain, 5 warps a
+(perf/history/runs.md, run R): 1357 instructions a warp in one dependent chain, 5 warps a
 scheduler (92 registers), 1.3 waves, DRAM 7% busy: latency-bound at ~1x cuDNN, and a
 warp's lanes spread over 8 planes. Here a thread loads the (rpt - 1) * SH + R rows of
 S taps its outputs' windows share (3x3/1, rpt 8: 30 loads for 8 outputs) and keeps
@@ -106,7 +106,7 @@ def rpt_for(g, sm_count):
     """Outputs a thread for geometry g: as many as RPT and MAX_LOADS allow (rows of taps
     shared, more bytes in flight a thread), fewer while the grid would not fill the
     GPU once (1024 channels at 7x7: 4 rows a thread, 158% of cuDNN, against 139% at 7;
-    perf/RESULTS.md run U)."""
+    perf/history/runs.md run U)."""
     N, K, PH, PW = g[0], g[2], g[11], g[12]
     rpt = _stencil.rows_per_thread(g[8], g[9], g[14], g[20], PH, RPT, MAX_LOADS)
     while rpt > 1 and N * K * -(-PH // rpt) * PW < sm_count * WAVE:

@@ -14,7 +14,7 @@ Every kernel here sees 3 spatial axes (1-d and 2-d get leading axes of size 1).
 Traffic: forward reads x once from DRAM and writes y; backward reads dy ~k/s times a
 tap axis and x (max) once a window, and writes dx.
 
-Verified on the H200 (crosscheck, PyTorch comparisons, determinism; perf/RESULTS.md
+Verified on the H200 (crosscheck, PyTorch comparisons, determinism; perf/history/runs.md
 runs G-I, O, T). The general forward kernel was instruction-bound (Nsight Compute: ~645
 instructions an output at 25% occupancy, DRAM 7% busy; 190-205 us on ResNet's pools,
 0.39-0.54x PyTorch); _pool_fast runs them in 39-49 us, 72-90% of copy bandwidth

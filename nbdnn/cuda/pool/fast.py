@@ -12,7 +12,7 @@ load: all are in flight together) and is masked after (_stencil.py). Max skips
 NaNs with fmax and finds them with one unordered test over the window; the rare
 window holding a NaN decides between NaN and the largest number afterwards.
 
-Measured on the H200 (perf/RESULTS.md, runs T and U; fp32, batch 32, NCHW), against
+Measured on the H200 (perf/history/runs.md, runs T and U; fp32, batch 32, NCHW), against
 the general kernel in pool.py (run N) and PyTorch/cuDNN in the same run:
 - max 3x3/2 on 64x112x112: 190 -> 49 us (72% of copy bandwidth; PyTorch 104 us);
 - avg 3x3/2: 200 -> 45 us (78%; PyTorch 91 us);

@@ -36,7 +36,7 @@ def _ptr_simulated(x):
 def _is_numba_device_array(t):
     """A real numba DeviceNDArray type. (gpu_data is an instance attribute: testing the
     type for it was False, which sent numba arrays down the __cuda_array_interface__
-    path: 1.6 us an array of the H200 host's time; perf/RESULTS.md run Y.)"""
+    path: 1.6 us an array of the H200 host's time; perf/history/runs.md run Y.)"""
     mod = t.__module__ or ""
     return mod.startswith("numba.cuda") and not mod.startswith("numba.cuda.simulator") \
         and hasattr(t, "device_ctypes_pointer") and hasattr(t, "is_c_contiguous")

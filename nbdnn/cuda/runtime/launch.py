@@ -67,7 +67,7 @@ class _Launcher:
     H200's host that call costs 3.7-3.9 us against 4.1-4.4 us through cuda.bindings
     (which converts eleven Python arguments) and up to 4.9 us through @njit with the
     values as arguments (numba types every int; one array's type is a single C check;
-    perf/RESULTS.md, run X)."""
+    perf/history/runs.md, run X)."""
 
     def __init__(self, handle, argtypes, name):
         self.handle, self.name = handle, name
@@ -112,7 +112,7 @@ def _make_packer(argtypes, pack_into, buf):
         "what": "a kernel's argument packer: the parameter buffer cuLaunchKernel reads"})
 
 
-_cuLaunchKernel = None  # cuda.bindings' (graph instantiation; perf/launch_overhead.py)
+_cuLaunchKernel = None  # cuda.bindings' (graph instantiation; perf/suites/launch_overhead.py)
 _launch_record = None
 _launch_table = None
 _libcuda = None

@@ -1,11 +1,11 @@
 """The CPU reference's conv2d (nbdnn/cpu/conv.py: im2col views and a BLAS contraction,
 accumulated in float64) against PyTorch's CPU convolution (float32, oneDNN) on the
-same machine: the ResNet-50 layer set and MobileNet depthwise layers of perf/conv.py
+same machine: the ResNet-50 layer set and MobileNet depthwise layers of perf/suites/conv.py
 at a small batch, forward and both backward passes (PyTorch's as one autograd call,
-its time split evenly as in perf/conv.py). Median wall time of a few calls after one
+its time split evenly as in perf/suites/conv.py). Median wall time of a few calls after one
 warm-up; thread counts printed. Needs PyTorch (any build) for the comparison columns.
 
-    PYTHONPATH=. python perf/cpu_conv.py [--batch 4] [--layers 3x3] [--json F]
+    PYTHONPATH=. python perf/suites/cpu_conv.py [--batch 4] [--layers 3x3] [--json F]
 """
 import argparse
 import json

@@ -2,7 +2,7 @@
 at the rows it serves (8192 rows of 1024-8192 floats), and the resources of every
 softmax row kernel per dtype.
 
-    PYTHONPATH=. python perf/softmax_caps.py
+    PYTHONPATH=. python perf/experiments/softmax_caps.py
 """
 import math
 

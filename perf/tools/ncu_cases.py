@@ -3,7 +3,7 @@
 tile, the stem max pool, MobileNet depthwise 3x3 layers and layer_norm_backward. Each case launches once (numba compiles before the launch).
 
     ncu --set full -k regex:"conv_igemm|gemm_|pool" -o prof \
-        python3 perf/ncu_cases.py igemm3x3 gemm4096 pool
+        python3 perf/tools/ncu_cases.py igemm3x3 gemm4096 pool
 """
 import sys
 

@@ -1,12 +1,12 @@
 """Every forward algorithm that applies, against cuDNN, over a grid of 3x3/1 layers
 (batch x channels x map size): the measurements behind `_auto_forward`'s choice
 between the implicit GEMM, winograd (F(2x2)) and winograd4 (F(4x4))
-(perf/RESULTS.md run V). fp32 NCHW, C = K, padding 1; nbdnn times are GPU times of a
+(perf/history/runs.md run V). fp32 NCHW, C = K, padding 1; nbdnn times are GPU times of a
 captured nbdnn.cuda.Graph (no host time), cuDNN's are eager calls with
 cudnn.benchmark on and TF32 off (one launch, its host time hidden by the flush).
 Prints % of cuDNN per algorithm and marks auto's pick.
 
-    PYTHONPATH=. python perf/conv_algos.py [--batches 1 8 32] [--layers 64@56 128@28]
+    PYTHONPATH=. python perf/suites/conv_algos.py [--batches 1 8 32] [--layers 64@56 128@28]
 """
 import argparse
 

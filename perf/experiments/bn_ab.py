@@ -1,10 +1,10 @@
 """Batch norm's channels-first fast path (nbdnn/cuda/batch_norm/planes.py) against the general
 kernels (_bn_sums + batch_norm's apply/dx) on 64x256x64x64 fp32, both graph-timed, with
 a copy of the tensor and PyTorch in the same run; then the depthwise 7x7/14x14 layers
-against a copy of the same tensor (the floor behind issue 3's 2x goal there).
-perf/RESULTS.md run W.
+against a copy of the same tensor (the floor behind a 2x-cuDNN goal there).
+perf/history/runs.md run W.
 
-    PYTHONPATH=. python perf/bn_ab.py
+    PYTHONPATH=. python perf/experiments/bn_ab.py
 """
 import torch
 import torch.nn.functional as F

@@ -9,7 +9,7 @@ planning behind one call; and the other calls of a small CNN (batch norm, max po
 matmul, add) against PyTorch's. nbdnn's layer and conv rows come twice: as called
 (eager call plans, nbdnn/ops/_plan.py) and with `op.unplanned` (the full front end).
 
-    PYTHONPATH=. python perf/launch_overhead.py [--json F]
+    PYTHONPATH=. python perf/suites/launch_overhead.py [--json F]
 """
 import argparse
 import json

@@ -2,7 +2,7 @@
 spills of the kernels a bench touched, softmax row-kernel configurations, activation
 unroll depth. Prints a table per experiment.
 
-    PYTHONPATH=. python perf/diagnose.py [timing] [softmax] [softmax_long] [activation] [reduce]
+    PYTHONPATH=. python perf/experiments/diagnose.py [timing] [softmax] [softmax_long] [activation] [reduce]
 """
 import math
 import sys

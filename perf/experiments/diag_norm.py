@@ -1,9 +1,9 @@
-"""Where the time of issue 4's bench rows goes (H200): for each case the bench's
+"""Where the time of the pool and norm bench rows goes (H200): for each case the bench's
 flushed event time, the per-call time of 20 calls back to back, the host time of one
 call, and the GPU kernels PyTorch's profiler (CUPTI) sees, with their durations.
 A row whose host time exceeds its kernel time is launch-bound, not bandwidth-bound.
 
-    PYTHONPATH=. python perf/diag_norm.py [case-substring ...]
+    PYTHONPATH=. python perf/experiments/diag_norm.py [case-substring ...]
 """
 import statistics
 import sys

@@ -1,6 +1,6 @@
 """Experiment (not in the library): a depthwise 3x3/1 kernel for small planes that maps
 threads along the flattened tensor, for the 7x7 and 14x14 MobileNet layers where the
-row kernel (nbdnn/cuda/conv/depthwise_rows.py) misses 2x cuDNN (perf/RESULTS.md runs
+row kernel (nbdnn/cuda/conv/depthwise_rows.py) misses 2x cuDNN (perf/history/runs.md runs
 U and V: 1024@7 170%, 512@14 194%).
 
 Why: under Nsight Compute the row kernel at 1024@7 issues ~100 thread instructions an
@@ -16,7 +16,7 @@ generated (4t + j + dr*W + dc); only the masks (row and column of each output) a
 channel (two planes at most) are computed at run time. The plane size is compiled
 in, so f // (H*W) and // W are multiplications.
 
-Outcome (run W, perf/RESULTS.md): correct, and slower than the row kernel on every
+Outcome (run W, perf/history/runs.md): correct, and slower than the row kernel on every
 layer (1024@7 11.9-14.2 us against 11.0; 512@14 21.6-23.9 against 17.3): the
 per-output masks and channel terms cost more than the cleaner loads save. Kept as
 the record of the experiment; the library does not use it.
@@ -24,8 +24,8 @@ the record of the experiment; the library does not use it.
 Padding 1, stride 1, dilation 1, K == C, N*C*H*W a multiple of 4, x and y 16-byte
 aligned, no epilogue but the bias (the library's plain path).
 
-    PYTHONPATH=. python perf/dw_flat_ab.py            # H200: check, then A/B (graphs)
-    NUMBA_ENABLE_CUDASIM=1 PYTHONPATH=. python perf/dw_flat_ab.py --check-only
+    PYTHONPATH=. python perf/experiments/dw_flat_ab.py            # H200: check, then A/B (graphs)
+    NUMBA_ENABLE_CUDASIM=1 PYTHONPATH=. python perf/experiments/dw_flat_ab.py --check-only
 """
 import argparse
 import functools

@@ -1,4 +1,4 @@
-"""Batch-1 inference latency (issue 5): the digits CNN (nbdnn/demo.py) at 1x1x8x8 and
+"""Batch-1 inference latency: the digits CNN (nbdnn/demo.py) at 1x1x8x8 and
 ResNet-18 (nbdnn.nn.resnet18) at 1x3x224x224, fp32, eval mode: nbdnn eager and
 nbdnn.cuda.Graph against PyTorch eager and PyTorch under a CUDA graph
 (torch.cuda.graphs), same GPU, same run. Then one training step of the digits CNN at
@@ -8,7 +8,7 @@ PyTorch eager. Latency = host wall time from the call to the result being ready
 tensors, so its outputs come from torch's caching allocator. nbdnn eager is timed as
 it runs (eager call plans) and with plans off.
 
-    PYTHONPATH=. python perf/latency.py [--reps 200] [--json F]
+    PYTHONPATH=. python perf/suites/latency.py [--reps 200] [--json F]
 """
 import argparse
 import json

@@ -1,4 +1,4 @@
-"""The layer sets perf/conv.py and perf/cpu_conv.py time: ResNet-50 at batch 32 (the
+"""The layer sets perf/suites/conv.py and perf/suites/cpu_conv.py time: ResNet-50 at batch 32 (the
 7x7/2 stem, the 1x1 and 3x3 layers of each stage) and MobileNet's depthwise 3x3
 layers."""
 # name, C, K, H (= W), kernel, stride, padding, groups

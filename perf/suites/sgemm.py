@@ -3,7 +3,7 @@ fp32, square 512-8192 and skinny M = 64. Per shape: the automatic plan (tile siz
 split-K chunks, nbdnn.cuda.matmul._plan), then each tile config forced in turn (with
 the split-K the plan would give it), with registers and spills. TFLOP/s = 2*M*N*K / time.
 
-    PYTHONPATH=. python perf/sgemm.py [--json F]
+    PYTHONPATH=. python perf/suites/sgemm.py [--json F]
 """
 import argparse
 import json

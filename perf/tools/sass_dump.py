@@ -1,7 +1,7 @@
 """SASS of one registered kernel (needs nvdisasm: the GPU machine), with counts of the
 local-memory (spill) instructions and of the FFMAs.
 
-    PYTHONPATH=. python perf/sass_dump.py nbdnn.cuda.conv conv_igemm_chunked_128x128x8_8x8 float32
+    PYTHONPATH=. python perf/tools/sass_dump.py nbdnn.cuda.conv conv_igemm_chunked_128x128x8_8x8 float32
 """
 import importlib
 import re
