@@ -11,6 +11,7 @@ import pytest
 
 import nbdnn
 from nbdnn.cuda import SIMULATOR, conv as CV
+from nbdnn.cuda import matmul as MM
 from nbdnn.cuda.matmul import TILES
 import nbdnn.testing  # noqa: F401  (imports the spec modules in order)
 from nbdnn.testing.specs.matmul import matmul_tol
@@ -30,7 +31,7 @@ CASES = [(g, s) for g in GEOMS for s in ("large", "small")] + [(g, "tiny") for g
 
 def _run(geom, dtype, last, size, monkeypatch):
     C, K, G, H, W, R, S, stride, dil, pads, mode = geom
-    monkeypatch.setattr(CV, "_plan", lambda *a: (size, 1))
+    monkeypatch.setattr(MM, "FORCE_TILE", (size, 1))
     rng = np.random.default_rng(C * 31 + K)
     x = rng.uniform(-1, 1, (2, H, W, C) if last else (2, C, H, W)).astype(dtype)
     w = rng.uniform(-1, 1, (K, R, S, C // G) if last else (K, C // G, R, S)).astype(dtype)

@@ -1,5 +1,5 @@
 """Which GEMM tiles and how many split-K chunks run for which shape
-(nbdnn.cuda.matmul._plan), and every (tile, chunks) pair forced on small shapes: the
+(nbdnn.cuda.matmul.choose_tile), and every (tile, chunks) pair forced on small shapes: the
 chunk edges, a reduction shorter than one chunk, transposes, the beta blend and a
 broadcast batch. Under the simulator (2 SMs) random shapes split only from K = 256 (MIN_CHUNK = 128)."""
 import numpy as np
@@ -7,31 +7,32 @@ import pytest
 
 import nbdnn
 from nbdnn.cuda import matmul as MM
+from nbdnn.cuda.runtime import device
 
 
-def test_plan_by_shape(monkeypatch):
-    monkeypatch.setattr(MM, "_sm", [132])
+def test_tile_by_shape(monkeypatch):
+    monkeypatch.setattr(device, "_sm", [132])
     monkeypatch.setattr(MM, "TILES", MM.HW_TILES)
     big = "float32"
-    assert MM._plan(4096, 4096, 4096, 1, big, True) == ("large", 1)      # 1024 tiles
-    assert MM._plan(2048, 2048, 2048, 1, big, True) == ("large", 1)      # 256 tiles
-    assert MM._plan(1024, 1024, 1024, 1, big, True) == ("small", 1)      # 256 small tiles
-    assert MM._plan(512, 512, 512, 1, big, True) == ("small", 4)         # 64 tiles x 4
-    assert MM._plan(64, 4096, 4096, 1, big, True) == ("small", 9)        # ~4 blocks an SM
-    assert MM._plan(64, 8192, 1024, 1, big, True) == ("small", 5)
-    assert MM._plan(64, 576, 100352, 1, big, True) == ("small", 59)      # conv dW
-    assert MM._plan(64, 576, 100352, 1, big, False) == ("tiny", 1)       # no split
-    assert MM._plan(32, 32, 10 ** 7, 1, big, True) == ("tiny", MM.MAX_SPLITS)
-    assert MM._plan(100, 100, 0, 1, big, True)[1] == 1
+    assert MM.choose_tile(4096, 4096, 4096, 1, big, True) == ("large", 1)      # 1024 tiles
+    assert MM.choose_tile(2048, 2048, 2048, 1, big, True) == ("large", 1)      # 256 tiles
+    assert MM.choose_tile(1024, 1024, 1024, 1, big, True) == ("small", 1)      # 256 small tiles
+    assert MM.choose_tile(512, 512, 512, 1, big, True) == ("small", 4)         # 64 tiles x 4
+    assert MM.choose_tile(64, 4096, 4096, 1, big, True) == ("small", 9)        # ~4 blocks an SM
+    assert MM.choose_tile(64, 8192, 1024, 1, big, True) == ("small", 5)
+    assert MM.choose_tile(64, 576, 100352, 1, big, True) == ("small", 59)      # conv dW
+    assert MM.choose_tile(64, 576, 100352, 1, big, False) == ("tiny", 1)       # no split
+    assert MM.choose_tile(32, 32, 10 ** 7, 1, big, True) == ("tiny", MM.MAX_SPLITS)
+    assert MM.choose_tile(100, 100, 0, 1, big, True)[1] == 1
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("size", ["large", "small", "tiny"])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("trans", [(False, False), (True, True), (True, False)])
-def test_forced_plan_matches_numpy(monkeypatch, size, splits, trans):
+def test_forced_tile_matches_numpy(monkeypatch, size, splits, trans):
     monkeypatch.setattr(MM, "MIN_CHUNK", 1)
-    monkeypatch.setattr(MM, "_plan", lambda *a: (size, splits))
+    monkeypatch.setattr(MM, "FORCE_TILE", (size, splits))
     rng = np.random.default_rng(splits)
     ta, tb = trans
     M, N, K = 9, 7, 19                       # no tile, chunk or k-step edge lines up

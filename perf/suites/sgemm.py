@@ -1,6 +1,6 @@
 """SGEMM speed: nbdnn.matmul against cuBLAS (torch.matmul, TF32 off) in the same run,
 fp32, square 512-8192 and skinny M = 64. Per shape: the automatic plan (tile size and
-split-K chunks, nbdnn.cuda.matmul._plan), then each tile config forced in turn (with
+split-K chunks, nbdnn.cuda.matmul.choose_tile), then each tile config forced in turn (with
 the split-K the plan would give it), with registers and spills. TFLOP/s = 2*M*N*K / time.
 
     PYTHONPATH=. python perf/suites/sgemm.py [--json F]
@@ -13,22 +13,12 @@ import torch
 import nbdnn
 from nbdnn.bench import time_gpu
 from nbdnn.cuda import matmul as MM
+from nbdnn.ops import _plan
 
 SHAPES = [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
           (8192, 8192, 8192), (64, 4096, 4096), (4096, 64, 4096), (64, 8192, 1024),
           (64, 576, 100352)]
 FORCED = ("large", "small", "tiny")
-
-
-def _forced_plan(size):
-    """_plan forced to `size`, with the split-K the plan would give that tile."""
-    auto = MM._plan
-
-    def plan(M, N, K, nb, dtype, can_split):
-        BM, BN = MM.TILES["float32"][size][:2]
-        blocks = -(-M // BM) * -(-N // BN) * nb
-        return size, MM.split_count(blocks, K) if can_split else 1
-    return plan, auto
 
 
 def _time(run, a, b, c, ref, flops, t_ref, k=None, sig=None):
@@ -55,18 +45,19 @@ def main():
         t_ref = time_gpu(lambda: torch.matmul(a, b, out=c))
         ref = torch.matmul(a, b)
         line = {"shape": (M, N, K), "cublas_tflops": flops / t_ref / 1e12,
-                "plan": MM._plan(M, N, K, 1, "float32", True)}
+                "plan": MM.choose_tile(M, N, K, 1, "float32", True)}
         line["auto"] = _time(lambda: nbdnn.matmul(a, b, out=c), a, b, c, ref, flops, t_ref)
         for size in FORCED:
-            plan, auto = _forced_plan(size)
-            MM._plan = plan
+            MM.FORCE_TILE = (size, None)  # with the split-K choose_tile gives that tile
+            _plan.clear()
             try:
                 k, sig, cfg = MM._KERNELS[size, "float32"]
                 line[size] = _time(lambda: nbdnn.matmul(a, b, out=c), a, b, c, ref, flops,
                                    t_ref, k, sig)
-                line[size]["splits"] = plan(M, N, K, 1, "float32", True)[1]
+                line[size]["splits"] = MM.choose_tile(M, N, K, 1, "float32", True)[1]
             finally:
-                MM._plan = auto
+                MM.FORCE_TILE = None
+                _plan.clear()
         rows.append(line)
         print(f"{M}x{N}x{K}: cuBLAS {line['cublas_tflops']:.1f} TFLOP/s; auto {line['plan']} "
               f"{line['auto']['tflops']:.1f} ({line['auto']['vs_cublas']:.0%}); " + "; ".join(

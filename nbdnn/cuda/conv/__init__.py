@@ -50,7 +50,7 @@ import functools
 
 import numpy as np
 
-from ..matmul import TILES, _gemm, _plan
+from ..matmul import TILES, _gemm, choose_tile
 from ..runtime.arrays import dtype_name, empty, to_device, vector_aligned
 from ..runtime.device import sm_count
 from ..runtime.grid import launch
@@ -185,7 +185,7 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
 
 def _implicit_gemm(x, w, y, args, g, total, dtype, stream):
     """Launch the implicit GEMM (nbdnn/cuda/conv/implicit_gemm_source.py): the tile from the GEMM's
-    plan, variant 3 where C/g fills a k-step and the taps fit its mask ("_t" for
+    tile choice, variant 3 where C/g fills a k-step and the taps fit its mask ("_t" for
     channels-first), else variant 2 (no 128x128 tile)."""
     N, K, groups, last = g[0], g[2], g[3], g[-1]
     M, Kg, taps = total // K, K // groups, g[7] * g[8] * g[9]
@@ -194,7 +194,7 @@ def _implicit_gemm(x, w, y, args, g, total, dtype, stream):
     def fits_chunked(size):
         return g[1] // groups >= tiles[size][2] and taps <= 64
 
-    size, _ = _plan(M, Kg, 0, groups, dtype, False)
+    size, _ = choose_tile(M, Kg, 0, groups, dtype, False)
     if size == "large" and (Kg <= TILES["float32"]["small"][1] or not fits_chunked(size)):
         size = "small"  # 64 filters would leave half of a 128-wide tile idle
     BM, BN, BK, TM, TN = tiles[size]

@@ -15,7 +15,7 @@ float64 for float64. Traffic per block and k-step: (BM + BN)*BK loads, BM*BN*BK 
 
 Tile configs (TILES): "large" 128x128x8 with 8x8 a thread, "small" 64x64x8 with
 4x4, "tiny" 32x32x8 with 2x2 (256 threads each); float64 uses half the thread tile.
-`_plan` picks the tile and the split-K chunks from H200 measurements (perf/suites/sgemm.py,
+`choose_tile` picks the tile and the split-K chunks from H200 measurements (perf/suites/sgemm.py,
 perf/history/runs.md: 62-63% of cuBLAS from 2048^2 up, 64-67% at 512-1024, 52-69% on M = 64).
 Registers (driver JIT, H200): float32 large 128 under a cap (32 B spilled; 163
 uncapped and slower), small 55, tiny 32; float16 large runs uncapped (the cap spilled
@@ -51,6 +51,11 @@ TILES.setdefault("float64", TILES["float32"])
 MAX_BATCH = 65535                     # grid.y
 MIN_CHUNK, MAX_SPLITS = 128, 64        # split-K: shortest chunk, most chunks (grid.z)
 SPLIT_BLOCKS_PER_SM = 4                # split-K's target: the small tile fits 4 an SM
+# The one knob that forces a tile: None (choose_tile decides), or (tile, chunks) with
+# chunks None for the split choose_tile would give that tile. Every GEMM-family call
+# obeys it (matmul, conv's gemm, winograd and implicit GEMM); perf/suites/sgemm.py and
+# the path tests set it. Call nbdnn.ops._plan.clear() after changing it.
+FORCE_TILE = None
 _offsets_cache = {}
 
 
@@ -109,7 +114,7 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream):
     if nb > MAX_BATCH:
         raise NotSupportedError(f"matmul: {nb} matrices in a batch exceed the grid limit "
                                 f"{MAX_BATCH}; split the batch")
-    size, splits = _plan(M, N, K, nb, dtype,
+    size, splits = choose_tile(M, N, K, nb, dtype,
                          bias is None and act is None and dtype != "float16")
     kernel, sig, (BM, BN, BK, TM, TN) = _KERNELS[size, dtype]
     offs = _offsets(a, ash[:-2], bsh[:-2], batch, M * K, K * N)
@@ -129,7 +134,7 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream):
     return c
 
 
-def _plan(M, N, K, nb, dtype, can_split):
+def choose_tile(M, N, K, nb, dtype, can_split):
     """(tile size, split-K chunks), from perf/suites/sgemm.py on the H200 (perf/history/runs.md):
     "large" when its grid is at least 1.5 waves (62-63% of cuBLAS from 2048^2 up; at
     1024^2 "small" unsplit gives 64% against large's 47% even split three ways);
@@ -148,6 +153,9 @@ def _plan(M, N, K, nb, dtype, can_split):
     def chunks(n):
         return split_count(n, K) if can_split else 1
 
+    if FORCE_TILE is not None:
+        size, n = FORCE_TILE
+        return size, (chunks(blocks(size)) if n is None else n) if can_split else 1
     if 2 * blocks("large") >= 3 * sm:
         return "large", 1
     n = blocks("small")

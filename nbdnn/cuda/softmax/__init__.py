@@ -199,18 +199,18 @@ def _path(outer, L, inner, backward, force, wide=False):
     return "long", None
 
 
-_PLANS = {}  # (shape, axis, backward, force, dtype name) -> _plan's result; a test that
+_CHOICES = {}  # (shape, axis, backward, force, dtype name) -> _launch_choice's result; a test that
 # changes the ROWS_*/FUSED_*/LONG_* constants gives it a fresh dict (monkeypatch)
 
 
-def _plan(op, shape, axis, backward, force, dtype):
+def _launch_choice(op, shape, axis, backward, force, dtype):
     """How a call of this geometry runs, cached (the eager path's Python, not the GPU's
     work): ("one", (kernel, sig, grid, block, scalars after the arrays)) for the
     one-kernel paths, rows and fused; (kind, (outer, L, inner)) for long and strided."""
     key = (shape, axis, backward, force, dtype)
-    plan = _PLANS.get(key)
-    if plan is not None:
-        return plan
+    choice = _CHOICES.get(key)
+    if choice is not None:
+        return choice
     outer, L, inner = _split(shape, axis)
     kind, cfg = _path(outer, L, inner, backward, force, dtype == "float64")
     sfx = "_bwd" if backward else ""
@@ -218,17 +218,17 @@ def _plan(op, shape, axis, backward, force, dtype):
         V, G = cfg
         k, sig = _KERNELS[f"rows_{'bwd' if backward else 'fwd'}_v{V}", dtype]
         block = G if G > 32 else ROWS_BLOCK  # a block a row past a warp
-        plan = "one", (k, sig, _check_grid(op, -(-outer // (block // G))), block,
+        choice = "one", (k, sig, _check_grid(op, -(-outer // (block // G))), block,
                        (outer, L, G))
     elif kind == "fused":
         k, sig = _KERNELS["fused" + sfx, dtype]
-        plan = "one", (k, sig, _check_grid(op, outer), FUSED_BLOCK[backward], (outer, L))
+        choice = "one", (k, sig, _check_grid(op, outer), FUSED_BLOCK[backward], (outer, L))
     else:
-        plan = kind, (outer, L, inner)
-    if len(_PLANS) >= 4096:  # many shapes: start over rather than grow without bound
-        _PLANS.clear()
-    _PLANS[key] = plan
-    return plan
+        choice = kind, (outer, L, inner)
+    if len(_CHOICES) >= 4096:  # many shapes: start over rather than grow without bound
+        _CHOICES.clear()
+    _CHOICES[key] = choice
+    return choice
 
 
 def _run(op, arrays, dst, shape, axis, algo, alpha, beta, force, stream):
@@ -237,7 +237,7 @@ def _run(op, arrays, dst, shape, axis, algo, alpha, beta, force, stream):
         return
     backward = len(arrays) == 2
     dtype = dtype_name(dst)
-    kind, how = _plan(op, shape, axis, backward, force, dtype)
+    kind, how = _launch_choice(op, shape, axis, backward, force, dtype)
     a = ALGOS[algo]
     sfx = "_bwd" if backward else ""
     if kind == "one":
