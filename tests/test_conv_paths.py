@@ -131,10 +131,10 @@ def test_auto_forward_choice():
     channels a group winograd4 when K * its tiles >= 24576, else winograd (float16:
     winograd from 128 channels); else the implicit GEMM."""
     def g(C, K, G, R, stride=1, dil=1, D=1, N=32, H=28):
-        return CV._geometry((N, C, H, H), (K, C // G, R, R), (stride, stride),
+        return CV.geometry((N, C, H, H), (K, C // G, R, R), (stride, stride),
                             ((1, 1), (1, 1)), (dil, dil), G, "cross_correlation",
                             False) if D == 1 else \
-            CV._geometry((N, C, D, H, H), (K, C // G, 1, R, R), (1, stride, stride),
+            CV.geometry((N, C, D, H, H), (K, C // G, 1, R, R), (1, stride, stride),
                          ((0, 0), (1, 1), (1, 1)), (1, dil, dil), G, "cross_correlation",
                          False)
     assert CV._auto_forward(g(128, 128, 1, 3)) == "winograd4"
@@ -241,6 +241,6 @@ def test_depthwise_variants_match_reference(geom, plain, last, variant, monkeypa
     want = nbdnn.conv2d(x, w, bias, backend="cpu", out=out.copy(), **kw)
     got = nbdnn.conv2d(x, w, bias, backend="cuda", algo="depthwise", out=out.copy(), **kw)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-    g = CV._geometry(x.shape, w.shape, (st, st), pads, (dil, dil), C, mode, last)
+    g = CV.geometry(x.shape, w.shape, (st, st), pads, (dil, dil), C, mode, last)
     assert rows_usable(g, x.size, got.size) == (not last)
     assert (CV._conv_depthwise.tile_spec(g) is None) == (dil > 1)

@@ -34,7 +34,7 @@ def main():
             x = torch.randn(N, C, H, H, device="cuda")
             w = torch.randn(C, C, 3, 3, device="cuda") * 0.1
             t_ref = time_gpu(lambda: F.conv2d(x, w, padding=1), reps=15, min_time=0.05)
-            g = CV._geometry(tuple(x.shape), tuple(w.shape), (1, 1), ((1, 1), (1, 1)), (1, 1),
+            g = CV.geometry(tuple(x.shape), tuple(w.shape), (1, 1), ((1, 1), (1, 1)), (1, 1),
                              1, "cross_correlation", False)
             pick = CV._auto_forward(g)
             y = torch.empty_like(x)

@@ -46,8 +46,6 @@ and 126 (stride 2), 5x5 167, variant 3 (rows; the H200's driver) 3x3/1 48-64, 3x
 72, 5x5/1 100; nothing else spills. Speed against cuDNN:
 perf/history/runs.md ("Convolution").
 """
-import functools
-
 import numpy as np
 
 from ..matmul import TILES, _gemm, choose_tile
@@ -59,6 +57,7 @@ from ..._shapes import winograd_workspace
 from ..._vocab import ACTIVATION_MODES
 from . import depthwise as _conv_depthwise, depthwise_rows as _conv_depthwise_rows, \
     gemm as _conv_gemm, winograd as _conv_winograd
+from .geometry import geometry
 from .kernels import KERNELS as _KERNELS
 
 # MobileNet's row kernel (float32 3x3/1, 4 rows a thread) for the PTX test; the others
@@ -75,8 +74,8 @@ def _taps(g, chunked):
     3, chunked, plus a sentinel), its offset in x from the receptive field's corner
     and its (d, h, w) displacement; int64 (4, n) interleaved."""
     N, C, K, G, D, H, W, T, R, S = g[:10]
-    dd, dh, dw, flip, last = g[19:]
-    key = g[1:10] + g[19:] + (chunked,)
+    dd, dh, dw, flip, last = g.dd, g.dh, g.dw, g.flip, g.last
+    key = g[1:10] + (dd, dh, dw, flip, last, chunked)
     tab = _taps_cache.get(key)
     if tab is None:
         Cg = 1 if chunked else C // G
@@ -111,7 +110,7 @@ def _auto_forward(g, dtype="float32"):
     N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw = g[:16]
     if C == G:
         return "depthwise"
-    if (D, T, PD, R, S, sh, sw, g[20], g[21]) != (1, 1, 1, 3, 3, 1, 1, 1, 1) or \
+    if (D, T, PD, R, S, sh, sw, g.dh, g.dw) != (1, 1, 1, 3, 3, 1, 1, 1, 1) or \
             min(C, K) // G < (128 if dtype == "float16" else 32):
         return "implicit_gemm"
     if dtype == "float16" or K * N * -(-PH // 4) * -(-PW // 4) < 24576:
@@ -133,28 +132,10 @@ def _vector_epilogue(y, K, Kg, P, last, variant):
     return int(fits and vector_aligned(y))
 
 
-@functools.lru_cache(maxsize=1024)
-def _geometry(x_shape, w_shape, stride, pads, dilation, groups, mode, last):
-    """The 24 ints every kernel takes: N, C, K, G, D, H, W, T, R, S, PD, PH, PW,
-    strides, pre-paddings, dilations (3 each, 1-d/2-d padded to 3), flip, last.
-    Remembered per call geometry (tuples, ints and a string: every eager call asks)."""
-    xs = (x_shape[0], x_shape[-1]) + tuple(x_shape[1:-1]) if last else tuple(x_shape)
-    ws = (w_shape[0], w_shape[-1]) + tuple(w_shape[1:-1]) if last else tuple(w_shape)
-    lead = (1,) * (5 - len(xs))
-    S, R = lead + xs[2:], lead + ws[2:]
-    st, dl = (1,) * len(lead) + tuple(stride), (1,) * len(lead) + tuple(dilation)
-    pre = (0,) * len(lead) + tuple(a for a, _ in pads)
-    post = (0,) * len(lead) + tuple(b for _, b in pads)
-    P = tuple((s + a + b - d * (r - 1) - 1) // q + 1
-              for s, a, b, d, r, q in zip(S, pre, post, dl, R, st))
-    return (xs[0], xs[1], ws[0], groups) + S + R + P + st + pre + dl + \
-        (int(mode == "convolution"), int(last))
-
-
 def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, last,
                  activation, coef, algo, *, alpha, beta, out, stream):
-    g = _geometry(tuple(x.shape), tuple(w.shape), stride, pads, dilation, groups, mode, last)
-    N, K, P = g[0], g[2], g[10:13]
+    g = geometry(tuple(x.shape), tuple(w.shape), stride, pads, dilation, groups, mode, last)
+    N, K, P = g.N, g.K, (g.PD, g.PH, g.PW)
     shape = (N,) + P[3 - (len(x.shape) - 2):] + (K,) if last else \
         (N, K) + P[3 - (len(x.shape) - 2):]
     dtype = dtype_name(x)
@@ -187,12 +168,12 @@ def _implicit_gemm(x, w, y, args, g, total, dtype, stream):
     """Launch the implicit GEMM (nbdnn/cuda/conv/implicit_gemm_source.py): the tile from the GEMM's
     tile choice, variant 3 where C/g fills a k-step and the taps fit its mask ("_t" for
     channels-first), else variant 2 (no 128x128 tile)."""
-    N, K, groups, last = g[0], g[2], g[3], g[-1]
-    M, Kg, taps = total // K, K // groups, g[7] * g[8] * g[9]
+    N, K, groups, last = g.N, g.K, g.G, g.last
+    M, Kg, taps = total // K, K // groups, g.T * g.R * g.S
     tiles = TILES["float64" if dtype == "float64" else "float32"]
 
     def fits_chunked(size):
-        return g[1] // groups >= tiles[size][2] and taps <= 64
+        return g.C // groups >= tiles[size][2] and taps <= 64
 
     size, _ = choose_tile(M, Kg, 0, groups, dtype, False)
     if size == "large" and (Kg <= TILES["float32"]["small"][1] or not fits_chunked(size)):
@@ -203,7 +184,7 @@ def _implicit_gemm(x, w, y, args, g, total, dtype, stream):
     if chunked and not last and taps > 1:  # (K, C/g, TRS) -> (K, TRS, C/g)
         wk = empty(x, tuple(w.shape), dtype)  # like x: torch's caching allocator when x is
         # a torch tensor and w a numba parameter (numba's own allocator: ~30 us a call)
-        transform_into(w, (K, g[1] // groups, taps), (0, 2, 1), wk, 1.0, 0.0, stream)
+        transform_into(w, (K, g.C // groups, taps), (0, 2, 1), wk, 1.0, 0.0, stream)
     variant = ("igemm_chunked_t_" if not last else "igemm_chunked_") if chunked else "igemm_"
     k, sig = _KERNELS[variant + size, dtype]
     PT, FT = (BN, BM) if variant == "igemm_chunked_t_" else (BM, BN)  # positions, filters
@@ -214,13 +195,13 @@ def _implicit_gemm(x, w, y, args, g, total, dtype, stream):
 
 def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, last, algo,
                        *, alpha, beta, out, stream):
-    g = _geometry(x_shape, tuple(w.shape), stride, pads, dilation, groups, mode, last)
+    g = geometry(x_shape, tuple(w.shape), stride, pads, dilation, groups, mode, last)
     dx = out if out is not None else empty(dy, x_shape, dtype_name(dy))
     if algo == "auto":
-        if g[1] != groups and _data_as_forward(dy, w, dx, stride, pads, dilation, groups,
+        if g.C != groups and _data_as_forward(dy, w, dx, stride, pads, dilation, groups,
                                                mode, last, alpha, beta, stream):
             return dx
-        algo = "depthwise" if g[1] == groups else "gemm"
+        algo = "depthwise" if g.C == groups else "gemm"
     if algo == "depthwise":
         if _conv_depthwise.backward_data(_KERNELS, dy, w, dx, g, alpha, beta, stream):
             return dx
@@ -262,10 +243,10 @@ def _data_as_forward(dy, w, dx, stride, pads, dilation, groups, mode, last, alph
 
 def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, last, algo,
                          *, alpha, beta, out, stream):
-    g = _geometry(tuple(x.shape), w_shape, stride, pads, dilation, groups, mode, last)
+    g = geometry(tuple(x.shape), w_shape, stride, pads, dilation, groups, mode, last)
     dw = out if out is not None else empty(dy, w_shape, dtype_name(dy))
     if algo == "auto":
-        algo = "depthwise" if g[1] == groups else "gemm"
+        algo = "depthwise" if g.C == groups else "gemm"
     if algo == "depthwise":
         if _conv_depthwise.backward_filter(_KERNELS, dy, x, dw, g, alpha, beta, stream,
                                            sm_count()):

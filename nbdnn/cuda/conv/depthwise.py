@@ -238,19 +238,16 @@ def filter_source(R, S):
 
 def fwd_spec(g):
     """The generated forward kernel's (R, S, sh) for geometry g, or None."""
-    N, C, K, G, D, H, W, T, R, S = g[:10]
-    sd, sh, sw, qd, qh, qw, dd, dh, dw = g[13:22]
-    key = (R, S, sh)
-    return key if C == G and T == 1 and D == 1 and dh == 1 and key in FWD_SPECS else None
+    key = (g.R, g.S, g.sh)
+    return key if g.C == g.G and g.T == 1 and g.D == 1 and g.dh == 1 and key in FWD_SPECS \
+        else None
 
 
 def tile_spec(g):
     """The tiled forward kernel's (R, S, stride) for geometry g, or None."""
-    N, C, K, G, D, H, W, T, R, S = g[:10]
-    sd, sh, sw, qd, qh, qw, dd, dh, dw = g[13:22]
-    key = (R, S, sh)
-    return key if C == G and T == 1 and D == 1 and sh == sw and dh == dw == 1 and \
-        key in TILE_SPECS else None
+    key = (g.R, g.S, g.sh)
+    return key if g.C == g.G and g.T == 1 and g.D == 1 and g.sh == g.sw and \
+        g.dh == g.dw == 1 and key in TILE_SPECS else None
 
 
 def forward(table, x, y, w, bias, z, g, tail, stream):
@@ -258,7 +255,7 @@ def forward(table, x, y, w, bias, z, g, tail, stream):
     alpha, beta); False when no generated kernel fits. Variant 3 (rows) on
     channels-first layers, variant 2 (tiles) where it applies, else variant 1 (column
     strips; any stride and dilation along W)."""
-    N, K, PH, PW = g[0], g[2], g[11], g[12]
+    N, K, PH, PW = g.N, g.K, g.PH, g.PW
     if _conv_depthwise_rows.usable(g, size(x), size(y)):
         dtype = dtype_name(x)
         _conv_depthwise_rows.launch(x, y, w, bias, z, g, tail, dtype,
@@ -278,7 +275,7 @@ def forward(table, x, y, w, bias, z, g, tail, stream):
         total = N * K * -(-PH // _vh(spec[2])) * PW
     if total:
         k, sig = table[name, dtype_name(x)]
-        vec = (_vector_rows(y, PW, g[-1]),) if name.startswith("dw_tile") else ()
+        vec = (_vector_rows(y, PW, g.last),) if name.startswith("dw_tile") else ()
         k.launch(sig, min(-(-total // BLOCK), 2 ** 31 - 1), BLOCK, stream, x, w, y, bias, z,
                  *g, *tail, *vec)
     return True
@@ -293,10 +290,10 @@ def backward_data(table, dy, w, dx, g, alpha, beta, stream):
     """dx as the forward kernel over dy (stride 1, dilation 1, multiplier 1); False
     when that does not apply."""
     N, C, K, G, D, H, W, T, R, S, PD, PH, PW = g[:13]
-    st, dil = g[13:16], g[19:22]
+    st, dil = (g.sd, g.sh, g.sw), (g.dd, g.dh, g.dw)
     if not (C == G == K and T == 1 and D == 1 and st == (1, 1, 1) and dil == (1, 1, 1)):
         return False
-    qh, qw, flip, last = g[17], g[18], g[22], g[23]
+    qh, qw, flip, last = g.qh, g.qw, g.flip, g.last
     gt = (N, C, C, C, 1, PH, PW, 1, R, S, 1, H, W, 1, 1, 1, 0, R - 1 - qh, S - 1 - qw,
           1, 1, 1, 1 - flip, last)
     if fwd_spec(gt) is None:

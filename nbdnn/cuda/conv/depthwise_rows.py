@@ -44,7 +44,7 @@ def usable(g, x_size, y_size):
     """Channels-first 1-d/2-d depthwise (C/g == 1) layers, windows of at most 64 taps,
     sizes < 2**31 (32-bit offsets, magic-number divisions)."""
     N, C, K, G, D, H, W, T, R, S = g[:10]
-    return C == G and T == 1 and D == 1 and not g[-1] and R * S <= 64 and \
+    return C == G and T == 1 and D == 1 and not g.last and R * S <= 64 and \
         max(x_size, y_size) < 2 ** 31
 
 
@@ -107,10 +107,10 @@ def rpt_for(g, sm_count):
     shared, more bytes in flight a thread), fewer while the grid would not fill the
     GPU once (1024 channels at 7x7: 4 rows a thread, 158% of cuDNN, against 139% at 7;
     perf/history/runs.md run U)."""
-    N, K, PH, PW = g[0], g[2], g[11], g[12]
-    rpt = _stencil.rows_per_thread(g[8], g[9], g[14], g[20], PH, RPT, MAX_LOADS)
+    N, K, PH, PW = g.N, g.K, g.PH, g.PW
+    rpt = _stencil.rows_per_thread(g.R, g.S, g.sh, g.dh, PH, RPT, MAX_LOADS)
     while rpt > 1 and N * K * -(-PH // rpt) * PW < sm_count * WAVE:
-        rpt = _stencil.rows_per_thread(g[8], g[9], g[14], g[20], PH, rpt - 1, MAX_LOADS)
+        rpt = _stencil.rows_per_thread(g.R, g.S, g.sh, g.dh, PH, rpt - 1, MAX_LOADS)
     return rpt
 
 
@@ -118,7 +118,7 @@ def launch(x, y, w, bias, z, g, tail, dtype, ct_name, stream, sm_count):
     """y = epilogue(depthwise conv of x); g the conv geometry, tail (has_bias, has_z,
     act, coef, alpha, beta)."""
     N, C, K, G, D, H, W, T, R, S, PD, PH, PW = g[:13]
-    sh, sw, qh, qw, dh, dw, flip = g[14], g[15], g[17], g[18], g[20], g[21], g[22]
+    sh, sw, qh, qw, dh, dw, flip = g.sh, g.sw, g.qh, g.qw, g.dh, g.dw, g.flip
     rpt = rpt_for(g, sm_count)
     PP = -(-PH // rpt)
     total = N * K * PP * PW

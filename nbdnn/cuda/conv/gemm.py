@@ -146,7 +146,7 @@ def _rows(table, dy, g, stream):
     N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
     rows = empty(dy, (G, M, Kg), dtype_name(dy))
     launch(table, "y_to_rows", dtype_name(dy), N * K * PD * PH * PW, stream, dy, rows, N, K,
-            G, PD, PH, PW, g[-1])
+            G, PD, PH, PW, g.last)
     return rows
 
 
@@ -174,10 +174,10 @@ def backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):
     False, doing nothing, otherwise."""
     N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
     P = PD * PH * PW
-    one = Kr == C // G and all(v == 1 for v in g[13:16]) and not any(g[16:19])
-    if not one or tuple(g[4:7]) != (PD, PH, PW):  # (no post-padding either)
+    one = Kr == C // G and (g.sd, g.sh, g.sw) == (1, 1, 1) and not any((g.qd, g.qh, g.qw))
+    if not one or (g.D, g.H, g.W) != (PD, PH, PW):  # (no post-padding either)
         return False
-    last = g[-1]
+    last = g.last
     if last and G == 1:
         gemm(dy.reshape((M, K)), x.reshape((M, C)), True, False, None, None, 0.0, alpha, beta,
              dw.reshape((K, C)), stream)
@@ -207,5 +207,5 @@ def forward(table, gemm, x, w, y, bias, residual, g, act, coef, alpha, beta, str
                0.0, 1.0, 0.0, None, stream)
     launch(table, "gemm_epilogue", dtype_name(x), int(np.prod(y.shape)), stream, raw, y,
             bias if bias is not None else y, residual if residual is not None else y, N, K,
-            G, PD, PH, PW, g[-1], int(bias is not None), int(residual is not None), act,
+            G, PD, PH, PW, g.last, int(bias is not None), int(residual is not None), act,
             coef, alpha, beta)

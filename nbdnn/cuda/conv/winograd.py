@@ -175,10 +175,10 @@ def signatures(t, ct):
 
 
 def forward(table, gemm, x, w, y, bias, residual, g, act, coef, alpha, beta, stream, m=2):
-    """g: nbdnn.cuda.conv._geometry's 24 ints (2-d problems: D = T = PD = 1); m: 2 or 4
+    """g: the call's ConvGeometry (geometry.py) (2-d problems: D = T = PD = 1); m: 2 or 4
     outputs a tile side."""
     N, C, K, G, _, H, W = g[:7]
-    P, Q, qh, qw, flip, last = g[11], g[12], g[17], g[18], g[22], g[23]
+    P, Q, qh, qw, flip, last = g.PH, g.PW, g.qh, g.qw, g.flip, g.last
     Cg, Kg, a, name = C // G, K // G, m + 2, NAMES[m]
     TH, TW = -(-P // m), -(-Q // m)
     ntile = N * TH * TW
