@@ -14,6 +14,10 @@
 #   bash perf/gpu_run.sh compute              # SGEMM and conv vs cuBLAS/cuDNN, host cost
 #   bash perf/gpu_run.sh norm                 # pool and norm ops: path tests, crosscheck and
 #                                             # the graph-timed bench rows, in parallel
+#   bash perf/gpu_run.sh compare DIR          # same behaviour, proved: host cost per call and
+#                                             # graph-timed bench rows of the checkout in DIR
+#                                             # (its perf/ and nbdnn/) and of this tree,
+#                                             # alternated in one call (ratios hold, hosts drift)
 # Run from the repository root on the GPU machine (no install: PYTHONPATH=.).
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -84,6 +88,23 @@ norm)
         batch_norm layer_norm rms_norm group_norm instance_norm lrn dropout > "$OUT/perf.log" 2>&1
     for f in "$OUT"/t?.log; do tail -n 2 "$f"; done
     tail -24 "$OUT/perf.log" ;;
+compare)
+    base=${1:?compare needs the baseline folder}
+    ops="activation softmax matmul conv2d pool2d batch_norm layer_norm reduce_tensor"
+    lo_base=$(ls "$base"/perf/launch_overhead.py "$base"/perf/suites/launch_overhead.py 2>/dev/null | head -1)
+    for round in 1 2; do
+        for side in base new; do
+            if [ $side = base ]; then pp=$PWD/$base; lo=$lo_base; else pp=$PWD; lo=perf/suites/launch_overhead.py; fi
+            echo "=== launch_overhead $side round $round" >> "$OUT/compare.log"
+            PYTHONPATH=$pp timeout 100 python3 $lo --json "$OUT/launch-$side-$round.json" \
+                >> "$OUT/compare.log" 2>&1
+            [ $round = 1 ] || continue
+            echo "=== bench $side" >> "$OUT/compare.log"
+            PYTHONPATH=$pp timeout 150 python3 -m nbdnn bench --no-cpu --graph --ops $ops \
+                --json "$OUT/bench-$side.json" >> "$OUT/compare.log" 2>&1
+        done
+    done
+    grep -A 40 "=== bench" "$OUT/compare.log" | grep -v "^\[" ;;
 compute)
     timeout 150 python3 perf/suites/sgemm.py --json "$OUT/sgemm.json" > "$OUT/perf.log" 2>&1
     timeout 300 python3 perf/suites/conv.py --json "$OUT/conv.json" >> "$OUT/perf.log" 2>&1
