@@ -71,7 +71,7 @@ def test_fused_epilogue():
     x, w = RNG.standard_normal((2, 3, 5, 5)), RNG.standard_normal((4, 3, 3, 3))
     bias, z = RNG.standard_normal(4), RNG.standard_normal((2, 4, 3, 3))
     conv = nbdnn.conv2d(x, w)
-    y = nbdnn.conv2d(x, w, bias, residual=z, activation="relu", alpha=0.5, beta=2.0)
+    y = nbdnn.conv2d(x, w, bias, residual=z, activation="relu", alpha=0.5, alpha2=2.0)
     np.testing.assert_allclose(y, np.maximum(0.5 * conv + 2 * z + bias[:, None, None], 0),
                                rtol=1e-13)
     out = z.copy()

@@ -43,6 +43,7 @@ direct kernels.
 
 from ..runtime.simulator import SIMULATOR
 from . import depthwise_rows as _conv_depthwise_rows
+from .geometry import ConvGeometry
 from ..runtime.arrays import dtype_name, empty, size, vector_aligned
 from ..runtime.grid import BLOCK
 from ..runtime.device import sm_count
@@ -294,8 +295,8 @@ def backward_data(table, dy, w, dx, g, alpha, beta, stream):
     if not (C == G == K and T == 1 and D == 1 and st == (1, 1, 1) and dil == (1, 1, 1)):
         return False
     qh, qw, flip, last = g.qh, g.qw, g.flip, g.last
-    gt = (N, C, C, C, 1, PH, PW, 1, R, S, 1, H, W, 1, 1, 1, 0, R - 1 - qh, S - 1 - qw,
-          1, 1, 1, 1 - flip, last)
+    gt = ConvGeometry(N, C, C, C, 1, PH, PW, 1, R, S, 1, H, W, 1, 1, 1, 0, R - 1 - qh,
+                      S - 1 - qw, 1, 1, 1, 1 - flip, last)
     if fwd_spec(gt) is None:
         return False
     return forward(table, dy, dx, w, dx, dx, gt, (0, 0, -1, 0.0, alpha, beta), stream)
