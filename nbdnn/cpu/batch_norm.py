@@ -20,6 +20,8 @@ Backward, with dyh = dy * act'(scale * xhat + bias + z):
     dbias = sum(dyh), dscale = sum(dyh * xhat)
     dx = scale * invstd / M * (M * dyh - dbias - xhat * dscale),  dz = dyh
 """
+import math
+
 import numpy as np
 
 from . import activation as _act
@@ -31,11 +33,11 @@ def view(x, mode, last):
     function mapping such an array back to x's shape and layout."""
     shape = x.shape
     if mode == "per_activation":
-        return x.reshape(shape[0], -1, 1), lambda v: v.reshape(shape)
+        return x.reshape(shape[0], math.prod(shape[1:]), 1), lambda v: v.reshape(shape)
     if last:
-        v = np.moveaxis(x.reshape(shape[0], -1, shape[-1]), -1, 1)
+        v = np.moveaxis(x.reshape(shape[0], math.prod(shape[1:-1]), shape[-1]), -1, 1)
         return v, lambda u: np.moveaxis(u, 1, -1).reshape(shape)
-    return x.reshape(shape[0], shape[1], -1), lambda v: v.reshape(shape)
+    return x.reshape(shape[0], shape[1], math.prod(shape[2:])), lambda v: v.reshape(shape)
 
 
 def _col(p, C, ct, default):

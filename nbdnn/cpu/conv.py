@@ -23,6 +23,8 @@ each blended: result = alpha * gradient + beta * out.
 im2col through `sliding_window_view` and a BLAS contraction per group; the backward
 data pass loops over the R taps only (vectorised over everything else).
 """
+import math
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -77,7 +79,7 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
     wg = _grouped(wf.reshape((1,) + wf.shape), groups)[0]          # (g, K/g, C/g, *R)
     sp, tap = "pqr"[:nd], "uvw"[:nd]
     y = np.einsum(f"ngc{sp}{tap},gkc{tap}->ngk{sp}", cols, wg, optimize=True)
-    y = y.reshape((y.shape[0], -1) + y.shape[3:])                   # (N, K, *P)
+    y = y.reshape((y.shape[0], y.shape[1] * y.shape[2]) + y.shape[3:])  # (N, K, *P)
     if alpha != 1:
         y = y * ct(alpha)
     z = residual if residual is not None else out

@@ -4,8 +4,10 @@ GPU draw the same mask bit for bit for the same (seed, offset).
     u[i]    = Philox4x32-10(counter = (j_lo, j_hi, offset_lo, offset_hi),
                             key = (seed_lo, seed_hi))[i % 4],   j = i // 4
     mask[i] = u[i] < floor((1 - p) * 2**32)       (uint8: 1 kept, 0 dropped)
-    y[i]    = x[i] * mask[i] / (1 - p)            (0 everywhere when p == 1)
-    dx[i]   = dy[i] * mask[i] / (1 - p)           (dropout_backward)
+    y[i]    = x[i] / (1 - p) if mask[i] else 0    (0 everywhere when p == 1)
+    dx[i]   = dy[i] / (1 - p) if mask[i] else 0   (dropout_backward; any nonzero mask
+                                                   byte keeps)
+A dropped element is exactly 0, also where x is Inf or NaN (a select, not x * 0).
 
 i runs over x in C order. p == 0 keeps everything (the threshold is 2**32), p == 1
 drops everything. Philox4x32-10 is Random123's (Salmon et al., SC'11), checked against
@@ -50,9 +52,11 @@ def mask(n, p, seed, offset):
 
 
 def _scaled(v, m, p):
+    """v / (1 - p) where the mask keeps (any nonzero byte), exactly 0 where it drops:
+    a dropped Inf or NaN gives 0 too (a select, not a product with 0), as the kernels'."""
     ct = compute_dtype(v.dtype)
     scale = ct(0) if p >= 1 else ct(1) / ct(1 - p)
-    return (v.astype(ct) * m.astype(ct) * scale).astype(v.dtype)
+    return np.where(m != 0, v.astype(ct) * scale, ct(0)).astype(v.dtype)
 
 
 def dropout(x, p, seed, offset, *, out, stream=None):

@@ -14,6 +14,8 @@ Backward, with xhat = (x - mean) * invstd (layer) or x * invrms (rms), g = dy * 
     dscale = sum over rows of dy * xhat,  dbias = sum over rows of dy
 (means over the L normalised elements of a row).
 """
+import math
+
 import numpy as np
 
 from ._common import compute_dtype
@@ -21,7 +23,7 @@ from ._common import compute_dtype
 
 def _rows(x, ndim):
     lead = x.shape[:x.ndim - ndim]
-    return x.reshape((int(np.prod(lead, dtype=np.int64)), -1)), lead
+    return x.reshape((math.prod(lead), math.prod(x.shape[x.ndim - ndim:]))), lead
 
 
 def _affine(xhat, scale, bias, ct, shape):
@@ -110,7 +112,7 @@ def group_norm(x, groups, scale, bias, eps, last, *, out, stream=None):
     ct = compute_dtype(x.dtype)
     xf = _first(x.astype(ct), last)
     N = xf.shape[0]
-    xg = xf.reshape(N, groups, -1)
+    xg = xf.reshape(N, groups, xf.size // max(1, N * groups))
     mean = xg.mean(axis=2, keepdims=True)
     d = xg - mean
     invstd = 1 / np.sqrt((d * d).mean(axis=2, keepdims=True) + ct(eps))
@@ -128,9 +130,9 @@ def group_norm_backward(dy, x, mean, invstd, scale, groups, last, *, out, stream
     xf, dyf = _first(x.astype(ct), last), _first(dy.astype(ct), last)
     N = xf.shape[0]
     inv = invstd.astype(ct)[..., None]
-    xh = (xf.reshape(N, groups, -1) - mean.astype(ct)[..., None]) * inv
+    xh = (xf.reshape(N, groups, xf.size // max(1, N * groups)) - mean.astype(ct)[..., None]) * inv
     g = dyf * scale.astype(ct).reshape(_channel_shape(xf)) if scale is not None else dyf
-    gg = g.reshape(N, groups, -1)
+    gg = g.reshape(N, groups, g.size // max(1, N * groups))
     dx = inv * (gg - gg.mean(axis=2, keepdims=True) - xh * (gg * xh).mean(axis=2, keepdims=True))
     dx = dx.reshape(xf.shape)
     axes = (0,) + tuple(range(2, xf.ndim))

@@ -15,6 +15,8 @@ scale_tensor    out = alpha * x
 set_tensor      x[...] = value  (in place)
 transform_tensor out = alpha * transpose(x, perm) + beta * out
 """
+import math
+
 import numpy as np
 
 from ._common import blend, compute_dtype
@@ -74,7 +76,7 @@ def _blocks(x, axes):
     """x as (kept..., n): the reduced axes (in order) flattened last."""
     kept = [i for i in range(x.ndim) if i not in axes]
     xt = np.transpose(x, kept + list(axes))
-    return xt.reshape(xt.shape[:len(kept)] + (-1,))
+    return xt.reshape(xt.shape[:len(kept)] + (math.prod(xt.shape[len(kept):]),))
 
 
 def _arg(v, op):

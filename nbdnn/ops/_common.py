@@ -89,7 +89,7 @@ class Call:
             fail(DtypeError, self.op, f"{name}.dtype", np.dtype(dtype).name, odtype.name)
         if not contig:
             fail(BadParamError, self.op, name, "C-contiguous", "a strided view")
-        if self.copy and not out.flags.writeable:
+        if (self.copy or self.backend == "cpu") and not out.flags.writeable:
             fail(BadParamError, self.op, name, "writeable", "a read-only array")
         if len(self.arrays) > 1 or self.outs:
             self._apart(name, out)
@@ -223,6 +223,57 @@ except ImportError:  # numpy < 2
 
 def _overlap(s, t):
     return s[0] < t[1] and t[0] < s[1] and s[0] < s[1] and t[0] < t[1]
+
+
+def is_int(v):
+    """A Python or NumPy integer, not a bool (a float 2.0 is not an int: it would be
+    truncated silently)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def int_tuple(op, name, v, what):
+    """v as a tuple of ints; BadParamError (what: the expectation) for anything else,
+    floats and strings included."""
+    try:
+        items = tuple(v) if not isinstance(v, (str, bytes)) else None
+    except TypeError:
+        items = None
+    if items is None or not all(is_int(i) for i in items):
+        fail(BadParamError, op, name, what, repr(v))
+    return tuple(int(i) for i in items)
+
+
+def required(op, **arrays):
+    """BadParamError for an array argument given as None that the op cannot do without
+    (a statistic the backward needs, the gradient itself)."""
+    for name, a in arrays.items():
+        if a is None:
+            fail(BadParamError, op, name, "an array", "None")
+
+
+def out_tuple(op, out, names):
+    """out= of an op with several results: None, or a tuple/list of one array per
+    result (names: what they are, for the message)."""
+    if out is None:
+        return ()
+    if not isinstance(out, (tuple, list)) or len(out) != len(names):
+        got = f"{len(out)} arrays" if isinstance(out, (tuple, list)) else type(out).__name__
+        fail(BadParamError, op, "out", f"None or a tuple of {len(names)} arrays "
+             f"({', '.join(names)})", got)
+    return tuple(out)
+
+
+MAX_ELEMENTS = 2 ** 40  # no machine holds a tensor this large (4 TiB of float32)
+
+
+def check_size(op, name, shape):
+    """NotSupportedError, up front, for a result or workspace that no memory could hold
+    (a geometry like padding=10**9 asks for one)."""
+    n = math.prod(shape)
+    if n > MAX_ELEMENTS:
+        from ..errors import NotSupportedError
+        raise NotSupportedError(f"{op}: {name} would hold {n:.3g} elements (shape {tuple(shape)}),"
+                                f" more than any memory holds (nbdnn's limit {MAX_ELEMENTS:.3g})")
 
 
 def flag(op, name, v):

@@ -4,9 +4,10 @@ BN_ADD_ACTIVATION). The formulas are in nbdnn/cpu/batch_norm.py."""
 import math
 
 from .._vocab import BATCH_NORM_MODES as MODES
-from ..errors import BadParamError, ShapeError, fail
+from ..errors import ShapeError, fail
 from .registry import op
-from ._common import Call, blend_params, choice, compute_dtype, same_dtype, same_shape, scalar
+from ._common import (Call, blend_params, choice, compute_dtype, out_tuple, required,
+                      same_dtype, same_shape, scalar)
 from .activation import _coef
 from .norm import _params, _stats
 
@@ -24,11 +25,13 @@ def _geometry(op, x_shape, mode, layout):
     return (x_shape[-1] if last else x_shape[1],), last
 
 
-def _arrays(c, op, dtype, pshape, params=(), stats=(), like=()):
+def _arrays(c, op, dtype, pshape, params=(), stats=(), like=(), optional_stats=False):
     """Check scale/bias-like params and statistics (nbdnn.ops.norm's checks, against
-    the parameter shape) and arrays shaped like x; None entries are skipped."""
+    the parameter shape) and arrays shaped like x; None params and like-arrays are
+    skipped, None statistics too where optional (the running ones)."""
     _params(c, op, *zip(*params), pshape, dtype, what="the parameter shape")
-    _stats(c, op, *zip(*stats), pshape, dtype, what="the parameter shape")
+    _stats(c, op, *zip(*stats), pshape, dtype, what="the parameter shape",
+           optional=optional_stats)
     for name, (a, shape) in like:
         if a is not None:
             s, dt = c.array(name, a)
@@ -56,7 +59,7 @@ def batch_norm_train(x, scale=None, bias=None, running_mean=None, running_var=No
     pshape, last = _geometry(op, shape, mode, layout)
     _arrays(c, op, dtype, pshape, (("scale", scale), ("bias", bias)),
             (("running_mean", running_mean), ("running_var", running_var)),
-            (("residual", (residual, shape)),))
+            (("residual", (residual, shape)),), optional_stats=True)
     ct = compute_dtype(dtype)
     for name, r in (("running_mean", running_mean), ("running_var", running_var)):
         if r is not None:
@@ -101,7 +104,9 @@ def batch_norm_backward(dy, x, scale, saved_mean, saved_invstd, *, bias=None, re
     forward's (the pre-activation is recomputed). out: None or a tuple of the results'
     buffers."""
     op = "batch_norm_backward"
-    outs = tuple(out) if out is not None else ()
+    required(op, dy=dy)
+    outs = out_tuple(op, out, ("dx", "dscale", "dbias") + (("dresidual",) if residual is not
+                                                            None else ()))
     c = Call(op, "batch_norm", backend, stream, dy=dy, x=x, scale=scale, bias=bias,
              saved_mean=saved_mean, saved_invstd=saved_invstd, residual=residual,
              **{f"out[{i}]": o for i, o in enumerate(outs)})
@@ -112,10 +117,7 @@ def batch_norm_backward(dy, x, scale, saved_mean, saved_invstd, *, bias=None, re
             (("saved_mean", saved_mean), ("saved_invstd", saved_invstd)),
             (("dy", (dy, shape)), ("residual", (residual, shape))))
     act, coef = _act(op, activation, coef)
-    n = 4 if residual is not None else 3
     if out is not None:
-        if len(outs) != n:
-            fail(BadParamError, op, "out", f"None or a tuple of {n} arrays", f"{len(outs)}")
         outs = tuple(c.out(o, s, dtype, f"out[{i}]")
                      for i, (o, s) in enumerate(zip(outs, (shape, pshape, pshape, shape))))
     return c.run("batch_norm_backward", dy, x, scale, bias, saved_mean, saved_invstd,

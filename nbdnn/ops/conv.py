@@ -15,8 +15,10 @@ import numbers
 
 from ..errors import BadParamError, NotSupportedError, ShapeError, fail
 from .registry import op
-from ._common import Call, blend_params, choice, same_dtype, scalar
+from ._common import (Call, blend_params, check_size, choice, int_tuple, is_int, same_dtype,
+                      scalar)
 from .activation import _coef
+from .. import backend as _backend
 from .._shapes import winograd_workspace
 from .._vocab import CONV_ALGOS as ALGOS, CONV_MODES as MODES, LAYOUTS as _LAYOUTS, \
     SPATIAL_LAYOUTS
@@ -46,14 +48,24 @@ def _pads(op, padding, nd):
     """((pre, post), ...) per spatial axis."""
     if type(padding) is int and padding >= 0:
         return ((padding, padding),) * nd
-    if isinstance(padding, numbers.Integral) or (
-            len(tuple(padding)) == nd and all(isinstance(p, numbers.Integral) for p in padding)):
+    want = f"an int >= 0, {nd} of them or {nd} (pre, post) pairs"
+    if is_int(padding):
         return tuple((p, p) for p in _ints(op, "padding", padding, nd, 0))
-    pairs = tuple(padding)
-    if len(pairs) != nd or not all(len(tuple(p)) == 2 for p in pairs):
-        fail(BadParamError, op, "padding", f"an int, {nd} ints or {nd} (pre, post) pairs",
-             repr(padding))
-    flat = _ints(op, "padding", tuple(i for p in pairs for i in p), 2 * nd, 0)
+    try:
+        items = tuple(padding) if not isinstance(padding, (str, bytes)) else None
+    except TypeError:
+        items = None
+    if items is None or len(items) != nd:
+        fail(BadParamError, op, "padding", want, repr(padding))
+    if all(is_int(p) for p in items):
+        return tuple((p, p) for p in _ints(op, "padding", items, nd, 0))
+    flat = []
+    for p in items:
+        pair = int_tuple(op, "padding", p, want) if not is_int(p) else ()
+        if len(pair) != 2:
+            fail(BadParamError, op, "padding", want, repr(padding))
+        flat += pair
+    flat = _ints(op, "padding", tuple(flat), 2 * nd, 0)
     return tuple(zip(flat[0::2], flat[1::2]))
 
 
@@ -95,6 +107,7 @@ def _check_geometry(op, nd, x_shape, w_shape, last, stride, pads, dilation, grou
     if any(p <= 0 for p in P) or any(r <= 0 for r in R):
         fail(ShapeError, op, "output size", "> 0 on every spatial axis (input "
              f"{S} + padding {pads} against filter {R} dilated {dilation})", P)
+    check_size(op, "the output", (N, K) + P)
     return N, C, S, K, R, P
 
 
@@ -221,13 +234,12 @@ def _backward_call(op, names, arrays, backend, stream, out):
 
 
 def _shape_arg(op, name, shape, nd):
-    try:
-        shape = tuple(int(s) for s in shape)
-    except TypeError:
-        shape = None
-    if shape is None or len(shape) != nd + 2:
-        fail(BadParamError, op, name, f"a shape of {nd + 2} ints", repr(shape))
-    return shape
+    want = f"a shape of {nd + 2} ints >= 0"
+    s = int_tuple(op, name, shape, want)
+    if len(s) != nd + 2 or min(s) < 0:
+        fail(BadParamError, op, name, want, repr(shape))
+    check_size(op, name, s)
+    return s
 
 
 def _backward_geometry(op, dy_shape, x_shape, w_shape, nd, stride, padding, dilation,
@@ -312,6 +324,10 @@ def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
     the ranking means nothing there."""
     import statistics
     import time
+    if not is_int(reps) or reps < 1:
+        fail(BadParamError, "find_conv_algorithm", "reps", "an int >= 1", repr(reps))
+    for name, a in (("x", x), ("w", w)):
+        _backend.describe("find_conv_algorithm", name, a)  # a list: a named error
     for k in ("algo", "out"):
         if k in kw:
             fail(BadParamError, "find_conv_algorithm", k, "not given (every algorithm is "
@@ -373,13 +389,11 @@ def _workspace(algo, x, w, kw):
 
 
 def _itemsize(x):
-    from ..backend import describe
-    return describe("find_conv_algorithm", "x", x)[1].itemsize
+    return _backend.describe("find_conv_algorithm", "x", x)[1].itemsize
 
 
 def _synchronizer(x):
     """A function that waits for the GPU when x is a device array (no-op for NumPy)."""
-    from .. import backend
-    if backend.kind(x) != "cuda":
+    if _backend.kind(x) != "cuda":
         return lambda: None
-    return backend.cuda_runtime("device").synchronize
+    return _backend.cuda_runtime("device").synchronize

@@ -52,7 +52,8 @@ def dropout(x, p, *, seed, offset=0, out=None, backend=None, stream=None):
 
 @op("dropout")
 def dropout_backward(dy, mask, p, *, out=None, backend=None, stream=None):
-    """dx = dy * mask / (1 - p), given the forward's mask and p."""
+    """dx = dy / (1 - p) where mask is nonzero, exactly 0 where it is 0 (Inf and NaN in
+    dy too), given the forward's mask (uint8) and p."""
     op = "dropout_backward"
     c = Call(op, "dropout", backend, stream, dy=dy, mask=mask, out=out)
     shape, dtype = c.array("dy", dy)

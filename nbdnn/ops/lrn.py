@@ -12,7 +12,7 @@ def _params(op, shape, n, alpha, beta, k, layout):
         fail(ShapeError, op, "x.ndim", ">= 3 (N, C, spatial axes)", len(shape))
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= 16:
         fail(BadParamError, op, "n", "an int in [1, 16] (cuDNN's lrnN range)", repr(n))
-    alpha = scalar(op, "alpha", alpha)
+    alpha = scalar(op, "alpha", alpha, low=0.0)  # < 0 could take a root of a negative sum
     beta = scalar(op, "beta", beta, low=0.01)
     k = scalar(op, "k", k, low=1e-5)
     choice(op, "layout", layout, ("NCHW", "NHWC"))

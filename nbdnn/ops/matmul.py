@@ -3,9 +3,9 @@
 formulas are in nbdnn/cpu/matmul.py."""
 import numpy as np
 
-from ..errors import BadParamError, ShapeError, fail
+from ..errors import ShapeError, fail
 from .registry import op
-from ._common import Call, blend_params, flag, same_dtype
+from ._common import Call, blend_params, flag, out_tuple, same_dtype
 from .activation import _coef
 
 
@@ -67,7 +67,8 @@ def matmul_backward(dc, a, b, *, trans_a=False, trans_b=False, bias=False, alpha
     bias=True, of a's, b's and (N,) shapes; each = alpha * gradient + beta * out[i]
     when out is a tuple of arrays of those shapes."""
     op = "matmul_backward"
-    outs = tuple(out) if out is not None else ()
+    bias = flag(op, "bias", bias)
+    outs = out_tuple(op, out, ("da", "db") + (("dbias",) if bias else ()))
     c = Call(op, "matmul", backend, stream, dc=dc, a=a, b=b,
              **{f"out[{i}]": o for i, o in enumerate(outs)})
     dc_shape, dc_dtype = c.array("dc", dc)
@@ -75,16 +76,12 @@ def matmul_backward(dc, a, b, *, trans_a=False, trans_b=False, bias=False, alpha
     b_shape, b_dtype = c.array("b", b)
     same_dtype(op, ["a", "b", "dc"], [dtype, b_dtype, dc_dtype])
     trans_a, trans_b = flag(op, "trans_a", trans_a), flag(op, "trans_b", trans_b)
-    bias = flag(op, "bias", bias)
     batch, M, K, N = _dims(op, a_shape, b_shape, trans_a, trans_b)
     if tuple(dc_shape) != batch + (M, N):
         fail(ShapeError, op, "dc.shape", f"the shape of c, {batch + (M, N)}", tuple(dc_shape))
     alpha, beta = blend_params(op, alpha, beta, out)
     shapes = [tuple(a_shape), tuple(b_shape)] + ([(N,)] if bias else [])
     if out is not None:
-        if len(outs) != len(shapes):
-            fail(BadParamError, op, "out", f"None or a tuple of {len(shapes)} arrays",
-                 f"{len(outs)} arrays")
         outs = tuple(c.out(o, s, dtype, f"out[{i}]") for i, (o, s) in
                      enumerate(zip(outs, shapes)))
     return c.run("matmul_backward", dc, a, b, trans_a, trans_b, bias, alpha=alpha,

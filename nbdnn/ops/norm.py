@@ -7,7 +7,7 @@ import numbers
 from .._vocab import LAYOUTS as _LAYOUTS
 from ..errors import BadParamError, DtypeError, ShapeError, fail
 from .registry import op
-from ._common import Call, compute_dtype, same_dtype, same_shape, scalar
+from ._common import Call, compute_dtype, out_tuple, required, same_dtype, same_shape, scalar
 
 
 def _ndim(op, ndim, shape):
@@ -30,12 +30,14 @@ def _params(c, op, names, arrays, tail, dtype, what="x's normalised axes"):
             same_dtype(op, ["x", name], [dtype, dt])
 
 
-def _stats(c, op, names, arrays, lead, dtype, what="x's rows"):
-    """Statistics (None skipped): the compute dtype (float32 for float16/float32
-    inputs, float64 for float64), shape `lead`."""
+def _stats(c, op, names, arrays, lead, dtype, what="x's rows", optional=False):
+    """Statistics: the compute dtype (float32 for float16/float32 inputs, float64 for
+    float64), shape `lead`; None is an error unless optional (then skipped)."""
     want = compute_dtype(dtype)
     for name, a in zip(names, arrays):
         if a is None:
+            if not optional:
+                required(op, **{name: a})
             continue
         shape, dt = c.array(name, a, dtypes=None)
         if dt is not want and dt != want:
@@ -77,7 +79,7 @@ def rms_norm(x, scale=None, bias=None, *, ndim=1, eps=1e-6, out=None, backend=No
 
 def _backward(op, dy, x, stats, names, scale, ndim, out, backend, stream):
     """(call, checked arguments, out tuple or None) of a backward op."""
-    outs = tuple(out) if out is not None else ()
+    outs = out_tuple(op, out, ("dx", "dscale", "dbias"))
     c = Call(op, "norm", backend, stream, dy=dy, x=x, scale=scale,
              **dict(zip(names, stats)), **{f"out[{i}]": o for i, o in enumerate(outs)})
     shape, dtype = c.array("x", x)
@@ -90,9 +92,6 @@ def _backward(op, dy, x, stats, names, scale, ndim, out, backend, stream):
     _params(c, op, ("scale",), (scale,), tail, dtype)
     _stats(c, op, names, stats, lead, dtype)
     if out is not None:
-        if len(outs) != 3:
-            fail(BadParamError, op, "out", "None or a tuple of 3 arrays (dx, dscale, dbias)",
-                 f"{len(outs)} arrays")
         outs = tuple(c.out(o, s, dtype, f"out[{i}]") for i, (o, s) in
                      enumerate(zip(outs, (shape, tail, tail))))
     return c, (dy, x, *stats, scale, ndim), outs or None
@@ -127,6 +126,10 @@ def _grouped(op, c, x, scale, bias, groups, layout):
         fail(ShapeError, op, "x.ndim", ">= 2 (N, C, spatial...)", len(shape))
     if layout not in LAYOUTS:
         fail(BadParamError, op, "layout", f"one of {', '.join(LAYOUTS)}", repr(layout))
+    rank = _LAYOUTS[layout][1]
+    if rank is not None and rank != len(shape):
+        fail(ShapeError, op, "x.ndim", f"{rank} for layout {layout!r} (NCHW / NHWC: any rank)",
+             len(shape))
     last = LAYOUTS[layout]
     C = shape[-1] if last else shape[1]
     if groups is None:
@@ -167,7 +170,7 @@ def group_norm_backward(dy, x, mean, invstd, scale=None, *, groups, layout="NCHW
                         backend=None, stream=None):
     """(dx, dscale, dbias) from the forward's x, mean, invstd and scale."""
     op = "group_norm_backward"
-    outs = tuple(out) if out is not None else ()
+    outs = out_tuple(op, out, ("dx", "dscale", "dbias"))
     c = Call(op, "norm", backend, stream, dy=dy, x=x, mean=mean, invstd=invstd, scale=scale,
              **{f"out[{i}]": o for i, o in enumerate(outs)})
     shape, dtype, groups, last = _grouped(op, c, x, scale, None, groups, layout)
@@ -177,9 +180,6 @@ def group_norm_backward(dy, x, mean, invstd, scale=None, *, groups, layout="NCHW
     _stats(c, op, ("mean", "invstd"), (mean, invstd), (shape[0], groups), dtype)
     C = shape[-1] if last else shape[1]
     if out is not None:
-        if len(outs) != 3:
-            fail(BadParamError, op, "out", "None or a tuple of 3 arrays (dx, dscale, dbias)",
-                 f"{len(outs)} arrays")
         outs = tuple(c.out(o, s, dtype, f"out[{i}]") for i, (o, s) in
                      enumerate(zip(outs, (shape, (C,), (C,)))))
     return c.run("group_norm_backward", dy, x, mean, invstd, scale, groups, last,

@@ -3,9 +3,9 @@ avg_exclude_pad over windows with stride, per-side padding, dilation and ceil mo
 The formulas are in nbdnn/cpu/pool.py."""
 from .._shapes import pool_out_size as out_size
 from .._vocab import POOL_MODES as MODES
-from ..errors import ShapeError, fail
+from ..errors import BadParamError, ShapeError, fail
 from .registry import op
-from ._common import Call, blend_params, choice, flag, same_dtype
+from ._common import Call, blend_params, check_size, choice, flag, same_dtype
 from .conv import _ints, _layout, _pads
 
 
@@ -23,9 +23,14 @@ def _params(op, nd, x_shape, kernel, stride, padding, dilation, mode, ceil_mode,
     S = tuple(x_shape[1:-1]) if last else tuple(x_shape[2:])
     P = tuple(out_size(*a, ceil_mode) for a in zip(S, K, stride, dilation,
                                                     (p for p, _ in pads), (q for _, q in pads)))
+    for k, d, (a, b) in zip(K, dilation, pads):
+        if 2 * max(a, b) > d * (k - 1) + 1:  # PyTorch's rule: a window never all padding
+            fail(BadParamError, op, "padding", f"at most half the (dilated) window, "
+                 f"{(d * (k - 1) + 1) // 2} for window {k} dilation {d}", pads)
     if None in P:
         fail(ShapeError, op, "kernel", f"a window no larger than the padded input {S} + "
              f"padding {pads} (dilation {dilation})", K)
+    check_size(op, "the output", tuple(x_shape[:2]) + P)
     return (K, stride, pads, dilation, mode, ceil_mode,
             flag(op, "nan_propagation", nan_propagation), last, P)
 

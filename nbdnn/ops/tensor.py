@@ -17,7 +17,8 @@ import numpy as np
 from .._vocab import LAYOUT_COUNTERPART
 from ..errors import BadParamError, ShapeError, fail
 from .registry import op
-from ._common import Call, blend_params, choice, need_out, normalize_axis, same_dtype, scalar
+from ._common import (Call, blend_params, choice, int_tuple, need_out, normalize_axis,
+                      same_dtype, scalar)
 
 OP_TENSOR_OPS = ("add", "mul", "div", "min", "max", "sqrt", "not")
 UNARY_OPS = ("sqrt", "not")
@@ -178,10 +179,7 @@ def _perm(op, ndim, layout_from, layout_to, perm):
     if perm is not None:
         if layout_from is not None or layout_to is not None:
             fail(BadParamError, op, "perm", "given without layout_from/layout_to", perm)
-        try:
-            p = tuple(int(v) for v in perm)
-        except (TypeError, ValueError):
-            fail(BadParamError, op, "perm", f"a permutation of range({ndim})", repr(perm))
+        p = int_tuple(op, "perm", perm, f"a permutation of range({ndim})")
         if sorted(p) != list(range(ndim)):
             fail(BadParamError, op, "perm", f"a permutation of range({ndim})", repr(perm))
         return p

@@ -52,7 +52,7 @@ from ..matmul import TILES, _gemm, choose_tile
 from ..runtime.arrays import dtype_name, empty, to_device, vector_aligned
 from ..runtime.device import sm_count
 from ..runtime.grid import launch
-from ..tensor import reduce_tensor, transform_into
+from ..tensor import reduce_tensor, scale_tensor, set_tensor, transform_into
 from ..._shapes import winograd_workspace
 from ..._vocab import ACTIVATION_MODES
 from . import depthwise as _conv_depthwise, depthwise_rows as _conv_depthwise_rows, \
@@ -264,5 +264,11 @@ def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, l
 def conv_backward_bias(dy, last, *, alpha, beta, out, stream):
     nd = len(dy.shape)
     axes = tuple(i for i in range(nd) if i != (nd - 1 if last else 1))
+    if any(dy.shape[i] == 0 for i in axes):  # a sum over no elements: 0, blended
+        K = dy.shape[nd - 1 if last else 1]
+        y = out if out is not None else empty(dy, (K,), dtype_name(dy))
+        if beta == 0:
+            return set_tensor(0.0, out=y, stream=stream)
+        return scale_tensor(y, beta, out=y, stream=stream)
     return reduce_tensor(dy, "add", axes, False, False, alpha=alpha, beta=beta, out=out,
                          stream=stream)
