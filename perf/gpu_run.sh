@@ -92,7 +92,7 @@ compare)
     base=${1:?compare needs the baseline folder}
     ops="activation softmax matmul conv2d pool2d batch_norm layer_norm reduce_tensor"
     lo_base=$(ls "$base"/perf/launch_overhead.py "$base"/perf/suites/launch_overhead.py 2>/dev/null | head -1)
-    for round in 1 2; do
+    for round in $(seq 1 ${ROUNDS:-1}); do
         for side in base new; do
             if [ $side = base ]; then pp=$PWD/$base; lo=$lo_base; else pp=$PWD; lo=perf/suites/launch_overhead.py; fi
             echo "=== launch_overhead $side round $round" >> "$OUT/compare.log"

@@ -16,13 +16,14 @@ from .conv import _first, _last
 
 
 def _window_sum(v, n):
-    """sum over each channel's window of v (channels on axis 1)."""
+    """sum over each channel's window of v (channels on axis 1): n shifted slices of the
+    padded array added (a running-sum difference would let an Inf or NaN in one
+    channel reach channels whose window does not hold it: Inf - Inf)."""
     C = v.shape[1]
     pad = [(0, 0)] * v.ndim
     pad[1] = (n // 2, (n - 1) // 2)
-    c = np.cumsum(np.pad(v, pad), axis=1)
-    c = np.concatenate([np.zeros_like(c[:, :1]), c], axis=1)
-    return c[:, n:n + C] - c[:, :C]
+    p = np.pad(v, pad)
+    return sum(p[:, j:j + C] for j in range(n))
 
 
 def _reverse_window_sum(v, n):
