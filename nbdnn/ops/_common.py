@@ -100,18 +100,22 @@ class Call:
         unless it is exactly an input the op may overwrite (IN_PLACE: elementwise and
         row-wise ops read each element before they write it; every other kernel would
         read what it already wrote). Memory is compared as byte ranges, on the GPU as
-        on the CPU (numpy.may_share_memory), so the rule is the same on both backends."""
+        on the CPU (numpy.may_share_memory), so the rule is the same on both backends.
+        (On every unplanned call's path: a contiguous CUDA array's range is its
+        address and size, ~1 us.)"""
         same_ok = IN_PLACE.get(self.op, ())
-        others = [(n, a) for n, a in self.arrays.items()
-                  if a is not None and n != name and not n.startswith("out")]
-        others += self.outs or []
-        span = _span_of(out)
+        span = None
+        others = list(self.arrays.items()) + (self.outs or [])
         for n, a in others:
-            sa = _span_of(a)
-            if n in same_ok and (a is out or (sa == span and tuple(a.shape) ==
-                                              tuple(out.shape))):
+            if a is None or n == name or a is out and n in same_ok or \
+                    (n.startswith("out") and (n, a) not in (self.outs or [])):
                 continue
-            if _overlap(span, sa):
+            if span is None:
+                span = self._span(out)
+            sa = self._span(a)
+            if n in same_ok and sa == span and tuple(a.shape) == tuple(out.shape):
+                continue
+            if span[0] < sa[1] and sa[0] < span[1] and span[0] < span[1] and sa[0] < sa[1]:
                 allowed = f" or exactly one of {', '.join(same_ok)}" if same_ok else ""
                 fail(BadParamError, self.op, name,
                      f"memory apart from the inputs and other outputs{allowed}",
@@ -119,6 +123,16 @@ class Call:
         if self.outs is None:
             self.outs = []
         self.outs.append((name, out))
+
+    def _span(self, a):
+        """(first, one past last) byte of array a, NumPy or CUDA."""
+        if isinstance(a, np.ndarray):
+            return _byte_bounds(a)
+        arrays = _cuda_arrays()
+        if self.strided is None or id(a) not in self.strided:  # C-contiguous
+            p, n = arrays.ptr_size(a)
+            return p, p + n * arrays.dtype_of(a).itemsize
+        return arrays.span(a)
 
     def run(self, fname, *args, out=None, inplace=(), **kw):
         """Call the backend's `fname`; CUDA inputs that are strided views are made
@@ -208,21 +222,10 @@ IN_PLACE = {"activation": ("x",), "activation_backward": ("dy", "x", "y"),
 IN_PLACE["op_tensor"] = ("a", "b")
 
 
-def _span_of(a):
-    """(first, one past last) byte of array a, NumPy or CUDA."""
-    if isinstance(a, np.ndarray):
-        return _byte_bounds(a)
-    return _cuda_arrays().span(a)
-
-
 try:
     from numpy.lib.array_utils import byte_bounds as _byte_bounds
 except ImportError:  # numpy < 2
     _byte_bounds = np.byte_bounds
-
-
-def _overlap(s, t):
-    return s[0] < t[1] and t[0] < s[1] and s[0] < s[1] and t[0] < t[1]
 
 
 def is_int(v):

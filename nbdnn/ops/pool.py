@@ -3,7 +3,7 @@ avg_exclude_pad over windows with stride, per-side padding, dilation and ceil mo
 The formulas are in nbdnn/cpu/pool.py."""
 from .._shapes import pool_out_size as out_size
 from .._vocab import POOL_MODES as MODES
-from ..errors import BadParamError, ShapeError, fail
+from ..errors import ShapeError, fail
 from .registry import op
 from ._common import Call, blend_params, check_size, choice, flag, same_dtype
 from .conv import _ints, _layout, _pads
@@ -23,10 +23,6 @@ def _params(op, nd, x_shape, kernel, stride, padding, dilation, mode, ceil_mode,
     S = tuple(x_shape[1:-1]) if last else tuple(x_shape[2:])
     P = tuple(out_size(*a, ceil_mode) for a in zip(S, K, stride, dilation,
                                                     (p for p, _ in pads), (q for _, q in pads)))
-    for k, d, (a, b) in zip(K, dilation, pads):
-        if 2 * max(a, b) > d * (k - 1) + 1:  # PyTorch's rule: a window never all padding
-            fail(BadParamError, op, "padding", f"at most half the (dilated) window, "
-                 f"{(d * (k - 1) + 1) // 2} for window {k} dilation {d}", pads)
     if None in P:
         fail(ShapeError, op, "kernel", f"a window no larger than the padded input {S} + "
              f"padding {pads} (dilation {dilation})", K)
@@ -65,7 +61,9 @@ def pool2d(x, kernel, **kw):
     axis, or (pre, post) pairs), dilation, mode ("max", "avg" counting padding,
     "avg_exclude_pad"), ceil_mode, nan_propagation (max: True gives NaN for a window
     holding one, False skips NaNs), layout ("NCHW"/"NHWC"), alpha, beta, out. Global
-    average pooling: kernel = the spatial shape, mode "avg"."""
+    average pooling: kernel = the spatial shape, mode "avg". Padding may exceed half the
+    window (PyTorch refuses it): a window of padding alone gives -inf (max), 0 (avg) or
+    0 (avg_exclude_pad, no elements), as cuDNN's kernels do."""
     return pool(2, x, kernel, **kw)
 
 
