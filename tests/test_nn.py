@@ -207,3 +207,39 @@ def test_graphed_steps_equal_plain_steps_and_load_keeps_them(device, tmp_path):
                                   nn.move(fresh.forward(nn.move(xs[0], device)), "cpu"))
     with pytest.raises(nbdnn.ShapeError):
         steps.step(xs[0][:1], ts[0][:1])
+
+
+def test_load_takes_the_saved_name_and_refuses_bad_files_atomically(tmp_path):
+    """save("m") writes m.npz and load("m") finds it; a file with a key missing, an
+    extra key, a wrong shape, a complex dtype, truncated or foreign bytes is an
+    NbdnnError naming the file, and the model is left untouched (atomic)."""
+    model = nn.Sequential([nn.Linear(4, 3, seed=0), nn.ReLU(), nn.Linear(3, 2, seed=1)])
+    other = nn.Sequential([nn.Linear(4, 3, seed=5), nn.ReLU(), nn.Linear(3, 2, seed=6)])
+    model.save(str(tmp_path / "m"))
+    other.load(str(tmp_path / "m"))
+    for (m1, k1), (m2, k2) in zip(model.parameters(), other.parameters()):
+        np.testing.assert_array_equal(m1.params[k1], m2.params[k2])
+    good = dict(np.load(tmp_path / "m.npz"))
+    keys = sorted(good)
+    before = {k: v.copy() for k, v in other.state().items()}
+    bad_files = {
+        "missing": {k: v for k, v in good.items() if k != keys[-1]},
+        "extra": dict(good, **{"9.p.w": np.zeros(2)}),
+        "shape": dict(good, **{keys[-1]: np.zeros(7)}),
+        "complex": dict(good, **{keys[-1]: good[keys[-1]].astype(np.complex64)}),
+    }
+    for name, entries in bad_files.items():
+        path = tmp_path / f"{name}.npz"
+        np.savez(path, **entries)
+        with pytest.raises(nbdnn.NbdnnError, match=name + ".npz"):
+            other.load(str(path))
+    raw = (tmp_path / "m.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(raw[: len(raw) // 2])
+    (tmp_path / "junk.npz").write_bytes(b"not a zip file at all")
+    for name in ("cut", "junk"):
+        with pytest.raises(nbdnn.NbdnnError, match=name):
+            other.load(str(tmp_path / name))
+    with pytest.raises(nbdnn.NbdnnError, match="nosuch"):
+        other.load(str(tmp_path / "nosuch"))
+    for k, v in other.state().items():
+        np.testing.assert_array_equal(v, before[k])
