@@ -27,6 +27,10 @@ from ..softmax import ROWS_BLOCK, _rows_config
 from ..tensor import reduce_tensor
 from . import group_planes as _gn
 from . import rows as _rows
+# The knob that forces layer/rms rows onto the general block-a-row kernels (the
+# register-row kernels of rows.py off): tests and A/B runs; clear plans after setting it.
+GENERAL_ONLY = False
+
 from .kernels import (BLOCK, FUSED_LANES_PER_SM, FUSED_V, GN_TARGET_BLOCKS,  # noqa: F401
                       KERNELS as _KERNELS, MAX_GRID, PLMAX)
 
@@ -61,7 +65,8 @@ def forward(x, scale, bias, geo, stats_shape, eps, out, stream, centred):
             raise NotSupportedError(f"{rows} rows exceed the grid limit {MAX_GRID}")
         sc, bi = (scale if scale is not None else x), (bias if bias is not None else x)
         flags = (int(centred), int(scale is not None), int(bias is not None))
-        cfg = _rows_config(L, False, False, ct == "float64") if G == 1 and HW == 1 else None
+        cfg = _rows_config(L, False, False, ct == "float64") if G == 1 and HW == 1 and \
+            not GENERAL_ONLY else None
         if cfg is not None:  # layer/rms norm: the row in registers
             V, Gl = cfg
             aligned = int(L % 4 == 0 and vector_aligned(x, y, sc, bi))
@@ -85,7 +90,8 @@ def backward(dy, x, st1, st2, scale, geo, param_shape, out, stream, centred):
     dx, dscale, dbias = out if out is not None else (
         empty(x, x.shape, dtype), empty(x, param_shape, dtype), empty(x, param_shape, dtype))
     sc = scale if scale is not None else x
-    cfg = _rows_config(L, True, False, dtype == "float64") if G == 1 and HW == 1 else None
+    cfg = _rows_config(L, True, False, dtype == "float64") if G == 1 and HW == 1 and \
+        not GENERAL_ONLY else None
     if rows and L and cfg is None and centred and _gn.usable(geo, vector_aligned(dy, x, dx)):
         _gn.backward(dy, x, st1, st2, scale, dx, dscale, dbias, geo, stream)
         return dx, dscale, dbias
