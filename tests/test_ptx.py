@@ -1,5 +1,10 @@
 """Every registered kernel signature compiles to PTX for sm_90, and its float32 and
-integer signatures for sm_80 too (but the slowest tiles'), with no GPU.
+integer signatures for sm_80 too (but the slowest tiles'), with no GPU. "Registered":
+every Kernel of every module under nbdnn/cuda (sub-packages included), plus one kernel
+of each code path of the generators that build on demand (their ptx_examples(): pool's
+geometry-compiled forward for every dtype, layout and mode, depthwise rows for every
+dtype). Kernel.launch refuses a signature that is not registered, so what runs is what
+this test compiled.
 
 numba.cuda.compile_ptx is None under the simulator, so the compile runs in a separate
 process with NUMBA_ENABLE_CUDASIM=0. Device functions ask numba for the current
@@ -30,7 +35,9 @@ import nbdnn, nbdnn.testing
 from nbdnn.cuda.runtime import launch as _launch
 import importlib, pkgutil, nbdnn.cuda as pkg
 for m in pkgutil.walk_packages(pkg.__path__, "nbdnn.cuda."):  # sub-packages too
-    importlib.import_module(m.name)
+    mod = importlib.import_module(m.name)
+    if hasattr(mod, "ptx_examples"):  # kernels built on demand: one of each code path
+        mod.ptx_examples()
 shard, nshards = int(sys.argv[1]), int(sys.argv[2])
 def ccs(name, sig):
     sm90_only = any(h in name for h in ("128x128", "64x64", "dw_tile_3x3s2", "dw_tile_5x5"))

@@ -103,6 +103,17 @@ def kernel(dtype, ct_name, geometry, rpt):
     return Kernel(ns["dw_rows"], [sig]), sig
 
 
+def ptx_examples():
+    """Kernels of every code path for tests/test_ptx.py: each dtype at 3x3/1 (4 rows a
+    thread), 3x3/2 and flipped 5x5/1 dilated 2 (2 rows)."""
+    from ..._vocab import FLOAT_DTYPES
+    for dtype in FLOAT_DTYPES:
+        ct = "float64" if dtype == "float64" else "float32"
+        kernel(dtype, ct, (3, 3, 1, 1, 1, 1, 0), 4)
+        kernel(dtype, ct, (3, 3, 2, 2, 1, 1, 0), 2)
+        kernel(dtype, ct, (5, 5, 1, 1, 2, 2, 1), 2)
+
+
 def rpt_for(g, sm_count):
     """Outputs a thread for geometry g: as many as RPT and MAX_LOADS allow (rows of taps
     shared, more bytes in flight a thread), fewer while the grid would not fill the

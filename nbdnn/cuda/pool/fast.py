@@ -130,6 +130,18 @@ def kernel(dtype, last, geometry, mode, rpt):
     return Kernel(ns["pool_fwd_fast"], [sig]), sig
 
 
+def ptx_examples():
+    """One kernel per code path of the generator (tests/test_ptx.py builds these before
+    compiling the registry): every dtype, layout and mode, a 3x3/2 window with padding 1
+    at 2 rows a thread and a 2x2/2 one at 1."""
+    from ..._vocab import FLOAT_DTYPES, POOL_MODES
+    for dtype in FLOAT_DTYPES:
+        for last in (0, 1):
+            for mode in POOL_MODES:
+                kernel(dtype, last, (3, 3, 2, 2, 1, 1, 1, 1), mode, 2)
+    kernel("float32", 0, (2, 2, 2, 2, 0, 0, 1, 1), "max", 1)
+
+
 def launch(x, y, dtype, last, geometry, mode, H, W, C, PH, PW, EH, EW, propagate, alpha,
            beta, stream):
     rpt = rows_per_thread(geometry[0], geometry[1], geometry[2], geometry[6], PH)

@@ -250,6 +250,7 @@ class Kernel:
         """Compile and load `sig`; returns the launcher (the fast path's state)."""
         launcher = self._launchers.get(sig)
         if launcher is None:
+            self._check_sig(sig)
             _bind_driver()
             kern = self.dispatcher.compile(sig)
             cufunc = kern._codelibrary.get_cufunc()
@@ -257,6 +258,13 @@ class Kernel:
                                  self.name)
             self._launchers[sig] = launcher
         return launcher
+
+    def _check_sig(self, sig):
+        """Every launch uses a registered signature: the PTX test compiles exactly
+        those (a signature made up at the call site would reach the GPU untested)."""
+        if sig not in self.sigs:
+            raise RuntimeError(f"nbdnn: kernel {self.name} launched with {sig!r}, not one of "
+                               f"its registered signatures {self.sigs}")
 
     def resources(self, sig):
         """Registers, local memory (spills) and shared memory of the compiled kernel."""
@@ -274,6 +282,7 @@ class Kernel:
         if planner is not None:
             planner.launch(self, sig, grid, block, shmem, args, owners)
         if SIMULATOR:
+            self._check_sig(sig)
             flat_args = [flat(a) if hasattr(a, "shape") else a for a in args]
             self.dispatcher[grid, block, 0, shmem](*flat_args)
             if recorder is not None:
