@@ -124,8 +124,14 @@ def _ptr_size_any(x):
     return ptr(x), size(x)
 
 
+def _ptr_size_simulated(x):
+    a = x._ary  # the simulator's host memory behind the fake device array
+    return a.__array_interface__["data"][0], a.size
+
+
 _ptr_size_fns = {}
-_PTR_SIZE = {"torch": _ptr_size_torch, "numba": _ptr_size_numba, None: _ptr_size_any}
+_PTR_SIZE = {"torch": _ptr_size_torch, "numba": _ptr_size_numba,
+             "simulated": _ptr_size_simulated, None: _ptr_size_any}
 
 
 def ptr_size(x):
