@@ -105,10 +105,11 @@ class Call:
         address and size, ~1 us.)"""
         same_ok = IN_PLACE.get(self.op, ())
         span = None
-        others = list(self.arrays.items()) + (self.outs or [])
-        for n, a in others:
-            if a is None or n == name or a is out and n in same_ok or \
-                    (n.startswith("out") and (n, a) not in (self.outs or [])):
+        # the inputs, and the outputs checked so far (out= arrays of later results, also
+        # among self.arrays, are checked against this one when their turn comes)
+        others = [(n, a) for n, a in self.arrays.items() if not n.startswith("out")]
+        for n, a in others + (self.outs or []):
+            if a is None or n == name or a is out and n in same_ok:
                 continue
             if span is None:
                 span = self._span(out)
