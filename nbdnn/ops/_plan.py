@@ -20,7 +20,7 @@ A signature's calls on one thread:
        planned (host state that changes between calls, e.g. an op reading a counter);
   4th+ replays the plan: one generated function allocates the results, writes the
        new addresses into the plan's launch table and issues all its launches from
-       one @njit call (cuda._launch.LaunchTable); workspaces are not allocated: they
+       one @njit call (cuda.runtime.launch.LaunchTable); workspaces are not allocated: they
        sit in one buffer a thread that all its plans share (perf/history/runs.md, runs Z
        and AA: host µs a call).
 Not planned: calls inside a Graph capture or given a stream; calls with NumPy

@@ -33,15 +33,11 @@ def _ints(op, name, v, nd, lo):
         return (v,) * nd
     if type(v) is tuple and len(v) == nd and all(type(i) is int and i >= lo for i in v):
         return v
-    vals = (v,) * nd if isinstance(v, numbers.Integral) else v
-    try:
-        vals = tuple(vals)
-    except TypeError:
-        vals = None
-    if vals is None or len(vals) != nd or not all(
-            isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= lo for i in vals):
-        fail(BadParamError, op, name, f"an int >= {lo} or {nd} of them", repr(v))
-    return tuple(int(i) for i in vals)
+    want = f"an int >= {lo} or {nd} of them"
+    vals = (int(v),) * nd if is_int(v) else int_tuple(op, name, v, want)
+    if len(vals) != nd or min(vals) < lo:
+        fail(BadParamError, op, name, want, repr(v))
+    return vals
 
 
 def _pads(op, padding, nd):

@@ -3,14 +3,14 @@
 x is addressed as (N, C, L): element (n, c, l) at (n*C + c)*L + l in the planes layout
 (NCHW), (n*L + l)*C + c in the columns layout (NHWC; per_activation is columns with
 C = an image's size, L = 1). Kernels (traffic per element, float32):
-- statistics (_bn_sums.py): chunk partials then an in-order merge; reads x once (4 B).
+- statistics (batch_norm/sums.py): chunk partials then an in-order merge; reads x once (4 B).
 - apply: a thread 4 consecutive elements, 16-byte loads and stores when the layout
   lets 4 elements share a channel (planes, L % 4 == 0) or take 4 consecutive channels
   (columns, C % 4 == 0) and the pointers are aligned; act(scale*(x-mean)*invstd + bias
   + z), blended. Reads x (and z, and y when beta != 0), writes y: 8 B.
   Training = statistics + apply (12 B against 8 B that must move: at most 67% of copy
   bandwidth); inference = apply alone.
-- backward sums (_bn_sums.py): sums of dyh and dyh*xhat (dyh = dy*act'(pre), pre
+- backward sums (batch_norm/sums.py): sums of dyh and dyh*xhat (dyh = dy*act'(pre), pre
   recomputed), chunk partials then in order: reads dy and x (8 B); dbias, dscale.
 - backward dx: as apply, reads dy and x, writes dx (and dz): 12 B. Backward moves 20 B
   against 12 B that must: at most 60% of copy bandwidth.

@@ -20,7 +20,7 @@ MobileNet's 3x3 layers; perf/history/runs.md run D).
   calls and 16-byte stores of aligned rows. 80 instructions an output and 1.6-2.2x
   cuDNN on the 56x56 and 112x112 layers (perf/history/runs.md run Q).
   Consecutive threads take consecutive ow (NCHW) or consecutive k (NHWC): coalesced.
-- forward, variant 3 `dw_rows` (_conv_depthwise_rows.py), the default for every
+- forward, variant 3 `dw_rows` (conv/depthwise_rows.py), the default for every
   channels-first layer with a window of up to 64 taps: lanes along the output row, up
   to 8 vertical outputs a thread, the window geometry compiled in. 1.2-1.6x variant
   2's speed on every MobileNet layer (perf/history/runs.md, run U). Variants 1 and 2 serve

@@ -3,9 +3,9 @@ row is the elements normalised together (layer/rms: the trailing axes; group: (n
 group), NCHW or NHWC, addressed through `_row_walk`). All sums deterministic.
 
 - layer/rms norm, rows up to 32768 (forward) / 16384 (dx): the row held in registers
-  (_norm_rows.py; float32 8 B an element forward, 12 B backward).
+  (norm/rows.py; float32 8 B an element forward, 12 B backward).
 - group/instance norm, channels first, planes of a multiple of 4, aligned: batch
-  norm's plane kernels over re-shaped views (_gn_planes.py).
+  norm's plane kernels over re-shaped views (norm/group_planes.py).
 - otherwise a block a row: forward sums x (layer_norm) for the mean, then (x -
   mean)^2 (two-pass: exact for mean 1e4, std 1 in float32), then writes y; dx sums g
   = dy*scale and g*xhat, then writes dx. Rows of a few thousand elements stay in L1/L2

@@ -2,7 +2,7 @@
 backward (dx), and the backward parameter sums as chunk partials (norm.py picks them
 for layer/rms norm).
 
-Forward (generated, the layout of softmax kernel 1, _softmax_rows.py): G lanes a row,
+Forward (generated, the layout of softmax kernel 1, softmax/rows.py): G lanes a row,
 4*V values a lane as named scalars; mean (layer_norm) and the sum of squared
 deviations come from the registers, so x is read once and y written once: 8 B an
 element (float32) against 16 B for norm.py's three-pass block kernel. Shapes and

@@ -1,7 +1,7 @@
 """Pooling on the GPU for every geometry (1-3 d, stride, per-side padding, dilation,
 ceil mode, NCHW and NHWC); the formulas are in nbdnn/cpu/pool.py.
 
-- forward, 1-d and 2-d windows of up to 64 taps: _pool_fast.py (the geometry compiled
+- forward, 1-d and 2-d windows of up to 64 taps: pool/fast.py (the geometry compiled
   in, several output rows a thread, 32-bit offsets, multiply-high index split).
 - forward, the rest (3-d, larger windows, 2**32 elements and more): a block BY output
   rows of one plane, BX threads along the contiguous axis (pw for NCHW, c for NHWC;

@@ -8,7 +8,7 @@ divisions for NCHW, 3 for NHWC; _stencil.magic) and every offset is 32-bit (usab
 checks the sizes), so a load's address is one wide multiply-add. The source is
 generated: each row's and column's offset and validity (one unsigned test) are
 computed once, then every tap loads from a clamped valid address (no branch around a
-load: all are in flight together) and is masked after (_stencil.py). Max skips
+load: all are in flight together) and is masked after (runtime/stencil.py). Max skips
 NaNs with fmax and finds them with one unordered test over the window; the rare
 window holding a NaN decides between NaN and the largest number afterwards.
 

@@ -1,5 +1,5 @@
 """Generated-source pieces shared by the stencil kernels: pool forward's fast path
-(_pool_fast.py) and depthwise convolution's row kernel (_conv_depthwise_rows.py).
+(pool/fast.py) and depthwise convolution's row kernel (conv/depthwise_rows.py).
 
 A thread owns rpt vertically neighbouring outputs (ph, ph + 1, ...) of one plane, so
 their windows share rows of taps (3x3/1: 4 outputs read 6 rows, not 12). Its index is

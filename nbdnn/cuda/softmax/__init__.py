@@ -4,7 +4,7 @@ algo is a runtime int (FAST 0, ACCURATE 1, LOG 2): uniform per launch, so no div
 
 Kernels (traffic per element, float32; +4 B when beta != 0 reads out):
 1. rows (inner == 1, L up to ROWS_MAX): G lanes per row, each holding 4*V values in
-   registers (generated source in _softmax_rows.py; named scalars, so nothing goes to
+   registers (generated source in softmax/rows.py; named scalars, so nothing goes to
    local memory). One read + one write: 8 B forward, 12 B backward (dy, y in, dx
    out). 16-byte `load4`/`store4` when L % 4 == 0 and the bases are aligned; otherwise
    coalesced scalar accesses. `_rows_config`:
@@ -27,7 +27,7 @@ Kernels (traffic per element, float32; +4 B when beta != 0 reads out):
    BX x BY threads (BX = min(pow2(inner), 32)), BX consecutive columns of inner
    (coalesced), BY threads splitting L; online (max, sum) per thread, partials combined
    in a fixed order, then a write pass; the second read mostly hits L2.
-Kernels 2-4 live in _softmax_stream.py.
+Kernels 2-4 live in softmax/stream.py.
 
 log-softmax is computed as (x - m) - log(s), so large |x| (1e4) loses nothing to
 rounding m + log(s). Non-finite inputs follow nbdnn/cpu/softmax.py: NaN or +inf in a
