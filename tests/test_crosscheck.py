@@ -47,3 +47,15 @@ def test_extremes(spec, end):
     draw = (lambda lo, hi: lo) if end == "low" else (lambda lo, hi: hi)
     _check(spec, dtype, draw, {0} if end == "high" else set(),
            BLENDS[1] if spec.blend else None)
+
+
+BOUNDARY = [(spec, name) for spec in SPECS for name in spec.boundary]
+
+
+@pytest.mark.parametrize("spec,name", BOUNDARY, ids=[f"{s.name}: {n}" for s, n in BOUNDARY])
+def test_boundary(spec, name):
+    """The row's fixed calls at the edges of its geometry rules, in float32 against the
+    float64 reference, with a blend where the row takes one."""
+    case = spec.boundary[name]("float32")
+    r = crosscheck(spec, case, "float32", blend=BLENDS[1] if spec.blend else None)
+    assert r["ok"], f"{spec.name} ({name}) shapes {r['shapes']}: {r['msg']}"

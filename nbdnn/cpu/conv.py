@@ -20,6 +20,13 @@ Backward (dy = dL/d(conv), i.e. before bias/activation/alpha):
     db = conv_backward_bias:   db[k] = sum_{n, p} dy[n, k, p]
 each blended: result = alpha * gradient + beta * out.
 
+Non-finite values follow the formulas under IEEE arithmetic, and every GPU algorithm
+gives the same answer (tests/test_conv_nonfinite.py): x_pad's padding is zeros that
+take part in the products, so in forward and backward filter a non-finite weight or
+gradient that meets padding gives nan (0 * inf); backward data sums only the terms
+that exist (dx_pad's padding is cropped, and a dy position outside P is no term), so a
+non-finite weight reaches only the inputs its taps touch.
+
 im2col through `sliding_window_view` and a BLAS contraction per group; the backward
 data pass loops over the R taps only (vectorised over everything else).
 """

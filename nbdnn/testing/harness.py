@@ -54,6 +54,9 @@ class OpSpec:
     family: str = ""
     strided_ok: bool = True        # False for in-place ops, which refuse strided views
     ops: tuple = ()                # the registry's ops the row calls (default: fn's name)
+    # fixed calls beside the random draws, where off-by-ones live (ceil mode, padding
+    # at its limit, tile tails, prime sizes): name -> boundary(dtype) -> Case
+    boundary: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if not self.ops:

@@ -66,7 +66,8 @@ def fwd_source(R, S, sh):
     VH = _vh(sh)
     rows = (VH - 1) * sh + R
     name = f"dw_fwd_{R}x{S}s{sh}"
-    src = [f"def {name}(x, w, y, bias, z, {_GEOM}, has_bias, has_z, act, coef, alpha, beta):",
+    src = [f"def {name}(x, w, y, bias, z, {_GEOM}, has_bias, has_z, act, coef, alpha, beta, "
+           "exact):",
            "    Kg = K // G",
            f"    HS = (PH + {VH - 1}) // {VH}",
            "    total = N * K * HS * PW",
@@ -92,15 +93,20 @@ def fwd_source(R, S, sh):
                 f"        cw{s} *= xw"]
     src += [f"        acc{v} = ZERO" for v in range(VH)]
     for j in range(rows):
-        src += [f"        ih = ih0 + {j}", "        if 0 <= ih < H:",
-                "            rb = xb + ih * xh"]
-        src += [f"            x{s} = CT(x[U(rb + cw{s})]) if ok{s} else ZERO" for s in range(S)]
+        # a padded row is zeros that take part in the products (0 * inf = nan)
+        src += [f"        ih = ih0 + {j}", "        okh = 0 <= ih < H",
+                "        rb = xb + ih * xh"]
+        src += [f"        x{s} = CT(x[U(rb + cw{s})]) if okh and ok{s} else ZERO"
+                for s in range(S)]
         for v in range(VH):
             r = j - v * sh
             if 0 <= r < R:
-                src += [f"            acc{v} += " + " + ".join(
+                src += [f"        acc{v} += " + " + ".join(
                     f"x{s} * w{r}_{s}" for s in range(S))]
     for v in range(VH):
+        src += [f"        if exact != 0 and not abs(acc{v}) < INF:",  # (backward data)
+                f"            acc{v} = window_sum(x, w, xb, wb, ih0 + {v * sh}, iw0, H, W, "
+                f"{R}, {S}, 1, dw, xh, xw, flip)"]
         src += [f"        if oh0 + {v} < PH:",
                 f"            o = n * yn + k * yc + (oh0 + {v}) * yh + ow * yw",
                 f"            epilogue(acc{v}, y, z, bias, o, k, has_bias, has_z, act, coef, "
@@ -127,7 +133,7 @@ def tile_source(R, S, st, VH, VW):
     rows, cols = (VH - 1) * st + R, (VW - 1) * st + S
     name = f"dw_tile_{R}x{S}s{st}"
     src = [f"def {name}(x, w, y, bias, z, {_GEOM}, has_bias, has_z, act, coef, alpha, beta, "
-           "vec):",
+           "vec, exact):",
            f"    HS = U(PH + {VH - 1}) // U({VH})", f"    WS = U(PW + {VW - 1}) // U({VW})",
            "    total = N * K * I(HS * WS)",
            "    xn, xc, xd, xh, xw = strides(C, D, H, W, last)",
@@ -164,6 +170,11 @@ def tile_source(R, S, st, VH, VW):
                 for u in range(VW):
                     src += [f"        acc{v}_{u} += x{u * st + s} * w{r}_{s}" for s in range(S)]
     src += [f"        okc{u} = ow0 + {u} < PW" for u in range(VW)]
+    for v in range(VH):  # backward data: a non-finite output summed again (window_sum)
+        for u in range(VW):
+            src += [f"        if exact != 0 and not abs(acc{v}_{u}) < INF:",
+                    f"            acc{v}_{u} = window_sum(x, w, xb, wb, ih0 + {v * st}, "
+                    f"iw0 + {u * st}, H, W, {R}, {S}, 1, 1, xh, xw, flip)"]
     for v in range(VH):  # y = act(alpha * acc + beta * z + bias), a row at a time
         src += [f"        if oh0 + {v} < PH:",
                 f"            ob = n * yn + k * yc + (oh0 + {v}) * yh + ow0 * yw",
@@ -216,10 +227,10 @@ def filter_source(R, S):
             "        xb = n * xn + xk"]
     for s in range(S):
         src += [f"        cw{s} = iw0 + {s} * dw", f"        ok{s} = 0 <= cw{s} < W"]
-    for r in range(R):
-        src += [f"        ih = ih0 + {r} * dh", "        if 0 <= ih < H:",
-                "            rb = xb + ih * xh"]
-        src += [f"            if ok{s}:\n                a{r}_{s} += g * CT(x[U(rb + cw{s} * xw)])"
+    for r in range(R):  # a padded x is a zero that takes part (dy = inf: nan, as forward)
+        src += [f"        ih = ih0 + {r} * dh", "        okh = 0 <= ih < H",
+                "        rb = xb + ih * xh"]
+        src += [f"        a{r}_{s} += g * (CT(x[U(rb + cw{s} * xw)]) if okh and ok{s} else ZERO)"
                 for s in range(S)]
     src.append(f"        p += {T}")
     for r in range(R):
@@ -251,7 +262,7 @@ def tile_spec(g):
         g.dh == g.dw == 1 and key in TILE_SPECS else None
 
 
-def forward(table, x, y, w, bias, z, g, tail, stream):
+def forward(table, x, y, w, bias, z, g, tail, stream, exact=0):
     """y = epilogue(depthwise conv); g the geometry, tail (has_bias, has_z, act, coef,
     alpha, beta); False when no generated kernel fits. Variant 3 (rows) on
     channels-first layers, variant 2 (tiles) where it applies, else variant 1 (column
@@ -261,7 +272,7 @@ def forward(table, x, y, w, bias, z, g, tail, stream):
         dtype = dtype_name(x)
         _conv_depthwise_rows.launch(x, y, w, bias, z, g, tail, dtype,
                                     "float64" if dtype == "float64" else "float32", stream,
-                                    sm_count())
+                                    sm_count(), exact)
         return True
     spec = tile_spec(g)
     if spec is not None:
@@ -278,7 +289,7 @@ def forward(table, x, y, w, bias, z, g, tail, stream):
         k, sig = table[name, dtype_name(x)]
         vec = (_vector_rows(y, PW, g.last),) if name.startswith("dw_tile") else ()
         k.launch(sig, min(-(-total // BLOCK), 2 ** 31 - 1), BLOCK, stream, x, w, y, bias, z,
-                 *g, *tail, *vec)
+                 *g, *tail, *vec, exact)
     return True
 
 
@@ -299,7 +310,7 @@ def backward_data(table, dy, w, dx, g, alpha, beta, stream):
                       S - 1 - qw, 1, 1, 1, 1 - flip, last)
     if fwd_spec(gt) is None:
         return False
-    return forward(table, dy, dx, w, dx, dx, gt, (0, 0, -1, 0.0, alpha, beta), stream)
+    return forward(table, dy, dx, w, dx, dx, gt, (0, 0, -1, 0.0, alpha, beta), stream, 1)
 
 
 def backward_filter(table, dy, x, dwt, g, alpha, beta, stream, sm_count):
@@ -334,7 +345,7 @@ def signatures(t, ct, geom):
     sig = {}
     for R, S, sh in FWD_SPECS:
         sig[f"dw_fwd_{R}x{S}s{sh}"] = (f"void({a}, {a}, {a}, {a}, {a}, {geom}, int64, int64, "
-                                       f"int64, {ct}, {ct}, {ct})")
+                                       f"int64, {ct}, {ct}, {ct}, int64)")
     for R, S, st in TILE_SPECS:
         sig[f"dw_tile_{R}x{S}s{st}"] = sig[f"dw_fwd_{R}x{S}s{st}"][:-1] + ", int64)"
     for R, S in FILTER_SPECS:

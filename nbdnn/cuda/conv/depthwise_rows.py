@@ -72,12 +72,15 @@ def source(R, S, SH, SW, DH, DW, flip, rpt):
         taps = [(offs.index(o * SH + r * DH), r, s) for r in range(R) for s in range(S)]
         body += [f"if ph + {o} < PH:", "    acc = ZERO"]
         body += [f"    acc += v{j}_{s} * wt{r}_{s}" for j, r, s in taps]
+        body += ["    if exact != 0 and not abs(acc) < INF:",  # (backward data: window_sum)
+                 f"        acc = window_sum(x, w, base, wb, h0 + {o * SH}, w0, H, W, {R}, {S}, "
+                 f"{DH}, {DW}, xs_h, xs_w, {int(flip)})"]
         body += [f"    yi = U(U32(yb + {o} * ys))", "    if plain:", "        y[yi] = acc + bb",
                  "    else:", "        epilogue(acc, y, z, bias, yi, k, has_bias, has_z, act, "
                  "coef, alpha, beta)"]
     magic = "".join(f"m_{d}, s_{d}, " for d in _MAGIC)
     return (f"def dw_rows(x, w, y, bias, z, H, W, C, K, PH, PW, PP, qh, qw, total, {magic}"
-            "has_bias, has_z, act, coef, alpha, beta):\n"
+            "has_bias, has_z, act, coef, alpha, beta, exact):\n"
             "    i = U(cuda.blockIdx.x) * U(cuda.blockDim.x) + U(cuda.threadIdx.x)\n"
             "    if i < U(total):\n" + "".join(f"        {line}\n" for line in body))
 
@@ -126,9 +129,10 @@ def rpt_for(g, sm_count):
     return rpt
 
 
-def launch(x, y, w, bias, z, g, tail, dtype, ct_name, stream, sm_count):
+def launch(x, y, w, bias, z, g, tail, dtype, ct_name, stream, sm_count, exact=0):
     """y = epilogue(depthwise conv of x); g the conv geometry, tail (has_bias, has_z,
-    act, coef, alpha, beta)."""
+    act, coef, alpha, beta); exact: a non-finite output is summed again over the taps
+    inside x alone (backward data's rule; source_names.window_sum)."""
     N, C, K, G, D, H, W, T, R, S, PD, PH, PW = g[:13]
     sh, sw, qh, qw, dh, dw, flip = g.sh, g.sw, g.qh, g.qw, g.dh, g.dw, g.flip
     rpt = rpt_for(g, sm_count)
@@ -138,4 +142,4 @@ def launch(x, y, w, bias, z, g, tail, dtype, ct_name, stream, sm_count):
         return
     k, sig = kernel(dtype, ct_name, (R, S, sh, sw, dh, dw, flip), rpt)
     k.launch(sig, -(-total // BLOCK), BLOCK, stream, x, w, y, bias, z, H, W, C, K, PH, PW,
-             PP, qh, qw, total, *_stencil.magic_args(PW, PP, K, K // C), *tail)
+             PP, qh, qw, total, *_stencil.magic_args(PW, PP, K, K // C), *tail, exact)

@@ -8,6 +8,9 @@ of the others (nbdnn/cuda/conv/__init__.py's docstring has their traffic and reg
   whose stride arithmetic lands on s, dy * w' (no atomics: deterministic).
 - backward filter: dw[k, c, t] sums dy * x over N and the output positions, one
   thread a filter element (deterministic; little parallelism when K*C/g*R*S is small).
+Forward and backward filter multiply a padded tap's zero like any value (0 * inf =
+nan, the reference's x_pad); backward data visits only the terms that exist
+(nbdnn/cpu/conv.py states the rule every algorithm follows).
 """
 from numba import cuda
 
@@ -36,18 +39,15 @@ def kernels(CT, act_fn):
             for c in range(Cg):
                 for t in range(T):
                     idd = pd * sd + t * dd - qd
-                    if 0 <= idd < D:
-                        for r in range(R):
-                            ih = ph * sh + r * dh - qh
-                            if 0 <= ih < H:
-                                for s in range(S):
-                                    iw = pw * sw + s * dw - qw
-                                    if 0 <= iw < W:
-                                        ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) \
-                                            if flip else (t, r, s)
-                                        acc += CT(x[n * xn + (c0 + c) * xc + idd * xd +
-                                                    ih * xh + iw * xw]) * \
-                                            CT(w[k * wk + c * wc + ft * wt + fr * wr + fs * ws])
+                    for r in range(R):
+                        ih = ph * sh + r * dh - qh
+                        for s in range(S):
+                            iw = pw * sw + s * dw - qw
+                            xv = ZERO  # a padded tap is a zero that takes part (0 * inf = nan)
+                            if 0 <= idd < D and 0 <= ih < H and 0 <= iw < W:
+                                xv = CT(x[n * xn + (c0 + c) * xc + idd * xd + ih * xh + iw * xw])
+                            ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) if flip else (t, r, s)
+                            acc += xv * CT(w[k * wk + c * wc + ft * wt + fr * wr + fs * ws])
             epilogue(acc, y, z, bias, n * yn + k * yc + pd * yd + ph * yh + pw * yw, k,
                      has_bias, has_z, act, coef, alpha, beta)
             i += cuda.gridDim.x * cuda.blockDim.x
@@ -99,17 +99,14 @@ def kernels(CT, act_fn):
             for n in range(N):
                 for pd in range(PD):
                     idd = pd * sd + t * dd - qd
-                    if 0 <= idd < D:
-                        for ph in range(PH):
-                            ih = ph * sh + r * dh - qh
-                            if 0 <= ih < H:
-                                for pw in range(PW):
-                                    iw = pw * sw + s * dw - qw
-                                    if 0 <= iw < W:
-                                        acc += CT(dy[n * yn + k * yc + pd * yd + ph * yh +
-                                                     pw * yw]) * \
-                                            CT(x[n * xn + xc0 * xc + idd * xd + ih * xh +
-                                                 iw * xw])
+                    for ph in range(PH):
+                        ih = ph * sh + r * dh - qh
+                        for pw in range(PW):
+                            iw = pw * sw + s * dw - qw
+                            xv = ZERO  # a padded x is a zero that takes part, as forward
+                            if 0 <= idd < D and 0 <= ih < H and 0 <= iw < W:
+                                xv = CT(x[n * xn + xc0 * xc + idd * xd + ih * xh + iw * xw])
+                            acc += CT(dy[n * yn + k * yc + pd * yd + ph * yh + pw * yw]) * xv
             o = k * wk + c * wc + ft * wt + fr * wr + fs * ws
             v = alpha * acc
             if beta != ZERO:

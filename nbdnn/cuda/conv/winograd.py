@@ -23,6 +23,7 @@ the input transform reads x once and writes 36/16 = 2.25 values an input element
 """
 from fractions import Fraction as Fr
 
+import numpy as np
 from numba import cuda
 
 from ..runtime.arrays import dtype_name, empty
@@ -113,9 +114,13 @@ def _input_source(m, BT):
 
 
 def _output_source(m, AT):
+    """Y = A^T M A, then the epilogue. An output the transforms make non-finite is summed
+    again directly (tap_sum): B^T d B mixes a tile's inputs, so one inf in a tile would
+    reach outputs whose windows never hold it (inf - inf = nan), and finite inputs can
+    overflow there; the direct sum gives the reference's answer (nbdnn/cpu/conv.py)."""
     a = m + 2
-    src = [f"def {NAMES[m]}_output(Mw, y, bias, z, N, K, P, Q, TH, TW, last, has_bias, "
-           "has_z, act, coef, alpha, beta):",
+    src = [f"def {NAMES[m]}_output(Mw, y, bias, z, x, w, N, K, P, Q, TH, TW, C, G, H, W, qh, "
+           "qw, flip, last, has_bias, has_z, act, coef, alpha, beta):",
            "    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
            "    ntile = N * TH * TW",
            "    if i >= K * ntile:", "        return",
@@ -126,6 +131,9 @@ def _output_source(m, AT):
     src += _sandwich(AT, "m", "o", a)
     for r in range(m):
         for s in range(m):
+            src += [f"    if not abs(o{r}_{s}) < INF:",
+                    f"        o{r}_{s} = tap_sum(x, w, n, k, {m} * th + {r} - qh, "
+                    f"{m} * tw + {s} - qw, C, K, G, H, W, flip, last)"]
             src += [f"    if {m} * th + {r} < P and {m} * tw + {s} < Q:",
                     f"        epilogue(o{r}_{s}, y, z, bias, n * yn + k * yc + ({m} * th + {r})"
                     f" * yh + ({m} * tw + {s}) * yw, k, has_bias, has_z, act, coef, alpha, "
@@ -139,9 +147,33 @@ def _source(m):
                      _output_source(m, AT)) + "\n"
 
 
+def make_tap_sum(CT):
+    """tap_sum(x, w, n, k, h0, w0, C, K, G, H, W, flip, last): output (n, k) of the 3x3
+    window at (h0, w0) summed directly over x_pad (a tap outside x is a zero times the
+    weight, as the reference's padding)."""
+    @cuda.jit(device=True)
+    def tap_sum(x, w, n, k, h0, w0, C, K, G, H, W, flip, last):
+        Cg = C // G
+        xn, xc, xd, xh, xw = strides(C, 1, H, W, last)
+        wk, wc, wt, wr, ws = strides(Cg, 1, 3, 3, last)
+        c0 = (k // (K // G)) * Cg
+        acc = CT(0)
+        for c in range(Cg):
+            for r in range(3):
+                for s in range(3):
+                    ih, iw = h0 + r, w0 + s
+                    xv = CT(0)
+                    if 0 <= ih < H and 0 <= iw < W:
+                        xv = CT(x[n * xn + (c0 + c) * xc + ih * xh + iw * xw])
+                    fr, fs = (2 - r, 2 - s) if flip else (r, s)
+                    acc += xv * CT(w[k * wk + c * wc + fr * wr + fs * ws])
+        return acc
+    return tap_sum
+
+
 def kernels(CT, epilogue):
-    ns = {"cuda": cuda, "CT": CT, "ZERO": CT(0), "strides": strides, "split": split, "U": U,
-          "epilogue": epilogue}
+    ns = {"cuda": cuda, "CT": CT, "ZERO": CT(0), "INF": CT(np.inf), "strides": strides,
+          "split": split, "U": U, "epilogue": epilogue, "tap_sum": make_tap_sum(CT)}
     out = {}
     for m, mats in _MATRICES.items():
         ns.update({_const(c): CT(float(abs(Fr(c)))) for mat in mats for row in mat
@@ -169,8 +201,8 @@ def signatures(t, ct):
         ws = f"{workspace_dtype(t, m)}[::1]"
         sigs.update({f"{name}_filter": f"void({a}, {ws}, {i}, {i}, {i}, {i}, {i})",
                      f"{name}_input": f"void({a}, {ws}, " + ", ".join([i] * 10) + ")",
-                     f"{name}_output": f"void({ws}, {a}, {a}, {a}, " + ", ".join([i] * 10) +
-                                       f", {ct}, {ct}, {ct})"})
+                     f"{name}_output": f"void({ws}, {a}, {a}, {a}, {a}, {a}, " +
+                                       ", ".join([i] * 16) + f", {ct}, {ct}, {ct})"})
     return sigs
 
 
@@ -192,6 +224,6 @@ def forward(table, gemm, x, w, y, bias, residual, g, act, coef, alpha, beta, str
     Mw = gemm(U.reshape((a * a * G, Kg, Cg)), V.reshape((a * a * G, Cg, ntile)), False, False,
               None, None, 0.0, 1.0, 0.0, None, stream)
     launch(table, f"{name}_output", dtype, K * ntile, stream, Mw, y,
-           bias if bias is not None else y, residual if residual is not None else y, N, K, P,
-           Q, TH, TW, last, int(bias is not None), int(residual is not None), act, coef,
-           alpha, beta)
+           bias if bias is not None else y, residual if residual is not None else y, x, w,
+           N, K, P, Q, TH, TW, C, G, H, W, qh, qw, flip, last, int(bias is not None),
+           int(residual is not None), act, coef, alpha, beta)

@@ -119,11 +119,53 @@ def _make_depthwise(which):
     return make
 
 
-SPECS = [OpSpec("conv", _conv, _make_forward, family="conv", ops=("conv1d", "conv2d", "conv3d")),
+# (x shape, w shape, keywords): geometry at its limits, channels first unless said
+EDGES = {
+    "padding as wide as the filter (output larger than the input)":
+        ((1, 4, 5, 6), (6, 2, 3, 3), dict(padding=2, groups=2)),
+    "stride past the filter": ((2, 3, 7, 7), (4, 3, 1, 1), dict(stride=3)),
+    "filter as large as the input": ((1, 2, 5, 4), (3, 2, 5, 4), dict()),
+    "prime sizes, dilation, per-side padding, flipped":
+        ((1, 3, 7, 11), (5, 3, 3, 2), dict(stride=(2, 1), dilation=(2, 3),
+                                           padding=((2, 0), (1, 3)), mode="convolution")),
+    "depthwise with a channel multiplier, channels last":
+        ((2, 6, 5, 3), (6, 3, 3, 1), dict(padding=1, groups=3, layout="NHWC")),
+    "1-d, dilation past the input's end": ((2, 2, 9), (3, 2, 3), dict(dilation=4, padding=3)),
+    "3-d, stride and padding": ((1, 2, 3, 4, 5), (2, 1, 2, 3, 2), dict(stride=2, padding=1,
+                                                                      groups=2)),
+}
+
+
+def _edge(name, which, algo):
+    def make(dtype):
+        xs, ws, kw = EDGES[name]
+        nd = len(xs) - 2
+        rng = np.random.default_rng(len(name))
+        x, w = rand(rng, xs, dtype, -1, 1), rand(rng, ws, dtype, -1, 1)
+        y = CONV[nd](x.astype(np.float64), w.astype(np.float64), **kw)
+        taps = math.prod(ws[1:])
+        if which == "forward":
+            bias = rand(rng, (ws[0],), dtype, -1, 1)
+            return Case((x, w, bias, None), dict(kw, nd=nd, algo=algo),
+                        tol=matmul_tol(dtype, taps + 2))
+        dy = rand(rng, y.shape, dtype, -1, 1)
+        if which == "data":
+            return Case((dy, w, xs), dict(kw, algo=algo), tol=matmul_tol(dtype, taps * ws[0]))
+        return Case((dy, x, ws), dict(kw, algo=algo), tol=matmul_tol(dtype, y.size))
+    return make
+
+
+def _edges(which, algos):
+    return {f"{name}, {algo}": _edge(name, which, algo) for name in EDGES for algo in algos}
+
+
+SPECS = [OpSpec("conv", _conv, _make_forward, family="conv", ops=("conv1d", "conv2d", "conv3d"),
+                boundary=_edges("forward", ("auto", "direct", "implicit_gemm", "gemm"))),
          OpSpec("conv_backward_data", nbdnn.conv_backward_data, _make_backward("data"),
-                family="conv"),
+                family="conv", boundary=_edges("data", ("auto", "direct", "gemm"))),
          OpSpec("conv_backward_filter", nbdnn.conv_backward_filter,
-                _make_backward("filter"), family="conv"),
+                _make_backward("filter"), family="conv",
+                boundary=_edges("filter", ("auto", "direct", "gemm"))),
          OpSpec("conv_depthwise", nbdnn.conv2d, _make_depthwise("forward"), family="conv"),
          OpSpec("conv_depthwise_backward_data", nbdnn.conv_backward_data,
                 _make_depthwise("data"), family="conv"),

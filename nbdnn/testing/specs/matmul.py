@@ -60,6 +60,32 @@ def _make_backward(draw, dtype, big):
                 tol=matmul_tol(dtype, length))
 
 
-SPECS = [OpSpec("matmul", _matmul, _make_forward, family="matmul", ops=("matmul",)),
+# (a shape, b shape, trans_a, trans_b): tile tails (sizes one past and one short of
+# 8, 16, 32), K = 1, a single row or column, broadcast batches
+EDGES = {"K = 1": ((13, 1), (1, 17), False, False),
+         "one row against a wide b, b transposed": ((1, 31), (33, 31), False, True),
+         "tails past 32 and 16, a transposed": ((17, 33), (17, 15), True, False),
+         "batched a against one b": ((3, 9, 7), (7, 5), False, False),
+         "broadcast batches both ways": ((2, 1, 5, 4), (3, 4, 6), False, False)}
+
+
+def _edge(name, backward):
+    def make(dtype):
+        ash, bsh, ta, tb = EDGES[name]
+        rng = np.random.default_rng(len(name))
+        a, b = rand(rng, ash, dtype, -1, 1), rand(rng, bsh, dtype, -1, 1)
+        kw = {"trans_a": ta, "trans_b": tb}
+        c = nbdnn.matmul(a.astype(np.float64), b.astype(np.float64), **kw)
+        K = ash[-2] if ta else ash[-1]
+        if backward:
+            return Case((rand(rng, c.shape, dtype, -1, 1), a, b), dict(kw, bias=True),
+                        tol=matmul_tol(dtype, max(c.size, K)))
+        return Case((a, b, rand(rng, c.shape[-1:], dtype, -1, 1)), dict(kw, activation="gelu"),
+                    tol=matmul_tol(dtype, K + 1))
+    return make
+
+
+SPECS = [OpSpec("matmul", _matmul, _make_forward, family="matmul", ops=("matmul",),
+                boundary={n: _edge(n, False) for n in EDGES}),
          OpSpec("matmul_backward", nbdnn.matmul_backward, _make_backward, family="matmul",
-                blend=False)]
+                blend=False, boundary={n: _edge(n, True) for n in EDGES})]

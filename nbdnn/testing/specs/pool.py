@@ -49,5 +49,43 @@ def _pool(x, K, nd=2, **kw):
     return POOL[nd](x, K, **kw)
 
 
-SPECS = [OpSpec("pool", _pool, _make(False), family="pool", ops=("pool1d", "pool2d", "pool3d")),
-         OpSpec("pool_backward", nbdnn.pool_backward, _make(True), family="pool")]
+# (x shape, window, keywords): where the output-size and window-bound rules bend
+EDGES = {
+    # ceil mode: a 4th window would start in the right padding (6 >= 5 + 1): PyTorch
+    # drops it, so P = 3, not 4
+    "ceil mode drops a window starting in padding":
+        ((1, 2, 5, 6), (2, 2), dict(stride=2, padding=((1, 1), (1, 1)), ceil_mode=True)),
+    # ceil mode: the last window hangs past the input (no padding) and is kept
+    "ceil mode keeps a window hanging past the input":
+        ((2, 1, 6, 7), (3, 3), dict(stride=2, padding=0, ceil_mode=True)),
+    "padding at half the window": ((1, 3, 7, 5), (5, 4), dict(stride=(2, 3), padding=(2, 2))),
+    "prime sizes, dilation and ceil mode":
+        ((1, 2, 13), (3,), dict(stride=3, dilation=2, padding=((1, 0),), ceil_mode=True)),
+    "window as large as the input, channels last":
+        ((2, 5, 3, 4, 3), (5, 3, 4), dict(stride=1, layout="NHWC")),
+}
+
+
+def _edge(name, mode, backward):
+    def make(dtype):
+        shape, K, kw = EDGES[name]
+        nd = len(K)
+        kw = dict(kw, mode=mode)
+        rng = np.random.default_rng(len(name))
+        x = rand(rng, shape, dtype)
+        if backward:
+            y = POOL[nd](x.astype(np.float64), K, **kw)
+            return Case((rand(rng, y.shape, dtype), x, K), kw,
+                        tol=(8e-3, 8e-3) if dtype == "float16" else None)
+        return Case((x, K), dict(kw, nd=nd))
+    return make
+
+
+def _edges(backward):
+    return {f"{name}, {mode}": _edge(name, mode, backward) for name in EDGES for mode in MODES}
+
+
+SPECS = [OpSpec("pool", _pool, _make(False), family="pool", ops=("pool1d", "pool2d", "pool3d"),
+                boundary=_edges(False)),
+         OpSpec("pool_backward", nbdnn.pool_backward, _make(True), family="pool",
+                boundary=_edges(True))]

@@ -57,9 +57,35 @@ def _maker(algo, backward):
     return make
 
 
+# (shape, axis, kernel): a row of one, rows one past a warp and a vector width, the
+# channels of an NCHW map, and the first axis of a 3-d tensor
+EDGES = {"rows of one element": ((5, 1), -1, None),
+         "33-element rows, the block-per-row kernel": ((3, 33), -1, "rows_block"),
+         "rows one past a 4-vector, fused kernel": ((2, 4 * 9 + 1), -1, "fused"),
+         "long rows past a warp's cache": ((2, 65), -1, "long"),
+         "channels of an NCHW map": ((2, 7, 3, 2), 1, None),
+         "first axis of three": ((5, 2, 3), 0, None)}
+
+
+def _edge(name, algo, backward):
+    def make(dtype):
+        shape, axis, force = EDGES[name]
+        rng = np.random.default_rng(len(name))
+        x = rand(rng, shape, dtype)
+        kw = {"axis": axis, "algo": algo, "_kernel": force}
+        tol = reduction_tol(dtype, shape[axis])
+        if not backward:
+            return Case((x,), kw, tol=tol)
+        y = _forward(x.astype(np.float64), axis, algo).astype(dtype)
+        return Case((rand(rng, shape, dtype, -1.0, 1.0), y), kw, tol=tol)
+    return make
+
+
 SPECS = []
 for _a in ALGOS:
-    SPECS.append(OpSpec(f"softmax/{_a}", nbdnn.softmax, _maker(_a, False), family="softmax"))
+    SPECS.append(OpSpec(f"softmax/{_a}", nbdnn.softmax, _maker(_a, False), family="softmax",
+                        boundary={n: _edge(n, _a, False) for n in EDGES}))
 for _a in ALGOS:
     SPECS.append(OpSpec(f"softmax_backward/{_a}", nbdnn.softmax_backward,
-                        _maker(_a, True), family="softmax"))
+                        _maker(_a, True), family="softmax",
+                        boundary={n: _edge(n, _a, True) for n in EDGES}))

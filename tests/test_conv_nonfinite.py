@@ -1,0 +1,97 @@
+"""NaN and ±Inf through every convolution algorithm, against the reference's rule
+(nbdnn/cpu/conv.py): forward and backward filter read x_pad, whose padding is zeros
+that take part in the products (a non-finite weight or gradient meeting padding gives
+nan, as 0 * inf does), while backward data sums only the terms that exist (a dy
+position outside the output is no term, so a non-finite weight does not reach the
+inputs it never touches). Each case puts one non-finite value at a corner (where the
+padding matters) or inside, in each input, and wants the same nan / +inf / -inf
+pattern and the same finite values from the GPU kernel (the simulator in CI)."""
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn.cuda.conv import depthwise_rows as DR
+from nbdnn.cuda.runtime.arrays import to_device, to_host
+
+# (where, value): a corner's value meets the padding; the sign of an inf must survive
+POISON = (("corner", np.inf), ("inside", np.nan), ("inside", -np.inf))
+# (name, algo, rows kernel on, layout, C, K, groups, H, filter, stride, padding)
+FORWARD = [("direct", "direct", True, "NCHW", 2, 2, 1, 5, 3, 1, 1),
+           ("direct strided", "direct", True, "NHWC", 2, 3, 1, 6, 3, 2, 2),
+           ("implicit gemm", "implicit_gemm", True, "NCHW", 2, 2, 1, 5, 3, 1, 1),
+           ("gemm", "gemm", True, "NCHW", 2, 2, 1, 5, 3, 2, 1),
+           ("winograd", "winograd", True, "NCHW", 2, 2, 1, 6, 3, 1, 1),
+           ("winograd4", "winograd4", True, "NHWC", 2, 2, 1, 6, 3, 1, 1),
+           ("depthwise rows", "depthwise", True, "NCHW", 2, 2, 2, 6, 3, 1, 1),
+           ("depthwise tiles", "depthwise", False, "NCHW", 2, 2, 2, 6, 3, 1, 1),
+           ("depthwise columns", "depthwise", False, "NCHW", 2, 2, 2, 6, 3, (1, 2), 2),
+           ("depthwise tiles nhwc", "depthwise", True, "NHWC", 2, 2, 2, 4, 5, 1, 2)]
+BACKWARD = [("direct", "direct", True, "NCHW", 2, 2, 1, 5, 3, 1, 1),
+            ("direct strided", "direct", True, "NHWC", 2, 3, 1, 6, 3, 2, 2),
+            ("gemm", "gemm", True, "NCHW", 2, 2, 1, 5, 3, 2, 1),
+            ("depthwise rows", "depthwise", True, "NCHW", 2, 2, 2, 6, 3, 1, 1),
+            ("depthwise tiles", "depthwise", False, "NCHW", 2, 2, 2, 6, 3, 1, 2),
+            ("depthwise tiles nhwc", "depthwise", True, "NHWC", 2, 2, 2, 4, 5, 1, 2)]
+
+
+def _arrays(case, rng):
+    _, _, _, layout, C, K, G, H, R, stride, pad = case
+    last = layout == "NHWC"
+    s = stride if isinstance(stride, tuple) else (stride, stride)
+    P = [(H + 2 * pad - R) // si + 1 for si in s]
+    x = rng.standard_normal((1, H, H, C) if last else (1, C, H, H)).astype(np.float32)
+    w = rng.standard_normal((K, R, R, C // G) if last else (K, C // G, R, R)).astype(np.float32)
+    dy = rng.standard_normal((1, *P, K) if last else (1, K, *P)).astype(np.float32)
+    kw = dict(stride=stride, padding=pad, groups=G, layout=layout, algo=case[1])
+    return x, w, dy, kw
+
+
+def _poison(a, where, value):
+    a = a.copy()
+    a.reshape(-1)[0 if where == "corner" else a.size // 2] = value
+    return a
+
+
+def _same(got, want):
+    got = np.asarray(got, np.float64)
+    assert np.array_equal(np.isnan(got), np.isnan(want)), "nan where the reference has none"
+    for sign in (1, -1):
+        assert np.array_equal(got == sign * np.inf, want == sign * np.inf)
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-4, atol=1e-4)
+
+
+def _check(monkeypatch, case, op, poisoned, make_args):
+    monkeypatch.setattr(DR, "ENABLED", case[2])
+    rng = np.random.default_rng(len(case[0]))
+    x, w, dy, kw = _arrays(case, rng)
+    named = {"x": x, "w": w, "dy": dy}
+    for where, value in POISON:
+        arrays = dict(named, **{poisoned: _poison(named[poisoned], where, value)})
+        args = make_args(arrays)
+        want = op(*args, backend="cpu", **kw)
+        dev = [to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+        _same(to_host(op(*dev, backend="cuda", **kw)), want)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("poisoned", ["x", "w"])
+@pytest.mark.parametrize("case", FORWARD, ids=lambda c: c[0])
+def test_forward(monkeypatch, case, poisoned):
+    _check(monkeypatch, case, nbdnn.conv2d, poisoned, lambda a: (a["x"], a["w"]))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("poisoned", ["dy", "w"])
+@pytest.mark.parametrize("case", BACKWARD, ids=lambda c: c[0])
+def test_backward_data(monkeypatch, case, poisoned):
+    _check(monkeypatch, case, nbdnn.conv_backward_data, poisoned,
+           lambda a: (a["dy"], a["w"], a["x"].shape))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("poisoned", ["dy", "x"])
+@pytest.mark.parametrize("case", BACKWARD, ids=lambda c: c[0])
+def test_backward_filter(monkeypatch, case, poisoned):
+    _check(monkeypatch, case, nbdnn.conv_backward_filter, poisoned,
+           lambda a: (a["dy"], a["x"], a["w"].shape))
