@@ -39,12 +39,15 @@ for m in pkgutil.walk_packages(pkg.__path__, "nbdnn.cuda."):  # sub-packages too
     if hasattr(mod, "ptx_examples"):  # kernels built on demand: one of each code path
         mod.ptx_examples()
 shard, nshards = int(sys.argv[1]), int(sys.argv[2])
-def ccs(name, sig):
+def ccs(k, sig):
+    name = k.name
+    if k.arch == "sm_90a":  # wgmma, TMA, setmaxnreg
+        return ((9, 0, "a"),)
     sm90_only = any(h in name for h in ("128x128", "64x64", "dw_tile_3x3s2", "dw_tile_5x5"))
     if sm90_only or any(t in sig for t in ("float16", "float64")):
         return ((9, 0),)
     return ((8, 0), (9, 0))
-jobs = [(k, sig, cc) for k in _launch.REGISTRY for sig in k.sigs for cc in ccs(k.name, sig)]
+jobs = [(k, sig, cc) for k in _launch.REGISTRY for sig in k.sigs for cc in ccs(k, sig)]
 # the slow compiles (10-35 s each) last, so that round-robin deals them out evenly
 jobs.sort(key=lambda j: any(h in j[0].name for h in ("128x128", "dw_tile", "64x64")))
 bad, n = [], 0
@@ -53,7 +56,7 @@ for k, sig, cc in jobs[shard::nshards]:
     try:
         cuda.compile_ptx(k.pyfunc, sig, cc=cc)
     except Exception as e:
-        bad.append(f"{k.name} {sig} sm_{cc[0]}{cc[1]}: {type(e).__name__}: {str(e)[:400]}")
+        bad.append(f"{k.name} {sig} sm_{''.join(map(str, cc))}: {type(e).__name__}: {str(e)[:400]}")
 print(json.dumps({"compiled": n, "failed": bad}))
 """
 

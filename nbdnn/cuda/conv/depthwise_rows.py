@@ -102,7 +102,7 @@ def kernel(dtype, ct_name, geometry, rpt):
         "why": "variant 3 (module docstring): rows shared between a thread's outputs"})
     a = f"{dtype}[::1]"
     sig = f"void({a}, {a}, {a}, {a}, {a}, {_INTS}int64, int64, int64, {ct_name}, {ct_name}, " \
-          f"{ct_name})"
+          f"{ct_name}, int64)"
     return Kernel(ns["dw_rows"], [sig]), sig
 
 

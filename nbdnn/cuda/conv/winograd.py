@@ -202,7 +202,7 @@ def signatures(t, ct):
         sigs.update({f"{name}_filter": f"void({a}, {ws}, {i}, {i}, {i}, {i}, {i})",
                      f"{name}_input": f"void({a}, {ws}, " + ", ".join([i] * 10) + ")",
                      f"{name}_output": f"void({ws}, {a}, {a}, {a}, {a}, {a}, " +
-                                       ", ".join([i] * 16) + f", {ct}, {ct}, {ct})"})
+                                       ", ".join([i] * 17) + f", {ct}, {ct}, {ct})"})
     return sigs
 
 

@@ -236,10 +236,12 @@ class Kernel:
     """A numba kernel compiled once per signature and launched on the fast path.
 
     pyfunc: the Python kernel; sigs: the signatures nbdnn launches it with (used by
-    the PTX test and `warm_up`); jit_options go to `cuda.jit`."""
+    the PTX test and `warm_up`); arch: None (any sm_80+ GPU) or "sm_90a" (wgmma, TMA,
+    setmaxnreg: the PTX test compiles it for that target only); jit_options go to
+    `cuda.jit`."""
 
-    def __init__(self, pyfunc, sigs, **jit_options):
-        self.pyfunc, self.sigs = pyfunc, tuple(sigs)
+    def __init__(self, pyfunc, sigs, arch=None, **jit_options):
+        self.pyfunc, self.sigs, self.arch = pyfunc, tuple(sigs), arch
         self.name = pyfunc.__name__
         self.jit_options = jit_options
         self.dispatcher = cuda.jit(**jit_options)(pyfunc)  # lazy: compiles on demand
@@ -259,12 +261,18 @@ class Kernel:
             self._launchers[sig] = launcher
         return launcher
 
-    def _check_sig(self, sig):
+    def _check_sig(self, sig, nargs=None):
         """Every launch uses a registered signature: the PTX test compiles exactly
-        those (a signature made up at the call site would reach the GPU untested)."""
+        those (a signature made up at the call site would reach the GPU untested).
+        Under the simulator, which types nothing, also as many arguments as the
+        signature has parameters (a parameter added to a kernel but not to its
+        signature fails only at compile time on a GPU)."""
         if sig not in self.sigs:
             raise RuntimeError(f"nbdnn: kernel {self.name} launched with {sig!r}, not one of "
                                f"its registered signatures {self.sigs}")
+        if nargs is not None and nargs != _param_count(sig):
+            raise RuntimeError(f"nbdnn: kernel {self.name} launched with {nargs} arguments; "
+                               f"its signature {sig!r} has {_param_count(sig)}")
 
     def resources(self, sig):
         """Registers, local memory (spills) and shared memory of the compiled kernel."""
@@ -282,7 +290,7 @@ class Kernel:
         if planner is not None:
             planner.launch(self, sig, grid, block, shmem, args, owners)
         if SIMULATOR:
-            self._check_sig(sig)
+            self._check_sig(sig, len(args))
             flat_args = [flat(a) if hasattr(a, "shape") else a for a in args]
             self.dispatcher[grid, block, 0, shmem](*flat_args)
             if recorder is not None:
@@ -306,6 +314,16 @@ class Kernel:
                               f"(grid {grid}, block {block}, shared {shmem} B)")
         if recorder is not None:
             recorder.keep(args, owners)
+
+
+def _param_count(sig):
+    """Parameters of a signature string: top-level commas between its parentheses
+    (array types such as float32[:, ::1] hold commas inside brackets)."""
+    body, depth, n = sig[sig.index("(") + 1:sig.rindex(")")], 0, 1
+    for ch in body:
+        depth += ch in "[(" and 1 or (ch in "])" and -1 or 0)
+        n += ch == "," and depth == 0
+    return n if body.strip() else 0
 
 
 def warm_up(kernels=None):

@@ -1,0 +1,113 @@
+"""The Tensor Memory Accelerator and its synchronisation (sm_90a): mbarriers, TMA bulk
+tensor copies, the async-proxy fences and setmaxnreg.
+
+A TMA copy moves a box of a tensor between global and shared memory with no thread
+doing the addressing: one thread issues it with the address of a 128-byte tensor map
+(tensormap.py builds it on the host) and box coordinates (innermost first). A load
+completes on an mbarrier in shared memory: the issuing thread announces the bytes it
+expects (mbarrier_arrive_expect_tx), every consumer spins on mbarrier_try_wait_parity
+for the phase (0, 1, 0, ...: a stage's barrier flips each time it completes). Out of
+bounds elements of a box load as zeros: tiles past a matrix's edge need no masking.
+
+Fences: shared memory written by ordinary stores and then read by TMA or wgmma (the
+"async proxy") needs fence_proxy_async() in the writing thread before the barrier; an
+initialised mbarrier needs it too before TMA signals it. A tensor map in global memory
+(numba cannot pass it as a __grid_constant__ parameter) needs
+fence_proxy_tensormap_acquire(ptr) once before its first use.
+"""
+from llvmlite import ir
+from numba import types
+from numba.cuda.extending import intrinsic
+
+from .asm import I32, inline_asm, literal_statement, statement
+
+fence_proxy_async = statement("fence.proxy.async.shared::cta;",
+                              "Make this thread's shared-memory stores visible to TMA and "
+                              "wgmma.")
+bulk_commit = statement("cp.async.bulk.commit_group;", "Close the group of TMA stores.")
+bulk_wait_read = literal_statement("cp.async.bulk.wait_group.read %d;",
+                                   "Wait until at most N TMA-store groups still read shared "
+                                   "memory (their sources may then be overwritten).")
+setmaxnreg_inc = literal_statement("setmaxnreg.inc.sync.aligned.u32 %d;",
+                                   "Raise this warpgroup's register limit to N (a consumer).")
+setmaxnreg_dec = literal_statement("setmaxnreg.dec.sync.aligned.u32 %d;",
+                                   "Lower this warpgroup's register limit to N (a producer).")
+
+
+def _emit(text, cons, ret=None):
+    """The codegen of an intrinsic that passes its arguments to `text` in order."""
+    def codegen(context, builder, sig, args):
+        return inline_asm(builder, ret or ir.VoidType(), list(args), text, cons)
+    return codegen
+
+
+u32, u64, i32 = types.uint32, types.uint64, types.int32
+_INIT = "mbarrier.init.shared::cta.b64 [$0], $1;"
+_ARRIVE = "mbarrier.arrive.shared::cta.b64 _, [$0];"
+_EXPECT = "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;"
+_TRY_WAIT = ("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2;\n"
+             "selp.u32 $0, 1, 0, p;\n}")
+_ACQUIRE = "fence.proxy.tensormap::generic.acquire.gpu [$0], 128;"
+_LOAD = "cp.async.bulk.tensor.{n}d.shared::cluster.global.mbarrier::complete_tx::bytes " \
+    "[$0], [$1, {{{coords}}}], [${bar}];"
+_LOAD_2D = _LOAD.format(n=2, coords="$2, $3", bar=4)
+_LOAD_3D = _LOAD.format(n=3, coords="$2, $3, $4", bar=5)
+_STORE_2D = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [$0, {$1, $2}], [$3];"
+
+
+@intrinsic
+def mbarrier_init(typingctx, bar, count):
+    """Initialise the mbarrier at .shared address `bar` for `count` arrivals a phase."""
+    return types.void(u32, u32), _emit(_INIT, "r,r,~{memory}")
+
+
+@intrinsic
+def mbarrier_arrive(typingctx, bar):
+    """Arrive once on the mbarrier at `bar`."""
+    return types.void(u32), _emit(_ARRIVE, "r,~{memory}")
+
+
+@intrinsic
+def mbarrier_arrive_expect_tx(typingctx, bar, nbytes):
+    """Arrive and announce `nbytes` that TMA copies will complete on this barrier."""
+    return types.void(u32, u32), _emit(_EXPECT, "r,r,~{memory}")
+
+
+@intrinsic
+def mbarrier_try_wait_parity(typingctx, bar, parity):
+    """1 once the barrier's phase of this parity has completed (spin on it), else 0."""
+    return u32(u32, u32), _emit(_TRY_WAIT, "=r,r,r,~{memory}", I32)
+
+
+@intrinsic
+def fence_proxy_tensormap_acquire(typingctx, tmap):
+    """Acquire a tensor map written to global memory before TMA reads it."""
+    return types.void(u64), _emit(_ACQUIRE, "l,~{memory}")
+
+
+@intrinsic
+def tma_load_2d(typingctx, dst, tmap, x, y, bar):
+    """Load the box at (x, y) (innermost first) of tensor map `tmap` (a global address)
+    into shared memory at .shared address `dst`, completing on the mbarrier at `bar`."""
+    return types.void(u32, u64, i32, i32, u32), _emit(_LOAD_2D, "r,l,r,r,r,~{memory}")
+
+
+@intrinsic
+def tma_load_3d(typingctx, dst, tmap, x, y, z, bar):
+    """As tma_load_2d for the 3-d box at (x, y, z)."""
+    return types.void(u32, u64, i32, i32, i32, u32), _emit(_LOAD_3D, "r,l,r,r,r,r,~{memory}")
+
+
+@intrinsic
+def tma_store_2d(typingctx, tmap, x, y, src):
+    """Store shared memory at `src` to the box at (x, y) of `tmap` (elements past the
+    tensor's edge are not written); then bulk_commit, and bulk_wait_read before src is
+    overwritten."""
+    return types.void(u64, i32, i32, u32), _emit(_STORE_2D, "l,r,r,r,~{memory}")
+
+
+for _f, _t in ((mbarrier_init, _INIT), (mbarrier_arrive, _ARRIVE),
+               (mbarrier_arrive_expect_tx, _EXPECT), (mbarrier_try_wait_parity, _TRY_WAIT),
+               (fence_proxy_tensormap_acquire, _ACQUIRE), (tma_load_2d, _LOAD_2D),
+               (tma_load_3d, _LOAD_3D), (tma_store_2d, _STORE_2D)):
+    _f.__doc__ += f"\n\nPTX: `{_t}`"
