@@ -103,10 +103,8 @@ def fwd_source(R, S, sh):
             if 0 <= r < R:
                 src += [f"        acc{v} += " + " + ".join(
                     f"x{s} * w{r}_{s}" for s in range(S))]
+    src += _exact_lines([f"acc{v}" for v in range(VH)], 1, sh, 1, "ow", f"{R}, {S}, 1, dw")
     for v in range(VH):
-        src += [f"        if exact != 0 and not abs(acc{v}) < INF:",  # (backward data)
-                f"            acc{v} = window_sum(x, w, xb, wb, ih0 + {v * sh}, iw0, H, W, "
-                f"{R}, {S}, 1, dw, xh, xw, flip)"]
         src += [f"        if oh0 + {v} < PH:",
                 f"            o = n * yn + k * yc + (oh0 + {v}) * yh + ow * yw",
                 f"            epilogue(acc{v}, y, z, bias, o, k, has_bias, has_z, act, coef, "
@@ -170,11 +168,8 @@ def tile_source(R, S, st, VH, VW):
                 for u in range(VW):
                     src += [f"        acc{v}_{u} += x{u * st + s} * w{r}_{s}" for s in range(S)]
     src += [f"        okc{u} = ow0 + {u} < PW" for u in range(VW)]
-    for v in range(VH):  # backward data: a non-finite output summed again (window_sum)
-        for u in range(VW):
-            src += [f"        if exact != 0 and not abs(acc{v}_{u}) < INF:",
-                    f"            acc{v}_{u} = window_sum(x, w, xb, wb, ih0 + {v * st}, "
-                    f"iw0 + {u * st}, H, W, {R}, {S}, 1, 1, xh, xw, flip)"]
+    src += _exact_lines([f"acc{v}_{u}" for v in range(VH) for u in range(VW)], VW, st, st,
+                        "ow0", f"{R}, {S}, 1, 1")
     for v in range(VH):  # y = act(alpha * acc + beta * z + bias), a row at a time
         src += [f"        if oh0 + {v} < PH:",
                 f"            ob = n * yn + k * yc + (oh0 + {v}) * yh + ow0 * yw",
@@ -193,6 +188,23 @@ def tile_source(R, S, st, VH, VW):
         src += _tile_stores(VW, 16)
     src.append("        i += cuda.gridDim.x * cuda.blockDim.x")
     return name, "\n".join(src) + "\n"
+
+
+def _exact_lines(accs, VW, sh, sw, ow, window):
+    """Backward data (exact): when a thread's sums (accs: its VH x VW outputs, row by
+    row) are not all finite, each output goes through window_sum (the taps inside dy
+    alone) and the epilogue, then on to the next item; one call site in a loop keeps
+    the kernel small."""
+    return ["        if exact != 0 and not abs(" + " + ".join(accs) + ") < INF:",
+            f"            for vu in range({len(accs)}):",
+            f"                v = vu // {VW}", f"                u = vu % {VW}",
+            f"                if oh0 + v < PH and {ow} + u < PW:",
+            f"                    a = window_sum(x, w, xb, wb, ih0 + v * {sh}, iw0 + u * {sw}, "
+            f"H, W, {window}, xh, xw, flip)",
+            f"                    epilogue(a, y, z, bias, n * yn + k * yc + (oh0 + v) * yh + "
+            f"({ow} + u) * yw, k, has_bias, has_z, act, coef, alpha, beta)",
+            "            i += cuda.gridDim.x * cuda.blockDim.x",
+            "            continue"]
 
 
 def _tile_stores(VW, ind):

@@ -262,9 +262,26 @@ def _host_copy():
 
 
 def to_device(a, stream=0):
+    """A C-contiguous device copy of `a` (any NumPy array or view: reversed, strided,
+    size-1 axes with any stride)."""
     _host_copy()
-    a = np.asarray(a)  # ascontiguousarray alone would make a 0-d array 1-d
-    return cuda.to_device(np.ascontiguousarray(a).reshape(a.shape), stream=stream or 0)
+    a = np.asarray(a)
+    if a.strides != _c_strides(a.shape, a.itemsize):
+        # (NumPy calls an array whose only odd strides are on size-1 axes contiguous,
+        # and numba's to_device keeps those strides: a negative one gave a device
+        # array of the wrong shape, a 0 one an array numba calls non-contiguous)
+        a = np.array(a, order="C", copy=True).reshape(a.shape)
+        if a.strides != _c_strides(a.shape, a.itemsize):
+            a = np.lib.stride_tricks.as_strided(a, a.shape, _c_strides(a.shape, a.itemsize))
+    return cuda.to_device(a, stream=stream or 0)
+
+
+def _c_strides(shape, itemsize):
+    out, step = [], itemsize
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
 
 
 def to_host(x):
