@@ -90,17 +90,17 @@ norm)
     tail -24 "$OUT/perf.log" ;;
 compare)
     base=${1:?compare needs the baseline folder}
-    ops="activation softmax matmul conv2d pool2d batch_norm layer_norm reduce_tensor"
+    ops=${OPS:-"activation softmax matmul conv2d pool2d batch_norm layer_norm reduce_tensor"}
     lo_base=$(ls "$base"/perf/launch_overhead.py "$base"/perf/suites/launch_overhead.py 2>/dev/null | head -1)
     for round in $(seq 1 ${ROUNDS:-1}); do
         for side in base new; do
             if [ $side = base ]; then pp=$PWD/$base; lo=$lo_base; else pp=$PWD; lo=perf/suites/launch_overhead.py; fi
             echo "=== launch_overhead $side round $round" >> "$OUT/compare.log"
-            PYTHONPATH=$pp timeout 100 python3 $lo --json "$OUT/launch-$side-$round.json" \
+            PYTHONPATH=$pp timeout ${LO_LIMIT_S:-100} python3 $lo --json "$OUT/launch-$side-$round.json" \
                 >> "$OUT/compare.log" 2>&1
             [ $round = 1 ] || continue
             echo "=== bench $side" >> "$OUT/compare.log"
-            PYTHONPATH=$pp timeout 150 python3 -m nbdnn bench --no-cpu --graph --ops $ops \
+            PYTHONPATH=$pp timeout ${BENCH_LIMIT_S:-150} python3 -m nbdnn bench --no-cpu --graph --ops $ops \
                 --json "$OUT/bench-$side.json" >> "$OUT/compare.log" 2>&1
         done
     done

@@ -30,8 +30,10 @@ BACKWARD = [("direct", "direct", True, "NCHW", 2, 2, 1, 5, 3, 1, 1),
             ("direct strided", "direct", True, "NHWC", 2, 3, 1, 6, 3, 2, 2),
             ("gemm", "gemm", True, "NCHW", 2, 2, 1, 5, 3, 2, 1),
             ("depthwise rows", "depthwise", True, "NCHW", 2, 2, 2, 6, 3, 1, 1),
-            ("depthwise tiles", "depthwise", False, "NCHW", 2, 2, 2, 6, 3, 1, 2),
             ("depthwise tiles nhwc", "depthwise", True, "NHWC", 2, 2, 2, 4, 5, 1, 2)]
+# backward data through the forward tile kernel on channels-first maps (the filter
+# gradient has one kernel whatever the forward variant: not repeated)
+BACKWARD_DATA = BACKWARD + [("depthwise tiles", "depthwise", False, "NCHW", 2, 2, 2, 6, 3, 1, 2)]
 
 
 def _arrays(case, rng):
@@ -83,7 +85,7 @@ def test_forward(monkeypatch, case, poisoned):
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("poisoned", ["dy", "w"])
-@pytest.mark.parametrize("case", BACKWARD, ids=lambda c: c[0])
+@pytest.mark.parametrize("case", BACKWARD_DATA, ids=lambda c: c[0])
 def test_backward_data(monkeypatch, case, poisoned):
     _check(monkeypatch, case, nbdnn.conv_backward_data, poisoned,
            lambda a: (a["dy"], a["w"], a["x"].shape))

@@ -68,20 +68,15 @@ def source(R, S, SH, SW, DH, DW, flip, rpt):
              for r in range(R) for s in range(S)]
     body += ["bb = CT(bias[k]) if has_bias else ZERO",
              "plain = alpha == CT(1) and beta == ZERO and act < 0"]
-    for o in range(rpt):  # every output's sum first (loads are clamped: always safe)
+    for o in range(rpt):  # (backward data, exact: a non-finite sum through window_sum)
         taps = [(offs.index(o * SH + r * DH), r, s) for r in range(R) for s in range(S)]
-        body += [f"acc{o} = ZERO"] + [f"acc{o} += v{j}_{s} * wt{r}_{s}" for j, r, s in taps]
-    # backward data (exact): a non-finite sum goes through window_sum, one call site
-    body += ["if exact != 0 and not abs(" + " + ".join(f"acc{o}" for o in range(rpt)) +
-             ") < INF:", f"    for o in range({rpt}):", "        if ph + o < PH:",
-             f"            a = window_sum(x, w, base, wb, h0 + o * {SH}, w0, H, W, {R}, {S}, "
-             f"{DH}, {DW}, xs_h, xs_w, {int(flip)})",
-             "            epilogue(a, y, z, bias, U(U32(yb + o * ys)), k, has_bias, has_z, "
-             "act, coef, alpha, beta)", "else:"]
-    for o in range(rpt):
-        body += [f"    if ph + {o} < PH:", f"        yi = U(U32(yb + {o} * ys))",
-                 "        if plain:", f"            y[yi] = acc{o} + bb", "        else:",
-                 f"            epilogue(acc{o}, y, z, bias, yi, k, has_bias, has_z, act, "
+        body += [f"if ph + {o} < PH:", "    acc = ZERO"]
+        body += [f"    acc += v{j}_{s} * wt{r}_{s}" for j, r, s in taps]
+        body += ["    if exact != 0 and not abs(acc) < INF:",
+                 f"        acc = window_sum(x, w, base, wb, h0 + {o * SH}, w0, H, W, {R}, {S}, "
+                 f"{DH}, {DW}, xs_h, xs_w, {int(flip)})"]
+        body += [f"    yi = U(U32(yb + {o} * ys))", "    if plain:", "        y[yi] = acc + bb",
+                 "    else:", "        epilogue(acc, y, z, bias, yi, k, has_bias, has_z, act, "
                  "coef, alpha, beta)"]
     magic = "".join(f"m_{d}, s_{d}, " for d in _MAGIC)
     return (f"def dw_rows(x, w, y, bias, z, H, W, C, K, PH, PW, PP, qh, qw, total, {magic}"

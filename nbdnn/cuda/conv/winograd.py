@@ -114,8 +114,8 @@ def _input_source(m, BT):
 
 
 def _output_source(m, AT):
-    """Y = A^T M A, then the epilogue. An output the transforms make non-finite is summed
-    again directly (tap_sum): B^T d B mixes a tile's inputs, so one inf in a tile would
+    """Y = A^T M A, then the epilogue. When a tile's outputs are not all finite, each is
+    summed again directly (tap_sum): B^T d B mixes a tile's inputs, so one inf in a tile would
     reach outputs whose windows never hold it (inf - inf = nan), and finite inputs can
     overflow there; the direct sum gives the reference's answer (nbdnn/cpu/conv.py)."""
     a = m + 2
@@ -129,11 +129,18 @@ def _output_source(m, AT):
     src += [f"    m{r}_{s} = CT(Mw[U({a * r + s} * K * ntile + i)])" for r in range(a)
             for s in range(a)]
     src += _sandwich(AT, "m", "o", a)
+    outs = [f"o{r}_{s}" for r in range(m) for s in range(m)]
+    src += ["    if not abs(" + " + ".join(outs) + ") < INF:",  # (one call site: small code)
+            f"        for rs in range({m * m}):",
+            f"            r, s = rs // {m}, rs % {m}",
+            f"            if {m} * th + r < P and {m} * tw + s < Q:",
+            f"                v = tap_sum(x, w, n, k, {m} * th + r - qh, {m} * tw + s - qw, C, K, "
+            "G, H, W, flip, last)",
+            f"                epilogue(v, y, z, bias, n * yn + k * yc + ({m} * th + r) * yh + "
+            f"({m} * tw + s) * yw, k, has_bias, has_z, act, coef, alpha, beta)",
+            "        return"]
     for r in range(m):
         for s in range(m):
-            src += [f"    if not abs(o{r}_{s}) < INF:",
-                    f"        o{r}_{s} = tap_sum(x, w, n, k, {m} * th + {r} - qh, "
-                    f"{m} * tw + {s} - qw, C, K, G, H, W, flip, last)"]
             src += [f"    if {m} * th + {r} < P and {m} * tw + {s} < Q:",
                     f"        epilogue(o{r}_{s}, y, z, bias, n * yn + k * yc + ({m} * th + {r})"
                     f" * yh + ({m} * tw + {s}) * yw, k, has_bias, has_z, act, coef, alpha, "
