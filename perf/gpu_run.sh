@@ -46,7 +46,8 @@ suite)
     G=tests/test_gpu.py
     S=spill_at_most
     $P $G -k bit_identical > "$L/t5.log" 2>&1 &
-    $P $G -k "$S and not igemm" > "$L/t6.log" 2>&1 &
+    $P $G -k "$S and not igemm and not dw_tile" > "$L/t6.log" 2>&1 &
+    $P $G -k "$S and dw_tile" > "$L/s4.log" 2>&1 &  # (12 tiles at 10-35 s of JIT each)
     $P $G -k "$S and igemm_chunked_t" > "$L/s1.log" 2>&1 &
     $P $G -k "$S and igemm_chunked and not igemm_chunked_t" > "$L/s2.log" 2>&1 &
     $P $G -k "$S and igemm and not igemm_chunked" > "$L/s3.log" 2>&1 &
