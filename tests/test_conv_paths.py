@@ -13,6 +13,7 @@ import nbdnn
 from nbdnn.cuda import SIMULATOR, conv as CV
 from nbdnn.cuda import matmul as MM
 from nbdnn.cuda.matmul import TILES
+from nbdnn.cuda.runtime.launch import launched
 import nbdnn.testing  # noqa: F401  (imports the spec modules in order)
 from nbdnn.testing.specs.matmul import matmul_tol
 
@@ -102,13 +103,9 @@ def test_backward_data_auto_matches_reference(geom, last):
                                                 (True, 1, np.float64, True),
                                                 (True, 2, np.float64, False),
                                                 (False, 1, np.float16, False)])
-def test_backward_filter_1x1_matches_reference(monkeypatch, last, G, dtype, direct):
+def test_backward_filter_1x1_matches_reference(last, G, dtype, direct):
     """1x1, stride 1, no padding: backward filter straight through the GEMM (no
     im2col) where it applies (`direct`), else the im2col path; the beta blend."""
-    taken = []
-    real = CV._conv_gemm.backward_filter_1x1
-    monkeypatch.setattr(CV._conv_gemm, "backward_filter_1x1",
-                        lambda *a: taken.append(real(*a)) or taken[-1])
     rng = np.random.default_rng(G)
     C, K, H = 4, 6, 12                                     # P = 144 positions
     xs = (2, H, H, C) if last else (2, C, H, H)
@@ -119,11 +116,12 @@ def test_backward_filter_1x1_matches_reference(monkeypatch, last, G, dtype, dire
     dy, out = dy.astype(dtype), rng.uniform(-1, 1, ws).astype(dtype)
     want = nbdnn.conv_backward_filter(dy, x, ws, backend="cpu", alpha=0.5, beta=2.0,
                                       out=out.copy(), **kw)
-    got = nbdnn.conv_backward_filter(dy, x, ws, backend="cuda", alpha=0.5, beta=2.0,
-                                     out=out.copy(), **kw)
+    with launched() as names:
+        got = nbdnn.conv_backward_filter(dy, x, ws, backend="cuda", alpha=0.5, beta=2.0,
+                                         out=out.copy(), **kw)
     atol, rtol = (1e-12, 1e-12) if dtype == np.float64 else matmul_tol("float16", 2 * 144)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=atol, rtol=rtol)
-    assert taken == [direct]
+    assert ("conv_im2col" not in names) == direct, names  # (the GEMM path builds no columns)
 
 
 def test_auto_forward_choice():

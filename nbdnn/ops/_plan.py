@@ -61,7 +61,7 @@ def planned(fn):
     def call(*args, **kw):
         tls = _recording.__dict__
         if tls.get("graph") is not None or tls.get("plan") is not None or \
-                kw.get("stream") is not None or not ENABLED:
+                kw.get("stream") is not None or not ENABLED or tls.get("watch") is not None:
             return fn(*args, **kw)
         try:
             key, arrays = _signature(fn, args, kw)

@@ -22,6 +22,7 @@ and contiguity (numba's specialised dispatchers would not check them either).
 
 Under numba's simulator `Kernel.launch` uses the plain `kernel[grid, block]` call.
 """
+import contextlib
 import ctypes
 import struct
 import threading
@@ -42,6 +43,20 @@ REGISTRY = []  # every Kernel with the signatures it is used with (PTX test, war
 def recording():
     """The Graph recording this thread's launches, or None."""
     return getattr(_recording, "graph", None)
+
+
+@contextlib.contextmanager
+def launched():
+    """The names of the kernels this thread launches inside the block, in order (how a
+    test sees which variant ran: `with launched() as names: ...`). Eager call plans
+    are not replayed meanwhile (a replay launches without Kernel.launch)."""
+    tls = _recording.__dict__
+    outer, names = tls.get("watch"), []
+    tls["watch"] = names
+    try:
+        yield names
+    finally:
+        tls["watch"] = outer
 
 
 def _slot_codes(t):
@@ -289,6 +304,9 @@ class Kernel:
         planner = tls.get("plan")
         if planner is not None:
             planner.launch(self, sig, grid, block, shmem, args, owners)
+        watch = tls.get("watch")
+        if watch is not None:
+            watch.append(self.name)
         if SIMULATOR:
             self._check_sig(sig, len(args))
             flat_args = [flat(a) if hasattr(a, "shape") else a for a in args]

@@ -69,14 +69,6 @@ def contiguous(x, stream=0):
     """A C-contiguous copy of the device array x (same kind; numba for others)."""
     dtype = np.dtype(str(x.dtype).rpartition(".")[2])
     shape = tuple(int(s) for s in x.shape)
-    if SIMULATOR:  # a host round trip; a graph being recorded repeats it on replay
-        _host_copy()
-        out = cuda.to_device(np.ascontiguousarray(x.copy_to_host()))
-        graph = recording()
-        if graph is not None:
-            graph.record_step(lambda: out.copy_to_device(np.ascontiguousarray(
-                x.copy_to_host())))
-        return out
     out = empty(x, shape, dtype)
     n = math.prod(shape)
     if n == 0:
@@ -89,8 +81,27 @@ def contiguous(x, stream=0):
     dims = [(1, 0)] * (MAX_DIMS - len(dims)) + dims
     lo = sum((s - 1) * t for s, t in dims if t < 0)
     hi = sum((s - 1) * t for s, t in dims if t > 0)
-    base = ptr(x) + lo * dtype.itemsize  # the lowest address any element has
     grid = min(-(-n // BLOCK), 65535 * 8)
-    _gather.launch(_SIGS[dtype.itemsize], grid, BLOCK, stream, (base, hi - lo + 1), out,
-                   n, -lo, *[s for s, _ in dims], *[t for _, t in dims], owners=(x,))
+    args = (n, -lo, *[s for s, _ in dims], *[t for _, t in dims])
+    sig = _SIGS[dtype.itemsize]
+    if SIMULATOR:  # no raw pointers: the kernel reads a copy of the span x covers
+        _host_copy()
+        src = cuda.to_device(_span(x, shape, strides, hi - lo + 1, dtype))
+        graph = recording()
+        if graph is not None:  # (a replay copies the span again before the gather)
+            graph.record_step(lambda: src.copy_to_device(_span(x, shape, strides, hi - lo + 1,
+                                                               dtype)))
+        _gather.launch(sig, grid, BLOCK, stream, src, out.view(_UINT[dtype.itemsize]), *args)
+        return out
+    base = ptr(x) + lo * dtype.itemsize  # the lowest address any element has
+    _gather.launch(sig, grid, BLOCK, stream, (base, hi - lo + 1), out, *args, owners=(x,))
     return out
+
+
+def _span(x, shape, strides, count, dtype):
+    """The simulator's stand-in for (lowest address, count): the `count` elements of
+    memory from x's lowest-addressed element, as unsigned ints of its itemsize."""
+    first = tuple(s - 1 if t < 0 else 0 for s, t in zip(shape, strides))
+    start = x._ary[tuple(slice(c, c + 1) for c in first)]
+    span = np.lib.stride_tricks.as_strided(start, shape=(count,), strides=(dtype.itemsize,))
+    return np.ascontiguousarray(span).view(_UINT[dtype.itemsize])
