@@ -130,3 +130,32 @@ def test_sass_has_the_tensor_core_instruction(name, instruction):
         pytest.skip(f"no SASS: {e}")
     assert instruction in sass, f"{name}: no {instruction}"
     assert k.resources(sig)["local_bytes"] == 0
+
+
+@pytest.mark.parametrize("M,N,K", [(300, 520, 200), (128, 256, 64), (1, 2, 8)])
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_wgmma_gemm_variant_t1(kind, M, N, K):
+    """The warp-specialised TMA + wgmma GEMM (nbdnn/cuda/matmul/wgmma_gemm.py) against
+    NumPy on the same rounded operands: tails in M, N and K (TMA's zero fill), one
+    exact tile, a 1 x 2 product; the result rounded once to the 16-bit dtype."""
+    from numba import cuda
+    from nbdnn.cuda.matmul import wgmma_gemm as W
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    rng = np.random.default_rng(M + K)
+    a, av = _bits(rng.standard_normal((M, K)), kind)
+    bt, bv = _bits(rng.standard_normal((N, K)), kind)
+    c = cuda.device_array(M * N // 2, np.uint32)
+    dtype = "bfloat16" if kind == "bf16" else "float16"
+    W.gemm(cuda.to_device(a), cuda.to_device(bt), c, M, N, K, 0.5, dtype)
+    got16 = c.copy_to_host().view(np.uint16).reshape(M, N)
+    got = _bits_to_float(got16, kind)
+    want = 0.5 * (av @ bv.T)
+    ulp = 2.0 ** -7 if kind == "bf16" else 2.0 ** -10
+    np.testing.assert_allclose(got, want, rtol=2 * ulp, atol=1e-5 * np.sqrt(K))
+
+
+def _bits_to_float(bits, kind):
+    if kind == "f16":
+        return bits.view(np.float16).astype(np.float64)
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)

@@ -252,11 +252,14 @@ class Kernel:
 
     pyfunc: the Python kernel; sigs: the signatures nbdnn launches it with (used by
     the PTX test and `warm_up`); arch: None (any sm_80+ GPU) or "sm_90a" (wgmma, TMA,
-    setmaxnreg: the PTX test compiles it for that target only); jit_options go to
-    `cuda.jit`."""
+    setmaxnreg: the PTX test compiles it for that target only); shared_bytes: the
+    most dynamic shared memory a launch asks for (past 48 KB the function must be
+    allowed it first: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, set when it
+    loads); jit_options go to `cuda.jit`."""
 
-    def __init__(self, pyfunc, sigs, arch=None, **jit_options):
+    def __init__(self, pyfunc, sigs, arch=None, shared_bytes=0, **jit_options):
         self.pyfunc, self.sigs, self.arch = pyfunc, tuple(sigs), arch
+        self.shared_bytes = shared_bytes
         self.name = pyfunc.__name__
         self.jit_options = jit_options
         self.dispatcher = cuda.jit(**jit_options)(pyfunc)  # lazy: compiles on demand
@@ -271,8 +274,15 @@ class Kernel:
             _bind_driver()
             kern = self.dispatcher.compile(sig)
             cufunc = kern._codelibrary.get_cufunc()
-            launcher = _Launcher(_function_handle(int(cufunc.handle)), kern.argument_types,
-                                 self.name)
+            handle = _function_handle(int(cufunc.handle))
+            if self.shared_bytes > 48 * 1024:  # (8: ..._MAX_DYNAMIC_SHARED_SIZE_BYTES)
+                rc = _libcuda.cuFuncSetAttribute(ctypes.c_void_p(handle), 8,
+                                                 ctypes.c_int(self.shared_bytes))
+                if rc:
+                    from ...errors import DeviceError
+                    raise DeviceError(f"{self.name}: {self.shared_bytes} B of shared memory "
+                                      f"refused ({_error_name(rc)})")
+            launcher = _Launcher(handle, kern.argument_types, self.name)
             self._launchers[sig] = launcher
         return launcher
 
