@@ -12,6 +12,7 @@ from .errors import (BadParamError, DeviceError, DtypeError, NbdnnError,
                      NotSupportedError, ShapeError)
 from .ops import registry as _registry
 from .ops._plan import planned as _planned
+from .ops.math_mode import get_math, math_mode, set_math
 
 __version__ = "0.1.0"
 
@@ -20,4 +21,4 @@ for _rec in _registry.load().values():
 del _rec
 
 __all__ = ["BadParamError", "DeviceError", "DtypeError", "NbdnnError", "NotSupportedError",
-           "ShapeError", *_registry.OPS]
+           "ShapeError", "get_math", "math_mode", "set_math", *_registry.OPS]

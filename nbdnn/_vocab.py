@@ -26,3 +26,8 @@ LAYOUTS = {"NCHW": (False, None), "NHWC": (True, None), "NC": (False, 2),
 LAYOUT_COUNTERPART = {"NCHW": "NHWC", "NHWC": "NCHW", "NCDHW": "NDHWC", "NDHWC": "NCDHW",
                       "NCW": "NWC", "NWC": "NCW"}
 SPATIAL_LAYOUTS = tuple(n for n in LAYOUTS if n != "NC")  # conv, pool, lrn: rank >= 3
+
+# the float32 math modes of the matrix products (cuDNN's mathType, PyTorch's
+# allow_tf32): IEEE FMA; operands rounded to TF32; each operand split into two TF32
+# parts and three products summed (float32 accuracy from TF32 tensor cores)
+MATH_MODES = ("ieee", "tf32", "3xtf32")

@@ -8,6 +8,15 @@
 The leading (batch) axes broadcast as in NumPy. float16 inputs multiply in float32
 (as the GPU accumulates), float32 in float32, float64 in float64 (BLAS).
 
+float32's math mode (nbdnn/ops/math_mode.py) decides what a product of float32
+operands x @ y is:
+    "ieee"    x @ y
+    "tf32"    tf32(x) @ tf32(y)                 tf32: round to 10 mantissa bits, ties
+                                                away from zero (cvt.rna.tf32.f32)
+    "3xtf32"  hi(x) @ hi(y) + hi(x) @ lo(y) + lo(x) @ hi(y),
+              hi = tf32(v), lo = tf32(v - hi)   (v - hi is exact in float32)
+every sum in float32. Other dtypes ignore the mode.
+
 Backward, given dc = dL/d(op(a) @ op(b) + bias) (for a fused activation, apply
 activation_backward to the output gradient first):
     d op(a) = dc @ op(b)^T,   d op(b) = op(a)^T @ dc,   dbias = sum of dc over all
@@ -25,6 +34,25 @@ def _op(x, trans, ct):
     return np.swapaxes(x, -1, -2) if trans else x
 
 
+def tf32(x):
+    """float32 x rounded to TF32 as float32 (NaN and infinities kept; a value that
+    rounds past the largest float becomes inf, as on the GPU)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    r = ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    return np.where(np.isfinite(x), r, x).astype(np.float32)
+
+
+def _product(x, y, math):
+    """x @ y under float32's math mode (x, y already in the compute dtype)."""
+    if x.dtype != np.float32 or math == "ieee":
+        return np.matmul(x, y)
+    xh, yh = tf32(x), tf32(y)
+    if math == "tf32":
+        return np.matmul(xh, yh)
+    xl, yl = tf32(x - xh), tf32(y - yh)
+    return np.matmul(xh, yh) + (np.matmul(xh, yl) + np.matmul(xl, yh))
+
+
 def _sum_to(g, shape):
     """Sum g over the axes that broadcasting added or stretched to reach g.shape."""
     lead = g.ndim - len(shape)
@@ -33,10 +61,10 @@ def _sum_to(g, shape):
     return g.sum(axis=axes, keepdims=True) if axes else g
 
 
-def matmul(a, b, trans_a, trans_b, bias, activation, coef, *, alpha, beta, out,
-           stream=None):
+def matmul(a, b, trans_a, trans_b, bias, activation, coef, math="ieee", *, alpha, beta,
+           out, stream=None):
     ct = compute_dtype(a.dtype)
-    r = np.matmul(_op(a, trans_a, ct), _op(b, trans_b, ct))
+    r = _product(_op(a, trans_a, ct), _op(b, trans_b, ct), math)
     if bias is not None:
         r = r + bias.astype(ct)
     if activation is not None:
@@ -44,13 +72,14 @@ def matmul(a, b, trans_a, trans_b, bias, activation, coef, *, alpha, beta, out,
     return blend(r, out, alpha, beta, a.dtype)
 
 
-def matmul_backward(dc, a, b, trans_a, trans_b, bias, *, alpha, beta, out, stream=None):
+def matmul_backward(dc, a, b, trans_a, trans_b, bias, math="ieee", *, alpha, beta, out,
+                    stream=None):
     """(da, db) or (da, db, dbias) when bias; out: None or a tuple of the same length."""
     ct = compute_dtype(a.dtype)
     g = dc.astype(ct, copy=False)
     opa, opb = _op(a, trans_a, ct), _op(b, trans_b, ct)
-    dopa = np.matmul(g, np.swapaxes(opb, -1, -2))
-    dopb = np.matmul(np.swapaxes(opa, -1, -2), g)
+    dopa = _product(g, np.swapaxes(opb, -1, -2), math)
+    dopb = _product(np.swapaxes(opa, -1, -2), g, math)
     da = _sum_to(np.swapaxes(dopa, -1, -2) if trans_a else dopa, a.shape)
     db = _sum_to(np.swapaxes(dopb, -1, -2) if trans_b else dopb, b.shape)
     grads = [da, db] + ([g.reshape(-1, g.shape[-1]).sum(axis=0)] if bias else [])

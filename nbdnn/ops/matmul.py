@@ -7,6 +7,7 @@ from ..errors import ShapeError, fail
 from .registry import op
 from ._common import Call, blend_params, flag, out_tuple, same_dtype
 from .activation import _coef
+from .math_mode import resolve as _math
 
 
 def _dims(op, a_shape, b_shape, trans_a, trans_b):
@@ -32,14 +33,15 @@ def _dims(op, a_shape, b_shape, trans_a, trans_b):
 
 @op("matmul", backward="matmul_backward")
 def matmul(a, b, *, trans_a=False, trans_b=False, bias=None, activation=None, coef=None,
-           alpha=1.0, beta=0.0, out=None, backend=None, stream=None):
+           math=None, alpha=1.0, beta=0.0, out=None, backend=None, stream=None):
     """c = alpha * act(op(a) @ op(b) + bias) + beta * out.
 
     a: (..., M, K) ((..., K, M) with trans_a); b: (..., K, N) ((..., N, K) with
     trans_b); batch axes broadcast. bias: (N,) or None. activation: None or an
     activation mode (nbdnn.activation's names; `coef` as there). float16 (float32
-    accumulation), float32, float64; a, b, bias of one dtype. Returns c of shape
-    (batch..., M, N) and a's dtype (or `out`)."""
+    accumulation), float32, float64; a, b, bias of one dtype. math: float32's mode,
+    "ieee", "tf32" or "3xtf32" (None: the current default; nbdnn/ops/math_mode.py).
+    Returns c of shape (batch..., M, N) and a's dtype (or `out`)."""
     op = "matmul"
     c = Call(op, "matmul", backend, stream, a=a, b=b, bias=bias, out=out)
     a_shape, dtype = c.array("a", a)
@@ -53,19 +55,21 @@ def matmul(a, b, *, trans_a=False, trans_b=False, bias=None, activation=None, co
             fail(ShapeError, op, "bias.shape", f"(N,) = ({N},)", tuple(bias_shape))
         same_dtype(op, ["a", "bias"], [dtype, bias_dtype])
     coef = 0.0 if activation is None else _coef(op, activation, coef)
+    math = _math(op, math)
     alpha, beta = blend_params(op, alpha, beta, out)
     out = c.out(out, batch + (M, N), dtype)
-    return c.run("matmul", a, b, trans_a, trans_b, bias, activation, coef, alpha=alpha,
+    return c.run("matmul", a, b, trans_a, trans_b, bias, activation, coef, math, alpha=alpha,
                  beta=beta, out=out)
 
 
 @op("matmul")
-def matmul_backward(dc, a, b, *, trans_a=False, trans_b=False, bias=False, alpha=1.0,
-                    beta=0.0, out=None, backend=None, stream=None):
+def matmul_backward(dc, a, b, *, trans_a=False, trans_b=False, bias=False, math=None,
+                    alpha=1.0, beta=0.0, out=None, backend=None, stream=None):
     """Gradients of c = op(a) @ op(b) + bias given dc = dL/dc (before any activation:
     apply activation_backward first). Returns (da, db), or (da, db, dbias) when
     bias=True, of a's, b's and (N,) shapes; each = alpha * gradient + beta * out[i]
-    when out is a tuple of arrays of those shapes."""
+    when out is a tuple of arrays of those shapes. math: as matmul's, for both
+    products."""
     op = "matmul_backward"
     bias = flag(op, "bias", bias)
     outs = out_tuple(op, out, ("da", "db") + (("dbias",) if bias else ()))
@@ -79,10 +83,11 @@ def matmul_backward(dc, a, b, *, trans_a=False, trans_b=False, bias=False, alpha
     batch, M, K, N = _dims(op, a_shape, b_shape, trans_a, trans_b)
     if tuple(dc_shape) != batch + (M, N):
         fail(ShapeError, op, "dc.shape", f"the shape of c, {batch + (M, N)}", tuple(dc_shape))
+    math = _math(op, math)
     alpha, beta = blend_params(op, alpha, beta, out)
     shapes = [tuple(a_shape), tuple(b_shape)] + ([(N,)] if bias else [])
     if out is not None:
         outs = tuple(c.out(o, s, dtype, f"out[{i}]") for i, (o, s) in
                      enumerate(zip(outs, shapes)))
-    return c.run("matmul_backward", dc, a, b, trans_a, trans_b, bias, alpha=alpha,
+    return c.run("matmul_backward", dc, a, b, trans_a, trans_b, bias, math, alpha=alpha,
                  beta=beta, out=outs or None)

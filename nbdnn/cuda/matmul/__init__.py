@@ -33,6 +33,7 @@ from ..runtime.simulator import SIMULATOR
 from .. import activation as _act
 from ..runtime.arrays import dtype_name, empty, to_device
 from .gemm_source import gemm_about, gemm_source
+from . import tf32_parts as _tf32_parts
 from ..runtime.device import sm_count
 from ..runtime.codegen import compile_source
 from ..runtime.launch import Kernel
@@ -99,8 +100,13 @@ def _offsets(like, a_batch, b_batch, batch, a_mat, b_mat):
     return t
 
 
-def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream):
-    """c = alpha * act(op(a) @ op(b) + bias) + beta * out; shapes already checked."""
+def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream,
+          math_mode="ieee"):
+    """c = alpha * act(op(a) @ op(b) + bias) + beta * out; shapes already checked;
+    math_mode: float32's (tf32_parts.py rewrites the operands for the TF32 modes)."""
+    if math_mode != "ieee" and dtype_name(a) == "float32":
+        a = _tf32_parts.operand(a, not trans_a, 0, math_mode, stream)
+        b = _tf32_parts.operand(b, trans_b, 1, math_mode, stream)
     ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
     M, K = (ash[-1], ash[-2]) if trans_a else (ash[-2], ash[-1])
     N = bsh[-2] if trans_b else bsh[-1]
@@ -176,8 +182,10 @@ def split_count(blocks, K):
     return max(1, min(-(-SPLIT_BLOCKS_PER_SM * sm // blocks), K // MIN_CHUNK, MAX_SPLITS))
 
 
-def matmul(a, b, trans_a, trans_b, bias, activation, coef, *, alpha, beta, out, stream):
-    return _gemm(a, b, trans_a, trans_b, bias, activation, coef, alpha, beta, out, stream)
+def matmul(a, b, trans_a, trans_b, bias, activation, coef, math_mode="ieee", *, alpha, beta,
+           out, stream):
+    return _gemm(a, b, trans_a, trans_b, bias, activation, coef, alpha, beta, out, stream,
+                 math_mode)
 
 
 def _reduced_to(g, shape, alpha, beta, out, stream):
@@ -199,7 +207,8 @@ def _out_shape(x, y, tx, ty):
     return tuple(np.broadcast_shapes(xs[:-2], ys[:-2])) + (rows, cols)
 
 
-def matmul_backward(dc, a, b, trans_a, trans_b, bias, *, alpha, beta, out, stream):
+def matmul_backward(dc, a, b, trans_a, trans_b, bias, math_mode="ieee", *, alpha, beta, out,
+                    stream):
     outs = out if out is not None else (None,) * (3 if bias else 2)
     grads = []
     # d op(a) = dc @ op(b)^T, stored transposed when trans_a; d op(b) = op(a)^T @ dc
@@ -208,9 +217,9 @@ def matmul_backward(dc, a, b, trans_a, trans_b, bias, *, alpha, beta, out, strea
             ((dc, a, True, trans_a) if trans_b else (a, dc, not trans_a, False), b, outs[1])):
         shape = tuple(int(s) for s in target.shape)
         if _out_shape(x, y, tx, ty) == shape:  # no broadcast: blend in the epilogue
-            grads.append(_gemm(x, y, tx, ty, None, None, 0.0, alpha, beta, o, stream))
+            grads.append(_gemm(x, y, tx, ty, None, None, 0.0, alpha, beta, o, stream, math_mode))
         else:
-            full = _gemm(x, y, tx, ty, None, None, 0.0, 1.0, 0.0, None, stream)
+            full = _gemm(x, y, tx, ty, None, None, 0.0, 1.0, 0.0, None, stream, math_mode)
             grads.append(_reduced_to(full, shape, alpha, beta, o, stream))
     if bias:
         dsh = tuple(int(s) for s in dc.shape)

@@ -9,6 +9,9 @@
   and "streaming" (evict-first) stores, for data that will not be read again soon: a
   kernel that re-reads its input from L2 keeps more of it there when its own output
   and second reads leave first (inline PTX; float16/32/64).
+- `round_tf32(x)`: float32 x rounded to TF32 (10 mantissa bits, ties away from zero:
+  `cvt.rna.tf32.f32`), as a float32; NaN and infinities unchanged. The math modes'
+  operands (nbdnn/cpu/matmul.py's tf32() is the same rounding in NumPy).
 - `HAS_WARP`: warp shuffles exist (False under the simulator, which lacks them):
   kernels branch on it to reduce through shared memory instead.
 """
@@ -32,6 +35,13 @@ if SIMULATOR:
         a[i], a[i + 1], a[i + 2], a[i + 3] = v
 
     load4_lu, store4_cs = load4, store4
+
+    def round_tf32(x):
+        import numpy as np
+        u = int(np.float32(x).view(np.uint32))
+        if u & 0x7F800000 == 0x7F800000:
+            return np.float32(x)
+        return np.uint32((u + 0x1000) & 0xFFFFE000).view(np.float32)
 else:
     from llvmlite import ir
     from numba.cuda import cgutils, types
@@ -124,3 +134,14 @@ else:
                                side_effect=True)
             builder.call(asm, [builder.ptrtoint(p, ir.IntType(64))] + vals)
         return sig, codegen
+
+    @intrinsic
+    def round_tf32(typingctx, x):
+        if x != types.float32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType()])
+            asm = ir.InlineAsm(fnty, "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+            return builder.bitcast(builder.call(asm, [args[0]]), ir.FloatType())
+        return types.float32(types.float32), codegen

@@ -10,6 +10,8 @@ import math
 import numpy as np
 
 import nbdnn
+from nbdnn._vocab import MATH_MODES
+from nbdnn.cpu.matmul import tf32
 from nbdnn.testing.harness import EPS, Case, OpSpec, rand
 
 ACTIVATIONS = (None, None, "relu", "gelu", "sigmoid", "leaky_relu")
@@ -36,6 +38,20 @@ def _shapes(draw, big):
     return a, b, ta, tb, (np.broadcast_shapes(ab, bb), M, N, K)
 
 
+def _math(draw, dtype, arrays, tol):
+    """float32 rows draw a math mode. "tf32" operands are drawn already TF32-exact, so
+    the float64 oracle (which has no mode) sees what the GPU multiplies; "3xtf32" is
+    held to twice ieee's tolerance against it (the dropped lo * lo terms)."""
+    if dtype != "float32":
+        return "ieee", arrays, tol
+    mode = MATH_MODES[draw(0, len(MATH_MODES) - 1)]
+    if mode == "tf32":
+        arrays = [None if x is None else tf32(x) for x in arrays]
+    if mode == "3xtf32":
+        tol = (2 * tol[0], 2 * tol[1])
+    return mode, arrays, tol
+
+
 def _matmul(a, b, bias=None, **kw):
     return nbdnn.matmul(a, b, bias=bias, **kw)
 
@@ -45,9 +61,11 @@ def _make_forward(draw, dtype, big):
     ash, bsh, ta, tb, (_, _, N, K) = _shapes(draw, big)
     bias = rand(rng, (N,), dtype, -1, 1) if draw(0, 1) else None
     act = ACTIVATIONS[draw(0, len(ACTIVATIONS) - 1)]
-    return Case((rand(rng, ash, dtype, -1, 1), rand(rng, bsh, dtype, -1, 1), bias),
-                {"trans_a": ta, "trans_b": tb, "activation": act},
-                tol=matmul_tol(dtype, K + 1))
+    mode, (a, b), tol = _math(draw, dtype, [rand(rng, ash, dtype, -1, 1),
+                                            rand(rng, bsh, dtype, -1, 1)],
+                              matmul_tol(dtype, K + 1))
+    return Case((a, b, bias), {"trans_a": ta, "trans_b": tb, "activation": act, "math": mode},
+                tol=tol)
 
 
 def _make_backward(draw, dtype, big):
@@ -55,9 +73,11 @@ def _make_backward(draw, dtype, big):
     ash, bsh, ta, tb, (batch, M, N, K) = _shapes(draw, big)
     dc = rand(rng, tuple(batch) + (M, N), dtype, -1, 1)
     length = max(N, M * max(1, math.prod(batch)))  # the longest sum: db, dbias
-    return Case((dc, rand(rng, ash, dtype, -1, 1), rand(rng, bsh, dtype, -1, 1)),
-                {"trans_a": ta, "trans_b": tb, "bias": draw(0, 1) == 1},
-                tol=matmul_tol(dtype, length))
+    mode, (dc, a, b), tol = _math(draw, dtype, [dc, rand(rng, ash, dtype, -1, 1),
+                                                rand(rng, bsh, dtype, -1, 1)],
+                                  matmul_tol(dtype, length))
+    return Case((dc, a, b), {"trans_a": ta, "trans_b": tb, "bias": draw(0, 1) == 1,
+                             "math": mode}, tol=tol)
 
 
 # (a shape, b shape, trans_a, trans_b): tile tails (sizes one past and one short of

@@ -1,0 +1,51 @@
+"""The float32 math mode of matrix products: cuDNN's mathType, PyTorch's allow_tf32.
+
+    "ieee"    float32 FMA (the default: what verification needs)
+    "tf32"    each operand rounded to TF32 (10 mantissa bits, ties away from zero, as
+              cvt.rna.tf32.f32), products accumulated in float32
+    "3xtf32"  each operand split into a TF32 head and a TF32 tail (x = hi + lo), the
+              three products hi*hi + hi*lo + lo*hi accumulated in float32: float32
+              accuracy (the dropped lo*lo is ~2^-22 of a product) at TF32 speed
+
+The mode applies to float32 operands (matmul, matmul_backward; conv and attention in
+later issues); float16 and bfloat16 always multiply on tensor cores with float32
+accumulation and float64 stays IEEE. `math=` on a call wins; otherwise the innermost
+`math_mode(...)` block of this thread, otherwise the process default `set_math(...)`.
+The CPU reference applies the same rounding and split, so both backends agree to
+accumulation error, not to TF32 error.
+"""
+import contextlib
+import threading
+
+from .._vocab import MATH_MODES
+from ._common import choice
+
+_default = ["ieee"]
+_local = threading.local()
+
+
+def set_math(mode):
+    """Set the process default math mode ("ieee", "tf32" or "3xtf32")."""
+    _default[0] = choice("set_math", "mode", mode, MATH_MODES)
+
+
+def get_math():
+    """The math mode a call without `math=` uses here and now."""
+    return getattr(_local, "mode", None) or _default[0]
+
+
+@contextlib.contextmanager
+def math_mode(mode):
+    """`with nbdnn.math_mode("tf32"): ...`: this thread's calls inside use `mode`."""
+    mode = choice("math_mode", "mode", mode, MATH_MODES)
+    outer = getattr(_local, "mode", None)
+    _local.mode = mode
+    try:
+        yield mode
+    finally:
+        _local.mode = outer
+
+
+def resolve(op, math):
+    """The mode a call runs in: its `math=` (checked) or the current default."""
+    return get_math() if math is None else choice(op, "math", math, MATH_MODES)
