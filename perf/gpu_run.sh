@@ -14,6 +14,10 @@
 #   bash perf/gpu_run.sh compute              # SGEMM and conv vs cuBLAS/cuDNN, host cost
 #   bash perf/gpu_run.sh norm                 # pool and norm ops: path tests, crosscheck and
 #                                             # the graph-timed bench rows, in parallel
+#   bash perf/gpu_run.sh gemm                 # perf/suites/gemm.py: every dtype and math mode
+#                                             # against cuBLAS, plus tests/test_tensorcore.py
+#   bash perf/gpu_run.sh sanitize OPS...      # compute-sanitizer memcheck, then racecheck,
+#                                             # over `nbdnn check --ops OPS --examples 1`
 #   bash perf/gpu_run.sh compare DIR          # same behaviour, proved: host cost per call and
 #                                             # graph-timed bench rows of the checkout in DIR
 #                                             # (its perf/ and nbdnn/) and of this tree,
@@ -106,6 +110,21 @@ compare)
         done
     done
     grep -A 40 "=== bench" "$OUT/compare.log" | grep -v "^\[" ;;
+gemm)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
+        > "$OUT/tensorcore.log" 2>&1
+    tail -3 "$OUT/tensorcore.log"
+    timeout 300 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/gemm.log" 2>&1
+    cat "$OUT/gemm.log" ;;
+sanitize)
+    [ $# -gt 0 ] || set -- matmul
+    CS="compute-sanitizer --report-api-errors no --print-limit 20"
+    for tool in memcheck racecheck; do
+        echo "=== $tool: $*"
+        timeout 270 $CS --tool $tool python3 -m nbdnn check --ops "$@" --examples 1 \
+            > "$OUT/$tool.log" 2>&1
+        grep -E "ERROR SUMMARY|op/dtype pairs|Error" "$OUT/$tool.log" | tail -5
+    done ;;
 compute)
     timeout 150 python3 perf/suites/sgemm.py --json "$OUT/sgemm.json" > "$OUT/perf.log" 2>&1
     timeout 300 python3 perf/suites/conv.py --json "$OUT/conv.json" >> "$OUT/perf.log" 2>&1
