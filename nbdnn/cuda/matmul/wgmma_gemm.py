@@ -118,7 +118,7 @@ def source(kind):
           "        cb = n0 + 2 * (i % 4)",
           "        a = F32(alpha)"]
     for j in range(BN // 8):
-        for half, rr in ((0, "r"), (2, "r + 8")):
+        for half, rr in ((0, "r"), (2, "(r + 8)")):
             L += [f"        if {rr} < M and cb + {8 * j} < N:",
                   f"            c[({rr} * N + cb + {8 * j}) // 2] = cvt(a * d[{4 * j + half}], "
                   f"a * d[{4 * j + half + 1}])"]
