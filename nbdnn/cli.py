@@ -67,11 +67,16 @@ def info(args):
         print(f"{'NVVM':<12} not found: install nbdnn[cu13] (or [cu12]) to compile kernels")
     if SIMULATOR:
         print("mode         SIMULATOR: numba's CUDA simulator runs the kernels (no usable GPU)")
+        print("tensor cores none: the simulator runs no inline PTX (every op's SIMT path runs)")
     else:
         from nbdnn.cuda.runtime.device import describe
         name, cc, sms = describe()
         print(f"{'GPU':<12} {name}, compute capability {cc[0]}.{cc[1]}, {sms} SMs")
         print("mode         hardware")
+        print("tensor cores " + ("wgmma + TMA (sm_90a) and mma.sync" if tuple(cc) >= (9, 0) else
+                                 "mma.sync (sm_80+)" if tuple(cc) >= (8, 0) else "none (before sm_80)"))
+    import nbdnn
+    print(f"{'math':<12} {nbdnn.get_math()} (float32 matmul; nbdnn.set_math)")
     if driver and emitted and not SIMULATOR:
         can = _driver_ptx_isa(driver)
         if can is None or emitted > can:
