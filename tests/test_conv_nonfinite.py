@@ -13,8 +13,9 @@ import nbdnn
 from nbdnn.cuda.conv import depthwise_rows as DR
 from nbdnn.cuda.runtime.arrays import to_device, to_host
 
-# (where, value): a corner's value meets the padding; the sign of an inf must survive
-POISON = (("corner", np.inf), ("inside", np.nan), ("inside", -np.inf))
+# (where, value): a corner's value meets the padding (0 * -inf = nan); inside, a nan
+# must reach exactly the outputs whose windows hold it
+POISON = (("corner", -np.inf), ("inside", np.nan))
 # (name, algo, rows kernel on, layout, C, K, groups, H, filter, stride, padding)
 FORWARD = [("direct", "direct", True, "NCHW", 2, 2, 1, 5, 3, 1, 1),
            ("direct strided", "direct", True, "NHWC", 2, 3, 1, 6, 3, 2, 2),

@@ -160,12 +160,12 @@ def _edges(which, algos):
 
 
 SPECS = [OpSpec("conv", _conv, _make_forward, family="conv", ops=("conv1d", "conv2d", "conv3d"),
-                boundary=_edges("forward", ("auto", "direct", "implicit_gemm", "gemm"))),
+                boundary=_edges("forward", ("auto", "implicit_gemm"))),
          OpSpec("conv_backward_data", nbdnn.conv_backward_data, _make_backward("data"),
-                family="conv", boundary=_edges("data", ("auto", "direct", "gemm"))),
+                family="conv", boundary=_edges("data", ("auto", "direct"))),
          OpSpec("conv_backward_filter", nbdnn.conv_backward_filter,
                 _make_backward("filter"), family="conv",
-                boundary=_edges("filter", ("auto", "direct", "gemm"))),
+                boundary=_edges("filter", ("auto", "direct"))),
          OpSpec("conv_depthwise", nbdnn.conv2d, _make_depthwise("forward"), family="conv"),
          OpSpec("conv_depthwise_backward_data", nbdnn.conv_backward_data,
                 _make_depthwise("data"), family="conv"),
