@@ -77,24 +77,18 @@ def _check(monkeypatch, case, op, poisoned, make_args):
         _same(to_host(op(*dev, backend="cuda", **kw)), want)
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("poisoned", ["x", "w"])
-@pytest.mark.parametrize("case", FORWARD, ids=lambda c: c[0])
-def test_forward(monkeypatch, case, poisoned):
-    _check(monkeypatch, case, nbdnn.conv2d, poisoned, lambda a: (a["x"], a["w"]))
+# pass: (op, its arguments from the named arrays, the inputs poisoned, the cases)
+PASSES = {"forward": (nbdnn.conv2d, lambda a: (a["x"], a["w"]), ("x", "w"), FORWARD),
+          "backward data": (nbdnn.conv_backward_data, lambda a: (a["dy"], a["w"], a["x"].shape),
+                            ("dy", "w"), BACKWARD_DATA),
+          "backward filter": (nbdnn.conv_backward_filter,
+                              lambda a: (a["dy"], a["x"], a["w"].shape), ("dy", "x"), BACKWARD)}
+CASES = [(p, c, x) for p, (_, _, inputs, cases) in PASSES.items() for c in cases for x in inputs]
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("poisoned", ["dy", "w"])
-@pytest.mark.parametrize("case", BACKWARD_DATA, ids=lambda c: c[0])
-def test_backward_data(monkeypatch, case, poisoned):
-    _check(monkeypatch, case, nbdnn.conv_backward_data, poisoned,
-           lambda a: (a["dy"], a["w"], a["x"].shape))
-
-
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("poisoned", ["dy", "x"])
-@pytest.mark.parametrize("case", BACKWARD, ids=lambda c: c[0])
-def test_backward_filter(monkeypatch, case, poisoned):
-    _check(monkeypatch, case, nbdnn.conv_backward_filter, poisoned,
-           lambda a: (a["dy"], a["x"], a["w"].shape))
+@pytest.mark.parametrize("name,case,poisoned", CASES,
+                         ids=[f"{p}-{c[0]}-{x}" for p, c, x in CASES])
+def test_nonfinite_like_the_reference(monkeypatch, name, case, poisoned):
+    op, make_args, _, _ = PASSES[name]
+    _check(monkeypatch, case, op, poisoned, make_args)

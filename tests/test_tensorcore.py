@@ -5,6 +5,7 @@ simulator (no inline PTX) these are skipped; CI compiles the kernels to PTX inst
 import numpy as np
 import pytest
 
+from nbdnn.cpu.matmul import tf32
 from nbdnn.cuda import SIMULATOR
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
@@ -17,7 +18,8 @@ def _cc():
 
 def _bits(x, kind):
     """float32 values -> (the uint16/float32 array the kernel reads, the float64 values
-    it sees): float16 and bfloat16 (round to nearest even) bits, tf32 as float32."""
+    it sees): float16 and bfloat16 (round to nearest even) bits; tf32 as float32 values
+    already TF32-exact, so that the products are exact whatever the unit's rounding."""
     x = np.asarray(x, np.float32)
     if kind == "f16":
         h = x.astype(np.float16)
@@ -26,6 +28,7 @@ def _bits(x, kind):
         u = x.view(np.uint32).astype(np.uint64)
         b = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
         return b, (b.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    x = tf32(x)
     return x, x.astype(np.float64)
 
 
@@ -51,8 +54,7 @@ def test_mma_sync_tile(kind):
     bt, bv = _bits(rng.standard_normal((8, K)), kind)
     d = cuda.device_array(128, np.float32)
     _run(f"mma_tile_{kind}", 1, 32, cuda.to_device(a.ravel()), cuda.to_device(bt.ravel()), d)
-    tol = 2e-2 if kind == "tf32" else 1e-5  # (tf32: inputs rounded to 10 mantissa bits)
-    np.testing.assert_allclose(d.copy_to_host().reshape(16, 8), av @ bv.T, atol=tol, rtol=tol)
+    np.testing.assert_allclose(d.copy_to_host().reshape(16, 8), av @ bv.T, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("N", [8, 64, 256])
@@ -68,8 +70,7 @@ def test_wgmma_tile(kind, N):
     d = cuda.device_array(64 * N, np.float32)
     _run(f"wgmma_tile_{kind}_n{N}", 1, 128, cuda.to_device(_core_order(a, cols)),
          cuda.to_device(_core_order(bt, cols)), d)
-    tol = 2e-2 if kind == "tf32" else 1e-5
-    np.testing.assert_allclose(d.copy_to_host().reshape(64, N), av @ bv.T, atol=tol, rtol=tol)
+    np.testing.assert_allclose(d.copy_to_host().reshape(64, N), av @ bv.T, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("N", [64, 256])

@@ -35,18 +35,15 @@ launcher's callers check them): K % 8 == 0 (TMA wants 16-byte row strides), N ev
 """
 import functools
 
-from numba import cuda, types
+from numba import types
 
 from ..runtime.codegen import compile_source
 from ..runtime.launch import Kernel
-from ..tensorcore.asm import smem_address
 from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2
 from ..tensorcore.tensormap import tensor_map
-from ..tensorcore.tma import fence_proxy_async, fence_proxy_tensormap_acquire, \
-    mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity, \
-    setmaxnreg_dec, setmaxnreg_inc, tma_load_2d
-from ..tensorcore.wgmma import SWIZZLE, descriptor, wgmma, wgmma_commit, wgmma_fence, \
-    wgmma_wait
+from ..tensorcore.tiles import SOURCE_NAMES
+from ..tensorcore.tma import mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc
+from ..tensorcore.wgmma import wgmma
 
 BM, BN, BK, STAGES = 128, 256, 64, 4
 A_BYTES, B_BYTES = BM * BK * 2, BN * BK * 2
@@ -130,17 +127,10 @@ def kernel(dtype):
     """(Kernel, signature) for dtype "float16" or "bfloat16"."""
     kind = KINDS[dtype]
     name, src = source(kind)
-    ns = {"cuda": cuda, "types": types, "smem_address": smem_address, "I": types.int64,
-          "I32": types.int32, "U32": types.uint32, "F32": types.float32,
-          "SW128": SWIZZLE["128B"], "descriptor": descriptor,
-          "mma": wgmma(BN, kind), "wgmma_fence": wgmma_fence, "wgmma_commit": wgmma_commit,
-          "wgmma_wait": wgmma_wait, "fence_proxy_async": fence_proxy_async,
-          "fence_proxy_tensormap_acquire": fence_proxy_tensormap_acquire,
-          "mbarrier_init": mbarrier_init, "mbarrier_arrive": mbarrier_arrive,
-          "mbarrier_arrive_expect_tx": mbarrier_arrive_expect_tx,
-          "mbarrier_try_wait_parity": mbarrier_try_wait_parity, "tma_load_2d": tma_load_2d,
-          "setmaxnreg_dec": setmaxnreg_dec, "setmaxnreg_inc": setmaxnreg_inc,
-          "cvt": cvt_bf16x2 if kind == "bf16" else cvt_f16x2}
+    ns = dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
+              F32=types.float32, mma=wgmma(BN, kind), mbarrier_arrive=mbarrier_arrive,
+              setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
+              cvt=cvt_bf16x2 if kind == "bf16" else cvt_f16x2)
     fn = compile_source(name, src, ns, about={
         "config": f"{dtype}: tile {BM}x{BN}x{BK}, {STAGES} stages, 1 producer + 2 consumer "
                   "warpgroups, wgmma m64n256k16, TMA 128-byte swizzle",

@@ -266,13 +266,12 @@ def to_device(a, stream=0):
     size-1 axes with any stride)."""
     _host_copy()
     a = np.asarray(a)
-    if a.strides != _c_strides(a.shape, a.itemsize):
+    if a.size and a.strides != _c_strides(a.shape, a.itemsize):
         # (NumPy calls an array whose only odd strides are on size-1 axes contiguous,
         # and numba's to_device keeps those strides: a negative one gave a device
-        # array of the wrong shape, a 0 one an array numba calls non-contiguous)
-        a = np.array(a, order="C", copy=True).reshape(a.shape)
-        if a.strides != _c_strides(a.shape, a.itemsize):
-            a = np.lib.stride_tricks.as_strided(a, a.shape, _c_strides(a.shape, a.itemsize))
+        # array of the wrong shape, a 0 one an array numba calls non-contiguous; a
+        # new array has the canonical strides)
+        a = np.array(a, order="C", copy=True)
     return cuda.to_device(a, stream=stream or 0)
 
 

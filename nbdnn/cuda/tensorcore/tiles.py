@@ -152,7 +152,8 @@ def tma_copy(map_src, map_dst, x, y):
         bulk_wait_read(0)
 
 
-_NS = {"cuda": cuda, "types": types, "u16": u16, "f32": f32, "smem_address": smem_address,
+# the names generated tensor-core sources run in (matmul/wgmma_gemm.py adds its own)
+SOURCE_NAMES = {"cuda": cuda, "types": types, "u16": u16, "f32": f32, "smem_address": smem_address,
        "descriptor": descriptor, "wgmma_fence": wgmma_fence, "wgmma_commit": wgmma_commit,
        "wgmma_wait": wgmma_wait, "fence_proxy_async": fence_proxy_async,
        "fence_proxy_tensormap_acquire": fence_proxy_tensormap_acquire,
@@ -170,13 +171,13 @@ def _build():
     for kind in ("f16", "bf16", "tf32"):
         for N in WGMMA_N:
             name, src = _wgmma_source(N, kind)
-            fn = compile_source(name, src, dict(_NS, mma=wgmma(N, kind)), about={
+            fn = compile_source(name, src, dict(SOURCE_NAMES, mma=wgmma(N, kind)), about={
                 "what": f"one wgmma m64n{N} {kind} from core-matrix-ordered shared memory"})
             KERNELS[name] = Kernel(fn, [SIG_32 if kind == "tf32" else SIG_16], arch="sm_90a")
     for kind in ("f16", "bf16"):
         for N in (64, 256):
             name, src = _tma_wgmma_source(N, kind)
-            fn = compile_source(name, src, dict(_NS, mma=wgmma(N, kind)), about={
+            fn = compile_source(name, src, dict(SOURCE_NAMES, mma=wgmma(N, kind)), about={
                 "what": f"TMA (128-byte swizzle) then 4 wgmma k-steps, m64n{N}k64 {kind}"})
             KERNELS[name] = Kernel(fn, ["void(uint64, uint64, float32[::1])"], arch="sm_90a")
     KERNELS["tma_copy"] = Kernel(tma_copy, ["void(uint64, uint64, int32, int32)"],
@@ -184,10 +185,9 @@ def _build():
     return KERNELS
 
 
-def ptx_examples():
-    """Register every tile kernel (tests/test_ptx.py compiles them)."""
-    return KERNELS or _build()
-
-
 def kernels():
+    """Every tile kernel by name, built on first use."""
     return KERNELS or _build()
+
+
+ptx_examples = kernels  # (tests/test_ptx.py compiles what this registers)
