@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 
+from ._vocab import BF16_DTYPES
+
 
 def _versions():
     import nbdnn
@@ -203,7 +205,7 @@ def main(argv=None):
     sub.add_parser("info", help="versions, GPU, driver/toolkit match, simulator or hardware")
     c = sub.add_parser("check", help="cross-check every op, CUDA against the CPU reference")
     c.add_argument("--ops", nargs="*", help="op names or families (default: all)")
-    c.add_argument("--dtype", nargs="*", choices=["float16", "float32", "float64"])
+    c.add_argument("--dtype", nargs="*", choices=BF16_DTYPES)
     c.add_argument("--examples", type=int, default=3, help="random cases per op and dtype")
     c.add_argument("--seed", type=int, default=0)
     b = sub.add_parser("bench", help="time every op: GPU, CPU, PyTorch, %% of copy bandwidth")

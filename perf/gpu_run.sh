@@ -114,6 +114,10 @@ gemm)
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
         > "$OUT/tensorcore.log" 2>&1
     tail -3 "$OUT/tensorcore.log"
+    for k in wgmma_gemm_bf16 wgmma_gemm_f16; do  # HGMMA count and local memory (LDL/STL)
+        echo "$k: $(timeout 120 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.wgmma_gemm \
+            $k uint64 2>&1 >/dev/null | tr '\n' ' ')"
+    done
     timeout 300 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/gemm.log" 2>&1
     cat "$OUT/gemm.log" ;;
 sanitize)

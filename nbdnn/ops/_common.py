@@ -4,10 +4,11 @@ contiguous, hand validated arguments to the backend function of the same name.""
 import math
 import numbers
 
+import ml_dtypes
 import numpy as np
 
 from .. import backend as _backend
-from .._vocab import FLOAT_DTYPES
+from .._vocab import BF16_DTYPES, FLOAT_DTYPES
 from ..errors import BadParamError, DtypeError, ShapeError, fail
 
 _allowed_sets = {}  # dtype-name tuple -> frozenset of np.dtype (dtype.name is slow)
@@ -22,12 +23,13 @@ def backend_module(name, family, op=None):
 
 
 _FLOATS = frozenset(np.dtype(d) for d in FLOAT_DTYPES)
+assert np.dtype("bfloat16") == np.dtype(ml_dtypes.bfloat16)  # (ml_dtypes names it)
 _COMPUTE = {np.dtype(d): np.dtype("float64" if d == "float64" else "float32")
-            for d in FLOAT_DTYPES}
+            for d in BF16_DTYPES}
 
 
 def compute_dtype(dtype):
-    """float32 for float16/float32 storage, float64 for float64 (a dict lookup: a NumPy
+    """float32 for float16/bfloat16/float32 storage, float64 for float64 (a dict lookup: a NumPy
     dtype's .name costs ~1 us, and every statistics-checking call asked twice)."""
     return _COMPUTE.get(dtype) or _COMPUTE[np.dtype(dtype)]
 

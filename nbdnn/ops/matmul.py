@@ -3,6 +3,7 @@
 formulas are in nbdnn/cpu/matmul.py."""
 import numpy as np
 
+from .._vocab import BF16_DTYPES
 from ..errors import ShapeError, fail
 from .registry import op
 from ._common import Call, blend_params, flag, out_tuple, same_dtype
@@ -38,19 +39,20 @@ def matmul(a, b, *, trans_a=False, trans_b=False, bias=None, activation=None, co
 
     a: (..., M, K) ((..., K, M) with trans_a); b: (..., K, N) ((..., N, K) with
     trans_b); batch axes broadcast. bias: (N,) or None. activation: None or an
-    activation mode (nbdnn.activation's names; `coef` as there). float16 (float32
-    accumulation), float32, float64; a, b, bias of one dtype. math: float32's mode,
+    activation mode (nbdnn.activation's names; `coef` as there). float16 and
+    bfloat16 (float32 accumulation; on an sm_90 GPU the tensor cores, wgmma), float32,
+    float64; a, b, bias of one dtype. math: float32's mode,
     "ieee", "tf32" or "3xtf32" (None: the current default; nbdnn/ops/math_mode.py).
     Returns c of shape (batch..., M, N) and a's dtype (or `out`)."""
     op = "matmul"
     c = Call(op, "matmul", backend, stream, a=a, b=b, bias=bias, out=out)
-    a_shape, dtype = c.array("a", a)
-    b_shape, b_dtype = c.array("b", b)
+    a_shape, dtype = c.array("a", a, BF16_DTYPES)
+    b_shape, b_dtype = c.array("b", b, BF16_DTYPES)
     same_dtype(op, ["a", "b"], [dtype, b_dtype])
     trans_a, trans_b = flag(op, "trans_a", trans_a), flag(op, "trans_b", trans_b)
     batch, M, K, N = _dims(op, a_shape, b_shape, trans_a, trans_b)
     if bias is not None:
-        bias_shape, bias_dtype = c.array("bias", bias)
+        bias_shape, bias_dtype = c.array("bias", bias, BF16_DTYPES)
         if tuple(bias_shape) != (N,):
             fail(ShapeError, op, "bias.shape", f"(N,) = ({N},)", tuple(bias_shape))
         same_dtype(op, ["a", "bias"], [dtype, bias_dtype])
@@ -75,9 +77,9 @@ def matmul_backward(dc, a, b, *, trans_a=False, trans_b=False, bias=False, math=
     outs = out_tuple(op, out, ("da", "db") + (("dbias",) if bias else ()))
     c = Call(op, "matmul", backend, stream, dc=dc, a=a, b=b,
              **{f"out[{i}]": o for i, o in enumerate(outs)})
-    dc_shape, dc_dtype = c.array("dc", dc)
-    a_shape, dtype = c.array("a", a)
-    b_shape, b_dtype = c.array("b", b)
+    dc_shape, dc_dtype = c.array("dc", dc, BF16_DTYPES)
+    a_shape, dtype = c.array("a", a, BF16_DTYPES)
+    b_shape, b_dtype = c.array("b", b, BF16_DTYPES)
     same_dtype(op, ["a", "b", "dc"], [dtype, b_dtype, dc_dtype])
     trans_a, trans_b = flag(op, "trans_a", trans_a), flag(op, "trans_b", trans_b)
     batch, M, K, N = _dims(op, a_shape, b_shape, trans_a, trans_b)

@@ -16,12 +16,13 @@ from typing import Callable
 
 import numpy as np
 
-from .._vocab import FLOAT_DTYPES as DTYPES
+from .._vocab import BF16_DTYPES as DTYPES, FLOAT_DTYPES
 
 # |gpu - ref| <= atol + rtol * |ref| for an elementwise op whose result is rounded once
-ELEMENTWISE_TOL = {"float16": (2e-3, 2e-3), "float32": (2e-6, 4e-6),
-                   "float64": (1e-12, 1e-11)}
-EPS = {"float16": 2.0 ** -10, "float32": 2.0 ** -23, "float64": 2.0 ** -52}
+ELEMENTWISE_TOL = {"float16": (2e-3, 2e-3), "bfloat16": (1.6e-2, 1.6e-2),
+                   "float32": (2e-6, 4e-6), "float64": (1e-12, 1e-11)}
+EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23,
+       "float64": 2.0 ** -52}
 
 
 def reduction_tol(dtype, length):
@@ -48,7 +49,7 @@ class OpSpec:
     name: str                      # row name, e.g. "activation/gelu"
     fn: Callable                   # the public op
     make: Callable                 # make(draw, dtype, big) -> Case
-    dtypes: tuple = DTYPES
+    dtypes: tuple = FLOAT_DTYPES   # (DTYPES, with bfloat16, for the ops that take it)
     tol: dict = dataclasses.field(default_factory=lambda: dict(ELEMENTWISE_TOL))
     blend: bool = True             # takes alpha/beta/out= (first output)
     family: str = ""
@@ -135,13 +136,17 @@ def _to_device(a, strided):
     """A device copy of a; with strided=True a non-contiguous view holding a's values
     (every other element of a wider last axis)."""
     from nbdnn.cuda.runtime import arrays as _arrays
-    from nbdnn.cuda import cuda
     if not strided or a.ndim == 0:
         return _arrays.to_device(a)
     wide = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
     wide[..., ::2] = a
     view = (slice(None),) * (a.ndim - 1) + (slice(None, None, 2),)
-    return cuda.to_device(wide)[view]
+    return _arrays.to_device(wide)[view]  # (bfloat16 on a GPU: a torch tensor's view)
+
+
+def _floating(a):
+    """A float array, ml_dtypes' bfloat16 (NumPy kind 'V') included."""
+    return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
 
 
 def crosscheck(spec, case, dtype, strided=(), blend=None):
@@ -153,7 +158,7 @@ def crosscheck(spec, case, dtype, strided=(), blend=None):
     Returns a dict: ok, max_abs, max_rel, tol, msg, shapes."""
     from nbdnn.cuda.runtime import arrays as _arrays
     args, kw = case.args, dict(case.kwargs)
-    ref_args = tuple(a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == "f"
+    ref_args = tuple(a.astype(np.float64) if isinstance(a, np.ndarray) and _floating(a)
                      else a for a in args)
     ref_kw = dict(kw)
     strided = strided if spec.strided_ok else ()

@@ -11,13 +11,15 @@ import nbdnn.cuda  # noqa: F401  (numpy shim before numba.cuda)
 from nbdnn.cuda.runtime.launch import REGISTRY
 
 mod, name, dtype = sys.argv[1:4]
-importlib.import_module(mod)
+m = importlib.import_module(mod)
+if hasattr(m, "ptx_examples"):  # kernels built on demand register when built
+    m.ptx_examples()
 for k in REGISTRY:
     sigs = [s for s in k.sigs if s.split("(", 1)[1].startswith(dtype)]
     if k.name == name and sigs:
         sass = k.dispatcher.compile(sigs[0]).inspect_sass()
         print(sass)
         ops = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\d+\s+)?([A-Z0-9_.]+)", sass, re.M)
-        for op in ("LDL", "STL", "FFMA", "LDG", "LDS", "BAR", "IMAD"):
+        for op in ("LDL", "STL", "FFMA", "HGMMA", "HMMA", "UTMALDG", "LDG", "LDS", "BAR", "IMAD"):
             print(op, sum(1 for o in ops if o.startswith(op)), file=sys.stderr)
         break

@@ -34,7 +34,9 @@ from .. import activation as _act
 from ..runtime.arrays import dtype_name, empty, to_device
 from .gemm_source import gemm_about, gemm_source
 from . import tf32_parts as _tf32_parts
-from ..runtime.device import sm_count
+from ..runtime.device import describe, sm_count
+from ..runtime.intrinsics import bf16_load, bf16_store
+from . import wgmma_gemm as _tc
 from ..runtime.codegen import compile_source
 from ..runtime.launch import Kernel
 from ..tensor import reduce_tensor
@@ -57,20 +59,38 @@ SPLIT_BLOCKS_PER_SM = 4                # split-K's target: the small tile fits 4
 # obeys it (matmul, conv's gemm, winograd and implicit GEMM); perf/suites/sgemm.py and
 # the path tests set it. Call nbdnn.ops._plan.clear() after changing it.
 FORCE_TILE = None
+# float16 / bfloat16 products run on the tensor cores (wgmma_gemm.py, sm_90) whenever
+# its limits allow; False sends them all to the SIMT kernel (tests compare the two)
+TENSOR_CORES = True
 _offsets_cache = {}
+
+
+def tensor_cores():
+    """True on a GPU that runs the wgmma kernel (sm_90: the H100 / H200)."""
+    if not _cc:
+        d = describe()
+        _cc.append(d is not None and d[1] >= (9, 0))
+    return _cc[0]
+
+
+_cc = []
 
 
 def _build():
     table = {}
-    for ct_name, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
+    for ct_name, CT, nt, bf16 in (("float32", float32, np.float32, False),
+                                  ("float64", float64, np.float64, False),
+                                  ("float32", float32, np.float32, True)):
         ns = {"cuda": cuda, "CT": CT, "ZERO": nt(0), "U": int if SIMULATOR else uint64,
-              "act_fn": _act.fused(nt)}
+              "act_fn": _act.fused(nt), "LD": bf16_load, "ST": bf16_store}
         for size, cfg in TILES[ct_name].items():
-            name, src = gemm_source(*cfg)
+            name, src = gemm_source(*cfg, bf16=bf16)
             compile_source(name, src, ns, label=f"{name}_{ct_name}",
                            about=gemm_about(ct_name, size, cfg))
-            for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
-                a = f"{t}[::1]"
+            dts = ["bfloat16"] if bf16 else \
+                [d for d in DTYPES if (d == "float64") == (ct_name == "float64")]
+            for t in dts:
+                a = "uint16[::1]" if bf16 else f"{t}[::1]"  # (bfloat16: its bits)
                 sig = (f"void({a}, {a}, {a}, {a}, int64[::1], int64, int64, int64, int64, "
                        f"int64, int64, int64, {ct_name}, {ct_name}, {ct_name}, int64)")
                 # capped, the 128x128 tile spills 32 B and two blocks share an SM:
@@ -120,8 +140,11 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream,
     if nb > MAX_BATCH:
         raise NotSupportedError(f"matmul: {nb} matrices in a batch exceed the grid limit "
                                 f"{MAX_BATCH}; split the batch")
-    size, splits = choose_tile(M, N, K, nb, dtype,
-                         bias is None and act is None and dtype != "float16")
+    if dtype in _tc.KINDS and TENSOR_CORES and tensor_cores() and \
+            _tc.usable(a, b, c, trans_a, trans_b, M, N, K):
+        return _tc.gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream)
+    size, splits = choose_tile(M, N, K, nb, dtype, bias is None and act is None and
+                               dtype not in ("float16", "bfloat16"))
     kernel, sig, (BM, BN, BK, TM, TN) = _KERNELS[size, dtype]
     offs = _offsets(a, ash[:-2], bsh[:-2], batch, M * K, K * N)
     tiles = -(-M // BM) * -(-N // BN)
@@ -211,13 +234,33 @@ def matmul_backward(dc, a, b, trans_a, trans_b, bias, math_mode="ieee", *, alpha
                     stream):
     outs = out if out is not None else (None,) * (3 if bias else 2)
     grads = []
+    ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
+    bf16 = dtype_name(a) == "bfloat16"
+    if bf16 and bias:
+        raise NotSupportedError("matmul_backward: bias=True in bfloat16 (reduce_tensor has no "
+                                "bfloat16 yet)")
     # d op(a) = dc @ op(b)^T, stored transposed when trans_a; d op(b) = op(a)^T @ dc
     for (x, y, tx, ty), target, o in (
             ((b, dc, trans_b, True) if trans_a else (dc, b, False, not trans_b), a, outs[0]),
             ((dc, a, True, trans_a) if trans_b else (a, dc, not trans_a, False), b, outs[1])):
         shape = tuple(int(s) for s in target.shape)
-        if _out_shape(x, y, tx, ty) == shape:  # no broadcast: blend in the epilogue
+        if target is b and len(ash) > 2 and math.prod(bsh[:-2]) == 1 and not trans_a and \
+                ash[:-2] == tuple(int(s) for s in dc.shape[:-2]):
+            # one b for a batch of a: the sum over z of a[z]^T dc[z] is one product of
+            # the stacked rows, (n M x K)^T @ (n M x N): no per-matrix partials to add
+            rows = math.prod(ash[:-1])
+            a2, dc2 = a.reshape((rows, ash[-1])), dc.reshape((rows, int(dc.shape[len(ash) - 1])))
+            o2 = o.reshape(bsh[-2:]) if o is not None else None
+            g = _gemm(dc2, a2, True, False, None, None, 0.0, alpha, beta, o2, stream,
+                      math_mode) if trans_b else \
+                _gemm(a2, dc2, True, False, None, None, 0.0, alpha, beta, o2, stream, math_mode)
+            grads.append(o if o is not None else g.reshape(shape))
+        elif _out_shape(x, y, tx, ty) == shape:  # no broadcast: blend in the epilogue
             grads.append(_gemm(x, y, tx, ty, None, None, 0.0, alpha, beta, o, stream, math_mode))
+        elif bf16:
+            raise NotSupportedError("matmul_backward: bfloat16 gradients summed over broadcast "
+                                    "batch axes (reduce_tensor has no bfloat16 yet); only a "
+                                    "batched a against one b broadcasts in bfloat16")
         else:
             full = _gemm(x, y, tx, ty, None, None, 0.0, 1.0, 0.0, None, stream, math_mode)
             grads.append(_reduced_to(full, shape, alpha, beta, o, stream))

@@ -47,7 +47,7 @@ def col_expr(BN, TN, j):
     return f"tx * {V} + {(j // V) * TX * V + j % V}"
 
 
-def tile_loads(arr, rows, trans, L, T, BK, dim, red="K", side="a"):
+def tile_loads(arr, rows, trans, L, T, BK, dim, red="K", side="a", load="CT"):
     """(setup, fetch, stash) lines moving `rows` x BK elements of op(arr) (rows of
     op(a) when side is "a", columns of op(b) when "b"; `dim` of them in all, `red` the
     reduction length) into shared memory, L a thread; `{arr}off` is the matrix's
@@ -59,7 +59,9 @@ def tile_loads(arr, rows, trans, L, T, BK, dim, red="K", side="a"):
     and a thread's L loads step T/rows in k. So a thread keeps one source index, one
     row test and one k base per side, not one per load (variant 1 kept all of them per
     load: ~40 registers in the 128x128 tile). fetch (in the k loop, k0 the k-step)
-    loads into registers r_{arr}{l}; stash stores them at stage offset `so_a`/`so_b`."""
+    loads into registers r_{arr}{l}; stash stores them at stage offset `so_a`/`so_b`.
+    load: the name that widens a loaded element to the compute type (CT, or LD for
+    bfloat16 bits)."""
     kc = f"{trans} == {'0' if side == 'a' else '1'}"
     o0 = "m0" if side == "a" else "n0"
     tile = "As" if side == "a" else "Bs"
@@ -83,7 +85,7 @@ def tile_loads(arr, rows, trans, L, T, BK, dim, red="K", side="a"):
         v = f"{arr}{l}"
         fetch += [f"        r_{v} = ZERO",
                   f"        if ok_{p} and kk_{p} + {l} * dk_{p} < kend - k0:",
-                  f"            r_{v} = CT({arr}[U(src_{p} + {l} * ls_{p})])"]
+                  f"            r_{v} = {load}({arr}[U(src_{p} + {l} * ls_{p})])"]
         stash.append(f"        {tile}[U(so_{side} + dst_{p} + {l} * {rows + PAD} * dk_{p})] "
                      f"= r_{v}")
     fetch.append(f"        src_{p} += step_{p}")
@@ -151,14 +153,16 @@ def gemm_about(ct_name, size, cfg, what="the tiled GEMM (matmul, conv gemm/winog
                    "tiles, two stages, split-K)"}
 
 
-def gemm_source(BM, BN, BK, TM, TN):
+def gemm_source(BM, BN, BK, TM, TN, bf16=False):
     """(name, source) of kernel `gemm_<config>`: c[kz, z] = epilogue(op(a[z]) @ op(b[z]))
-    over the reduction chunk kz (grid.z) of length ksplit."""
+    over the reduction chunk kz (grid.z) of length ksplit. bf16: the arrays hold
+    bfloat16 bits, widened by LD and rounded back by ST (runtime/intrinsics.py)."""
+    ld = "LD" if bf16 else "CT"
     TY, TX = BM // TM, BN // TN
     T = TX * TY
     assert BM * BK % T == 0 and BN * BK % T == 0, "tile loads must split evenly"
     assert TM % _vec(TM) == 0 and TN % _vec(TN) == 0
-    name = f"gemm_{BM}x{BN}x{BK}_{TM}x{TN}"
+    name = f"gemm_{BM}x{BN}x{BK}_{TM}x{TN}" + ("_bf16" if bf16 else "")
     src = [f"def {name}(a, b, c, bias, offs, M, N, K, trans_a, trans_b, has_bias, act, "
            "coef, alpha, beta, ksplit):"] + block_setup(BM, BN, BK, TM, TN)
     src += [f"    ntn = (N + {BN - 1}) // {BN}",
@@ -168,16 +172,17 @@ def gemm_source(BM, BN, BK, TM, TN):
             "    kbeg = cuda.blockIdx.z * ksplit", "    kend = min(K, kbeg + ksplit)",
             "    aoff = offs[U(2 * z)]", "    boff = offs[U(2 * z + 1)]",
             "    coff = (cuda.blockIdx.z * cuda.gridDim.y + z) * M * N"]
-    setup_a, fetch_a, stash_a = tile_loads("a", BM, "trans_a", BM * BK // T, T, BK, "M")
+    setup_a, fetch_a, stash_a = tile_loads("a", BM, "trans_a", BM * BK // T, T, BK, "M",
+                                           load=ld)
     setup_b, fetch_b, stash_b = tile_loads("b", BN, "trans_b", BN * BK // T, T, BK, "N",
-                                           side="b")
+                                           side="b", load=ld)
     src += setup_a + setup_b
     src += main_loop(BM, BN, BK, TM, TN, fetch_a + fetch_b, stash_a + stash_b)
     for j in range(TN):
         src += [f"    col{j} = n0 + {col_expr(BN, TN, j)}",
                 f"    bb{j} = ZERO",
                 f"    if has_bias != 0 and col{j} < N:",
-                f"        bb{j} = CT(bias[U(col{j})])"]
+                f"        bb{j} = {ld}(bias[U(col{j})])"]
     for i in range(TM):
         src += [f"    m = m0 + {row_expr(BM, TM, i)}", "    if m < M:"]
         for j in range(TN):
@@ -187,6 +192,6 @@ def gemm_source(BM, BN, BK, TM, TN):
                     "                r = act_fn(r, act, coef)",
                     "            r = alpha * r",
                     "            if beta != ZERO:",
-                    f"                r += beta * CT(c[U(coff + m * N + col{j})])",
-                    f"            c[U(coff + m * N + col{j})] = r"]
+                    f"                r += beta * {ld}(c[U(coff + m * N + col{j})])",
+                    f"            c[U(coff + m * N + col{j})] = {'ST(r)' if bf16 else 'r'}"]
     return name, "\n".join(src) + "\n"

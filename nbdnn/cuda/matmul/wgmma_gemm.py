@@ -1,67 +1,116 @@
 """Matmul on the tensor cores (sm_90a): wgmma fed by TMA, warp-specialised.
 
-Variant T1, `wgmma_gemm_<f16|bf16>`: C (M x N) = alpha * A (M x K) @ Bt (N x K)^T, with
-16-bit A and Bt (float16 or bfloat16, both K-major: rows of K contiguous), float32
-accumulation, C in the inputs' dtype. Not yet wired into nbdnn.matmul (issue 23): the
-GPU tests and perf/experiments/wgmma_gemm.py drive it directly.
+C[z] (M x N) = epilogue(op(A[za]) @ op(B[zb])), 16-bit A and B (float16 or bfloat16),
+float32 accumulation, C in the inputs' dtype; z = blockIdx.y, (za, zb) = offs[2z:2z+2]
+(the batch-broadcast table). Either operand may be K-major (rows of K contiguous: a
+plain A, a transposed B) or MN-major (a transposed A, a plain B): TMA loads both into
+128-byte-swizzled shared memory and wgmma reads either major from its descriptors.
+
+Variant T1 (perf/history/runs.md run AD: 632-650 TFLOP/s, 0.87-0.99x cuBLAS at 4096 and
+8192): K-major operands only, one wgmma batch a k-tile waited to zero, blocks in row
+order, alpha only. Variant T2 (this file) adds both majors, batches, the fused
+epilogue, a grouped tile order (GROUP_M tile rows a group: a wave of blocks shares
+fewer B columns in L2) and IN_FLIGHT = 1 (a k-tile's wgmma batch still runs while the
+next stage's is issued; the stage it read is released one k-tile later).
 
 A block computes a BM x BN = 128 x 256 tile of C with three warpgroups (384 threads):
 
     warpgroup 0, producer    one thread: for each k-tile of BK = 64, wait until stage
                              s = kt % S is free (empty[s]), announce 48 KB on full[s]
-                             and issue two TMA loads: A 128 x 64 (16 KB), Bt 256 x 64
-                             (32 KB), 128-byte swizzle. setmaxnreg.dec to 40 registers.
+                             and issue the TMA loads (K-major: one box a side; MN-major:
+                             boxes of 64 M/N x 64 K, two for A, four for B).
+                             setmaxnreg.dec to 40 registers.
     warpgroups 1, 2,         each owns 64 rows of the tile. For each k-tile: wait full[s],
-    consumers                four wgmma m64n256k16 (the descriptors step 32 bytes along K
-                             inside the swizzled 128-byte rows), commit, wait, release the
-                             stage (one arrive a warpgroup: empty[s] counts 2).
-                             setmaxnreg.inc to 232 (128 accumulators a thread).
-    epilogue                 each consumer scales its 64 x 256 accumulators by alpha,
-                             packs pairs (cvt.rn.{f16,bf16}x2) and stores 4 bytes at a
-                             time straight to C, rows and columns bounds-checked.
+    consumers                four wgmma m64n256k16, commit, wait until IN_FLIGHT batches
+                             remain, release the stage those finished reading (one arrive
+                             a warpgroup: empty[s] counts 2). setmaxnreg.inc to 232.
+    epilogue                 each consumer applies bias, the activation and alpha/beta to
+                             its 64 x 256 accumulators in registers, packs pairs
+                             (cvt.rn.{f16,bf16}x2) and stores 4 bytes at a time straight
+                             to C, rows and columns bounds-checked.
 
-Shared memory (dynamic, 1024-byte aligned for the swizzle atom): S = 4 stages of
-A 16 KB + Bt 32 KB = 192 KB; the 2 S mbarriers are static. Registers: 384 threads at
-the launch's 168 (65 536 / 384), then 40 / 232 / 232 after setmaxnreg.
+Shared memory of a stage (dynamic, 1024-byte aligned for the swizzle atom):
+
+    A  K-major:  128 rows (m) x 128 B (64 k)     MN-major: 2 boxes [64 k rows x 128 B (64 m)]
+    B  K-major:  256 rows (n) x 128 B (64 k)     MN-major: 4 boxes [64 k rows x 128 B (64 n)]
+    descriptors  K-major: LBO unused, SBO 1024 (8 rows), +32 B a k-step of 16
+                 MN-major: LBO 8192 (the next 64-wide box), SBO 1024 (8 k-rows), +2048 B
+                 a k-step
+
+S = 4 stages of A 16 KB + B 32 KB = 192 KB; the 2 S mbarriers are static. Registers:
+384 threads at the launch's 168 (65 536 / 384), then 40 / 232 / 232 after setmaxnreg.
 
 Per k-tile a block loads (128 + 256) x 64 x 2 = 48 KB and does 2 x 128 x 256 x 64 =
 4.2 MFLOP: 85 flop a byte from L2 (the H200's 16-bit ridge is ~206 flop a byte of
-DRAM; neighbouring tiles share A and Bt through the 60 MB L2).
+DRAM; neighbouring tiles share A and B through the 60 MB L2).
 
 Tails: TMA fills out-of-bounds box elements with zeros (M, N and K tails cost nothing
-in the main loop); the epilogue skips rows >= M and columns >= N. Limits (the
-launcher's callers check them): K % 8 == 0 (TMA wants 16-byte row strides), N even
-(pair stores), 16-byte aligned A and Bt.
+in the main loop); the epilogue skips rows >= M and columns >= N. Limits (`usable`
+checks them; the caller runs the SIMT kernel otherwise): each operand's contiguous
+extent a multiple of 8 and its address 16-byte aligned (TMA's 16-byte strides), N even
+and C 4-byte aligned (pair stores), K > 0.
 """
 import functools
+import math
 
+import numpy as np
 from numba import types
 
+from .. import activation as _act
+from ..runtime.arrays import ptr, to_device
 from ..runtime.codegen import compile_source
 from ..runtime.launch import Kernel
-from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2
-from ..tensorcore.tensormap import tensor_map
+from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2, unpack_bf16x2, unpack_f16x2, \
+    widen_bf16, widen_f16
+from ..tensorcore.tensormap import encoded
 from ..tensorcore.tiles import SOURCE_NAMES
-from ..tensorcore.tma import mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc
+from ..tensorcore.tma import mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc, tma_load_3d
 from ..tensorcore.wgmma import wgmma
 
 BM, BN, BK, STAGES = 128, 256, 64, 4
 A_BYTES, B_BYTES = BM * BK * 2, BN * BK * 2
 STAGE_BYTES = A_BYTES + B_BYTES
+BOX = 64                                       # MN-major boxes: 64 elements = 128 B wide
 SHARED = STAGES * STAGE_BYTES + 1024           # + the alignment slack
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16"}
+GROUP_M = 8      # tile rows of a group in the block order (1: row order, as T1)
+IN_FLIGHT = 1    # wgmma batches left running at the end of a k-tile (0: T1's wait)
+MAX_BATCH = 65535                              # grid.y
+SIG = ("void(uint64, uint64, uint32[::1], uint16[::1], int32[::1], int64, int64, int64, "
+       "int64, float32, float32, float32)")
 
 
-def source(kind):
-    """The kernel's source for kind "f16" or "bf16" (the epilogue's stores written out:
-    accumulator j of a thread is literal, so the 128 stay in registers)."""
-    name = f"wgmma_gemm_{kind}"
+def _loads(side, k_major):
+    """The producer's TMA lines for one operand into stage address `sa`/`sb`."""
+    dst, tmap, z, o0 = ("sa", "map_a", "za", "m0") if side == "a" else ("sb", "map_b", "zb", "n0")
+    rows = BM if side == "a" else BN
+    if k_major:  # one box: rows x 64 k (x = k, y = row, z = matrix)
+        return [f"                tma_load_3d(U32({dst}), {tmap}, I32(kt * {BK}), I32({o0}), "
+                f"{z}, U32(full0 + 8 * s))"]
+    return [f"                tma_load_3d(U32({dst} + {i * BOX * BK * 2}), {tmap}, "
+            f"I32({o0} + {i * BOX}), I32(kt * {BK}), {z}, U32(full0 + 8 * s))"
+            for i in range(rows // BOX)]
+
+
+def _descriptor(addr, k_major, ks):
+    if k_major:
+        return f"descriptor({addr} + {32 * ks}, 16, 1024, SW128)"
+    return f"descriptor({addr} + {2048 * ks}, {BOX * BK * 2}, 1024, SW128)"
+
+
+def source(kind, a_k, b_k, bias, act, beta):
+    """(name, source) of the kernel for kind "f16"/"bf16", operand majors (a_k, b_k:
+    K-major or not) and the epilogue (bias: add bias[n]; act: an activation mode or
+    None; beta: blend the old C). Accumulator j of a thread is a literal index in the
+    written-out epilogue, so the 128 stay in registers."""
+    epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "")
+    name = f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}_f{IN_FLIGHT}"
     # (the 128 zeros in a device function of their own: numba's bytecode peephole for
     # long tuple literals fails inside the kernel's branches)
     L = ["@cuda.jit(device=True)", "def zero_acc():",
          "    return (" + "F32(0), " * (BN // 2) + ")", "", "",
-         f"def {name}(map_a, map_b, c, M, N, K, alpha):",
+         f"def {name}(map_a, map_b, c, bias, offs, M, N, K, group, alpha, beta, coef):",
          "    smem = cuda.shared.array(0, types.uint8)",
          f"    bars = cuda.shared.array({2 * STAGES}, types.uint64, alignment=8)",
          "    tid = cuda.threadIdx.x",
@@ -69,8 +118,17 @@ def source(kind):
          "    base = (I(smem_address(smem, 0)) + 1023) & ~1023  # the swizzle atom's alignment",
          "    full0 = I(smem_address(bars, 0))             # full[s] at +8 s, empty[s] at +8 (S + s)",
          f"    empty0 = full0 + {8 * STAGES}",
-         f"    m0 = cuda.blockIdx.y * {BM}",
-         f"    n0 = cuda.blockIdx.x * {BN}",
+         # grouped order: `group` tile rows, down the rows first, then across the columns
+         f"    tm = (M + {BM - 1}) // {BM}",
+         f"    width = group * ((N + {BN - 1}) // {BN})",
+         "    pid = cuda.blockIdx.x",
+         "    first = (pid // width) * group",
+         "    gm = min(tm - first, group)",
+         f"    m0 = (first + (pid % width) % gm) * {BM}",
+         f"    n0 = ((pid % width) // gm) * {BN}",
+         "    z = cuda.blockIdx.y",
+         "    za = I32(offs[2 * z])",
+         "    zb = I32(offs[2 * z + 1])",
          f"    ktiles = (K + {BK - 1}) // {BK}",
          "    if tid == 0:",
          "        fence_proxy_tensormap_acquire(map_a)",
@@ -90,68 +148,157 @@ def source(kind):
          "                    pass",
          f"                mbarrier_arrive_expect_tx(U32(full0 + 8 * s), {STAGE_BYTES})",
          f"                sa = base + s * {STAGE_BYTES}",
-         f"                tma_load_2d(U32(sa), map_a, I32(kt * {BK}), I32(m0), U32(full0 + 8 * s))",
-         f"                tma_load_2d(U32(sa + {A_BYTES}), map_b, I32(kt * {BK}), I32(n0), "
-         "U32(full0 + 8 * s))",
-         "    else:",
-         "        setmaxnreg_inc(232)",
-         "        w = wg - 1",
-         "        d = zero_acc()",
-         "        for kt in range(ktiles):",
-         f"            s = kt % {STAGES}",
-         f"            ph = (kt // {STAGES}) & 1",
-         "            while mbarrier_try_wait_parity(U32(full0 + 8 * s), U32(ph)) == 0:",
-         "                pass",
-         f"            sa = base + s * {STAGE_BYTES} + w * {64 * BK * 2}",
-         f"            sb = base + s * {STAGE_BYTES} + {A_BYTES}",
-         "            wgmma_fence()"]
-    for ks in range(BK // 16):  # 16 elements of K = 32 bytes of a swizzled row
-        L += [f"            d = mma(descriptor(sa + {32 * ks}, 16, 1024, SW128), "
-              f"descriptor(sb + {32 * ks}, 16, 1024, SW128), d, 1)"]
-    L += ["            wgmma_commit()", "            wgmma_wait(0)",
-          "            if tid % 128 == 0:", "                mbarrier_arrive(U32(empty0 + 8 * s))",
-          "        i = tid % 128",
+         f"                sb = sa + {A_BYTES}"]
+    L += _loads("a", a_k) + _loads("b", b_k)
+    L += ["    else:",
+          "        setmaxnreg_inc(232)",
+          "        w = wg - 1",
+          "        d = zero_acc()",
+          "        for kt in range(ktiles):",
+          f"            s = kt % {STAGES}",
+          f"            ph = (kt // {STAGES}) & 1",
+          "            while mbarrier_try_wait_parity(U32(full0 + 8 * s), U32(ph)) == 0:",
+          "                pass",
+          f"            sa = base + s * {STAGE_BYTES} + w * {64 * BK * 2}",
+          f"            sb = base + s * {STAGE_BYTES} + {A_BYTES}",
+          "            wgmma_fence()"]
+    for ks in range(BK // 16):
+        L += [f"            d = mma({_descriptor('sa', a_k, ks)}, {_descriptor('sb', b_k, ks)}, "
+              "d, 1)"]
+    L += ["            wgmma_commit()", f"            wgmma_wait({IN_FLIGHT})"]
+    if IN_FLIGHT:  # the batch before this one is done: its stage is free
+        L += ["            if kt > 0 and tid % 128 == 0:",
+              f"                mbarrier_arrive(U32(empty0 + 8 * ((kt - 1) % {STAGES})))",
+              "        wgmma_wait(0)"]
+    else:
+        L += ["            if tid % 128 == 0:", "                mbarrier_arrive(U32(empty0 + 8 * s))"]
+    L += ["        i = tid % 128",
           "        r = m0 + w * 64 + 16 * (i // 32) + (i % 32) // 4",
           "        cb = n0 + 2 * (i % 4)",
-          "        a = F32(alpha)"]
+          "        coff = z * M * N",
+          "        a = F32(alpha)",
+          "        bt = F32(beta)",
+          "        cf = F32(coef)"]
     for j in range(BN // 8):
+        col = f"cb + {8 * j}"
+        if bias:
+            L += [f"        b0 = F32(0)", "        b1 = F32(0)",
+                  f"        if {col} < N:",
+                  f"            b0 = widen(bias[{col}])", f"            b1 = widen(bias[{col} + 1])"]
         for half, rr in ((0, "r"), (2, "(r + 8)")):
-            L += [f"        if {rr} < M and cb + {8 * j} < N:",
-                  f"            c[({rr} * N + cb + {8 * j}) // 2] = cvt(a * d[{4 * j + half}], "
-                  f"a * d[{4 * j + half + 1}])"]
+            v0, v1 = f"d[{4 * j + half}]", f"d[{4 * j + half + 1}]"
+            L += [f"        if {rr} < M and {col} < N:",
+                  f"            v0 = {v0}{' + b0' if bias else ''}",
+                  f"            v1 = {v1}{' + b1' if bias else ''}"]
+            if act:
+                L += ["            v0 = act_f(v0, cf)", "            v1 = act_f(v1, cf)"]
+            L += [f"            at = (coff + {rr} * N + {col}) // 2"]
+            if beta:
+                L += ["            o0, o1 = unpack(c[at])",
+                      "            v0 = a * v0 + bt * o0", "            v1 = a * v1 + bt * o1"]
+            else:
+                L += ["            v0 = a * v0", "            v1 = a * v1"]
+            L += ["            c[at] = cvt(v0, v1)"]
     return name, "\n".join(L) + "\n"
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(dtype):
-    """(Kernel, signature) for dtype "float16" or "bfloat16"."""
+def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False):
+    """The Kernel for dtype "float16" / "bfloat16", the operand majors and the epilogue
+    (built on first use: a variant compiles in seconds)."""
     kind = KINDS[dtype]
-    name, src = source(kind)
+    name, src = source(kind, a_k, b_k, bias, act, beta)
+    bf = kind == "bf16"
     ns = dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
-              F32=types.float32, mma=wgmma(BN, kind), mbarrier_arrive=mbarrier_arrive,
+              F32=types.float32, mma=wgmma(BN, kind, int(not b_k), int(not a_k)),
+              mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
               setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
-              cvt=cvt_bf16x2 if kind == "bf16" else cvt_f16x2)
+              cvt=cvt_bf16x2 if bf else cvt_f16x2, widen=widen_bf16 if bf else widen_f16,
+              unpack=unpack_bf16x2 if bf else unpack_f16x2,
+              act_f=_act._device_functions(np.float32)[act][0] if act else None)
     fn = compile_source(name, src, ns, about={
         "config": f"{dtype}: tile {BM}x{BN}x{BK}, {STAGES} stages, 1 producer + 2 consumer "
-                  "warpgroups, wgmma m64n256k16, TMA 128-byte swizzle",
+                  f"warpgroups, wgmma m64n256k16, TMA 128-byte swizzle, A "
+                  f"{'K' if a_k else 'MN'}-major, B {'K' if b_k else 'MN'}-major, "
+                  f"{IN_FLIGHT} batch in flight",
+        "epilogue": f"bias {bias}, activation {act}, beta {beta}",
         "traffic": f"a k-tile: {STAGE_BYTES} B in, {2 * BM * BN * BK} flops",
-        "why": "variant T1 (module docstring): the first tensor-core GEMM"})
-    sig = "void(uint64, uint64, uint32[::1], int64, int64, int64, float32)"
-    return Kernel(fn, [sig], arch="sm_90a", shared_bytes=SHARED, max_registers=MAX_REGS), sig
+        "why": "variant T2 (module docstring)"})
+    return Kernel(fn, [SIG], arch="sm_90a", shared_bytes=SHARED, max_registers=MAX_REGS)
 
 
 def ptx_examples():
-    """Both dtypes' kernels (tests/test_ptx.py compiles them for sm_90a)."""
+    """The plain kernel of both dtypes, every operand major, and one full epilogue
+    (tests/test_ptx.py compiles them for sm_90a)."""
     for dtype in KINDS:
-        kernel(dtype)
+        for a_k in (True, False):
+            for b_k in (True, False):
+                kernel(dtype, a_k, b_k)
+    kernel("bfloat16", True, False, True, "gelu", True)
 
 
-def gemm(a, bt, c32, M, N, K, alpha, dtype, stream=0):
-    """c = alpha * a @ bt^T: a (M, K) and bt (N, K) C-contiguous 16-bit device arrays of
-    `dtype`; c32 the (M, N) output viewed as M * N / 2 uint32. K % 8 == 0, N even."""
-    from ..runtime.arrays import ptr
-    tmap_a = tensor_map(ptr(a), (M, K), dtype, (BM, BK), "128B")
-    tmap_b = tensor_map(ptr(bt), (N, K), dtype, (BN, BK), "128B")
-    k, sig = kernel(dtype)
-    k.launch(sig, (-(-N // BN), -(-M // BM), 1), THREADS, stream, tmap_a, tmap_b, c32, M, N,
-             K, alpha, shmem=SHARED)
+def usable(a, b, c, trans_a, trans_b, M, N, K):
+    """Whether this kernel can run op(a) @ op(b) into c (16-bit dtypes, sm_90 checked
+    by the caller): TMA needs 16-byte row strides and 16-byte aligned bases, the
+    epilogue even N and a 4-byte aligned C."""
+    inner_a, inner_b = (M if trans_a else K), (K if trans_b else N)
+    return (K > 0 and N % 2 == 0 and inner_a % 8 == 0 and inner_b % 8 == 0 and
+            ptr(a) % 16 == 0 and ptr(b) % 16 == 0 and ptr(c) % 4 == 0)
+
+
+_offsets_cache = {}
+
+
+def _offsets(a_batch, b_batch, batch):
+    """Device int32 [a matrix, b matrix] per batch index (cached per batch layout)."""
+    key = (a_batch, b_batch, batch)
+    t = _offsets_cache.get(key)
+    if t is None:
+        n = math.prod(batch)
+        ia = np.broadcast_to(np.arange(math.prod(a_batch)).reshape(a_batch), batch).ravel()
+        ib = np.broadcast_to(np.arange(math.prod(b_batch)).reshape(b_batch), batch).ravel()
+        host = np.zeros(2 * max(n, 1), dtype=np.int32)
+        host[0::2][:n], host[1::2][:n] = ia, ib
+        if len(_offsets_cache) > 256:
+            _offsets_cache.clear()
+        t = _offsets_cache[key] = to_device(host)
+    return t
+
+
+def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
+    """c = alpha * act(op(a) @ op(b) + bias) + beta * c on the tensor cores. a, b, c, bias:
+    C-contiguous 16-bit device arrays of one dtype (shapes checked by the front end,
+    `usable` true); c (batch..., M, N)."""
+    from ..runtime.arrays import dtype_name
+    from ...backend import _recording
+    plan = _recording.__dict__.get("plan")
+    if plan is not None:  # a tensor map holds its tensor's address: a replay with other
+        plan.impure()     # arrays would read the recorded ones
+    dtype = dtype_name(a)
+    ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
+    M, K = (ash[-1], ash[-2]) if trans_a else (ash[-2], ash[-1])
+    N = bsh[-2] if trans_b else bsh[-1]
+    na, nb_ = math.prod(ash[:-2]), math.prod(bsh[:-2])
+    batch = ash[:-2] if ash[:-2] == bsh[:-2] else tuple(np.broadcast_shapes(ash[:-2], bsh[:-2]))
+    nz = math.prod(batch)
+    rows_a = M
+    if nb_ == 1 and not trans_a and nz == na:  # one b: a's matrices stack into one of nz M rows
+        rows_a, na, nz, batch = nz * M, 1, 1, ()
+    if nz > MAX_BATCH:
+        from ...errors import NotSupportedError
+        raise NotSupportedError(f"matmul: {nz} matrices in a batch exceed the grid limit "
+                                f"{MAX_BATCH}; split the batch")
+    # tensor maps (matrices, rows, contiguous extent), boxes (1, rows, 64 k) K-major or
+    # (1, 64 k, 64 m/n) MN-major
+    ma = encoded(ptr(a), (na, K, rows_a) if trans_a else (na, rows_a, K), dtype,
+                 (1, BK, BOX) if trans_a else (1, BM, BK), "128B")
+    mb = encoded(ptr(b), (nb_, N, K) if trans_b else (nb_, K, N), dtype,
+                 (1, BN, BK) if trans_b else (1, BK, BOX), "128B")
+    k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0)
+    offs = _offsets(ash[:-2] if na > 1 or nz > 1 else (), bsh[:-2] if nz > 1 else (),
+                    batch)
+    tiles = -(-rows_a // BM) * -(-N // BN)
+    k.launch(SIG, (tiles, nz, 1), THREADS, stream, ma[0], mb[0], (ptr(c), (nz * rows_a * N) // 2),
+             (ptr(bias), N) if bias is not None else (ptr(c), 1), offs, rows_a, N, K, GROUP_M,
+             alpha, beta, coef, shmem=SHARED, owners=(ma[1], mb[1], c, bias))
+    return c

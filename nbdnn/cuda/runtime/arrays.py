@@ -266,6 +266,8 @@ def to_device(a, stream=0):
     size-1 axes with any stride)."""
     _host_copy()
     a = np.asarray(a)
+    if a.dtype.name == "bfloat16" and not SIMULATOR:
+        return _bfloat16_to_torch(a)
     if a.size and a.strides != _c_strides(a.shape, a.itemsize):
         # (NumPy calls an array whose only odd strides are on size-1 axes contiguous,
         # and numba's to_device keeps those strides: a negative one gave a device
@@ -273,6 +275,19 @@ def to_device(a, stream=0):
         # new array has the canonical strides)
         a = np.array(a, order="C", copy=True)
     return cuda.to_device(a, stream=stream or 0)
+
+
+def _bfloat16_to_torch(a):
+    """A bfloat16 NumPy array on the GPU: numba's device arrays have no bfloat16 dtype,
+    so a PyTorch tensor holds it (kernels take its bits as uint16)."""
+    try:
+        import torch
+    except ImportError:
+        from ...errors import NotSupportedError
+        raise NotSupportedError("bfloat16 arrays on the GPU are PyTorch tensors (numba's "
+                                "device arrays have no bfloat16): install torch") from None
+    bits = np.ascontiguousarray(a).view(np.int16)
+    return torch.from_numpy(bits).cuda().view(torch.bfloat16)
 
 
 def _c_strides(shape, itemsize):
@@ -288,6 +303,9 @@ def to_host(x):
     _host_copy()
     mod = type(x).__module__ or ""
     if mod.startswith("torch"):
+        if str(x.dtype) == "torch.bfloat16":  # (torch has no NumPy bfloat16)
+            import ml_dtypes
+            return x.detach().view(_torch_dtype("int16")).cpu().numpy().view(ml_dtypes.bfloat16)
         return x.detach().cpu().numpy()
     if mod.startswith("cupy"):
         return x.get()

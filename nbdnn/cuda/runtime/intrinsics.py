@@ -12,6 +12,11 @@
 - `round_tf32(x)`: float32 x rounded to TF32 (10 mantissa bits, ties away from zero:
   `cvt.rna.tf32.f32`), as a float32; NaN and infinities unchanged. The math modes'
   operands (nbdnn/cpu/matmul.py's tf32() is the same rounding in NumPy).
+- `bf16_load(v)` / `bf16_store(x)`: bfloat16 storage. On the GPU a bfloat16 array is
+  passed as uint16 (its bits: numba's arrays have no bfloat16 dtype); bf16_load widens
+  the bits to float32 (exact: a shift into the high half), bf16_store rounds float32
+  to the nearest-even bfloat16 bits (`cvt.rn.bf16.f32`, NaN kept). Under the simulator
+  the arrays hold ml_dtypes.bfloat16 values and NumPy converts on load and store.
 - `HAS_WARP`: warp shuffles exist (False under the simulator, which lacks them):
   kernels branch on it to reduce through shared memory instead.
 """
@@ -42,6 +47,13 @@ if SIMULATOR:
         if u & 0x7F800000 == 0x7F800000:
             return np.float32(x)
         return np.uint32((u + 0x1000) & 0xFFFFE000).view(np.float32)
+
+    def bf16_load(v):
+        import numpy as np
+        return np.float32(v)
+
+    def bf16_store(x):
+        return x  # (the ml_dtypes array rounds to nearest even on assignment)
 else:
     from llvmlite import ir
     from numba.cuda import cgutils, types
@@ -145,3 +157,25 @@ else:
             asm = ir.InlineAsm(fnty, "cvt.rna.tf32.f32 $0, $1;", "=r,f")
             return builder.bitcast(builder.call(asm, [args[0]]), ir.FloatType())
         return types.float32(types.float32), codegen
+
+    @intrinsic
+    def bf16_load(typingctx, v):
+        if v != types.uint16:
+            return None
+
+        def codegen(context, builder, sig, args):
+            wide = builder.shl(builder.zext(args[0], ir.IntType(32)),
+                               ir.Constant(ir.IntType(32), 16))
+            return builder.bitcast(wide, ir.FloatType())
+        return types.float32(types.uint16), codegen
+
+    @intrinsic
+    def bf16_store(typingctx, x):
+        if x != types.float32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(16), [ir.FloatType()])
+            asm = ir.InlineAsm(fnty, "cvt.rn.bf16.f32 $0, $1;", "=h,f")
+            return builder.call(asm, [args[0]])
+        return types.uint16(types.float32), codegen

@@ -130,6 +130,42 @@ cvt_bf16x2 = _cvt_x2("bf16x2")
 cvt_f16x2 = _cvt_x2("f16x2")
 
 
+def _widen(kind):
+    """The intrinsic u16 bits of one `kind` value ("f16" or "bf16") -> float32 (exact)."""
+    text = "{\n.reg .b16 h;\nmov.b16 h, $1;\n" f"cvt.f32.{kind} $0, h;\n}}"
+
+    @intrinsic
+    def widen(typingctx, bits):
+        if bits != types.uint16:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return inline_asm(builder, F32, list(args), text, "=f,h")
+        return types.float32(types.uint16), codegen
+    widen.__doc__ = f"The {kind} value in 16 bits -> float32.\n\nPTX: `{text}`"
+    return widen
+
+
+def _unpack_x2(kind):
+    """The intrinsic u32 {lo, hi} of two `kind` values -> (float32 lo, float32 hi)."""
+    text = ("{\n.reg .b16 l, h;\nmov.b32 {l, h}, $2;\n"
+            f"cvt.f32.{kind} $0, l;\ncvt.f32.{kind} $1, h;\n}}")
+
+    @intrinsic
+    def unpack(typingctx, pair):
+        def codegen(context, builder, sig, args):
+            st = inline_asm(builder, ir.LiteralStructType([F32, F32]), list(args), text,
+                            "=f,=f,r")
+            return values(context, builder, sig, st, 2)
+        return types.UniTuple(types.float32, 2)(types.uint32), codegen
+    unpack.__doc__ = f"One .b32 of two {kind} values -> two float32.\n\nPTX: `{text}`"
+    return unpack
+
+
+widen_f16, widen_bf16 = _widen("f16"), _widen("bf16")
+unpack_f16x2, unpack_bf16x2 = _unpack_x2("f16"), _unpack_x2("bf16")
+
+
 @intrinsic
 def pack_b16(typingctx, lo, hi):
     """Two float16 (or two bfloat16) values -> one .b32 {lo, hi}.

@@ -22,8 +22,14 @@ def tensor_map(address, shape, dtype, box, swizzle="none"):
     `shape` (outermost first) and `dtype` name, moved in boxes of `box` elements
     (outermost first); swizzle: "none", "32B", "64B" or "128B" (the box's inner extent
     in bytes must not exceed it). Cached; the device copy lives as long as the cache."""
+    return encoded(address, shape, dtype, box, swizzle)[0]
+
+
+def encoded(address, shape, dtype, box, swizzle="none"):
+    """(device address, device array) of the tensor map tensor_map describes: a kernel
+    launch recorded into a graph keeps the array alive (launch's `owners`)."""
     return _encoded(int(address), tuple(int(s) for s in shape), str(dtype),
-                    tuple(int(b) for b in box), swizzle)[0]
+                    tuple(int(b) for b in box), swizzle)
 
 
 @functools.lru_cache(maxsize=1024)

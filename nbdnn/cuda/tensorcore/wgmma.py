@@ -21,7 +21,11 @@ one; the descriptor gives the byte distance between core matrices adjacent along
 (what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B) a row is 128 bytes along K (64
 f16), the 16-byte chunks of row r XOR-permuted by r % 8, 8 rows a 1024-byte atom; the
 stride byte offset is then the distance between 8-row groups (1024 B) and the leading
-offset is unused for K-major. The issue ceilings measured on the H200 from numba
+offset is unused for K-major. MN-major with the 128-byte swizzle (CuTe's canonical
+((8,8,m),(8,k)) : ((1,8,LBO),(64,SBO)) in 16-bit elements): a 128-byte row holds 64
+consecutive M (or N) values of one k, 8 k-rows make a 1024-byte atom; SBO is the
+distance between atoms along K (1024 B when the k-rows follow each other), LBO the
+distance between 64-wide blocks along M/N (a TMA box of 64 x BK each). The issue ceilings measured on the H200 from numba
 (../shared/tensorcore/wgmma_peak.py): m64n256k16 f16 692 / 788 / 835 TFLOP/s with 1 / 2
 / 4 warpgroups an SM.
 """
@@ -57,16 +61,18 @@ wgmma_wait = literal_statement("wgmma.wait_group.sync.aligned %d;",
 
 
 @functools.lru_cache(maxsize=None)
-def wgmma(N, kind, trans_b=0):
+def wgmma(N, kind, trans_b=0, trans_a=0):
     """The intrinsic f(desc_a, desc_b, d, scale_d) -> d for m64nNk{16|8}, kind "f16",
     "bf16" or "tf32"; d a UniTuple(float32, N // 2); scale_d 0 ignores d's input
-    (the first product of a tile). trans_b = 1: B is MN-major in shared memory (16-bit
-    kinds only; A is always K-major here)."""
-    if N % 8 or not 8 <= N <= 256 or kind not in K_OF or (trans_b and kind == "tf32"):
-        raise ValueError(f"no wgmma m64n{N}k{K_OF.get(kind)} {kind} trans_b={trans_b}")
+    (the first product of a tile). trans_b = 1 / trans_a = 1: B / A is MN-major in
+    shared memory (16-bit kinds only; tf32 operands are always K-major)."""
+    if N % 8 or not 8 <= N <= 256 or kind not in K_OF or \
+            ((trans_a or trans_b) and kind == "tf32"):
+        raise ValueError(f"no wgmma m64n{N}k{K_OF.get(kind)} {kind} trans_a={trans_a} "
+                         f"trans_b={trans_b}")
     n = N // 2
     d = "{" + ",".join(f"${i}" for i in range(n)) + "}"
-    tail = f"p, 1, 1, 0, {trans_b}" if kind != "tf32" else "p, 1, 1"
+    tail = f"p, 1, 1, {trans_a}, {trans_b}" if kind != "tf32" else "p, 1, 1"
     text = ("{\n.reg .pred p;\n" f"setp.ne.b32 p, ${2 * n + 2}, 0;\n"
             f"wgmma.mma_async.sync.aligned.m64n{N}k{K_OF[kind]}.f32.{kind}.{kind} "
             f"{d}, ${n}, ${n + 1}, {tail};\n}}")
