@@ -1,4 +1,5 @@
 """Bad matmul calls raise the documented NbdnnError subclass, naming the parameter."""
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -6,6 +7,7 @@ import nbdnn
 from nbdnn import BadParamError, DtypeError, ShapeError
 
 F32 = np.float32
+BF16 = ml_dtypes.bfloat16
 A, B = np.ones((3, 4), F32), np.ones((4, 5), F32)
 
 
@@ -16,6 +18,9 @@ A, B = np.ones((3, 4), F32), np.ones((4, 5), F32)
     (lambda: nbdnn.matmul(np.ones((2, 3, 4), F32), np.ones((3, 4, 5), F32)), ShapeError,
      "batch axes"),
     (lambda: nbdnn.matmul(A, B.astype(np.float64)), DtypeError, "b.dtype"),
+    (lambda: nbdnn.matmul(A.astype(BF16), B.astype(np.float16)), DtypeError, "b.dtype"),
+    (lambda: nbdnn.matmul(A.astype(BF16), B.astype(BF16), bias=np.ones(5, F32)), DtypeError,
+     "bias.dtype"),
     (lambda: nbdnn.matmul(A.astype(np.int32), B), DtypeError, "a"),
     (lambda: nbdnn.matmul(A, B, bias=np.ones(4, F32)), ShapeError, "bias.shape"),
     (lambda: nbdnn.matmul(A, B, bias=np.ones(5, np.float64)), DtypeError, "bias.dtype"),
@@ -40,3 +45,16 @@ def test_empty_operands_give_bias_and_zeros():
     np.testing.assert_array_equal(nbdnn.matmul(a, b, bias=bias), np.tile(bias, (2, 1)))
     np.testing.assert_array_equal(nbdnn.matmul(a, b, bias=bias, backend="cuda"),
                                   np.tile(bias, (2, 1)))
+
+
+def test_bfloat16_backward_limits_are_named():
+    """bfloat16 gradients that need reduce_tensor (dbias, batch axes broadcast along
+    both operands) are a NotSupportedError on CUDA, not a wrong answer; the CPU
+    reference computes them."""
+    from nbdnn import NotSupportedError
+    a, b = np.ones((2, 1, 3, 4), BF16), np.ones((3, 4, 5), BF16)
+    dc = np.ones((2, 3, 3, 5), BF16)
+    assert nbdnn.matmul_backward(dc, a, b, bias=True)[2].dtype == BF16
+    for kw in ({"bias": True}, {}):
+        with pytest.raises(NotSupportedError, match="bfloat16"):
+            nbdnn.matmul_backward(dc, a, b, backend="cuda", **kw)

@@ -133,30 +133,110 @@ def test_sass_has_the_tensor_core_instruction(name, instruction):
     assert k.resources(sig)["local_bytes"] == 0
 
 
-@pytest.mark.parametrize("M,N,K", [(300, 520, 200), (128, 256, 64), (1, 2, 8)])
-@pytest.mark.parametrize("kind", ["f16", "bf16"])
-def test_wgmma_gemm_variant_t1(kind, M, N, K):
-    """The warp-specialised TMA + wgmma GEMM (nbdnn/cuda/matmul/wgmma_gemm.py) against
-    NumPy on the same rounded operands: tails in M, N and K (TMA's zero fill), one
-    exact tile, a 1 x 2 product; the result rounded once to the 16-bit dtype."""
-    from numba import cuda
-    from nbdnn.cuda.matmul import wgmma_gemm as W
+# (a shape, b shape): tails in M, N and K (TMA's zero fill), one exact tile, a tiny
+# product, equal batches, a batch of a against one b (stacked into one GEMM), batch
+# axes broadcast both ways (the matrix table)
+TC_SHAPES = [((296, 200), (200, 520)), ((128, 64), (64, 256)), ((8, 8), (8, 8)),
+             ((3, 136, 72), (3, 72, 264)), ((3, 40, 64), (64, 24)),
+             ((2, 1, 24, 16), (3, 16, 32))]
+
+
+def _torch_pair(rng, shape, tdt, trans):
+    """A (..., r, c) operand as a CUDA tensor (stored transposed when trans) and its
+    float64 values as the kernel sees them."""
+    import torch
+    x = torch.from_numpy(rng.uniform(-1, 1, shape).astype(np.float32)).to(tdt)
+    want = x.double().numpy()
+    dev = (x.transpose(-1, -2).contiguous() if trans else x).cuda()
+    return dev, want
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("shapes", TC_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_matmul_on_tensor_cores(dtype, shapes, ta, tb):
+    """nbdnn.matmul of 16-bit torch tensors runs the wgmma kernel (variant T2,
+    nbdnn/cuda/matmul/wgmma_gemm.py) for every operand major, with the epilogue (bias,
+    gelu, alpha/beta), against NumPy in float64 on the same rounded operands: one
+    rounding of the float32 sum to the output dtype."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
-    rng = np.random.default_rng(M + K)
-    a, av = _bits(rng.standard_normal((M, K)), kind)
-    bt, bv = _bits(rng.standard_normal((N, K)), kind)
-    c = cuda.device_array(M * N // 2, np.uint32)
-    dtype = "bfloat16" if kind == "bf16" else "float16"
-    W.gemm(cuda.to_device(a), cuda.to_device(bt), c, M, N, K, 0.5, dtype)
-    got16 = c.copy_to_host().view(np.uint16).reshape(M, N)
-    got = _bits_to_float(got16, kind)
-    want = 0.5 * (av @ bv.T)
-    ulp = 2.0 ** -7 if kind == "bf16" else 2.0 ** -10
-    np.testing.assert_allclose(got, want, rtol=2 * ulp, atol=1e-5 * np.sqrt(K))
+    tdt = getattr(torch, dtype)
+    rng = np.random.default_rng(len(shapes[0]) * 7 + ta + 2 * tb)
+    (ash, bsh) = shapes
+    a, av = _torch_pair(rng, ash, tdt, ta)
+    b, bv = _torch_pair(rng, bsh, tdt, tb)
+    N, K = bsh[-1], ash[-1]
+    bias, biasv = _torch_pair(rng, (1, N), tdt, False)
+    bias, biasv = bias[0], biasv[0]
+    old, oldv = _torch_pair(rng, np.broadcast_shapes(ash[:-2], bsh[:-2]) + (ash[-2], N), tdt,
+                            False)
+    with launched() as names:
+        c = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, bias=bias, activation="gelu",
+                         alpha=0.5, beta=0.25, out=old)
+        plain = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb)
+    assert [n for n in names if n.startswith("wgmma_gemm")] == names and len(names) == 2, names
+    from scipy.special import erf
+    r = av @ bv + biasv
+    want = 0.5 * (0.5 * r * (1 + erf(r / np.sqrt(2)))) + 0.25 * oldv
+    ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
+    np.testing.assert_allclose(c.double().cpu().numpy(), want, rtol=2 * ulp,
+                               atol=1e-5 * np.sqrt(K) + 2 * ulp)
+    np.testing.assert_allclose(plain.double().cpu().numpy(), av @ bv, rtol=2 * ulp,
+                               atol=1e-5 * np.sqrt(K))
 
 
-def _bits_to_float(bits, kind):
-    if kind == "f16":
-        return bits.view(np.float16).astype(np.float64)
-    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_tensor_core_matmul_is_deterministic_and_backward_runs_there(dtype):
+    """Reruns are bit-identical (no atomics); matmul_backward's two products run on the
+    tensor cores too (a batch of a against one b: db is one stacked GEMM)."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    tdt = getattr(torch, dtype)
+    rng = np.random.default_rng(5)
+    a, av = _torch_pair(rng, (4, 264, 520), tdt, False)
+    b, bv = _torch_pair(rng, (520, 392), tdt, False)
+    c1, c2 = nbdnn.matmul(a, b), nbdnn.matmul(a, b)
+    assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))
+    dc, dcv = _torch_pair(rng, (4, 264, 392), tdt, False)
+    with launched() as names:
+        da, db = nbdnn.matmul_backward(dc, a, b)
+    assert len(names) == 2 and all(n.startswith("wgmma_gemm") for n in names), names
+    ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
+    np.testing.assert_allclose(da.double().cpu().numpy(), dcv @ bv.T, rtol=2 * ulp,
+                               atol=1e-5 * np.sqrt(520))
+    np.testing.assert_allclose(db.double().cpu().numpy(),
+                               np.einsum("zmk,zmn->kn", av, dcv), rtol=2 * ulp,
+                               atol=1e-5 * np.sqrt(4 * 264))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_operands_tma_cannot_take_run_the_simt_kernel(dtype):
+    """An odd K (rows not 16-byte multiples), an odd N, a 2-byte-offset view: the SIMT
+    kernel runs them, correctly (the documented fallback)."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.runtime.launch import launched
+    tdt = getattr(torch, dtype)
+    rng = np.random.default_rng(9)
+    cases = [((40, 13), (13, 24)), ((40, 16), (16, 23))]
+    for ash, bsh in cases:
+        a, av = _torch_pair(rng, ash, tdt, False)
+        b, bv = _torch_pair(rng, bsh, tdt, False)
+        with launched() as names:
+            c = nbdnn.matmul(a, b)
+        assert not any(n.startswith("wgmma_gemm") for n in names), names
+        np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7, atol=1e-4)
+    big, bigv = _torch_pair(rng, (1, 40 * 16 + 1), tdt, False)
+    a, av = big[0, 1:].view(40, 16), bigv[0, 1:].reshape(40, 16)  # 2 bytes past 16-aligned
+    b, bv = _torch_pair(rng, (16, 24), tdt, False)
+    with launched() as names:
+        c = nbdnn.matmul(a, b)
+    assert not any(n.startswith("wgmma_gemm") for n in names), names
+    np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7, atol=1e-4)

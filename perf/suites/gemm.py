@@ -4,15 +4,18 @@
     float32 ieee      nbdnn.matmul            cuBLAS fp32 (allow_tf32 off)
     float32 tf32      nbdnn.matmul(math=)     cuBLAS with allow_tf32 on
     float32 3xtf32    nbdnn.matmul(math=)     cuBLAS fp32 (the accuracy it stands for)
-    float16           nbdnn.matmul            cuBLAS fp16
-    float16 / bf16 T1 the tensor-core variant T1 (nbdnn/cuda/matmul/wgmma_gemm.py,
-                      a @ bt^T) until nbdnn.matmul dispatches to it
+    float16, bfloat16 nbdnn.matmul            cuBLAS (torch.matmul) in the same dtype: on
+                      an sm_90 GPU the tensor-core kernel (nbdnn/cuda/matmul/wgmma_gemm.py)
+    ... nt            the same with b transposed (K-major B: the other operand major)
+    mlp bf16          the transformer MLP block x (8192, 4096) @ W1 (4096, 16384) + b1,
+                      gelu, @ W2 (16384, 4096) + b2: nbdnn's two calls with bias and gelu
+                      fused against PyTorch eager (F.linear, F.gelu, F.linear)
 
 Square 4096 and 8192, skinny M = 64..512 and ragged sizes; GPU time by CUDA events
 (nbdnn.bench.time_gpu: median after warm-up, L2 evicted), TFLOP/s = 2 M N K / t, the
 ratio to cuBLAS, the max relative error against cuBLAS's fp32 product.
 
-    PYTHONPATH=. python3 perf/suites/gemm.py [--json F] [--quick]
+    PYTHONPATH=. python3 perf/suites/gemm.py [--json F] [--quick] [--no-fp32]
 """
 import argparse
 import json
@@ -23,44 +26,69 @@ import nbdnn
 from nbdnn.bench import time_gpu
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (64, 4096, 4096), (512, 8192, 1024),
-          (1000, 3000, 2040)]
-QUICK = SHAPES[:1] + SHAPES[2:3]
+          (256, 4096, 8192), (1000, 3000, 2040), (4000, 4000, 4000)]
+QUICK = SHAPES[:2]
 
 
-def _rows(M, N, K):
-    """(label, nbdnn run, cuBLAS run, output, the tf32 flag cuBLAS runs with)."""
+def _rows(M, N, K, fp32):
+    """(label, nbdnn run, cuBLAS run, output, fp32 operands, cuBLAS's tf32 flag)."""
     f32 = [torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")]
-    c32 = torch.empty(M, N, device="cuda")
-    for mode in ("ieee", "tf32", "3xtf32"):
-        yield (f"float32 {mode}", lambda m=mode: nbdnn.matmul(*f32, math=m, out=c32),
-               lambda: torch.matmul(*f32, out=c32), c32, f32, mode == "tf32")
-    h = [x.half() for x in f32]
-    c16 = torch.empty(M, N, device="cuda", dtype=torch.float16)
-    yield ("float16", lambda: nbdnn.matmul(*h, out=c16), lambda: torch.matmul(*h, out=c16),
-           c16, f32, False)
-    if K % 8 == 0 and N % 2 == 0:
-        from numba import cuda
-        from nbdnn.cuda.matmul import wgmma_gemm as W
-        for dtype, tdt in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
-            a, bt = f32[0].to(tdt), f32[1].t().contiguous().to(tdt)
-            c = torch.empty(M, N, device="cuda", dtype=tdt)
-            da, db = (cuda.as_cuda_array(x.view(torch.int16)) for x in (a, bt))
-            dc = cuda.as_cuda_array(c.view(torch.int32).reshape(-1))
-            yield (f"{dtype} T1", lambda da=da, db=db, dc=dc, dtype=dtype: W.gemm(
-                da, db, dc, M, N, K, 1.0, dtype, torch.cuda.current_stream().cuda_stream),
-                lambda a=a, bt=bt, c=c: torch.matmul(a, bt.t(), out=c), c, f32, False)
+    if fp32:
+        c32 = torch.empty(M, N, device="cuda")
+        for mode in ("ieee", "tf32", "3xtf32"):
+            yield (f"float32 {mode}", lambda m=mode: nbdnn.matmul(*f32, math=m, out=c32),
+                   lambda: torch.matmul(*f32, out=c32), c32, f32, mode == "tf32")
+    for dt in ("float16", "bfloat16"):
+        x = [v.to(getattr(torch, dt)) for v in f32]
+        bt = x[1].t().contiguous()
+        c = torch.empty(M, N, device="cuda", dtype=x[0].dtype)
+        yield (dt, lambda x=x, c=c: nbdnn.matmul(*x, out=c),
+               lambda x=x, c=c: torch.matmul(*x, out=c), c, f32, False)
+        yield (f"{dt} nt", lambda x=x, bt=bt, c=c: nbdnn.matmul(x[0], bt, trans_b=True, out=c),
+               lambda x=x, bt=bt, c=c: torch.matmul(x[0], bt.t(), out=c), c, f32, False)
+
+
+def mlp_block():
+    """The bf16 transformer MLP block, nbdnn (bias + gelu fused) against PyTorch eager."""
+    import torch.nn.functional as F
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(8192, 4096, device="cuda", generator=g).bfloat16()
+    w1 = (torch.randn(4096, 16384, device="cuda", generator=g) / 64).bfloat16()
+    w2 = (torch.randn(16384, 4096, device="cuda", generator=g) / 128).bfloat16()
+    b1, b2 = (torch.randn(n, device="cuda", generator=g).bfloat16() for n in (16384, 4096))
+    w1t, w2t = w1.t().contiguous(), w2.t().contiguous()  # F.linear's (out, in) weights
+
+    def ours():
+        h = nbdnn.matmul(x, w1, bias=b1, activation="gelu")
+        return nbdnn.matmul(h, w2, bias=b2)
+
+    def theirs():
+        return F.linear(F.gelu(F.linear(x, w1t, b1)), w2t, b2)
+    t, t_ref = time_gpu(ours), time_gpu(theirs)
+    ref = theirs().float()
+    err = float((ours().float() - ref).abs().max() / ref.abs().max())
+    flops = 2 * 2 * 8192 * 4096 * 16384
+    return {"shape": (8192, 4096, 16384), "row": "mlp bf16", "tflops": flops / t / 1e12,
+            "cublas_tflops": flops / t_ref / 1e12, "ratio": t_ref / t, "rel_err": err}
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--json")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-fp32", action="store_true", help="only the 16-bit rows")
     args = p.parse_args()
     out = []
     print(f"{'shape':>18} {'row':16} {'nbdnn':>8} {'cuBLAS':>8} {'ratio':>6} {'rel err':>8}")
+
+    def show(row):
+        out.append(row)
+        print(f"{str(tuple(row['shape'])):>18} {row['row']:16} {row['tflops']:8.1f} "
+              f"{row['cublas_tflops']:8.1f} {row['ratio']:6.2f} {row['rel_err']:8.1e}",
+              flush=True)
     for M, N, K in QUICK if args.quick else SHAPES:
         flops = 2 * M * N * K
-        for label, ours, theirs, c, f32, tf32 in _rows(M, N, K):
+        for label, ours, theirs, c, f32, tf32 in _rows(M, N, K, not args.no_fp32):
             torch.backends.cuda.matmul.allow_tf32 = tf32
             t_ref = time_gpu(theirs)
             torch.backends.cuda.matmul.allow_tf32 = False
@@ -69,11 +97,9 @@ def main():
             torch.cuda.synchronize()
             ref = torch.matmul(*f32)
             err = float((c.float() - ref).abs().max() / ref.abs().max())
-            row = {"shape": (M, N, K), "row": label, "tflops": flops / t / 1e12,
-                   "cublas_tflops": flops / t_ref / 1e12, "ratio": t_ref / t, "rel_err": err}
-            out.append(row)
-            print(f"{str((M, N, K)):>18} {label:16} {row['tflops']:8.1f} "
-                  f"{row['cublas_tflops']:8.1f} {row['ratio']:6.2f} {err:8.1e}", flush=True)
+            show({"shape": (M, N, K), "row": label, "tflops": flops / t / 1e12,
+                  "cublas_tflops": flops / t_ref / 1e12, "ratio": t_ref / t, "rel_err": err})
+    show(mlp_block())
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -137,12 +137,12 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream,
     nb = math.prod(batch)
     if nb == 0 or M == 0 or N == 0:
         return c
-    if nb > MAX_BATCH:
-        raise NotSupportedError(f"matmul: {nb} matrices in a batch exceed the grid limit "
-                                f"{MAX_BATCH}; split the batch")
     if dtype in _tc.KINDS and TENSOR_CORES and tensor_cores() and \
             _tc.usable(a, b, c, trans_a, trans_b, M, N, K):
         return _tc.gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream)
+    if nb > MAX_BATCH:
+        raise NotSupportedError(f"matmul: {nb} matrices in a batch exceed the grid limit "
+                                f"{MAX_BATCH}; split the batch")
     size, splits = choose_tile(M, N, K, nb, dtype, bias is None and act is None and
                                dtype not in ("float16", "bfloat16"))
     kernel, sig, (BM, BN, BK, TM, TN) = _KERNELS[size, dtype]

@@ -10,8 +10,11 @@ Variant T1 (perf/history/runs.md run AD: 632-650 TFLOP/s, 0.87-0.99x cuBLAS at 4
 8192): K-major operands only, one wgmma batch a k-tile waited to zero, blocks in row
 order, alpha only. Variant T2 (this file) adds both majors, batches, the fused
 epilogue, a grouped tile order (GROUP_M tile rows a group: a wave of blocks shares
-fewer B columns in L2) and IN_FLIGHT = 1 (a k-tile's wgmma batch still runs while the
-next stage's is issued; the stage it read is released one k-tile later).
+fewer B columns in L2; run AD call 2: 0.95x against 0.90x cuBLAS at 8192) and a
+persistent grid (PERSISTENT: one block an SM loops over tiles; its producer fills
+the next tile's stages while the consumers run the epilogue). Tried and dropped:
+leaving one wgmma batch in flight at a k-tile's end and releasing its stage a k-tile
+later (CUTLASS's habit): 4-12% slower here (run AD call 2).
 
 A block computes a BM x BN = 128 x 256 tile of C with three warpgroups (384 threads):
 
@@ -21,9 +24,8 @@ A block computes a BM x BN = 128 x 256 tile of C with three warpgroups (384 thre
                              boxes of 64 M/N x 64 K, two for A, four for B).
                              setmaxnreg.dec to 40 registers.
     warpgroups 1, 2,         each owns 64 rows of the tile. For each k-tile: wait full[s],
-    consumers                four wgmma m64n256k16, commit, wait until IN_FLIGHT batches
-                             remain, release the stage those finished reading (one arrive
-                             a warpgroup: empty[s] counts 2). setmaxnreg.inc to 232.
+    consumers                four wgmma m64n256k16, commit, wait, release the stage (one
+                             arrive a warpgroup: empty[s] counts 2). setmaxnreg.inc to 232.
     epilogue                 each consumer applies bias, the activation and alpha/beta to
                              its 64 x 256 accumulators in registers, packs pairs
                              (cvt.rn.{f16,bf16}x2) and stores 4 bytes at a time straight
@@ -59,6 +61,7 @@ from numba import types
 from .. import activation as _act
 from ..runtime.arrays import ptr, to_device
 from ..runtime.codegen import compile_source
+from ..runtime.device import sm_count
 from ..runtime.launch import Kernel
 from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2, unpack_bf16x2, unpack_f16x2, \
     widen_bf16, widen_f16
@@ -75,10 +78,9 @@ SHARED = STAGES * STAGE_BYTES + 1024           # + the alignment slack
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16"}
 GROUP_M = 8      # tile rows of a group in the block order (1: row order, as T1)
-IN_FLIGHT = 1    # wgmma batches left running at the end of a k-tile (0: T1's wait)
-MAX_BATCH = 65535                              # grid.y
+PERSISTENT = True  # one block an SM looping over tiles (False: a block a tile, as T1)
 SIG = ("void(uint64, uint64, uint32[::1], uint16[::1], int32[::1], int64, int64, int64, "
-       "int64, float32, float32, float32)")
+       "int64, int64, float32, float32, float32)")
 
 
 def _loads(side, k_major):
@@ -105,12 +107,23 @@ def source(kind, a_k, b_k, bias, act, beta):
     None; beta: blend the old C). Accumulator j of a thread is a literal index in the
     written-out epilogue, so the 128 stay in registers."""
     epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "")
-    name = f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}_f{IN_FLIGHT}"
+    name = f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
     # (the 128 zeros in a device function of their own: numba's bytecode peephole for
     # long tuple literals fails inside the kernel's branches)
     L = ["@cuda.jit(device=True)", "def zero_acc():",
          "    return (" + "F32(0), " * (BN // 2) + ")", "", "",
-         f"def {name}(map_a, map_b, c, bias, offs, M, N, K, group, alpha, beta, coef):",
+         "@cuda.jit(device=True)",
+         "def tile_of(t, tm, tn, group):",
+         '    """Tile t -> (matrix z, m0, n0): per matrix, groups of `group` tile rows,',
+         '    down the rows first, then across the columns."""',
+         "    z = t // (tm * tn)",
+         "    pid = t % (tm * tn)",
+         "    width = group * tn",
+         "    first = (pid // width) * group",
+         "    gm = min(tm - first, group)",
+         f"    return z, (first + (pid % width) % gm) * {BM}, ((pid % width) // gm) * {BN}",
+         "", "",
+         f"def {name}(map_a, map_b, c, bias, offs, M, N, K, nz, group, alpha, beta, coef):",
          "    smem = cuda.shared.array(0, types.uint8)",
          f"    bars = cuda.shared.array({2 * STAGES}, types.uint64, alignment=8)",
          "    tid = cuda.threadIdx.x",
@@ -118,17 +131,9 @@ def source(kind, a_k, b_k, bias, act, beta):
          "    base = (I(smem_address(smem, 0)) + 1023) & ~1023  # the swizzle atom's alignment",
          "    full0 = I(smem_address(bars, 0))             # full[s] at +8 s, empty[s] at +8 (S + s)",
          f"    empty0 = full0 + {8 * STAGES}",
-         # grouped order: `group` tile rows, down the rows first, then across the columns
          f"    tm = (M + {BM - 1}) // {BM}",
-         f"    width = group * ((N + {BN - 1}) // {BN})",
-         "    pid = cuda.blockIdx.x",
-         "    first = (pid // width) * group",
-         "    gm = min(tm - first, group)",
-         f"    m0 = (first + (pid % width) % gm) * {BM}",
-         f"    n0 = ((pid % width) // gm) * {BN}",
-         "    z = cuda.blockIdx.y",
-         "    za = I32(offs[2 * z])",
-         "    zb = I32(offs[2 * z + 1])",
+         f"    tn = (N + {BN - 1}) // {BN}",
+         "    total = tm * tn * nz",
          f"    ktiles = (K + {BK - 1}) // {BK}",
          "    if tid == 0:",
          "        fence_proxy_tensormap_acquire(map_a)",
@@ -138,67 +143,76 @@ def source(kind, a_k, b_k, bias, act, beta):
          "            mbarrier_init(U32(empty0 + 8 * s), 2)",
          "        fence_proxy_async()  # the initialised barriers, visible to TMA",
          "    cuda.syncthreads()",
+         # one k-tile count `it` runs on across this block's tiles: stage it % S, phase
+         # (it // S) & 1 (a persistent block's producer fills the next tile's stages
+         # while the consumers run the epilogue)
          "    if wg == 0:",
          "        setmaxnreg_dec(40)",
          "        if tid == 0:",
-         "            for kt in range(ktiles):",
-         f"                s = kt % {STAGES}",
-         f"                ph = (kt // {STAGES}) & 1",
-         "                while mbarrier_try_wait_parity(U32(empty0 + 8 * s), U32(ph ^ 1)) == 0:",
-         "                    pass",
-         f"                mbarrier_arrive_expect_tx(U32(full0 + 8 * s), {STAGE_BYTES})",
-         f"                sa = base + s * {STAGE_BYTES}",
-         f"                sb = sa + {A_BYTES}"]
-    L += _loads("a", a_k) + _loads("b", b_k)
-    L += ["    else:",
+         "            it = 0",
+         "            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
+         "                z, m0, n0 = tile_of(t, tm, tn, group)",
+         "                za = I32(offs[2 * z])",
+         "                zb = I32(offs[2 * z + 1])",
+         "                for kt in range(ktiles):",
+         f"                    s = it % {STAGES}",
+         f"                    ph = (it // {STAGES}) & 1",
+         "                    while mbarrier_try_wait_parity(U32(empty0 + 8 * s), U32(ph ^ 1)) == 0:",
+         "                        pass",
+         f"                    mbarrier_arrive_expect_tx(U32(full0 + 8 * s), {STAGE_BYTES})",
+         f"                    sa = base + s * {STAGE_BYTES}",
+         f"                    sb = sa + {A_BYTES}"]
+    L += ["    " + x for x in _loads("a", a_k) + _loads("b", b_k)]
+    L += ["                    it += 1",
+          "    else:",
           "        setmaxnreg_inc(232)",
           "        w = wg - 1",
-          "        d = zero_acc()",
-          "        for kt in range(ktiles):",
-          f"            s = kt % {STAGES}",
-          f"            ph = (kt // {STAGES}) & 1",
-          "            while mbarrier_try_wait_parity(U32(full0 + 8 * s), U32(ph)) == 0:",
-          "                pass",
-          f"            sa = base + s * {STAGE_BYTES} + w * {64 * BK * 2}",
-          f"            sb = base + s * {STAGE_BYTES} + {A_BYTES}",
-          "            wgmma_fence()"]
-    for ks in range(BK // 16):
-        L += [f"            d = mma({_descriptor('sa', a_k, ks)}, {_descriptor('sb', b_k, ks)}, "
-              "d, 1)"]
-    L += ["            wgmma_commit()", f"            wgmma_wait({IN_FLIGHT})"]
-    if IN_FLIGHT:  # the batch before this one is done: its stage is free
-        L += ["            if kt > 0 and tid % 128 == 0:",
-              f"                mbarrier_arrive(U32(empty0 + 8 * ((kt - 1) % {STAGES})))",
-              "        wgmma_wait(0)"]
-    else:
-        L += ["            if tid % 128 == 0:", "                mbarrier_arrive(U32(empty0 + 8 * s))"]
-    L += ["        i = tid % 128",
-          "        r = m0 + w * 64 + 16 * (i // 32) + (i % 32) // 4",
-          "        cb = n0 + 2 * (i % 4)",
-          "        coff = z * M * N",
+          "        i = tid % 128",
           "        a = F32(alpha)",
           "        bt = F32(beta)",
-          "        cf = F32(coef)"]
+          "        cf = F32(coef)",
+          "        it = 0",
+          "        for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
+          "            z, m0, n0 = tile_of(t, tm, tn, group)",
+          "            d = zero_acc()",
+          "            for kt in range(ktiles):",
+          f"                s = it % {STAGES}",
+          f"                ph = (it // {STAGES}) & 1",
+          "                while mbarrier_try_wait_parity(U32(full0 + 8 * s), U32(ph)) == 0:",
+          "                    pass",
+          f"                sa = base + s * {STAGE_BYTES} + w * {64 * BK * 2}",
+          f"                sb = base + s * {STAGE_BYTES} + {A_BYTES}",
+          "                wgmma_fence()"]
+    for ks in range(BK // 16):
+        L += [f"                d = mma({_descriptor('sa', a_k, ks)}, "
+              f"{_descriptor('sb', b_k, ks)}, d, 1)"]
+    L += ["                wgmma_commit()", "                wgmma_wait(0)",
+          "                if i == 0:", "                    mbarrier_arrive(U32(empty0 + 8 * s))",
+          "                it += 1",
+          "            r = m0 + w * 64 + 16 * (i // 32) + (i % 32) // 4",
+          "            cb = n0 + 2 * (i % 4)",
+          "            coff = z * M * N"]
+    E = []
     for j in range(BN // 8):
         col = f"cb + {8 * j}"
         if bias:
-            L += [f"        b0 = F32(0)", "        b1 = F32(0)",
-                  f"        if {col} < N:",
-                  f"            b0 = widen(bias[{col}])", f"            b1 = widen(bias[{col} + 1])"]
+            E += ["b0 = F32(0)", "b1 = F32(0)", f"if {col} < N:",
+                  f"    b0 = widen(bias[{col}])", f"    b1 = widen(bias[{col} + 1])"]
         for half, rr in ((0, "r"), (2, "(r + 8)")):
             v0, v1 = f"d[{4 * j + half}]", f"d[{4 * j + half + 1}]"
-            L += [f"        if {rr} < M and {col} < N:",
-                  f"            v0 = {v0}{' + b0' if bias else ''}",
-                  f"            v1 = {v1}{' + b1' if bias else ''}"]
+            E += [f"if {rr} < M and {col} < N:",
+                  f"    v0 = {v0}{' + b0' if bias else ''}",
+                  f"    v1 = {v1}{' + b1' if bias else ''}"]
             if act:
-                L += ["            v0 = act_f(v0, cf)", "            v1 = act_f(v1, cf)"]
-            L += [f"            at = (coff + {rr} * N + {col}) // 2"]
+                E += ["    v0 = act_f(v0, cf)", "    v1 = act_f(v1, cf)"]
+            E += [f"    at = (coff + {rr} * N + {col}) // 2"]
             if beta:
-                L += ["            o0, o1 = unpack(c[at])",
-                      "            v0 = a * v0 + bt * o0", "            v1 = a * v1 + bt * o1"]
+                E += ["    o0, o1 = unpack(c[at])",
+                      "    v0 = a * v0 + bt * o0", "    v1 = a * v1 + bt * o1"]
             else:
-                L += ["            v0 = a * v0", "            v1 = a * v1"]
-            L += ["            c[at] = cvt(v0, v1)"]
+                E += ["    v0 = a * v0", "    v1 = a * v1"]
+            E += ["    c[at] = cvt(v0, v1)"]
+    L += ["            " + x for x in E]
     return name, "\n".join(L) + "\n"
 
 
@@ -219,8 +233,7 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False):
     fn = compile_source(name, src, ns, about={
         "config": f"{dtype}: tile {BM}x{BN}x{BK}, {STAGES} stages, 1 producer + 2 consumer "
                   f"warpgroups, wgmma m64n256k16, TMA 128-byte swizzle, A "
-                  f"{'K' if a_k else 'MN'}-major, B {'K' if b_k else 'MN'}-major, "
-                  f"{IN_FLIGHT} batch in flight",
+                  f"{'K' if a_k else 'MN'}-major, B {'K' if b_k else 'MN'}-major",
         "epilogue": f"bias {bias}, activation {act}, beta {beta}",
         "traffic": f"a k-tile: {STAGE_BYTES} B in, {2 * BM * BN * BK} flops",
         "why": "variant T2 (module docstring)"})
@@ -281,13 +294,9 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     na, nb_ = math.prod(ash[:-2]), math.prod(bsh[:-2])
     batch = ash[:-2] if ash[:-2] == bsh[:-2] else tuple(np.broadcast_shapes(ash[:-2], bsh[:-2]))
     nz = math.prod(batch)
-    rows_a = M
+    rows_a, a_batch, b_batch = M, ash[:-2], bsh[:-2]
     if nb_ == 1 and not trans_a and nz == na:  # one b: a's matrices stack into one of nz M rows
-        rows_a, na, nz, batch = nz * M, 1, 1, ()
-    if nz > MAX_BATCH:
-        from ...errors import NotSupportedError
-        raise NotSupportedError(f"matmul: {nz} matrices in a batch exceed the grid limit "
-                                f"{MAX_BATCH}; split the batch")
+        rows_a, na, nz, batch, a_batch, b_batch = nz * M, 1, 1, (), (), ()
     # tensor maps (matrices, rows, contiguous extent), boxes (1, rows, 64 k) K-major or
     # (1, 64 k, 64 m/n) MN-major
     ma = encoded(ptr(a), (na, K, rows_a) if trans_a else (na, rows_a, K), dtype,
@@ -295,10 +304,11 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     mb = encoded(ptr(b), (nb_, N, K) if trans_b else (nb_, K, N), dtype,
                  (1, BN, BK) if trans_b else (1, BK, BOX), "128B")
     k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0)
-    offs = _offsets(ash[:-2] if na > 1 or nz > 1 else (), bsh[:-2] if nz > 1 else (),
-                    batch)
-    tiles = -(-rows_a // BM) * -(-N // BN)
-    k.launch(SIG, (tiles, nz, 1), THREADS, stream, ma[0], mb[0], (ptr(c), (nz * rows_a * N) // 2),
-             (ptr(bias), N) if bias is not None else (ptr(c), 1), offs, rows_a, N, K, GROUP_M,
-             alpha, beta, coef, shmem=SHARED, owners=(ma[1], mb[1], c, bias))
+    offs = _offsets(a_batch, b_batch, batch)
+    tiles = -(-rows_a // BM) * -(-N // BN) * nz
+    grid = min(tiles, sm_count()) if PERSISTENT else tiles
+    owners = (ma[1], mb[1], c) + ((bias,) if bias is not None else ())
+    k.launch(SIG, grid, THREADS, stream, ma[0], mb[0], (ptr(c), (nz * rows_a * N) // 2),
+             (ptr(bias), N) if bias is not None else (ptr(c), 1), offs, rows_a, N, K, nz,
+             GROUP_M, alpha, beta, coef, shmem=SHARED, owners=owners)
     return c
