@@ -240,3 +240,35 @@ def test_operands_tma_cannot_take_run_the_simt_kernel(dtype):
         c = nbdnn.matmul(a, b)
     assert not any(n.startswith("wgmma_gemm") for n in names), names
     np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7, atol=1e-4)
+
+
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_skinny_matmul_splits_k_deterministically(dtype, tb):
+    """Too few tiles to fill the GPU (M = 64, N = 264: 2 tiles): the reduction runs in
+    chunks on the tensor cores, their float32 sums added in chunk order with the
+    epilogue (wgmma_gemm.split, splitk_sum); bit-identical reruns."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    tdt = getattr(torch, dtype)
+    rng = np.random.default_rng(11)
+    M, N, K = 64, 264, 3000
+    assert W.split(2, K)[0] > 1
+    a, av = _torch_pair(rng, (M, K), tdt, False)
+    b, bv = _torch_pair(rng, (K, N), tdt, tb)
+    bias, biasv = _torch_pair(rng, (1, N), tdt, False)
+    old, oldv = _torch_pair(rng, (M, N), tdt, False)
+    with launched() as names:
+        c = nbdnn.matmul(a, b, trans_b=tb, bias=bias[0], activation="relu", alpha=0.5,
+                         beta=0.25, out=old)
+    assert names[-1] == "_splitk_sum" and names[0].endswith("_partial"), names
+    want = 0.5 * np.maximum(av @ bv + biasv[0], 0) + 0.25 * oldv
+    ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
+    np.testing.assert_allclose(c.double().cpu().numpy(), want, rtol=2 * ulp,
+                               atol=1e-5 * np.sqrt(K) + 2 * ulp)
+    c1, c2 = nbdnn.matmul(a, b, trans_b=tb), nbdnn.matmul(a, b, trans_b=tb)
+    assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))

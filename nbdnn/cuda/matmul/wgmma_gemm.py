@@ -56,12 +56,13 @@ import functools
 import math
 
 import numpy as np
-from numba import types
+from numba import cuda, types
 
 from .. import activation as _act
-from ..runtime.arrays import ptr, to_device
+from ..runtime.arrays import empty, ptr, to_device
 from ..runtime.codegen import compile_source
 from ..runtime.device import sm_count
+from ..runtime.intrinsics import bf16_load, bf16_store
 from ..runtime.launch import Kernel
 from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2, unpack_bf16x2, unpack_f16x2, \
     widen_bf16, widen_f16
@@ -80,7 +81,13 @@ KINDS = {"float16": "f16", "bfloat16": "bf16"}
 GROUP_M = 8      # tile rows of a group in the block order (1: row order, as T1)
 PERSISTENT = True  # one block an SM looping over tiles (False: a block a tile, as T1)
 SIG = ("void(uint64, uint64, uint32[::1], uint16[::1], int32[::1], int64, int64, int64, "
-       "int64, int64, float32, float32, float32)")
+       "int64, int64, float32, float32, float32, int64)")
+SIG_PARTIAL = SIG.replace("uint32[::1]", "float32[::1]")
+# split-K (deterministic): when the tiles fill fewer than SPLIT_FILL of the SMs, the
+# reduction is cut into chunks of at least MIN_CHUNK (a multiple of BK), each chunk's
+# float32 sums go to a workspace, and splitk_sum adds them in chunk order with the
+# epilogue (run AD call 3 without it: M = 64..512 at 0.23-0.72x cuBLAS, 16-128 tiles)
+SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 512, 16
 
 
 def _loads(side, k_major):
@@ -88,10 +95,10 @@ def _loads(side, k_major):
     dst, tmap, z, o0 = ("sa", "map_a", "za", "m0") if side == "a" else ("sb", "map_b", "zb", "n0")
     rows = BM if side == "a" else BN
     if k_major:  # one box: rows x 64 k (x = k, y = row, z = matrix)
-        return [f"                tma_load_3d(U32({dst}), {tmap}, I32(kt * {BK}), I32({o0}), "
+        return [f"                tma_load_3d(U32({dst}), {tmap}, I32(k0 + kt * {BK}), I32({o0}), "
                 f"{z}, U32(full0 + 8 * s))"]
     return [f"                tma_load_3d(U32({dst} + {i * BOX * BK * 2}), {tmap}, "
-            f"I32({o0} + {i * BOX}), I32(kt * {BK}), {z}, U32(full0 + 8 * s))"
+            f"I32({o0} + {i * BOX}), I32(k0 + kt * {BK}), {z}, U32(full0 + 8 * s))"
             for i in range(rows // BOX)]
 
 
@@ -101,12 +108,14 @@ def _descriptor(addr, k_major, ks):
     return f"descriptor({addr} + {2048 * ks}, {BOX * BK * 2}, 1024, SW128)"
 
 
-def source(kind, a_k, b_k, bias, act, beta):
+def source(kind, a_k, b_k, bias, act, beta, partial=False):
     """(name, source) of the kernel for kind "f16"/"bf16", operand majors (a_k, b_k:
     K-major or not) and the epilogue (bias: add bias[n]; act: an activation mode or
-    None; beta: blend the old C). Accumulator j of a thread is a literal index in the
+    None; beta: blend the old C; partial: split-K, c is the float32 workspace of the
+    chunks' sums, no epilogue). Accumulator j of a thread is a literal index in the
     written-out epilogue, so the 128 stay in registers."""
-    epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "")
+    epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "") + \
+        ("_partial" if partial else "")
     name = f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
     # (the 128 zeros in a device function of their own: numba's bytecode peephole for
     # long tuple literals fails inside the kernel's branches)
@@ -116,14 +125,14 @@ def source(kind, a_k, b_k, bias, act, beta):
          "def tile_of(t, tm, tn, group):",
          '    """Tile t -> (matrix z, m0, n0): per matrix, groups of `group` tile rows,',
          '    down the rows first, then across the columns."""',
-         "    z = t // (tm * tn)",
+         "    z = t // (tm * tn)  # (the split-K chunk's matrices come after the last z's)",
          "    pid = t % (tm * tn)",
          "    width = group * tn",
          "    first = (pid // width) * group",
          "    gm = min(tm - first, group)",
          f"    return z, (first + (pid % width) % gm) * {BM}, ((pid % width) // gm) * {BN}",
          "", "",
-         f"def {name}(map_a, map_b, c, bias, offs, M, N, K, nz, group, alpha, beta, coef):",
+         f"def {name}(map_a, map_b, c, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
          "    smem = cuda.shared.array(0, types.uint8)",
          f"    bars = cuda.shared.array({2 * STAGES}, types.uint64, alignment=8)",
          "    tid = cuda.threadIdx.x",
@@ -133,8 +142,7 @@ def source(kind, a_k, b_k, bias, act, beta):
          f"    empty0 = full0 + {8 * STAGES}",
          f"    tm = (M + {BM - 1}) // {BM}",
          f"    tn = (N + {BN - 1}) // {BN}",
-         "    total = tm * tn * nz",
-         f"    ktiles = (K + {BK - 1}) // {BK}",
+         "    total = tm * tn * nz * ((K + ksplit - 1) // ksplit)  # x split-K chunks",
          "    if tid == 0:",
          "        fence_proxy_tensormap_acquire(map_a)",
          "        fence_proxy_tensormap_acquire(map_b)",
@@ -151,7 +159,10 @@ def source(kind, a_k, b_k, bias, act, beta):
          "        if tid == 0:",
          "            it = 0",
          "            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
-         "                z, m0, n0 = tile_of(t, tm, tn, group)",
+         "                zk, m0, n0 = tile_of(t, tm, tn, group)",
+         "                z = zk % nz",
+         "                k0 = (zk // nz) * ksplit",
+         f"                ktiles = (min(K, k0 + ksplit) - k0 + {BK - 1}) // {BK}",
          "                za = I32(offs[2 * z])",
          "                zb = I32(offs[2 * z + 1])",
          "                for kt in range(ktiles):",
@@ -173,7 +184,9 @@ def source(kind, a_k, b_k, bias, act, beta):
           "        cf = F32(coef)",
           "        it = 0",
           "        for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
-          "            z, m0, n0 = tile_of(t, tm, tn, group)",
+          "            zk, m0, n0 = tile_of(t, tm, tn, group)",
+          "            k0 = (zk // nz) * ksplit",
+          f"            ktiles = (min(K, k0 + ksplit) - k0 + {BK - 1}) // {BK}",
           "            d = zero_acc()",
           "            for kt in range(ktiles):",
           f"                s = it % {STAGES}",
@@ -191,9 +204,15 @@ def source(kind, a_k, b_k, bias, act, beta):
           "                it += 1",
           "            r = m0 + w * 64 + 16 * (i // 32) + (i % 32) // 4",
           "            cb = n0 + 2 * (i % 4)",
-          "            coff = z * M * N"]
+          "            coff = zk * M * N"]
     E = []
     for j in range(BN // 8):
+        if partial:  # the chunk's float32 sums, to workspace slice zk = (chunk, matrix)
+            for half, rr in ((0, "r"), (2, "(r + 8)")):
+                E += [f"if {rr} < M and cb + {8 * j} < N:",
+                      f"    at = coff + {rr} * N + cb + {8 * j}",
+                      f"    c[at] = d[{4 * j + half}]", f"    c[at + 1] = d[{4 * j + half + 1}]"]
+            continue
         col = f"cb + {8 * j}"
         if bias:
             E += ["b0 = F32(0)", "b1 = F32(0)", f"if {col} < N:",
@@ -217,11 +236,12 @@ def source(kind, a_k, b_k, bias, act, beta):
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False):
+def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=False):
     """The Kernel for dtype "float16" / "bfloat16", the operand majors and the epilogue
-    (built on first use: a variant compiles in seconds)."""
+    (built on first use: a variant compiles in seconds); partial: split-K's chunk
+    kernel (SIG_PARTIAL: c a float32 workspace)."""
     kind = KINDS[dtype]
-    name, src = source(kind, a_k, b_k, bias, act, beta)
+    name, src = source(kind, a_k, b_k, bias, act, beta, partial)
     bf = kind == "bf16"
     ns = dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
               F32=types.float32, mma=wgmma(BN, kind, int(not b_k), int(not a_k)),
@@ -237,13 +257,56 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False):
         "epilogue": f"bias {bias}, activation {act}, beta {beta}",
         "traffic": f"a k-tile: {STAGE_BYTES} B in, {2 * BM * BN * BK} flops",
         "why": "variant T2 (module docstring)"})
-    return Kernel(fn, [SIG], arch="sm_90a", shared_bytes=SHARED, max_registers=MAX_REGS)
+    return Kernel(fn, [SIG_PARTIAL if partial else SIG], arch="sm_90a", shared_bytes=SHARED,
+                  max_registers=MAX_REGS)
+
+
+def _splitk_sum(ws, c, bias, splits, total, N, has_bias, act, coef, alpha, beta):
+    """c[i] = alpha * act(sum over chunks s of ws[s * total + i] + bias[i % N]) + beta *
+    c[i], the chunks added in order (deterministic); c 16-bit (LD / ST widen and round)."""
+    i = cuda.grid(1)
+    if i < total:
+        acc = ws[i]
+        for s in range(1, splits):
+            acc += ws[s * total + i]
+        if has_bias != 0:
+            acc += LD(bias[i % N])
+        if act >= 0:
+            acc = act_fn(acc, act, coef)
+        acc = alpha * acc
+        if beta != 0:
+            acc += beta * LD(c[i])
+        c[i] = ST(acc)
+
+
+@functools.lru_cache(maxsize=None)
+def splitk_sum(dtype):
+    """The (Kernel, signature) adding split-K's chunks for output dtype `dtype`."""
+    import inspect
+    t = "uint16" if dtype == "bfloat16" else "float16"
+    ns = {"cuda": cuda, "act_fn": _act.fused(np.float32),
+          "LD": bf16_load if dtype == "bfloat16" else types.float32,
+          "ST": bf16_store if dtype == "bfloat16" else _same}
+    fn = compile_source("_splitk_sum", inspect.getsource(_splitk_sum), ns,
+                        label=f"splitk_sum_{dtype}", about={
+        "what": f"split-K's ordered sum of float32 chunks and the epilogue, {dtype} out",
+        "traffic": "splits x 4 B read, 2 B written (+2 read with beta) an element"})
+    sig = (f"void(float32[::1], {t}[::1], {t}[::1], int64, int64, int64, int64, int64, "
+           "float32, float32, float32)")
+    return Kernel(fn, [sig]), sig
+
+
+@cuda.jit(device=True)
+def _same(x):
+    return x
 
 
 def ptx_examples():
-    """The plain kernel of both dtypes, every operand major, and one full epilogue
-    (tests/test_ptx.py compiles them for sm_90a)."""
+    """The plain kernel of both dtypes, every operand major, one full epilogue and the
+    split-K pieces (tests/test_ptx.py compiles them; the tensor-core ones for sm_90a)."""
     for dtype in KINDS:
+        splitk_sum(dtype)
+        kernel(dtype, True, True, partial=True)
         for a_k in (True, False):
             for b_k in (True, False):
                 kernel(dtype, a_k, b_k)
@@ -306,9 +369,36 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0)
     offs = _offsets(a_batch, b_batch, batch)
     tiles = -(-rows_a // BM) * -(-N // BN) * nz
-    grid = min(tiles, sm_count()) if PERSISTENT else tiles
+    splits, chunk = split(tiles, K)
     owners = (ma[1], mb[1], c) + ((bias,) if bias is not None else ())
-    k.launch(SIG, grid, THREADS, stream, ma[0], mb[0], (ptr(c), (nz * rows_a * N) // 2),
-             (ptr(bias), N) if bias is not None else (ptr(c), 1), offs, rows_a, N, K, nz,
-             GROUP_M, alpha, beta, coef, shmem=SHARED, owners=owners)
+    bias_arg = (ptr(bias), N) if bias is not None else (ptr(c), 1)
+    grid = min(tiles * splits, sm_count()) if PERSISTENT else tiles * splits
+    if splits == 1:
+        k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0)
+        k.launch(SIG, grid, THREADS, stream, ma[0], mb[0], (ptr(c), (nz * rows_a * N) // 2),
+                 bias_arg, offs, rows_a, N, K, nz, GROUP_M, alpha, beta, coef, chunk,
+                 shmem=SHARED, owners=owners)
+        return c
+    total = nz * rows_a * N
+    ws = empty(c, (splits * total,), "float32")
+    k = kernel(dtype, not trans_a, bool(trans_b), partial=True)
+    k.launch(SIG_PARTIAL, grid, THREADS, stream, ma[0], mb[0], ws, bias_arg, offs, rows_a, N,
+             K, nz, GROUP_M, 1.0, 0.0, 0.0, chunk, shmem=SHARED, owners=owners)
+    ks, sig = splitk_sum(dtype)
+    ks.launch(sig, -(-total // 256), 256, stream, ws, (ptr(c), total), bias_arg, splits, total,
+              N, int(bias is not None), -1 if act is None else _act.MODES.index(act), coef,
+              alpha, beta, owners=owners)
     return c
+
+
+def split(tiles, K):
+    """(chunks, chunk length) of the reduction for a grid of `tiles`: one chunk of all
+    of K (rounded up to BK) unless the tiles fill fewer than SPLIT_FILL of the SMs;
+    then enough chunks of at least MIN_CHUNK to fill them, at most MAX_SPLITS."""
+    whole = -(-K // BK) * BK
+    sm = sm_count()
+    if tiles >= SPLIT_FILL * sm or K < 2 * MIN_CHUNK:
+        return 1, whole
+    n = max(1, min(-(-sm // tiles), K // MIN_CHUNK, MAX_SPLITS))
+    chunk = -(-K // (n * BK)) * BK
+    return -(-K // chunk), chunk
