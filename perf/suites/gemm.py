@@ -15,7 +15,8 @@ Square 4096 and 8192, skinny M = 64..512 and ragged sizes; GPU time by CUDA even
 (nbdnn.bench.time_gpu: median after warm-up, L2 evicted), TFLOP/s = 2 M N K / t, the
 ratio to cuBLAS, the max relative error against cuBLAS's fp32 product.
 
-    PYTHONPATH=. python3 perf/suites/gemm.py [--json F] [--quick] [--no-fp32]
+    PYTHONPATH=. python3 perf/suites/gemm.py [--json F] [--quick] [--no-fp32] [--no-mlp]
+        [--shapes 64x4096x4096 ...]
 """
 import argparse
 import json
@@ -77,6 +78,8 @@ def main():
     p.add_argument("--json")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-fp32", action="store_true", help="only the 16-bit rows")
+    p.add_argument("--shapes", nargs="+", help="MxNxK each (default: SHAPES)")
+    p.add_argument("--no-mlp", action="store_true")
     args = p.parse_args()
     out = []
     print(f"{'shape':>18} {'row':16} {'nbdnn':>8} {'cuBLAS':>8} {'ratio':>6} {'rel err':>8}")
@@ -86,7 +89,9 @@ def main():
         print(f"{str(tuple(row['shape'])):>18} {row['row']:16} {row['tflops']:8.1f} "
               f"{row['cublas_tflops']:8.1f} {row['ratio']:6.2f} {row['rel_err']:8.1e}",
               flush=True)
-    for M, N, K in QUICK if args.quick else SHAPES:
+    shapes = [tuple(int(v) for v in x.split("x")) for x in args.shapes] if args.shapes else \
+        QUICK if args.quick else SHAPES
+    for M, N, K in shapes:
         flops = 2 * M * N * K
         for label, ours, theirs, c, f32, tf32 in _rows(M, N, K, not args.no_fp32):
             torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -99,7 +104,8 @@ def main():
             err = float((c.float() - ref).abs().max() / ref.abs().max())
             show({"shape": (M, N, K), "row": label, "tflops": flops / t / 1e12,
                   "cublas_tflops": flops / t_ref / 1e12, "ratio": t_ref / t, "rel_err": err})
-    show(mlp_block())
+    if not args.no_mlp:
+        show(mlp_block())
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
