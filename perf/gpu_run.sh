@@ -11,7 +11,8 @@
 #            ... tests tests --ignore=tests/test_crosscheck.py --ignore=tests/test_ptx.py
 #   bash perf/gpu_run.sh check                # nbdnn check, every op and dtype
 #   bash perf/gpu_run.sh perf                 # nbdnn bench: every row, against PyTorch
-#   bash perf/gpu_run.sh compute              # SGEMM and conv vs cuBLAS/cuDNN, host cost
+#   bash perf/gpu_run.sh compute              # GEMM (perf/suites/gemm.py) and conv vs
+#                                             # cuBLAS/cuDNN, host cost
 #   bash perf/gpu_run.sh norm                 # pool and norm ops: path tests, crosscheck and
 #                                             # the graph-timed bench rows, in parallel
 #   bash perf/gpu_run.sh gemm                 # perf/suites/gemm.py: every dtype and math mode
@@ -111,10 +112,10 @@ compare)
     done
     grep -A 40 "=== bench" "$OUT/compare.log" | grep -v "^\[" ;;
 gemm)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
-        > "$OUT/tensorcore.log" 2>&1
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
+        > "$OUT/tensorcore.log" 2>&1  # (~200 s: JIT of ~20 tensor-core kernel variants)
     tail -3 "$OUT/tensorcore.log"
-    for k in wgmma_gemm_bf16 wgmma_gemm_f16; do  # HGMMA count and local memory (LDL/STL)
+    for k in wgmma_gemm_bf16_km wgmma_gemm_f16_kk; do  # HGMMA count and local memory (LDL/STL)
         echo "$k: $(timeout 120 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.wgmma_gemm \
             $k uint64 2>&1 >/dev/null | tr '\n' ' ')"
     done
@@ -130,7 +131,7 @@ sanitize)
         grep -E "ERROR SUMMARY|op/dtype pairs|Error" "$OUT/$tool.log" | tail -5
     done ;;
 compute)
-    timeout 150 python3 perf/suites/sgemm.py --json "$OUT/sgemm.json" > "$OUT/perf.log" 2>&1
+    timeout 200 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/perf.log" 2>&1
     timeout 300 python3 perf/suites/conv.py --json "$OUT/conv.json" >> "$OUT/perf.log" 2>&1
     timeout 60 python3 perf/suites/launch_overhead.py --json "$OUT/launch.json" >> "$OUT/perf.log" 2>&1
     tail -40 "$OUT/perf.log" ;;

@@ -302,15 +302,18 @@ def _same(x):
 
 
 def ptx_examples():
-    """The plain kernel of both dtypes, every operand major, one full epilogue and the
-    split-K pieces (tests/test_ptx.py compiles them; the tensor-core ones for sm_90a)."""
+    """One kernel of each code path (tests/test_ptx.py compiles them; the tensor-core
+    ones for sm_90a): bfloat16 in every operand major, float16 K-major (the dtypes
+    differ only in the instructions' type names; each tensor-core kernel costs CI 10-25
+    s), one full epilogue, split-K's chunk kernel and both dtypes' ordered sums."""
+    for a_k in (True, False):
+        for b_k in (True, False):
+            kernel("bfloat16", a_k, b_k)
+    kernel("float16", True, True)
+    kernel("bfloat16", True, False, True, "gelu", True)
+    kernel("bfloat16", True, True, partial=True)
     for dtype in KINDS:
         splitk_sum(dtype)
-        kernel(dtype, True, True, partial=True)
-        for a_k in (True, False):
-            for b_k in (True, False):
-                kernel(dtype, a_k, b_k)
-    kernel("bfloat16", True, False, True, "gelu", True)
 
 
 def usable(a, b, c, trans_a, trans_b, M, N, K):
