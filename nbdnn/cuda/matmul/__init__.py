@@ -31,12 +31,13 @@ from numba import cuda, float32, float64, uint64
 
 from ..runtime.simulator import SIMULATOR
 from .. import activation as _act
-from ..runtime.arrays import dtype_name, empty, to_device
+from ..runtime.arrays import dtype_name, empty
 from .gemm_source import gemm_about, gemm_source
 from . import tf32_parts as _tf32_parts
 from ..runtime.device import describe, sm_count
 from ..runtime.intrinsics import bf16_load, bf16_store
 from . import wgmma_gemm as _tc
+from .batches import table as batch_table
 from ..runtime.codegen import compile_source
 from ..runtime.launch import Kernel
 from ..tensor import reduce_tensor
@@ -62,7 +63,6 @@ FORCE_TILE = None
 # float16 / bfloat16 products run on the tensor cores (wgmma_gemm.py, sm_90) whenever
 # its limits allow; False sends them all to the SIMT kernel (tests compare the two)
 TENSOR_CORES = True
-_offsets_cache = {}
 
 
 def tensor_cores():
@@ -104,22 +104,6 @@ def _build():
 _KERNELS = _build()
 
 
-def _offsets(like, a_batch, b_batch, batch, a_mat, b_mat):
-    """Device int64 table [a offset, b offset] per batch index (cached per layout)."""
-    key = (a_batch, b_batch, batch, a_mat, b_mat)
-    t = _offsets_cache.get(key)
-    if t is None:
-        n = math.prod(batch)
-        ia = np.broadcast_to(np.arange(math.prod(a_batch)).reshape(a_batch), batch).ravel()
-        ib = np.broadcast_to(np.arange(math.prod(b_batch)).reshape(b_batch), batch).ravel()
-        host = np.empty(2 * max(n, 1), dtype=np.int64)
-        host[0::2][:n], host[1::2][:n] = ia * a_mat, ib * b_mat
-        if len(_offsets_cache) > 256:
-            _offsets_cache.clear()
-        t = _offsets_cache[key] = to_device(host)
-    return t
-
-
 def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream,
           math_mode="ieee"):
     """c = alpha * act(op(a) @ op(b) + bias) + beta * out; shapes already checked;
@@ -146,7 +130,7 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream,
     size, splits = choose_tile(M, N, K, nb, dtype, bias is None and act is None and
                                dtype not in ("float16", "bfloat16"))
     kernel, sig, (BM, BN, BK, TM, TN) = _KERNELS[size, dtype]
-    offs = _offsets(a, ash[:-2], bsh[:-2], batch, M * K, K * N)
+    offs = batch_table(ash[:-2], bsh[:-2], batch, M * K, K * N)
     tiles = -(-M // BM) * -(-N // BN)
     chunk = -(-K // (splits * BK)) * BK
     splits = -(-K // chunk) if K else 1

@@ -56,13 +56,12 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, types
+from numba import types
 
 from .. import activation as _act
-from ..runtime.arrays import empty, ptr, to_device
+from ..runtime.arrays import empty, ptr
 from ..runtime.codegen import compile_source
 from ..runtime.device import sm_count
-from ..runtime.intrinsics import bf16_load, bf16_store
 from ..runtime.launch import Kernel
 from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2, unpack_bf16x2, unpack_f16x2, \
     widen_bf16, widen_f16
@@ -70,6 +69,8 @@ from ..tensorcore.tensormap import encoded
 from ..tensorcore.tiles import SOURCE_NAMES
 from ..tensorcore.tma import mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc, tma_load_3d
 from ..tensorcore.wgmma import wgmma
+from .batches import table as batch_table
+from .split_k import split, splitk_sum
 
 BM, BN, BK, STAGES = 128, 256, 64, 4
 A_BYTES, B_BYTES = BM * BK * 2, BN * BK * 2
@@ -83,11 +84,6 @@ PERSISTENT = True  # one block an SM looping over tiles (False: a block a tile, 
 SIG = ("void(uint64, uint64, uint32[::1], uint16[::1], int32[::1], int64, int64, int64, "
        "int64, int64, float32, float32, float32, int64)")
 SIG_PARTIAL = SIG.replace("uint32[::1]", "float32[::1]")
-# split-K (deterministic): when the tiles fill fewer than SPLIT_FILL of the SMs, the
-# reduction is cut into chunks of at least MIN_CHUNK (a multiple of BK), each chunk's
-# float32 sums go to a workspace, and splitk_sum adds them in chunk order with the
-# epilogue (run AD call 3 without it: M = 64..512 at 0.23-0.72x cuBLAS, 16-128 tiles)
-SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 512, 16
 
 
 def _loads(side, k_major):
@@ -261,46 +257,6 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
                   max_registers=MAX_REGS)
 
 
-def _splitk_sum(ws, c, bias, splits, total, N, has_bias, act, coef, alpha, beta):
-    """c[i] = alpha * act(sum over chunks s of ws[s * total + i] + bias[i % N]) + beta *
-    c[i], the chunks added in order (deterministic); c 16-bit (LD / ST widen and round)."""
-    i = cuda.grid(1)
-    if i < total:
-        acc = ws[i]
-        for s in range(1, splits):
-            acc += ws[s * total + i]
-        if has_bias != 0:
-            acc += LD(bias[i % N])
-        if act >= 0:
-            acc = act_fn(acc, act, coef)
-        acc = alpha * acc
-        if beta != 0:
-            acc += beta * LD(c[i])
-        c[i] = ST(acc)
-
-
-@functools.lru_cache(maxsize=None)
-def splitk_sum(dtype):
-    """The (Kernel, signature) adding split-K's chunks for output dtype `dtype`."""
-    import inspect
-    t = "uint16" if dtype == "bfloat16" else "float16"
-    ns = {"cuda": cuda, "act_fn": _act.fused(np.float32),
-          "LD": bf16_load if dtype == "bfloat16" else types.float32,
-          "ST": bf16_store if dtype == "bfloat16" else _same}
-    fn = compile_source("_splitk_sum", inspect.getsource(_splitk_sum), ns,
-                        label=f"splitk_sum_{dtype}", about={
-        "what": f"split-K's ordered sum of float32 chunks and the epilogue, {dtype} out",
-        "traffic": "splits x 4 B read, 2 B written (+2 read with beta) an element"})
-    sig = (f"void(float32[::1], {t}[::1], {t}[::1], int64, int64, int64, int64, int64, "
-           "float32, float32, float32)")
-    return Kernel(fn, [sig]), sig
-
-
-@cuda.jit(device=True)
-def _same(x):
-    return x
-
-
 def ptx_examples():
     """One kernel of each code path (tests/test_ptx.py compiles them; the tensor-core
     ones for sm_90a): bfloat16 in every operand major, float16 K-major (the dtypes
@@ -323,25 +279,6 @@ def usable(a, b, c, trans_a, trans_b, M, N, K):
     inner_a, inner_b = (M if trans_a else K), (K if trans_b else N)
     return (K > 0 and N % 2 == 0 and inner_a % 8 == 0 and inner_b % 8 == 0 and
             ptr(a) % 16 == 0 and ptr(b) % 16 == 0 and ptr(c) % 4 == 0)
-
-
-_offsets_cache = {}
-
-
-def _offsets(a_batch, b_batch, batch):
-    """Device int32 [a matrix, b matrix] per batch index (cached per batch layout)."""
-    key = (a_batch, b_batch, batch)
-    t = _offsets_cache.get(key)
-    if t is None:
-        n = math.prod(batch)
-        ia = np.broadcast_to(np.arange(math.prod(a_batch)).reshape(a_batch), batch).ravel()
-        ib = np.broadcast_to(np.arange(math.prod(b_batch)).reshape(b_batch), batch).ravel()
-        host = np.zeros(2 * max(n, 1), dtype=np.int32)
-        host[0::2][:n], host[1::2][:n] = ia, ib
-        if len(_offsets_cache) > 256:
-            _offsets_cache.clear()
-        t = _offsets_cache[key] = to_device(host)
-    return t
 
 
 def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
@@ -370,9 +307,9 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     mb = encoded(ptr(b), (nb_, N, K) if trans_b else (nb_, K, N), dtype,
                  (1, BN, BK) if trans_b else (1, BK, BOX), "128B")
     k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0)
-    offs = _offsets(a_batch, b_batch, batch)
+    offs = batch_table(a_batch, b_batch, batch, dtype=np.int32)
     tiles = -(-rows_a // BM) * -(-N // BN) * nz
-    splits, chunk = split(tiles, K)
+    splits, chunk = split(tiles, K, BK)
     owners = (ma[1], mb[1], c) + ((bias,) if bias is not None else ())
     bias_arg = (ptr(bias), N) if bias is not None else (ptr(c), 1)
     grid = min(tiles * splits, sm_count()) if PERSISTENT else tiles * splits
@@ -392,16 +329,3 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
               N, int(bias is not None), -1 if act is None else _act.MODES.index(act), coef,
               alpha, beta, owners=owners)
     return c
-
-
-def split(tiles, K):
-    """(chunks, chunk length) of the reduction for a grid of `tiles`: one chunk of all
-    of K (rounded up to BK) unless the tiles fill fewer than SPLIT_FILL of the SMs;
-    then enough chunks of at least MIN_CHUNK to fill them, at most MAX_SPLITS."""
-    whole = -(-K // BK) * BK
-    sm = sm_count()
-    if tiles >= SPLIT_FILL * sm or K < 2 * MIN_CHUNK:
-        return 1, whole
-    n = max(1, min(-(-sm // tiles), K // MIN_CHUNK, MAX_SPLITS))
-    chunk = -(-K // (n * BK)) * BK
-    return -(-K // chunk), chunk

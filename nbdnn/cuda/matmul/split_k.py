@@ -1,0 +1,74 @@
+"""Deterministic split-K for the tensor-core GEMM (wgmma_gemm.py): when a product's
+tiles fill fewer than SPLIT_FILL of the SMs (skinny M, few tiles), its reduction is cut
+into chunks of at least MIN_CHUNK (a multiple of the kernel's BK), the chunk kernel
+writes each chunk's float32 sums to a workspace (splits x M x N x 4 B), and splitk_sum
+adds them in chunk order with the epilogue: the same sum in the same order on every
+run, no atomics. Run AD call 4: M = 64 from 0.23-0.36x cuBLAS to 0.55-0.61x; M = 256,
+K = 8192 from 0.42x to 0.45x (perf/RESULTS.md)."""
+import functools
+import inspect
+
+import numpy as np
+from numba import cuda, types
+
+from .. import activation as _act
+from ..runtime.codegen import compile_source
+from ..runtime.device import sm_count
+from ..runtime.intrinsics import bf16_load, bf16_store
+from ..runtime.launch import Kernel
+
+SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 512, 16
+
+
+def split(tiles, K, BK):
+    """(chunks, chunk length) of the reduction for a grid of `tiles` whose kernel steps
+    BK along K: one chunk of all of K (rounded up to BK) unless the tiles fill fewer than SPLIT_FILL of the SMs;
+    then enough chunks of at least MIN_CHUNK to fill them, at most MAX_SPLITS."""
+    whole = -(-K // BK) * BK
+    sm = sm_count()
+    if tiles >= SPLIT_FILL * sm or K < 2 * MIN_CHUNK:
+        return 1, whole
+    n = max(1, min(-(-sm // tiles), K // MIN_CHUNK, MAX_SPLITS))
+    chunk = -(-K // (n * BK)) * BK
+    return -(-K // chunk), chunk
+
+
+def _splitk_sum(ws, c, bias, splits, total, N, has_bias, act, coef, alpha, beta):
+    """c[i] = alpha * act(sum over chunks s of ws[s * total + i] + bias[i % N]) + beta *
+    c[i], the chunks added in order (deterministic); c 16-bit. (Compiled from this
+    source by splitk_sum, whose namespace binds LD / ST, which widen and round the
+    output dtype, and act_fn, the fused activation.)"""
+    i = cuda.grid(1)
+    if i < total:
+        acc = ws[i]
+        for s in range(1, splits):
+            acc += ws[s * total + i]
+        if has_bias != 0:
+            acc += LD(bias[i % N])
+        if act >= 0:
+            acc = act_fn(acc, act, coef)
+        acc = alpha * acc
+        if beta != 0:
+            acc += beta * LD(c[i])
+        c[i] = ST(acc)
+
+
+@functools.lru_cache(maxsize=None)
+def splitk_sum(dtype):
+    """The (Kernel, signature) adding split-K's chunks for output dtype `dtype`."""
+    t = "uint16" if dtype == "bfloat16" else "float16"
+    ns = {"cuda": cuda, "act_fn": _act.fused(np.float32),
+          "LD": bf16_load if dtype == "bfloat16" else types.float32,
+          "ST": bf16_store if dtype == "bfloat16" else _same}
+    fn = compile_source("_splitk_sum", inspect.getsource(_splitk_sum), ns,
+                        label=f"splitk_sum_{dtype}", about={
+        "what": f"split-K's ordered sum of float32 chunks and the epilogue, {dtype} out",
+        "traffic": "splits x 4 B read, 2 B written (+2 read with beta) an element"})
+    sig = (f"void(float32[::1], {t}[::1], {t}[::1], int64, int64, int64, int64, int64, "
+           "float32, float32, float32)")
+    return Kernel(fn, [sig]), sig
+
+
+@cuda.jit(device=True)
+def _same(x):
+    return x
