@@ -11,7 +11,10 @@ TFLOP/s at 4096 / 8192 (0.87x / 0.91x cuBLAS), fp16 633 / 631 (0.88x / 0.99x).
 Run AD call 2 (T2, a block a tile; bf16, cuBLAS 747 / 688): one wgmma batch left in
 flight (a knob then, since dropped) 550-625 against 619-654 waiting for all; GROUP_M 8
 against row order 654 / 654 vs 649 / 619 (4096 / 8192, b plain), 651 / 651 vs 644 / 620
-(b transposed)."""
+(b transposed). Run AD call 3 (persistent grid; bf16, ratio to cuBLAS, b / bT):
+4096 persistent GROUP_M 8 0.90 / 0.96, a block a tile 0.86 / 0.84, persistent GROUP_M
+16 0.86 / 0.85, persistent row order 0.85 / 0.92; 8192 0.92 / 0.93, 0.94 / 0.94,
+0.95 / 0.96, 0.91 / 0.90. Shipped: persistent, GROUP_M 8."""
 import argparse
 
 import torch
