@@ -4,7 +4,7 @@ contiguous, hand validated arguments to the backend function of the same name.""
 import math
 import numbers
 
-import ml_dtypes
+import ml_dtypes  # noqa: F401  (registers the dtype name "bfloat16" with NumPy)
 import numpy as np
 
 from .. import backend as _backend
@@ -23,14 +23,14 @@ def backend_module(name, family, op=None):
 
 
 _FLOATS = frozenset(np.dtype(d) for d in FLOAT_DTYPES)
-assert np.dtype("bfloat16") == np.dtype(ml_dtypes.bfloat16)  # (ml_dtypes names it)
 _COMPUTE = {np.dtype(d): np.dtype("float64" if d == "float64" else "float32")
             for d in BF16_DTYPES}
 
 
 def compute_dtype(dtype):
-    """float32 for float16/bfloat16/float32 storage, float64 for float64 (a dict lookup: a NumPy
-    dtype's .name costs ~1 us, and every statistics-checking call asked twice)."""
+    """float32 for float16/bfloat16/float32 storage, float64 for float64 (a dict
+    lookup: a NumPy dtype's .name costs ~1 us, and every statistics-checking call asked
+    twice)."""
     return _COMPUTE.get(dtype) or _COMPUTE[np.dtype(dtype)]
 
 
