@@ -1,4 +1,7 @@
-"""matmul and matmul_backward on the GPU: one tiled GEMM kernel with a fused epilogue.
+"""matmul and matmul_backward on the GPU: one tiled GEMM kernel with a fused epilogue,
+and for float16 / bfloat16 on sm_90 the tensor-core kernel (wgmma_gemm.py: TMA + wgmma,
+split-K in split_k.py) wherever its limits hold (wgmma_gemm.usable: 16-byte rows and
+bases); what it cannot take runs the SIMT kernel below, bfloat16 through its bits.
 
 Kernel (generated source, nbdnn/cuda/matmul/gemm_source.py): a block computes a BM x BN tile
 of c[z] = op(a[z]) @ op(b[z]) in k-steps of BK: the block stages BM x BK of op(a) and
@@ -61,7 +64,7 @@ SPLIT_BLOCKS_PER_SM = 4                # split-K's target: the small tile fits 4
 # the path tests set it. Call nbdnn.ops._plan.clear() after changing it.
 FORCE_TILE = None
 # float16 / bfloat16 products run on the tensor cores (wgmma_gemm.py, sm_90) whenever
-# its limits allow; False sends them all to the SIMT kernel (tests compare the two)
+# its limits allow; False sends them all to the SIMT kernel (for comparisons)
 TENSOR_CORES = True
 
 
