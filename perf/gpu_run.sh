@@ -18,7 +18,8 @@
 #   bash perf/gpu_run.sh gemm                 # perf/suites/gemm.py: every dtype and math mode
 #                                             # against cuBLAS, plus tests/test_tensorcore.py
 #   bash perf/gpu_run.sh sanitize OPS...      # compute-sanitizer memcheck, then racecheck,
-#                                             # over `nbdnn check --ops OPS --examples 1`
+#                                             # over `nbdnn check --ops OPS --examples 1`;
+#                                             # OPS "tc": over perf/tools/tc_paths.py
 #   bash perf/gpu_run.sh compare DIR          # same behaviour, proved: host cost per call and
 #                                             # graph-timed bench rows of the checkout in DIR
 #                                             # (its perf/ and nbdnn/) and of this tree,
@@ -115,7 +116,7 @@ gemm)
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
         > "$OUT/tensorcore.log" 2>&1  # (~200 s: JIT of ~20 tensor-core kernel variants)
     tail -3 "$OUT/tensorcore.log"
-    for k in wgmma_gemm_bf16_km wgmma_gemm_f16_kk; do  # HGMMA count and local memory (LDL/STL)
+    for k in wgmma_gemm_bf16_km wgmma_gemm_f16_kk wgmma_gemm_tf32_kk_b_gelu_beta; do  # HGMMA count and local memory (LDL/STL)
         echo "$k: $(timeout 120 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.wgmma_gemm \
             $k uint64 2>&1 >/dev/null | tr '\n' ' ')"
     done
@@ -126,9 +127,14 @@ sanitize)
     CS="compute-sanitizer --report-api-errors no --print-limit 20"
     for tool in memcheck racecheck; do
         echo "=== $tool: $*"
-        timeout 270 $CS --tool $tool python3 -m nbdnn check --ops "$@" --examples 1 \
-            > "$OUT/$tool.log" 2>&1
-        grep -E "ERROR SUMMARY|op/dtype pairs|Error" "$OUT/$tool.log" | tail -5
+        if [ "$1" = tc ]; then  # every tensor-core GEMM path once, small (perf/tools/tc_paths.py)
+            timeout ${SAN_LIMIT_S:-270} $CS --tool $tool python3 perf/tools/tc_paths.py \
+                > "$OUT/$tool.log" 2>&1
+        else
+            timeout ${SAN_LIMIT_S:-270} $CS --tool $tool python3 -m nbdnn check --ops "$@" \
+                --examples 1 > "$OUT/$tool.log" 2>&1
+        fi
+        grep -E "ERROR SUMMARY|op/dtype pairs|Error|^BAD" "$OUT/$tool.log" | tail -5
     done ;;
 compute)
     timeout 200 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/perf.log" 2>&1

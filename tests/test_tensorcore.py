@@ -272,3 +272,49 @@ def test_skinny_matmul_splits_k_deterministically(dtype, tb):
                                atol=1e-5 * np.sqrt(K) + 2 * ulp)
     c1, c2 = nbdnn.matmul(a, b, trans_b=tb), nbdnn.matmul(a, b, trans_b=tb)
     assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))
+
+
+# (a shape, b shape) for float32's TF32 modes: tails, an odd N (float32 C takes any
+# N), a K that is no multiple of 4 (the parts' zero padding), batches both ways, a
+# skinny product (split-K: float32 chunk sums, then the ordered sum with the epilogue)
+TF32_SHAPES = [((296, 200), (200, 520)), ((40, 37), (37, 523)), ((3, 136, 72), (3, 72, 264)),
+               ((2, 1, 24, 16), (3, 16, 33)), ((3, 40, 64), (64, 24)), ((64, 3000), (3000, 264))]
+
+
+@pytest.mark.parametrize("mode", ["tf32", "3xtf32"])
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
+@pytest.mark.parametrize("shapes", TF32_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_tf32_modes_on_tensor_cores(shapes, ta, tb, mode):
+    """float32 with math="tf32" / "3xtf32" runs tf32_parts (K-major rounded parts) and
+    then the wgmma kernel in tf32 with the float32 epilogue (bias, gelu, alpha/beta),
+    against float64 products of the same parts: the GPU and the reference differ only
+    by float32 accumulation."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    rng = np.random.default_rng(len(shapes[0]) * 3 + ta + (mode == "tf32"))
+    ash, bsh = shapes
+    a, av = _torch_pair(rng, ash, torch.float32, ta)
+    b, bv = _torch_pair(rng, bsh, torch.float32, tb)
+    N, K = bsh[-1], ash[-1]
+    bias, biasv = _torch_pair(rng, (1, N), torch.float32, False)
+    old, oldv = _torch_pair(rng, np.broadcast_shapes(ash[:-2], bsh[:-2]) + (ash[-2], N),
+                            torch.float32, False)
+    with launched() as names:
+        c = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, bias=bias[0], activation="gelu",
+                         alpha=0.5, beta=0.25, out=old, math=mode)
+    assert names[:2] == ["tf32_parts"] * 2 and names[2].startswith("wgmma_gemm_tf32_kk"), names
+    hi_a, hi_b = tf32(av).astype(np.float64), tf32(bv).astype(np.float64)
+    r = hi_a @ hi_b
+    if mode == "3xtf32":
+        lo_a = tf32((av - hi_a).astype(np.float32)).astype(np.float64)
+        lo_b = tf32((bv - hi_b).astype(np.float32)).astype(np.float64)
+        r = r + hi_a @ lo_b + lo_a @ hi_b
+        assert np.abs(r - av @ bv).max() < 1e-5 * K  # (float32-level, unlike tf32 alone)
+    from scipy.special import erf
+    r = r + biasv[0]
+    want = 0.5 * (0.5 * r * (1 + erf(r / np.sqrt(2)))) + 0.25 * oldv
+    # (float32 sums: ~K 2^-24 |r| apart; tf32 against ieee would differ by ~sqrt(K) 2^-11)
+    np.testing.assert_allclose(c.double().cpu().numpy(), want, rtol=1e-5, atol=3e-7 * K)

@@ -1,7 +1,9 @@
 """matmul and matmul_backward on the GPU: one tiled GEMM kernel with a fused epilogue,
-and for float16 / bfloat16 on sm_90 the tensor-core kernel (wgmma_gemm.py: TMA + wgmma,
-split-K in split_k.py) wherever its limits hold (wgmma_gemm.usable: 16-byte rows and
-bases); what it cannot take runs the SIMT kernel below, bfloat16 through its bits.
+and for float16 / bfloat16 and float32's tf32 / 3xtf32 math modes on sm_90 the
+tensor-core kernel (wgmma_gemm.py: TMA + wgmma, split-K in split_k.py) wherever its
+limits hold (wgmma_gemm.usable: 16-byte rows and bases); what it cannot take runs the
+SIMT kernel below, bfloat16 through its bits. The TF32 modes first rewrite both
+operands as K-major rounded parts (tf32_parts.py), then multiply those on either unit.
 
 Kernel (generated source, nbdnn/cuda/matmul/gemm_source.py): a block computes a BM x BN tile
 of c[z] = op(a[z]) @ op(b[z]) in k-steps of BK: the block stages BM x BK of op(a) and
@@ -111,9 +113,10 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream,
           math_mode="ieee"):
     """c = alpha * act(op(a) @ op(b) + bias) + beta * out; shapes already checked;
     math_mode: float32's (tf32_parts.py rewrites the operands for the TF32 modes)."""
-    if math_mode != "ieee" and dtype_name(a) == "float32":
+    if math_mode != "ieee" and dtype_name(a) == "float32":  # K-major rounded parts
         a = _tf32_parts.operand(a, not trans_a, 0, math_mode, stream)
         b = _tf32_parts.operand(b, trans_b, 1, math_mode, stream)
+        trans_a, trans_b = False, True
     ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
     M, K = (ash[-1], ash[-2]) if trans_a else (ash[-2], ash[-1])
     N = bsh[-2] if trans_b else bsh[-1]
@@ -124,8 +127,8 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream,
     nb = math.prod(batch)
     if nb == 0 or M == 0 or N == 0:
         return c
-    if dtype in _tc.KINDS and TENSOR_CORES and tensor_cores() and \
-            _tc.usable(a, b, c, trans_a, trans_b, M, N, K):
+    if (dtype != "float32" or math_mode != "ieee") and dtype in _tc.KINDS and \
+            TENSOR_CORES and tensor_cores() and _tc.usable(a, b, c, trans_a, trans_b, M, N, K):
         return _tc.gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream)
     if nb > MAX_BATCH:
         raise NotSupportedError(f"matmul: {nb} matrices in a batch exceed the grid limit "

@@ -35,7 +35,7 @@ def split(tiles, K, BK):
 
 def _splitk_sum(ws, c, bias, splits, total, N, has_bias, act, coef, alpha, beta):
     """c[i] = alpha * act(sum over chunks s of ws[s * total + i] + bias[i % N]) + beta *
-    c[i], the chunks added in order (deterministic); c 16-bit. (Compiled from this
+    c[i], the chunks added in order (deterministic); c 16-bit or float32 (tf32). (Compiled from this
     source by splitk_sum, whose namespace binds LD / ST, which widen and round the
     output dtype, and act_fn, the fused activation.)"""
     i = cuda.grid(1)
@@ -56,7 +56,7 @@ def _splitk_sum(ws, c, bias, splits, total, N, has_bias, act, coef, alpha, beta)
 @functools.lru_cache(maxsize=None)
 def splitk_sum(dtype):
     """The (Kernel, signature) adding split-K's chunks for output dtype `dtype`."""
-    t = "uint16" if dtype == "bfloat16" else "float16"
+    t = "uint16" if dtype == "bfloat16" else dtype
     ns = {"cuda": cuda, "act_fn": _act.fused(np.float32),
           "LD": bf16_load if dtype == "bfloat16" else types.float32,
           "ST": bf16_store if dtype == "bfloat16" else _same}

@@ -1,60 +1,96 @@
-"""Operands for float32's TF32 math modes (nbdnn/ops/math_mode.py) on the CUDA cores.
+"""Operands for float32's TF32 math modes (nbdnn/ops/math_mode.py), K-major, for the
+tensor cores and the CUDA cores alike.
 
 "tf32" multiplies TF32-rounded copies of A and B; "3xtf32" multiplies
-[hi(A), hi(A), lo(A)] by [hi(B); lo(B); hi(B)] concatenated along K, one GEMM over 3K
-whose sum is hi*hi + hi*lo + lo*hi, the same three products the tensor cores sum (in
-another order: both are float32 accumulations of the same terms). The GEMM, its
-split-K and its epilogue run unchanged. Until the tensor-core GEMM takes these modes
-(issue 23) this is how they run: correct, at CUDA-core speed.
+[hi(A), hi(A), lo(A)] by [hi(B); lo(B); hi(B)] concatenated along K: one GEMM over 3 K
+whose sum is hi*hi + hi*lo + lo*hi, the three products the CPU reference sums (both
+are float32 accumulations of the same terms, in another order). The GEMM, its split-K
+and its epilogue run unchanged over the rewritten operands.
 
-The kernel reads x as (outer, K, inner), K the reduction axis (A (M, K): outer = batch
-x M, inner = 1; A^T stored (K, M): inner = M), and writes (outer, P K, inner): part j
-of the new K axis is lo(x) where bit j of `code` is set, else hi(x). Traffic: 4 bytes
-read and 4 P written an element.
+Layout. x holds op(x) as (nmat, R, K) when its reduction axis is the last (K-major: a
+plain A, a transposed B), else as (nmat, K, R) (MN-major: a transposed A, a plain B).
+The kernel writes (nmat, R, P * Kp), always K-major: part j of a row (Kp elements) is
+lo(x) where bit j of `code` is set, else hi(x); Kp = K rounded up to KPAD, the padding
+zeros. K-major rows are what wgmma takes for tf32 (no transpose bits for 32-bit
+operands, PTX ISA 9.7.15.5.1) and KPAD x 4 = 16 bytes what TMA needs of a row stride;
+zeros times zeros add nothing to the product.
+
+A block moves T x T tiles (rows r, k) through shared memory: read along x's contiguous
+axis (k when K-major, r when MN-major), written along k: both coalesced, so the
+transpose costs no more than the copy. Traffic: 4 B read and 4 P written an element
+(tf32: 8 B, 3xtf32: 16 B; 4096^2: 0.13 / 0.27 GB, 35-70 us at 3.8 TB/s).
 """
+import functools
 import math
 
-from numba import cuda
+from numba import cuda, float32
 
-from ..runtime.grid import BLOCK
+from ..runtime.arrays import empty
 from ..runtime.intrinsics import round_tf32
 from ..runtime.launch import Kernel
-from ..runtime.arrays import empty
+from ..runtime.simulator import SIMULATOR
 
 PARTS = {"tf32": ((1, 0), (1, 0)), "3xtf32": ((3, 0b100), (3, 0b010))}  # (P, code): A, B
+KPAD = 4
+T, ROWS = (4, 2) if SIMULATOR else (32, 8)   # tile edge; block (T, ROWS): T / ROWS rows each
+TILE = (T, T + 1)                             # (+1 column: no shared-memory bank conflicts)
+MAX_GRID = 65535 * 16
 
 
-def tf32_parts(x, out, n, K, inner, P, code):
-    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    step = cuda.gridDim.x * cuda.blockDim.x
-    Ki = K * inner
-    while i < n:
-        o = i // Ki
-        r = i - o * Ki
-        v = x[i]
-        hi = round_tf32(v)
-        lo = round_tf32(v - hi)
-        dst = o * P * Ki + r
-        for j in range(P):
-            out[dst + j * Ki] = lo if (code >> j) & 1 else hi
-        i += step
+def tf32_parts(x, out, nmat, R, K, Kp, P, code, k_major):
+    tile = cuda.shared.array(TILE, float32)   # tile[r][k]
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    tr = (R + T - 1) // T
+    tk = (Kp + T - 1) // T
+    for t in range(cuda.blockIdx.x, nmat * tr * tk, cuda.gridDim.x):
+        z = t // (tr * tk)
+        r0 = ((t // tk) % tr) * T
+        k0 = (t % tk) * T
+        for i in range(ty, T, ROWS):
+            if k_major:      # x[z, r0 + i, k0 + tx]
+                r, k = r0 + i, k0 + tx
+                tile[i, tx] = x[(z * R + r) * K + k] if r < R and k < K else float32(0)
+            else:            # x[z, k0 + i, r0 + tx]
+                r, k = r0 + tx, k0 + i
+                tile[tx, i] = x[(z * K + k) * R + r] if r < R and k < K else float32(0)
+        cuda.syncthreads()
+        for i in range(ty, T, ROWS):
+            r, k = r0 + i, k0 + tx
+            if r < R and k < Kp:
+                v = tile[i, tx]
+                hi = round_tf32(v)
+                lo = round_tf32(v - hi)
+                dst = (z * R + r) * P * Kp + k
+                for j in range(P):
+                    out[dst + j * Kp] = lo if (code >> j) & 1 else hi
+        cuda.syncthreads()
 
 
-_kernel = Kernel(tf32_parts, ["void(float32[::1], float32[::1], int64, int64, int64, int64, "
-                              "int64)"])
+@functools.lru_cache(maxsize=None)
+def _kernel():
+    return Kernel(tf32_parts, ["void(float32[::1], float32[::1], int64, int64, int64, int64, "
+                               "int64, int64, boolean)"])
+
+
+def ptx_examples():
+    _kernel()
 
 
 def operand(x, k_axis_last, which, mode, stream):
-    """x (..., R, C) float32 rewritten for `mode`: the reduction axis is the last when
-    k_axis_last, else the one before; which: 0 for A's parts, 1 for B's."""
+    """x (..., R0, C0) float32, C-contiguous, rewritten for `mode` as (..., R, P Kp),
+    K-major: k_axis_last when x's reduction axis is its last (then R = R0), else the
+    one before (R = C0); which: 0 for A's parts, 1 for B's. The caller multiplies the
+    result as a plain A or a transposed B."""
     P, code = PARTS[mode][which]
     shape = tuple(int(s) for s in x.shape)
-    K = shape[-1] if k_axis_last else shape[-2]
-    inner = 1 if k_axis_last else shape[-1]
-    n = math.prod(shape)
-    new = shape[:-1] + (P * K,) if k_axis_last else shape[:-2] + (P * K, shape[-1])
-    out = empty(x, new, "float32")
-    if n:
-        _kernel.launch(_kernel.sigs[0], min(-(-n // BLOCK), 65535 * 8), BLOCK, stream,
-                       x.reshape(n), out.reshape(n * P), n, K, inner, P, code)
+    K, R = (shape[-1], shape[-2]) if k_axis_last else (shape[-2], shape[-1])
+    Kp = -(-K // KPAD) * KPAD
+    nmat = math.prod(shape[:-2])
+    out = empty(x, shape[:-2] + (R, P * Kp), "float32")
+    tiles = nmat * -(-R // T) * -(-Kp // T)
+    if tiles:
+        k = _kernel()
+        k.launch(k.sigs[0], min(tiles, MAX_GRID), (T, ROWS), stream, x.reshape(math.prod(shape)),
+                 out.reshape(nmat * R * P * Kp), nmat, R, K, Kp, P, code, bool(k_axis_last))
     return out

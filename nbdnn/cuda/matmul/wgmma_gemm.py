@@ -59,7 +59,7 @@ import numpy as np
 from numba import types
 
 from .. import activation as _act
-from ..runtime.arrays import empty, ptr
+from ..runtime.arrays import dtype_name, empty, ptr
 from ..runtime.codegen import compile_source
 from ..runtime.device import sm_count
 from ..runtime.launch import Kernel
@@ -72,26 +72,36 @@ from ..tensorcore.wgmma import wgmma
 from .batches import table as batch_table
 from .split_k import split, splitk_sum
 
-BM, BN, BK, STAGES = 128, 256, 64, 4
+BM, BN, BK, STAGES = 128, 256, 64, 4            # BK: a 16-bit k-tile (128 B a row)
 A_BYTES, B_BYTES = BM * BK * 2, BN * BK * 2
 STAGE_BYTES = A_BYTES + B_BYTES
 BOX = 64                                       # MN-major boxes: 64 elements = 128 B wide
 SHARED = STAGES * STAGE_BYTES + 1024           # + the alignment slack
 THREADS, MAX_REGS = 384, 168
-KINDS = {"float16": "f16", "bfloat16": "bf16"}
+KINDS = {"float16": "f16", "bfloat16": "bf16", "float32": "tf32"}  # (float32: math tf32)
+BK_OF = {"f16": BK, "bf16": BK, "tf32": BK // 2}  # a k-tile is 128 B of K in every kind
+TF32_MAP = "float32"  # the TMA element type of tf32 operands ("tfloat32": perf/experiments)
 GROUP_M = 8      # tile rows of a group in the block order (1: row order, as T1)
 PERSISTENT = True  # one block an SM looping over tiles (False: a block a tile, as T1)
 SIG = ("void(uint64, uint64, uint32[::1], uint16[::1], int32[::1], int64, int64, int64, "
        "int64, int64, float32, float32, float32, int64)")
 SIG_PARTIAL = SIG.replace("uint32[::1]", "float32[::1]")
+SIG_TF32 = SIG_PARTIAL.replace("uint16[::1]", "float32[::1]")  # (c and bias float32)
 
 
-def _loads(side, k_major):
-    """The producer's TMA lines for one operand into stage address `sa`/`sb`."""
+def signature(kind, partial):
+    """The kernel's one signature: c packed 16-bit pairs (uint32), bias 16-bit bits;
+    partial (split-K's chunks) and tf32: c float32; tf32: bias float32."""
+    return SIG_TF32 if kind == "tf32" else SIG_PARTIAL if partial else SIG
+
+
+def _loads(side, k_major, bk):
+    """The producer's TMA lines for one operand into stage address `sa`/`sb` (bk: the
+    k-tile in elements)."""
     dst, tmap, z, o0 = ("sa", "map_a", "za", "m0") if side == "a" else ("sb", "map_b", "zb", "n0")
     rows = BM if side == "a" else BN
     if k_major:  # one box: rows x 64 k (x = k, y = row, z = matrix)
-        return [f"                tma_load_3d(U32({dst}), {tmap}, I32(k0 + kt * {BK}), I32({o0}), "
+        return [f"                tma_load_3d(U32({dst}), {tmap}, I32(k0 + kt * {bk}), I32({o0}), "
                 f"{z}, U32(full0 + 8 * s))"]
     return [f"                tma_load_3d(U32({dst} + {i * BOX * BK * 2}), {tmap}, "
             f"I32({o0} + {i * BOX}), I32(k0 + kt * {BK}), {z}, U32(full0 + 8 * s))"
@@ -110,6 +120,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False):
     None; beta: blend the old C; partial: split-K, c is the float32 workspace of the
     chunks' sums, no epilogue). Accumulator j of a thread is a literal index in the
     written-out epilogue, so the 128 stay in registers."""
+    bk, f32 = BK_OF[kind], kind == "tf32"
     epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "") + \
         ("_partial" if partial else "")
     name = f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
@@ -158,7 +169,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False):
          "                zk, m0, n0 = tile_of(t, tm, tn, group)",
          "                z = zk % nz",
          "                k0 = (zk // nz) * ksplit",
-         f"                ktiles = (min(K, k0 + ksplit) - k0 + {BK - 1}) // {BK}",
+         f"                ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}",
          "                za = I32(offs[2 * z])",
          "                zb = I32(offs[2 * z + 1])",
          "                for kt in range(ktiles):",
@@ -169,7 +180,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False):
          f"                    mbarrier_arrive_expect_tx(U32(full0 + 8 * s), {STAGE_BYTES})",
          f"                    sa = base + s * {STAGE_BYTES}",
          f"                    sb = sa + {A_BYTES}"]
-    L += ["    " + x for x in _loads("a", a_k) + _loads("b", b_k)]
+    L += ["    " + x for x in _loads("a", a_k, bk) + _loads("b", b_k, bk)]
     L += ["                    it += 1",
           "    else:",
           "        setmaxnreg_inc(232)",
@@ -182,7 +193,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False):
           "        for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
           "            zk, m0, n0 = tile_of(t, tm, tn, group)",
           "            k0 = (zk // nz) * ksplit",
-          f"            ktiles = (min(K, k0 + ksplit) - k0 + {BK - 1}) // {BK}",
+          f"            ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}",
           "            d = zero_acc()",
           "            for kt in range(ktiles):",
           f"                s = it % {STAGES}",
@@ -207,12 +218,16 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False):
             for half, rr in ((0, "r"), (2, "(r + 8)")):
                 E += [f"if {rr} < M and cb + {8 * j} < N:",
                       f"    at = coff + {rr} * N + cb + {8 * j}",
-                      f"    c[at] = d[{4 * j + half}]", f"    c[at + 1] = d[{4 * j + half + 1}]"]
+                      f"    c[at] = d[{4 * j + half}]"] + \
+                    ([f"    if cb + {8 * j + 1} < N:", f"        c[at + 1] = d[{4 * j + half + 1}]"]
+                     if f32 else [f"    c[at + 1] = d[{4 * j + half + 1}]"])
             continue
         col = f"cb + {8 * j}"
-        if bias:
+        if bias:  # (tf32: N may be odd, so the second column has its own guard)
             E += ["b0 = F32(0)", "b1 = F32(0)", f"if {col} < N:",
-                  f"    b0 = widen(bias[{col}])", f"    b1 = widen(bias[{col} + 1])"]
+                  f"    b0 = widen(bias[{col}])"] + \
+                ([f"if {col} + 1 < N:", f"    b1 = bias[{col} + 1]"] if f32 else
+                 [f"    b1 = widen(bias[{col} + 1])"])
         for half, rr in ((0, "r"), (2, "(r + 8)")):
             v0, v1 = f"d[{4 * j + half}]", f"d[{4 * j + half + 1}]"
             E += [f"if {rr} < M and {col} < N:",
@@ -220,6 +235,12 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False):
                   f"    v1 = {v1}{' + b1' if bias else ''}"]
             if act:
                 E += ["    v0 = act_f(v0, cf)", "    v1 = act_f(v1, cf)"]
+            if f32:  # float32 C: one element a store
+                E += [f"    at = coff + {rr} * N + {col}",
+                      f"    c[at] = a * v0{' + bt * c[at]' if beta else ''}",
+                      f"    if {col} + 1 < N:",
+                      f"        c[at + 1] = a * v1{' + bt * c[at + 1]' if beta else ''}"]
+                continue
             E += [f"    at = (coff + {rr} * N + {col}) // 2"]
             if beta:
                 E += ["    o0, o1 = unpack(c[at])",
@@ -233,9 +254,9 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False):
 
 @functools.lru_cache(maxsize=None)
 def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=False):
-    """The Kernel for dtype "float16" / "bfloat16", the operand majors and the epilogue
-    (built on first use: a variant compiles in seconds); partial: split-K's chunk
-    kernel (SIG_PARTIAL: c a float32 workspace)."""
+    """The Kernel for dtype "float16" / "bfloat16" / "float32" (its tf32 modes, operands
+    K-major only), the operand majors and the epilogue (built on first use: a variant
+    compiles in seconds); partial: split-K's chunk kernel (c a float32 workspace)."""
     kind = KINDS[dtype]
     name, src = source(kind, a_k, b_k, bias, act, beta, partial)
     bf = kind == "bf16"
@@ -243,17 +264,19 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
               F32=types.float32, mma=wgmma(BN, kind, int(not b_k), int(not a_k)),
               mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
               setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
-              cvt=cvt_bf16x2 if bf else cvt_f16x2, widen=widen_bf16 if bf else widen_f16,
+              cvt=cvt_bf16x2 if bf else cvt_f16x2,
+              widen=widen_bf16 if bf else widen_f16 if kind == "f16" else types.float32,
               unpack=unpack_bf16x2 if bf else unpack_f16x2,
               act_f=_act._device_functions(np.float32)[act][0] if act else None)
+    bk = BK_OF[kind]
     fn = compile_source(name, src, ns, about={
-        "config": f"{dtype}: tile {BM}x{BN}x{BK}, {STAGES} stages, 1 producer + 2 consumer "
-                  f"warpgroups, wgmma m64n256k16, TMA 128-byte swizzle, A "
+        "config": f"{dtype}: tile {BM}x{BN}x{bk}, {STAGES} stages, 1 producer + 2 consumer "
+                  f"warpgroups, wgmma m64n256k{bk // 4}, TMA 128-byte swizzle, A "
                   f"{'K' if a_k else 'MN'}-major, B {'K' if b_k else 'MN'}-major",
         "epilogue": f"bias {bias}, activation {act}, beta {beta}",
-        "traffic": f"a k-tile: {STAGE_BYTES} B in, {2 * BM * BN * BK} flops",
+        "traffic": f"a k-tile: {STAGE_BYTES} B in, {2 * BM * BN * bk} flops",
         "why": "variant T2 (module docstring)"})
-    return Kernel(fn, [SIG_PARTIAL if partial else SIG], arch="sm_90a", shared_bytes=SHARED,
+    return Kernel(fn, [signature(kind, partial)], arch="sm_90a", shared_bytes=SHARED,
                   max_registers=MAX_REGS)
 
 
@@ -261,21 +284,26 @@ def ptx_examples():
     """One kernel of each code path (tests/test_ptx.py compiles them; the tensor-core
     ones for sm_90a): bfloat16 in every operand major, float16 K-major (the dtypes
     differ only in the instructions' type names; each tensor-core kernel costs CI 10-25
-    s), one full epilogue, split-K's chunk kernel and both dtypes' ordered sums."""
+    s), one full epilogue in 16 bits and one in tf32 (float32 C), split-K's chunk kernel
+    and every dtype's ordered sum."""
     for a_k in (True, False):
         for b_k in (True, False):
             kernel("bfloat16", a_k, b_k)
     kernel("float16", True, True)
     kernel("bfloat16", True, False, True, "gelu", True)
     kernel("bfloat16", True, True, partial=True)
+    kernel("float32", True, True, True, "gelu", True)  # tf32: float32 C, its own epilogue
     for dtype in KINDS:
         splitk_sum(dtype)
 
 
 def usable(a, b, c, trans_a, trans_b, M, N, K):
-    """Whether this kernel can run op(a) @ op(b) into c (16-bit dtypes, sm_90 checked
-    by the caller): TMA needs 16-byte row strides and 16-byte aligned bases, the
-    epilogue even N and a 4-byte aligned C."""
+    """Whether this kernel can run op(a) @ op(b) into c (sm_90 checked by the caller):
+    TMA needs 16-byte row strides and 16-byte aligned bases; 16-bit C even N and 4-byte
+    alignment (pair stores); tf32 (float32) both operands K-major."""
+    if dtype_name(a) == "float32":
+        return K > 0 and not trans_a and trans_b and K % 4 == 0 and ptr(a) % 16 == 0 and \
+            ptr(b) % 16 == 0
     inner_a, inner_b = (M if trans_a else K), (K if trans_b else N)
     return (K > 0 and N % 2 == 0 and inner_a % 8 == 0 and inner_b % 8 == 0 and
             ptr(a) % 16 == 0 and ptr(b) % 16 == 0 and ptr(c) % 4 == 0)
@@ -283,14 +311,16 @@ def usable(a, b, c, trans_a, trans_b, M, N, K):
 
 def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     """c = alpha * act(op(a) @ op(b) + bias) + beta * c on the tensor cores. a, b, c, bias:
-    C-contiguous 16-bit device arrays of one dtype (shapes checked by the front end,
-    `usable` true); c (batch..., M, N)."""
-    from ..runtime.arrays import dtype_name
+    C-contiguous device arrays of one dtype, 16-bit or float32 (tf32: operands already
+    rounded, tf32_parts.py); shapes checked by the front end, `usable` true; c (batch...,
+    M, N)."""
     from ...backend import _recording
     plan = _recording.__dict__.get("plan")
     if plan is not None:  # a tensor map holds its tensor's address: a replay with other
         plan.impure()     # arrays would read the recorded ones
     dtype = dtype_name(a)
+    kind = KINDS[dtype]
+    bk, mdt = BK_OF[kind], TF32_MAP if kind == "tf32" else dtype
     ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
     M, K = (ash[-1], ash[-2]) if trans_a else (ash[-2], ash[-1])
     N = bsh[-2] if trans_b else bsh[-1]
@@ -300,29 +330,28 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     rows_a, a_batch, b_batch = M, ash[:-2], bsh[:-2]
     if nb_ == 1 and not trans_a and nz == na:  # one b: a's matrices stack into one of nz M rows
         rows_a, na, nz, batch, a_batch, b_batch = nz * M, 1, 1, (), (), ()
-    # tensor maps (matrices, rows, contiguous extent), boxes (1, rows, 64 k) K-major or
-    # (1, 64 k, 64 m/n) MN-major
-    ma = encoded(ptr(a), (na, K, rows_a) if trans_a else (na, rows_a, K), dtype,
-                 (1, BK, BOX) if trans_a else (1, BM, BK), "128B")
-    mb = encoded(ptr(b), (nb_, N, K) if trans_b else (nb_, K, N), dtype,
-                 (1, BN, BK) if trans_b else (1, BK, BOX), "128B")
-    k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0)
+    # tensor maps (matrices, rows, contiguous extent), boxes (1, rows, 128 B of k) K-major
+    # or (1, 64 k, 64 m/n) MN-major (16-bit only)
+    ma = encoded(ptr(a), (na, K, rows_a) if trans_a else (na, rows_a, K), mdt,
+                 (1, BK, BOX) if trans_a else (1, BM, bk), "128B")
+    mb = encoded(ptr(b), (nb_, N, K) if trans_b else (nb_, K, N), mdt,
+                 (1, BN, bk) if trans_b else (1, BK, BOX), "128B")
     offs = batch_table(a_batch, b_batch, batch, dtype=np.int32)
     tiles = -(-rows_a // BM) * -(-N // BN) * nz
-    splits, chunk = split(tiles, K, BK)
+    splits, chunk = split(tiles, K, bk)
     owners = (ma[1], mb[1], c) + ((bias,) if bias is not None else ())
     bias_arg = (ptr(bias), N) if bias is not None else (ptr(c), 1)
     grid = min(tiles * splits, sm_count()) if PERSISTENT else tiles * splits
+    total = nz * rows_a * N
     if splits == 1:
         k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0)
-        k.launch(SIG, grid, THREADS, stream, ma[0], mb[0], (ptr(c), (nz * rows_a * N) // 2),
-                 bias_arg, offs, rows_a, N, K, nz, GROUP_M, alpha, beta, coef, chunk,
-                 shmem=SHARED, owners=owners)
+        k.launch(k.sigs[0], grid, THREADS, stream, ma[0], mb[0],
+                 (ptr(c), total if kind == "tf32" else total // 2), bias_arg, offs, rows_a,
+                 N, K, nz, GROUP_M, alpha, beta, coef, chunk, shmem=SHARED, owners=owners)
         return c
-    total = nz * rows_a * N
     ws = empty(c, (splits * total,), "float32")
     k = kernel(dtype, not trans_a, bool(trans_b), partial=True)
-    k.launch(SIG_PARTIAL, grid, THREADS, stream, ma[0], mb[0], ws, bias_arg, offs, rows_a, N,
+    k.launch(k.sigs[0], grid, THREADS, stream, ma[0], mb[0], ws, bias_arg, offs, rows_a, N,
              K, nz, GROUP_M, 1.0, 0.0, 0.0, chunk, shmem=SHARED, owners=owners)
     ks, sig = splitk_sum(dtype)
     ks.launch(sig, -(-total // 256), 256, stream, ws, (ptr(c), total), bias_arg, splits, total,

@@ -13,7 +13,7 @@ import functools
 import numpy as np
 
 DTYPES = {"float16": "FLOAT16", "bfloat16": "BFLOAT16", "float32": "FLOAT32",
-          "uint16": "UINT16", "uint32": "UINT32"}
+          "tfloat32": "TFLOAT32", "uint16": "UINT16", "uint32": "UINT32"}
 SWIZZLES = {"none": "NONE", "32B": "32B", "64B": "64B", "128B": "128B"}
 
 

@@ -1,0 +1,60 @@
+"""Every tensor-core GEMM code path once, small, checked against PyTorch in float64: for
+compute-sanitizer (memcheck, racecheck), which slows a kernel down hundreds of times,
+so `nbdnn check`'s many examples do not finish (run AD call 3). Paths: 16-bit in the
+four operand majors (the persistent kernel, no split), with the full epilogue, split-K
+(chunk kernel + ordered sum), float32 math tf32 and 3xtf32 (tf32_parts + the tf32
+kernel), a batch broadcast both ways. Prints one line a path and exits 1 on a miss.
+
+    PYTHONPATH=. compute-sanitizer --tool racecheck python3 perf/tools/tc_paths.py
+"""
+import sys
+
+import torch
+
+import nbdnn
+from nbdnn.cuda.runtime.launch import launched
+
+
+def _case(label, shapes, dtype, ta=False, tb=False, tol=2e-2, **kw):
+    g = torch.Generator().manual_seed(len(label))
+    (ash, bsh) = shapes
+    a = torch.rand(ash, generator=g) - 0.5
+    b = torch.rand(bsh, generator=g) - 0.5
+    want = torch.matmul(a.double(), b.double())
+    if kw.get("bias"):
+        kw["bias"] = (torch.rand(bsh[-1], generator=g) - 0.5).to(dtype).cuda()
+        want = want + kw["bias"].double().cpu()
+    if kw.get("activation") == "relu":
+        want = want.clamp(min=0)
+    da = (a.transpose(-1, -2).contiguous() if ta else a).to(dtype).cuda()
+    db = (b.transpose(-1, -2).contiguous() if tb else b).to(dtype).cuda()
+    with launched() as names:
+        c = nbdnn.matmul(da, db, trans_a=ta, trans_b=tb, **kw)
+        torch.cuda.synchronize()
+    err = float((c.double().cpu() - want).abs().max() / want.abs().max())
+    ok = err < tol and any(n.startswith("wgmma_gemm") for n in names)
+    print(f"{'ok ' if ok else 'BAD'} {label:28} rel err {err:.1e}  {' '.join(names)}", flush=True)
+    return ok
+
+
+def main():
+    oks = []
+    for dt in (torch.bfloat16, torch.float16):
+        for ta in (False, True):
+            for tb in (False, True):
+                oks.append(_case(f"{dt} ta={ta:d} tb={tb:d}", ((200, 136), (136, 264)), dt,
+                                 ta, tb))
+    bf = torch.bfloat16
+    oks.append(_case("bf16 bias+gelu", ((130, 64), (64, 520)), bf, bias=True, activation="relu"))
+    oks.append(_case("bf16 split-K", ((64, 2048), (2048, 264)), bf))
+    oks.append(_case("bf16 batches broadcast", ((2, 1, 72, 64), (3, 64, 136)), bf))
+    for mode in ("tf32", "3xtf32"):
+        oks.append(_case(f"float32 {mode}", ((200, 100), (100, 261)), torch.float32, True,
+                         False, 1e-3, math=mode))
+        oks.append(_case(f"float32 {mode} split-K", ((64, 2048), (2048, 264)), torch.float32,
+                         tol=1e-3, math=mode))
+    sys.exit(0 if all(oks) else 1)
+
+
+if __name__ == "__main__":
+    main()
