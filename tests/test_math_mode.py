@@ -21,13 +21,14 @@ def _run(backend, fn, *args, **kw):
     return tuple(map(to_host, r)) if isinstance(r, tuple) else to_host(r)
 
 
-def test_tf32_rounds_to_nearest_ties_away_from_zero():
+def test_tf32_rounds_to_nearest_ties_to_even():
     one = np.float32(1)
     ulp = 2.0 ** -10  # TF32's spacing at 1
-    x = np.array([1 + ulp / 2, 1 + ulp / 2 - 2 ** -23, 1 + 1.5 * ulp, -(1 + ulp / 2),
+    x = np.array([1 + ulp / 2, 1 + ulp / 2 + 2 ** -23, 1 + 1.5 * ulp, -(1 + 2.5 * ulp),
                   np.finfo(np.float32).max, np.inf, -np.inf, np.nan, 0.0, -0.0],
                  np.float32)
-    want = [1 + ulp, one, 1 + 2 * ulp, -(1 + ulp), np.inf, np.inf, -np.inf, np.nan, 0.0, -0.0]
+    want = [one, 1 + ulp, 1 + 2 * ulp, -(1 + 2 * ulp), np.inf, np.inf, -np.inf, np.nan, 0.0,
+            -0.0]
     got = tf32(x)
     np.testing.assert_array_equal(got, np.array(want, np.float32))
     assert np.signbit(got[-1]) and not (tf32(x).view(np.uint32)[:5] & 0x1FFF).any()

@@ -11,8 +11,8 @@ The leading (batch) axes broadcast as in NumPy. float16 inputs multiply in float
 float32's math mode (nbdnn/ops/math_mode.py) decides what a product of float32
 operands x @ y is:
     "ieee"    x @ y
-    "tf32"    tf32(x) @ tf32(y)                 tf32: round to 10 mantissa bits, ties
-                                                away from zero (cvt.rna.tf32.f32)
+    "tf32"    tf32(x) @ tf32(y)                 tf32: round to 10 mantissa bits, to
+                                                nearest, ties to even (as TMA does)
     "3xtf32"  hi(x) @ hi(y) + hi(x) @ lo(y) + lo(x) @ hi(y),
               hi = tf32(v), lo = tf32(v - hi)   (v - hi is exact in float32)
 every sum in float32. Other dtypes ignore the mode.
@@ -35,10 +35,12 @@ def _op(x, trans, ct):
 
 
 def tf32(x):
-    """float32 x rounded to TF32 as float32 (NaN and infinities kept; a value that
-    rounds past the largest float becomes inf, as on the GPU)."""
+    """float32 x rounded to TF32 (10 mantissa bits, to nearest, ties to even) as
+    float32; NaN and infinities kept, a value that rounds past the largest float
+    becomes inf. The rounding Hopper's TMA applies to a TFLOAT32 tensor map."""
     u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    r = ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    r = ((u + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) &
+         np.uint32(0xFFFFE000)).view(np.float32)
     return np.where(np.isfinite(x), r, x).astype(np.float32)
 
 

@@ -1,8 +1,10 @@
 """The float32 math mode of matrix products: cuDNN's mathType, PyTorch's allow_tf32.
 
     "ieee"    float32 FMA (the default: what verification needs)
-    "tf32"    each operand rounded to TF32 (10 mantissa bits, ties away from zero, as
-              cvt.rna.tf32.f32), products accumulated in float32
+    "tf32"    each operand rounded to TF32 (10 mantissa bits, to nearest, ties to
+              even: what Hopper's TMA does loading float32 through a TFLOAT32 tensor
+              map, so operands that are already K-major reach the tensor cores with
+              no rounding pass), products accumulated in float32
     "3xtf32"  each operand split into a TF32 head and a TF32 tail (x = hi + lo), the
               three products hi*hi + hi*lo + lo*hi accumulated in float32: float32
               accuracy (the dropped lo*lo is ~2^-22 of a product) at TF32 speed

@@ -51,7 +51,7 @@ def rounding(n=512):
         errs = [float((c.double() - r).abs().max()) / scale for r in refs.values()]
         errs.append(float((c.double() - exact).abs().max()) / scale)
         print(f"{mt:10} " + " ".join(f"{e:9.2e}" for e in errs))
-    W.TF32_MAP = "float32"
+    W.TF32_MAP = "tfloat32"
 
 
 def speed(n):
@@ -64,6 +64,9 @@ def speed(n):
     rows.append(("cuBLAS tf32", time_gpu(lambda: torch.matmul(a, b, out=c))))
     torch.backends.cuda.matmul.allow_tf32 = False
     rows.append(("cuBLAS fp32", time_gpu(lambda: torch.matmul(a, b, out=c))))
+    bt = b.t().contiguous()
+    rows.append(("nbdnn tf32 nt (no pass)", time_gpu(
+        lambda: nbdnn.matmul(a, bt, trans_b=True, math="tf32", out=c))))
     for mode in ("tf32", "3xtf32"):
         rows.append((f"nbdnn {mode}", time_gpu(lambda m=mode: nbdnn.matmul(a, b, math=m, out=c))))
         pa = P.operand(a, True, 0, mode, 0)
@@ -74,7 +77,7 @@ def speed(n):
             W.TF32_MAP = mt
             rows.append((f"  gemm ({mt} map)", time_gpu(
                 lambda: W.gemm(pa, pb, c, False, True, None, None, 0.0, 1.0, 0.0, 0))))
-        W.TF32_MAP = "float32"
+        W.TF32_MAP = "tfloat32"
     base = rows[0][1]
     print(f"\n{n}^3: {'row':22} {'ms':>8} {'TFLOP/s':>8} {'x cuBLAS tf32':>13}")
     for name, t in rows:

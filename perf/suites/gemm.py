@@ -2,7 +2,8 @@
 (issue 23's table). Rows:
 
     float32 ieee      nbdnn.matmul            cuBLAS fp32 (allow_tf32 off)
-    float32 tf32      nbdnn.matmul(math=)     cuBLAS with allow_tf32 on
+    float32 tf32      nbdnn.matmul(math=)     cuBLAS with allow_tf32 on (nt: b transposed,
+                                              K-major: no rounding pass, TMA rounds)
     float32 3xtf32    nbdnn.matmul(math=)     cuBLAS fp32 (the accuracy it stands for)
     float16, bfloat16 nbdnn.matmul            cuBLAS (torch.matmul) in the same dtype: on
                       an sm_90 GPU the tensor-core kernel (nbdnn/cuda/matmul/wgmma_gemm.py)
@@ -39,6 +40,10 @@ def _rows(M, N, K, fp32):
         for mode in ("ieee", "tf32", "3xtf32"):
             yield (f"float32 {mode}", lambda m=mode: nbdnn.matmul(*f32, math=m, out=c32),
                    lambda: torch.matmul(*f32, out=c32), c32, f32, mode == "tf32")
+        bt32 = f32[1].t().contiguous()  # b transposed (F.linear's weight): "tf32" runs no pass
+        yield ("float32 tf32 nt", lambda: nbdnn.matmul(f32[0], bt32, trans_b=True, math="tf32",
+                                                       out=c32),
+               lambda: torch.matmul(f32[0], bt32.t(), out=c32), c32, f32, True)
     for dt in ("float16", "bfloat16"):
         x = [v.to(getattr(torch, dt)) for v in f32]
         bt = x[1].t().contiguous()

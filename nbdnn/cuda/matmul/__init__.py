@@ -2,8 +2,9 @@
 and for float16 / bfloat16 and float32's tf32 / 3xtf32 math modes on sm_90 the
 tensor-core kernel (wgmma_gemm.py: TMA + wgmma, split-K in split_k.py) wherever its
 limits hold (wgmma_gemm.usable: 16-byte rows and bases); what it cannot take runs the
-SIMT kernel below, bfloat16 through its bits. The TF32 modes first rewrite both
-operands as K-major rounded parts (tf32_parts.py), then multiply those on either unit.
+SIMT kernel below, bfloat16 through its bits. The TF32 modes multiply K-major
+operands on either unit: rounded parts from tf32_parts.py, or for "tf32" on the
+tensor cores an input that already is K-major, rounded by TMA (_tf32_operands).
 
 Kernel (generated source, nbdnn/cuda/matmul/gemm_source.py): a block computes a BM x BN tile
 of c[z] = op(a[z]) @ op(b[z]) in k-steps of BK: the block stages BM x BK of op(a) and
@@ -36,7 +37,7 @@ from numba import cuda, float32, float64, uint64
 
 from ..runtime.simulator import SIMULATOR
 from .. import activation as _act
-from ..runtime.arrays import dtype_name, empty
+from ..runtime.arrays import dtype_name, empty, ptr
 from .gemm_source import gemm_about, gemm_source
 from . import tf32_parts as _tf32_parts
 from ..runtime.device import describe, sm_count
@@ -113,10 +114,8 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream,
           math_mode="ieee"):
     """c = alpha * act(op(a) @ op(b) + bias) + beta * out; shapes already checked;
     math_mode: float32's (tf32_parts.py rewrites the operands for the TF32 modes)."""
-    if math_mode != "ieee" and dtype_name(a) == "float32":  # K-major rounded parts
-        a = _tf32_parts.operand(a, not trans_a, 0, math_mode, stream)
-        b = _tf32_parts.operand(b, trans_b, 1, math_mode, stream)
-        trans_a, trans_b = False, True
+    if math_mode != "ieee" and dtype_name(a) == "float32":
+        a, b, trans_a, trans_b = _tf32_operands(a, b, trans_a, trans_b, math_mode, stream)
     ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
     M, K = (ash[-1], ash[-2]) if trans_a else (ash[-2], ash[-1])
     N = bsh[-2] if trans_b else bsh[-1]
@@ -151,6 +150,22 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream,
         reduce_tensor(dst, "add", (0,), False, False, alpha=alpha, beta=beta,
                       out=c, stream=stream)
     return c
+
+
+def _tf32_operands(a, b, trans_a, trans_b, math_mode, stream):
+    """(a, b, trans_a, trans_b) for a TF32 mode: K-major operands, a plain A and a
+    transposed B. "tf32" on the tensor cores takes an operand that already is one, K a
+    multiple of 4 and 16-byte aligned, as it is: TMA rounds it (a TFLOAT32 map, ties
+    to even, perf/experiments/tf32_gemm.py). Every other operand goes through
+    tf32_parts: rounded (and split, for 3xtf32) into a K-major copy."""
+    ash = tuple(int(s) for s in a.shape)  # (the simulator's shapes take no negative index)
+    K = ash[-2] if trans_a else ash[-1]
+    direct = math_mode == "tf32" and K % 4 == 0 and TENSOR_CORES and tensor_cores()
+    if not (direct and not trans_a and ptr(a) % 16 == 0):
+        a = _tf32_parts.operand(a, not trans_a, 0, math_mode, stream)
+    if not (direct and trans_b and ptr(b) % 16 == 0):
+        b = _tf32_parts.operand(b, trans_b, 1, math_mode, stream)
+    return a, b, False, True
 
 
 def choose_tile(M, N, K, nb, dtype, can_split):

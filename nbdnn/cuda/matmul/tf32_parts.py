@@ -1,7 +1,8 @@
 """Operands for float32's TF32 math modes (nbdnn/ops/math_mode.py), K-major, for the
 tensor cores and the CUDA cores alike.
 
-"tf32" multiplies TF32-rounded copies of A and B; "3xtf32" multiplies
+"tf32" multiplies TF32-rounded copies of A and B (to nearest, ties to even, as TMA
+rounds: on the tensor cores an operand that is already K-major skips this pass); "3xtf32" multiplies
 [hi(A), hi(A), lo(A)] by [hi(B); lo(B); hi(B)] concatenated along K: one GEMM over 3 K
 whose sum is hi*hi + hi*lo + lo*hi, the three products the CPU reference sums (both
 are float32 accumulations of the same terms, in another order). The GEMM, its split-K
@@ -48,7 +49,7 @@ def tf32_parts(x, out, nmat, R, K, Kp, P, code, k_major):
         r0 = ((t // tk) % tr) * T
         k0 = (t % tk) * T
         for i in range(ty, T, ROWS):
-            if k_major:      # x[z, r0 + i, k0 + tx]
+            if k_major != 0:  # x[z, r0 + i, k0 + tx]
                 r, k = r0 + i, k0 + tx
                 tile[i, tx] = x[(z * R + r) * K + k] if r < R and k < K else float32(0)
             else:            # x[z, k0 + i, r0 + tx]
@@ -70,7 +71,7 @@ def tf32_parts(x, out, nmat, R, K, Kp, P, code, k_major):
 @functools.lru_cache(maxsize=None)
 def _kernel():
     return Kernel(tf32_parts, ["void(float32[::1], float32[::1], int64, int64, int64, int64, "
-                               "int64, int64, boolean)"])
+                               "int64, int64, int64)"])
 
 
 def ptx_examples():
@@ -92,5 +93,5 @@ def operand(x, k_axis_last, which, mode, stream):
     if tiles:
         k = _kernel()
         k.launch(k.sigs[0], min(tiles, MAX_GRID), (T, ROWS), stream, x.reshape(math.prod(shape)),
-                 out.reshape(nmat * R * P * Kp), nmat, R, K, Kp, P, code, bool(k_axis_last))
+                 out.reshape(nmat * R * P * Kp), nmat, R, K, Kp, P, code, int(k_axis_last))
     return out

@@ -80,7 +80,9 @@ SHARED = STAGES * STAGE_BYTES + 1024           # + the alignment slack
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16", "float32": "tf32"}  # (float32: math tf32)
 BK_OF = {"f16": BK, "bf16": BK, "tf32": BK // 2}  # a k-tile is 128 B of K in every kind
-TF32_MAP = "float32"  # the TMA element type of tf32 operands ("tfloat32": perf/experiments)
+# the TMA element type of tf32 operands: TFLOAT32 rounds float32 to nearest even on the
+# way in, FLOAT32 lets the tensor cores truncate (perf/experiments/tf32_gemm.py, run AE)
+TF32_MAP = "tfloat32"
 GROUP_M = 8      # tile rows of a group in the block order (1: row order, as T1)
 PERSISTENT = True  # one block an SM looping over tiles (False: a block a tile, as T1)
 SIG = ("void(uint64, uint64, uint32[::1], uint16[::1], int32[::1], int64, int64, int64, "

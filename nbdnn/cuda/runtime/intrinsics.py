@@ -9,9 +9,11 @@
   and "streaming" (evict-first) stores, for data that will not be read again soon: a
   kernel that re-reads its input from L2 keeps more of it there when its own output
   and second reads leave first (inline PTX; float16/32/64).
-- `round_tf32(x)`: float32 x rounded to TF32 (10 mantissa bits, ties away from zero:
-  `cvt.rna.tf32.f32`), as a float32; NaN and infinities unchanged. The math modes'
-  operands (nbdnn/cpu/matmul.py's tf32() is the same rounding in NumPy).
+- `round_tf32(x)`: float32 x rounded to TF32 (10 mantissa bits, to nearest, ties to
+  even, as TMA rounds into a TFLOAT32 tensor map), as a float32; NaN and infinities
+  unchanged. Integer operations on the bits (`cvt.rn.tf32.f32` needs sm_90, `cvt.rna`
+  rounds ties away). The math modes' operands (nbdnn/cpu/matmul.py's tf32() is the
+  same rounding in NumPy).
 - `bf16_load(v)` / `bf16_store(x)`: bfloat16 storage. On the GPU a bfloat16 array is
   passed as uint16 (its bits: numba's arrays have no bfloat16 dtype); bf16_load widens
   the bits to float32 (exact: a shift into the high half), bf16_store rounds float32
@@ -46,7 +48,7 @@ if SIMULATOR:
         u = int(np.float32(x).view(np.uint32))
         if u & 0x7F800000 == 0x7F800000:
             return np.float32(x)
-        return np.uint32((u + 0x1000) & 0xFFFFE000).view(np.float32)
+        return np.uint32((u + 0xFFF + ((u >> 13) & 1)) & 0xFFFFE000).view(np.float32)
 
     def bf16_load(v):
         import numpy as np
@@ -153,9 +155,14 @@ else:
             return None
 
         def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType()])
-            asm = ir.InlineAsm(fnty, "cvt.rna.tf32.f32 $0, $1;", "=r,f")
-            return builder.bitcast(builder.call(asm, [args[0]]), ir.FloatType())
+            i32 = ir.IntType(32)
+            u = builder.bitcast(args[0], i32)
+            odd = builder.and_(builder.lshr(u, ir.Constant(i32, 13)), ir.Constant(i32, 1))
+            r = builder.and_(builder.add(u, builder.add(odd, ir.Constant(i32, 0xFFF))),
+                             ir.Constant(i32, 0xFFFFE000))
+            exp = builder.and_(u, ir.Constant(i32, 0x7F800000))
+            finite = builder.icmp_unsigned("!=", exp, ir.Constant(i32, 0x7F800000))
+            return builder.bitcast(builder.select(finite, r, u), ir.FloatType())
         return types.float32(types.float32), codegen
 
     @intrinsic
