@@ -92,6 +92,6 @@ def operand(x, k_axis_last, which, mode, stream):
     tiles = nmat * -(-R // T) * -(-Kp // T)
     if tiles:
         k = _kernel()
-        k.launch(k.sigs[0], min(tiles, MAX_GRID), (T, ROWS), stream, x.reshape(math.prod(shape)),
+        k.launch(k.sigs[0], min(tiles, MAX_GRID), (T, ROWS, 1), stream, x.reshape(math.prod(shape)),
                  out.reshape(nmat * R * P * Kp), nmat, R, K, Kp, P, code, int(k_axis_last))
     return out
