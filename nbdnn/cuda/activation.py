@@ -10,7 +10,9 @@ Measured here (H200, relu forward, % of copy, perf/experiments/diagnose.py; run-
 2x512 90%. Unaligned views (pointer not a multiple of 16 B) and the tail take the
 scalar path inside the same kernel.
 
-Arithmetic runs in float32 for float16/float32 storage and float64 for float64. The
+Arithmetic runs in float32 for float16/bfloat16/float32 storage and float64 for
+float64 (bfloat16 arrays are passed as their uint16 bits and widened / rounded by
+intrinsics.bf16_load / bf16_store; its vectors are 8 bytes, like float16's). The
 formulas are written to stay finite for |x| up to 1e4 and beyond (sigmoid by the sign
 of x, softplus as max(z, 0) + log1p(exp(-|z|)), gelu_tanh's derivative saturated past
 |x| > 10) and to propagate NaN as the CPU reference does (`0 if x < 0 else x`).
@@ -22,11 +24,11 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from .runtime.simulator import SIMULATOR
-from .runtime.intrinsics import load4, store4, vector_alignment
+from .runtime.intrinsics import bf16_load, bf16_store, keep, load4, store4, vector_alignment
 from .runtime.launch import Kernel
 from .runtime.arrays import dtype_of, empty, ptr_size
 from .runtime.codegen import compile_source
-from .._vocab import ACTIVATION_MODES as MODES, FLOAT_DTYPES as DTYPES
+from .._vocab import ACTIVATION_MODES as MODES, BF16_DTYPES as DTYPES
 
 BLOCK = 128
 GROUPS = 2  # 4-element vectors per thread, all loaded before the first store
@@ -94,7 +96,7 @@ def _kernel_source(backward):
     copy bandwidth. The tail (and unaligned views) run the scalar loop."""
     ins = ["dy", "x"] if backward else ["x"]
     o = "dx" if backward else "y"
-    val = ("alpha * ct(d{k}) * f(ct(x{k}), coef)" if backward else "alpha * f(ct(x{k}), coef)")
+    val = ("alpha * LD(d{k}) * f(LD(x{k}), coef)" if backward else "alpha * f(LD(x{k}), coef)")
     L = [f"def kernel({', '.join(ins)}, {o}, n, alpha, beta, coef, aligned):",
          "    g0 = cuda.blockIdx.x * (GROUPS * BLOCK) + cuda.threadIdx.x",
          "    step = cuda.gridDim.x * (GROUPS * BLOCK)",
@@ -110,17 +112,18 @@ def _kernel_source(backward):
         L.append(f"{ind}{', '.join(f'b{4 * j + k}' for k in range(4))} = "
                  f"load4({o}, g0 + {j} * BLOCK) if beta != 0 else (zero, zero, zero, zero)")
     for j in range(GROUPS):
-        vals = ", ".join(f"{val.format(k=4 * j + k)} + beta * ct(b{4 * j + k})" for k in range(4))
+        vals = ", ".join(f"ST({val.format(k=4 * j + k)} + beta * LD(b{4 * j + k}))"
+                         for k in range(4))
         L.append(f"{ind}store4({o}, g0 + {j} * BLOCK, ({vals}))")
-    sval = ("alpha * ct(dy[e]) * f(ct(x[e]), coef)" if backward else "alpha * f(ct(x[e]), coef)")
+    sval = ("alpha * LD(dy[e]) * f(LD(x[e]), coef)" if backward else "alpha * f(LD(x[e]), coef)")
     L += ["        else:",
           "            for j in range(GROUPS):",
           "                i = (g0 + j * BLOCK) * 4",
           "                for e in range(i, min(i + 4, n)):",
           f"                    r = {sval}",
           "                    if beta != 0:",
-          f"                        r += beta * ct({o}[e])",
-          f"                    {o}[e] = r",
+          f"                        r += beta * LD({o}[e])",
+          f"                    {o}[e] = ST(r)",
           "        g0 += step"]
     return "\n".join(L)
 
@@ -128,13 +131,17 @@ def _kernel_source(backward):
 _SOURCES = {d: _kernel_source(d) for d in (False, True)}
 
 
-def _make_kernel(f, ct, backward):
+def _make_kernel(f, ct, backward, bf16=False):
     # x, y (dy, x, dx): (n,) flat.  y = alpha*f(x) + beta*y;  dx = alpha*dy*f'(x) + beta*dx
+    # LD widens a stored element to the compute type, ST narrows a result for storage
+    # (bfloat16: the arrays hold its bits, intrinsics.bf16_load / bf16_store)
+    ld, st = (bf16_load, bf16_store) if bf16 else (ct, keep)
     ns = {"cuda": cuda, "load4": load4, "store4": store4, "GROUPS": GROUPS, "BLOCK": BLOCK,
-          "f": f, "ct": ct, "zero": ct(0), "min": min}
+          "f": f, "LD": ld, "ST": st, "zero": np.uint16(0) if bf16 else ct(0), "min": min}
+    d = "backward" if backward else "forward"
     k = compile_source("kernel", _SOURCES[backward], ns,
-                       label=f"activation_{'backward' if backward else 'forward'}_{ct}", about={
-        "what": f"activation {'backward' if backward else 'forward'}, compute type {ct}",
+                       label=f"activation_{d}_{'bfloat16' if bf16 else ct}", about={
+        "what": f"activation {d}, compute type {ct}{', bfloat16 storage' if bf16 else ''}",
         "traffic": f"per element {'3 reads + 1 write' if backward else '1 read + 1 write'}"
                    " (+1 read with beta != 0); GROUPS 16-byte vectors a thread in flight",
         "why": "one elementwise kernel for every mode: f is the mode's device function"})
@@ -170,15 +177,14 @@ def _build():
     fwd, bwd = {}, {}
     for ct_name, ct, npt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
         fns = _device_functions(npt)
-        dts = [d for d in DTYPES if _compute_type(d) == ct_name]
-        for mode, (f, d) in fns.items():
-            fsigs = [f"void({t}[::1], {t}[::1], int64, {ct_name}, {ct_name}, {ct_name}, int64)"
-                     for t in dts]
-            bsigs = [f"void({t}[::1], {t}[::1], {t}[::1], int64, {ct_name}, {ct_name}, "
-                     f"{ct_name}, int64)" for t in dts]
-            for t, fs, bs in zip(dts, fsigs, bsigs):
-                fwd[mode, np.dtype(t)] = (Kernel(_make_kernel(f, ct, False), [fs]), fs)
-                bwd[mode, np.dtype(t)] = (Kernel(_make_kernel(d, ct, True), [bs]), bs)
+        for t in (d for d in DTYPES if _compute_type(d) == ct_name):
+            bf16, a = t == "bfloat16", ("uint16" if t == "bfloat16" else t)  # (its bits)
+            fs = f"void({a}[::1], {a}[::1], int64, {ct_name}, {ct_name}, {ct_name}, int64)"
+            bs = (f"void({a}[::1], {a}[::1], {a}[::1], int64, {ct_name}, {ct_name}, "
+                  f"{ct_name}, int64)")
+            for mode, (f, d) in fns.items():
+                fwd[mode, np.dtype(t)] = (Kernel(_make_kernel(f, ct, False, bf16), [fs]), fs)
+                bwd[mode, np.dtype(t)] = (Kernel(_make_kernel(d, ct, True, bf16), [bs]), bs)
     return fwd, bwd
 
 

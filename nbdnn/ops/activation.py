@@ -3,7 +3,8 @@ the modern ones (swish, gelu, gelu_tanh, softplus). The formulas are in
 nbdnn/cpu/activation.py."""
 from .registry import op
 from ._common import Call, blend_params, choice, same_dtype, same_shape, scalar
-from .._vocab import ACTIVATION_DEFAULT_COEF as DEFAULT_COEF, ACTIVATION_MODES as MODES
+from .._vocab import ACTIVATION_DEFAULT_COEF as DEFAULT_COEF, ACTIVATION_MODES as MODES, \
+    BF16_DTYPES
 
 
 _NO_COEF = frozenset(m for m in MODES if m not in DEFAULT_COEF)
@@ -30,12 +31,13 @@ def activation(x, mode="relu", *, coef=None, alpha=1.0, beta=0.0, out=None,
     """y = alpha * f(x) + beta * out, elementwise; f by `mode`, parameterised by `coef`
     (leaky_relu slope 0.01, clipped_relu ceiling 6, elu alpha 1, swish/softplus beta 1).
 
-    x: any shape, float16/float32/float64. Returns y (or `out`) of x's shape and dtype."""
+    x: any shape, float16/bfloat16/float32/float64. Returns y (or `out`) of x's shape
+    and dtype."""
     op = "activation"
     coef = _coef(op, mode, coef)
     alpha, beta = blend_params(op, alpha, beta, out)
     c = Call(op, "activation", backend, stream, x=x, out=out)
-    shape, dtype = c.array("x", x)
+    shape, dtype = c.array("x", x, BF16_DTYPES)
     out = c.out(out, shape, dtype)
     return c.run("activation", x, mode, coef, alpha=alpha, beta=beta, out=out)
 
@@ -50,11 +52,11 @@ def activation_backward(dy, x, y=None, mode="relu", *, coef=None, alpha=1.0, bet
     for shape, but not read."""
     op = "activation_backward"
     c = Call(op, "activation", backend, stream, dy=dy, x=x, y=y, out=out)
-    dshape, ddtype = c.array("dy", dy)
-    shape, dtype = c.array("x", x)
+    dshape, ddtype = c.array("dy", dy, BF16_DTYPES)
+    shape, dtype = c.array("x", x, BF16_DTYPES)
     names, shapes, dtypes = ["x", "dy"], [shape, dshape], [dtype, ddtype]
     if y is not None:
-        yshape, ydtype = c.array("y", y)
+        yshape, ydtype = c.array("y", y, BF16_DTYPES)
         names.append("y"), shapes.append(yshape), dtypes.append(ydtype)
     same_shape(op, names, shapes)
     same_dtype(op, names, dtypes)

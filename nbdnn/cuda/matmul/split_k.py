@@ -14,7 +14,7 @@ from numba import cuda, types
 from .. import activation as _act
 from ..runtime.codegen import compile_source
 from ..runtime.device import sm_count
-from ..runtime.intrinsics import bf16_load, bf16_store
+from ..runtime.intrinsics import bf16_load, bf16_store, keep
 from ..runtime.launch import Kernel
 
 SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 512, 16
@@ -59,7 +59,7 @@ def splitk_sum(dtype):
     t = "uint16" if dtype == "bfloat16" else dtype
     ns = {"cuda": cuda, "act_fn": _act.fused(np.float32),
           "LD": bf16_load if dtype == "bfloat16" else types.float32,
-          "ST": bf16_store if dtype == "bfloat16" else _same}
+          "ST": bf16_store if dtype == "bfloat16" else keep}
     fn = compile_source("_splitk_sum", inspect.getsource(_splitk_sum), ns,
                         label=f"splitk_sum_{dtype}", about={
         "what": f"split-K's ordered sum of float32 chunks and the epilogue, {dtype} out",
@@ -67,8 +67,3 @@ def splitk_sum(dtype):
     sig = (f"void(float32[::1], {t}[::1], {t}[::1], int64, int64, int64, int64, int64, "
            "float32, float32, float32)")
     return Kernel(fn, [sig]), sig
-
-
-@cuda.jit(device=True)
-def _same(x):
-    return x

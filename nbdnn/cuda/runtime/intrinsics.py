@@ -19,6 +19,8 @@
   the bits to float32 (exact: a shift into the high half), bf16_store rounds float32
   to the nearest-even bfloat16 bits (`cvt.rn.bf16.f32`, NaN kept). Under the simulator
   the arrays hold ml_dtypes.bfloat16 values and NumPy converts on load and store.
+- `keep(x)`: x unchanged, the ST of kernels whose storage needs no rounding (the
+  bfloat16 kernels' ST is bf16_store), so one source serves every dtype.
 - `HAS_WARP`: warp shuffles exist (False under the simulator, which lacks them):
   kernels branch on it to reduce through shared memory instead.
 """
@@ -186,3 +188,12 @@ else:
             asm = ir.InlineAsm(fnty, "cvt.rn.bf16.f32 $0, $1;", "=h,f")
             return builder.call(asm, [args[0]])
         return types.uint16(types.float32), codegen
+
+
+def keep(x):
+    return x
+
+
+if not SIMULATOR:
+    from numba import cuda as _cuda
+    keep = _cuda.jit(device=True, inline=True)(keep)

@@ -3,7 +3,7 @@ inputs kept a little away from the kinks."""
 import numpy as np
 
 import nbdnn
-from nbdnn._vocab import ACTIVATION_MODES
+from nbdnn._vocab import ACTIVATION_MODES, BF16_DTYPES
 from nbdnn.testing.harness import Case, OpSpec, rand, shape_nd
 
 
@@ -33,6 +33,6 @@ def _activation_maker(mode, backward):
 SPECS = []
 for _m in ACTIVATION_MODES:
     SPECS.append(OpSpec(f"activation/{_m}", nbdnn.activation, _activation_maker(_m, False),
-                        family="activation"))
+                        family="activation", dtypes=BF16_DTYPES))
     SPECS.append(OpSpec(f"activation_backward/{_m}", nbdnn.activation_backward,
-                        _activation_maker(_m, True), family="activation"))
+                        _activation_maker(_m, True), family="activation", dtypes=BF16_DTYPES))
