@@ -12,7 +12,7 @@ from numba import cuda, float32, float64
 
 from .runtime.simulator import SIMULATOR
 from .runtime.arrays import dtype_name, empty, ptr, size, vector_aligned
-from .runtime.intrinsics import load4, store4
+from .runtime.intrinsics import bf16_load, bf16_store, keep, load4, store4
 from .runtime.launch import Kernel
 from ..cpu.dropout import M0, M1, MASK32, W0, W1, keep_threshold
 
@@ -35,8 +35,10 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
     return c0, c1, c2, c3
 
 
-def _kernels(CT):
-    ZERO = CT(0)
+def _kernels(CT, LD, ST, ZERO):
+    """The kernels for compute type CT: LD widens a stored element, ST rounds a result
+    for storage, ZERO is a stored zero (bfloat16: its bits, intrinsics.bf16_load /
+    bf16_store; other dtypes: CT, keep and CT(0))."""
 
     @cuda.jit(device=True)
     def keep4(w0, w1, w2, w3, thr):
@@ -53,8 +55,10 @@ def _kernels(CT):
             if vec != 0 and j * 4 + 4 <= n:
                 k0, k1, k2, k3 = keep4(w0, w1, w2, w3, thr)
                 a0, a1, a2, a3 = load4(x, j)
-                store4(y, j, (CT(a0) * scale if k0 else ZERO, CT(a1) * scale if k1 else ZERO,
-                              CT(a2) * scale if k2 else ZERO, CT(a3) * scale if k3 else ZERO))
+                store4(y, j, (ST(LD(a0) * scale) if k0 else ZERO,
+                              ST(LD(a1) * scale) if k1 else ZERO,
+                              ST(LD(a2) * scale) if k2 else ZERO,
+                              ST(LD(a3) * scale) if k3 else ZERO))
                 store4(m, j, (np.uint8(k0), np.uint8(k1), np.uint8(k2), np.uint8(k3)))
             else:
                 for q in range(4):
@@ -63,7 +67,7 @@ def _kernels(CT):
                         w = w0 if q == 0 else (w1 if q == 1 else (w2 if q == 2 else w3))
                         keep = w < thr
                         m[i] = np.uint8(1) if keep else np.uint8(0)
-                        y[i] = CT(x[i]) * scale if keep else ZERO
+                        y[i] = ST(LD(x[i]) * scale) if keep else ZERO
             j += cuda.gridDim.x * cuda.blockDim.x
 
     def dropout_fwd(x, y, m, n, thr, scale, off_lo, off_hi, key_lo, key_hi, vec):
@@ -88,13 +92,15 @@ def _kernels(CT):
                 for g in range(GROUPS):
                     for i in range((j + g * cuda.blockDim.x) * 4,
                                    min((j + g * cuda.blockDim.x) * 4 + 4, n)):
-                        dx[i] = CT(dy[i]) * scale if m[i] != 0 else ZERO
+                        dx[i] = ST(LD(dy[i]) * scale) if m[i] != 0 else ZERO
             j += cuda.gridDim.x * cuda.blockDim.x * GROUPS
 
     @cuda.jit(device=True)
     def masked4(d, k, scale):
-        return (CT(d[0]) * scale if k[0] != 0 else ZERO, CT(d[1]) * scale if k[1] != 0 else ZERO,
-                CT(d[2]) * scale if k[2] != 0 else ZERO, CT(d[3]) * scale if k[3] != 0 else ZERO)
+        return (ST(LD(d[0]) * scale) if k[0] != 0 else ZERO,
+                ST(LD(d[1]) * scale) if k[1] != 0 else ZERO,
+                ST(LD(d[2]) * scale) if k[2] != 0 else ZERO,
+                ST(LD(d[3]) * scale) if k[3] != 0 else ZERO)
 
     return dropout_fwd, dropout_fwd_counter, dropout_bwd
 
@@ -107,10 +113,13 @@ def dropout_advance(counter, n):
 
 def _build():
     table = {}
-    for t in ("float16", "float32", "float64"):
+    for t in ("float16", "bfloat16", "float32", "float64"):
         ct = "float64" if t == "float64" else "float32"
-        fwd, fwd_counter, bwd = _kernels(float64 if t == "float64" else float32)
-        a = f"{t}[::1]"
+        CT = float64 if t == "float64" else float32
+        bf16 = t == "bfloat16"
+        fwd, fwd_counter, bwd = _kernels(CT, bf16_load if bf16 else CT, bf16_store if bf16 else
+                                         keep, np.uint16(0) if bf16 else CT(0))
+        a = "uint16[::1]" if bf16 else f"{t}[::1]"  # (bfloat16: its bits)
         sf = (f"void({a}, {a}, uint8[::1], int64, uint64, {ct}, uint64, uint64, uint64, uint64, "
               "int64)")
         sc = (f"void({a}, {a}, uint8[::1], int64, uint64, {ct}, uint64[::1], uint64, uint64, "

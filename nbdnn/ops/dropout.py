@@ -8,6 +8,7 @@ import numpy as np
 from ..errors import BadParamError, DtypeError, fail
 from .registry import op
 from ._common import Call, same_shape, scalar
+from .._vocab import BF16_DTYPES
 
 U64 = 2 ** 64
 
@@ -39,7 +40,7 @@ def dropout(x, p, *, seed, offset=0, out=None, backend=None, stream=None):
     counter = hasattr(offset, "shape") and not isinstance(offset, numbers.Integral)
     c = Call(op, "dropout", backend, stream, x=x, out=out,
              **({"offset": offset} if counter else {}))
-    shape, dtype = c.array("x", x)
+    shape, dtype = c.array("x", x, BF16_DTYPES)
     p = _p(op, p)
     seed = _u64(op, "seed", seed)
     if counter:  # updated in place: c.out checks shape, dtype, contiguity, writeability
@@ -56,7 +57,7 @@ def dropout_backward(dy, mask, p, *, out=None, backend=None, stream=None):
     dy too), given the forward's mask (uint8) and p."""
     op = "dropout_backward"
     c = Call(op, "dropout", backend, stream, dy=dy, mask=mask, out=out)
-    shape, dtype = c.array("dy", dy)
+    shape, dtype = c.array("dy", dy, BF16_DTYPES)
     mshape, mdtype = c.array("mask", mask, dtypes=None)
     if mdtype != np.uint8:
         fail(DtypeError, op, "mask.dtype", "uint8 (dropout's mask)", mdtype.name)

@@ -4,6 +4,7 @@ match the CPU's exactly (integer outputs are compared bit for bit)."""
 import numpy as np
 
 import nbdnn
+from nbdnn._vocab import BF16_DTYPES
 from nbdnn.testing.harness import Case, OpSpec, rand, shape_nd
 
 P = (0.0, 0.1, 0.5, 0.9, 1.0)
@@ -28,6 +29,7 @@ def _make_backward(draw, dtype, big):
     return Case((rand(rng, shape, dtype), mask, p), {})
 
 
-SPECS = [OpSpec("dropout", nbdnn.dropout, _make_forward, family="dropout", blend=False),
+SPECS = [OpSpec("dropout", nbdnn.dropout, _make_forward, family="dropout", blend=False,
+                dtypes=BF16_DTYPES),
          OpSpec("dropout_backward", nbdnn.dropout_backward, _make_backward, family="dropout",
-                blend=False)]
+                blend=False, dtypes=BF16_DTYPES)]
