@@ -14,7 +14,7 @@ import numbers
 
 import numpy as np
 
-from .._vocab import LAYOUT_COUNTERPART
+from .._vocab import BF16_DTYPES, LAYOUT_COUNTERPART
 from ..errors import BadParamError, ShapeError, fail
 from .registry import op
 from ._common import (Call, blend_params, choice, int_tuple, need_out, normalize_axis,
@@ -55,8 +55,8 @@ def add_tensor(a, c, *, alpha=1.0, beta=1.0, out=None, backend=None, stream=None
     array); c is only modified when passed as out=c. With beta == 0, c is not read."""
     op = "add_tensor"
     k = Call(op, "tensor", backend, stream, a=a, c=c, out=out)
-    ashape, adtype = k.array("a", a)
-    cshape, cdtype = k.array("c", c)
+    ashape, adtype = k.array("a", a, BF16_DTYPES)
+    cshape, cdtype = k.array("c", c, BF16_DTYPES)
     same_dtype(op, ["c", "a"], [cdtype, adtype])
     _ndim(op, "c", cshape)
     broadcast_to(op, "a", ashape, "c", cshape)
@@ -77,7 +77,7 @@ def op_tensor(op, a, b=None, *, alpha1=1.0, alpha2=1.0, beta=0.0, out=None,
     name = "op_tensor"
     choice(name, "op", op, OP_TENSOR_OPS)
     k = Call(name, "tensor", backend, stream, a=a, b=b, out=out)
-    ashape, adtype = k.array("a", a)
+    ashape, adtype = k.array("a", a, BF16_DTYPES)
     _ndim(name, "a", ashape)
     if op in UNARY_OPS:
         if b is not None:
@@ -85,7 +85,7 @@ def op_tensor(op, a, b=None, *, alpha1=1.0, alpha2=1.0, beta=0.0, out=None,
     else:
         if b is None:
             fail(BadParamError, name, "b", f"an array for the binary op {op!r}", None)
-        bshape, bdtype = k.array("b", b)
+        bshape, bdtype = k.array("b", b, BF16_DTYPES)
         same_dtype(name, ["a", "b"], [adtype, bdtype])
         broadcast_to(name, "b", bshape, "a", ashape)
     alpha1, alpha2 = scalar(name, "alpha1", alpha1), scalar(name, "alpha2", alpha2)
@@ -129,7 +129,7 @@ def reduce_tensor(x, op="add", axes=None, *, keepdims=True, return_indices=False
     name = "reduce_tensor"
     choice(name, "op", op, REDUCE_OPS)
     k = Call(name, "tensor", backend, stream, x=x, out=out)
-    shape, dtype = k.array("x", x)
+    shape, dtype = k.array("x", x, BF16_DTYPES)
     _ndim(name, "x", shape)
     axes = reduce_axes(name, axes, len(shape))
     if any(shape[ax] == 0 for ax in axes):
@@ -152,7 +152,7 @@ def scale_tensor(x, alpha, *, out=None, backend=None, stream=None):
     """cudnnScaleTensor: y = alpha * x; in place with out=x."""
     op = "scale_tensor"
     k = Call(op, "tensor", backend, stream, x=x, out=out)
-    shape, dtype = k.array("x", x)
+    shape, dtype = k.array("x", x, BF16_DTYPES)
     alpha = scalar(op, "alpha", alpha)
     out = k.out(out, shape, dtype)
     return k.run("scale_tensor", x, alpha, out=out)
@@ -166,7 +166,7 @@ def set_tensor(x, value, *, backend=None, stream=None):
     number, inf and NaN included; it is rounded to x's dtype."""
     op = "set_tensor"
     k = Call(op, "tensor", backend, stream, x=x)
-    shape, dtype = k.array("x", x)
+    shape, dtype = k.array("x", x, BF16_DTYPES)
     value = scalar(op, "value", value, finite=False)
     x = k.out(x, shape, dtype, name="x")
     return k.run("set_tensor", value, out=x)
@@ -205,7 +205,7 @@ def transform_tensor(x, layout_from=None, layout_to=None, *, perm=None, alpha=1.
     dim k is x's dim perm[k]. Up to 6 dims."""
     op = "transform_tensor"
     k = Call(op, "tensor", backend, stream, x=x, out=out)
-    shape, dtype = k.array("x", x)
+    shape, dtype = k.array("x", x, BF16_DTYPES)
     if len(shape) > 6:
         fail(ShapeError, op, "x.ndim", "<= 6", len(shape))
     p = _perm(op, len(shape), layout_from, layout_to, perm)

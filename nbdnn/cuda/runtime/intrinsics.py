@@ -19,6 +19,11 @@
   the bits to float32 (exact: a shift into the high half), bf16_store rounds float32
   to the nearest-even bfloat16 bits (`cvt.rn.bf16.f32`, NaN kept). Under the simulator
   the arrays hold ml_dtypes.bfloat16 values and NumPy converts on load and store.
+- `widen(v)` / `narrow(x, arr)`: one kernel source for every storage dtype when a
+  kernel's signatures mix them (reduce's input / output pairs): widen takes a stored
+  element to its compute type (float16, float32 and bfloat16 bits to float32; float64
+  stays), narrow rounds x to what `arr` stores (bfloat16: bf16_store's bits). Under
+  the simulator NumPy converts (float64 stays, the rest become float32 on load).
 - `keep(x)`: x unchanged, the ST of kernels whose storage needs no rounding (the
   bfloat16 kernels' ST is bf16_store), so one source serves every dtype.
 - `HAS_WARP`: warp shuffles exist (False under the simulator, which lacks them):
@@ -58,6 +63,13 @@ if SIMULATOR:
 
     def bf16_store(x):
         return x  # (the ml_dtypes array rounds to nearest even on assignment)
+
+    def widen(v):
+        import numpy as np
+        return v if isinstance(v, np.float64) else np.float32(v)
+
+    def narrow(x, arr):
+        return x  # (NumPy rounds on assignment)
 else:
     from llvmlite import ir
     from numba.cuda import cgutils, types
@@ -167,8 +179,7 @@ else:
             return builder.bitcast(builder.select(finite, r, u), ir.FloatType())
         return types.float32(types.float32), codegen
 
-    @intrinsic
-    def bf16_load(typingctx, v):
+    def _bf16_load(typingctx, v):
         if v != types.uint16:
             return None
 
@@ -178,8 +189,7 @@ else:
             return builder.bitcast(wide, ir.FloatType())
         return types.float32(types.uint16), codegen
 
-    @intrinsic
-    def bf16_store(typingctx, x):
+    def _bf16_store(typingctx, x):
         if x != types.float32:
             return None
 
@@ -189,6 +199,8 @@ else:
             return builder.call(asm, [args[0]])
         return types.uint16(types.float32), codegen
 
+    bf16_load, bf16_store = intrinsic(_bf16_load), intrinsic(_bf16_store)
+
 
 def keep(x):
     return x
@@ -197,3 +209,30 @@ def keep(x):
 if not SIMULATOR:
     from numba import cuda as _cuda
     keep = _cuda.jit(device=True, inline=True)(keep)
+
+    @intrinsic
+    def widen(typingctx, v):
+        if v == types.uint16:
+            return _bf16_load(typingctx, v)
+        if v not in (types.float16, types.float32, types.float64):
+            return None
+        ct = types.float64 if v == types.float64 else types.float32
+
+        def codegen(context, builder, sig, args):
+            return context.cast(builder, args[0], sig.args[0], ct)
+        return ct(v), codegen
+
+    @intrinsic
+    def narrow(typingctx, x, arr):
+        dt = arr.dtype
+        if dt == types.uint16:  # bfloat16 bits, from float32
+            sig, gen = _bf16_store(typingctx, types.float32)
+
+            def codegen(context, builder, sig_, args):
+                v = context.cast(builder, args[0], sig_.args[0], types.float32)
+                return gen(context, builder, sig, [v])
+            return types.uint16(x, arr), codegen
+
+        def codegen(context, builder, sig, args):
+            return context.cast(builder, args[0], sig.args[0], dt)
+        return dt(x, arr), codegen

@@ -3,7 +3,8 @@ deterministic passes when there are too few outputs to fill the GPU.
 
 Every op is (pre, comb, post): add (id, +), avg (id, +, / n), norm1 (|x|, +),
 norm2 (x^2, +, sqrt), mul (id, *), mul_no_zeros (0 -> 1, *), min/max (id, min/max),
-amax (|x|, max). Accumulation in float32 (float64 for float64), in a fixed order (a
+amax (|x|, max). Accumulation in float32 (float64 for float64; bfloat16 as its bits,
+widened on load and rounded on store), in a fixed order (a
 per-thread sequential sweep, then a fixed shuffle/shared-memory tree): bit-identical
 results run to run, no atomics. min/max carry an int64 index: (value, index) pairs
 are ordered NaN first, then by value, then by smaller index, a total order, so the
@@ -28,7 +29,7 @@ from numba import cuda, float32, float64, int64
 
 from ..runtime.simulator import SIMULATOR
 from ..runtime.arrays import empty, ptr
-from ..runtime.intrinsics import HAS_WARP, load4, vector_alignment
+from ..runtime.intrinsics import HAS_WARP, load4, narrow, vector_alignment, widen
 from ..runtime.launch import Kernel
 
 BLOCK = 256
@@ -100,8 +101,8 @@ def _step_and_finish(pre, comb, combi, idx, ct):
             r = math.sqrt(r)
         r = alpha * r
         if beta != 0:
-            r = r + beta * ct(y[k])
-        y[k] = r
+            r = r + beta * widen(y[k])
+        y[k] = narrow(r, y)
         if idx:
             yi[k] = ai
 
@@ -134,37 +135,37 @@ def _row_kernel(pre, comb, combi, idx, ct, init, tpr):
                 body = start + (4 - start % 4) % 4  # first element on a 16-byte boundary
                 e = start + lane
                 if e < body and e < stop:
-                    acc, ai = step(acc, ai, ct(x[e]), e - rbase)
+                    acc, ai = step(acc, ai, widen(x[e]), e - rbase)
                 g = body // 4 + lane
                 gstop = stop // 4
                 while g + tpr < gstop:  # two 16-byte loads in flight
                     a0, a1, a2, a3 = load4(x, g)
                     b0, b1, b2, b3 = load4(x, g + tpr)
                     i = 4 * g - rbase
-                    acc, ai = step(acc, ai, ct(a0), i)
-                    acc, ai = step(acc, ai, ct(a1), i + 1)
-                    acc, ai = step(acc, ai, ct(a2), i + 2)
-                    acc, ai = step(acc, ai, ct(a3), i + 3)
+                    acc, ai = step(acc, ai, widen(a0), i)
+                    acc, ai = step(acc, ai, widen(a1), i + 1)
+                    acc, ai = step(acc, ai, widen(a2), i + 2)
+                    acc, ai = step(acc, ai, widen(a3), i + 3)
                     i += 4 * tpr
-                    acc, ai = step(acc, ai, ct(b0), i)
-                    acc, ai = step(acc, ai, ct(b1), i + 1)
-                    acc, ai = step(acc, ai, ct(b2), i + 2)
-                    acc, ai = step(acc, ai, ct(b3), i + 3)
+                    acc, ai = step(acc, ai, widen(b0), i)
+                    acc, ai = step(acc, ai, widen(b1), i + 1)
+                    acc, ai = step(acc, ai, widen(b2), i + 2)
+                    acc, ai = step(acc, ai, widen(b3), i + 3)
                     g += 2 * tpr
                 if g < gstop:
                     a0, a1, a2, a3 = load4(x, g)
                     i = 4 * g - rbase
-                    acc, ai = step(acc, ai, ct(a0), i)
-                    acc, ai = step(acc, ai, ct(a1), i + 1)
-                    acc, ai = step(acc, ai, ct(a2), i + 2)
-                    acc, ai = step(acc, ai, ct(a3), i + 3)
+                    acc, ai = step(acc, ai, widen(a0), i)
+                    acc, ai = step(acc, ai, widen(a1), i + 1)
+                    acc, ai = step(acc, ai, widen(a2), i + 2)
+                    acc, ai = step(acc, ai, widen(a3), i + 3)
                 e = max(4 * gstop, body) + lane
                 if e < stop:
-                    acc, ai = step(acc, ai, ct(x[e]), e - rbase)
+                    acc, ai = step(acc, ai, widen(x[e]), e - rbase)
             else:
                 e = start + lane
                 while e < stop:
-                    acc, ai = step(acc, ai, ct(x[e]), xi[e] if has_xi != 0 else e - rbase)
+                    acc, ai = step(acc, ai, widen(x[e]), xi[e] if has_xi != 0 else e - rbase)
                     e += tpr
         if HAS_WARP:  # shuffle tree in each warp, then across the block's warps
             off = min(tpr, 32) // 2
@@ -238,10 +239,10 @@ def _col_kernel(pre, comb, combi, idx, ct, init):
                 g = (base + r0 * inner + col) // 4
                 for r in range(r0, r1):
                     v0, v1, v2, v3 = load4(x, g)
-                    c0, i0 = step(c0, i0, ct(v0), r)
-                    c1, i1 = step(c1, i1, ct(v1), r)
-                    c2, i2 = step(c2, i2, ct(v2), r)
-                    c3, i3 = step(c3, i3, ct(v3), r)
+                    c0, i0 = step(c0, i0, widen(v0), r)
+                    c1, i1 = step(c1, i1, widen(v1), r)
+                    c2, i2 = step(c2, i2, widen(v2), r)
+                    c3, i3 = step(c3, i3, widen(v3), r)
                     g += inner // 4
                 k = ob * inner + col
                 finish(y, yi, k, c0, i0, post, n_avg, alpha, beta)
@@ -255,18 +256,23 @@ def _col_kernel(pre, comb, combi, idx, ct, init):
                 ai = BIG
                 e = base + r0 * inner + col
                 for r in range(r0, r1):
-                    acc, ai = step(acc, ai, ct(x[e]), xi[e] if has_xi != 0 else r)
+                    acc, ai = step(acc, ai, widen(x[e]), xi[e] if has_xi != 0 else r)
                     e += inner
                 finish(y, yi, ob * inner + col, acc, ai, post, n_avg, alpha, beta)
     return reduce_cols
 
 
+A = {"bfloat16": "uint16", "float16": "float16", "float32": "float32", "float64": "float64"}
+
+
 def _build():
+    """Kernels by (pre, comb, indexed[, threads a row]) and (input, output) dtype pair;
+    one source for every pair (widen / narrow convert, bfloat16 passed as its bits)."""
     rows, cols = {}, {}
     pairs = sorted({(p, c) for p, c, _ in OPS.values()})
     for ctn, ct, npt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
         pre, comb, combi, init = _functions(npt)
-        dts = ("float16", "float32") if ctn == "float32" else ("float64",)
+        dts = ("float16", "bfloat16", "float32") if ctn == "float32" else ("float64",)
         for p, c in pairs:
             for idx in ((False, True) if (p, c) in INDEXED else (False,)):
                 ios = {(t, t) for t in dts} | {(t, ctn) for t in dts}
@@ -275,13 +281,13 @@ def _build():
                 ios = sorted(ios)
                 tail = f"{ctn}, {ctn}, {ctn}, int64, int64)"
                 for tpr in TPRS:
-                    sigs = {io: f"void({io[0]}[::1], int64[::1], {io[1]}[::1], int64[::1], "
+                    sigs = {io: f"void({A[io[0]]}[::1], int64[::1], {A[io[1]]}[::1], int64[::1], "
                                 f"int64, int64, int64, int64, int64, {tail}" for io in ios}
                     kern = Kernel(_row_kernel(pre[p], comb[c], combi[c], idx, ct, init[c],
                                               tpr), list(sigs.values()))
                     kern.name = f"reduce_rows_{p}_{c}{'_idx' if idx else ''}_{tpr}_{ctn}"
                     rows.update({(p, c, idx, tpr) + io: (kern, s) for io, s in sigs.items()})
-                sigs = {io: f"void({io[0]}[::1], int64[::1], {io[1]}[::1], int64[::1], "
+                sigs = {io: f"void({A[io[0]]}[::1], int64[::1], {A[io[1]]}[::1], int64[::1], "
                             f"int64, int64, int64, int64, int64, int64, {tail}" for io in ios}
                 kern = Kernel(_col_kernel(pre[p], comb[c], combi[c], idx, ct, init[c]),
                               list(sigs.values()))

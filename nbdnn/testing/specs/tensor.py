@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 import nbdnn
+from nbdnn._vocab import BF16_DTYPES
 from nbdnn.ops import tensor as _t
 from nbdnn.testing.harness import ELEMENTWISE_TOL, EPS, Case, OpSpec, rand, reduction_tol, shape_nd
 
@@ -137,17 +138,18 @@ def _transform_perm_make(draw, dtype, big):
     return Case((rand(rng, shape, dtype),), {"perm": perm})
 
 
-SPECS = [OpSpec("add_tensor", nbdnn.add_tensor, _add_tensor_make, family=FAMILY)]
-SPECS += [OpSpec(f"op_tensor/{op}", _op_tensor_row, _op_tensor_maker(op), family=FAMILY,
+ROW = {"family": FAMILY, "dtypes": BF16_DTYPES}  # every tensor op takes bfloat16
+SPECS = [OpSpec("add_tensor", nbdnn.add_tensor, _add_tensor_make, **ROW)]
+SPECS += [OpSpec(f"op_tensor/{op}", _op_tensor_row, _op_tensor_maker(op), **ROW,
                  ops=("op_tensor",))
           for op in _t.OP_TENSOR_OPS]
 SPECS += [OpSpec(f"reduce_tensor/{op}", nbdnn.reduce_tensor, _reduce_maker(op),
-                 family=FAMILY) for op in _t.REDUCE_OPS]
+                 **ROW) for op in _t.REDUCE_OPS]
 SPECS += [OpSpec("scale_tensor", nbdnn.scale_tensor, _scale_make, blend=False,
-                 family=FAMILY),
-          OpSpec("set_tensor", nbdnn.set_tensor, _set_make, blend=False, family=FAMILY,
+                 **ROW),
+          OpSpec("set_tensor", nbdnn.set_tensor, _set_make, blend=False, **ROW,
                  strided_ok=False),
           OpSpec("transform_tensor/layout", nbdnn.transform_tensor, _transform_layout_make,
-                 family=FAMILY),
+                 **ROW),
           OpSpec("transform_tensor/perm", nbdnn.transform_tensor, _transform_perm_make,
-                 family=FAMILY)]
+                 **ROW)]
