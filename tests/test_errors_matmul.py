@@ -47,14 +47,16 @@ def test_empty_operands_give_bias_and_zeros():
                                   np.tile(bias, (2, 1)))
 
 
-def test_bfloat16_backward_limits_are_named():
-    """bfloat16 gradients that need reduce_tensor (dbias, batch axes broadcast along
-    both operands) are a NotSupportedError on CUDA, not a wrong answer; the CPU
-    reference computes them."""
-    from nbdnn import NotSupportedError
-    a, b = np.ones((2, 1, 3, 4), BF16), np.ones((3, 4, 5), BF16)
-    dc = np.ones((2, 3, 3, 5), BF16)
-    assert nbdnn.matmul_backward(dc, a, b, bias=True)[2].dtype == BF16
-    for kw in ({"bias": True}, {}):
-        with pytest.raises(NotSupportedError, match="bfloat16"):
-            nbdnn.matmul_backward(dc, a, b, backend="cuda", **kw)
+def test_bfloat16_backward_sums_broadcast_batches_and_bias():
+    """bfloat16 gradients that reduce_tensor sums (dbias, batch axes broadcast along
+    both operands) run on CUDA and agree with the CPU reference (the per-matrix
+    products round to bfloat16 before the sum, as float16's do: a few ulps)."""
+    rng = np.random.default_rng(4)
+    a, b = (rng.uniform(-1, 1, s).astype(BF16) for s in ((2, 1, 3, 4), (3, 4, 5)))
+    dc = rng.uniform(-1, 1, (2, 3, 3, 5)).astype(BF16)
+    want = nbdnn.matmul_backward(dc, a, b, bias=True)
+    got = nbdnn.matmul_backward(dc, a, b, bias=True, backend="cuda")
+    for g, w in zip(got, want):
+        assert g.dtype == BF16 and g.shape == w.shape
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), atol=0.06,
+                                   rtol=2 ** -6)

@@ -240,10 +240,6 @@ def matmul_backward(dc, a, b, trans_a, trans_b, bias, math_mode="ieee", *, alpha
     outs = out if out is not None else (None,) * (3 if bias else 2)
     grads = []
     ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
-    bf16 = dtype_name(a) == "bfloat16"
-    if bf16 and bias:
-        raise NotSupportedError("matmul_backward: bias=True in bfloat16 (reduce_tensor has no "
-                                "bfloat16 yet)")
     # d op(a) = dc @ op(b)^T, stored transposed when trans_a; d op(b) = op(a)^T @ dc
     for (x, y, tx, ty), target, o in (
             ((b, dc, trans_b, True) if trans_a else (dc, b, False, not trans_b), a, outs[0]),
@@ -262,10 +258,6 @@ def matmul_backward(dc, a, b, trans_a, trans_b, bias, math_mode="ieee", *, alpha
             grads.append(o if o is not None else g.reshape(shape))
         elif _out_shape(x, y, tx, ty) == shape:  # no broadcast: blend in the epilogue
             grads.append(_gemm(x, y, tx, ty, None, None, 0.0, alpha, beta, o, stream, math_mode))
-        elif bf16:
-            raise NotSupportedError("matmul_backward: bfloat16 gradients summed over broadcast "
-                                    "batch axes (reduce_tensor has no bfloat16 yet); only a "
-                                    "batched a against one b broadcasts in bfloat16")
         else:
             full = _gemm(x, y, tx, ty, None, None, 0.0, 1.0, 0.0, None, stream, math_mode)
             grads.append(_reduced_to(full, shape, alpha, beta, o, stream))

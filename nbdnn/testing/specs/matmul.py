@@ -25,17 +25,14 @@ def matmul_tol(dtype, length):
             4 * EPS[dtype] + 4 * acc * math.sqrt(length))
 
 
-def _shapes(draw, big, bf16_backward=False):
-    """(a shape, b shape, trans_a, trans_b, (batch, M, N, K)); bf16_backward: only the
-    batch families matmul_backward takes in bfloat16."""
+def _shapes(draw, big):
+    """(a shape, b shape, trans_a, trans_b, (batch, M, N, K))."""
     hi = 160 if big else 9
     M, N, K = draw(1, hi), draw(1, hi), draw(1, hi)
     fam = draw(0, 3)
     n = draw(1, 3)
     ab, bb = [((), ()), ((n,), (n,)), ((n,), ()), ((draw(1, 2), 1), (n,))][fam]
     ta, tb = draw(0, 1) == 1, draw(0, 1) == 1
-    if bf16_backward:  # (no bfloat16 reduce_tensor yet: the broadcasts summed by one GEMM)
-        ab, bb, ta = (ab, bb, ta) if fam < 2 else ((n,), (), False)
     a = ab + ((K, M) if ta else (M, K))
     b = bb + ((N, K) if tb else (K, N))
     return a, b, ta, tb, (np.broadcast_shapes(ab, bb), M, N, K)
@@ -73,14 +70,13 @@ def _make_forward(draw, dtype, big):
 
 def _make_backward(draw, dtype, big):
     rng = np.random.default_rng(draw(0, 2 ** 31))
-    bf16 = dtype == "bfloat16"
-    ash, bsh, ta, tb, (batch, M, N, K) = _shapes(draw, big, bf16)
+    ash, bsh, ta, tb, (batch, M, N, K) = _shapes(draw, big)
     dc = rand(rng, tuple(batch) + (M, N), dtype, -1, 1)
     length = max(N, M * max(1, math.prod(batch)))  # the longest sum: db, dbias
     mode, (dc, a, b), tol = _math(draw, dtype, [dc, rand(rng, ash, dtype, -1, 1),
                                                 rand(rng, bsh, dtype, -1, 1)],
                                   matmul_tol(dtype, length))
-    return Case((dc, a, b), {"trans_a": ta, "trans_b": tb, "bias": draw(0, 1) == 1 and not bf16,
+    return Case((dc, a, b), {"trans_a": ta, "trans_b": tb, "bias": draw(0, 1) == 1,
                              "math": mode}, tol=tol)
 
 
