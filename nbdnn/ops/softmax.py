@@ -9,7 +9,7 @@ attention and classifiers. The formulas are in nbdnn/cpu/softmax.py.
 ("rows", "rows_block", "fused", "long", "strided"; see nbdnn/cuda/softmax/__init__.py) where the shape
 allows it; the CPU backend ignores it.
 """
-from .._vocab import SOFTMAX_ALGOS as ALGOS
+from .._vocab import BF16_DTYPES, SOFTMAX_ALGOS as ALGOS
 from ..errors import BadParamError, fail
 from .registry import op
 from ._common import Call, blend_params, choice, normalize_axis, same_dtype, same_shape
@@ -30,10 +30,10 @@ def softmax(x, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
 
     fast: exp(x) / sum exp(x); accurate: exp(x - max) / sum exp(x - max);
     log: x - max - log(sum exp(x - max)). x: any shape (ndim >= 1),
-    float16/float32/float64. Returns y (or `out`) of x's shape and dtype."""
+    float16/bfloat16/float32/float64. Returns y (or `out`) of x's shape and dtype."""
     op = "softmax"
     c = Call(op, "softmax", backend, stream, x=x, out=out)
-    shape, dtype = c.array("x", x)
+    shape, dtype = c.array("x", x, BF16_DTYPES)
     axis = _axis(op, "x", axis, shape)
     choice(op, "algo", algo, ALGOS)
     choice(op, "_kernel", _kernel, KERNELS)
@@ -51,8 +51,8 @@ def softmax_backward(dy, y, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out
     axis). dy, y: the same shape and dtype."""
     op = "softmax_backward"
     c = Call(op, "softmax", backend, stream, dy=dy, y=y, out=out)
-    dshape, ddtype = c.array("dy", dy)
-    shape, dtype = c.array("y", y)
+    dshape, ddtype = c.array("dy", dy, BF16_DTYPES)
+    shape, dtype = c.array("y", y, BF16_DTYPES)
     same_shape(op, ["y", "dy"], [shape, dshape])
     same_dtype(op, ["y", "dy"], [dtype, ddtype])
     axis = _axis(op, "y", axis, shape)

@@ -1,5 +1,7 @@
 """Softmax forward and backward over any axis: x viewed as (outer, L, inner), L the
-softmax axis. Arithmetic in float32 for float16/float32 storage, float64 for float64.
+softmax axis. Arithmetic in float32 for float16/bfloat16/float32 storage, float64 for
+float64 (one source for every storage dtype: loads widen, stores narrow; bfloat16 as its
+bits, runtime/intrinsics.py).
 algo is a runtime int (FAST 0, ACCURATE 1, LOG 2): uniform per launch, so no divergence.
 
 Kernels (traffic per element, float32; +4 B when beta != 0 reads out):
@@ -43,13 +45,13 @@ from numba import cuda, float32, float64
 
 from ..runtime.simulator import SIMULATOR
 from ..runtime.arrays import dtype_name, empty, size, vector_aligned
-from ..runtime.intrinsics import load4, store4, vector_alignment
+from ..runtime.intrinsics import load4, narrow, store4, vector_alignment, widen
 from ..runtime.launch import Kernel
 from ..runtime.block_reduce import FAST, LOG, SHM, device_functions
 from .rows import rows_kernel as _rows_kernel
 from .stream import stream_kernels
 from ...errors import NotSupportedError
-from ..._vocab import FLOAT_DTYPES as DTYPES
+from ..._vocab import BF16_DTYPES as DTYPES
 
 ALGOS = {"fast": FAST, "accurate": 1, "log": LOG}
 
@@ -92,10 +94,10 @@ def _build(streaming=True, fused_maxreg=None):
     for ct_name, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
         f = device_functions(nt)
         ns = dict(f, cuda=cuda, math=math, load4=load4, store4=store4, CT=CT, SHM=SHM,
-                  FAST=FAST, LOG=LOG)  # globals of the generated row kernels
+                  FAST=FAST, LOG=LOG, widen=widen, narrow=narrow)  # the row kernels' globals
         others = stream_kernels(f, CT, SHM, STRIDED_BLOCK, streaming)
         for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
-            a, c = f"{t}[::1]", ct_name
+            a, c = f"{'uint16' if t == 'bfloat16' else t}[::1]", ct_name  # (bfloat16: bits)
             sigs = {
                 "fused": f"void({a}, {a}, int64, int64, int64, {c}, {c}, int64)",
                 "fused_bwd": f"void({a}, {a}, {a}, int64, int64, int64, {c}, {c}, int64)",

@@ -76,12 +76,12 @@ def load_lines(ins, arrs, V, fill):
         src.append(f"            if lane + {k} * G < L4:")
         for p, a in zip(ins, arrs):
             src.append(f"                a0, a1, a2, a3 = load4({a}, q + {k} * G)")
-            src += [f"                {p}{k}_{j} = CT(a{j})" for j in range(4)]
+            src += [f"                {p}{k}_{j} = widen(a{j})" for j in range(4)]
     src.append("        else:")
     for k, j in slots:
         src.append(f"            if lane + {4 * k + j} * G < L:")
         for p, a in zip(ins, arrs):
-            src.append(f"                {p}{k}_{j} = CT({a}[base + lane + {4 * k + j} * G])")
+            src.append(f"                {p}{k}_{j} = widen({a}[base + lane + {4 * k + j} * G])")
     return src
 
 
@@ -93,8 +93,8 @@ def store_lines(out, dst, V, blend):
         if blend:
             src += ["                if beta != ZERO:",
                     f"                    b0, b1, b2, b3 = load4({dst}, q + {k} * G)"]
-            src += [f"                    {out}{k}_{j} += beta * CT(b{j})" for j in range(4)]
-        vals = ", ".join(f"{out}{k}_{j}" for j in range(4))
+            src += [f"                    {out}{k}_{j} += beta * widen(b{j})" for j in range(4)]
+        vals = ", ".join(f"narrow({out}{k}_{j}, {dst})" for j in range(4))
         src.append(f"                store4({dst}, q + {k} * G, ({vals}))")
     src.append("        else:")
     for k in range(V):
@@ -103,8 +103,8 @@ def store_lines(out, dst, V, blend):
             src.append(f"            if lane + {4 * k + j} * G < L:")
             if blend:
                 src += ["                if beta != ZERO:",
-                        f"                    {out}{k}_{j} += beta * CT({dst}[{e}])"]
-            src.append(f"                {dst}[{e}] = {out}{k}_{j}")
+                        f"                    {out}{k}_{j} += beta * widen({dst}[{e}])"]
+            src.append(f"                {dst}[{e}] = narrow({out}{k}_{j}, {dst})")
     return src
 
 

@@ -19,7 +19,7 @@ import math
 
 from numba import cuda
 
-from ..runtime.intrinsics import load4, load4_lu, store4, store4_cs
+from ..runtime.intrinsics import load4, load4_lu, narrow, store4, store4_cs, widen
 from ..runtime.block_reduce import FAST, LOG
 
 
@@ -54,29 +54,29 @@ def stream_kernels(f, CT, SHM, STRIDED_BLOCK, streaming=True):
             while g + T < gend:
                 a0, a1, a2, a3 = load4(x, g)
                 b0, b1, b2, b3 = load4(x, g + T)
-                m, s = update4(m, s, CT(a0), CT(a1), CT(a2), CT(a3), fast)
-                m, s = update4(m, s, CT(b0), CT(b1), CT(b2), CT(b3), fast)
+                m, s = update4(m, s, widen(a0), widen(a1), widen(a2), widen(a3), fast)
+                m, s = update4(m, s, widen(b0), widen(b1), widen(b2), widen(b3), fast)
                 g += 2 * T
             if g < gend:
                 a0, a1, a2, a3 = load4(x, g)
-                m, s = update4(m, s, CT(a0), CT(a1), CT(a2), CT(a3), fast)
+                m, s = update4(m, s, widen(a0), widen(a1), widen(a2), widen(a3), fast)
         else:
             for i in range(i0 + t, i1, T):
-                m, s = update(m, s, CT(x[i]), fast)
+                m, s = update(m, s, widen(x[i]), fast)
         return m, s
 
     @dev
     def fwd_vec(x, y, g, m, c, inv, alpha, beta, algo):
         a0, a1, a2, a3 = ld2(x, g)
-        r0 = fwd_elem(CT(a0), m, c, inv, alpha, algo)
-        r1 = fwd_elem(CT(a1), m, c, inv, alpha, algo)
-        r2 = fwd_elem(CT(a2), m, c, inv, alpha, algo)
-        r3 = fwd_elem(CT(a3), m, c, inv, alpha, algo)
+        r0 = fwd_elem(widen(a0), m, c, inv, alpha, algo)
+        r1 = fwd_elem(widen(a1), m, c, inv, alpha, algo)
+        r2 = fwd_elem(widen(a2), m, c, inv, alpha, algo)
+        r3 = fwd_elem(widen(a3), m, c, inv, alpha, algo)
         if beta != ZERO:
             b0, b1, b2, b3 = load4(y, g)
-            r0, r1, r2, r3 = (r0 + beta * CT(b0), r1 + beta * CT(b1),
-                              r2 + beta * CT(b2), r3 + beta * CT(b3))
-        st2(y, g, (r0, r1, r2, r3))
+            r0, r1, r2, r3 = (r0 + beta * widen(b0), r1 + beta * widen(b1),
+                              r2 + beta * widen(b2), r3 + beta * widen(b3))
+        st2(y, g, (narrow(r0, y), narrow(r1, y), narrow(r2, y), narrow(r3, y)))
 
     @dev
     def apply_range(x, y, i0, i1, m, c, inv, alpha, beta, algo, aligned):
@@ -88,10 +88,10 @@ def stream_kernels(f, CT, SHM, STRIDED_BLOCK, streaming=True):
                 g += T
         else:
             for i in range(i0 + t, i1, T):
-                r = fwd_elem(CT(x[i]), m, c, inv, alpha, algo)
+                r = fwd_elem(widen(x[i]), m, c, inv, alpha, algo)
                 if beta != ZERO:
-                    r += beta * CT(y[i])
-                y[i] = r
+                    r += beta * widen(y[i])
+                y[i] = narrow(r, y)
 
     @dev
     def dot_range(dy, y, i0, i1, lg, aligned):
@@ -102,12 +102,12 @@ def stream_kernels(f, CT, SHM, STRIDED_BLOCK, streaming=True):
             while g < gend:
                 d0, d1, d2, d3 = load4(dy, g)
                 w0, w1, w2, w3 = load4(y, g)
-                s += (bwd_term(CT(d0), CT(w0), lg) + bwd_term(CT(d1), CT(w1), lg)) + \
-                    (bwd_term(CT(d2), CT(w2), lg) + bwd_term(CT(d3), CT(w3), lg))
+                s += (bwd_term(widen(d0), widen(w0), lg) + bwd_term(widen(d1), widen(w1), lg)) + \
+                    (bwd_term(widen(d2), widen(w2), lg) + bwd_term(widen(d3), widen(w3), lg))
                 g += T
         else:
             for i in range(i0 + t, i1, T):
-                s += bwd_term(CT(dy[i]), CT(y[i]), lg)
+                s += bwd_term(widen(dy[i]), widen(y[i]), lg)
         return s
 
     @dev
@@ -118,22 +118,23 @@ def stream_kernels(f, CT, SHM, STRIDED_BLOCK, streaming=True):
             while g < gend:
                 d0, d1, d2, d3 = ld2(dy, g)
                 w0, w1, w2, w3 = ld2(y, g)
-                r0 = bwd_elem(CT(d0), CT(w0), s, alpha, lg)
-                r1 = bwd_elem(CT(d1), CT(w1), s, alpha, lg)
-                r2 = bwd_elem(CT(d2), CT(w2), s, alpha, lg)
-                r3 = bwd_elem(CT(d3), CT(w3), s, alpha, lg)
+                r0 = bwd_elem(widen(d0), widen(w0), s, alpha, lg)
+                r1 = bwd_elem(widen(d1), widen(w1), s, alpha, lg)
+                r2 = bwd_elem(widen(d2), widen(w2), s, alpha, lg)
+                r3 = bwd_elem(widen(d3), widen(w3), s, alpha, lg)
                 if beta != ZERO:
                     b0, b1, b2, b3 = load4(dx, g)
-                    r0, r1, r2, r3 = (r0 + beta * CT(b0), r1 + beta * CT(b1),
-                                      r2 + beta * CT(b2), r3 + beta * CT(b3))
-                st2(dx, g, (r0, r1, r2, r3))
+                    r0, r1, r2, r3 = (r0 + beta * widen(b0), r1 + beta * widen(b1),
+                                      r2 + beta * widen(b2), r3 + beta * widen(b3))
+                st2(dx, g, (narrow(r0, dx), narrow(r1, dx), narrow(r2, dx),
+                            narrow(r3, dx)))
                 g += T
         else:
             for i in range(i0 + t, i1, T):
-                r = bwd_elem(CT(dy[i]), CT(y[i]), s, alpha, lg)
+                r = bwd_elem(widen(dy[i]), widen(y[i]), s, alpha, lg)
                 if beta != ZERO:
-                    r += beta * CT(dx[i])
-                dx[i] = r
+                    r += beta * widen(dx[i])
+                dx[i] = narrow(r, dx)
 
     # ---- kernels: x viewed as (nrows, L) ----------------------------------------
 
@@ -225,17 +226,17 @@ def stream_kernels(f, CT, SHM, STRIDED_BLOCK, streaming=True):
         if live:
             p = p0
             for _ in range(ty, L, BY):
-                m, s = update(m, s, CT(x[p]), fast)
+                m, s = update(m, s, widen(x[p]), fast)
                 p += BY * inner
         m, s = col_pair(m, s, BX, shm_m, shm_s, False)
         c, inv = finish(m, s, algo, alpha)
         if live:
             p = p0
             for _ in range(ty, L, BY):
-                r = fwd_elem(CT(x[p]), m, c, inv, alpha, algo)
+                r = fwd_elem(widen(x[p]), m, c, inv, alpha, algo)
                 if beta != ZERO:
-                    r += beta * CT(y[p])
-                y[p] = r
+                    r += beta * widen(y[p])
+                y[p] = narrow(r, y)
                 p += BY * inner
 
     def softmax_strided_bwd(dy, y, dx, nouter, L, inner, BX, algo, alpha, beta):
@@ -253,16 +254,16 @@ def stream_kernels(f, CT, SHM, STRIDED_BLOCK, streaming=True):
         if live:
             p = p0
             for _ in range(ty, L, BY):
-                s += bwd_term(CT(dy[p]), CT(y[p]), algo == LOG)
+                s += bwd_term(widen(dy[p]), widen(y[p]), algo == LOG)
                 p += BY * inner
         _, s = col_pair(ZERO, s, BX, shm_m, shm_s, True)
         if live:
             p = p0
             for _ in range(ty, L, BY):
-                r = bwd_elem(CT(dy[p]), CT(y[p]), s, alpha, algo == LOG)
+                r = bwd_elem(widen(dy[p]), widen(y[p]), s, alpha, algo == LOG)
                 if beta != ZERO:
-                    r += beta * CT(dx[p])
-                dx[p] = r
+                    r += beta * widen(dx[p])
+                dx[p] = narrow(r, dx)
                 p += BY * inner
 
     return dict(fused=softmax_fused, fused_bwd=softmax_fused_bwd,

@@ -15,7 +15,7 @@ import nbdnn
 from nbdnn.cpu.softmax import forward as _forward
 from nbdnn.testing.harness import Case, OpSpec, rand, reduction_tol, shape_nd
 
-from nbdnn._vocab import SOFTMAX_ALGOS as ALGOS
+from nbdnn._vocab import BF16_DTYPES, SOFTMAX_ALGOS as ALGOS
 _FORCE = (None, None, None, "rows_block", "fused", "long", "strided")
 
 
@@ -85,8 +85,9 @@ def _edge(name, algo, backward):
 SPECS = []
 for _a in ALGOS:
     SPECS.append(OpSpec(f"softmax/{_a}", nbdnn.softmax, _maker(_a, False), family="softmax",
+                        dtypes=BF16_DTYPES,
                         boundary={n: _edge(n, _a, False) for n in EDGES if _a != "fast"}))
 for _a in ALGOS:
     SPECS.append(OpSpec(f"softmax_backward/{_a}", nbdnn.softmax_backward,
-                        _maker(_a, True), family="softmax",
+                        _maker(_a, True), family="softmax", dtypes=BF16_DTYPES,
                         boundary={n: _edge(n, _a, True) for n in EDGES if _a != "fast"}))
