@@ -6,6 +6,7 @@ import math
 from .._vocab import BATCH_NORM_MODES as MODES
 from ..errors import ShapeError, fail
 from .registry import op
+from .._vocab import BF16_DTYPES
 from ._common import (Call, blend_params, choice, compute_dtype, out_tuple, required,
                       same_dtype, same_shape, scalar)
 from .activation import _coef
@@ -34,7 +35,7 @@ def _arrays(c, op, dtype, pshape, params=(), stats=(), like=(), optional_stats=F
            optional=optional_stats)
     for name, (a, shape) in like:
         if a is not None:
-            s, dt = c.array(name, a)
+            s, dt = c.array(name, a, BF16_DTYPES)
             same_shape(op, ["x", name], [shape, tuple(s)])
             same_dtype(op, ["x", name], [dtype, dt])
 
@@ -54,7 +55,7 @@ def batch_norm_train(x, scale=None, bias=None, running_mean=None, running_var=No
     op = "batch_norm_train"
     c = Call(op, "batch_norm", backend, stream, x=x, scale=scale, bias=bias,
              running_mean=running_mean, running_var=running_var, residual=residual, out=out)
-    shape, dtype = c.array("x", x)
+    shape, dtype = c.array("x", x, BF16_DTYPES)
     shape = tuple(shape)
     pshape, last = _geometry(op, shape, mode, layout)
     _arrays(c, op, dtype, pshape, (("scale", scale), ("bias", bias)),
@@ -83,7 +84,7 @@ def batch_norm_infer(x, scale, bias, mean, var, *, eps=1e-5, mode="spatial", lay
     op = "batch_norm_infer"
     c = Call(op, "batch_norm", backend, stream, x=x, scale=scale, bias=bias, mean=mean,
              var=var, residual=residual, out=out)
-    shape, dtype = c.array("x", x)
+    shape, dtype = c.array("x", x, BF16_DTYPES)
     shape = tuple(shape)
     pshape, last = _geometry(op, shape, mode, layout)
     _arrays(c, op, dtype, pshape, (("scale", scale), ("bias", bias)),
@@ -110,7 +111,7 @@ def batch_norm_backward(dy, x, scale, saved_mean, saved_invstd, *, bias=None, re
     c = Call(op, "batch_norm", backend, stream, dy=dy, x=x, scale=scale, bias=bias,
              saved_mean=saved_mean, saved_invstd=saved_invstd, residual=residual,
              **{f"out[{i}]": o for i, o in enumerate(outs)})
-    shape, dtype = c.array("x", x)
+    shape, dtype = c.array("x", x, BF16_DTYPES)
     shape = tuple(shape)
     pshape, last = _geometry(op, shape, mode, layout)
     _arrays(c, op, dtype, pshape, (("scale", scale), ("bias", bias)),

@@ -7,6 +7,7 @@ import numbers
 from .._vocab import LAYOUTS as _LAYOUTS
 from ..errors import BadParamError, DtypeError, ShapeError, fail
 from .registry import op
+from .._vocab import BF16_DTYPES
 from ._common import Call, compute_dtype, out_tuple, required, same_dtype, same_shape, scalar
 
 
@@ -24,7 +25,7 @@ def _params(c, op, names, arrays, tail, dtype, what="x's normalised axes"):
     """scale/bias-like arrays (None skipped): x's dtype, shape `tail`."""
     for name, a in zip(names, arrays):
         if a is not None:
-            shape, dt = c.array(name, a)
+            shape, dt = c.array(name, a, BF16_DTYPES)
             if tuple(shape) != tail:
                 fail(ShapeError, op, f"{name}.shape", f"{what} {tail}", tuple(shape))
             same_dtype(op, ["x", name], [dtype, dt])
@@ -50,7 +51,7 @@ def _stats(c, op, names, arrays, lead, dtype, what="x's rows", optional=False):
 def _forward(op, x, scale, bias, ndim, eps, out, backend, stream):
     """(call, checked arguments) of a forward op."""
     c = Call(op, "norm", backend, stream, x=x, scale=scale, bias=bias, out=out)
-    shape, dtype = c.array("x", x)
+    shape, dtype = c.array("x", x, BF16_DTYPES)
     shape = tuple(shape)
     ndim = _ndim(op, ndim, shape)
     _params(c, op, ("scale", "bias"), (scale, bias), shape[len(shape) - ndim:], dtype)
@@ -82,8 +83,8 @@ def _backward(op, dy, x, stats, names, scale, ndim, out, backend, stream):
     outs = out_tuple(op, out, ("dx", "dscale", "dbias"))
     c = Call(op, "norm", backend, stream, dy=dy, x=x, scale=scale,
              **dict(zip(names, stats)), **{f"out[{i}]": o for i, o in enumerate(outs)})
-    shape, dtype = c.array("x", x)
-    dshape, ddtype = c.array("dy", dy)
+    shape, dtype = c.array("x", x, BF16_DTYPES)
+    dshape, ddtype = c.array("dy", dy, BF16_DTYPES)
     shape = tuple(shape)
     same_shape(op, ["x", "dy"], [shape, dshape])
     same_dtype(op, ["x", "dy"], [dtype, ddtype])
@@ -120,7 +121,7 @@ LAYOUTS = {n: last for n, (last, _) in _LAYOUTS.items()}  # layout -> channels l
 
 def _grouped(op, c, x, scale, bias, groups, layout):
     """(shape, dtype, groups, last) of a group_norm call after the checks."""
-    shape, dtype = c.array("x", x)
+    shape, dtype = c.array("x", x, BF16_DTYPES)
     shape = tuple(shape)
     if len(shape) < 2:
         fail(ShapeError, op, "x.ndim", ">= 2 (N, C, spatial...)", len(shape))
@@ -174,7 +175,7 @@ def group_norm_backward(dy, x, mean, invstd, scale=None, *, groups, layout="NCHW
     c = Call(op, "norm", backend, stream, dy=dy, x=x, mean=mean, invstd=invstd, scale=scale,
              **{f"out[{i}]": o for i, o in enumerate(outs)})
     shape, dtype, groups, last = _grouped(op, c, x, scale, None, groups, layout)
-    dshape, ddtype = c.array("dy", dy)
+    dshape, ddtype = c.array("dy", dy, BF16_DTYPES)
     same_shape(op, ["x", "dy"], [shape, dshape])
     same_dtype(op, ["x", "dy"], [dtype, ddtype])
     _stats(c, op, ("mean", "invstd"), (mean, invstd), (shape[0], groups), dtype)

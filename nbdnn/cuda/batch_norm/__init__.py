@@ -29,10 +29,10 @@ from ..runtime.simulator import SIMULATOR
 from .. import activation as _act
 from . import planes as _bn_planes, sums as _bn_sums
 from ..runtime.arrays import dtype_name, empty, vector_aligned
-from ..runtime.intrinsics import load4, store4
+from ..runtime.intrinsics import load4, narrow, narrow4, store4, widen
 from ..runtime.launch import Kernel
 from ..runtime.block_reduce import device_functions
-from ..._vocab import FLOAT_DTYPES as DTYPES
+from ..._vocab import BF16_DTYPES as DTYPES
 
 BLOCK = 32 if SIMULATOR else 256
 
@@ -50,14 +50,14 @@ def _kernels(CT, nt):
     def apply_coefs(scale, bias, mu, inv, co, c, has_scale, has_bias):
         """co[3c:3c+3] = (mean, scale*invstd, bias): the apply kernel's channel terms."""
         co[3 * c] = mu
-        co[3 * c + 1] = inv * (CT(scale[c]) if has_scale else ONE)
-        co[3 * c + 2] = CT(bias[c]) if has_bias else ZERO
+        co[3 * c + 1] = inv * (widen(scale[c]) if has_scale else ONE)
+        co[3 * c + 2] = widen(bias[c]) if has_bias else ZERO
 
     def bn_coefs(scale, bias, mean, var, co, C, eps, has_scale, has_bias):
         # inference: invstd from the given variance, once a channel
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if c < C:
-            apply_coefs(scale, bias, mean[c], ONE / math.sqrt(CT(var[c]) + eps), co, c,
+            apply_coefs(scale, bias, mean[c], ONE / math.sqrt(widen(var[c]) + eps), co, c,
                         has_scale, has_bias)
 
     @cuda.jit(device=True)
@@ -67,25 +67,25 @@ def _kernels(CT, nt):
     @cuda.jit(device=True)
     def out_value(xv, zv, yv, m, k, b, has_z, act, coef, alpha, beta):
         """alpha * act((x - m)*k + b + z) + beta * y (m, k, b: apply_coefs)."""
-        v = (CT(xv) - m) * k + b
+        v = (widen(xv) - m) * k + b
         if has_z:
-            v += CT(zv)
+            v += widen(zv)
         if act >= 0:
             v = act_fn(v, act, coef)
         r = alpha * v
         if beta != ZERO:
-            r += beta * CT(yv)
+            r += beta * widen(yv)
         return r
 
     @cuda.jit(device=True)
     def dx_value(dyv, xv, zv, m, inv, sc, b, sg, sgx, M, has_z, act, coef):
         """(dx, dz) of one element; m..sgx: _bn_sums.bwd_final's six channel terms."""
-        xhat = (CT(xv) - m) * inv
-        g = CT(dyv)
+        xhat = (widen(xv) - m) * inv
+        g = widen(dyv)
         if act >= 0:
             p = xhat * sc + b
             if has_z:
-                p += CT(zv)
+                p += widen(zv)
             g *= act_grad(p, act, coef)
         return sc * inv / M * (M * g - sg - xhat * sgx), g
 
@@ -112,7 +112,7 @@ def _kernels(CT, nt):
                 y0 = y1 = y2 = y3 = ZERO
                 if beta != ZERO:
                     a0, a1, a2, a3 = load4(y, g)
-                    y0, y1, y2, y3 = CT(a0), CT(a1), CT(a2), CT(a3)
+                    y0, y1, y2, y3 = widen(a0), widen(a1), widen(a2), widen(a3)
                 # every channel term loaded before any arithmetic: all in flight at once
                 c = channel(e, C, L, columns)
                 m0, m1, m2, m3 = terms(co, c, 3, 0, columns)
@@ -122,13 +122,13 @@ def _kernels(CT, nt):
                 r1 = out_value(x1, z1, y1, m1, k1, b1, has_z, act, coef, alpha, beta)
                 r2 = out_value(x2, z2, y2, m2, k2, b2, has_z, act, coef, alpha, beta)
                 r3 = out_value(x3, z3, y3, m3, k3, b3, has_z, act, coef, alpha, beta)
-                store4(y, g, (r0, r1, r2, r3))
+                store4(y, g, narrow4((r0, r1, r2, r3), y))
             else:
                 for i in range(e, min(e + 4, total)):
                     c = channel(i, C, L, columns)
-                    y[i] = out_value(x[i], z[i], y[i] if beta != ZERO else ZERO, co[3 * c],
-                                     co[3 * c + 1], co[3 * c + 2], has_z, act, coef, alpha,
-                                     beta)
+                    y[i] = narrow(out_value(x[i], z[i], widen(y[i]) if beta != ZERO else ZERO,
+                                            co[3 * c], co[3 * c + 1], co[3 * c + 2], has_z,
+                                            act, coef, alpha, beta), y)
             g += cuda.gridDim.x * cuda.blockDim.x
 
     def bn_bwd_dx(dy, x, z, cb, dx, dz, N, C, L, columns, has_z, act, coef, vec):
@@ -152,17 +152,17 @@ def _kernels(CT, nt):
                 r1, g1 = dx_value(d1, x1, z1, m1, i1, s1, b1, p1, q1, M, has_z, act, coef)
                 r2, g2 = dx_value(d2, x2, z2, m2, i2, s2, b2, p2, q2, M, has_z, act, coef)
                 r3, g3 = dx_value(d3, x3, z3, m3, i3, s3, b3, p3, q3, M, has_z, act, coef)
-                store4(dx, g, (r0, r1, r2, r3))
+                store4(dx, g, narrow4((r0, r1, r2, r3), dx))
                 if has_z:
-                    store4(dz, g, (g0, g1, g2, g3))
+                    store4(dz, g, narrow4((g0, g1, g2, g3), dz))
             else:
                 for i in range(e, min(e + 4, total)):
                     c = 6 * channel(i, C, L, columns)
                     r, gi = dx_value(dy[i], x[i], z[i], cb[c], cb[c + 1], cb[c + 2], cb[c + 3],
                                      cb[c + 4], cb[c + 5], M, has_z, act, coef)
-                    dx[i] = r
+                    dx[i] = narrow(r, dx)
                     if has_z:
-                        dz[i] = gi
+                        dz[i] = narrow(gi, dz)
             g += cuda.gridDim.x * cuda.blockDim.x
 
     ks = _bn_sums.kernels(CT, act_grad, apply_coefs, device_functions(nt)["grp_sum"])
@@ -176,7 +176,7 @@ def _build():
     for ct, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
         ks = _kernels(CT, nt)
         for t in (d for d in DTYPES if (d == "float64") == (ct == "float64")):
-            a, s = f"{t}[::1]", f"{ct}[::1]"
+            a, s = f"{'uint16' if t == 'bfloat16' else t}[::1]", f"{ct}[::1]"  # (bf16: bits)
             geo = "int64, int64, int64, int64"  # N, C, L, columns
             flags = "int64, int64, int64, int64"  # has_scale, has_bias, has_z, act
             six, seven = ", ".join(["int64"] * 6), ", ".join(["int64"] * 7)

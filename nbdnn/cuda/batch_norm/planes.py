@@ -22,7 +22,7 @@ left there, with last-use loads and streaming stores, measured no faster (run W)
 from numba import cuda, int32
 
 from ..runtime.simulator import SIMULATOR
-from ..runtime.intrinsics import load4, store4
+from ..runtime.intrinsics import load4, narrow4, store4, widen
 from ..runtime.stencil import DIV, U, U32, div, magic_args
 from ..runtime.codegen import compile_source
 
@@ -80,15 +80,15 @@ def sums_source(stats):
     head = [f"def {name}({', '.join(arrays)}, C, L4, NV, V, m_L4, s_L4):",
             "t = cuda.threadIdx.x", "c = cuda.blockIdx.x", "lo = cuda.blockIdx.y * V",
             "hi = min(NV, lo + V)", "cl = c * L4", "cc = (C - 1) * L4", "m = lo + t"]
-    head += (["shift = CT(x[4 * cl])", "cnt, mu, m2 = 0, ZERO, ZERO"] if stats else
-             ["mc, ic = CT(mean[c]), CT(invstd[c])", "s, q = ZERO, ZERO"])
+    head += (["shift = widen(x[4 * cl])", "cnt, mu, m2 = 0, ZERO, ZERO"] if stats else
+             ["mc, ic = widen(mean[c]), widen(invstd[c])", "s, q = ZERO, ZERO"])
     for k in range(VPT):
         head += _vector(k, "m", "", loaded)
     loop = ["m += VPT * BLOCK"]
     for k in range(VPT):  # the next iteration's loads, in flight during this one's arithmetic
         loop += _vector(k, "m", "n", loaded)
     if stats:
-        loop += [f"v{k}_{i} = CT(x{k}_{i}) - shift" for k in range(VPT) for i in range(4)]
+        loop += [f"v{k}_{i} = widen(x{k}_{i}) - shift" for k in range(VPT) for i in range(4)]
         loop += ["nb = " + " + ".join(f"(4 if f{k} else 0)" for k in range(VPT)),
                  "sb = " + " + ".join(f"(v{k}_0 + v{k}_1 + v{k}_2 + v{k}_3 if f{k} else ZERO)"
                                       for k in range(VPT)),
@@ -100,7 +100,7 @@ def sums_source(stats):
     else:
         for k in range(VPT):
             loop += [f"if f{k}:"] + [ln for i in range(4) for ln in (
-                f"    s += CT(dy{k}_{i})", f"    q += CT(dy{k}_{i}) * (CT(x{k}_{i}) - mc)")]
+                f"    s += widen(dy{k}_{i})", f"    q += widen(dy{k}_{i}) * (widen(x{k}_{i}) - mc)")]
     for k in range(VPT):  # rotate
         loop += [f"f{k} = nf{k}"] + [f"{a}{k}_{i} = n{a}{k}_{i}" for a in loaded for i in range(4)]
     tail = ["mu, m2 = block_chan(cnt, mu, m2)" if stats else "s, q = block_sum2(s, q * ic)",
@@ -117,8 +117,8 @@ def elementwise(CT, out_value, dx_value):
     ZERO = CT(0)
 
     @cuda.jit(device=True)
-    def widen(v):
-        return CT(v[0]), CT(v[1]), CT(v[2]), CT(v[3])
+    def widen4(v):
+        return widen(v[0]), widen(v[1]), widen(v[2]), widen(v[3])
 
     @cuda.jit(device=True)
     def vector(i, n4, L4, m_L4, s_L4, C, m_C, s_C):
@@ -151,13 +151,13 @@ def elementwise(CT, out_value, dx_value):
         z0, z1 = load4(z, g0), load4(z, g1)
         y0 = y1 = (ZERO, ZERO, ZERO, ZERO)
         if beta != ZERO:
-            y0, y1 = widen(load4(y, g0)), widen(load4(y, g1))
+            y0, y1 = widen4(load4(y, g0)), widen4(load4(y, g1))
         r0 = out4(x0, z0, y0, co, c0, has_z, act, coef, alpha, beta)
         r1 = out4(x1, z1, y1, co, c1, has_z, act, coef, alpha, beta)
         if i0 < n4:
-            store4(y, g0, r0)
+            store4(y, g0, narrow4(r0, y))
         if i1 < n4:
-            store4(y, g1, r1)
+            store4(y, g1, narrow4(r1, y))
 
     @cuda.jit(device=True)
     def dx4(d, v, w, cb, c, M, has_z, act, coef):
@@ -178,13 +178,13 @@ def elementwise(CT, out_value, dx_value):
         r0, e0 = dx4(d0, x0, z0, cb, c0, M, has_z, act, coef)
         r1, e1 = dx4(d1, x1, z1, cb, c1, M, has_z, act, coef)
         if i0 < n4:
-            store4(dx, g0, r0)
+            store4(dx, g0, narrow4(r0, dx))
             if has_z:
-                store4(dz, g0, e0)
+                store4(dz, g0, narrow4(e0, dz))
         if i1 < n4:
-            store4(dx, g1, r1)
+            store4(dx, g1, narrow4(r1, dx))
             if has_z:
-                store4(dz, g1, e1)
+                store4(dz, g1, narrow4(e1, dz))
     return apply_planes_vec, dx_planes_vec
 
 
@@ -233,7 +233,7 @@ def kernels(CT, out_value, dx_value, chan):
             h //= 2
         return a, b
 
-    ns = {"cuda": cuda, "CT": CT, "ZERO": ZERO, "load4": load4, "chan": chan,
+    ns = {"cuda": cuda, "CT": CT, "ZERO": ZERO, "load4": load4, "chan": chan, "widen": widen,
           "block_chan": block_chan, "block_sum2": block_sum2, "VPT": VPT, "BLOCK": BLOCK,
           "U32": U32, "U": U}
     out = {}

@@ -28,6 +28,7 @@ import math
 from numba import cuda, int64
 
 from ..runtime.simulator import SIMULATOR
+from ..runtime.intrinsics import narrow, widen
 
 BLOCK = 32 if SIMULATOR else 256
 CX, CY = (8, 4) if SIMULATOR else (32, 8)
@@ -95,14 +96,14 @@ def kernels(CT, act_grad, apply_coefs, grp_sum):
             else:
                 c, ok = cuda.blockIdx.x, True
             first = c if columns else c * L   # a valid address for masked slots
-            x0 = CT(x[first])
+            x0 = widen(x[first])
             mc, ic, sc, bc = ZERO, ZERO, ONE, ZERO
             if not stats:
                 mc, ic = mean[c], invstd[c]
                 if has_scale:
-                    sc = CT(scale[c])
+                    sc = widen(scale[c])
                 if has_bias:
-                    bc = CT(bias[c])
+                    bc = widen(bias[c])
             j = cuda.blockIdx.y
             while j * E < M:
                 # this thread's elements: m, m + dm, ... of the channel; (n, l) stepped
@@ -120,13 +121,13 @@ def kernels(CT, act_grad, apply_coefs, grp_sum):
                     i = (n * L + l) * C + c if columns else (n * C + c) * L + l
                     i = i if m + k * dm < M else first
                     if staged:
-                        xs[k] = CT(x[i])
+                        xs[k] = widen(x[i])
                         if not stats:
-                            ds[k] = CT(dy[i])
+                            ds[k] = widen(dy[i])
                     elif m + k * dm < M:
-                        xhat = (CT(x[i]) - mc) * ic
-                        zk = CT(z[i]) if has_z else ZERO
-                        g = CT(dy[i]) * act_grad(xhat * sc + bc + zk, act, coef)
+                        xhat = (widen(x[i]) - mc) * ic
+                        zk = widen(z[i]) if has_z else ZERO
+                        g = widen(dy[i]) * act_grad(xhat * sc + bc + zk, act, coef)
                         s += g
                         q += g * xhat
                     n += dn
@@ -210,7 +211,7 @@ def kernels(CT, act_grad, apply_coefs, grp_sum):
         mu, m2 = lanes(p1, p2, c, C, M, E, True)
         if c < C and cuda.threadIdx.x % FW == 0:
             var = m2 / CT(M)
-            mu += CT(x[c if columns else c * L])
+            mu += widen(x[c if columns else c * L])
             inv = ONE / math.sqrt(var + eps)
             mean[c] = mu
             invstd[c] = inv
@@ -225,14 +226,14 @@ def kernels(CT, act_grad, apply_coefs, grp_sum):
         c = cuda.blockIdx.x * FC + cuda.threadIdx.x // FW
         a, b = lanes(p1, p2, c, C, N * L, E, False)
         if c < C and cuda.threadIdx.x % FW == 0:
-            dbias[c] = a
-            dscale[c] = b
+            dbias[c] = narrow(a, dbias)
+            dscale[c] = narrow(b, dscale)
             # dx's per-channel terms; the sums unrounded (float16 dscale/dbias would
             # lose bits that invstd then amplifies)
             cb[6 * c] = mean[c]
             cb[6 * c + 1] = invstd[c]
-            cb[6 * c + 2] = CT(scale[c]) if has_scale else ONE
-            cb[6 * c + 3] = CT(bias[c]) if has_bias else ZERO
+            cb[6 * c + 2] = widen(scale[c]) if has_scale else ONE
+            cb[6 * c + 3] = widen(bias[c]) if has_bias else ZERO
             cb[6 * c + 4] = a
             cb[6 * c + 5] = b
 

@@ -24,7 +24,9 @@ from numba import cuda, float32, float64
 from ..runtime.simulator import SIMULATOR
 from ..batch_norm import planes as _bn_planes, sums as _bn_sums
 from ..runtime.arrays import dtype_name, empty
+from ..runtime.intrinsics import narrow, widen
 from ..runtime.launch import Kernel
+from ..._vocab import BF16_DTYPES as DTYPES
 from ..runtime.block_reduce import SHM, device_functions
 
 BLOCK = 32 if SIMULATOR else 256
@@ -52,8 +54,8 @@ def _kernels(CT, nt):
         if p < N * C:
             r, c = plane_row(p, C, G)
             co[3 * p] = st1[r]
-            co[3 * p + 1] = st2[r] * (CT(scale[c]) if has_scale else ONE)
-            co[3 * p + 2] = CT(bias[c]) if has_bias else ZERO
+            co[3 * p + 1] = st2[r] * (widen(scale[c]) if has_scale else ONE)
+            co[3 * p + 2] = widen(bias[c]) if has_bias else ZERO
 
     def gn_plane_stats(st1, st2, me, iv, N, C, G):
         p = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -74,7 +76,7 @@ def _kernels(CT, nt):
             for j in range(nch):
                 s1 += p1[j * NC + n * C + c]
                 s2 += p2[j * NC + n * C + c]
-            w = CT(scale[c]) if has_scale else ONE
+            w = widen(scale[c]) if has_scale else ONE
             sg += w * s1
             sgx += w * s2
         shm = cuda.shared.array(SHM, CT)
@@ -82,7 +84,7 @@ def _kernels(CT, nt):
         for c in range(g * Cg + lane, (g + 1) * Cg, 32):
             q = 6 * (n * C + c)
             cb[q], cb[q + 1] = st1[r], st2[r]
-            cb[q + 2] = CT(scale[c]) if has_scale else ONE
+            cb[q + 2] = widen(scale[c]) if has_scale else ONE
             cb[q + 3] = ZERO
             cb[q + 4], cb[q + 5] = sg, sgx
 
@@ -95,15 +97,15 @@ def _kernels(CT, nt):
                 for j in range(nch):
                     a += p1[(j * N + n) * C + c]
                     b += p2[(j * N + n) * C + c]
-            dbias[c] = a
-            dscale[c] = b
+            dbias[c] = narrow(a, dbias)
+            dscale[c] = narrow(b, dscale)
 
     @cuda.jit(device=True)
     def gn_dx_value(dyv, xv, zv, m, inv, sc, b, sg, sgx, M, has_z, act, coef):
         """dx = invstd/M * (M*scale*dy - sg - xhat*sgx) over a row of M elements (batch
         norm's dx_value takes scale outside: it cannot carry sums already scaled)."""
-        xhat = (CT(xv) - m) * inv
-        g = CT(dyv)
+        xhat = (widen(xv) - m) * inv
+        g = widen(dyv)
         return inv / M * (M * sc * g - sg - xhat * sgx), g
 
     dx = _bn_planes.elementwise(CT, None, gn_dx_value)[1]
@@ -117,8 +119,8 @@ def _build():
     table = {}
     for ct, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
         ks = _kernels(CT, nt)
-        for t in (d for d in ("float16", "float32", "float64") if (d == "float64") == (ct == "float64")):
-            a, s = f"{t}[::1]", f"{ct}[::1]"
+        for t in (d for d in DTYPES if (d == "float64") == (ct == "float64")):
+            a, s = f"{'uint16' if t == 'bfloat16' else t}[::1]", f"{ct}[::1]"  # (bf16: bits)
             seven = ", ".join(["int64"] * 7)
             sigs = {"gn_plane_coefs": f"void({s}, {s}, {a}, {a}, {s}, int64, int64, int64, "
                                       "int64, int64)",

@@ -8,7 +8,8 @@ import numpy as np
 from numba import cuda, float32, float64, uint64
 
 from ..runtime.simulator import SIMULATOR
-from ..runtime.intrinsics import load4, store4
+from ..runtime.intrinsics import load4, narrow, store4, widen
+from ..._vocab import BF16_DTYPES as DTYPES
 from ..runtime.launch import Kernel
 from ..runtime.block_reduce import SHM, device_functions
 from ..softmax import _row_vs
@@ -80,13 +81,13 @@ def _kernels(CT, f):
             s = ZERO
             a, b = a0, b0
             for i in range(t, L, T):
-                s += CT(x[_walk_at(a, b, base, sa, c0, last)[0]])
+                s += widen(x[_walk_at(a, b, base, sa, c0, last)[0]])
                 a, b = _walk_step(a, b, dq, dr, D)
             mean = grp_sum(s, T, shm) / CT(L)
         q = ZERO
         a, b = a0, b0
         for i in range(t, L, T):
-            d = CT(x[_walk_at(a, b, base, sa, c0, last)[0]]) - mean
+            d = widen(x[_walk_at(a, b, base, sa, c0, last)[0]]) - mean
             q += d * d
             a, b = _walk_step(a, b, dq, dr, D)
         inv = ONE / math.sqrt(grp_sum(q, T, shm) / CT(L) + eps)
@@ -96,12 +97,12 @@ def _kernels(CT, f):
         a, b = a0, b0
         for i in range(t, L, T):
             o, c = _walk_at(a, b, base, sa, c0, last)
-            v = (CT(x[o]) - mean) * inv
+            v = (widen(x[o]) - mean) * inv
             if has_scale:
-                v *= CT(scale[c])
+                v *= widen(scale[c])
             if has_bias:
-                v += CT(bias[c])
-            y[o] = v
+                v += widen(bias[c])
+            y[o] = narrow(v, y)
             a, b = _walk_step(a, b, dq, dr, D)
 
     def norm_bwd(dy, x, st1, st2, scale, dx, C, G, HW, last, centred, has_scale):
@@ -115,20 +116,20 @@ def _kernels(CT, f):
         a, b = a0, b0
         for i in range(t, L, T):
             o, c = _walk_at(a, b, base, sa, c0, last)
-            g = CT(dy[o]) * (CT(scale[c]) if has_scale else ONE)
+            g = widen(dy[o]) * (widen(scale[c]) if has_scale else ONE)
             sg += g
-            sgx += g * (CT(x[o]) - mean) * inv
+            sgx += g * (widen(x[o]) - mean) * inv
             a, b = _walk_step(a, b, dq, dr, D)
         sg = grp_sum(sg, T, shm) / CT(L)
         sgx = grp_sum(sgx, T, shm) / CT(L)
         a, b = a0, b0
         for i in range(t, L, T):
             o, c = _walk_at(a, b, base, sa, c0, last)
-            g = CT(dy[o]) * (CT(scale[c]) if has_scale else ONE)
-            v = g - (CT(x[o]) - mean) * inv * sgx
+            g = widen(dy[o]) * (widen(scale[c]) if has_scale else ONE)
+            v = g - (widen(x[o]) - mean) * inv * sgx
             if centred:
                 v -= sg
-            dx[o] = v * inv
+            dx[o] = narrow(v * inv, dx)
             a, b = _walk_step(a, b, dq, dr, D)
 
     def gn_params_partials(dy, x, st1, st2, p1, p2, N, C, G, HW, last, centred, nper):
@@ -155,8 +156,8 @@ def _kernels(CT, f):
                     o1 = base + (s1 if s1 < HW else s0)
                     o2 = base + (s2 if s2 < HW else s0)
                     o3 = base + (s3 if s3 < HW else s0)
-                    d0, d1, d2, d3 = CT(dy[base + s0]), CT(dy[o1]), CT(dy[o2]), CT(dy[o3])
-                    x0, x1, x2, x3 = CT(x[base + s0]), CT(x[o1]), CT(x[o2]), CT(x[o3])
+                    d0, d1, d2, d3 = widen(dy[base + s0]), widen(dy[o1]), widen(dy[o2]), widen(dy[o3])
+                    x0, x1, x2, x3 = widen(x[base + s0]), widen(x[o1]), widen(x[o2]), widen(x[o3])
                     d1 = d1 if s1 < HW else ZERO
                     d2 = d2 if s2 < HW else ZERO
                     d3 = d3 if s3 < HW else ZERO
@@ -179,8 +180,8 @@ def _kernels(CT, f):
         while n < n1:
             r = n * G + g
             o = (n * HW + s) * C + cc
-            d = CT(dy[o])
-            a += d * (CT(x[o]) - (st1[r] if centred else ZERO)) * st2[r]
+            d = widen(dy[o])
+            a += d * (widen(x[o]) - (st1[r] if centred else ZERO)) * st2[r]
             b += d
             s += PY
             while s >= HW:
@@ -209,11 +210,12 @@ def _build():
         f = device_functions(nt)
         ks = _kernels(CT, f)
         ns = dict(f, cuda=cuda, math=math, load4=load4, store4=store4, CT=CT, SHM=SHM,
+                  widen=widen, narrow=narrow,
                   PLMAX=PLMAX[ct], PLMAX4=PLMAX[ct] // 4, PSHM=2 * PLMAX[ct],
                   U=int if SIMULATOR else uint64)
         ks["params_partials"], ks["params_final"] = _rows.param_kernels(CT)
-        for t in (d for d in ("float16", "float32", "float64") if (d == "float64") == (ct == "float64")):
-            a, s = f"{t}[::1]", f"{ct}[::1]"
+        for t in (d for d in DTYPES if (d == "float64") == (ct == "float64")):
+            a, s = f"{'uint16' if t == 'bfloat16' else t}[::1]", f"{ct}[::1]"  # (bf16: bits)
             i4 = "int64, int64, int64, int64"  # C, G, HW, last
             sigs = {"fwd": f"void({a}, {a}, {a}, {a}, {s}, {s}, {i4}, {ct}, int64, int64, int64)",
                     "bwd": f"void({a}, {a}, {s}, {s}, {a}, {a}, {i4}, int64, int64)",

@@ -18,6 +18,7 @@ from numba import cuda
 
 from ..runtime.simulator import SIMULATOR
 from ..softmax.rows import load_lines, prologue, store_lines
+from ..runtime.intrinsics import narrow, widen
 from ..runtime.codegen import compile_source
 
 CX, CY = (8, 4) if SIMULATOR else (32, 8)
@@ -40,20 +41,20 @@ def _affine_store_lines(V):
                 "                b0 = b1 = b2 = b3 = ZERO",
                 "                if has_scale:",
                 f"                    a0, a1, a2, a3 = load4(scale, lane + {k} * G)",
-                "                    c0, c1, c2, c3 = inv * CT(a0), inv * CT(a1), "
-                "inv * CT(a2), inv * CT(a3)",
+                "                    c0, c1, c2, c3 = inv * widen(a0), inv * widen(a1), "
+                "inv * widen(a2), inv * widen(a3)",
                 "                if has_bias:",
                 f"                    a0, a1, a2, a3 = load4(bias, lane + {k} * G)",
-                "                    b0, b1, b2, b3 = CT(a0), CT(a1), CT(a2), CT(a3)"]
-        vals = ", ".join(f"v{k}_{j} * c{j} + b{j}" for j in range(4))
+                "                    b0, b1, b2, b3 = widen(a0), widen(a1), widen(a2), widen(a3)"]
+        vals = ", ".join(f"narrow(v{k}_{j} * c{j} + b{j}, y)" for j in range(4))
         src.append(f"                store4(y, q + {k} * G, ({vals}))")
     src.append("        else:")
     for k in range(V):
         for j in range(4):
             i = f"lane + {4 * k + j} * G"
             src += [f"            if {i} < L:",
-                    f"                y[base + {i}] = v{k}_{j} * (inv * CT(scale[{i}]) if "
-                    f"has_scale else inv) + (CT(bias[{i}]) if has_bias else ZERO)"]
+                    f"                y[base + {i}] = narrow(v{k}_{j} * (inv * widen(scale[{i}]) "
+                    f"if has_scale else inv) + (widen(bias[{i}]) if has_bias else ZERO), y)"]
     return src
 
 
@@ -155,14 +156,14 @@ def backward_source(V, G=None):
         body += [f"                {a}" for j in range(4) for a in sums(k, j, True)]
         body += ["                if has_scale:",
                  f"                    a0, a1, a2, a3 = load4(scale, lane + {k} * G)"]
-        body += [f"                    d{k}_{j} *= CT(a{j})" for j in range(4)]
+        body += [f"                    d{k}_{j} *= widen(a{j})" for j in range(4)]
     body.append("        else:")
     for k, j in slots:
         i = f"lane + {4 * k + j} * G"
         body += [f"            if {i} < L:",
                  f"                v{k}_{j} = (v{k}_{j} - mean) * inv"]
         body += [f"                {a}" for a in sums(k, j, False)]
-        body += [f"                d{k}_{j} *= CT(scale[{i}]) if has_scale else ONE"]
+        body += [f"                d{k}_{j} *= widen(scale[{i}]) if has_scale else ONE"]
     body += [f"    s{j} = ZERO" for j in range(4)] + [f"    t{j} = ZERO" for j in range(4)]
     body += [f"    s{j} += d{k}_{j}" for k, j in slots]
     body += [f"    t{j} += d{k}_{j} * v{k}_{j}" for k, j in slots]
@@ -210,9 +211,9 @@ def param_kernels(CT):
                 r = j * CY * R + ty
                 for _ in range(R):
                     if r < rows:
-                        d = CT(dy[r * L + c])
+                        d = widen(dy[r * L + c])
                         mean = st1[r] if centred else ZERO
-                        a += d * (CT(x[r * L + c]) - mean) * st2[r]
+                        a += d * (widen(x[r * L + c]) - mean) * st2[r]
                         b += d
                     r += CY
             for k in range(2):  # a then b over the CY threads of the column, in order
@@ -237,7 +238,7 @@ def param_kernels(CT):
             for j in range(nch):
                 a += p1[j * L + c]
                 b += p2[j * L + c]
-            dscale[c] = a
-            dbias[c] = b
+            dscale[c] = narrow(a, dscale)
+            dbias[c] = narrow(b, dbias)
 
     return partials, final

@@ -24,6 +24,7 @@
   element to its compute type (float16, float32 and bfloat16 bits to float32; float64
   stays), narrow rounds x to what `arr` stores (bfloat16: bf16_store's bits). Under
   the simulator NumPy converts (float64 stays, the rest become float32 on load).
+  `narrow4(v, arr)` narrows a 4-tuple (store4's values) the same way.
 - `keep(x)`: x unchanged, the ST of kernels whose storage needs no rounding (the
   bfloat16 kernels' ST is bf16_store), so one source serves every dtype.
 - `HAS_WARP`: warp shuffles exist (False under the simulator, which lacks them):
@@ -236,3 +237,11 @@ if not SIMULATOR:
         def codegen(context, builder, sig, args):
             return context.cast(builder, args[0], sig.args[0], dt)
         return dt(x, arr), codegen
+
+
+def narrow4(v, arr):
+    return narrow(v[0], arr), narrow(v[1], arr), narrow(v[2], arr), narrow(v[3], arr)
+
+
+if not SIMULATOR:
+    narrow4 = _cuda.jit(device=True, inline=True)(narrow4)

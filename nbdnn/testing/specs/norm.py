@@ -5,6 +5,7 @@ with the rows' conditioning (_conditioning)."""
 import numpy as np
 
 import nbdnn
+from nbdnn._vocab import BF16_DTYPES
 from nbdnn.testing.harness import Case, OpSpec, rand, reduction_tol, shape_nd
 
 FORWARD = {"layer_norm": nbdnn.layer_norm, "rms_norm": nbdnn.rms_norm}
@@ -53,10 +54,11 @@ def _maker(name, backward):
     return make
 
 
+ROW = {"family": "norm", "dtypes": BF16_DTYPES}  # every norm takes bfloat16
 SPECS = []
 for _n in ("layer_norm", "rms_norm"):
-    SPECS.append(OpSpec(_n, FORWARD[_n], _maker(_n, False), family="norm", blend=False))
-    SPECS.append(OpSpec(f"{_n}_backward", BACKWARD[_n], _maker(_n, True), family="norm",
+    SPECS.append(OpSpec(_n, FORWARD[_n], _maker(_n, False), **ROW, blend=False))
+    SPECS.append(OpSpec(f"{_n}_backward", BACKWARD[_n], _maker(_n, True), **ROW,
                         blend=False))
 
 
@@ -103,8 +105,8 @@ def _group_maker(backward):
     return make
 
 
-SPECS += [OpSpec("group_norm", _group, _group_maker(False), family="norm", blend=False,
+SPECS += [OpSpec("group_norm", _group, _group_maker(False), **ROW, blend=False,
                  ops=("group_norm", "instance_norm")),
-          OpSpec("group_norm_backward", _group_backward, _group_maker(True), family="norm",
+          OpSpec("group_norm_backward", _group_backward, _group_maker(True), **ROW,
                  ops=("group_norm_backward", "instance_norm_backward"),
                  blend=False)]
