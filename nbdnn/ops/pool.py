@@ -5,6 +5,7 @@ from .._shapes import pool_out_size as out_size
 from .._vocab import POOL_MODES as MODES
 from ..errors import ShapeError, fail
 from .registry import op
+from .._vocab import BF16_DTYPES
 from ._common import Call, blend_params, check_size, choice, flag, same_dtype
 from .conv import _ints, _layout, _pads
 
@@ -40,7 +41,7 @@ def pool(nd, x, kernel, *, stride=None, padding=0, dilation=1, mode="max", ceil_
          stream=None):
     op = f"pool{nd}d"
     c = Call(op, "pool", backend, stream, x=x, out=out)
-    x_shape, dtype = c.array("x", x)
+    x_shape, dtype = c.array("x", x, BF16_DTYPES)
     geo = _params(op, nd, tuple(x_shape), kernel, stride, padding, dilation, mode, ceil_mode,
                   nan_propagation, layout)
     alpha, beta = blend_params(op, alpha, beta, out)
@@ -82,8 +83,8 @@ def pool_backward(dy, x, kernel, *, stride=None, padding=0, dilation=1, mode="ma
     window order; overlapping windows are gathered, not scattered: deterministic."""
     op = "pool_backward"
     c = Call(op, "pool", backend, stream, dy=dy, x=x, out=out)
-    x_shape, dtype = c.array("x", x)
-    dy_shape, dy_dtype = c.array("dy", dy)
+    x_shape, dtype = c.array("x", x, BF16_DTYPES)
+    dy_shape, dy_dtype = c.array("dy", dy, BF16_DTYPES)
     same_dtype(op, ["x", "dy"], [dtype, dy_dtype])
     nd = len(x_shape) - 2
     if nd not in (1, 2, 3):

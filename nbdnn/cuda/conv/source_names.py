@@ -9,7 +9,7 @@ from numba import cuda, float32, float64, int64, uint64
 
 from .. import activation as _act
 from ..runtime.grid import I, U, U32, split, split32, strides
-from ..runtime.intrinsics import store4
+from ..runtime.intrinsics import narrow, store4, widen
 from ..runtime.simulator import SIMULATOR
 from ..runtime.stencil import W32
 from .gemm import make_epilogue
@@ -49,4 +49,5 @@ def namespace(ct_name):
     return {"cuda": cuda, "CT": CT, "ZERO": nt(0), "INF": nt(np.inf), "act_fn": act_fn, "strides": strides,
             "split": split, "split32": split32, "store4": store4, "U": U, "I": I,
             "U32": U32, "W32": W32, "UB": (lambda v: int(v) % (1 << 64)) if SIMULATOR else uint64,
-            "epilogue": make_epilogue(CT, act_fn), "window_sum": make_window_sum(CT)}
+            "epilogue": make_epilogue(CT, act_fn), "window_sum": make_window_sum(CT),
+            "widen": widen, "narrow": narrow}  # (runtime/stencil.py's loads widen)

@@ -30,8 +30,9 @@ from ..runtime.arrays import dtype_name, empty
 from ..runtime.grid import MAX_BLOCKS, U, launch, landing, split, strides
 from ..runtime.simulator import SIMULATOR
 from . import fast as _pool_fast
+from ..runtime.intrinsics import narrow, widen
 from ..runtime.launch import Kernel
-from ..._vocab import FLOAT_DTYPES as DTYPES
+from ..._vocab import BF16_DTYPES as DTYPES
 from ..._vocab import POOL_MODES as MODES
 
 BX, BY = (8, 4) if SIMULATOR else (32, 8)  # forward block: contiguous axis x rows
@@ -79,7 +80,7 @@ def _kernels(CT):
                 for s in range(KW):
                     iw = aw + s * dw
                     okw = 0 <= iw < W
-                    v = CT(x[base + oh + (iw if okw else 0) * xw])
+                    v = widen(x[base + oh + (iw if okw else 0) * xw])
                     if okh and okw:
                         if mode != 0:
                             acc += v
@@ -113,7 +114,7 @@ def _kernels(CT):
                 for s in range(KW):
                     iw = aw + s * dw
                     okw = (iw >= 0) & (iw < W)
-                    v = CT(x[U(base + oh + (iw if okw else 0) * xw)])
+                    v = widen(x[U(base + oh + (iw if okw else 0) * xw)])
                     ok = okh & okw
                     num = ok & (v == v)
                     nan |= ok & (v != v)
@@ -167,8 +168,8 @@ def _kernels(CT):
                      (((n * C + c) * PD + pd) * PH + ph) * PW + pw)
                 r = alpha * v
                 if beta != ZERO:
-                    r += beta * CT(y[U(i)])
-                y[U(i)] = r
+                    r += beta * widen(y[U(i)])
+                y[U(i)] = narrow(r, y)
                 j += cstep
             b += cuda.gridDim.x
 
@@ -189,7 +190,7 @@ def _kernels(CT):
                         pw = landing(iw, qw, s, dw, sw, PW)
                         if pw >= 0:
                             ad, ah, aw = pd * sd - qd, ph * sh - qh, pw * sw - qw
-                            g = CT(dy[n * yn + c * yc + pd * yd + ph * yh + pw * yw])
+                            g = widen(dy[n * yn + c * yc + pd * yd + ph * yh + pw * yw])
                             if mode == 0:
                                 _, best = window(x, n * xn + c * xc, ad, ah, aw, D, H, W, KD,
                                                  KH, KW, dd, dh, dw, xd, xh, xw, 0, propagate)
@@ -201,8 +202,8 @@ def _kernels(CT):
                                                             ew, mode == 2))
             v = alpha * acc
             if beta != ZERO:
-                v += beta * CT(dx[i])
-            dx[i] = v
+                v += beta * widen(dx[i])
+            dx[i] = narrow(v, dx)
             i += cuda.gridDim.x * cuda.blockDim.x
 
     return {"fwd": pool_fwd, "bwd": pool_bwd}
@@ -216,7 +217,7 @@ def _build():
     for ct_name, CT in (("float32", float32), ("float64", float64)):
         kernels = _kernels(CT)
         for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
-            a = f"{t}[::1]"
+            a = f"{'uint16' if t == 'bfloat16' else t}[::1]"  # (bfloat16: its bits)
             sigs = {"fwd": f"void({a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
                     "bwd": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
             for name, sig in sigs.items():

@@ -38,6 +38,7 @@ from numba.cuda import libdevice
 
 from ..runtime.simulator import SIMULATOR
 from ..runtime import stencil as _stencil
+from ..runtime.intrinsics import narrow, widen
 from ..runtime.launch import Kernel
 from ..runtime.codegen import compile_source
 
@@ -95,7 +96,7 @@ def source(last, KH, KW, SH, SW, QH, QW, DH, DW, mode, rpt=1):
         taps = [(offs.index(o * SH + r * DH), s) for r in range(KH) for s in range(KW)]
         body += [f"if ph + {o} < PH:"] + ["    " + b for b in _reduce(taps, mode) + [
             "r = alpha * v", f"yi = U(U32(yb + {o} * ys))", "if beta != ZERO:",
-            "    r += beta * CT(y[yi])", "y[yi] = r"]]
+            "    r += beta * widen(y[yi])", "y[yi] = narrow(r, y)"]]
     return ("def pool_fwd_fast(x, y, H, W, C, PH, PW, PP, EH, EW, total, m_C, s_C, m_PW, s_PW, "
             "m_PP, s_PP, propagate, alpha, beta):\n"
             "    i = U(cuda.blockIdx.x) * U(cuda.blockDim.x) + U(cuda.threadIdx.x)\n"
@@ -120,13 +121,14 @@ def kernel(dtype, last, geometry, mode, rpt):
     ns = {"cuda": cuda, "CT": CT, "FMAX": _fmax_simulated if SIMULATOR else fmax,
           "ZERO": CT(0), "NEG": CT(-math.inf), "NAN": CT(math.nan),
           "I": int if SIMULATOR else int64, "U": _stencil.U, "U32": _stencil.U32,
-          "W32": _stencil.W32}
+          "W32": _stencil.W32, "widen": widen, "narrow": narrow}
     compile_source("pool_fwd_fast", source(bool(last), *geometry, mode, rpt), ns, about={
         "config": f"{dtype}, {'channels last' if last else 'channels first'}, {mode}, "
                   f"window geometry {geometry}, {rpt} outputs a thread",
         "why": "the window geometry compiled in (module docstring): rows shared between "
                "a thread's outputs"})
-    sig = f"void({dtype}[::1], {dtype}[::1], {_INT}{ct_name}, {ct_name})"
+    a = "uint16" if dtype == "bfloat16" else dtype  # (bfloat16: its bits)
+    sig = f"void({a}[::1], {a}[::1], {_INT}{ct_name}, {ct_name})"
     return Kernel(ns["pool_fwd_fast"], [sig]), sig
 
 
@@ -140,6 +142,8 @@ def ptx_examples():
             for mode in POOL_MODES:
                 kernel(dtype, last, (3, 3, 2, 2, 1, 1, 1, 1), mode, 2)
     kernel("float32", 0, (2, 2, 2, 2, 0, 0, 1, 1), "max", 1)
+    for mode in POOL_MODES:  # (bfloat16 differs from float32 only in its loads and stores)
+        kernel("bfloat16", 1, (3, 3, 2, 2, 1, 1, 1, 1), mode, 2)
 
 
 def launch(x, y, dtype, last, geometry, mode, H, W, C, PH, PW, EH, EW, propagate, alpha,

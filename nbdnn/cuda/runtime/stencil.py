@@ -92,5 +92,5 @@ def load_lines(offs, KW, DW):
     for s in range(KW):
         body += [f"iw{s} = w0 + {s * DW}", f"wc{s} = W32(iw{s})", f"jn{s} = wc{s} < U32(W)",
                  f"co{s} = U32((wc{s} if jn{s} else U32(0)) * xs_w)"]
-    return body + [f"v{j}_{s} = CT(x[U(U32(ro{j} + co{s}))])" for j in range(len(offs))
+    return body + [f"v{j}_{s} = widen(x[U(U32(ro{j} + co{s}))])" for j in range(len(offs))
                    for s in range(KW)]

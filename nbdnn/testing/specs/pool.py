@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 import nbdnn
-from nbdnn._vocab import POOL_MODES as MODES
+from nbdnn._vocab import BF16_DTYPES, POOL_MODES as MODES
 from nbdnn.testing.harness import Case, OpSpec, rand
 
 POOL = {1: nbdnn.pool1d, 2: nbdnn.pool2d, 3: nbdnn.pool3d}
@@ -85,7 +85,7 @@ def _edges(backward):
     return {f"{name}, {mode}": _edge(name, mode, backward) for name in EDGES for mode in MODES}
 
 
-SPECS = [OpSpec("pool", _pool, _make(False), family="pool", ops=("pool1d", "pool2d", "pool3d"),
-                boundary=_edges(False)),
+SPECS = [OpSpec("pool", _pool, _make(False), family="pool", dtypes=BF16_DTYPES,
+                ops=("pool1d", "pool2d", "pool3d"), boundary=_edges(False)),
          OpSpec("pool_backward", nbdnn.pool_backward, _make(True), family="pool",
-                boundary=_edges(True))]
+                dtypes=BF16_DTYPES, boundary=_edges(True))]
