@@ -22,9 +22,10 @@ from numba import cuda, float32, float64
 
 from .runtime.arrays import dtype_name, empty
 from .runtime.grid import launch
+from .runtime.intrinsics import narrow, widen
 from .runtime.launch import Kernel
 from .runtime.stencil import div, magic_args
-from .._vocab import FLOAT_DTYPES as DTYPES
+from .._vocab import BF16_DTYPES as DTYPES
 
 
 def _kernels(CT):
@@ -33,7 +34,7 @@ def _kernels(CT):
         """s_c of the element whose channel-0 offset is base."""
         q = CT(0)
         for j in range(max(0, c - n // 2), min(C, c + (n - 1) // 2 + 1)):
-            v = CT(x[base + j * cs])
+            v = widen(x[base + j * cs])
             q += v * v
         return k + alpha / CT(n) * q
 
@@ -57,7 +58,7 @@ def _kernels(CT):
         i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         while i < N * C * HW:
             c, base, cs = place(i, C, HW, last, mg)
-            y[i] = CT(x[i]) * math.pow(scale(x, base, c, C, cs, n, alpha, k), -beta)
+            y[i] = narrow(widen(x[i]) * math.pow(scale(x, base, c, C, cs, n, alpha, k), -beta), y)
             i += cuda.gridDim.x * cuda.blockDim.x
 
     def lrn_bwd_terms(dy, x, t, N, C, HW, last, n, alpha, beta, k, small, m_hw, s_hw, m_c,
@@ -68,7 +69,7 @@ def _kernels(CT):
         while i < N * C * HW:
             c, base, cs = place(i, C, HW, last, mg)
             s = scale(x, base, c, C, cs, n, alpha, k)
-            t[i] = CT(dy[i]) * CT(x[i]) * math.pow(s, -beta - CT(1))
+            t[i] = widen(dy[i]) * widen(x[i]) * math.pow(s, -beta - CT(1))
             i += cuda.gridDim.x * cuda.blockDim.x
 
     def lrn_bwd(dy, x, t, dx, N, C, HW, last, n, alpha, beta, k, small, m_hw, s_hw, m_c,
@@ -82,8 +83,8 @@ def _kernels(CT):
             for j in range(max(0, c - (n - 1) // 2), min(C, c + n // 2 + 1)):
                 acc += t[base + j * cs]
             s = scale(x, base, c, C, cs, n, alpha, k)
-            dx[i] = CT(dy[i]) * math.pow(s, -beta) - CT(2) * alpha * beta / CT(n) * \
-                CT(x[i]) * acc
+            dx[i] = narrow(widen(dy[i]) * math.pow(s, -beta) - CT(2) * alpha * beta / CT(n) *
+                           widen(x[i]) * acc, dx)
             i += cuda.gridDim.x * cuda.blockDim.x
 
     return {"fwd": lrn_fwd, "bwd_terms": lrn_bwd_terms, "bwd": lrn_bwd}
@@ -94,7 +95,7 @@ def _build():
     for ct, CT in (("float32", float32), ("float64", float64)):
         ks = _kernels(CT)
         for t in (d for d in DTYPES if (d == "float64") == (ct == "float64")):
-            a, w = f"{t}[::1]", f"{ct}[::1]"
+            a, w = f"{'uint16' if t == 'bfloat16' else t}[::1]", f"{ct}[::1]"  # (bf16: bits)
             tail = f"int64, int64, int64, int64, int64, {ct}, {ct}, {ct}, " + \
                 ", ".join(["int64"] * 5) + ")"
             sigs = {"fwd": f"void({a}, {a}, " + tail,

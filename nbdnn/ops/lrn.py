@@ -4,6 +4,7 @@ import numbers
 
 from ..errors import BadParamError, ShapeError, fail
 from .registry import op
+from .._vocab import BF16_DTYPES
 from ._common import Call, choice, same_dtype, same_shape, scalar
 
 
@@ -26,7 +27,7 @@ def lrn(x, n=5, alpha=1e-4, beta=0.75, k=2.0, *, layout="NCHW", out=None, backen
     channel c is c - n//2 ... c + (n-1)//2 (symmetric for odd n, as cuDNN's)."""
     op = "lrn"
     c = Call(op, "lrn", backend, stream, x=x, out=out)
-    shape, dtype = c.array("x", x)
+    shape, dtype = c.array("x", x, BF16_DTYPES)
     args = _params(op, tuple(shape), n, alpha, beta, k, layout)
     return c.run("lrn", x, *args, out=c.out(out, tuple(shape), dtype))
 
@@ -37,8 +38,8 @@ def lrn_backward(dy, x, n=5, alpha=1e-4, beta=0.75, k=2.0, *, layout="NCHW", out
     """dx for y = lrn(x, n, alpha, beta, k) given dy."""
     op = "lrn_backward"
     c = Call(op, "lrn", backend, stream, dy=dy, x=x, out=out)
-    shape, dtype = c.array("x", x)
-    dshape, ddtype = c.array("dy", dy)
+    shape, dtype = c.array("x", x, BF16_DTYPES)
+    dshape, ddtype = c.array("dy", dy, BF16_DTYPES)
     same_shape(op, ["x", "dy"], [tuple(shape), tuple(dshape)])
     same_dtype(op, ["x", "dy"], [dtype, ddtype])
     args = _params(op, tuple(shape), n, alpha, beta, k, layout)

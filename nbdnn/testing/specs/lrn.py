@@ -4,6 +4,7 @@ large enough alpha that the normalisation matters."""
 import numpy as np
 
 import nbdnn
+from nbdnn._vocab import BF16_DTYPES
 from nbdnn.testing.harness import Case, OpSpec, rand, shape_nd
 
 
@@ -21,5 +22,6 @@ def _make(backward):
     return make
 
 
-SPECS = [OpSpec("lrn", nbdnn.lrn, _make(False), family="norm", blend=False),
-         OpSpec("lrn_backward", nbdnn.lrn_backward, _make(True), family="norm", blend=False)]
+SPECS = [OpSpec("lrn", nbdnn.lrn, _make(False), family="norm", blend=False, dtypes=BF16_DTYPES),
+         OpSpec("lrn_backward", nbdnn.lrn_backward, _make(True), family="norm", blend=False,
+                dtypes=BF16_DTYPES)]
