@@ -187,7 +187,7 @@ def bench(args):
     from nbdnn.errors import BadParamError
     try:
         rows = B.run_suite(args.ops, cpu=not args.no_cpu, size_mb=args.size_mb,
-                           progress=_progress, graph=args.graph)
+                           progress=_progress, graph=args.graph, dtype=args.dtype)
     except BadParamError as e:
         sys.exit(f"nbdnn bench: {e}")
     print(B.format_table(rows))
@@ -217,6 +217,8 @@ def main(argv=None):
                    help="tensor size for the elementwise rows (default 1024 MiB on a GPU)")
     b.add_argument("--graph", action="store_true",
                    help="time nbdnn's calls as CUDA graph replays: GPU time, no host time")
+    b.add_argument("--dtype", default="float32", choices=BF16_DTYPES,
+                   help="the tensors' dtype (rows whose op does not take it are left out)")
     sub.add_parser("demo", add_help=False,
                    help="train a small CNN on the digits dataset (nbdnn demo --help)")
     argv = sys.argv[1:] if argv is None else list(argv)

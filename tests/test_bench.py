@@ -41,3 +41,26 @@ def test_json_has_no_nan(tmp_path):
     text = path.read_text()
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text)["rows"][0]["pct_copy"] is None
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_suite_runs_in_a_16_bit_dtype(dtype, monkeypatch):
+    """dtype= runs the same cases on 16-bit buffers (half the bytes of float32's) and
+    leaves out a case whose op does not take the dtype, saying so."""
+    from nbdnn.bench import cases_compute
+    from nbdnn.errors import DtypeError
+
+    def refuses(d, h):
+        raise DtypeError("an op that takes float32 only")
+    real = cases_compute._matmul_cases
+    monkeypatch.setattr(cases_compute, "_matmul_cases", lambda n: real(n) + [
+        ("refuses/16-bit", "matmul", (1,), "float32", 4, refuses)])
+    said = []
+    ops = ["activation/relu", "reduce_tensor/add/all", "matmul/skinny", "refuses/16-bit"]
+    rows = bench.run_suite(ops, cpu=True, size_mb=0.004, dtype=dtype,
+                           progress=lambda i, n, label: said.append(label))
+    assert [r.op for r in rows] == ops[:3] and all(r.dtype == dtype for r in rows)
+    assert any(s.startswith("refuses/16-bit: left out (DtypeError") for s in said), said
+    f32 = bench.run_suite(ops[:1], cpu=False, size_mb=0.004)
+    assert rows[0].bytes * 2 == f32[0].bytes

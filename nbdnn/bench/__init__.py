@@ -141,12 +141,16 @@ def _elementwise_cases(n):
 _Named = collections.namedtuple("_Named", "name family ops case")
 
 
-def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False):
+def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False,
+              dtype="float32"):
     """Time every case on the GPU (and CPU, PyTorch); returns Rows. graph: time nbdnn's
     GPU call as the replay of a captured graph, its GPU time alone (an eager call of
     several launches can take longer on the host than the flush hides); PyTorch's
     stay eager (one launch a call, hidden by the flush), as does any nbdnn call that
-    cannot be captured (its row says timing "eager")."""
+    cannot be captured (its row says timing "eager"). dtype: the buffers' dtype (the
+    same shapes as float32's, bytes scaled by the itemsize); a case whose op does not
+    take it (an NbdnnError) is left out, reported through `progress`."""
+    from nbdnn.errors import NbdnnError
     from nbdnn.cuda import SIMULATOR
     from nbdnn.cuda.runtime import arrays as _arrays
     if size_mb is None:
@@ -162,24 +166,38 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False):
         named = [_Named(c[0], c[1], (c[0].split("/")[0],), c) for c in cases]
         cases = [t.case for t in select(named, ops)]
     rng = np.random.default_rng(0)
-    host = {"x": rng.standard_normal(n, dtype=np.float32),
-            "dy": rng.standard_normal(n, dtype=np.float32)}
+    host32 = {"x": rng.standard_normal(n, dtype=np.float32),
+              "dy": rng.standard_normal(n, dtype=np.float32)}
+    host = {k: v.astype(dtype) for k, v in host32.items()}
     torch = _torch()
     if torch is not None:
-        dev = {k: torch.from_numpy(v).cuda() for k, v in host.items()}
+        tdt = getattr(torch, dtype)
+        dev = {k: torch.from_numpy(v).cuda().to(tdt) for k, v in host32.items()}
         dev["y"] = torch.empty_like(dev["x"])
     else:
         dev = {k: _arrays.to_device(v) for k, v in host.items()}
-        dev["y"] = _arrays.empty(dev["x"], (n,), np.float32)
+        dev["y"] = _arrays.empty(dev["x"], (n,), dtype)
+    scale = np.dtype(dtype).itemsize / 4  # (the cases count float32 bytes)
     rows = []
-    for i, (label, family, shape, dtype, nbytes, make, *flops) in enumerate(cases):
+    for i, (label, family, shape, _, nbytes, make, *flops) in enumerate(cases):
         if progress:
             progress(i, len(cases), label)
-        fns = make(dev, host)
+        nbytes = int(nbytes * scale)
         timer = time_cpu if SIMULATOR else time_gpu
-        gpu_fn = (_graph_or_none(fns["gpu"]) if graph else None) or fns["gpu"]
-        gpu_s = timer(gpu_fn)
-        torch_s = time_gpu(fns["torch"]) if fns.get("torch") and not SIMULATOR else None
+        try:
+            fns = make(dev, host)
+            gpu_fn = (_graph_or_none(fns["gpu"]) if graph else None) or fns["gpu"]
+            gpu_s = timer(gpu_fn)
+        except NbdnnError as e:
+            if progress:
+                progress(i, len(cases), f"{label}: left out ({type(e).__name__}: {e})")
+            continue
+        torch_s = None
+        if fns.get("torch") and not SIMULATOR:
+            try:  # (a peer that refuses this dtype mix leaves its column empty)
+                torch_s = time_gpu(fns["torch"])
+            except (RuntimeError, TypeError):
+                torch_s = None
         cpu_s = time_cpu(fns["cpu"], warmup=0, reps=2, min_time=0) if cpu else None
         bw = copy_bandwidth(max(nbytes // 2, 4)) if not SIMULATOR else float("nan")
         rows.append(Row(label, "x".join(map(str, shape)), dtype, nbytes, gpu_s, bw,

@@ -56,7 +56,7 @@ def _softmax_cases(n):
             return {"gpu": lambda: nbdnn.softmax_backward(dy, y, axis=-1, out=dx),
                     "cpu": lambda: nbdnn.softmax_backward(hdy, hy, axis=-1),
                     "torch": torch and (lambda: torch.ops.aten._softmax_backward_data(
-                        dy, y, 1, torch.float32))}
+                        dy, y, 1, y.dtype))}
         if rows * cols <= n:
             cases.append((f"softmax/accurate/{cols}", "softmax", (rows, cols), "float32",
                           8 * rows * cols, make))

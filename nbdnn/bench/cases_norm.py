@@ -38,7 +38,7 @@ def _pool_cases(n):
 
 def _device(torch, host):
     """A device copy of a host array, a torch tensor when PyTorch is there."""
-    if torch is not None:
+    if torch is not None and host.dtype.name != "bfloat16":  # (to_device: bf16 -> torch)
         return torch.from_numpy(host).cuda()
     from ..cuda.runtime.arrays import to_device
     return to_device(host)
@@ -58,12 +58,13 @@ def _bn_cases(n):
             shape = (B, C, H, H)
             x, y, dy = (d[k][:size].reshape(shape) for k in ("x", "y", "dy"))
             hx, hdy = h["x"][:size].reshape(shape), h["dy"][:size].reshape(shape)
-            hw, hb = np.ones(C, np.float32), np.zeros(C, np.float32)
-            w, b, mean, var = (_device(torch, a.copy()) for a in (hw, hb, hb, hw))
+            hw, hb = np.ones(C, hx.dtype), np.zeros(C, hx.dtype)  # (scale, bias: x's dtype;
+            hm, hv = np.zeros(C, np.float32), np.ones(C, np.float32)  # statistics float32)
+            w, b, mean, var = (_device(torch, a.copy()) for a in (hw, hb, hm, hv))
             F = torch.nn.functional if torch else None
             if label == "infer":
                 return {"gpu": lambda: nbdnn.batch_norm_infer(x, w, b, mean, var, out=y),
-                        "cpu": lambda: nbdnn.batch_norm_infer(hx, hw, hb, hb, hw),
+                        "cpu": lambda: nbdnn.batch_norm_infer(hx, hw, hb, hm, hv),
                         "torch": F and (lambda: F.batch_norm(x, mean, var, w, b))}
             if label == "train":
                 return {"gpu": lambda: nbdnn.batch_norm_train(x, w, b, mean, var, out=y),
@@ -156,7 +157,7 @@ def _other_norm_cases(n, shape=(64, 256, 64, 64)):
         F = torch.nn.functional if torch else None
         x, y, dy = (d[k][:size].reshape(shape) for k in ("x", "y", "dy"))
         hx = h["x"][:size].reshape(shape)
-        w = _device(torch, np.ones(C, np.float32))
+        w = _device(torch, np.ones(C, hx.dtype))
         groups = 32 if label.startswith("group") else None
         if label in ("group_norm", "instance_norm"):
             fn = (lambda a, **kw: nbdnn.group_norm(a, groups, **kw))
