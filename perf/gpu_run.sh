@@ -13,6 +13,8 @@
 #   bash perf/gpu_run.sh perf                 # nbdnn bench: every row, against PyTorch
 #   bash perf/gpu_run.sh compute              # GEMM (perf/suites/gemm.py) and conv vs
 #                                             # cuBLAS/cuDNN, host cost
+#   bash perf/gpu_run.sh dtypes               # the memory-bound rows in float32, float16 and
+#                                             # bfloat16 (issue 23: bf16 at fp16's % of copy)
 #   bash perf/gpu_run.sh norm                 # pool and norm ops: path tests, crosscheck and
 #                                             # the graph-timed bench rows, in parallel
 #   bash perf/gpu_run.sh gemm                 # perf/suites/gemm.py: every dtype and math mode
@@ -82,6 +84,13 @@ perf)
     timeout 540 python3 -m nbdnn bench --no-cpu --json "$OUT/bench.json" --plot "$OUT/bench.png" \
         > "$OUT/perf.log" 2>&1
     tail -45 "$OUT/perf.log" ;;
+dtypes)
+    ops=${OPS:-"activation reduce_tensor softmax pool batch_norm layer_norm rms_norm group_norm"}
+    for dt in float32 float16 bfloat16; do
+        timeout ${DT_LIMIT_S:-170} python3 -m nbdnn bench --no-cpu --graph --dtype $dt --ops $ops \
+            --json "$OUT/bench-$dt.json" > "$OUT/bench-$dt.log" 2>&1
+        grep -v "^\[" "$OUT/bench-$dt.log" | tail -32
+    done ;;
 norm)
     export NBDNN_HYPOTHESIS_PROFILE=dev
     P="timeout 400 python3 -m pytest -q -p no:cacheprovider"
