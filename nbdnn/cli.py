@@ -75,8 +75,11 @@ def info(args):
         name, cc, sms = describe()
         print(f"{'GPU':<12} {name}, compute capability {cc[0]}.{cc[1]}, {sms} SMs")
         print("mode         hardware")
-        print("tensor cores " + ("wgmma + TMA (sm_90a) and mma.sync" if tuple(cc) >= (9, 0) else
-                                 "mma.sync (sm_80+)" if tuple(cc) >= (8, 0) else "none (before sm_80)"))
+        print("tensor cores " + (
+            "matmul / matmul_backward in float16, bfloat16 and float32 math tf32 / 3xtf32 "
+            "(wgmma + TMA, sm_90a)" if tuple(cc) >= (9, 0) else
+            "none used on this GPU yet (nbdnn's mma.sync GEMM for sm_80-89 is not built: "
+            "every op runs its SIMT path)"))
     import nbdnn
     print(f"{'math':<12} {nbdnn.get_math()} (float32 matmul; nbdnn.set_math)")
     if driver and emitted and not SIMULATOR:
