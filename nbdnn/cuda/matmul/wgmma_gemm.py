@@ -70,6 +70,7 @@ from ..tensorcore.tiles import SOURCE_NAMES
 from ..tensorcore.tma import mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc, tma_load_3d
 from ..tensorcore.wgmma import wgmma
 from .batches import table as batch_table
+from .pair_epilogue import pair_lines
 from .split_k import split, splitk_sum
 
 BM, BN, BK, STAGES = 128, 256, 64, 4            # BK: a 16-bit k-tile (128 B a row)
@@ -215,41 +216,10 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False):
           "            cb = n0 + 2 * (i % 4)",
           "            coff = zk * M * N"]
     E = []
-    for j in range(BN // 8):
-        if partial:  # the chunk's float32 sums, to workspace slice zk = (chunk, matrix)
-            for half, rr in ((0, "r"), (2, "(r + 8)")):
-                E += [f"if {rr} < M and cb + {8 * j} < N:",
-                      f"    at = coff + {rr} * N + cb + {8 * j}",
-                      f"    c[at] = d[{4 * j + half}]"] + \
-                    ([f"    if cb + {8 * j + 1} < N:", f"        c[at + 1] = d[{4 * j + half + 1}]"]
-                     if f32 else [f"    c[at + 1] = d[{4 * j + half + 1}]"])
-            continue
-        col = f"cb + {8 * j}"
-        if bias:  # (tf32: N may be odd, so the second column has its own guard)
-            E += ["b0 = F32(0)", "b1 = F32(0)", f"if {col} < N:",
-                  f"    b0 = widen(bias[{col}])"] + \
-                ([f"if {col} + 1 < N:", f"    b1 = bias[{col} + 1]"] if f32 else
-                 [f"    b1 = widen(bias[{col} + 1])"])
-        for half, rr in ((0, "r"), (2, "(r + 8)")):
-            v0, v1 = f"d[{4 * j + half}]", f"d[{4 * j + half + 1}]"
-            E += [f"if {rr} < M and {col} < N:",
-                  f"    v0 = {v0}{' + b0' if bias else ''}",
-                  f"    v1 = {v1}{' + b1' if bias else ''}"]
-            if act:
-                E += ["    v0 = act_f(v0, cf)", "    v1 = act_f(v1, cf)"]
-            if f32:  # float32 C: one element a store
-                E += [f"    at = coff + {rr} * N + {col}",
-                      f"    c[at] = a * v0{' + bt * c[at]' if beta else ''}",
-                      f"    if {col} + 1 < N:",
-                      f"        c[at + 1] = a * v1{' + bt * c[at + 1]' if beta else ''}"]
-                continue
-            E += [f"    at = (coff + {rr} * N + {col}) // 2"]
-            if beta:
-                E += ["    o0, o1 = unpack(c[at])",
-                      "    v0 = a * v0 + bt * o0", "    v1 = a * v1 + bt * o1"]
-            else:
-                E += ["    v0 = a * v0", "    v1 = a * v1"]
-            E += ["    c[at] = cvt(v0, v1)"]
+    for j in range(BN // 8):  # thread i's column pair j: rows r and r + 8
+        E += pair_lines(f"cb + {8 * j}", [("r", f"d[{4 * j}]", f"d[{4 * j + 1}]"),
+                                          ("(r + 8)", f"d[{4 * j + 2}]", f"d[{4 * j + 3}]")],
+                        f32, bias, act, beta, partial)
     L += ["            " + x for x in E]
     return name, "\n".join(L) + "\n"
 

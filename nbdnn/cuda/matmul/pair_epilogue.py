@@ -1,0 +1,49 @@
+"""The tensor-core GEMMs' epilogue, written out as source lines (wgmma_gemm.py,
+mma_gemm.py): both hold their float32 accumulators as column pairs, a thread owning
+C[r, col] and C[r, col + 1] for a few rows r of one column pair (wgmma's and
+mma.sync's D fragments: c0, c1 / c2, c3 = rows g and g + 8, columns 2t, 2t + 1).
+
+    c[r, col:col+2] = alpha * act(acc + bias[col:col+2]) + beta * c[r, col:col+2]
+
+16-bit C is addressed as uint32 pairs (`cvt` packs two rounded values; N even, so a
+pair never straddles a row); float32 C (tf32) one element a store, the second column
+guarded (N may be odd). `partial` (split-K's chunks): the raw float32 sums, no epilogue.
+Names the generated kernel must bind: M, N, c, bias, coff (the matrix's first element
+of C), a / bt / cf (alpha, beta, coef as float32), F32, widen, act_f, unpack, cvt.
+"""
+
+
+def pair_lines(col, rows, f32, bias, act, beta, partial=False):
+    """Lines storing the pairs of column `col` (an expression) for rows = [(row
+    expression, first value, second value)]: bias loaded once for them all."""
+    E = []
+    if partial:  # the chunk's float32 sums, to the workspace slice (chunk, matrix)
+        for rr, v0, v1 in rows:
+            E += [f"if {rr} < M and {col} < N:", f"    at = coff + {rr} * N + {col}",
+                  f"    c[at] = {v0}"] + \
+                ([f"    if {col} + 1 < N:", f"        c[at + 1] = {v1}"] if f32 else
+                 [f"    c[at + 1] = {v1}"])
+        return E
+    if bias:  # (tf32: N may be odd, so the second column has its own guard)
+        E += ["b0 = F32(0)", "b1 = F32(0)", f"if {col} < N:", f"    b0 = widen(bias[{col}])"] + \
+            ([f"if {col} + 1 < N:", f"    b1 = bias[{col} + 1]"] if f32 else
+             [f"    b1 = widen(bias[{col} + 1])"])
+    for rr, v0, v1 in rows:
+        E += [f"if {rr} < M and {col} < N:", f"    v0 = {v0}{' + b0' if bias else ''}",
+              f"    v1 = {v1}{' + b1' if bias else ''}"]
+        if act:
+            E += ["    v0 = act_f(v0, cf)", "    v1 = act_f(v1, cf)"]
+        if f32:  # float32 C: one element a store
+            E += [f"    at = coff + {rr} * N + {col}",
+                  f"    c[at] = a * v0{' + bt * c[at]' if beta else ''}",
+                  f"    if {col} + 1 < N:",
+                  f"        c[at + 1] = a * v1{' + bt * c[at + 1]' if beta else ''}"]
+            continue
+        E += [f"    at = (coff + {rr} * N + {col}) // 2"]
+        if beta:
+            E += ["    o0, o1 = unpack(c[at])", "    v0 = a * v0 + bt * o0",
+                  "    v1 = a * v1 + bt * o1"]
+        else:
+            E += ["    v0 = a * v0", "    v1 = a * v1"]
+        E += ["    c[at] = cvt(v0, v1)"]
+    return E
