@@ -129,6 +129,10 @@ gemm)
         echo "$k: $(timeout 120 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.wgmma_gemm \
             $k uint64 2>&1 >/dev/null | tr '\n' ' ')"
     done
+    for k in mma_gemm_bf16_kk mma_gemm_bf16_mm; do  # the sm_80-89 kernel: HMMA, LDSM
+        echo "$k: $(timeout 120 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.mma_gemm \
+            $k uint16 2>&1 >/dev/null | tr '\n' ' ')"
+    done
     timeout 300 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/gemm.log" 2>&1
     cat "$OUT/gemm.log" ;;
 sanitize)

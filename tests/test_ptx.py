@@ -43,6 +43,8 @@ def ccs(k, sig):
     name = k.name
     if k.arch == "sm_90a":  # wgmma, TMA, setmaxnreg
         return ((9, 0, "a"),)
+    if name.startswith("mma_gemm"):  # the tensor-core GEMM for sm_80-89
+        return ((8, 0),)
     sm90_only = any(h in name for h in ("128x128", "64x64", "dw_tile_3x3s2", "dw_tile_5x5"))
     bf16 = "uint16[" in sig and not name.startswith("mma_")  # (bfloat16's bits: the
     # float32 kernels with other loads; the mma.sync tiles' f16/bf16 operands are sm_80's)

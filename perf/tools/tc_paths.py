@@ -3,7 +3,7 @@ compute-sanitizer (memcheck, racecheck), which slows a kernel down hundreds of t
 so `nbdnn check`'s many examples do not finish (run AD call 3). Paths: 16-bit in the
 four operand majors (the persistent kernel, no split), with the full epilogue, split-K
 (chunk kernel + ordered sum), float32 math tf32 and 3xtf32 (tf32_parts + the tf32
-kernel), a batch broadcast both ways. Prints one line a path and exits 1 on a miss.
+kernel), a batch broadcast both ways, the sm_80-89 mma.sync kernel (forced). Prints one line a path and exits 1 on a miss.
 
     PYTHONPATH=. compute-sanitizer --tool racecheck python3 perf/tools/tc_paths.py
 """
@@ -32,7 +32,7 @@ def _case(label, shapes, dtype, ta=False, tb=False, tol=2e-2, **kw):
         c = nbdnn.matmul(da, db, trans_a=ta, trans_b=tb, **kw)
         torch.cuda.synchronize()
     err = float((c.double().cpu() - want).abs().max() / want.abs().max())
-    ok = err < tol and any(n.startswith("wgmma_gemm") for n in names)
+    ok = err < tol and any(n.startswith(("wgmma_gemm", "mma_gemm")) for n in names)
     print(f"{'ok ' if ok else 'BAD'} {label:28} rel err {err:.1e}  {' '.join(names)}", flush=True)
     return ok
 
@@ -48,6 +48,12 @@ def main():
     oks.append(_case("bf16 bias+gelu", ((130, 64), (64, 520)), bf, bias=True, activation="relu"))
     oks.append(_case("bf16 split-K", ((64, 2048), (2048, 264)), bf))
     oks.append(_case("bf16 batches broadcast", ((2, 1, 72, 64), (3, 64, 136)), bf))
+    from nbdnn.cuda import matmul as mm
+    mm.TENSOR_CORE_PATH = "mma_sync"  # the sm_80-89 kernel (mma_gemm.py), on this GPU
+    for ta, tb in ((False, False), (True, True)):
+        oks.append(_case(f"mma.sync bf16 ta={ta:d} tb={tb:d}", ((200, 136), (136, 264)), bf,
+                         ta, tb, bias=True, activation="relu"))
+    mm.TENSOR_CORE_PATH = "auto"
     for mode in ("tf32", "3xtf32"):
         oks.append(_case(f"float32 {mode}", ((200, 100), (100, 261)), torch.float32, True,
                          False, 1e-3, math=mode))

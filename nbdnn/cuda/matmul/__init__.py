@@ -1,8 +1,9 @@
 """matmul and matmul_backward on the GPU: one tiled GEMM kernel with a fused epilogue,
 and for float16 / bfloat16 and float32's tf32 / 3xtf32 math modes on sm_90 the
 tensor-core kernel (wgmma_gemm.py: TMA + wgmma, split-K in split_k.py) wherever its
-limits hold (wgmma_gemm.usable: 16-byte rows and bases); what it cannot take runs the
-SIMT kernel below, bfloat16 through its bits. The TF32 modes multiply K-major
+limits hold (wgmma_gemm.usable: 16-byte rows and bases); on sm_80-89 float16 /
+bfloat16 run mma_gemm.py (mma.sync + ldmatrix + cp.async, the same limits); what they
+cannot take runs the SIMT kernel below, bfloat16 through its bits. The TF32 modes multiply K-major
 operands on either unit: rounded parts from tf32_parts.py, or for "tf32" on the
 tensor cores an input that already is K-major, rounded by TMA (_tf32_operands).
 
@@ -42,7 +43,7 @@ from .gemm_source import gemm_about, gemm_source
 from . import tf32_parts as _tf32_parts
 from ..runtime.device import describe, sm_count
 from ..runtime.intrinsics import bf16_load, bf16_store
-from . import wgmma_gemm as _tc
+from . import mma_gemm as _mma, wgmma_gemm as _tc
 from .batches import table as batch_table
 from ..runtime.codegen import compile_source
 from ..runtime.launch import Kernel
@@ -66,17 +67,39 @@ SPLIT_BLOCKS_PER_SM = 4                # split-K's target: the small tile fits 4
 # obeys it (matmul, conv's gemm, winograd and implicit GEMM); perf/suites/sgemm.py and
 # the path tests set it. Call nbdnn.ops._plan.clear() after changing it.
 FORCE_TILE = None
-# float16 / bfloat16 products run on the tensor cores (wgmma_gemm.py, sm_90) whenever
-# its limits allow; False sends them all to the SIMT kernel (for comparisons)
+# float16 / bfloat16 products run on the tensor cores whenever the kernels' limits
+# allow: wgmma_gemm.py on sm_90, mma_gemm.py on sm_80-89; False sends them all to the
+# SIMT kernel (for comparisons). TENSOR_CORE_PATH "auto" picks by the GPU; "mma_sync"
+# runs mma_gemm on an sm_90 GPU too (its tests), "wgmma" insists on wgmma.
 TENSOR_CORES = True
+TENSOR_CORE_PATH = "auto"
 
 
 def tensor_cores():
     """True on a GPU that runs the wgmma kernel (sm_90: the H100 / H200)."""
+    return _tc_arch() >= 90
+
+
+def _tc_arch():
+    """The GPU's compute capability as 10 major + minor (0: none, the simulator)."""
     if not _cc:
         d = describe()
-        _cc.append(d is not None and d[1] >= (9, 0))
+        _cc.append(0 if d is None else 10 * d[1][0] + d[1][1])
     return _cc[0]
+
+
+def _tc_kernel(dtype, math_mode):
+    """The tensor-core module that runs this product here, or None (the SIMT kernel):
+    wgmma_gemm for 16-bit and float32 TF32 modes on sm_90, mma_gemm for 16-bit on
+    sm_80-89 (or where TENSOR_CORE_PATH asks for it)."""
+    if not TENSOR_CORES or dtype not in _tc.KINDS or (dtype == "float32" and
+                                                      math_mode == "ieee"):
+        return None
+    arch = _tc_arch()
+    if dtype != "float32" and (TENSOR_CORE_PATH == "mma_sync" or
+                               (80 <= arch < 90 and TENSOR_CORE_PATH == "auto")):
+        return _mma if arch >= 80 else None
+    return _tc if arch >= 90 else None
 
 
 _cc = []
@@ -126,9 +149,10 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream,
     nb = math.prod(batch)
     if nb == 0 or M == 0 or N == 0:
         return c
-    if (dtype != "float32" or math_mode != "ieee") and dtype in _tc.KINDS and \
-            TENSOR_CORES and tensor_cores() and _tc.usable(a, b, c, trans_a, trans_b, M, N, K):
-        return _tc.gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream)
+    tc = _tc_kernel(dtype, math_mode)
+    if tc is not None and _tc.usable(a, b, c, trans_a, trans_b, M, N, K) and \
+            (tc is _tc or nb <= MAX_BATCH):
+        return tc.gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream)
     if nb > MAX_BATCH:
         raise NotSupportedError(f"matmul: {nb} matrices in a batch exceed the grid limit "
                                 f"{MAX_BATCH}; split the batch")
