@@ -24,7 +24,8 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from .runtime.simulator import SIMULATOR
-from .runtime.intrinsics import bf16_load, bf16_store, keep, load4, store4, vector_alignment
+from .runtime.intrinsics import array_type, bf16_load, bf16_store, \
+    keep, load4, store4, vector_alignment
 from .runtime.launch import Kernel
 from .runtime.arrays import dtype_of, empty, ptr_size
 from .runtime.codegen import compile_source
@@ -178,7 +179,7 @@ def _build():
     for ct_name, ct, npt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
         fns = _device_functions(npt)
         for t in (d for d in DTYPES if _compute_type(d) == ct_name):
-            bf16, a = t == "bfloat16", ("uint16" if t == "bfloat16" else t)  # (its bits)
+            bf16, a = t == "bfloat16", array_type(t)
             fs = f"void({a}[::1], {a}[::1], int64, {ct_name}, {ct_name}, {ct_name}, int64)"
             bs = (f"void({a}[::1], {a}[::1], {a}[::1], int64, {ct_name}, {ct_name}, "
                   f"{ct_name}, int64)")

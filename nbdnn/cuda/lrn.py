@@ -22,7 +22,7 @@ from numba import cuda, float32, float64
 
 from .runtime.arrays import dtype_name, empty
 from .runtime.grid import launch
-from .runtime.intrinsics import narrow, widen
+from .runtime.intrinsics import array_type, narrow, widen
 from .runtime.launch import Kernel
 from .runtime.stencil import div, magic_args
 from .._vocab import BF16_DTYPES as DTYPES
@@ -95,7 +95,7 @@ def _build():
     for ct, CT in (("float32", float32), ("float64", float64)):
         ks = _kernels(CT)
         for t in (d for d in DTYPES if (d == "float64") == (ct == "float64")):
-            a, w = f"{'uint16' if t == 'bfloat16' else t}[::1]", f"{ct}[::1]"  # (bf16: bits)
+            a, w = f"{array_type(t)}[::1]", f"{ct}[::1]"
             tail = f"int64, int64, int64, int64, int64, {ct}, {ct}, {ct}, " + \
                 ", ".join(["int64"] * 5) + ")"
             sigs = {"fwd": f"void({a}, {a}, " + tail,

@@ -29,7 +29,7 @@ from ..runtime.simulator import SIMULATOR
 from .. import activation as _act
 from . import planes as _bn_planes, sums as _bn_sums
 from ..runtime.arrays import dtype_name, empty, vector_aligned
-from ..runtime.intrinsics import load4, narrow, narrow4, store4, widen
+from ..runtime.intrinsics import array_type, load4, narrow, narrow4, store4, widen
 from ..runtime.launch import Kernel
 from ..runtime.block_reduce import device_functions
 from ..._vocab import BF16_DTYPES as DTYPES
@@ -176,7 +176,7 @@ def _build():
     for ct, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
         ks = _kernels(CT, nt)
         for t in (d for d in DTYPES if (d == "float64") == (ct == "float64")):
-            a, s = f"{'uint16' if t == 'bfloat16' else t}[::1]", f"{ct}[::1]"  # (bf16: bits)
+            a, s = f"{array_type(t)}[::1]", f"{ct}[::1]"
             geo = "int64, int64, int64, int64"  # N, C, L, columns
             flags = "int64, int64, int64, int64"  # has_scale, has_bias, has_z, act
             six, seven = ", ".join(["int64"] * 6), ", ".join(["int64"] * 7)

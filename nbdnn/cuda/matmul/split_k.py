@@ -14,7 +14,7 @@ from numba import cuda, types
 from .. import activation as _act
 from ..runtime.codegen import compile_source
 from ..runtime.device import sm_count
-from ..runtime.intrinsics import bf16_load, bf16_store, keep
+from ..runtime.intrinsics import array_type, bf16_load, bf16_store, keep
 from ..runtime.launch import Kernel
 
 SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 512, 16
@@ -56,7 +56,7 @@ def _splitk_sum(ws, c, bias, splits, total, N, has_bias, act, coef, alpha, beta)
 @functools.lru_cache(maxsize=None)
 def splitk_sum(dtype):
     """The (Kernel, signature) adding split-K's chunks for output dtype `dtype`."""
-    t = "uint16" if dtype == "bfloat16" else dtype
+    t = array_type(dtype)
     ns = {"cuda": cuda, "act_fn": _act.fused(np.float32),
           "LD": bf16_load if dtype == "bfloat16" else types.float32,
           "ST": bf16_store if dtype == "bfloat16" else keep}

@@ -24,7 +24,7 @@ from numba import cuda, float32, float64
 from ..runtime.simulator import SIMULATOR
 from ..batch_norm import planes as _bn_planes, sums as _bn_sums
 from ..runtime.arrays import dtype_name, empty
-from ..runtime.intrinsics import narrow, widen
+from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 from ..._vocab import BF16_DTYPES as DTYPES
 from ..runtime.block_reduce import SHM, device_functions
@@ -120,7 +120,7 @@ def _build():
     for ct, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
         ks = _kernels(CT, nt)
         for t in (d for d in DTYPES if (d == "float64") == (ct == "float64")):
-            a, s = f"{'uint16' if t == 'bfloat16' else t}[::1]", f"{ct}[::1]"  # (bf16: bits)
+            a, s = f"{array_type(t)}[::1]", f"{ct}[::1]"
             seven = ", ".join(["int64"] * 7)
             sigs = {"gn_plane_coefs": f"void({s}, {s}, {a}, {a}, {s}, int64, int64, int64, "
                                       "int64, int64)",

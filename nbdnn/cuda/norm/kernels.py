@@ -8,7 +8,7 @@ import numpy as np
 from numba import cuda, float32, float64, uint64
 
 from ..runtime.simulator import SIMULATOR
-from ..runtime.intrinsics import load4, narrow, store4, widen
+from ..runtime.intrinsics import array_type, load4, narrow, store4, widen
 from ..._vocab import BF16_DTYPES as DTYPES
 from ..runtime.launch import Kernel
 from ..runtime.block_reduce import SHM, device_functions
@@ -215,7 +215,7 @@ def _build():
                   U=int if SIMULATOR else uint64)
         ks["params_partials"], ks["params_final"] = _rows.param_kernels(CT)
         for t in (d for d in DTYPES if (d == "float64") == (ct == "float64")):
-            a, s = f"{'uint16' if t == 'bfloat16' else t}[::1]", f"{ct}[::1]"  # (bf16: bits)
+            a, s = f"{array_type(t)}[::1]", f"{ct}[::1]"
             i4 = "int64, int64, int64, int64"  # C, G, HW, last
             sigs = {"fwd": f"void({a}, {a}, {a}, {a}, {s}, {s}, {i4}, {ct}, int64, int64, int64)",
                     "bwd": f"void({a}, {a}, {s}, {s}, {a}, {a}, {i4}, int64, int64)",

@@ -30,7 +30,7 @@ from ..runtime.arrays import dtype_name, empty
 from ..runtime.grid import MAX_BLOCKS, U, launch, landing, split, strides
 from ..runtime.simulator import SIMULATOR
 from . import fast as _pool_fast
-from ..runtime.intrinsics import narrow, widen
+from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 from ..._vocab import BF16_DTYPES as DTYPES
 from ..._vocab import POOL_MODES as MODES
@@ -217,7 +217,7 @@ def _build():
     for ct_name, CT in (("float32", float32), ("float64", float64)):
         kernels = _kernels(CT)
         for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
-            a = f"{'uint16' if t == 'bfloat16' else t}[::1]"  # (bfloat16: its bits)
+            a = f"{array_type(t)}[::1]"
             sigs = {"fwd": f"void({a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
                     "bwd": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})"}
             for name, sig in sigs.items():

@@ -38,7 +38,7 @@ from numba.cuda import libdevice
 
 from ..runtime.simulator import SIMULATOR
 from ..runtime import stencil as _stencil
-from ..runtime.intrinsics import narrow, widen
+from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 from ..runtime.codegen import compile_source
 
@@ -127,7 +127,7 @@ def kernel(dtype, last, geometry, mode, rpt):
                   f"window geometry {geometry}, {rpt} outputs a thread",
         "why": "the window geometry compiled in (module docstring): rows shared between "
                "a thread's outputs"})
-    a = "uint16" if dtype == "bfloat16" else dtype  # (bfloat16: its bits)
+    a = array_type(dtype)
     sig = f"void({a}[::1], {a}[::1], {_INT}{ct_name}, {ct_name})"
     return Kernel(ns["pool_fwd_fast"], [sig]), sig
 

@@ -25,6 +25,8 @@
   stays), narrow rounds x to what `arr` stores (bfloat16: bf16_store's bits). Under
   the simulator NumPy converts (float64 stays, the rest become float32 on load).
   `narrow4(v, arr)` narrows a 4-tuple (store4's values) the same way.
+- `array_type(dtype)`: the element type a kernel signature names for arrays of a
+  storage dtype: "uint16" for bfloat16 (its bits), the dtype's own name otherwise.
 - `keep(x)`: x unchanged, the ST of kernels whose storage needs no rounding (the
   bfloat16 kernels' ST is bf16_store), so one source serves every dtype.
 - `HAS_WARP`: warp shuffles exist (False under the simulator, which lacks them):
@@ -201,6 +203,10 @@ else:
         return types.uint16(types.float32), codegen
 
     bf16_load, bf16_store = intrinsic(_bf16_load), intrinsic(_bf16_store)
+
+
+def array_type(dtype):
+    return "uint16" if str(dtype) == "bfloat16" else str(dtype)
 
 
 def keep(x):

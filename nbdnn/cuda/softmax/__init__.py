@@ -45,7 +45,7 @@ from numba import cuda, float32, float64
 
 from ..runtime.simulator import SIMULATOR
 from ..runtime.arrays import dtype_name, empty, size, vector_aligned
-from ..runtime.intrinsics import load4, narrow, store4, vector_alignment, widen
+from ..runtime.intrinsics import array_type, load4, narrow, store4, vector_alignment, widen
 from ..runtime.launch import Kernel
 from ..runtime.block_reduce import FAST, LOG, SHM, device_functions
 from .rows import rows_kernel as _rows_kernel
@@ -97,7 +97,7 @@ def _build(streaming=True, fused_maxreg=None):
                   FAST=FAST, LOG=LOG, widen=widen, narrow=narrow)  # the row kernels' globals
         others = stream_kernels(f, CT, SHM, STRIDED_BLOCK, streaming)
         for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
-            a, c = f"{'uint16' if t == 'bfloat16' else t}[::1]", ct_name  # (bfloat16: bits)
+            a, c = f"{array_type(t)}[::1]", ct_name
             sigs = {
                 "fused": f"void({a}, {a}, int64, int64, int64, {c}, {c}, int64)",
                 "fused_bwd": f"void({a}, {a}, {a}, int64, int64, int64, {c}, {c}, int64)",

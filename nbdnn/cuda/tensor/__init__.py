@@ -24,7 +24,8 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from ..runtime.arrays import dtype_name, empty, ptr, size
-from ..runtime.intrinsics import bf16_load, bf16_store, keep, load4, store4, vector_alignment
+from ..runtime.intrinsics import array_type, bf16_load, bf16_store, keep, load4, store4, \
+    vector_alignment
 from ..runtime.launch import Kernel
 from ..runtime.strided import strided_offset
 from . import reduce as _reduce
@@ -137,7 +138,7 @@ def _build():
                  np.uint16(0))]
     for name, ct, npt, dts, LD, ST, ZS in flavours:
         ctn = np.dtype(npt).name
-        arg = {t: "uint16" if t == "bfloat16" else t for t in dts}
+        arg = {t: array_type(t) for t in dts}
         fns = _ew_functions(npt)
         for op in EW_OPS:
             sigs = {t: f"void({arg[t]}[::1], {arg[t]}[::1], {arg[t]}[::1], int64, {ctn}, "

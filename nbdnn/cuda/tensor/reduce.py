@@ -29,7 +29,7 @@ from numba import cuda, float32, float64, int64
 
 from ..runtime.simulator import SIMULATOR
 from ..runtime.arrays import empty, ptr
-from ..runtime.intrinsics import HAS_WARP, load4, narrow, vector_alignment, widen
+from ..runtime.intrinsics import HAS_WARP, array_type, load4, narrow, vector_alignment, widen
 from ..runtime.launch import Kernel
 
 BLOCK = 256
@@ -262,9 +262,6 @@ def _col_kernel(pre, comb, combi, idx, ct, init):
     return reduce_cols
 
 
-A = {"bfloat16": "uint16", "float16": "float16", "float32": "float32", "float64": "float64"}
-
-
 def _build():
     """Kernels by (pre, comb, indexed[, threads a row]) and (input, output) dtype pair;
     one source for every pair (widen / narrow convert, bfloat16 passed as its bits)."""
@@ -281,14 +278,16 @@ def _build():
                 ios = sorted(ios)
                 tail = f"{ctn}, {ctn}, {ctn}, int64, int64)"
                 for tpr in TPRS:
-                    sigs = {io: f"void({A[io[0]]}[::1], int64[::1], {A[io[1]]}[::1], int64[::1], "
-                                f"int64, int64, int64, int64, int64, {tail}" for io in ios}
+                    sigs = {io: f"void({array_type(io[0])}[::1], int64[::1], "
+                                f"{array_type(io[1])}[::1], int64[::1], int64, int64, int64, "
+                                f"int64, int64, {tail}" for io in ios}
                     kern = Kernel(_row_kernel(pre[p], comb[c], combi[c], idx, ct, init[c],
                                               tpr), list(sigs.values()))
                     kern.name = f"reduce_rows_{p}_{c}{'_idx' if idx else ''}_{tpr}_{ctn}"
                     rows.update({(p, c, idx, tpr) + io: (kern, s) for io, s in sigs.items()})
-                sigs = {io: f"void({A[io[0]]}[::1], int64[::1], {A[io[1]]}[::1], int64[::1], "
-                            f"int64, int64, int64, int64, int64, int64, {tail}" for io in ios}
+                sigs = {io: f"void({array_type(io[0])}[::1], int64[::1], "
+                            f"{array_type(io[1])}[::1], int64[::1], int64, int64, int64, "
+                            f"int64, int64, int64, {tail}" for io in ios}
                 kern = Kernel(_col_kernel(pre[p], comb[c], combi[c], idx, ct, init[c]),
                               list(sigs.values()))
                 kern.name = f"reduce_cols_{p}_{c}{'_idx' if idx else ''}_{ctn}"
