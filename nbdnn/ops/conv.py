@@ -20,7 +20,7 @@ from ._common import (Call, blend_params, check_size, choice, int_tuple, is_int,
 from .activation import _coef
 from .. import backend as _backend
 from .._shapes import winograd_workspace
-from .._vocab import CONV_ALGOS as ALGOS, CONV_MODES as MODES, LAYOUTS as _LAYOUTS, \
+from .._vocab import BF16_DTYPES, CONV_ALGOS as ALGOS, CONV_MODES as MODES, LAYOUTS as _LAYOUTS, \
     SPATIAL_LAYOUTS
 
 LAYOUTS = {n: _LAYOUTS[n][0] for n in SPATIAL_LAYOUTS}  # layout -> channels last
@@ -144,8 +144,8 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
          residual=None, alpha=1.0, beta=0.0, alpha2=1.0, out=None, backend=None, stream=None):
     op = f"conv{nd}d"
     c = Call(op, "conv", backend, stream, x=x, w=w, bias=bias, residual=residual, out=out)
-    x_shape, dtype = c.array("x", x)
-    w_shape, w_dtype = c.array("w", w)
+    x_shape, dtype = c.array("x", x, BF16_DTYPES)
+    w_shape, w_dtype = c.array("w", w, BF16_DTYPES)
     same_dtype(op, ["x", "w"], [dtype, w_dtype])
     stride, pads, dilation, mode, last = conv_params(op, nd, stride, padding, dilation,
                                                      mode, layout)
@@ -153,12 +153,12 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
                                 pads, dilation, groups)
     yshape = out_shape(N, K, P, last)
     if bias is not None:
-        b_shape, b_dtype = c.array("bias", bias)
+        b_shape, b_dtype = c.array("bias", bias, BF16_DTYPES)
         if tuple(b_shape) != (K,):
             fail(ShapeError, op, "bias.shape", f"(K,) = ({K},)", tuple(b_shape))
         same_dtype(op, ["x", "bias"], [dtype, b_dtype])
     if residual is not None:
-        r_shape, r_dtype = c.array("residual", residual)
+        r_shape, r_dtype = c.array("residual", residual, BF16_DTYPES)
         if tuple(r_shape) != yshape:
             fail(ShapeError, op, "residual.shape", f"the output's {yshape}", tuple(r_shape))
         same_dtype(op, ["x", "residual"], [dtype, r_dtype])
@@ -224,7 +224,7 @@ def conv3d(x, w, bias=None, **kw):
 
 def _backward_call(op, names, arrays, backend, stream, out):
     c = Call(op, "conv", backend, stream, out=out, **dict(zip(names, arrays)))
-    described = [c.array(n, a) for n, a in zip(names, arrays)]
+    described = [c.array(n, a, BF16_DTYPES) for n, a in zip(names, arrays)]
     same_dtype(op, list(names), [d for _, d in described])
     return c, [tuple(s) for s, _ in described], described[0][1]
 

@@ -111,9 +111,9 @@ def _auto_forward(g, dtype="float32"):
     if C == G:
         return "depthwise"
     if (D, T, PD, R, S, sh, sw, g.dh, g.dw) != (1, 1, 1, 3, 3, 1, 1, 1, 1) or \
-            min(C, K) // G < (128 if dtype == "float16" else 32):
+            min(C, K) // G < (128 if dtype in ("float16", "bfloat16") else 32):
         return "implicit_gemm"
-    if dtype == "float16" or K * N * -(-PH // 4) * -(-PW // 4) < 24576:
+    if dtype in ("float16", "bfloat16") or K * N * -(-PH // 4) * -(-PW // 4) < 24576:
         algo, m = "winograd", 2
     else:
         algo, m = "winograd4", 4

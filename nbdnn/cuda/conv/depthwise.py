@@ -46,6 +46,7 @@ from . import depthwise_rows as _conv_depthwise_rows
 from .geometry import ConvGeometry
 from ..runtime.arrays import dtype_name, empty, size, vector_aligned
 from ..runtime.grid import BLOCK
+from ..runtime.intrinsics import array_type
 from ..runtime.device import sm_count
 from ..tensor import reduce_tensor
 
@@ -84,7 +85,7 @@ def fwd_source(R, S, sh):
            f"        wb = k * {R * S}"]
     for r in range(R):
         for s in range(S):
-            src.append(f"        w{r}_{s} = CT(w[U(wb + ({R * S - 1 - r * S - s} if flip else "
+            src.append(f"        w{r}_{s} = widen(w[U(wb + ({R * S - 1 - r * S - s} if flip else "
                        f"{r * S + s}))])")
     src += [f"        oh0 = hs * {VH}", f"        ih0 = oh0 * {sh} - qh",
             "        iw0 = ow * sw - qw", "        xb = n * xn + (k // Kg) * xc"]
@@ -96,7 +97,7 @@ def fwd_source(R, S, sh):
         # a padded row is zeros that take part in the products (0 * inf = nan)
         src += [f"        ih = ih0 + {j}", "        okh = 0 <= ih < H",
                 "        rb = xb + ih * xh"]
-        src += [f"        x{s} = CT(x[U(rb + cw{s})]) if okh and ok{s} else ZERO"
+        src += [f"        x{s} = widen(x[U(rb + cw{s})]) if okh and ok{s} else ZERO"
                 for s in range(S)]
         for v in range(VH):
             r = j - v * sh
@@ -146,9 +147,9 @@ def tile_source(R, S, st, VH, VW):
            f"        wb = k * {R * S}"]
     for r in range(R):
         for s in range(S):
-            src.append(f"        w{r}_{s} = CT(w[U(wb + ({R * S - 1 - r * S - s} if flip else "
+            src.append(f"        w{r}_{s} = widen(w[U(wb + ({R * S - 1 - r * S - s} if flip else "
                        f"{r * S + s}))])")
-    src += ["        bb = CT(bias[k]) if has_bias else ZERO",
+    src += ["        bb = widen(bias[k]) if has_bias else ZERO",
             f"        oh0 = hs * {VH}", f"        ow0 = ws * {VW}",
             f"        ih0 = oh0 * {st} - qh", f"        iw0 = ow0 * {st} - qw",
             "        xb = n * xn + (k if G == K else k // (K // G)) * xc"]
@@ -160,7 +161,7 @@ def tile_source(R, S, st, VH, VW):
         src += [f"        ih = ih0 + {j}", "        okh = (ih >= 0) & (ih < H)",
                 "        rb = xb + (ih if okh else 0) * xh"]
         for c in range(cols):
-            src += [f"        x{c} = CT(x[U(rb + cw{c})])",
+            src += [f"        x{c} = widen(x[U(rb + cw{c})])",
                     f"        x{c} = x{c} if okh & okw{c} else ZERO"]
         for v in range(VH):
             r = j - v * st
@@ -181,7 +182,7 @@ def tile_source(R, S, st, VH, VW):
             src += [f"                v{u} = alpha * acc{v}_{u}",
                     "                if beta != ZERO:",
                     f"                    o = ob + {u} * yw if okc{u} else 0",
-                    f"                    v{u} += beta * CT(z[U(o)] if has_z else y[U(o)])",
+                    f"                    v{u} += beta * widen(z[U(o)] if has_z else y[U(o)])",
                     f"                v{u} += bb",
                     "                if act >= 0:",
                     f"                    v{u} = act_fn(v{u}, act, coef)"]
@@ -212,10 +213,11 @@ def _tile_stores(VW, ind):
     p = " " * ind
     src = []
     if VW == 4:
-        src += [f"{p}if vec:", f"{p}    store4(y, U(ob) // U(4), (v0, v1, v2, v3))", f"{p}else:"]
+        src += [f"{p}if vec:", f"{p}    store4(y, U(ob) // U(4), narrow4((v0, v1, v2, v3), y))",
+                f"{p}else:"]
         p += "    "
     for u in range(VW):
-        src += [f"{p}if okc{u}:", f"{p}    y[U(ob + {u} * yw)] = v{u}"]
+        src += [f"{p}if okc{u}:", f"{p}    y[U(ob + {u} * yw)] = narrow(v{u}, y)"]
     return src
 
 
@@ -234,7 +236,7 @@ def filter_source(R, S):
     src += [f"    a{r}_{s} = ZERO" for r in range(R) for s in range(S)]
     src += ["    while p < pend:",
             "        n = p // PQ", "        q = p % PQ", "        oh = q // PW", "        ow = q % PW",
-            "        g = CT(dy[U(n * yn + k * yc + oh * yh + ow * yw)])",
+            "        g = widen(dy[U(n * yn + k * yc + oh * yh + ow * yw)])",
             "        ih0 = oh * sh_ - qh", "        iw0 = ow * sw - qw",
             "        xb = n * xn + xk"]
     for s in range(S):
@@ -242,7 +244,7 @@ def filter_source(R, S):
     for r in range(R):  # a padded x is a zero that takes part (dy = inf: nan, as forward)
         src += [f"        ih = ih0 + {r} * dh", "        okh = 0 <= ih < H",
                 "        rb = xb + ih * xh"]
-        src += [f"        a{r}_{s} += g * (CT(x[U(rb + cw{s} * xw)]) if okh and ok{s} else ZERO)"
+        src += [f"        a{r}_{s} += g * (widen(x[U(rb + cw{s} * xw)]) if okh and ok{s} else ZERO)"
                 for s in range(S)]
     src.append(f"        p += {T}")
     for r in range(R):
@@ -353,7 +355,7 @@ def sources():
 
 
 def signatures(t, ct, geom):
-    a = f"{t}[::1]"
+    a = f"{array_type(t)}[::1]"
     sig = {}
     for R, S, sh in FWD_SPECS:
         sig[f"dw_fwd_{R}x{S}s{sh}"] = (f"void({a}, {a}, {a}, {a}, {a}, {geom}, int64, int64, "

@@ -29,6 +29,7 @@ import functools
 
 from ..runtime.simulator import SIMULATOR
 from ..runtime import stencil as _stencil
+from ..runtime.intrinsics import array_type
 from ..runtime.launch import Kernel
 from ..runtime.codegen import compile_source
 from .source_names import namespace
@@ -64,9 +65,9 @@ def source(R, S, SH, SW, DH, DW, flip, rpt):
     body += [f"v{j}_{s} = v{j}_{s} if in{j} & jn{s} else ZERO" for j in range(len(offs))
              for s in range(S)]
     body += [f"wb = U(U32(k * {R * S}))"]
-    body += [f"wt{r}_{s} = CT(w[wb + U({R * S - 1 - r * S - s if flip else r * S + s})])"
+    body += [f"wt{r}_{s} = widen(w[wb + U({R * S - 1 - r * S - s if flip else r * S + s})])"
              for r in range(R) for s in range(S)]
-    body += ["bb = CT(bias[k]) if has_bias else ZERO",
+    body += ["bb = widen(bias[k]) if has_bias else ZERO",
              "plain = alpha == CT(1) and beta == ZERO and act < 0"]
     for o in range(rpt):  # (backward data, exact: a non-finite sum through window_sum)
         taps = [(offs.index(o * SH + r * DH), r, s) for r in range(R) for s in range(S)]
@@ -75,7 +76,7 @@ def source(R, S, SH, SW, DH, DW, flip, rpt):
         body += ["    if exact != 0 and not abs(acc) < INF:",
                  f"        acc = window_sum(x, w, base, wb, h0 + {o * SH}, w0, H, W, {R}, {S}, "
                  f"{DH}, {DW}, xs_h, xs_w, {int(flip)})"]
-        body += [f"    yi = U(U32(yb + {o} * ys))", "    if plain:", "        y[yi] = acc + bb",
+        body += [f"    yi = U(U32(yb + {o} * ys))", "    if plain:", "        y[yi] = narrow(acc + bb, y)",
                  "    else:", "        epilogue(acc, y, z, bias, yi, k, has_bias, has_z, act, "
                  "coef, alpha, beta)"]
     magic = "".join(f"m_{d}, s_{d}, " for d in _MAGIC)
@@ -100,7 +101,7 @@ def kernel(dtype, ct_name, geometry, rpt):
         "traffic": f"a thread loads {((rpt - 1) * SH + (R - 1) * DH + 1) * S} taps for "
                    f"{rpt} outputs ({2 * R * S * rpt} flops)",
         "why": "variant 3 (module docstring): rows shared between a thread's outputs"})
-    a = f"{dtype}[::1]"
+    a = f"{array_type(dtype)}[::1]"
     sig = f"void({a}, {a}, {a}, {a}, {a}, {_INTS}int64, int64, int64, {ct_name}, {ct_name}, " \
           f"{ct_name}, int64)"
     return Kernel(ns["dw_rows"], [sig]), sig
@@ -115,6 +116,7 @@ def ptx_examples():
         kernel(dtype, ct, (3, 3, 1, 1, 1, 1, 0), 4)
         kernel(dtype, ct, (3, 3, 2, 2, 1, 1, 0), 2)
         kernel(dtype, ct, (5, 5, 1, 1, 2, 2, 1), 2)
+    kernel("bfloat16", "float32", (3, 3, 1, 1, 1, 1, 0), 4)  # (float32's, other loads)
 
 
 def rpt_for(g, sm_count):

@@ -16,6 +16,7 @@ from numba import cuda
 
 from . import gemm as _conv_gemm
 from ..runtime.grid import landing as _landing, split as _split, strides as _strides
+from ..runtime.intrinsics import narrow, widen
 
 
 def kernels(CT, act_fn):
@@ -45,9 +46,9 @@ def kernels(CT, act_fn):
                             iw = pw * sw + s * dw - qw
                             xv = ZERO  # a padded tap is a zero that takes part (0 * inf = nan)
                             if 0 <= idd < D and 0 <= ih < H and 0 <= iw < W:
-                                xv = CT(x[n * xn + (c0 + c) * xc + idd * xd + ih * xh + iw * xw])
+                                xv = widen(x[n * xn + (c0 + c) * xc + idd * xd + ih * xh + iw * xw])
                             ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) if flip else (t, r, s)
-                            acc += xv * CT(w[k * wk + c * wc + ft * wt + fr * wr + fs * ws])
+                            acc += xv * widen(w[k * wk + c * wc + ft * wt + fr * wr + fs * ws])
             epilogue(acc, y, z, bias, n * yn + k * yc + pd * yd + ph * yh + pw * yw, k,
                      has_bias, has_z, act, coef, alpha, beta)
             i += cuda.gridDim.x * cuda.blockDim.x
@@ -75,12 +76,12 @@ def kernels(CT, act_fn):
                             yo = n * yn + pd * yd + ph * yh + pw * yw
                             wo = cl * wc + ft * wt + fr * wr + fs * ws
                             for k in range(k0, k0 + Kg):
-                                acc += CT(dy[yo + k * yc]) * CT(w[wo + k * wk])
+                                acc += widen(dy[yo + k * yc]) * widen(w[wo + k * wk])
             o = n * xn + c * xc + idd * xd + ih * xh + iw * xw
             v = alpha * acc
             if beta != ZERO:
-                v += beta * CT(dx[o])
-            dx[o] = v
+                v += beta * widen(dx[o])
+            dx[o] = narrow(v, dx)
             i += cuda.gridDim.x * cuda.blockDim.x
 
     def conv_bwd_filter(dy, x, dwt, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw,
@@ -105,13 +106,13 @@ def kernels(CT, act_fn):
                             iw = pw * sw + s * dw - qw
                             xv = ZERO  # a padded x is a zero that takes part, as forward
                             if 0 <= idd < D and 0 <= ih < H and 0 <= iw < W:
-                                xv = CT(x[n * xn + xc0 * xc + idd * xd + ih * xh + iw * xw])
-                            acc += CT(dy[n * yn + k * yc + pd * yd + ph * yh + pw * yw]) * xv
+                                xv = widen(x[n * xn + xc0 * xc + idd * xd + ih * xh + iw * xw])
+                            acc += widen(dy[n * yn + k * yc + pd * yd + ph * yh + pw * yw]) * xv
             o = k * wk + c * wc + ft * wt + fr * wr + fs * ws
             v = alpha * acc
             if beta != ZERO:
-                v += beta * CT(dwt[o])
-            dwt[o] = v
+                v += beta * widen(dwt[o])
+            dwt[o] = narrow(v, dwt)
             i += cuda.gridDim.x * cuda.blockDim.x
 
     return {"fwd": conv_fwd, "bwd_data": conv_bwd_data, "bwd_filter": conv_bwd_filter}

@@ -21,6 +21,7 @@ from numba import cuda
 
 from ..runtime.arrays import dtype_name, empty
 from ..runtime.grid import landing, launch, split, strides
+from ..runtime.intrinsics import array_type, narrow, widen
 from ..tensor import reduce_tensor
 
 
@@ -32,12 +33,12 @@ def make_epilogue(CT, act_fn):
     def epilogue(acc, y, z, bias, o, k, has_bias, has_z, act, coef, alpha, beta):
         v = alpha * acc
         if beta != ZERO:
-            v += beta * CT(z[o] if has_z else y[o])
+            v += beta * widen(z[o] if has_z else y[o])
         if has_bias:
-            v += CT(bias[k])
+            v += widen(bias[k])
         if act >= 0:
             v = act_fn(v, act, coef)
-        y[o] = v
+        y[o] = narrow(v, y)
     return epilogue
 
 
@@ -64,8 +65,8 @@ def kernels(CT, act_fn):
             idd, ih, iw = pd * sd + t * dd - qd, ph * sh + r * dh - qh, pw * sw + s * dw - qw
             v = ZERO
             if 0 <= idd < D and 0 <= ih < H and 0 <= iw < W:
-                v = CT(x[n * xn + (g * Cg + c) * xc + idd * xd + ih * xh + iw * xw])
-            cols[i] = v
+                v = widen(x[n * xn + (g * Cg + c) * xc + idd * xd + ih * xh + iw * xw])
+            cols[i] = narrow(v, cols)
             i += cuda.gridDim.x * cuda.blockDim.x
 
     def conv_gemm_epilogue(raw, y, bias, z, N, K, G, PD, PH, PW, last, has_bias, has_z, act,
@@ -77,7 +78,7 @@ def kernels(CT, act_fn):
             n, k, pd, ph, pw = split(i, K, PD, PH, PW, last)
             g = k // Kg
             m = ((n * PD + pd) * PH + ph) * PW + pw
-            epilogue(CT(raw[(g * M + m) * Kg + k - g * Kg]), y, z, bias, i, k, has_bias,
+            epilogue(widen(raw[(g * M + m) * Kg + k - g * Kg]), y, z, bias, i, k, has_bias,
                      has_z, act, coef, alpha, beta)
             i += cuda.gridDim.x * cuda.blockDim.x
 
@@ -115,11 +116,11 @@ def kernels(CT, act_fn):
                             kx = ((ft * R + fr) * S + fs) * Cg + cl if last else \
                                 ((cl * T + ft) * R + fr) * S + fs
                             m = ((n * PD + pd) * PH + ph) * PW + pw
-                            acc += CT(dcols[(g * M + m) * Kr + kx])
+                            acc += widen(dcols[(g * M + m) * Kr + kx])
             v = alpha * acc
             if beta != ZERO:
-                v += beta * CT(dx[i])
-            dx[i] = v
+                v += beta * widen(dx[i])
+            dx[i] = narrow(v, dx)
             i += cuda.gridDim.x * cuda.blockDim.x
 
     return {"im2col": conv_im2col, "gemm_epilogue": conv_gemm_epilogue,
@@ -127,7 +128,7 @@ def kernels(CT, act_fn):
 
 
 def signatures(t, ct, geom):
-    a = f"{t}[::1]"
+    a = f"{array_type(t)}[::1]"
     return {"im2col": f"void({a}, {a}, {geom})",
             "gemm_epilogue": f"void({a}, {a}, {a}, {a}, int64, int64, int64, int64, int64, "
                              f"int64, int64, int64, int64, int64, {ct}, {ct}, {ct})",
@@ -182,7 +183,7 @@ def backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):
         gemm(dy.reshape((M, K)), x.reshape((M, C)), True, False, None, None, 0.0, alpha, beta,
              dw.reshape((K, C)), stream)
         return True
-    if last or P < 128 or dtype_name(dy) == "float16":  # (float16: one rounding, not N)
+    if last or P < 128 or dtype_name(dy) in ("float16", "bfloat16"):  # (one rounding, not N)
         return False
     parts = gemm(dy.reshape((N * G, Kg, P)), x.reshape((N * G, Kr, P)), False, True, None,
                  None, 0.0, 1.0, 0.0, None, stream)

@@ -56,7 +56,7 @@ def _a_loads(BM, BK, T, L):
                   "            if (UB(bd + taps[j + U(1)]) < UB(D) and UB(bh + taps[j + U(2)]) < "
                   "UB(H)",
                   "                    and UB(bw + taps[j + U(3)]) < UB(W)):",
-                  f"                r_{v} = CT(x[U(xb + taps[j])])"]
+                  f"                r_{v} = widen(x[U(xb + taps[j])])"]
         stash.append(f"        As[U(so_a + dst_a + {l} * {BM + PAD} * dk_a)] = r_{v}")
     return setup, fetch, stash
 
@@ -99,7 +99,7 @@ def igemm_source(BM, BN, BK, TM, TN):
     setup_a, fetch_a, stash_a = _a_loads(BM, BK, T, BM * BK // T)
     # the filters: the GEMM's B side, k-contiguous (as op(b) with trans_b)
     setup_b, fetch_b, stash_b = tile_loads("w", BN, "1", BN * BK // T, T, BK, "Kg",
-                                           red="Kr", side="b")
+                                           red="Kr", side="b", load="widen")
     src += setup_a + setup_b
     src += main_loop(BM, BN, BK, TM, TN, fetch_a + fetch_b, stash_a + stash_b)
     src += _epilogue(BM, BN, TM, TN, False)
@@ -144,12 +144,12 @@ def _chunk_loads(BM, BN, BK, T, swap):
     fetch, stash = [], []
     for l in range(LA):
         fetch += [f"        ok = okt & (c0 + {l} * dk_a < lim_a)",
-                  f"        v = CT(x[U(src_a + {l} * ls_a) if ok else U(0)])",
+                  f"        v = widen(x[U(src_a + {l} * ls_a) if ok else U(0)])",
                   f"        r_a{l} = v if ok else ZERO"]
         stash.append(f"        {xt}[U({xs} + dst_a + {l * (PT + PAD)} * dk_a)] = r_a{l}")
     for l in range(LB):
         fetch += [f"        ok = ok_b & (c0 + {l} < lim_b)",
-                  f"        v = CT(w[U(src_b + {l}) if ok else U(0)])",
+                  f"        v = widen(w[U(src_b + {l}) if ok else U(0)])",
                   f"        r_b{l} = v if ok else ZERO"]
         stash.append(f"        {wt}[U({ws} + dst_b + {l * (FT + PAD)})] = r_b{l}")
     fetch += [f"        c0 += {BK}", f"        src_a += {BK} * xc", f"        src_b += {BK}",
@@ -187,7 +187,7 @@ def _value(acc, o):
     """Lines leaving act(alpha * acc + beta * z[o] + bias) in v."""
     return [f"    v = alpha * {acc}",
             "    if beta != ZERO:",
-            f"        v += beta * CT(z[{o}] if has_z else y[{o}])",
+            f"        v += beta * widen(z[{o}] if has_z else y[{o}])",
             "    v += bb",
             "    if act >= 0:",
             "        v = act_fn(v, act, coef)"]
@@ -212,7 +212,7 @@ def _epilogue(BM, BN, TM, TN, swap):
         src += [f"    kl{b} = n0 + {fil_x(b)}", f"    live{b} = kl{b} < Kg",
                 f"    bb{b} = ZERO",
                 f"    if has_bias != 0 and live{b}:",
-                f"        bb{b} = CT(bias[U(g * Kg + kl{b})])",
+                f"        bb{b} = widen(bias[U(g * Kg + kl{b})])",
                 f"    ko{b} = U(g * Kg + kl{b}) * U(yk)"]
     for a in range(pos_n):
         src += [f"    m = m0 + {pos_x(a)}", f"    okm{a} = m < Mg", f"    nq = U(m) // U(P)",
@@ -234,11 +234,11 @@ def _epilogue(BM, BN, TM, TN, swap):
             src += [f"        if okm{a} and live{b}:"]
             for e in range(4):
                 src += elem(i, q + e, 12) + [f"            v{e} = v"]
-            src += [f"            store4(y, (yb{a} + ko{b}) // U(4), (v0, v1, v2, v3))"]
+            src += [f"            store4(y, (yb{a} + ko{b}) // U(4), narrow4((v0, v1, v2, v3), y))"]
     if TN % 4 == 0:
         src.append("    else:")
     for i in range(TM):
         for j in range(TN):
             a, b = (j, i) if swap else (i, j)
-            src += [f"        if okm{a} and live{b}:"] + elem(i, j, 12) + ["            y[o] = v"]
+            src += [f"        if okm{a} and live{b}:"] + elem(i, j, 12) + ["            y[o] = narrow(v, y)"]
     return src

@@ -8,7 +8,8 @@ from ..matmul.gemm_source import gemm_about
 from ..runtime.codegen import compile_source
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
-from ..._vocab import FLOAT_DTYPES
+from ..runtime.intrinsics import array_type
+from ..._vocab import BF16_DTYPES
 from . import depthwise, direct, gemm, winograd
 from .implicit_gemm_source import igemm_chunked_source, igemm_source
 from .source_names import COMPUTE, namespace
@@ -43,8 +44,8 @@ def _build():
         for name, src in depthwise.sources().items():
             kernels[name] = compile_source(name, src, ins, label=f"{name}_{ct_name}", about={
                 "what": f"depthwise convolution, {ct_name} compute (depthwise.py's variants)"})
-        for t in (d for d in FLOAT_DTYPES if (d == "float64") == (ct_name == "float64")):
-            a = f"{t}[::1]"
+        for t in (d for d in BF16_DTYPES if (d == "float64") == (ct_name == "float64")):
+            a = f"{array_type(t)}[::1]"  # (bfloat16: its bits)
             sigs = {"fwd": f"void({a}, {a}, {a}, {a}, {a}, {GEOM}, int64, int64, int64, "
                            f"{ct_name}, {ct_name}, {ct_name})",
                     "bwd_data": f"void({a}, {a}, {a}, {GEOM}, {ct_name}, {ct_name})",

@@ -9,7 +9,7 @@ from numba import cuda, float32, float64, int64, uint64
 
 from .. import activation as _act
 from ..runtime.grid import I, U, U32, split, split32, strides
-from ..runtime.intrinsics import narrow, store4, widen
+from ..runtime.intrinsics import narrow, narrow4, store4, widen
 from ..runtime.simulator import SIMULATOR
 from ..runtime.stencil import W32
 from .gemm import make_epilogue
@@ -35,7 +35,7 @@ def make_window_sum(CT):
                     iw = w0 + s * dw
                     if 0 <= iw < W:
                         tap = R * S - 1 - r * S - s if flip else r * S + s
-                        acc += CT(x[xb + ih * xh + iw * xw]) * CT(w[wb + tap])
+                        acc += widen(x[xb + ih * xh + iw * xw]) * widen(w[wb + tap])
         return acc
     return window_sum
 
@@ -50,4 +50,4 @@ def namespace(ct_name):
             "split": split, "split32": split32, "store4": store4, "U": U, "I": I,
             "U32": U32, "W32": W32, "UB": (lambda v: int(v) % (1 << 64)) if SIMULATOR else uint64,
             "epilogue": make_epilogue(CT, act_fn), "window_sum": make_window_sum(CT),
-            "widen": widen, "narrow": narrow}  # (runtime/stencil.py's loads widen)
+            "widen": widen, "narrow": narrow, "narrow4": narrow4}  # loads widen, stores narrow

@@ -28,6 +28,7 @@ from numba import cuda
 
 from ..runtime.arrays import dtype_name, empty
 from ..runtime.grid import U, launch, split, strides
+from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.codegen import compile_source
 
 _MATRICES = {  # m: (B^T, G, A^T)
@@ -80,12 +81,12 @@ def _filter_source(m, G_):
            "    wk, wc, wt, wr, ws = strides(Cg, 1, 3, 3, last)"]
     for r in range(3):
         for s in range(3):
-            src.append(f"    g{r}_{s} = CT(w[k * wk + c * wc + "
+            src.append(f"    g{r}_{s} = widen(w[k * wk + c * wc + "
                        f"({2 - r} if flip else {r}) * wr + ({2 - s} if flip else {s}) * ws])")
     src += _sandwich(G_, "g", "u", 3)
     src += ["    g = k // (K // G)", "    kl = k % (K // G)",
             "    base = (g * (K // G) + kl) * Cg + c"]
-    return src + [f"    U[{a * i + j} * K * Cg + base] = u{i}_{j}" for i in range(a)
+    return src + [f"    U[{a * i + j} * K * Cg + base] = narrow(u{i}_{j}, U)" for i in range(a)
                   for j in range(a)]
 
 
@@ -106,10 +107,10 @@ def _input_source(m, BT):
                 f"    ow{r} = (iw if okw{r} else 0) * xw"]
     for r in range(a):
         for s in range(a):
-            src += [f"    d{r}_{s} = CT(x[U(base + oh{r} + ow{s})])",
+            src += [f"    d{r}_{s} = widen(x[U(base + oh{r} + ow{s})])",
                     f"    d{r}_{s} = d{r}_{s} if okh{r} & okw{s} else ZERO"]
     src += _sandwich(BT, "d", "v", a)
-    return src + [f"    V[U({a * i + j} * C * ntile + i)] = v{i}_{j}" for i in range(a)
+    return src + [f"    V[U({a * i + j} * C * ntile + i)] = narrow(v{i}_{j}, V)" for i in range(a)
                   for j in range(a)]
 
 
@@ -126,7 +127,7 @@ def _output_source(m, AT):
            "    if i >= K * ntile:", "        return",
            "    k, n, _, th, tw = split(i, N, 1, TH, TW, False)",
            "    yn, yc, yd, yh, yw = strides(K, 1, P, Q, last)"]
-    src += [f"    m{r}_{s} = CT(Mw[U({a * r + s} * K * ntile + i)])" for r in range(a)
+    src += [f"    m{r}_{s} = widen(Mw[U({a * r + s} * K * ntile + i)])" for r in range(a)
             for s in range(a)]
     src += _sandwich(AT, "m", "o", a)
     outs = [f"o{r}_{s}" for r in range(m) for s in range(m)]
@@ -171,16 +172,17 @@ def make_tap_sum(CT):
                     ih, iw = h0 + r, w0 + s
                     xv = CT(0)
                     if 0 <= ih < H and 0 <= iw < W:
-                        xv = CT(x[n * xn + (c0 + c) * xc + ih * xh + iw * xw])
+                        xv = widen(x[n * xn + (c0 + c) * xc + ih * xh + iw * xw])
                     fr, fs = (2 - r, 2 - s) if flip else (r, s)
-                    acc += xv * CT(w[k * wk + c * wc + fr * wr + fs * ws])
+                    acc += xv * widen(w[k * wk + c * wc + fr * wr + fs * ws])
         return acc
     return tap_sum
 
 
 def kernels(CT, epilogue):
     ns = {"cuda": cuda, "CT": CT, "ZERO": CT(0), "INF": CT(np.inf), "strides": strides,
-          "split": split, "U": U, "epilogue": epilogue, "tap_sum": make_tap_sum(CT)}
+          "split": split, "U": U, "epilogue": epilogue, "tap_sum": make_tap_sum(CT),
+          "widen": widen, "narrow": narrow}
     out = {}
     for m, mats in _MATRICES.items():
         ns.update({_const(c): CT(float(abs(Fr(c)))) for mat in mats for row in mat
@@ -196,16 +198,16 @@ def kernels(CT, epilogue):
 
 
 def workspace_dtype(dtype, m):
-    return "float32" if dtype == "float16" and m == 4 else dtype
+    return "float32" if dtype in ("float16", "bfloat16") and m == 4 else dtype
 
 
 def signatures(t, ct):
     """Arrays of dtype t; the workspace (U, V, M) of workspace_dtype."""
-    a = f"{t}[::1]"
+    a = f"{array_type(t)}[::1]"
     i = "int64"
     sigs = {}
     for m, name in NAMES.items():
-        ws = f"{workspace_dtype(t, m)}[::1]"
+        ws = f"{array_type(workspace_dtype(t, m))}[::1]"
         sigs.update({f"{name}_filter": f"void({a}, {ws}, {i}, {i}, {i}, {i}, {i})",
                      f"{name}_input": f"void({a}, {ws}, " + ", ".join([i] * 10) + ")",
                      f"{name}_output": f"void({ws}, {a}, {a}, {a}, {a}, {a}, " +

@@ -10,6 +10,7 @@ import numpy as np
 import nbdnn
 from nbdnn.testing.specs.matmul import matmul_tol
 from nbdnn.ops.conv import winograd_fits
+from nbdnn._vocab import BF16_DTYPES
 from nbdnn.testing.harness import Case, OpSpec, rand
 
 CONV = {1: nbdnn.conv1d, 2: nbdnn.conv2d, 3: nbdnn.conv3d}
@@ -159,17 +160,18 @@ def _edges(which, algos):
     return {f"{name}, {algo}": _edge(name, which, algo) for name in EDGES for algo in algos}
 
 
-SPECS = [OpSpec("conv", _conv, _make_forward, family="conv", ops=("conv1d", "conv2d", "conv3d"),
+ROW = {"family": "conv", "dtypes": BF16_DTYPES}  # every conv op takes bfloat16
+SPECS = [OpSpec("conv", _conv, _make_forward, **ROW, ops=("conv1d", "conv2d", "conv3d"),
                 boundary=_edges("forward", ("auto", "implicit_gemm"))),
          OpSpec("conv_backward_data", nbdnn.conv_backward_data, _make_backward("data"),
-                family="conv", boundary=_edges("data", ("auto", "direct"))),
+                **ROW, boundary=_edges("data", ("auto", "direct"))),
          OpSpec("conv_backward_filter", nbdnn.conv_backward_filter,
-                _make_backward("filter"), family="conv",
+                _make_backward("filter"), **ROW,
                 boundary=_edges("filter", ("auto", "direct"))),
-         OpSpec("conv_depthwise", nbdnn.conv2d, _make_depthwise("forward"), family="conv"),
+         OpSpec("conv_depthwise", nbdnn.conv2d, _make_depthwise("forward"), **ROW),
          OpSpec("conv_depthwise_backward_data", nbdnn.conv_backward_data,
-                _make_depthwise("data"), family="conv"),
+                _make_depthwise("data"), **ROW),
          OpSpec("conv_depthwise_backward_filter", nbdnn.conv_backward_filter,
-                _make_depthwise("filter"), family="conv"),
+                _make_depthwise("filter"), **ROW),
          OpSpec("conv_backward_bias", nbdnn.conv_backward_bias, _make_backward("bias"),
-                family="conv")]
+                **ROW)]
