@@ -151,21 +151,15 @@ def _torch_pair(rng, shape, tdt, trans):
     return dev, want
 
 
-@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
-@pytest.mark.parametrize("shapes", TC_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_matmul_on_tensor_cores(dtype, shapes, ta, tb):
-    """nbdnn.matmul of 16-bit torch tensors runs the wgmma kernel (variant T2,
-    nbdnn/cuda/matmul/wgmma_gemm.py) for every operand major, with the epilogue (bias,
-    gelu, alpha/beta), against NumPy in float64 on the same rounded operands: one
-    rounding of the float32 sum to the output dtype."""
+def _check_16bit_matmul(dtype, shapes, ta, tb, kernel, seed):
+    """nbdnn.matmul of 16-bit torch tensors, with the epilogue (bias, gelu, alpha/beta)
+    and without, runs `kernel` (a name prefix) and matches NumPy in float64 on the same
+    rounded operands: one rounding of the float32 sum to the output dtype."""
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.runtime.launch import launched
-    if _cc() < (9, 0):
-        pytest.skip("wgmma needs sm_90")
     tdt = getattr(torch, dtype)
-    rng = np.random.default_rng(len(shapes[0]) * 7 + ta + 2 * tb)
+    rng = np.random.default_rng(seed)
     (ash, bsh) = shapes
     a, av = _torch_pair(rng, ash, tdt, ta)
     b, bv = _torch_pair(rng, bsh, tdt, tb)
@@ -178,7 +172,7 @@ def test_matmul_on_tensor_cores(dtype, shapes, ta, tb):
         c = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, bias=bias, activation="gelu",
                          alpha=0.5, beta=0.25, out=old)
         plain = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb)
-    assert [n for n in names if n.startswith("wgmma_gemm")] == names and len(names) == 2, names
+    assert [n for n in names if n.startswith(kernel)] == names and len(names) == 2, names
     from scipy.special import erf
     r = av @ bv + biasv
     want = 0.5 * (0.5 * r * (1 + erf(r / np.sqrt(2)))) + 0.25 * oldv
@@ -187,6 +181,17 @@ def test_matmul_on_tensor_cores(dtype, shapes, ta, tb):
                                atol=1e-5 * np.sqrt(K) + 2 * ulp)
     np.testing.assert_allclose(plain.double().cpu().numpy(), av @ bv, rtol=2 * ulp,
                                atol=1e-5 * np.sqrt(K))
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("shapes", TC_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_matmul_on_tensor_cores(dtype, shapes, ta, tb):
+    """The wgmma kernel (variant T2, nbdnn/cuda/matmul/wgmma_gemm.py) for every operand
+    major, tails, batches and broadcasts (_check_16bit_matmul)."""
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    _check_16bit_matmul(dtype, shapes, ta, tb, "wgmma_gemm", len(shapes[0]) * 7 + ta + 2 * tb)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -332,33 +337,9 @@ def test_tf32_modes_on_tensor_cores(shapes, ta, tb, mode):
 def test_matmul_on_mma_sync(dtype, shapes, ta, tb, monkeypatch):
     """The sm_80-89 tensor-core GEMM (mma_gemm.py: mma.sync + ldmatrix + cp.async), run
     on any GPU from sm_80 by TENSOR_CORE_PATH = "mma_sync": every operand major, tails,
-    batches, the full epilogue, against NumPy on the same rounded operands."""
-    torch = pytest.importorskip("torch")
-    import nbdnn
+    batches, the full epilogue (_check_16bit_matmul)."""
     from nbdnn.cuda import matmul as mm
-    from nbdnn.cuda.runtime.launch import launched
     if _cc() < (8, 0):
         pytest.skip("mma.sync needs sm_80")
     monkeypatch.setattr(mm, "TENSOR_CORE_PATH", "mma_sync")
-    tdt = getattr(torch, dtype)
-    rng = np.random.default_rng(len(shapes[0]) * 5 + ta + 2 * tb)
-    (ash, bsh) = shapes
-    a, av = _torch_pair(rng, ash, tdt, ta)
-    b, bv = _torch_pair(rng, bsh, tdt, tb)
-    N, K = bsh[-1], ash[-1]
-    bias, biasv = _torch_pair(rng, (1, N), tdt, False)
-    old, oldv = _torch_pair(rng, np.broadcast_shapes(ash[:-2], bsh[:-2]) + (ash[-2], N), tdt,
-                            False)
-    with launched() as names:
-        c = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, bias=bias[0], activation="gelu",
-                         alpha=0.5, beta=0.25, out=old)
-        plain = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb)
-    assert len(names) == 2 and all(n.startswith("mma_gemm") for n in names), names
-    from scipy.special import erf
-    r = av @ bv + biasv
-    want = 0.5 * (0.5 * r * (1 + erf(r / np.sqrt(2)))) + 0.25 * oldv
-    ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
-    np.testing.assert_allclose(c.double().cpu().numpy(), want, rtol=2 * ulp,
-                               atol=1e-5 * np.sqrt(K) + 2 * ulp)
-    np.testing.assert_allclose(plain.double().cpu().numpy(), av @ bv, rtol=2 * ulp,
-                               atol=1e-5 * np.sqrt(K))
+    _check_16bit_matmul(dtype, shapes, ta, tb, "mma_gemm", len(shapes[0]) * 5 + ta + 2 * tb)
