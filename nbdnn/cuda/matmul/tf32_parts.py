@@ -19,7 +19,10 @@ zeros times zeros add nothing to the product.
 A block moves T x T tiles (rows r, k) through shared memory: read along x's contiguous
 axis (k when K-major, r when MN-major), written along k: both coalesced, so the
 transpose costs no more than the copy. Traffic: 4 B read and 4 P written an element
-(tf32: 8 B, 3xtf32: 16 B; 4096^2: 0.13 / 0.27 GB, 35-70 us at 3.8 TB/s).
+(tf32: 8 B, 3xtf32: 16 B; 4096^2: 0.13 / 0.27 GB, 35-70 us at 3.8 TB/s). Run AE
+measured the first version at 0.72 TB/s (a branch around each load: one load in flight
+a thread); this one loads unconditionally, RPT loads back to back (PTX: 8 ld.global
+then 8 st.shared, 56 registers, no local memory), not yet timed on a GPU.
 """
 import functools
 import math
@@ -35,6 +38,7 @@ PARTS = {"tf32": ((1, 0), (1, 0)), "3xtf32": ((3, 0b100), (3, 0b010))}  # (P, co
 KPAD = 4
 T, ROWS = (4, 2) if SIMULATOR else (32, 8)   # tile edge; block (T, ROWS): T / ROWS rows each
 TILE = (T, T + 1)                             # (+1 column: no shared-memory bank conflicts)
+RPT = T // ROWS                               # tile rows a thread
 MAX_GRID = 65535 * 16
 
 
@@ -48,13 +52,21 @@ def tf32_parts(x, out, nmat, R, K, Kp, P, code, k_major):
         z = t // (tr * tk)
         r0 = ((t // tk) % tr) * T
         k0 = (t % tk) * T
-        for i in range(ty, T, ROWS):
-            if k_major != 0:  # x[z, r0 + i, k0 + tx]
-                r, k = r0 + i, k0 + tx
-                tile[i, tx] = x[(z * R + r) * K + k] if r < R and k < K else float32(0)
-            else:            # x[z, k0 + i, r0 + tx]
-                r, k = r0 + tx, k0 + i
-                tile[tx, i] = x[(z * K + k) * R + r] if r < R and k < K else float32(0)
+        # every load unconditional (a tap past the edge reads element 0, then counts
+        # as zero) and the loop a constant count: the RPT loads issue back to back
+        # (run AE: a branch around each load left one in flight a thread, 0.72 TB/s)
+        vals = cuda.local.array(RPT, float32)
+        for j in range(RPT):
+            i = ty + j * ROWS
+            r = r0 + (i if k_major != 0 else tx)     # K-major: x[z, r0 + i, k0 + tx]
+            k = k0 + (tx if k_major != 0 else i)     # MN-major: x[z, k0 + i, r0 + tx]
+            ok = r < R and k < K
+            src = (z * R + r) * K + k if k_major != 0 else (z * K + k) * R + r
+            v = x[src if ok else 0]
+            vals[j] = v if ok else float32(0)
+        for j in range(RPT):
+            i = ty + j * ROWS
+            tile[i if k_major != 0 else tx, tx if k_major != 0 else i] = vals[j]
         cuda.syncthreads()
         for i in range(ty, T, ROWS):
             r, k = r0 + i, k0 + tx
