@@ -18,7 +18,8 @@ ties-away, TFLOAT32 maps 7.7e-4 / 1.36e-6 / 4.9e-5: the tensor cores truncate, T
 through a TFLOAT32 map rounds to nearest even (so "tf32" is RNE and K-major operands
 need no pass; TF32_MAP = "tfloat32"). 4096³: cuBLAS TF32 0.379 ms, nbdnn tf32 nt
 0.419, nn 0.567; the GEMM alone 0.403 (either map), the parts pass for a and b 0.354
-(0.72 TB/s: not unrolled); 3xtf32 1.497 = GEMM 1.13 + parts 0.44.
+(0.72 TB/s: a branch around each load; since rewritten); 3xtf32 1.497 = GEMM 1.13 +
+parts 0.44.
 """
 import argparse
 
