@@ -12,7 +12,7 @@ scalar path inside the same kernel.
 
 Arithmetic runs in float32 for float16/bfloat16/float32 storage and float64 for
 float64 (bfloat16 arrays are passed as their uint16 bits and widened / rounded by
-intrinsics.bf16_load / bf16_store; its vectors are 8 bytes, like float16's). The
+intrinsics.widen / narrow; its vectors are 8 bytes, like float16's). The
 formulas are written to stay finite for |x| up to 1e4 and beyond (sigmoid by the sign
 of x, softplus as max(z, 0) + log1p(exp(-|z|)), gelu_tanh's derivative saturated past
 |x| > 10) and to propagate NaN as the CPU reference does (`0 if x < 0 else x`).
@@ -24,8 +24,7 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from .runtime.simulator import SIMULATOR
-from .runtime.intrinsics import array_type, bf16_load, bf16_store, \
-    keep, load4, store4, vector_alignment
+from .runtime.intrinsics import array_type, load4, narrow, store4, vector_alignment, widen
 from .runtime.launch import Kernel
 from .runtime.arrays import dtype_of, empty, ptr_size
 from .runtime.codegen import compile_source
@@ -97,7 +96,8 @@ def _kernel_source(backward):
     copy bandwidth. The tail (and unaligned views) run the scalar loop."""
     ins = ["dy", "x"] if backward else ["x"]
     o = "dx" if backward else "y"
-    val = ("alpha * LD(d{k}) * f(LD(x{k}), coef)" if backward else "alpha * f(LD(x{k}), coef)")
+    val = ("alpha * widen(d{k}) * f(widen(x{k}), coef)" if backward else
+           "alpha * f(widen(x{k}), coef)")
     L = [f"def kernel({', '.join(ins)}, {o}, n, alpha, beta, coef, aligned):",
          "    g0 = cuda.blockIdx.x * (GROUPS * BLOCK) + cuda.threadIdx.x",
          "    step = cuda.gridDim.x * (GROUPS * BLOCK)",
@@ -113,18 +113,19 @@ def _kernel_source(backward):
         L.append(f"{ind}{', '.join(f'b{4 * j + k}' for k in range(4))} = "
                  f"load4({o}, g0 + {j} * BLOCK) if beta != 0 else (zero, zero, zero, zero)")
     for j in range(GROUPS):
-        vals = ", ".join(f"ST({val.format(k=4 * j + k)} + beta * LD(b{4 * j + k}))"
+        vals = ", ".join(f"narrow({val.format(k=4 * j + k)} + beta * widen(b{4 * j + k}), {o})"
                          for k in range(4))
         L.append(f"{ind}store4({o}, g0 + {j} * BLOCK, ({vals}))")
-    sval = ("alpha * LD(dy[e]) * f(LD(x[e]), coef)" if backward else "alpha * f(LD(x[e]), coef)")
+    sval = ("alpha * widen(dy[e]) * f(widen(x[e]), coef)" if backward else
+            "alpha * f(widen(x[e]), coef)")
     L += ["        else:",
           "            for j in range(GROUPS):",
           "                i = (g0 + j * BLOCK) * 4",
           "                for e in range(i, min(i + 4, n)):",
           f"                    r = {sval}",
           "                    if beta != 0:",
-          f"                        r += beta * LD({o}[e])",
-          f"                    {o}[e] = ST(r)",
+          f"                        r += beta * widen({o}[e])",
+          f"                    {o}[e] = narrow(r, {o})",
           "        g0 += step"]
     return "\n".join(L)
 
@@ -134,11 +135,11 @@ _SOURCES = {d: _kernel_source(d) for d in (False, True)}
 
 def _make_kernel(f, ct, backward, bf16=False):
     # x, y (dy, x, dx): (n,) flat.  y = alpha*f(x) + beta*y;  dx = alpha*dy*f'(x) + beta*dx
-    # LD widens a stored element to the compute type, ST narrows a result for storage
-    # (bfloat16: the arrays hold its bits, intrinsics.bf16_load / bf16_store)
-    ld, st = (bf16_load, bf16_store) if bf16 else (ct, keep)
+    # loads widen, stores narrow (runtime/intrinsics.py; bfloat16: the arrays hold its
+    # bits, so its kernels' stored zero is the uint16 0)
     ns = {"cuda": cuda, "load4": load4, "store4": store4, "GROUPS": GROUPS, "BLOCK": BLOCK,
-          "f": f, "LD": ld, "ST": st, "zero": np.uint16(0) if bf16 else ct(0), "min": min}
+          "f": f, "widen": widen, "narrow": narrow, "zero": np.uint16(0) if bf16 else ct(0),
+          "min": min}
     d = "backward" if backward else "forward"
     k = compile_source("kernel", _SOURCES[backward], ns,
                        label=f"activation_{d}_{'bfloat16' if bf16 else ct}", about={

@@ -12,7 +12,7 @@ from numba import cuda, float32, float64
 
 from .runtime.simulator import SIMULATOR
 from .runtime.arrays import dtype_name, empty, ptr, size, vector_aligned
-from .runtime.intrinsics import bf16_load, bf16_store, keep, load4, store4
+from .runtime.intrinsics import array_type, load4, narrow, store4, widen
 from .runtime.launch import Kernel
 from ..cpu.dropout import M0, M1, MASK32, W0, W1, keep_threshold
 
@@ -35,10 +35,9 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
     return c0, c1, c2, c3
 
 
-def _kernels(CT, LD, ST, ZERO):
-    """The kernels for compute type CT: LD widens a stored element, ST rounds a result
-    for storage, ZERO is a stored zero (bfloat16: its bits, intrinsics.bf16_load /
-    bf16_store; other dtypes: CT, keep and CT(0))."""
+def _kernels(CT, ZERO):
+    """The kernels for compute type CT; ZERO is a stored zero (bfloat16: its bits, the
+    uint16 0; other dtypes CT(0)). Loads widen, stores narrow (runtime/intrinsics.py)."""
 
     @cuda.jit(device=True)
     def keep4(w0, w1, w2, w3, thr):
@@ -55,10 +54,10 @@ def _kernels(CT, LD, ST, ZERO):
             if vec != 0 and j * 4 + 4 <= n:
                 k0, k1, k2, k3 = keep4(w0, w1, w2, w3, thr)
                 a0, a1, a2, a3 = load4(x, j)
-                store4(y, j, (ST(LD(a0) * scale) if k0 else ZERO,
-                              ST(LD(a1) * scale) if k1 else ZERO,
-                              ST(LD(a2) * scale) if k2 else ZERO,
-                              ST(LD(a3) * scale) if k3 else ZERO))
+                store4(y, j, (narrow(widen(a0) * scale, y) if k0 else ZERO,
+                              narrow(widen(a1) * scale, y) if k1 else ZERO,
+                              narrow(widen(a2) * scale, y) if k2 else ZERO,
+                              narrow(widen(a3) * scale, y) if k3 else ZERO))
                 store4(m, j, (np.uint8(k0), np.uint8(k1), np.uint8(k2), np.uint8(k3)))
             else:
                 for q in range(4):
@@ -67,7 +66,7 @@ def _kernels(CT, LD, ST, ZERO):
                         w = w0 if q == 0 else (w1 if q == 1 else (w2 if q == 2 else w3))
                         keep = w < thr
                         m[i] = np.uint8(1) if keep else np.uint8(0)
-                        y[i] = ST(LD(x[i]) * scale) if keep else ZERO
+                        y[i] = narrow(widen(x[i]) * scale, y) if keep else ZERO
             j += cuda.gridDim.x * cuda.blockDim.x
 
     def dropout_fwd(x, y, m, n, thr, scale, off_lo, off_hi, key_lo, key_hi, vec):
@@ -86,21 +85,21 @@ def _kernels(CT, LD, ST, ZERO):
                 k0 = load4(m, j)
                 d1 = load4(dy, j + cuda.blockDim.x)
                 k1 = load4(m, j + cuda.blockDim.x)
-                store4(dx, j, masked4(d0, k0, scale))
-                store4(dx, j + cuda.blockDim.x, masked4(d1, k1, scale))
+                store4(dx, j, masked4(d0, k0, scale, dx))
+                store4(dx, j + cuda.blockDim.x, masked4(d1, k1, scale, dx))
             else:
                 for g in range(GROUPS):
                     for i in range((j + g * cuda.blockDim.x) * 4,
                                    min((j + g * cuda.blockDim.x) * 4 + 4, n)):
-                        dx[i] = ST(LD(dy[i]) * scale) if m[i] != 0 else ZERO
+                        dx[i] = narrow(widen(dy[i]) * scale, dx) if m[i] != 0 else ZERO
             j += cuda.gridDim.x * cuda.blockDim.x * GROUPS
 
     @cuda.jit(device=True)
-    def masked4(d, k, scale):
-        return (ST(LD(d[0]) * scale) if k[0] != 0 else ZERO,
-                ST(LD(d[1]) * scale) if k[1] != 0 else ZERO,
-                ST(LD(d[2]) * scale) if k[2] != 0 else ZERO,
-                ST(LD(d[3]) * scale) if k[3] != 0 else ZERO)
+    def masked4(d, k, scale, dx):
+        return (narrow(widen(d[0]) * scale, dx) if k[0] != 0 else ZERO,
+                narrow(widen(d[1]) * scale, dx) if k[1] != 0 else ZERO,
+                narrow(widen(d[2]) * scale, dx) if k[2] != 0 else ZERO,
+                narrow(widen(d[3]) * scale, dx) if k[3] != 0 else ZERO)
 
     return dropout_fwd, dropout_fwd_counter, dropout_bwd
 
@@ -117,9 +116,8 @@ def _build():
         ct = "float64" if t == "float64" else "float32"
         CT = float64 if t == "float64" else float32
         bf16 = t == "bfloat16"
-        fwd, fwd_counter, bwd = _kernels(CT, bf16_load if bf16 else CT, bf16_store if bf16 else
-                                         keep, np.uint16(0) if bf16 else CT(0))
-        a = "uint16[::1]" if bf16 else f"{t}[::1]"  # (bfloat16: its bits)
+        fwd, fwd_counter, bwd = _kernels(CT, np.uint16(0) if bf16 else CT(0))
+        a = f"{array_type(t)}[::1]"
         sf = (f"void({a}, {a}, uint8[::1], int64, uint64, {ct}, uint64, uint64, uint64, uint64, "
               "int64)")
         sc = (f"void({a}, {a}, uint8[::1], int64, uint64, {ct}, uint64[::1], uint64, uint64, "

@@ -14,7 +14,7 @@ from numba import cuda, types
 from .. import activation as _act
 from ..runtime.codegen import compile_source
 from ..runtime.device import sm_count
-from ..runtime.intrinsics import array_type, bf16_load, bf16_store, keep
+from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 
 SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 512, 16
@@ -35,31 +35,29 @@ def split(tiles, K, BK):
 
 def _splitk_sum(ws, c, bias, splits, total, N, has_bias, act, coef, alpha, beta):
     """c[i] = alpha * act(sum over chunks s of ws[s * total + i] + bias[i % N]) + beta *
-    c[i], the chunks added in order (deterministic); c 16-bit or float32 (tf32). (Compiled from this
-    source by splitk_sum, whose namespace binds LD / ST, which widen and round the
-    output dtype, and act_fn, the fused activation.)"""
+    c[i], the chunks added in order (deterministic); c 16-bit or float32 (tf32).
+    (Compiled from this source by splitk_sum, whose namespace binds widen / narrow,
+    runtime/intrinsics.py, and act_fn, the fused activation.)"""
     i = cuda.grid(1)
     if i < total:
         acc = ws[i]
         for s in range(1, splits):
             acc += ws[s * total + i]
         if has_bias != 0:
-            acc += LD(bias[i % N])
+            acc += widen(bias[i % N])
         if act >= 0:
             acc = act_fn(acc, act, coef)
         acc = alpha * acc
         if beta != 0:
-            acc += beta * LD(c[i])
-        c[i] = ST(acc)
+            acc += beta * widen(c[i])
+        c[i] = narrow(acc, c)
 
 
 @functools.lru_cache(maxsize=None)
 def splitk_sum(dtype):
     """The (Kernel, signature) adding split-K's chunks for output dtype `dtype`."""
     t = array_type(dtype)
-    ns = {"cuda": cuda, "act_fn": _act.fused(np.float32),
-          "LD": bf16_load if dtype == "bfloat16" else types.float32,
-          "ST": bf16_store if dtype == "bfloat16" else keep}
+    ns = {"cuda": cuda, "act_fn": _act.fused(np.float32), "widen": widen, "narrow": narrow}
     fn = compile_source("_splitk_sum", inspect.getsource(_splitk_sum), ns,
                         label=f"splitk_sum_{dtype}", about={
         "what": f"split-K's ordered sum of float32 chunks and the epilogue, {dtype} out",

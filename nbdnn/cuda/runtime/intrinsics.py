@@ -19,16 +19,15 @@
   the bits to float32 (exact: a shift into the high half), bf16_store rounds float32
   to the nearest-even bfloat16 bits (`cvt.rn.bf16.f32`, NaN kept). Under the simulator
   the arrays hold ml_dtypes.bfloat16 values and NumPy converts on load and store.
-- `widen(v)` / `narrow(x, arr)`: one kernel source for every storage dtype when a
-  kernel's signatures mix them (reduce's input / output pairs): widen takes a stored
-  element to its compute type (float16, float32 and bfloat16 bits to float32; float64
-  stays), narrow rounds x to what `arr` stores (bfloat16: bf16_store's bits). Under
+- `widen(v)` / `narrow(x, arr)`: one kernel source for every storage dtype (a kernel
+  loads through widen and stores through narrow; reduce's signatures even mix input
+  and output dtypes): widen takes a stored element to its compute type (float16,
+  float32 and bfloat16 bits to float32; float64 stays), narrow rounds x to what `arr`
+  stores (bfloat16: bf16_store's bits). Under
   the simulator NumPy converts (float64 stays, the rest become float32 on load).
   `narrow4(v, arr)` narrows a 4-tuple (store4's values) the same way.
 - `array_type(dtype)`: the element type a kernel signature names for arrays of a
   storage dtype: "uint16" for bfloat16 (its bits), the dtype's own name otherwise.
-- `keep(x)`: x unchanged, the ST of kernels whose storage needs no rounding (the
-  bfloat16 kernels' ST is bf16_store), so one source serves every dtype.
 - `HAS_WARP`: warp shuffles exist (False under the simulator, which lacks them):
   kernels branch on it to reduce through shared memory instead.
 """
@@ -209,13 +208,8 @@ def array_type(dtype):
     return "uint16" if str(dtype) == "bfloat16" else str(dtype)
 
 
-def keep(x):
-    return x
-
-
 if not SIMULATOR:
     from numba import cuda as _cuda
-    keep = _cuda.jit(device=True, inline=True)(keep)
 
     @intrinsic
     def widen(typingctx, v):

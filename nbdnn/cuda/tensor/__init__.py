@@ -24,8 +24,8 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from ..runtime.arrays import dtype_name, empty, ptr, size
-from ..runtime.intrinsics import array_type, bf16_load, bf16_store, keep, load4, store4, \
-    vector_alignment
+from ..runtime.intrinsics import array_type, load4, narrow, narrow4, store4, \
+    vector_alignment, widen
 from ..runtime.launch import Kernel
 from ..runtime.strided import strided_offset
 from . import reduce as _reduce
@@ -51,9 +51,9 @@ def _ew_functions(npt):
     return {k: dev(f) for k, f in fns.items()}
 
 
-def _ew_kernel(f, ct, unary, LD, ST, ZS):
-    """LD widens a stored element to ct, ST rounds a result for storage, ZS is a stored
-    zero (bfloat16: bf16_load / bf16_store on its bits; else ct, keep, ct(0))."""
+def _ew_kernel(f, ct, unary, ZS):
+    """ZS is a stored zero (bfloat16: its bits, the uint16 0; else ct(0)); loads widen,
+    stores narrow (runtime/intrinsics.py)."""
     zero = ct(0)
 
     # a, y: (n,) flat; b: (n,) when bfull else broadcast through strides t0..t5 of the
@@ -70,36 +70,36 @@ def _ew_kernel(f, ct, unary, LD, ST, ZS):
                     b0, b1, b2, b3 = ZS, ZS, ZS, ZS
                 else:
                     b0, b1, b2, b3 = load4(b, g)
-                r0 = f(al1 * LD(a0), al2 * LD(b0))
-                r1 = f(al1 * LD(a1), al2 * LD(b1))
-                r2 = f(al1 * LD(a2), al2 * LD(b2))
-                r3 = f(al1 * LD(a3), al2 * LD(b3))
+                r0 = f(al1 * widen(a0), al2 * widen(b0))
+                r1 = f(al1 * widen(a1), al2 * widen(b1))
+                r2 = f(al1 * widen(a2), al2 * widen(b2))
+                r3 = f(al1 * widen(a3), al2 * widen(b3))
                 if beta != 0:
                     c0, c1, c2, c3 = load4(y, g)
-                    r0, r1, r2, r3 = (r0 + beta * LD(c0), r1 + beta * LD(c1),
-                                      r2 + beta * LD(c2), r3 + beta * LD(c3))
-                store4(y, g, (ST(r0), ST(r1), ST(r2), ST(r3)))
+                    r0, r1, r2, r3 = (r0 + beta * widen(c0), r1 + beta * widen(c1),
+                                      r2 + beta * widen(c2), r3 + beta * widen(c3))
+                store4(y, g, narrow4((r0, r1, r2, r3), y))
             else:
                 for e in range(i, min(i + 4, n)):
                     bv = zero
                     if not unary:
                         if bfull != 0:
-                            bv = LD(b[e])
+                            bv = widen(b[e])
                         else:
-                            bv = LD(b[strided_offset(e, s1, s2, s3, s4, s5, t0, t1, t2,
+                            bv = widen(b[strided_offset(e, s1, s2, s3, s4, s5, t0, t1, t2,
                                                      t3, t4, t5)])
-                    v = f(al1 * LD(a[e]), al2 * bv)
+                    v = f(al1 * widen(a[e]), al2 * bv)
                     if beta != 0:
-                        v += beta * LD(y[e])
-                    y[e] = ST(v)
+                        v += beta * widen(y[e])
+                    y[e] = narrow(v, y)
     return op_tensor_ew
 
 
-def _fill_kernel(ST):
+def _fill_kernel():
     # y: (n,) flat; every element := value (rounded to y's dtype on store)
     def fill(y, n, value, aligned):
         g0 = cuda.blockIdx.x * (GROUPS * BLOCK) + cuda.threadIdx.x
-        v = ST(value)
+        v = narrow(value, y)
         for j in range(GROUPS):
             g = g0 + j * BLOCK
             i = g * 4
@@ -111,17 +111,17 @@ def _fill_kernel(ST):
     return fill
 
 
-def _transform_kernel(LD, ST):
+def _transform_kernel():
     # y[i] = alpha * x[sum_k coord_k(i) * t_k] + beta * y[i]; y's shape (s0..s5) is
     # x's permuted, t_k x's element stride along y's dim k
     def transform(x, y, n, alpha, beta, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5):
         i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         step = cuda.gridDim.x * cuda.blockDim.x
         while i < n:
-            v = alpha * LD(x[strided_offset(i, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5)])
+            v = alpha * widen(x[strided_offset(i, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5)])
             if beta != 0:
-                v += beta * LD(y[i])
-            y[i] = ST(v)
+                v += beta * widen(y[i])
+            y[i] = narrow(v, y)
             i += step
     return transform
 
@@ -129,31 +129,29 @@ def _transform_kernel(LD, ST):
 def _build():
     ew, fill, tr = {}, {}, {}
     idx6 = ", ".join(["int64"] * 11)
-    # flavours: (kernel suffix, compute type, its NumPy type, dtypes, LD, ST, stored zero);
+    # flavours: (kernel suffix, compute type, its NumPy type, dtypes, stored zero);
     # bfloat16 arrays are passed as their uint16 bits
-    flavours = [("float32", float32, np.float32, ("float16", "float32"), float32, keep,
-                 float32(0)),
-                ("float64", float64, np.float64, ("float64",), float64, keep, float64(0)),
-                ("bfloat16", float32, np.float32, ("bfloat16",), bf16_load, bf16_store,
-                 np.uint16(0))]
-    for name, ct, npt, dts, LD, ST, ZS in flavours:
+    flavours = [("float32", float32, np.float32, ("float16", "float32"), float32(0)),
+                ("float64", float64, np.float64, ("float64",), float64(0)),
+                ("bfloat16", float32, np.float32, ("bfloat16",), np.uint16(0))]
+    for name, ct, npt, dts, ZS in flavours:
         ctn = np.dtype(npt).name
         arg = {t: array_type(t) for t in dts}
         fns = _ew_functions(npt)
         for op in EW_OPS:
             sigs = {t: f"void({arg[t]}[::1], {arg[t]}[::1], {arg[t]}[::1], int64, {ctn}, "
                        f"{ctn}, {ctn}, int64, int64, {idx6})" for t in dts}
-            k = Kernel(_ew_kernel(fns[op], ct, op in UNARY, LD, ST, ZS), list(sigs.values()))
+            k = Kernel(_ew_kernel(fns[op], ct, op in UNARY, ZS), list(sigs.values()))
             k.name = f"_ew_{op}_{name}"
             ew.update({(op, t): (k, s) for t, s in sigs.items()})
         sigs = {t: f"void({arg[t]}[::1], {arg[t]}[::1], int64, {ctn}, {ctn}, {idx6})"
                 for t in dts}
-        k = Kernel(_transform_kernel(LD, ST), list(sigs.values()))
+        k = Kernel(_transform_kernel(), list(sigs.values()))
         k.name = f"_transform_{name}"
         tr.update({t: (k, s) for t, s in sigs.items()})
         for t in dts:
             s = f"void({arg[t]}[::1], int64, {ctn}, int64)"
-            fill[t] = (Kernel(_fill_kernel(ST), [s]), s)
+            fill[t] = (Kernel(_fill_kernel(), [s]), s)
             fill[t][0].name = f"_fill_{t}"
     return ew, fill, tr
 
