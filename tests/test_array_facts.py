@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda.runtime.arrays import to_device
+from nbdnn.cuda.runtime.arrays import bfloat16_bits, to_device
 from nbdnn.errors import NbdnnError
 
 CALLS = {"activation": lambda x, **kw: nbdnn.activation(x, "leaky_relu", **kw),
@@ -132,3 +132,17 @@ def test_a_new_output_each_call(name):
         np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-5, atol=1e-6)
     with pytest.raises(NbdnnError, match="beta"):
         CALLS[name](x, beta=1.0)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (2, 3)])
+def test_bfloat16_bits_keep_the_shape(shape):
+    """bfloat16 reaches the GPU as a torch tensor of its bits: a 0-d array stays 0-d (a
+    (1,) result broke reduce_tensor to () and the 0-d tensor ops on the H200), a
+    reversed view comes out C-contiguous with its values."""
+    import ml_dtypes
+    a = np.arange(1, 1 + int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    b = a.astype(ml_dtypes.bfloat16)
+    b = b[::-1] if b.ndim else b
+    bits = bfloat16_bits(b)
+    assert bits.shape == shape and bits.dtype == np.int16 and bits.flags.c_contiguous
+    assert np.array_equal(bits.view(ml_dtypes.bfloat16).astype(np.float32), b.astype(np.float32))

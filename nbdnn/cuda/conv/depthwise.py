@@ -257,7 +257,8 @@ def filter_source(R, S):
                 h //= 2
             src += ["    if t == 0:",
                     f"        tap = {R * S - 1 - r * S - s} if flip else {r * S + s}",
-                    f"        part[U((k * cuda.gridDim.y + j) * {R * S} + tap)] = red[0]",
+                    f"        part[U((k * cuda.gridDim.y + j) * {R * S} + tap)] = "
+                    "narrow(red[0], part)",
                     "    cuda.syncthreads()"]
     return name, "\n".join(src) + "\n"
 

@@ -286,8 +286,13 @@ def _bfloat16_to_torch(a):
         from ...errors import NotSupportedError
         raise NotSupportedError("bfloat16 arrays on the GPU are PyTorch tensors (numba's "
                                 "device arrays have no bfloat16): install torch") from None
-    bits = np.ascontiguousarray(a).view(np.int16)
-    return torch.from_numpy(bits).cuda().view(torch.bfloat16)
+    return torch.from_numpy(bfloat16_bits(a)).cuda().view(torch.bfloat16)
+
+
+def bfloat16_bits(a):
+    """A C-contiguous int16 copy of a bfloat16 array's bits, of a's shape (0-d stays 0-d:
+    np.ascontiguousarray would make it 1-d, and the GPU result (1,))."""
+    return np.array(a, order="C", copy=True).view(np.int16)
 
 
 def _c_strides(shape, itemsize):
@@ -315,8 +320,11 @@ def to_host(x):
 
 
 def flat(x):
-    """A 1-D view for the simulator's launch path, which indexes like NumPy."""
-    return x.reshape(int(np.prod(x.shape, dtype=np.int64)))
+    """A 1-D view for the simulator's launch path, which indexes like NumPy; bfloat16 as
+    its uint16 bits, as kernels get it on the GPU (so a store that skips `narrow`, or a
+    load that skips `widen`, fails in the simulator too)."""
+    v = x.reshape(int(np.prod(x.shape, dtype=np.int64)))
+    return v.view(np.uint16) if v.dtype.name == "bfloat16" else v
 
 
 def stream_handle(stream):

@@ -17,14 +17,15 @@
 - `bf16_load(v)` / `bf16_store(x)`: bfloat16 storage. On the GPU a bfloat16 array is
   passed as uint16 (its bits: numba's arrays have no bfloat16 dtype); bf16_load widens
   the bits to float32 (exact: a shift into the high half), bf16_store rounds float32
-  to the nearest-even bfloat16 bits (`cvt.rn.bf16.f32`, NaN kept). Under the simulator
-  the arrays hold ml_dtypes.bfloat16 values and NumPy converts on load and store.
+  to the nearest-even bfloat16 bits (`cvt.rn.bf16.f32`, NaN kept). The simulator's
+  launch passes the same uint16 bits (arrays.flat) and converts them the same way.
 - `widen(v)` / `narrow(x, arr)`: one kernel source for every storage dtype (a kernel
   loads through widen and stores through narrow; reduce's signatures even mix input
   and output dtypes): widen takes a stored element to its compute type (float16,
   float32 and bfloat16 bits to float32; float64 stays), narrow rounds x to what `arr`
   stores (bfloat16: bf16_store's bits). Under
-  the simulator NumPy converts (float64 stays, the rest become float32 on load).
+  the simulator NumPy converts the other dtypes (float64 stays, the rest become float32
+  on load).
   `narrow4(v, arr)` narrows a 4-tuple (store4's values) the same way.
 - `array_type(dtype)`: the element type a kernel signature names for arrays of a
   storage dtype: "uint16" for bfloat16 (its bits), the dtype's own name otherwise.
@@ -61,17 +62,22 @@ if SIMULATOR:
 
     def bf16_load(v):
         import numpy as np
-        return np.float32(v)
+        return (np.uint32(v) << np.uint32(16)).view(np.float32)
 
     def bf16_store(x):
-        return x  # (the ml_dtypes array rounds to nearest even on assignment)
+        import ml_dtypes
+        import numpy as np
+        return np.float32(x).astype(ml_dtypes.bfloat16).view(np.uint16)
 
     def widen(v):
         import numpy as np
+        if isinstance(v, np.uint16):
+            return bf16_load(v)
         return v if isinstance(v, np.float64) else np.float32(v)
 
     def narrow(x, arr):
-        return x  # (NumPy rounds on assignment)
+        import numpy as np
+        return bf16_store(x) if arr.dtype == np.uint16 else x  # (NumPy rounds the rest)
 else:
     from llvmlite import ir
     from numba.cuda import cgutils, types
