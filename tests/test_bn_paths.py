@@ -110,3 +110,27 @@ def test_misaligned_residual_gradient_buffer():
                                      invstd.copy_to_host(), bias=bias, residual=z)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.copy_to_host(), w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("shape, layout, offset", CASES)
+@pytest.mark.parametrize("where", ["first", "later", "both signs"])
+def test_statistics_with_an_infinity(shape, layout, offset, where):
+    """A channel holding +inf has mean +inf (and +inf with -inf: NaN) on every path, as
+    in the reference: the kernels shift by the channel's first element (inf - inf was
+    NaN) and merge chunks with Chan's formula (d = mb - mu was inf - inf); the H200's
+    error fuzz found it in group_norm (run AF)."""
+    x = _inputs(shape, offset, "float32", 7)(loc=3.0)
+    C = shape[-1] if layout == "NHWC" else shape[1]
+    first = np.zeros(shape, bool)
+    first[(0,) * len(shape)] = True  # channel 0's first element in either layout
+    last = np.zeros(shape, bool)
+    last[(-1,) * (len(shape) - 1) + (0,) if layout == "NHWC" else (-1, 0, -1, -1)] = True
+    if where in ("first", "both signs"):
+        x[first] = np.inf
+    if where in ("later", "both signs"):
+        x[last] = -np.inf if where == "both signs" else np.inf
+    got = {be: nbdnn.batch_norm_train(x, np.ones(C, np.float32), np.zeros(C, np.float32),
+                                      layout=layout, backend=be)[1] for be in ("cpu", "cuda")}
+    assert np.isnan(got["cpu"][0]) if where == "both signs" else got["cpu"][0] == np.inf
+    np.testing.assert_allclose(got["cuda"], got["cpu"], rtol=1e-5)

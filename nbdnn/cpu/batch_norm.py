@@ -7,8 +7,8 @@ memory order, L = 1). Parameters and statistics have shape (C,) for spatial and
 x.shape[1:] for per_activation.
 
 Training (cuDNN's BatchNormalizationForwardTraining, with BN_ADD_ACTIVATION fused):
-    mean = mean(x),  var = mean((x - mean)^2)        (biased; shifted two-pass; mean is
-                                                      NaN where var is: an Inf input)
+    mean = mean(x),  var = mean((x - mean)^2)        (biased; shifted two-pass; an Inf
+                                                      input: mean Inf, var NaN)
     invstd = 1 / sqrt(var + eps),  xhat = (x - mean) * invstd
     y = act(scale * xhat + bias + z),   z = residual (optional), act optional
     running_mean = (1 - momentum) * running_mean + momentum * mean
@@ -67,9 +67,9 @@ def batch_norm_train(x, scale, bias, running_mean, running_var, residual, moment
     N, C, L = xv.shape
     mean = xv.mean(axis=(0, 2))
     var = ((xv - mean[:, None]) ** 2).mean(axis=(0, 2))
-    # a channel holding an Inf has no variance (Inf - Inf): its mean is NaN too, as the
-    # kernels' merged (Welford/Chan) statistics give it, not the sum's Inf
-    mean = np.where(np.isnan(var), ct(np.nan), mean)
+    # a channel holding an Inf has mean Inf (+Inf with -Inf: NaN) and variance NaN, as
+    # PyTorch's batch_norm and group_norm's reference give them; the kernels' shifted,
+    # Chan-merged statistics keep that on every path (nbdnn/cuda/batch_norm/sums.py)
     invstd = 1 / np.sqrt(var + ct(eps))
     zv = None if residual is None else view(np.asarray(residual).astype(ct), mode, last)[0]
     pre, _ = _apply(xv, mean, invstd, scale, bias, zv, act, coef, ct)

@@ -80,7 +80,8 @@ def sums_source(stats):
     head = [f"def {name}({', '.join(arrays)}, C, L4, NV, V, m_L4, s_L4):",
             "t = cuda.threadIdx.x", "c = cuda.blockIdx.x", "lo = cuda.blockIdx.y * V",
             "hi = min(NV, lo + V)", "cl = c * L4", "cc = (C - 1) * L4", "m = lo + t"]
-    head += (["shift = widen(x[4 * cl])", "cnt, mu, m2 = 0, ZERO, ZERO"] if stats else
+    head += (["shift = widen(x[4 * cl])", "shift = shift if shift - shift == ZERO else ZERO",
+              "cnt, mu, m2 = 0, ZERO, ZERO"] if stats else
              ["mc, ic = widen(mean[c]), widen(invstd[c])", "s, q = ZERO, ZERO"])
     for k in range(VPT):
         head += _vector(k, "m", "", loaded)

@@ -17,7 +17,8 @@ Every element load is unconditional (masked slots read a valid address) and all 
 issued before any arithmetic: a branch around each load with its use right after made
 every thread wait out one DRAM latency per element (PTX: `@p bra` around each `ld`).
 Statistics: the chunk's values stay in registers (x read once from DRAM), shifted by
-the channel's first element x0; the chunk's mean and M2 = sum (v - mean)^2 are exact
+the channel's first element x0 (0 when x0 is not finite: a mean with an infinite
+element is that infinity, not inf - inf); the chunk's mean and M2 = sum (v - mean)^2 are exact
 two-pass values, merged with Chan's formula. Float32 keeps mean 1e4, std 1 over N*L
 past 2**24. Backward: the sums of g = dy*act'(pre) and g*xhat, summed per chunk.
 Traffic: statistics read x once (4 B/element float32), backward sums read dy and x
@@ -97,6 +98,7 @@ def kernels(CT, act_grad, apply_coefs, grp_sum):
                 c, ok = cuda.blockIdx.x, True
             first = c if columns else c * L   # a valid address for masked slots
             x0 = widen(x[first])
+            x0 = x0 if x0 - x0 == ZERO else ZERO  # (an infinite shift: inf - inf = nan)
             mc, ic, sc, bc = ZERO, ZERO, ONE, ZERO
             if not stats:
                 mc, ic = mean[c], invstd[c]
@@ -171,6 +173,8 @@ def kernels(CT, act_grad, apply_coefs, grp_sum):
             return nb, mb, m2b
         n = na + nb
         d = mb - mu
+        if d - d != ZERO:  # a side's mean is infinite or NaN: the merged mean is their sum
+            return n, mu + mb, m2 + m2b + d * ZERO  # (inf + 5 = inf; inf - inf = NaN), M2 NaN
         return n, mu + d * (CT(nb) / CT(n)), m2 + m2b + d * d * (CT(na) * CT(nb) / CT(n))
 
     @cuda.jit(device=True)
@@ -211,7 +215,8 @@ def kernels(CT, act_grad, apply_coefs, grp_sum):
         mu, m2 = lanes(p1, p2, c, C, M, E, True)
         if c < C and cuda.threadIdx.x % FW == 0:
             var = m2 / CT(M)
-            mu += widen(x[c if columns else c * L])
+            x0 = widen(x[c if columns else c * L])
+            mu += x0 if x0 - x0 == ZERO else ZERO  # (the partials' shift, finite)
             inv = ONE / math.sqrt(var + eps)
             mean[c] = mu
             invstd[c] = inv

@@ -35,9 +35,11 @@ def _add_tensor_make(draw, dtype, big):
 
 def _op_tensor_row(op, a, b=None, *, alpha1=1.0, alpha2=1.0, alpha=1.0, beta=0.0,
                    out=None):
-    """op_tensor with the harness's alpha folded into alpha1 (to exercise beta/out)."""
-    return nbdnn.op_tensor(op, a, b, alpha1=alpha1 * alpha, alpha2=alpha2, beta=beta,
-                           out=out)
+    """op_tensor with the harness's alpha folded into alpha1 (to exercise beta/out); a
+    bad alpha1 (the error fuzz's) reaches op_tensor as it is, to be named there."""
+    if alpha != 1.0:
+        alpha1 = alpha1 * alpha
+    return nbdnn.op_tensor(op, a, b, alpha1=alpha1, alpha2=alpha2, beta=beta, out=out)
 
 
 def _op_tensor_maker(op):
