@@ -190,12 +190,17 @@ def test_gemm_and_depthwise_kernels_spill_at_most_as_measured(family):
 
 def test_norm_pool_and_batch_norm_kernels_do_not_spill():
     """The register-cached norm rows (up to 64 values a lane under a 128-register cap)
-    and batch norm's register-held chunks must stay in registers, in every dtype."""
+    and batch norm's register-held chunks must stay in registers, in every dtype; the
+    one exception, the fused layer/rms norm backward with 16-bit storage: 150-160
+    registers uncapped as in float32, but under the 128 cap (2 blocks of 256 an SM)
+    ptxas spills 28 B there (32 B stack frame, nvJitLink for sm_90) and none in float32."""
     from nbdnn.cuda import batch_norm as BN, norm as NM, pool as PL
     from nbdnn.cuda.runtime import launch as _launch
     for table in (NM._KERNELS, BN._KERNELS, PL._KERNELS):
         for (name, dtype), (kernel, sig) in table.items():
-            assert kernel.resources(sig)["local_bytes"] == 0, (name, dtype)
+            allowed = 32 if name.startswith("rows_bwdp") and dtype in ("float16", "bfloat16") \
+                else 0
+            assert kernel.resources(sig)["local_bytes"] <= allowed, (name, dtype)
     for kernel in (k for k in _launch.REGISTRY if k.name == "pool_fwd_fast"):
         assert kernel.resources(kernel.sigs[0])["local_bytes"] == 0, kernel.sigs[0]
 

@@ -21,8 +21,10 @@ axis (k when K-major, r when MN-major), written along k: both coalesced, so the
 transpose costs no more than the copy. Traffic: 4 B read and 4 P written an element
 (tf32: 8 B, 3xtf32: 16 B; 4096^2: 0.13 / 0.27 GB, 35-70 us at 3.8 TB/s). Run AE
 measured the first version at 0.72 TB/s (a branch around each load: one load in flight
-a thread); this one loads unconditionally, RPT loads back to back (PTX: 8 ld.global
-then 8 st.shared, 56 registers, no local memory), not yet timed on a GPU.
+a thread); run AF the second (unconditional loads, 32 x 32 tiles) at 0.90-0.95 TB/s:
+4 elements a thread behind three int64 divisions that found its tile. This one takes
+its tile from a 3-D grid (no division) and moves 64 x 64 tiles, 16 loads a thread
+issued back to back before any shared store.
 """
 import functools
 import math
@@ -36,58 +38,92 @@ from ..runtime.simulator import SIMULATOR
 
 PARTS = {"tf32": ((1, 0), (1, 0)), "3xtf32": ((3, 0b100), (3, 0b010))}  # (P, code): A, B
 KPAD = 4
-T, ROWS = (4, 2) if SIMULATOR else (32, 8)   # tile edge; block (T, ROWS): T / ROWS rows each
-TILE = (T, T + 1)                             # (+1 column: no shared-memory bank conflicts)
+# block (BX, ROWS); a tile T x T, T = BX * CPT: a thread moves CPT columns x RPT rows
+BX, ROWS, CPT = (2, 2, 2) if SIMULATOR else (32, 8, 2)
+T = BX * CPT                                  # 64: 16 loads in flight a thread
 RPT = T // ROWS                               # tile rows a thread
-MAX_GRID = 65535 * 16
+VPT = RPT * CPT                               # values a thread
+TILE = (T, T + 1)                             # (+1 column: no shared-memory bank conflicts)
 
 
-def tf32_parts(x, out, nmat, R, K, Kp, P, code, k_major):
-    tile = cuda.shared.array(TILE, float32)   # tile[r][k]
-    tx = cuda.threadIdx.x
-    ty = cuda.threadIdx.y
-    tr = (R + T - 1) // T
-    tk = (Kp + T - 1) // T
-    for t in range(cuda.blockIdx.x, nmat * tr * tk, cuda.gridDim.x):
-        z = t // (tr * tk)
-        r0 = ((t // tk) % tr) * T
-        k0 = (t % tk) * T
+def _make(k_major):
+    """The kernel for one operand layout (k_major a compile-time constant: one index
+    expression a load, no selects between the two)."""
+
+    def tile_parts(x, out, tile, z, r0, k0, R, K, Kp, P, code):
+        """Tile (r0.., k0..) of matrix z: loaded along x's contiguous axis, written
+        along k."""
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
         # every load unconditional (a tap past the edge reads element 0, then counts
-        # as zero) and the loop a constant count: the RPT loads issue back to back
-        # (run AE: a branch around each load left one in flight a thread, 0.72 TB/s)
-        vals = cuda.local.array(RPT, float32)
+        # as zero) and the loops of constant count: the VPT loads issue back to back
+        # (run AE: a branch around each load, one in flight a thread, 0.72 TB/s)
+        vals = cuda.local.array(VPT, float32)
         for j in range(RPT):
-            i = ty + j * ROWS
-            r = r0 + (i if k_major != 0 else tx)     # K-major: x[z, r0 + i, k0 + tx]
-            k = k0 + (tx if k_major != 0 else i)     # MN-major: x[z, k0 + i, r0 + tx]
-            ok = r < R and k < K
-            src = (z * R + r) * K + k if k_major != 0 else (z * K + k) * R + r
-            v = x[src if ok else 0]
-            vals[j] = v if ok else float32(0)
+            for u in range(CPT):
+                i = ty + j * ROWS                   # along x's strided axis
+                c = tx + u * BX                     # along x's contiguous axis
+                if k_major:                         # x[z, r0 + i, k0 + c]
+                    r, k = r0 + i, k0 + c
+                    src = (z * R + r) * K + k
+                else:                               # x[z, k0 + i, r0 + c]
+                    r, k = r0 + c, k0 + i
+                    src = (z * K + k) * R + r
+                ok = r < R and k < K
+                v = x[src if ok else 0]
+                vals[j * CPT + u] = v if ok else float32(0)
         for j in range(RPT):
-            i = ty + j * ROWS
-            tile[i if k_major != 0 else tx, tx if k_major != 0 else i] = vals[j]
+            for u in range(CPT):
+                i = ty + j * ROWS
+                c = tx + u * BX
+                if k_major:
+                    tile[i, c] = vals[j * CPT + u]
+                else:
+                    tile[c, i] = vals[j * CPT + u]
         cuda.syncthreads()
-        for i in range(ty, T, ROWS):
-            r, k = r0 + i, k0 + tx
-            if r < R and k < Kp:
-                v = tile[i, tx]
-                hi = round_tf32(v)
-                lo = round_tf32(v - hi)
-                dst = (z * R + r) * P * Kp + k
-                for j in range(P):
-                    out[dst + j * Kp] = lo if (code >> j) & 1 else hi
+        for j in range(RPT):
+            for u in range(CPT):
+                i = ty + j * ROWS
+                c = tx + u * BX
+                r, k = r0 + i, k0 + c
+                if r < R and k < Kp:
+                    v = tile[i, c]
+                    hi = round_tf32(v)
+                    lo = round_tf32(v - hi)
+                    dst = (z * R + r) * P * Kp + k
+                    for q in range(P):
+                        out[dst + q * Kp] = lo if (code >> q) & 1 else hi
         cuda.syncthreads()
+
+    if not SIMULATOR:
+        tile_parts = cuda.jit(device=True, inline=True)(tile_parts)
+
+    def tf32_parts(x, out, nmat, R, K, Kp, P, code):
+        # grid (k tiles, r tiles, matrices), the last two looped past 65535: no
+        # division (run AF's version found its tile by three int64 divisions a thread,
+        # ~80 instructions each, against its 4 elements: 0.90-0.95 TB/s)
+        tile = cuda.shared.array(TILE, float32)   # tile[r][k]
+        k0 = cuda.blockIdx.x * T
+        for z in range(cuda.blockIdx.z, nmat, cuda.gridDim.z):
+            for r0 in range(cuda.blockIdx.y * T, R, cuda.gridDim.y * T):
+                tile_parts(x, out, tile, z, r0, k0, R, K, Kp, P, code)
+    return tf32_parts
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel():
-    return Kernel(tf32_parts, ["void(float32[::1], float32[::1], int64, int64, int64, int64, "
-                               "int64, int64, int64)"])
+def _kernel(k_major):
+    # registers (nvJitLink, sm_90): uncapped 114 (K-major) / 134 (MN-major), one or two
+    # blocks an SM; capped at 80 / 96 without spilling (MN-major at 80 spills 16 B):
+    # three / two blocks of 256, 48 / 32 KiB of loads in flight an SM
+    opts = {} if SIMULATOR else {"max_registers": 80 if k_major else 96}
+    k = Kernel(_make(k_major), ["void(float32[::1], float32[::1], int64, int64, int64, int64, "
+                                "int64, int64)"], **opts)
+    k.name = f"tf32_parts_{'k' if k_major else 'mn'}"
+    return k
 
 
 def ptx_examples():
-    _kernel()
+    _kernel(True), _kernel(False)
 
 
 def operand(x, k_axis_last, which, mode, stream):
@@ -101,9 +137,9 @@ def operand(x, k_axis_last, which, mode, stream):
     Kp = -(-K // KPAD) * KPAD
     nmat = math.prod(shape[:-2])
     out = empty(x, shape[:-2] + (R, P * Kp), "float32")
-    tiles = nmat * -(-R // T) * -(-Kp // T)
-    if tiles:
-        k = _kernel()
-        k.launch(k.sigs[0], min(tiles, MAX_GRID), (T, ROWS, 1), stream, x.reshape(math.prod(shape)),
-                 out.reshape(nmat * R * P * Kp), nmat, R, K, Kp, P, code, int(k_axis_last))
+    if nmat and R and Kp:
+        k = _kernel(bool(k_axis_last))
+        grid = (-(-Kp // T), min(-(-R // T), 65535), min(nmat, 65535))
+        k.launch(k.sigs[0], grid, (BX, ROWS, 1), stream, x.reshape(math.prod(shape)),
+                 out.reshape(nmat * R * P * Kp), nmat, R, K, Kp, P, code)
     return out

@@ -138,12 +138,14 @@ def _fused_params(dy, x, st1, st2, sc, dx, dscale, dbias, rows, L, Gl, centred,
     per-block partial rows summed by reduce_tensor in block order); False when the
     row's shape or dtype does not take it."""
     dtype = dtype_name(x)
+    ct = "float64" if dtype == "float64" else "float32"
     G = 1 << max(0, -(-L // (4 * FUSED_V)) - 1).bit_length()  # pow2 >= L / 16
     key = f"rows_bwdp_g{G}", dtype
-    if Gl <= 32 or L > PLMAX.get(dtype, 0) or key not in _KERNELS:
+    if Gl <= 32 or L > PLMAX[ct] or key not in _KERNELS:
         return False
     nb = min(rows, FUSED_LANES_PER_SM // G * sm_count())
-    p1, p2 = empty(x, (nb, L), dtype), empty(x, (nb, L), dtype)
+    # partials in the compute type, summed into the storage dtype (rounded once)
+    p1, p2 = empty(x, (nb, L), ct), empty(x, (nb, L), ct)
     k, sig = _KERNELS[key]
     k.launch(sig, nb, G, stream, dy, x, st1, st2, sc, dx, rows, L, G, int(centred),
              int(has_scale), aligned, p1, p2)

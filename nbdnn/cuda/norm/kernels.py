@@ -17,7 +17,8 @@ from . import rows as _rows
 
 BLOCK = 32 if SIMULATOR else 256
 MAX_GRID = 2 ** 31 - 1
-PLMAX = {"float32": 4096, "float64": 2048}  # fused backward: columns (32 KiB a block)
+PLMAX = {"float32": 4096, "float64": 2048}  # fused backward: columns (32 KiB a block),
+                                              # by compute type
 FUSED_V = 4                                   # 4-element vectors a lane, G lanes a row
 FUSED_LANES_PER_SM = 512                      # resident at 128 registers (2 blocks of 256)
 GN_TARGET_BLOCKS = 4 if SIMULATOR else 1024   # group norm dscale/dbias partials
@@ -241,14 +242,15 @@ def _build():
                 opts = {} if SIMULATOR or V < 4 else {"max_registers": 128}
                 table[f"rows_bwd_v{V}", t] = (Kernel(_rows.row_kernel(V, True, ns), [sig],
                                                      **opts), sig)
-            if t == ct:  # partials in the compute type: float32 and float64 storage
-                psig = sig[:-1] + f", {s}, {s})"
-                # float32: 129 registers uncapped (2 blocks of 256 would not fit an
-                # SM), 128 capped without spills; float64 180 uncapped
-                opts = {"max_registers": 128} if ct == "float32" and not SIMULATOR else {}
-                for G in _fused_groups(ct):
-                    kern = _rows.row_kernel(FUSED_V, True, ns, G)
-                    table[f"rows_bwdp_g{G}", t] = (Kernel(kern, [psig], **opts), psig)
+            # the fused backward, partials in the compute type for every storage dtype
+            # (16-bit rows had only the unfused kernels: 16% of copy in run AF)
+            psig = sig[:-1] + f", {s}, {s})"
+            # float32: 129 registers uncapped (2 blocks of 256 would not fit an SM),
+            # 128 capped without spills; float64 180 uncapped
+            opts = {"max_registers": 128} if ct == "float32" and not SIMULATOR else {}
+            for G in _fused_groups(ct):
+                kern = _rows.row_kernel(FUSED_V, True, ns, G)
+                table[f"rows_bwdp_g{G}", t] = (Kernel(kern, [psig], **opts), psig)
     return table
 
 

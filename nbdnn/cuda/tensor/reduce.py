@@ -28,7 +28,7 @@ import numpy as np
 from numba import cuda, float32, float64, int64
 
 from ..runtime.simulator import SIMULATOR
-from ..runtime.arrays import empty, ptr
+from ..runtime.arrays import dtype_name, empty, ptr
 from ..runtime.intrinsics import HAS_WARP, array_type, load4, narrow, vector_alignment, widen
 from ..runtime.launch import Kernel
 
@@ -365,7 +365,9 @@ def _cols(x, xi, outer, R, inner, key, tin, tout, y, yi, post, n, alpha, beta, s
 def reduce(x, shape, dtype, op, axes, y, yi, alpha, beta, stream, transform_into):
     """y (and indices yi, or None) = alpha * op(x over axes) + beta * y. transform_into:
     the tensor family's permuting copy (tensor/__init__.py), for reductions over axes
-    that are not adjacent."""
+    that are not adjacent. y's dtype is x's, or, for the "id" ops (add, avg, mul), a
+    16-bit y of compute-type x (other kernels' float32 partials summed into a 16-bit
+    result, rounded once)."""
     p, c, post = OPS[op]
     ctn = "float64" if dtype == "float64" else "float32"
     key = (p, c, yi is not None, ctn)
@@ -380,7 +382,7 @@ def reduce(x, shape, dtype, op, axes, y, yi, alpha, beta, stream, transform_into
     flags = [r for _, r in dims]
     sizes = [s for s, _ in dims]
     yi_ = yi if yi is not None else _noidx()
-    args = (dtype, dtype, y, yi_, post, float(n), alpha, beta, stream)
+    args = (dtype, dtype_name(y), y, yi_, post, float(n), alpha, beta, stream)
     if flags in ([], [True], [False], [False, True]):
         rows = sizes[0] if flags and not flags[0] else 1
         _rows(x, None, rows, n, key, *args)
