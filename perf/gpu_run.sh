@@ -126,7 +126,8 @@ gemm)
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
         > "$OUT/tensorcore.log" 2>&1  # (~200 s: JIT of ~20 tensor-core kernel variants)
     tail -3 "$OUT/tensorcore.log"
-    for k in wgmma_gemm_bf16_km wgmma_gemm_f16_kk wgmma_gemm_tf32_kk_b_gelu_beta; do  # HGMMA count and local memory (LDL/STL)
+    for k in wgmma_gemm_bf16_km wgmma_gemm_f16_kk wgmma_gemm_tf32_kk_b_gelu_beta \
+             wgmma_gemm_bf16_km_om; do  # HGMMA count and local memory (LDL/STL)
         echo "$k: $(timeout 120 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.wgmma_gemm \
             $k uint64 2>&1 >/dev/null | tr '\n' ' ')"
     done
@@ -134,6 +135,8 @@ gemm)
         echo "$k: $(timeout 120 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.mma_gemm \
             $k uint16 2>&1 >/dev/null | tr '\n' ' ')"
     done
+    timeout 120 python3 perf/experiments/tc_host_cost.py > "$OUT/tc_host_cost.log" 2>&1
+    cat "$OUT/tc_host_cost.log"  # (host cost; OWN_MAPS right and planned?)
     timeout 300 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/gemm.log" 2>&1
     cat "$OUT/gemm.log" ;;
 sanitize)

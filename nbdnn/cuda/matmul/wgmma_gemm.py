@@ -67,7 +67,9 @@ from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2, unpack_bf16x2, unpack_f16x2,
     widen_bf16, widen_f16
 from ..tensorcore.tensormap import encoded
 from ..tensorcore.tiles import SOURCE_NAMES
-from ..tensorcore.tma import mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc, tma_load_3d
+from ..tensorcore.asm import gmem_address
+from ..tensorcore.tma import mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc, tma_load_3d, \
+    tensormap_copy_release, tensormap_replace_address
 from ..tensorcore.wgmma import wgmma
 from .batches import table as batch_table
 from .pair_epilogue import pair_lines
@@ -86,16 +88,53 @@ BK_OF = {"f16": BK, "bf16": BK, "tf32": BK // 2}  # a k-tile is 128 B of K in ev
 TF32_MAP = "tfloat32"
 GROUP_M = 8      # tile rows of a group in the block order (1: row order, as T1)
 PERSISTENT = True  # one block an SM looping over tiles (False: a block a tile, as T1)
+# each block makes its two tensor maps from address-free templates (encoded once per
+# geometry) and a's and b's addresses, in a workspace slot: no encode or map upload a
+# new address, and a plan replays the call (False: maps encoded per address on the
+# host, the call never planned). Written in run AF; not yet run on a GPU: off.
+OWN_MAPS = False
+TEMPLATE_ADDRESS = 1 << 20   # the templates' base (replaced in the kernel; 16-B aligned)
 SIG = ("void(uint64, uint64, uint32[::1], uint16[::1], int32[::1], int64, int64, int64, "
        "int64, int64, float32, float32, float32, int64)")
 SIG_PARTIAL = SIG.replace("uint32[::1]", "float32[::1]")
 SIG_TF32 = SIG_PARTIAL.replace("uint16[::1]", "float32[::1]")  # (c and bias float32)
 
 
-def signature(kind, partial):
+def signature(kind, partial, own_maps=False):
     """The kernel's one signature: c packed 16-bit pairs (uint32), bias 16-bit bits;
-    partial (split-K's chunks) and tf32: c float32; tf32: bias float32."""
-    return SIG_TF32 if kind == "tf32" else SIG_PARTIAL if partial else SIG
+    partial (split-K's chunks) and tf32: c float32; tf32: bias float32. own_maps: the
+    two map addresses become the two templates, a, b and the blocks' map slots."""
+    sig = SIG_TF32 if kind == "tf32" else SIG_PARTIAL if partial else SIG
+    if own_maps:
+        t = "float32" if kind == "tf32" else "uint16"
+        sig = sig.replace("void(uint64, uint64, ", f"void(uint64[::1], uint64[::1], {t}[::1], "
+                          f"{t}[::1], int64[::1], ")
+    return sig
+
+
+def _own_maps_lines():
+    """Own maps' prologue: warp 0 copies the two templates (16 x 8 B each) to shared
+    memory, lane 0 sets their base addresses to a's and b's, and the warp copies them
+    to this block's slot pair, released to the tensor-map proxy (map_a, map_b: their
+    global addresses; the producer acquires them below)."""
+    return ["    own = cuda.shared.array(32, types.uint64, alignment=128)",
+            "    if tid < 32:",
+            "        own[tid] = tmpl_a[tid] if tid < 16 else tmpl_b[tid - 16]",
+            "        cuda.syncwarp()",
+            "        if tid == 0:",
+            "            tensormap_replace_address(smem_address(own, 0), gmem_address(a, 0))",
+            "            tensormap_replace_address(smem_address(own, 16), gmem_address(b, 0))",
+            "        cuda.syncwarp()",
+            "        slot = gmem_address(slots, 32 * cuda.blockIdx.x)",
+            "        tensormap_copy_release(slot, smem_address(own, 0))",
+            "        tensormap_copy_release(slot + 128, smem_address(own, 16))"]
+
+
+def _map_lines(own_maps, indent):
+    """Own maps: the thread about to use map_a / map_b computes them (no other thread
+    keeps them live)."""
+    return [indent + "map_a = gmem_address(slots, 32 * cuda.blockIdx.x)",
+            indent + "map_b = map_a + 128"] if own_maps else []
 
 
 def _loads(side, k_major, bk):
@@ -117,15 +156,17 @@ def _descriptor(addr, k_major, ks):
     return f"descriptor({addr} + {2048 * ks}, {BOX * BK * 2}, 1024, SW128)"
 
 
-def source(kind, a_k, b_k, bias, act, beta, partial=False):
+def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False):
     """(name, source) of the kernel for kind "f16"/"bf16", operand majors (a_k, b_k:
     K-major or not) and the epilogue (bias: add bias[n]; act: an activation mode or
     None; beta: blend the old C; partial: split-K, c is the float32 workspace of the
-    chunks' sums, no epilogue). Accumulator j of a thread is a literal index in the
-    written-out epilogue, so the 128 stay in registers."""
+    chunks' sums, no epilogue); own_maps: each block makes its tensor maps from
+    templates and a's and b's addresses (OWN_MAPS). Accumulator j of a thread is a
+    literal index in the written-out epilogue, so the 128 stay in registers."""
     bk, f32 = BK_OF[kind], kind == "tf32"
     epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "") + \
-        ("_partial" if partial else "")
+        ("_partial" if partial else "") + ("_om" if own_maps else "")
+    maps = "tmpl_a, tmpl_b, a, b, slots" if own_maps else "map_a, map_b"
     name = f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
     # (the 128 zeros in a device function of their own: numba's bytecode peephole for
     # long tuple literals fails inside the kernel's branches)
@@ -142,10 +183,10 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False):
          "    gm = min(tm - first, group)",
          f"    return z, (first + (pid % width) % gm) * {BM}, ((pid % width) // gm) * {BN}",
          "", "",
-         f"def {name}(map_a, map_b, c, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
+         f"def {name}({maps}, c, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
          "    smem = cuda.shared.array(0, types.uint8)",
          f"    bars = cuda.shared.array({2 * STAGES}, types.uint64, alignment=8)",
-         "    tid = cuda.threadIdx.x",
+         "    tid = cuda.threadIdx.x"] + (_own_maps_lines() if own_maps else []) + [
          "    wg = tid // 128",
          "    base = (I(smem_address(smem, 0)) + 1023) & ~1023  # the swizzle atom's alignment",
          "    full0 = I(smem_address(bars, 0))             # full[s] at +8 s, empty[s] at +8 (S + s)",
@@ -153,7 +194,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False):
          f"    tm = (M + {BM - 1}) // {BM}",
          f"    tn = (N + {BN - 1}) // {BN}",
          "    total = tm * tn * nz * ((K + ksplit - 1) // ksplit)  # x split-K chunks",
-         "    if tid == 0:",
+         "    if tid == 0:"] + _map_lines(own_maps, "        ") + [
          "        fence_proxy_tensormap_acquire(map_a)",
          "        fence_proxy_tensormap_acquire(map_b)",
          f"        for s in range({STAGES}):",
@@ -166,7 +207,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False):
          # while the consumers run the epilogue)
          "    if wg == 0:",
          "        setmaxnreg_dec(40)",
-         "        if tid == 0:",
+         "        if tid == 0:"] + _map_lines(own_maps, "            ") + [
          "            it = 0",
          "            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
          "                zk, m0, n0 = tile_of(t, tm, tn, group)",
@@ -225,17 +266,21 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False):
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=False):
+def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=False,
+           own_maps=False):
     """The Kernel for dtype "float16" / "bfloat16" / "float32" (its tf32 modes, operands
     K-major only), the operand majors and the epilogue (built on first use: a variant
-    compiles in seconds); partial: split-K's chunk kernel (c a float32 workspace)."""
+    compiles in seconds); partial: split-K's chunk kernel (c a float32 workspace);
+    own_maps: the blocks make their tensor maps (OWN_MAPS)."""
     kind = KINDS[dtype]
-    name, src = source(kind, a_k, b_k, bias, act, beta, partial)
+    name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps)
     bf = kind == "bf16"
     ns = dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
               F32=types.float32, mma=wgmma(BN, kind, int(not b_k), int(not a_k)),
               mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
               setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
+              gmem_address=gmem_address, tensormap_replace_address=tensormap_replace_address,
+              tensormap_copy_release=tensormap_copy_release,
               cvt=cvt_bf16x2 if bf else cvt_f16x2,
               widen=widen_bf16 if bf else widen_f16 if kind == "f16" else types.float32,
               unpack=unpack_bf16x2 if bf else unpack_f16x2,
@@ -248,7 +293,7 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
         "epilogue": f"bias {bias}, activation {act}, beta {beta}",
         "traffic": f"a k-tile: {STAGE_BYTES} B in, {2 * BM * BN * bk} flops",
         "why": "variant T2 (module docstring)"})
-    return Kernel(fn, [signature(kind, partial)], arch="sm_90a", shared_bytes=SHARED,
+    return Kernel(fn, [signature(kind, partial, own_maps)], arch="sm_90a", shared_bytes=SHARED,
                   max_registers=MAX_REGS)
 
 
@@ -265,6 +310,7 @@ def ptx_examples():
     kernel("bfloat16", True, False, True, "gelu", True)
     kernel("bfloat16", True, True, partial=True)
     kernel("float32", True, True, True, "gelu", True)  # tf32: float32 C, its own epilogue
+    kernel("bfloat16", True, False, own_maps=True)     # the blocks' own maps (OWN_MAPS)
     for dtype in KINDS:
         splitk_sum(dtype)
 
@@ -288,8 +334,8 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     M, N)."""
     from ...backend import _recording
     plan = _recording.__dict__.get("plan")
-    if plan is not None:  # a tensor map holds its tensor's address: a replay with other
-        plan.impure()     # arrays would read the recorded ones
+    if plan is not None and not OWN_MAPS:  # a tensor map holds its tensor's address: a
+        plan.impure()                      # replay with other arrays would read those
     dtype = dtype_name(a)
     kind = KINDS[dtype]
     bk, mdt = BK_OF[kind], TF32_MAP if kind == "tf32" else dtype
@@ -304,9 +350,10 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
         rows_a, na, nz, batch, a_batch, b_batch = nz * M, 1, 1, (), (), ()
     # tensor maps (matrices, rows, contiguous extent), boxes (1, rows, 128 B of k) K-major
     # or (1, 64 k, 64 m/n) MN-major (16-bit only)
-    ma = encoded(ptr(a), (na, K, rows_a) if trans_a else (na, rows_a, K), mdt,
+    at, bt = (TEMPLATE_ADDRESS, TEMPLATE_ADDRESS) if OWN_MAPS else (ptr(a), ptr(b))
+    ma = encoded(at, (na, K, rows_a) if trans_a else (na, rows_a, K), mdt,
                  (1, BK, BOX) if trans_a else (1, BM, bk), "128B")
-    mb = encoded(ptr(b), (nb_, N, K) if trans_b else (nb_, K, N), mdt,
+    mb = encoded(bt, (nb_, N, K) if trans_b else (nb_, K, N), mdt,
                  (1, BN, bk) if trans_b else (1, BK, BOX), "128B")
     offs = batch_table(a_batch, b_batch, batch, dtype=np.int32)
     tiles = -(-rows_a // BM) * -(-N // BN) * nz
@@ -315,15 +362,21 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     bias_arg = (ptr(bias), N) if bias is not None else (ptr(c), 1)
     grid = min(tiles * splits, sm_count()) if PERSISTENT else tiles * splits
     total = nz * rows_a * N
+    maps = (ma[0], mb[0])
+    if OWN_MAPS:  # templates, a, b, a slot pair (2 x 128 B) a block
+        maps = (ma[1], mb[1], (ptr(a), math.prod(ash)), (ptr(b), math.prod(bsh)),
+                empty(c, (32 * grid,), "int64"))
+        owners += (maps[4],)
     if splits == 1:
-        k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0)
-        k.launch(k.sigs[0], grid, THREADS, stream, ma[0], mb[0],
+        k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0,
+                   own_maps=OWN_MAPS)
+        k.launch(k.sigs[0], grid, THREADS, stream, *maps,
                  (ptr(c), total if kind == "tf32" else total // 2), bias_arg, offs, rows_a,
                  N, K, nz, GROUP_M, alpha, beta, coef, chunk, shmem=SHARED, owners=owners)
         return c
     ws = empty(c, (splits * total,), "float32")
-    k = kernel(dtype, not trans_a, bool(trans_b), partial=True)
-    k.launch(k.sigs[0], grid, THREADS, stream, ma[0], mb[0], ws, bias_arg, offs, rows_a, N,
+    k = kernel(dtype, not trans_a, bool(trans_b), partial=True, own_maps=OWN_MAPS)
+    k.launch(k.sigs[0], grid, THREADS, stream, *maps, ws, bias_arg, offs, rows_a, N,
              K, nz, GROUP_M, 1.0, 0.0, 0.0, chunk, shmem=SHARED, owners=owners)
     ks, sig = splitk_sum(dtype)
     ks.launch(sig, -(-total // 256), 256, stream, ws, (ptr(c), total), bias_arg, splits, total,

@@ -324,7 +324,7 @@ def flat(x):
     its uint16 bits, as kernels get it on the GPU (so a store that skips `narrow`, or a
     load that skips `widen`, fails in the simulator too)."""
     v = x.reshape(int(np.prod(x.shape, dtype=np.int64)))
-    return v.view(np.uint16) if v.dtype.name == "bfloat16" else v
+    return v.view(np.uint16) if getattr(v.dtype, "name", "") == "bfloat16" else v
 
 
 def stream_handle(stream):

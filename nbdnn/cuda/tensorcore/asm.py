@@ -82,3 +82,11 @@ def smem_address(typingctx, smem, idx):
     def codegen(context, builder, sig, args):
         return shared_address(builder, element_pointer(context, builder, sig.args[0], *args))
     return types.uint32(smem, types.intp), codegen
+
+
+@intrinsic
+def gmem_address(typingctx, arr, idx):
+    """64-bit .global address of arr[idx] (a tensor map's new base, a map's own slot)."""
+    def codegen(context, builder, sig, args):
+        return global_address(builder, element_pointer(context, builder, sig.args[0], *args))
+    return types.uint64(arr, types.intp), codegen

@@ -13,7 +13,10 @@ Fences: shared memory written by ordinary stores and then read by TMA or wgmma (
 "async proxy") needs fence_proxy_async() in the writing thread before the barrier; an
 initialised mbarrier needs it too before TMA signals it. A tensor map in global memory
 (numba cannot pass it as a __grid_constant__ parameter) needs
-fence_proxy_tensormap_acquire(ptr) once before its first use.
+fence_proxy_tensormap_acquire(ptr) once before its first use. A kernel can also make
+its own maps from an address-free template (CUTLASS's habit for grouped GEMM): copy the
+template to shared memory, tensormap_replace_address, tensormap_copy_release to a
+global slot of its own, then acquire it; the host then encodes nothing per address.
 """
 from llvmlite import ir
 from numba import types
@@ -53,6 +56,9 @@ _LOAD = "cp.async.bulk.tensor.{n}d.shared::cluster.global.mbarrier::complete_tx:
 _LOAD_2D = _LOAD.format(n=2, coords="$2, $3", bar=4)
 _LOAD_3D = _LOAD.format(n=3, coords="$2, $3, $4", bar=5)
 _STORE_2D = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [$0, {$1, $2}], [$3];"
+_REPLACE = "tensormap.replace.tile.global_address.shared::cta.b1024.b64 [$0], $1;"
+_COPY_RELEASE = "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu" \
+    ".sync.aligned [$0], [$1], 128;"
 
 
 @intrinsic
@@ -106,8 +112,25 @@ def tma_store_2d(typingctx, tmap, x, y, src):
     return types.void(u64, i32, i32, u32), _emit(_STORE_2D, "l,r,r,r,~{memory}")
 
 
+@intrinsic
+def tensormap_replace_address(typingctx, smap, address):
+    """Set the base address of the tensor map held at .shared `smap` (its 128 bytes
+    copied there, 128-byte aligned) to the global `address`."""
+    return types.void(u32, u64), _emit(_REPLACE, "r,l,~{memory}")
+
+
+@intrinsic
+def tensormap_copy_release(typingctx, gmap, smap):
+    """Copy the tensor map at .shared `smap` to global `gmap` (128-byte aligned) and
+    release it to the tensor-map proxy at GPU scope; every lane of the warp executes
+    it together (.sync.aligned). The TMA-issuing thread then acquires it
+    (fence_proxy_tensormap_acquire) before its first copy through it."""
+    return types.void(u64, u32), _emit(_COPY_RELEASE, "l,r,~{memory}")
+
+
 for _f, _t in ((mbarrier_init, _INIT), (mbarrier_arrive, _ARRIVE),
                (mbarrier_arrive_expect_tx, _EXPECT), (mbarrier_try_wait_parity, _TRY_WAIT),
                (fence_proxy_tensormap_acquire, _ACQUIRE), (tma_load_2d, _LOAD_2D),
-               (tma_load_3d, _LOAD_3D), (tma_store_2d, _STORE_2D)):
+               (tma_load_3d, _LOAD_3D), (tma_store_2d, _STORE_2D),
+               (tensormap_replace_address, _REPLACE), (tensormap_copy_release, _COPY_RELEASE)):
     _f.__doc__ += f"\n\nPTX: `{_t}`"
