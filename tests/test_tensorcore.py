@@ -362,10 +362,12 @@ def test_blocks_own_tensor_maps(shapes, ta, tb, monkeypatch):
     monkeypatch.setattr(W, "OWN_MAPS", True)
     _check_16bit_matmul("bfloat16", shapes, ta, tb, "wgmma_gemm", len(shapes[0]) * 3 + ta)
     rng = np.random.default_rng(11)
+    before = {id(p) for p in _plan.plans_of_this_thread().values() if type(p) is _plan.Plan}
     for call in range(5):  # (64, 2048) x (2048, 264): split-K
         a, av = _torch_pair(rng, (64, 2048), torch.bfloat16, False)
         b, bv = _torch_pair(rng, (2048, 264), torch.bfloat16, True)
         c = nbdnn.matmul(a, b, trans_b=True)
         np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7,
                                    atol=1e-5 * np.sqrt(2048))
-    assert any(type(p) is _plan.Plan for p in _plan.plans_of_this_thread().values())
+    assert any(type(p) is _plan.Plan and id(p) not in before
+               for p in _plan.plans_of_this_thread().values()), "the call did not plan"
