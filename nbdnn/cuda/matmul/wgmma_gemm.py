@@ -75,11 +75,23 @@ from .batches import table as batch_table
 from .pair_epilogue import pair_lines
 from .split_k import split, splitk_sum
 
-BM, BN, BK, STAGES = 128, 256, 64, 4            # BK: a 16-bit k-tile (128 B a row)
-A_BYTES, B_BYTES = BM * BK * 2, BN * BK * 2
-STAGE_BYTES = A_BYTES + B_BYTES
+BM, BK = 128, 64                                 # BK: a 16-bit k-tile (128 B a row)
+# (BN, STAGES): the tile's width and the pipeline's depth. Shipped: 256 x 4 (run AD);
+# 128 with up to 6 stages (32 KB a stage) gives twice the tiles of a one-wave problem,
+# for perf/experiments/wgmma_tiles.py's sweep (run AF: written, not yet measured)
+TILE = (256, 4)
+A_BYTES = BM * BK * 2
 BOX = 64                                       # MN-major boxes: 64 elements = 128 B wide
-SHARED = STAGES * STAGE_BYTES + 1024           # + the alignment slack
+MAX_SHARED = 227 * 1024                        # an H200 block's dynamic shared memory
+
+
+def stage_bytes(bn):
+    return A_BYTES + bn * BK * 2
+
+
+def shared_bytes(bn, stages):
+    """Dynamic shared memory of a block: the stages + the swizzle atom's alignment slack."""
+    return stages * stage_bytes(bn) + 1024
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16", "float32": "tf32"}  # (float32: math tf32)
 BK_OF = {"f16": BK, "bf16": BK, "tf32": BK // 2}  # a k-tile is 128 B of K in every kind
@@ -137,11 +149,11 @@ def _map_lines(own_maps, indent):
             indent + "map_b = map_a + 128"] if own_maps else []
 
 
-def _loads(side, k_major, bk):
+def _loads(side, k_major, bk, bn):
     """The producer's TMA lines for one operand into stage address `sa`/`sb` (bk: the
-    k-tile in elements)."""
+    k-tile in elements; bn: the tile's width)."""
     dst, tmap, z, o0 = ("sa", "map_a", "za", "m0") if side == "a" else ("sb", "map_b", "zb", "n0")
-    rows = BM if side == "a" else BN
+    rows = BM if side == "a" else bn
     if k_major:  # one box: rows x 64 k (x = k, y = row, z = matrix)
         return [f"                tma_load_3d(U32({dst}), {tmap}, I32(k0 + kt * {bk}), I32({o0}), "
                 f"{z}, U32(full0 + 8 * s))"]
@@ -156,22 +168,26 @@ def _descriptor(addr, k_major, ks):
     return f"descriptor({addr} + {2048 * ks}, {BOX * BK * 2}, 1024, SW128)"
 
 
-def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False):
+def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=None):
     """(name, source) of the kernel for kind "f16"/"bf16", operand majors (a_k, b_k:
     K-major or not) and the epilogue (bias: add bias[n]; act: an activation mode or
     None; beta: blend the old C; partial: split-K, c is the float32 workspace of the
     chunks' sums, no epilogue); own_maps: each block makes its tensor maps from
     templates and a's and b's addresses (OWN_MAPS). Accumulator j of a thread is a
-    literal index in the written-out epilogue, so the 128 stay in registers."""
+    literal index in the written-out epilogue, so the 128 stay in registers. tile: (BN,
+    STAGES), TILE's default (a name suffix otherwise)."""
     bk, f32 = BK_OF[kind], kind == "tf32"
+    bn, stages = tile or TILE
+    sb_bytes = stage_bytes(bn)
     epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "") + \
-        ("_partial" if partial else "") + ("_om" if own_maps else "")
+        ("_partial" if partial else "") + ("_om" if own_maps else "") + \
+        ("" if (bn, stages) == (256, 4) else f"_n{bn}s{stages}")
     maps = "tmpl_a, tmpl_b, a, b, slots" if own_maps else "map_a, map_b"
     name = f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
     # (the 128 zeros in a device function of their own: numba's bytecode peephole for
     # long tuple literals fails inside the kernel's branches)
     L = ["@cuda.jit(device=True)", "def zero_acc():",
-         "    return (" + "F32(0), " * (BN // 2) + ")", "", "",
+         "    return (" + "F32(0), " * (bn // 2) + ")", "", "",
          "@cuda.jit(device=True)",
          "def tile_of(t, tm, tn, group):",
          '    """Tile t -> (matrix z, m0, n0): per matrix, groups of `group` tile rows,',
@@ -181,23 +197,23 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False):
          "    width = group * tn",
          "    first = (pid // width) * group",
          "    gm = min(tm - first, group)",
-         f"    return z, (first + (pid % width) % gm) * {BM}, ((pid % width) // gm) * {BN}",
+         f"    return z, (first + (pid % width) % gm) * {BM}, ((pid % width) // gm) * {bn}",
          "", "",
          f"def {name}({maps}, c, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
          "    smem = cuda.shared.array(0, types.uint8)",
-         f"    bars = cuda.shared.array({2 * STAGES}, types.uint64, alignment=8)",
+         f"    bars = cuda.shared.array({2 * stages}, types.uint64, alignment=8)",
          "    tid = cuda.threadIdx.x"] + (_own_maps_lines() if own_maps else []) + [
          "    wg = tid // 128",
          "    base = (I(smem_address(smem, 0)) + 1023) & ~1023  # the swizzle atom's alignment",
          "    full0 = I(smem_address(bars, 0))             # full[s] at +8 s, empty[s] at +8 (S + s)",
-         f"    empty0 = full0 + {8 * STAGES}",
+         f"    empty0 = full0 + {8 * stages}",
          f"    tm = (M + {BM - 1}) // {BM}",
-         f"    tn = (N + {BN - 1}) // {BN}",
+         f"    tn = (N + {bn - 1}) // {bn}",
          "    total = tm * tn * nz * ((K + ksplit - 1) // ksplit)  # x split-K chunks",
          "    if tid == 0:"] + _map_lines(own_maps, "        ") + [
          "        fence_proxy_tensormap_acquire(map_a)",
          "        fence_proxy_tensormap_acquire(map_b)",
-         f"        for s in range({STAGES}):",
+         f"        for s in range({stages}):",
          "            mbarrier_init(U32(full0 + 8 * s), 1)",
          "            mbarrier_init(U32(empty0 + 8 * s), 2)",
          "        fence_proxy_async()  # the initialised barriers, visible to TMA",
@@ -217,14 +233,14 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False):
          "                za = I32(offs[2 * z])",
          "                zb = I32(offs[2 * z + 1])",
          "                for kt in range(ktiles):",
-         f"                    s = it % {STAGES}",
-         f"                    ph = (it // {STAGES}) & 1",
+         f"                    s = it % {stages}",
+         f"                    ph = (it // {stages}) & 1",
          "                    while mbarrier_try_wait_parity(U32(empty0 + 8 * s), U32(ph ^ 1)) == 0:",
          "                        pass",
-         f"                    mbarrier_arrive_expect_tx(U32(full0 + 8 * s), {STAGE_BYTES})",
-         f"                    sa = base + s * {STAGE_BYTES}",
+         f"                    mbarrier_arrive_expect_tx(U32(full0 + 8 * s), {sb_bytes})",
+         f"                    sa = base + s * {sb_bytes}",
          f"                    sb = sa + {A_BYTES}"]
-    L += ["    " + x for x in _loads("a", a_k, bk) + _loads("b", b_k, bk)]
+    L += ["    " + x for x in _loads("a", a_k, bk, bn) + _loads("b", b_k, bk, bn)]
     L += ["                    it += 1",
           "    else:",
           "        setmaxnreg_inc(232)",
@@ -240,12 +256,12 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False):
           f"            ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}",
           "            d = zero_acc()",
           "            for kt in range(ktiles):",
-          f"                s = it % {STAGES}",
-          f"                ph = (it // {STAGES}) & 1",
+          f"                s = it % {stages}",
+          f"                ph = (it // {stages}) & 1",
           "                while mbarrier_try_wait_parity(U32(full0 + 8 * s), U32(ph)) == 0:",
           "                    pass",
-          f"                sa = base + s * {STAGE_BYTES} + w * {64 * BK * 2}",
-          f"                sb = base + s * {STAGE_BYTES} + {A_BYTES}",
+          f"                sa = base + s * {sb_bytes} + w * {64 * BK * 2}",
+          f"                sb = base + s * {sb_bytes} + {A_BYTES}",
           "                wgmma_fence()"]
     for ks in range(BK // 16):
         L += [f"                d = mma({_descriptor('sa', a_k, ks)}, "
@@ -257,7 +273,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False):
           "            cb = n0 + 2 * (i % 4)",
           "            coff = zk * M * N"]
     E = []
-    for j in range(BN // 8):  # thread i's column pair j: rows r and r + 8
+    for j in range(bn // 8):  # thread i's column pair j: rows r and r + 8
         E += pair_lines(f"cb + {8 * j}", [("r", f"d[{4 * j}]", f"d[{4 * j + 1}]"),
                                           ("(r + 8)", f"d[{4 * j + 2}]", f"d[{4 * j + 3}]")],
                         f32, bias, act, beta, partial)
@@ -267,16 +283,20 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False):
 
 @functools.lru_cache(maxsize=None)
 def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=False,
-           own_maps=False):
+           own_maps=False, tile=None):
     """The Kernel for dtype "float16" / "bfloat16" / "float32" (its tf32 modes, operands
     K-major only), the operand majors and the epilogue (built on first use: a variant
     compiles in seconds); partial: split-K's chunk kernel (c a float32 workspace);
-    own_maps: the blocks make their tensor maps (OWN_MAPS)."""
+    own_maps: the blocks make their tensor maps (OWN_MAPS); tile: (BN, STAGES)."""
     kind = KINDS[dtype]
-    name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps)
+    bn, stages = tile = tile or TILE
+    if bn not in (128, 256) or shared_bytes(bn, stages) > MAX_SHARED:
+        raise ValueError(f"wgmma GEMM tile {BM}x{bn} with {stages} stages: BN 128 or 256, "
+                         f"{shared_bytes(bn, stages)} B of shared memory (at most {MAX_SHARED})")
+    name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile)
     bf = kind == "bf16"
     ns = dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
-              F32=types.float32, mma=wgmma(BN, kind, int(not b_k), int(not a_k)),
+              F32=types.float32, mma=wgmma(bn, kind, int(not b_k), int(not a_k)),
               mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
               setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
               gmem_address=gmem_address, tensormap_replace_address=tensormap_replace_address,
@@ -287,14 +307,14 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
               act_f=_act._device_functions(np.float32)[act][0] if act else None)
     bk = BK_OF[kind]
     fn = compile_source(name, src, ns, about={
-        "config": f"{dtype}: tile {BM}x{BN}x{bk}, {STAGES} stages, 1 producer + 2 consumer "
+        "config": f"{dtype}: tile {BM}x{bn}x{bk}, {stages} stages, 1 producer + 2 consumer "
                   f"warpgroups, wgmma m64n256k{bk // 4}, TMA 128-byte swizzle, A "
                   f"{'K' if a_k else 'MN'}-major, B {'K' if b_k else 'MN'}-major",
         "epilogue": f"bias {bias}, activation {act}, beta {beta}",
-        "traffic": f"a k-tile: {STAGE_BYTES} B in, {2 * BM * BN * bk} flops",
+        "traffic": f"a k-tile: {stage_bytes(bn)} B in, {2 * BM * bn * bk} flops",
         "why": "variant T2 (module docstring)"})
-    return Kernel(fn, [signature(kind, partial, own_maps)], arch="sm_90a", shared_bytes=SHARED,
-                  max_registers=MAX_REGS)
+    return Kernel(fn, [signature(kind, partial, own_maps)], arch="sm_90a",
+                  shared_bytes=shared_bytes(bn, stages), max_registers=MAX_REGS)
 
 
 def ptx_examples():
@@ -339,6 +359,8 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     dtype = dtype_name(a)
     kind = KINDS[dtype]
     bk, mdt = BK_OF[kind], TF32_MAP if kind == "tf32" else dtype
+    tile = TILE
+    bn, shmem = tile[0], shared_bytes(*tile)
     ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
     M, K = (ash[-1], ash[-2]) if trans_a else (ash[-2], ash[-1])
     N = bsh[-2] if trans_b else bsh[-1]
@@ -354,9 +376,9 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     ma = encoded(at, (na, K, rows_a) if trans_a else (na, rows_a, K), mdt,
                  (1, BK, BOX) if trans_a else (1, BM, bk), "128B")
     mb = encoded(bt, (nb_, N, K) if trans_b else (nb_, K, N), mdt,
-                 (1, BN, bk) if trans_b else (1, BK, BOX), "128B")
+                 (1, bn, bk) if trans_b else (1, BK, BOX), "128B")
     offs = batch_table(a_batch, b_batch, batch, dtype=np.int32)
-    tiles = -(-rows_a // BM) * -(-N // BN) * nz
+    tiles = -(-rows_a // BM) * -(-N // bn) * nz
     splits, chunk = split(tiles, K, bk)
     owners = (ma[1], mb[1], c) + ((bias,) if bias is not None else ())
     bias_arg = (ptr(bias), N) if bias is not None else (ptr(c), 1)
@@ -369,15 +391,15 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
         owners += (maps[4],)
     if splits == 1:
         k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0,
-                   own_maps=OWN_MAPS)
+                   own_maps=OWN_MAPS, tile=tile)
         k.launch(k.sigs[0], grid, THREADS, stream, *maps,
                  (ptr(c), total if kind == "tf32" else total // 2), bias_arg, offs, rows_a,
-                 N, K, nz, GROUP_M, alpha, beta, coef, chunk, shmem=SHARED, owners=owners)
+                 N, K, nz, GROUP_M, alpha, beta, coef, chunk, shmem=shmem, owners=owners)
         return c
     ws = empty(c, (splits * total,), "float32")
-    k = kernel(dtype, not trans_a, bool(trans_b), partial=True, own_maps=OWN_MAPS)
+    k = kernel(dtype, not trans_a, bool(trans_b), partial=True, own_maps=OWN_MAPS, tile=tile)
     k.launch(k.sigs[0], grid, THREADS, stream, *maps, ws, bias_arg, offs, rows_a, N,
-             K, nz, GROUP_M, 1.0, 0.0, 0.0, chunk, shmem=SHARED, owners=owners)
+             K, nz, GROUP_M, 1.0, 0.0, 0.0, chunk, shmem=shmem, owners=owners)
     ks, sig = splitk_sum(dtype)
     ks.launch(sig, -(-total // 256), 256, stream, ws, (ptr(c), total), bias_arg, splits, total,
               N, int(bias is not None), -1 if act is None else _act.MODES.index(act), coef,

@@ -1,0 +1,61 @@
+"""The tensor-core GEMM's tile width and pipeline depth (wgmma_gemm.TILE = (BN,
+STAGES)) against cuBLAS in one run, over the square, skinny and ragged shapes of
+perf/suites/gemm.py: issue 23 asks for tile shapes and stages chosen from measurement.
+BN 128 doubles the tiles of a problem that fills less than a wave (ragged 1000 x 3000:
+96 tiles of 128 x 256 on 132 SMs) and frees shared memory for up to 6 stages. bf16, b
+plain and transposed; GPU time from nbdnn.bench.time_gpu (CUDA events, median, L2
+evicted); TFLOP/s, the ratio to cuBLAS, the error against float32 torch.
+
+    PYTHONPATH=. python3 perf/experiments/wgmma_tiles.py [--tiles 256,4 128,4 ...]
+
+Not run yet (written in run AF after the device time): the next device call measures it.
+"""
+import argparse
+
+import torch
+
+import nbdnn
+from nbdnn.bench import time_gpu
+from nbdnn.cuda.matmul import wgmma_gemm as W
+from nbdnn.ops import _plan
+
+SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (64, 4096, 4096), (512, 8192, 1024),
+          (256, 4096, 8192), (1000, 3000, 2040), (4000, 4000, 4000)]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--tiles", nargs="+", default=["256,4", "256,3", "128,4", "128,5", "128,6"])
+    p.add_argument("--dtype", default="bfloat16")
+    args = p.parse_args()
+    tdt = getattr(torch, args.dtype)
+    tiles = [tuple(int(x) for x in t.split(",")) for t in args.tiles]
+    print(f"{'M x N x K':>18} {'b':2} {'cuBLAS':>7} " +
+          " ".join(f"{f'{bn}x{s}':>12}" for bn, s in tiles) + "   (TFLOP/s, x cuBLAS)")
+    for M, N, K in SHAPES:
+        a = torch.randn(M, K, device="cuda").to(tdt)
+        b = torch.randn(K, N, device="cuda").to(tdt)
+        bt = b.t().contiguous()
+        c = torch.empty(M, N, device="cuda", dtype=tdt)
+        ref = torch.matmul(a.float(), b.float())
+        flop = 2 * M * N * K
+        for trans in (False, True):
+            bb = bt if trans else b
+            t_ref = time_gpu(lambda: torch.matmul(a, bb.t() if trans else bb, out=c))
+            cells = []
+            for tile in tiles:
+                W.TILE = tile
+                _plan.clear()
+                t = time_gpu(lambda: nbdnn.matmul(a, bb, trans_b=trans, out=c))
+                nbdnn.matmul(a, bb, trans_b=trans, out=c)
+                err = float((c.float() - ref).abs().max() / ref.abs().max())
+                bad = "" if err < 1e-2 else " BAD"
+                cells.append(f"{flop / t / 1e12:6.0f} {t_ref / t:4.2f}{bad}")
+            print(f"{M:>5} x {N:>5} x {K:>5} {'t' if trans else 'n':2} "
+                  f"{flop / t_ref / 1e12:7.0f} " + " ".join(f"{x:>12}" for x in cells),
+                  flush=True)
+    W.TILE = (256, 4)
+
+
+if __name__ == "__main__":
+    main()
