@@ -73,6 +73,7 @@ from ..tensorcore.tma import mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc, tm
 from ..tensorcore.wgmma import wgmma
 from .batches import table as batch_table
 from .pair_epilogue import pair_lines
+from .wgmma_params import map_lines, own_maps_lines, signature
 from .split_k import split, splitk_sum
 
 BM, BK = 128, 64                                 # BK: a 16-bit k-tile (128 B a row)
@@ -106,49 +107,6 @@ PERSISTENT = True  # one block an SM looping over tiles (False: a block a tile, 
 # host, the call never planned). Written in run AF; not yet run on a GPU: off.
 OWN_MAPS = False
 TEMPLATE_ADDRESS = 1 << 20   # the templates' base (replaced in the kernel; 16-B aligned)
-SIG = ("void(uint64, uint64, uint32[::1], uint16[::1], int32[::1], int64, int64, int64, "
-       "int64, int64, float32, float32, float32, int64)")
-SIG_PARTIAL = SIG.replace("uint32[::1]", "float32[::1]")
-SIG_TF32 = SIG_PARTIAL.replace("uint16[::1]", "float32[::1]")  # (c and bias float32)
-
-
-def signature(kind, partial, own_maps=False):
-    """The kernel's one signature: c packed 16-bit pairs (uint32), bias 16-bit bits;
-    partial (split-K's chunks) and tf32: c float32; tf32: bias float32. own_maps: the
-    two map addresses become the two templates, a, b and the blocks' map slots."""
-    sig = SIG_TF32 if kind == "tf32" else SIG_PARTIAL if partial else SIG
-    if own_maps:
-        t = "float32" if kind == "tf32" else "uint16"
-        sig = sig.replace("void(uint64, uint64, ", f"void(uint64[::1], uint64[::1], {t}[::1], "
-                          f"{t}[::1], int64[::1], ")
-    return sig
-
-
-def _own_maps_lines():
-    """Own maps' prologue: warp 0 copies the two templates (16 x 8 B each) to shared
-    memory, lane 0 sets their base addresses to a's and b's, and the warp copies them
-    to this block's slot pair, released to the tensor-map proxy (map_a, map_b: their
-    global addresses; the producer acquires them below)."""
-    return ["    own = cuda.shared.array(32, types.uint64, alignment=128)",
-            "    if tid < 32:",
-            "        own[tid] = tmpl_a[tid] if tid < 16 else tmpl_b[tid - 16]",
-            "        cuda.syncwarp()",
-            "        if tid == 0:",
-            "            tensormap_replace_address(smem_address(own, 0), gmem_address(a, 0))",
-            "            tensormap_replace_address(smem_address(own, 16), gmem_address(b, 0))",
-            "        cuda.syncwarp()",
-            "        slot = gmem_address(slots, 32 * cuda.blockIdx.x)",
-            "        tensormap_copy_release(slot, smem_address(own, 0))",
-            "        tensormap_copy_release(slot + 128, smem_address(own, 16))"]
-
-
-def _map_lines(own_maps, indent):
-    """Own maps: the thread about to use map_a / map_b computes them (no other thread
-    keeps them live)."""
-    return [indent + "map_a = gmem_address(slots, 32 * cuda.blockIdx.x)",
-            indent + "map_b = map_a + 128"] if own_maps else []
-
-
 def _loads(side, k_major, bk, bn):
     """The producer's TMA lines for one operand into stage address `sa`/`sb` (bk: the
     k-tile in elements; bn: the tile's width)."""
@@ -202,7 +160,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          f"def {name}({maps}, c, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
          "    smem = cuda.shared.array(0, types.uint8)",
          f"    bars = cuda.shared.array({2 * stages}, types.uint64, alignment=8)",
-         "    tid = cuda.threadIdx.x"] + (_own_maps_lines() if own_maps else []) + [
+         "    tid = cuda.threadIdx.x"] + (own_maps_lines() if own_maps else []) + [
          "    wg = tid // 128",
          "    base = (I(smem_address(smem, 0)) + 1023) & ~1023  # the swizzle atom's alignment",
          "    full0 = I(smem_address(bars, 0))             # full[s] at +8 s, empty[s] at +8 (S + s)",
@@ -210,7 +168,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          f"    tm = (M + {BM - 1}) // {BM}",
          f"    tn = (N + {bn - 1}) // {bn}",
          "    total = tm * tn * nz * ((K + ksplit - 1) // ksplit)  # x split-K chunks",
-         "    if tid == 0:"] + _map_lines(own_maps, "        ") + [
+         "    if tid == 0:"] + map_lines(own_maps, "        ") + [
          "        fence_proxy_tensormap_acquire(map_a)",
          "        fence_proxy_tensormap_acquire(map_b)",
          f"        for s in range({stages}):",
@@ -223,7 +181,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          # while the consumers run the epilogue)
          "    if wg == 0:",
          "        setmaxnreg_dec(40)",
-         "        if tid == 0:"] + _map_lines(own_maps, "            ") + [
+         "        if tid == 0:"] + map_lines(own_maps, "            ") + [
          "            it = 0",
          "            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
          "                zk, m0, n0 = tile_of(t, tm, tn, group)",
