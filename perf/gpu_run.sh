@@ -138,6 +138,8 @@ gemm)
     timeout 120 python3 perf/experiments/tc_host_cost.py > "$OUT/tc_host_cost.log" 2>&1
     cat "$OUT/tc_host_cost.log"  # (host cost; OWN_MAPS right and planned?)
     timeout 300 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/gemm.log" 2>&1
+    timeout 120 python3 perf/suites/gemm.py --quick --no-fp32 --no-mlp --tc-path mma_sync \
+        >> "$OUT/gemm.log" 2>&1  # the sm_80-89 kernel's speed, forced on the H200
     cat "$OUT/gemm.log" ;;
 sanitize)
     [ $# -gt 0 ] || set -- matmul
