@@ -20,7 +20,7 @@
 #   bash perf/gpu_run.sh gemm                 # tests/test_tensorcore.py (OWN_MAPS apart), the
 #                                             # SASS of the tensor-core kernels, host cost
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
-#                                             # against cuBLAS, then the mma.sync kernel's
+#                                             # against cuBLAS, then the mma.sync kernel (forced)
 #   bash perf/gpu_run.sh sanitize OPS...      # compute-sanitizer memcheck, then racecheck,
 #                                             # over `nbdnn check --ops OPS --examples 1`;
 #                                             # OPS "tc": over perf/tools/tc_paths.py
