@@ -190,17 +190,15 @@ def test_gemm_and_depthwise_kernels_spill_at_most_as_measured(family):
 
 def test_norm_pool_and_batch_norm_kernels_do_not_spill():
     """The register-cached norm rows (up to 64 values a lane under a 128-register cap)
-    and batch norm's register-held chunks must stay in registers, in every dtype; the
-    one exception, the fused layer/rms norm backward with 16-bit storage: 150-160
-    registers uncapped as in float32, but under the 128 cap (2 blocks of 256 an SM)
-    ptxas spills 28 B there (32 B stack frame, nvJitLink for sm_90) and none in float32."""
+    and batch norm's register-held chunks must stay in registers, in every dtype. (The
+    fused layer/rms norm backward with 16-bit storage, new in run AF: nvJitLink 13.5 here
+    spills 28 B of it under the 128 cap, but it also reports spills for wgmma kernels
+    whose SASS on the H200 has none: this test on the GPU decides.)"""
     from nbdnn.cuda import batch_norm as BN, norm as NM, pool as PL
     from nbdnn.cuda.runtime import launch as _launch
     for table in (NM._KERNELS, BN._KERNELS, PL._KERNELS):
         for (name, dtype), (kernel, sig) in table.items():
-            allowed = 32 if name.startswith("rows_bwdp") and dtype in ("float16", "bfloat16") \
-                else 0
-            assert kernel.resources(sig)["local_bytes"] <= allowed, (name, dtype)
+            assert kernel.resources(sig)["local_bytes"] == 0, (name, dtype)
     for kernel in (k for k in _launch.REGISTRY if k.name == "pool_fwd_fast"):
         assert kernel.resources(kernel.sigs[0])["local_bytes"] == 0, kernel.sigs[0]
 
