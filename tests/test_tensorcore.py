@@ -346,28 +346,31 @@ def test_matmul_on_mma_sync(dtype, shapes, ta, tb, monkeypatch):
     _check_16bit_matmul(dtype, shapes, ta, tb, "mma_gemm", len(shapes[0]) * 5 + ta + 2 * tb)
 
 
+@pytest.mark.parametrize("own", [True, False], ids=["own", "host"])
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
 @pytest.mark.parametrize("shapes", TC_SHAPES[:2] + TC_SHAPES[3:5], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_blocks_own_tensor_maps(shapes, ta, tb, monkeypatch):
-    """OWN_MAPS (wgmma_gemm.py): each block writes its tensor maps from address-free
-    templates (tensormap.replace, cp_fenceproxy): the results as with host-encoded maps,
-    split-K included; and the call plans: five calls on new tensors, the last two
-    replayed, each right."""
+def test_tensor_maps_own_or_host(shapes, ta, tb, own, monkeypatch):
+    """OWN_MAPS (wgmma_gemm.py) on, the default: each block writes its tensor maps from
+    address-free templates (tensormap.replace, cp_fenceproxy); off: the host encodes
+    them per address. The same results either way, split-K included; and the call plans
+    only with the blocks' own maps: five calls on new tensors, the last two replayed
+    (or, host maps, all run eagerly), each right."""
     import torch
     import nbdnn
     from nbdnn.cuda.matmul import wgmma_gemm as W
     from nbdnn.ops import _plan
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
-    monkeypatch.setattr(W, "OWN_MAPS", True)
+    monkeypatch.setattr(W, "OWN_MAPS", own)
+    _plan.clear()  # (a signature's state does not hold OWN_MAPS)
     _check_16bit_matmul("bfloat16", shapes, ta, tb, "wgmma_gemm", len(shapes[0]) * 3 + ta)
     rng = np.random.default_rng(11)
-    before = {id(p) for p in _plan.plans_of_this_thread().values() if type(p) is _plan.Plan}
     for call in range(5):  # (64, 2048) x (2048, 264): split-K
         a, av = _torch_pair(rng, (64, 2048), torch.bfloat16, False)
         b, bv = _torch_pair(rng, (2048, 264), torch.bfloat16, True)
         c = nbdnn.matmul(a, b, trans_b=True)
         np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7,
                                    atol=1e-5 * np.sqrt(2048))
-    assert any(type(p) is _plan.Plan and id(p) not in before
-               for p in _plan.plans_of_this_thread().values()), "the call did not plan"
+    planned = any(type(p) is _plan.Plan for p in _plan.plans_of_this_thread().values())
+    _plan.clear()
+    assert planned == own, "the call did not plan" if own else "host maps planned"

@@ -3,7 +3,10 @@ compute-sanitizer (memcheck, racecheck), which slows a kernel down hundreds of t
 so `nbdnn check`'s many examples do not finish (run AD call 3). Paths: 16-bit in the
 four operand majors (the persistent kernel, no split), with the full epilogue, split-K
 (chunk kernel + ordered sum), float32 math tf32 and 3xtf32 (tf32_parts + the tf32
-kernel), a batch broadcast both ways, the sm_80-89 mma.sync kernel (forced). Prints one line a path and exits 1 on a miss.
+kernel), a batch broadcast both ways, the sm_80-89 mma.sync kernel (forced), then the tensor maps the default does not use (wgmma_gemm.OWN_MAPS
+on: the blocks make them; off: the host encodes them) plain, split-K and batched.
+Prints one line a path and exits 1 on a miss; `--only WORD` runs the paths whose label
+holds WORD (e.g. `--only maps`).
 
     PYTHONPATH=. compute-sanitizer --tool racecheck python3 perf/tools/tc_paths.py
 """
@@ -16,6 +19,8 @@ from nbdnn.cuda.runtime.launch import launched
 
 
 def _case(label, shapes, dtype, ta=False, tb=False, tol=2e-2, **kw):
+    if ONLY and ONLY not in label:
+        return True
     g = torch.Generator().manual_seed(len(label))
     (ash, bsh) = shapes
     a = torch.rand(ash, generator=g) - 0.5
@@ -59,8 +64,18 @@ def main():
                          False, 1e-3, math=mode))
         oks.append(_case(f"float32 {mode} split-K", ((64, 2048), (2048, 264)), torch.float32,
                          tol=1e-3, math=mode))
+    from nbdnn.cuda.matmul import wgmma_gemm
+    default = wgmma_gemm.OWN_MAPS  # the paths above ran with it; now the other maps
+    wgmma_gemm.OWN_MAPS = not default
+    other = "own maps" if not default else "host maps"
+    oks.append(_case(f"bf16 {other} ta=1 tb=0", ((200, 136), (136, 264)), bf, True, False))
+    oks.append(_case(f"bf16 {other} split-K", ((64, 2048), (2048, 264)), bf))
+    oks.append(_case(f"bf16 {other} batches", ((2, 1, 72, 64), (3, 64, 136)), bf))
+    wgmma_gemm.OWN_MAPS = default
     sys.exit(0 if all(oks) else 1)
 
+
+ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
 
 if __name__ == "__main__":
     main()
