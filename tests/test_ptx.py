@@ -55,16 +55,37 @@ def ccs(k, sig):
     if sm90_only or bf16 or any(t in sig for t in ("float16", "float64")):
         return ((9, 0),)
     return ((8, 0), (9, 0))
-jobs = [(k, sig, cc) for k in _launch.REGISTRY for sig in k.sigs for cc in ccs(k, sig)]
-# the slow compiles (10-35 s each) last, so that round-robin deals them out evenly
+# the slow compiles (10-35 s each) last, so that round-robin deals them out evenly; a
+# signature's ccs in one shard (they share a lowering)
+jobs = [(k, sig, ccs(k, sig)) for k in _launch.REGISTRY for sig in k.sigs if ccs(k, sig)]
 jobs.sort(key=lambda j: any(h in j[0].name for h in ("128x128", "dw_tile", "64x64")))
+import inspect
+from numba.cuda import compiler as C
+LOWER = getattr(C, "_compile_pyfunc_with_fixup", None)
+KW = dict(debug=None, lineinfo=False, device=False, fastmath=False, opt=None, abi="numba",
+          abi_info=None, forceinline=False, launch_bounds=None, lto=False)
+if LOWER is None or set(KW) - set(inspect.signature(LOWER).parameters):
+    LOWER = None  # (another numba-cuda: compile_ptx per cc)
+def compile_all(k, sig, ccs):
+    # PTX of one signature for every cc in ccs. Typing and lowering are ~85% of a
+    # compile and NVVM the rest (run AG), so one lowering at the lowest cc feeds NVVM
+    # for each: numba-cuda's lowering reads the cc only for choices made alike from
+    # sm_75 up (tanh's fast path, float64 atomics); the sm_80 PTX is compile_ptx's.
+    if LOWER is None or len(ccs) == 1:
+        for cc in ccs:
+            cuda.compile_ptx(k.pyfunc, sig, cc=cc)
+        return
+    lib, _ = LOWER(k.pyfunc, sig, cc=min(ccs), **KW)
+    for cc in ccs:
+        assert len(lib.get_asm_strs(cc=cc)) == 1
 bad, n = [], 0
-for k, sig, cc in jobs[shard::nshards]:
-    n += 1
+for k, sig, cc_list in jobs[shard::nshards]:
+    n += len(cc_list)
     try:
-        cuda.compile_ptx(k.pyfunc, sig, cc=cc)
+        compile_all(k, sig, cc_list)
     except Exception as e:
-        bad.append(f"{k.name} {sig} sm_{''.join(map(str, cc))}: {type(e).__name__}: {str(e)[:400]}")
+        sms = ",".join("sm_" + "".join(map(str, cc)) for cc in cc_list)
+        bad.append(f"{k.name} {sig} {sms}: {type(e).__name__}: {str(e)[:400]}")
 print(json.dumps({"compiled": n, "failed": bad}))
 """
 

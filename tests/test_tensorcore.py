@@ -194,6 +194,52 @@ def test_matmul_on_tensor_cores(dtype, shapes, ta, tb):
     _check_16bit_matmul(dtype, shapes, ta, tb, "wgmma_gemm", len(shapes[0]) * 7 + ta + 2 * tb)
 
 
+@pytest.mark.parametrize("own", [True, False], ids=["own", "host"])
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
+@pytest.mark.parametrize("shapes", TC_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_epilogue_by_tma_stores(dtype, shapes, ta, tb, own, monkeypatch):
+    """TMA_STORE (staged_store.py): C through swizzled staging tiles and TMA stores,
+    with the fused bias, gelu and alpha, and plain; TMA clips the ragged rows and
+    columns and writes each batch's matrix. beta (old C read), an N not a multiple of 8
+    and split-K keep the direct epilogue."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.runtime.launch import launched
+    from scipy.special import erf
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(W, "TMA_STORE", True)
+    monkeypatch.setattr(W, "OWN_MAPS", own)
+    rng = np.random.default_rng(len(shapes[0]) * 5 + ta)
+    tdt = getattr(torch, dtype)
+    (ash, bsh) = shapes
+    a, av = _torch_pair(rng, ash, tdt, ta)
+    b, bv = _torch_pair(rng, bsh, tdt, tb)
+    N, K = bsh[-1], ash[-1]
+    bias, biasv = _torch_pair(rng, (1, N), tdt, False)
+    with launched() as names:
+        c = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, bias=bias[0], activation="gelu",
+                         alpha=0.5)
+        plain = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb)
+        nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, beta=0.5, out=plain.clone())
+    assert [n.endswith("_ts") for n in names] == [True, True, False], names
+    r = av @ bv + biasv[0]
+    ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
+    np.testing.assert_allclose(c.double().cpu().numpy(), 0.25 * r * (1 + erf(r / np.sqrt(2))),
+                               rtol=2 * ulp, atol=1e-5 * np.sqrt(K) + 2 * ulp)
+    np.testing.assert_allclose(plain.double().cpu().numpy(), av @ bv, rtol=2 * ulp,
+                               atol=1e-5 * np.sqrt(K))
+    b6, bv6 = _torch_pair(rng, bsh[:-1] + (6,), tdt, True)  # N = 6: C rows of 12 bytes
+    with launched() as names:
+        c6 = nbdnn.matmul(a, b6, trans_a=ta, trans_b=True)
+    assert len(names) == 1 and names[0].startswith("wgmma_gemm") and \
+        not names[0].endswith("_ts"), names
+    np.testing.assert_allclose(c6.double().cpu().numpy(), av @ bv6, rtol=2 * ulp,
+                               atol=1e-5 * np.sqrt(K))
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_tensor_core_matmul_is_deterministic_and_backward_runs_there(dtype):
     """Reruns are bit-identical (no atomics); matmul_backward's two products run on the

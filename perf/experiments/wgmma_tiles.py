@@ -6,9 +6,14 @@ BN 128 doubles the tiles of a problem that fills less than a wave (ragged 1000 x
 plain and transposed; GPU time from nbdnn.bench.time_gpu (CUDA events, median, L2
 evicted); TFLOP/s, the ratio to cuBLAS, the error against float32 torch.
 
-    PYTHONPATH=. python3 perf/experiments/wgmma_tiles.py [--tiles 256,4 128,4 ...]
+    PYTHONPATH=. python3 perf/experiments/wgmma_tiles.py [--tiles 256,4 128,4 ...] [--store]
 
-Not run yet (written in run AF after the device time): the next device call measures it.
+--store: each tile twice, C by direct stores and by TMA stores (wgmma_gemm.TMA_STORE,
+staged_store.py; a "ts" column).
+
+Found (run AG call 3, bf16): 256 x 4 (shipped) best or tied but at 256 x 4096 x 8192,
+where 128 x 5-6 gives 0.55-0.58 against 0.44-0.46x; no tile reaches 0.7x on the skinny
+rows (table in perf/RESULTS.md). --store: not run yet (written in run AG).
 """
 import argparse
 
@@ -27,11 +32,14 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--tiles", nargs="+", default=["256,4", "256,3", "128,4", "128,5", "128,6"])
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--store", action="store_true")
     args = p.parse_args()
     tdt = getattr(torch, args.dtype)
-    tiles = [tuple(int(x) for x in t.split(",")) for t in args.tiles]
+    tiles = [tuple(int(x) for x in t.split(",")) + (ts,) for t in args.tiles
+             for ts in ((False, True) if args.store else (False,))]
     print(f"{'M x N x K':>18} {'b':2} {'cuBLAS':>7} " +
-          " ".join(f"{f'{bn}x{s}':>12}" for bn, s in tiles) + "   (TFLOP/s, x cuBLAS)")
+          " ".join(f"{f'{bn}x{s}' + (' ts' if ts else ''):>12}" for bn, s, ts in tiles) +
+          "   (TFLOP/s, x cuBLAS)")
     for M, N, K in SHAPES:
         a = torch.randn(M, K, device="cuda").to(tdt)
         b = torch.randn(K, N, device="cuda").to(tdt)
@@ -43,8 +51,8 @@ def main():
             bb = bt if trans else b
             t_ref = time_gpu(lambda: torch.matmul(a, bb.t() if trans else bb, out=c))
             cells = []
-            for tile in tiles:
-                W.TILE = tile
+            for bn, stages, ts in tiles:
+                W.TILE, W.TMA_STORE = (bn, stages), ts
                 _plan.clear()
                 t = time_gpu(lambda: nbdnn.matmul(a, bb, trans_b=trans, out=c))
                 nbdnn.matmul(a, bb, trans_b=trans, out=c)
@@ -54,7 +62,7 @@ def main():
             print(f"{M:>5} x {N:>5} x {K:>5} {'t' if trans else 'n':2} "
                   f"{flop / t_ref / 1e12:7.0f} " + " ".join(f"{x:>12}" for x in cells),
                   flush=True)
-    W.TILE = (256, 4)
+    W.TILE, W.TMA_STORE = (256, 4), False
 
 
 if __name__ == "__main__":

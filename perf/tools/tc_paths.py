@@ -3,10 +3,12 @@ compute-sanitizer (memcheck, racecheck), which slows a kernel down hundreds of t
 so `nbdnn check`'s many examples do not finish (run AD call 3). Paths: 16-bit in the
 four operand majors (the persistent kernel, no split), with the full epilogue, split-K
 (chunk kernel + ordered sum), float32 math tf32 and 3xtf32 (tf32_parts + the tf32
-kernel), a batch broadcast both ways, the sm_80-89 mma.sync kernel (forced), then the tensor maps the default does not use (wgmma_gemm.OWN_MAPS
-on: the blocks make them; off: the host encodes them) plain, split-K and batched.
-Prints one line a path and exits 1 on a miss; `--only WORD` runs the paths whose label
-holds WORD (e.g. `--only maps`).
+kernel), a batch broadcast both ways, the sm_80-89 mma.sync kernel (forced); then the
+tensor maps the default does not use (wgmma_gemm.OWN_MAPS on: the blocks make them;
+off: the host encodes them) plain, split-K and batched, and the epilogue by TMA stores
+(wgmma_gemm.TMA_STORE) with both kinds of maps. Prints one line a path and exits 1 on
+a miss; `--only WORD` runs the paths whose label holds WORD (`--only maps`, `--only
+store`).
 
     PYTHONPATH=. compute-sanitizer --tool racecheck python3 perf/tools/tc_paths.py
 """
@@ -72,6 +74,14 @@ def main():
     oks.append(_case(f"bf16 {other} split-K", ((64, 2048), (2048, 264)), bf))
     oks.append(_case(f"bf16 {other} batches", ((2, 1, 72, 64), (3, 64, 136)), bf))
     wgmma_gemm.OWN_MAPS = default
+    wgmma_gemm.TMA_STORE = True  # C through staging tiles and TMA stores (staged_store.py)
+    oks.append(_case("bf16 tma store ta=0 tb=0", ((200, 136), (136, 264)), bf))
+    oks.append(_case("fp16 tma store ta=1 tb=1 bias+relu", ((130, 64), (64, 520)),
+                     torch.float16, True, True, bias=True, activation="relu"))
+    oks.append(_case("bf16 tma store batches", ((2, 1, 72, 64), (3, 64, 136)), bf))
+    wgmma_gemm.OWN_MAPS = not default
+    oks.append(_case(f"bf16 tma store {other}", ((200, 136), (136, 264)), bf))
+    wgmma_gemm.OWN_MAPS, wgmma_gemm.TMA_STORE = default, False
     sys.exit(0 if all(oks) else 1)
 
 

@@ -68,12 +68,14 @@ from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2, unpack_bf16x2, unpack_f16x2,
 from ..tensorcore.tensormap import encoded
 from ..tensorcore.tiles import SOURCE_NAMES
 from ..tensorcore.asm import gmem_address
-from ..tensorcore.tma import mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc, tma_load_3d, \
-    tensormap_copy_release, tensormap_replace_address
+from ..tensorcore.tma import bar_sync, bulk_commit, bulk_wait, bulk_wait_read, \
+    mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc, st_shared_u32, tensormap_copy_release, \
+    tensormap_replace_address, tma_load_3d, tma_store_3d
 from ..tensorcore.wgmma import wgmma
 from .batches import table as batch_table
 from .pair_epilogue import pair_lines
-from .wgmma_params import map_lines, own_maps_lines, signature
+from . import staged_store as staged
+from .wgmma_params import map_lines, own_maps_lines, signature, slot_words
 from .split_k import split, splitk_sum
 
 BM, BK = 128, 64                                 # BK: a 16-bit k-tile (128 B a row)
@@ -90,9 +92,10 @@ def stage_bytes(bn):
     return A_BYTES + bn * BK * 2
 
 
-def shared_bytes(bn, stages):
-    """Dynamic shared memory of a block: the stages + the swizzle atom's alignment slack."""
-    return stages * stage_bytes(bn) + 1024
+def shared_bytes(bn, stages, store=False):
+    """Dynamic shared memory of a block: the stages (+ C's staging tiles with TMA stores)
+    + the swizzle atom's alignment slack."""
+    return stages * stage_bytes(bn) + (staged.STAGING_BYTES if store else 0) + 1024
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16", "float32": "tf32"}  # (float32: math tf32)
 BK_OF = {"f16": BK, "bf16": BK, "tf32": BK // 2}  # a k-tile is 128 B of K in every kind
@@ -108,6 +111,10 @@ PERSISTENT = True  # one block an SM looping over tiles (False: a block a tile, 
 # planned against 49-54 us with host maps (torch.matmul 11 us); the kernels' GPU time
 # within the run's noise at 4096-8192, 4% more at 512 x 8192 x 1024.
 OWN_MAPS = True
+# C leaves through shared memory and TMA stores where it can (staged_store.py: 16-bit C,
+# no beta, not split-K, N % 8 == 0); False: every thread stores 4-byte pairs. Written in
+# run AG after the device time, not yet run on a GPU: off.
+TMA_STORE = False
 TEMPLATE_ADDRESS = 1 << 20   # the templates' base (replaced in the kernel; 16-B aligned)
 def _loads(side, k_major, bk, bn):
     """The producer's TMA lines for one operand into stage address `sa`/`sb` (bk: the
@@ -128,21 +135,25 @@ def _descriptor(addr, k_major, ks):
     return f"descriptor({addr} + {2048 * ks}, {BOX * BK * 2}, 1024, SW128)"
 
 
-def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=None):
+def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=None,
+           store=False):
     """(name, source) of the kernel for kind "f16"/"bf16", operand majors (a_k, b_k:
     K-major or not) and the epilogue (bias: add bias[n]; act: an activation mode or
     None; beta: blend the old C; partial: split-K, c is the float32 workspace of the
     chunks' sums, no epilogue); own_maps: each block makes its tensor maps from
     templates and a's and b's addresses (OWN_MAPS). Accumulator j of a thread is a
     literal index in the written-out epilogue, so the 128 stay in registers. tile: (BN,
-    STAGES), TILE's default (a name suffix otherwise)."""
+    STAGES), TILE's default (a name suffix otherwise). store: C through shared memory
+    and TMA stores (staged_store.py)."""
     bk, f32 = BK_OF[kind], kind == "tf32"
     bn, stages = tile or TILE
     sb_bytes = stage_bytes(bn)
     epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "") + \
         ("_partial" if partial else "") + ("_om" if own_maps else "") + \
+        ("_ts" if store else "") + \
         ("" if (bn, stages) == (256, 4) else f"_n{bn}s{stages}")
-    maps = "tmpl_a, tmpl_b, a, b, slots" if own_maps else "map_a, map_b"
+    maps = ("tmpl_a, tmpl_b, tmpl_c, a, b, slots" if store else "tmpl_a, tmpl_b, a, b, slots") \
+        if own_maps else ("map_a, map_b, map_c" if store else "map_a, map_b")
     name = f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
     # (the 128 zeros in a device function of their own: numba's bytecode peephole for
     # long tuple literals fails inside the kernel's branches)
@@ -162,15 +173,16 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          f"def {name}({maps}, c, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
          "    smem = cuda.shared.array(0, types.uint8)",
          f"    bars = cuda.shared.array({2 * stages}, types.uint64, alignment=8)",
-         "    tid = cuda.threadIdx.x"] + (own_maps_lines() if own_maps else []) + [
+         "    tid = cuda.threadIdx.x"] + (own_maps_lines(store) if own_maps else []) + [
          "    wg = tid // 128",
          "    base = (I(smem_address(smem, 0)) + 1023) & ~1023  # the swizzle atom's alignment",
+         ] + ([f"    ebase = base + {stages * sb_bytes}  # C's staging tiles"] if store else []) + [
          "    full0 = I(smem_address(bars, 0))             # full[s] at +8 s, empty[s] at +8 (S + s)",
          f"    empty0 = full0 + {8 * stages}",
          f"    tm = (M + {BM - 1}) // {BM}",
          f"    tn = (N + {bn - 1}) // {bn}",
          "    total = tm * tn * nz * ((K + ksplit - 1) // ksplit)  # x split-K chunks",
-         "    if tid == 0:"] + map_lines(own_maps, "        ") + [
+         "    if tid == 0:"] + map_lines(own_maps, "        ", store) + [
          "        fence_proxy_tensormap_acquire(map_a)",
          "        fence_proxy_tensormap_acquire(map_b)",
          f"        for s in range({stages}):",
@@ -183,7 +195,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          # while the consumers run the epilogue)
          "    if wg == 0:",
          "        setmaxnreg_dec(40)",
-         "        if tid == 0:"] + map_lines(own_maps, "            ") + [
+         "        if tid == 0:"] + map_lines(own_maps, "            ", store) + [
          "            it = 0",
          "            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
          "                zk, m0, n0 = tile_of(t, tm, tn, group)",
@@ -209,7 +221,8 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
           "        a = F32(alpha)",
           "        bt = F32(beta)",
           "        cf = F32(coef)",
-          "        it = 0",
+          "        it = 0"] + (map_lines(own_maps, "        ", store, ("map_c",)) +
+                              staged.prologue_lines("        ") if store else []) + [
           "        for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
           "            zk, m0, n0 = tile_of(t, tm, tn, group)",
           "            k0 = (zk // nz) * ksplit",
@@ -232,35 +245,39 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
           "            r = m0 + w * 64 + 16 * (i // 32) + (i % 32) // 4",
           "            cb = n0 + 2 * (i % 4)",
           "            coff = zk * M * N"]
-    E = []
-    for j in range(bn // 8):  # thread i's column pair j: rows r and r + 8
+    E = staged.tile_lines(bn, bias, act) if store else []
+    for j in range(0 if store else bn // 8):  # thread i's column pair j: rows r and r + 8
         E += pair_lines(f"cb + {8 * j}", [("r", f"d[{4 * j}]", f"d[{4 * j + 1}]"),
                                           ("(r + 8)", f"d[{4 * j + 2}]", f"d[{4 * j + 3}]")],
                         f32, bias, act, beta, partial)
-    L += ["            " + x for x in E]
+    L += ["            " + x for x in E] + (staged.final_lines("        ") if store else [])
     return name, "\n".join(L) + "\n"
 
 
 @functools.lru_cache(maxsize=None)
 def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=False,
-           own_maps=False, tile=None):
+           own_maps=False, tile=None, store=False):
     """The Kernel for dtype "float16" / "bfloat16" / "float32" (its tf32 modes, operands
     K-major only), the operand majors and the epilogue (built on first use: a variant
     compiles in seconds); partial: split-K's chunk kernel (c a float32 workspace);
-    own_maps: the blocks make their tensor maps (OWN_MAPS); tile: (BN, STAGES)."""
+    own_maps: the blocks make their tensor maps (OWN_MAPS); tile: (BN, STAGES); store:
+    C through TMA stores (TMA_STORE)."""
     kind = KINDS[dtype]
     bn, stages = tile = tile or TILE
-    if bn not in (128, 256) or shared_bytes(bn, stages) > MAX_SHARED:
+    shmem = shared_bytes(bn, stages, store)
+    if bn not in (128, 256) or shmem > MAX_SHARED:
         raise ValueError(f"wgmma GEMM tile {BM}x{bn} with {stages} stages: BN 128 or 256, "
-                         f"{shared_bytes(bn, stages)} B of shared memory (at most {MAX_SHARED})")
-    name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile)
+                         f"{shmem} B of shared memory (at most {MAX_SHARED})")
+    name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store)
     bf = kind == "bf16"
     ns = dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
               F32=types.float32, mma=wgmma(bn, kind, int(not b_k), int(not a_k)),
               mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
               setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
               gmem_address=gmem_address, tensormap_replace_address=tensormap_replace_address,
-              tensormap_copy_release=tensormap_copy_release,
+              tensormap_copy_release=tensormap_copy_release, tma_store_3d=tma_store_3d,
+              st_shared_u32=st_shared_u32, bar_sync=bar_sync, bulk_commit=bulk_commit,
+              bulk_wait_read=bulk_wait_read, bulk_wait=bulk_wait,
               cvt=cvt_bf16x2 if bf else cvt_f16x2,
               widen=widen_bf16 if bf else widen_f16 if kind == "f16" else types.float32,
               unpack=unpack_bf16x2 if bf else unpack_f16x2,
@@ -273,8 +290,8 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
         "epilogue": f"bias {bias}, activation {act}, beta {beta}",
         "traffic": f"a k-tile: {stage_bytes(bn)} B in, {2 * BM * bn * bk} flops",
         "why": "variant T2 (module docstring)"})
-    return Kernel(fn, [signature(kind, partial, own_maps)], arch="sm_90a",
-                  shared_bytes=shared_bytes(bn, stages), max_registers=MAX_REGS)
+    return Kernel(fn, [signature(kind, partial, own_maps, store)], arch="sm_90a",
+                  shared_bytes=shmem, max_registers=MAX_REGS)
 
 
 def ptx_examples():
@@ -282,7 +299,7 @@ def ptx_examples():
     ones for sm_90a): bfloat16 in every operand major, float16 K-major (the dtypes
     differ only in the instructions' type names; each tensor-core kernel costs CI 10-25
     s), one full epilogue in 16 bits and one in tf32 (float32 C), split-K's chunk kernel
-    and every dtype's ordered sum."""
+    and every dtype's ordered sum, the other tensor maps, the epilogue by TMA stores."""
     om = OWN_MAPS  # the maps gemm() uses; one kernel with the other kind
     for a_k in (True, False):
         for b_k in (True, False):
@@ -292,6 +309,7 @@ def ptx_examples():
     kernel("bfloat16", True, True, partial=True, own_maps=om)
     kernel("float32", True, True, True, "gelu", True, own_maps=om)  # tf32: float32 C
     kernel("bfloat16", True, False, own_maps=not om)
+    kernel("bfloat16", True, False, True, "gelu", own_maps=om, store=True)  # TMA_STORE
     for dtype in KINDS:
         splitk_sum(dtype)
 
@@ -321,7 +339,7 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     kind = KINDS[dtype]
     bk, mdt = BK_OF[kind], TF32_MAP if kind == "tf32" else dtype
     tile = TILE
-    bn, shmem = tile[0], shared_bytes(*tile)
+    bn = tile[0]
     ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
     M, K = (ash[-1], ash[-2]) if trans_a else (ash[-2], ash[-1])
     N = bsh[-2] if trans_b else bsh[-1]
@@ -345,14 +363,22 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     bias_arg = (ptr(bias), N) if bias is not None else (ptr(c), 1)
     grid = min(tiles * splits, sm_count()) if PERSISTENT else tiles * splits
     total = nz * rows_a * N
-    maps = (ma[0], mb[0])
-    if OWN_MAPS:  # templates, a, b, a slot pair (2 x 128 B) a block
-        maps = (ma[1], mb[1], (ptr(a), math.prod(ash)), (ptr(b), math.prod(bsh)),
-                empty(c, (32 * grid,), "int64"))
-        owners += (maps[4],)
+    store = TMA_STORE and splits == 1 and staged.usable(kind, False, beta != 0, N, ptr(c))
+    shmem = shared_bytes(*tile, store)
+    encs = (ma, mb)
+    if store:  # C's map: (matrices, rows, N), 64 x 64 boxes (staged_store.py)
+        encs += (encoded(TEMPLATE_ADDRESS if OWN_MAPS else ptr(c), (nz, rows_a, N), dtype,
+                         (1, 64, 64), "128B"),)
+        owners += (encs[2][1],)
+    maps = tuple(m[0] for m in encs)
+    if OWN_MAPS:  # the templates, a, b, the blocks' map slots (128 B a map)
+        slots = empty(c, (slot_words(store) * grid,), "int64")
+        maps = tuple(m[1] for m in encs) + ((ptr(a), math.prod(ash)),
+                                            (ptr(b), math.prod(bsh)), slots)
+        owners += (slots,)
     if splits == 1:
         k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0,
-                   own_maps=OWN_MAPS, tile=tile)
+                   own_maps=OWN_MAPS, tile=tile, store=store)
         k.launch(k.sigs[0], grid, THREADS, stream, *maps,
                  (ptr(c), total if kind == "tf32" else total // 2), bias_arg, offs, rows_a,
                  N, K, nz, GROUP_M, alpha, beta, coef, chunk, shmem=shmem, owners=owners)

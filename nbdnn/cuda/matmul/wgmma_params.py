@@ -17,38 +17,55 @@ SIG_PARTIAL = SIG.replace("uint32[::1]", "float32[::1]")
 SIG_TF32 = SIG_PARTIAL.replace("uint16[::1]", "float32[::1]")  # (c and bias float32)
 
 
-def signature(kind, partial, own_maps=False):
+def signature(kind, partial, own_maps=False, store=False):
     """The kernel's one signature: c packed 16-bit pairs (uint32), bias 16-bit bits;
-    partial (split-K's chunks) and tf32: c float32; tf32: bias float32. own_maps: the
-    two map addresses become the two templates, a, b and the blocks' map slots."""
+    partial (split-K's chunks) and tf32: c float32; tf32: bias float32. store (TMA
+    stores of C, staged_store.py): a third map, C's. own_maps: the map addresses become
+    the templates, then a, b and the blocks' map slots."""
     sig = SIG_TF32 if kind == "tf32" else SIG_PARTIAL if partial else SIG
+    maps = "uint64, uint64, uint64, " if store else "uint64, uint64, "
     if own_maps:
         t = "float32" if kind == "tf32" else "uint16"
-        sig = sig.replace("void(uint64, uint64, ", f"void(uint64[::1], uint64[::1], {t}[::1], "
-                          f"{t}[::1], int64[::1], ")
-    return sig
+        return sig.replace("void(uint64, uint64, ", "void(" + maps.replace("uint64", "uint64[::1]")
+                           + f"{t}[::1], {t}[::1], int64[::1], ")
+    return sig.replace("void(uint64, uint64, ", "void(" + maps)
 
 
-def own_maps_lines():
-    """Own maps' prologue: warp 0 copies the two templates (16 x 8 B each) to shared
-    memory, lane 0 sets their base addresses to a's and b's, and the warp copies them
-    to this block's slot pair, released to the tensor-map proxy (map_a, map_b: their
-    global addresses; the producer acquires them below)."""
-    return ["    own = cuda.shared.array(32, types.uint64, alignment=128)",
-            "    if tid < 32:",
-            "        own[tid] = tmpl_a[tid] if tid < 16 else tmpl_b[tid - 16]",
-            "        cuda.syncwarp()",
-            "        if tid == 0:",
-            "            tensormap_replace_address(smem_address(own, 0), gmem_address(a, 0))",
-            "            tensormap_replace_address(smem_address(own, 16), gmem_address(b, 0))",
-            "        cuda.syncwarp()",
-            "        slot = gmem_address(slots, 32 * cuda.blockIdx.x)",
-            "        tensormap_copy_release(slot, smem_address(own, 0))",
-            "        tensormap_copy_release(slot + 128, smem_address(own, 16))"]
+def slot_words(store):
+    """uint64 words of a block's map slots: 16 (128 B) a map."""
+    return 48 if store else 32
 
 
-def map_lines(own_maps, indent):
-    """Own maps: the thread about to use map_a / map_b computes them (no other thread
-    keeps them live)."""
-    return [indent + "map_a = gmem_address(slots, 32 * cuda.blockIdx.x)",
-            indent + "map_b = map_a + 128"] if own_maps else []
+def own_maps_lines(store=False):
+    """Own maps' prologue: warp 0 copies the templates (16 x 8 B each) to shared memory,
+    lane 0 sets their base addresses to a's, b's (and c's), and the warp copies them to
+    this block's slots, released to the tensor-map proxy (map_a, map_b, map_c: their
+    global addresses; the threads that issue TMA through them acquire them below)."""
+    n = slot_words(store)
+    L = [f"    own = cuda.shared.array({n}, types.uint64, alignment=128)",
+         "    if tid < 32:",
+         "        own[tid] = tmpl_a[tid] if tid < 16 else tmpl_b[tid - 16]"] + \
+        (["        if tid < 16:", "            own[32 + tid] = tmpl_c[tid]"] if store else []) + [
+         "        cuda.syncwarp()",
+         "        if tid == 0:",
+         "            tensormap_replace_address(smem_address(own, 0), gmem_address(a, 0))",
+         "            tensormap_replace_address(smem_address(own, 16), gmem_address(b, 0))"] + \
+        (["            tensormap_replace_address(smem_address(own, 32), gmem_address(c, 0))"]
+         if store else []) + [
+         "        cuda.syncwarp()",
+         f"        slot = gmem_address(slots, {n} * cuda.blockIdx.x)",
+         "        tensormap_copy_release(slot, smem_address(own, 0))",
+         "        tensormap_copy_release(slot + 128, smem_address(own, 16))"] + \
+        (["        tensormap_copy_release(slot + 256, smem_address(own, 32))"] if store else [])
+    return L
+
+
+def map_lines(own_maps, indent, store=False, names=("map_a", "map_b")):
+    """Own maps: the thread about to use a map computes its address (no other thread
+    keeps it live): map_a and map_b (the producer), or map_c (+256 B; a consumer)."""
+    if not own_maps:
+        return []
+    slot = f"gmem_address(slots, {slot_words(store)} * cuda.blockIdx.x)"
+    if names == ("map_c",):
+        return [f"{indent}map_c = {slot} + 256"]
+    return [f"{indent}map_a = {slot}", f"{indent}map_b = map_a + 128"]

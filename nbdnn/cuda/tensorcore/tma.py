@@ -31,6 +31,9 @@ bulk_commit = statement("cp.async.bulk.commit_group;", "Close the group of TMA s
 bulk_wait_read = literal_statement("cp.async.bulk.wait_group.read %d;",
                                    "Wait until at most N TMA-store groups still read shared "
                                    "memory (their sources may then be overwritten).")
+bulk_wait = literal_statement("cp.async.bulk.wait_group %d;",
+                              "Wait until at most N TMA-store groups are still in flight "
+                              "(their global writes done too: before a kernel ends).")
 setmaxnreg_inc = literal_statement("setmaxnreg.inc.sync.aligned.u32 %d;",
                                    "Raise this warpgroup's register limit to N (a consumer).")
 setmaxnreg_dec = literal_statement("setmaxnreg.dec.sync.aligned.u32 %d;",
@@ -56,6 +59,9 @@ _LOAD = "cp.async.bulk.tensor.{n}d.shared::cluster.global.mbarrier::complete_tx:
 _LOAD_2D = _LOAD.format(n=2, coords="$2, $3", bar=4)
 _LOAD_3D = _LOAD.format(n=3, coords="$2, $3, $4", bar=5)
 _STORE_2D = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [$0, {$1, $2}], [$3];"
+_STORE_3D = "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [$0, {$1, $2, $3}], [$4];"
+_ST_SHARED = "st.shared.b32 [$0], $1;"
+_BAR_SYNC = "bar.sync $0, $1;"
 _REPLACE = "tensormap.replace.tile.global_address.shared::cta.b1024.b64 [$0], $1;"
 _COPY_RELEASE = "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu" \
     ".sync.aligned [$0], [$1], 128;"
@@ -113,6 +119,26 @@ def tma_store_2d(typingctx, tmap, x, y, src):
 
 
 @intrinsic
+def tma_store_3d(typingctx, tmap, x, y, z, src):
+    """As tma_store_2d for the 3-d box at (x, y, z)."""
+    return types.void(u64, i32, i32, i32, u32), _emit(_STORE_3D, "l,r,r,r,r,~{memory}")
+
+
+@intrinsic
+def st_shared_u32(typingctx, addr, value):
+    """Store 4 bytes to .shared address `addr` (a TMA store's staging tile: the swizzled
+    address is computed, not an array index)."""
+    return types.void(u32, u32), _emit(_ST_SHARED, "r,r,~{memory}")
+
+
+@intrinsic
+def bar_sync(typingctx, barrier, count):
+    """Named barrier `barrier` (1-15; 0 is syncthreads') for `count` threads (a multiple
+    of 32): one warpgroup waits for its own 128 threads, not the block."""
+    return types.void(u32, u32), _emit(_BAR_SYNC, "r,r,~{memory}")
+
+
+@intrinsic
 def tensormap_replace_address(typingctx, smap, address):
     """Set the base address of the tensor map held at .shared `smap` (its 128 bytes
     copied there, 128-byte aligned) to the global `address`."""
@@ -131,6 +157,7 @@ def tensormap_copy_release(typingctx, gmap, smap):
 for _f, _t in ((mbarrier_init, _INIT), (mbarrier_arrive, _ARRIVE),
                (mbarrier_arrive_expect_tx, _EXPECT), (mbarrier_try_wait_parity, _TRY_WAIT),
                (fence_proxy_tensormap_acquire, _ACQUIRE), (tma_load_2d, _LOAD_2D),
-               (tma_load_3d, _LOAD_3D), (tma_store_2d, _STORE_2D),
+               (tma_load_3d, _LOAD_3D), (tma_store_2d, _STORE_2D), (tma_store_3d, _STORE_3D),
+               (st_shared_u32, _ST_SHARED), (bar_sync, _BAR_SYNC),
                (tensormap_replace_address, _REPLACE), (tensormap_copy_release, _COPY_RELEASE)):
     _f.__doc__ += f"\n\nPTX: `{_t}`"

@@ -1,0 +1,82 @@
+"""The wgmma GEMM's epilogue through shared memory and TMA stores (wgmma_gemm.TMA_STORE).
+
+The direct epilogue (pair_epilogue.py) has every thread store 4 bytes at a time to C:
+64 st.global a thread for a 64 x 256 half-tile, each warp instruction writing 16 bytes
+of eight rows. Here a consumer warpgroup instead writes its 64 x BN accumulators,
+finished (bias, activation, alpha) and packed to 16 bits, into a 64 x 64 staging tile
+in shared memory, and one thread hands the tile to TMA (cp.async.bulk.tensor, a bulk
+group), which writes whole 128-byte rows and clips rows >= M and columns >= N itself.
+Two staging tiles a warpgroup alternate, so the products of column chunk q + 1 are
+written while chunk q's store still reads its tile.
+
+A staging tile: 64 rows x 128 B (64 columns), TMA's 128-byte swizzle (the 16-byte
+chunk c of row r sits at chunk c ^ (r % 8)), 1024-byte aligned:
+
+    row r:  | c0^s | c1^s | c2^s | ... | c7^s |    s = r % 8, one chunk = 8 columns
+            thread i (warp i // 32, lane l) holds, for column group j (8 columns) of the
+            chunk, columns 2 (l % 4), +1 of rows 16 (i // 32) + l // 4 and that + 8:
+            one 4-byte store each, at chunk j ^ s. The eight rows of a warp's store
+            have eight different s, so its 32 stores fill 32 different banks.
+
+Shared memory: 2 warpgroups x 2 tiles x 8 KB = 32 KB beside the 4 stages of 48 KB
+(225 KB of the 227 KB an H200 block may have). Per chunk a warpgroup syncs twice on its
+own named barrier (1 + w; 128 threads): once after thread 0 has seen the tile's last
+store finish reading (cp.async.bulk.wait_group.read 1), once after every thread's
+fence.proxy.async made its writes visible to TMA. Before the kernel ends thread 0
+waits for its stores (wait_group 0).
+
+Used when C is 16-bit, not split-K's float32 chunks, beta = 0 (no old C to read), N a
+multiple of 8 and C 16-byte aligned (TMA's row strides and base); the direct
+epilogue otherwise.
+"""
+TILE_BYTES = 64 * 128                 # a 64 x 64 16-bit staging tile
+STAGING_BYTES = 2 * 2 * TILE_BYTES    # two consumer warpgroups x two tiles: 32 KB
+
+
+def usable(kind, partial, beta, N, c_address):
+    """Whether a call's epilogue can go through TMA stores (module docstring)."""
+    return kind != "tf32" and not partial and not beta and N % 8 == 0 and c_address % 16 == 0
+
+
+def prologue_lines(indent):
+    """A consumer's setup: its staging tiles, and thread 0 acquires C's tensor map."""
+    return [f"{indent}stage_c = ebase + w * {2 * TILE_BYTES}",
+            f"{indent}sw = (i % 32) // 4  # this thread's rows r, r + 8 mod 8: the swizzle",
+            f"{indent}rl = 16 * (i // 32) + sw  # its first row in the warpgroup's 64",
+            f"{indent}if i == 0:",
+            f"{indent}    fence_proxy_tensormap_acquire(map_c)"]
+
+
+def tile_lines(bn, bias, act):
+    """One tile's epilogue for a consumer warpgroup (accumulators d[4j .. 4j + 3]: column
+    pair cb + 8 j, rows r and r + 8, as the direct epilogue), chunk by chunk."""
+    L = []
+    for q in range(bn // 64):
+        buf = f"stage_c + {(q % 2) * TILE_BYTES}"
+        L += ["if i == 0:", "    bulk_wait_read(1)  # this tile's previous store has read it",
+              "bar_sync(U32(1 + w), U32(128))"]
+        for j in range(8 * q, 8 * q + 8):
+            col = f"cb + {8 * j}"
+            if bias:  # (N % 8 == 0: a pair is in or out of bounds whole)
+                L += ["b0 = F32(0)", "b1 = F32(0)", f"if {col} < N:",
+                      f"    b0 = widen(bias[{col}])", f"    b1 = widen(bias[{col} + 1])"]
+            at = f"{buf} + rl * 128 + (({j % 8} ^ sw) << 4) + 4 * (i % 4)"
+            for k, row_off in ((0, 0), (2, 8 * 128)):
+                v0, v1 = f"d[{4 * j + k}]", f"d[{4 * j + k + 1}]"
+                if bias:
+                    v0, v1 = f"({v0} + b0)", f"({v1} + b1)"
+                if act:
+                    v0, v1 = f"act_f({v0}, cf)", f"act_f({v1}, cf)"
+                L += [f"st_shared_u32(U32({at} + {row_off}), cvt(a * {v0}, a * {v1}))"]
+        L += ["fence_proxy_async()  # the tile's writes, visible to TMA",
+              "bar_sync(U32(1 + w), U32(128))",
+              "if i == 0:",
+              f"    tma_store_3d(map_c, I32(n0 + {64 * q}), I32(m0 + w * 64), I32(zk), "
+              f"U32({buf}))",
+              "    bulk_commit()"]
+    return L
+
+
+def final_lines(indent):
+    """After a consumer's last tile: its stores done before the block ends."""
+    return [f"{indent}if i == 0:", f"{indent}    bulk_wait(0)"]
