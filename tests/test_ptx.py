@@ -1,26 +1,29 @@
-"""Every registered kernel signature compiles to PTX for sm_90, and its float32 and
-integer signatures for sm_80 too (but the slowest tiles'), with no GPU. "Registered":
-every Kernel of every module under nbdnn/cuda (sub-packages included), plus one kernel
-of each code path of the generators that build on demand (their ptx_examples(): pool's
-geometry-compiled forward for every dtype, layout and mode, depthwise rows for every
-dtype). Kernel.launch refuses a signature that is not registered, so what runs is what
-this test compiled.
+"""Registered kernel signatures compile to PTX with no GPU: every one for sm_90 but the
+largest tiles' 16-bit and float64 ones, and the float32 and integer ones for sm_80
+too. "Registered": every Kernel of every module under nbdnn/cuda (sub-packages
+included), plus one kernel of each code path of the generators that build on demand
+(their ptx_examples(): pool's geometry-compiled forward for every dtype, layout and
+mode, depthwise rows for every dtype, the tensor-core GEMM's variants). Kernel.launch
+refuses a signature that is not registered, so what runs was compiled here or is a
+largest tile's other dtype (below).
 
 numba.cuda.compile_ptx is None under the simulator, so the compile runs in a separate
 process with NUMBA_ENABLE_CUDASIM=0. Device functions ask numba for the current
 device's compute capability when they compile; with no GPU that process substitutes
-a stand-in device (cc 9.0) for that one question. The (kernel, signature, cc) jobs are
+a stand-in device (cc 9.0) for that one question. The (kernel, signature, ccs) jobs are
 dealt round-robin to one process per core (at most 4), started when collection ends
 (conftest.py) so that they run beside the other tests, the slow ones last so that
-each process gets its share of them (CI's two cores sat one idle for minutes). The
-128x128- and 64x64-tile GEMM and implicit-GEMM kernels and the larger depthwise tiles
-take 10-35 s each to compile: they compile for sm_90 only (their generators are the
-ones the smaller tiles and the 3x3/1 depthwise tile use, which also compile for sm_80;
-this test was 578 s of CI's 19 minutes). sm_80 checks that the kernels use nothing past
-Ampere, which the float32 signature of a kernel shows as well as its float16,
-bfloat16 and float64 ones: both limits keep CI's two cores under its time limit. The
-slowest tiles' bfloat16 signatures are not compiled here (their generators' smaller
-tiles are, in bfloat16, and these tiles in the other dtypes; a GPU run compiles all)."""
+each process gets its share of them (CI's two cores sat one idle for minutes).
+
+CI's time (two cores; run AG measured 2600 s of compiling, 983 compiles, the rest of
+the suite ~1200 s): numba's typing and lowering are ~85% of a compile and NVVM the
+rest, so a signature built for sm_80 and sm_90 is lowered once. sm_80 checks that the
+kernels use nothing past Ampere, which a kernel's float32 signature shows as well as
+its 16-bit and float64 ones, and the 64x64 tiles (10 s each) compile for sm_90 only.
+The largest unrolled tiles (the 128x128 GEMM and implicit-GEMM tiles, the 3x3/2 and
+5x5 depthwise tiles: 20-85 s a signature) compile in float32 only: their dtypes differ
+in the loads and stores of their generators, which compile in every dtype through the
+smaller tiles (32x32, 64x64, 3x3/1); a GPU run JITs them all (tests/test_gpu.py)."""
 import json
 import os
 import subprocess
@@ -41,24 +44,28 @@ for m in pkgutil.walk_packages(pkg.__path__, "nbdnn.cuda."):  # sub-packages too
     if hasattr(mod, "ptx_examples"):  # kernels built on demand: one of each code path
         mod.ptx_examples()
 shard, nshards = int(sys.argv[1]), int(sys.argv[2])
+# the largest unrolled tiles (30-85 s of typing and lowering a signature: run AG) compile
+# in float32 only; their generators' other dtypes compile through the smaller tiles
+LARGEST = ("128x128", "dw_tile_3x3s2", "dw_tile_5x5", "dw_fwd_3x3s2", "dw_fwd_5x5",
+           "dw_filter_5x5")
 def ccs(k, sig):
     name = k.name
     if k.arch == "sm_90a":  # wgmma, TMA, setmaxnreg
         return ((9, 0, "a"),)
     if name.startswith("mma_gemm"):  # the tensor-core GEMM for sm_80-89
         return ((8, 0),)
-    sm90_only = any(h in name for h in ("128x128", "64x64", "dw_tile_3x3s2", "dw_tile_5x5"))
     bf16 = "uint16[" in sig and not name.startswith("mma_")  # (bfloat16's bits: the
     # float32 kernels with other loads; the mma.sync tiles' f16/bf16 operands are sm_80's)
-    if sm90_only and bf16:  # (the slowest tiles: their generators' smaller tiles compile
-        return ()           # in bfloat16, these in the other dtypes; CI's time)
-    if sm90_only or bf16 or any(t in sig for t in ("float16", "float64")):
+    f32 = not bf16 and not any(t in sig for t in ("float16", "float64"))
+    if any(h in name for h in LARGEST):
+        return ((9, 0),) if f32 else ()
+    if "64x64" in name or not f32:
         return ((9, 0),)
     return ((8, 0), (9, 0))
-# the slow compiles (10-35 s each) last, so that round-robin deals them out evenly; a
+# the slow compiles (10-85 s each) last, so that round-robin deals them out evenly; a
 # signature's ccs in one shard (they share a lowering)
 jobs = [(k, sig, ccs(k, sig)) for k in _launch.REGISTRY for sig in k.sigs if ccs(k, sig)]
-jobs.sort(key=lambda j: any(h in j[0].name for h in ("128x128", "dw_tile", "64x64")))
+jobs.sort(key=lambda j: any(h in j[0].name for h in ("128x128", "dw_", "64x64")))
 import inspect
 from numba.cuda import compiler as C
 LOWER = getattr(C, "_compile_pyfunc_with_fixup", None)
