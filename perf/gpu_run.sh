@@ -19,6 +19,8 @@
 #                                             # the graph-timed bench rows, in parallel
 #   bash perf/gpu_run.sh gemm                 # tests/test_tensorcore.py (OWN_MAPS apart), the
 #                                             # SASS of the tensor-core kernels, host cost
+#   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
+#                                             # ragged, square and tf32 cases beside cuBLAS's
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
 #                                             # against cuBLAS, then the mma.sync kernel (forced)
 #   bash perf/gpu_run.sh sanitize OPS...      # compute-sanitizer memcheck, then racecheck,
@@ -146,6 +148,17 @@ gemm)
     done
     timeout 60 python3 perf/experiments/tc_host_cost.py > "$OUT/tc_host_cost.log" 2>&1
     cat "$OUT/tc_host_cost.log" ;;  # (host cost; OWN_MAPS right and planned?)
+ncu-gemm)
+    # Nsight Compute over the tensor-core GEMM's cases (perf/tools/ncu_cases.py tc*,
+    # tf32nn): our kernels and cuBLAS's for the same product; one text report back
+    export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1  # (tf32nn: cuBLAS in TF32 too)
+    K='regex:wgmma_gemm|_splitk_sum|tf32_parts|nvjet|xmma|cutlass|sm90_'
+    timeout ${NCU_LIMIT_S:-480} ncu --set full -k "$K" -o "$OUT/gemm" \
+        python3 perf/tools/ncu_cases.py ${CASES:-tc64 tc256 tc512 tc1000 tc4096 tf32nn} \
+        > "$OUT/ncu.log" 2>&1
+    ncu --import "$OUT/gemm.ncu-rep" --page details > "$OUT/ncu-details.txt" 2>&1
+    grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|L2 Hit|Achieved Occupancy|Registers Per|Elapsed Cycles" \
+        "$OUT/ncu-details.txt" | head -150 ;;
 gemm-speed)
     timeout 300 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/gemm.log" 2>&1
     timeout 120 python3 perf/suites/gemm.py --quick --no-fp32 --no-mlp --tc-path mma_sync \
