@@ -30,7 +30,7 @@ from .runtime.arrays import dtype_of, empty, ptr_size
 from .runtime.codegen import compile_source
 from .._vocab import ACTIVATION_MODES as MODES, BF16_DTYPES as DTYPES
 
-BLOCK = 128
+BLOCK = 32 if SIMULATOR else 128  # (the simulator starts an OS thread a CUDA thread)
 GROUPS = 2  # 4-element vectors per thread, all loaded before the first store
 
 

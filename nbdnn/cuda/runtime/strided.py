@@ -16,7 +16,7 @@ from .launch import Kernel, recording
 from ...errors import NotSupportedError
 
 MAX_DIMS = 6
-BLOCK = 256
+BLOCK = 64 if SIMULATOR else 256  # (the simulator starts an OS thread a CUDA thread)
 _UINT = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
 
 

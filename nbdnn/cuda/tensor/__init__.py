@@ -27,11 +27,12 @@ from ..runtime.arrays import dtype_name, empty, ptr, size
 from ..runtime.intrinsics import array_type, load4, narrow, narrow4, store4, \
     vector_alignment, widen
 from ..runtime.launch import Kernel
+from ..runtime.simulator import SIMULATOR
 from ..runtime.strided import strided_offset
 from . import reduce as _reduce
 from ...errors import NotSupportedError
 
-BLOCK = 256
+BLOCK = 64 if SIMULATOR else 256  # (the simulator starts an OS thread a CUDA thread)
 GROUPS = 2      # 4-element vectors per thread in the elementwise kernels
 NDIMS = 6       # gather kernels index up to 6 (merged) dims
 EW_OPS = ("add", "mul", "div", "min", "max", "sqrt", "not", "copy", "rhs")

@@ -32,7 +32,7 @@ from ..runtime.arrays import dtype_name, empty, ptr
 from ..runtime.intrinsics import HAS_WARP, array_type, load4, narrow, vector_alignment, widen
 from ..runtime.launch import Kernel
 
-BLOCK = 256
+BLOCK = 64 if SIMULATOR else 256  # (the simulator starts an OS thread a CUDA thread)
 BIG = np.int64(1 << 62)       # index of "no element yet"
 SPLIT_TARGET = 2048           # aim for at least this many blocks before splitting
 ROW_MIN_CHUNK = 16384         # elements per row chunk when splitting rows
