@@ -130,8 +130,8 @@ compare)
     done
     grep -A 40 "=== bench" "$OUT/compare.log" | grep -v "^\[" ;;
 gemm)
-    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
-        -k "not tensor_maps_own_or_host" > "$OUT/tensorcore.log" 2>&1  # (~200 s: JIT of ~20 variants)
+    timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
+        -k "not tensor_maps_own_or_host" > "$OUT/tensorcore.log" 2>&1  # (~300 s: JIT of ~30 variants)
     tail -3 "$OUT/tensorcore.log"
     # host- and block-made tensor maps (OWN_MAPS): apart, short, in case a bad map hangs TMA
     timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
