@@ -130,23 +130,21 @@ compare)
     done
     grep -A 40 "=== bench" "$OUT/compare.log" | grep -v "^\[" ;;
 gemm)
-    timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
-        -k "not tensor_maps_own_or_host" > "$OUT/tensorcore.log" 2>&1  # (~300 s: JIT of ~30 variants)
+    timeout 360 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
+        -k "not tma_stores" > "$OUT/tensorcore.log" 2>&1  # (~250 s: JIT of ~25 variants)
     tail -3 "$OUT/tensorcore.log"
-    # host- and block-made tensor maps (OWN_MAPS): apart, short, in case a bad map hangs TMA
-    timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
-        -k tensor_maps_own_or_host > "$OUT/own_maps.log" 2>&1
-    tail -3 "$OUT/own_maps.log"
-    for k in wgmma_gemm_bf16_km wgmma_gemm_f16_kk wgmma_gemm_tf32_kk_b_gelu_beta \
-             wgmma_gemm_bf16_km_om; do  # HGMMA count and local memory (LDL/STL)
-        echo "$k: $(timeout 120 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.wgmma_gemm \
-            $k uint64 2>&1 >/dev/null | tr '\n' ' ')"
+    # the epilogue by TMA stores (TMA_STORE, off by default, first run pending): apart,
+    # short, in case a bad store or barrier hangs
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
+        -k tma_stores > "$OUT/tma_stores.log" 2>&1
+    tail -3 "$OUT/tma_stores.log"
+    for k in wgmma_gemm_bf16_km_om wgmma_gemm_f16_kk_om wgmma_gemm_bf16_km_b_gelu_om_ts; do
+        echo "$k: $(timeout 60 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.wgmma_gemm \
+            $k uint64 2>&1 >/dev/null | tr '\n' ' ')"  # HGMMA count, local memory (LDL/STL)
     done
-    for k in mma_gemm_bf16_kk mma_gemm_bf16_mm; do  # the sm_80-89 kernel: HMMA, LDSM
-        echo "$k: $(timeout 120 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.mma_gemm \
-            $k uint16 2>&1 >/dev/null | tr '\n' ' ')"
-    done
-    timeout 60 python3 perf/experiments/tc_host_cost.py > "$OUT/tc_host_cost.log" 2>&1
+    echo "mma_gemm_bf16_kk: $(timeout 60 python3 perf/tools/sass_dump.py \
+        nbdnn.cuda.matmul.mma_gemm mma_gemm_bf16_kk uint16 2>&1 >/dev/null | tr '\n' ' ')"
+    timeout 45 python3 perf/experiments/tc_host_cost.py > "$OUT/tc_host_cost.log" 2>&1
     cat "$OUT/tc_host_cost.log" ;;  # (host cost; OWN_MAPS right and planned?)
 ncu-gemm)
     # Nsight Compute over the tensor-core GEMM's cases (perf/tools/ncu_cases.py tc*,

@@ -20,6 +20,7 @@ for k in REGISTRY:
         sass = k.dispatcher.compile(sigs[0]).inspect_sass()
         print(sass)
         ops = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\d+\s+)?([A-Z0-9_.]+)", sass, re.M)
-        for op in ("LDL", "STL", "FFMA", "HGMMA", "HMMA", "UTMALDG", "LDG", "LDS", "BAR", "IMAD"):
+        for op in ("LDL", "STL", "FFMA", "HGMMA", "HMMA", "UTMALDG", "UTMASTG", "LDG", "LDS", "STS",
+                   "STG", "BAR", "IMAD"):
             print(op, sum(1 for o in ops if o.startswith(op)), file=sys.stderr)
         break
