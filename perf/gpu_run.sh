@@ -17,7 +17,7 @@
 #                                             # bfloat16 (issue 23: bf16 at fp16's % of copy)
 #   bash perf/gpu_run.sh norm                 # pool and norm ops: path tests, crosscheck and
 #                                             # the graph-timed bench rows, in parallel
-#   bash perf/gpu_run.sh gemm                 # tests/test_tensorcore.py (OWN_MAPS apart), the
+#   bash perf/gpu_run.sh gemm                 # tests/test_tensorcore.py (TMA stores apart), the
 #                                             # SASS of the tensor-core kernels, host cost
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
