@@ -1,11 +1,11 @@
-"""Registered kernel signatures compile to PTX with no GPU: every one for sm_90 but the
-largest tiles' 16-bit and float64 ones, and the float32 and integer ones for sm_80
-too. "Registered": every Kernel of every module under nbdnn/cuda (sub-packages
-included), plus one kernel of each code path of the generators that build on demand
-(their ptx_examples(): pool's geometry-compiled forward for every dtype, layout and
-mode, depthwise rows for every dtype, the tensor-core GEMM's variants). Kernel.launch
-refuses a signature that is not registered, so what runs was compiled here or is a
-largest tile's other dtype (below).
+"""Registered kernel signatures compile to PTX with no GPU (the GPU suite JIT-compiles
+what it runs): every float32 and bfloat16 signature for sm_90 (the float32 ones for
+sm_80 too), every tensor-core kernel for sm_90a (wgmma) or sm_80 (mma.sync), and in
+float16 and float64 one signature of each kernel family. "Registered": every Kernel of
+every module under nbdnn/cuda (sub-packages included), plus one kernel of each code
+path of the generators that build on demand (their ptx_examples(): pool's
+geometry-compiled forward for every dtype, layout and mode, depthwise rows for every
+dtype, the tensor-core GEMM's variants).
 
 numba.cuda.compile_ptx is None under the simulator, so the compile runs in a separate
 process with NUMBA_ENABLE_CUDASIM=0. Device functions ask numba for the current
@@ -15,15 +15,21 @@ dealt round-robin to one process per core (at most 4), started when collection e
 (conftest.py) so that they run beside the other tests, the slow ones last so that
 each process gets its share of them (CI's two cores sat one idle for minutes).
 
-CI's time (two cores; run AG measured 2600 s of compiling, 983 compiles, the rest of
-the suite ~1200 s): numba's typing and lowering are ~85% of a compile and NVVM the
-rest, so a signature built for sm_80 and sm_90 is lowered once. sm_80 checks that the
-kernels use nothing past Ampere, which a kernel's float32 signature shows as well as
-its 16-bit and float64 ones, and the 64x64 tiles (10 s each) compile for sm_90 only.
-The largest unrolled tiles (the 128x128 GEMM and implicit-GEMM tiles, the 3x3/2 and
-5x5 depthwise tiles: 20-85 s a signature) compile in float32 only: their dtypes differ
-in the loads and stores of their generators, which compile in every dtype through the
-smaller tiles (32x32, 64x64, 3x3/1); a GPU run JITs them all (tests/test_gpu.py)."""
+What is left out is CI's time (two cores; run AG: compiling everything took 2600 s of
+CPU, 983 compiles, beside ~1150 s for the rest of the suite, 44 minutes of CI):
+- numba's typing and lowering are ~85% of a compile and NVVM the rest, so a signature
+  built for sm_80 and sm_90 is lowered once;
+- sm_80 checks that a kernel uses nothing past Ampere, which its float32 signature
+  shows as well as the others; the 64x64 tiles (10 s each) compile for sm_90 only;
+- the largest unrolled tiles (the 128x128 GEMM and implicit-GEMM tiles, the 3x3/2 and
+  5x5 depthwise tiles: 20-85 s a signature) compile in float32 only; their generators
+  compile in every dtype through the smaller tiles (32x32, 64x64, 3x3/1);
+- float16 and float64 (412 s and ~260 s of the rest) compile one signature a family:
+  a family's kernels differ from each other in what the float32 and bfloat16
+  signatures check, and from those in the dtype, which the sampled one checks.
+The GPU suite compiles the rest as it runs them (every op and dtype's crosscheck rows,
+and tests/test_gpu.py's spill tests JIT every GEMM, implicit-GEMM and depthwise tile in
+every dtype)."""
 import json
 import os
 import subprocess
@@ -62,9 +68,22 @@ def ccs(k, sig):
     if "64x64" in name or not f32:
         return ((9, 0),)
     return ((8, 0), (9, 0))
+# float16 and float64: the first signature of each kernel family (the name's first two
+# words: its generator) in that dtype; float32, bfloat16 and tensor-core kernels: all
+seen = set()
+def sampled(k, sig):
+    dt = next((t for t in ("float16[", "float64[") if t in sig), None)
+    if dt is None or k.arch == "sm_90a" or k.name.startswith("mma_") or "uint16[" in sig:
+        return True
+    family = (dt, "_".join(k.name.lstrip("_").split("_")[:2]))
+    if family in seen:
+        return False
+    seen.add(family)
+    return True
 # the slow compiles (10-85 s each) last, so that round-robin deals them out evenly; a
 # signature's ccs in one shard (they share a lowering)
-jobs = [(k, sig, ccs(k, sig)) for k in _launch.REGISTRY for sig in k.sigs if ccs(k, sig)]
+jobs = [(k, sig, ccs(k, sig)) for k in _launch.REGISTRY for sig in k.sigs
+        if ccs(k, sig) and sampled(k, sig)]
 jobs.sort(key=lambda j: any(h in j[0].name for h in ("128x128", "dw_", "64x64")))
 import inspect
 from numba.cuda import compiler as C
