@@ -43,6 +43,9 @@ def pytest_sessionfinish(session):
 
 
 def pytest_collection_modifyitems(config, items):
+    # the PTX test last: it waits for its compile processes, which run (at a lower
+    # priority) beside every other test instead of holding the rest back
+    items.sort(key=lambda item: item.path.name == "test_ptx.py")
     if SIMULATOR:
         skip = pytest.mark.skip(reason="needs a real GPU (numba's simulator is active)")
         for item in items:

@@ -12,8 +12,10 @@ process with NUMBA_ENABLE_CUDASIM=0. Device functions ask numba for the current
 device's compute capability when they compile; with no GPU that process substitutes
 a stand-in device (cc 9.0) for that one question. The (kernel, signature, ccs) jobs are
 dealt round-robin to one process per core (at most 4), started when collection ends
-(conftest.py) so that they run beside the other tests, the slow ones last so that
-each process gets its share of them (CI's two cores sat one idle for minutes).
+(conftest.py) so that they run beside the other tests, at a lower priority than
+pytest's own process (conftest.py runs this test last: it only waits), the slow ones
+last so that each process gets its share of them (CI's two cores sat one idle for
+minutes).
 
 What is left out is CI's time (two cores; run AG: compiling everything took 2600 s of
 CPU, 983 compiles, beside ~1150 s for the rest of the suite, 44 minutes of CI):
@@ -37,7 +39,9 @@ import sys
 import tempfile
 
 SCRIPT = r"""
-import json, sys, types
+import json, os, sys, types
+if hasattr(os, "nice"):
+    os.nice(10)  # pytest's own process first: the PTX test runs last, waiting for this
 import numba.cuda.dispatcher as d
 from numba import cuda
 if not cuda.is_available():
