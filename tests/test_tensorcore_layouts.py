@@ -1,0 +1,50 @@
+"""The tensor-core kernels' generated layouts, checked without a GPU (the simulator runs
+no inline PTX; tests/test_tensorcore.py runs the kernels on one, tests/test_ptx.py
+compiles them): addresses evaluated from the generated source against the layout
+the hardware expects."""
+import re
+
+from nbdnn.cuda.matmul import staged_store as S, wgmma_gemm as W, wgmma_params as P
+
+
+def test_staged_store_writes_each_staging_word_once_without_bank_conflicts():
+    """The TMA-store epilogue's generated source (no GPU needed; its PTX compiles in
+    tests/test_ptx.py): per 64-column chunk, the 128 threads' st.shared addresses,
+    evaluated from the source, cover the 64 x 128-byte staging tile once, hold logical
+    (row, column) at TMA's 128-byte swizzle, and a warp's 32 stores hit 32 banks."""
+    name, src = W.source("bf16", True, False, True, "gelu", False, own_maps=True, store=True)
+    assert name == "wgmma_gemm_bf16_km_b_gelu_om_ts"
+    assert src.count("tma_store_3d(") == 4 and src.count("bar_sync(") == 8
+    assert "bulk_wait(0)" in src and "fence_proxy_tensormap_acquire(map_c)" in src
+    stores = re.findall(r"st_shared_u32\(U32\((.+?)\), cvt\(.*?d\[(\d+)\]", src)
+    assert len(stores) == 64  # 32 column pairs x rows r, r + 8: 4 chunks of 16
+    for q in range(4):
+        seen = {}
+        for expr, acc in stores[16 * q:16 * q + 16]:
+            j, k = divmod(int(acc), 4)  # accumulators 4j, 4j + 2: pair j, rows r / r + 8
+            for warp in range(4):
+                banks = set()
+                for lane in range(32):
+                    i = 32 * warp + lane
+                    sw = (i % 32) // 4
+                    at = eval(expr, {"stage_c": 0, "rl": 16 * (i // 32) + sw, "sw": sw, "i": i})
+                    at -= (q % 2) * S.TILE_BYTES
+                    row, col = 16 * warp + lane // 4 + 4 * k, 8 * (j % 8) + 2 * (lane % 4)
+                    assert at == row * 128 + (((col // 8) ^ (row % 8)) << 4) + 2 * (col % 8)
+                    assert at not in seen
+                    seen[at] = (row, col)
+                    banks.add(at // 4 % 32)
+                assert len(banks) == 32
+        assert sorted(seen) == list(range(0, S.TILE_BYTES, 4))
+    assert W.shared_bytes(256, 4, True) <= W.MAX_SHARED < W.shared_bytes(256, 5, True)
+    assert S.usable("bf16", False, False, 520, 256)
+    for kind, partial, beta, N, c_address in (("tf32", False, False, 520, 256),
+                                              ("bf16", True, False, 520, 256),
+                                              ("bf16", False, True, 520, 256),
+                                              ("bf16", False, False, 6, 256),
+                                              ("bf16", False, False, 520, 260)):
+        assert not S.usable(kind, partial, beta, N, c_address)
+    assert P.signature("bf16", False, True, True).startswith(
+        "void(uint64[::1], uint64[::1], uint64[::1], uint16[::1], uint16[::1], int64[::1], "
+        "uint32[::1]")
+    assert P.signature("f16", False, False, True).startswith("void(uint64, uint64, uint64, uint32")
