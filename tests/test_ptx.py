@@ -1,7 +1,7 @@
 """Registered kernel signatures compile to PTX with no GPU (the GPU suite JIT-compiles
-what it runs): every float32 and bfloat16 signature for sm_90 (the float32 ones for
-sm_80 too), every tensor-core kernel for sm_90a (wgmma) or sm_80 (mma.sync), and in
-float16 and float64 one signature of each kernel family. "Registered": every Kernel of
+what it runs): every float32 signature for sm_90 and sm_80, every tensor-core kernel
+for sm_90a (wgmma) or sm_80 (mma.sync), and in float16, bfloat16 and float64 one
+signature of each kernel family. "Registered": every Kernel of
 every module under nbdnn/cuda (sub-packages included), plus one kernel of each code
 path of the generators that build on demand (their ptx_examples(): pool's
 geometry-compiled forward for every dtype, layout and mode, depthwise rows for every
@@ -26,9 +26,10 @@ CPU, 983 compiles, beside ~1150 s for the rest of the suite, 44 minutes of CI):
 - the largest unrolled tiles (the 128x128 GEMM and implicit-GEMM tiles, the 3x3/2 and
   5x5 depthwise tiles: 20-85 s a signature) compile in float32 only; their generators
   compile in every dtype through the smaller tiles (32x32, 64x64, 3x3/1);
-- float16 and float64 (412 s and ~260 s of the rest) compile one signature a family:
-  a family's kernels differ from each other in what the float32 and bfloat16
-  signatures check, and from those in the dtype, which the sampled one checks.
+- float16, bfloat16 and float64 (412 s, 513 s and ~260 s of the rest) compile one
+  signature a family: a family's kernels differ from each other in what their float32
+  signatures check, and from those in the dtype's loads, stores and arithmetic, which
+  the sampled one checks (run AG's first cuts left 31 minutes of CI on two cores).
 The GPU suite compiles the rest as it runs them (every op and dtype's crosscheck rows,
 and tests/test_gpu.py's spill tests JIT every GEMM, implicit-GEMM and depthwise tile in
 every dtype)."""
@@ -72,12 +73,13 @@ def ccs(k, sig):
     if "64x64" in name or not f32:
         return ((9, 0),)
     return ((8, 0), (9, 0))
-# float16 and float64: the first signature of each kernel family (the name's first two
-# words: its generator) in that dtype; float32, bfloat16 and tensor-core kernels: all
+# float16, bfloat16 (uint16 bits) and float64: the first signature of each kernel family
+# (the name's first two words: its generator) in that dtype; float32 and the
+# tensor-core kernels: all
 seen = set()
 def sampled(k, sig):
-    dt = next((t for t in ("float16[", "float64[") if t in sig), None)
-    if dt is None or k.arch == "sm_90a" or k.name.startswith("mma_") or "uint16[" in sig:
+    dt = next((t for t in ("uint16[", "float16[", "float64[") if t in sig), None)
+    if dt is None or k.arch == "sm_90a" or k.name.startswith("mma_"):
         return True
     family = (dt, "_".join(k.name.lstrip("_").split("_")[:2]))
     if family in seen:
