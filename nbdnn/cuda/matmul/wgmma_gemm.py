@@ -81,7 +81,7 @@ from .split_k import split, splitk_sum
 BM, BK = 128, 64                                 # BK: a 16-bit k-tile (128 B a row)
 # (BN, STAGES): the tile's width and the pipeline's depth. Shipped: 256 x 4 (run AD);
 # 128 with up to 6 stages (32 KB a stage) gives twice the tiles of a one-wave problem,
-# for perf/experiments/wgmma_tiles.py's sweep (run AF: written, not yet measured)
+# for perf/experiments/wgmma_tiles.py's sweep (run AG: 256 x 4 best or tied but at one shape)
 TILE = (256, 4)
 A_BYTES = BM * BK * 2
 BOX = 64                                       # MN-major boxes: 64 elements = 128 B wide
