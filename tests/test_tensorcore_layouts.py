@@ -16,7 +16,9 @@ def test_staged_store_writes_each_staging_word_once_without_bank_conflicts():
     assert name == "wgmma_gemm_bf16_km_b_gelu_om_ts"
     assert src.count("tma_store_3d(") == 4 and src.count("bar_sync(") == 8
     assert "bulk_wait(0)" in src and "fence_proxy_tensormap_acquire(map_c)" in src
-    stores = re.findall(r"st_shared_u32\(U32\((.+?)\), cvt\(.*?d\[(\d+)\]", src)
+    # (each store follows its values: "v0 = d[acc] ...", then st_shared_u32(U32(address)))
+    stores = re.findall(r"v0 = d\[(\d+)\].*?st_shared_u32\(U32\((.+?)\), cvt", src, re.S)
+    stores = [(expr, acc) for acc, expr in stores]
     assert len(stores) == 64  # 32 column pairs x rows r, r + 8: 4 chunks of 16
     for q in range(4):
         seen = {}

@@ -24,15 +24,9 @@ def pair_lines(col, rows, f32, bias, act, beta, partial=False):
                 ([f"    if {col} + 1 < N:", f"        c[at + 1] = {v1}"] if f32 else
                  [f"    c[at + 1] = {v1}"])
         return E
-    if bias:  # (tf32: N may be odd, so the second column has its own guard)
-        E += ["b0 = F32(0)", "b1 = F32(0)", f"if {col} < N:", f"    b0 = widen(bias[{col}])"] + \
-            ([f"if {col} + 1 < N:", f"    b1 = bias[{col} + 1]"] if f32 else
-             [f"    b1 = widen(bias[{col} + 1])"])
+    E += bias_lines(col, f32) if bias else []
     for rr, v0, v1 in rows:
-        E += [f"if {rr} < M and {col} < N:", f"    v0 = {v0}{' + b0' if bias else ''}",
-              f"    v1 = {v1}{' + b1' if bias else ''}"]
-        if act:
-            E += ["    v0 = act_f(v0, cf)", "    v1 = act_f(v1, cf)"]
+        E += [f"if {rr} < M and {col} < N:"] + ["    " + x for x in value_lines(v0, v1, bias, act)]
         if f32:  # float32 C: one element a store
             E += [f"    at = coff + {rr} * N + {col}",
                   f"    c[at] = a * v0{' + bt * c[at]' if beta else ''}",
@@ -47,3 +41,17 @@ def pair_lines(col, rows, f32, bias, act, beta, partial=False):
             E += ["    v0 = a * v0", "    v1 = a * v1"]
         E += ["    c[at] = cvt(v0, v1)"]
     return E
+
+
+def bias_lines(col, f32=False):
+    """b0, b1 = bias[col], bias[col + 1] (zeros past N; tf32: N may be odd, so the second
+    column has its own guard)."""
+    return ["b0 = F32(0)", "b1 = F32(0)", f"if {col} < N:", f"    b0 = widen(bias[{col}])"] + \
+        ([f"if {col} + 1 < N:", f"    b1 = bias[{col} + 1]"] if f32 else
+         [f"    b1 = widen(bias[{col} + 1])"])
+
+
+def value_lines(v0, v1, bias, act):
+    """v0, v1 = act(accumulators v0, v1 + bias) (alpha and beta follow at the store)."""
+    E = [f"v0 = {v0}{' + b0' if bias else ''}", f"v1 = {v1}{' + b1' if bias else ''}"]
+    return E + (["v0 = act_f(v0, cf)", "v1 = act_f(v1, cf)"] if act else [])

@@ -29,6 +29,8 @@ Used when C is 16-bit, not split-K's float32 chunks, beta = 0 (no old C to read)
 multiple of 8 and C 16-byte aligned (TMA's row strides and base); the direct
 epilogue otherwise.
 """
+from .pair_epilogue import bias_lines, value_lines
+
 TILE_BYTES = 64 * 128                 # a 64 x 64 16-bit staging tile
 STAGING_BYTES = 2 * 2 * TILE_BYTES    # two consumer warpgroups x two tiles: 32 KB
 
@@ -56,18 +58,12 @@ def tile_lines(bn, bias, act):
         L += ["if i == 0:", "    bulk_wait_read(1)  # this tile's previous store has read it",
               "bar_sync(U32(1 + w), U32(128))"]
         for j in range(8 * q, 8 * q + 8):
-            col = f"cb + {8 * j}"
-            if bias:  # (N % 8 == 0: a pair is in or out of bounds whole)
-                L += ["b0 = F32(0)", "b1 = F32(0)", f"if {col} < N:",
-                      f"    b0 = widen(bias[{col}])", f"    b1 = widen(bias[{col} + 1])"]
+            # (N % 8 == 0: a pair is in or out of bounds whole; TMA clips it)
+            L += bias_lines(f"cb + {8 * j}") if bias else []
             at = f"{buf} + rl * 128 + (({j % 8} ^ sw) << 4) + 4 * (i % 4)"
             for k, row_off in ((0, 0), (2, 8 * 128)):
-                v0, v1 = f"d[{4 * j + k}]", f"d[{4 * j + k + 1}]"
-                if bias:
-                    v0, v1 = f"({v0} + b0)", f"({v1} + b1)"
-                if act:
-                    v0, v1 = f"act_f({v0}, cf)", f"act_f({v1}, cf)"
-                L += [f"st_shared_u32(U32({at} + {row_off}), cvt(a * {v0}, a * {v1}))"]
+                L += value_lines(f"d[{4 * j + k}]", f"d[{4 * j + k + 1}]", bias, act) + \
+                    [f"st_shared_u32(U32({at} + {row_off}), cvt(a * v0, a * v1))"]
         L += ["fence_proxy_async()  # the tile's writes, visible to TMA",
               "bar_sync(U32(1 + w), U32(128))",
               "if i == 0:",
