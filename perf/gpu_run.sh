@@ -17,8 +17,8 @@
 #                                             # bfloat16 (issue 23: bf16 at fp16's % of copy)
 #   bash perf/gpu_run.sh norm                 # pool and norm ops: path tests, crosscheck and
 #                                             # the graph-timed bench rows, in parallel
-#   bash perf/gpu_run.sh gemm                 # tests/test_tensorcore.py (TMA stores apart), the
-#                                             # SASS of the tensor-core kernels, host cost
+#   bash perf/gpu_run.sh gemm                 # tests/test_tensorcore.py, the SASS of the
+#                                             # shipped tensor-core kernels, host cost
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
@@ -130,15 +130,24 @@ compare)
     done
     grep -A 40 "=== bench" "$OUT/compare.log" | grep -v "^\[" ;;
 gemm)
-    timeout 360 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
-        -k "not tma_stores" > "$OUT/tensorcore.log" 2>&1  # (~250 s: JIT of ~25 variants)
-    tail -3 "$OUT/tensorcore.log"
-    # the epilogue by TMA stores (TMA_STORE, off by default, first run pending): apart,
-    # short, in case a bad store or barrier hangs
-    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore.py \
-        -k tma_stores > "$OUT/tma_stores.log" 2>&1
-    tail -3 "$OUT/tma_stores.log"
-    for k in wgmma_gemm_bf16_km_om wgmma_gemm_f16_kk_om wgmma_gemm_bf16_km_b_gelu_om_ts; do
+    # test_tensorcore in ${SHARDS:-6} processes of consecutive tests (one process ran out
+    # of 400 s at 98 of 190 tests in run AH: the kernels' JIT); -v names a hung test
+    python3 -m pytest -q --collect-only -p no:cacheprovider tests/test_tensorcore.py \
+        | grep "::" > "$OUT/tc_ids"
+    n=$(wc -l < "$OUT/tc_ids"); S=${SHARDS:-6}
+    for i in $(seq 0 $((S - 1))); do
+        sed -n "$((i * n / S + 1)),$(((i + 1) * n / S))p" "$OUT/tc_ids" > "$OUT/tc_ids.$i"
+        mapfile -t ids < "$OUT/tc_ids.$i"  # (ids hold spaces: "(3, 136, 72)")
+        timeout ${TC_LIMIT_S:-330} python3 -m pytest -v -p no:cacheprovider "${ids[@]}" \
+            > "$OUT/tensorcore.$i.log" 2>&1 &
+    done
+    wait
+    for i in $(seq 0 $((S - 1))); do
+        echo "shard $i: $(tail -1 "$OUT/tensorcore.$i.log")"
+        grep -E "FAILED|ERROR" "$OUT/tensorcore.$i.log" | head -5
+    done
+    cat "$OUT"/tensorcore.*.log > "$OUT/tensorcore.log"; rm -f "$OUT"/tensorcore.*.log "$OUT"/tc_ids*
+    for k in wgmma_gemm_bf16_km_om_ts wgmma_gemm_f16_kk_om_ts wgmma_gemm_bf16_km_b_gelu_beta_om; do
         echo "$k: $(timeout 60 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.wgmma_gemm \
             $k uint64 2>&1 >/dev/null | tr '\n' ' ')"  # HGMMA count, local memory (LDL/STL)
     done

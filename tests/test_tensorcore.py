@@ -323,7 +323,7 @@ def test_skinny_matmul_splits_k_deterministically(dtype, tb):
     with launched() as names:
         c = nbdnn.matmul(a, b, trans_b=tb, bias=bias[0], activation="relu", alpha=0.5,
                          beta=0.25, out=old)
-    assert names[-1] == "_splitk_sum" and names[0].endswith("_partial"), names
+    assert names[-1] == "_splitk_sum" and "_partial" in names[0], names
     want = 0.5 * np.maximum(av @ bv + biasv[0], 0) + 0.25 * oldv
     ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
     np.testing.assert_allclose(c.double().cpu().numpy(), want, rtol=2 * ulp,

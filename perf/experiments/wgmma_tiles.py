@@ -13,7 +13,9 @@ staged_store.py; a "ts" column).
 
 Found (run AG call 3, bf16): 256 x 4 (shipped) best or tied but at 256 x 4096 x 8192,
 where 128 x 5-6 gives 0.55-0.58 against 0.44-0.46x; no tile reaches 0.7x on the skinny
-rows (table in perf/RESULTS.md). --store: not run yet (written in run AG).
+rows (table in perf/RESULTS.md). --store (run AH): TMA stores 0.93 / 0.94 at 4096^3,
+0.95 / 1.04 at 8192^3, 0.86 / 0.86 at 512 x 8192 x 1024 against direct stores' 0.90 /
+0.87, 0.91 / 1.00, 0.66 / 0.69 (b plain / transposed): the default since.
 """
 import argparse
 

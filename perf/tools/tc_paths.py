@@ -5,8 +5,8 @@ four operand majors (the persistent kernel, no split), with the full epilogue, s
 (chunk kernel + ordered sum), float32 math tf32 and 3xtf32 (tf32_parts + the tf32
 kernel), a batch broadcast both ways, the sm_80-89 mma.sync kernel (forced); then the
 tensor maps the default does not use (wgmma_gemm.OWN_MAPS on: the blocks make them;
-off: the host encodes them) plain, split-K and batched, and the epilogue by TMA stores
-(wgmma_gemm.TMA_STORE) with both kinds of maps. Prints one line a path and exits 1 on
+off: the host encodes them) plain, split-K and batched, and the epilogue both ways
+(wgmma_gemm.TMA_STORE: direct stores, TMA stores, the latter with both kinds of maps). Prints one line a path and exits 1 on
 a miss; `--only WORD` runs the paths whose label holds WORD (`--only maps`, `--only
 store`).
 
@@ -74,14 +74,18 @@ def main():
     oks.append(_case(f"bf16 {other} split-K", ((64, 2048), (2048, 264)), bf))
     oks.append(_case(f"bf16 {other} batches", ((2, 1, 72, 64), (3, 64, 136)), bf))
     wgmma_gemm.OWN_MAPS = default
-    wgmma_gemm.TMA_STORE = True  # C through staging tiles and TMA stores (staged_store.py)
-    oks.append(_case("bf16 tma store ta=0 tb=0", ((200, 136), (136, 264)), bf))
-    oks.append(_case("fp16 tma store ta=1 tb=1 bias+relu", ((130, 64), (64, 520)),
-                     torch.float16, True, True, bias=True, activation="relu"))
-    oks.append(_case("bf16 tma store batches", ((2, 1, 72, 64), (3, 64, 136)), bf))
+    # C by direct stores, then through staging tiles and TMA stores (staged_store.py)
+    stores = wgmma_gemm.TMA_STORE
+    for ts in (False, True):
+        wgmma_gemm.TMA_STORE = ts
+        kind = "tma store" if ts else "direct store"
+        oks.append(_case(f"bf16 {kind} ta=0 tb=0", ((200, 136), (136, 264)), bf))
+        oks.append(_case(f"fp16 {kind} ta=1 tb=1 bias+relu", ((136, 64), (64, 520)),
+                         torch.float16, True, True, bias=True, activation="relu"))
+        oks.append(_case(f"bf16 {kind} batches", ((2, 1, 72, 64), (3, 64, 136)), bf))
     wgmma_gemm.OWN_MAPS = not default
     oks.append(_case(f"bf16 tma store {other}", ((200, 136), (136, 264)), bf))
-    wgmma_gemm.OWN_MAPS, wgmma_gemm.TMA_STORE = default, False
+    wgmma_gemm.OWN_MAPS, wgmma_gemm.TMA_STORE = default, stores
     sys.exit(0 if all(oks) else 1)
 
 

@@ -4,7 +4,11 @@ into chunks of at least MIN_CHUNK (a multiple of the kernel's BK), the chunk ker
 writes each chunk's float32 sums to a workspace (splits x M x N x 4 B), and splitk_sum
 adds them in chunk order with the epilogue: the same sum in the same order on every
 run, no atomics. Run AD call 4: M = 64 from 0.23-0.36x cuBLAS to 0.55-0.61x; M = 256,
-K = 8192 from 0.42x to 0.45x (perf/RESULTS.md)."""
+K = 8192 from 0.42x to 0.45x (perf/RESULTS.md). Run AH (perf/experiments/skinny_gemm.py,
+kernel times under CUPTI): chunks of at least 1024 rather than 512 beat more, shorter
+ones where they differ (64 x 4096 x 4096: 4 chunks 0.61x, 8 chunks 0.57x; M = 128:
+0.53x against 0.42x): a block pays a fixed ~4 us (one 128 x 256 tile of one k-tile
+takes 6.3 us, cuBLAS's 2.0) that short chunks repeat, and the sum reads fewer chunks."""
 import functools
 import inspect
 
@@ -17,7 +21,7 @@ from ..runtime.device import sm_count
 from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 
-SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 512, 16
+SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 1024, 16
 
 
 def split(tiles, K, BK):
