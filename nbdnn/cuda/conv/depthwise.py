@@ -52,7 +52,8 @@ from ..tensor import reduce_tensor
 
 FWD_SPECS = ((3, 3, 1), (3, 3, 2), (5, 5, 1), (5, 5, 2))   # (R, S, stride along H)
 FILTER_SPECS = ((3, 3), (5, 5))
-FILTER_THREADS = 16 if SIMULATOR else 256  # the simulator runs a thread per OS thread
+FILTER_THREADS = 8 if SIMULATOR else 256  # the simulator runs a thread per OS thread (run AH: 16
+# held its crosscheck rows at 33-50 s each)
 _GEOM = ("N, C, K, G, D, H, W, T, R_, S_, PD, PH, PW, sd, sh_, sw, qd, qh, qw, dd, dh, dw, "
          "flip, last")
 

@@ -42,7 +42,10 @@ OPS = {"add": ("id", "add", 0), "avg": ("id", "add", 1), "norm1": ("abs", "add",
        "mul_no_zeros": ("nz", "mul", 0), "min": ("id", "min", 0),
        "max": ("id", "max", 0), "amax": ("abs", "max", 0)}
 INDEXED = (("id", "min"), ("id", "max"), ("abs", "max"))
-TPRS = (32, BLOCK)
+# threads a row: a warp for short rows, the block for long ones (the simulator: 8 for
+# short rows, a quarter of a warp's OS threads; run AH: reduce_tensor's crosscheck rows
+# and the depthwise filter gradient's partial sums held ~5 minutes of CI)
+TPRS = (8 if SIMULATOR else 32, BLOCK)
 
 
 def _functions(npt):
