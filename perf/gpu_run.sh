@@ -17,7 +17,7 @@
 #                                             # bfloat16 (issue 23: bf16 at fp16's % of copy)
 #   bash perf/gpu_run.sh norm                 # pool and norm ops: path tests, crosscheck and
 #                                             # the graph-timed bench rows, in parallel
-#   bash perf/gpu_run.sh gemm                 # tests/test_tensorcore.py, the SASS of the
+#   bash perf/gpu_run.sh gemm                 # tests/test_tensorcore*.py, the SASS of the
 #                                             # shipped tensor-core kernels, host cost
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
@@ -68,7 +68,7 @@ suite)
     $P $G -k "not (bit_identical or $S)" > "$L/t8.log" 2>&1 &
     # test_tensorcore apart: with it, t7 ran out of 560 s at 97% (run AG)
     $P $(ls tests/test_[g-z]*.py | grep -v "test_ptx\|test_gpu\|test_tensorcore") > "$L/t7.log" 2>&1 &
-    $P tests/test_tensorcore.py > "$L/s5.log" 2>&1 &
+    $P tests/test_tensorcore.py tests/test_tensorcore_variants.py > "$L/s5.log" 2>&1 &
     timeout $T python3 -m nbdnn check --examples 2 > "$L/check.log" 2>&1 &
     wait  # (a pgrep loop on "pytest" matches this script's own command line)
     for f in "$L"/t?.log "$L"/s?.log "$L/check.log"; do  # the summary, or say none
@@ -133,6 +133,7 @@ gemm)
     # test_tensorcore in ${SHARDS:-6} processes of consecutive tests (one process ran out
     # of 400 s at 98 of 190 tests in run AH: the kernels' JIT); -v names a hung test
     python3 -m pytest -q --collect-only -p no:cacheprovider tests/test_tensorcore.py \
+        tests/test_tensorcore_variants.py \
         | grep "::" > "$OUT/tc_ids"
     n=$(wc -l < "$OUT/tc_ids"); S=${SHARDS:-6}
     for i in $(seq 0 $((S - 1))); do

@@ -4,16 +4,13 @@ simulator (no inline PTX) these are skipped; CI compiles the kernels to PTX inst
 (tests/test_ptx.py: sm_80/sm_90 for mma.sync, sm_90a for wgmma and TMA)."""
 import numpy as np
 import pytest
+from tensorcore_cases import TC_SHAPES, cc as _cc, check_16bit_matmul as _check_16bit_matmul, \
+    torch_pair as _torch_pair
 
 from nbdnn.cpu.matmul import tf32
 from nbdnn.cuda import SIMULATOR
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
-
-
-def _cc():
-    from numba import cuda
-    return cuda.get_current_device().compute_capability
 
 
 def _bits(x, kind):
@@ -136,53 +133,6 @@ def test_sass_has_the_tensor_core_instruction(name, instruction):
 # (a shape, b shape): tails in M, N and K (TMA's zero fill), one exact tile, a tiny
 # product, equal batches, a batch of a against one b (stacked into one GEMM), batch
 # axes broadcast both ways (the matrix table)
-TC_SHAPES = [((296, 200), (200, 520)), ((128, 64), (64, 256)), ((8, 8), (8, 8)),
-             ((3, 136, 72), (3, 72, 264)), ((3, 40, 64), (64, 24)),
-             ((2, 1, 24, 16), (3, 16, 32))]
-
-
-def _torch_pair(rng, shape, tdt, trans):
-    """A (..., r, c) operand as a CUDA tensor (stored transposed when trans) and its
-    float64 values as the kernel sees them."""
-    import torch
-    x = torch.from_numpy(rng.uniform(-1, 1, shape).astype(np.float32)).to(tdt)
-    want = x.double().numpy()
-    dev = (x.transpose(-1, -2).contiguous() if trans else x).cuda()
-    return dev, want
-
-
-def _check_16bit_matmul(dtype, shapes, ta, tb, kernel, seed):
-    """nbdnn.matmul of 16-bit torch tensors, with the epilogue (bias, gelu, alpha/beta)
-    and without, runs `kernel` (a name prefix) and matches NumPy in float64 on the same
-    rounded operands: one rounding of the float32 sum to the output dtype."""
-    torch = pytest.importorskip("torch")
-    import nbdnn
-    from nbdnn.cuda.runtime.launch import launched
-    tdt = getattr(torch, dtype)
-    rng = np.random.default_rng(seed)
-    (ash, bsh) = shapes
-    a, av = _torch_pair(rng, ash, tdt, ta)
-    b, bv = _torch_pair(rng, bsh, tdt, tb)
-    N, K = bsh[-1], ash[-1]
-    bias, biasv = _torch_pair(rng, (1, N), tdt, False)
-    bias, biasv = bias[0], biasv[0]
-    old, oldv = _torch_pair(rng, np.broadcast_shapes(ash[:-2], bsh[:-2]) + (ash[-2], N), tdt,
-                            False)
-    with launched() as names:
-        c = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, bias=bias, activation="gelu",
-                         alpha=0.5, beta=0.25, out=old)
-        plain = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb)
-    assert [n for n in names if n.startswith(kernel)] == names and len(names) == 2, names
-    from scipy.special import erf
-    r = av @ bv + biasv
-    want = 0.5 * (0.5 * r * (1 + erf(r / np.sqrt(2)))) + 0.25 * oldv
-    ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
-    np.testing.assert_allclose(c.double().cpu().numpy(), want, rtol=2 * ulp,
-                               atol=1e-5 * np.sqrt(K) + 2 * ulp)
-    np.testing.assert_allclose(plain.double().cpu().numpy(), av @ bv, rtol=2 * ulp,
-                               atol=1e-5 * np.sqrt(K))
-
-
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("shapes", TC_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -196,55 +146,6 @@ def test_matmul_on_tensor_cores(dtype, shapes, ta, tb):
 
 # the blocks' own maps (the default) everywhere; host-encoded maps on two shapes in bf16
 # (each combination JITs its own kernels: ~10 s each on the GPU machine)
-_STORE_CASES = [(dt, s, True) for dt in ("float16", "bfloat16") for s in TC_SHAPES] + \
-    [("bfloat16", TC_SHAPES[0], False), ("bfloat16", TC_SHAPES[3], False)]
-
-
-@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
-@pytest.mark.parametrize("dtype,shapes,own", _STORE_CASES,
-                         ids=lambda v: f"{v[0]}x{v[1]}" if isinstance(v, tuple) else str(v))
-def test_epilogue_by_tma_stores(dtype, shapes, own, ta, tb, monkeypatch):
-    """TMA_STORE (staged_store.py): C through swizzled staging tiles and TMA stores,
-    with the fused bias, gelu and alpha, and plain; TMA clips the ragged rows and
-    columns and writes each batch's matrix. beta (old C read), an N not a multiple of 8
-    and split-K keep the direct epilogue."""
-    torch = pytest.importorskip("torch")
-    import nbdnn
-    from nbdnn.cuda.matmul import wgmma_gemm as W
-    from nbdnn.cuda.runtime.launch import launched
-    from scipy.special import erf
-    if _cc() < (9, 0):
-        pytest.skip("wgmma needs sm_90")
-    monkeypatch.setattr(W, "TMA_STORE", True)
-    monkeypatch.setattr(W, "OWN_MAPS", own)
-    rng = np.random.default_rng(len(shapes[0]) * 5 + ta)
-    tdt = getattr(torch, dtype)
-    (ash, bsh) = shapes
-    a, av = _torch_pair(rng, ash, tdt, ta)
-    b, bv = _torch_pair(rng, bsh, tdt, tb)
-    N, K = bsh[-1], ash[-1]
-    bias, biasv = _torch_pair(rng, (1, N), tdt, False)
-    with launched() as names:
-        c = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, bias=bias[0], activation="gelu",
-                         alpha=0.5)
-        plain = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb)
-        nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, beta=0.5, out=plain.clone())
-    assert [n.endswith("_ts") for n in names] == [True, True, False], names
-    r = av @ bv + biasv[0]
-    ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
-    np.testing.assert_allclose(c.double().cpu().numpy(), 0.25 * r * (1 + erf(r / np.sqrt(2))),
-                               rtol=2 * ulp, atol=1e-5 * np.sqrt(K) + 2 * ulp)
-    np.testing.assert_allclose(plain.double().cpu().numpy(), av @ bv, rtol=2 * ulp,
-                               atol=1e-5 * np.sqrt(K))
-    b6, bv6 = _torch_pair(rng, bsh[:-1] + (6,), tdt, True)  # N = 6: C rows of 12 bytes
-    with launched() as names:
-        c6 = nbdnn.matmul(a, b6, trans_a=ta, trans_b=True)
-    assert len(names) == 1 and names[0].startswith("wgmma_gemm") and \
-        not names[0].endswith("_ts"), names
-    np.testing.assert_allclose(c6.double().cpu().numpy(), av @ bv6, rtol=2 * ulp,
-                               atol=1e-5 * np.sqrt(K))
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_tensor_core_matmul_is_deterministic_and_backward_runs_there(dtype):
     """Reruns are bit-identical (no atomics); matmul_backward's two products run on the
@@ -395,33 +296,3 @@ def test_matmul_on_mma_sync(dtype, shapes, ta, tb, monkeypatch):
         pytest.skip("mma.sync needs sm_80")
     monkeypatch.setattr(mm, "TENSOR_CORE_PATH", "mma_sync")
     _check_16bit_matmul(dtype, shapes, ta, tb, "mma_gemm", len(shapes[0]) * 5 + ta + 2 * tb)
-
-
-@pytest.mark.parametrize("own", [True, False], ids=["own", "host"])
-@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
-@pytest.mark.parametrize("shapes", TC_SHAPES[:2] + TC_SHAPES[3:5], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_tensor_maps_own_or_host(shapes, ta, tb, own, monkeypatch):
-    """OWN_MAPS (wgmma_gemm.py) on, the default: each block writes its tensor maps from
-    address-free templates (tensormap.replace, cp_fenceproxy); off: the host encodes
-    them per address. The same results either way, split-K included; and the call plans
-    only with the blocks' own maps: five calls on new tensors, the last two replayed
-    (or, host maps, all run eagerly), each right."""
-    import torch
-    import nbdnn
-    from nbdnn.cuda.matmul import wgmma_gemm as W
-    from nbdnn.ops import _plan
-    if _cc() < (9, 0):
-        pytest.skip("wgmma needs sm_90")
-    monkeypatch.setattr(W, "OWN_MAPS", own)
-    _plan.clear()  # (a signature's state does not hold OWN_MAPS)
-    _check_16bit_matmul("bfloat16", shapes, ta, tb, "wgmma_gemm", len(shapes[0]) * 3 + ta)
-    rng = np.random.default_rng(11)
-    for call in range(5):  # (64, 2048) x (2048, 264): split-K
-        a, av = _torch_pair(rng, (64, 2048), torch.bfloat16, False)
-        b, bv = _torch_pair(rng, (2048, 264), torch.bfloat16, True)
-        c = nbdnn.matmul(a, b, trans_b=True)
-        np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7,
-                                   atol=1e-5 * np.sqrt(2048))
-    planned = any(type(p) is _plan.Plan for p in _plan.plans_of_this_thread().values())
-    _plan.clear()
-    assert planned == own, "the call did not plan" if own else "host maps planned"

@@ -11,7 +11,7 @@ slot_words is widened here), 16 words a block. Prints, per shape, the kernel's C
 duration and the medians over blocks of each interval, and the span from the first
 block's start to the last block's end.
 
-    PYTHONPATH=. python3 perf/experiments/gemm_timeline.py
+    PYTHONPATH=. python3 perf/experiments/gemm_timeline.py [--lean]
 
 Found (run AH, H200, `perf/history/2026-12-03-h200-runAH-call4-5-timeline.log`; one
 tile of one k-tile, 5.6 us from the first stamp to the last of 6.5 us of kernel): the
@@ -20,9 +20,12 @@ its first TMA copy, nearly all of it the k-loop's setup: tile_of's int64 divisio
 the batch table's global read (offs[2z], offs[2z + 1]); the first stage lands 0.5 us
 after its TMA issue; one k-tile 0.5-0.8 us; the epilogue 1.0-1.3 us; the TMA stores'
 drain 0.3-0.5 us. Every shape pays the same ~3.3 us from the prologue's end to its
-first stage (4096^3 and 1000 x 3000 x 2040 too). Next (not yet run): no table read for
-one matrix (nz == 1: the table is [0, 0]), 32-bit tile arithmetic, the first tile's
-setup before the block's barrier.
+first stage (4096^3 and 1000 x 3000 x 2040 too). %globaltimer ticks every 256 ns here
+(every stamp is a multiple): medians over blocks. Written after the device time, not
+yet run: a stamp before the table read (splits the setup's arithmetic from the read),
+and --lean (wgmma_gemm.LEAN_SETUP: no table read for one matrix, 32-bit tile
+arithmetic; the PTX already takes div.u32 when the int64 operands fit, so the read is
+the suspect).
 """
 import numpy as np
 import torch
@@ -40,7 +43,7 @@ from nbdnn.ops import _plan
 STAMPS = ["start", "prologue end", "first stage in", "k-loop end", "epilogue end",
           "stores drained"]
 SIDE = ["producer after setmaxnreg", "batch table read", "first TMA issued",
-        "consumer after setmaxnreg"]
+        "consumer after setmaxnreg", "tile setup done (before the table read)"]
 
 
 @intrinsic
@@ -78,6 +81,8 @@ def stamped(source):
                 out += _probe(" " * 8, 6, "tid == 0")
             if line == "        setmaxnreg_inc(232)":
                 out += _probe(" " * 8, 9, "tid == 128")
+            if line.startswith("                za = I32(offs[2 * z])"):
+                out += _probe(" " * 16, 10, "it == 0")
             if line.startswith("                zb = I32(offs[2 * z + 1])"):
                 out += _probe(" " * 16, 7, "it == 0")
             if line == "                    it += 1" and not consumer:
@@ -92,6 +97,8 @@ def stamped(source):
 
 
 def main():
+    import sys
+    W.LEAN_SETUP = "--lean" in sys.argv  # tile_order.py's lean setup
     W.source = stamped(W.source)
     compile_source = W.compile_source
     W.compile_source = lambda name, src, ns, **kw: compile_source(
@@ -133,7 +140,8 @@ def main():
               ", ".join(f"{_short(k)} {v:.1f}" for k, v in dur.items()))
         print("   block medians (us): " + ", ".join(
             f"{STAMPS[i]} -> {STAMPS[i + 1]} {med[i] / 1e3:.2f}" for i in range(len(STAMPS) - 1)))
-        side = slots[-16 * grid:].reshape(grid, 16)[:, 6:10].astype(np.float64)
+        side = slots[-16 * grid:].reshape(grid, 16)[:, 6:11].astype(np.float64)
+        side[side == 0] = np.nan
         side = np.nanmedian(side - st[:, 1:2], axis=0)  # after the prologue's end
         print("   after the prologue (us): " + ", ".join(
             f"{w} {v / 1e3:.2f}" for w, v in zip(SIDE, side)))

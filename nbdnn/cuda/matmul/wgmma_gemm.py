@@ -77,6 +77,7 @@ from .pair_epilogue import pair_lines
 from . import staged_store as staged
 from .wgmma_params import map_lines, own_maps_lines, signature, slot_words
 from .split_k import split, splitk_sum
+from .tile_order import batch_lines, chunk_lines, helper_lines
 
 BM, BK = 128, 64                                 # BK: a 16-bit k-tile (128 B a row)
 # (BN, STAGES): the tile's width and the pipeline's depth. Shipped: 256 x 4 (run AD);
@@ -117,6 +118,10 @@ OWN_MAPS = True
 # 0.87 -> 0.94 (b plain / transposed), 8192^3 0.91 -> 0.95, 1.00 -> 1.04, 4000^3
 # 0.85 -> 0.91, 0.81 -> 0.93, 512 x 8192 x 1024 0.66 -> 0.86; skinny split-K unchanged.
 TMA_STORE = True
+# the producer's tile setup in 32 bits, no batch-table read for one matrix
+# (tile_order.py: run AH's timeline put 1.8 us before a block's first TMA copy). Written
+# after run AH's device time, not yet run on a GPU: off.
+LEAN_SETUP = False
 TEMPLATE_ADDRESS = 1 << 20   # the templates' base (replaced in the kernel; 16-B aligned)
 def _loads(side, k_major, bk, bn):
     """The producer's TMA lines for one operand into stage address `sa`/`sb` (bk: the
@@ -138,7 +143,7 @@ def _descriptor(addr, k_major, ks):
 
 
 def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=None,
-           store=False):
+           store=False, lean=False):
     """(name, source) of the kernel for kind "f16"/"bf16", operand majors (a_k, b_k:
     K-major or not) and the epilogue (bias: add bias[n]; act: an activation mode or
     None; beta: blend the old C; partial: split-K, c is the float32 workspace of the
@@ -146,32 +151,18 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     templates and a's and b's addresses (OWN_MAPS). Accumulator j of a thread is a
     literal index in the written-out epilogue, so the 128 stay in registers. tile: (BN,
     STAGES), TILE's default (a name suffix otherwise). store: C through shared memory
-    and TMA stores (staged_store.py)."""
+    and TMA stores (staged_store.py). lean: the lean tile setup (tile_order.py)."""
     bk, f32 = BK_OF[kind], kind == "tf32"
     bn, stages = tile or TILE
     sb_bytes = stage_bytes(bn)
     epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "") + \
         ("_partial" if partial else "") + ("_om" if own_maps else "") + \
-        ("_ts" if store else "") + \
+        ("_ts" if store else "") + ("_ls" if lean else "") + \
         ("" if (bn, stages) == (256, 4) else f"_n{bn}s{stages}")
     maps = ("tmpl_a, tmpl_b, tmpl_c, a, b, slots" if store else "tmpl_a, tmpl_b, a, b, slots") \
         if own_maps else ("map_a, map_b, map_c" if store else "map_a, map_b")
     name = f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
-    # (the 128 zeros in a device function of their own: numba's bytecode peephole for
-    # long tuple literals fails inside the kernel's branches)
-    L = ["@cuda.jit(device=True)", "def zero_acc():",
-         "    return (" + "F32(0), " * (bn // 2) + ")", "", "",
-         "@cuda.jit(device=True)",
-         "def tile_of(t, tm, tn, group):",
-         '    """Tile t -> (matrix z, m0, n0): per matrix, groups of `group` tile rows,',
-         '    down the rows first, then across the columns."""',
-         "    z = t // (tm * tn)  # (the split-K chunk's matrices come after the last z's)",
-         "    pid = t % (tm * tn)",
-         "    width = group * tn",
-         "    first = (pid // width) * group",
-         "    gm = min(tm - first, group)",
-         f"    return z, (first + (pid % width) % gm) * {BM}, ((pid % width) // gm) * {bn}",
-         "", "",
+    L = helper_lines(BM, bn, lean) + [
          f"def {name}({maps}, c, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
          "    smem = cuda.shared.array(0, types.uint8)",
          f"    bars = cuda.shared.array({2 * stages}, types.uint64, alignment=8)",
@@ -200,12 +191,10 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          "        if tid == 0:"] + map_lines(own_maps, "            ", store) + [
          "            it = 0",
          "            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
-         "                zk, m0, n0 = tile_of(t, tm, tn, group)",
-         "                z = zk % nz",
-         "                k0 = (zk // nz) * ksplit",
-         f"                ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}",
-         "                za = I32(offs[2 * z])",
-         "                zb = I32(offs[2 * z + 1])",
+         "                zk, m0, n0 = tile_of(t, tm, tn, group)"] + \
+        chunk_lines(" " * 16, lean) + [
+         f"                ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}"] + \
+        batch_lines(" " * 16, lean) + [
          "                for kt in range(ktiles):",
          f"                    s = it % {stages}",
          f"                    ph = (it // {stages}) & 1",
@@ -226,8 +215,8 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
           "        it = 0"] + (map_lines(own_maps, "        ", store, ("map_c",)) +
                               staged.prologue_lines("        ") if store else []) + [
           "        for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
-          "            zk, m0, n0 = tile_of(t, tm, tn, group)",
-          "            k0 = (zk // nz) * ksplit",
+          "            zk, m0, n0 = tile_of(t, tm, tn, group)"] + \
+        chunk_lines(" " * 12, lean, matrix=False) + [
           f"            ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}",
           "            d = zero_acc()",
           "            for kt in range(ktiles):",
@@ -258,7 +247,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
 
 @functools.lru_cache(maxsize=None)
 def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=False,
-           own_maps=False, tile=None, store=False):
+           own_maps=False, tile=None, store=False, lean=False):
     """The Kernel for dtype "float16" / "bfloat16" / "float32" (its tf32 modes, operands
     K-major only), the operand majors and the epilogue (built on first use: a variant
     compiles in seconds); partial: split-K's chunk kernel (c a float32 workspace);
@@ -270,7 +259,7 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
     if bn not in (128, 256) or shmem > MAX_SHARED:
         raise ValueError(f"wgmma GEMM tile {BM}x{bn} with {stages} stages: BN 128 or 256, "
                          f"{shmem} B of shared memory (at most {MAX_SHARED})")
-    name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store)
+    name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store, lean)
     bf = kind == "bf16"
     ns = dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
               F32=types.float32, mma=wgmma(bn, kind, int(not b_k), int(not a_k)),
@@ -301,7 +290,8 @@ def ptx_examples():
     ones for sm_90a): bfloat16 in every operand major, float16 K-major (the dtypes
     differ only in the instructions' type names; each tensor-core kernel costs CI 10-25
     s), one full epilogue in 16 bits and one in tf32 (float32 C), split-K's chunk kernel
-    and every dtype's ordered sum, the other tensor maps, the epilogue by TMA stores."""
+    and every dtype's ordered sum, the other tensor maps, the other stores, the other
+    tile setup (plain and split-K)."""
     om, st = OWN_MAPS, TMA_STORE  # the maps and stores gemm() uses; one of each other kind
     for a_k in (True, False):
         for b_k in (True, False):
@@ -312,6 +302,8 @@ def ptx_examples():
     kernel("float32", True, True, True, "gelu", True, own_maps=om)  # tf32: float32 C
     kernel("bfloat16", True, False, own_maps=not om, store=st)
     kernel("bfloat16", True, False, True, "gelu", own_maps=om, store=not st)
+    kernel("bfloat16", True, False, own_maps=om, store=st, lean=not LEAN_SETUP)
+    kernel("bfloat16", True, True, partial=True, own_maps=om, lean=not LEAN_SETUP)
     for dtype in KINDS:
         splitk_sum(dtype)
 
@@ -380,13 +372,14 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
         owners += (slots,)
     if splits == 1:
         k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0,
-                   own_maps=OWN_MAPS, tile=tile, store=store)
+                   own_maps=OWN_MAPS, tile=tile, store=store, lean=LEAN_SETUP)
         k.launch(k.sigs[0], grid, THREADS, stream, *maps,
                  (ptr(c), total if kind == "tf32" else total // 2), bias_arg, offs, rows_a,
                  N, K, nz, GROUP_M, alpha, beta, coef, chunk, shmem=shmem, owners=owners)
         return c
     ws = empty(c, (splits * total,), "float32")
-    k = kernel(dtype, not trans_a, bool(trans_b), partial=True, own_maps=OWN_MAPS, tile=tile)
+    k = kernel(dtype, not trans_a, bool(trans_b), partial=True, own_maps=OWN_MAPS, tile=tile,
+               lean=LEAN_SETUP)
     k.launch(k.sigs[0], grid, THREADS, stream, *maps, ws, bias_arg, offs, rows_a, N,
              K, nz, GROUP_M, 1.0, 0.0, 0.0, chunk, shmem=shmem, owners=owners)
     ks, sig = splitk_sum(dtype)

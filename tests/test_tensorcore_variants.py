@@ -1,0 +1,116 @@
+"""The tensor-core GEMM's switchable variants on a GPU (nbdnn/cuda/matmul/wgmma_gemm.py):
+C through TMA stores or direct stores (TMA_STORE), tensor maps made by the blocks or
+encoded on the host (OWN_MAPS), the lean tile setup (LEAN_SETUP). Skipped under the
+simulator (inline PTX); CI compiles each variant to PTX (tests/test_ptx.py)."""
+import numpy as np
+import pytest
+from tensorcore_cases import TC_SHAPES, cc as _cc, check_16bit_matmul as _check_16bit_matmul, \
+    torch_pair as _torch_pair
+
+from nbdnn.cuda import SIMULATOR
+
+pytestmark = pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
+
+
+_STORE_CASES = [(dt, s, True) for dt in ("float16", "bfloat16") for s in TC_SHAPES] + \
+    [("bfloat16", TC_SHAPES[0], False), ("bfloat16", TC_SHAPES[3], False)]
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
+@pytest.mark.parametrize("dtype,shapes,own", _STORE_CASES,
+                         ids=lambda v: f"{v[0]}x{v[1]}" if isinstance(v, tuple) else str(v))
+def test_epilogue_by_tma_stores(dtype, shapes, own, ta, tb, monkeypatch):
+    """TMA_STORE (staged_store.py): C through swizzled staging tiles and TMA stores,
+    with the fused bias, gelu and alpha, and plain; TMA clips the ragged rows and
+    columns and writes each batch's matrix. beta (old C read), an N not a multiple of 8
+    and split-K keep the direct epilogue."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.runtime.launch import launched
+    from scipy.special import erf
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(W, "TMA_STORE", True)
+    monkeypatch.setattr(W, "OWN_MAPS", own)
+    rng = np.random.default_rng(len(shapes[0]) * 5 + ta)
+    tdt = getattr(torch, dtype)
+    (ash, bsh) = shapes
+    a, av = _torch_pair(rng, ash, tdt, ta)
+    b, bv = _torch_pair(rng, bsh, tdt, tb)
+    N, K = bsh[-1], ash[-1]
+    bias, biasv = _torch_pair(rng, (1, N), tdt, False)
+    with launched() as names:
+        c = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, bias=bias[0], activation="gelu",
+                         alpha=0.5)
+        plain = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb)
+        nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, beta=0.5, out=plain.clone())
+    assert [n.endswith("_ts") for n in names] == [True, True, False], names
+    r = av @ bv + biasv[0]
+    ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
+    np.testing.assert_allclose(c.double().cpu().numpy(), 0.25 * r * (1 + erf(r / np.sqrt(2))),
+                               rtol=2 * ulp, atol=1e-5 * np.sqrt(K) + 2 * ulp)
+    np.testing.assert_allclose(plain.double().cpu().numpy(), av @ bv, rtol=2 * ulp,
+                               atol=1e-5 * np.sqrt(K))
+    b6, bv6 = _torch_pair(rng, bsh[:-1] + (6,), tdt, True)  # N = 6: C rows of 12 bytes
+    with launched() as names:
+        c6 = nbdnn.matmul(a, b6, trans_a=ta, trans_b=True)
+    assert len(names) == 1 and names[0].startswith("wgmma_gemm") and \
+        not names[0].endswith("_ts"), names
+    np.testing.assert_allclose(c6.double().cpu().numpy(), av @ bv6, rtol=2 * ulp,
+                               atol=1e-5 * np.sqrt(K))
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["own", "host"])
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
+@pytest.mark.parametrize("shapes", TC_SHAPES[:2] + TC_SHAPES[3:5], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_tensor_maps_own_or_host(shapes, ta, tb, own, monkeypatch):
+    """OWN_MAPS (wgmma_gemm.py) on, the default: each block writes its tensor maps from
+    address-free templates (tensormap.replace, cp_fenceproxy); off: the host encodes
+    them per address. The same results either way, split-K included; and the call plans
+    only with the blocks' own maps: five calls on new tensors, the last two replayed
+    (or, host maps, all run eagerly), each right."""
+    import torch
+    import nbdnn
+    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.ops import _plan
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(W, "OWN_MAPS", own)
+    _plan.clear()  # (a signature's state does not hold OWN_MAPS)
+    _check_16bit_matmul("bfloat16", shapes, ta, tb, "wgmma_gemm", len(shapes[0]) * 3 + ta)
+    rng = np.random.default_rng(11)
+    for call in range(5):  # (64, 2048) x (2048, 264): split-K
+        a, av = _torch_pair(rng, (64, 2048), torch.bfloat16, False)
+        b, bv = _torch_pair(rng, (2048, 264), torch.bfloat16, True)
+        c = nbdnn.matmul(a, b, trans_b=True)
+        np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7,
+                                   atol=1e-5 * np.sqrt(2048))
+    planned = any(type(p) is _plan.Plan for p in _plan.plans_of_this_thread().values())
+    _plan.clear()
+    assert planned == own, "the call did not plan" if own else "host maps planned"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shapes", TC_SHAPES[:1] + TC_SHAPES[3:4] + TC_SHAPES[5:],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_lean_tile_setup(shapes, dtype, monkeypatch):
+    """LEAN_SETUP (wgmma_gemm.py, tile_order.py): the tile schedule in 32 bits and no
+    batch-table read for one matrix; the same results for one matrix, a batch and a
+    broadcast batch (the table read), and split-K's chunks (zk past the matrices)."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(W, "LEAN_SETUP", True)
+    _check_16bit_matmul(dtype, shapes, False, False, "wgmma_gemm", len(shapes[0]) * 7)
+    rng = np.random.default_rng(13)
+    a, av = _torch_pair(rng, (2, 64, 2048), getattr(torch, dtype), False)  # 2 matrices x 2
+    b, bv = _torch_pair(rng, (2, 2048, 264), getattr(torch, dtype), True)  # tiles x 2 chunks
+    with launched() as names:
+        c = nbdnn.matmul(a, b, trans_b=True)
+    assert names[0].endswith("_ls") and names[-1] == "_splitk_sum", names
+    np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7,
+                               atol=1e-5 * np.sqrt(2048))
