@@ -19,6 +19,8 @@
 #                                             # the graph-timed bench rows, in parallel
 #   bash perf/gpu_run.sh gemm                 # tests/test_tensorcore*.py, the SASS of the
 #                                             # shipped tensor-core kernels, host cost
+#   bash perf/gpu_run.sh knobs                # the GEMM variants written, not yet run (off):
+#                                             # tests, sanitizer, skinny speed, timeline
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
@@ -156,6 +158,23 @@ gemm)
         nbdnn.cuda.matmul.mma_gemm mma_gemm_bf16_kk uint16 2>&1 >/dev/null | tr '\n' ' ')"
     timeout 45 python3 perf/experiments/tc_host_cost.py > "$OUT/tc_host_cost.log" 2>&1
     cat "$OUT/tc_host_cost.log" ;;  # (host cost; OWN_MAPS right and planned?)
+knobs)
+    # the tensor-core GEMM's variants written but not yet run (off): LEAN_SETUP and
+    # TMA_STORE_F32 (wgmma_gemm.py) - their tests, the sanitizer over their paths, their
+    # speed on the skinny shapes, the block timeline with the lean setup
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore_variants.py \
+        -k "lean or float32_c" > "$OUT/knobs-tests.log" 2>&1
+    tail -3 "$OUT/knobs-tests.log"
+    CS="compute-sanitizer --report-api-errors no --print-limit 20"
+    for tool in memcheck racecheck; do
+        timeout 120 $CS --tool $tool python3 perf/tools/tc_paths.py --only "f32 tma" \
+            > "$OUT/knobs-$tool.log" 2>&1
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^BAD|^ok" "$OUT/knobs-$tool.log" | tail -4
+    done
+    timeout 150 python3 perf/experiments/skinny_gemm.py --variants ship f32store lean both \
+        > "$OUT/knobs-skinny.log" 2>&1
+    grep -v -i warn "$OUT/knobs-skinny.log"
+    timeout 60 python3 perf/experiments/gemm_timeline.py --lean 2>&1 | grep -v -i warn ;;
 ncu-gemm)
     # Nsight Compute over the tensor-core GEMM's cases (perf/tools/ncu_cases.py tc*,
     # tf32nn): our kernels and cuBLAS's for the same product; one text report back

@@ -50,3 +50,46 @@ def test_staged_store_writes_each_staging_word_once_without_bank_conflicts():
         "void(uint64[::1], uint64[::1], uint64[::1], uint16[::1], uint16[::1], int64[::1], "
         "uint32[::1]")
     assert P.signature("f16", False, False, True).startswith("void(uint64, uint64, uint64, uint32")
+
+
+def test_float32_staged_store_covers_each_staging_word_once():
+    """The TMA-store epilogue for float32 C (tf32's C with its epilogue; split-K's raw
+    chunk sums): 32 columns a 128-byte staging row, eight chunks a 256-wide half-tile,
+    each thread's column pair one 8-byte st.shared.v2.f32 at TMA's 128-byte swizzle;
+    the 128 threads cover each staging tile once, and a warp's stores fill each bank
+    twice (256 bytes: two wavefronts, the fewest). usable(): float32 C only with
+    TMA_STORE_F32's flag, N a multiple of 4."""
+    for kind, partial, bias, act, label in (("tf32", False, True, "gelu", "_b_gelu_om_ts"),
+                                            ("bf16", True, False, None, "_partial_om_ts")):
+        name, src = W.source(kind, True, True, bias, act, False, partial, own_maps=True,
+                             store=True)
+        assert name.endswith(label), name
+        assert src.count("tma_store_3d(") == 8 and src.count("st_shared_v2_f32(") == 64
+        assert "st_shared_u32(" not in src and "cvt(" not in src
+        got = re.findall(r"st_shared_v2_f32\(U32\((.+?)\), (?:a \* )?(?:v0|d\[(\d+)\])", src)
+        assert len(got) == 64
+        for q in range(8):  # chunk q: accumulator pairs 4j (+2: rows + 8), j = 4q .. 4q + 3
+            seen = {}
+            for n, (expr, _) in enumerate(got[8 * q:8 * q + 8]):
+                j, k = 4 * q + n // 2, 2 * (n % 2)
+                for warp in range(4):
+                    banks = {}
+                    for lane in range(32):
+                        i = 32 * warp + lane
+                        sw = (i % 32) // 4
+                        at = eval(expr, {"stage_c": 0, "rl": 16 * (i // 32) + sw, "sw": sw,
+                                         "i": i}) - (q % 2) * S.TILE_BYTES
+                        row, col = 16 * warp + lane // 4 + 4 * k, 8 * (j % 4) + 2 * (lane % 4)
+                        assert at == row * 128 + (((col // 4) ^ (row % 8)) << 4) + 4 * (col % 4)
+                        assert at not in seen
+                        seen[at] = (row, col)
+                        for b in (at // 4 % 32, at // 4 % 32 + 1):
+                            banks[b] = banks.get(b, 0) + 1
+                    assert sorted(banks.values()) == [2] * 32
+            assert sorted(seen) == list(range(0, S.TILE_BYTES, 8))
+    assert S.columns(True) == 32 and S.columns(False) == 64
+    assert S.usable("tf32", False, False, 260, 256, f32=True)
+    assert S.usable("bf16", True, False, 260, 256, f32=True)
+    assert not S.usable("tf32", False, False, 260, 256)       # the flag off
+    assert not S.usable("tf32", False, False, 262, 256, f32=True)  # rows not 16-byte strides
+    assert not S.usable("tf32", False, True, 260, 256, f32=True)   # beta: the direct epilogue

@@ -114,3 +114,49 @@ def test_lean_tile_setup(shapes, dtype, monkeypatch):
     assert names[0].endswith("_ls") and names[-1] == "_splitk_sum", names
     np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7,
                                atol=1e-5 * np.sqrt(2048))
+
+
+@pytest.mark.parametrize("shapes", [((296, 200), (200, 520)), ((40, 37), (37, 524)),
+                                    ((3, 136, 72), (3, 72, 264)), ((2, 1, 24, 16), (3, 16, 36)),
+                                    ((64, 3000), (3000, 264)), ((40, 64), (64, 523))],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_float32_c_by_tma_stores(shapes, monkeypatch):
+    """TMA_STORE_F32 (staged_store.py): tf32's float32 C, with bias, gelu and alpha,
+    through 64 x 32 float32 staging tiles and TMA stores, and split-K's chunk sums the
+    same way (64 x 3000: two chunks); an N not a multiple of 4 keeps the direct
+    epilogue. Then 16-bit split-K over two matrices (zk past the matrices) with its
+    chunks staged."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cpu.matmul import tf32
+    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.runtime.launch import launched
+    from scipy.special import erf
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(W, "TMA_STORE_F32", True)
+    rng = np.random.default_rng(len(shapes[0]) * 7 + shapes[1][-1])
+    (ash, bsh) = shapes
+    a, av = _torch_pair(rng, ash, torch.float32, False)
+    b, bv = _torch_pair(rng, bsh, torch.float32, True)
+    N, K = bsh[-1], ash[-1]
+    bias, biasv = _torch_pair(rng, (1, N), torch.float32, False)
+    with launched() as names:
+        c = nbdnn.matmul(a, b, trans_b=True, bias=bias[0], activation="gelu", alpha=0.5,
+                         math="tf32")
+    gemms = [n for n in names if n.startswith("wgmma_gemm_tf32")]
+    assert len(gemms) == 1 and gemms[0].endswith("_ts") == (N % 4 == 0), names
+    assert ("_partial" in gemms[0]) == (K == 3000), names
+    r = tf32(av).astype(np.float64) @ tf32(bv).astype(np.float64) + biasv[0]
+    want = 0.5 * (0.5 * r * (1 + erf(r / np.sqrt(2))))
+    np.testing.assert_allclose(c.double().cpu().numpy(), want, rtol=1e-5, atol=3e-7 * K)
+    if len(ash) > 2 or K != 3000:
+        return
+    for dtype in (torch.bfloat16, torch.float16):
+        a, av = _torch_pair(rng, (2, 64, 2048), dtype, False)  # 2 matrices x 2 tiles x
+        b, bv = _torch_pair(rng, (2, 2048, 264), dtype, True)  # 2 chunks
+        with launched() as names:
+            c = nbdnn.matmul(a, b, trans_b=True)
+        assert names[0].endswith("_partial_om_ts") and names[-1] == "_splitk_sum", names
+        np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7,
+                                   atol=1e-5 * np.sqrt(2048))

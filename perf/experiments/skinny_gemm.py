@@ -38,7 +38,9 @@ from nbdnn.ops import _plan
 SHAPES = [(64, 4096, 4096), (128, 4096, 4096), (256, 4096, 8192), (512, 8192, 1024),
           (1000, 3000, 2040), (64, 8192, 8192), (128, 256, 64)]
 SHIPPED = (SK.SPLIT_FILL, SK.MIN_CHUNK, SK.MAX_SPLITS, W.TILE)
-# name: (SPLIT_FILL, MIN_CHUNK, MAX_SPLITS, TILE); "c1024" became the shipped one in run AH
+KNOBS = {"TMA_STORE_F32": W.TMA_STORE_F32, "LEAN_SETUP": W.LEAN_SETUP}  # (shipped values)
+# name: (SPLIT_FILL, MIN_CHUNK, MAX_SPLITS, TILE[, wgmma_gemm knobs]); "c1024" became the
+# shipped split in run AH; "f32store" / "lean" / "both": the knobs written after run AH
 VARIANTS = {
     "ship": SHIPPED,
     "nosplit": (0.0, 1024, 16, (256, 4)),
@@ -48,10 +50,16 @@ VARIANTS = {
     "c1024": (0.5, 1024, 16, (256, 4)),
     "t128": (0.5, 512, 16, (128, 6)),
     "t128f1": (1.0, 256, 32, (128, 6)),
+    "f32store": SHIPPED + ({"TMA_STORE_F32": True},),
+    "lean": SHIPPED + ({"LEAN_SETUP": True},),
+    "both": SHIPPED + ({"TMA_STORE_F32": True, "LEAN_SETUP": True},),
 }
 
+
 def _set(v):
-    SK.SPLIT_FILL, SK.MIN_CHUNK, SK.MAX_SPLITS, W.TILE = v
+    SK.SPLIT_FILL, SK.MIN_CHUNK, SK.MAX_SPLITS, W.TILE = v[:4]
+    for k, shipped in KNOBS.items():
+        setattr(W, k, (v[4] if len(v) > 4 else {}).get(k, shipped))
     _plan.clear()
 
 
@@ -73,6 +81,7 @@ def _short(name):
 
 
 FIXED = {"ship": {}, "host_maps": {"OWN_MAPS": False}, "direct_store": {"TMA_STORE": False},
+         "lean": {"LEAN_SETUP": True},
          "no_persist": {"PERSISTENT": False}}
 
 

@@ -6,7 +6,8 @@ four operand majors (the persistent kernel, no split), with the full epilogue, s
 kernel), a batch broadcast both ways, the sm_80-89 mma.sync kernel (forced); then the
 tensor maps the default does not use (wgmma_gemm.OWN_MAPS on: the blocks make them;
 off: the host encodes them) plain, split-K and batched, and the epilogue both ways
-(wgmma_gemm.TMA_STORE: direct stores, TMA stores, the latter with both kinds of maps). Prints one line a path and exits 1 on
+(wgmma_gemm.TMA_STORE: direct stores, TMA stores, the latter with both kinds of maps;
+TMA_STORE_F32: float32 C and split-K's chunks staged). Prints one line a path and exits 1 on
 a miss; `--only WORD` runs the paths whose label holds WORD (`--only maps`, `--only
 store`).
 
@@ -86,6 +87,13 @@ def main():
     wgmma_gemm.OWN_MAPS = not default
     oks.append(_case(f"bf16 tma store {other}", ((200, 136), (136, 264)), bf))
     wgmma_gemm.OWN_MAPS, wgmma_gemm.TMA_STORE = default, stores
+    f32 = wgmma_gemm.TMA_STORE_F32  # float32 C staged too: tf32's C, split-K's chunks
+    wgmma_gemm.TMA_STORE_F32 = True
+    oks.append(_case("float32 tf32 f32 tma store bias+relu", ((200, 100), (100, 264)),
+                     torch.float32, False, True, 1e-3, math="tf32", bias=True,
+                     activation="relu"))
+    oks.append(_case("bf16 split-K f32 tma store", ((2, 64, 2048), (2, 2048, 264)), bf))
+    wgmma_gemm.TMA_STORE_F32 = f32
     sys.exit(0 if all(oks) else 1)
 
 

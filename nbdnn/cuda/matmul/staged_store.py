@@ -25,19 +25,32 @@ store finish reading (cp.async.bulk.wait_group.read 1), once after every thread'
 fence.proxy.async made its writes visible to TMA. Before the kernel ends thread 0
 waits for its stores (wait_group 0).
 
-Used when C is 16-bit, not split-K's float32 chunks, beta = 0 (no old C to read), N a
-multiple of 8 and C 16-byte aligned (TMA's row strides and base); the direct
-epilogue otherwise.
+float32 C (the tf32 kernels' C, split-K's chunks in their workspace; f32 below): the
+same 64 x 128-byte tiles hold 64 x 32 values, so a warpgroup's half-tile leaves in
+BN / 32 chunks; thread i's pair (columns 2 (l % 4), +1 of group j: bytes 8 (l % 4) of
+the group's 32) is one 8-byte st.shared.v2.f32 in 16-byte chunk 2 (j % 4) + (l % 4) // 2
+at offset 8 (l % 2), the chunk swizzled as above.
+
+Used when beta = 0 (no old C to read), N a multiple of 8 (16-bit) or 4 (float32) and
+C 16-byte aligned (TMA's row strides and base); the direct epilogue otherwise.
 """
 from .pair_epilogue import bias_lines, value_lines
 
-TILE_BYTES = 64 * 128                 # a 64 x 64 16-bit staging tile
+TILE_BYTES = 64 * 128                 # a 64 x 128-byte staging tile: 64 16-bit or 32 float32 columns
 STAGING_BYTES = 2 * 2 * TILE_BYTES    # two consumer warpgroups x two tiles: 32 KB
 
 
-def usable(kind, partial, beta, N, c_address):
-    """Whether a call's epilogue can go through TMA stores (module docstring)."""
-    return kind != "tf32" and not partial and not beta and N % 8 == 0 and c_address % 16 == 0
+def columns(f32):
+    """Columns of C a staging tile holds (128 bytes a row): TMA's box width."""
+    return 32 if f32 else 64
+
+
+def usable(kind, partial, beta, N, c_address, f32=False):
+    """Whether a call's epilogue can go through TMA stores (module docstring); a float32
+    C (tf32, split-K's chunks) only with f32 (wgmma_gemm.TMA_STORE_F32)."""
+    wide = kind == "tf32" or partial
+    return (f32 or not wide) and not beta and N % (4 if wide else 8) == 0 and \
+        c_address % 16 == 0
 
 
 def prologue_lines(indent):
@@ -49,25 +62,35 @@ def prologue_lines(indent):
             f"{indent}    fence_proxy_tensormap_acquire(map_c)"]
 
 
-def tile_lines(bn, bias, act):
+def tile_lines(bn, bias, act, f32=False, partial=False):
     """One tile's epilogue for a consumer warpgroup (accumulators d[4j .. 4j + 3]: column
-    pair cb + 8 j, rows r and r + 8, as the direct epilogue), chunk by chunk."""
-    L = []
-    for q in range(bn // 64):
+    pair cb + 8 j, rows r and r + 8, as the direct epilogue), chunk by chunk. f32: float32
+    C; partial: split-K's raw chunk sums (float32, no epilogue)."""
+    L, cols = [], columns(f32 or partial)
+    groups = cols // 8  # column groups of 8 a chunk
+    for q in range(bn // cols):
         buf = f"stage_c + {(q % 2) * TILE_BYTES}"
         L += ["if i == 0:", "    bulk_wait_read(1)  # this tile's previous store has read it",
               "bar_sync(U32(1 + w), U32(128))"]
-        for j in range(8 * q, 8 * q + 8):
-            # (N % 8 == 0: a pair is in or out of bounds whole; TMA clips it)
-            L += bias_lines(f"cb + {8 * j}") if bias else []
-            at = f"{buf} + rl * 128 + (({j % 8} ^ sw) << 4) + 4 * (i % 4)"
+        for j in range(groups * q, groups * q + groups):
+            # (N % 8 or % 4 == 0: a pair is in or out of bounds whole; TMA clips it)
+            L += bias_lines(f"cb + {8 * j}", f32) if bias and not partial else []
+            if groups == 8:  # 16-bit: a 4-byte pair in chunk j % 8
+                at = f"{buf} + rl * 128 + (({j % 8} ^ sw) << 4) + 4 * (i % 4)"
+            else:  # float32: an 8-byte pair in chunk 2 (j % 4) + (i % 4) // 2
+                at = f"{buf} + rl * 128 + ((({2 * (j % 4)} + (i // 2) % 2) ^ sw) << 4) + 8 * (i % 2)"
             for k, row_off in ((0, 0), (2, 8 * 128)):
-                L += value_lines(f"d[{4 * j + k}]", f"d[{4 * j + k + 1}]", bias, act) + \
-                    [f"st_shared_u32(U32({at} + {row_off}), cvt(a * v0, a * v1))"]
+                v0, v1 = f"d[{4 * j + k}]", f"d[{4 * j + k + 1}]"
+                if partial:
+                    L += [f"st_shared_v2_f32(U32({at} + {row_off}), {v0}, {v1})"]
+                    continue
+                L += value_lines(v0, v1, bias, act) + \
+                    [f"st_shared_v2_f32(U32({at} + {row_off}), a * v0, a * v1)" if f32 else
+                     f"st_shared_u32(U32({at} + {row_off}), cvt(a * v0, a * v1))"]
         L += ["fence_proxy_async()  # the tile's writes, visible to TMA",
               "bar_sync(U32(1 + w), U32(128))",
               "if i == 0:",
-              f"    tma_store_3d(map_c, I32(n0 + {64 * q}), I32(m0 + w * 64), I32(zk), "
+              f"    tma_store_3d(map_c, I32(n0 + {cols * q}), I32(m0 + w * 64), I32(zk), "
               f"U32({buf}))",
               "    bulk_commit()"]
     return L

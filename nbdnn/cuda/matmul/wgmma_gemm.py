@@ -1,20 +1,17 @@
 """Matmul on the tensor cores (sm_90a): wgmma fed by TMA, warp-specialised.
 
 C[z] (M x N) = epilogue(op(A[za]) @ op(B[zb])), 16-bit A and B (float16 or bfloat16),
-float32 accumulation, C in the inputs' dtype; z = blockIdx.y, (za, zb) = offs[2z:2z+2]
-(the batch-broadcast table). Either operand may be K-major (rows of K contiguous: a
-plain A, a transposed B) or MN-major (a transposed A, a plain B): TMA loads both into
-128-byte-swizzled shared memory and wgmma reads either major from its descriptors.
+float32 accumulation, C in the inputs' dtype; z and the tile from a persistent block's
+tile index (tile_order.py), (za, zb) = offs[2z:2z+2] (the batch-broadcast table). Either
+operand may be K-major (rows of K contiguous: a plain A, a transposed B) or MN-major (a
+transposed A, a plain B): TMA loads both into 128-byte-swizzled shared memory and
+wgmma reads either major from its descriptors.
 
-Variant T1 (perf/history/runs.md run AD: 632-650 TFLOP/s, 0.87-0.99x cuBLAS at 4096 and
-8192): K-major operands only, one wgmma batch a k-tile waited to zero, blocks in row
-order, alpha only. Variant T2 (this file) adds both majors, batches, the fused
-epilogue, a grouped tile order (GROUP_M tile rows a group: a wave of blocks shares
-fewer B columns in L2; run AD call 2: 0.95x against 0.90x cuBLAS at 8192) and a
-persistent grid (PERSISTENT: one block an SM loops over tiles; its producer fills
-the next tile's stages while the consumers run the epilogue). Tried and dropped:
-leaving one wgmma batch in flight at a k-tile's end and releasing its stage a k-tile
-later (CUTLASS's habit): 4-12% slower here (run AD call 2).
+Variant T1 (run AD: 0.87-0.99x cuBLAS at 4096 and 8192): K-major operands only, blocks
+in row order. T2 (this file) adds both majors, batches, the fused epilogue, a grouped
+tile order (GROUP_M; run AD: 0.95 against 0.90x at 8192) and a persistent grid
+(PERSISTENT: the producer fills the next tile's stages during the epilogue). Tried and
+dropped: one wgmma batch left in flight a k-tile (CUTLASS's habit): 4-12% slower.
 
 A block computes a BM x BN = 128 x 256 tile of C with three warpgroups (384 threads):
 
@@ -28,8 +25,9 @@ A block computes a BM x BN = 128 x 256 tile of C with three warpgroups (384 thre
                              arrive a warpgroup: empty[s] counts 2). setmaxnreg.inc to 232.
     epilogue                 each consumer applies bias, the activation and alpha/beta to
                              its 64 x 256 accumulators in registers, packs pairs
-                             (cvt.rn.{f16,bf16}x2) and stores 4 bytes at a time straight
-                             to C, rows and columns bounds-checked.
+                             (cvt.rn.{f16,bf16}x2) into staging tiles that TMA stores
+                             (staged_store.py; TMA_STORE), or stores 4-byte pairs
+                             straight to C, bounds-checked (beta, odd N).
 
 Shared memory of a stage (dynamic, 1024-byte aligned for the swizzle atom):
 
@@ -69,8 +67,8 @@ from ..tensorcore.tensormap import encoded
 from ..tensorcore.tiles import SOURCE_NAMES
 from ..tensorcore.asm import gmem_address
 from ..tensorcore.tma import bar_sync, bulk_commit, bulk_wait, bulk_wait_read, \
-    mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc, st_shared_u32, tensormap_copy_release, \
-    tensormap_replace_address, tma_load_3d, tma_store_3d
+    mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc, st_shared_u32, st_shared_v2_f32, \
+    tensormap_copy_release, tensormap_replace_address, tma_load_3d, tma_store_3d
 from ..tensorcore.wgmma import wgmma
 from .batches import table as batch_table
 from .pair_epilogue import pair_lines
@@ -118,6 +116,9 @@ OWN_MAPS = True
 # 0.87 -> 0.94 (b plain / transposed), 8192^3 0.91 -> 0.95, 1.00 -> 1.04, 4000^3
 # 0.85 -> 0.91, 0.81 -> 0.93, 512 x 8192 x 1024 0.66 -> 0.86; skinny split-K unchanged.
 TMA_STORE = True
+# ... and float32 C the same way (the tf32 kernels' C, split-K's chunks: 64 x 32 float32
+# a staging tile). Written after run AH's device time, not yet run on a GPU: off.
+TMA_STORE_F32 = False
 # the producer's tile setup in 32 bits, no batch-table read for one matrix
 # (tile_order.py: run AH's timeline put 1.8 us before a block's first TMA copy). Written
 # after run AH's device time, not yet run on a GPU: off.
@@ -236,7 +237,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
           "            r = m0 + w * 64 + 16 * (i // 32) + (i % 32) // 4",
           "            cb = n0 + 2 * (i % 4)",
           "            coff = zk * M * N"]
-    E = staged.tile_lines(bn, bias, act) if store else []
+    E = staged.tile_lines(bn, bias, act, f32, partial) if store else []
     for j in range(0 if store else bn // 8):  # thread i's column pair j: rows r and r + 8
         E += pair_lines(f"cb + {8 * j}", [("r", f"d[{4 * j}]", f"d[{4 * j + 1}]"),
                                           ("(r + 8)", f"d[{4 * j + 2}]", f"d[{4 * j + 3}]")],
@@ -267,7 +268,8 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
               setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
               gmem_address=gmem_address, tensormap_replace_address=tensormap_replace_address,
               tensormap_copy_release=tensormap_copy_release, tma_store_3d=tma_store_3d,
-              st_shared_u32=st_shared_u32, bar_sync=bar_sync, bulk_commit=bulk_commit,
+              st_shared_u32=st_shared_u32, st_shared_v2_f32=st_shared_v2_f32,
+              bar_sync=bar_sync, bulk_commit=bulk_commit,
               bulk_wait_read=bulk_wait_read, bulk_wait=bulk_wait,
               cvt=cvt_bf16x2 if bf else cvt_f16x2,
               widen=widen_bf16 if bf else widen_f16 if kind == "f16" else types.float32,
@@ -290,8 +292,8 @@ def ptx_examples():
     ones for sm_90a): bfloat16 in every operand major, float16 K-major (the dtypes
     differ only in the instructions' type names; each tensor-core kernel costs CI 10-25
     s), one full epilogue in 16 bits and one in tf32 (float32 C), split-K's chunk kernel
-    and every dtype's ordered sum, the other tensor maps, the other stores, the other
-    tile setup (plain and split-K)."""
+    and every dtype's ordered sum, the other tensor maps, the other stores (float32's
+    staged too: TMA_STORE_F32), the other tile setup (plain and split-K)."""
     om, st = OWN_MAPS, TMA_STORE  # the maps and stores gemm() uses; one of each other kind
     for a_k in (True, False):
         for b_k in (True, False):
@@ -304,6 +306,8 @@ def ptx_examples():
     kernel("bfloat16", True, False, True, "gelu", own_maps=om, store=not st)
     kernel("bfloat16", True, False, own_maps=om, store=st, lean=not LEAN_SETUP)
     kernel("bfloat16", True, True, partial=True, own_maps=om, lean=not LEAN_SETUP)
+    kernel("bfloat16", True, True, partial=True, own_maps=om, store=True)  # float32 C staged
+    kernel("float32", True, True, True, own_maps=om, store=True)
     for dtype in KINDS:
         splitk_sum(dtype)
 
@@ -357,12 +361,15 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     bias_arg = (ptr(bias), N) if bias is not None else (ptr(c), 1)
     grid = min(tiles * splits, sm_count()) if PERSISTENT else tiles * splits
     total = nz * rows_a * N
-    store = TMA_STORE and splits == 1 and staged.usable(kind, False, beta != 0, N, ptr(c))
+    partial = splits > 1
+    out = empty(c, (splits * total,), "float32") if partial else c  # (split-K: the chunks)
+    store = TMA_STORE and staged.usable(kind, partial, beta != 0, N, ptr(out), TMA_STORE_F32)
     shmem = shared_bytes(*tile, store)
     encs = (ma, mb)
-    if store:  # C's map: (matrices, rows, N), 64 x 64 boxes (staged_store.py)
-        encs += (encoded(TEMPLATE_ADDRESS if OWN_MAPS else ptr(c), (nz, rows_a, N), dtype,
-                         (1, 64, 64), "128B"),)
+    if store:  # C's map: (matrices [x chunks], rows, N), 64-row x 128-byte boxes
+        f32 = kind == "tf32" or partial
+        encs += (encoded(TEMPLATE_ADDRESS if OWN_MAPS else ptr(out), (nz * splits, rows_a, N),
+                         "float32" if f32 else dtype, (1, 64, staged.columns(f32)), "128B"),)
         owners += (encs[2][1],)
     maps = tuple(m[0] for m in encs)
     if OWN_MAPS:  # the templates, a, b, the blocks' map slots (128 B a map)
@@ -370,20 +377,19 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
         maps = tuple(m[1] for m in encs) + ((ptr(a), math.prod(ash)),
                                             (ptr(b), math.prod(bsh)), slots)
         owners += (slots,)
-    if splits == 1:
+    if not partial:
         k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0,
                    own_maps=OWN_MAPS, tile=tile, store=store, lean=LEAN_SETUP)
         k.launch(k.sigs[0], grid, THREADS, stream, *maps,
                  (ptr(c), total if kind == "tf32" else total // 2), bias_arg, offs, rows_a,
                  N, K, nz, GROUP_M, alpha, beta, coef, chunk, shmem=shmem, owners=owners)
         return c
-    ws = empty(c, (splits * total,), "float32")
     k = kernel(dtype, not trans_a, bool(trans_b), partial=True, own_maps=OWN_MAPS, tile=tile,
-               lean=LEAN_SETUP)
-    k.launch(k.sigs[0], grid, THREADS, stream, *maps, ws, bias_arg, offs, rows_a, N,
+               store=store, lean=LEAN_SETUP)
+    k.launch(k.sigs[0], grid, THREADS, stream, *maps, out, bias_arg, offs, rows_a, N,
              K, nz, GROUP_M, 1.0, 0.0, 0.0, chunk, shmem=shmem, owners=owners)
     ks, sig = splitk_sum(dtype)
-    ks.launch(sig, -(-total // 256), 256, stream, ws, (ptr(c), total), bias_arg, splits, total,
+    ks.launch(sig, -(-total // 256), 256, stream, out, (ptr(c), total), bias_arg, splits, total,
               N, int(bias is not None), -1 if act is None else _act.MODES.index(act), coef,
               alpha, beta, owners=owners)
     return c

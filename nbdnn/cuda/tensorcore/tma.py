@@ -61,6 +61,7 @@ _LOAD_3D = _LOAD.format(n=3, coords="$2, $3, $4", bar=5)
 _STORE_2D = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [$0, {$1, $2}], [$3];"
 _STORE_3D = "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [$0, {$1, $2, $3}], [$4];"
 _ST_SHARED = "st.shared.b32 [$0], $1;"
+_ST_SHARED_V2F = "st.shared.v2.f32 [$0], {$1, $2};"
 _BAR_SYNC = "bar.sync $0, $1;"
 _REPLACE = "tensormap.replace.tile.global_address.shared::cta.b1024.b64 [$0], $1;"
 _COPY_RELEASE = "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu" \
@@ -132,6 +133,13 @@ def st_shared_u32(typingctx, addr, value):
 
 
 @intrinsic
+def st_shared_v2_f32(typingctx, addr, x, y):
+    """Store two float32 (8 bytes, 8-byte aligned) to .shared address `addr` (a float32
+    TMA store's staging tile)."""
+    return types.void(u32, types.float32, types.float32), _emit(_ST_SHARED_V2F, "r,f,f,~{memory}")
+
+
+@intrinsic
 def bar_sync(typingctx, barrier, count):
     """Named barrier `barrier` (1-15; 0 is syncthreads') for `count` threads (a multiple
     of 32): one warpgroup waits for its own 128 threads, not the block."""
@@ -158,6 +166,7 @@ for _f, _t in ((mbarrier_init, _INIT), (mbarrier_arrive, _ARRIVE),
                (mbarrier_arrive_expect_tx, _EXPECT), (mbarrier_try_wait_parity, _TRY_WAIT),
                (fence_proxy_tensormap_acquire, _ACQUIRE), (tma_load_2d, _LOAD_2D),
                (tma_load_3d, _LOAD_3D), (tma_store_2d, _STORE_2D), (tma_store_3d, _STORE_3D),
-               (st_shared_u32, _ST_SHARED), (bar_sync, _BAR_SYNC),
+               (st_shared_u32, _ST_SHARED), (st_shared_v2_f32, _ST_SHARED_V2F),
+               (bar_sync, _BAR_SYNC),
                (tensormap_replace_address, _REPLACE), (tensormap_copy_release, _COPY_RELEASE)):
     _f.__doc__ += f"\n\nPTX: `{_t}`"
