@@ -109,6 +109,25 @@ def test_tma_load_and_store_a_box():
     assert np.array_equal(dst.copy_to_host().view(np.float16), want)
 
 
+def test_clusters_fixed_at_compile_time_share_shared_memory():
+    """cluster_swap (tiles.py): cluster_dims(2, 1, 1) in the kernel's body fixes its
+    cluster shape (.reqnctapercluster), so nbdnn's plain cuLaunchKernel launches 4
+    blocks as 2 clusters, and each block reads its partner's shared memory through
+    mapa / ld.shared::cluster after a cluster barrier."""
+    from numba import cuda
+    from nbdnn.cuda.tensorcore import tiles
+    if _cc() < (9, 0):
+        pytest.skip("clusters need sm_90")
+    k = tiles.kernels()["cluster_swap"]
+    x = cuda.to_device(np.arange(128, dtype=np.float32))
+    y = cuda.to_device(np.zeros(128, np.float32))
+    k.launch(k.sigs[0], 4, 32, 0, x, y)
+    cuda.synchronize()
+    want = np.arange(128, dtype=np.float32).reshape(4, 32)[[1, 0, 3, 2]].ravel()
+    assert np.array_equal(y.copy_to_host(), want)
+    assert ".reqnctapercluster 2, 1, 1" in cuda.compile_ptx(k.pyfunc, k.sigs[0], cc=(9, 0))[0]
+
+
 @pytest.mark.parametrize("name,instruction", [("mma_tile_f16", "HMMA.16816.F32"),
                                               ("mma_tile_tf32", "HMMA.1688.F32.TF32"),
                                               ("wgmma_tile_bf16_n64", "HGMMA.64x64x16.F32.BF16"),

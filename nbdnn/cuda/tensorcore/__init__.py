@@ -8,6 +8,8 @@
   fence / commit / wait, the accumulator layout.
 - tma.py: mbarriers, TMA tensor loads and stores, the async-proxy fences, setmaxnreg.
 - tensormap.py: TMA tensor maps built on the host (cuda-bindings), cached on the device.
+- cluster.py: thread-block clusters: the compile-time cluster shape, the cluster
+  barrier, distributed shared memory (mapa, ld.shared::cluster).
 - tiles.py: one-tile kernels using each piece (PTX test, GPU tests).
 
 numba's simulator runs no inline PTX: an op with a tensor-core kernel keeps a SIMT path

@@ -14,12 +14,17 @@ kernels build on; none is fast.
   advance 32 bytes along K inside the swizzled rows: the main loop of a GEMM stage.
 - tma_copy (one thread issues): a box loaded by TMA into shared memory, stored by TMA
   into another tensor.
+- cluster_swap (clusters of 2 blocks of 32 threads, the shape fixed at compile time):
+  each block stages its 32 values in shared memory, and after a cluster barrier reads
+  its partner's through distributed shared memory (mapa + ld.shared::cluster).
 """
 from numba import cuda, types
 
 from ..runtime.codegen import compile_source
 from ..runtime.launch import Kernel
 from .asm import smem_address
+from .cluster import barrier_cluster_arrive, barrier_cluster_wait, cluster_ctarank, \
+    cluster_dims, ld_shared_cluster_f32, mapa_shared
 from .copy import cp_async_16, cp_async_commit, cp_async_wait_all
 from .mma import cvt_tf32, ldmatrix_x2, ldmatrix_x4, mma_bf16, mma_f16, mma_tf32
 from .tma import bulk_commit, bulk_wait_read, fence_proxy_async, \
@@ -152,6 +157,22 @@ def tma_copy(map_src, map_dst, x, y):
         bulk_wait_read(0)
 
 
+def cluster_swap(x, y):
+    """y[32 b + t] = x[32 (b ^ 1) + t] for block b of a 2-block cluster: the partner's
+    value, read from its shared memory. x, y: 32 values a block."""
+    cluster_dims(2, 1, 1)
+    s = cuda.shared.array(32, f32)
+    t = cuda.threadIdx.x
+    b = cuda.blockIdx.x
+    s[t] = x[32 * b + t]
+    barrier_cluster_arrive()  # (release: s written; acquire below: the partner's too)
+    barrier_cluster_wait()
+    y[32 * b + t] = ld_shared_cluster_f32(mapa_shared(smem_address(s, t),
+                                                      cluster_ctarank() ^ 1))
+    barrier_cluster_arrive()  # the partner has read s before this block exits
+    barrier_cluster_wait()
+
+
 # the names generated tensor-core sources run in (matmul/wgmma_gemm.py adds its own)
 SOURCE_NAMES = {"cuda": cuda, "types": types, "u16": u16, "f32": f32, "smem_address": smem_address,
        "descriptor": descriptor, "wgmma_fence": wgmma_fence, "wgmma_commit": wgmma_commit,
@@ -182,6 +203,8 @@ def _build():
             KERNELS[name] = Kernel(fn, ["void(uint64, uint64, float32[::1])"], arch="sm_90a")
     KERNELS["tma_copy"] = Kernel(tma_copy, ["void(uint64, uint64, int32, int32)"],
                                  arch="sm_90a")
+    KERNELS["cluster_swap"] = Kernel(cluster_swap, ["void(float32[::1], float32[::1])"],
+                                     arch="sm_90a")
     return KERNELS
 
 
