@@ -161,9 +161,10 @@ gemm)
 knobs)
     # the tensor-core GEMM's variants written but not yet run (off): LEAN_SETUP and
     # TMA_STORE_F32 (wgmma_gemm.py) - their tests, the sanitizer over their paths, their
-    # speed on the skinny shapes, the block timeline with the lean setup
+    # speed on the skinny shapes, the block timeline with the lean setup; and the
+    # compile-time clusters' one-tile test (tensorcore/cluster.py)
     timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore_variants.py \
-        -k "lean or float32_c" > "$OUT/knobs-tests.log" 2>&1
+        tests/test_tensorcore.py -k "lean or float32_c or clusters" > "$OUT/knobs-tests.log" 2>&1
     tail -3 "$OUT/knobs-tests.log"
     CS="compute-sanitizer --report-api-errors no --print-limit 20"
     for tool in memcheck racecheck; do
