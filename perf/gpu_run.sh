@@ -159,20 +159,21 @@ gemm)
     timeout 45 python3 perf/experiments/tc_host_cost.py > "$OUT/tc_host_cost.log" 2>&1
     cat "$OUT/tc_host_cost.log" ;;  # (host cost; OWN_MAPS right and planned?)
 knobs)
-    # the tensor-core GEMM's variants written but not yet run (off): LEAN_SETUP and
-    # TMA_STORE_F32 (wgmma_gemm.py) - their tests, the sanitizer over their paths, their
-    # speed on the skinny shapes, the block timeline with the lean setup; and the
-    # compile-time clusters' one-tile test (tensorcore/cluster.py)
+    # the tensor-core GEMM's variants written but not yet run (off): LEAN_SETUP,
+    # TMA_STORE_F32 and SKINNY_TILE (wgmma_gemm.py) - their tests, the sanitizer over
+    # their paths, their speed on the skinny shapes, the block timeline with the lean
+    # setup; and the compile-time clusters' one-tile test (tensorcore/cluster.py)
     timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore_variants.py \
-        tests/test_tensorcore.py -k "lean or float32_c or clusters" > "$OUT/knobs-tests.log" 2>&1
+        tests/test_tensorcore.py -k "lean or float32_c or clusters or skinny_tile" \
+        > "$OUT/knobs-tests.log" 2>&1
     tail -3 "$OUT/knobs-tests.log"
     CS="compute-sanitizer --report-api-errors no --print-limit 20"
     for tool in memcheck racecheck; do
-        timeout 120 $CS --tool $tool python3 perf/tools/tc_paths.py --only "f32 tma" \
+        timeout 120 $CS --tool $tool python3 perf/tools/tc_paths.py --only "[knob]" \
             > "$OUT/knobs-$tool.log" 2>&1
-        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^BAD|^ok" "$OUT/knobs-$tool.log" | tail -4
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^BAD|^ok" "$OUT/knobs-$tool.log" | tail -6
     done
-    timeout 150 python3 perf/experiments/skinny_gemm.py --variants ship f32store lean both \
+    timeout 150 python3 perf/experiments/skinny_gemm.py --variants ship f32store lean m64 all \
         > "$OUT/knobs-skinny.log" 2>&1
     grep -v -i warn "$OUT/knobs-skinny.log"
     timeout 60 python3 perf/experiments/gemm_timeline.py --lean 2>&1 | grep -v -i warn ;;

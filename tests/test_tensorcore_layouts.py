@@ -93,3 +93,26 @@ def test_float32_staged_store_covers_each_staging_word_once():
     assert not S.usable("tf32", False, False, 260, 256)       # the flag off
     assert not S.usable("tf32", False, False, 262, 256, f32=True)  # rows not 16-byte strides
     assert not S.usable("tf32", False, True, 260, 256, f32=True)   # beta: the direct epilogue
+
+
+def test_skinny_tile_splits_the_columns_between_the_consumers():
+    """SKINNY_TILE (64 x 256, wgmma_stage.py): both consumer warpgroups read the stage's
+    64 rows of A and their own 128 columns of B (K-major rows or MN-major boxes at
+    w * 16 KB), hold 64 accumulators (m64n128), place their pairs at columns n0 + 128 w,
+    and their TMA stores start there; 5 stages fit (40 KB each), 4 beside TMA stores'
+    staging, which gemm() drops to."""
+    name, src = W.source("bf16", True, False, True, "gelu", False, own_maps=True,
+                         tile=(256, 4, 64), store=True)
+    assert name == "wgmma_gemm_bf16_km_b_gelu_om_ts_m64n256s4"
+    assert src.count("F32(0), ") == 64 and src.count("d = mma(") == 4
+    assert "                sa = base + s * 40960\n" in src
+    assert "                sb = base + s * 40960 + 8192 + w * 16384\n" in src
+    assert "            r = m0 + 16 * (i // 32) + (i % 32) // 4\n" in src
+    assert "            cb = n0 + w * 128 + 2 * (i % 4)\n" in src
+    stores = re.findall(r"tma_store_3d\(map_c, I32\((.+?)\), I32\((.+?)\),", src)
+    assert stores == [("n0 + w * 128 + 0", "m0"), ("n0 + w * 128 + 64", "m0")]
+    assert src.count("tma_load_3d(") == 1 + 4  # A: one K-major box; B: 4 MN-major boxes
+    assert W.shared_bytes(256, 5, False, 64) <= W.MAX_SHARED < W.shared_bytes(256, 5, True, 64)
+    assert W.shared_bytes(256, 4, True, 64) <= W.MAX_SHARED
+    _, plain = W.source("bf16", True, True, False, None, False)
+    assert "            cb = n0 + 2 * (i % 4)\n" in plain and "w * 16384" not in plain

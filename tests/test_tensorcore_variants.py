@@ -160,3 +160,31 @@ def test_float32_c_by_tma_stores(shapes, monkeypatch):
         assert names[0].endswith("_partial_om_ts") and names[-1] == "_splitk_sum", names
         np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7,
                                    atol=1e-5 * np.sqrt(2048))
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("shapes", [((64, 200), (200, 520)), ((40, 64), (64, 24)),
+                                    ((3, 40, 64), (3, 64, 264))],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_skinny_tile(shapes, ta, tb, monkeypatch):
+    """SKINNY_TILE (wgmma_gemm.py, wgmma_stage.py): for M <= 64 a 64 x 256 tile whose
+    consumers split the columns (m64n128 each), 5 stages (4 beside TMA stores): the
+    epilogue both ways, the four operand majors, a batch; then split-K over it."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(W, "SKINNY_TILE", W.SKINNY)
+    with launched() as names:
+        _check_16bit_matmul("bfloat16", shapes, ta, tb, "wgmma_gemm", len(shapes[0]) + 2 * ta + tb)
+    assert all("_m64n256" in n for n in names), names
+    rng = np.random.default_rng(17)
+    a, av = _torch_pair(rng, (64, 2048), torch.float16, ta)
+    b, bv = _torch_pair(rng, (2048, 264), torch.float16, tb)
+    with launched() as names:
+        c = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb)
+    assert "_partial" in names[0] and "_m64n256s5" in names[0], names
+    np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -10,
+                               atol=1e-5 * np.sqrt(2048))

@@ -38,9 +38,11 @@ from nbdnn.ops import _plan
 SHAPES = [(64, 4096, 4096), (128, 4096, 4096), (256, 4096, 8192), (512, 8192, 1024),
           (1000, 3000, 2040), (64, 8192, 8192), (128, 256, 64)]
 SHIPPED = (SK.SPLIT_FILL, SK.MIN_CHUNK, SK.MAX_SPLITS, W.TILE)
-KNOBS = {"TMA_STORE_F32": W.TMA_STORE_F32, "LEAN_SETUP": W.LEAN_SETUP}  # (shipped values)
+KNOBS = {"TMA_STORE_F32": W.TMA_STORE_F32, "LEAN_SETUP": W.LEAN_SETUP,
+         "SKINNY_TILE": W.SKINNY_TILE}  # (their shipped values)
 # name: (SPLIT_FILL, MIN_CHUNK, MAX_SPLITS, TILE[, wgmma_gemm knobs]); "c1024" became the
-# shipped split in run AH; "f32store" / "lean" / "both": the knobs written after run AH
+# shipped split in run AH; "f32store" / "lean" / "both" / "m64" / "all": the knobs
+# written after run AH (TMA_STORE_F32, LEAN_SETUP, SKINNY_TILE)
 VARIANTS = {
     "ship": SHIPPED,
     "nosplit": (0.0, 1024, 16, (256, 4)),
@@ -53,6 +55,8 @@ VARIANTS = {
     "f32store": SHIPPED + ({"TMA_STORE_F32": True},),
     "lean": SHIPPED + ({"LEAN_SETUP": True},),
     "both": SHIPPED + ({"TMA_STORE_F32": True, "LEAN_SETUP": True},),
+    "m64": SHIPPED + ({"SKINNY_TILE": W.SKINNY},),
+    "all": SHIPPED + ({"TMA_STORE_F32": True, "LEAN_SETUP": True, "SKINNY_TILE": W.SKINNY},),
 }
 
 

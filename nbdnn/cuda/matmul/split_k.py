@@ -13,7 +13,7 @@ import functools
 import inspect
 
 import numpy as np
-from numba import cuda, types
+from numba import cuda
 
 from .. import activation as _act
 from ..runtime.codegen import compile_source

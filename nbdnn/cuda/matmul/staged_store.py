@@ -36,7 +36,8 @@ C 16-byte aligned (TMA's row strides and base); the direct epilogue otherwise.
 """
 from .pair_epilogue import bias_lines, value_lines
 
-TILE_BYTES = 64 * 128                 # a 64 x 128-byte staging tile: 64 16-bit or 32 float32 columns
+TILE_BYTES = 64 * 128                 # a 64 x 128-byte staging tile (64 16-bit columns,
+#                                       or 32 float32)
 STAGING_BYTES = 2 * 2 * TILE_BYTES    # two consumer warpgroups x two tiles: 32 KB
 
 
@@ -62,10 +63,11 @@ def prologue_lines(indent):
             f"{indent}    fence_proxy_tensormap_acquire(map_c)"]
 
 
-def tile_lines(bn, bias, act, f32=False, partial=False):
+def tile_lines(bn, bias, act, f32=False, partial=False, row0="m0 + w * 64", col0="n0"):
     """One tile's epilogue for a consumer warpgroup (accumulators d[4j .. 4j + 3]: column
-    pair cb + 8 j, rows r and r + 8, as the direct epilogue), chunk by chunk. f32: float32
-    C; partial: split-K's raw chunk sums (float32, no epilogue)."""
+    pair cb + 8 j, rows r and r + 8, as the direct epilogue), chunk by chunk: bn columns
+    from (row0, col0), expressions (the warpgroup's 64 x bn part of C). f32: float32 C;
+    partial: split-K's raw chunk sums (float32, no epilogue)."""
     L, cols = [], columns(f32 or partial)
     groups = cols // 8  # column groups of 8 a chunk
     for q in range(bn // cols):
@@ -78,7 +80,8 @@ def tile_lines(bn, bias, act, f32=False, partial=False):
             if groups == 8:  # 16-bit: a 4-byte pair in chunk j % 8
                 at = f"{buf} + rl * 128 + (({j % 8} ^ sw) << 4) + 4 * (i % 4)"
             else:  # float32: an 8-byte pair in chunk 2 (j % 4) + (i % 4) // 2
-                at = f"{buf} + rl * 128 + ((({2 * (j % 4)} + (i // 2) % 2) ^ sw) << 4) + 8 * (i % 2)"
+                chunk = f"({2 * (j % 4)} + (i // 2) % 2)"
+                at = f"{buf} + rl * 128 + (({chunk} ^ sw) << 4) + 8 * (i % 2)"
             for k, row_off in ((0, 0), (2, 8 * 128)):
                 v0, v1 = f"d[{4 * j + k}]", f"d[{4 * j + k + 1}]"
                 if partial:
@@ -90,7 +93,7 @@ def tile_lines(bn, bias, act, f32=False, partial=False):
         L += ["fence_proxy_async()  # the tile's writes, visible to TMA",
               "bar_sync(U32(1 + w), U32(128))",
               "if i == 0:",
-              f"    tma_store_3d(map_c, I32(n0 + {cols * q}), I32(m0 + w * 64), I32(zk), "
+              f"    tma_store_3d(map_c, I32({col0} + {cols * q}), I32({row0}), I32(zk), "
               f"U32({buf}))",
               "    bulk_commit()"]
     return L

@@ -22,12 +22,12 @@ below 2^32 (a tile is 128 x 128 or more).
 """
 
 
-def helper_lines(bm, bn, lean):
-    """zero_acc (the 128 float32 accumulators' zeros, in a device function of their own:
-    numba's bytecode peephole for long tuple literals fails inside the kernel's
-    branches) and tile_of."""
+def helper_lines(bm, bn, lean, nw=None):
+    """zero_acc (a consumer's float32 accumulators' zeros, nw / 2 of them for its nw
+    columns (default bn), in a device function of their own: numba's bytecode peephole
+    for long tuple literals fails inside the kernel's branches) and tile_of."""
     L = ["@cuda.jit(device=True)", "def zero_acc():",
-         "    return (" + "F32(0), " * (bn // 2) + ")", "", "",
+         "    return (" + "F32(0), " * ((nw or bn) // 2) + ")", "", "",
          "@cuda.jit(device=True)",
          "def tile_of(t, tm, tn, group):",
          '    """Tile t -> (matrix z, m0, n0): per matrix, groups of `group` tile rows,',

@@ -29,13 +29,8 @@ A block computes a BM x BN = 128 x 256 tile of C with three warpgroups (384 thre
                              (staged_store.py; TMA_STORE), or stores 4-byte pairs
                              straight to C, bounds-checked (beta, odd N).
 
-Shared memory of a stage (dynamic, 1024-byte aligned for the swizzle atom):
-
-    A  K-major:  128 rows (m) x 128 B (64 k)     MN-major: 2 boxes [64 k rows x 128 B (64 m)]
-    B  K-major:  256 rows (n) x 128 B (64 k)     MN-major: 4 boxes [64 k rows x 128 B (64 n)]
-    descriptors  K-major: LBO unused, SBO 1024 (8 rows), +32 B a k-step of 16
-                 MN-major: LBO 8192 (the next 64-wide box), SBO 1024 (8 k-rows), +2048 B
-                 a k-step
+Shared memory of a stage, the loads and the descriptors: wgmma_stage.py (a 64 x 256
+tile for skinny M: the consumers split the columns, SKINNY_TILE).
 
 S = 4 stages of A 16 KB + B 32 KB = 192 KB; the 2 S mbarriers are static. Registers:
 384 threads at the launch's 168 (65 536 / 384), then 40 / 232 / 232 after setmaxnreg.
@@ -76,25 +71,31 @@ from . import staged_store as staged
 from .wgmma_params import map_lines, own_maps_lines, signature, slot_words
 from .split_k import split, splitk_sum
 from .tile_order import batch_lines, chunk_lines, helper_lines
+from . import wgmma_stage as ws
+from .wgmma_stage import BK, BOX, MAX_SHARED
 
-BM, BK = 128, 64                                 # BK: a 16-bit k-tile (128 B a row)
-# (BN, STAGES): the tile's width and the pipeline's depth. Shipped: 256 x 4 (run AD);
-# 128 with up to 6 stages (32 KB a stage) gives twice the tiles of a one-wave problem,
-# for perf/experiments/wgmma_tiles.py's sweep (run AG: 256 x 4 best or tied but at one shape)
+BM = 128                                  # the tile's rows (64: SKINNY_TILE)
+# (BN, STAGES[, BM]): the tile's width, the pipeline's depth (and rows). Shipped: 256 x 4
+# (run AD); 128 with up to 6 stages gives twice the tiles of a one-wave problem, for
+# perf/experiments/wgmma_tiles.py's sweep (run AG: 256 x 4 best or tied but at one shape)
 TILE = (256, 4)
-A_BYTES = BM * BK * 2
-BOX = 64                                       # MN-major boxes: 64 elements = 128 B wide
-MAX_SHARED = 227 * 1024                        # an H200 block's dynamic shared memory
+# a 64 x 256 tile for M <= 64 (the consumers split its columns; 40 KB a stage, so one
+# more stage in flight: what a skinny call's bandwidth needs). None: TILE everywhere.
+# Written after run AH's device time, not yet run on a GPU: off.
+SKINNY_TILE = None
+SKINNY = (256, 5, 64)
 
 
-def stage_bytes(bn):
-    return A_BYTES + bn * BK * 2
+def stage_bytes(bn, bm=BM):
+    return ws.stage_bytes(bn, bm)
 
 
-def shared_bytes(bn, stages, store=False):
-    """Dynamic shared memory of a block: the stages (+ C's staging tiles with TMA stores)
-    + the swizzle atom's alignment slack."""
-    return stages * stage_bytes(bn) + (staged.STAGING_BYTES if store else 0) + 1024
+def shared_bytes(bn, stages, store=False, bm=BM):
+    """Dynamic shared memory of a block (wgmma_stage.shared_bytes; store: TMA stores'
+    staging tiles)."""
+    return ws.shared_bytes(bn, stages, staged.STAGING_BYTES if store else 0, bm)
+
+
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16", "float32": "tf32"}  # (float32: math tf32)
 BK_OF = {"f16": BK, "bf16": BK, "tf32": BK // 2}  # a k-tile is 128 B of K in every kind
@@ -124,25 +125,6 @@ TMA_STORE_F32 = False
 # after run AH's device time, not yet run on a GPU: off.
 LEAN_SETUP = False
 TEMPLATE_ADDRESS = 1 << 20   # the templates' base (replaced in the kernel; 16-B aligned)
-def _loads(side, k_major, bk, bn):
-    """The producer's TMA lines for one operand into stage address `sa`/`sb` (bk: the
-    k-tile in elements; bn: the tile's width)."""
-    dst, tmap, z, o0 = ("sa", "map_a", "za", "m0") if side == "a" else ("sb", "map_b", "zb", "n0")
-    rows = BM if side == "a" else bn
-    if k_major:  # one box: rows x 64 k (x = k, y = row, z = matrix)
-        return [f"                tma_load_3d(U32({dst}), {tmap}, I32(k0 + kt * {bk}), I32({o0}), "
-                f"{z}, U32(full0 + 8 * s))"]
-    return [f"                tma_load_3d(U32({dst} + {i * BOX * BK * 2}), {tmap}, "
-            f"I32({o0} + {i * BOX}), I32(k0 + kt * {BK}), {z}, U32(full0 + 8 * s))"
-            for i in range(rows // BOX)]
-
-
-def _descriptor(addr, k_major, ks):
-    if k_major:
-        return f"descriptor({addr} + {32 * ks}, 16, 1024, SW128)"
-    return f"descriptor({addr} + {2048 * ks}, {BOX * BK * 2}, 1024, SW128)"
-
-
 def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=None,
            store=False, lean=False):
     """(name, source) of the kernel for kind "f16"/"bf16", operand majors (a_k, b_k:
@@ -154,16 +136,18 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     STAGES), TILE's default (a name suffix otherwise). store: C through shared memory
     and TMA stores (staged_store.py). lean: the lean tile setup (tile_order.py)."""
     bk, f32 = BK_OF[kind], kind == "tf32"
-    bn, stages = tile or TILE
-    sb_bytes = stage_bytes(bn)
+    bn, stages, bm = (tuple(tile or TILE) + (BM,))[:3]
+    nw = bn if bm == 128 else bn // 2  # a consumer's columns
+    sb_bytes = stage_bytes(bn, bm)
     epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "") + \
         ("_partial" if partial else "") + ("_om" if own_maps else "") + \
         ("_ts" if store else "") + ("_ls" if lean else "") + \
-        ("" if (bn, stages) == (256, 4) else f"_n{bn}s{stages}")
+        ("" if (bn, stages, bm) == (256, 4, 128) else
+         f"_n{bn}s{stages}" if bm == 128 else f"_m{bm}n{bn}s{stages}")
     maps = ("tmpl_a, tmpl_b, tmpl_c, a, b, slots" if store else "tmpl_a, tmpl_b, a, b, slots") \
         if own_maps else ("map_a, map_b, map_c" if store else "map_a, map_b")
     name = f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
-    L = helper_lines(BM, bn, lean) + [
+    L = helper_lines(bm, bn, lean, nw) + [
          f"def {name}({maps}, c, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
          "    smem = cuda.shared.array(0, types.uint8)",
          f"    bars = cuda.shared.array({2 * stages}, types.uint64, alignment=8)",
@@ -173,7 +157,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          ] + ([f"    ebase = base + {stages * sb_bytes}  # C's staging tiles"] if store else []) + [
          "    full0 = I(smem_address(bars, 0))             # full[s] at +8 s, empty[s] at +8 (S + s)",
          f"    empty0 = full0 + {8 * stages}",
-         f"    tm = (M + {BM - 1}) // {BM}",
+         f"    tm = (M + {bm - 1}) // {bm}",
          f"    tn = (N + {bn - 1}) // {bn}",
          "    total = tm * tn * nz * ((K + ksplit - 1) // ksplit)  # x split-K chunks",
          "    if tid == 0:"] + map_lines(own_maps, "        ", store) + [
@@ -203,8 +187,8 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          "                        pass",
          f"                    mbarrier_arrive_expect_tx(U32(full0 + 8 * s), {sb_bytes})",
          f"                    sa = base + s * {sb_bytes}",
-         f"                    sb = sa + {A_BYTES}"]
-    L += ["    " + x for x in _loads("a", a_k, bk, bn) + _loads("b", b_k, bk, bn)]
+         f"                    sb = sa + {ws.a_bytes(bm)}"]
+    L += ["    " + x for x in ws.loads("a", a_k, bk, bm) + ws.loads("b", b_k, bk, bn)]
     L += ["                    it += 1",
           "    else:",
           "        setmaxnreg_inc(232)",
@@ -225,20 +209,18 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
           f"                ph = (it // {stages}) & 1",
           "                while mbarrier_try_wait_parity(U32(full0 + 8 * s), U32(ph)) == 0:",
           "                    pass",
-          f"                sa = base + s * {sb_bytes} + w * {64 * BK * 2}",
-          f"                sb = base + s * {sb_bytes} + {A_BYTES}",
+          ] + ws.operand_lines(bm, bn, sb_bytes) + [
           "                wgmma_fence()"]
     for ks in range(BK // 16):
-        L += [f"                d = mma({_descriptor('sa', a_k, ks)}, "
-              f"{_descriptor('sb', b_k, ks)}, d, 1)"]
+        L += [f"                d = mma({ws.descriptor('sa', a_k, ks)}, "
+              f"{ws.descriptor('sb', b_k, ks)}, d, 1)"]
     L += ["                wgmma_commit()", "                wgmma_wait(0)",
           "                if i == 0:", "                    mbarrier_arrive(U32(empty0 + 8 * s))",
-          "                it += 1",
-          "            r = m0 + w * 64 + 16 * (i // 32) + (i % 32) // 4",
-          "            cb = n0 + 2 * (i % 4)",
+          "                it += 1"] + ws.place_lines(bm, bn) + [
           "            coff = zk * M * N"]
-    E = staged.tile_lines(bn, bias, act, f32, partial) if store else []
-    for j in range(0 if store else bn // 8):  # thread i's column pair j: rows r and r + 8
+    E = staged.tile_lines(nw, bias, act, f32, partial, *(
+        ("m0 + w * 64", "n0") if bm == 128 else ("m0", f"n0 + w * {nw}"))) if store else []
+    for j in range(0 if store else nw // 8):  # thread i's column pair j: rows r and r + 8
         E += pair_lines(f"cb + {8 * j}", [("r", f"d[{4 * j}]", f"d[{4 * j + 1}]"),
                                           ("(r + 8)", f"d[{4 * j + 2}]", f"d[{4 * j + 3}]")],
                         f32, bias, act, beta, partial)
@@ -252,18 +234,19 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
     """The Kernel for dtype "float16" / "bfloat16" / "float32" (its tf32 modes, operands
     K-major only), the operand majors and the epilogue (built on first use: a variant
     compiles in seconds); partial: split-K's chunk kernel (c a float32 workspace);
-    own_maps: the blocks make their tensor maps (OWN_MAPS); tile: (BN, STAGES); store:
-    C through TMA stores (TMA_STORE)."""
+    own_maps: the blocks make their tensor maps (OWN_MAPS); tile: (BN, STAGES[, BM]);
+    store: C through TMA stores (TMA_STORE)."""
     kind = KINDS[dtype]
-    bn, stages = tile = tile or TILE
-    shmem = shared_bytes(bn, stages, store)
-    if bn not in (128, 256) or shmem > MAX_SHARED:
-        raise ValueError(f"wgmma GEMM tile {BM}x{bn} with {stages} stages: BN 128 or 256, "
-                         f"{shmem} B of shared memory (at most {MAX_SHARED})")
+    bn, stages, bm = tile = (tuple(tile or TILE) + (BM,))[:3]
+    shmem = shared_bytes(bn, stages, store, bm)
+    if bn not in (128, 256) or bm not in (64, 128) or shmem > MAX_SHARED:
+        raise ValueError(f"wgmma GEMM tile {bm}x{bn} with {stages} stages: BN 128 or 256, "
+                         f"BM 64 or 128, {shmem} B of shared memory (at most {MAX_SHARED})")
     name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store, lean)
+    nw = bn if bm == 128 else bn // 2  # a consumer's columns
     bf = kind == "bf16"
     ns = dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
-              F32=types.float32, mma=wgmma(bn, kind, int(not b_k), int(not a_k)),
+              F32=types.float32, mma=wgmma(nw, kind, int(not b_k), int(not a_k)),
               mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
               setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
               gmem_address=gmem_address, tensormap_replace_address=tensormap_replace_address,
@@ -277,11 +260,11 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
               act_f=_act._device_functions(np.float32)[act][0] if act else None)
     bk = BK_OF[kind]
     fn = compile_source(name, src, ns, about={
-        "config": f"{dtype}: tile {BM}x{bn}x{bk}, {stages} stages, 1 producer + 2 consumer "
-                  f"warpgroups, wgmma m64n256k{bk // 4}, TMA 128-byte swizzle, A "
+        "config": f"{dtype}: tile {bm}x{bn}x{bk}, {stages} stages, 1 producer + 2 consumer "
+                  f"warpgroups, wgmma m64n{nw}k{bk // 4}, TMA 128-byte swizzle, A "
                   f"{'K' if a_k else 'MN'}-major, B {'K' if b_k else 'MN'}-major",
         "epilogue": f"bias {bias}, activation {act}, beta {beta}",
-        "traffic": f"a k-tile: {stage_bytes(bn)} B in, {2 * BM * bn * bk} flops",
+        "traffic": f"a k-tile: {stage_bytes(bn, bm)} B in, {2 * bm * bn * bk} flops",
         "why": "variant T2 (module docstring)"})
     return Kernel(fn, [signature(kind, partial, own_maps, store)], arch="sm_90a",
                   shared_bytes=shmem, max_registers=MAX_REGS)
@@ -293,7 +276,8 @@ def ptx_examples():
     differ only in the instructions' type names; each tensor-core kernel costs CI 10-25
     s), one full epilogue in 16 bits and one in tf32 (float32 C), split-K's chunk kernel
     and every dtype's ordered sum, the other tensor maps, the other stores (float32's
-    staged too: TMA_STORE_F32), the other tile setup (plain and split-K)."""
+    staged too: TMA_STORE_F32), the other tile setup (plain and split-K), the skinny
+    tile (SKINNY_TILE: a TMA-store epilogue, an MN-major A split-K)."""
     om, st = OWN_MAPS, TMA_STORE  # the maps and stores gemm() uses; one of each other kind
     for a_k in (True, False):
         for b_k in (True, False):
@@ -308,6 +292,8 @@ def ptx_examples():
     kernel("bfloat16", True, True, partial=True, own_maps=om, lean=not LEAN_SETUP)
     kernel("bfloat16", True, True, partial=True, own_maps=om, store=True)  # float32 C staged
     kernel("float32", True, True, True, own_maps=om, store=True)
+    kernel("bfloat16", True, False, True, "gelu", own_maps=om, tile=(256, 4, 64), store=st)
+    kernel("bfloat16", False, True, partial=True, own_maps=om, tile=SKINNY)
     for dtype in KINDS:
         splitk_sum(dtype)
 
@@ -336,8 +322,6 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     dtype = dtype_name(a)
     kind = KINDS[dtype]
     bk, mdt = BK_OF[kind], TF32_MAP if kind == "tf32" else dtype
-    tile = TILE
-    bn = tile[0]
     ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
     M, K = (ash[-1], ash[-2]) if trans_a else (ash[-2], ash[-1])
     N = bsh[-2] if trans_b else bsh[-1]
@@ -347,15 +331,17 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     rows_a, a_batch, b_batch = M, ash[:-2], bsh[:-2]
     if nb_ == 1 and not trans_a and nz == na:  # one b: a's matrices stack into one of nz M rows
         rows_a, na, nz, batch, a_batch, b_batch = nz * M, 1, 1, (), (), ()
+    tile = SKINNY_TILE if SKINNY_TILE and rows_a <= 64 else TILE
+    bn, bm = tile[0], (tuple(tile) + (BM,))[2]
     # tensor maps (matrices, rows, contiguous extent), boxes (1, rows, 128 B of k) K-major
     # or (1, 64 k, 64 m/n) MN-major (16-bit only)
     at, bt = (TEMPLATE_ADDRESS, TEMPLATE_ADDRESS) if OWN_MAPS else (ptr(a), ptr(b))
     ma = encoded(at, (na, K, rows_a) if trans_a else (na, rows_a, K), mdt,
-                 (1, BK, BOX) if trans_a else (1, BM, bk), "128B")
+                 (1, BK, BOX) if trans_a else (1, bm, bk), "128B")
     mb = encoded(bt, (nb_, N, K) if trans_b else (nb_, K, N), mdt,
                  (1, bn, bk) if trans_b else (1, BK, BOX), "128B")
     offs = batch_table(a_batch, b_batch, batch, dtype=np.int32)
-    tiles = -(-rows_a // BM) * -(-N // bn) * nz
+    tiles = -(-rows_a // bm) * -(-N // bn) * nz
     splits, chunk = split(tiles, K, bk)
     owners = (ma[1], mb[1], c) + ((bias,) if bias is not None else ())
     bias_arg = (ptr(bias), N) if bias is not None else (ptr(c), 1)
@@ -364,7 +350,11 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     partial = splits > 1
     out = empty(c, (splits * total,), "float32") if partial else c  # (split-K: the chunks)
     store = TMA_STORE and staged.usable(kind, partial, beta != 0, N, ptr(out), TMA_STORE_F32)
-    shmem = shared_bytes(*tile, store)
+    stages = tile[1]
+    while shared_bytes(bn, stages, store, bm) > MAX_SHARED:  # (TMA stores' staging beside)
+        stages -= 1
+    tile = (bn, stages) if bm == BM else (bn, stages, bm)
+    shmem = shared_bytes(bn, stages, store, bm)
     encs = (ma, mb)
     if store:  # C's map: (matrices [x chunks], rows, N), 64-row x 128-byte boxes
         f32 = kind == "tf32" or partial
