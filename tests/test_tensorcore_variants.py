@@ -188,3 +188,25 @@ def test_skinny_tile(shapes, ta, tb, monkeypatch):
     assert "_partial" in names[0] and "_m64n256s5" in names[0], names
     np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -10,
                                atol=1e-5 * np.sqrt(2048))
+
+
+def test_skinny_tile_in_tf32(monkeypatch):
+    """SKINNY_TILE with float32 math="tf32" (m64n128k8, 32-element k-tiles), plain and
+    split-K, against float64 products of the TF32-rounded operands."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cpu.matmul import tf32
+    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(W, "SKINNY_TILE", W.SKINNY)
+    rng = np.random.default_rng(19)
+    for M, K, N in ((40, 64, 264), (64, 3000, 264)):
+        a, av = _torch_pair(rng, (M, K), torch.float32, False)
+        b, bv = _torch_pair(rng, (K, N), torch.float32, True)
+        with launched() as names:
+            c = nbdnn.matmul(a, b, trans_b=True, math="tf32")
+        assert "_m64n256" in names[0], names
+        want = tf32(av).astype(np.float64) @ tf32(bv).astype(np.float64)
+        np.testing.assert_allclose(c.double().cpu().numpy(), want, rtol=1e-5, atol=3e-7 * K)
