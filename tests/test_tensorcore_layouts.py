@@ -116,3 +116,37 @@ def test_skinny_tile_splits_the_columns_between_the_consumers():
     assert W.shared_bytes(256, 4, True, 64) <= W.MAX_SHARED
     _, plain = W.source("bf16", True, True, False, None, False)
     assert "            cb = n0 + 2 * (i % 4)\n" in plain and "w * 16384" not in plain
+
+
+def test_lean_tile_schedule_is_the_same_schedule():
+    """tile_order.py: the lean tile_of (uint32 arithmetic) and chunk lines, run as
+    Python on the generated source, give every tile index the same (zk, m0, n0), matrix
+    z and first k as the int64 version, and each tile of each matrix and chunk once."""
+    from nbdnn.cuda.matmul import tile_order as T
+
+    class _Jit:
+        @staticmethod
+        def jit(device=True):
+            return lambda f: f
+
+    def build(lean):
+        ns = {"cuda": _Jit, "U32": lambda x: int(x) & 0xFFFFFFFF, "I": int, "F32": float}
+        exec("\n".join(T.helper_lines(64, 256, lean)), ns)
+        body = "\n".join(["def chunk(zk, nz, ksplit):"] + T.chunk_lines("    ", lean) +
+                         ["    return z, k0"])
+        exec(body, ns)
+        return ns["tile_of"], ns["chunk"]
+    plain, lean = build(False), build(True)
+    for tm, tn, nz, splits, group in ((1, 16, 1, 4, 8), (5, 3, 2, 3, 8), (9, 7, 3, 1, 4),
+                                      (2, 40, 1, 8, 1)):
+        seen = set()
+        for t in range(tm * tn * nz * splits):
+            got = [f[0](t, tm, tn, group) for f in (plain, lean)]
+            assert got[0] == got[1]
+            zk = got[0][0]
+            assert plain[1](zk, nz, 512) == lean[1](zk, nz, 512)
+            seen.add(got[0])
+        assert len(seen) == tm * tn * nz * splits
+    lines = T.batch_lines("", True)
+    assert lines == ["za = I32(offs[2 * z]) if nz > 1 else I32(0)",
+                     "zb = I32(offs[2 * z + 1]) if nz > 1 else I32(0)"]
