@@ -150,3 +150,25 @@ def test_lean_tile_schedule_is_the_same_schedule():
     lines = T.batch_lines("", True)
     assert lines == ["za = I32(offs[2 * z]) if nz > 1 else I32(0)",
                      "zb = I32(offs[2 * z + 1]) if nz > 1 else I32(0)"]
+
+
+def test_each_tile_element_has_one_accumulator():
+    """The consumers' fragment places (wgmma_stage.place_lines) with the direct
+    epilogue's column pairs cb + 8 j (j < columns / 8) and rows r, r + 8: for the
+    128 x 256 tile (a warpgroup 64 rows) and the skinny 64 x 256 (128 columns each),
+    the 256 threads' pairs cover the tile once."""
+    from nbdnn.cuda.matmul import wgmma_stage as WS
+    for bm, nw in ((128, 256), (64, 128)):
+        lines = WS.place_lines(bm, 256)
+        seen = set()
+        for w in range(2):
+            for i in range(128):
+                ns = {"m0": 0, "n0": 0, "w": w, "i": i}
+                for line in lines:
+                    exec(line.strip(), ns)
+                for j in range(nw // 8):
+                    for row in (ns["r"], ns["r"] + 8):
+                        for col in (ns["cb"] + 8 * j, ns["cb"] + 8 * j + 1):
+                            assert (row, col) not in seen
+                            seen.add((row, col))
+        assert seen == {(r, c) for r in range(bm) for c in range(256)}
