@@ -163,17 +163,22 @@ knobs)
     # TMA_STORE_F32 and SKINNY_TILE (wgmma_gemm.py) - their tests, the sanitizer over
     # their paths, their speed on the skinny shapes, the block timeline with the lean
     # setup; and the compile-time clusters' one-tile test (tensorcore/cluster.py)
-    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore_variants.py \
-        tests/test_tensorcore.py -k "lean or float32_c or clusters or skinny_tile" \
-        > "$OUT/knobs-tests.log" 2>&1
-    tail -3 "$OUT/knobs-tests.log"
+    # (three processes at once: each JITs its variants; one process would take ~4 min)
+    i=0
+    for k in "lean or clusters" "float32_c" "skinny_tile"; do
+        timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore_variants.py \
+            tests/test_tensorcore.py -k "$k" > "$OUT/knobs-tests-$i.log" 2>&1 &
+        i=$((i + 1))
+    done
+    wait
+    for i in 0 1 2; do tail -2 "$OUT/knobs-tests-$i.log"; done
     CS="compute-sanitizer --report-api-errors no --print-limit 20"
     for tool in memcheck racecheck; do
-        timeout 120 $CS --tool $tool python3 perf/tools/tc_paths.py --only "[knob]" \
+        timeout 100 $CS --tool $tool python3 perf/tools/tc_paths.py --only "[knob]" \
             > "$OUT/knobs-$tool.log" 2>&1
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^BAD|^ok" "$OUT/knobs-$tool.log" | tail -6
     done
-    timeout 150 python3 perf/experiments/skinny_gemm.py --variants ship f32store lean m64 all \
+    timeout 140 python3 perf/experiments/skinny_gemm.py --variants ship f32store lean m64 all \
         > "$OUT/knobs-skinny.log" 2>&1
     grep -v -i warn "$OUT/knobs-skinny.log"
     timeout 60 python3 perf/experiments/gemm_timeline.py --lean 2>&1 | grep -v -i warn ;;
