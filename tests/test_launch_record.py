@@ -49,3 +49,15 @@ def test_pack_takes_device_arrays_through_ptr_size(monkeypatch):
     p = la.buf.raw[80:]
     assert struct.unpack_from("<qqqqQqq", p, 0) == (0, 0, 9, 8, 0x1000, 9, 8)
     assert struct.unpack_from("<qqqqQqq", p, 56) == (0, 0, 4, 8, 0x5000, 4, 8)
+
+
+def test_launched_blocks_nest():
+    """launched(): an enclosing block's list also gets the names launched inside an
+    inner block (a test that wraps a helper which watches launches itself)."""
+    import nbdnn
+    x = np.linspace(-1, 1, 64).astype(np.float32)
+    with _launch.launched() as outer:
+        nbdnn.activation(x, "relu", backend="cuda")
+        with _launch.launched() as inner:
+            nbdnn.activation(x, "relu", backend="cuda")
+        assert inner and outer == 2 * inner

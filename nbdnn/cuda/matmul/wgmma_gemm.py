@@ -86,10 +86,6 @@ SKINNY_TILE = None
 SKINNY = (256, 5, 64)
 
 
-def stage_bytes(bn, bm=BM):
-    return ws.stage_bytes(bn, bm)
-
-
 def shared_bytes(bn, stages, store=False, bm=BM):
     """Dynamic shared memory of a block (wgmma_stage.shared_bytes; store: TMA stores'
     staging tiles)."""
@@ -137,8 +133,8 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     and TMA stores (staged_store.py). lean: the lean tile setup (tile_order.py)."""
     bk, f32 = BK_OF[kind], kind == "tf32"
     bn, stages, bm = (tuple(tile or TILE) + (BM,))[:3]
-    nw = bn if bm == 128 else bn // 2  # a consumer's columns
-    sb_bytes = stage_bytes(bn, bm)
+    nw = ws.consumer_columns(bn, bm)
+    sb_bytes = ws.stage_bytes(bn, bm)
     epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "") + \
         ("_partial" if partial else "") + ("_om" if own_maps else "") + \
         ("_ts" if store else "") + ("_ls" if lean else "") + \
@@ -243,7 +239,7 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
         raise ValueError(f"wgmma GEMM tile {bm}x{bn} with {stages} stages: BN 128 or 256, "
                          f"BM 64 or 128, {shmem} B of shared memory (at most {MAX_SHARED})")
     name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store, lean)
-    nw = bn if bm == 128 else bn // 2  # a consumer's columns
+    nw = ws.consumer_columns(bn, bm)
     bf = kind == "bf16"
     ns = dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
               F32=types.float32, mma=wgmma(nw, kind, int(not b_k), int(not a_k)),
@@ -264,7 +260,7 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
                   f"warpgroups, wgmma m64n{nw}k{bk // 4}, TMA 128-byte swizzle, A "
                   f"{'K' if a_k else 'MN'}-major, B {'K' if b_k else 'MN'}-major",
         "epilogue": f"bias {bias}, activation {act}, beta {beta}",
-        "traffic": f"a k-tile: {stage_bytes(bn, bm)} B in, {2 * bm * bn * bk} flops",
+        "traffic": f"a k-tile: {ws.stage_bytes(bn, bm)} B in, {2 * bm * bn * bk} flops",
         "why": "variant T2 (module docstring)"})
     return Kernel(fn, [signature(kind, partial, own_maps, store)], arch="sm_90a",
                   shared_bytes=shmem, max_registers=MAX_REGS)

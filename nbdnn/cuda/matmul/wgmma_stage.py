@@ -22,6 +22,11 @@ BOX = 64                                 # MN-major boxes: 64 elements = 128 B w
 MAX_SHARED = 227 * 1024                  # an H200 block's dynamic shared memory
 
 
+def consumer_columns(bn, bm):
+    """Columns of the tile a consumer warpgroup computes (its wgmma's N)."""
+    return bn if bm == 128 else bn // 2
+
+
 def a_bytes(bm):
     return bm * BK * 2
 

@@ -48,8 +48,9 @@ def recording():
 @contextlib.contextmanager
 def launched():
     """The names of the kernels this thread launches inside the block, in order (how a
-    test sees which variant ran: `with launched() as names: ...`). Eager call plans
-    are not replayed meanwhile (a replay launches without Kernel.launch)."""
+    test sees which variant ran: `with launched() as names: ...`). Blocks nest: an
+    enclosing block's list gets the inner block's names too. Eager call plans are not
+    replayed meanwhile (a replay launches without Kernel.launch)."""
     tls = _recording.__dict__
     outer, names = tls.get("watch"), []
     tls["watch"] = names
@@ -57,6 +58,8 @@ def launched():
         yield names
     finally:
         tls["watch"] = outer
+        if outer is not None:
+            outer.extend(names)
 
 
 def _slot_codes(t):
