@@ -19,8 +19,10 @@
 #                                             # the graph-timed bench rows, in parallel
 #   bash perf/gpu_run.sh gemm                 # tests/test_tensorcore*.py, the SASS of the
 #                                             # shipped tensor-core kernels, host cost
-#   bash perf/gpu_run.sh knobs                # the GEMM variants written, not yet run (off):
-#                                             # tests, sanitizer, skinny speed, timeline
+#   bash perf/gpu_run.sh knobs                # the GEMM's switches (LEAN_SETUP, SKINNY_TILE,
+#                                             # TMA_STORE_F32) both ways: tests, sanitizer
+#                                             # over the non-default sides, skinny speed,
+#                                             # the block timeline
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
@@ -150,7 +152,9 @@ gemm)
         grep -E "FAILED|ERROR" "$OUT/tensorcore.$i.log" | head -5
     done
     cat "$OUT"/tensorcore.*.log > "$OUT/tensorcore.log"; rm -f "$OUT"/tensorcore.*.log "$OUT"/tc_ids*
-    for k in wgmma_gemm_bf16_km_om_ts wgmma_gemm_f16_kk_om_ts wgmma_gemm_bf16_km_b_gelu_beta_om; do
+    for k in wgmma_gemm_bf16_km_om_ts_ls wgmma_gemm_f16_kk_om_ts_ls \
+            wgmma_gemm_bf16_km_b_gelu_beta_om_ls wgmma_gemm_tf32_kk_b_om_ts_ls \
+            wgmma_gemm_bf16_mk_partial_om_ts_ls_m64n256s4; do
         echo "$k: $(timeout 60 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.wgmma_gemm \
             $k uint64 2>&1 >/dev/null | tr '\n' ' ')"  # HGMMA count, local memory (LDL/STL)
     done
@@ -159,10 +163,10 @@ gemm)
     timeout 45 python3 perf/experiments/tc_host_cost.py > "$OUT/tc_host_cost.log" 2>&1
     cat "$OUT/tc_host_cost.log" ;;  # (host cost; OWN_MAPS right and planned?)
 knobs)
-    # the tensor-core GEMM's variants written but not yet run (off): LEAN_SETUP,
-    # TMA_STORE_F32 and SKINNY_TILE (wgmma_gemm.py) - their tests, the sanitizer over
-    # their paths, their speed on the skinny shapes, the block timeline with the lean
-    # setup; and the compile-time clusters' one-tile test (tensorcore/cluster.py)
+    # the tensor-core GEMM's switches LEAN_SETUP, TMA_STORE_F32 and SKINNY_TILE
+    # (wgmma_gemm.py; on since run AI): their tests both ways, the sanitizer over their
+    # non-default sides, their speed on the skinny shapes, the block timeline; and the
+    # compile-time clusters' one-tile test (tensorcore/cluster.py)
     # (three processes at once: each JITs its variants; one process would take ~4 min)
     i=0
     for k in "lean or clusters" "float32_c" "skinny_tile"; do
@@ -174,7 +178,7 @@ knobs)
     for i in 0 1 2; do tail -2 "$OUT/knobs-tests-$i.log"; done
     CS="compute-sanitizer --report-api-errors no --print-limit 20"
     for tool in memcheck racecheck; do
-        timeout 100 $CS --tool $tool python3 perf/tools/tc_paths.py --only "[knob]" \
+        timeout 100 $CS --tool $tool python3 perf/tools/tc_paths.py --only "[alt]" \
             > "$OUT/knobs-$tool.log" 2>&1
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^BAD|^ok" "$OUT/knobs-$tool.log" | tail -6
     done

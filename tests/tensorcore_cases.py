@@ -15,6 +15,12 @@ TC_SHAPES = [((296, 200), (200, 520)), ((128, 64), (64, 256)), ((8, 8), (8, 8)),
              ((2, 1, 24, 16), (3, 16, 32))]
 
 
+def flags(name):
+    """The variant tokens of a kernel name: "wgmma_gemm_bf16_km_partial_om_ts_ls_m64n256s4"
+    holds partial, om (own maps), ts (TMA stores), ls (lean setup), m64n256s4 (tile)."""
+    return set(name.split("_"))
+
+
 def torch_pair(rng, shape, tdt, trans):
     """A (..., r, c) operand as a CUDA tensor (stored transposed when trans) and its
     float64 values as the kernel sees them."""

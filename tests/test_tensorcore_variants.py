@@ -1,11 +1,13 @@
 """The tensor-core GEMM's switchable variants on a GPU (nbdnn/cuda/matmul/wgmma_gemm.py):
 C through TMA stores or direct stores (TMA_STORE), tensor maps made by the blocks or
-encoded on the host (OWN_MAPS), the lean tile setup (LEAN_SETUP). Skipped under the
-simulator (inline PTX); CI compiles each variant to PTX (tests/test_ptx.py)."""
+encoded on the host (OWN_MAPS), the lean tile setup (LEAN_SETUP), float32 C staged
+(TMA_STORE_F32), the 64-row tile for skinny M (SKINNY_TILE): each side of each switch.
+Skipped under the simulator (inline PTX); CI compiles each variant to PTX
+(tests/test_ptx.py)."""
 import numpy as np
 import pytest
 from tensorcore_cases import TC_SHAPES, cc as _cc, check_16bit_matmul as _check_16bit_matmul, \
-    torch_pair as _torch_pair
+    flags, torch_pair as _torch_pair
 
 from nbdnn.cuda import SIMULATOR
 
@@ -45,7 +47,7 @@ def test_epilogue_by_tma_stores(dtype, shapes, own, ta, tb, monkeypatch):
                          alpha=0.5)
         plain = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb)
         nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, beta=0.5, out=plain.clone())
-    assert [n.endswith("_ts") for n in names] == [True, True, False], names
+    assert ["ts" in flags(n) for n in names] == [True, True, False], names
     r = av @ bv + biasv[0]
     ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
     np.testing.assert_allclose(c.double().cpu().numpy(), 0.25 * r * (1 + erf(r / np.sqrt(2))),
@@ -56,7 +58,7 @@ def test_epilogue_by_tma_stores(dtype, shapes, own, ta, tb, monkeypatch):
     with launched() as names:
         c6 = nbdnn.matmul(a, b6, trans_a=ta, trans_b=True)
     assert len(names) == 1 and names[0].startswith("wgmma_gemm") and \
-        not names[0].endswith("_ts"), names
+        "ts" not in flags(names[0]), names
     np.testing.assert_allclose(c6.double().cpu().numpy(), av @ bv6, rtol=2 * ulp,
                                atol=1e-5 * np.sqrt(K))
 
@@ -91,27 +93,29 @@ def test_tensor_maps_own_or_host(shapes, ta, tb, own, monkeypatch):
     assert planned == own, "the call did not plan" if own else "host maps planned"
 
 
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "full"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("shapes", TC_SHAPES[:1] + TC_SHAPES[3:4] + TC_SHAPES[5:],
                          ids=lambda s: f"{s[0]}x{s[1]}")
-def test_lean_tile_setup(shapes, dtype, monkeypatch):
-    """LEAN_SETUP (wgmma_gemm.py, tile_order.py): the tile schedule in 32 bits and no
-    batch-table read for one matrix; the same results for one matrix, a batch and a
-    broadcast batch (the table read), and split-K's chunks (zk past the matrices)."""
+def test_lean_tile_setup(shapes, dtype, lean, monkeypatch):
+    """LEAN_SETUP (wgmma_gemm.py, tile_order.py), on by default: the tile schedule in 32
+    bits and no batch-table read for one matrix; the same results for one matrix, a
+    batch and a broadcast batch (the table read), and split-K's chunks (zk past the
+    matrices); and with it off (the 64-bit setup, the table always read)."""
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.matmul import wgmma_gemm as W
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
-    monkeypatch.setattr(W, "LEAN_SETUP", True)
+    monkeypatch.setattr(W, "LEAN_SETUP", lean)
     _check_16bit_matmul(dtype, shapes, False, False, "wgmma_gemm", len(shapes[0]) * 7)
     rng = np.random.default_rng(13)
     a, av = _torch_pair(rng, (2, 64, 2048), getattr(torch, dtype), False)  # 2 matrices x 2
     b, bv = _torch_pair(rng, (2, 2048, 264), getattr(torch, dtype), True)  # tiles x 2 chunks
     with launched() as names:
         c = nbdnn.matmul(a, b, trans_b=True)
-    assert names[0].endswith("_ls") and names[-1] == "_splitk_sum", names
+    assert ("ls" in flags(names[0])) == lean and names[-1] == "_splitk_sum", names
     np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7,
                                atol=1e-5 * np.sqrt(2048))
 
@@ -120,12 +124,13 @@ def test_lean_tile_setup(shapes, dtype, monkeypatch):
                                     ((3, 136, 72), (3, 72, 264)), ((2, 1, 24, 16), (3, 16, 36)),
                                     ((64, 3000), (3000, 264)), ((40, 64), (64, 523))],
                          ids=lambda s: f"{s[0]}x{s[1]}")
-def test_float32_c_by_tma_stores(shapes, monkeypatch):
-    """TMA_STORE_F32 (staged_store.py): tf32's float32 C, with bias, gelu and alpha,
-    through 64 x 32 float32 staging tiles and TMA stores, and split-K's chunk sums the
-    same way (64 x 3000: two chunks); an N not a multiple of 4 keeps the direct
-    epilogue. Then 16-bit split-K over two matrices (zk past the matrices) with its
-    chunks staged."""
+@pytest.mark.parametrize("f32", [True, False], ids=["f32store", "direct"])
+def test_float32_c_by_tma_stores(shapes, f32, monkeypatch):
+    """TMA_STORE_F32 (staged_store.py), on by default: tf32's float32 C, with bias, gelu
+    and alpha, through 64 x 32 float32 staging tiles and TMA stores, and split-K's chunk
+    sums the same way (64 x 3000: two chunks); an N not a multiple of 4 keeps the
+    direct epilogue. Then 16-bit split-K over two matrices (zk past the matrices) with
+    its chunks staged. Off (direct): every float32 C by direct stores."""
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cpu.matmul import tf32
@@ -134,7 +139,7 @@ def test_float32_c_by_tma_stores(shapes, monkeypatch):
     from scipy.special import erf
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
-    monkeypatch.setattr(W, "TMA_STORE_F32", True)
+    monkeypatch.setattr(W, "TMA_STORE_F32", f32)
     rng = np.random.default_rng(len(shapes[0]) * 7 + shapes[1][-1])
     (ash, bsh) = shapes
     a, av = _torch_pair(rng, ash, torch.float32, False)
@@ -145,7 +150,7 @@ def test_float32_c_by_tma_stores(shapes, monkeypatch):
         c = nbdnn.matmul(a, b, trans_b=True, bias=bias[0], activation="gelu", alpha=0.5,
                          math="tf32")
     gemms = [n for n in names if n.startswith("wgmma_gemm_tf32")]
-    assert len(gemms) == 1 and gemms[0].endswith("_ts") == (N % 4 == 0), names
+    assert len(gemms) == 1 and ("ts" in flags(gemms[0])) == (f32 and N % 4 == 0), names
     assert ("_partial" in gemms[0]) == (K == 3000), names
     r = tf32(av).astype(np.float64) @ tf32(bv).astype(np.float64) + biasv[0]
     want = 0.5 * (0.5 * r * (1 + erf(r / np.sqrt(2))))
@@ -157,35 +162,39 @@ def test_float32_c_by_tma_stores(shapes, monkeypatch):
         b, bv = _torch_pair(rng, (2, 2048, 264), dtype, True)  # 2 chunks
         with launched() as names:
             c = nbdnn.matmul(a, b, trans_b=True)
-        assert names[0].endswith("_partial_om_ts") and names[-1] == "_splitk_sum", names
+        assert "partial" in flags(names[0]) and names[-1] == "_splitk_sum", names
+        assert ("ts" in flags(names[0])) == f32, names
         np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7,
                                    atol=1e-5 * np.sqrt(2048))
 
 
-@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("ta,tb,skinny", [(False, False, True), (False, True, True),
+                                          (True, False, True), (True, True, True),
+                                          (False, False, False), (True, True, False)])
 @pytest.mark.parametrize("shapes", [((64, 200), (200, 520)), ((40, 64), (64, 24)),
                                     ((3, 40, 64), (3, 64, 264))],
                          ids=lambda s: f"{s[0]}x{s[1]}")
-def test_skinny_tile(shapes, ta, tb, monkeypatch):
-    """SKINNY_TILE (wgmma_gemm.py, wgmma_stage.py): for M <= 64 a 64 x 256 tile whose
-    consumers split the columns (m64n128 each), 5 stages (4 beside TMA stores): the
-    epilogue both ways, the four operand majors, a batch; then split-K over it."""
+def test_skinny_tile(shapes, ta, tb, skinny, monkeypatch):
+    """SKINNY_TILE (wgmma_gemm.py, wgmma_stage.py), on by default: for M <= 64 a 64 x 256
+    tile whose consumers split the columns (m64n128 each), 5 stages (4 beside TMA
+    stores): the epilogue both ways, the four operand majors, a batch; then split-K over
+    it. Off: the 128-row tile, half its rows past M."""
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.matmul import wgmma_gemm as W
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
-    monkeypatch.setattr(W, "SKINNY_TILE", W.SKINNY)
+    monkeypatch.setattr(W, "SKINNY_TILE", W.SKINNY if skinny else None)
     with launched() as names:
         _check_16bit_matmul("bfloat16", shapes, ta, tb, "wgmma_gemm", len(shapes[0]) + 2 * ta + tb)
-    assert len(names) == 2 and all("_m64n256" in n for n in names), names
+    assert len(names) == 2 and all(("_m64n256" in n) == skinny for n in names), names
     rng = np.random.default_rng(17)
     a, av = _torch_pair(rng, (64, 2048), torch.float16, ta)
     b, bv = _torch_pair(rng, (2048, 264), torch.float16, tb)
     with launched() as names:
         c = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb)
-    assert "_partial" in names[0] and "_m64n256s5" in names[0], names
+    assert "_partial" in names[0] and ("_m64n256s" in names[0]) == skinny, names
     np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -10,
                                atol=1e-5 * np.sqrt(2048))
 

@@ -16,6 +16,10 @@ since; no split, smaller chunks, a fuller grid or the 128-wide tile did not help
 kernel time alone nbdnn's 64 x 4096 x 4096 takes 15.7 + 4.9 us (GEMM + sum) against
 cuBLAS's 8.4, and one 128 x 256 tile of one k-tile 6.3 us (TMA stores; 9.1 direct)
 against 2.0 (--fixed; perf/experiments/gemm_timeline.py says where it goes).
+Run AI (`...-runAI-call1-knobs.log`): TMA_STORE_F32, LEAN_SETUP and SKINNY_TILE
+together ("all" then, "ship" now; "ah" the run-AH kernel): 64 x 4096 x 4096 0.61 ->
+0.72x, 128 x 4096 x 4096 0.53 -> 0.66, 256 x 4096 x 8192 0.45 -> 0.60, 64 x 8192 x
+8192 0.60 -> 0.72, 512 x 8192 x 1024 0.85 -> 0.90; one tile 6.3 -> 5.3 us.
 
 --fixed: a block's fixed cost. One 128 x 256 tile (and one wave of them) with 1, 8 and
 32 k-tiles, the kernel's duration under the profiler against cuBLAS's, with the
@@ -41,8 +45,9 @@ SHIPPED = (SK.SPLIT_FILL, SK.MIN_CHUNK, SK.MAX_SPLITS, W.TILE)
 KNOBS = {"TMA_STORE_F32": W.TMA_STORE_F32, "LEAN_SETUP": W.LEAN_SETUP,
          "SKINNY_TILE": W.SKINNY_TILE}  # (their shipped values)
 # name: (SPLIT_FILL, MIN_CHUNK, MAX_SPLITS, TILE[, wgmma_gemm knobs]); "c1024" became the
-# shipped split in run AH; "f32store" / "lean" / "both" / "m64" / "all": the knobs
-# written after run AH (TMA_STORE_F32, LEAN_SETUP, SKINNY_TILE)
+# shipped split in run AH; the knobs written after run AH (TMA_STORE_F32, LEAN_SETUP,
+# SKINNY_TILE), shipped since run AI: "ah" all three off, "nof32" / "nolean" / "nom64"
+# one off
 VARIANTS = {
     "ship": SHIPPED,
     "nosplit": (0.0, 1024, 16, (256, 4)),
@@ -52,11 +57,10 @@ VARIANTS = {
     "c1024": (0.5, 1024, 16, (256, 4)),
     "t128": (0.5, 512, 16, (128, 6)),
     "t128f1": (1.0, 256, 32, (128, 6)),
-    "f32store": SHIPPED + ({"TMA_STORE_F32": True},),
-    "lean": SHIPPED + ({"LEAN_SETUP": True},),
-    "both": SHIPPED + ({"TMA_STORE_F32": True, "LEAN_SETUP": True},),
-    "m64": SHIPPED + ({"SKINNY_TILE": W.SKINNY},),
-    "all": SHIPPED + ({"TMA_STORE_F32": True, "LEAN_SETUP": True, "SKINNY_TILE": W.SKINNY},),
+    "ah": SHIPPED + ({"TMA_STORE_F32": False, "LEAN_SETUP": False, "SKINNY_TILE": None},),
+    "nof32": SHIPPED + ({"TMA_STORE_F32": False},),
+    "nolean": SHIPPED + ({"LEAN_SETUP": False},),
+    "nom64": SHIPPED + ({"SKINNY_TILE": None},),
 }
 
 
@@ -85,7 +89,7 @@ def _short(name):
 
 
 FIXED = {"ship": {}, "host_maps": {"OWN_MAPS": False}, "direct_store": {"TMA_STORE": False},
-         "lean": {"LEAN_SETUP": True},
+         "full_setup": {"LEAN_SETUP": False},
          "no_persist": {"PERSISTENT": False}}
 
 

@@ -7,10 +7,10 @@ kernel), a batch broadcast both ways, the sm_80-89 mma.sync kernel (forced); the
 tensor maps the default does not use (wgmma_gemm.OWN_MAPS on: the blocks make them;
 off: the host encodes them) plain, split-K and batched, and the epilogue both ways
 (wgmma_gemm.TMA_STORE: direct stores, TMA stores, the latter with both kinds of maps;
-TMA_STORE_F32: float32 C and split-K's chunks staged); the knobs written but not yet
-run ("[knob]": TMA_STORE_F32, SKINNY_TILE, LEAN_SETUP). Prints one line a path and
-exits 1 on a miss; `--only WORD` runs the paths whose label holds WORD (`--only maps`,
-`--only store`, `--only "[knob]"`).
+then the other side of the switches the default paths ran one way ("[alt]":
+TMA_STORE_F32, SKINNY_TILE, LEAN_SETUP). Prints one line a path and exits 1 on a miss;
+`--only WORD` runs the paths whose label holds WORD (`--only maps`, `--only store`,
+`--only "[alt]"`).
 
     PYTHONPATH=. compute-sanitizer --tool racecheck python3 perf/tools/tc_paths.py
 """
@@ -88,18 +88,22 @@ def main():
     wgmma_gemm.OWN_MAPS = not default
     oks.append(_case(f"bf16 tma store {other}", ((200, 136), (136, 264)), bf))
     wgmma_gemm.OWN_MAPS, wgmma_gemm.TMA_STORE = default, stores
-    f32 = wgmma_gemm.TMA_STORE_F32  # float32 C staged too: tf32's C, split-K's chunks
-    wgmma_gemm.TMA_STORE_F32 = True
-    oks.append(_case("float32 tf32 f32 tma store bias+relu [knob]", ((200, 100), (100, 264)),
+    # the switches the paths above ran one way (their defaults), the other way ("[alt]")
+    f32 = wgmma_gemm.TMA_STORE_F32  # float32 C (tf32's C, split-K's chunks) staged or not
+    wgmma_gemm.TMA_STORE_F32 = not f32
+    kind = "f32 tma store" if not f32 else "f32 direct store"
+    oks.append(_case(f"float32 tf32 {kind} bias+relu [alt]", ((200, 100), (100, 264)),
                      torch.float32, False, True, 1e-3, math="tf32", bias=True,
                      activation="relu"))
-    oks.append(_case("bf16 split-K f32 tma store [knob]", ((2, 64, 2048), (2, 2048, 264)), bf))
+    oks.append(_case(f"bf16 split-K {kind} [alt]", ((2, 64, 2048), (2, 2048, 264)), bf))
     wgmma_gemm.TMA_STORE_F32 = f32
     skinny, lean = wgmma_gemm.SKINNY_TILE, wgmma_gemm.LEAN_SETUP  # M <= 64: 64 x 256 tiles
-    wgmma_gemm.SKINNY_TILE, wgmma_gemm.LEAN_SETUP = wgmma_gemm.SKINNY, True
-    oks.append(_case("bf16 skinny tile lean ta=1 tb=0 bias+relu [knob]", ((40, 136), (136, 264)),
+    wgmma_gemm.SKINNY_TILE = None if skinny else wgmma_gemm.SKINNY
+    wgmma_gemm.LEAN_SETUP = not lean
+    kind = ("128-row tile" if skinny else "skinny tile") + (" full setup" if lean else " lean")
+    oks.append(_case(f"bf16 {kind} ta=1 tb=0 bias+relu [alt]", ((40, 136), (136, 264)),
                      bf, True, False, bias=True, activation="relu"))
-    oks.append(_case("fp16 skinny tile lean split-K [knob]", ((2, 64, 2048), (2, 2048, 264)),
+    oks.append(_case(f"fp16 {kind} split-K [alt]", ((2, 64, 2048), (2, 2048, 264)),
                      torch.float16))
     wgmma_gemm.SKINNY_TILE, wgmma_gemm.LEAN_SETUP = skinny, lean
     sys.exit(0 if all(oks) else 1)

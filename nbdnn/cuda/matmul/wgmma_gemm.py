@@ -80,10 +80,12 @@ BM = 128                                  # the tile's rows (64: SKINNY_TILE)
 # perf/experiments/wgmma_tiles.py's sweep (run AG: 256 x 4 best or tied but at one shape)
 TILE = (256, 4)
 # a 64 x 256 tile for M <= 64 (the consumers split its columns; 40 KB a stage, so one
-# more stage in flight: what a skinny call's bandwidth needs). None: TILE everywhere.
-# Written after run AH's device time, not yet run on a GPU: off.
-SKINNY_TILE = None
+# more stage in flight: what a skinny call's bandwidth needs; 4 beside TMA stores).
+# None: TILE everywhere. Run AI (H200, bf16, x cuBLAS): alone it changed nothing (64 x
+# 4096^2 0.61 -> 0.60), with TMA_STORE_F32 and LEAN_SETUP it gives their sum and more:
+# 64 x 4096^2 0.61 -> 0.72, 64 x 8192^2 0.60 -> 0.72 (perf/experiments/skinny_gemm.py).
 SKINNY = (256, 5, 64)
+SKINNY_TILE = SKINNY
 
 
 def shared_bytes(bn, stages, store=False, bm=BM):
@@ -114,12 +116,13 @@ OWN_MAPS = True
 # 0.85 -> 0.91, 0.81 -> 0.93, 512 x 8192 x 1024 0.66 -> 0.86; skinny split-K unchanged.
 TMA_STORE = True
 # ... and float32 C the same way (the tf32 kernels' C, split-K's chunks: 64 x 32 float32
-# a staging tile). Written after run AH's device time, not yet run on a GPU: off.
-TMA_STORE_F32 = False
+# a staging tile). Run AI (H200, bf16 split-K, x cuBLAS): 128 x 4096^2 0.53 -> 0.64,
+# 256 x 4096 x 8192 0.45 -> 0.58, 64 x 4096^2 0.61 -> 0.63.
+TMA_STORE_F32 = True
 # the producer's tile setup in 32 bits, no batch-table read for one matrix
-# (tile_order.py: run AH's timeline put 1.8 us before a block's first TMA copy). Written
-# after run AH's device time, not yet run on a GPU: off.
-LEAN_SETUP = False
+# (tile_order.py: run AH's timeline put 1.8 us before a block's first TMA copy). Run AI:
+# one 128 x 256 tile 6.3 -> 5.3 us of kernel, 512 x 8192 x 1024 0.85 -> 0.90x cuBLAS.
+LEAN_SETUP = True
 TEMPLATE_ADDRESS = 1 << 20   # the templates' base (replaced in the kernel; 16-B aligned)
 def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=None,
            store=False, lean=False):
@@ -272,24 +275,27 @@ def ptx_examples():
     differ only in the instructions' type names; each tensor-core kernel costs CI 10-25
     s), one full epilogue in 16 bits and one in tf32 (float32 C), split-K's chunk kernel
     and every dtype's ordered sum, the other tensor maps, the other stores (float32's
-    staged too: TMA_STORE_F32), the other tile setup (plain and split-K), the skinny
-    tile (SKINNY_TILE: a TMA-store epilogue, an MN-major A split-K)."""
-    om, st = OWN_MAPS, TMA_STORE  # the maps and stores gemm() uses; one of each other kind
+    staged or not: TMA_STORE_F32), the other tile setup (plain and split-K), the skinny
+    tile (SKINNY_TILE, 4 stages beside the staging tiles: a TMA-store epilogue, an
+    MN-major A split-K)."""
+    om, st, ln = OWN_MAPS, TMA_STORE, LEAN_SETUP  # what gemm() uses; one of each other kind
+    f32 = st and TMA_STORE_F32  # (float32 C staged: tf32's C, split-K's chunks)
+    ship = dict(own_maps=om, lean=ln)
     for a_k in (True, False):
         for b_k in (True, False):
-            kernel("bfloat16", a_k, b_k, own_maps=om, store=st)
-    kernel("float16", True, True, own_maps=om, store=st)
-    kernel("bfloat16", True, False, True, "gelu", True, own_maps=om)  # beta: direct stores
-    kernel("bfloat16", True, True, partial=True, own_maps=om)
-    kernel("float32", True, True, True, "gelu", True, own_maps=om)  # tf32: float32 C
-    kernel("bfloat16", True, False, own_maps=not om, store=st)
-    kernel("bfloat16", True, False, True, "gelu", own_maps=om, store=not st)
-    kernel("bfloat16", True, False, own_maps=om, store=st, lean=not LEAN_SETUP)
-    kernel("bfloat16", True, True, partial=True, own_maps=om, lean=not LEAN_SETUP)
-    kernel("bfloat16", True, True, partial=True, own_maps=om, store=True)  # float32 C staged
-    kernel("float32", True, True, True, own_maps=om, store=True)
-    kernel("bfloat16", True, False, True, "gelu", own_maps=om, tile=(256, 4, 64), store=st)
-    kernel("bfloat16", False, True, partial=True, own_maps=om, tile=SKINNY)
+            kernel("bfloat16", a_k, b_k, store=st, **ship)
+    kernel("float16", True, True, store=st, **ship)
+    kernel("bfloat16", True, False, True, "gelu", True, **ship)  # beta: direct stores
+    kernel("bfloat16", True, True, partial=True, store=f32, **ship)
+    kernel("float32", True, True, True, "gelu", True, **ship)  # tf32 with beta: direct
+    kernel("float32", True, True, True, store=f32, **ship)
+    kernel("bfloat16", True, False, own_maps=not om, store=st, lean=ln)
+    kernel("bfloat16", True, False, True, "gelu", store=not st, **ship)
+    kernel("bfloat16", True, False, own_maps=om, store=st, lean=not ln)
+    kernel("bfloat16", True, True, partial=True, own_maps=om, store=f32, lean=not ln)
+    kernel("bfloat16", True, True, partial=True, store=not f32, **ship)
+    kernel("bfloat16", True, False, True, "gelu", tile=(256, 4, 64), store=st, **ship)
+    kernel("bfloat16", False, True, partial=True, tile=(256, 4, 64), store=f32, **ship)
     for dtype in KINDS:
         splitk_sum(dtype)
 
