@@ -19,10 +19,10 @@
 #                                             # the graph-timed bench rows, in parallel
 #   bash perf/gpu_run.sh gemm                 # tests/test_tensorcore*.py, the SASS of the
 #                                             # shipped tensor-core kernels, host cost
-#   bash perf/gpu_run.sh knobs                # the GEMM's switches (LEAN_SETUP, SKINNY_TILE,
-#                                             # TMA_STORE_F32) both ways: tests, sanitizer
-#                                             # over the non-default sides, skinny speed,
-#                                             # the block timeline
+#   bash perf/gpu_run.sh knobs                # the GEMM's switches: their tests (both ways),
+#                                             # the sanitizer over tc_paths' "[knob]" ones
+#                                             # (ONLY="[alt]": the others' non-default
+#                                             # sides), skinny speed (VARIANTS), timeline
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
@@ -163,13 +163,14 @@ gemm)
     timeout 45 python3 perf/experiments/tc_host_cost.py > "$OUT/tc_host_cost.log" 2>&1
     cat "$OUT/tc_host_cost.log" ;;  # (host cost; OWN_MAPS right and planned?)
 knobs)
-    # the tensor-core GEMM's switches LEAN_SETUP, TMA_STORE_F32 and SKINNY_TILE
-    # (wgmma_gemm.py; on since run AI): their tests both ways, the sanitizer over their
-    # non-default sides, their speed on the skinny shapes, the block timeline; and the
-    # compile-time clusters' one-tile test (tensorcore/cluster.py)
+    # the tensor-core GEMM's switches (wgmma_gemm.py): the tests of LEAN_SETUP,
+    # TMA_STORE_F32, SKINNY_TILE (on since run AI; both ways) and CLUSTER_SPLIT (written
+    # after run AI, off), the sanitizer over tc_paths' "[knob]" paths, the skinny speed
+    # of skinny_gemm.py's VARIANTS, the block timeline; and the compile-time clusters'
+    # one-tile test (tensorcore/cluster.py)
     # (three processes at once: each JITs its variants; one process would take ~4 min)
     i=0
-    for k in "lean or clusters" "float32_c" "skinny_tile"; do
+    for k in "lean or clusters" "float32_c or cluster_split" "skinny_tile"; do
         timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore_variants.py \
             tests/test_tensorcore.py -k "$k" > "$OUT/knobs-tests-$i.log" 2>&1 &
         i=$((i + 1))
@@ -178,14 +179,15 @@ knobs)
     for i in 0 1 2; do tail -2 "$OUT/knobs-tests-$i.log"; done
     CS="compute-sanitizer --report-api-errors no --print-limit 20"
     for tool in memcheck racecheck; do
-        timeout 100 $CS --tool $tool python3 perf/tools/tc_paths.py --only "[alt]" \
+        timeout 100 $CS --tool $tool python3 perf/tools/tc_paths.py --only "${ONLY:-[knob]}" \
             > "$OUT/knobs-$tool.log" 2>&1
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^BAD|^ok" "$OUT/knobs-$tool.log" | tail -6
     done
-    timeout 140 python3 perf/experiments/skinny_gemm.py --variants ship f32store lean m64 all \
+    timeout 140 python3 perf/experiments/skinny_gemm.py --variants ${VARIANTS:-ship cluster \
+        rows128 rows256 cl128 cl256} \
         > "$OUT/knobs-skinny.log" 2>&1
     grep -v -i warn "$OUT/knobs-skinny.log"
-    timeout 60 python3 perf/experiments/gemm_timeline.py --lean 2>&1 | grep -v -i warn ;;
+    timeout 60 python3 perf/experiments/gemm_timeline.py 2>&1 | grep -v -i warn ;;
 ncu-gemm)
     # Nsight Compute over the tensor-core GEMM's cases (perf/tools/ncu_cases.py tc*,
     # tf32nn): our kernels and cuBLAS's for the same product; one text report back

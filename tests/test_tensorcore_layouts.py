@@ -172,3 +172,47 @@ def test_each_tile_element_has_one_accumulator():
                             assert (row, col) not in seen
                             seen.add((row, col))
         assert seen == {(r, c) for r in range(bm) for c in range(256)}
+
+
+def test_cluster_split_reduces_each_accumulator_once():
+    """Split-K in a cluster (wgmma_gemm.CLUSTER_SPLIT, cluster_split.py), from the
+    generated source: the consumers' st.shared.v4 of their accumulators fill the 64 KB
+    reduction buffer once, each warp 512 contiguous bytes; the S ranks' reduction loops
+    cover its entries once between them; and an entry's decoded (row, column) is where
+    the thread that stored it holds those accumulators (wgmma's D fragment)."""
+    S = 4
+    name, src = W.source("bf16", True, False, True, "gelu", True, own_maps=True,
+                         tile=(256, 4, 64), lean=True, cluster=S)
+    assert name == "wgmma_gemm_bf16_km_b_gelu_beta_om_ls_c4_m64n256s4"
+    body = src[src.index(f"def {name}("):].splitlines()
+    assert body[1].strip() == "cluster_dims(4, 1, 1)"
+    assert src.count("mbarrier_arrive_cluster(") == 2 and "_splitk_sum" not in src
+    assert "total = tm * tn * nz  #" in src and src.count("t = (cuda.blockIdx.x % 4) * total + u") == 2
+    stores = re.findall(r"st_shared_v4_f32\(U32\((.+?)\), d\[(\d+)\]", src)
+    assert len(stores) == 16  # a consumer's 64 accumulators, four at a time
+    owner = {}
+    for w in range(2):
+        for expr, acc in stores:
+            j = int(acc) // 4
+            for warp in range(4):
+                ats = [eval(expr, {"rbase": 0, "w": w, "i": 32 * warp + lane}) for lane in range(32)]
+                assert ats == list(range(ats[0], ats[0] + 512, 16))  # one contiguous 512 B
+                for lane, at in enumerate(ats):
+                    i = 32 * warp + lane
+                    assert at not in owner
+                    owner[at] = (16 * (i // 32) + (i % 32) // 4, w * 128 + 2 * (i % 4) + 8 * j)
+    assert sorted(owner) == list(range(0, 64 * 1024, 16))
+    assert W.shared_bytes(256, 4, False, 64, S) <= W.MAX_SHARED < W.shared_bytes(256, 5, False, 64, S)
+    lo, hi = re.search(r"for e in range\((.+?), (.+?), 256\):", src).groups()
+    decode = re.findall(r"^ +(ie|je|we|r|cb) = (.+)$", src[src.index("for e in range("):], re.M)[:5]
+    assert [v for v, _ in decode] == ["ie", "je", "we", "r", "cb"]
+    reduced = []
+    for rank in range(S):
+        for tid in range(128, 384):
+            for e in range(eval(lo, {"rank": rank, "tid": tid}), eval(hi, {"rank": rank}), 256):
+                env = {"e": e, "m0": 0, "n0": 0}
+                for v, expr in decode:
+                    env[v] = eval(expr, env)
+                assert (env["r"], env["cb"]) == owner[16 * e]
+                reduced.append(e)
+    assert sorted(reduced) == list(range(4096))

@@ -219,3 +219,71 @@ def test_skinny_tile_in_tf32(monkeypatch):
         assert "_m64n256" in names[0], names
         want = tf32(av).astype(np.float64) @ tf32(bv).astype(np.float64)
         np.testing.assert_allclose(c.double().cpu().numpy(), want, rtol=1e-5, atol=3e-7 * K)
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("shapes", [((64, 2048), (2048, 264)), ((40, 4096), (4096, 520)),
+                                    ((2, 64, 3000), (2, 3000, 264))],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_cluster_split(shapes, ta, tb, monkeypatch):
+    """CLUSTER_SPLIT (cluster_split.py): split-K's chunks of a 64-row tile summed by the
+    blocks of a cluster through distributed shared memory (2, 4 and 2 chunks here; a
+    batch of two): one kernel, no workspace; the full epilogue against NumPy; a plain
+    product bit-identical to a rerun and to the workspace path's (both add the float32
+    chunks in order from the first, and 1 * x is exact)."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from scipy.special import erf
+    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(W, "CLUSTER_SPLIT", True)
+    rng = np.random.default_rng(len(shapes[0]) * 4 + 2 * ta + tb)
+    (ash, bsh) = shapes
+    a, av = _torch_pair(rng, ash, torch.bfloat16, ta)
+    b, bv = _torch_pair(rng, bsh, torch.bfloat16, tb)
+    N, K = bsh[-1], ash[-1]
+    bias, biasv = _torch_pair(rng, (1, N), torch.bfloat16, False)
+    old, oldv = _torch_pair(rng, ash[:-1] + (N,), torch.bfloat16, False)
+    with launched() as names:
+        c = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, bias=bias[0], activation="gelu",
+                         alpha=0.5, beta=0.25, out=old)
+    assert len(names) == 1 and any(f in flags(names[0]) for f in ("c2", "c4")), names
+    r = av @ bv + biasv[0]
+    want = 0.5 * (0.5 * r * (1 + erf(r / np.sqrt(2)))) + 0.25 * oldv
+    np.testing.assert_allclose(c.double().cpu().numpy(), want, rtol=2 ** -7,
+                               atol=1e-5 * np.sqrt(K) + 2 ** -7)
+    with launched() as names:
+        p1 = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb)
+        p2 = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb)
+    assert len(names) == 2, names
+    monkeypatch.setattr(W, "CLUSTER_SPLIT", False)
+    with launched() as names:
+        p0 = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb)
+    assert names[-1] == "_splitk_sum", names
+    assert torch.equal(p1, p2) and torch.equal(p1, p0)
+    np.testing.assert_allclose(p1.double().cpu().numpy(), av @ bv, rtol=2 ** -7,
+                               atol=1e-5 * np.sqrt(K))
+
+
+def test_cluster_split_in_tf32(monkeypatch):
+    """CLUSTER_SPLIT with float32 math="tf32": float32 C from the cluster's sum, with a
+    bias, against float64 products of the TF32-rounded operands."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cpu.matmul import tf32
+    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(W, "CLUSTER_SPLIT", True)
+    rng = np.random.default_rng(23)
+    a, av = _torch_pair(rng, (64, 3000), torch.float32, False)
+    b, bv = _torch_pair(rng, (3000, 264), torch.float32, True)
+    bias, biasv = _torch_pair(rng, (1, 264), torch.float32, False)
+    with launched() as names:
+        c = nbdnn.matmul(a, b, trans_b=True, bias=bias[0], math="tf32")
+    assert "c2" in flags(names[-1]), names
+    want = tf32(av).astype(np.float64) @ tf32(bv).astype(np.float64) + biasv[0]
+    np.testing.assert_allclose(c.double().cpu().numpy(), want, rtol=1e-5, atol=3e-7 * 3000)

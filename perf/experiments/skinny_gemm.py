@@ -43,7 +43,8 @@ SHAPES = [(64, 4096, 4096), (128, 4096, 4096), (256, 4096, 8192), (512, 8192, 10
           (1000, 3000, 2040), (64, 8192, 8192), (128, 256, 64)]
 SHIPPED = (SK.SPLIT_FILL, SK.MIN_CHUNK, SK.MAX_SPLITS, W.TILE)
 KNOBS = {"TMA_STORE_F32": W.TMA_STORE_F32, "LEAN_SETUP": W.LEAN_SETUP,
-         "SKINNY_TILE": W.SKINNY_TILE}  # (their shipped values)
+         "SKINNY_TILE": W.SKINNY_TILE, "SKINNY_ROWS": W.SKINNY_ROWS,
+         "CLUSTER_SPLIT": W.CLUSTER_SPLIT}  # (their shipped values)
 # name: (SPLIT_FILL, MIN_CHUNK, MAX_SPLITS, TILE[, wgmma_gemm knobs]); "c1024" became the
 # shipped split in run AH; the knobs written after run AH (TMA_STORE_F32, LEAN_SETUP,
 # SKINNY_TILE), shipped since run AI: "ah" all three off, "nof32" / "nolean" / "nom64"
@@ -61,6 +62,13 @@ VARIANTS = {
     "nof32": SHIPPED + ({"TMA_STORE_F32": False},),
     "nolean": SHIPPED + ({"LEAN_SETUP": False},),
     "nom64": SHIPPED + ({"SKINNY_TILE": None},),
+    # written after run AI: split-K summed in a cluster (CLUSTER_SPLIT), the 64-row tile
+    # up to M = 128 / 256 (SKINNY_ROWS), and both
+    "cluster": SHIPPED + ({"CLUSTER_SPLIT": True},),
+    "rows128": SHIPPED + ({"SKINNY_ROWS": 128},),
+    "rows256": SHIPPED + ({"SKINNY_ROWS": 256},),
+    "cl128": SHIPPED + ({"CLUSTER_SPLIT": True, "SKINNY_ROWS": 128},),
+    "cl256": SHIPPED + ({"CLUSTER_SPLIT": True, "SKINNY_ROWS": 256},),
 }
 
 

@@ -8,9 +8,10 @@ tensor maps the default does not use (wgmma_gemm.OWN_MAPS on: the blocks make th
 off: the host encodes them) plain, split-K and batched, and the epilogue both ways
 (wgmma_gemm.TMA_STORE: direct stores, TMA stores, the latter with both kinds of maps;
 then the other side of the switches the default paths ran one way ("[alt]":
-TMA_STORE_F32, SKINNY_TILE, LEAN_SETUP). Prints one line a path and exits 1 on a miss;
+TMA_STORE_F32, SKINNY_TILE, LEAN_SETUP), and the switches written but not yet run
+("[knob]": CLUSTER_SPLIT). Prints one line a path and exits 1 on a miss;
 `--only WORD` runs the paths whose label holds WORD (`--only maps`, `--only store`,
-`--only "[alt]"`).
+`--only "[alt]"`, `--only "[knob]"`).
 
     PYTHONPATH=. compute-sanitizer --tool racecheck python3 perf/tools/tc_paths.py
 """
@@ -106,6 +107,16 @@ def main():
     oks.append(_case(f"fp16 {kind} split-K [alt]", ((2, 64, 2048), (2, 2048, 264)),
                      torch.float16))
     wgmma_gemm.SKINNY_TILE, wgmma_gemm.LEAN_SETUP = skinny, lean
+    # written, not yet run ("[knob]"): split-K summed in a cluster (CLUSTER_SPLIT)
+    cluster = wgmma_gemm.CLUSTER_SPLIT
+    wgmma_gemm.CLUSTER_SPLIT = True
+    oks.append(_case("bf16 cluster split-K bias+relu [knob]", ((40, 4096), (4096, 520)), bf,
+                     bias=True, activation="relu"))
+    oks.append(_case("fp16 cluster split-K batches ta=1 [knob]", ((2, 64, 2048), (2, 2048, 264)),
+                     torch.float16, True))
+    oks.append(_case("float32 tf32 cluster split-K [knob]", ((64, 3000), (3000, 264)),
+                     torch.float32, False, True, 1e-3, math="tf32"))
+    wgmma_gemm.CLUSTER_SPLIT = cluster
     sys.exit(0 if all(oks) else 1)
 
 

@@ -49,26 +49,19 @@ import functools
 import math
 
 import numpy as np
-from numba import types
 
 from .. import activation as _act
 from ..runtime.arrays import dtype_name, empty, ptr
 from ..runtime.codegen import compile_source
 from ..runtime.device import sm_count
 from ..runtime.launch import Kernel
-from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2, unpack_bf16x2, unpack_f16x2, \
-    widen_bf16, widen_f16
 from ..tensorcore.tensormap import encoded
-from ..tensorcore.tiles import SOURCE_NAMES
-from ..tensorcore.asm import gmem_address
-from ..tensorcore.tma import bar_sync, bulk_commit, bulk_wait, bulk_wait_read, \
-    mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc, st_shared_u32, st_shared_v2_f32, \
-    tensormap_copy_release, tensormap_replace_address, tma_load_3d, tma_store_3d
-from ..tensorcore.wgmma import wgmma
 from .batches import table as batch_table
+from . import cluster_split as cs
 from .pair_epilogue import pair_lines
 from . import staged_store as staged
-from .wgmma_params import map_lines, own_maps_lines, signature, slot_words
+from .wgmma_params import map_lines, namespace, own_maps_lines, signature, slot_words, \
+    usable  # noqa: F401  (the front end asks wgmma_gemm.usable)
 from .split_k import split, splitk_sum
 from .tile_order import batch_lines, chunk_lines, helper_lines
 from . import wgmma_stage as ws
@@ -86,12 +79,18 @@ TILE = (256, 4)
 # 64 x 4096^2 0.61 -> 0.72, 64 x 8192^2 0.60 -> 0.72 (perf/experiments/skinny_gemm.py).
 SKINNY = (256, 5, 64)
 SKINNY_TILE = SKINNY
+SKINNY_ROWS = 64   # M (all of a's rows) up to which SKINNY_TILE serves
+# split-K's chunks of a 64-row tile reduced in a thread-block cluster through distributed
+# shared memory (cluster_split.py: no workspace, no sum kernel; 2-8 chunks). Written
+# after run AI's device time, not yet run on a GPU: off.
+CLUSTER_SPLIT = False
 
 
-def shared_bytes(bn, stages, store=False, bm=BM):
+def shared_bytes(bn, stages, store=False, bm=BM, cluster=0):
     """Dynamic shared memory of a block (wgmma_stage.shared_bytes; store: TMA stores'
-    staging tiles)."""
-    return ws.shared_bytes(bn, stages, staged.STAGING_BYTES if store else 0, bm)
+    staging tiles; cluster: the cluster reduction's buffer)."""
+    return ws.shared_bytes(bn, stages, (staged.STAGING_BYTES if store else 0) + (
+        cs.reduce_bytes(ws.consumer_columns(bn, bm)) if cluster else 0), bm)
 
 
 THREADS, MAX_REGS = 384, 168
@@ -125,7 +124,7 @@ TMA_STORE_F32 = True
 LEAN_SETUP = True
 TEMPLATE_ADDRESS = 1 << 20   # the templates' base (replaced in the kernel; 16-B aligned)
 def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=None,
-           store=False, lean=False):
+           store=False, lean=False, cluster=0):
     """(name, source) of the kernel for kind "f16"/"bf16", operand majors (a_k, b_k:
     K-major or not) and the epilogue (bias: add bias[n]; act: an activation mode or
     None; beta: blend the old C; partial: split-K, c is the float32 workspace of the
@@ -133,14 +132,17 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     templates and a's and b's addresses (OWN_MAPS). Accumulator j of a thread is a
     literal index in the written-out epilogue, so the 128 stay in registers. tile: (BN,
     STAGES), TILE's default (a name suffix otherwise). store: C through shared memory
-    and TMA stores (staged_store.py). lean: the lean tile setup (tile_order.py)."""
+    and TMA stores (staged_store.py). lean: the lean tile setup (tile_order.py).
+    cluster: S > 1, split-K's S chunks of a tile reduced in an S-block cluster
+    (cluster_split.py; c is C, the full epilogue; not with partial or store)."""
     bk, f32 = BK_OF[kind], kind == "tf32"
+    cl, tl = cs.setup_lines(cluster) if cluster else ([], [])
     bn, stages, bm = (tuple(tile or TILE) + (BM,))[:3]
     nw = ws.consumer_columns(bn, bm)
     sb_bytes = ws.stage_bytes(bn, bm)
     epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "") + \
         ("_partial" if partial else "") + ("_om" if own_maps else "") + \
-        ("_ts" if store else "") + ("_ls" if lean else "") + \
+        ("_ts" if store else "") + ("_ls" if lean else "") + (f"_c{cluster}" if cluster else "") + \
         ("" if (bn, stages, bm) == (256, 4, 128) else
          f"_n{bn}s{stages}" if bm == 128 else f"_m{bm}n{bn}s{stages}")
     maps = ("tmpl_a, tmpl_b, tmpl_c, a, b, slots" if store else "tmpl_a, tmpl_b, a, b, slots") \
@@ -148,17 +150,23 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     name = f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
     L = helper_lines(bm, bn, lean, nw) + [
          f"def {name}({maps}, c, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
+         ] + cl + [
          "    smem = cuda.shared.array(0, types.uint8)",
-         f"    bars = cuda.shared.array({2 * stages}, types.uint64, alignment=8)",
+         f"    bars = cuda.shared.array({2 * stages + 2 * bool(cluster)}, types.uint64, alignment=8)",
          "    tid = cuda.threadIdx.x"] + (own_maps_lines(store) if own_maps else []) + [
          "    wg = tid // 128",
          "    base = (I(smem_address(smem, 0)) + 1023) & ~1023  # the swizzle atom's alignment",
-         ] + ([f"    ebase = base + {stages * sb_bytes}  # C's staging tiles"] if store else []) + [
+         ] + ([f"    ebase = base + {stages * sb_bytes}  # C's staging tiles"] if store else []) + \
+        ([f"    rbase = base + {stages * sb_bytes}  # the cluster's reduction buffer"] if cluster
+         else []) + [
          "    full0 = I(smem_address(bars, 0))             # full[s] at +8 s, empty[s] at +8 (S + s)",
-         f"    empty0 = full0 + {8 * stages}",
+         f"    empty0 = full0 + {8 * stages}"] + \
+        ([f"    ready0 = full0 + {16 * stages}  # the cluster's ready, free at + 8"] if cluster
+         else []) + [
          f"    tm = (M + {bm - 1}) // {bm}",
          f"    tn = (N + {bn - 1}) // {bn}",
-         "    total = tm * tn * nz * ((K + ksplit - 1) // ksplit)  # x split-K chunks",
+         "    total = tm * tn * nz" + ("  # a cluster's chunks: its ranks" if cluster else
+                                     " * ((K + ksplit - 1) // ksplit)  # x split-K chunks"),
          "    if tid == 0:"] + map_lines(own_maps, "        ", store) + [
          "        fence_proxy_tensormap_acquire(map_a)",
          "        fence_proxy_tensormap_acquire(map_b)",
@@ -166,15 +174,16 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          "            mbarrier_init(U32(full0 + 8 * s), 1)",
          "            mbarrier_init(U32(empty0 + 8 * s), 2)",
          "        fence_proxy_async()  # the initialised barriers, visible to TMA",
-         "    cuda.syncthreads()",
+         ] + (cs.barrier_lines("        ", cluster) if cluster else []) + [
+         "    cuda.syncthreads()"] + tl + [
          # one k-tile count `it` runs on across this block's tiles: stage it % S, phase
          # (it // S) & 1 (a persistent block's producer fills the next tile's stages
          # while the consumers run the epilogue)
          "    if wg == 0:",
          "        setmaxnreg_dec(40)",
          "        if tid == 0:"] + map_lines(own_maps, "            ", store) + [
-         "            it = 0",
-         "            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
+         "            it = 0"] + (cs.loop_lines(" " * 12, cluster) if cluster else [
+         "            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):"]) + [
          "                zk, m0, n0 = tile_of(t, tm, tn, group)"] + \
         chunk_lines(" " * 16, lean) + [
          f"                ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}"] + \
@@ -196,9 +205,10 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
           "        a = F32(alpha)",
           "        bt = F32(beta)",
           "        cf = F32(coef)",
-          "        it = 0"] + (map_lines(own_maps, "        ", store, ("map_c",)) +
-                              staged.prologue_lines("        ") if store else []) + [
-          "        for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
+          "        it = 0"] + (["        ut = 0"] if cluster else []) + (map_lines(own_maps, "        ", store, ("map_c",)) +
+                              staged.prologue_lines("        ") if store else []) + \
+        (cs.loop_lines(" " * 8, cluster) if cluster else [
+          "        for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):"]) + [
           "            zk, m0, n0 = tile_of(t, tm, tn, group)"] + \
         chunk_lines(" " * 12, lean, matrix=False) + [
           f"            ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}",
@@ -219,44 +229,40 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
           "            coff = zk * M * N"]
     E = staged.tile_lines(nw, bias, act, f32, partial, *(
         ("m0 + w * 64", "n0") if bm == 128 else ("m0", f"n0 + w * {nw}"))) if store else []
-    for j in range(0 if store else nw // 8):  # thread i's column pair j: rows r and r + 8
+    if cluster:
+        E = cs.tile_lines(cluster, nw, bm, bn, lambda col, rows: pair_lines(
+            col, rows, f32, bias, act, beta))
+    for j in range(0 if store or cluster else nw // 8):  # thread i's pair j: rows r, r + 8
         E += pair_lines(f"cb + {8 * j}", [("r", f"d[{4 * j}]", f"d[{4 * j + 1}]"),
                                           ("(r + 8)", f"d[{4 * j + 2}]", f"d[{4 * j + 3}]")],
                         f32, bias, act, beta, partial)
-    L += ["            " + x for x in E] + (staged.final_lines("        ") if store else [])
+    L += ["            " + x for x in E] + (staged.final_lines("        ") if store else []) + \
+        (cs.final_lines("        ") if cluster else [])
     return name, "\n".join(L) + "\n"
 
 
 @functools.lru_cache(maxsize=None)
 def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=False,
-           own_maps=False, tile=None, store=False, lean=False):
+           own_maps=False, tile=None, store=False, lean=False, cluster=0):
     """The Kernel for dtype "float16" / "bfloat16" / "float32" (its tf32 modes, operands
     K-major only), the operand majors and the epilogue (built on first use: a variant
     compiles in seconds); partial: split-K's chunk kernel (c a float32 workspace);
     own_maps: the blocks make their tensor maps (OWN_MAPS); tile: (BN, STAGES[, BM]);
-    store: C through TMA stores (TMA_STORE)."""
+    store: C through TMA stores (TMA_STORE); cluster: S, split-K in S-block clusters
+    (CLUSTER_SPLIT)."""
     kind = KINDS[dtype]
     bn, stages, bm = tile = (tuple(tile or TILE) + (BM,))[:3]
-    shmem = shared_bytes(bn, stages, store, bm)
-    if bn not in (128, 256) or bm not in (64, 128) or shmem > MAX_SHARED:
-        raise ValueError(f"wgmma GEMM tile {bm}x{bn} with {stages} stages: BN 128 or 256, "
-                         f"BM 64 or 128, {shmem} B of shared memory (at most {MAX_SHARED})")
-    name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store, lean)
+    shmem = shared_bytes(bn, stages, store, bm, cluster)
+    if bn not in (128, 256) or bm not in (64, 128) or shmem > MAX_SHARED or cluster and (
+            partial or store or not 2 <= cluster <= cs.MAX_CLUSTER):
+        raise ValueError(f"wgmma GEMM tile {bm}x{bn}, {stages} stages, cluster {cluster}: BN "
+                         f"128 or 256, BM 64 or 128, {shmem} B of shared memory (at most "
+                         f"{MAX_SHARED}), clusters of 2-8 blocks (not partial, not stored)")
+    name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store, lean,
+                       cluster)
     nw = ws.consumer_columns(bn, bm)
-    bf = kind == "bf16"
-    ns = dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
-              F32=types.float32, mma=wgmma(nw, kind, int(not b_k), int(not a_k)),
-              mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
-              setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
-              gmem_address=gmem_address, tensormap_replace_address=tensormap_replace_address,
-              tensormap_copy_release=tensormap_copy_release, tma_store_3d=tma_store_3d,
-              st_shared_u32=st_shared_u32, st_shared_v2_f32=st_shared_v2_f32,
-              bar_sync=bar_sync, bulk_commit=bulk_commit,
-              bulk_wait_read=bulk_wait_read, bulk_wait=bulk_wait,
-              cvt=cvt_bf16x2 if bf else cvt_f16x2,
-              widen=widen_bf16 if bf else widen_f16 if kind == "f16" else types.float32,
-              unpack=unpack_bf16x2 if bf else unpack_f16x2,
-              act_f=_act._device_functions(np.float32)[act][0] if act else None)
+    ns = namespace(kind, nw, a_k, b_k, _act._device_functions(np.float32)[act][0] if act
+                   else None)
     bk = BK_OF[kind]
     fn = compile_source(name, src, ns, about={
         "config": f"{dtype}: tile {bm}x{bn}x{bk}, {stages} stages, 1 producer + 2 consumer "
@@ -277,7 +283,7 @@ def ptx_examples():
     and every dtype's ordered sum, the other tensor maps, the other stores (float32's
     staged or not: TMA_STORE_F32), the other tile setup (plain and split-K), the skinny
     tile (SKINNY_TILE, 4 stages beside the staging tiles: a TMA-store epilogue, an
-    MN-major A split-K)."""
+    MN-major A split-K), split-K in a cluster (CLUSTER_SPLIT, the full epilogue)."""
     om, st, ln = OWN_MAPS, TMA_STORE, LEAN_SETUP  # what gemm() uses; one of each other kind
     f32 = st and TMA_STORE_F32  # (float32 C staged: tf32's C, split-K's chunks)
     ship = dict(own_maps=om, lean=ln)
@@ -296,20 +302,9 @@ def ptx_examples():
     kernel("bfloat16", True, True, partial=True, store=not f32, **ship)
     kernel("bfloat16", True, False, True, "gelu", tile=(256, 4, 64), store=st, **ship)
     kernel("bfloat16", False, True, partial=True, tile=(256, 4, 64), store=f32, **ship)
+    kernel("bfloat16", True, False, True, "gelu", True, tile=(256, 4, 64), cluster=4, **ship)
     for dtype in KINDS:
         splitk_sum(dtype)
-
-
-def usable(a, b, c, trans_a, trans_b, M, N, K):
-    """Whether this kernel can run op(a) @ op(b) into c (sm_90 checked by the caller):
-    TMA needs 16-byte row strides and 16-byte aligned bases; 16-bit C even N and 4-byte
-    alignment (pair stores); tf32 (float32) both operands K-major."""
-    if dtype_name(a) == "float32":
-        return K > 0 and not trans_a and trans_b and K % 4 == 0 and ptr(a) % 16 == 0 and \
-            ptr(b) % 16 == 0
-    inner_a, inner_b = (M if trans_a else K), (K if trans_b else N)
-    return (K > 0 and N % 2 == 0 and inner_a % 8 == 0 and inner_b % 8 == 0 and
-            ptr(a) % 16 == 0 and ptr(b) % 16 == 0 and ptr(c) % 4 == 0)
 
 
 def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
@@ -333,7 +328,7 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     rows_a, a_batch, b_batch = M, ash[:-2], bsh[:-2]
     if nb_ == 1 and not trans_a and nz == na:  # one b: a's matrices stack into one of nz M rows
         rows_a, na, nz, batch, a_batch, b_batch = nz * M, 1, 1, (), (), ()
-    tile = SKINNY_TILE if SKINNY_TILE and rows_a <= 64 else TILE
+    tile = SKINNY_TILE if SKINNY_TILE and rows_a <= SKINNY_ROWS else TILE
     bn, bm = tile[0], (tuple(tile) + (BM,))[2]
     # tensor maps (matrices, rows, contiguous extent), boxes (1, rows, 128 B of k) K-major
     # or (1, 64 k, 64 m/n) MN-major (16-bit only)
@@ -349,14 +344,21 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     bias_arg = (ptr(bias), N) if bias is not None else (ptr(c), 1)
     grid = min(tiles * splits, sm_count()) if PERSISTENT else tiles * splits
     total = nz * rows_a * N
-    partial = splits > 1
+    cluster = splits if CLUSTER_SPLIT and bm == 64 and 1 < splits <= cs.MAX_CLUSTER else 0
+    partial = splits > 1 and not cluster
     out = empty(c, (splits * total,), "float32") if partial else c  # (split-K: the chunks)
-    store = TMA_STORE and staged.usable(kind, partial, beta != 0, N, ptr(out), TMA_STORE_F32)
+    store = TMA_STORE and not cluster and staged.usable(kind, partial, beta != 0, N, ptr(out),
+                                                        TMA_STORE_F32)
     stages = tile[1]
-    while shared_bytes(bn, stages, store, bm) > MAX_SHARED:  # (TMA stores' staging beside)
+    while shared_bytes(bn, stages, store, bm, cluster) > MAX_SHARED:  # (staging, R beside)
         stages -= 1
     tile = (bn, stages) if bm == BM else (bn, stages, bm)
-    shmem = shared_bytes(bn, stages, store, bm)
+    shmem = shared_bytes(bn, stages, store, bm, cluster)
+    if cluster:  # whole clusters, as many as run at once (a cluster's blocks share a GPC)
+        k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0,
+                   own_maps=OWN_MAPS, tile=tile, lean=LEAN_SETUP, cluster=cluster)
+        grid = min(tiles, k.max_active_clusters(k.sigs[0], cluster, THREADS, shmem) or
+                   sm_count() // cluster) * cluster
     encs = (ma, mb)
     if store:  # C's map: (matrices [x chunks], rows, N), 64-row x 128-byte boxes
         f32 = kind == "tf32" or partial
@@ -371,7 +373,7 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
         owners += (slots,)
     if not partial:
         k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0,
-                   own_maps=OWN_MAPS, tile=tile, store=store, lean=LEAN_SETUP)
+                   own_maps=OWN_MAPS, tile=tile, store=store, lean=LEAN_SETUP, cluster=cluster)
         k.launch(k.sigs[0], grid, THREADS, stream, *maps,
                  (ptr(c), total if kind == "tf32" else total // 2), bias_arg, offs, rows_a,
                  N, K, nz, GROUP_M, alpha, beta, coef, chunk, shmem=shmem, owners=owners)

@@ -1,5 +1,6 @@
-"""The wgmma GEMM kernel's parameters (wgmma_gemm.py): its signatures, and the prologue
-of blocks that make their own tensor maps (wgmma_gemm.OWN_MAPS).
+"""The wgmma GEMM kernel's parameters (wgmma_gemm.py): its signatures, the names its
+generated source binds, and the prologue of blocks that make their own tensor maps
+(wgmma_gemm.OWN_MAPS).
 
 Own maps: the host encodes each operand's tensor map once per geometry at a stand-in
 address (a template); the kernel takes the two templates, a and b, and a workspace of
@@ -10,6 +11,20 @@ released to the tensor-map proxy (tensormap.cp_fenceproxy); the producer acquire
 and uploads nothing, and an eager call plan can replay it (its pointers move; host-
 encoded maps hold addresses, which made those calls unplannable).
 """
+
+from numba import types
+
+from ..runtime.arrays import dtype_name, ptr
+from ..tensorcore import cluster
+from ..tensorcore.asm import gmem_address
+from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2, unpack_bf16x2, unpack_f16x2, \
+    widen_bf16, widen_f16
+from ..tensorcore.tiles import SOURCE_NAMES
+from ..tensorcore.tma import bar_sync, bulk_commit, bulk_wait, bulk_wait_read, \
+    mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc, st_shared_u32, st_shared_v2_f32, \
+    st_shared_v4_f32, tensormap_copy_release, tensormap_replace_address, tma_load_3d, \
+    tma_store_3d
+from ..tensorcore.wgmma import wgmma
 
 SIG = ("void(uint64, uint64, uint32[::1], uint16[::1], int32[::1], int64, int64, int64, "
        "int64, int64, float32, float32, float32, int64)")
@@ -69,3 +84,37 @@ def map_lines(own_maps, indent, store=False, names=("map_a", "map_b")):
     if names == ("map_c",):
         return [f"{indent}map_c = {slot} + 256"]
     return [f"{indent}map_a = {slot}", f"{indent}map_b = map_a + 128"]
+
+
+def namespace(kind, nw, a_k, b_k, act_f):
+    """The names the generated kernel binds: the intrinsics, the wgmma of a consumer's
+    nw columns for the operand majors, kind's conversions, the fused activation."""
+    bf = kind == "bf16"
+    return dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
+                F32=types.float32, mma=wgmma(nw, kind, int(not b_k), int(not a_k)),
+                mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
+                setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
+                gmem_address=gmem_address, tensormap_replace_address=tensormap_replace_address,
+                tensormap_copy_release=tensormap_copy_release, tma_store_3d=tma_store_3d,
+                st_shared_u32=st_shared_u32, st_shared_v2_f32=st_shared_v2_f32,
+                st_shared_v4_f32=st_shared_v4_f32, bar_sync=bar_sync, bulk_commit=bulk_commit,
+                bulk_wait_read=bulk_wait_read, bulk_wait=bulk_wait,
+                cvt=cvt_bf16x2 if bf else cvt_f16x2,
+                widen=widen_bf16 if bf else widen_f16 if kind == "f16" else types.float32,
+                unpack=unpack_bf16x2 if bf else unpack_f16x2, act_f=act_f,
+                **{n: getattr(cluster, n) for n in (
+                    "cluster_dims", "barrier_cluster_arrive", "barrier_cluster_wait",
+                    "fence_mbarrier_init_cluster", "mapa_shared", "ld_shared_cluster_v4_f32",
+                    "mbarrier_arrive_cluster", "mbarrier_try_wait_parity_cluster")})
+
+
+def usable(a, b, c, trans_a, trans_b, M, N, K):
+    """Whether this kernel can run op(a) @ op(b) into c (sm_90 checked by the caller):
+    TMA needs 16-byte row strides and 16-byte aligned bases; 16-bit C even N and 4-byte
+    alignment (pair stores); tf32 (float32) both operands K-major."""
+    if dtype_name(a) == "float32":
+        return K > 0 and not trans_a and trans_b and K % 4 == 0 and ptr(a) % 16 == 0 and \
+            ptr(b) % 16 == 0
+    inner_a, inner_b = (M if trans_a else K), (K if trans_b else N)
+    return (K > 0 and N % 2 == 0 and inner_a % 8 == 0 and inner_b % 8 == 0 and
+            ptr(a) % 16 == 0 and ptr(b) % 16 == 0 and ptr(c) % 4 == 0)

@@ -20,12 +20,16 @@ from numba import types
 from numba.cuda import cgutils
 from numba.cuda.extending import intrinsic
 
-from .asm import F32, I32, inline_asm, statement
+from .asm import F32, I32, inline_asm, statement, values
 
 u32 = types.uint32
 _RANK = "mov.u32 $0, %cluster_ctarank;"
 _MAPA = "mapa.shared::cluster.u32 $0, $1, $2;"
 _LD_F32 = "ld.shared::cluster.f32 $0, [$1];"
+_LD_V4_F32 = "ld.shared::cluster.v4.f32 {$0, $1, $2, $3}, [$4];"
+_ARRIVE = "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [$0];"
+_TRY_WAIT = ("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 "
+             "p, [$1], $2;\nselp.u32 $0, 1, 0, p;\n}")
 
 
 @intrinsic
@@ -73,6 +77,35 @@ def ld_shared_cluster_f32(typingctx, addr):
     return types.float32(u32), codegen
 
 
+@intrinsic
+def ld_shared_cluster_v4_f32(typingctx, addr):
+    """Load four float32 (16 bytes, 16-byte aligned) from .shared::cluster `addr`."""
+    def codegen(context, builder, sig, args):
+        struct = inline_asm(builder, ir.LiteralStructType([F32] * 4), list(args), _LD_V4_F32,
+                            "=f,=f,=f,=f,r,~{memory}")
+        return values(context, builder, sig, struct, 4)
+    return types.UniTuple(types.float32, 4)(u32), codegen
+
+
+@intrinsic
+def mbarrier_arrive_cluster(typingctx, addr):
+    """Arrive once on the mbarrier at .shared::cluster `addr` (mapa_shared's: any
+    block's of the cluster, this one's too), releasing this thread's earlier writes -
+    and, after a block barrier, its block's - to the cluster."""
+    def codegen(context, builder, sig, args):
+        inline_asm(builder, ir.VoidType(), list(args), _ARRIVE, "r,~{memory}")
+    return types.void(u32), codegen
+
+
+@intrinsic
+def mbarrier_try_wait_parity_cluster(typingctx, bar, parity):
+    """1 once the phase of this parity of this block's mbarrier at .shared `bar` has
+    completed, acquiring what the arriving threads of the cluster released; else 0."""
+    def codegen(context, builder, sig, args):
+        return inline_asm(builder, I32, list(args), _TRY_WAIT, "=r,r,r,~{memory}")
+    return u32(u32, u32), codegen
+
+
 barrier_cluster_arrive = statement(
     "barrier.cluster.arrive.release.aligned;",
     "Arrive at the cluster barrier, releasing this thread's earlier shared-memory "
@@ -82,5 +115,12 @@ barrier_cluster_wait = statement(
     "Wait until every thread of the cluster has arrived; their released writes are "
     "visible after it.")
 
-for _f, _t in ((cluster_ctarank, _RANK), (mapa_shared, _MAPA), (ld_shared_cluster_f32, _LD_F32)):
+fence_mbarrier_init_cluster = statement(
+    "fence.mbarrier_init.release.cluster;",
+    "Release this thread's mbarrier initialisations to the cluster (before the cluster "
+    "barrier that lets other blocks arrive on them).")
+
+for _f, _t in ((cluster_ctarank, _RANK), (mapa_shared, _MAPA), (ld_shared_cluster_f32, _LD_F32),
+               (ld_shared_cluster_v4_f32, _LD_V4_F32), (mbarrier_arrive_cluster, _ARRIVE),
+               (mbarrier_try_wait_parity_cluster, _TRY_WAIT)):
     _f.__doc__ += f"\n\nPTX: `{_t}`"

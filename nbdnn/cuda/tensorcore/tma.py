@@ -62,6 +62,7 @@ _STORE_2D = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [$0, {$1, $2}
 _STORE_3D = "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [$0, {$1, $2, $3}], [$4];"
 _ST_SHARED = "st.shared.b32 [$0], $1;"
 _ST_SHARED_V2F = "st.shared.v2.f32 [$0], {$1, $2};"
+_ST_SHARED_V4F = "st.shared.v4.f32 [$0], {$1, $2, $3, $4};"
 _BAR_SYNC = "bar.sync $0, $1;"
 _REPLACE = "tensormap.replace.tile.global_address.shared::cta.b1024.b64 [$0], $1;"
 _COPY_RELEASE = "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu" \
@@ -140,6 +141,14 @@ def st_shared_v2_f32(typingctx, addr, x, y):
 
 
 @intrinsic
+def st_shared_v4_f32(typingctx, addr, x, y, z, w):
+    """Store four float32 (16 bytes, 16-byte aligned) to .shared address `addr` (split-K's
+    accumulators for the cluster's reduction, matmul/cluster_split.py)."""
+    f = types.float32
+    return types.void(u32, f, f, f, f), _emit(_ST_SHARED_V4F, "r,f,f,f,f,~{memory}")
+
+
+@intrinsic
 def bar_sync(typingctx, barrier, count):
     """Named barrier `barrier` (1-15; 0 is syncthreads') for `count` threads (a multiple
     of 32): one warpgroup waits for its own 128 threads, not the block."""
@@ -167,6 +176,7 @@ for _f, _t in ((mbarrier_init, _INIT), (mbarrier_arrive, _ARRIVE),
                (fence_proxy_tensormap_acquire, _ACQUIRE), (tma_load_2d, _LOAD_2D),
                (tma_load_3d, _LOAD_3D), (tma_store_2d, _STORE_2D), (tma_store_3d, _STORE_3D),
                (st_shared_u32, _ST_SHARED), (st_shared_v2_f32, _ST_SHARED_V2F),
+               (st_shared_v4_f32, _ST_SHARED_V4F),
                (bar_sync, _BAR_SYNC),
                (tensormap_replace_address, _REPLACE), (tensormap_copy_release, _COPY_RELEASE)):
     _f.__doc__ += f"\n\nPTX: `{_t}`"
