@@ -170,7 +170,7 @@ knobs)
     # one-tile test (tensorcore/cluster.py)
     # (three processes at once: each JITs its variants; one process would take ~4 min)
     i=0
-    for k in "lean or clusters" "float32_c or cluster_split" "skinny_tile"; do
+    for k in "lean or clusters or width" "float32_c or cluster_split" "skinny_tile"; do
         timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore_variants.py \
             tests/test_tensorcore.py -k "$k" > "$OUT/knobs-tests-$i.log" 2>&1 &
         i=$((i + 1))
@@ -184,7 +184,7 @@ knobs)
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^BAD|^ok" "$OUT/knobs-$tool.log" | tail -6
     done
     timeout 140 python3 perf/experiments/skinny_gemm.py --variants ${VARIANTS:-ship cluster \
-        rows128 rows256 cl128 cl256} \
+        rows128 rows256 cl128 cl256 w192} \
         > "$OUT/knobs-skinny.log" 2>&1
     grep -v -i warn "$OUT/knobs-skinny.log"
     timeout 60 python3 perf/experiments/gemm_timeline.py 2>&1 | grep -v -i warn ;;

@@ -216,3 +216,25 @@ def test_cluster_split_reduces_each_accumulator_once():
                 assert (env["r"], env["cb"]) == owner[16 * e]
                 reduced.append(e)
     assert sorted(reduced) == list(range(4096))
+
+
+def test_tile_width_takes_the_fewest_waves(monkeypatch):
+    """split_k.tile_width: with 192 among the widths, a grid of 128-row tiles takes the
+    width whose waves x width is least on 132 SMs: 1000 x 3000 (96 tiles of 256, one
+    wave a quarter empty; 128 of 192, one full wave) takes 192, and two of them too (two
+    waves either way); 4096 and 4000 square (4 waves of 256 against 6 of 192) and 512 x
+    8192 (one wave of 256 against two of 192) keep 256; the shipped widths always 256.
+    A 192-wide kernel's source: 3 TMA boxes of an MN-major B, 3 TMA stores for a
+    consumer's 192 columns."""
+    from nbdnn.cuda.matmul import split_k
+    monkeypatch.setattr(split_k, "sm_count", lambda: 132)
+    assert split_k.tile_width(8, 3000, 1) == 256
+    monkeypatch.setattr(split_k, "WIDTHS", (256, 192))
+    assert split_k.tile_width(8, 3000, 1) == 192
+    assert [split_k.tile_width(rt, n, 1) for rt, n in ((32, 4096), (32, 4000), (4, 8192))] == \
+        [256, 256, 256]
+    assert split_k.tile_width(8, 3000, 2) == 192  # (two waves either way: 192 of 256, 256 of 192)
+    name, src = W.source("bf16", True, False, False, None, False, own_maps=True,
+                         tile=(192, 4), store=True, lean=True)
+    assert name.endswith("_n192s4") and src.count("tma_store_3d(") == 3
+    assert src.count("tma_load_3d(U32(sb + ") == 3 and "sb = sa + 16384" in src

@@ -287,3 +287,27 @@ def test_cluster_split_in_tf32(monkeypatch):
     assert "c2" in flags(names[-1]), names
     want = tf32(av).astype(np.float64) @ tf32(bv).astype(np.float64) + biasv[0]
     np.testing.assert_allclose(c.double().cpu().numpy(), want, rtol=1e-5, atol=3e-7 * 3000)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
+@pytest.mark.parametrize("shapes", [((1000, 200), (200, 3000)), ((2, 500, 72), (2, 72, 1000))],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_tile_width_192(shapes, ta, tb, dtype, monkeypatch):
+    """split_k.WIDTHS with 192: a grid that one wave of 192-wide tiles fits better than
+    256-wide ones takes them (wgmma m64n192, 3 TMA boxes or stores where 256 takes 4):
+    the epilogue both ways (beta: direct stores, 5 stages; TMA stores, 4), a batch."""
+    pytest.importorskip("torch")
+    from nbdnn.cuda.matmul import split_k
+    from nbdnn.cuda.runtime.device import sm_count
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(split_k, "WIDTHS", (256, 192))
+    (ash, bsh) = shapes
+    row_tiles = -(-ash[-2] // 128) * (ash[0] if len(ash) > 2 else 1)
+    want = split_k.tile_width(-(-ash[-2] // 128), bsh[-1], ash[0] if len(ash) > 2 else 1)
+    with launched() as names:
+        _check_16bit_matmul(dtype, shapes, ta, tb, "wgmma_gemm", row_tiles + 2 * ta)
+    assert all(("n192" in n) == (want == 192) for n in names), (names, sm_count())
+    assert want == 192 or sm_count() != 132, "on an H200 both shapes take 192"

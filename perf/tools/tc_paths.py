@@ -9,7 +9,7 @@ off: the host encodes them) plain, split-K and batched, and the epilogue both wa
 (wgmma_gemm.TMA_STORE: direct stores, TMA stores, the latter with both kinds of maps;
 then the other side of the switches the default paths ran one way ("[alt]":
 TMA_STORE_F32, SKINNY_TILE, LEAN_SETUP), and the switches written but not yet run
-("[knob]": CLUSTER_SPLIT). Prints one line a path and exits 1 on a miss;
+("[knob]": CLUSTER_SPLIT, split_k.WIDTHS with 192). Prints one line a path and exits 1 on a miss;
 `--only WORD` runs the paths whose label holds WORD (`--only maps`, `--only store`,
 `--only "[alt]"`, `--only "[knob]"`).
 
@@ -117,6 +117,13 @@ def main():
     oks.append(_case("float32 tf32 cluster split-K [knob]", ((64, 3000), (3000, 264)),
                      torch.float32, False, True, 1e-3, math="tf32"))
     wgmma_gemm.CLUSTER_SPLIT = cluster
+    from nbdnn.cuda.matmul import split_k  # the 192-wide tile where it fits a wave better
+    widths, split_k.WIDTHS = split_k.WIDTHS, (256, 192)
+    oks.append(_case("bf16 192-wide tile ta=0 tb=1 [knob]", ((1000, 136), (136, 3000)), bf,
+                     False, True))
+    oks.append(_case("fp16 192-wide tile bias+relu [knob]", ((1000, 64), (64, 3000)),
+                     torch.float16, bias=True, activation="relu"))
+    split_k.WIDTHS = widths
     sys.exit(0 if all(oks) else 1)
 
 

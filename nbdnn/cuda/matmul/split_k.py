@@ -1,4 +1,5 @@
-"""Deterministic split-K for the tensor-core GEMM (wgmma_gemm.py): when a product's
+"""How the tensor-core GEMM's work is cut for the SMs (wgmma_gemm.py): the tile width
+(tile_width, below) and deterministic split-K. When a product's
 tiles fill fewer than SPLIT_FILL of the SMs (skinny M, few tiles), its reduction is cut
 into chunks of at least MIN_CHUNK (a multiple of the kernel's BK), the chunk kernel
 writes each chunk's float32 sums to a workspace (splits x M x N x 4 B), and splitk_sum
@@ -22,6 +23,18 @@ from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 
 SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 1024, 16
+# The widths a 128-row tile may take (wgmma_gemm.gemm picks by tile_width). A grid a
+# little over one wave of 256-wide tiles leaves SMs idle: 1000 x 3000 has 96 such tiles
+# on 132 SMs, but 128 of 192 columns, one wave of 3/4 the work a tile. Written after run
+# AI's device time, not yet run on a GPU: (256,) (192 off).
+WIDTHS = (256,)
+
+
+def tile_width(row_tiles, N, nz):
+    """The width of WIDTHS whose waves x width (the time of the last wave's tiles, for
+    a persistent grid of equal tiles) is least, the widest on a tie."""
+    sm = sm_count()
+    return min(WIDTHS, key=lambda bn: (-(-row_tiles * -(-N // bn) * nz // sm) * bn, -bn))
 
 
 def split(tiles, K, BK):

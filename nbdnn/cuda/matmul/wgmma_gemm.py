@@ -62,7 +62,7 @@ from .pair_epilogue import pair_lines
 from . import staged_store as staged
 from .wgmma_params import map_lines, namespace, own_maps_lines, signature, slot_words, \
     usable  # noqa: F401  (the front end asks wgmma_gemm.usable)
-from .split_k import split, splitk_sum
+from .split_k import split, splitk_sum, tile_width
 from .tile_order import batch_lines, chunk_lines, helper_lines
 from . import wgmma_stage as ws
 from .wgmma_stage import BK, BOX, MAX_SHARED
@@ -253,10 +253,10 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
     kind = KINDS[dtype]
     bn, stages, bm = tile = (tuple(tile or TILE) + (BM,))[:3]
     shmem = shared_bytes(bn, stages, store, bm, cluster)
-    if bn not in (128, 256) or bm not in (64, 128) or shmem > MAX_SHARED or cluster and (
+    if bn not in (128, 192, 256) or bm not in (64, 128) or shmem > MAX_SHARED or cluster and (
             partial or store or not 2 <= cluster <= cs.MAX_CLUSTER):
         raise ValueError(f"wgmma GEMM tile {bm}x{bn}, {stages} stages, cluster {cluster}: BN "
-                         f"128 or 256, BM 64 or 128, {shmem} B of shared memory (at most "
+                         f"128, 192 or 256, BM 64 or 128, {shmem} B of shared memory (at most "
                          f"{MAX_SHARED}), clusters of 2-8 blocks (not partial, not stored)")
     name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store, lean,
                        cluster)
@@ -283,7 +283,8 @@ def ptx_examples():
     and every dtype's ordered sum, the other tensor maps, the other stores (float32's
     staged or not: TMA_STORE_F32), the other tile setup (plain and split-K), the skinny
     tile (SKINNY_TILE, 4 stages beside the staging tiles: a TMA-store epilogue, an
-    MN-major A split-K), split-K in a cluster (CLUSTER_SPLIT, the full epilogue)."""
+    MN-major A split-K), split-K in a cluster (CLUSTER_SPLIT, the full epilogue), the
+    192-wide tile."""
     om, st, ln = OWN_MAPS, TMA_STORE, LEAN_SETUP  # what gemm() uses; one of each other kind
     f32 = st and TMA_STORE_F32  # (float32 C staged: tf32's C, split-K's chunks)
     ship = dict(own_maps=om, lean=ln)
@@ -303,6 +304,7 @@ def ptx_examples():
     kernel("bfloat16", True, False, True, "gelu", tile=(256, 4, 64), store=st, **ship)
     kernel("bfloat16", False, True, partial=True, tile=(256, 4, 64), store=f32, **ship)
     kernel("bfloat16", True, False, True, "gelu", True, tile=(256, 4, 64), cluster=4, **ship)
+    kernel("bfloat16", True, False, tile=(192, 4), store=st, **ship)  # (split_k.WIDTHS)
     for dtype in KINDS:
         splitk_sum(dtype)
 
@@ -329,6 +331,8 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     if nb_ == 1 and not trans_a and nz == na:  # one b: a's matrices stack into one of nz M rows
         rows_a, na, nz, batch, a_batch, b_batch = nz * M, 1, 1, (), (), ()
     tile = SKINNY_TILE if SKINNY_TILE and rows_a <= SKINNY_ROWS else TILE
+    if tile is TILE and tile_width(-(-rows_a // BM), N, nz) != TILE[0]:  # (5 stages: 40 KB)
+        tile = (tile_width(-(-rows_a // BM), N, nz), 5)
     bn, bm = tile[0], (tuple(tile) + (BM,))[2]
     # tensor maps (matrices, rows, contiguous extent), boxes (1, rows, 128 B of k) K-major
     # or (1, 64 k, 64 m/n) MN-major (16-bit only)
