@@ -171,7 +171,7 @@ knobs)
     # (three processes at once: each JITs its variants; one process would take ~4 min)
     i=0
     for k in "lean or clusters or width" "float32_c or cluster_split" "skinny_tile"; do
-        timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore_variants.py \
+        timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore_variants.py \
             tests/test_tensorcore.py -k "$k" > "$OUT/knobs-tests-$i.log" 2>&1 &
         i=$((i + 1))
     done
@@ -179,7 +179,7 @@ knobs)
     for i in 0 1 2; do tail -2 "$OUT/knobs-tests-$i.log"; done
     CS="compute-sanitizer --report-api-errors no --print-limit 20"
     for tool in memcheck racecheck; do
-        timeout 100 $CS --tool $tool python3 perf/tools/tc_paths.py --only "${ONLY:-[knob]}" \
+        timeout 90 $CS --tool $tool python3 perf/tools/tc_paths.py --only "${ONLY:-[knob]}" \
             > "$OUT/knobs-$tool.log" 2>&1
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^BAD|^ok" "$OUT/knobs-$tool.log" | tail -6
     done
@@ -187,7 +187,7 @@ knobs)
         rows128 rows256 cl128 cl256 w192} \
         > "$OUT/knobs-skinny.log" 2>&1
     grep -v -i warn "$OUT/knobs-skinny.log"
-    timeout 60 python3 perf/experiments/gemm_timeline.py 2>&1 | grep -v -i warn ;;
+    timeout 50 python3 perf/experiments/gemm_timeline.py 2>&1 | grep -v -i warn ;;
 ncu-gemm)
     # Nsight Compute over the tensor-core GEMM's cases (perf/tools/ncu_cases.py tc*,
     # tf32nn): our kernels and cuBLAS's for the same product; one text report back
