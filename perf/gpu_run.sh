@@ -23,6 +23,7 @@
 #                                             # the sanitizer over tc_paths' "[knob]" ones
 #                                             # (ONLY="[alt]": the others' non-default
 #                                             # sides), skinny speed (VARIANTS), timeline
+#                                             # (TIMELINE=1)
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
@@ -166,8 +167,8 @@ knobs)
     # the tensor-core GEMM's switches (wgmma_gemm.py): the tests of LEAN_SETUP,
     # TMA_STORE_F32, SKINNY_TILE (on since run AI; both ways) and CLUSTER_SPLIT (written
     # after run AI, off), the sanitizer over tc_paths' "[knob]" paths, the skinny speed
-    # of skinny_gemm.py's VARIANTS, the block timeline; and the compile-time clusters'
-    # one-tile test (tensorcore/cluster.py)
+    # of skinny_gemm.py's VARIANTS, the block timeline (TIMELINE=1); and the compile-time
+    # clusters' one-tile test (tensorcore/cluster.py)
     # (three processes at once: each JITs its variants; one process would take ~4 min)
     i=0
     for k in "lean or clusters or width" "float32_c or cluster_split" "skinny_tile"; do
@@ -183,11 +184,12 @@ knobs)
             > "$OUT/knobs-$tool.log" 2>&1
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^BAD|^ok" "$OUT/knobs-$tool.log" | tail -6
     done
-    timeout 140 python3 perf/experiments/skinny_gemm.py --variants ${VARIANTS:-ship cluster \
-        rows128 rows256 cl128 cl256 w192} \
+    timeout 200 python3 perf/experiments/skinny_gemm.py --variants ${VARIANTS:-ship cluster \
+        rows128 rows256 cl128 cl256 w192 wave clwave} \
         > "$OUT/knobs-skinny.log" 2>&1
     grep -v -i warn "$OUT/knobs-skinny.log"
-    timeout 50 python3 perf/experiments/gemm_timeline.py 2>&1 | grep -v -i warn ;;
+    [ -z "${TIMELINE:-}" ] || timeout 50 python3 perf/experiments/gemm_timeline.py 2>&1 \
+        | grep -v -i warn ;;
 ncu-gemm)
     # Nsight Compute over the tensor-core GEMM's cases (perf/tools/ncu_cases.py tc*,
     # tf32nn): our kernels and cuBLAS's for the same product; one text report back

@@ -238,3 +238,18 @@ def test_tile_width_takes_the_fewest_waves(monkeypatch):
                          tile=(192, 4), store=True, lean=True)
     assert name.endswith("_n192s4") and src.count("tma_store_3d(") == 3
     assert src.count("tma_load_3d(U32(sb + ") == 3 and "sb = sa + 16384" in src
+
+
+def test_split_k_chunks(monkeypatch):
+    """split_k.split on 132 SMs: no split for a grid of half the SMs or more, or a K
+    under two chunks; otherwise chunks of at least MIN_CHUNK that fill the SMs (64 x
+    4096 x 4096's 16 tiles: 4 chunks of 1024, K-bound; 32 tiles of 8192: 5 chunks, 160
+    blocks) or, ONE_WAVE, as many as one wave holds (32 tiles: 4, 128 blocks)."""
+    from nbdnn.cuda.matmul import split_k
+    monkeypatch.setattr(split_k, "sm_count", lambda: 132)
+    assert split_k.split(66, 8192, 64) == (1, 8192) and split_k.split(8, 2000, 64) == (1, 2048)
+    assert split_k.split(16, 4096, 64) == (4, 1024)
+    assert split_k.split(32, 8192, 64) == (5, 1664)
+    monkeypatch.setattr(split_k, "ONE_WAVE", True)
+    assert split_k.split(32, 8192, 64) == (4, 2048) and split_k.split(16, 4096, 64) == (4, 1024)
+    assert split_k.split(64, 8192, 64) == (2, 4096)

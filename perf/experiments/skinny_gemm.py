@@ -44,7 +44,8 @@ SHAPES = [(64, 4096, 4096), (128, 4096, 4096), (256, 4096, 8192), (512, 8192, 10
 SHIPPED = (SK.SPLIT_FILL, SK.MIN_CHUNK, SK.MAX_SPLITS, W.TILE)
 KNOBS = {"TMA_STORE_F32": W.TMA_STORE_F32, "LEAN_SETUP": W.LEAN_SETUP,
          "SKINNY_TILE": W.SKINNY_TILE, "SKINNY_ROWS": W.SKINNY_ROWS,
-         "CLUSTER_SPLIT": W.CLUSTER_SPLIT, "WIDTHS": SK.WIDTHS}  # (their shipped values)
+         "CLUSTER_SPLIT": W.CLUSTER_SPLIT, "WIDTHS": SK.WIDTHS,
+         "ONE_WAVE": SK.ONE_WAVE}  # (their shipped values)
 # name: (SPLIT_FILL, MIN_CHUNK, MAX_SPLITS, TILE[, wgmma_gemm knobs]); "c1024" became the
 # shipped split in run AH; the knobs written after run AH (TMA_STORE_F32, LEAN_SETUP,
 # SKINNY_TILE), shipped since run AI: "ah" all three off, "nof32" / "nolean" / "nom64"
@@ -70,13 +71,16 @@ VARIANTS = {
     "cl128": SHIPPED + ({"CLUSTER_SPLIT": True, "SKINNY_ROWS": 128},),
     "cl256": SHIPPED + ({"CLUSTER_SPLIT": True, "SKINNY_ROWS": 256},),
     "w192": SHIPPED + ({"WIDTHS": (256, 192)},),  # (split_k.tile_width: 1000 x 3000)
+    "wave": SHIPPED + ({"ONE_WAVE": True},),  # (split_k.split: chunks a wave holds)
+    "clwave": SHIPPED + ({"ONE_WAVE": True, "CLUSTER_SPLIT": True, "SKINNY_ROWS": 256},),
 }
 
 
 def _set(v):
     SK.SPLIT_FILL, SK.MIN_CHUNK, SK.MAX_SPLITS, W.TILE = v[:4]
     for k, shipped in KNOBS.items():
-        setattr(SK if k == "WIDTHS" else W, k, (v[4] if len(v) > 4 else {}).get(k, shipped))
+        setattr(SK if k in ("WIDTHS", "ONE_WAVE") else W, k,
+                (v[4] if len(v) > 4 else {}).get(k, shipped))
     _plan.clear()
 
 

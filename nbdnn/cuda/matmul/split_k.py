@@ -23,6 +23,10 @@ from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 
 SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 1024, 16
+# chunks a tile: enough to fill the SMs (False: 32 tiles on 132 SMs take 5, 160 blocks,
+# so 28 SMs run two) or as many as one wave holds (True: 4, 128 blocks, each chunk 5/4
+# as long). Written after run AI's device time, not yet run on a GPU: off.
+ONE_WAVE = False
 # The widths a 128-row tile may take (wgmma_gemm.gemm picks by tile_width). A grid a
 # little over one wave of 256-wide tiles leaves SMs idle: 1000 x 3000 has 96 such tiles
 # on 132 SMs, but 128 of 192 columns, one wave of 3/4 the work a tile. Written after run
@@ -39,13 +43,15 @@ def tile_width(row_tiles, N, nz):
 
 def split(tiles, K, BK):
     """(chunks, chunk length) of the reduction for a grid of `tiles` whose kernel steps
-    BK along K: one chunk of all of K (rounded up to BK) unless the tiles fill fewer than SPLIT_FILL of the SMs;
-    then enough chunks of at least MIN_CHUNK to fill them, at most MAX_SPLITS."""
+    BK along K: one chunk of all of K (rounded up to BK) unless the tiles fill fewer
+    than SPLIT_FILL of the SMs;
+    then enough chunks of at least MIN_CHUNK to fill them (ONE_WAVE: as many as one wave
+    holds), at most MAX_SPLITS."""
     whole = -(-K // BK) * BK
     sm = sm_count()
     if tiles >= SPLIT_FILL * sm or K < 2 * MIN_CHUNK:
         return 1, whole
-    n = max(1, min(-(-sm // tiles), K // MIN_CHUNK, MAX_SPLITS))
+    n = max(1, min(sm // tiles if ONE_WAVE else -(-sm // tiles), K // MIN_CHUNK, MAX_SPLITS))
     chunk = -(-K // (n * BK)) * BK
     return -(-K // chunk), chunk
 
