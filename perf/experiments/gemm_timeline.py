@@ -28,7 +28,9 @@ arithmetic; the PTX already takes div.u32 when the int64 operands fit, so the re
 the suspect). Run AI (`-runAI-call1-knobs.log`): with the lean setup the first stage
 still lands 1.8-2.3 us after the prologue, the first TMA issued 1.3-1.5 us after it;
 the one-tile kernel lost ~1 us elsewhere. The lean setup is shipped since: --full runs
-the 64-bit setup with the table read.
+the 64-bit setup with the table read. Its split-K row printed garbage for the epilogue's
+end (the chunk kernel's direct stores had no stamp there); the stamps now also match the
+64-row tile's lines, and direct stores stamp the epilogue's end where they finish.
 """
 import numpy as np
 import torch
@@ -39,7 +41,6 @@ from torch.profiler import ProfilerActivity, profile
 
 import nbdnn
 from nbdnn.cuda.matmul import wgmma_gemm as W
-from nbdnn.cuda.runtime import arrays
 from nbdnn.cuda.tensorcore.asm import inline_asm
 from nbdnn.ops import _plan
 
@@ -68,17 +69,19 @@ def stamped(source):
         name, text = source(*args, **kw)
         out = []
         lines = text.split("\n")
-        consumer = False
+        consumer = drained = False
         for n, line in enumerate(lines):
             if line == "        setmaxnreg_inc(232)":
                 consumer = True
-            if consumer and line.startswith("                sa = base") and "w *" in line:
+            # (the consumer's first operand line and first place line: both tiles' forms)
+            if consumer and line.startswith("                sa = base"):
                 out += _probe(" " * 16, 2, "i == 0 and w == 0 and it == 0")
-            if line.startswith("            r = m0 + w * 64"):
+            if line.startswith("            r = m0 + "):
                 out += _probe(" " * 12, 3, "i == 0 and w == 0 and t == cuda.blockIdx.x")
             if consumer and line == "        if i == 0:" and n + 1 < len(lines) and \
                     "bulk_wait(0)" in lines[n + 1]:
                 out += _probe(" " * 8, 4, "i == 0 and w == 0")
+                drained = True
             out.append(line)
             if line == "        setmaxnreg_dec(40)":
                 out += _probe(" " * 8, 6, "tid == 0")
@@ -94,6 +97,8 @@ def stamped(source):
                 out += _probe("    ", 0, "tid == 0")
             if line == "    cuda.syncthreads()":
                 out += _probe("    ", 1, "tid == 0")
+        if not drained:  # direct stores: the epilogue ends when its stores are issued
+            out += _probe(" " * 8, 4, "i == 0 and w == 0")
         out += _probe(" " * 8, 5, "i == 0 and w == 0")
         return name, "\n".join(out) + "\n"
     return src
