@@ -40,8 +40,9 @@ peer may still read its R. The barriers are initialised before a cluster-wide ba
 (fence.mbarrier_init), so no remote arrive reaches an uninitialised one.
 
 The cluster shape is fixed at compile time (cluster.cluster_dims: `_c{S}` in the
-kernel's name, S a literal in its source); a cluster's blocks are consecutive blockIdx.x, rank = blockIdx.x % S,
-and cluster q of the grid's G_c takes output tiles q, q + G_c, ... with chunk = rank.
+kernel's name, S a literal in its source); a cluster's blocks are consecutive
+blockIdx.x, rank = blockIdx.x % S, and cluster q of the grid's G_c takes output tiles
+q, q + G_c, ... with chunk = rank.
 Used for the 64-row tile (R = 64 KB beside 4 stages of 40 KB) and 2-8 chunks.
 """
 
@@ -109,7 +110,8 @@ def tile_lines(S, nw, bm, bn, pair_lines):
         "    ie = e % 128",
         f"    je = (e // 128) % {G}",
         f"    we = e // {128 * G}",
-        "    r = " + ("m0 + we * 64" if bm == 128 else "m0") + " + 16 * (ie // 32) + (ie % 32) // 4",
+        "    r = " + ("m0 + we * 64" if bm == 128 else "m0") +
+        " + 16 * (ie // 32) + (ie % 32) // 4",
         "    cb = n0 + " + (f"we * {bn // 2} + " if bm != 128 else "") + "2 * (ie % 4) + 8 * je"]
     L += ["    " + x for x in pair_lines("cb", [("r", "s0", "s1"), ("(r + 8)", "s2", "s3")])]
     return L + [f"bar_sync(U32({REDUCE_BAR}), U32(256))"] + _arrive_all("ready0 + 8", S) + \

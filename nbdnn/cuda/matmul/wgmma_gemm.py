@@ -152,7 +152,8 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          f"def {name}({maps}, c, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
          ] + cl + [
          "    smem = cuda.shared.array(0, types.uint8)",
-         f"    bars = cuda.shared.array({2 * stages + 2 * bool(cluster)}, types.uint64, alignment=8)",
+         f"    bars = cuda.shared.array({2 * stages + 2 * bool(cluster)}, types.uint64, "
+         "alignment=8)",
          "    tid = cuda.threadIdx.x"] + (own_maps_lines(store) if own_maps else []) + [
          "    wg = tid // 128",
          "    base = (I(smem_address(smem, 0)) + 1023) & ~1023  # the swizzle atom's alignment",
@@ -205,8 +206,9 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
           "        a = F32(alpha)",
           "        bt = F32(beta)",
           "        cf = F32(coef)",
-          "        it = 0"] + (["        ut = 0"] if cluster else []) + (map_lines(own_maps, "        ", store, ("map_c",)) +
-                              staged.prologue_lines("        ") if store else []) + \
+          "        it = 0"] + (["        ut = 0"] if cluster else []) + (
+            map_lines(own_maps, "        ", store, ("map_c",)) +
+            staged.prologue_lines("        ") if store else []) + \
         (cs.loop_lines(" " * 8, cluster) if cluster else [
           "        for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):"]) + [
           "            zk, m0, n0 = tile_of(t, tm, tn, group)"] + \
