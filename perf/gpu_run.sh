@@ -3,7 +3,7 @@
 # and writes under $OUT. JIT-compiling every kernel signature makes the whole suite
 # longer than one 10-minute call in one process; `suite` runs it in fourteen parallel
 # pytest processes (JIT is CPU-bound; the machine has 16 cores): ~5-8 minutes, and
-# `gemm` the tensor-core tests in eight.
+# `gemm` the tensor-core tests in ten.
 #   bash perf/gpu_run.sh suite                # the whole suite minus the PTX test and the
 #                                             # tensor-core tests (`gemm`), + check
 #                                             # (14 processes, one log: $OUT/suite.log)
@@ -75,7 +75,7 @@ suite)
     $P $G -k "not (bit_identical or $S)" > "$L/t8.log" 2>&1 &
     # test_tensorcore*.py apart: with them, t7 ran out of 560 s at 97% (run AG); alone
     # they JIT ~270 kernel variants, ~30 min of CPU (run AI): `gpu_run.sh gemm` runs them
-    # in 8 processes
+    # in 10 processes
     $P $(ls tests/test_[g-z]*.py | grep -v "test_ptx\|test_gpu\|test_tensorcore") > "$L/t7.log" 2>&1 &
     timeout $T python3 -m nbdnn check --examples 2 > "$L/check.log" 2>&1 &
     wait  # (a pgrep loop on "pytest" matches this script's own command line)
@@ -138,13 +138,13 @@ compare)
     done
     grep -A 40 "=== bench" "$OUT/compare.log" | grep -v "^\[" ;;
 gemm)
-    # test_tensorcore*.py in ${SHARDS:-8} processes of consecutive tests (one process ran
+    # test_tensorcore*.py in ${SHARDS:-10} processes of consecutive tests (one process ran
     # out of 400 s at 98 of 190 tests in run AH: the kernels' JIT; run AI: 234 tests in 8,
     # 74-381 s each); -v names a hung test
     python3 -m pytest -q --collect-only -p no:cacheprovider tests/test_tensorcore.py \
         tests/test_tensorcore_variants.py \
         | grep "::" > "$OUT/tc_ids"
-    n=$(wc -l < "$OUT/tc_ids"); S=${SHARDS:-8}
+    n=$(wc -l < "$OUT/tc_ids"); S=${SHARDS:-10}
     for i in $(seq 0 $((S - 1))); do
         sed -n "$((i * n / S + 1)),$(((i + 1) * n / S))p" "$OUT/tc_ids" > "$OUT/tc_ids.$i"
         mapfile -t ids < "$OUT/tc_ids.$i"  # (ids hold spaces: "(3, 136, 72)")
