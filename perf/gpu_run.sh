@@ -173,15 +173,15 @@ knobs)
     # after run AI, off), the sanitizer over tc_paths' "[knob]" paths, the skinny speed
     # of skinny_gemm.py's VARIANTS, the block timeline (TIMELINE=1); and the compile-time
     # clusters' one-tile test (tensorcore/cluster.py)
-    # (three processes at once: each JITs its variants; one process would take ~4 min)
+    # (four processes at once: each JITs its variants; one process would take ~6 min)
     i=0
-    for k in "lean or clusters or width" "float32_c or cluster_split" "skinny_tile"; do
+    for k in "lean or clusters or width" "float32_c" "cluster_split" "skinny_tile"; do
         timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore_variants.py \
             tests/test_tensorcore.py -k "$k" > "$OUT/knobs-tests-$i.log" 2>&1 &
         i=$((i + 1))
     done
     wait
-    for i in 0 1 2; do tail -2 "$OUT/knobs-tests-$i.log"; done
+    for i in 0 1 2 3; do tail -2 "$OUT/knobs-tests-$i.log"; done
     CS="compute-sanitizer --report-api-errors no --print-limit 20"
     for tool in memcheck racecheck; do
         timeout 90 $CS --tool $tool python3 perf/tools/tc_paths.py --only "${ONLY:-[knob]}" \
