@@ -29,7 +29,8 @@
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
-#                                             # against cuBLAS, then the mma.sync kernel (forced)
+#                                             # against cuBLAS, then the mma.sync kernel (forced),
+#                                             # tf32's operand pass (tf32_gemm.py, 4096)
 #   bash perf/gpu_run.sh sanitize OPS...      # compute-sanitizer memcheck, then racecheck,
 #                                             # over `nbdnn check --ops OPS --examples 1`;
 #                                             # OPS "tc": over perf/tools/tc_paths.py
@@ -209,6 +210,8 @@ gemm-speed)
     timeout 300 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/gemm.log" 2>&1
     timeout 120 python3 perf/suites/gemm.py --quick --no-fp32 --no-mlp --tc-path mma_sync \
         >> "$OUT/gemm.log" 2>&1  # the sm_80-89 kernel's speed, forced on the H200
+    timeout 90 python3 perf/experiments/tf32_gemm.py --sizes 4096 >> "$OUT/gemm.log" 2>&1
+    # (tf32's operand pass, variants 3 and 4: tf32_parts.VECTOR)
     cat "$OUT/gemm.log" ;;
 sanitize)
     [ $# -gt 0 ] || set -- matmul

@@ -4,6 +4,8 @@ compiles them): addresses evaluated from the generated source against the layout
 the hardware expects."""
 import re
 
+import numpy as np
+
 from nbdnn.cuda.matmul import staged_store as S, wgmma_gemm as W, wgmma_params as P
 
 
@@ -337,3 +339,26 @@ def test_cluster_split_handshake_never_deadlocks_or_reads_a_stale_tile():
                     seen.add(nxt)
                     todo.append(nxt)
             assert moves or all(p == len(prog) for p in pc), ("deadlock", pc)
+
+
+def test_tf32_parts_vector_variant_matches(monkeypatch):
+    """tf32_parts' variant 4 (VECTOR: float4 loads and stores) writes what variant 3
+    writes, for both operand layouts, one and three parts (tf32, 3xtf32), ragged tiles
+    and a batch; where x's contiguous extent is not a multiple of 4 it falls back to
+    variant 3 (the kernel names say which ran)."""
+    from numba import cuda
+    from nbdnn.cuda.matmul import tf32_parts as T
+    from nbdnn.cuda.runtime.launch import launched
+    rng = np.random.default_rng(29)
+    for shape, k_last in (((2, 12, 20), True), ((3, 9, 16), False), ((9, 14), False)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        for which, mode in ((1, "tf32"), (0, "3xtf32")):
+            got = {}
+            for vec in (False, True):
+                monkeypatch.setattr(T, "VECTOR", vec)
+                with launched() as names:
+                    got[vec] = T.operand(cuda.to_device(x), k_last, which, mode, 0).copy_to_host()
+                contiguous = shape[-1]
+                assert ("_v4_" in names[0]) == (vec and contiguous % 4 == 0), names
+            np.testing.assert_array_equal(got[True], got[False])
+    assert np.count_nonzero(got[True]) > 0

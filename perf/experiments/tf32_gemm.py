@@ -19,7 +19,8 @@ through a TFLOAT32 map rounds to nearest even (so "tf32" is RNE and K-major oper
 need no pass; TF32_MAP = "tfloat32"). 4096³: cuBLAS TF32 0.379 ms, nbdnn tf32 nt
 0.419, nn 0.567; the GEMM alone 0.403 (either map), the parts pass for a and b 0.354
 (0.72 TB/s: a branch around each load; since rewritten); 3xtf32 1.497 = GEMM 1.13 +
-parts 0.44.
+parts 0.44. Each mode now runs twice: tf32_parts' variant 3 and variant 4 (VECTOR,
+written after run AI, float4 loads and stores).
 """
 import argparse
 
@@ -76,11 +77,15 @@ def speed(n):
     rows.append(("nbdnn tf32 nt (no pass)", time_gpu(
         lambda: nbdnn.matmul(a, bt, trans_b=True, math="tf32", out=c))))
     for mode in ("tf32", "3xtf32"):
-        rows.append((f"nbdnn {mode}", time_gpu(lambda m=mode: nbdnn.matmul(a, b, math=m, out=c))))
+        for vec in (False, True):  # tf32_parts' variant 3, then 4 (VECTOR: float4 moves)
+            P.VECTOR, v = vec, " v4" if vec else ""
+            rows.append((f"nbdnn {mode}{v}", time_gpu(
+                lambda m=mode: nbdnn.matmul(a, b, math=m, out=c))))
+            rows.append((f"  parts pass{v}", time_gpu(
+                lambda m=mode: (P.operand(a, True, 0, m, 0), P.operand(b, False, 1, m, 0)))))
+        P.VECTOR = False
         pa = P.operand(a, True, 0, mode, 0)
         pb = P.operand(b, False, 1, mode, 0)
-        rows.append((f"  parts pass", time_gpu(lambda m=mode: (P.operand(a, True, 0, m, 0),
-                                                                P.operand(b, False, 1, m, 0)))))
         for mt in ("float32", "tfloat32"):
             W.TF32_MAP = mt
             rows.append((f"  gemm ({mt} map)", time_gpu(

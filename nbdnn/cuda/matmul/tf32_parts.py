@@ -31,8 +31,8 @@ import math
 
 from numba import cuda, float32
 
-from ..runtime.arrays import empty
-from ..runtime.intrinsics import round_tf32
+from ..runtime.arrays import empty, vector_aligned
+from ..runtime.intrinsics import load4, round_tf32, store4
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
 
@@ -110,8 +110,95 @@ def _make(k_major):
     return tf32_parts
 
 
+# Variant 4 (VECTOR; written after run AI's device time, not yet timed on a GPU: off):
+# the same 64 x 64 tiles moved 16 bytes at a time, a thread's 4 loads and P stores of
+# float4 groups a pass (ld/st.global.v4.f32) where variant 3 moves 4 bytes an
+# instruction: a quarter of the memory instructions for the same bytes. Needs x's
+# contiguous extent (K when K-major, R when MN-major) a multiple of 4 and x 16-byte
+# aligned (out always is: Kp % 4 == 0). Block (VX, VY): VX float4 groups along a tile
+# row, VY rows a pass, TV // VY passes.
+VECTOR = False
+VX, VY = (2, 2) if SIMULATOR else (16, 16)
+TV = 4 * VX                                   # 64: the tile's side
+PASSES = TV // VY                             # 4 float4 loads in flight a thread
+TILE_V4 = (TV, TV + 1)                        # tile[r][k] (+1 column: the banks)
+VALS_V4 = 4 * PASSES                          # values a thread
+
+
+def _make_vector(k_major):
+    """Variant 4's kernel for one operand layout (k_major a compile-time constant)."""
+
+    def tile_parts_v4(x, out, tile, z, r0, k0, R, K, Kp, P, code):
+        """Tile (r0.., k0..) of matrix z: float4 groups loaded along x's contiguous
+        axis, written along k; tile[r][k] either way."""
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        vals = cuda.local.array(VALS_V4, float32)
+        for j in range(PASSES):                  # (constant count: loads back to back)
+            i = ty + j * VY                      # along x's strided axis
+            if k_major:                          # x[z, r0 + i, k0 + 4 tx ..]
+                r, k = r0 + i, k0 + 4 * tx
+                src = ((z * R + r) * K + k) // 4
+            else:                                # x[z, k0 + i, r0 + 4 tx ..]
+                r, k = r0 + 4 * tx, k0 + i
+                src = ((z * K + k) * R + r) // 4
+            ok = r < R and k < K                 # (extent % 4 == 0: a group is in or out)
+            v0, v1, v2, v3 = load4(x, src if ok else 0)
+            vals[4 * j] = v0 if ok else float32(0)
+            vals[4 * j + 1] = v1 if ok else float32(0)
+            vals[4 * j + 2] = v2 if ok else float32(0)
+            vals[4 * j + 3] = v3 if ok else float32(0)
+        for j in range(PASSES):
+            i = ty + j * VY
+            for q in range(4):
+                if k_major:
+                    tile[i, 4 * tx + q] = vals[4 * j + q]
+                else:
+                    tile[4 * tx + q, i] = vals[4 * j + q]
+        cuda.syncthreads()
+        for j in range(PASSES):
+            i = ty + j * VY
+            r, k = r0 + i, k0 + 4 * tx
+            if r < R and k < Kp:
+                h0 = round_tf32(tile[i, 4 * tx])
+                h1 = round_tf32(tile[i, 4 * tx + 1])
+                h2 = round_tf32(tile[i, 4 * tx + 2])
+                h3 = round_tf32(tile[i, 4 * tx + 3])
+                dst = ((z * R + r) * P * Kp + k) // 4
+                for q in range(P):
+                    if (code >> q) & 1:
+                        store4(out, dst + q * (Kp // 4), (
+                            round_tf32(tile[i, 4 * tx] - h0), round_tf32(tile[i, 4 * tx + 1] - h1),
+                            round_tf32(tile[i, 4 * tx + 2] - h2),
+                            round_tf32(tile[i, 4 * tx + 3] - h3)))
+                    else:
+                        store4(out, dst + q * (Kp // 4), (h0, h1, h2, h3))
+        cuda.syncthreads()
+
+    if not SIMULATOR:
+        tile_parts_v4 = cuda.jit(device=True, inline=True)(tile_parts_v4)
+
+    def tf32_parts_v4(x, out, nmat, R, K, Kp, P, code):
+        tile = cuda.shared.array(TILE_V4, float32)
+        k0 = cuda.blockIdx.x * TV
+        for z in range(cuda.blockIdx.z, nmat, cuda.gridDim.z):
+            for r0 in range(cuda.blockIdx.y * TV, R, cuda.gridDim.y * TV):
+                tile_parts_v4(x, out, tile, z, r0, k0, R, K, Kp, P, code)
+    return tf32_parts_v4
+
+
 @functools.lru_cache(maxsize=None)
-def _kernel(k_major):
+def _kernel(k_major, vector=False):
+    if vector:
+        opts = {} if SIMULATOR else {"max_registers": 80}
+        k = Kernel(_make_vector(k_major), [
+            "void(float32[::1], float32[::1], int64, int64, int64, int64, int64, int64)"], **opts)
+        k.name = f"tf32_parts_v4_{'k' if k_major else 'mn'}"
+        return k
+    return _kernel_v3(k_major)
+
+
+def _kernel_v3(k_major):
     # registers (nvJitLink, sm_90): uncapped 114 (K-major) / 134 (MN-major), one or two
     # blocks an SM; capped at 80 / 96 without spilling (MN-major at 80 spills 16 B):
     # three / two blocks of 256, 48 / 32 KiB of loads in flight an SM
@@ -123,7 +210,7 @@ def _kernel(k_major):
 
 
 def ptx_examples():
-    _kernel(True), _kernel(False)
+    _kernel(True), _kernel(False), _kernel(True, True), _kernel(False, True)
 
 
 def operand(x, k_axis_last, which, mode, stream):
@@ -138,8 +225,10 @@ def operand(x, k_axis_last, which, mode, stream):
     nmat = math.prod(shape[:-2])
     out = empty(x, shape[:-2] + (R, P * Kp), "float32")
     if nmat and R and Kp:
-        k = _kernel(bool(k_axis_last))
-        grid = (-(-Kp // T), min(-(-R // T), 65535), min(nmat, 65535))
-        k.launch(k.sigs[0], grid, (BX, ROWS, 1), stream, x.reshape(math.prod(shape)),
+        vec = VECTOR and (K if k_axis_last else R) % 4 == 0 and vector_aligned(x, out)
+        k = _kernel(bool(k_axis_last), vec)
+        t, block = (TV, (VX, VY, 1)) if vec else (T, (BX, ROWS, 1))
+        grid = (-(-Kp // t), min(-(-R // t), 65535), min(nmat, 65535))
+        k.launch(k.sigs[0], grid, block, stream, x.reshape(math.prod(shape)),
                  out.reshape(nmat * R * P * Kp), nmat, R, K, Kp, P, code)
     return out
