@@ -362,3 +362,51 @@ def test_tf32_parts_vector_variant_matches(monkeypatch):
                 assert ("_v4_" in names[0]) == (vec and contiguous % 4 == 0), names
             np.testing.assert_array_equal(got[True], got[False])
     assert np.count_nonzero(got[True]) > 0
+
+
+def test_gemm_plans_its_launches(monkeypatch):
+    """wgmma_gemm.gemm's host side without a GPU (tensor maps, arrays and kernels faked,
+    132 SMs): which kernel variant, grid and shared memory each product gets. 4096^3:
+    one persistent wave of 128 x 256 tiles through TMA stores; 64 x 4096 x 4096: the
+    64-row tile's split-K chunks, then the ordered sum; CLUSTER_SPLIT: one launch of
+    4-block clusters, no sum; split_k.WIDTHS with 192: 1000 x 3000 in 128 tiles of 192."""
+    from nbdnn.cuda.matmul import split_k
+    launches = []
+
+    class Fake:
+        def __init__(self, *args, **kw):
+            self.args, self.kw, self.sigs = args, kw, ["sig"]
+
+        def max_active_clusters(self, sig, size, block, shmem):
+            return 30
+
+        def launch(self, sig, grid, block, stream, *args, shmem=0, owners=()):
+            launches.append((self.kw, grid, shmem))
+
+    monkeypatch.setattr(W, "encoded", lambda *a: ("map", "template"))
+    monkeypatch.setattr(W, "empty", lambda c, shape, dtype: np.zeros(shape, dtype))
+    monkeypatch.setattr(W, "ptr", lambda x: 256)
+    monkeypatch.setattr(W, "sm_count", lambda: 132)
+    monkeypatch.setattr(split_k, "sm_count", lambda: 132)
+    monkeypatch.setattr(W, "kernel", Fake)
+    monkeypatch.setattr(W, "splitk_sum", lambda dtype: (Fake(sum=True), "sig"))
+
+    def plan(M, N, K):
+        launches.clear()
+        a, b = np.zeros((M, K), np.float16), np.zeros((K, N), np.float16)
+        W.gemm(a, b, np.zeros((M, N), np.float16), False, False, None, None, 0.0, 1.0, 0.0, 0)
+        return [({k: kw.get(k) for k in ("partial", "tile", "store", "cluster", "sum")}, grid)
+                for kw, grid, _ in launches]
+
+    assert plan(4096, 4096, 4096) == [({"partial": False, "tile": (256, 4), "store": True,
+                                        "cluster": 0, "sum": None}, 132)]
+    skinny = plan(64, 4096, 4096)
+    assert skinny[0] == ({"partial": True, "tile": (256, 4, 64), "store": True, "cluster": 0,
+                          "sum": None}, 64) and skinny[1][0]["sum"]
+    monkeypatch.setattr(W, "CLUSTER_SPLIT", True)
+    assert plan(64, 4096, 4096) == [({"partial": False, "tile": (256, 4, 64), "store": False,
+                                      "cluster": 4, "sum": None}, 64)]
+    assert plan(64, 8192, 8192)[0][1] == 30 * 5  # (32 tiles of 5 chunks: the clusters that fit)
+    monkeypatch.setattr(split_k, "WIDTHS", (256, 192))
+    assert plan(1000, 3000, 2040) == [({"partial": False, "tile": (192, 4), "store": True,
+                                        "cluster": 0, "sum": None}, 128)]

@@ -331,8 +331,8 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     if nb_ == 1 and not trans_a and nz == na:  # one b: a's matrices stack into one of nz M rows
         rows_a, na, nz, batch, a_batch, b_batch = nz * M, 1, 1, (), (), ()
     tile = SKINNY_TILE if SKINNY_TILE and rows_a <= SKINNY_ROWS else TILE
-    if tile is TILE and tile_width(-(-rows_a // BM), N, nz) != TILE[0]:  # (5 stages: 40 KB)
-        tile = (tile_width(-(-rows_a // BM), N, nz), 5)
+    width = TILE[0] if tile is not TILE else tile_width(-(-rows_a // BM), N, nz)
+    tile = tile if width == TILE[0] else (width, 5)  # (192 wide: 40 KB a stage)
     bn, bm = tile[0], (tuple(tile) + (BM,))[2]
     # tensor maps (matrices, rows, contiguous extent), boxes (1, rows, 128 B of k) K-major
     # or (1, 64 k, 64 m/n) MN-major (16-bit only)
@@ -358,9 +358,10 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
         stages -= 1
     tile = (bn, stages) if bm == BM else (bn, stages, bm)
     shmem = shared_bytes(bn, stages, store, bm, cluster)
+    epilogue = (False, None, False) if partial else (bias is not None, act, beta != 0)
+    k = kernel(dtype, not trans_a, bool(trans_b), *epilogue, partial=partial,
+               own_maps=OWN_MAPS, tile=tile, store=store, lean=LEAN_SETUP, cluster=cluster)
     if cluster:  # whole clusters, as many as run at once (a cluster's blocks share a GPC)
-        k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0,
-                   own_maps=OWN_MAPS, tile=tile, lean=LEAN_SETUP, cluster=cluster)
         grid = min(tiles, k.max_active_clusters(k.sigs[0], cluster, THREADS, shmem) or
                    sm_count() // cluster) * cluster
     encs = (ma, mb)
@@ -376,14 +377,10 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
                                             (ptr(b), math.prod(bsh)), slots)
         owners += (slots,)
     if not partial:
-        k = kernel(dtype, not trans_a, bool(trans_b), bias is not None, act, beta != 0,
-                   own_maps=OWN_MAPS, tile=tile, store=store, lean=LEAN_SETUP, cluster=cluster)
         k.launch(k.sigs[0], grid, THREADS, stream, *maps,
                  (ptr(c), total if kind == "tf32" else total // 2), bias_arg, offs, rows_a,
                  N, K, nz, GROUP_M, alpha, beta, coef, chunk, shmem=shmem, owners=owners)
         return c
-    k = kernel(dtype, not trans_a, bool(trans_b), partial=True, own_maps=OWN_MAPS, tile=tile,
-               store=store, lean=LEAN_SETUP)
     k.launch(k.sigs[0], grid, THREADS, stream, *maps, out, bias_arg, offs, rows_a, N,
              K, nz, GROUP_M, 1.0, 0.0, 0.0, chunk, shmem=shmem, owners=owners)
     ks, sig = splitk_sum(dtype)
