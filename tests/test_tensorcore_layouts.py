@@ -229,11 +229,13 @@ def test_tile_width_takes_the_fewest_waves(monkeypatch):
     width whose waves x width is least on 132 SMs: 1000 x 3000 (96 tiles of 256, one
     wave a quarter empty; 128 of 192, one full wave) takes 192, and two of them too (two
     waves either way); 4096 and 4000 square (4 waves of 256 against 6 of 192) and 512 x
-    8192 (one wave of 256 against two of 192) keep 256; the shipped widths always 256.
+    8192 (one wave of 256 against two of 192) keep 256; 256 alone (as before run AJ)
+    always 256.
     A 192-wide kernel's source: 3 TMA boxes of an MN-major B, 3 TMA stores for a
     consumer's 192 columns."""
     from nbdnn.cuda.matmul import split_k
     monkeypatch.setattr(split_k, "sm_count", lambda: 132)
+    monkeypatch.setattr(split_k, "WIDTHS", (256,))
     assert split_k.tile_width(8, 3000, 1) == 256
     monkeypatch.setattr(split_k, "WIDTHS", (256, 192))
     assert split_k.tile_width(8, 3000, 1) == 192
@@ -250,9 +252,11 @@ def test_split_k_chunks(monkeypatch):
     """split_k.split on 132 SMs: no split for a grid of half the SMs or more, or a K
     under two chunks; otherwise chunks of at least MIN_CHUNK that fill the SMs (64 x
     4096 x 4096's 16 tiles: 4 chunks of 1024, K-bound; 32 tiles of 8192: 5 chunks, 160
-    blocks) or, ONE_WAVE, as many as one wave holds (32 tiles: 4, 128 blocks)."""
+    blocks) or, ONE_WAVE (shipped since run AJ), as many as one wave holds (32 tiles: 4,
+    128 blocks)."""
     from nbdnn.cuda.matmul import split_k
     monkeypatch.setattr(split_k, "sm_count", lambda: 132)
+    monkeypatch.setattr(split_k, "ONE_WAVE", False)
     assert split_k.split(66, 8192, 64) == (1, 8192) and split_k.split(8, 2000, 64) == (1, 2048)
     assert split_k.split(16, 4096, 64) == (4, 1024)
     assert split_k.split(32, 8192, 64) == (5, 1664)
@@ -368,8 +372,10 @@ def test_gemm_plans_its_launches(monkeypatch):
     """wgmma_gemm.gemm's host side without a GPU (tensor maps, arrays and kernels faked,
     132 SMs): which kernel variant, grid and shared memory each product gets. 4096^3:
     one persistent wave of 128 x 256 tiles through TMA stores; 64 x 4096 x 4096: the
-    64-row tile's split-K chunks, then the ordered sum; CLUSTER_SPLIT: one launch of
-    4-block clusters, no sum; split_k.WIDTHS with 192: 1000 x 3000 in 128 tiles of 192."""
+    64-row tile's split-K chunks, then the ordered sum, and 128 x 4096 x 4096 too (two
+    64-row tiles a column: SKINNY_ROWS 128), 4 chunks (ONE_WAVE); CLUSTER_SPLIT: one
+    launch of 4-block clusters, no sum; WIDTHS (256, 192): 1000 x 3000 in 128 tiles of
+    192."""
     from nbdnn.cuda.matmul import split_k
     launches = []
 
@@ -403,10 +409,11 @@ def test_gemm_plans_its_launches(monkeypatch):
     skinny = plan(64, 4096, 4096)
     assert skinny[0] == ({"partial": True, "tile": (256, 4, 64), "store": True, "cluster": 0,
                           "sum": None}, 64) and skinny[1][0]["sum"]
+    assert plan(128, 4096, 4096)[0] == ({"partial": True, "tile": (256, 4, 64), "store": True,
+                                         "cluster": 0, "sum": None}, 128)
     monkeypatch.setattr(W, "CLUSTER_SPLIT", True)
     assert plan(64, 4096, 4096) == [({"partial": False, "tile": (256, 4, 64), "store": False,
                                       "cluster": 4, "sum": None}, 64)]
-    assert plan(64, 8192, 8192)[0][1] == 30 * 5  # (32 tiles of 5 chunks: the clusters that fit)
-    monkeypatch.setattr(split_k, "WIDTHS", (256, 192))
+    assert plan(64, 8192, 8192)[0][1] == 30 * 4  # (32 tiles of 4 chunks: the clusters that fit)
     assert plan(1000, 3000, 2040) == [({"partial": False, "tile": (192, 4), "store": True,
                                         "cluster": 0, "sum": None}, 128)]

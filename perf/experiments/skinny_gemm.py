@@ -73,6 +73,10 @@ VARIANTS = {
     "w192": SHIPPED + ({"WIDTHS": (256, 192)},),  # (split_k.tile_width: 1000 x 3000)
     "wave": SHIPPED + ({"ONE_WAVE": True},),  # (split_k.split: chunks a wave holds)
     "clwave": SHIPPED + ({"ONE_WAVE": True, "CLUSTER_SPLIT": True, "SKINNY_ROWS": 256},),
+    # run AJ turned on ONE_WAVE, WIDTHS (256, 192) and SKINNY_ROWS 128: "ai" as shipped in
+    # run AI, "clust" the cluster's split-K on top
+    "ai": SHIPPED + ({"ONE_WAVE": False, "WIDTHS": (256,), "SKINNY_ROWS": 64},),
+    "clust": SHIPPED + ({"CLUSTER_SPLIT": True},),
 }
 
 

@@ -25,13 +25,15 @@ from ..runtime.launch import Kernel
 SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 1024, 16
 # chunks a tile: enough to fill the SMs (False: 32 tiles on 132 SMs take 5, 160 blocks,
 # so 28 SMs run two) or as many as one wave holds (True: 4, 128 blocks, each chunk 5/4
-# as long). Written after run AI's device time, not yet run on a GPU: off.
-ONE_WAVE = False
+# as long). Run AJ (H200, bf16, x cuBLAS, perf/experiments/skinny_gemm.py): 256 x 4096
+# x 8192 0.61 -> 0.81, 64 x 8192 x 8192 0.72 -> 0.82, the other shapes unchanged.
+ONE_WAVE = True
 # The widths a 128-row tile may take (wgmma_gemm.gemm picks by tile_width). A grid a
 # little over one wave of 256-wide tiles leaves SMs idle: 1000 x 3000 has 96 such tiles
-# on 132 SMs, but 128 of 192 columns, one wave of 3/4 the work a tile. Written after run
-# AI's device time, not yet run on a GPU: (256,) (192 off).
-WIDTHS = (256,)
+# on 132 SMs, but 128 of 192 columns, one wave of 3/4 the work a tile. Run AJ (x
+# cuBLAS): 1000 x 3000 x 2040 0.64 -> 0.66, 256 x 4096 x 8192 0.61 -> 0.80 (its 44
+# tiles split 3 ways fill 132 SMs), one 128 x 256 x 64 tile 0.60 -> 0.63.
+WIDTHS = (256, 192)
 
 
 def tile_width(row_tiles, N, nz):

@@ -110,14 +110,16 @@ def _make(k_major):
     return tf32_parts
 
 
-# Variant 4 (VECTOR; written after run AI's device time, not yet timed on a GPU: off):
+# Variant 4 (VECTOR; on since run AJ, H200: the pass of both 4096^2 operands 0.192 ->
+# 0.088 ms, 8192^2 0.751 -> 0.323; "tf32" with a plain b 0.82 -> 0.92x cuBLAS TF32 at
+# 4096^3, 0.92 -> 0.96 at 8192^3, perf/experiments/tf32_gemm.py):
 # the same 64 x 64 tiles moved 16 bytes at a time, a thread's 4 loads and P stores of
 # float4 groups a pass (ld/st.global.v4.f32) where variant 3 moves 4 bytes an
 # instruction: a quarter of the memory instructions for the same bytes. Needs x's
 # contiguous extent (K when K-major, R when MN-major) a multiple of 4 and x 16-byte
 # aligned (out always is: Kp % 4 == 0). Block (VX, VY): VX float4 groups along a tile
 # row, VY rows a pass, TV // VY passes.
-VECTOR = False
+VECTOR = True
 VX, VY = (2, 2) if SIMULATOR else (16, 16)
 TV = 4 * VX                                   # 64: the tile's side
 PASSES = TV // VY                             # 4 float4 loads in flight a thread

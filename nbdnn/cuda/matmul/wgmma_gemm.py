@@ -79,10 +79,17 @@ TILE = (256, 4)
 # 64 x 4096^2 0.61 -> 0.72, 64 x 8192^2 0.60 -> 0.72 (perf/experiments/skinny_gemm.py).
 SKINNY = (256, 5, 64)
 SKINNY_TILE = SKINNY
-SKINNY_ROWS = 64   # M (all of a's rows) up to which SKINNY_TILE serves
+# M (all of a's rows) up to which SKINNY_TILE serves. Run AJ (x cuBLAS): 128 rows, 64
+# -> 128: 128 x 4096 x 4096 0.64 -> 0.68, 128 x 256 x 64 0.60 -> 0.65; 256 rows lost
+# at 256 x 4096 x 8192 (0.61 -> 0.60).
+SKINNY_ROWS = 128
 # split-K's chunks of a 64-row tile reduced in a thread-block cluster through distributed
-# shared memory (cluster_split.py: no workspace, no sum kernel; 2-8 chunks). Written
-# after run AI's device time, not yet run on a GPU: off.
+# shared memory (cluster_split.py: no workspace, no sum kernel; 2-8 chunks). Run AJ
+# (H200): correct (its tests, memcheck clean), but racecheck reports ~2400 hazards
+# between the slice reads (ld.shared::cluster) and the next tile's stores to R, which
+# the ready/free mbarriers (release/acquire.cluster) order; and it pays only at M = 64,
+# K = 4096 (0.72 -> 0.76x cuBLAS), loses at 64 x 8192 x 8192 beside ONE_WAVE (0.82 ->
+# 0.70) and at M = 128 (0.64 -> 0.51). Off until both are understood.
 CLUSTER_SPLIT = False
 
 
