@@ -11,6 +11,9 @@ implicit_gemm):
 - implicit_gemm: the GEMM kernel's tiles and thread layout with the A tile gathered
   from x on the fly (nbdnn/cuda/conv/implicit_gemm_source.py); M = N*P output positions,
   N = K/g filters, K = C/g*T*R*S taps, one grid row per group. Fused epilogue.
+  float16 / bfloat16 channels-last on sm_90 ("auto" too, before the others): the
+  tensor-core GEMM, its A gathered by TMA's im2col mode (nbdnn/cuda/conv/wgmma_conv.py;
+  1x1 stride-1 filters the GEMM itself), where its limits hold.
 - depthwise: one input channel a group. Channels-first layers (windows of up to 64
   taps, any stride and dilation) run the row kernel generated per window geometry
   (nbdnn/cuda/conv/depthwise_rows.py); channels-last ones generated 3x3/5x5 kernels
@@ -48,6 +51,7 @@ perf/history/runs.md ("Convolution").
 """
 import numpy as np
 
+from .. import matmul as _mm
 from ..matmul import TILES, _gemm, choose_tile
 from ..runtime.arrays import dtype_name, empty, to_device, vector_aligned
 from ..runtime.device import sm_count
@@ -56,7 +60,7 @@ from ..tensor import reduce_tensor, scale_tensor, set_tensor, transform_into
 from ..._shapes import winograd_workspace
 from ..._vocab import ACTIVATION_MODES
 from . import depthwise as _conv_depthwise, depthwise_rows as _conv_depthwise_rows, \
-    gemm as _conv_gemm, winograd as _conv_winograd
+    gemm as _conv_gemm, wgmma_conv as _wgmma_conv, winograd as _conv_winograd
 from .geometry import geometry
 from .kernels import KERNELS as _KERNELS
 
@@ -144,6 +148,9 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
     args = (x, w, y, bias if bias is not None else y, residual if residual is not None else y,
             *g, int(bias is not None), int(residual is not None), act, coef, alpha, beta)
     total = N * K * P[0] * P[1] * P[2]
+    if algo in ("auto", "implicit_gemm") and total and _on_tensor_cores(
+            x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta, stream):
+        return y
     if algo == "auto":
         algo = _auto_forward(g, dtype)
     if algo == "depthwise" and _conv_depthwise.forward(_KERNELS, x, y, w, *args[3:5], g,
@@ -162,6 +169,26 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
     elif total:
         _implicit_gemm(x, w, y, args, g, total, dtype, stream)
     return y
+
+
+def _on_tensor_cores(x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta,
+                     stream):
+    """16-bit channels-last forward on sm_90's tensor cores, "auto" or "implicit_gemm":
+    a 1x1 filter with stride 1 and no padding is the GEMM y = x w^T (wgmma_gemm.py, own
+    tensor maps: plannable); others the im2col kernel (wgmma_conv.py) where it takes
+    them. False, doing nothing, otherwise (the epilogue must be the GEMM's: alpha 1,
+    beta 0, no residual)."""
+    if dtype not in ("float16", "bfloat16") or not (_mm.TENSOR_CORES and _mm.tensor_cores()):
+        return False
+    if not _wgmma_conv.usable(x, w, y, g, bias, residual, alpha, beta):
+        return False
+    M, C, K = g.N * g.PH * g.PW, g.C, g.K
+    if g.R * g.S == 1 and (g.sh, g.sw, g.qh, g.qw) == (1, 1, 0, 0) and (g.H, g.W) == (g.PH, g.PW):
+        _gemm(x.reshape((M, C)), w.reshape((K, C)), False, True, bias, activation, coef, 1.0,
+              0.0, y.reshape((M, K)), stream)
+        return True
+    _wgmma_conv.forward(x, w, y, bias, activation, coef, g, stream)
+    return True
 
 
 def _implicit_gemm(x, w, y, args, g, total, dtype, stream):

@@ -10,8 +10,9 @@ wgmma reads either major from its descriptors.
 Variant T1 (run AD: 0.87-0.99x cuBLAS at 4096 and 8192): K-major operands only, blocks
 in row order. T2 (this file) adds both majors, batches, the fused epilogue, a grouped
 tile order (GROUP_M; run AD: 0.95 against 0.90x at 8192) and a persistent grid
-(PERSISTENT: the producer fills the next tile's stages during the epilogue). Tried and
-dropped: one wgmma batch left in flight a k-tile (CUTLASS's habit): 4-12% slower.
+(PERSISTENT: the producer fills the next tile's stages during the epilogue). Dropped:
+one wgmma batch left in flight a k-tile (CUTLASS's habit): 4-12% slower. Convolution:
+the same kernel with wgmma_im2col.py's operands (conv=True).
 
 A block computes a BM x BN = 128 x 256 tile of C with three warpgroups (384 threads):
 
@@ -64,7 +65,7 @@ from .wgmma_params import map_lines, namespace, own_maps_lines, signature, slot_
     usable  # noqa: F401  (the front end asks wgmma_gemm.usable)
 from .split_k import split, splitk_sum, tile_width
 from .tile_order import batch_lines, chunk_lines, helper_lines
-from . import wgmma_stage as ws
+from . import wgmma_im2col as im2col, wgmma_stage as ws
 from .wgmma_stage import BK, BOX, MAX_SHARED
 
 BM = 128                                  # the tile's rows (64: SKINNY_TILE)
@@ -79,9 +80,8 @@ TILE = (256, 4)
 # 64 x 4096^2 0.61 -> 0.72, 64 x 8192^2 0.60 -> 0.72 (perf/experiments/skinny_gemm.py).
 SKINNY = (256, 5, 64)
 SKINNY_TILE = SKINNY
-# M (all of a's rows) up to which SKINNY_TILE serves. Run AJ (x cuBLAS): 128 rows, 64
-# -> 128: 128 x 4096 x 4096 0.64 -> 0.68, 128 x 256 x 64 0.60 -> 0.65; 256 rows lost
-# at 256 x 4096 x 8192 (0.61 -> 0.60).
+# M (all of a's rows) up to which SKINNY_TILE serves. Run AJ (x cuBLAS), 64 -> 128: 128
+# x 4096 x 4096 0.64 -> 0.68, 128 x 256 x 64 0.60 -> 0.65; 256 lost at 256 x 4096 x 8192.
 SKINNY_ROWS = 128
 # split-K's chunks of a 64-row tile reduced in a thread-block cluster through distributed
 # shared memory (cluster_split.py: no workspace, no sum kernel; 2-8 chunks). Run AJ
@@ -112,26 +112,25 @@ PERSISTENT = True  # one block an SM looping over tiles (False: a block a tile, 
 # geometry) and a's and b's addresses, in a workspace slot: no encode or map upload a
 # new address, and a plan replays the call (False: maps encoded per address on the
 # host, the call never planned). Run AG (H200): a bf16 256^3 call costs the host 10 us
-# planned against 49-54 us with host maps (torch.matmul 11 us); the kernels' GPU time
-# within the run's noise at 4096-8192, 4% more at 512 x 8192 x 1024.
+# planned against 49-54 us with host maps (torch.matmul 11 us), the same GPU time.
 OWN_MAPS = True
 # C leaves through shared memory and TMA stores where it can (staged_store.py: 16-bit C,
 # no beta, not split-K, N % 8 == 0); False: every thread stores 4-byte pairs. Run AH
-# (H200, bf16, x cuBLAS in one run, direct -> TMA stores): 4096^3 0.90 -> 0.93 and
-# 0.87 -> 0.94 (b plain / transposed), 8192^3 0.91 -> 0.95, 1.00 -> 1.04, 4000^3
-# 0.85 -> 0.91, 0.81 -> 0.93, 512 x 8192 x 1024 0.66 -> 0.86; skinny split-K unchanged.
+# (H200, bf16, x cuBLAS, direct -> TMA stores): 4096^3 0.87-0.90 -> 0.93-0.94, 4000^3
+# 0.81-0.85 -> 0.91-0.93, 512 x 8192 x 1024 0.66 -> 0.86 (perf/RESULTS.md).
 TMA_STORE = True
 # ... and float32 C the same way (the tf32 kernels' C, split-K's chunks: 64 x 32 float32
-# a staging tile). Run AI (H200, bf16 split-K, x cuBLAS): 128 x 4096^2 0.53 -> 0.64,
-# 256 x 4096 x 8192 0.45 -> 0.58, 64 x 4096^2 0.61 -> 0.63.
+# a staging tile). Run AI (bf16 split-K, x cuBLAS): 128 x 4096^2 0.53 -> 0.64.
 TMA_STORE_F32 = True
 # the producer's tile setup in 32 bits, no batch-table read for one matrix
 # (tile_order.py: run AH's timeline put 1.8 us before a block's first TMA copy). Run AI:
 # one 128 x 256 tile 6.3 -> 5.3 us of kernel, 512 x 8192 x 1024 0.85 -> 0.90x cuBLAS.
 LEAN_SETUP = True
 TEMPLATE_ADDRESS = 1 << 20   # the templates' base (replaced in the kernel; 16-B aligned)
+
+
 def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=None,
-           store=False, lean=False, cluster=0):
+           store=False, lean=False, cluster=0, conv=False):
     """(name, source) of the kernel for kind "f16"/"bf16", operand majors (a_k, b_k:
     K-major or not) and the epilogue (bias: add bias[n]; act: an activation mode or
     None; beta: blend the old C; partial: split-K, c is the float32 workspace of the
@@ -141,7 +140,8 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     STAGES), TILE's default (a name suffix otherwise). store: C through shared memory
     and TMA stores (staged_store.py). lean: the lean tile setup (tile_order.py).
     cluster: S > 1, split-K's S chunks of a tile reduced in an S-block cluster
-    (cluster_split.py; c is C, the full epilogue; not with partial or store)."""
+    (cluster_split.py; c is C, the full epilogue; not with partial or store). conv: A
+    and B a convolution's (wgmma_im2col.py: im2col loads, offs its geometry)."""
     bk, f32 = BK_OF[kind], kind == "tf32"
     cl, tl = cs.setup_lines(cluster) if cluster else ([], [])
     bn, stages, bm = (tuple(tile or TILE) + (BM,))[:3]
@@ -154,7 +154,8 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          f"_n{bn}s{stages}" if bm == 128 else f"_m{bm}n{bn}s{stages}")
     maps = ("tmpl_a, tmpl_b, tmpl_c, a, b, slots" if store else "tmpl_a, tmpl_b, a, b, slots") \
         if own_maps else ("map_a, map_b, map_c" if store else "map_a, map_b")
-    name = f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
+    name = f"wgmma_conv_{kind}{epi}" if conv else \
+        f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
     L = helper_lines(bm, bn, lean, nw) + [
          f"def {name}({maps}, c, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
          ] + cl + [
@@ -190,12 +191,13 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          "    if wg == 0:",
          "        setmaxnreg_dec(40)",
          "        if tid == 0:"] + map_lines(own_maps, "            ", store) + [
-         "            it = 0"] + (cs.loop_lines(" " * 12, cluster) if cluster else [
+         "            it = 0"] + (im2col.geometry_lines(" " * 12) if conv else []) + (
+            cs.loop_lines(" " * 12, cluster) if cluster else [
          "            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):"]) + [
          "                zk, m0, n0 = tile_of(t, tm, tn, group)"] + \
         chunk_lines(" " * 16, lean) + [
          f"                ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}"] + \
-        batch_lines(" " * 16, lean) + [
+        (im2col.tile_lines(" " * 16, bk) if conv else batch_lines(" " * 16, lean)) + [
          "                for kt in range(ktiles):",
          f"                    s = it % {stages}",
          f"                    ph = (it // {stages}) & 1",
@@ -204,7 +206,8 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          f"                    mbarrier_arrive_expect_tx(U32(full0 + 8 * s), {sb_bytes})",
          f"                    sa = base + s * {sb_bytes}",
          f"                    sb = sa + {ws.a_bytes(bm)}"]
-    L += ["    " + x for x in ws.loads("a", a_k, bk, bm) + ws.loads("b", b_k, bk, bn)]
+    L += im2col.load_lines(" " * 20, bk) if conv else \
+        ["    " + x for x in ws.loads("a", a_k, bk, bm) + ws.loads("b", b_k, bk, bn)]
     L += ["                    it += 1",
           "    else:",
           "        setmaxnreg_inc(232)",
@@ -252,23 +255,25 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
 
 @functools.lru_cache(maxsize=None)
 def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=False,
-           own_maps=False, tile=None, store=False, lean=False, cluster=0):
+           own_maps=False, tile=None, store=False, lean=False, cluster=0, conv=False):
     """The Kernel for dtype "float16" / "bfloat16" / "float32" (its tf32 modes, operands
     K-major only), the operand majors and the epilogue (built on first use: a variant
     compiles in seconds); partial: split-K's chunk kernel (c a float32 workspace);
     own_maps: the blocks make their tensor maps (OWN_MAPS); tile: (BN, STAGES[, BM]);
     store: C through TMA stores (TMA_STORE); cluster: S, split-K in S-block clusters
-    (CLUSTER_SPLIT)."""
+    (CLUSTER_SPLIT); conv: a convolution's operands (wgmma_im2col.py; host maps)."""
     kind = KINDS[dtype]
     bn, stages, bm = tile = (tuple(tile or TILE) + (BM,))[:3]
     shmem = shared_bytes(bn, stages, store, bm, cluster)
-    if bn not in (128, 192, 256) or bm not in (64, 128) or shmem > MAX_SHARED or cluster and (
-            partial or store or not 2 <= cluster <= cs.MAX_CLUSTER):
+    if bn not in (64, 128, 192, 256) or bm not in (64, 128) or shmem > MAX_SHARED or \
+            cluster and (partial or store or conv or not 2 <= cluster <= cs.MAX_CLUSTER) or \
+            conv and (own_maps or not (a_k and b_k) or kind == "tf32"):
         raise ValueError(f"wgmma GEMM tile {bm}x{bn}, {stages} stages, cluster {cluster}: BN "
-                         f"128, 192 or 256, BM 64 or 128, {shmem} B of shared memory (at most "
-                         f"{MAX_SHARED}), clusters of 2-8 blocks (not partial, not stored)")
+                         f"64-256, BM 64 or 128, {shmem} B of shared memory (at most "
+                         f"{MAX_SHARED}), clusters of 2-8 blocks (not partial, not stored), "
+                         f"conv 16-bit, host maps")
     name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store, lean,
-                       cluster)
+                       cluster, conv)
     nw = ws.consumer_columns(bn, bm)
     ns = namespace(kind, nw, a_k, b_k, _act._device_functions(np.float32)[act][0] if act
                    else None)
@@ -287,13 +292,11 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
 def ptx_examples():
     """One kernel of each code path (tests/test_ptx.py compiles them; the tensor-core
     ones for sm_90a): bfloat16 in every operand major, float16 K-major (the dtypes
-    differ only in the instructions' type names; each tensor-core kernel costs CI 10-25
-    s), one full epilogue in 16 bits (direct stores: beta) and one in tf32 (float32 C),
-    split-K's chunk kernel and every dtype's ordered sum, the other tensor maps, the
-    other stores (float32's staged or not: TMA_STORE_F32), the other tile setup, the skinny
-    tile (SKINNY_TILE, 4 stages beside the staging tiles: a TMA-store epilogue, an
-    MN-major A split-K), split-K in a cluster (CLUSTER_SPLIT, the full epilogue), the
-    192-wide tile."""
+    differ only in names; a kernel costs CI 10-25 s), a full epilogue in 16 bits (beta:
+    direct stores) and in tf32, split-K's chunk kernel and every dtype's ordered sum, host
+    tensor maps (the convolution's im2col operands, a 64-wide tile), the other stores
+    (TMA_STORE_F32), the other tile setup, the skinny tile (a TMA-store epilogue, an
+    MN-major A split-K), split-K in a cluster, the 192-wide tile."""
     om, st, ln = OWN_MAPS, TMA_STORE, LEAN_SETUP  # what gemm() uses; one of each other kind
     f32 = st and TMA_STORE_F32  # (float32 C staged: tf32's C, split-K's chunks)
     ship = dict(own_maps=om, lean=ln)
@@ -305,7 +308,7 @@ def ptx_examples():
     kernel("bfloat16", True, True, partial=True, store=f32, **ship)
     kernel("float32", True, True, True, "gelu", True, **ship)  # tf32 with beta: direct
     kernel("float32", True, True, True, store=f32, **ship)
-    kernel("bfloat16", True, False, own_maps=not om, store=st, lean=ln)
+    kernel("bfloat16", True, True, True, "relu", tile=(64, 6), store=st, lean=ln, conv=True)
     kernel("bfloat16", True, False, own_maps=om, store=st, lean=not ln)
     kernel("bfloat16", True, True, partial=True, store=not f32, **ship)
     kernel("bfloat16", True, False, True, "gelu", tile=(256, 4, 64), store=st, **ship)

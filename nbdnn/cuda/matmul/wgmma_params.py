@@ -23,7 +23,7 @@ from ..tensorcore.tiles import SOURCE_NAMES
 from ..tensorcore.tma import bar_sync, bulk_commit, bulk_wait, bulk_wait_read, \
     mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc, st_shared_u32, st_shared_v2_f32, \
     st_shared_v4_f32, tensormap_copy_release, tensormap_replace_address, tma_load_3d, \
-    tma_store_3d
+    tma_load_im2col_4d, tma_store_3d
 from ..tensorcore.wgmma import wgmma
 
 SIG = ("void(uint64, uint64, uint32[::1], uint16[::1], int32[::1], int64, int64, int64, "
@@ -90,7 +90,8 @@ def namespace(kind, nw, a_k, b_k, act_f):
     """The names the generated kernel binds: the intrinsics, the wgmma of a consumer's
     nw columns for the operand majors, kind's conversions, the fused activation."""
     bf = kind == "bf16"
-    return dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
+    return dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32, U16=types.uint16,
+                tma_load_im2col_4d=tma_load_im2col_4d,
                 F32=types.float32, mma=wgmma(nw, kind, int(not b_k), int(not a_k)),
                 mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
                 setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,

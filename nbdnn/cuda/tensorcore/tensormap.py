@@ -32,22 +32,68 @@ def encoded(address, shape, dtype, box, swizzle="none"):
                     tuple(int(b) for b in box), swizzle)
 
 
+def encoded_im2col(address, shape, dtype, pixels, channels, lower, upper, strides,
+                   swizzle="128B"):
+    """(device address, device array) of an im2col tensor map (TMA's im2col mode, for
+    convolution) of the channels-last tensor at `address` of `shape` (N, [H,] W, C),
+    outermost first: a load moves `pixels` pixels (rows of shared memory) of `channels`
+    channels each (one 128-byte row for 16-bit data and 64 channels). lower, upper:
+    the bounding box of the window corners per spatial axis (outermost first), lower
+    corner relative to 0, upper to the axis' last element (-padding and
+    (out - 1) * stride - size + 1 - padding for a convolution); strides: the step
+    between consecutive pixels per spatial axis (the convolution's stride)."""
+    return _encoded_im2col(int(address), tuple(int(s) for s in shape), str(dtype),
+                           int(pixels), int(channels), tuple(int(v) for v in lower),
+                           tuple(int(v) for v in upper), tuple(int(v) for v in strides),
+                           swizzle)
+
+
 @functools.lru_cache(maxsize=1024)
-def _encoded(address, shape, dtype, box, swizzle):
+def _encoded_im2col(address, shape, dtype, pixels, channels, lower, upper, strides, swizzle):
     from cuda.bindings import driver as drv
-    from numba import cuda
-    if dtype not in DTYPES or swizzle not in SWIZZLES or len(box) != len(shape):
-        raise ValueError(f"tensor_map: dtype {dtype!r}, swizzle {swizzle!r}, box {box} "
-                         f"for shape {shape}")
+    drv_args = _layout(drv, shape, dtype)
+    err, tm = drv.cuTensorMapEncodeIm2col(
+        *drv_args[:2], address, *drv_args[2:], list(reversed(lower)), list(reversed(upper)),
+        channels, pixels, [drv.cuuint32_t(v) for v in (1,) + tuple(reversed(strides)) + (1,)],
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{SWIZZLES[swizzle]}"),
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeIm2col: {err} (shape {shape}, {pixels} pixels "
+                           f"x {channels} channels, box {lower}..{upper}, strides {strides})")
+    return _on_device(tm)
+
+
+def _layout(drv, shape, dtype):
+    """(data type, rank, dims, byte strides) of a row-major tensor, innermost first."""
+    if dtype not in DTYPES:
+        raise ValueError(f"tensor_map: dtype {dtype!r}")
     item = np.dtype(np.uint16 if dtype in ("bfloat16", "float16", "uint16") else
                     np.uint32).itemsize
     rank = len(shape)
     dims = [drv.cuuint64_t(s) for s in reversed(shape)]           # innermost first
     strides = [drv.cuuint64_t(item * int(np.prod(shape[i + 1:]))) for i in
                reversed(range(rank - 1))]                          # (dims 1.. in bytes)
+    return (getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{DTYPES[dtype]}"),
+            rank, dims, strides)
+
+
+def _on_device(tm):
+    from numba import cuda
+    dev = cuda.to_device(np.array([int(v) for v in tm.opaque], dtype=np.uint64))
+    return dev.__cuda_array_interface__["data"][0], dev  # (allocations: 256-B aligned)
+
+
+@functools.lru_cache(maxsize=1024)
+def _encoded(address, shape, dtype, box, swizzle):
+    from cuda.bindings import driver as drv
+    if swizzle not in SWIZZLES or len(box) != len(shape):
+        raise ValueError(f"tensor_map: dtype {dtype!r}, swizzle {swizzle!r}, box {box} "
+                         f"for shape {shape}")
+    kind, rank, dims, strides = _layout(drv, shape, dtype)
     err, tm = drv.cuTensorMapEncodeTiled(
-        getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{DTYPES[dtype]}"), rank,
-        address, dims, strides, [drv.cuuint32_t(b) for b in reversed(box)],
+        kind, rank, address, dims, strides, [drv.cuuint32_t(b) for b in reversed(box)],
         [drv.cuuint32_t(1)] * rank, drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{SWIZZLES[swizzle]}"),
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -55,5 +101,4 @@ def _encoded(address, shape, dtype, box, swizzle):
     if err != drv.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuTensorMapEncodeTiled: {err} (shape {shape}, box {box}, "
                            f"{dtype}, swizzle {swizzle})")
-    dev = cuda.to_device(np.array([int(v) for v in tm.opaque], dtype=np.uint64))
-    return dev.__cuda_array_interface__["data"][0], dev  # (allocations: 256-B aligned)
+    return _on_device(tm)

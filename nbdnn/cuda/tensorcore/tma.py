@@ -58,6 +58,13 @@ _LOAD = "cp.async.bulk.tensor.{n}d.shared::cluster.global.mbarrier::complete_tx:
     "[$0], [$1, {{{coords}}}], [${bar}];"
 _LOAD_2D = _LOAD.format(n=2, coords="$2, $3", bar=4)
 _LOAD_3D = _LOAD.format(n=3, coords="$2, $3, $4", bar=5)
+# im2col mode (tensormap.encoded_im2col's maps): coordinates of the column's first
+# pixel's window corner, innermost first (c, w[, h], n), then the filter tap's 16-bit
+# offsets (w[, h]) after the mbarrier
+_IM2COL = "cp.async.bulk.tensor.{n}d.shared::cluster.global.im2col.mbarrier::complete_tx" \
+    "::bytes [$0], [$1, {{{coords}}}], [${bar}], {{{offs}}};"
+_IM2COL_3D = _IM2COL.format(n=3, coords="$2, $3, $4", bar=6, offs="$5")
+_IM2COL_4D = _IM2COL.format(n=4, coords="$2, $3, $4, $5", bar=8, offs="$6, $7")
 _STORE_2D = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [$0, {$1, $2}], [$3];"
 _STORE_3D = "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [$0, {$1, $2, $3}], [$4];"
 _ST_SHARED = "st.shared.b32 [$0], $1;"
@@ -110,6 +117,25 @@ def tma_load_2d(typingctx, dst, tmap, x, y, bar):
 def tma_load_3d(typingctx, dst, tmap, x, y, z, bar):
     """As tma_load_2d for the 3-d box at (x, y, z)."""
     return types.void(u32, u64, i32, i32, i32, u32), _emit(_LOAD_3D, "r,l,r,r,r,r,~{memory}")
+
+
+@intrinsic
+def tma_load_im2col_3d(typingctx, dst, tmap, c, w, n, off_w, bar):
+    """Load one im2col column through an im2col map of an (N, W, C) tensor: the map's
+    pixels-per-column pixels from the one whose window corner is (n, w), walking w by
+    the map's stride inside its bounding box and on into the next n, each at filter
+    offset off_w (uint16), channels c .. c + channels-per-pixel; zeros outside the
+    tensor. Completes on the mbarrier at `bar`."""
+    return types.void(u32, u64, i32, i32, i32, types.uint16, u32), \
+        _emit(_IM2COL_3D, "r,l,r,r,r,h,r,~{memory}")
+
+
+@intrinsic
+def tma_load_im2col_4d(typingctx, dst, tmap, c, w, h, n, off_w, off_h, bar):
+    """As tma_load_im2col_3d for an (N, H, W, C) tensor: the walk goes along w, then h,
+    then n; the tap's offsets (off_w, off_h)."""
+    return types.void(u32, u64, i32, i32, i32, i32, types.uint16, types.uint16, u32), \
+        _emit(_IM2COL_4D, "r,l,r,r,r,r,h,h,r,~{memory}")
 
 
 @intrinsic
@@ -174,7 +200,8 @@ def tensormap_copy_release(typingctx, gmap, smap):
 for _f, _t in ((mbarrier_init, _INIT), (mbarrier_arrive, _ARRIVE),
                (mbarrier_arrive_expect_tx, _EXPECT), (mbarrier_try_wait_parity, _TRY_WAIT),
                (fence_proxy_tensormap_acquire, _ACQUIRE), (tma_load_2d, _LOAD_2D),
-               (tma_load_3d, _LOAD_3D), (tma_store_2d, _STORE_2D), (tma_store_3d, _STORE_3D),
+               (tma_load_3d, _LOAD_3D), (tma_load_im2col_3d, _IM2COL_3D),
+               (tma_load_im2col_4d, _IM2COL_4D), (tma_store_2d, _STORE_2D), (tma_store_3d, _STORE_3D),
                (st_shared_u32, _ST_SHARED), (st_shared_v2_f32, _ST_SHARED_V2F),
                (st_shared_v4_f32, _ST_SHARED_V4F),
                (bar_sync, _BAR_SYNC),

@@ -1,0 +1,145 @@
+"""Convolution forward on the tensor cores (sm_90a): float16 / bfloat16, channels-last,
+1-d and 2-d, one group. The wgmma GEMM kernel (nbdnn/cuda/matmul/wgmma_gemm.py) with
+its A operand gathered by TMA's im2col mode and B the filters as stored
+(nbdnn/cuda/matmul/wgmma_im2col.py draws the GEMM view): no im2col workspace, no
+epilogue pass, float32 accumulation, the fused epilogue act(acc + bias[k]) from the
+accumulators.
+
+    x (N, H, W, C) -> A: M = N OH OW rows, reduction taps x Cp (Cp = C padded to 64)
+    w (K, R, S, C) -> B: K rows, the same reduction
+    y (N, OH, OW, K) = C (M x K, row-major): TMA stores, or 4-byte pairs
+
+Per k-tile a block moves (BM + BN) x 128 B and does 2 BM BN 64 flops, as the GEMM; the
+activation is read R S times over (from L2: neighbouring taps of a tile overlap).
+
+Used (`usable`) when the tensor-core GEMM runs here, the call is channels-last with one
+group, 1-d or 2-d, C and K multiples of 8 (TMA's 16-byte strides) and the base
+addresses 16-byte aligned, strides at most 8 (TMA's element strides), the window
+corners' box within TMA's range ([-128, 127] for a 4-d map) and the taps' offsets
+under 128; and the epilogue is the GEMM's: alpha 1, beta 0, no residual (the GEMM
+applies alpha and beta after the activation, a convolution before). Everything else
+runs the SIMT algorithms. The tensor maps are encoded on the host per address (a
+kernel cannot rewrite an im2col map's address the way the GEMM's own maps do), so
+the call is not plannable (CUDA graphs capture it).
+
+Tile: 128 output positions x BN filters, BN from WIDTHS by the GEMM's rule (the width
+whose waves x width is least: K = 64 takes 64 wide, a 128 x 64 tile, where 256 would
+compute four times the filters); the 64-row tile and split-K as the GEMM picks them.
+"""
+import numpy as np
+
+from ..matmul import staged_store as staged, split_k, wgmma_gemm as W
+from ..matmul.wgmma_im2col import GEOMETRY
+from ..runtime.arrays import dtype_name, empty, ptr, to_device
+from ..runtime.device import sm_count
+from ..tensorcore.tensormap import encoded, encoded_im2col
+from .. import activation as _act
+
+WIDTHS = (64, 128, 192, 256)               # BN candidates (split_k.tile_width's rule)
+STAGES = {64: 6, 128: 6, 192: 5, 256: 4}   # pipeline depth a width (shared memory)
+MAX_OFFSET, CORNER = 127, (-128, 127)      # 4-d im2col map limits
+
+
+def usable(x, w, y, g, bias, residual, alpha, beta):
+    """Whether this kernel takes the call (module docstring); g the ConvGeometry."""
+    if dtype_name(x) not in ("float16", "bfloat16") or not g.last or g.G != 1 or \
+            g.D != 1 or g.T != 1 or residual is not None or alpha != 1 or beta != 0:
+        return False
+    if g.C % 8 or g.K % 8 or any(ptr(a) % 16 for a in (x, w, y)) or \
+            (bias is not None and ptr(bias) % 4) or max(g.sh, g.sw) > 8:
+        return False
+    lower, upper = corners(g)
+    return all(CORNER[0] <= v <= CORNER[1] for v in lower + upper) and \
+        max((g.R - 1) * g.dh, (g.S - 1) * g.dw) <= MAX_OFFSET and g.N * g.PH * g.PW > 0
+
+
+def corners(g):
+    """The bounding box of the output positions' window corners (h, w): from -padding
+    to the last corner, (out - 1) stride - padding, as TMA wants it: lower relative to
+    0, upper relative to the axis' last element."""
+    return ((-g.qh, -g.qw), ((g.PH - 1) * g.sh - g.qh - (g.H - 1),
+                             (g.PW - 1) * g.sw - g.qw - (g.W - 1)))
+
+
+_geometry_cache = {}
+
+
+def geometry_values(g):
+    """The kernel's geometry (wgmma_im2col.GEOMETRY's order) for ConvGeometry g."""
+    values = dict(ow=g.PW, oh=g.PH, sw=g.sw, sh=g.sh, pw=g.qw, ph=g.qh, taps=g.R * g.S,
+                  fs=g.S, fr=g.R, dw=g.dw, dh=g.dh, flip=g.flip)
+    return tuple(values[n] for n in GEOMETRY)
+
+
+def geometry_table(g):
+    """geometry_values as int32 on the device, cached."""
+    key = geometry_values(g)
+    t = _geometry_cache.get(key)
+    if t is None:
+        if len(_geometry_cache) > 256:
+            _geometry_cache.clear()
+        t = _geometry_cache[key] = to_device(np.array(key, dtype=np.int32))
+    return t
+
+
+def plan(g, dtype):
+    """(tile, splits, chunk, reduction length) for the call: BN from WIDTHS, the GEMM's
+    64-row tile for few rows, split-K when the tiles fill fewer than half the SMs."""
+    M, taps = g.N * g.PH * g.PW, g.R * g.S
+    red = taps * -(-g.C // W.BK) * W.BK
+    skinny = W.SKINNY_TILE and M <= W.SKINNY_ROWS
+    bm = 64 if skinny else W.BM
+    sm = sm_count()
+    bn = min(WIDTHS, key=lambda b: (-(-(-(-M // bm) * -(-g.K // b)) // sm) * b, -b))
+    tile = (bn, STAGES[bn] + (1 if skinny and bn == 256 else 0)) + ((64,) if skinny else ())
+    splits, chunk = split_k.split(-(-M // bm) * -(-g.K // bn), red, W.BK)
+    return tile, splits, chunk, red
+
+
+def forward(x, w, y, bias, act, coef, g, stream):
+    """y = act(conv(x, w) + bias) on the tensor cores; `usable` true; act a mode name or
+    None."""
+    from ...backend import _recording
+    rec = _recording.__dict__.get("plan")
+    if rec is not None:  # host maps hold the tensors' addresses
+        rec.impure()
+    dtype = dtype_name(x)
+    M, K = g.N * g.PH * g.PW, g.K
+    tile, splits, chunk, red = plan(g, dtype)
+    bn, stages = tile[:2]
+    bm = tile[2] if len(tile) > 2 else W.BM
+    lower, upper = corners(g)
+    ma = encoded_im2col(ptr(x), (g.N, g.H, g.W, g.C), dtype, bm, W.BK, lower, upper,
+                        (g.sh, g.sw))
+    mb = encoded(ptr(w), (K, g.R * g.S, g.C), dtype, (bn, 1, W.BK), "128B")
+    partial = splits > 1
+    out = empty(y, (splits * M * K,), "float32") if partial else y
+    store = W.TMA_STORE and staged.usable("f16", partial, False, K, ptr(out),
+                                          W.TMA_STORE_F32)
+    while W.shared_bytes(bn, stages, store, bm) > W.MAX_SHARED:
+        stages -= 1
+    tile = (bn, stages) + ((bm,) if bm != W.BM else ())
+    shmem = W.shared_bytes(bn, stages, store, bm)
+    epilogue = (False, None) if partial else (bias is not None, act)
+    k = W.kernel(dtype, True, True, *epilogue, False, partial=partial, tile=tile,
+                 store=store, lean=W.LEAN_SETUP, conv=True)
+    maps, owners = (ma, mb), [ma[1], mb[1], y]
+    if store:
+        f32 = partial
+        maps += (encoded(ptr(out), (splits, M, K), "float32" if f32 else dtype,
+                         (1, 64, staged.columns(f32)), "128B"),)
+    owners += [m[1] for m in maps[2:]] + ([bias] if bias is not None else [])
+    bias_arg = (ptr(bias), K) if bias is not None else (ptr(y), 1)
+    tiles = -(-M // bm) * -(-K // bn)
+    grid = min(tiles * splits, sm_count())
+    total = M * K
+    k.launch(k.sigs[0], grid, W.THREADS, stream, *(m[0] for m in maps),
+             out if partial else (ptr(y), total // 2), bias_arg, geometry_table(g), M, K,
+             red, 1, W.GROUP_M, 1.0, 0.0, coef, chunk, shmem=shmem, owners=owners)
+    if partial:
+        ks, sig = split_k.splitk_sum(dtype)
+        ks.launch(sig, -(-total // 256), 256, stream, out, (ptr(y), total), bias_arg, splits,
+                  total, K, int(bias is not None),
+                  -1 if act is None else _act.MODES.index(act), coef, 1.0, 0.0,
+                  owners=owners)
+    return y

@@ -1,0 +1,220 @@
+"""Convolution on the tensor cores (nbdnn/cuda/conv/wgmma_conv.py, the im2col operands
+of nbdnn/cuda/matmul/wgmma_im2col.py): on an sm_90 GPU against the CPU reference in
+float64 on the same 16-bit operands, over the geometries its TMA maps must get right
+(strides, paddings per side, dilation, flipped filters, channels not a multiple of 64,
+1-d, tiles across images, split-K); without one, its host decisions and the producer's
+generated coordinate code run against a model of TMA's im2col walk."""
+import numpy as np
+import pytest
+from tensorcore_cases import cc as _cc
+
+from nbdnn.cuda import SIMULATOR
+
+# (x shape NHWC, w shape KRSC, stride, padding, dilation, mode)
+CASES = [
+    ((2, 14, 14, 64), (64, 3, 3, 64), 1, 1, 1, "cross_correlation"),      # ResNet 3x3
+    ((3, 9, 11, 72), (96, 3, 3, 72), 2, 1, 1, "cross_correlation"),       # stride 2, odd
+    ((2, 10, 7, 40), (200, 3, 5, 40), 1, ((2, 0), (1, 3)), 1, "convolution"),  # per side
+    ((1, 12, 12, 16), (48, 3, 3, 16), 1, 2, 2, "cross_correlation"),      # dilation 2
+    ((2, 20, 20, 8), (64, 7, 7, 8), 2, 3, 1, "cross_correlation"),        # 7x7/2, C = 8
+    ((4, 8, 8, 128), (256, 1, 1, 128), 2, 0, 1, "cross_correlation"),     # 1x1 stride 2
+    ((1, 7, 7, 512), (512, 3, 3, 512), 1, 1, 1, "cross_correlation"),     # 49 rows: split-K
+    ((5, 6, 6, 64), (128, 1, 1, 64), 1, 0, 1, "cross_correlation"),       # 1x1: the GEMM
+]
+
+
+def _reference(xv, wv, bias, stride, padding, dilation, mode, act):
+    import nbdnn
+    y = nbdnn.conv2d(xv, wv, bias, stride=stride, padding=padding, dilation=dilation,
+                     mode=mode, layout="NHWC", activation=act, backend="cpu")
+    return np.asarray(y)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])) + "_" +
+                         "x".join(map(str, c[1])))
+def test_conv_forward_on_tensor_cores(case, dtype):
+    """The tensor-core forward (im2col kernel, or the GEMM for a stride-1 1x1) against
+    the CPU reference on the same rounded operands, with a bias and relu and plain;
+    which kernel ran."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    xs, ws, stride, padding, dilation, mode = case
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    tdt = getattr(torch, dtype)
+    x = torch.from_numpy(rng.standard_normal(xs, dtype=np.float32)).to(tdt).cuda()
+    w = torch.from_numpy(rng.standard_normal(ws, dtype=np.float32) /
+                         np.sqrt(np.prod(ws[1:]))).to(tdt).cuda()
+    b = torch.from_numpy(rng.standard_normal(ws[0], dtype=np.float32)).to(tdt).cuda()
+    xv, wv, bv = (t.double().cpu().numpy() for t in (x, w, b))
+    kw = dict(stride=stride, padding=padding, dilation=dilation, mode=mode, layout="NHWC")
+    with launched() as names:
+        y = nbdnn.conv2d(x, w, b, activation="relu", **kw)
+        plain = nbdnn.conv2d(x, w, **kw)
+    gemm = ws[1:3] == (1, 1) and stride == 1 and padding == 0
+    want = "wgmma_gemm" if gemm else "wgmma_conv"
+    assert all(n.startswith(want) or n == "_splitk_sum" for n in names) and \
+        sum(n.startswith(want) for n in names) == 2, names
+    ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
+    taps = np.prod(ws[1:])
+    for got, ref in ((y, _reference(xv, wv, bv, stride, padding, dilation, mode, "relu")),
+                     (plain, _reference(xv, wv, None, stride, padding, dilation, mode, None))):
+        assert tuple(got.shape) == ref.shape
+        np.testing.assert_allclose(got.double().cpu().numpy(), ref, rtol=2 * ulp,
+                                   atol=2 * ulp + 1e-6 * np.sqrt(taps))
+
+
+@pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
+def test_conv1d_and_fallbacks_on_tensor_cores():
+    """A 1-d channels-last convolution runs the im2col kernel as 2-d with H = 1; what it
+    cannot take runs the SIMT algorithms, correctly: channels-first, a residual, beta,
+    C = 3 (pixels of 6 bytes), two groups."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    rng = np.random.default_rng(7)
+
+    def t(shape, scale=1.0):
+        return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32) * scale) \
+            .to(torch.bfloat16).cuda()
+
+    x1, w1 = t((3, 50, 24)), t((40, 5, 24), 0.1)
+    with launched() as names:
+        y1 = nbdnn.conv1d(x1, w1, stride=2, padding=2, layout="NHWC")
+    assert names == ["wgmma_conv_bf16_ts_ls_n64s6"] or names[0].startswith("wgmma_conv"), names
+    ref = nbdnn.conv1d(x1.double().cpu().numpy(), w1.double().cpu().numpy(), stride=2,
+                       padding=2, layout="NHWC", backend="cpu")
+    np.testing.assert_allclose(y1.double().cpu().numpy(), np.asarray(ref), rtol=2 ** -7,
+                               atol=2 ** -7)
+    x, w = t((2, 9, 9, 16)), t((32, 3, 3, 16), 0.2)
+    res = t((2, 9, 9, 32))
+    for kw, extra in (({"residual": res}, {}), ({"beta": 0.5, "out": res.clone()}, {}),
+                      ({}, {"x": t((2, 9, 9, 3)), "w": t((32, 3, 3, 3))}),
+                      ({"groups": 2}, {"w": t((32, 3, 3, 8))})):
+        xx, ww = extra.get("x", x), extra.get("w", w)
+        with launched() as names:
+            y = nbdnn.conv2d(xx, ww, padding=1, layout="NHWC", **kw)
+        assert not any(n.startswith("wgmma") for n in names), (kw, names)
+        cpu = {k: (v.double().cpu().numpy() if hasattr(v, "cpu") else v) for k, v in kw.items()}
+        ref = nbdnn.conv2d(xx.double().cpu().numpy(), ww.double().cpu().numpy(), padding=1,
+                           layout="NHWC", backend="cpu", **cpu)
+        np.testing.assert_allclose(y.double().cpu().numpy(), np.asarray(ref), rtol=2 ** -6,
+                                   atol=2 ** -6)
+
+
+def _geometry(xs, ws, stride, padding, dilation, mode="cross_correlation"):
+    from nbdnn.cuda.conv.geometry import geometry
+    nd = len(xs) - 2
+    st = (stride,) * nd if isinstance(stride, int) else stride
+    dl = (dilation,) * nd if isinstance(dilation, int) else dilation
+    pads = ((padding, padding),) * nd if isinstance(padding, int) else padding
+    return geometry(xs, ws, st, pads, dl, 1, mode, 1)
+
+
+class _Arr:
+    def __init__(self, address):
+        self.__cuda_array_interface__ = {"data": (address, False)}
+
+
+def test_usable_and_plan(monkeypatch):
+    """wgmma_conv.usable and plan without a GPU: the limits (channels and filters
+    multiples of 8, 16-byte bases, strides <= 8, one group, the GEMM's epilogue), the
+    corners TMA gets, the width for K filters (64 for K = 64, 256 for a wave-filling
+    K = 512) and split-K for 49 rows."""
+    from nbdnn.cuda.conv import wgmma_conv as C
+    monkeypatch.setattr(C, "ptr", lambda a: a)
+    monkeypatch.setattr(C, "dtype_name", lambda a: "bfloat16")
+    monkeypatch.setattr(C, "sm_count", lambda: 132)
+    monkeypatch.setattr(C.split_k, "sm_count", lambda: 132)
+    g = _geometry((32, 56, 56, 64), (64, 3, 3, 64), 1, 1, 1)
+    assert C.usable(256, 512, 1024, g, None, None, 1.0, 0.0)
+    assert C.corners(g) == ((-1, -1), (-1, -1))
+    assert C.plan(g, "bfloat16")[0][0] == 64 and C.plan(g, "bfloat16")[1] == 1
+    assert not C.usable(256, 512, 1024, g, None, 2048, 1.0, 0.0)      # residual
+    assert not C.usable(256, 512, 1024, g, None, None, 0.5, 0.0)      # alpha
+    assert not C.usable(256, 520, 1024, g, None, None, 1.0, 0.0)      # w unaligned
+    assert not C.usable(256, 512, 1024, _geometry((2, 9, 9, 3), (8, 3, 3, 3), 1, 1, 1),
+                        None, None, 1.0, 0.0)                          # C = 3
+    s2 = _geometry((8, 56, 56, 256), (512, 1, 1, 256), 2, 0, 1)
+    assert C.corners(s2) == ((0, 0), (-1, -1)) and C.usable(256, 512, 1024, s2, None, None,
+                                                             1.0, 0.0)
+    assert not C.usable(256, 512, 1024, _geometry((1, 64, 64, 8), (8, 3, 3, 8), 9, 1, 1),
+                        None, None, 1.0, 0.0)                          # stride 9
+    tail = _geometry((1, 7, 7, 512), (512, 3, 3, 512), 1, 1, 1)
+    tile, splits, chunk, red = C.plan(tail, "bfloat16")
+    assert tile[2:] == (64,) and splits > 1 and red == 9 * 512 and chunk % 64 == 0
+    wide = _geometry((64, 28, 28, 128), (512, 1, 1, 128), 1, 0, 1)
+    assert C.plan(wide, "bfloat16")[0][0] == 256
+
+
+def _im2col_walk(x, g, bm, c0, start, offs):
+    """A model of one TMA im2col load (x (N, H, W, C), zeros outside it): the output
+    positions' window corners walk w by sw inside [lower, W - 1 + upper], then h, then n,
+    from `start` = (n, y0, x0); each pixel reads x at corner + offsets (off_h, off_w),
+    channels c0 .. c0 + 63."""
+    from nbdnn.cuda.conv.wgmma_conv import corners
+    (lh, lw), (uh, uw) = corners(g)
+    N, H, W, C = x.shape
+    hs, ws_ = list(range(lh, H - 1 + uh + 1, g.sh)), list(range(lw, W - 1 + uw + 1, g.sw))
+    seq = [(n, h, w) for n in range(N + 1) for h in hs for w in ws_]
+    i = seq.index(start)
+    rows = np.zeros((bm, 64))
+    for r, (n, h, w) in enumerate(seq[i:i + bm]):
+        hh, ww = h + offs[1], w + offs[0]
+        if n < N and 0 <= hh < H and 0 <= ww < W:
+            chans = x[n, hh, ww, c0:c0 + 64]
+            rows[r, :len(chans)] = chans
+    return rows
+
+
+@pytest.mark.parametrize("case", CASES[:6], ids=lambda c: "x".join(map(str, c[1])))
+def test_generated_producer_walks_the_right_pixels(case):
+    """The producer's generated lines (wgmma_im2col.tile_lines, load_lines) run in
+    Python with the TMA loads replaced by the model above and a tiled load of w (K,
+    taps, C): every tile's k-tiles, multiplied out, give the reference convolution's
+    rows. Checks the corners, the start coordinates, the tap walk, the flipped offsets
+    and the channel blocks against the module's reading of TMA's im2col mode (the GPU
+    test checks that reading)."""
+    import nbdnn
+    from nbdnn.cuda.conv.wgmma_conv import geometry_values
+    from nbdnn.cuda.matmul import wgmma_im2col as I
+    xs, ws, stride, padding, dilation, mode = case
+    g = _geometry(xs, ws, stride, padding, dilation, mode)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(xs)
+    w = rng.standard_normal(ws)
+    ref = np.asarray(nbdnn.conv2d(x, w, stride=stride, padding=padding, dilation=dilation,
+                                  mode=mode, layout="NHWC", backend="cpu")).reshape(-1, ws[0])
+    offs = geometry_values(g)
+    taps, Cp = g.R * g.S, -(-g.C // 64) * 64
+    wk = w.reshape(ws[0], taps, g.C)
+    bm, M = 64, ref.shape[0]
+    code = "\n".join(["def produce(m0, k0, ktiles, offs):"] +
+                     ["    " + line for line in I.geometry_lines("")] +
+                     ["    " + line for line in I.tile_lines("", 64)] +
+                     ["    out = []", "    for kt in range(ktiles):", "        s = 0"] +
+                     ["        " + line for line in I.load_lines("", 64)] +
+                     ["    return out"])
+    for m0 in range(0, M, bm):
+        got = np.zeros((min(bm, M - m0), ws[0]))
+        loads = []
+        env = {"I": int, "I32": int, "U16": int, "U32": int, "full0": 0, "sa": 0, "sb": 0,
+               "map_a": 0, "map_b": 0, "n0": 0,
+               "tma_load_im2col_4d": lambda sa, m, c, x0, y0, n, ow, oh, bar:
+               loads.append(("a", c, (n, y0, x0), (ow, oh))),
+               "tma_load_3d": lambda sb, m, c, tap, n0, bar: loads.append(("b", c, tap))}
+        exec(code.replace("    out = []", "    out = None"), env)
+        env["produce"](m0, 0, taps * Cp // 64, offs)
+        for (_, c0, start, o), (_, cb, tap) in zip(loads[0::2], loads[1::2]):
+            a = _im2col_walk(x, g, bm, c0, start, o)[:got.shape[0]]
+            b = np.zeros((ws[0], 64))
+            chans = wk[:, tap, cb:cb + 64]
+            b[:, :chans.shape[1]] = chans
+            got += a @ b.T
+        np.testing.assert_allclose(got, ref[m0:m0 + bm], rtol=1e-10, atol=1e-10)
