@@ -34,15 +34,20 @@ def _reference(xv, wv, bias, stride, padding, dilation, mode, act):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])) + "_" +
                          "x".join(map(str, c[1])))
-def test_conv_forward_on_tensor_cores(case, dtype):
+def test_conv_forward_on_tensor_cores(case, dtype, monkeypatch):
     """The tensor-core forward (im2col kernel, or the GEMM for a stride-1 1x1) against
     the CPU reference on the same rounded operands, with a bias and relu and plain;
-    which kernel ran."""
+    which kernel ran. Every case the kernel's limits allow (VERIFIED_ONLY off); the
+    stride-2, 72-channel, 90-row case left y unwritten in run AJ (xfail until found)."""
     torch = pytest.importorskip("torch")
     import nbdnn
+    from nbdnn.cuda.conv import wgmma_conv
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(wgmma_conv, "VERIFIED_ONLY", False)
+    if case[0] == (3, 9, 11, 72):
+        pytest.xfail("run AJ: y left unwritten (wgmma_conv.VERIFIED_ONLY keeps it off)")
     xs, ws, stride, padding, dilation, mode = case
     rng = np.random.default_rng(sum(xs) + sum(ws))
     tdt = getattr(torch, dtype)
@@ -69,16 +74,18 @@ def test_conv_forward_on_tensor_cores(case, dtype):
 
 
 @pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
-def test_conv1d_and_fallbacks_on_tensor_cores():
-    """A 1-d channels-last convolution runs the im2col kernel as 2-d with H = 1; what it
-    cannot take runs the SIMT algorithms, correctly: channels-first, a residual, beta,
-    C = 3 (pixels of 6 bytes), two groups."""
+def test_conv1d_and_fallbacks_on_tensor_cores(monkeypatch):
+    """A 1-d channels-last convolution runs the im2col kernel as 2-d with H = 1
+    (VERIFIED_ONLY off); what it cannot take runs the SIMT algorithms, correctly: a
+    residual, beta, C = 3 (pixels of 6 bytes), two groups."""
     torch = pytest.importorskip("torch")
     import nbdnn
+    from nbdnn.cuda.conv import wgmma_conv
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     rng = np.random.default_rng(7)
+    monkeypatch.setattr(wgmma_conv, "VERIFIED_ONLY", False)
 
     def t(shape, scale=1.0):
         return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32) * scale) \
@@ -87,7 +94,7 @@ def test_conv1d_and_fallbacks_on_tensor_cores():
     x1, w1 = t((3, 50, 24)), t((40, 5, 24), 0.1)
     with launched() as names:
         y1 = nbdnn.conv1d(x1, w1, stride=2, padding=2, layout="NHWC")
-    assert names == ["wgmma_conv_bf16_ts_ls_n64s6"] or names[0].startswith("wgmma_conv"), names
+    assert len(names) == 1 and names[0].startswith("wgmma_conv"), names
     ref = nbdnn.conv1d(x1.double().cpu().numpy(), w1.double().cpu().numpy(), stride=2,
                        padding=2, layout="NHWC", backend="cpu")
     np.testing.assert_allclose(y1.double().cpu().numpy(), np.asarray(ref), rtol=2 ** -7,
@@ -128,6 +135,7 @@ def test_usable_and_plan(monkeypatch):
     corners TMA gets, the width for K filters (64 for K = 64, 256 for a wave-filling
     K = 512) and split-K for 49 rows."""
     from nbdnn.cuda.conv import wgmma_conv as C
+    monkeypatch.setattr(C, "VERIFIED_ONLY", False)
     monkeypatch.setattr(C, "ptr", lambda a: a)
     monkeypatch.setattr(C, "dtype_name", lambda a: "bfloat16")
     monkeypatch.setattr(C, "sm_count", lambda: 132)
@@ -151,6 +159,12 @@ def test_usable_and_plan(monkeypatch):
     assert tile[2:] == (64,) and splits > 1 and red == 9 * 512 and chunk % 64 == 0
     wide = _geometry((64, 28, 28, 128), (512, 1, 1, 128), 1, 0, 1)
     assert C.plan(wide, "bfloat16")[0][0] == 256
+    monkeypatch.setattr(C, "VERIFIED_ONLY", True)  # only what ran right on the H200
+    assert C.usable(256, 512, 1024, g, None, None, 1.0, 0.0)
+    assert not any(C.usable(256, 512, 1024, h, None, None, 1.0, 0.0) for h in (
+        s2, tail, _geometry((3, 9, 11, 72), (96, 3, 3, 72), 2, 1, 1),
+        _geometry((4, 16, 16, 64), (64, 3, 3, 64), 1, 2, 2),
+        _geometry((4, 16, 16, 64), (64, 3, 3, 64), 1, 1, 1, "convolution")))
 
 
 def _im2col_walk(x, g, bm, c0, start, offs):
