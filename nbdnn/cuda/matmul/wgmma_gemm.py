@@ -59,13 +59,12 @@ from ..runtime.launch import Kernel
 from ..tensorcore.tensormap import encoded
 from .batches import table as batch_table
 from . import cluster_split as cs
-from .pair_epilogue import pair_lines
 from . import staged_store as staged
-from .wgmma_params import map_lines, namespace, own_maps_lines, signature, slot_words, \
+from .wgmma_params import namespace, signature, slot_words, \
     usable  # noqa: F401  (the front end asks wgmma_gemm.usable)
 from .split_k import split, splitk_sum, tile_width
-from .tile_order import batch_lines, chunk_lines, helper_lines
-from . import wgmma_im2col as im2col, wgmma_stage as ws
+from . import wgmma_stage as ws
+from .wgmma_source import BK_OF, source  # noqa: F401  (tests read W.source)
 from .wgmma_stage import BK, BOX, MAX_SHARED
 
 BM = 128                                  # the tile's rows (64: SKINNY_TILE)
@@ -102,7 +101,6 @@ def shared_bytes(bn, stages, store=False, bm=BM, cluster=0):
 
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16", "float32": "tf32"}  # (float32: math tf32)
-BK_OF = {"f16": BK, "bf16": BK, "tf32": BK // 2}  # a k-tile is 128 B of K in every kind
 # the TMA element type of tf32 operands: TFLOAT32 rounds float32 to nearest even on the
 # way in, FLOAT32 lets the tensor cores truncate (perf/experiments/tf32_gemm.py, run AE)
 TF32_MAP = "tfloat32"
@@ -127,130 +125,6 @@ TMA_STORE_F32 = True
 # one 128 x 256 tile 6.3 -> 5.3 us of kernel, 512 x 8192 x 1024 0.85 -> 0.90x cuBLAS.
 LEAN_SETUP = True
 TEMPLATE_ADDRESS = 1 << 20   # the templates' base (replaced in the kernel; 16-B aligned)
-
-
-def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=None,
-           store=False, lean=False, cluster=0, conv=False):
-    """(name, source) of the kernel for kind "f16"/"bf16", operand majors (a_k, b_k:
-    K-major or not) and the epilogue (bias: add bias[n]; act: an activation mode or
-    None; beta: blend the old C; partial: split-K, c is the float32 workspace of the
-    chunks' sums, no epilogue); own_maps: each block makes its tensor maps from
-    templates and a's and b's addresses (OWN_MAPS). Accumulator j of a thread is a
-    literal index in the written-out epilogue, so the 128 stay in registers. tile: (BN,
-    STAGES), TILE's default (a name suffix otherwise). store: C through shared memory
-    and TMA stores (staged_store.py). lean: the lean tile setup (tile_order.py).
-    cluster: S > 1, split-K's S chunks of a tile reduced in an S-block cluster
-    (cluster_split.py; c is C, the full epilogue; not with partial or store). conv: A
-    and B a convolution's (wgmma_im2col.py: im2col loads, offs its geometry)."""
-    bk, f32 = BK_OF[kind], kind == "tf32"
-    cl, tl = cs.setup_lines(cluster) if cluster else ([], [])
-    bn, stages, bm = (tuple(tile or TILE) + (BM,))[:3]
-    nw = ws.consumer_columns(bn, bm)
-    sb_bytes = ws.stage_bytes(bn, bm)
-    epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "") + \
-        ("_partial" if partial else "") + ("_om" if own_maps else "") + \
-        ("_ts" if store else "") + ("_ls" if lean else "") + (f"_c{cluster}" if cluster else "") + \
-        ("" if (bn, stages, bm) == (256, 4, 128) else
-         f"_n{bn}s{stages}" if bm == 128 else f"_m{bm}n{bn}s{stages}")
-    maps = ("tmpl_a, tmpl_b, tmpl_c, a, b, slots" if store else "tmpl_a, tmpl_b, a, b, slots") \
-        if own_maps else ("map_a, map_b, map_c" if store else "map_a, map_b")
-    name = f"wgmma_conv_{kind}{epi}" if conv else \
-        f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
-    L = helper_lines(bm, bn, lean, nw) + [
-         f"def {name}({maps}, c, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
-         ] + cl + [
-         "    smem = cuda.shared.array(0, types.uint8)",
-         f"    bars = cuda.shared.array({2 * stages + 2 * bool(cluster)}, types.uint64, "
-         "alignment=8)",
-         "    tid = cuda.threadIdx.x"] + (own_maps_lines(store) if own_maps else []) + [
-         "    wg = tid // 128",
-         "    base = (I(smem_address(smem, 0)) + 1023) & ~1023  # the swizzle atom's alignment",
-         ] + ([f"    ebase = base + {stages * sb_bytes}  # C's staging tiles"] if store else []) + \
-        ([f"    rbase = base + {stages * sb_bytes}  # the cluster's reduction buffer"] if cluster
-         else []) + [
-         "    full0 = I(smem_address(bars, 0))             # full[s] at +8 s, empty[s] at +8 (S + s)",
-         f"    empty0 = full0 + {8 * stages}"] + \
-        ([f"    ready0 = full0 + {16 * stages}  # the cluster's ready, free at + 8"] if cluster
-         else []) + [
-         f"    tm = (M + {bm - 1}) // {bm}",
-         f"    tn = (N + {bn - 1}) // {bn}",
-         "    total = tm * tn * nz" + ("  # a cluster's chunks: its ranks" if cluster else
-                                     " * ((K + ksplit - 1) // ksplit)  # x split-K chunks"),
-         "    if tid == 0:"] + map_lines(own_maps, "        ", store) + [
-         "        fence_proxy_tensormap_acquire(map_a)",
-         "        fence_proxy_tensormap_acquire(map_b)",
-         f"        for s in range({stages}):",
-         "            mbarrier_init(U32(full0 + 8 * s), 1)",
-         "            mbarrier_init(U32(empty0 + 8 * s), 2)",
-         "        fence_proxy_async()  # the initialised barriers, visible to TMA",
-         ] + (cs.barrier_lines("        ", cluster) if cluster else []) + [
-         "    cuda.syncthreads()"] + tl + [
-         # one k-tile count `it` runs on across this block's tiles: stage it % S, phase
-         # (it // S) & 1 (a persistent block's producer fills the next tile's stages
-         # while the consumers run the epilogue)
-         "    if wg == 0:",
-         "        setmaxnreg_dec(40)",
-         "        if tid == 0:"] + map_lines(own_maps, "            ", store) + [
-         "            it = 0"] + (im2col.geometry_lines(" " * 12) if conv else []) + (
-            cs.loop_lines(" " * 12, cluster) if cluster else [
-         "            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):"]) + [
-         "                zk, m0, n0 = tile_of(t, tm, tn, group)"] + \
-        chunk_lines(" " * 16, lean) + [
-         f"                ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}"] + \
-        (im2col.tile_lines(" " * 16, bk) if conv else batch_lines(" " * 16, lean)) + [
-         "                for kt in range(ktiles):",
-         f"                    s = it % {stages}",
-         f"                    ph = (it // {stages}) & 1",
-         "                    while mbarrier_try_wait_parity(U32(empty0 + 8 * s), U32(ph ^ 1)) == 0:",
-         "                        pass",
-         f"                    mbarrier_arrive_expect_tx(U32(full0 + 8 * s), {sb_bytes})",
-         f"                    sa = base + s * {sb_bytes}",
-         f"                    sb = sa + {ws.a_bytes(bm)}"]
-    L += im2col.load_lines(" " * 20, bk) if conv else \
-        ["    " + x for x in ws.loads("a", a_k, bk, bm) + ws.loads("b", b_k, bk, bn)]
-    L += ["                    it += 1",
-          "    else:",
-          "        setmaxnreg_inc(232)",
-          "        w = wg - 1",
-          "        i = tid % 128",
-          "        a = F32(alpha)",
-          "        bt = F32(beta)",
-          "        cf = F32(coef)",
-          "        it = 0"] + (["        ut = 0"] if cluster else []) + (
-            map_lines(own_maps, "        ", store, ("map_c",)) +
-            staged.prologue_lines("        ") if store else []) + \
-        (cs.loop_lines(" " * 8, cluster) if cluster else [
-          "        for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):"]) + [
-          "            zk, m0, n0 = tile_of(t, tm, tn, group)"] + \
-        chunk_lines(" " * 12, lean, matrix=False) + [
-          f"            ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}",
-          "            d = zero_acc()",
-          "            for kt in range(ktiles):",
-          f"                s = it % {stages}",
-          f"                ph = (it // {stages}) & 1",
-          "                while mbarrier_try_wait_parity(U32(full0 + 8 * s), U32(ph)) == 0:",
-          "                    pass",
-          ] + ws.operand_lines(bm, bn, sb_bytes) + [
-          "                wgmma_fence()"]
-    for ks in range(BK // 16):
-        L += [f"                d = mma({ws.descriptor('sa', a_k, ks)}, "
-              f"{ws.descriptor('sb', b_k, ks)}, d, 1)"]
-    L += ["                wgmma_commit()", "                wgmma_wait(0)",
-          "                if i == 0:", "                    mbarrier_arrive(U32(empty0 + 8 * s))",
-          "                it += 1"] + ws.place_lines(bm, bn) + [
-          "            coff = zk * M * N"]
-    E = staged.tile_lines(nw, bias, act, f32, partial, *(
-        ("m0 + w * 64", "n0") if bm == 128 else ("m0", f"n0 + w * {nw}"))) if store else []
-    if cluster:
-        E = cs.tile_lines(cluster, nw, bm, bn, lambda col, rows: pair_lines(
-            col, rows, f32, bias, act, beta))
-    for j in range(0 if store or cluster else nw // 8):  # thread i's pair j: rows r, r + 8
-        E += pair_lines(f"cb + {8 * j}", [("r", f"d[{4 * j}]", f"d[{4 * j + 1}]"),
-                                          ("(r + 8)", f"d[{4 * j + 2}]", f"d[{4 * j + 3}]")],
-                        f32, bias, act, beta, partial)
-    L += ["            " + x for x in E] + (staged.final_lines("        ") if store else []) + \
-        (cs.final_lines("        ") if cluster else [])
-    return name, "\n".join(L) + "\n"
 
 
 @functools.lru_cache(maxsize=None)
