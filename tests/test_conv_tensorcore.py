@@ -100,9 +100,7 @@ def test_conv1d_and_fallbacks_on_tensor_cores(monkeypatch):
     np.testing.assert_allclose(y1.double().cpu().numpy(), np.asarray(ref), rtol=2 ** -7,
                                atol=2 ** -7)
     x, w = t((2, 9, 9, 16)), t((32, 3, 3, 16), 0.2)
-    res = t((2, 9, 9, 32))
-    for kw, extra in (({"residual": res}, {}), ({"beta": 0.5, "out": res.clone()}, {}),
-                      ({}, {"x": t((2, 9, 9, 3)), "w": t((32, 3, 3, 3))}),
+    for kw, extra in (({}, {"x": t((2, 9, 9, 3)), "w": t((32, 3, 3, 3))}),
                       ({"groups": 2}, {"w": t((32, 3, 3, 8))})):
         xx, ww = extra.get("x", x), extra.get("w", w)
         with launched() as names:
@@ -113,6 +111,50 @@ def test_conv1d_and_fallbacks_on_tensor_cores(monkeypatch):
                            layout="NHWC", backend="cpu", **cpu)
         np.testing.assert_allclose(y.double().cpu().numpy(), np.asarray(ref), rtol=2 ** -6,
                                    atol=2 ** -6)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
+@pytest.mark.parametrize("store", [True, False])
+@pytest.mark.parametrize("shapes", [((2, 12, 12, 64), (64, 3, 3, 64)),
+                                    ((2, 12, 12, 64), (128, 1, 1, 64))],
+                         ids=["3x3", "1x1"])
+def test_conv_epilogue_in_conv_order(shapes, store, monkeypatch):
+    """The convolution's epilogue on the tensor cores, act(alpha acc + beta z + bias):
+    z a residual (ResNet's last convolution of a block: relu(conv + bias + identity)),
+    or y itself (beta, in place), with alpha; staged TMA stores and direct stores; a
+    1x1 filter with z runs the im2col kernel (the GEMM's epilogue has the other order)."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.conv import wgmma_conv
+    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(wgmma_conv, "VERIFIED_ONLY", False)
+    monkeypatch.setattr(W, "TMA_STORE", store)
+    rng = np.random.default_rng(11)
+    xs, ws = shapes
+    ys = xs[:3] + (ws[0],)
+
+    def t(shape, scale=1.0):
+        return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32) * scale) \
+            .to(torch.bfloat16).cuda()
+
+    x, w, b, res = t(xs), t(ws, 0.1), t((ws[0],)), t(ys)
+    pad = ws[1] // 2
+    cpu = {k: v.double().cpu().numpy() for k, v in dict(x=x, w=w, b=b, res=res).items()}
+    for kw, ckw in (({"residual": res, "alpha": 0.5}, {"residual": cpu["res"], "alpha": 0.5}),
+                    ({"residual": res, "alpha2": 2.0}, {"residual": cpu["res"], "alpha2": 2.0}),
+                    ({"beta": 0.75, "out": res.clone()}, {"beta": 0.75,
+                                                          "out": cpu["res"].copy()})):
+        with launched() as names:
+            y = nbdnn.conv2d(x, w, b, padding=pad, layout="NHWC", activation="relu", **kw)
+        assert len(names) == 1 and names[0].startswith("wgmma_conv") and \
+            ("_ts" in names[0]) == store, (kw, names)
+        ref = nbdnn.conv2d(cpu["x"], cpu["w"], cpu["b"], padding=pad, layout="NHWC",
+                           activation="relu", backend="cpu", **ckw)
+        np.testing.assert_allclose(y.double().cpu().numpy(), np.asarray(ref), rtol=2 ** -7,
+                                   atol=2 ** -7)
 
 
 def _geometry(xs, ws, stride, padding, dilation, mode="cross_correlation"):
@@ -144,8 +186,9 @@ def test_usable_and_plan(monkeypatch):
     assert C.usable(256, 512, 1024, g, None, None, 1.0, 0.0)
     assert C.corners(g) == ((-1, -1), (-1, -1))
     assert C.plan(g, "bfloat16")[0][0] == 64 and C.plan(g, "bfloat16")[1] == 1
-    assert not C.usable(256, 512, 1024, g, None, 2048, 1.0, 0.0)      # residual
-    assert not C.usable(256, 512, 1024, g, None, None, 0.5, 0.0)      # alpha
+    assert C.usable(256, 512, 1024, g, None, 2048, 1.0, 1.0)          # a residual
+    assert C.usable(256, 512, 1024, g, None, None, 0.5, 0.0)          # alpha
+    assert not C.usable(256, 512, 1024, g, None, 2050, 1.0, 1.0)      # residual unaligned
     assert not C.usable(256, 520, 1024, g, None, None, 1.0, 0.0)      # w unaligned
     assert not C.usable(256, 512, 1024, _geometry((2, 9, 9, 3), (8, 3, 3, 3), 1, 1, 1),
                         None, None, 1.0, 0.0)                          # C = 3
@@ -157,10 +200,12 @@ def test_usable_and_plan(monkeypatch):
     tail = _geometry((1, 7, 7, 512), (512, 3, 3, 512), 1, 1, 1)
     tile, splits, chunk, red = C.plan(tail, "bfloat16")
     assert tile[2:] == (64,) and splits > 1 and red == 9 * 512 and chunk % 64 == 0
+    assert C.plan(tail, "bfloat16", can_split=False)[1:3] == (1, red)  # (z, alpha: no split)
     wide = _geometry((64, 28, 28, 128), (512, 1, 1, 128), 1, 0, 1)
     assert C.plan(wide, "bfloat16")[0][0] == 256
     monkeypatch.setattr(C, "VERIFIED_ONLY", True)  # only what ran right on the H200
     assert C.usable(256, 512, 1024, g, None, None, 1.0, 0.0)
+    assert not C.usable(256, 512, 1024, g, None, 2048, 1.0, 1.0)
     assert not any(C.usable(256, 512, 1024, h, None, None, 1.0, 0.0) for h in (
         s2, tail, _geometry((3, 9, 11, 72), (96, 3, 3, 72), 2, 1, 1),
         _geometry((4, 16, 16, 64), (64, 3, 3, 64), 1, 2, 2),

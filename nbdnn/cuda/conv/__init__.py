@@ -175,19 +175,20 @@ def _on_tensor_cores(x, w, y, bias, residual, g, dtype, activation, coef, alpha,
                      stream):
     """16-bit channels-last forward on sm_90's tensor cores, "auto" or "implicit_gemm":
     a 1x1 filter with stride 1 and no padding is the GEMM y = x w^T (wgmma_gemm.py, own
-    tensor maps: plannable); others the im2col kernel (wgmma_conv.py) where it takes
-    them. False, doing nothing, otherwise (the epilogue must be the GEMM's: alpha 1,
-    beta 0, no residual)."""
+    tensor maps: plannable) when the epilogue is the GEMM's too (alpha 1, no z); others
+    the im2col kernel (wgmma_conv.py) where it takes them. False, doing nothing,
+    otherwise."""
     if dtype not in ("float16", "bfloat16") or not (_mm.TENSOR_CORES and _mm.tensor_cores()):
         return False
     if not _wgmma_conv.usable(x, w, y, g, bias, residual, alpha, beta):
         return False
     M, C, K = g.N * g.PH * g.PW, g.C, g.K
-    if g.R * g.S == 1 and (g.sh, g.sw, g.qh, g.qw) == (1, 1, 0, 0) and (g.H, g.W) == (g.PH, g.PW):
+    if g.R * g.S == 1 and (g.sh, g.sw, g.qh, g.qw) == (1, 1, 0, 0) and \
+            (g.H, g.W) == (g.PH, g.PW) and (alpha, beta, residual) == (1, 0, None):
         _gemm(x.reshape((M, C)), w.reshape((K, C)), False, True, bias, activation, coef, 1.0,
               0.0, y.reshape((M, K)), stream)
         return True
-    _wgmma_conv.forward(x, w, y, bias, activation, coef, g, stream)
+    _wgmma_conv.forward(x, w, y, bias, residual, activation, coef, alpha, beta, g, stream)
     return True
 
 

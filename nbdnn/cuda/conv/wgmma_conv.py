@@ -16,9 +16,9 @@ Used (`usable`) when the tensor-core GEMM runs here, the call is channels-last w
 group, 1-d or 2-d, C and K multiples of 8 (TMA's 16-byte strides) and the base
 addresses 16-byte aligned, strides at most 8 (TMA's element strides), the window
 corners' box within TMA's range ([-128, 127] for a 4-d map) and the taps' offsets
-under 128; and the epilogue is the GEMM's: alpha 1, beta 0, no residual (the GEMM
-applies alpha and beta after the activation, a convolution before). Everything else
-runs the SIMT algorithms. The tensor maps are encoded on the host per address (a
+under 128. The epilogue is a convolution's, act(alpha acc + beta z + bias) with z the
+residual or y (pair_epilogue.conv_pair_lines), split-K only without alpha and z (its
+sum applies the GEMM's order). Everything else runs the SIMT algorithms. The tensor maps are encoded on the host per address (a
 kernel cannot rewrite an im2col map's address the way the GEMM's own maps do), so
 the call is not plannable (CUDA graphs capture it).
 
@@ -51,10 +51,13 @@ MAX_OFFSET, CORNER = 127, (-128, 127)      # 4-d im2col map limits
 def usable(x, w, y, g, bias, residual, alpha, beta):
     """Whether this kernel takes the call (module docstring); g the ConvGeometry."""
     if dtype_name(x) not in ("float16", "bfloat16") or not g.last or g.G != 1 or \
-            g.D != 1 or g.T != 1 or residual is not None or alpha != 1 or beta != 0:
+            g.D != 1 or g.T != 1:
         return False
     if g.C % 8 or g.K % 8 or any(ptr(a) % 16 for a in (x, w, y)) or \
-            (bias is not None and ptr(bias) % 4) or max(g.sh, g.sw) > 8:
+            (bias is not None and ptr(bias) % 4) or max(g.sh, g.sw) > 8 or \
+            (residual is not None and ptr(residual) % 4):
+        return False
+    if VERIFIED_ONLY and (residual is not None or alpha != 1 or beta != 0):
         return False
     lower, upper = corners(g)
     if not (all(CORNER[0] <= v <= CORNER[1] for v in lower + upper) and
@@ -94,30 +97,36 @@ def geometry_table(g):
     return t
 
 
-def plan(g, dtype):
-    """(tile, splits, chunk, reduction length) for the call: BN from WIDTHS, the GEMM's
-    64-row tile for few rows, split-K when the tiles fill fewer than half the SMs."""
+def plan(g, dtype, can_split=True):
+    """(tile, splits, chunk, reduction length) for the call: BN from WIDTHS (the width
+    whose waves x (BM + BN) is least: a k-tile's loads, which bound these tiles, move
+    BM + BN rows of 128 B), the GEMM's 64-row tile for few rows, split-K when the tiles
+    fill fewer than half the SMs (can_split: the epilogue is the GEMM's, which
+    splitk_sum applies)."""
     M, taps = g.N * g.PH * g.PW, g.R * g.S
     red = taps * -(-g.C // W.BK) * W.BK
     skinny = W.SKINNY_TILE and M <= W.SKINNY_ROWS
     bm = 64 if skinny else W.BM
     sm = sm_count()
-    bn = min(WIDTHS, key=lambda b: (-(-(-(-M // bm) * -(-g.K // b)) // sm) * b, -b))
+    bn = min(WIDTHS, key=lambda b: (-(-(-(-M // bm) * -(-g.K // b)) // sm) * (bm + b), -b))
     tile = (bn, STAGES[bn] + (1 if skinny and bn == 256 else 0)) + ((64,) if skinny else ())
-    splits, chunk = split_k.split(-(-M // bm) * -(-g.K // bn), red, W.BK)
+    splits, chunk = split_k.split(-(-M // bm) * -(-g.K // bn), red, W.BK) if can_split \
+        else (1, red)
     return tile, splits, chunk, red
 
 
-def forward(x, w, y, bias, act, coef, g, stream):
-    """y = act(conv(x, w) + bias) on the tensor cores; `usable` true; act a mode name or
-    None."""
+def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream):
+    """y = act(alpha * conv(x, w) + beta * z + bias) on the tensor cores, z = residual
+    or y itself; `usable` true; act a mode name or None."""
     from ...backend import _recording
     rec = _recording.__dict__.get("plan")
     if rec is not None:  # host maps hold the tensors' addresses
         rec.impure()
     dtype = dtype_name(x)
     M, K = g.N * g.PH * g.PW, g.K
-    tile, splits, chunk, red = plan(g, dtype)
+    z = residual if residual is not None else y
+    zord = beta != 0  # (the epilogue reads z)
+    tile, splits, chunk, red = plan(g, dtype, alpha == 1 and not zord)
     bn, stages = tile[:2]
     bm = tile[2] if len(tile) > 2 else W.BM
     lower, upper = corners(g)
@@ -132,22 +141,25 @@ def forward(x, w, y, bias, act, coef, g, stream):
         stages -= 1
     tile = (bn, stages) + ((bm,) if bm != W.BM else ())
     shmem = W.shared_bytes(bn, stages, store, bm)
-    epilogue = (False, None) if partial else (bias is not None, act)
-    k = W.kernel(dtype, True, True, *epilogue, False, partial=partial, tile=tile,
-                 store=store, lean=W.LEAN_SETUP, conv=True)
+    epilogue = (False, None, False) if partial else (bias is not None, act, zord)
+    k = W.kernel(dtype, True, True, *epilogue, partial=partial, tile=tile, store=store,
+                 lean=W.LEAN_SETUP, conv=True)
     maps, owners = (ma, mb), [ma[1], mb[1], y]
     if store:
         f32 = partial
         maps += (encoded(ptr(out), (splits, M, K), "float32" if f32 else dtype,
                          (1, 64, staged.columns(f32)), "128B"),)
-    owners += [m[1] for m in maps[2:]] + ([bias] if bias is not None else [])
+    owners += [m[1] for m in maps[2:]] + ([bias] if bias is not None else []) + \
+        ([residual] if residual is not None else [])
     bias_arg = (ptr(bias), K) if bias is not None else (ptr(y), 1)
     tiles = -(-M // bm) * -(-K // bn)
     grid = min(tiles * splits, sm_count())
     total = M * K
     k.launch(k.sigs[0], grid, W.THREADS, stream, *(m[0] for m in maps),
-             out if partial else (ptr(y), total // 2), bias_arg, geometry_table(g), M, K,
-             red, 1, W.GROUP_M, 1.0, 0.0, coef, chunk, shmem=shmem, owners=owners)
+             *((out,) if partial else ((ptr(y), total // 2),) + (((ptr(z), total // 2),)
+                                                                 if zord else ())),
+             bias_arg, geometry_table(g), M, K, red, 1, W.GROUP_M, alpha, beta, coef, chunk,
+             shmem=shmem, owners=owners)
     if partial:
         ks, sig = split_k.splitk_sum(dtype)
         ks.launch(sig, -(-total // 256), 256, stream, out, (ptr(y), total), bias_arg, splits,

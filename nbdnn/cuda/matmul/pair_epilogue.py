@@ -10,6 +10,13 @@ pair never straddles a row); float32 C (tf32) one element a store, the second co
 guarded (N may be odd). `partial` (split-K's chunks): the raw float32 sums, no epilogue.
 Names the generated kernel must bind: M, N, c, bias, coff (the matrix's first element
 of C), a / bt / cf (alpha, beta, coef as float32), F32, widen, act_f, unpack, cvt.
+
+A convolution's order (conv_pair_lines; cuDNN's fused convolution, 16-bit C):
+
+    c[r, col:col+2] = act(alpha * acc + beta * z[r, col:col+2] + bias[col:col+2])
+
+z a second array of C's shape (`zin`: the residual, or C itself for a blend), read
+only with z.
 """
 
 
@@ -54,4 +61,24 @@ def bias_lines(col, f32=False):
 def value_lines(v0, v1, bias, act):
     """v0, v1 = act(accumulators v0, v1 + bias) (alpha and beta follow at the store)."""
     E = [f"v0 = {v0}{' + b0' if bias else ''}", f"v1 = {v1}{' + b1' if bias else ''}"]
+    return E + (["v0 = act_f(v0, cf)", "v1 = act_f(v1, cf)"] if act else [])
+
+
+def conv_pair_lines(col, rows, bias, act, z):
+    """pair_lines in a convolution's order (module docstring): alpha and beta before the
+    activation, beta's z from `zin`; 16-bit C."""
+    E = bias_lines(col) if bias else []
+    for rr, v0, v1 in rows:
+        E += [f"if {rr} < M and {col} < N:", f"    at = (coff + {rr} * N + {col}) // 2"] + \
+            (["    z0, z1 = unpack(zin[at])"] if z else []) + \
+            ["    " + x for x in conv_value_lines(v0, v1, bias, act, z)] + \
+            ["    c[at] = cvt(v0, v1)"]
+    return E
+
+
+def conv_value_lines(v0, v1, bias, act, z):
+    """v0, v1 = act(alpha * accumulators + beta * (z0, z1) + bias) (a convolution's order;
+    with z, z0 and z1 already loaded)."""
+    E = [f"v0 = a * {v0}{' + bt * z0' if z else ''}{' + b0' if bias else ''}",
+         f"v1 = a * {v1}{' + bt * z1' if z else ''}{' + b1' if bias else ''}"]
     return E + (["v0 = act_f(v0, cf)", "v1 = act_f(v1, cf)"] if act else [])

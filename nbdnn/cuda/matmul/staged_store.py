@@ -34,7 +34,7 @@ at offset 8 (l % 2), the chunk swizzled as above.
 Used when beta = 0 (no old C to read), N a multiple of 8 (16-bit) or 4 (float32) and
 C 16-byte aligned (TMA's row strides and base); the direct epilogue otherwise.
 """
-from .pair_epilogue import bias_lines, value_lines
+from .pair_epilogue import bias_lines, conv_value_lines, value_lines
 
 TILE_BYTES = 64 * 128                 # a 64 x 128-byte staging tile (64 16-bit columns,
 #                                       or 32 float32)
@@ -63,11 +63,14 @@ def prologue_lines(indent):
             f"{indent}    fence_proxy_tensormap_acquire(map_c)"]
 
 
-def tile_lines(bn, bias, act, f32=False, partial=False, row0="m0 + w * 64", col0="n0"):
+def tile_lines(bn, bias, act, f32=False, partial=False, row0="m0 + w * 64", col0="n0",
+               conv=None):
     """One tile's epilogue for a consumer warpgroup (accumulators d[4j .. 4j + 3]: column
     pair cb + 8 j, rows r and r + 8, as the direct epilogue), chunk by chunk: bn columns
     from (row0, col0), expressions (the warpgroup's 64 x bn part of C). f32: float32 C;
-    partial: split-K's raw chunk sums (float32, no epilogue)."""
+    partial: split-K's raw chunk sums (float32, no epilogue); conv: a convolution's
+    order (pair_epilogue.conv_value_lines), True reading beta's z from `zin` (each
+    thread its own pairs, before the tile's TMA store), False without z."""
     L, cols = [], columns(f32 or partial)
     groups = cols // 8  # column groups of 8 a chunk
     for q in range(bn // cols):
@@ -86,6 +89,13 @@ def tile_lines(bn, bias, act, f32=False, partial=False, row0="m0 + w * 64", col0
                 v0, v1 = f"d[{4 * j + k}]", f"d[{4 * j + k + 1}]"
                 if partial:
                     L += [f"st_shared_v2_f32(U32({at} + {row_off}), {v0}, {v1})"]
+                    continue
+                if conv is not None:  # (16-bit C)
+                    rr, col = f"(r + {k * 4})", f"cb + {8 * j}"
+                    L += (["z0 = F32(0)", "z1 = F32(0)", f"if {rr} < M and {col} < N:",
+                           f"    z0, z1 = unpack(zin[(coff + {rr} * N + {col}) // 2])"]
+                          if conv else []) + conv_value_lines(v0, v1, bias, act, conv) + \
+                        [f"st_shared_u32(U32({at} + {row_off}), cvt(v0, v1))"]
                     continue
                 L += value_lines(v0, v1, bias, act) + \
                     [f"st_shared_v2_f32(U32({at} + {row_off}), a * v0, a * v1)" if f32 else

@@ -159,7 +159,8 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
         "epilogue": f"bias {bias}, activation {act}, beta {beta}",
         "traffic": f"a k-tile: {ws.stage_bytes(bn, bm)} B in, {2 * bm * bn * bk} flops",
         "why": "variant T2 (module docstring)"})
-    return Kernel(fn, [signature(kind, partial, own_maps, store)], arch="sm_90a",
+    return Kernel(fn, [signature(kind, partial, own_maps, store, conv and beta and not partial)],
+                  arch="sm_90a",
                   shared_bytes=shmem, max_registers=MAX_REGS)
 
 
@@ -182,7 +183,8 @@ def ptx_examples():
     kernel("bfloat16", True, True, partial=True, store=f32, **ship)
     kernel("float32", True, True, True, "gelu", True, **ship)  # tf32 with beta: direct
     kernel("float32", True, True, True, store=f32, **ship)
-    kernel("bfloat16", True, True, True, "relu", tile=(64, 6), store=st, lean=ln, conv=True)
+    kernel("bfloat16", True, True, True, "relu", True, tile=(64, 6), store=st, lean=ln,
+           conv=True)  # (and a convolution's z, read in the staged epilogue)
     kernel("bfloat16", True, False, own_maps=om, store=st, lean=not ln)
     kernel("bfloat16", True, True, partial=True, store=not f32, **ship)
     kernel("bfloat16", True, False, True, "gelu", tile=(256, 4, 64), store=st, **ship)

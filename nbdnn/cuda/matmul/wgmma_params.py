@@ -32,12 +32,15 @@ SIG_PARTIAL = SIG.replace("uint32[::1]", "float32[::1]")
 SIG_TF32 = SIG_PARTIAL.replace("uint16[::1]", "float32[::1]")  # (c and bias float32)
 
 
-def signature(kind, partial, own_maps=False, store=False):
+def signature(kind, partial, own_maps=False, store=False, z=False):
     """The kernel's one signature: c packed 16-bit pairs (uint32), bias 16-bit bits;
     partial (split-K's chunks) and tf32: c float32; tf32: bias float32. store (TMA
     stores of C, staged_store.py): a third map, C's. own_maps: the map addresses become
-    the templates, then a, b and the blocks' map slots."""
+    the templates, then a, b and the blocks' map slots. z: a convolution's z after c
+    (16-bit pairs, as c)."""
     sig = SIG_TF32 if kind == "tf32" else SIG_PARTIAL if partial else SIG
+    if z:
+        sig = sig.replace("uint32[::1], ", "uint32[::1], uint32[::1], ", 1)
     maps = "uint64, uint64, uint64, " if store else "uint64, uint64, "
     if own_maps:
         t = "float32" if kind == "tf32" else "uint16"

@@ -7,7 +7,7 @@ operands) and wgmma_params.py (the own-maps prologue)."""
 from . import cluster_split as cs
 from . import staged_store as staged
 from . import wgmma_im2col as im2col, wgmma_stage as ws
-from .pair_epilogue import pair_lines
+from .pair_epilogue import conv_pair_lines, pair_lines
 from .tile_order import batch_lines, chunk_lines, helper_lines
 from .wgmma_params import map_lines, own_maps_lines
 from .wgmma_stage import BK
@@ -28,7 +28,9 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     and TMA stores (staged_store.py). lean: the lean tile setup (tile_order.py).
     cluster: S > 1, split-K's S chunks of a tile reduced in an S-block cluster
     (cluster_split.py; c is C, the full epilogue; not with partial or store). conv: A
-    and B a convolution's (wgmma_im2col.py: im2col loads, offs its geometry)."""
+    and B a convolution's (wgmma_im2col.py: im2col loads, offs its geometry) and the
+    epilogue in a convolution's order (pair_epilogue.conv_pair_lines; beta: z read
+    from a parameter `zin` after c)."""
     bk, f32 = BK_OF[kind], kind == "tf32"
     cl, tl = cs.setup_lines(cluster) if cluster else ([], [])
     bn, stages, bm = (tuple(tile or TILE) + (BM,))[:3]
@@ -41,10 +43,11 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          f"_n{bn}s{stages}" if bm == 128 else f"_m{bm}n{bn}s{stages}")
     maps = ("tmpl_a, tmpl_b, tmpl_c, a, b, slots" if store else "tmpl_a, tmpl_b, a, b, slots") \
         if own_maps else ("map_a, map_b, map_c" if store else "map_a, map_b")
+    cz = "c, zin" if conv and beta and not partial else "c"  # (a convolution's z)
     name = f"wgmma_conv_{kind}{epi}" if conv else \
         f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
     L = helper_lines(bm, bn, lean, nw) + [
-         f"def {name}({maps}, c, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
+         f"def {name}({maps}, {cz}, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
          ] + cl + [
          "    smem = cuda.shared.array(0, types.uint8)",
          f"    bars = cuda.shared.array({2 * stages + 2 * bool(cluster)}, types.uint64, "
@@ -126,15 +129,18 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
           "                if i == 0:", "                    mbarrier_arrive(U32(empty0 + 8 * s))",
           "                it += 1"] + ws.place_lines(bm, bn) + [
           "            coff = zk * M * N"]
+    zord = bool(beta) if conv and not partial else None  # (a convolution's order)
     E = staged.tile_lines(nw, bias, act, f32, partial, *(
-        ("m0 + w * 64", "n0") if bm == 128 else ("m0", f"n0 + w * {nw}"))) if store else []
+        ("m0 + w * 64", "n0") if bm == 128 else ("m0", f"n0 + w * {nw}")), conv=zord) \
+        if store else []
     if cluster:
         E = cs.tile_lines(cluster, nw, bm, bn, lambda col, rows: pair_lines(
             col, rows, f32, bias, act, beta))
     for j in range(0 if store or cluster else nw // 8):  # thread i's pair j: rows r, r + 8
-        E += pair_lines(f"cb + {8 * j}", [("r", f"d[{4 * j}]", f"d[{4 * j + 1}]"),
-                                          ("(r + 8)", f"d[{4 * j + 2}]", f"d[{4 * j + 3}]")],
-                        f32, bias, act, beta, partial)
+        rows = [("r", f"d[{4 * j}]", f"d[{4 * j + 1}]"),
+                ("(r + 8)", f"d[{4 * j + 2}]", f"d[{4 * j + 3}]")]
+        E += conv_pair_lines(f"cb + {8 * j}", rows, bias, act, zord) if zord is not None \
+            else pair_lines(f"cb + {8 * j}", rows, f32, bias, act, beta, partial)
     L += ["            " + x for x in E] + (staged.final_lines("        ") if store else []) + \
         (cs.final_lines("        ") if cluster else [])
     return name, "\n".join(L) + "\n"
