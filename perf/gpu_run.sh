@@ -26,6 +26,9 @@
 #                                             # (ONLY="[alt]": the others' non-default
 #                                             # sides), skinny speed (VARIANTS), timeline
 #                                             # (TIMELINE=1)
+#   bash perf/gpu_run.sh conv-tc              # issue 24: the tensor-core convolution's tests,
+#                                             # the probe, 16-bit NHWC ResNet rows (SAN=1:
+#                                             # and the sanitizer)
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
@@ -227,6 +230,25 @@ sanitize)
         fi
         grep -E "ERROR SUMMARY|op/dtype pairs|Error|^BAD" "$OUT/$tool.log" | tail -5
     done ;;
+conv-tc)
+    # issue 24: the tensor-core convolution (nbdnn/cuda/conv/wgmma_conv.py): its tests
+    # (every geometry its limits allow, VERIFIED_ONLY off), run AJ's failing case varied
+    # one factor at a time, the ResNet-50 layers' forward in 16-bit NHWC against cuDNN
+    # (perf/suites/conv.py), and with SAN=1 memcheck and racecheck over its epilogue test
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_conv_tensorcore.py \
+        > "$OUT/conv-tests.log" 2>&1
+    grep -E "passed|failed|FAILED|XPASS" "$OUT/conv-tests.log" | tail -12
+    timeout 60 python3 perf/experiments/conv_tc_probe.py 2>&1 | grep -v -i warn
+    timeout ${CONV_LIMIT_S:-200} python3 perf/suites/conv.py --nhwc --dtype ${DTYPE:-bfloat16} \
+        --no-backward --layers s1 s2 s3 s4 --json "$OUT/conv-tc.json" 2>&1 | grep -v -i warn
+    if [ -n "${SAN:-}" ]; then
+        for tool in memcheck racecheck; do
+            timeout 120 compute-sanitizer --report-api-errors no --print-limit 10 --tool $tool \
+                python3 -m pytest -q -p no:cacheprovider tests/test_conv_tensorcore.py \
+                -k "conv_order" > "$OUT/conv-$tool.log" 2>&1
+            grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/conv-$tool.log" | tail -3
+        done
+    fi ;;
 compute)
     timeout 200 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/perf.log" 2>&1
     timeout 300 python3 perf/suites/conv.py --json "$OUT/conv.json" >> "$OUT/perf.log" 2>&1

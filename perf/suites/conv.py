@@ -1,5 +1,5 @@
 """conv2d speed against cuDNN (torch.nn.functional.conv2d, cudnn.benchmark on, TF32
-off) in the same run: the ResNet-50 layer set (batch 32: the 7x7/2 stem and the 1x1
+off) in the same run, float32 or (--dtype) float16 / bfloat16: the ResNet-50 layer set (batch 32: the 7x7/2 stem and the 1x1
 and 3x3 layers of each stage) and MobileNet's depthwise 3x3 layers; forward for every
 nbdnn algorithm, backward data and filter, and conv+bias+relu fused against three
 nbdnn calls. fp32, NCHW (--nhwc for channels-last). Prints TFLOP/s (2*N*K*P*Q*C/g*R*S
@@ -17,7 +17,8 @@ channels-first implicit GEMM: two) can take longer on the host than the flush, a
 then its eager time carries host time (perf/history/runs.md run V). The ratios and
 geometric means are of the graph times; "eager" columns show the other.
 
-    PYTHONPATH=. python perf/suites/conv.py [--nhwc] [--json F] [--algos auto implicit_gemm direct]
+    PYTHONPATH=. python perf/suites/conv.py [--nhwc] [--dtype bfloat16] [--json F]
+        [--algos auto implicit_gemm direct]
 """
 import argparse
 import json
@@ -37,10 +38,11 @@ def _geo(layer, batch=32):
                 flops=2 * batch * K * P * P * (C // g) * R * R)
 
 
-def _case(layer, nhwc, batch=32):
+def _case(layer, nhwc, batch=32, dtype="float32"):
     d = _geo(layer, batch)
-    x = torch.randn(batch, d["C"], d["H"], d["H"], device="cuda")
-    w = torch.randn(d["K"], d["C"] // d["g"], d["R"], d["R"], device="cuda") * 0.1
+    dt = getattr(torch, dtype)
+    x = torch.randn(batch, d["C"], d["H"], d["H"], device="cuda").to(dt)
+    w = (torch.randn(d["K"], d["C"] // d["g"], d["R"], d["R"], device="cuda") * 0.1).to(dt)
     if nhwc:  # nbdnn takes NHWC as (N, H, W, C) / (K, R, S, C); torch as channels_last
         xn, wn = x.permute(0, 2, 3, 1).contiguous(), w.permute(0, 2, 3, 1).contiguous()
         x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
@@ -74,6 +76,8 @@ def _timed(fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nhwc", action="store_true")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                    help="16-bit channels-last runs the tensor cores (issue 24)")
     ap.add_argument("--json")
     ap.add_argument("--algos", nargs="*", default=["auto", "implicit_gemm"])
     ap.add_argument("--layers", nargs="*", default=[],
@@ -89,7 +93,7 @@ def main():
     for layer in RESNET + DEPTHWISE:
         if args.layers and not any(t in layer[0] for t in args.layers):
             continue
-        d, x, w, xn, wn = _case(layer, args.nhwc)
+        d, x, w, xn, wn = _case(layer, args.nhwc, dtype=args.dtype)
         part = "depthwise" if layer in DEPTHWISE else "resnet"
         kw = dict(stride=d["s"], padding=d["p"], groups=d["g"], layout=layout)
         t_ref = time_gpu(lambda: F.conv2d(x, w, stride=d["s"], padding=d["p"], groups=d["g"]))
@@ -142,8 +146,8 @@ def main():
                 geo[part][k] = math.exp(sum(map(math.log, vals)) / len(vals))
         print(f"geometric mean vs cuDNN, {part}:",
               {k: f"{v:.0%}" for k, v in geo[part].items()})
-    d, x, w, xn, wn = _case(RESNET[2], args.nhwc)
-    bias = torch.randn(d["K"], device="cuda")
+    d, x, w, xn, wn = _case(RESNET[2], args.nhwc, dtype=args.dtype)
+    bias = torch.randn(d["K"], device="cuda").to(x.dtype)
     kw = dict(padding=1, layout=layout)
     y = nbdnn.conv2d(xn, wn, **kw)
     b = bias.reshape((1, 1, 1, -1) if args.nhwc else (1, -1, 1, 1))
@@ -154,7 +158,7 @@ def main():
           f"ms (eager {fused_e*1e3:.3f} vs {three_e*1e3:.3f} ms)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "geomean": geo, "fused_ms": fused * 1e3,
+            json.dump({"dtype": args.dtype, "rows": rows, "geomean": geo, "fused_ms": fused * 1e3,
                        "fused_eager_ms": fused_e * 1e3, "three_calls_eager_ms": three_e * 1e3,
                        "three_calls_ms": three * 1e3}, f, indent=1)
 
