@@ -71,6 +71,8 @@ def _naive_op(op, x, y):
         return x if x >= y else y
     if op == "sqrt":
         return math.sqrt(x) if x >= 0 else math.nan
+    if op == "finite":
+        return x if math.isfinite(x) else 0.0
     return 1.0 - x  # not
 
 
@@ -273,3 +275,26 @@ def test_transform_round_trip_is_identity():
     p = (2, 0, 3, 1)
     y = nbdnn.transform_tensor(x, perm=p)
     np.testing.assert_array_equal(nbdnn.transform_tensor(y, perm=np.argsort(p)), x)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_cast_tensor_blends_and_rounds_once(backend):
+    """cast_tensor's alpha, beta and out (the crosscheck rows take no blend: its out=
+    has the input's dtype): out = alpha * x + beta * out in the target dtype, rounded
+    once (float32 1 + 2^-11 + 2^-20 to float16 rounds up, as one rounding must, where
+    rounding to 1 + 2^-11 first and then to even would give 1); float16's overflow to
+    inf; a bad dtype is a BadParamError."""
+    import nbdnn
+    from nbdnn.cuda.runtime.arrays import to_device, to_host
+    put = (lambda a: a) if backend == "cpu" else to_device
+    get = (lambda a: np.asarray(a)) if backend == "cpu" else to_host
+    x = np.array([1 + 2 ** -11 + 2 ** -20, 70000.0, -3.0, 0.5], np.float32)
+    y = get(nbdnn.cast_tensor(put(x), "float16", backend=backend))
+    assert y.dtype == np.float16
+    np.testing.assert_array_equal(y, np.array([1 + 2 ** -10, np.inf, -3.0, 0.5], np.float16))
+    out = np.array([1.0, 2.0, 4.0, 8.0], np.float64)
+    r = get(nbdnn.cast_tensor(put(x[2:].astype(np.float16)), np.float64, alpha=0.5, beta=2.0,
+                              out=put(out[:2].copy()), backend=backend))
+    np.testing.assert_array_equal(r, [0.5 * -3.0 + 2.0, 0.5 * 0.5 + 4.0])
+    with pytest.raises(nbdnn.BadParamError):
+        nbdnn.cast_tensor(put(x), "int8", backend=backend)

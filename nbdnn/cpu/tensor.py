@@ -60,6 +60,8 @@ def _op(op, x, y):
             return np.sqrt(x)
         if op == "not":
             return x.dtype.type(1) - x
+        if op == "finite":
+            return np.where(np.isfinite(x), x, x.dtype.type(0))
     raise ValueError(op)
 
 
@@ -131,6 +133,25 @@ def scale_tensor(x, alpha, *, out, stream=None):
 def set_tensor(value, *, out, stream=None):
     """out[...] = value, in place; returns out."""
     out[...] = value
+    return out
+
+
+def cast_tensor(x, dtype, *, alpha, beta, out, stream=None):
+    """out = alpha * x + beta * out in `dtype`: computed in float32 (float64 when either
+    side is float64), rounded once; float64 -> bfloat16 through float32 (the GPU's
+    cvt.rn.bf16.f32)."""
+    ct = np.float64 if np.float64 in (np.dtype(x.dtype), np.dtype(dtype)) else np.float32
+    r = np.asarray(x).astype(ct)
+    if alpha != 1:
+        r = r * ct(alpha)
+    if beta != 0:
+        r = r + ct(beta) * out.astype(ct)
+    if str(dtype) == "bfloat16" and ct is np.float64:
+        r = r.astype(np.float32)
+    r = np.asarray(r.astype(dtype), order="C")  # (ascontiguousarray makes 0-d 1-d)
+    if out is None:
+        return r
+    out[...] = r
     return out
 
 

@@ -20,8 +20,8 @@ from .registry import op
 from ._common import (Call, blend_params, choice, int_tuple, need_out, normalize_axis,
                       same_dtype, scalar)
 
-OP_TENSOR_OPS = ("add", "mul", "div", "min", "max", "sqrt", "not")
-UNARY_OPS = ("sqrt", "not")
+OP_TENSOR_OPS = ("add", "mul", "div", "min", "max", "sqrt", "not", "finite")
+UNARY_OPS = ("sqrt", "not", "finite")
 REDUCE_OPS = ("add", "mul", "min", "max", "amax", "avg", "norm1", "norm2", "mul_no_zeros")
 INDEX_OPS = ("min", "max", "amax")
 MAX_DIMS = 8
@@ -72,8 +72,11 @@ def op_tensor(op, a, b=None, *, alpha1=1.0, alpha2=1.0, beta=0.0, out=None,
 
     f by `op`: add (x + y), mul (x * y), div (x / y, IEEE: x/0 is +-inf or NaN; not in
     cuDNN, here for optimizers such as Adam), min, max (NaN propagates), and the unary
-    sqrt (sqrt(x), NaN below 0) and not (1 - x, cuDNN's CUDNN_OP_TENSOR_NOT), which
-    take no b. b broadcasts to a (per dim 1 or equal, trailing-aligned)."""
+    sqrt (sqrt(x), NaN below 0), not (1 - x, cuDNN's CUDNN_OP_TENSOR_NOT) and finite (x
+    where it is finite, 0 for +-inf and NaN: torch.nan_to_num(x, 0, 0, 0); not in cuDNN,
+    here for loss scaling, nbdnn.nn.LossScaler), which take no b. alpha1 applies
+    before f (finite(0 * inf) is 0). b broadcasts to a (per dim 1 or equal,
+    trailing-aligned)."""
     name = "op_tensor"
     choice(name, "op", op, OP_TENSOR_OPS)
     k = Call(name, "tensor", backend, stream, a=a, b=b, out=out)
@@ -145,6 +148,28 @@ def reduce_tensor(x, op="add", axes=None, *, keepdims=True, return_indices=False
     out = k.out(out, oshape, dtype)
     return k.run("reduce_tensor", x, op, axes, bool(keepdims), bool(return_indices),
                  alpha=alpha, beta=beta, out=out)
+
+
+@op("tensor")
+def cast_tensor(x, dtype, *, alpha=1.0, beta=0.0, out=None, backend=None, stream=None):
+    """out = alpha * x + beta * out in another float dtype (float16, bfloat16, float32,
+    float64): cudnnTransformTensor between data types, the same layout. Computed in
+    float32 (float64 when either side is float64) and rounded once to nearest even at
+    the store; float64 -> bfloat16 rounds through float32, as cvt.rn.bf16.f32 does.
+    Mixed precision's conversions: float32 master weights to 16-bit copies, 16-bit
+    gradients to float32 (alpha = 1 / loss scale)."""
+    op = "cast_tensor"
+    k = Call(op, "tensor", backend, stream, x=x, out=out)
+    shape, xdtype = k.array("x", x, BF16_DTYPES)
+    try:  # (a name, a NumPy type, ml_dtypes.bfloat16)
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = str(dtype)
+    choice(op, "dtype", name, BF16_DTYPES)
+    dtype = name
+    alpha, beta = blend_params(op, alpha, beta, out)
+    out = k.out(out, shape, dtype)
+    return k.run("cast_tensor", x, dtype, alpha=alpha, beta=beta, out=out)
 
 
 @op("tensor")

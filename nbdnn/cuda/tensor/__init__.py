@@ -35,8 +35,8 @@ from ...errors import NotSupportedError
 BLOCK = 64 if SIMULATOR else 256  # (the simulator starts an OS thread a CUDA thread)
 GROUPS = 2      # 4-element vectors per thread in the elementwise kernels
 NDIMS = 6       # gather kernels index up to 6 (merged) dims
-EW_OPS = ("add", "mul", "div", "min", "max", "sqrt", "not", "copy", "rhs")
-UNARY = ("sqrt", "not", "copy")
+EW_OPS = ("add", "mul", "div", "min", "max", "sqrt", "not", "finite", "copy", "rhs")
+UNARY = ("sqrt", "not", "finite", "copy")
 
 
 def _ew_functions(npt):
@@ -48,6 +48,7 @@ def _ew_functions(npt):
            "min": lambda x, y: x if (x != x or x < y) else y,
            "max": lambda x, y: x if (x != x or x > y) else y,
            "sqrt": lambda x, y: nan if x < zero else math.sqrt(x), "not": lambda x, y: one - x,
+           "finite": lambda x, y: x if x - x == zero else zero,  # (inf - inf, NaN: NaN)
            "copy": lambda x, y: x, "rhs": lambda x, y: y}
     return {k: dev(f) for k, f in fns.items()}
 
@@ -157,7 +158,25 @@ def _build():
     return ew, fill, tr
 
 
+def _build_cast():
+    """(source dtype, destination dtype) -> the transform kernel compiled for that pair
+    (a flat copy: identity perm), computing in float32, float64 when either is."""
+    cast = {}
+    idx6 = ", ".join(["int64"] * 11)
+    dts = ("float16", "float32", "float64", "bfloat16")
+    for ct in ("float32", "float64"):
+        sigs = {(a, b): f"void({array_type(a)}[::1], {array_type(b)}[::1], int64, {ct}, "
+                        f"{ct}, {idx6})"
+                for a in dts for b in dts
+                if a != b and (ct == "float64") == ("float64" in (a, b))}
+        k = Kernel(_transform_kernel(), list(sigs.values()))
+        k.name = f"_cast_{ct}"
+        cast.update({p: (k, s) for p, s in sigs.items()})
+    return cast
+
+
 _EW, _FILL, _TRANSFORM = _build()
+_CAST = _build_cast()
 
 
 def _aligned(itemsize, *arrays):
@@ -258,6 +277,22 @@ def transform_into(x, shape, perm, y, alpha, beta, stream):
     s, t = merge_dims([shape[p] for p in perm], [xst[p] for p in perm])
     grid = min(-(-n // BLOCK), 65535 * 8)
     kernel.launch(sig, grid, BLOCK, stream, x, y, n, alpha, beta, *s[1:], *t)
+    return y
+
+
+def cast_tensor(x, dtype, *, alpha, beta, out, stream):
+    """out = alpha * x + beta * out in `dtype` (the transform kernel for the dtype pair;
+    its gather is a flat copy here). Reads n s_x B, writes n s_out B."""
+    src = dtype_name(x)
+    y = out if out is not None else empty(x, tuple(x.shape), dtype)
+    n = size(x)
+    if src == dtype:
+        return _elementwise("copy", x, None, y, alpha, 0.0, beta, stream)
+    kernel, sig = _CAST[src, dtype]
+    if n:
+        s, t = merge_dims([n], [1])
+        kernel.launch(sig, min(-(-n // BLOCK), 65535 * 8), BLOCK, stream, x, y, n, alpha,
+                      beta, *s[1:], *t)
     return y
 
 

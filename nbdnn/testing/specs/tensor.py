@@ -56,6 +56,9 @@ def _op_tensor_maker(op):
                            dtype).reshape(b.shape)
         if op in ("min", "max") and b is not None and a.size > 1:
             a.flat[draw(0, a.size - 1)] = np.nan
+        if op == "finite":  # an inf, a -inf and a NaN to zero (where there is room)
+            for v in (np.inf, -np.inf, np.nan)[:a.size]:
+                a.flat[draw(0, a.size - 1)] = v
         kw = {"alpha1": [1.0, -0.5, 2.0][draw(0, 2)], "alpha2": [1.0, 0.75][draw(0, 1)]}
         if op == "sqrt":
             kw["alpha1"] = abs(kw["alpha1"])
@@ -147,6 +150,24 @@ SPECS += [OpSpec(f"op_tensor/{op}", _op_tensor_row, _op_tensor_maker(op), **ROW,
           for op in _t.OP_TENSOR_OPS]
 SPECS += [OpSpec(f"reduce_tensor/{op}", nbdnn.reduce_tensor, _reduce_maker(op),
                  **ROW) for op in _t.REDUCE_OPS]
+def _cast_row(to):
+    def cast(x, *, alpha=1.0, beta=0.0, out=None):
+        return nbdnn.cast_tensor(x, to, alpha=alpha, beta=beta, out=out)
+    return cast
+
+
+def _cast_make(draw, dtype, big):
+    rng = _rng(draw)
+    x = rand(rng, shape_nd(draw, big, 1, 4), dtype, -300.0, 300.0)
+    if x.size > 1:  # values at float16's edges: rounding to the largest finite, overflow
+        x.flat[draw(0, x.size - 1)] = 65519.0 if dtype != "float16" else 65504.0
+    return Case((x,), {})
+
+
+# (blend=False: the harness's out= has the input's dtype; tests/test_reference_tensor.py
+# checks cast_tensor's alpha, beta and out)
+SPECS += [OpSpec(f"cast_tensor/to_{to}", _cast_row(to), _cast_make, **ROW, blend=False,
+                 ops=("cast_tensor",), out_dtype=lambda dt, to=to: to) for to in BF16_DTYPES]
 SPECS += [OpSpec("scale_tensor", nbdnn.scale_tensor, _scale_make, blend=False,
                  **ROW),
           OpSpec("set_tensor", nbdnn.set_tensor, _set_make, blend=False, **ROW,
