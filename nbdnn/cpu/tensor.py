@@ -68,8 +68,9 @@ def _op(op, x, y):
 def op_tensor(op, a, b, *, alpha1, alpha2, beta, out, stream=None):
     """out = f(alpha1 * A, alpha2 * B) + beta * out (B broadcast to A)."""
     ct = compute_dtype(a.dtype)
-    x = ct(alpha1) * a.astype(ct)
-    y = None if b is None else ct(alpha2) * _bcast(b, a.ndim).astype(ct)
+    with np.errstate(invalid="ignore", over="ignore"):  # (0 * inf: NaN, as on the GPU)
+        x = ct(alpha1) * a.astype(ct)
+        y = None if b is None else ct(alpha2) * _bcast(b, a.ndim).astype(ct)
     r = np.broadcast_to(_op(op, x, y), a.shape)
     return blend(r, out, 1.0, beta, a.dtype)
 

@@ -87,13 +87,15 @@ class Conv2d(Layer):
 
 
 class BatchNorm2d(Layer):
-    """Spatial batch normalisation with scale (ones) and bias (zeros); training
-    updates the running mean and variance in place (momentum as cuDNN's factor)."""
+    """Spatial batch normalisation with scale (ones) and bias (zeros) in dtype; training
+    updates the running mean and variance in place (momentum as cuDNN's factor), kept
+    in the compute dtype (float32 for 16-bit layers)."""
 
     def __init__(self, C, *, momentum=0.1, eps=1e-5, dtype=np.float32):
         super().__init__()
-        self.params.update(scale=np.ones(C, dtype), bias=np.zeros(C, dtype))
-        self.buffers.update(mean=np.zeros(C, dtype), var=np.ones(C, dtype))
+        stats = np.float64 if np.dtype(dtype) == np.float64 else np.float32  # (its ops'
+        self.params.update(scale=np.ones(C, dtype), bias=np.zeros(C, dtype))  # compute
+        self.buffers.update(mean=np.zeros(C, stats), var=np.ones(C, stats))   # dtype)
         self.momentum, self.eps = momentum, eps
 
     def forward(self, x, train=False):

@@ -6,48 +6,73 @@ import numpy as np
 import nbdnn
 
 from .layers import copy_into, device_of, move
+from .precision import Masters, device_of_any, is_low
 
 
 class CrossEntropyLoss:
     """Mean negative log-likelihood of log_softmax(logits) against one-hot targets
     (N, classes): forward returns the loss as a 1-element array (on the logits'
-    device), backward the logits' gradient, softmax(logits) - onehot over N."""
+    device), backward the logits' gradient, softmax(logits) - onehot over N. 16-bit
+    logits are cast to float32 first (the loss in float32, as mixed precision wants);
+    the gradient goes back in the logits' dtype, multiplied by a LossScaler's scale
+    before that cast when backward gets one. onehot: float32, or the logits' dtype."""
 
     def forward(self, logits, onehot):
         self.n = logits.shape[0]
+        self.low = is_low(logits)
+        self.dtype = str(logits.dtype).rpartition(".")[2]
+        if self.low:
+            logits = nbdnn.cast_tensor(logits, "float32")
+            if is_low(onehot):
+                onehot = nbdnn.cast_tensor(onehot, "float32")
         self.logp = nbdnn.softmax(logits, axis=1, algo="log")
         self.onehot = onehot
         prod = nbdnn.op_tensor("mul", self.logp, onehot)
         return nbdnn.reduce_tensor(prod, "add", None, keepdims=False, alpha=-1.0 / self.n)
 
-    def backward(self):
+    def backward(self, scaler=None):
         dlogp = nbdnn.scale_tensor(self.onehot, -1.0 / self.n)
-        return nbdnn.softmax_backward(dlogp, self.logp, axis=1, algo="log")
+        g = nbdnn.softmax_backward(dlogp, self.logp, axis=1, algo="log")
+        if scaler is not None:
+            g = scaler.scaled(g)
+        return nbdnn.cast_tensor(g, self.dtype) if self.low else g
 
 
 class SGD:
     """p -= lr * v, v = momentum * v + (g + weight_decay * p), per parameter, with
     nbdnn's add_tensor on the parameters' device (the velocities start at zero; make
-    the optimizer after model.to(...))."""
+    the optimizer after model.to(...)). 16-bit parameters update float32 master
+    copies; scaler: a LossScaler, whose skipped steps change nothing
+    (nbdnn/nn/precision.py)."""
 
-    def __init__(self, model, lr, *, momentum=0.0, weight_decay=0.0):
+    def __init__(self, model, lr, *, momentum=0.0, weight_decay=0.0, scaler=None):
         self.model, self.lr, self.momentum, self.wd = model, lr, momentum, weight_decay
-        self.velocity = {}
+        self.velocity, self.scaler, self.masters = {}, scaler, Masters(scaler)
 
     def step(self):
-        for layer, name in self.model.parameters():
-            p, g = layer.params[name], layer.grads[name]
+        items, keep = self.masters.gradients(self.model.parameters())
+        for key, p, w, g in items:
             if self.wd:
-                g = nbdnn.add_tensor(p, g, alpha=self.wd)
+                g = nbdnn.add_tensor(w, g, alpha=self.wd)
             if self.momentum:
-                key = (id(layer), name)
                 v = self.velocity.get(key)
-                if v is None:
+                if keep is not None:  # v += keep ((momentum - 1) v + g), from zeros
+                    if v is None:
+                        v = self.velocity[key] = nbdnn.scale_tensor(g, 0.0)
+                    t = nbdnn.add_tensor(v, g, alpha=self.momentum - 1.0)
+                    nbdnn.op_tensor("mul", t, keep, beta=1.0, out=v)
+                elif v is None:
                     v = self.velocity[key] = nbdnn.scale_tensor(g, 1.0)
                 else:
                     nbdnn.add_tensor(g, v, beta=self.momentum, out=v)
                 g = v
-            nbdnn.add_tensor(g, p, alpha=-self.lr, out=p)
+            if keep is None:
+                nbdnn.add_tensor(g, w, alpha=-self.lr, out=w)
+            else:
+                nbdnn.op_tensor("mul", g, keep, alpha1=-self.lr, beta=1.0, out=w)
+            self.masters.write_back(p, w)
+        if keep is not None:
+            self.scaler.update(keep)
 
 
 class Adam:
@@ -57,16 +82,18 @@ class Adam:
     in device arrays multiplied by b1 and b2 every step, so a captured step
     (nbdnn.cuda.Graph) corrects by the right t on every replay."""
 
-    def __init__(self, model, lr=1e-3, *, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    def __init__(self, model, lr=1e-3, *, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 scaler=None):
         self.model, self.lr, self.betas, self.eps, self.wd = model, lr, betas, eps, weight_decay
         self.state, self.shared = {}, None
+        self.scaler, self.masters = scaler, Masters(scaler)
 
     def _shared(self, like):
         """[b1**t, b2**t, 1 - b1**t, 1 - b2**t, eps] as 1-element arrays on like's device."""
         if self.shared is None:
-            dev = device_of(like)
-            self.shared = [move(np.full(1, v, like.dtype), dev)
-                           for v in (1.0, 1.0, 0.0, 0.0, self.eps)]
+            self.shared = [move(np.full(1, v, np.float32 if is_low(like) else like.dtype),
+                                device_of_any(like))
+                           for v in (1.0, 1.0, 0.0, 0.0, self.eps, 1.0)]
         return self.shared
 
     def step(self):
@@ -74,31 +101,49 @@ class Adam:
         params = self.model.parameters()
         if not params:
             return
-        p1, p2, c1, c2, eps = self._shared(params[0][0].params[params[0][1]])
-        nbdnn.scale_tensor(p1, b1, out=p1)
-        nbdnn.scale_tensor(p2, b2, out=p2)
+        items, keep = self.masters.gradients(params)
+        p1, p2, c1, c2, eps, one = self._shared(params[0][0].params[params[0][1]])
+        for pw, b in ((p1, b1), (p2, b2)):  # b**t, advanced only by a kept step
+            if keep is None:
+                nbdnn.scale_tensor(pw, b, out=pw)
+            else:  # pw *= 1 + keep (b - 1)
+                nbdnn.op_tensor("mul", pw, nbdnn.add_tensor(keep, one, alpha=b - 1.0), out=pw)
         nbdnn.op_tensor("not", p1, out=c1)   # 1 - b1**t
         nbdnn.op_tensor("not", p2, out=c2)
-        for layer, name in params:
-            p, g = layer.params[name], layer.grads[name]
+        for key, p, w, g in items:
             if self.wd:
-                g = nbdnn.add_tensor(p, g, alpha=self.wd)
-            key = (id(layer), name)
+                g = nbdnn.add_tensor(w, g, alpha=self.wd)
             if key not in self.state:
                 self.state[key] = (nbdnn.scale_tensor(g, 0.0), nbdnn.scale_tensor(g, 0.0))
             m, v = self.state[key]
-            nbdnn.add_tensor(g, m, alpha=1 - b1, beta=b1, out=m)
-            nbdnn.op_tensor("mul", g, g, alpha2=1 - b2, beta=b2, out=v)
+            if keep is None:
+                nbdnn.add_tensor(g, m, alpha=1 - b1, beta=b1, out=m)
+                nbdnn.op_tensor("mul", g, g, alpha2=1 - b2, beta=b2, out=v)
+            else:  # m += keep (1 - b1)(g - m), v += keep (1 - b2)(g g - v)
+                dm = nbdnn.add_tensor(m, g, alpha=b1 - 1.0, beta=1.0 - b1)
+                nbdnn.op_tensor("mul", dm, keep, beta=1.0, out=m)
+                dv = nbdnn.add_tensor(v, nbdnn.op_tensor("mul", g, g), alpha=b2 - 1.0,
+                                      beta=1.0 - b2)
+                nbdnn.op_tensor("mul", dv, keep, beta=1.0, out=v)
             d = nbdnn.add_tensor(eps, nbdnn.op_tensor("sqrt", nbdnn.op_tensor("div", v, c2)))
             step = nbdnn.op_tensor("div", nbdnn.op_tensor("div", m, c1), d, alpha1=self.lr)
-            nbdnn.add_tensor(step, p, alpha=-1.0, out=p)
+            if keep is None:
+                nbdnn.add_tensor(step, w, alpha=-1.0, out=w)
+            else:
+                nbdnn.op_tensor("mul", step, keep, alpha1=-1.0, beta=1.0, out=w)
+            self.masters.write_back(p, w)
+        if keep is not None:
+            self.scaler.update(keep)
 
 
 def train_step(model, loss, optimizer, x, target):
     """One training step: forward, loss, backward, optimizer update; returns the loss
-    (a 1-element array on the model's device)."""
+    (a 1-element array on the model's device). The optimizer's LossScaler, if any,
+    scales the loss's gradient (nbdnn/nn/precision.py)."""
     value = loss.forward(model.forward(x, train=True), target)
-    model.backward(loss.backward(), need_dx=False)
+    scaler = getattr(optimizer, "scaler", None)
+    model.backward(loss.backward(scaler) if scaler is not None else loss.backward(),
+                   need_dx=False)
     optimizer.step()
     return value
 
@@ -168,8 +213,9 @@ class GraphedSteps:
         """One training step (forward, loss, backward, optimizer); the loss buffer."""
         if self.loss is None or self.optimizer is None:
             raise nbdnn.BadParamError("GraphedSteps.step needs loss= and optimizer=")
-        if self.target is None:
-            self.target = move(np.zeros(tuple(target.shape), self.dtype), self.device)
+        if self.target is None:  # (float32 for a 16-bit model: its loss is float32)
+            tdt = np.float32 if is_low(np.zeros(0, self.dtype)) else self.dtype
+            self.target = move(np.zeros(tuple(target.shape), tdt), self.device)
         self._into(self.x, x)
         self._into(self.target, target)
         self._steps += 1

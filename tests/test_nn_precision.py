@@ -1,0 +1,159 @@
+"""Mixed precision in nbdnn.nn (nbdnn/nn/precision.py): 16-bit layers with float32
+master weights, the float32 loss, and fp16's dynamic loss scaling with the skip and
+the scale's growth decided by array arithmetic (so a captured step replays them). On
+the CPU backend, float16 also under the simulator's CUDA backend (bfloat16 has no
+simulator path)."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn import nn
+from nbdnn.cuda.runtime.arrays import to_host
+
+BF16 = ml_dtypes.bfloat16
+
+
+def _net(dtype, seed=0):
+    return nn.Sequential([nn.Conv2d(1, 4, 3, padding=1, seed=seed, dtype=dtype),
+                          nn.BatchNorm2d(4, dtype=dtype), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(4 * 2 * 2, 3, seed=seed + 1, dtype=dtype)])
+
+
+def _data(n=8, seed=1):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 1, 4, 4)).astype(np.float32)
+    labels = rng.integers(0, 3, n)
+    return x, np.eye(3, dtype=np.float32)[labels]
+
+
+def _host(a):
+    return np.asarray(a if isinstance(a, np.ndarray) else to_host(a)).astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16])
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_low_precision_training_follows_float32(dtype, opt):
+    """A 16-bit network and its float32 twin (same seeds) trained 6 steps on one batch:
+    both losses fall, the 16-bit one stays within a few 16-bit roundings of the
+    float32 one; each parameter is its float32 master rounded once; batch norm's
+    running statistics are float32; the loss is float32."""
+    x, y = _data()
+    nets = {d: _net(d) for d in (np.float32, dtype)}
+    make = (lambda m: nn.SGD(m, 0.1, momentum=0.9)) if opt == "sgd" else \
+        (lambda m: nn.Adam(m, 0.01))
+    opts = {d: make(m) for d, m in nets.items()}
+    losses = {d: [] for d in nets}
+    for _ in range(6):
+        for d, m in nets.items():
+            v = nn.train_step(m, nn.CrossEntropyLoss(), opts[d], x.astype(d), y)
+            assert np.asarray(v).dtype == np.float32
+            losses[d].append(float(np.asarray(v)))
+    for d in nets:
+        assert losses[d][-1] < 0.8 * losses[d][0], (d, losses[d])
+    np.testing.assert_allclose(losses[dtype], losses[np.float32], rtol=0.05, atol=0.02)
+    masters = opts[dtype].masters.master
+    low = nets[dtype]
+    for layer, name in low.parameters():
+        m = masters[(id(layer), name)]
+        assert m.dtype == np.float32
+        np.testing.assert_array_equal(layer.params[name], m.astype(dtype))
+    bn = low.seq[1]
+    assert bn.buffers["mean"].dtype == np.float32 and bn.buffers["var"].dtype == np.float32
+
+
+def _scaled_setup(interval=2, init=2.0 ** 10, dtype=np.float16, opt="sgd"):
+    x, y = _data()
+    net = _net(dtype)
+    scaler = nn.LossScaler(init, growth_interval=interval)
+    o = nn.SGD(net, 0.05, momentum=0.9, scaler=scaler) if opt == "sgd" else \
+        nn.Adam(net, 0.01, scaler=scaler)
+    return net, o, scaler, x.astype(dtype), y
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_loss_scaler_skips_a_non_finite_step_and_backs_off(opt):
+    """fp16 with a LossScaler: a step whose gradients hold an inf (a weight of the last
+    layer pushed to inf mid-backward, as an overflow would) changes no parameter, no
+    master and no optimizer state, halves the scale and restarts the good count; the
+    next finite step applies."""
+    net, o, scaler, x, y = _scaled_setup(interval=100, opt=opt)
+    loss = nn.CrossEntropyLoss()
+    nn.train_step(net, loss, o, x, y)  # one good step: state exists
+    before = {k: v.copy() for k, v in net.state().items()}
+    masters = {k: v.copy() for k, v in o.masters.master.items()}
+    state = [a.copy() for a in (o.velocity.values() if opt == "sgd" else
+                                [t for pair in o.state.values() for t in pair])]
+    value = loss.forward(net.forward(x, train=True), y)
+    net.backward(loss.backward(scaler), need_dx=False)
+    net.seq[-1].grads["w"][0, 0] = np.inf
+    o.step()
+    assert np.isfinite(float(np.asarray(value)))
+    assert float(scaler.state[3][0]) == 0.0  # keep
+    assert float(scaler.scale[0]) == 2.0 ** 9 and float(scaler.state[2][0]) == 0.0
+    after = net.state()
+    for k, v in before.items():
+        if ".p." in k:  # (batch norm's running statistics moved in the forward pass)
+            np.testing.assert_array_equal(after[k], v, err_msg=k)
+    for k, v in masters.items():
+        np.testing.assert_array_equal(o.masters.master[k], v)
+    now = [a for a in (o.velocity.values() if opt == "sgd" else
+                       [t for pair in o.state.values() for t in pair])]
+    for a, b in zip(now, state):
+        np.testing.assert_array_equal(a, b)
+    nn.train_step(net, loss, o, x, y)
+    assert float(scaler.state[3][0]) == 1.0
+    assert any(not np.array_equal(net.state()[k], v) for k, v in before.items() if ".p." in k)
+
+
+def test_loss_scaler_grows_after_its_interval():
+    """growth_interval finite steps in a row double the scale (then the count
+    restarts): interval 3 from 2^10 gives 2^10, 2^10, 2^11 after steps 1-3, 2^12 after
+    step 6; good counts 1, 2, 0, 1, 2, 0."""
+    net, o, scaler, x, y = _scaled_setup(interval=3)
+    scales, goods = [], []
+    for _ in range(6):
+        nn.train_step(net, nn.CrossEntropyLoss(), o, x, y)
+        scales.append(float(scaler.scale[0]))
+        goods.append(float(scaler.state[2][0]))
+    assert scales == [2.0 ** 10, 2.0 ** 10, 2.0 ** 11, 2.0 ** 11, 2.0 ** 11, 2.0 ** 12]
+    assert goods == [1, 2, 0, 1, 2, 0]
+
+
+def test_float16_gradients_underflow_without_scaling():
+    """Why fp16 scales its loss: a tiny loss gradient (a batch of 4096 rows, each
+    dlogit ~ 1e-4 / 4096 ~ 2e-8, under fp16's smallest subnormal 6e-8) flushes to
+    zero in float16 unless scaled; with the default 2^16 it survives."""
+    g = np.full((4096, 3), 2e-8, np.float32)
+    assert not np.any(nbdnn.cast_tensor(g, "float16").astype(np.float32))
+    s = nn.LossScaler()
+    scaled = nbdnn.cast_tensor(s.scaled(g), "float16").astype(np.float32)
+    np.testing.assert_allclose(scaled * 2.0 ** -16, g, rtol=1e-3)
+
+
+def test_loss_scaler_rejects_bad_settings():
+    with pytest.raises(nbdnn.BadParamError):
+        nn.LossScaler(growth_factor=1.0)
+    with pytest.raises(nbdnn.BadParamError):
+        nn.LossScaler(backoff_factor=1.5)
+
+
+def test_float16_step_on_the_cuda_backend_matches_the_cpu():
+    """Two fp16 scaled SGD steps (the second grows the scale) on the CUDA backend (the simulator here, the H200
+    in the GPU suite) and the CPU: losses, scale and parameters agree to fp16 rounding."""
+    x, y = _data(n=4)
+    runs = {}
+    for dev in ("cpu", "cuda"):
+        net = _net(np.float16).to(dev)
+        scaler = nn.LossScaler(2.0 ** 8, growth_interval=2)
+        o = nn.SGD(net, 0.05, momentum=0.9, scaler=scaler)
+        xs = x.astype(np.float16)
+        losses = [float(_host(nn.train_step(net, nn.CrossEntropyLoss(), o,
+                                            nn.move(xs, dev), nn.move(y, dev))).reshape(-1)[0])
+                  for _ in range(2)]
+        runs[dev] = (losses, float(_host(scaler.scale).reshape(-1)[0]),
+                     {k: v.astype(np.float64) for k, v in net.state().items()})
+    assert runs["cpu"][1] == runs["cuda"][1] == 2.0 ** 9
+    np.testing.assert_allclose(runs["cuda"][0], runs["cpu"][0], rtol=1e-2, atol=1e-3)
+    for k, v in runs["cpu"][2].items():
+        np.testing.assert_allclose(runs["cuda"][2][k], v, rtol=2e-2, atol=2e-2, err_msg=k)
