@@ -14,7 +14,7 @@ With --mode graph (CUDA) the demo captures one training step as a CUDA graph
 bit for bit, a fraction of the host time.
 
     nbdnn demo [--backend cpu|cuda|both] [--mode eager|graph|both] [--epochs 8]
-               [--plot loss.png]
+               [--precision fp32|bf16|fp16] [--plot loss.png]
 """
 import argparse
 import sys
@@ -45,14 +45,17 @@ def load_digits(seed=0, test_fraction=0.2):
     return x[train], d.target[train], x[test], d.target[test]
 
 
-def digits_cnn(seed=0):
+PRECISIONS = {"fp32": np.float32, "bf16": "bfloat16", "fp16": np.float16}
+
+
+def digits_cnn(seed=0, dtype=np.float32):
     return nn.Sequential([
-        nn.Conv2d(1, 16, 3, padding=1, seed=seed), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1, seed=seed + 1), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Dropout(0.1, seed=seed + 2), nn.Flatten(), nn.Linear(32 * 2 * 2, CLASSES,
-                                                                seed=seed + 3)])
+        nn.Conv2d(1, 16, 3, padding=1, seed=seed, dtype=dtype), nn.BatchNorm2d(16, dtype=dtype),
+        nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1, seed=seed + 1, dtype=dtype),
+        nn.BatchNorm2d(32, dtype=dtype), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Dropout(0.1, seed=seed + 2), nn.Flatten(),
+        nn.Linear(32 * 2 * 2, CLASSES, seed=seed + 3, dtype=dtype)])
 
 
 def _progress(epoch, epochs, step, steps, loss, rate):
@@ -71,19 +74,25 @@ def accuracy(model, x, y, device, batch=256):
 
 
 def train(device, epochs=8, batch=64, lr=0.05, momentum=0.9, seed=0, quiet=False,
-          mode="eager"):
+          mode="eager", precision="fp32"):
     """Train on one backend through GraphedSteps (nbdnn.nn): eagerly, or (CUDA only)
     replaying one captured training step (the first step runs eagerly and creates
     the optimizer's velocities, the second is captured while it runs, every later
-    step copies its batch into the steps' buffers and replays). Returns a dict with
-    the per-step losses, seconds per epoch, images/s and test accuracy."""
+    step copies its batch into the steps' buffers and replays). precision: "fp32",
+    "bf16" (16-bit layers, float32 master weights, the loss in float32) or "fp16" (the
+    same with a LossScaler). Returns a dict with the per-step losses, seconds per
+    epoch, images/s and test accuracy."""
     if mode == "graph" and device != "cuda":
         raise ValueError("graph mode needs the CUDA backend")
+    dtype = np.dtype(PRECISIONS[precision])
     xtr, ytr, xte, yte = load_digits(seed)
+    xtr, xte = xtr.astype(dtype), xte.astype(dtype)
     onehot = np.eye(CLASSES, dtype=np.float32)
-    model = digits_cnn(seed).to(device)
+    model = digits_cnn(seed, dtype).to(device)
+    scaler = nn.LossScaler() if precision == "fp16" else None
     run = nn.GraphedSteps(model, batch, xtr.shape[1:], loss=nn.CrossEntropyLoss(),
-                          optimizer=nn.SGD(model, lr, momentum=momentum), graph=mode == "graph")
+                          optimizer=nn.SGD(model, lr, momentum=momentum, scaler=scaler),
+                          graph=mode == "graph")
     steps, losses, epoch_times = len(xtr) // batch, [], []
     for epoch in range(epochs):
         order = np.random.default_rng(seed + 1000 + epoch).permutation(len(xtr))
@@ -99,7 +108,8 @@ def train(device, epochs=8, batch=64, lr=0.05, momentum=0.9, seed=0, quiet=False
     if not quiet:
         sys.stderr.write("\n")
     per_epoch = float(np.median(epoch_times))
-    return {"device": device, "mode": mode, "losses": losses, "epoch_s": per_epoch,
+    return {"device": device, "mode": mode, "precision": precision, "losses": losses,
+            "epoch_s": per_epoch,
             "images_s": steps * batch / per_epoch, "accuracy": accuracy(model, xte, yte, device),
             "steps_per_epoch": steps}
 
@@ -114,8 +124,8 @@ def _positive(kind):
 
 
 def _row(r):
-    return (f"{r['device']:<8} {r['mode']:<6} {r['epoch_s']:8.3f} {r['images_s']:10,.0f} "
-            f"{r['accuracy']:9.2%}")
+    return (f"{r['device']:<8} {r['mode']:<6} {r['precision']:<5} {r['epoch_s']:8.3f} "
+            f"{r['images_s']:10,.0f} {r['accuracy']:9.2%}")
 
 
 def main(argv=None):
@@ -129,6 +139,9 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mode", choices=("eager", "graph", "both"), default="eager",
                     help="CUDA backend: eager calls, or replaying a captured training step")
+    ap.add_argument("--precision", choices=tuple(PRECISIONS), default="fp32",
+                    help="fp32, or bf16 / fp16 layers with float32 master weights (fp16: "
+                         "dynamic loss scaling)")
     ap.add_argument("--plot", help="draw the loss curves to this image (needs matplotlib)")
     args = ap.parse_args(argv)
     devices = ("cpu", "cuda") if args.backend == "both" else (args.backend,)
@@ -144,11 +157,12 @@ def main(argv=None):
     if args.batch > TRAIN_IMAGES:
         ap.error(f"--batch {args.batch} is larger than the training set ({TRAIN_IMAGES} images)")
     runs = []
-    print(f"{'backend':<8} {'mode':<6} {'s/epoch':>8} {'images/s':>10} {'test acc':>9}")
+    print(f"{'backend':<8} {'mode':<6} {'prec':<5} {'s/epoch':>8} {'images/s':>10} "
+          f"{'test acc':>9}")
     for device, mode in jobs:
         print(f"training on {device}, {mode}", file=sys.stderr)
         runs.append(train(device, args.epochs, args.batch, args.lr, seed=args.seed,
-                          mode=mode))
+                          mode=mode, precision=args.precision))
         print(_row(runs[-1]), flush=True)  # as each run ends: a long one loses nothing
     n = runs[0]["steps_per_epoch"]
     for a, b in zip(runs, runs[1:]):

@@ -157,3 +157,21 @@ def test_float16_step_on_the_cuda_backend_matches_the_cpu():
     np.testing.assert_allclose(runs["cuda"][0], runs["cpu"][0], rtol=1e-2, atol=1e-3)
     for k, v in runs["cpu"][2].items():
         np.testing.assert_allclose(runs["cuda"][2][k], v, rtol=2e-2, atol=2e-2, err_msg=k)
+
+
+def test_resnet50_shapes_and_parameter_count():
+    """ResNet-50's 25.6 M parameters (torchvision's count: 25,557,032) and its
+    bottleneck blocks; a narrow ResNet-50 (widths 4-32, one block a stage) runs a
+    bfloat16 forward and backward on the CPU backend with float32 master weights and
+    keeps its output's shape and dtype."""
+    net = nn.resnet50()
+    count = sum(int(np.prod(m.params[k].shape)) for m, k in net.parameters())
+    assert count == 25_557_032
+    small = nn.resnet50(10, widths=(4, 8, 16, 32), blocks=(1, 1, 1, 1), dtype=BF16)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 32, 32)).astype(BF16)
+    y = small.forward(x, train=True)
+    assert y.shape == (2, 10) and y.dtype == BF16
+    opt = nn.SGD(small, 0.01, momentum=0.9)
+    v = nn.train_step(small, nn.CrossEntropyLoss(), opt, x, np.eye(10, dtype=np.float32)[[1, 7]])
+    assert np.isfinite(float(np.asarray(v))) and len(opt.masters.master) == len(small.parameters())

@@ -1,6 +1,7 @@
 """A small model layer built only from nbdnn ops: layers with forward and backward,
-`Sequential` (and `resnet18`), a cross-entropy loss, SGD with momentum and Adam, on
-either backend.
+`Sequential` (and `resnet18`, `resnet50`), a cross-entropy loss, SGD with momentum and
+Adam, mixed precision (16-bit layers, float32 master weights, `LossScaler`:
+nbdnn/nn/precision.py), on either backend.
 
 A layer holds its parameters in `params` (name -> array) and, after `backward`, their
 gradients in `grads`; `forward(x, train)` keeps what `backward(dy)` needs. Arrays are
@@ -24,7 +25,7 @@ host time a kernel. Everything a replay must see change lives in device arrays:
 parameters, running statistics, optimizer state, dropout's offset counter, Adam's
 b1**t and b2**t.
 """
-from .layers import (Activation, AvgPool2d, BasicBlock, BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool2d, Layer, Linear, MaxPool2d, ReLU, Sequential, copy_into, device_of, move)  # noqa: F401
-from .models import resnet18  # noqa: F401
+from .layers import (Activation, AvgPool2d, BasicBlock, BatchNorm2d, Bottleneck, Conv2d, Dropout, Flatten, GlobalAvgPool2d, Layer, Linear, MaxPool2d, ReLU, Sequential, copy_into, device_of, move)  # noqa: F401
+from .models import resnet18, resnet50  # noqa: F401
 from .precision import LossScaler  # noqa: F401
 from .train import SGD, Adam, CrossEntropyLoss, GraphedSteps, train_step  # noqa: F401

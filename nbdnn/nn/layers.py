@@ -257,6 +257,31 @@ class BasicBlock(Layer):
         return nbdnn.add_tensor(ds, dx) if need_dx else None
 
 
+class Bottleneck(Layer):
+    """ResNet-50's bottleneck block (torchvision's v1.5: the stride on the 3x3):
+    y = relu(bn(conv1x1(relu(bn(conv3x3/stride(relu(bn(conv1x1(x))))))) + shortcut(x)),
+    C -> width -> width -> 4 width channels; the shortcut x itself or, when the shape
+    changes, bn(conv1x1/stride(x))."""
+
+    def __init__(self, C, width, *, stride=1, seed=0, dtype=np.float32):
+        super().__init__()
+        K = 4 * width
+        self.body = Sequential([
+            Conv2d(C, width, 1, bias=False, seed=seed, dtype=dtype),
+            BatchNorm2d(width, dtype=dtype), ReLU(),
+            Conv2d(width, width, 3, stride=stride, padding=1, bias=False, seed=seed + 1,
+                   dtype=dtype),
+            BatchNorm2d(width, dtype=dtype), ReLU(),
+            Conv2d(width, K, 1, bias=False, seed=seed + 2, dtype=dtype),
+            BatchNorm2d(K, dtype=dtype)])
+        self.shortcut = None if C == K and stride == 1 else Sequential([
+            Conv2d(C, K, 1, stride=stride, bias=False, seed=seed + 3, dtype=dtype),
+            BatchNorm2d(K, dtype=dtype)])
+        self.relu = ReLU()
+
+    layers, forward, backward = BasicBlock.layers, BasicBlock.forward, BasicBlock.backward
+
+
 class Sequential(Layer):
     """Layers applied in order; backward runs them in reverse."""
 

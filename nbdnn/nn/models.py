@@ -1,8 +1,8 @@
 """Models built from nbdnn.nn's layers (re-exported there)."""
 import numpy as np
 
-from .layers import (BasicBlock, BatchNorm2d, Conv2d, Flatten, GlobalAvgPool2d, Linear,
-                     MaxPool2d, ReLU, Sequential)
+from .layers import (BasicBlock, BatchNorm2d, Bottleneck, Conv2d, Flatten, GlobalAvgPool2d,
+                     Linear, MaxPool2d, ReLU, Sequential)
 
 
 def resnet18(num_classes=1000, *, seed=0, dtype=np.float32):
@@ -19,5 +19,26 @@ def resnet18(num_classes=1000, *, seed=0, dtype=np.float32):
                                      seed=next(seeds), dtype=dtype))
             C = K
     layers += [GlobalAvgPool2d(), Flatten(), Linear(512, num_classes, seed=next(seeds),
+                                                    dtype=dtype)]
+    return Sequential(layers)
+
+
+def resnet50(num_classes=1000, *, seed=0, dtype=np.float32, widths=(64, 128, 256, 512),
+             blocks=(3, 4, 6, 3)):
+    """ResNet-50 for (N, 3, H, W) images (torchvision's v1.5): the ResNet-18 stem, four
+    stages of bottleneck blocks (3, 4, 6, 3 of them; widths 64-512, outputs 4 times
+    that; stride 2 on the first block's 3x3 from the second stage), global average
+    pool, linear. widths / blocks shrink it for tests. Layer seeds as resnet18's."""
+    seeds = iter(range(seed, seed + 400, 4))
+    layers = [Conv2d(3, widths[0], 7, stride=2, padding=3, bias=False, seed=next(seeds),
+                     dtype=dtype),
+              BatchNorm2d(widths[0], dtype=dtype), ReLU(), MaxPool2d(3, stride=2, padding=1)]
+    C = widths[0]
+    for stage, (width, n) in enumerate(zip(widths, blocks)):
+        for b in range(n):
+            layers.append(Bottleneck(C, width, stride=2 if b == 0 and stage else 1,
+                                     seed=next(seeds), dtype=dtype))
+            C = 4 * width
+    layers += [GlobalAvgPool2d(), Flatten(), Linear(C, num_classes, seed=next(seeds),
                                                     dtype=dtype)]
     return Sequential(layers)
