@@ -174,13 +174,14 @@ gemm)
 knobs)
     # the tensor-core GEMM's switches (wgmma_gemm.py, split_k.py): the tests of LEAN_SETUP,
     # TMA_STORE_F32, SKINNY_TILE (on since run AI), SKINNY_ROWS, WIDTHS, ONE_WAVE (on since
-    # run AJ), CLUSTER_SPLIT (off: racecheck hazards, run AJ), each both ways; the
+    # run AJ), CLUSTER_SPLIT (off: racecheck hazards, run AJ), NARROW (written after run
+    # AJ), each both ways; the
     # sanitizer over tc_paths' "[knob]" paths, the skinny speed of skinny_gemm.py's VARIANTS
     # (default: the shipped, run AI's defaults, the cluster on top), the block timeline
     # (TIMELINE=1); and the compile-time clusters' one-tile test (tensorcore/cluster.py)
     # (four processes at once: each JITs its variants; one process would take ~6 min)
     i=0
-    for k in "lean or clusters or width" "float32_c" "cluster_split" "skinny_tile"; do
+    for k in "lean or clusters or width or narrow" "float32_c" "cluster_split" "skinny_tile"; do
         timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_tensorcore_variants.py \
             tests/test_tensorcore.py -k "$k" > "$OUT/knobs-tests-$i.log" 2>&1 &
         i=$((i + 1))
@@ -193,7 +194,7 @@ knobs)
             > "$OUT/knobs-$tool.log" 2>&1
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^BAD|^ok" "$OUT/knobs-$tool.log" | tail -6
     done
-    timeout 200 python3 perf/experiments/skinny_gemm.py --variants ${VARIANTS:-ship ai clust} \
+    timeout 200 python3 perf/experiments/skinny_gemm.py --variants ${VARIANTS:-ship ai narrow} \
         > "$OUT/knobs-skinny.log" 2>&1
     grep -v -i warn "$OUT/knobs-skinny.log"
     [ -z "${TIMELINE:-}" ] || timeout 50 python3 perf/experiments/gemm_timeline.py 2>&1 \

@@ -248,6 +248,19 @@ def test_tile_width_takes_the_fewest_waves(monkeypatch):
     assert src.count("tma_load_3d(U32(sb + ") == 3 and "sb = sa + 16384" in src
 
 
+def test_narrow_widths_for_narrow_n(monkeypatch):
+    """split_k.NARROW: 128 and 64 join the widths, ranked by waves x (128 + width) on
+    132 SMs: N = 64 over 784 row tiles (a 1x1 convolution's 64 filters at batch 32)
+    takes 64 (192 without NARROW), N = 128 over 196 row tiles 128 (2 waves of 128 + 128
+    against 3 of 128 + 64), and 4096^2 and 1000 x 3000 keep 256 and 192."""
+    from nbdnn.cuda.matmul import split_k
+    monkeypatch.setattr(split_k, "sm_count", lambda: 132)
+    assert split_k.tile_width(784, 64, 1) == 192
+    monkeypatch.setattr(split_k, "NARROW", True)
+    assert [split_k.tile_width(rt, n, 1) for rt, n in ((784, 64), (196, 128), (32, 4096),
+                                                       (8, 3000))] == [64, 128, 256, 192]
+
+
 def test_split_k_chunks(monkeypatch):
     """split_k.split on 132 SMs: no split for a grid of half the SMs or more, or a K
     under two chunks; otherwise chunks of at least MIN_CHUNK that fill the SMs (64 x

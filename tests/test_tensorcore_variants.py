@@ -311,3 +311,24 @@ def test_tile_width_192(shapes, ta, tb, dtype, monkeypatch):
         _check_16bit_matmul(dtype, shapes, ta, tb, "wgmma_gemm", row_tiles + 2 * ta)
     assert all(("n192" in n) == (want == 192) for n in names), (names, sm_count())
     assert want == 192 or sm_count() != 132, "on an H200 both shapes take 192"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("ta,tb", [(False, True), (True, False)])
+@pytest.mark.parametrize("shapes", [((20000, 96), (96, 64)), ((6000, 200), (200, 120))],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_narrow_tiles(shapes, ta, tb, dtype, monkeypatch):
+    """split_k.NARROW: 64- and 128-wide tiles for N = 64 and 120 (a 1x1 convolution's
+    filters; wgmma m64n64 / m64n128, one TMA box or store a side): the epilogue both
+    ways (beta: direct stores; TMA stores), both operand majors."""
+    pytest.importorskip("torch")
+    from nbdnn.cuda.matmul import split_k
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(split_k, "NARROW", True)
+    (ash, bsh) = shapes
+    with launched() as names:
+        _check_16bit_matmul(dtype, shapes, ta, tb, "wgmma_gemm", 5 + 2 * ta)
+    want = "n64" if bsh[-1] <= 64 else "n128"
+    assert all(want in flags(n) or want in n for n in names), names

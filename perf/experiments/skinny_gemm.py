@@ -40,12 +40,13 @@ from nbdnn.cuda.runtime.device import sm_count
 from nbdnn.ops import _plan
 
 SHAPES = [(64, 4096, 4096), (128, 4096, 4096), (256, 4096, 8192), (512, 8192, 1024),
-          (1000, 3000, 2040), (64, 8192, 8192), (128, 256, 64)]
+          (1000, 3000, 2040), (64, 8192, 8192), (128, 256, 64),
+          (100352, 64, 64), (25088, 128, 512)]  # (ResNet-50's 1x1 convolutions at batch 32)
 SHIPPED = (SK.SPLIT_FILL, SK.MIN_CHUNK, SK.MAX_SPLITS, W.TILE)
 KNOBS = {"TMA_STORE_F32": W.TMA_STORE_F32, "LEAN_SETUP": W.LEAN_SETUP,
          "SKINNY_TILE": W.SKINNY_TILE, "SKINNY_ROWS": W.SKINNY_ROWS,
          "CLUSTER_SPLIT": W.CLUSTER_SPLIT, "WIDTHS": SK.WIDTHS,
-         "ONE_WAVE": SK.ONE_WAVE}  # (their shipped values)
+         "ONE_WAVE": SK.ONE_WAVE, "NARROW": SK.NARROW}  # (their shipped values)
 # name: (SPLIT_FILL, MIN_CHUNK, MAX_SPLITS, TILE[, wgmma_gemm knobs]); "c1024" became the
 # shipped split in run AH; the knobs written after run AH (TMA_STORE_F32, LEAN_SETUP,
 # SKINNY_TILE), shipped since run AI: "ah" all three off, "nof32" / "nolean" / "nom64"
@@ -77,13 +78,14 @@ VARIANTS = {
     # run AI, "clust" the cluster's split-K on top
     "ai": SHIPPED + ({"ONE_WAVE": False, "WIDTHS": (256,), "SKINNY_ROWS": 64},),
     "clust": SHIPPED + ({"CLUSTER_SPLIT": True},),
+    "narrow": SHIPPED + ({"NARROW": True},),  # (split_k.NARROW: 128 and 64 wide too)
 }
 
 
 def _set(v):
     SK.SPLIT_FILL, SK.MIN_CHUNK, SK.MAX_SPLITS, W.TILE = v[:4]
     for k, shipped in KNOBS.items():
-        setattr(SK if k in ("WIDTHS", "ONE_WAVE") else W, k,
+        setattr(SK if k in ("WIDTHS", "ONE_WAVE", "NARROW") else W, k,
                 (v[4] if len(v) > 4 else {}).get(k, shipped))
     _plan.clear()
 

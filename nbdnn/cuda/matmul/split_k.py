@@ -34,13 +34,21 @@ ONE_WAVE = True
 # cuBLAS): 1000 x 3000 x 2040 0.64 -> 0.66, 256 x 4096 x 8192 0.61 -> 0.80 (its 44
 # tiles split 3 ways fill 132 SMs), one 128 x 256 x 64 tile 0.60 -> 0.63.
 WIDTHS = (256, 192)
+# ... and for narrow N (a 1x1 convolution's 64-256 filters: run AJ's N = 64 took a
+# 192-wide tile, 2/3 of it idle, 0.57x cuDNN) 128 and 64 too, ranked by waves x (BM +
+# width): a k-tile's loads (BM + width rows of 128 B) bound the narrow tiles. Written
+# after run AJ's device time, not yet run on a GPU: off.
+NARROW = False
 
 
-def tile_width(row_tiles, N, nz):
+def tile_width(row_tiles, N, nz, bm=128):
     """The width of WIDTHS whose waves x width (the time of the last wave's tiles, for
-    a persistent grid of equal tiles) is least, the widest on a tie."""
+    a persistent grid of equal tiles) is least, the widest on a tie; NARROW: of WIDTHS,
+    128 and 64 by waves x (bm + width)."""
     sm = sm_count()
-    return min(WIDTHS, key=lambda bn: (-(-row_tiles * -(-N // bn) * nz // sm) * bn, -bn))
+    widths, extra = (WIDTHS + (128, 64), bm) if NARROW else (WIDTHS, 0)
+    return min(widths, key=lambda bn: (-(-row_tiles * -(-N // bn) * nz // sm) * (extra + bn),
+                                       -bn))
 
 
 def split(tiles, K, BK):

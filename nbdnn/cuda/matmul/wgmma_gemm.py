@@ -218,7 +218,8 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
         rows_a, na, nz, batch, a_batch, b_batch = nz * M, 1, 1, (), (), ()
     tile = SKINNY_TILE if SKINNY_TILE and rows_a <= SKINNY_ROWS else TILE
     width = TILE[0] if tile is not TILE else tile_width(-(-rows_a // BM), N, nz)
-    tile = tile if width == TILE[0] else (width, 5)  # (192 wide: 40 KB a stage)
+    tile = tile if width == TILE[0] else (width, 5 if width == 192 else 6)  # (40 KB a
+    # stage at 192 wide; 128 and 64: split_k.NARROW)
     bn, bm = tile[0], (tuple(tile) + (BM,))[2]
     # tensor maps (matrices, rows, contiguous extent), boxes (1, rows, 128 B of k) K-major
     # or (1, 64 k, 64 m/n) MN-major (16-bit only)
