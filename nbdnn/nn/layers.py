@@ -62,16 +62,20 @@ def _he(rng, shape, fan_in, dtype):
 
 
 class Conv2d(Layer):
-    """y = conv2d(x, w) + b; x (N, C, H, W), w (K, C/groups, R, R) He-initialised."""
+    """y = conv2d(x, w) + b; x (N, C, H, W), w (K, C/groups, R, R) He-initialised; with
+    layout "NHWC" x (N, H, W, C) and w (K, R, R, C/groups), the same weights transposed
+    (16-bit channels-last convolutions run on sm_90's tensor cores)."""
 
     def __init__(self, C, K, R, *, stride=1, padding=0, groups=1, bias=True, seed=0,
-                 dtype=np.float32):
+                 dtype=np.float32, layout="NCHW"):
         super().__init__()
         rng = np.random.default_rng(seed)
-        self.params["w"] = _he(rng, (K, C // groups, R, R), C // groups * R * R, dtype)
+        w = _he(rng, (K, C // groups, R, R), C // groups * R * R, dtype)
+        self.params["w"] = np.ascontiguousarray(w.transpose(0, 2, 3, 1)) \
+            if layout == "NHWC" else w
         if bias:
             self.params["b"] = np.zeros(K, dtype)
-        self.kw = dict(stride=stride, padding=padding, groups=groups)
+        self.kw = dict(stride=stride, padding=padding, groups=groups, layout=layout)
 
     def forward(self, x, train=False):
         self.x = x
@@ -91,8 +95,9 @@ class BatchNorm2d(Layer):
     updates the running mean and variance in place (momentum as cuDNN's factor), kept
     in the compute dtype (float32 for 16-bit layers)."""
 
-    def __init__(self, C, *, momentum=0.1, eps=1e-5, dtype=np.float32):
+    def __init__(self, C, *, momentum=0.1, eps=1e-5, dtype=np.float32, layout="NCHW"):
         super().__init__()
+        self.layout = layout
         stats = np.float64 if np.dtype(dtype) == np.float64 else np.float32  # (its ops'
         self.params.update(scale=np.ones(C, dtype), bias=np.zeros(C, dtype))  # compute
         self.buffers.update(mean=np.zeros(C, stats), var=np.ones(C, stats))   # dtype)
@@ -102,16 +107,16 @@ class BatchNorm2d(Layer):
         p, b = self.params, self.buffers
         if not train:
             return nbdnn.batch_norm_infer(x, p["scale"], p["bias"], b["mean"], b["var"],
-                                          eps=self.eps)
+                                          eps=self.eps, layout=self.layout)
         self.x = x
         y, self.mean, self.invstd = nbdnn.batch_norm_train(
             x, p["scale"], p["bias"], b["mean"], b["var"], momentum=self.momentum,
-            eps=self.eps)
+            eps=self.eps, layout=self.layout)
         return y
 
     def backward(self, dy, need_dx=True):
         dx, self.grads["scale"], self.grads["bias"] = nbdnn.batch_norm_backward(
-            dy, self.x, self.params["scale"], self.mean, self.invstd)
+            dy, self.x, self.params["scale"], self.mean, self.invstd, layout=self.layout)
         return dx
 
 
@@ -138,9 +143,10 @@ def ReLU():
 class _Pool(Layer):
     mode = "max"
 
-    def __init__(self, kernel, stride=None, padding=0):
+    def __init__(self, kernel, stride=None, padding=0, *, layout="NCHW"):
         super().__init__()
-        self.kernel, self.kw = kernel, dict(stride=stride, padding=padding, mode=self.mode)
+        self.kernel, self.kw = kernel, dict(stride=stride, padding=padding, mode=self.mode,
+                                            layout=layout)
 
     def forward(self, x, train=False):
         self.x = x
@@ -161,14 +167,20 @@ class AvgPool2d(_Pool):
 
 
 class GlobalAvgPool2d(Layer):
-    """(N, C, H, W) -> (N, C, 1, 1): an average pool over the whole map."""
+    """(N, C, H, W) -> (N, C, 1, 1) (NHWC: (N, H, W, C) -> (N, 1, 1, C)): an average
+    pool over the whole map."""
+
+    def __init__(self, *, layout="NCHW"):
+        super().__init__()
+        self.layout = layout
 
     def forward(self, x, train=False):
-        self.x, self.kernel = x, tuple(x.shape[2:])
-        return nbdnn.pool2d(x, self.kernel, mode="avg")
+        self.x = x
+        self.kernel = tuple(x.shape[1:3] if self.layout == "NHWC" else x.shape[2:])
+        return nbdnn.pool2d(x, self.kernel, mode="avg", layout=self.layout)
 
     def backward(self, dy, need_dx=True):
-        return nbdnn.pool_backward(dy, self.x, self.kernel, mode="avg")
+        return nbdnn.pool_backward(dy, self.x, self.kernel, mode="avg", layout=self.layout)
 
 
 class Flatten(Layer):
@@ -230,16 +242,17 @@ class BasicBlock(Layer):
     """ResNet's basic block: y = relu(bn(conv3x3(relu(bn(conv3x3(x))))) + shortcut(x)),
     the shortcut x itself or, when the shape changes, bn(conv1x1/stride(x))."""
 
-    def __init__(self, C, K, *, stride=1, seed=0, dtype=np.float32):
+    def __init__(self, C, K, *, stride=1, seed=0, dtype=np.float32, layout="NCHW"):
         super().__init__()
+        kw = dict(dtype=dtype, layout=layout)
         self.body = Sequential([
-            Conv2d(C, K, 3, stride=stride, padding=1, bias=False, seed=seed, dtype=dtype),
-            BatchNorm2d(K, dtype=dtype), ReLU(),
-            Conv2d(K, K, 3, padding=1, bias=False, seed=seed + 1, dtype=dtype),
-            BatchNorm2d(K, dtype=dtype)])
+            Conv2d(C, K, 3, stride=stride, padding=1, bias=False, seed=seed, **kw),
+            BatchNorm2d(K, **kw), ReLU(),
+            Conv2d(K, K, 3, padding=1, bias=False, seed=seed + 1, **kw),
+            BatchNorm2d(K, **kw)])
         self.shortcut = None if C == K and stride == 1 else Sequential([
-            Conv2d(C, K, 1, stride=stride, bias=False, seed=seed + 2, dtype=dtype),
-            BatchNorm2d(K, dtype=dtype)])
+            Conv2d(C, K, 1, stride=stride, bias=False, seed=seed + 2, **kw),
+            BatchNorm2d(K, **kw)])
         self.relu = ReLU()
 
     def layers(self):
@@ -263,20 +276,21 @@ class Bottleneck(Layer):
     C -> width -> width -> 4 width channels; the shortcut x itself or, when the shape
     changes, bn(conv1x1/stride(x))."""
 
-    def __init__(self, C, width, *, stride=1, seed=0, dtype=np.float32):
+    def __init__(self, C, width, *, stride=1, seed=0, dtype=np.float32,
+                 layout="NCHW"):
         super().__init__()
+        kw = dict(dtype=dtype, layout=layout)
         K = 4 * width
         self.body = Sequential([
-            Conv2d(C, width, 1, bias=False, seed=seed, dtype=dtype),
-            BatchNorm2d(width, dtype=dtype), ReLU(),
-            Conv2d(width, width, 3, stride=stride, padding=1, bias=False, seed=seed + 1,
-                   dtype=dtype),
-            BatchNorm2d(width, dtype=dtype), ReLU(),
-            Conv2d(width, K, 1, bias=False, seed=seed + 2, dtype=dtype),
-            BatchNorm2d(K, dtype=dtype)])
+            Conv2d(C, width, 1, bias=False, seed=seed, **kw),
+            BatchNorm2d(width, **kw), ReLU(),
+            Conv2d(width, width, 3, stride=stride, padding=1, bias=False, seed=seed + 1, **kw),
+            BatchNorm2d(width, **kw), ReLU(),
+            Conv2d(width, K, 1, bias=False, seed=seed + 2, **kw),
+            BatchNorm2d(K, **kw)])
         self.shortcut = None if C == K and stride == 1 else Sequential([
-            Conv2d(C, K, 1, stride=stride, bias=False, seed=seed + 3, dtype=dtype),
-            BatchNorm2d(K, dtype=dtype)])
+            Conv2d(C, K, 1, stride=stride, bias=False, seed=seed + 3, **kw),
+            BatchNorm2d(K, **kw)])
         self.relu = ReLU()
 
     layers, forward, backward = BasicBlock.layers, BasicBlock.forward, BasicBlock.backward
