@@ -191,3 +191,22 @@ def test_channels_last_resnet_equals_channels_first():
     dy = rng.standard_normal(y1.shape)
     d1, d2 = nets["NCHW"].backward(dy), nets["NHWC"].backward(dy)
     np.testing.assert_allclose(d2.transpose(0, 3, 1, 2), d1, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_fold_batch_norm_matches_eval(layout):
+    """nn.fold_batch_norm: a narrow ResNet-50 with running statistics moved off their
+    start (three training forwards) gives, folded, its eval-mode logits (float64, CPU
+    backend): every Conv2d - BatchNorm2d [- ReLU] one convolution, every block's last
+    convolution adding the shortcut and applying the ReLU."""
+    rng = np.random.default_rng(6)
+    net = nn.resnet50(10, widths=(4, 8, 8, 8), blocks=(1, 2, 1, 1), layout=layout,
+                      dtype=np.float64)
+    shape = (2, 3, 32, 32) if layout == "NCHW" else (2, 32, 32, 3)
+    for _ in range(3):
+        net.forward(rng.standard_normal(shape) * 2 + 0.5, train=True)
+    x = rng.standard_normal(shape)
+    folded = nn.fold_batch_norm(net)
+    kinds = [type(m).__name__ for m in folded.seq]
+    assert kinds[:2] == ["FoldedConv", "MaxPool2d"] and kinds.count("FoldedBlock") == 5
+    np.testing.assert_allclose(folded.forward(x), net.forward(x), rtol=1e-9, atol=1e-12)

@@ -26,6 +26,7 @@ parameters, running statistics, optimizer state, dropout's offset counter, Adam'
 b1**t and b2**t.
 """
 from .layers import (Activation, AvgPool2d, BasicBlock, BatchNorm2d, Bottleneck, Conv2d, Dropout, Flatten, GlobalAvgPool2d, Layer, Linear, MaxPool2d, ReLU, Sequential, copy_into, device_of, move)  # noqa: F401
+from .fold import FoldedBlock, FoldedConv, fold_batch_norm  # noqa: F401
 from .models import resnet18, resnet50  # noqa: F401
 from .precision import LossScaler  # noqa: F401
 from .train import SGD, Adam, CrossEntropyLoss, GraphedSteps, train_step  # noqa: F401
