@@ -210,3 +210,23 @@ def test_fold_batch_norm_matches_eval(layout):
     kinds = [type(m).__name__ for m in folded.seq]
     assert kinds[:2] == ["FoldedConv", "MaxPool2d"] and kinds.count("FoldedBlock") == 5
     np.testing.assert_allclose(folded.forward(x), net.forward(x), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_sequential_plan_in_a_precision(precision):
+    """Sequential.plan(..., precision=): the float32 model cast to 16 bits (batch norm's
+    statistics stay float32), a LossScaler attached for fp16, and the planned steps
+    (eager on the CPU backend; graphs on CUDA) train: the loss falls over 8 steps."""
+    x, y = _data()
+    net = _net(np.float32)
+    opt = nn.SGD(net, 0.1, momentum=0.9)
+    steps = net.plan(8, (1, 4, 4), loss=nn.CrossEntropyLoss(), optimizer=opt,
+                     precision=precision)
+    want = {"bf16": "bfloat16", "fp16": "float16"}[precision]
+    assert all(str(m.params[k].dtype) == want for m, k in net.parameters())
+    assert net.seq[1].buffers["mean"].dtype == np.float32
+    assert (opt.scaler is not None) == (precision == "fp16")
+    losses = [float(np.asarray(steps.step(x, y))) for _ in range(8)]
+    assert losses[-1] < 0.7 * losses[0], losses
+    with pytest.raises(nbdnn.BadParamError):
+        net.to_precision("fp8")

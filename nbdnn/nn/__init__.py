@@ -18,6 +18,15 @@ generator, so a seed gives the same network and the same masks on both backends.
     net.backward(loss.backward())
     opt.step()
 
+Mixed precision (nbdnn/nn/precision.py): layers take dtype= bfloat16 / float16 (or
+`net.to_precision("bf16")`); the optimizers keep float32 master weights for 16-bit
+parameters, the loss is float32, `LossScaler` scales fp16's loss with its skip and
+growth decided on the device; `net.plan(batch, shape, loss=, optimizer=,
+precision="bf16")` casts the model and plans the step (GraphedSteps). `layout="NHWC"`
+builds channels-last layers (16-bit ones run sm_90's tensor-core convolutions);
+`fold_batch_norm(net)` gives an inference copy with batch norms folded into the
+convolutions and each ResNet block's residual ReLU fused into its last one.
+
 On the CUDA backend `GraphedSteps(net, batch, (1, 8, 8), loss=loss, optimizer=opt)`
 runs the same step on fixed buffers as a captured CUDA graph (nbdnn/nn/train.py):
 `steps.step(x, onehot)` copies the batch in and replays the step for a microsecond of
@@ -25,7 +34,9 @@ host time a kernel. Everything a replay must see change lives in device arrays:
 parameters, running statistics, optimizer state, dropout's offset counter, Adam's
 b1**t and b2**t.
 """
-from .layers import (Activation, AvgPool2d, BasicBlock, BatchNorm2d, Bottleneck, Conv2d, Dropout, Flatten, GlobalAvgPool2d, Layer, Linear, MaxPool2d, ReLU, Sequential, copy_into, device_of, move)  # noqa: F401
+from .layers import (Activation, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool2d, Layer, Linear, MaxPool2d, ReLU, copy_into, device_of, move)  # noqa: F401
+from .sequential import Sequential  # noqa: F401
+from .blocks import BasicBlock, Bottleneck  # noqa: F401
 from .fold import FoldedBlock, FoldedConv, fold_batch_norm  # noqa: F401
 from .models import resnet18, resnet50  # noqa: F401
 from .precision import LossScaler  # noqa: F401

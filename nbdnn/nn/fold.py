@@ -18,8 +18,9 @@ import numpy as np
 
 import nbdnn
 
-from .layers import (Activation, BasicBlock, BatchNorm2d, Bottleneck, Conv2d, Layer,
-                     Sequential, move)
+from .blocks import BasicBlock, Bottleneck
+from .layers import Activation, BatchNorm2d, Conv2d, Layer, move
+from .sequential import Sequential
 from .precision import device_of_any
 
 

@@ -1,8 +1,9 @@
 """Models built from nbdnn.nn's layers (re-exported there)."""
 import numpy as np
 
-from .layers import (BasicBlock, BatchNorm2d, Bottleneck, Conv2d, Flatten, GlobalAvgPool2d,
-                     Linear, MaxPool2d, ReLU, Sequential)
+from .blocks import BasicBlock, Bottleneck
+from .layers import BatchNorm2d, Conv2d, Flatten, GlobalAvgPool2d, Linear, MaxPool2d, ReLU
+from .sequential import Sequential
 
 
 def resnet18(num_classes=1000, *, seed=0, dtype=np.float32, layout="NCHW"):

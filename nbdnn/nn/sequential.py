@@ -1,0 +1,124 @@
+"""nbdnn.nn's Sequential (re-exported there): layers applied in order, their
+parameters, save/load, and `plan`: the training step captured as a graph in a chosen
+precision (nbdnn/nn/train.py's GraphedSteps, nbdnn/nn/precision.py)."""
+import numpy as np
+
+import nbdnn
+
+from .layers import Layer, copy_into, move
+
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+class Sequential(Layer):
+    """Layers applied in order; backward runs them in reverse."""
+
+    def __init__(self, layers):
+        super().__init__()
+        self.seq = list(layers)
+
+    def layers(self):
+        return [self] + [m for layer in self.seq for m in layer.layers()]
+
+    def forward(self, x, train=False):
+        for layer in self.seq:
+            x = layer.forward(x, train)
+        return x
+
+    def backward(self, dy, need_dx=True):
+        for i, layer in enumerate(reversed(self.seq)):
+            dy = layer.backward(dy, need_dx or i < len(self.seq) - 1)
+        return dy
+
+    def to_precision(self, precision):
+        """Cast every parameter to "fp32", "bf16" or "fp16" in place (on its device;
+        batch norm's running statistics stay in the compute dtype, float32). Make the
+        optimizer after, or before: its float32 masters start from the parameters at
+        its first step."""
+        dtype = PRECISIONS.get(precision)
+        if dtype is None:
+            raise nbdnn.BadParamError(f"to_precision: precision must be one of "
+                                      f"{tuple(PRECISIONS)}, got {precision!r}")
+        for m in self.layers():
+            for k, v in m.params.items():
+                if str(v.dtype).rpartition(".")[2] != dtype:
+                    m.params[k] = nbdnn.cast_tensor(v, dtype)
+            m.grads = {}
+        return self
+
+    def plan(self, batch_size, input_shape, *, loss, optimizer, precision=None, graph=None):
+        """The training (and inference) step on fixed buffers, captured as CUDA graphs
+        on the CUDA backend (nn.GraphedSteps), in `precision` ("fp32", "bf16", "fp16";
+        None: the parameters' own): the model is cast to it (to_precision), 16-bit
+        parameters get float32 master weights in the optimizer, and "fp16" gets a
+        LossScaler when the optimizer has none, so its skip and growth replay on the
+        device with the rest of the step."""
+        from .precision import LossScaler  # (sequential <- precision <- layers: no circle)
+        from .train import GraphedSteps
+        if precision is not None:
+            self.to_precision(precision)
+        if precision == "fp16" and getattr(optimizer, "scaler", None) is None:
+            optimizer.scaler = optimizer.masters.scaler = LossScaler()
+        return GraphedSteps(self, batch_size, input_shape, loss=loss, optimizer=optimizer,
+                            graph=graph)
+
+    def parameters(self):
+        """(layer, name) of every parameter, in a fixed order."""
+        return [(m, k) for m in self.layers() for k in m.params]
+
+    def state(self):
+        """name -> host array of every parameter and buffer (for numpy.savez)."""
+        out = {}
+        for i, m in enumerate(self.layers()):
+            for kind, d in (("p", m.params), ("b", m.buffers)):
+                for k, v in d.items():
+                    out[f"{i}.{kind}.{k}"] = move(v, "cpu")
+        return out
+
+    def save(self, path):
+        """Every parameter and buffer to `path` (numpy.savez: ".npz" is added when the
+        name lacks it), keys as state() names them."""
+        np.savez(path, **self.state())
+
+    def load(self, path):
+        """Parameters and buffers from save(), copied into the model's own arrays (on
+        its device; GraphedSteps' captured graphs keep working). `path` with or without
+        ".npz", as save() took it. Atomic: every entry is read and checked (present,
+        the model's shape, a dtype of the model's kind; no key the model lacks) before any is
+        written; a missing, truncated, corrupted or foreign file is an NbdnnError
+        naming the file (and the key)."""
+        import os
+        import zipfile
+        p = os.fspath(path)
+        if not os.path.exists(p) and os.path.exists(p + ".npz"):
+            p = p + ".npz"
+        want = {f"{i}.{kind}.{k}": v for i, m in enumerate(self.layers())
+                for kind, d in (("p", m.params), ("b", m.buffers)) for k, v in d.items()}
+        try:
+            with np.load(p, allow_pickle=False) as f:
+                if not hasattr(f, "files"):
+                    raise nbdnn.BadParamError(f"load: {p} holds one array, not a saved model")
+                arrays = {}
+                for key, v in want.items():
+                    if key not in f.files:
+                        raise nbdnn.BadParamError(f"load: {p} lacks key {key!r}")
+                    a = f[key]
+                    vt = np.dtype(str(v.dtype).rpartition(".")[2])
+                    if a.dtype.kind not in "fiu" or not np.can_cast(a.dtype, vt, "same_kind"):
+                        raise nbdnn.DtypeError(f"load: {p} key {key!r} has dtype {a.dtype}, "
+                                               f"not one that converts to the model's {vt}")
+                    if tuple(a.shape) != tuple(v.shape):
+                        raise nbdnn.ShapeError(f"load: {p} key {key!r} has shape {a.shape}, "
+                                               f"the model's {tuple(v.shape)}")
+                    arrays[key] = a.astype(v.dtype)
+                extra = sorted(set(f.files) - set(want))
+                if extra:
+                    raise nbdnn.BadParamError(f"load: {p} holds keys the model lacks: {extra}")
+        except nbdnn.NbdnnError:
+            raise
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
+            raise nbdnn.BadParamError(f"load: cannot read {p} as a saved model: "
+                                      f"{type(e).__name__}: {e}") from None
+        for key, v in want.items():  # only now: nothing is written from a bad file
+            copy_into(v, arrays[key])
+        return self
