@@ -2,8 +2,7 @@
 1-d and 2-d, one group. The wgmma GEMM kernel (nbdnn/cuda/matmul/wgmma_gemm.py) with
 its A operand gathered by TMA's im2col mode and B the filters as stored
 (nbdnn/cuda/matmul/wgmma_im2col.py draws the GEMM view): no im2col workspace, no
-epilogue pass, float32 accumulation, the fused epilogue act(acc + bias[k]) from the
-accumulators.
+epilogue pass, float32 accumulation, the fused epilogue from the accumulators.
 
     x (N, H, W, C) -> A: M = N OH OW rows, reduction taps x Cp (Cp = C padded to 64)
     w (K, R, S, C) -> B: K rows, the same reduction
@@ -16,15 +15,16 @@ Used (`usable`) when the tensor-core GEMM runs here, the call is channels-last w
 group, 1-d or 2-d, C and K multiples of 8 (TMA's 16-byte strides) and the base
 addresses 16-byte aligned, strides at most 8 (TMA's element strides), the window
 corners' box within TMA's range ([-128, 127] for a 4-d map) and the taps' offsets
-under 128. The epilogue is a convolution's, act(alpha acc + beta z + bias) with z the
-residual or y (pair_epilogue.conv_pair_lines), split-K only without alpha and z (its
-sum applies the GEMM's order). Everything else runs the SIMT algorithms. The tensor maps are encoded on the host per address (a
-kernel cannot rewrite an im2col map's address the way the GEMM's own maps do), so
-the call is not plannable (CUDA graphs capture it).
+under 128 (VERIFIED_ONLY narrows this further, below). The epilogue is a
+convolution's, act(alpha acc + beta z + bias) with z the residual or y
+(pair_epilogue.conv_pair_lines), split-K only without alpha and z (its sum applies
+the GEMM's order). Everything else runs the SIMT algorithms. The tensor maps are
+encoded on the host per address (a kernel cannot rewrite an im2col map's address the
+way the GEMM's own maps do), so the call is not plannable (CUDA graphs capture it).
 
-Tile: 128 output positions x BN filters, BN from WIDTHS by the GEMM's rule (the width
-whose waves x width is least: K = 64 takes 64 wide, a 128 x 64 tile, where 256 would
-compute four times the filters); the 64-row tile and split-K as the GEMM picks them.
+Tile: 128 output positions x BN filters, BN from WIDTHS by waves x (BM + BN) (`plan`:
+K = 64 takes 64 wide, where 256 would compute four times the filters); the 64-row
+tile and split-K as the GEMM picks them.
 """
 import numpy as np
 
