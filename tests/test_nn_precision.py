@@ -230,3 +230,32 @@ def test_sequential_plan_in_a_precision(precision):
     assert losses[-1] < 0.7 * losses[0], losses
     with pytest.raises(nbdnn.BadParamError):
         net.to_precision("fp8")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_planned_mixed_precision_steps_replay_as_graphs(precision):
+    """On a GPU: the mixed-precision step captured as CUDA graphs (masters, the loss
+    scaler's skip and growth inside) gives the eager step's losses and parameters
+    bit for bit, a skipped step included (fp16: an init scale of 2^40 overflows the
+    first steps, which back off on the device)."""
+    from nbdnn.cuda import SIMULATOR
+    if SIMULATOR:
+        pytest.skip("CUDA graphs need a GPU")
+    pytest.importorskip("torch")
+    x, y = _data()
+    runs = {}
+    for graph in (False, True):
+        net = _net(np.float32).to("cuda")
+        opt = nn.SGD(net, 0.1, momentum=0.9,
+                     scaler=nn.LossScaler(2.0 ** 40, growth_interval=3)
+                     if precision == "fp16" else None)
+        steps = net.plan(8, (1, 4, 4), loss=nn.CrossEntropyLoss(), optimizer=opt,
+                         precision=precision, graph=graph)
+        losses = [float(_host(steps.step(x, y)).reshape(-1)[0]) for _ in range(6)]
+        runs[graph] = (losses, {k: v for k, v in net.state().items()},
+                       None if opt.scaler is None else float(_host(opt.scaler.scale)[0]))
+    assert runs[True][0] == runs[False][0] and runs[True][2] == runs[False][2]
+    for k, v in runs[False][1].items():
+        np.testing.assert_array_equal(runs[True][1][k], v, err_msg=k)
+    if precision == "fp16":
+        assert runs[True][2] < 2.0 ** 40  # (backed off)
