@@ -26,9 +26,10 @@
 #                                             # (ONLY="[alt]": the others' non-default
 #                                             # sides), skinny speed (VARIANTS), timeline
 #                                             # (TIMELINE=1)
-#   bash perf/gpu_run.sh conv-tc              # issue 24: the tensor-core convolution's tests,
-#                                             # the probe, 16-bit NHWC ResNet rows (SAN=1:
-#                                             # and the sanitizer)
+#   bash perf/gpu_run.sh conv-tc              # issue 24: the tensor-core convolution's and
+#                                             # mixed precision's tests, the probe, the demo
+#                                             # in bf16 / fp16, 16-bit NHWC ResNet rows
+#                                             # (SAN=1: and the sanitizer)
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
@@ -237,9 +238,12 @@ conv-tc)
     # one factor at a time, the ResNet-50 layers' forward in 16-bit NHWC against cuDNN
     # (perf/suites/conv.py), and with SAN=1 memcheck and racecheck over its epilogue test
     timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_conv_tensorcore.py \
-        > "$OUT/conv-tests.log" 2>&1
+        tests/test_nn_precision.py > "$OUT/conv-tests.log" 2>&1
     grep -E "passed|failed|FAILED|XPASS" "$OUT/conv-tests.log" | tail -12
     timeout 60 python3 perf/experiments/conv_tc_probe.py 2>&1 | grep -v -i warn
+    for p in bf16 fp16; do  # mixed precision on the GPU, eager and graphed
+        timeout 90 python3 -m nbdnn demo --backend cuda --mode both --precision $p 2>/dev/null
+    done
     timeout ${CONV_LIMIT_S:-200} python3 perf/suites/conv.py --nhwc --dtype ${DTYPE:-bfloat16} \
         --no-backward --layers s1 s2 s3 s4 --json "$OUT/conv-tc.json" 2>&1 | grep -v -i warn
     if [ -n "${SAN:-}" ]; then
