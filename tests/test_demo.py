@@ -15,14 +15,13 @@ def test_digits_cnn_reaches_97_percent_on_cpu():
     assert last < first / 5, (first, last)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_digits_cnn_reaches_97_percent_in_16_bits(precision):
-    """Mixed precision: bfloat16 / float16 layers with float32 master weights (float16
-    with dynamic loss scaling) reach the same 97% on the CPU backend (99.2% here, as
-    float32)."""
-    r = demo.train("cpu", epochs=8, quiet=True, precision=precision)
+def test_digits_cnn_reaches_97_percent_in_16_bits():
+    """Mixed precision: float16 layers with float32 master weights and dynamic loss
+    scaling reach the same 97% on the CPU backend (99.2% here, as float32; bfloat16
+    too, 99.2%: `gpu_run.sh conv-tc` runs both on the GPU, CI this one for time)."""
+    r = demo.train("cpu", epochs=8, quiet=True, precision="fp16")
     assert r["accuracy"] >= 0.97, r["accuracy"]
-    assert r["precision"] == precision
+    assert r["precision"] == "fp16"
 
 
 def test_demo_command_prints_the_table(capsys):
