@@ -77,9 +77,12 @@ def info(args):
         print("mode         hardware")
         print("tensor cores " + (
             "matmul / matmul_backward in float16, bfloat16 and float32 math tf32 / 3xtf32 "
-            "(wgmma + TMA, sm_90a)" if tuple(cc) >= (9, 0) else
-            "none used on this GPU yet (nbdnn's mma.sync GEMM for sm_80-89 is not built: "
-            "every op runs its SIMT path)"))
+            "(wgmma + TMA, sm_90a); conv forward in float16 / bfloat16 channels-last (the "
+            "same kernel with TMA im2col loads, within nbdnn/cuda/conv/wgmma_conv.py's "
+            "limits)" if tuple(cc) >= (9, 0) else
+            "matmul / matmul_backward in float16 and bfloat16 (mma.sync + ldmatrix + "
+            "cp.async, sm_80-89); everything else runs its SIMT path" if tuple(cc) >= (8, 0)
+            else "none on this GPU (before sm_80): every op runs its SIMT path"))
     import nbdnn
     print(f"{'math':<12} {nbdnn.get_math()} (float32 matmul; nbdnn.set_math)")
     if driver and emitted and not SIMULATOR:
