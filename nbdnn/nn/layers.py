@@ -21,8 +21,8 @@ def copy_into(dst, a):
         dst[...] = move(a, "cpu")
     elif isinstance(a, np.ndarray) and hasattr(dst, "copy_to_device"):
         dst.copy_to_device(np.ascontiguousarray(a, dst.dtype))
-    else:
-        nbdnn.scale_tensor(move(a, "cuda"), 1.0, out=dst)
+    else:  # (a torch tensor: CUDA bfloat16; a converted on the way, a batch to 16 bits)
+        nbdnn.cast_tensor(move(a, "cuda"), str(dst.dtype).rpartition(".")[2], out=dst)
 
 
 def device_of(a):

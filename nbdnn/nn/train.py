@@ -174,7 +174,9 @@ class GraphedSteps:
                  graph=None):
         params = [m.params[k] for m, k in model.parameters()]
         self.device = device_of(params[0]) if params else "cpu"
-        self.dtype = params[0].dtype if params else np.float32
+        # (a NumPy dtype also for torch parameters: CUDA bfloat16 arrays are torch tensors)
+        self.dtype = np.dtype(str(params[0].dtype).rpartition(".")[2]) if params else \
+            np.dtype(np.float32)
         if graph is None:
             graph = self.device == "cuda"
         if graph and self.device != "cuda":
@@ -214,7 +216,7 @@ class GraphedSteps:
         if self.loss is None or self.optimizer is None:
             raise nbdnn.BadParamError("GraphedSteps.step needs loss= and optimizer=")
         if self.target is None:  # (float32 for a 16-bit model: its loss is float32)
-            tdt = np.float32 if is_low(np.zeros(0, self.dtype)) else self.dtype
+            tdt = np.float32 if self.dtype.name in ("float16", "bfloat16") else self.dtype
             self.target = move(np.zeros(tuple(target.shape), tdt), self.device)
         self._into(self.x, x)
         self._into(self.target, target)
