@@ -143,7 +143,8 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream):
     shmem = W.shared_bytes(bn, stages, store, bm)
     epilogue = (False, None, False) if partial else (bias is not None, act, zord)
     k = W.kernel(dtype, True, True, *epilogue, partial=partial, tile=tile, store=store,
-                 lean=W.LEAN_SETUP, conv=True)
+                 lean=W.LEAN_SETUP, conv=2 if alpha != 1 or zord else 1)  # (1: the
+    # GEMM's epilogue order, the kernels run AJ ran; the same result for alpha 1, no z)
     maps, owners = (ma, mb), [ma[1], mb[1], y]
     if store:
         f32 = partial

@@ -12,7 +12,7 @@ in row order. T2 (this file) adds both majors, batches, the fused epilogue, a gr
 tile order (GROUP_M; run AD: 0.95 against 0.90x at 8192) and a persistent grid
 (PERSISTENT: the producer fills the next tile's stages during the epilogue). Dropped:
 one wgmma batch left in flight a k-tile (CUTLASS's habit): 4-12% slower. Convolution:
-the same kernel with wgmma_im2col.py's operands (conv=True).
+the same kernel with wgmma_im2col.py's operands (conv=1, or 2: a convolution's epilogue).
 
 A block computes a BM x BN = 128 x 256 tile of C with three warpgroups (384 threads):
 
@@ -135,7 +135,8 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
     compiles in seconds); partial: split-K's chunk kernel (c a float32 workspace);
     own_maps: the blocks make their tensor maps (OWN_MAPS); tile: (BN, STAGES[, BM]);
     store: C through TMA stores (TMA_STORE); cluster: S, split-K in S-block clusters
-    (CLUSTER_SPLIT); conv: a convolution's operands (wgmma_im2col.py; host maps)."""
+    (CLUSTER_SPLIT); conv: a convolution's operands (wgmma_im2col.py; host maps), 2
+    with a convolution's epilogue order (wgmma_source.source)."""
     kind = KINDS[dtype]
     bn, stages, bm = tile = (tuple(tile or TILE) + (BM,))[:3]
     shmem = shared_bytes(bn, stages, store, bm, cluster)
@@ -159,7 +160,8 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
         "epilogue": f"bias {bias}, activation {act}, beta {beta}",
         "traffic": f"a k-tile: {ws.stage_bytes(bn, bm)} B in, {2 * bm * bn * bk} flops",
         "why": "variant T2 (module docstring)"})
-    return Kernel(fn, [signature(kind, partial, own_maps, store, conv and beta and not partial)],
+    return Kernel(fn, [signature(kind, partial, own_maps, store,
+                                 conv == 2 and beta and not partial)],
                   arch="sm_90a",
                   shared_bytes=shmem, max_registers=MAX_REGS)
 
@@ -184,7 +186,7 @@ def ptx_examples():
     kernel("float32", True, True, True, "gelu", True, **ship)  # tf32 with beta: direct
     kernel("float32", True, True, True, store=f32, **ship)
     kernel("bfloat16", True, True, True, "relu", True, tile=(64, 6), store=st, lean=ln,
-           conv=True)  # (and a convolution's z, read in the staged epilogue)
+           conv=2)  # (and a convolution's z, read in the staged epilogue)
     kernel("bfloat16", True, False, own_maps=om, store=st, lean=not ln)
     kernel("bfloat16", True, True, partial=True, store=not f32, **ship)
     kernel("bfloat16", True, False, True, "gelu", tile=(256, 4, 64), store=st, **ship)

@@ -1,6 +1,6 @@
 """The wgmma GEMM's operands for a convolution (implicit GEMM): A gathered from a
 channels-last activation by TMA's im2col mode, B the filters as stored. The producer
-lines that replace the GEMM's tile setup and TMA loads (wgmma_gemm.source(conv=True));
+lines that replace the GEMM's tile setup and TMA loads (wgmma_gemm.source(conv=1 or 2));
 nbdnn/cuda/conv/wgmma_conv.py builds the maps and the geometry and launches it.
 
 GEMM view of y = conv(x, w), x (N, H, W, C), w (K, R, S, C), y (N, OH, OW, K):

@@ -28,9 +28,10 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     and TMA stores (staged_store.py). lean: the lean tile setup (tile_order.py).
     cluster: S > 1, split-K's S chunks of a tile reduced in an S-block cluster
     (cluster_split.py; c is C, the full epilogue; not with partial or store). conv: A
-    and B a convolution's (wgmma_im2col.py: im2col loads, offs its geometry) and the
-    epilogue in a convolution's order (pair_epilogue.conv_pair_lines; beta: z read
-    from a parameter `zin` after c)."""
+    and B a convolution's (wgmma_im2col.py: im2col loads, offs its geometry); 1 with
+    the GEMM's epilogue (alpha after the activation: the same where alpha is 1 and no z
+    is read), 2 in a convolution's order (pair_epilogue.conv_pair_lines; beta: z read
+    from a parameter `zin` after c; "_co" in the name)."""
     bk, f32 = BK_OF[kind], kind == "tf32"
     cl, tl = cs.setup_lines(cluster) if cluster else ([], [])
     bn, stages, bm = (tuple(tile or TILE) + (BM,))[:3]
@@ -39,11 +40,12 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "") + \
         ("_partial" if partial else "") + ("_om" if own_maps else "") + \
         ("_ts" if store else "") + ("_ls" if lean else "") + (f"_c{cluster}" if cluster else "") + \
+        ("_co" if conv == 2 else "") + \
         ("" if (bn, stages, bm) == (256, 4, 128) else
          f"_n{bn}s{stages}" if bm == 128 else f"_m{bm}n{bn}s{stages}")
     maps = ("tmpl_a, tmpl_b, tmpl_c, a, b, slots" if store else "tmpl_a, tmpl_b, a, b, slots") \
         if own_maps else ("map_a, map_b, map_c" if store else "map_a, map_b")
-    cz = "c, zin" if conv and beta and not partial else "c"  # (a convolution's z)
+    cz = "c, zin" if conv == 2 and beta and not partial else "c"  # (a convolution's z)
     name = f"wgmma_conv_{kind}{epi}" if conv else \
         f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
     L = helper_lines(bm, bn, lean, nw) + [
@@ -129,7 +131,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
           "                if i == 0:", "                    mbarrier_arrive(U32(empty0 + 8 * s))",
           "                it += 1"] + ws.place_lines(bm, bn) + [
           "            coff = zk * M * N"]
-    zord = bool(beta) if conv and not partial else None  # (a convolution's order)
+    zord = bool(beta) if conv == 2 and not partial else None  # (a convolution's order)
     E = staged.tile_lines(nw, bias, act, f32, partial, *(
         ("m0 + w * 64", "n0") if bm == 128 else ("m0", f"n0 + w * {nw}")), conv=zord) \
         if store else []

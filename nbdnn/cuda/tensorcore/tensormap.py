@@ -55,14 +55,9 @@ def _encoded_im2col(address, shape, dtype, pixels, channels, lower, upper, strid
     err, tm = drv.cuTensorMapEncodeIm2col(
         *drv_args[:2], address, *drv_args[2:], list(reversed(lower)), list(reversed(upper)),
         channels, pixels, [drv.cuuint32_t(v) for v in (1,) + tuple(reversed(strides)) + (1,)],
-        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{SWIZZLES[swizzle]}"),
-        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeIm2col: {err} (shape {shape}, {pixels} pixels "
-                           f"x {channels} channels, box {lower}..{upper}, strides {strides})")
-    return _on_device(tm)
+        *_modes(drv, swizzle))
+    return _on_device(drv, err, tm, f"cuTensorMapEncodeIm2col (shape {shape}, {pixels} "
+                      f"pixels x {channels} channels, box {lower}..{upper}, strides {strides})")
 
 
 def _layout(drv, shape, dtype):
@@ -79,8 +74,21 @@ def _layout(drv, shape, dtype):
             rank, dims, strides)
 
 
-def _on_device(tm):
+def _modes(drv, swizzle):
+    """The encoders' last four arguments: no interleave, the swizzle, 256-byte L2
+    promotion, out-of-bounds elements as zeros."""
+    return (drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{SWIZZLES[swizzle]}"),
+            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+
+
+def _on_device(drv, err, tm, what):
+    """(device address, device array) of an encoded map; RuntimeError naming `what`
+    when the encoder failed."""
     from numba import cuda
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{what}: {err}")
     dev = cuda.to_device(np.array([int(v) for v in tm.opaque], dtype=np.uint64))
     return dev.__cuda_array_interface__["data"][0], dev  # (allocations: 256-B aligned)
 
@@ -94,11 +102,6 @@ def _encoded(address, shape, dtype, box, swizzle):
     kind, rank, dims, strides = _layout(drv, shape, dtype)
     err, tm = drv.cuTensorMapEncodeTiled(
         kind, rank, address, dims, strides, [drv.cuuint32_t(b) for b in reversed(box)],
-        [drv.cuuint32_t(1)] * rank, drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{SWIZZLES[swizzle]}"),
-        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled: {err} (shape {shape}, box {box}, "
-                           f"{dtype}, swizzle {swizzle})")
-    return _on_device(tm)
+        [drv.cuuint32_t(1)] * rank, *_modes(drv, swizzle))
+    return _on_device(drv, err, tm, f"cuTensorMapEncodeTiled (shape {shape}, box {box}, "
+                      f"{dtype}, swizzle {swizzle})")
