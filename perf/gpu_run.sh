@@ -237,10 +237,16 @@ conv-tc)
     # (every geometry its limits allow, VERIFIED_ONLY off), run AJ's failing case varied
     # one factor at a time, the ResNet-50 layers' forward in 16-bit NHWC against cuDNN
     # (perf/suites/conv.py), and with SAN=1 memcheck and racecheck over its epilogue test
-    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_conv_tensorcore.py \
-        tests/test_nn_precision.py > "$OUT/conv-tests.log" 2>&1
-    grep -E "passed|failed|FAILED|XPASS" "$OUT/conv-tests.log" | tail -12
-    timeout 60 python3 perf/experiments/conv_tc_probe.py 2>&1 | grep -v -i warn
+    P="timeout 240 python3 -m pytest -q -p no:cacheprovider"
+    $P tests/test_conv_tensorcore.py > "$OUT/conv-tests.log" 2>&1 &
+    $P tests/test_nn_precision.py > "$OUT/conv-nn.log" 2>&1 &
+    $P tests/test_reference_tensor.py tests/test_crosscheck.py -k "cast_tensor or op_tensor" \
+        > "$OUT/conv-cast.log" 2>&1 &  # (cast_tensor and op_tensor "finite" kernels)
+    timeout 120 python3 perf/experiments/conv_tc_probe.py 2>&1 | grep -v -i warn
+    wait
+    for f in conv-tests conv-nn conv-cast; do
+        echo "$f: $(tail -1 "$OUT/$f.log")"; grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -8
+    done
     for p in bf16 fp16; do  # mixed precision on the GPU, eager and graphed
         timeout 90 python3 -m nbdnn demo --backend cuda --mode both --precision $p 2>/dev/null
     done

@@ -37,8 +37,8 @@ def _reference(xv, wv, bias, stride, padding, dilation, mode, act):
 def test_conv_forward_on_tensor_cores(case, dtype, monkeypatch):
     """The tensor-core forward (im2col kernel, or the GEMM for a stride-1 1x1) against
     the CPU reference on the same rounded operands, with a bias and relu and plain;
-    which kernel ran. Every case the kernel's limits allow (VERIFIED_ONLY off); the
-    stride-2, 72-channel, 90-row case left y unwritten in run AJ (xfail until found)."""
+    which kernel ran. Every case the kernel's limits allow (VERIFIED_ONLY off; the
+    64 x 64 tiles' direct stores: the stride-2, 72-channel, 90-row case, run AJ's bug)."""
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.conv import wgmma_conv
@@ -46,8 +46,6 @@ def test_conv_forward_on_tensor_cores(case, dtype, monkeypatch):
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     monkeypatch.setattr(wgmma_conv, "VERIFIED_ONLY", False)
-    if case[0] == (3, 9, 11, 72):
-        pytest.xfail("run AJ: y left unwritten (wgmma_conv.VERIFIED_ONLY keeps it off)")
     xs, ws, stride, padding, dilation, mode = case
     rng = np.random.default_rng(sum(xs) + sum(ws))
     tdt = getattr(torch, dtype)
@@ -210,6 +208,20 @@ def test_usable_and_plan(monkeypatch):
         s2, tail, _geometry((3, 9, 11, 72), (96, 3, 3, 72), 2, 1, 1),
         _geometry((4, 16, 16, 64), (64, 3, 3, 64), 1, 2, 2),
         _geometry((4, 16, 16, 64), (64, 3, 3, 64), 1, 1, 1, "convolution")))
+
+
+def test_narrow_consumers_store_directly():
+    """Run AK's fix of run AJ's unwritten output: a 64 x 64 tile's consumers hold 32
+    columns each, less than a 16-bit staging tile's 64, so its epilogue stores directly
+    (the staged TMA stores wrote whole 64-column tiles only: none); float32 chunks (32
+    columns a staging tile) still stage; the generator refuses the mismatch."""
+    from nbdnn.cuda.matmul import staged_store as staged, wgmma_stage as ws
+    assert ws.consumer_columns(64, 64) == 32 and ws.consumer_columns(64, 128) == 64
+    assert not staged.usable("f16", False, False, 96, 0, width=32)
+    assert staged.usable("f16", False, False, 96, 0, width=64)
+    assert staged.usable("f16", True, False, 96, 0, True, width=32)   # split-K chunks
+    with pytest.raises(ValueError, match="32 columns"):
+        staged.tile_lines(32, False, None)
 
 
 def _im2col_walk(x, g, bm, c0, start, offs):

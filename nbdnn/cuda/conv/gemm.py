@@ -143,8 +143,11 @@ def _dims(g):
 
 
 def _rows(table, dy, g, stream):
-    """dy as (G, M, K/g) rows: the GEMM's view of the output gradient."""
+    """dy as (G, M, K/g) rows: the GEMM's view of the output gradient (channels-last
+    with one group: dy as stored, no copy)."""
     N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
+    if g.last and G == 1:
+        return dy.reshape((1, M, Kg))
     rows = empty(dy, (G, M, Kg), dtype_name(dy))
     launch(table, "y_to_rows", dtype_name(dy), N * K * PD * PH * PW, stream, dy, rows, N, K,
             G, PD, PH, PW, g.last)

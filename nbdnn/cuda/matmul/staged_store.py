@@ -46,12 +46,15 @@ def columns(f32):
     return 32 if f32 else 64
 
 
-def usable(kind, partial, beta, N, c_address, f32=False):
+def usable(kind, partial, beta, N, c_address, f32=False, width=64):
     """Whether a call's epilogue can go through TMA stores (module docstring); a float32
-    C (tf32, split-K's chunks) only with f32 (wgmma_gemm.TMA_STORE_F32)."""
+    C (tf32, split-K's chunks) only with f32 (wgmma_gemm.TMA_STORE_F32). width: the
+    columns a consumer warpgroup holds (wgmma_stage.consumer_columns), whole staging
+    tiles of them (a 64 x 64 tile's 32-wide consumers, 16-bit, store directly: a
+    64-column box would write over the other consumer's half)."""
     wide = kind == "tf32" or partial
     return (f32 or not wide) and not beta and N % (4 if wide else 8) == 0 and \
-        c_address % 16 == 0
+        c_address % 16 == 0 and width % columns(wide) == 0
 
 
 def prologue_lines(indent):
@@ -72,6 +75,8 @@ def tile_lines(bn, bias, act, f32=False, partial=False, row0="m0 + w * 64", col0
     order (pair_epilogue.conv_value_lines), True reading beta's z from `zin` (each
     thread its own pairs, before the tile's TMA store), False without z."""
     L, cols = [], columns(f32 or partial)
+    if bn % cols:
+        raise ValueError(f"staged store: {bn} columns a consumer, not whole {cols}-column tiles")
     groups = cols // 8  # column groups of 8 a chunk
     for q in range(bn // cols):
         buf = f"stage_c + {(q % 2) * TILE_BYTES}"

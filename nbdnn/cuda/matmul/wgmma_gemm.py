@@ -240,8 +240,8 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     cluster = splits if CLUSTER_SPLIT and bm == 64 and 1 < splits <= cs.MAX_CLUSTER else 0
     partial = splits > 1 and not cluster
     out = empty(c, (splits * total,), "float32") if partial else c  # (split-K: the chunks)
-    store = TMA_STORE and not cluster and staged.usable(kind, partial, beta != 0, N, ptr(out),
-                                                        TMA_STORE_F32)
+    store = TMA_STORE and not cluster and staged.usable(
+        kind, partial, beta != 0, N, ptr(out), TMA_STORE_F32, ws.consumer_columns(bn, bm))
     stages = tile[1]
     while shared_bytes(bn, stages, store, bm, cluster) > MAX_SHARED:  # (staging, R beside)
         stages -= 1
