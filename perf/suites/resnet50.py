@@ -121,7 +121,7 @@ def torch_rows(batch, train, rows):
             xb = x[:b].bfloat16()
             rows[f"infer_b{b}_torch_eager_ms"] = gpu_ms(lambda: m16(xb))
             rows[f"infer_b{b}_torch_graph_ms"] = gpu_ms(torch_graphed(lambda: m16(xb)))
-    del m16
+    m16 = None  # (free it before the training model)
     if not train:
         return
     model = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
