@@ -276,6 +276,11 @@ def test_split_k_chunks(monkeypatch):
     monkeypatch.setattr(split_k, "ONE_WAVE", True)
     assert split_k.split(32, 8192, 64) == (4, 2048) and split_k.split(16, 4096, 64) == (4, 1024)
     assert split_k.split(64, 8192, 64) == (2, 4096)
+    # a filter gradient's few tiles over a long reduction: past MAX_SPLITS (16), as
+    # many as one wave and SPLIT_BYTES hold (3 tiles: 44 chunks; 1 tile: 98, K-bound)
+    assert split_k.split(3, 100352, 64) == (44, 2304)
+    assert split_k.split(1, 100352, 64) == (98, 1024)
+    assert split_k.split(8, 100352, 64)[0] == 16  # (8 tiles x 16 chunks = 32 MiB)
 
 
 _WAIT = r"while mbarrier_try_wait_parity_cluster\(U32\((.+?)\), U32\((.+)\)\) == 0"

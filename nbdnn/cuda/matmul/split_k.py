@@ -23,6 +23,11 @@ from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 
 SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 1024, 16
+# ... up to WIDE_SPLITS chunks where a long reduction has few tiles (a convolution's
+# filter gradient: 64 x 576 outputs summed over 100352 positions, 3 tiles; 16 chunks
+# kept 48 of 132 SMs busy), while the float32 chunks (128 KB a 128 x 256 tile) stay
+# within SPLIT_BYTES. Written in run AK (the training step's profile).
+WIDE_SPLITS, SPLIT_BYTES = 128, 32 << 20
 # chunks a tile: enough to fill the SMs (False: 32 tiles on 132 SMs take 5, 160 blocks,
 # so 28 SMs run two) or as many as one wave holds (True: 4, 128 blocks, each chunk 5/4
 # as long). Run AJ (H200, bf16, x cuBLAS, perf/experiments/skinny_gemm.py): 256 x 4096
@@ -56,12 +61,13 @@ def split(tiles, K, BK):
     BK along K: one chunk of all of K (rounded up to BK) unless the tiles fill fewer
     than SPLIT_FILL of the SMs;
     then enough chunks of at least MIN_CHUNK to fill them (ONE_WAVE: as many as one wave
-    holds), at most MAX_SPLITS."""
+    holds), at most MAX_SPLITS, or WIDE_SPLITS as SPLIT_BYTES allows."""
     whole = -(-K // BK) * BK
     sm = sm_count()
     if tiles >= SPLIT_FILL * sm or K < 2 * MIN_CHUNK:
         return 1, whole
-    n = max(1, min(sm // tiles if ONE_WAVE else -(-sm // tiles), K // MIN_CHUNK, MAX_SPLITS))
+    most = max(MAX_SPLITS, min(WIDE_SPLITS, SPLIT_BYTES // (tiles * 128 * 256 * 4)))
+    n = max(1, min(sm // tiles if ONE_WAVE else -(-sm // tiles), K // MIN_CHUNK, most))
     chunk = -(-K // (n * BK)) * BK
     return -(-K // chunk), chunk
 
