@@ -130,13 +130,19 @@ def main():
         tde, td = _timed(lambda: nbdnn.conv_backward_data(dy, wn, tuple(xn.shape), out=dx, **kw))
         tfe, tf = _timed(lambda: nbdnn.conv_backward_filter(dy, xn, tuple(wn.shape), out=dw,
                                                             **kw))
+        gx, gw = (t.permute(0, 2, 3, 1) if args.nhwc else t for t in
+                  torch.autograd.grad(out, (xr, wr), g, retain_graph=True))
+        errs = [float((a.float() - b.float()).abs().max() / b.float().abs().max())
+                for a, b in ((dx, gx), (dw, gw))]
         row["bwd"] = {"cudnn_both_ms": tb_ref * 1e3, "data_ms": td * 1e3, "filter_ms": tf * 1e3,
-                      "data_eager_ms": tde * 1e3, "filter_eager_ms": tfe * 1e3}
+                      "data_eager_ms": tde * 1e3, "filter_eager_ms": tfe * 1e3,
+                      "data_rel_err": errs[0], "filter_rel_err": errs[1]}
         ratios["bwd_data"].append((part, tb_ref / 2 / td))  # cuDNN's pair split evenly
         ratios["bwd_filter"].append((part, tb_ref / 2 / tf))   # (an approximation)
         print(f"{layer[0]:18} cuDNN {row['cudnn_tflops']:6.1f} TFLOP/s | {line} | bwd data "
               f"{td*1e3:.3f} ms (eager {tde*1e3:.3f}), filter {tf*1e3:.3f} ms (eager "
-              f"{tfe*1e3:.3f}) (cuDNN both {tb_ref*1e3:.3f} ms)", flush=True)
+              f"{tfe*1e3:.3f}) (cuDNN both {tb_ref*1e3:.3f} ms; err {errs[0]:.0e}, "
+              f"{errs[1]:.0e})", flush=True)
     geo = {}
     for part in ("all", "resnet", "depthwise"):
         geo[part] = {}
