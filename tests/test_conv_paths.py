@@ -124,6 +124,51 @@ def test_backward_filter_1x1_matches_reference(last, G, dtype, direct):
     assert ("conv_im2col" not in names) == direct, names  # (the GEMM path builds no columns)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
+def test_backward_filter_pads_16bit_columns(dtype):
+    """A 16-bit filter gradient whose im2col rows are no 16-byte multiple (3 channels
+    x 3x3 taps = 27 columns, a 7x7 stem's 147 alike) runs on columns padded with zeros
+    to 32 (the tensor-core GEMM's TMA rows; run AK) and blends the first 27 into dW:
+    alpha, beta, both modes of the strided view's gather."""
+    import ml_dtypes
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(5)
+    xs, ws = (2, 9, 8, 3), (5, 3, 3, 3)
+    kw = dict(stride=2, padding=1, layout="NHWC")
+    x = rng.uniform(-1, 1, xs).astype(dt)
+    dy = rng.uniform(-1, 1, (2, 5, 4, 5)).astype(dt)
+    out = rng.uniform(-1, 1, ws).astype(dt)
+    want = nbdnn.conv_backward_filter(dy.astype(np.float64), x.astype(np.float64), ws,
+                                      backend="cpu", alpha=0.5, beta=2.0,
+                                      out=out.astype(np.float64), **kw)
+    with launched() as names:
+        got = nbdnn.conv_backward_filter(dy, x, ws, backend="cuda", alpha=0.5, beta=2.0,
+                                         out=out.copy(), **kw)
+    assert "conv_im2col_words" in names and "strided_gather" in names, names
+    atol, rtol = matmul_tol("float16", 2 * 20)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=8 * atol, rtol=8 * rtol)
+
+
+@pytest.mark.parametrize("dtype,C", [(np.float16, 3), (np.float16, 8), (np.float32, 3),
+                                     (np.float32, 2), (np.float64, 3)])
+def test_im2col_words_match_reference(dtype, C):
+    """conv/im2col_words.py (channels-last, one group) through algo "gemm": words of 2,
+    4 and 8 bytes (fp16 C = 3: one channel a word, C = 8: four; float32 C = 3: one, C = 2:
+    two; float64: one), stride, dilation, per-side padding and the flipped mode."""
+    rng = np.random.default_rng(C)
+    x = rng.uniform(-1, 1, (2, 7, 6, C)).astype(dtype)
+    w = rng.uniform(-1, 1, (4, 3, 2, C)).astype(dtype)
+    for kw in (dict(stride=(2, 1), dilation=(1, 2), padding=((1, 0), (2, 1))),
+               dict(padding=1, mode="convolution")):
+        want = nbdnn.conv2d(x.astype(np.float64), w.astype(np.float64), layout="NHWC",
+                            backend="cpu", **kw)
+        with launched() as names:
+            got = nbdnn.conv2d(x, w, layout="NHWC", algo="gemm", backend="cuda", **kw)
+        assert names[0] == "conv_im2col_words", names
+        tol = {np.float16: 4e-3, np.float32: 1e-5, np.float64: 1e-12}[dtype]
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
+
+
 def test_auto_forward_choice():
     """"auto" on the GPU: depthwise for groups == C; for 3x3/1 2-d layers of >= 32
     channels a group winograd4 when K * its tiles >= 24576, else winograd (float16:

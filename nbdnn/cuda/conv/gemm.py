@@ -22,7 +22,9 @@ from numba import cuda
 from ..runtime.arrays import dtype_name, empty
 from ..runtime.grid import landing, launch, split, strides
 from ..runtime.intrinsics import array_type, narrow, widen
-from ..tensor import reduce_tensor
+from ..runtime.strided import contiguous
+from . import im2col_words as _words
+from ..tensor import add_tensor, reduce_tensor
 
 
 def make_epilogue(CT, act_fn):
@@ -47,14 +49,19 @@ def kernels(CT, act_fn):
     epilogue = make_epilogue(CT, act_fn)
 
     def conv_im2col(x, cols, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd, qh,
-                    qw, dd, dh, dw, flip, last):
+                    qw, dd, dh, dw, flip, last, row):
+        # cols (G, M, row): row >= Kr, the columns past Kr zero (a 16-byte row for TMA)
         Cg = C // G
         M, Kr = N * PD * PH * PW, Cg * T * R * S
         xn, xc, xd, xh, xw = strides(C, D, H, W, last)
-        total = G * M * Kr
+        total = G * M * row
         i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         while i < total:
-            g, _, _, m, kx = split(i, 1, 1, M, Kr, False)
+            g, _, _, m, kx = split(i, 1, 1, M, row, False)
+            if kx >= Kr:
+                cols[i] = narrow(ZERO, cols)
+                i += cuda.gridDim.x * cuda.blockDim.x
+                continue
             n, _, pd, ph, pw = split(m, 1, PD, PH, PW, False)
             if last:
                 _, t, r, s, c = split(kx, T, R, S, Cg, False)
@@ -129,7 +136,7 @@ def kernels(CT, act_fn):
 
 def signatures(t, ct, geom):
     a = f"{array_type(t)}[::1]"
-    return {"im2col": f"void({a}, {a}, {geom})",
+    return {"im2col": f"void({a}, {a}, {geom}, int64)",
             "gemm_epilogue": f"void({a}, {a}, {a}, {a}, int64, int64, int64, int64, int64, "
                              f"int64, int64, int64, int64, int64, {ct}, {ct}, {ct})",
             "y_to_rows": f"void({a}, {a}, int64, int64, int64, int64, int64, int64, int64)",
@@ -154,18 +161,36 @@ def _rows(table, dy, g, stream):
     return rows
 
 
-def _cols(table, x, g, stream):
+def _cols(table, x, g, stream, row=None):
+    """x's im2col columns (G, M, row), row >= Kr (default Kr) with zero columns past Kr
+    (2-d channels-last, one group: whole words a thread, conv/im2col_words.py)."""
     N, C, K, G, M, Kg, Kr, *_ = _dims(g)
-    cols = empty(x, (G, M, Kr), dtype_name(x))
-    launch(table, "im2col", dtype_name(x), G * M * Kr, stream, x, cols, *g)
+    row = row or Kr
+    if _words.usable(g):
+        return _words.columns(x, g, row, stream)
+    cols = empty(x, (G, M, row), dtype_name(x))
+    launch(table, "im2col", dtype_name(x), G * M * row, stream, x, cols, *g, row)
     return cols
 
 
 def backward_filter(table, gemm, dy, x, dw, g, alpha, beta, stream):
-    """dW_g = rows_g^T @ cols_g: a GEMM over the M = N*P output positions."""
+    """dW_g = rows_g^T @ cols_g: a GEMM over the M = N*P output positions. 16-bit rows
+    of Kr columns that are not 16-byte multiples (a 7x7 stem's 147 = 3 channels x 49
+    taps) are padded with zero columns to one: the tensor-core GEMM's TMA needs
+    16-byte rows, the SIMT GEMM it fell to took 33 ms for ResNet-50's stem at batch
+    32 (run AK: half the training step); the product's first Kr columns are then
+    blended into dW."""
     N, C, K, G, M, Kg, Kr, *_ = _dims(g)
-    gemm(_rows(table, dy, g, stream), _cols(table, x, g, stream), True, False, None, None,
-         0.0, alpha, beta, dw.reshape((G, Kg, Kr)), stream)
+    dwg = dw.reshape((G, Kg, Kr))
+    rows = _rows(table, dy, g, stream)
+    if dtype_name(x) not in ("float16", "bfloat16") or Kr % 8 == 0:
+        gemm(rows, _cols(table, x, g, stream), True, False, None, None, 0.0, alpha, beta,
+             dwg, stream)
+        return
+    part = gemm(rows, _cols(table, x, g, stream, -(-Kr // 8) * 8), True, False, None, None,
+                0.0, alpha, 0.0, None, stream)
+    add_tensor(contiguous(part[:, :, :Kr], stream), dwg, alpha=1.0, beta=beta, out=dwg,
+               stream=stream)
 
 
 def backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):
