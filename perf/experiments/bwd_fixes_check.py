@@ -1,0 +1,65 @@
+"""Run AK's training-step fixes on the GPU, quickly: bf16 channels-last filter gradients
+of ResNet-50's stem (padded im2col rows, the tensor-core GEMM) and of a stage-1 3x3
+layer (im2col_words.py), and max pool's backward (pool_argmax), each against torch's
+gradient (error) and time (CUDA events, median of 10 after warm-up), batch 32.
+
+    PYTHONPATH=. python perf/experiments/bwd_fixes_check.py
+"""
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+import nbdnn
+from nbdnn.cuda.runtime.launch import launched
+
+
+def ms(fn, reps=10):
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return statistics.median(out)
+
+
+def err(a, b):
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+torch.manual_seed(0)
+for name, (C, K, H, R, s, p) in {"stem 7x7/2": (3, 64, 224, 7, 2, 3),
+                                 "s1 3x3 64": (64, 64, 56, 3, 1, 1)}.items():
+    x = torch.randn(32, C, H, H, device="cuda").bfloat16().to(memory_format=torch.channels_last)
+    w = (torch.randn(K, C, R, R, device="cuda") * 0.1).bfloat16().to(
+        memory_format=torch.channels_last).requires_grad_()
+    y = F.conv2d(x, w, stride=s, padding=p)
+    dy = torch.randn_like(y)
+    (gw,) = torch.autograd.grad(y, (w,), dy, retain_graph=True)
+    xn, dyn = x.permute(0, 2, 3, 1), dy.permute(0, 2, 3, 1).contiguous()
+    ws = (K, R, R, C)
+    with launched() as names:
+        dw = nbdnn.conv_backward_filter(dyn, xn, ws, stride=s, padding=p, layout="NHWC")
+    t = ms(lambda: nbdnn.conv_backward_filter(dyn, xn, ws, stride=s, padding=p, layout="NHWC",
+                                              out=dw))
+    tt = ms(lambda: torch.autograd.grad(y, (w,), dy, retain_graph=True))
+    print(f"{name}: filter gradient err {err(dw, gw.permute(0, 2, 3, 1)):.1e}, {t:.3f} ms "
+          f"(torch {tt:.3f} ms, x{tt / t:.2f}) {names}", flush=True)
+
+x = torch.randn(32, 64, 112, 112, device="cuda").bfloat16().to(memory_format=torch.channels_last)
+xr = x.detach().requires_grad_()
+y = F.max_pool2d(xr, 3, 2, 1)
+dy = torch.randn_like(y)
+(gx,) = torch.autograd.grad(y, (xr,), dy, retain_graph=True)
+xn, dyn = x.permute(0, 2, 3, 1), dy.permute(0, 2, 3, 1).contiguous()
+with launched() as names:
+    dx = nbdnn.pool_backward(dyn, xn, 3, stride=2, padding=1, layout="NHWC")
+t = ms(lambda: nbdnn.pool_backward(dyn, xn, 3, stride=2, padding=1, layout="NHWC", out=dx))
+tt = ms(lambda: torch.autograd.grad(y, (xr,), dy, retain_graph=True))
+print(f"max pool 3x3/2 backward err {err(dx, gx.permute(0, 2, 3, 1)):.1e}, {t:.3f} ms "
+      f"(torch {tt:.3f} ms, x{tt / t:.2f}) {names}", flush=True)
