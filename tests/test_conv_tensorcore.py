@@ -210,6 +210,24 @@ def test_usable_and_plan(monkeypatch):
         _geometry((4, 16, 16, 64), (64, 3, 3, 64), 1, 1, 1, "convolution")))
 
 
+def test_filter_usable(monkeypatch):
+    """wgmma_conv.filter_usable without a GPU: off while FILTER_ON_TENSOR_CORES is (not
+    yet run on an H200); on, 16-bit channels-last single-group 2-d calls with C % 64 ==
+    0, K % 8 == 0, 16-byte bases and the forward's TMA limits."""
+    from nbdnn.cuda.conv import wgmma_conv as C
+    monkeypatch.setattr(C, "ptr", lambda a: a)
+    monkeypatch.setattr(C, "dtype_name", lambda a: "bfloat16")
+    g = _geometry((32, 56, 56, 64), (64, 3, 3, 64), 1, 1, 1)
+    assert not C.FILTER_ON_TENSOR_CORES and not C.filter_usable(256, 512, 1024, g)
+    monkeypatch.setattr(C, "FILTER_ON_TENSOR_CORES", True)
+    assert C.filter_usable(256, 512, 1024, g)
+    assert C.filter_usable(256, 512, 1024, _geometry((3, 9, 11, 64), (96, 3, 3, 64), 2, 1, 1))
+    assert not C.filter_usable(256, 512, 1024, _geometry((2, 9, 9, 72), (8, 3, 3, 72), 1, 1,
+                                                         1))  # C = 72: boxes span taps
+    assert not C.filter_usable(256, 520, 1024, g)                       # x unaligned
+    assert not C.filter_usable(256, 512, 1024, _geometry((2, 9, 9, 3), (8, 7, 7, 3), 2, 3, 1))
+
+
 def test_narrow_consumers_store_directly():
     """Run AK's fix of run AJ's unwritten output: a 64 x 64 tile's consumers hold 32
     columns each, less than a 16-bit staging tile's 64, so its epilogue stores directly
@@ -289,3 +307,98 @@ def test_generated_producer_walks_the_right_pixels(case):
             b[:, :chans.shape[1]] = chans
             got += a @ b.T
         np.testing.assert_allclose(got, ref[m0:m0 + bm], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[3], CASES[2]],
+                         ids=["3x3", "stride2", "dilation2", "per_side_flipped"])
+def test_generated_filter_producer_gives_the_filter_gradient(case):
+    """The filter gradient's producer lines (wgmma_im2col.filter_tile_lines,
+    filter_load_lines) run in Python with TMA's loads replaced by models (a 64 x 64 box
+    of dy as stored; the im2col walk above): each tile's k-tiles multiplied out give
+    the CPU reference's dW (K, taps x C). Channels padded to a multiple of 64 here (the
+    kernel takes C % 64 == 0 only), 2 B boxes a tile (BN 128), 64-filter A boxes."""
+    import nbdnn
+    from nbdnn.cuda.conv.wgmma_conv import geometry_values
+    from nbdnn.cuda.matmul import wgmma_im2col as I
+    xs, ws, stride, padding, dilation, mode = case
+    xs, ws = xs[:3] + (64,), ws[:3] + (64,)
+    g = _geometry(xs, ws, stride, padding, dilation, mode)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(xs)
+    PH, PW = g.PH, g.PW
+    dy = rng.standard_normal((xs[0], PH, PW, ws[0]))
+    ref = np.asarray(nbdnn.conv_backward_filter(dy, x, ws, stride=stride, padding=padding,
+                                                dilation=dilation, mode=mode, layout="NHWC",
+                                                backend="cpu")).reshape(ws[0], -1)
+    K, N, red = ws[0], ref.shape[1], dy.size // ws[0]
+    dyr = dy.reshape(red, K)
+    offs = geometry_values(g) + (g.C,)
+    bm, bn = 64, 128
+    code = "\n".join(["def produce(m0, n0, k0, ktiles, offs):"] +
+                     ["    " + line for line in I.filter_tile_lines("", bn)] +
+                     ["    for kt in range(ktiles):", "        s = 0"] +
+                     ["        " + line for line in I.filter_load_lines("", 64, bm, bn)])
+    got = np.zeros((-(-K // bm) * bm, -(-N // bn) * bn))
+    for m0 in range(0, K, bm):
+        for n0 in range(0, N, bn):
+            loads = []
+            env = {"I": int, "I32": int, "U16": int, "U32": int, "full0": 0, "sa": 0,
+                   "sb": 0, "map_a": 0, "map_b": 0, "min": min,
+                   "tma_load_3d": lambda sa, m, f, pos, z, bar: loads.append(("a", f, pos)),
+                   "tma_load_im2col_4d": lambda sb, m, c, x0, y0, n, ow, oh, bar:
+                   loads.append(("b", sb, c, (n, y0, x0), (ow, oh)))}
+            exec(code, env)
+            env["produce"](m0, n0, 0, -(-red // 64), offs)
+            assert len(loads) == -(-red // 64) * (bm + bn) // 64
+            for kt in range(-(-red // 64)):
+                (_, f, pos), *bs = loads[kt * 3:kt * 3 + 3]
+                a = np.zeros((64, 64))
+                rows = dyr[pos:pos + 64, f:f + 64]
+                a[:rows.shape[0], :rows.shape[1]] = rows
+                for j, (_, sb, c, start, o) in enumerate(bs):
+                    assert sb == j * 64 * 64 * 2
+                    b = _im2col_walk(x, g, 64, c, start, o)
+                    got[m0:m0 + 64, n0 + 64 * j:n0 + 64 * j + 64] += a.T @ b
+    np.testing.assert_allclose(got[:K, :N], ref, rtol=1e-10, atol=1e-10)
+
+
+FILTER_CASES = [((2, 14, 14, 64), (64, 3, 3, 64), 1, 1, 1, "cross_correlation"),
+                ((3, 9, 11, 64), (96, 3, 3, 64), 2, 1, 1, "cross_correlation"),
+                ((1, 12, 12, 64), (48, 3, 3, 64), 1, 2, 2, "cross_correlation"),
+                ((2, 10, 7, 64), (200, 3, 5, 64), 1, ((2, 0), (1, 3)), 1, "convolution"),
+                ((8, 28, 28, 128), (128, 3, 3, 128), 1, 1, 1, "cross_correlation")]
+
+
+@pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
+@pytest.mark.parametrize("case", FILTER_CASES, ids=lambda c: "x".join(map(str, c[1])))
+def test_filter_gradient_on_tensor_cores(case, monkeypatch):
+    """The filter gradient on the tensor cores (wgmma_conv.backward_filter, written in
+    run AK, FILTER_ON_TENSOR_CORES off until this passes on an H200) against the CPU
+    reference on the same bf16 operands, with alpha and beta; split-K over 6272
+    positions in the last case."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.conv import wgmma_conv
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(wgmma_conv, "FILTER_ON_TENSOR_CORES", True)
+    xs, ws, stride, padding, dilation, mode = case
+    g = _geometry(xs, ws, stride, padding, dilation, mode)
+    rng = np.random.default_rng(sum(ws))
+
+    def t(shape):
+        return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)) \
+            .to(torch.bfloat16).cuda()
+
+    x, dy, old = t(xs), t((xs[0], g.PH, g.PW, ws[0])), t(ws)
+    kw = dict(stride=stride, padding=padding, dilation=dilation, mode=mode, layout="NHWC")
+    with launched() as names:
+        dw = nbdnn.conv_backward_filter(dy, x, ws, alpha=0.5, beta=2.0, out=old.clone(), **kw)
+    assert names[0].startswith("wgmma_convdw"), names
+    want = nbdnn.conv_backward_filter(dy.double().cpu().numpy(), x.double().cpu().numpy(), ws,
+                                      alpha=0.5, beta=2.0, out=old.double().cpu().numpy(),
+                                      backend="cpu", **kw)
+    red = xs[0] * g.PH * g.PW
+    tol = 2.0 ** -8 * 4 + 1e-3 * np.sqrt(red) / 16
+    np.testing.assert_allclose(dw.double().cpu().numpy(), want, rtol=tol, atol=tol)

@@ -273,6 +273,9 @@ def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, l
                          *, alpha, beta, out, stream):
     g = geometry(tuple(x.shape), w_shape, stride, pads, dilation, groups, mode, last)
     dw = out if out is not None else empty(dy, w_shape, dtype_name(dy))
+    if algo == "auto" and np.prod(w_shape) and _wgmma_conv.filter_usable(dy, x, dw, g) and \
+            _mm.TENSOR_CORES and _mm.tensor_cores():
+        return _wgmma_conv.backward_filter(dy, x, dw, g, alpha, beta, stream)
     if algo == "auto":
         algo = "depthwise" if g.C == groups else "gemm"
     if algo == "depthwise":

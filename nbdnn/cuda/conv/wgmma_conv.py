@@ -168,3 +168,67 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream):
                   -1 if act is None else _act.MODES.index(act), coef, 1.0, 0.0,
                   owners=owners)
     return y
+
+
+# The filter gradient on the tensor cores (wgmma_im2col.filter_tile_lines): written in
+# run AK after its device time was spent, checked by the CPU model of the generated
+# producer and by ptxas; off until it runs right on an H200 (tests/test_conv_tensorcore.py
+# has the GPU test waiting: test_filter_gradient_on_tensor_cores).
+FILTER_ON_TENSOR_CORES = False
+
+
+def filter_usable(dy, x, dw, g):
+    """Whether backward_filter takes the call: 16-bit, channels-last, one group, 1-d or
+    2-d, C a multiple of 64 (a 64-channel box never spans two taps), K of 8, 16-byte
+    bases, the forward's TMA limits (strides, corners, offsets)."""
+    if not FILTER_ON_TENSOR_CORES or dtype_name(x) not in ("float16", "bfloat16") or \
+            not g.last or g.G != 1 or g.D != 1 or g.T != 1 or g.C % 64 or g.K % 8:
+        return False
+    if any(ptr(a) % 16 for a in (dy, x, dw)) or max(g.sh, g.sw) > 8:
+        return False
+    lower, upper = corners(g)
+    return all(CORNER[0] <= v <= CORNER[1] for v in lower + upper) and \
+        max((g.R - 1) * g.dh, (g.S - 1) * g.dw) <= MAX_OFFSET and g.N * g.PH * g.PW > 0
+
+
+def backward_filter(dy, x, dw, g, alpha, beta, stream):
+    """dw (K, R, S, C) = alpha * dy^T @ im2col(x) + beta * dw on the tensor cores
+    (`filter_usable`): M = K filters, N = taps x C, reduced over the N OH OW positions,
+    split-K (split_k.split: deterministic chunk sums) where the tiles are few."""
+    dtype = dtype_name(x)
+    M, N, red = g.K, g.R * g.S * g.C, g.N * g.PH * g.PW
+    bm = 64 if W.SKINNY_TILE and M <= W.SKINNY_ROWS else W.BM
+    bn, stages = 256, 4 + (bm == 64)
+    tiles = -(-M // bm) * -(-N // bn)
+    splits, chunk = split_k.split(tiles, red, W.BK)
+    partial = splits > 1
+    out = empty(dw, (splits * M * N,), "float32") if partial else dw
+    lower, upper = corners(g)
+    ma = encoded(ptr(dy), (1, red, M), dtype, (1, W.BK, 64), "128B")
+    mb = encoded_im2col(ptr(x), (g.N, g.H, g.W, g.C), dtype, W.BK, 64, lower, upper,
+                        (g.sh, g.sw))
+    tile = (bn, stages) + ((bm,) if bm != W.BM else ())
+    shmem = W.shared_bytes(bn, stages, False, bm)
+    k = W.kernel(dtype, False, False, False, None, beta != 0 and not partial,
+                 partial=partial, tile=tile, lean=W.LEAN_SETUP, conv=3)
+    owners = [ma[1], mb[1], dw, dy, x] + ([out] if partial else [])
+    table = _filter_table(g)
+    total = M * N
+    k.launch(k.sigs[0], min(tiles * splits, sm_count()), W.THREADS, stream, ma[0], mb[0],
+             *((out,) if partial else ((ptr(dw), total // 2),)), (ptr(dw), 1), table, M,
+             N, red, 1, W.GROUP_M, 1.0 if partial else alpha, 0.0 if partial else beta,
+             0.0, chunk, shmem=shmem, owners=owners + [table])
+    if partial:
+        ks, sig = split_k.splitk_sum(dtype)
+        ks.launch(sig, -(-total // 256), 256, stream, out, (ptr(dw), total), (ptr(dw), 1),
+                  splits, total, N, 0, -1, 0.0, alpha, beta, owners=owners)
+    return dw
+
+
+def _filter_table(g):
+    """The filter gradient's geometry (wgmma_im2col.FILTER_GEOMETRY) on the device."""
+    key = geometry_values(g) + (g.C,)
+    t = _geometry_cache.get(key)
+    if t is None:
+        t = _geometry_cache[key] = to_device(np.array(key, dtype=np.int32))
+    return t

@@ -142,7 +142,8 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
     shmem = shared_bytes(bn, stages, store, bm, cluster)
     if bn not in (64, 128, 192, 256) or bm not in (64, 128) or shmem > MAX_SHARED or \
             cluster and (partial or store or conv or not 2 <= cluster <= cs.MAX_CLUSTER) or \
-            conv and (own_maps or not (a_k and b_k) or kind == "tf32"):
+            conv and (own_maps or (a_k and b_k) != (conv != 3) or a_k != b_k or
+                      kind == "tf32"):
         raise ValueError(f"wgmma GEMM tile {bm}x{bn}, {stages} stages, cluster {cluster}: BN "
                          f"64-256, BM 64 or 128, {shmem} B of shared memory (at most "
                          f"{MAX_SHARED}), clusters of 2-8 blocks (not partial, not stored), "
@@ -171,9 +172,9 @@ def ptx_examples():
     ones for sm_90a): bfloat16 in every operand major, float16 K-major (the dtypes
     differ only in names; a kernel costs CI 10-25 s), a full epilogue in 16 bits (beta:
     direct stores) and in tf32, split-K's chunk kernel and every dtype's ordered sum, host
-    tensor maps (the convolution's im2col operands, a 64-wide tile), the other stores
-    (TMA_STORE_F32), the other tile setup, the skinny tile (a TMA-store epilogue, an
-    MN-major A split-K), split-K in a cluster, the 192-wide tile."""
+    tensor maps (the convolution's im2col operands, a 64-wide tile; a filter gradient's),
+    the other stores (TMA_STORE_F32), the other tile setup, the skinny tile (a TMA-store
+    epilogue, an MN-major A split-K), split-K in a cluster, the 192-wide tile."""
     om, st, ln = OWN_MAPS, TMA_STORE, LEAN_SETUP  # what gemm() uses; one of each other kind
     f32 = st and TMA_STORE_F32  # (float32 C staged: tf32's C, split-K's chunks)
     ship = dict(own_maps=om, lean=ln)
@@ -187,6 +188,7 @@ def ptx_examples():
     kernel("float32", True, True, True, store=f32, **ship)
     kernel("bfloat16", True, True, True, "relu", True, tile=(64, 6), store=st, lean=ln,
            conv=2)  # (and a convolution's z, read in the staged epilogue)
+    kernel("bfloat16", False, False, partial=True, lean=ln, conv=3)  # (a filter gradient)
     kernel("bfloat16", True, False, own_maps=om, store=st, lean=not ln)
     kernel("bfloat16", True, True, partial=True, store=not f32, **ship)
     kernel("bfloat16", True, False, True, "gelu", tile=(256, 4, 64), store=st, **ship)

@@ -32,9 +32,12 @@ below. A 1-d convolution runs as a 2-d one with H = 1.
 GEOMETRY = ("ow", "oh", "sw", "sh", "pw", "ph", "taps", "fs", "fr", "dw", "dh", "flip")
 
 
-def geometry_lines(indent):
+FILTER_GEOMETRY = GEOMETRY + ("cp",)  # the filter gradient's: + C (a multiple of 64)
+
+
+def geometry_lines(indent, names=GEOMETRY):
     """The producer's geometry values, read once (g_ow, g_oh, ...)."""
-    return [f"{indent}g_{n} = I(offs[{i}])" for i, n in enumerate(GEOMETRY)]
+    return [f"{indent}g_{n} = I(offs[{i}])" for i, n in enumerate(names)]
 
 
 def tile_lines(indent, bk):
@@ -71,3 +74,58 @@ def load_lines(indent, bk):
             f"{indent}    tap = 0",
             f"{indent}    fr = 0",
             f"{indent}    cb += 1"]
+
+
+# The filter gradient (wgmma_source.source(conv=3)): dW (K, taps x C) = dy^T @ im2col(x),
+# a GEMM of M = K filters, N = taps x C columns, reduction over the N OH OW output
+# positions. A = dy^T: dy (positions, K) as stored is an MN-major A (64-position x
+# 64-filter boxes, the GEMM's own loads); B = im2col(x): a k-tile's 64 positions of one
+# tap's 64 channels are one im2col box, 64 pixel rows of 128 B: an MN-major B box
+# (64 k rows x 64 n), so a BN-wide tile takes BN / 64 im2col loads a k-tile, box i at
+# column n0 + 64 i = (tap t_i, channel c_i) (C % 64 == 0: a box never spans two taps).
+def _g(name):
+    """A filter-gradient geometry value read where used (from L1) and not held: the
+    producer runs in 40 registers (setmaxnreg), which holding the 13 values and 64-bit
+    divisions exceeded (ptxas: 208 B spilled, run AK)."""
+    return f"U32(offs[{FILTER_GEOMETRY.index(name)}])"
+
+
+def filter_tile_lines(indent, bn):
+    """A tile's setup: A's matrix (one); the boxes' taps and channels are worked out a
+    k-tile (filter_load_lines), in 32-bit arithmetic."""
+    return [f"{indent}za = I32(0)"]
+
+
+def _box_lines(indent, i):
+    """Box i's channel cb_ and tap offsets (ow_, oh_) from its column n0 + 64 i
+    (= tap x C + channel); columns past the last tap load the last tap (their sums are
+    never stored)."""
+    return [f"{indent}col = U32(n0 + {64 * i})",
+            f"{indent}tq = col // {_g('cp')}",
+            f"{indent}cb_ = col - tq * {_g('cp')}",
+            f"{indent}tq = min(tq, {_g('taps')} - U32(1))",
+            f"{indent}fr = tq // {_g('fs')}",
+            f"{indent}fc = tq - fr * {_g('fs')}",
+            f"{indent}if {_g('flip')} != 0:",
+            f"{indent}    fc = {_g('fs')} - U32(1) - fc",
+            f"{indent}    fr = {_g('fr')} - U32(1) - fr",
+            f"{indent}ow_ = fc * {_g('dw')}",
+            f"{indent}oh_ = fr * {_g('dh')}"]
+
+
+def filter_load_lines(indent, bk, bm, bn):
+    """One k-tile's loads into stage s: the k-tile's 64 positions from m_ = k0 + kt bk
+    (window corner x0, y0 of image nn, as tile_lines), A's bm / 64 boxes of dy, B's
+    bn / 64 im2col boxes."""
+    L = [f"{indent}m_ = U32(k0 + kt * {bk})",
+         f"{indent}tq = m_ // {_g('ow')}",
+         f"{indent}nn = tq // {_g('oh')}",
+         f"{indent}x0 = I32(m_ - tq * {_g('ow')}) * I32({_g('sw')}) - I32({_g('pw')})",
+         f"{indent}y0 = I32(tq - nn * {_g('oh')}) * I32({_g('sh')}) - I32({_g('ph')})"]
+    L += [f"{indent}tma_load_3d(U32(sa + {i * 64 * bk * 2}), map_a, I32(m0 + {64 * i}), "
+          f"I32(m_), za, U32(full0 + 8 * s))" for i in range(bm // 64)]
+    for i in range(bn // 64):
+        L += _box_lines(indent, i) + [
+            f"{indent}tma_load_im2col_4d(U32(sb + {i * 64 * bk * 2}), map_b, I32(cb_), "
+            f"x0, y0, I32(nn), U16(ow_), U16(oh_), U32(full0 + 8 * s))"]
+    return L

@@ -31,7 +31,8 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     and B a convolution's (wgmma_im2col.py: im2col loads, offs its geometry); 1 with
     the GEMM's epilogue (alpha after the activation: the same where alpha is 1 and no z
     is read), 2 in a convolution's order (pair_epilogue.conv_pair_lines; beta: z read
-    from a parameter `zin` after c; "_co" in the name)."""
+    from a parameter `zin` after c; "_co" in the name), 3 a filter gradient's (dy^T and
+    im2col(x), both MN-major; wgmma_im2col.filter_tile_lines; "wgmma_convdw")."""
     bk, f32 = BK_OF[kind], kind == "tf32"
     cl, tl = cs.setup_lines(cluster) if cluster else ([], [])
     bn, stages, bm = (tuple(tile or TILE) + (BM,))[:3]
@@ -46,7 +47,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     maps = ("tmpl_a, tmpl_b, tmpl_c, a, b, slots" if store else "tmpl_a, tmpl_b, a, b, slots") \
         if own_maps else ("map_a, map_b, map_c" if store else "map_a, map_b")
     cz = "c, zin" if conv == 2 and beta and not partial else "c"  # (a convolution's z)
-    name = f"wgmma_conv_{kind}{epi}" if conv else \
+    name = f"wgmma_convdw_{kind}{epi}" if conv == 3 else f"wgmma_conv_{kind}{epi}" if conv else \
         f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
     L = helper_lines(bm, bn, lean, nw) + [
          f"def {name}({maps}, {cz}, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
@@ -83,13 +84,15 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          "    if wg == 0:",
          "        setmaxnreg_dec(40)",
          "        if tid == 0:"] + map_lines(own_maps, "            ", store) + [
-         "            it = 0"] + (im2col.geometry_lines(" " * 12) if conv else []) + (
+         "            it = 0"] + (im2col.geometry_lines(" " * 12)
+                                 if conv in (1, 2) else []) + (
             cs.loop_lines(" " * 12, cluster) if cluster else [
          "            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):"]) + [
          "                zk, m0, n0 = tile_of(t, tm, tn, group)"] + \
         chunk_lines(" " * 16, lean) + [
          f"                ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}"] + \
-        (im2col.tile_lines(" " * 16, bk) if conv else batch_lines(" " * 16, lean)) + [
+        (im2col.filter_tile_lines(" " * 16, bn) if conv == 3 else
+         im2col.tile_lines(" " * 16, bk) if conv else batch_lines(" " * 16, lean)) + [
          "                for kt in range(ktiles):",
          f"                    s = it % {stages}",
          f"                    ph = (it // {stages}) & 1",
@@ -98,7 +101,8 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          f"                    mbarrier_arrive_expect_tx(U32(full0 + 8 * s), {sb_bytes})",
          f"                    sa = base + s * {sb_bytes}",
          f"                    sb = sa + {ws.a_bytes(bm)}"]
-    L += im2col.load_lines(" " * 20, bk) if conv else \
+    L += im2col.filter_load_lines(" " * 20, bk, bm, bn) if conv == 3 else \
+        im2col.load_lines(" " * 20, bk) if conv else \
         ["    " + x for x in ws.loads("a", a_k, bk, bm) + ws.loads("b", b_k, bk, bn)]
     L += ["                    it += 1",
           "    else:",
