@@ -30,6 +30,9 @@
 #                                             # mixed precision's tests, the probe, the demo
 #                                             # in bf16 / fp16, 16-bit NHWC ResNet rows
 #                                             # (SAN=1: and the sanitizer)
+#   bash perf/gpu_run.sh conv-train           # issue 24's training step: the filter gradient's
+#                                             # GPU tests, run AK's backward fixes against
+#                                             # torch, the step's profile, ResNet-50 end to end
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
@@ -260,6 +263,20 @@ conv-tc)
             grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/conv-$tool.log" | tail -3
         done
     fi ;;
+conv-train)
+    # issue 24's training step (run AK's fixes, not yet run on a GPU when written): the
+    # filter gradient on the tensor cores (its GPU tests turn it on), the padded stem
+    # columns, im2col_words, max pool's argmax backward against torch; the bf16
+    # ResNet-50 end to end and its training step's kernels by GPU time
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_conv_tensorcore.py \
+        -k "filter" > "$OUT/conv-filter.log" 2>&1 &
+    timeout 120 python3 perf/experiments/bwd_fixes_check.py 2>&1 | grep -v -i warn
+    wait
+    echo "filter tests: $(tail -1 "$OUT/conv-filter.log")"
+    grep -E "^(FAILED|ERROR|E )" "$OUT/conv-filter.log" | head -8
+    timeout 150 python3 perf/experiments/resnet50_profile.py --top 25 2>&1 | grep -v -i warn
+    timeout 300 python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" 2>&1 \
+        | grep -v -i warn ;;
 compute)
     timeout 200 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/perf.log" 2>&1
     timeout 300 python3 perf/suites/conv.py --json "$OUT/conv.json" >> "$OUT/perf.log" 2>&1
