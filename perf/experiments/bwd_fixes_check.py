@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import nbdnn
+from nbdnn.cuda.conv import wgmma_conv
 from nbdnn.cuda.runtime.launch import launched
 
 
@@ -34,7 +35,9 @@ def err(a, b):
 
 torch.manual_seed(0)
 for name, (C, K, H, R, s, p) in {"stem 7x7/2": (3, 64, 224, 7, 2, 3),
-                                 "s1 3x3 64": (64, 64, 56, 3, 1, 1)}.items():
+                                 "s1 3x3 64": (64, 64, 56, 3, 1, 1),
+                                 "s2 3x3 128 /2": (128, 128, 56, 3, 2, 1),
+                                 "s3 3x3 256": (256, 256, 14, 3, 1, 1)}.items():
     x = torch.randn(32, C, H, H, device="cuda").bfloat16().to(memory_format=torch.channels_last)
     w = (torch.randn(K, C, R, R, device="cuda") * 0.1).bfloat16().to(
         memory_format=torch.channels_last).requires_grad_()
@@ -50,6 +53,18 @@ for name, (C, K, H, R, s, p) in {"stem 7x7/2": (3, 64, 224, 7, 2, 3),
     tt = ms(lambda: torch.autograd.grad(y, (w,), dy, retain_graph=True))
     print(f"{name}: filter gradient err {err(dw, gw.permute(0, 2, 3, 1)):.1e}, {t:.3f} ms "
           f"(torch {tt:.3f} ms, x{tt / t:.2f}) {names}", flush=True)
+    if C % 64 == 0:  # the tensor-core filter gradient (wgmma_conv.FILTER_ON_TENSOR_CORES)
+        wgmma_conv.FILTER_ON_TENSOR_CORES = True
+        try:
+            with launched() as names:
+                dw = nbdnn.conv_backward_filter(dyn, xn, ws, stride=s, padding=p,
+                                                layout="NHWC")
+            t = ms(lambda: nbdnn.conv_backward_filter(dyn, xn, ws, stride=s, padding=p,
+                                                      layout="NHWC", out=dw))
+            print(f"{name}: on the tensor cores err {err(dw, gw.permute(0, 2, 3, 1)):.1e}, "
+                  f"{t:.3f} ms (x{tt / t:.2f} torch) {names}", flush=True)
+        finally:
+            wgmma_conv.FILTER_ON_TENSOR_CORES = False
 
 x = torch.randn(32, 64, 112, 112, device="cuda").bfloat16().to(memory_format=torch.channels_last)
 xr = x.detach().requires_grad_()
