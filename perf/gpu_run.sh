@@ -269,7 +269,7 @@ conv-train)
     # columns, im2col_words, max pool's argmax backward against torch; the bf16
     # ResNet-50 end to end and its training step's kernels by GPU time
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_conv_tensorcore.py \
-        -k "filter" > "$OUT/conv-filter.log" 2>&1 &
+        -k "filter or narrow_channels" > "$OUT/conv-filter.log" 2>&1 &
     timeout 120 python3 perf/experiments/bwd_fixes_check.py 2>&1 | grep -v -i warn
     wait
     echo "filter tests: $(tail -1 "$OUT/conv-filter.log")"

@@ -402,3 +402,44 @@ def test_filter_gradient_on_tensor_cores(case, monkeypatch):
     red = xs[0] * g.PH * g.PW
     tol = 2.0 ** -8 * 4 + 1e-3 * np.sqrt(red) / 16
     np.testing.assert_allclose(dw.double().cpu().numpy(), want, rtol=tol, atol=tol)
+
+
+def test_filter_rows_pad_each_filter():
+    """im2col_words.filter_rows: the filters (K, R, S, C) as rows of R S C values
+    taps-major, zero-padded to `row` (the stem's 147 to 152), in any backend's run."""
+    from nbdnn.cuda.conv import im2col_words
+    from nbdnn.cuda.runtime.arrays import to_device
+    w = np.random.default_rng(2).standard_normal((5, 7, 7, 3)).astype(np.float16)
+    rows = np.asarray(im2col_words.filter_rows(to_device(w), 152, 0).copy_to_host())
+    want = np.zeros((1, 5, 152), np.float16)
+    want[0, :, :147] = w.reshape(5, 147)
+    np.testing.assert_array_equal(rows, want)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_narrow_channels_through_padded_columns(dtype, monkeypatch):
+    """im2col_words.PAD_NARROW_CHANNELS (written in run AK, off until this passes on an
+    H200): a 3-channel 7x7/2 stem with bias and relu as padded columns and filter rows
+    through the tensor-core GEMM's fused epilogue, against the CPU reference."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.conv import im2col_words
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(im2col_words, "PAD_NARROW_CHANNELS", True)
+    rng = np.random.default_rng(9)
+    tdt = getattr(torch, dtype)
+    x = torch.from_numpy(rng.standard_normal((4, 40, 38, 3), dtype=np.float32)).to(tdt).cuda()
+    w = torch.from_numpy(rng.standard_normal((64, 7, 7, 3), dtype=np.float32) / 12).to(tdt).cuda()
+    b = torch.from_numpy(rng.standard_normal(64, dtype=np.float32)).to(tdt).cuda()
+    kw = dict(stride=2, padding=3, layout="NHWC", activation="relu")
+    with launched() as names:
+        y = nbdnn.conv2d(x, w, b, **kw)
+    assert names[:2] == ["conv_im2col_words", "conv_im2col_words"] and \
+        names[2].startswith("wgmma_gemm"), names
+    ref = nbdnn.conv2d(*(t.double().cpu().numpy() for t in (x, w, b)), backend="cpu", **kw)
+    ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
+    np.testing.assert_allclose(y.double().cpu().numpy(), np.asarray(ref), rtol=4 * ulp,
+                               atol=4 * ulp + 1e-3)

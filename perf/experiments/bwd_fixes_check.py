@@ -1,7 +1,9 @@
-"""Run AK's training-step fixes on the GPU, quickly: bf16 channels-last filter gradients
-of ResNet-50's stem (padded im2col rows, the tensor-core GEMM) and of a stage-1 3x3
-layer (im2col_words.py), and max pool's backward (pool_argmax), each against torch's
-gradient (error) and time (CUDA events, median of 10 after warm-up), batch 32.
+"""Run AK's training-step fixes on the GPU, quickly, each against torch (error) and
+timed (CUDA events, median of 10 after warm-up), batch 32, bf16 channels-last: filter
+gradients of ResNet-50's stem (padded im2col rows, the tensor-core GEMM) and of 3x3
+layers (im2col_words.py; and wgmma_conv.backward_filter where C % 64 == 0), the stem's
+forward through padded columns (im2col_words.PAD_NARROW_CHANNELS), max pool's
+backward (pool_argmax).
 
     PYTHONPATH=. python perf/experiments/bwd_fixes_check.py
 """
@@ -11,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import nbdnn
-from nbdnn.cuda.conv import wgmma_conv
+from nbdnn.cuda.conv import im2col_words, wgmma_conv
 from nbdnn.cuda.runtime.launch import launched
 
 
@@ -65,6 +67,23 @@ for name, (C, K, H, R, s, p) in {"stem 7x7/2": (3, 64, 224, 7, 2, 3),
                   f"{t:.3f} ms (x{tt / t:.2f} torch) {names}", flush=True)
         finally:
             wgmma_conv.FILTER_ON_TENSOR_CORES = False
+
+# the stem's forward: SIMT implicit GEMM, or padded columns and the tensor-core GEMM
+x = torch.randn(32, 3, 224, 224, device="cuda").bfloat16().to(memory_format=torch.channels_last)
+w = (torch.randn(64, 3, 7, 7, device="cuda") * 0.1).bfloat16().to(memory_format=torch.channels_last)
+b = torch.randn(64, device="cuda").bfloat16()
+ref = torch.relu(F.conv2d(x, w, b, stride=2, padding=3)).permute(0, 2, 3, 1)
+tt = ms(lambda: torch.relu(F.conv2d(x, w, b, stride=2, padding=3)))
+xn, wn = x.permute(0, 2, 3, 1), w.permute(0, 2, 3, 1)
+for on in (False, True):
+    im2col_words.PAD_NARROW_CHANNELS = on
+    with launched() as names:
+        y = nbdnn.conv2d(xn, wn, b, stride=2, padding=3, layout="NHWC", activation="relu")
+    t = ms(lambda: nbdnn.conv2d(xn, wn, b, stride=2, padding=3, layout="NHWC",
+                                activation="relu", out=y))
+    print(f"stem forward, padded columns {on}: err {err(y, ref):.1e}, {t:.3f} ms (torch "
+          f"conv+relu {tt:.3f} ms, x{tt / t:.2f}) {names}", flush=True)
+im2col_words.PAD_NARROW_CHANNELS = False
 
 x = torch.randn(32, 64, 112, 112, device="cuda").bfloat16().to(memory_format=torch.channels_last)
 xr = x.detach().requires_grad_()

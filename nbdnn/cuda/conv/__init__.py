@@ -62,6 +62,7 @@ from ..._vocab import ACTIVATION_MODES
 from . import depthwise as _conv_depthwise, depthwise_rows as _conv_depthwise_rows, \
     gemm as _conv_gemm, wgmma_conv as _wgmma_conv, winograd as _conv_winograd
 from .geometry import geometry
+from . import im2col_words as _words
 from .kernels import KERNELS as _KERNELS
 
 # MobileNet's row kernel (float32 3x3/1, 4 rows a thread) for the PTX test; the others
@@ -180,9 +181,16 @@ def _on_tensor_cores(x, w, y, bias, residual, g, dtype, activation, coef, alpha,
     otherwise."""
     if dtype not in ("float16", "bfloat16") or not (_mm.TENSOR_CORES and _mm.tensor_cores()):
         return False
+    M, C, K = g.N * g.PH * g.PW, g.C, g.K
+    if _words.PAD_NARROW_CHANNELS and C % 8 and _words.usable(g) and \
+            (alpha, beta, residual) == (1, 0, None):  # (the stem: im2col_words.py)
+        row = -(-(g.R * g.S * C) // 8) * 8
+        _gemm(_words.columns(x, g, row, stream).reshape((M, row)),
+              _words.filter_rows(w, row, stream).reshape((K, row)), False, True, bias,
+              activation, coef, 1.0, 0.0, y.reshape((M, K)), stream)
+        return True
     if not _wgmma_conv.usable(x, w, y, g, bias, residual, alpha, beta):
         return False
-    M, C, K = g.N * g.PH * g.PW, g.C, g.K
     if g.R * g.S == 1 and (g.sh, g.sw, g.qh, g.qw) == (1, 1, 0, 0) and \
             (g.H, g.W) == (g.PH, g.PW) and (alpha, beta, residual) == (1, 0, None):
         _gemm(x.reshape((M, C)), w.reshape((K, C)), False, True, bias, activation, coef, 1.0,

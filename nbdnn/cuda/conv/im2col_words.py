@@ -90,3 +90,21 @@ def columns(x, g, row, stream):
     _kernel.launch(sig, grid, BLOCK, stream, (ptr(x), size(x) // k), (ptr(cols), total),
                    *args, owners=(x, cols))
     return cols
+
+
+# A 16-bit channels-last forward whose C is no multiple of 8 (ResNet's stem: 3) cannot
+# use TMA (16-byte pixel rows); with this on it runs as explicit columns padded to a
+# 16-byte row and the tensor-core GEMM with its fused epilogue (bias, activation), the
+# filters padded alike (filter_rows). Written in run AK, not yet run on a GPU (the stem
+# ran the SIMT implicit GEMM at 0.49x cuDNN, 0.46 ms at batch 32): off until it has.
+PAD_NARROW_CHANNELS = False
+
+
+def filter_rows(w, row, stream):
+    """w (K, R, S, C) as (1, K, row): each filter's R S C taps-major, zero past them -
+    the im2col of one window covering the whole filter (an R x S image, stride 1)."""
+    from .geometry import geometry
+    K, R, S, C = (int(v) for v in w.shape)
+    gw = geometry((K, R, S, C), (1, R, S, C), (1, 1), ((0, 0), (0, 0)), (1, 1), 1,
+                  "cross_correlation", True)
+    return columns(w, gw, row, stream)
