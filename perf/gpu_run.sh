@@ -31,8 +31,9 @@
 #                                             # in bf16 / fp16, 16-bit NHWC ResNet rows
 #                                             # (SAN=1: and the sanitizer)
 #   bash perf/gpu_run.sh conv-train           # issue 24's training step: the filter gradient's
-#                                             # GPU tests, run AK's backward fixes against
-#                                             # torch, the step's profile, ResNet-50 end to end
+#                                             # GPU tests (SAN=1: and the sanitizer), run AK's
+#                                             # backward fixes against torch, its SASS, the
+#                                             # step's profile, ResNet-50 end to end
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
@@ -264,19 +265,34 @@ conv-tc)
         done
     fi ;;
 conv-train)
-    # issue 24's training step (run AK's fixes, not yet run on a GPU when written): the
-    # filter gradient on the tensor cores (its GPU tests turn it on), the padded stem
-    # columns, im2col_words, max pool's argmax backward against torch; the bf16
-    # ResNet-50 end to end and its training step's kernels by GPU time
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_conv_tensorcore.py \
-        -k "filter or narrow_channels" > "$OUT/conv-filter.log" 2>&1 &
-    timeout 120 python3 perf/experiments/bwd_fixes_check.py 2>&1 | grep -v -i warn
+    # issue 24's training step: the tensor-core filter gradient, the padded stem columns,
+    # im2col_words and max pool's argmax backward - their tests and (SAN=1) memcheck and
+    # racecheck over them, in parallel; then each against torch (bwd_fixes_check.py),
+    # the filter kernel's SASS, the step's kernels by GPU time, ResNet-50 end to end
+    P="timeout 200 python3 -m pytest -q -p no:cacheprovider"
+    $P tests/test_conv_tensorcore.py > "$OUT/conv-tests.log" 2>&1 &
+    $P tests/test_conv_paths.py tests/test_pool_paths.py > "$OUT/conv-paths.log" 2>&1 &
+    if [ -n "${SAN:-}" ]; then
+        for tool in memcheck racecheck; do
+            timeout 110 compute-sanitizer --report-api-errors no --print-limit 10 --tool $tool \
+                python3 -m pytest -q -p no:cacheprovider tests/test_conv_tensorcore.py \
+                tests/test_conv_paths.py tests/test_pool_paths.py -k "filter_gradient_on or \
+                narrow_channels or im2col_words or nan_rules" > "$OUT/train-$tool.log" 2>&1
+        done &
+    fi
     wait
-    echo "filter tests: $(tail -1 "$OUT/conv-filter.log")"
-    grep -E "^(FAILED|ERROR|E )" "$OUT/conv-filter.log" | head -8
-    timeout 150 python3 perf/experiments/resnet50_profile.py --top 25 2>&1 | grep -v -i warn
-    timeout 300 python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" 2>&1 \
-        | grep -v -i warn ;;
+    for f in conv-tests conv-paths train-memcheck train-racecheck; do
+        [ -f "$OUT/$f.log" ] || continue
+        echo "$f: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$f.log" | tr '\n' ' ')\
+$(tail -1 "$OUT/$f.log")"
+        grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -8
+    done
+    timeout 120 python3 perf/experiments/bwd_fixes_check.py 2>&1 | grep -v -i warn
+    echo "convdw SASS: $(timeout 60 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.wgmma_gemm \
+        'wgmma_convdw.*' uint64 2>&1 >/dev/null | tr '\n' ' ')"
+    timeout 120 python3 perf/experiments/resnet50_profile.py --top 25 2>&1 | grep -v -i warn
+    timeout ${RESNET_LIMIT_S:-200} python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" \
+        2>&1 | grep -v -i warn ;;
 compute)
     timeout 200 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/perf.log" 2>&1
     timeout 300 python3 perf/suites/conv.py --json "$OUT/conv.json" >> "$OUT/perf.log" 2>&1

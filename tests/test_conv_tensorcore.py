@@ -211,14 +211,15 @@ def test_usable_and_plan(monkeypatch):
 
 
 def test_filter_usable(monkeypatch):
-    """wgmma_conv.filter_usable without a GPU: off while FILTER_ON_TENSOR_CORES is (not
-    yet run on an H200); on, 16-bit channels-last single-group 2-d calls with C % 64 ==
+    """wgmma_conv.filter_usable without a GPU: never while FILTER_ON_TENSOR_CORES is off;
+    on, 16-bit channels-last single-group 2-d calls with C % 64 ==
     0, K % 8 == 0, 16-byte bases and the forward's TMA limits."""
     from nbdnn.cuda.conv import wgmma_conv as C
     monkeypatch.setattr(C, "ptr", lambda a: a)
     monkeypatch.setattr(C, "dtype_name", lambda a: "bfloat16")
     g = _geometry((32, 56, 56, 64), (64, 3, 3, 64), 1, 1, 1)
-    assert not C.FILTER_ON_TENSOR_CORES and not C.filter_usable(256, 512, 1024, g)
+    monkeypatch.setattr(C, "FILTER_ON_TENSOR_CORES", False)
+    assert not C.filter_usable(256, 512, 1024, g)
     monkeypatch.setattr(C, "FILTER_ON_TENSOR_CORES", True)
     assert C.filter_usable(256, 512, 1024, g)
     assert C.filter_usable(256, 512, 1024, _geometry((3, 9, 11, 64), (96, 3, 3, 64), 2, 1, 1))

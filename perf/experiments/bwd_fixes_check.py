@@ -35,6 +35,8 @@ def err(a, b):
     return float((a.float() - b.float()).abs().max() / b.float().abs().max())
 
 
+FILTER_DEFAULT = wgmma_conv.FILTER_ON_TENSOR_CORES
+PAD_DEFAULT = im2col_words.PAD_NARROW_CHANNELS
 torch.manual_seed(0)
 for name, (C, K, H, R, s, p) in {"stem 7x7/2": (3, 64, 224, 7, 2, 3),
                                  "s1 3x3 64": (64, 64, 56, 3, 1, 1),
@@ -48,6 +50,7 @@ for name, (C, K, H, R, s, p) in {"stem 7x7/2": (3, 64, 224, 7, 2, 3),
     (gw,) = torch.autograd.grad(y, (w,), dy, retain_graph=True)
     xn, dyn = x.permute(0, 2, 3, 1), dy.permute(0, 2, 3, 1).contiguous()
     ws = (K, R, R, C)
+    wgmma_conv.FILTER_ON_TENSOR_CORES = False  # (im2col columns and the GEMM)
     with launched() as names:
         dw = nbdnn.conv_backward_filter(dyn, xn, ws, stride=s, padding=p, layout="NHWC")
     t = ms(lambda: nbdnn.conv_backward_filter(dyn, xn, ws, stride=s, padding=p, layout="NHWC",
@@ -66,7 +69,7 @@ for name, (C, K, H, R, s, p) in {"stem 7x7/2": (3, 64, 224, 7, 2, 3),
             print(f"{name}: on the tensor cores err {err(dw, gw.permute(0, 2, 3, 1)):.1e}, "
                   f"{t:.3f} ms (x{tt / t:.2f} torch) {names}", flush=True)
         finally:
-            wgmma_conv.FILTER_ON_TENSOR_CORES = False
+            wgmma_conv.FILTER_ON_TENSOR_CORES = FILTER_DEFAULT
 
 # the stem's forward: SIMT implicit GEMM, or padded columns and the tensor-core GEMM
 x = torch.randn(32, 3, 224, 224, device="cuda").bfloat16().to(memory_format=torch.channels_last)
@@ -83,7 +86,7 @@ for on in (False, True):
                                 activation="relu", out=y))
     print(f"stem forward, padded columns {on}: err {err(y, ref):.1e}, {t:.3f} ms (torch "
           f"conv+relu {tt:.3f} ms, x{tt / t:.2f}) {names}", flush=True)
-im2col_words.PAD_NARROW_CHANNELS = False
+im2col_words.PAD_NARROW_CHANNELS = PAD_DEFAULT
 
 x = torch.randn(32, 64, 112, 112, device="cuda").bfloat16().to(memory_format=torch.channels_last)
 xr = x.detach().requires_grad_()

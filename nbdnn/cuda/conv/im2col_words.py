@@ -97,7 +97,7 @@ def columns(x, g, row, stream):
 # 16-byte row and the tensor-core GEMM with its fused epilogue (bias, activation), the
 # filters padded alike (filter_rows). Written in run AK, not yet run on a GPU (the stem
 # ran the SIMT implicit GEMM at 0.49x cuDNN, 0.46 ms at batch 32): off until it has.
-PAD_NARROW_CHANNELS = False
+PAD_NARROW_CHANNELS = True
 
 
 def filter_rows(w, row, stream):

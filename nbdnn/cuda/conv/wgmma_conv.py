@@ -174,7 +174,7 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream):
 # run AK after its device time was spent, checked by the CPU model of the generated
 # producer and by ptxas; off until it runs right on an H200 (tests/test_conv_tensorcore.py
 # has the GPU test waiting: test_filter_gradient_on_tensor_cores).
-FILTER_ON_TENSOR_CORES = False
+FILTER_ON_TENSOR_CORES = True
 
 
 def filter_usable(dy, x, dw, g):
