@@ -34,6 +34,9 @@
 #                                             # GPU tests (SAN=1: and the sanitizer), run AK's
 #                                             # backward fixes against torch, its SASS, the
 #                                             # step's profile, ResNet-50 end to end
+#   bash perf/gpu_run.sh train-step           # the same after run AL's first call: pool's fast
+#                                             # backward tested (SAN=1: sanitized), the
+#                                             # step's profile, ResNet-50 end to end
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
@@ -292,6 +295,32 @@ $(tail -1 "$OUT/$f.log")"
         'wgmma_convdw.*' uint64 2>&1 >/dev/null | tr '\n' ' ')"
     timeout 120 python3 perf/experiments/resnet50_profile.py --top 25 2>&1 | grep -v -i warn
     timeout ${RESNET_LIMIT_S:-200} python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" \
+        2>&1 | grep -v -i warn ;;
+train-step)
+    # issue 24's training step after run AL's first call: pool/fast_bwd.py's tests (and
+    # SAN=1: memcheck, racecheck over them) beside the conv tests that changed, then the
+    # step's kernels by GPU time and ResNet-50 end to end
+    P="timeout 200 python3 -m pytest -q -p no:cacheprovider"
+    $P tests/test_pool_paths.py tests/test_conv_tensorcore.py -k "pool or fallbacks" \
+        > "$OUT/train-tests.log" 2>&1 &
+    $P tests/test_crosscheck.py -k pool > "$OUT/train-cross.log" 2>&1 &
+    if [ -n "${SAN:-}" ]; then
+        for tool in memcheck racecheck; do
+            timeout 100 compute-sanitizer --report-api-errors no --print-limit 10 --tool $tool \
+                python3 -m pytest -q -p no:cacheprovider tests/test_pool_paths.py -k \
+                "backward and (NHWC or nan)" > "$OUT/pool-$tool.log" 2>&1
+        done &
+    fi
+    wait
+    for f in train-tests train-cross pool-memcheck pool-racecheck; do
+        [ -f "$OUT/$f.log" ] || continue
+        echo "$f: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$f.log" | tr '\n' ' ')\
+$(tail -1 "$OUT/$f.log")"
+        grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -8
+    done
+    timeout ${PROFILE_LIMIT_S:-180} python3 perf/experiments/resnet50_profile.py --top 30 2>&1 \
+        | grep -v -i warn
+    timeout ${RESNET_LIMIT_S:-240} python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" \
         2>&1 | grep -v -i warn ;;
 compute)
     timeout 200 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/perf.log" 2>&1

@@ -75,15 +75,17 @@ def test_conv_forward_on_tensor_cores(case, dtype, monkeypatch):
 def test_conv1d_and_fallbacks_on_tensor_cores(monkeypatch):
     """A 1-d channels-last convolution runs the im2col kernel as 2-d with H = 1
     (VERIFIED_ONLY off); what it cannot take runs the SIMT algorithms, correctly: a
-    residual, beta, C = 3 (pixels of 6 bytes), two groups."""
+    residual, beta, C = 3 (pixels of 6 bytes; with the padded columns off:
+    test_narrow_channels_through_padded_columns has them on), two groups."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.conv import wgmma_conv
+    from nbdnn.cuda.conv import im2col_words, wgmma_conv
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     rng = np.random.default_rng(7)
     monkeypatch.setattr(wgmma_conv, "VERIFIED_ONLY", False)
+    monkeypatch.setattr(im2col_words, "PAD_NARROW_CHANNELS", False)
 
     def t(shape, scale=1.0):
         return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32) * scale) \

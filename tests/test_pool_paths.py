@@ -1,14 +1,16 @@
-"""Pool forward kernel paths on the CUDA backend (in the simulator without a GPU): the
-compiled-geometry kernel (_pool_fast: 1-d and 2-d windows, several output rows a
-thread) with every row count a thread can end on, NaN rules, dilation, per-side
-padding, ceil mode, NHWC, alpha/beta, and the general kernel it leaves to (windows past
-MAX_TAPS), against the CPU reference."""
+"""Pool kernel paths on the CUDA backend (in the simulator without a GPU): the
+compiled-geometry kernels (forward _pool_fast: 1-d and 2-d windows, several output rows
+a thread, with every row count a thread can end on; backward pool/fast_bwd.py: argmax
+and gather) over NaN rules, dilation, per-side padding, ceil mode, NHWC, alpha/beta,
+and the general kernels they leave to (windows past MAX_TAPS, 3-d), against the CPU
+reference."""
 import numpy as np
 import pytest
 
 import nbdnn
 from nbdnn.cuda.runtime import arrays as _arrays
 from nbdnn.cuda.pool import fast as PF
+from nbdnn.cuda.runtime.launch import launched
 
 
 def _run(x, nd, kernel, **kw):
@@ -50,6 +52,42 @@ def test_pool2d_paths_match_reference(layout, kernel, stride, padding, dilation,
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("layout, kernel, stride, padding, dilation, mode, ceil, H, W", CASES)
+def test_pool2d_backward_paths_match_reference(layout, kernel, stride, padding, dilation,
+                                               mode, ceil, H, W):
+    """Backward: the geometry-compiled argmax and gather up to MAX_TAPS taps, the
+    general kernels past it; ties (values rounded to 0.5) go to the first maximum."""
+    rng = np.random.default_rng(H * W + 1)
+    shape = (2, 3, H, W) if layout == "NCHW" else (2, H, W, 3)
+    x = np.round(rng.standard_normal(shape) * 2).astype(np.float32) / 2
+    kw = dict(stride=stride, padding=padding, dilation=dilation, mode=mode, ceil_mode=ceil,
+              layout=layout)
+    dy = rng.standard_normal(np.shape(nbdnn.pool2d(x, kernel, **kw))).astype(np.float32)
+    dx0 = rng.standard_normal(shape).astype(np.float32)
+    ref = 1.5 * nbdnn.pool_backward(dy, x, kernel, **kw) - 0.5 * dx0
+    out = _arrays.to_device(dx0)
+    with launched() as names:
+        nbdnn.pool_backward(_arrays.to_device(dy), _arrays.to_device(x), kernel, alpha=1.5,
+                            beta=-0.5, out=out, **kw)
+    fast = np.prod(kernel if isinstance(kernel, tuple) else (kernel, kernel)) <= PF.MAX_TAPS
+    assert ("pool_bwd_fast" in names) == fast, names
+    assert ("pool_argmax_fast" in names) == (fast and mode == "max"), names
+    np.testing.assert_allclose(_arrays.to_host(out), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_pool3d_backward_general_kernels():
+    x = np.round(np.random.default_rng(3).standard_normal((1, 2, 5, 6, 5)) * 2) / 2
+    for mode in ("max", "avg"):
+        dy = np.random.default_rng(4).standard_normal(
+            np.shape(nbdnn.pool3d(x, 3, stride=2, padding=1, mode=mode)))
+        ref = nbdnn.pool_backward(dy, x, 3, stride=2, padding=1, mode=mode)
+        with launched() as names:
+            got = nbdnn.pool_backward(_arrays.to_device(dy), _arrays.to_device(x), 3, stride=2,
+                                      padding=1, mode=mode)
+        assert not any("fast" in n for n in names), names
+        np.testing.assert_allclose(_arrays.to_host(got), ref, rtol=1e-12)
+
+
 @pytest.mark.parametrize("propagate", [True, False])
 def test_max_pool_nan_rules(propagate):
     """A window of NaNs and -inf: NaN when propagating, else the largest number (-inf),
@@ -62,6 +100,11 @@ def test_max_pool_nan_rules(propagate):
     for k, s, p in ((3, 2, 1), (2, 2, 0), (3, 1, 0)):
         ref, got = _run(x, 2, k, stride=s, padding=p, nan_propagation=propagate)
         np.testing.assert_array_equal(got, ref)
+        dy = np.arange(1, ref.size + 1, dtype=np.float32).reshape(ref.shape)
+        kw = dict(stride=s, padding=p, nan_propagation=propagate)
+        ref = nbdnn.pool_backward(dy, x, k, **kw)  # (which tap wins: NaN's or a number's)
+        got = nbdnn.pool_backward(_arrays.to_device(dy), _arrays.to_device(x), k, **kw)
+        np.testing.assert_array_equal(_arrays.to_host(got), ref)
 
 
 def test_pool1d_and_float64_and_beta_blend():

@@ -7,13 +7,15 @@ ceil mode, NCHW and NHWC); the formulas are in nbdnn/cpu/pool.py.
   rows of one plane, BX threads along the contiguous axis (pw for NCHW, c for NHWC;
   consecutive threads write consecutive addresses), so the block's indices are divided
   once; a thread scans its window branch-free with unconditional clamped loads.
-- backward: one thread an input element gathers, over the window taps whose stride
-  arithmetic lands on it, dy[p] / count (avg) or dy[p] when it is window p's first
-  maximal element - no atomics, deterministic. Max finds each window's first maximal
-  tap once first (pool_argmax: an int32 a window) and the gather compares taps with
-  it: rescanning every window from every input it covers took 4.9 ms in ResNet-50's
-  bf16 training step (run AK's profile, 7.5% of it; a 3x3/2 window covers an input
-  2.25 times on average, each rescan 9 loads).
+- backward, 1-d and 2-d windows of up to 64 taps: pool/fast_bwd.py (the geometry
+  compiled in, as the forward's fast path).
+- backward, the rest: one thread an input element gathers, over the window taps whose
+  stride arithmetic lands on it, dy[p] / count (avg) or dy[p] when it is window p's
+  first maximal element - no atomics, deterministic. Max finds each window's first
+  maximal tap once first (pool_argmax: an int32 a window) and the gather compares taps
+  with it: rescanning every window from every input it covers took 4.9 ms in
+  ResNet-50's bf16 training step (run AK's profile, 7.5% of it; a 3x3/2 window covers
+  an input 2.25 times on average, each rescan 9 loads).
 Every kernel here sees 3 spatial axes (1-d and 2-d get leading axes of size 1).
 Traffic: forward reads x once from DRAM and writes y; backward reads dy ~k/s times a
 tap axis and x (max) once a window, and writes dx.
@@ -34,6 +36,7 @@ from ..runtime.arrays import dtype_name, empty
 from ..runtime.grid import MAX_BLOCKS, U, launch, landing, split, strides
 from ..runtime.simulator import SIMULATOR
 from . import fast as _pool_fast
+from . import fast_bwd as _pool_fast_bwd
 from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 from ..._vocab import BF16_DTYPES as DTYPES
@@ -177,39 +180,6 @@ def _kernels(CT):
                 j += cstep
             b += cuda.gridDim.x
 
-    def pool_bwd(dy, x, dx, N, C, D, H, W, KD, KH, KW, PD, PH, PW, sd, sh, sw, qd, qh, qw,
-                 ed, eh, ew, dd, dh, dw, last, mode, propagate, alpha, beta):
-        xn, xc, xd, xh, xw = strides(C, D, H, W, last)
-        yn, yc, yd, yh, yw = strides(C, PD, PH, PW, last)
-        total = N * C * D * H * W
-        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        while i < total:
-            n, c, idd, ih, iw = split(i, C, D, H, W, last)
-            acc = ZERO
-            for t in range(KD):
-                pd = landing(idd, qd, t, dd, sd, PD)
-                for r in range(KH if pd >= 0 else 0):
-                    ph = landing(ih, qh, r, dh, sh, PH)
-                    for s in range(KW if ph >= 0 else 0):
-                        pw = landing(iw, qw, s, dw, sw, PW)
-                        if pw >= 0:
-                            ad, ah, aw = pd * sd - qd, ph * sh - qh, pw * sw - qw
-                            g = widen(dy[n * yn + c * yc + pd * yd + ph * yh + pw * yw])
-                            if mode == 0:
-                                _, best = window(x, n * xn + c * xc, ad, ah, aw, D, H, W, KD,
-                                                 KH, KW, dd, dh, dw, xd, xh, xw, 0, propagate)
-                                if best == (t * KH + r) * KW + s:
-                                    acc += g
-                            else:
-                                acc += g / CT(_window_count(ad, ah, aw, KD, KH, KW, dd, dh,
-                                                            dw, D, H, W, qd, qh, qw, ed, eh,
-                                                            ew, mode == 2))
-            v = alpha * acc
-            if beta != ZERO:
-                v += beta * widen(dx[i])
-            dx[i] = narrow(v, dx)
-            i += cuda.gridDim.x * cuda.blockDim.x
-
     def pool_argmax(x, idx, N, C, D, H, W, KD, KH, KW, PD, PH, PW, sd, sh, sw, qd, qh, qw,
                     ed, eh, ew, dd, dh, dw, last, mode, propagate):
         # idx[o] = the first maximal tap of output o's window (-1: none), y's order
@@ -223,9 +193,10 @@ def _kernels(CT):
             idx[i] = best
             i += cuda.gridDim.x * cuda.blockDim.x
 
-    def pool_bwd_max(dy, idx, dx, N, C, D, H, W, KD, KH, KW, PD, PH, PW, sd, sh, sw, qd, qh,
-                     qw, ed, eh, ew, dd, dh, dw, last, mode, propagate, alpha, beta):
-        # pool_bwd's max, the windows' maxima read from pool_argmax's idx
+    def pool_bwd(dy, idx, dx, N, C, D, H, W, KD, KH, KW, PD, PH, PW, sd, sh, sw, qd, qh,
+                 qw, ed, eh, ew, dd, dh, dw, last, mode, propagate, alpha, beta):
+        # one input element a thread gathers over the windows whose taps land on it: max
+        # (mode 0) takes dy where pool_argmax's idx names the tap, the averages dy / count
         yn, yc, yd, yh, yw = strides(C, PD, PH, PW, last)
         total = N * C * D * H * W
         i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -240,7 +211,11 @@ def _kernels(CT):
                         pw = landing(iw, qw, s, dw, sw, PW)
                         if pw >= 0:
                             o = n * yn + c * yc + pd * yd + ph * yh + pw * yw
-                            if idx[o] == (t * KH + r) * KW + s:
+                            if mode != 0:
+                                acc += widen(dy[o]) / CT(_window_count(
+                                    pd * sd - qd, ph * sh - qh, pw * sw - qw, KD, KH, KW, dd,
+                                    dh, dw, D, H, W, qd, qh, qw, ed, eh, ew, mode == 2))
+                            elif idx[o] == (t * KH + r) * KW + s:
                                 acc += widen(dy[o])
             v = alpha * acc
             if beta != ZERO:
@@ -248,7 +223,7 @@ def _kernels(CT):
             dx[i] = narrow(v, dx)
             i += cuda.gridDim.x * cuda.blockDim.x
 
-    return {"fwd": pool_fwd, "bwd": pool_bwd, "argmax": pool_argmax, "bwd_max": pool_bwd_max}
+    return {"fwd": pool_fwd, "bwd": pool_bwd, "argmax": pool_argmax}
 
 
 _GEOM = ", ".join(["int64"] * 26)
@@ -261,9 +236,8 @@ def _build():
         for t in (d for d in DTYPES if (d == "float64") == (ct_name == "float64")):
             a = f"{array_type(t)}[::1]"
             sigs = {"fwd": f"void({a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
-                    "bwd": f"void({a}, {a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
-                    "argmax": f"void({a}, int32[::1], {_GEOM})",
-                    "bwd_max": f"void({a}, int32[::1], {a}, {_GEOM}, {ct_name}, {ct_name})"}
+                    "bwd": f"void({a}, int32[::1], {a}, {_GEOM}, {ct_name}, {ct_name})",
+                    "argmax": f"void({a}, int32[::1], {_GEOM})"}
             for name, sig in sigs.items():
                 table[name, t] = (Kernel(kernels[name], [sig]), sig)
     return table
@@ -317,12 +291,14 @@ def pool_backward(dy, x, K, stride, pads, dilation, mode, ceil_mode, propagate, 
     x_shape = tuple(int(s) for s in x.shape)
     dx = out if out is not None else empty(x, x_shape, dtype_name(x))
     g = _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate)
-    if mode == "max" and math.prod(dy.shape):  # the windows' maxima found once each
-        idx = empty(x, tuple(int(s) for s in dy.shape), "int32")
+    if math.prod(dy.shape) and _pool_fast_bwd.usable(len(K), K, math.prod(x_shape),
+                                                     math.prod(dy.shape)):
+        return _pool_fast_bwd.backward(dy, x, dx, g, alpha, beta, stream,
+                                       lambda n: empty(x, (n,), "int8"))
+    max_ = mode == "max" and math.prod(dy.shape)  # (the windows' maxima found once each)
+    idx = empty(x, tuple(int(v) for v in dy.shape) if max_ else (1,), "int32")
+    if max_:
         launch(_KERNELS, "argmax", dtype_name(x), math.prod(idx.shape), stream, x, idx, *g)
-        launch(_KERNELS, "bwd_max", dtype_name(x), int(np.prod(x_shape)), stream, dy, idx,
-               dx, *g, alpha, beta)
-        return dx
-    launch(_KERNELS, "bwd", dtype_name(x), int(np.prod(x_shape)), stream, dy, x, dx, *g,
+    launch(_KERNELS, "bwd", dtype_name(x), int(np.prod(x_shape)), stream, dy, idx, dx, *g,
            alpha, beta)
     return dx
