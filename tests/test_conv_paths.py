@@ -149,12 +149,16 @@ def test_backward_filter_pads_16bit_columns(dtype):
     np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=8 * atol, rtol=8 * rtol)
 
 
+@pytest.mark.parametrize("magic", [False, True], ids=["64-bit", "magic"])
 @pytest.mark.parametrize("dtype,C", [(np.float16, 3), (np.float16, 8), (np.float32, 3),
                                      (np.float32, 2), (np.float64, 3)])
-def test_im2col_words_match_reference(dtype, C):
+def test_im2col_words_match_reference(dtype, C, magic, monkeypatch):
     """conv/im2col_words.py (channels-last, one group) through algo "gemm": words of 2,
     4 and 8 bytes (fp16 C = 3: one channel a word, C = 8: four; float32 C = 3: one, C = 2:
-    two; float64: one), stride, dilation, per-side padding and the flipped mode."""
+    two; float64: one), stride, dilation, per-side padding and the flipped mode; the
+    64-bit kernel and the 32-bit one (MAGIC_INDEX: multiply-high index splits)."""
+    from nbdnn.cuda.conv import im2col_words
+    monkeypatch.setattr(im2col_words, "MAGIC_INDEX", magic)
     rng = np.random.default_rng(C)
     x = rng.uniform(-1, 1, (2, 7, 6, C)).astype(dtype)
     w = rng.uniform(-1, 1, (4, 3, 2, C)).astype(dtype)
@@ -164,8 +168,35 @@ def test_im2col_words_match_reference(dtype, C):
                             backend="cpu", **kw)
         with launched() as names:
             got = nbdnn.conv2d(x, w, layout="NHWC", algo="gemm", backend="cuda", **kw)
-        assert names[0] == "conv_im2col_words", names
+        assert names[0] == "conv_im2col_words" + ("32" if magic else ""), names
         tol = {np.float16: 4e-3, np.float32: 1e-5, np.float64: 1e-12}[dtype]
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["general", "quads"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_col2im_quads_match_reference(dtype, on, monkeypatch):
+    """conv/col2im_quads.py (channels-last, one group, C % 4 == 0: four channels a
+    thread) through algo "gemm"'s data gradient: strides 2 and 3, dilation, per-side
+    padding, the flipped mode, alpha and beta; off, the general col2im."""
+    from nbdnn.cuda.conv import col2im_quads
+    monkeypatch.setattr(col2im_quads, "ON", on)
+    rng = np.random.default_rng(8)
+    xs, ws = (2, 7, 8, 8), (4, 3, 2, 8)
+    for kw in (dict(stride=(2, 3), dilation=(1, 2), padding=((1, 0), (2, 1))),
+               dict(stride=2, padding=1, mode="convolution")):
+        y = nbdnn.conv2d(np.zeros(xs), np.zeros(ws), layout="NHWC", backend="cpu", **kw)
+        dy, w = rng.uniform(-1, 1, y.shape).astype(dtype), rng.uniform(-1, 1, ws).astype(dtype)
+        dx0 = rng.uniform(-1, 1, xs).astype(dtype)
+        want = nbdnn.conv_backward_data(dy.astype(np.float64), w.astype(np.float64), xs,
+                                        layout="NHWC", backend="cpu", alpha=0.5, beta=2.0,
+                                        out=dx0.astype(np.float64), **kw)
+        with launched() as names:
+            got = nbdnn.conv_backward_data(dy, w, xs, layout="NHWC", algo="gemm",
+                                           backend="cuda", alpha=0.5, beta=2.0,
+                                           out=dx0.copy(), **kw)
+        assert names[-1] == ("conv_col2im_quads" if on else "conv_col2im"), names
+        tol = {np.float16: 8e-3, np.float32: 1e-5, np.float64: 1e-12}[dtype]
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
 
 

@@ -23,6 +23,7 @@ from ..runtime.arrays import dtype_name, empty
 from ..runtime.grid import landing, launch, split, strides
 from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.strided import contiguous
+from . import col2im_quads as _quads
 from . import im2col_words as _words
 from ..tensor import add_tensor, reduce_tensor
 
@@ -221,10 +222,14 @@ def backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):
 
 
 def backward_data(table, gemm, dy, w, dx, g, alpha, beta, stream):
-    """dcols_g = rows_g @ W_g, then col2im gathers them into dx."""
+    """dcols_g = rows_g @ W_g, then col2im gathers them into dx (four channels a thread
+    where conv/col2im_quads.py takes the geometry)."""
     N, C, K, G, M, Kg, Kr, *_ = _dims(g)
     dcols = gemm(_rows(table, dy, g, stream), w.reshape((G, Kg, Kr)), False, False, None,
                  None, 0.0, 1.0, 0.0, None, stream)
+    if _quads.usable(g, int(np.prod(dx.shape)), G * M * Kr):
+        _quads.col2im(dcols, dx, g, alpha, beta, stream)
+        return
     launch(table, "col2im", dtype_name(dy), int(np.prod(dx.shape)), stream, dcols, dx, *g,
             alpha, beta)
 

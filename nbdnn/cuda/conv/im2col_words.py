@@ -15,11 +15,14 @@ of the step; bytes moved a word: its read (cached: neighbouring taps overlap) an
 write, M x row x itemsize in all.
 """
 import numpy as np
-from numba import cuda
+from numba import cuda, int64
 
 from ..runtime.arrays import dtype_name, empty, ptr, size
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
+from ..runtime.stencil import U, U32, div, magic_args
+
+I = int if SIMULATOR else int64  # noqa: E741  (signed 64-bit for the input coordinates)
 
 BLOCK = 64 if SIMULATOR else 256
 WORDS = {8: "uint64", 4: "uint32", 2: "uint16"}
@@ -57,8 +60,47 @@ def conv_im2col_words(x, cols, N, H, W, C, R, S, PH, PW, sh, sw, qh, qw, dh, dw,
         i += step
 
 
+def conv_im2col_words32(x, cols, H, W, C, R, S, PP, PW, sh, sw, qh, qw, dh, dw, flip, row,
+                        total, m_row, s_row, m_C, s_C, m_S, s_S, m_PP, s_PP, m_PW, s_PW):
+    # conv_im2col_words for fewer than 2**31 words: one thread a word, every index split
+    # a multiply-high by a magic number (runtime/stencil.py: 3 instructions where a
+    # 64-bit division takes ~70), 32-bit offsets; PP = PH PW
+    i = U32(cuda.blockIdx.x) * U32(cuda.blockDim.x) + U32(cuda.threadIdx.x)
+    if i < total:
+        m = div(i, m_row, s_row)
+        kx = U32(i - m * row)
+        inside = False
+        at = U32(0)
+        if kx < R * S * C:
+            tap = div(kx, m_C, s_C)
+            c = U32(kx - tap * C)
+            r = div(tap, m_S, s_S)
+            s = U32(tap - r * S)
+            if flip:
+                r, s = U32(R - 1 - r), U32(S - 1 - s)
+            n = div(m, m_PP, s_PP)
+            p = U32(m - n * PP)
+            oy = div(p, m_PW, s_PW)
+            ih = I(oy) * sh - qh + I(r) * dh
+            iw = I(p - oy * PW) * sw - qw + I(s) * dw
+            inside = 0 <= ih < H and 0 <= iw < W
+            at = U32(((n * H + ih) * W + iw) * C + c)
+        if inside:
+            cols[U(i)] = x[U(at)]
+        else:
+            cols[U(i)] = 0
+
+
 _SIGS = {b: f"void({t}[::1], {t}[::1], {', '.join(['int64'] * 16)})" for b, t in WORDS.items()}
 _kernel = Kernel(conv_im2col_words, list(_SIGS.values()))
+_SIGS32 = {b: f"void({t}[::1], {t}[::1], {', '.join(['int64'] * 26)})"
+           for b, t in WORDS.items()}
+_kernel32 = Kernel(conv_im2col_words32, list(_SIGS32.values()))
+# The 32-bit kernel (written in run AL after its device time was spent; the simulator
+# and ptxas check it): off until it runs right on an H200. Run AL's profile had
+# conv_im2col_words at 2.19 ms over 3 calls of the training step, most of it the stem's
+# 61 M two-byte words, each split with five 64-bit divisions.
+MAGIC_INDEX = False
 
 
 def usable(g):
@@ -80,6 +122,16 @@ def columns(x, g, row, stream):
             g.dw, g.flip, row // k)
     total = M * row // k
     if total == 0:
+        return cols
+    if MAGIC_INDEX and size(x) // k < 2 ** 31 and total < 2 ** 31:
+        sig = _SIGS32[word]
+        args = (g.H, g.W, g.C // k, g.R, g.S, g.PH * g.PW, g.PW, g.sh, g.sw, g.qh, g.qw, g.dh,
+                g.dw, g.flip, row // k, total) + magic_args(row // k, g.C // k, g.S,
+                                                            g.PH * g.PW, g.PW)
+        arrays = (x.reshape(size(x)).view(WORDS[word]), cols.reshape(M * row).view(
+            WORDS[word])) if SIMULATOR else ((ptr(x), size(x) // k), (ptr(cols), total))
+        _kernel32.launch(sig, -(-total // BLOCK), BLOCK, stream, *arrays, *args,
+                         **({} if SIMULATOR else {"owners": (x, cols)}))
         return cols
     grid = min(-(-total // BLOCK), 65535 * 8)
     sig = _SIGS[word]
