@@ -34,9 +34,9 @@
 #                                             # GPU tests (SAN=1: and the sanitizer), run AK's
 #                                             # backward fixes against torch, its SASS, the
 #                                             # step's profile, ResNet-50 end to end
-#   bash perf/gpu_run.sh train-step           # the same after run AL's first call: pool's fast
-#                                             # backward tested (SAN=1: sanitized), the
-#                                             # step's profile, ResNet-50 end to end
+#   bash perf/gpu_run.sh train-step           # the training step's new kernels tested both
+#                                             # ways (SAN=1: sanitized), the step's profile
+#                                             # with SWITCHES on and off, ResNet-50 with them
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
@@ -297,31 +297,39 @@ $(tail -1 "$OUT/$f.log")"
     timeout ${RESNET_LIMIT_S:-200} python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" \
         2>&1 | grep -v -i warn ;;
 train-step)
-    # issue 24's training step after run AL's first call: pool/fast_bwd.py's tests (and
-    # SAN=1: memcheck, racecheck over them) beside the conv tests that changed, then the
-    # step's kernels by GPU time and ResNet-50 end to end
+    # issue 24's training step: the kernels written since the last call (their tests run
+    # both ways; SAN=1: memcheck and racecheck over them), then the step's kernels by GPU
+    # time with SWITCHES (--set MODULE.NAME=VALUE ...: perf/tools/switches.py; default:
+    # run AL's col2im_quads and 32-bit im2col_words) and without, then ResNet-50 end to end
+    # with them. Every step writes its log under $OUT and prints as it goes (run AL lost a
+    # call's output to `| tail` when the 600 s ran out).
+    SW=${SWITCHES:---set nbdnn.cuda.conv.col2im_quads.ON=1 --set nbdnn.cuda.conv.im2col_words.MAGIC_INDEX=1}
     P="timeout 200 python3 -m pytest -q -p no:cacheprovider"
-    $P tests/test_pool_paths.py tests/test_conv_tensorcore.py -k "pool or fallbacks" \
+    $P tests/test_pool_paths.py tests/test_conv_paths.py -k "backward or col2im or im2col_words" \
         > "$OUT/train-tests.log" 2>&1 &
-    $P tests/test_crosscheck.py -k pool > "$OUT/train-cross.log" 2>&1 &
     if [ -n "${SAN:-}" ]; then
         for tool in memcheck racecheck; do
             timeout 100 compute-sanitizer --report-api-errors no --print-limit 10 --tool $tool \
-                python3 -m pytest -q -p no:cacheprovider tests/test_pool_paths.py -k \
-                "backward and (NHWC or nan)" > "$OUT/pool-$tool.log" 2>&1
+                python3 -m pytest -q -p no:cacheprovider tests/test_conv_paths.py -k \
+                "(col2im or im2col_words) and float16" > "$OUT/train-$tool.log" 2>&1
         done &
     fi
     wait
-    for f in train-tests train-cross pool-memcheck pool-racecheck; do
+    for f in train-tests train-memcheck train-racecheck; do
         [ -f "$OUT/$f.log" ] || continue
         echo "$f: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$f.log" | tr '\n' ' ')\
 $(tail -1 "$OUT/$f.log")"
         grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -8
     done
-    timeout ${PROFILE_LIMIT_S:-180} python3 perf/experiments/resnet50_profile.py --top 30 2>&1 \
-        | grep -v -i warn
-    timeout ${RESNET_LIMIT_S:-240} python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" \
-        2>&1 | grep -v -i warn ;;
+    for side in on off; do
+        [ $side = on ] && S=$SW || S=
+        timeout ${PROFILE_LIMIT_S:-170} python3 perf/experiments/resnet50_profile.py --top 16 $S \
+            > "$OUT/profile-$side.log" 2>&1
+        grep -v -i warn "$OUT/profile-$side.log" | cut -c1-110
+    done
+    timeout ${RESNET_LIMIT_S:-280} python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" $SW \
+        > "$OUT/resnet50.log" 2>&1
+    grep -v -i warn "$OUT/resnet50.log" ;;
 compute)
     timeout 200 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/perf.log" 2>&1
     timeout 300 python3 perf/suites/conv.py --json "$OUT/conv.json" >> "$OUT/perf.log" 2>&1

@@ -4,8 +4,11 @@ kernel of the process, numba's launches included), after warm-up, kernels summed
 name, the largest first, with their share of the step.
 
     PYTHONPATH=. python perf/experiments/resnet50_profile.py [--batch 32] [--top 30]
+        [--set MODULE.NAME=VALUE ...]   (perf/tools/switches.py)
 """
 import argparse
+import os
+import sys
 
 import numpy as np
 import torch
@@ -13,10 +16,15 @@ from torch.profiler import ProfilerActivity, profile
 
 from nbdnn import nn
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import switches  # noqa: E402  (perf/tools/switches.py)
+
 p = argparse.ArgumentParser()
 p.add_argument("--batch", type=int, default=32)
 p.add_argument("--top", type=int, default=30)
+switches.add_argument(p)
 a = p.parse_args()
+switches.apply(a.set)
 model = nn.resnet50(layout="NHWC").to("cuda")
 rng = np.random.default_rng(0)
 x = torch.from_numpy(rng.standard_normal((a.batch, 224, 224, 3), np.float32)).cuda().bfloat16()

@@ -16,9 +16,12 @@ Then a breakdown of nbdnn's folded forward by top-level layer (eager, CUDA event
 between layers: launch gaps count) and the bf16 logits' error against float32.
 
     PYTHONPATH=. python perf/suites/resnet50.py [--batch 32] [--json F] [--no-train]
+        [--set MODULE.NAME=VALUE ...]   (perf/tools/switches.py)
 """
 import argparse
 import json
+import os
+import sys
 import statistics
 
 import numpy as np
@@ -26,6 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from nbdnn import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import switches  # noqa: E402  (perf/tools/switches.py)
 
 
 def gpu_ms(fn, reps=20, rounds=15):
@@ -151,7 +157,9 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--json")
     p.add_argument("--no-train", action="store_true")
+    switches.add_argument(p)
     a = p.parse_args()
+    switches.apply(a.set)
     rows = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "cudnn": torch.backends.cudnn.version()}
     nbdnn_rows(a.batch, not a.no_train, rows)

@@ -1,0 +1,37 @@
+"""Module switches set from a script's command line, so one device call can measure a
+kernel that is still off by default (written, not yet run on an H200) both ways
+without a commit in between:
+
+    python perf/experiments/resnet50_profile.py --set nbdnn.cuda.conv.col2im_quads.ON=1
+
+Each NAME=VALUE is a module attribute's dotted path and a Python literal
+(1/0/True/False, numbers, strings); the attribute must exist (a typo is an error, not
+a silent no-op).
+"""
+import ast
+import importlib
+
+
+def add_argument(parser):
+    parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                        help="set a module switch before running (repeatable)")
+
+
+def apply(settings):
+    """Set each "module.NAME=VALUE"; returns {path: value} as applied."""
+    done = {}
+    for item in settings:
+        path, _, text = item.partition("=")
+        module, _, name = path.rpartition(".")
+        mod = importlib.import_module(module)
+        if not hasattr(mod, name):
+            raise SystemExit(f"--set {item}: {module} has no attribute {name}")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        setattr(mod, name, value)
+        done[path] = value
+    if done:
+        print("switches:", ", ".join(f"{k}={v!r}" for k, v in done.items()), flush=True)
+    return done
