@@ -19,7 +19,8 @@ CLASSES = ("dtype", "rank", "zero_size", "zero_d", "list", "none", "shape", "non
            "strided", "reversed", "read_only", "param", "out_shape", "out_dtype", "out_kind",
            "out_read_only", "beta_without_out")
 # arguments an op updates in place (positions in the row's call; kwargs by name)
-IN_PLACE_ARGS = {"set_tensor": {0}, "batch_norm_train": {3, 4}, "dropout": {"offset"}}
+IN_PLACE_ARGS = {"set_tensor": {0}, "batch_norm_train": {3, 4}, "dropout": {"offset"},
+                 "sgd_update": {0, 2, 3}}
 MAX_ELEMENTS = 256
 # Open: whether zero padding takes part in a NaN/Inf product. The CPU reference's
 # gradients (im2col over zero-padded arrays, or col2im) and the GPU's kernels (some
@@ -60,9 +61,10 @@ def _mutate(spec, case, kind, data):
         kw[data.draw(st.sampled_from(names))] = data.draw(st.sampled_from(BAD_PARAMS))
         return args, kw, strided
     if kind.startswith("out") or kind == "beta_without_out":
-        if first is None or "out" in kw or spec.ops[0] == "set_tensor" or \
+        if first is None or "out" in kw or spec.ops[0] in ("set_tensor", "sgd_update") or \
                 kind == "beta_without_out" and not spec.blend:
-            return None  # (set_tensor's x is its output; ops without beta take none)
+            return None  # (set_tensor's x, sgd_update's w are outputs; ops without beta
+            # take none)
         if kind == "beta_without_out":
             kw["beta"] = 0.5
         elif kind == "out_kind":
@@ -83,6 +85,8 @@ def _mutate(spec, case, kind, data):
         return None
     i = data.draw(st.sampled_from(arrays))
     a = args[i]
+    if kind == "read_only" and i in IN_PLACE_ARGS.get(spec.ops[0], ()):
+        return None  # (refused on the CPU; no device array is read-only)
     if kind == "dtype":
         args[i] = a.astype(data.draw(st.sampled_from([np.int32, np.complex64, np.bool_])))
     elif kind == "rank":
@@ -158,13 +162,17 @@ def test_a_bad_call_is_a_named_error_or_agrees(spec, kind, data):
     keep = IN_PLACE_ARGS.get(spec.ops[0], set())
     before = {i: a.copy() for i, a in enumerate(args) if isinstance(a, np.ndarray)
               and i not in keep}
+    # the CUDA call gets the in-place arguments as they were before the CPU call
+    # updated them (non-contiguous ones are refused before any update)
+    fresh = [a.copy() if isinstance(a, np.ndarray) and i in keep and a.flags.c_contiguous
+             else a for i, a in enumerate(args)]
     got = {"cpu": _call(spec, args, kw)}
     if kind == "out_read_only":  # no device array is read-only: the CPU's refusal alone
         assert got["cpu"][0] == "error" and any(op in str(got["cpu"][1]) for op in spec.ops)
         return
     dev_kw = {k: (_device(v, False) if isinstance(v, np.ndarray) and k not in keep else v)
               for k, v in kw.items()}
-    got["cuda"] = _call(spec, [_device(a, i in strided) for i, a in enumerate(args)], dev_kw)
+    got["cuda"] = _call(spec, [_device(a, i in strided) for i, a in enumerate(fresh)], dev_kw)
     for i, b in before.items():
         assert np.array_equal(args[i], b, equal_nan=True), f"input {i} was modified"
     kinds = {k for k, _ in got.values()}

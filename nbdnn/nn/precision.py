@@ -108,6 +108,21 @@ class Masters:
     def __init__(self, scaler=None):
         self.scaler, self.master = scaler, {}
 
+    def weights(self, params):
+        """[(key, parameter, weights to update, gradient as it is)] for [(layer, name)]:
+        a 16-bit parameter's weights are its float32 master copy (made on first use)."""
+        out = []
+        for layer, name in params:
+            p, key = layer.params[name], (id(layer), name)
+            out.append((key, p, self._master(key, p) if is_low(p) else p, layer.grads[name]))
+        return out
+
+    def _master(self, key, p):
+        m = self.master.get(key)
+        if m is None:
+            m = self.master[key] = nbdnn.cast_tensor(p, "float32")
+        return m
+
     def gradients(self, params):
         """[(key, parameter, float32 weights to update, float32 gradient)] for
         [(layer, name)], and keep (None without a scaler): 16-bit parameters get their
@@ -120,11 +135,7 @@ class Masters:
             if not low and self.scaler is None:
                 out.append((key, p, p, g))
                 continue
-            m = p
-            if low:
-                m = self.master.get(key)
-                if m is None:
-                    m = self.master[key] = nbdnn.cast_tensor(p, "float32")
+            m = self._master(key, p) if low else p
             g32 = nbdnn.cast_tensor(g, "float32")  # (a copy for a float32 g)
             if self.scaler is not None:
                 _, inv, _, _, one, _ = self.scaler.arrays(p)

@@ -39,10 +39,11 @@ class CrossEntropyLoss:
 
 
 class SGD:
-    """p -= lr * v, v = momentum * v + (g + weight_decay * p), per parameter, with
-    nbdnn's add_tensor on the parameters' device (the velocities start at zero; make
-    the optimizer after model.to(...)). 16-bit parameters update float32 master
-    copies; scaler: a LossScaler, whose skipped steps change nothing
+    """p -= lr * v, v = momentum * v + (g + weight_decay * p), per parameter, as one
+    nbdnn.sgd_update call a parameter on its device (the velocities start at zero, so
+    the first step sets v = g, as PyTorch's momentum buffer; make the optimizer after
+    model.to(...)). 16-bit parameters update float32 master copies and are rounded from
+    them in the same call; scaler: a LossScaler, whose skipped steps change nothing
     (nbdnn/nn/precision.py)."""
 
     def __init__(self, model, lr, *, momentum=0.0, weight_decay=0.0, scaler=None):
@@ -50,27 +51,19 @@ class SGD:
         self.velocity, self.scaler, self.masters = {}, scaler, Masters(scaler)
 
     def step(self):
-        items, keep = self.masters.gradients(self.model.parameters())
+        params = self.model.parameters()
+        if self.scaler is None:  # the gradients as they are (sgd_update widens them)
+            items, keep = self.masters.weights(params), None
+        else:  # unscaled float32 gradients, zeroed where not finite, and the verdict
+            items, keep = self.masters.gradients(params)
         for key, p, w, g in items:
-            if self.wd:
-                g = nbdnn.add_tensor(w, g, alpha=self.wd)
+            v = None
             if self.momentum:
                 v = self.velocity.get(key)
-                if keep is not None:  # v += keep ((momentum - 1) v + g), from zeros
-                    if v is None:
-                        v = self.velocity[key] = nbdnn.scale_tensor(g, 0.0)
-                    t = nbdnn.add_tensor(v, g, alpha=self.momentum - 1.0)
-                    nbdnn.op_tensor("mul", t, keep, beta=1.0, out=v)
-                elif v is None:
-                    v = self.velocity[key] = nbdnn.scale_tensor(g, 1.0)
-                else:
-                    nbdnn.add_tensor(g, v, beta=self.momentum, out=v)
-                g = v
-            if keep is None:
-                nbdnn.add_tensor(g, w, alpha=-self.lr, out=w)
-            else:
-                nbdnn.op_tensor("mul", g, keep, alpha1=-self.lr, beta=1.0, out=w)
-            self.masters.write_back(p, w)
+                if v is None:  # zeros (the masters are finite)
+                    v = self.velocity[key] = nbdnn.scale_tensor(w, 0.0)
+            nbdnn.sgd_update(w, g, v, None if p is w else p, None, keep, lr=self.lr,
+                             momentum=self.momentum, weight_decay=self.wd)
         if keep is not None:
             self.scaler.update(keep)
 
