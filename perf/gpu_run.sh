@@ -300,22 +300,25 @@ train-step)
     # issue 24's training step: the kernels written since the last call (their tests run
     # both ways; SAN=1: memcheck and racecheck over them), then the step's kernels by GPU
     # time with SWITCHES (--set MODULE.NAME=VALUE ...: perf/tools/switches.py; default:
-    # run AL's col2im_quads and 32-bit im2col_words) and without, then ResNet-50 end to end
+    # run AL's col2im_quads, 32-bit im2col_words and fused SGD) and without, then ResNet-50
     # with them. Every step writes its log under $OUT and prints as it goes (run AL lost a
     # call's output to `| tail` when the 600 s ran out).
-    SW=${SWITCHES:---set nbdnn.cuda.conv.col2im_quads.ON=1 --set nbdnn.cuda.conv.im2col_words.MAGIC_INDEX=1}
+    SW=${SWITCHES:---set nbdnn.cuda.conv.col2im_quads.ON=1 --set nbdnn.cuda.conv.im2col_words.MAGIC_INDEX=1 --set nbdnn.nn.train.FUSED_SGD=1}
     P="timeout 200 python3 -m pytest -q -p no:cacheprovider"
-    $P tests/test_pool_paths.py tests/test_conv_paths.py -k "backward or col2im or im2col_words" \
+    $P tests/test_pool_paths.py tests/test_conv_paths.py tests/test_nn_precision.py \
+        tests/test_reference_optim.py -k "backward or col2im or im2col_words or fused or sgd" \
         > "$OUT/train-tests.log" 2>&1 &
+    $P tests/test_crosscheck.py -k sgd_update > "$OUT/train-cross.log" 2>&1 &
     if [ -n "${SAN:-}" ]; then
         for tool in memcheck racecheck; do
             timeout 100 compute-sanitizer --report-api-errors no --print-limit 10 --tool $tool \
-                python3 -m pytest -q -p no:cacheprovider tests/test_conv_paths.py -k \
-                "(col2im or im2col_words) and float16" > "$OUT/train-$tool.log" 2>&1
+                python3 -m pytest -q -p no:cacheprovider tests/test_conv_paths.py \
+                tests/test_crosscheck.py -k "(col2im or im2col_words or sgd_update) and \
+                float16" > "$OUT/train-$tool.log" 2>&1
         done &
     fi
     wait
-    for f in train-tests train-memcheck train-racecheck; do
+    for f in train-tests train-cross train-memcheck train-racecheck; do
         [ -f "$OUT/$f.log" ] || continue
         echo "$f: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$f.log" | tr '\n' ' ')\
 $(tail -1 "$OUT/$f.log")"

@@ -38,6 +38,13 @@ class CrossEntropyLoss:
         return nbdnn.cast_tensor(g, self.dtype) if self.low else g
 
 
+# SGD's step through nbdnn.sgd_update (one launch a parameter): written in run AL after
+# its device time was spent (the simulator, ptxas and torch.optim.SGD check it); the
+# element-wise ops until it has run on an H200 (perf/tools/switches.py turns it on for a
+# measurement: --set nbdnn.nn.train.FUSED_SGD=1).
+FUSED_SGD = False
+
+
 class SGD:
     """p -= lr * v, v = momentum * v + (g + weight_decay * p), per parameter, as one
     nbdnn.sgd_update call a parameter on its device (the velocities start at zero, so
@@ -52,6 +59,8 @@ class SGD:
 
     def step(self):
         params = self.model.parameters()
+        if not FUSED_SGD:
+            return self._unfused_step(params)
         if self.scaler is None:  # the gradients as they are (sgd_update widens them)
             items, keep = self.masters.weights(params), None
         else:  # unscaled float32 gradients, zeroed where not finite, and the verdict
@@ -64,6 +73,33 @@ class SGD:
                     v = self.velocity[key] = nbdnn.scale_tensor(w, 0.0)
             nbdnn.sgd_update(w, g, v, None if p is w else p, None, keep, lr=self.lr,
                              momentum=self.momentum, weight_decay=self.wd)
+        if keep is not None:
+            self.scaler.update(keep)
+
+    def _unfused_step(self, params):
+        """The step as element-wise ops (4-5 launches a parameter), until sgd_update's
+        kernel has run on a GPU (FUSED_SGD)."""
+        items, keep = self.masters.gradients(params)
+        for key, p, w, g in items:
+            if self.wd:
+                g = nbdnn.add_tensor(w, g, alpha=self.wd)
+            if self.momentum:
+                v = self.velocity.get(key)
+                if keep is not None:  # v += keep ((momentum - 1) v + g), from zeros
+                    if v is None:
+                        v = self.velocity[key] = nbdnn.scale_tensor(g, 0.0)
+                    t = nbdnn.add_tensor(v, g, alpha=self.momentum - 1.0)
+                    nbdnn.op_tensor("mul", t, keep, beta=1.0, out=v)
+                elif v is None:
+                    v = self.velocity[key] = nbdnn.scale_tensor(g, 1.0)
+                else:
+                    nbdnn.add_tensor(g, v, beta=self.momentum, out=v)
+                g = v
+            if keep is None:
+                nbdnn.add_tensor(g, w, alpha=-self.lr, out=w)
+            else:
+                nbdnn.op_tensor("mul", g, keep, alpha1=-self.lr, beta=1.0, out=w)
+            self.masters.write_back(p, w)
         if keep is not None:
             self.scaler.update(keep)
 
