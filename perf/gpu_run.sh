@@ -300,14 +300,16 @@ train-step)
     # issue 24's training step: the kernels written since the last call (their tests run
     # both ways; SAN=1: memcheck and racecheck over them), then the step's kernels by GPU
     # time with SWITCHES (--set MODULE.NAME=VALUE ...: perf/tools/switches.py; default:
-    # run AL's col2im_quads, 32-bit im2col_words and fused SGD) and without, then ResNet-50
-    # with them. Every step writes its log under $OUT and prints as it goes (run AL lost a
-    # call's output to `| tail` when the 600 s ran out).
-    SW=${SWITCHES:---set nbdnn.cuda.conv.col2im_quads.ON=1 --set nbdnn.cuda.conv.im2col_words.MAGIC_INDEX=1 --set nbdnn.nn.train.FUSED_SGD=1}
+    # run AL's col2im_quads, 32-bit im2col_words, fused SGD, BN chunks a block) and without,
+    # then ResNet-50 with them. Every step writes its log under $OUT and prints as it
+    # goes (run AL lost a call's output to `| tail` when the 600 s ran out).
+    N=nbdnn.cuda
+    SW=${SWITCHES:---set $N.conv.col2im_quads.ON=1 --set $N.conv.im2col_words.MAGIC_INDEX=1 \
+        --set nbdnn.nn.train.FUSED_SGD=1 --set $N.batch_norm.sums.CHUNKS_A_BLOCK=1}
     P="timeout 200 python3 -m pytest -q -p no:cacheprovider"
     $P tests/test_pool_paths.py tests/test_conv_paths.py tests/test_nn_precision.py \
-        tests/test_reference_optim.py -k "backward or col2im or im2col_words or fused or sgd" \
-        > "$OUT/train-tests.log" 2>&1 &
+        tests/test_reference_optim.py tests/test_bn_paths.py -k "backward or col2im or \
+        im2col_words or fused or sgd or chunks_a_block" > "$OUT/train-tests.log" 2>&1 &
     $P tests/test_crosscheck.py -k sgd_update > "$OUT/train-cross.log" 2>&1 &
     if [ -n "${SAN:-}" ]; then
         for tool in memcheck racecheck; do
