@@ -154,13 +154,11 @@ def kernel(kind, dtype, last, geometry, mode=0):
 
 
 def ptx_examples():
-    """tests/test_ptx.py (CI's time: one kernel a path): argmax in both layouts, each
-    mode's gather, 3x3/2 padding 1, float32 and bfloat16; a 2x2/2 float64 gather."""
+    """tests/test_ptx.py (CI's time: one kernel a path): argmax, each mode's gather in
+    both layouts between them, 3x3/2 padding 1; a 2x2/2 float64 gather."""
     g = (3, 3, 2, 2, 1, 1, 1, 1)
-    kernel("argmax", "float32", 0, g)
     kernel("argmax", "bfloat16", 1, g)
-    for dtype, last, mode in (("float32", 0, 0), ("float32", 1, 1), ("bfloat16", 1, 0),
-                              ("bfloat16", 0, 2)):
+    for dtype, last, mode in (("float32", 0, 1), ("float32", 1, 2), ("bfloat16", 1, 0)):
         kernel("bwd", dtype, last, g, mode)
     kernel("bwd", "float64", 1, (2, 2, 2, 2, 0, 0, 1, 1), 0)
 
