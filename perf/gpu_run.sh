@@ -59,6 +59,24 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "
 python3 -c "import numba, numba_cuda, numpy, torch; print(numba.__version__, \
 numba_cuda.__version__, numpy.__version__, torch.__version__, torch.backends.cudnn.version())" \
     >> "$OUT/gpu.txt" 2>&1
+summary() {  # each log's sanitizer verdicts and last line, its first failures
+    for f in "$@"; do
+        [ -f "$OUT/$f.log" ] || continue
+        echo "$f: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$f.log" | tr '\n' ' ')\
+$(tail -1 "$OUT/$f.log")"
+        grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -8
+    done
+}
+sanitized() {  # SAN=1: memcheck, then racecheck, over pytest ARGS, in the background;
+    # logs $OUT/NAME-memcheck.log, $OUT/NAME-racecheck.log
+    local name=$1 limit=$2
+    shift 2
+    [ -n "${SAN:-}" ] || return 0
+    for tool in memcheck racecheck; do
+        timeout $limit compute-sanitizer --report-api-errors no --print-limit 10 --tool $tool \
+            python3 -m pytest -q -p no:cacheprovider "$@" > "$OUT/$name-$tool.log" 2>&1
+    done &
+}
 mode=${1:-tests}
 shift || true
 case "$mode" in
@@ -251,9 +269,7 @@ conv-tc)
         > "$OUT/conv-cast.log" 2>&1 &  # (cast_tensor and op_tensor "finite" kernels)
     timeout 120 python3 perf/experiments/conv_tc_probe.py 2>&1 | grep -v -i warn
     wait
-    for f in conv-tests conv-nn conv-cast; do
-        echo "$f: $(tail -1 "$OUT/$f.log")"; grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -8
-    done
+    summary conv-tests conv-nn conv-cast
     for p in bf16 fp16; do  # mixed precision on the GPU, eager and graphed
         timeout 90 python3 -m nbdnn demo --backend cuda --mode both --precision $p 2>/dev/null
     done
@@ -275,21 +291,11 @@ conv-train)
     P="timeout 200 python3 -m pytest -q -p no:cacheprovider"
     $P tests/test_conv_tensorcore.py > "$OUT/conv-tests.log" 2>&1 &
     $P tests/test_conv_paths.py tests/test_pool_paths.py > "$OUT/conv-paths.log" 2>&1 &
-    if [ -n "${SAN:-}" ]; then
-        for tool in memcheck racecheck; do
-            timeout 110 compute-sanitizer --report-api-errors no --print-limit 10 --tool $tool \
-                python3 -m pytest -q -p no:cacheprovider tests/test_conv_tensorcore.py \
-                tests/test_conv_paths.py tests/test_pool_paths.py -k "filter_gradient_on or \
-                narrow_channels or im2col_words or nan_rules" > "$OUT/train-$tool.log" 2>&1
-        done &
-    fi
+    sanitized train 110 tests/test_conv_tensorcore.py tests/test_conv_paths.py \
+        tests/test_pool_paths.py -k "filter_gradient_on or narrow_channels or im2col_words or \
+        nan_rules"
     wait
-    for f in conv-tests conv-paths train-memcheck train-racecheck; do
-        [ -f "$OUT/$f.log" ] || continue
-        echo "$f: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$f.log" | tr '\n' ' ')\
-$(tail -1 "$OUT/$f.log")"
-        grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -8
-    done
+    summary conv-tests conv-paths train-memcheck train-racecheck
     timeout 120 python3 perf/experiments/bwd_fixes_check.py 2>&1 | grep -v -i warn
     echo "convdw SASS: $(timeout 60 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.wgmma_gemm \
         'wgmma_convdw.*' uint64 2>&1 >/dev/null | tr '\n' ' ')"
@@ -300,32 +306,21 @@ train-step)
     # issue 24's training step: the kernels written since the last call (their tests run
     # both ways; SAN=1: memcheck and racecheck over them), then the step's kernels by GPU
     # time with SWITCHES (--set MODULE.NAME=VALUE ...: perf/tools/switches.py; default:
-    # run AL's col2im_quads, 32-bit im2col_words, fused SGD, BN chunks a block) and without,
+    # run AL's col2im_quads, 32-bit im2col_words and fused SGD) and without,
     # then ResNet-50 with them. Every step writes its log under $OUT and prints as it
     # goes (run AL lost a call's output to `| tail` when the 600 s ran out).
     N=nbdnn.cuda
     SW=${SWITCHES:---set $N.conv.col2im_quads.ON=1 --set $N.conv.im2col_words.MAGIC_INDEX=1 \
-        --set nbdnn.nn.train.FUSED_SGD=1 --set $N.batch_norm.sums.CHUNKS_A_BLOCK=1}
+        --set nbdnn.nn.train.FUSED_SGD=1}
     P="timeout 200 python3 -m pytest -q -p no:cacheprovider"
     $P tests/test_pool_paths.py tests/test_conv_paths.py tests/test_nn_precision.py \
-        tests/test_reference_optim.py tests/test_bn_paths.py -k "backward or col2im or \
-        im2col_words or fused or sgd or chunks_a_block" > "$OUT/train-tests.log" 2>&1 &
+        tests/test_reference_optim.py -k "backward or col2im or im2col_words or fused or sgd" \
+        > "$OUT/train-tests.log" 2>&1 &
     $P tests/test_crosscheck.py -k sgd_update > "$OUT/train-cross.log" 2>&1 &
-    if [ -n "${SAN:-}" ]; then
-        for tool in memcheck racecheck; do
-            timeout 100 compute-sanitizer --report-api-errors no --print-limit 10 --tool $tool \
-                python3 -m pytest -q -p no:cacheprovider tests/test_conv_paths.py \
-                tests/test_crosscheck.py -k "(col2im or im2col_words or sgd_update) and \
-                float16" > "$OUT/train-$tool.log" 2>&1
-        done &
-    fi
+    sanitized train 100 tests/test_conv_paths.py tests/test_crosscheck.py -k \
+        "(col2im or im2col_words or sgd_update) and float16"
     wait
-    for f in train-tests train-cross train-memcheck train-racecheck; do
-        [ -f "$OUT/$f.log" ] || continue
-        echo "$f: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$f.log" | tr '\n' ' ')\
-$(tail -1 "$OUT/$f.log")"
-        grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -8
-    done
+    summary train-tests train-cross train-memcheck train-racecheck
     for side in on off; do
         [ $side = on ] && S=$SW || S=
         timeout ${PROFILE_LIMIT_S:-170} python3 perf/experiments/resnet50_profile.py --top 16 $S \

@@ -18,17 +18,16 @@ training step, batch 32, H200) had conv_col2im at 2.95 ms over the 6 stride-2 da
 gradients, 13.6% of the step. Traffic: dcols read once (M x R S C, each element landing
 on one dx element), dx written once (read once more with beta).
 """
-from numba import cuda, float32, float64, int64
+from numba import cuda, float32, float64
 
 from ..runtime.arrays import dtype_name
 from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
-from ..runtime.stencil import U, U32, div, magic_args
+from ..runtime.stencil import I64 as I, U, U32, div, magic_args
 from ..._vocab import BF16_DTYPES
 
 BLOCK = 64 if SIMULATOR else 256
-I = int if SIMULATOR else int64  # noqa: E741  (signed 64-bit for the landing arithmetic)
 # Written in run AL after its device time was spent (the simulator and ptxas check it):
 # off until it runs right on an H200.
 ON = False

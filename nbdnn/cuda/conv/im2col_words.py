@@ -15,14 +15,13 @@ of the step; bytes moved a word: its read (cached: neighbouring taps overlap) an
 write, M x row x itemsize in all.
 """
 import numpy as np
-from numba import cuda, int64
+from numba import cuda
 
 from ..runtime.arrays import dtype_name, empty, ptr, size
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
-from ..runtime.stencil import U, U32, div, magic_args
+from ..runtime.stencil import I64 as I, U, U32, div, magic_args
 
-I = int if SIMULATOR else int64  # noqa: E741  (signed 64-bit for the input coordinates)
 
 BLOCK = 64 if SIMULATOR else 256
 WORDS = {8: "uint64", 4: "uint32", 2: "uint16"}

@@ -33,7 +33,7 @@ spill tests compile them; the float16/float64 forms ran on the H200 in run T).
 import functools
 import math
 
-from numba import cuda, float32, float64, int64
+from numba import cuda, float32, float64
 from numba.cuda import libdevice
 
 from ..runtime.simulator import SIMULATOR
@@ -120,7 +120,7 @@ def kernel(dtype, last, geometry, mode, rpt):
     fmax = libdevice.fmax if ct_name == "float64" else libdevice.fmaxf
     ns = {"cuda": cuda, "CT": CT, "FMAX": _fmax_simulated if SIMULATOR else fmax,
           "ZERO": CT(0), "NEG": CT(-math.inf), "NAN": CT(math.nan),
-          "I": int if SIMULATOR else int64, "U": _stencil.U, "U32": _stencil.U32,
+          "I": _stencil.I64, "U": _stencil.U, "U32": _stencil.U32,
           "W32": _stencil.W32, "widen": widen, "narrow": narrow}
     compile_source("pool_fwd_fast", source(bool(last), *geometry, mode, rpt), ns, about={
         "config": f"{dtype}, {'channels last' if last else 'channels first'}, {mode}, "

@@ -23,7 +23,7 @@ from L1/L2) and writes dx (51 MB).
 import functools
 import math
 
-from numba import cuda, float32, float64, int64
+from numba import cuda, float32, float64
 
 from ..runtime.arrays import dtype_name
 from ..runtime.simulator import SIMULATOR
@@ -135,7 +135,7 @@ def kernel(kind, dtype, last, geometry, mode=0):
     ct_name = "float64" if dtype == "float64" else "float32"
     CT = float64 if ct_name == "float64" else float32
     ns = {"cuda": cuda, "CT": CT, "ZERO": CT(0), "NEG": CT(-math.inf),
-          "I": int if SIMULATOR else int64, "U": _stencil.U,
+          "I": _stencil.I64, "U": _stencil.U,
           "U32": _stencil.U32, "W32": _stencil.W32, "widen": widen, "narrow": narrow}
     a = array_type(dtype)
     config = f"{dtype}, {'channels last' if last else 'channels first'}, window {geometry}"
