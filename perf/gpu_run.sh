@@ -306,28 +306,30 @@ train-step)
     # issue 24's training step: the kernels written since the last call (their tests run
     # both ways; SAN=1: memcheck and racecheck over them), then the step's kernels by GPU
     # time with SWITCHES (--set MODULE.NAME=VALUE ...: perf/tools/switches.py; default:
-    # run AL's col2im_quads, 32-bit im2col_words and fused SGD) and without,
-    # then ResNet-50 with them. Every step writes its log under $OUT and prints as it
-    # goes (run AL lost a call's output to `| tail` when the 600 s ran out).
+    # col2im_quads, 32-bit im2col_words, fused SGD, batch norm's chunk merging) and,
+    # with SIDES="on off", without, then ResNet-50 with them. Every step writes its log
+    # under $OUT and prints as it goes (run AL lost a call's output to `| tail` when the
+    # 600 s ran out); the limits add up to under 600 s.
     N=nbdnn.cuda
     SW=${SWITCHES:---set $N.conv.col2im_quads.ON=1 --set $N.conv.im2col_words.MAGIC_INDEX=1 \
-        --set nbdnn.nn.train.FUSED_SGD=1}
-    P="timeout 200 python3 -m pytest -q -p no:cacheprovider"
+        --set nbdnn.nn.train.FUSED_SGD=1 --set $N.batch_norm.sums.CHUNKS_A_BLOCK=1}
+    P="timeout ${TEST_LIMIT_S:-130} python3 -m pytest -q -p no:cacheprovider"
     $P tests/test_pool_paths.py tests/test_conv_paths.py tests/test_nn_precision.py \
-        tests/test_reference_optim.py -k "backward or col2im or im2col_words or fused or sgd" \
+        tests/test_reference_optim.py tests/test_bn_paths.py \
+        -k "backward or col2im or im2col_words or fused or sgd or chunks" \
         > "$OUT/train-tests.log" 2>&1 &
     $P tests/test_crosscheck.py -k sgd_update > "$OUT/train-cross.log" 2>&1 &
-    sanitized train 100 tests/test_conv_paths.py tests/test_crosscheck.py -k \
-        "(col2im or im2col_words or sgd_update) and float16"
+    sanitized train 65 tests/test_conv_paths.py tests/test_crosscheck.py tests/test_bn_paths.py \
+        -k "(col2im or im2col_words or sgd_update) and float16 or chunks"
     wait
     summary train-tests train-cross train-memcheck train-racecheck
-    for side in on off; do
+    for side in ${SIDES:-on}; do
         [ $side = on ] && S=$SW || S=
-        timeout ${PROFILE_LIMIT_S:-170} python3 perf/experiments/resnet50_profile.py --top 16 $S \
+        timeout ${PROFILE_LIMIT_S:-140} python3 perf/experiments/resnet50_profile.py --top 16 $S \
             > "$OUT/profile-$side.log" 2>&1
         grep -v -i warn "$OUT/profile-$side.log" | cut -c1-110
     done
-    timeout ${RESNET_LIMIT_S:-280} python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" $SW \
+    timeout ${RESNET_LIMIT_S:-250} python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" $SW \
         > "$OUT/resnet50.log" 2>&1
     grep -v -i warn "$OUT/resnet50.log" ;;
 compute)

@@ -134,3 +134,32 @@ def test_statistics_with_an_infinity(shape, layout, offset, where):
                                       layout=layout, backend=be)[1] for be in ("cpu", "cuda")}
     assert np.isnan(got["cpu"][0]) if where == "both signs" else got["cpu"][0] == np.inf
     np.testing.assert_allclose(got["cuda"], got["cpu"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape, layout, act", [((3, 5, 7, 3), "NHWC", "relu"),
+                                                ((3, 2, 10, 11), "NCHW", None)])
+def test_chunks_a_block_match_reference(shape, layout, act, monkeypatch):
+    """sums.CHUNKS_A_BLOCK: a block merges `per` consecutive chunks into one partial
+    (Chan's merge for the statistics, sums for the backward), the last group short;
+    the finals read partials of per * E elements. Forced here to 2 and 3 chunks a
+    block over channels of 3 to 7 chunks (general kernels: columns, and planes of an
+    odd size)."""
+    from nbdnn.cuda.batch_norm import sums
+    monkeypatch.setattr(sums, "CHUNKS_A_BLOCK", True)
+    assert sums.chunks_a_block(3136, 2, 132) == 6 and sums.chunks_a_block(5, 1, 132) == 1
+    C = shape[-1] if layout == "NHWC" else shape[1]
+    for per in (2, 3):
+        monkeypatch.setattr(sums, "chunks_a_block", lambda nch, gx, sm, per=per: per)
+        arr = _inputs(shape, 0, "float64", per)
+        x, dy = arr(loc=3.0), arr()
+        scale, bias = arr((C,)).copy(), arr((C,)).copy()
+        got = {}
+        for be in ("cpu", "cuda"):
+            rm, rv = np.zeros(C), np.ones(C)
+            y, mean, invstd = nbdnn.batch_norm_train(x, scale, bias, rm, rv, layout=layout,
+                                                     activation=act, backend=be)
+            grads = nbdnn.batch_norm_backward(dy, x, scale, mean, invstd, bias=bias,
+                                              layout=layout, activation=act, backend=be)
+            got[be] = (y, mean, invstd, rm, rv, *grads)
+        for g, w in zip(got["cuda"], got["cpu"]):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-10, atol=1e-10)

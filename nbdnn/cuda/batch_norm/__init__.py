@@ -28,6 +28,7 @@ from numba import cuda, float32, float64
 from ..runtime.simulator import SIMULATOR
 from .. import activation as _act
 from . import planes as _bn_planes, sums as _bn_sums
+from ..runtime.device import sm_count
 from ..runtime.arrays import dtype_name, empty, vector_aligned
 from ..runtime.intrinsics import array_type, load4, narrow, narrow4, store4, widen
 from ..runtime.launch import Kernel
@@ -181,7 +182,7 @@ def _build():
             flags = "int64, int64, int64, int64"  # has_scale, has_bias, has_z, act
             six, seven = ", ".join(["int64"] * 6), ", ".join(["int64"] * 7)
             part = (f"void({a}, {a}, {a}, {a}, {a}, {s}, {s}, {s}, {s}, int64, int64, int64, "
-                    f"{flags}, {ct})")
+                    f"{flags}, {ct}, int64)")  # (..., coef, chunks a block)
             sigs = {"stats_planes": part, "stats_columns": part, "bwd_planes": part,
                     "bwd_columns": part, "bwd_act_planes": part, "bwd_act_columns": part,
                     "stats_final": f"void({a}, {a}, {a}, {s}, {s}, {s}, {s}, {s}, {s}, {s}, "
@@ -265,11 +266,14 @@ def _partials(kind, x, ins, p_dtype, geo, flags, stream, fast=None):
         k.launch(sig, grid, block, stream, *fast, p1, p2, *args)
         return p1, p2, E
     nch = _bn_sums.chunks(N, L, columns)
-    p1, p2 = empty(x, (nch * C,), p_dtype), empty(x, (nch * C,), p_dtype)
+    gx = _bn_sums.launch_shape(C, nch, columns)[0][0]
+    per = _bn_sums.chunks_a_block(nch, gx, sm_count())
+    groups = -(-nch // per)  # partials a channel, each of `per` chunks
+    p1, p2 = empty(x, (groups * C,), p_dtype), empty(x, (groups * C,), p_dtype)
     k, sig = _KERNELS[f"{kind}_{'columns' if columns else 'planes'}", dtype_name(x)]
-    grid, block = _bn_sums.launch_shape(C, nch, columns)
-    k.launch(sig, grid, block, stream, *ins, p1, p2, N, C, L, *flags)
-    return p1, p2, _bn_sums.R * (_bn_sums.CY if columns else _bn_sums.BLOCK)
+    grid, block = _bn_sums.launch_shape(C, groups, columns)
+    k.launch(sig, grid, block, stream, *ins, p1, p2, N, C, L, *flags, per)
+    return p1, p2, per * _bn_sums.R * (_bn_sums.CY if columns else _bn_sums.BLOCK)
 
 
 def _or(a, x):

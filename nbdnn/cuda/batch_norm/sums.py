@@ -44,6 +44,28 @@ def chunks(N, L, columns):
     return max(1, -(-N * L // (R * (CY if columns else BLOCK))))
 
 
+# A block sums `per` consecutive chunks into one partial (Chan's merge for the
+# statistics, in chunk order: deterministic), so that a large channel has a few hundred
+# partials, not thousands: ResNet-50's bf16 training step (run AL's profile) spent
+# 1.06 ms in the finals, lane 0 of a channel merging up to 98 chunk partials in a
+# dependent chain (the stem's 401408 rows: 3136 chunks of 128), and launched 6272
+# blocks of one 8 KB chunk each for the stem's statistics. With this on, the partials
+# fill BLOCKS_AN_SM blocks an SM. Written in run AL after its device time was spent
+# (the simulator checks it): off (one chunk a block, as before) until it has run on
+# an H200.
+CHUNKS_A_BLOCK = False
+BLOCKS_AN_SM = 8
+
+
+def chunks_a_block(nch, gx, sm_count):
+    """Chunks a partial sums: 1 while CHUNKS_A_BLOCK is off, else as many as leave
+    about BLOCKS_AN_SM blocks an SM over the gx column blocks."""
+    if not CHUNKS_A_BLOCK:
+        return 1
+    groups = max(1, min(nch, -(-BLOCKS_AN_SM * sm_count // gx)))
+    return -(-nch // groups)
+
+
 def final_shape(C):
     """(grid, block) of the finals."""
     return -(-C // FC), FW * FC
@@ -83,7 +105,7 @@ def kernels(CT, act_grad, apply_coefs, grp_sum):
         staged = not fused
 
         def partials(x, dy, z, scale, bias, mean, invstd, p1, p2, N, C, L, has_scale,
-                     has_bias, has_z, act, coef):
+                     has_bias, has_z, act, coef, per):
             shm = cuda.shared.array(T, CT)  # >= SHM: grp_sum's slots too
             xs = cuda.local.array(R, CT)
             ds = cuda.local.array(R, CT)
@@ -106,59 +128,66 @@ def kernels(CT, act_grad, apply_coefs, grp_sum):
                     sc = widen(scale[c])
                 if has_bias:
                     bc = widen(bias[c])
-            j = cuda.blockIdx.y
-            while j * E < M:
-                # this thread's elements: m, m + dm, ... of the channel; (n, l) stepped
-                if columns:
-                    m, dm = j * E + t // CX, CY
-                else:
-                    m, dm = j * E + t, BLOCK
-                if not ok:
-                    m = M
-                n, l = m // L, m % L
-                dn, dl = dm // L, dm % L
-                # loads first, unconditional (masked slots read `first`): all R in flight
-                s, q = ZERO, ZERO
-                for k in range(R):
-                    i = (n * L + l) * C + c if columns else (n * C + c) * L + l
-                    i = i if m + k * dm < M else first
-                    if staged:
-                        xs[k] = widen(x[i])
-                        if not stats:
-                            ds[k] = widen(dy[i])
-                    elif m + k * dm < M:
-                        xhat = (widen(x[i]) - mc) * ic
-                        zk = widen(z[i]) if has_z else ZERO
-                        g = widen(dy[i]) * act_grad(xhat * sc + bc + zk, act, coef)
-                        s += g
-                        q += g * xhat
-                    n += dn
-                    l += dl
-                    if l >= L:
-                        l -= L
-                        n += 1
-                for k in range(R if staged else 0):
-                    if m + k * dm < M:
-                        if stats:
-                            xs[k] -= x0
-                            s += xs[k]
-                        else:
-                            xhat = (xs[k] - mc) * ic
-                            s += ds[k]
-                            q += ds[k] * xhat
-                s = column_sum(s, shm) if columns else grp_sum(s, BLOCK, shm)
-                if stats:
-                    mu = s / CT(min(E, M - j * E))
+            grp = cuda.blockIdx.y  # chunks grp*per ... grp*per + per - 1, one partial
+            while grp * per * E < M:
+                na, pa, qa = 0, ZERO, ZERO  # (the group's merge: Chan's, or sums)
+                for j in range(grp * per, min(grp * per + per, -(-M // E))):
+                    # this thread's elements: m, m + dm, ... of the channel; (n, l) stepped
+                    if columns:
+                        m, dm = j * E + t // CX, CY
+                    else:
+                        m, dm = j * E + t, BLOCK
+                    if not ok:
+                        m = M
+                    n, l = m // L, m % L
+                    dn, dl = dm // L, dm % L
+                    # loads first, unconditional (masked slots read `first`): all R in flight
+                    s, q = ZERO, ZERO
                     for k in range(R):
+                        i = (n * L + l) * C + c if columns else (n * C + c) * L + l
+                        i = i if m + k * dm < M else first
+                        if staged:
+                            xs[k] = widen(x[i])
+                            if not stats:
+                                ds[k] = widen(dy[i])
+                        elif m + k * dm < M:
+                            xhat = (widen(x[i]) - mc) * ic
+                            zk = widen(z[i]) if has_z else ZERO
+                            g = widen(dy[i]) * act_grad(xhat * sc + bc + zk, act, coef)
+                            s += g
+                            q += g * xhat
+                        n += dn
+                        l += dl
+                        if l >= L:
+                            l -= L
+                            n += 1
+                    for k in range(R if staged else 0):
                         if m + k * dm < M:
-                            d = xs[k] - mu
-                            q += d * d
-                    s = mu
-                q = column_sum(q, shm) if columns else grp_sum(q, BLOCK, shm)
+                            if stats:
+                                xs[k] -= x0
+                                s += xs[k]
+                            else:
+                                xhat = (xs[k] - mc) * ic
+                                s += ds[k]
+                                q += ds[k] * xhat
+                    s = column_sum(s, shm) if columns else grp_sum(s, BLOCK, shm)
+                    if stats:
+                        mu = s / CT(min(E, M - j * E))
+                        for k in range(R):
+                            if m + k * dm < M:
+                                d = xs[k] - mu
+                                q += d * d
+                        s = mu
+                    q = column_sum(q, shm) if columns else grp_sum(q, BLOCK, shm)
+                    if stats:  # (lanes past the column sums merge garbage, unwritten)
+                        na, pa, qa = chan(na, pa, qa, min(E, M - j * E), s, q)
+                    else:
+                        pa += s
+                        qa += q
                 if ok and (t < CX if columns else t == 0):
-                    p1[j * C + c] = s
-                    p2[j * C + c] = q
-                j += cuda.gridDim.y
+                    p1[grp * C + c] = pa
+                    p2[grp * C + c] = qa
+                grp += cuda.gridDim.y
         return partials
 
     @cuda.jit(device=True)
