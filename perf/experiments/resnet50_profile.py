@@ -9,6 +9,7 @@ name, the largest first, with their share of the step.
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -31,9 +32,11 @@ x = torch.from_numpy(rng.standard_normal((a.batch, 224, 224, 3), np.float32)).cu
 t = torch.from_numpy(np.eye(1000, dtype=np.float32)[rng.integers(0, 1000, a.batch)]).cuda()
 steps = model.plan(a.batch, (224, 224, 3), loss=nn.CrossEntropyLoss(),
                    optimizer=nn.SGD(model, 0.01, momentum=0.9), precision="bf16", graph=False)
-for _ in range(3):
+for i in range(3):  # (the first compiles every kernel: progress on stderr)
+    t0 = time.perf_counter()
     steps.step(x, t)
-torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    print(f"warm-up step {i}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 with profile(activities=[ProfilerActivity.CUDA]) as prof:
     steps.step(x, t)
     torch.cuda.synchronize()
