@@ -32,11 +32,13 @@
 #                                             # (SAN=1: and the sanitizer)
 #   bash perf/gpu_run.sh conv-train           # issue 24's training step: the filter gradient's
 #                                             # GPU tests (SAN=1: and the sanitizer), run AK's
-#                                             # backward fixes against torch, its SASS, the
-#                                             # step's profile, ResNet-50 end to end
-#   bash perf/gpu_run.sh train-step           # the training step's new kernels tested both
+#                                             # backward fixes against torch, its SASS
+#   bash perf/gpu_run.sh train-step           # the training step's kernels tested both
 #                                             # ways (SAN=1: sanitized), the step's profile
-#                                             # with SWITCHES on and off, ResNet-50 with them
+#                                             # (SWITCHES; SIDES="on off"), ResNet-50; the
+#                                             # three do not fit one call (*_LIMIT_S=0)
+#   bash perf/gpu_run.sh bn-columns           # batch_norm/columns.py: tests, crosscheck,
+#                                             # (SAN=1) sanitizer, A/B, the step's profile
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
 #                                             # ragged, square and tf32 cases beside cuBLAS's
 #   bash perf/gpu_run.sh gemm-speed           # perf/suites/gemm.py: every dtype and math mode
@@ -287,7 +289,7 @@ conv-train)
     # issue 24's training step: the tensor-core filter gradient, the padded stem columns,
     # im2col_words and max pool's argmax backward - their tests and (SAN=1) memcheck and
     # racecheck over them, in parallel; then each against torch (bwd_fixes_check.py),
-    # the filter kernel's SASS, the step's kernels by GPU time, ResNet-50 end to end
+    # the filter kernel's SASS
     P="timeout 200 python3 -m pytest -q -p no:cacheprovider"
     $P tests/test_conv_tensorcore.py > "$OUT/conv-tests.log" 2>&1 &
     $P tests/test_conv_paths.py tests/test_pool_paths.py > "$OUT/conv-paths.log" 2>&1 &
@@ -299,39 +301,55 @@ conv-train)
     timeout 120 python3 perf/experiments/bwd_fixes_check.py 2>&1 | grep -v -i warn
     echo "convdw SASS: $(timeout 60 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.wgmma_gemm \
         'wgmma_convdw.*' uint64 2>&1 >/dev/null | tr '\n' ' ')"
-    timeout 120 python3 perf/experiments/resnet50_profile.py --top 25 2>&1 | grep -v -i warn
-    timeout ${RESNET_LIMIT_S:-200} python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" \
-        2>&1 | grep -v -i warn ;;
+    ;;  # (the step's profile and ResNet-50: train-step; both compile every kernel again)
 train-step)
-    # issue 24's training step: the kernels written since the last call (their tests run
-    # both ways; SAN=1: memcheck and racecheck over them), then the step's kernels by GPU
-    # time with SWITCHES (--set MODULE.NAME=VALUE ...: perf/tools/switches.py; default:
-    # col2im_quads, 32-bit im2col_words, fused SGD, batch norm's chunk merging) and,
-    # with SIDES="on off", without, then ResNet-50 with them. Every step writes its log
-    # under $OUT and prints as it goes (run AL lost a call's output to `| tail` when the
-    # 600 s ran out); the limits add up to under 600 s.
-    N=nbdnn.cuda
-    SW=${SWITCHES:---set $N.conv.col2im_quads.ON=1 --set $N.conv.im2col_words.MAGIC_INDEX=1 \
-        --set nbdnn.nn.train.FUSED_SGD=1 --set $N.batch_norm.sums.CHUNKS_A_BLOCK=1}
-    P="timeout ${TEST_LIMIT_S:-130} python3 -m pytest -q -p no:cacheprovider"
-    $P tests/test_pool_paths.py tests/test_conv_paths.py tests/test_nn_precision.py \
-        tests/test_reference_optim.py tests/test_bn_paths.py \
-        -k "backward or col2im or im2col_words or fused or sgd or chunks" \
-        > "$OUT/train-tests.log" 2>&1 &
-    $P tests/test_crosscheck.py -k sgd_update > "$OUT/train-cross.log" 2>&1 &
-    sanitized train 65 tests/test_conv_paths.py tests/test_crosscheck.py tests/test_bn_paths.py \
-        -k "(col2im or im2col_words or sgd_update) and float16 or chunks"
-    wait
-    summary train-tests train-cross train-memcheck train-racecheck
+    # issue 24's training step: the step's kernels' tests (SAN=1: memcheck and racecheck
+    # over them), then its kernels by GPU time with SWITCHES (--set MODULE.NAME=VALUE ...:
+    # perf/tools/switches.py, e.g. "--set nbdnn.cuda.conv.col2im_quads.ON=0") and, with
+    # SIDES="on off", without, then ResNet-50 with them. Every step writes its log under
+    # $OUT and prints as it goes (run AL lost a call's output to `| tail` when the 600 s
+    # ran out). The first eager step compiles every kernel (run AM: 117 s) and
+    # resnet50.py took 394 s: a 600 s call runs one or two of the three (a limit of 0
+    # skips: TEST_LIMIT_S, PROFILE_LIMIT_S, RESNET_LIMIT_S).
+    SW=${SWITCHES:-}
+    TL=${TEST_LIMIT_S:-130} PL=${PROFILE_LIMIT_S:-170} RL=${RESNET_LIMIT_S:-430}
+    P="timeout $TL python3 -m pytest -q -p no:cacheprovider"
+    if [ "$TL" != 0 ]; then
+        $P tests/test_pool_paths.py tests/test_conv_paths.py tests/test_nn_precision.py \
+            tests/test_reference_optim.py tests/test_bn_paths.py \
+            -k "backward or col2im or im2col_words or fused or sgd or chunks" \
+            > "$OUT/train-tests.log" 2>&1 &
+        $P tests/test_crosscheck.py -k sgd_update > "$OUT/train-cross.log" 2>&1 &
+        sanitized train 65 tests/test_conv_paths.py tests/test_crosscheck.py \
+            tests/test_bn_paths.py -k "(col2im or im2col_words or sgd_update) and float16 or chunks"
+        wait
+        summary train-tests train-cross train-memcheck train-racecheck
+    fi
     for side in ${SIDES:-on}; do
+        [ "$PL" != 0 ] || break
         [ $side = on ] && S=$SW || S=
-        timeout ${PROFILE_LIMIT_S:-140} python3 perf/experiments/resnet50_profile.py --top 16 $S \
+        timeout $PL python3 perf/experiments/resnet50_profile.py --top 16 $S \
             > "$OUT/profile-$side.log" 2>&1
         grep -v -i warn "$OUT/profile-$side.log" | cut -c1-110
     done
-    timeout ${RESNET_LIMIT_S:-250} python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" $SW \
-        > "$OUT/resnet50.log" 2>&1
-    grep -v -i warn "$OUT/resnet50.log" ;;
+    [ "$RL" = 0 ] || timeout $RL python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" \
+        $SW > "$OUT/resnet50.log" 2>&1
+    [ "$RL" = 0 ] || grep -v -i warn "$OUT/resnet50.log" ;;
+bn-columns)
+    # batch_norm/columns.py: the batch-norm tests and crosscheck rows (SAN=1: memcheck and
+    # racecheck over the columns tests), its A/B against the general kernels and
+    # PyTorch, then the training step's profile
+    P="timeout ${TEST_LIMIT_S:-150} python3 -m pytest -q -p no:cacheprovider"
+    $P tests/test_bn_paths.py tests/test_nn_precision.py > "$OUT/bn-tests.log" 2>&1 &
+    $P tests/test_crosscheck.py -k "batch_norm" > "$OUT/bn-cross.log" 2>&1 &
+    sanitized bn 70 tests/test_bn_paths.py -k "columns or infinity"
+    wait
+    summary bn-tests bn-cross bn-memcheck bn-racecheck
+    timeout 120 python3 perf/experiments/bn_columns_ab.py > "$OUT/bn-ab.log" 2>&1
+    grep -v -i warn "$OUT/bn-ab.log"
+    timeout ${PROFILE_LIMIT_S:-170} python3 perf/experiments/resnet50_profile.py --top 24 \
+        > "$OUT/profile.log" 2>&1
+    grep -v -i warn "$OUT/profile.log" | cut -c1-110 ;;
 compute)
     timeout 200 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/perf.log" 2>&1
     timeout 300 python3 perf/suites/conv.py --json "$OUT/conv.json" >> "$OUT/perf.log" 2>&1

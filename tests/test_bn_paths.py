@@ -113,13 +113,15 @@ def test_misaligned_residual_gradient_buffer():
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("shape, layout, offset", CASES)
+@pytest.mark.parametrize("shape, layout, offset", CASES + [((2, 4, 5, 16), "NHWC", 0)])
 @pytest.mark.parametrize("where", ["first", "later", "both signs"])
-def test_statistics_with_an_infinity(shape, layout, offset, where):
+def test_statistics_with_an_infinity(shape, layout, offset, where, monkeypatch):
     """A channel holding +inf has mean +inf (and +inf with -inf: NaN) on every path, as
     in the reference: the kernels shift by the channel's first element (inf - inf was
     NaN) and merge chunks with Chan's formula (d = mb - mu was inf - inf); the H200's
-    error fuzz found it in group_norm (run AF)."""
+    error fuzz found it in group_norm (run AF). 16 channels: batch_norm/columns.py."""
+    from nbdnn.cuda.batch_norm import columns
+    monkeypatch.setattr(columns, "ON", True)
     x = _inputs(shape, offset, "float32", 7)(loc=3.0)
     C = shape[-1] if layout == "NHWC" else shape[1]
     first = np.zeros(shape, bool)
@@ -145,11 +147,13 @@ def test_chunks_a_block_match_reference(shape, layout, act, monkeypatch):
     block over channels of 3 to 7 chunks (general kernels: columns, and planes of an
     odd size)."""
     from nbdnn.cuda.batch_norm import sums
-    monkeypatch.setattr(sums, "CHUNKS_A_BLOCK", True)
-    assert sums.chunks_a_block(3136, 2, 132) == 6 and sums.chunks_a_block(5, 1, 132) == 1
+    assert sums.chunks_a_block(3136, 2, 132, "bwd") == 6
+    assert sums.chunks_a_block(5, 1, 132, "bwd") == 1
+    assert sums.chunks_a_block(3136, 2, 132, "stats") == (1 if "stats" not in
+                                                          sums.CHUNKS_A_BLOCK else 6)
     C = shape[-1] if layout == "NHWC" else shape[1]
     for per in (2, 3):
-        monkeypatch.setattr(sums, "chunks_a_block", lambda nch, gx, sm, per=per: per)
+        monkeypatch.setattr(sums, "chunks_a_block", lambda nch, gx, sm, kind, per=per: per)
         arr = _inputs(shape, 0, "float64", per)
         x, dy = arr(loc=3.0), arr()
         scale, bias = arr((C,)).copy(), arr((C,)).copy()
@@ -163,3 +167,42 @@ def test_chunks_a_block_match_reference(shape, layout, act, monkeypatch):
             got[be] = (y, mean, invstd, rm, rv, *grads)
         for g, w in zip(got["cuda"], got["cpu"]):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype, shape, blocks_an_sm", [("float32", (4, 6, 10, 16), 1),
+                                                       ("float16", (2, 3, 9, 24), 4)])
+def test_columns_path_matches_general(dtype, shape, blocks_an_sm, monkeypatch):
+    """batch_norm/columns.py (NHWC, C % 8 == 0: 8 channels a thread): training's
+    statistics and apply, inference with alpha/beta, the backward's sums (with relu
+    and a residual, and plain) and dx, equal to the general kernels' results. 2 row
+    blocks for apply and dx (their grid-stride loop and masked last rows); float32:
+    one chunk of several iterations (a thread's Chan merges), float16: several chunks."""
+    from nbdnn.cuda.batch_norm import columns
+    from nbdnn.cuda.runtime.launch import launched
+    monkeypatch.setattr(columns, "MAX_GRID_Y", 2)
+    monkeypatch.setattr(columns, "BLOCKS_AN_SM", blocks_an_sm)
+    arr = _inputs(shape, 0, dtype, 5)
+    C = shape[-1]
+    x, z, dy = arr(loc=3.0), arr(), arr()
+    scale, bias = arr((C,)).copy(), arr((C,)).copy()
+    kw = dict(layout="NHWC", residual=z, activation="relu")
+    got = {}
+    for on in (False, True):
+        monkeypatch.setattr(columns, "ON", on)
+        with launched() as names:
+            rm, rv = np.zeros(C, np.float32), np.ones(C, np.float32)
+            y, mean, invstd = nbdnn.batch_norm_train(x, scale, bias, rm, rv, backend="cuda",
+                                                     **kw)
+            grads = nbdnn.batch_norm_backward(dy, x, scale, mean, invstd, bias=bias,
+                                              backend="cuda", **kw)
+            plain = nbdnn.batch_norm_backward(dy, x, scale, mean, invstd, layout="NHWC",
+                                              backend="cuda")
+            yi = nbdnn.batch_norm_infer(x, scale, bias, rm, rv, alpha=0.5, beta=2.0,
+                                        out=np.array(z), backend="cuda", **kw)
+        assert [names.count(k) for k in ("apply_columns", "dx_columns", "stats_columns8",
+                                         "bwd_act_columns8", "bwd_columns8")] == \
+            ([2, 2, 1, 1, 1] if on else [0] * 5), names
+        got[on] = [np.asarray(a, np.float64) for a in (y, mean, invstd, rm, rv, *grads,
+                                                       *plain, yi)]
+    for a, b in zip(got[True], got[False]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 if dtype == "float32" else 1e-3)

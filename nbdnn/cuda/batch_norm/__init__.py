@@ -27,7 +27,7 @@ from numba import cuda, float32, float64
 
 from ..runtime.simulator import SIMULATOR
 from .. import activation as _act
-from . import planes as _bn_planes, sums as _bn_sums
+from . import columns as _bn_columns, planes as _bn_planes, sums as _bn_sums
 from ..runtime.device import sm_count
 from ..runtime.arrays import dtype_name, empty, vector_aligned
 from ..runtime.intrinsics import array_type, load4, narrow, narrow4, store4, widen
@@ -168,6 +168,8 @@ def _kernels(CT, nt):
 
     ks = _bn_sums.kernels(CT, act_grad, apply_coefs, device_functions(nt)["grp_sum"])
     ks.update(apply=bn_apply, bwd_dx=bn_bwd_dx, coefs=bn_coefs)
+    if CT is float32:
+        ks.update(_bn_columns.kernels(CT, out_value, dx_value, act_grad, ks["chan"]))
     ks.update(_bn_planes.kernels(CT, out_value, dx_value, ks.pop("chan")))
     return ks
 
@@ -200,6 +202,13 @@ def _build():
                                         f"{ct}, {ct}, {ct})")
             sigs["dx_planes_vec"] = (f"void({a}, {a}, {a}, {s}, {a}, {a}, {seven}, {ct}, "
                                      f"int64, int64, {ct})")
+            if ct == "float32":
+                sigs["apply_columns"] = (f"void({a}, {a}, {a}, {s}, int64, int64, int64, int64, "
+                                         f"{ct}, {ct}, {ct})")
+                sigs["dx_columns"] = (f"void({a}, {a}, {a}, {s}, {a}, {a}, int64, int64, {ct}, "
+                                      f"int64, int64, {ct})")
+                for kind in _bn_columns.SUM_ROWS:  # (the partials' arguments but `per`)
+                    sigs[f"{kind}_columns8"] = part[:part.rindex(",")] + ")"
             for name, sig in sigs.items():
                 table[name, t] = (Kernel(ks[name], [sig]), sig)
     return table
@@ -247,6 +256,12 @@ def _apply(x, y, z, co, geo, act, coef, alpha, beta, stream):
         k.launch(sig, _bn_planes.grid(args[0]), _bn_planes.ABLOCK, stream, x, y, _or(z, x), co,
                  *args, int(z is not None), mode, coef, alpha, beta)
         return y
+    if _bn_columns.usable(geo, dtype_name(x), (x, y, z)):
+        k, sig = _KERNELS["apply_columns", dtype_name(x)]
+        grid, block = _bn_columns.launch_shape(N * L, C)
+        k.launch(sig, grid, block, stream, x, y, _or(z, x), co, N * L, C // 8,
+                 int(z is not None), mode, coef, alpha, beta)
+        return y
     k, sig = _KERNELS["apply", dtype_name(x)]
     vec = _vec(geo, [a for a in (x, y, z) if a is not None])
     k.launch(sig, _grid(N * C * L), BLOCK, stream, x, y, z if z is not None else x, co, *geo,
@@ -265,9 +280,15 @@ def _partials(kind, x, ins, p_dtype, geo, flags, stream, fast=None):
         k, sig = _KERNELS[f"{kind}_planes_vec", dtype_name(x)]
         k.launch(sig, grid, block, stream, *fast, p1, p2, *args)
         return p1, p2, E
+    if _bn_columns.usable(geo, dtype_name(x), ins[:3]):
+        grid, block, E, it = _bn_columns.sum_shape(N * L, C, kind, sm_count())
+        p1, p2 = empty(x, (grid[1] * C,), p_dtype), empty(x, (grid[1] * C,), p_dtype)
+        k, sig = _KERNELS[f"{kind}_columns8", dtype_name(x)]
+        k.launch(sig, grid, block, stream, *ins, p1, p2, N * L, C // 8, it, *flags)
+        return p1, p2, E
     nch = _bn_sums.chunks(N, L, columns)
     gx = _bn_sums.launch_shape(C, nch, columns)[0][0]
-    per = _bn_sums.chunks_a_block(nch, gx, sm_count())
+    per = _bn_sums.chunks_a_block(nch, gx, sm_count(), kind)
     groups = -(-nch // per)  # partials a channel, each of `per` chunks
     p1, p2 = empty(x, (groups * C,), p_dtype), empty(x, (groups * C,), p_dtype)
     k, sig = _KERNELS[f"{kind}_{'columns' if columns else 'planes'}", dtype_name(x)]
@@ -353,6 +374,12 @@ def batch_norm_backward(dy, x, scale, bias, mean, invstd, residual, mode, last, 
         args = _bn_planes.apply_args(N, C, L)
         k.launch(sig, _bn_planes.grid(args[0]), _bn_planes.ABLOCK, stream, dy, x, z, cb, dx,
                  dz, *args, N * L, int(residual is not None), m, coef)
+        return tuple(res)
+    if _bn_columns.usable(geo, dtype, (dy, x, dx, residual, dz)):
+        k, sig = _KERNELS["dx_columns", dtype]
+        grid, block = _bn_columns.launch_shape(N * L, C)
+        k.launch(sig, grid, block, stream, dy, x, z, cb, dx, dz, N * L, C // 8, N * L,
+                 int(residual is not None), m, coef)
         return tuple(res)
     k, sig = _KERNELS["bwd_dx", dtype]
     vec = _vec(geo, [a for a in (dy, x, dx, residual, dz if residual is not None else None)

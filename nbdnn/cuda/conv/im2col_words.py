@@ -95,11 +95,11 @@ _kernel = Kernel(conv_im2col_words, list(_SIGS.values()))
 _SIGS32 = {b: f"void({t}[::1], {t}[::1], {', '.join(['int64'] * 26)})"
            for b, t in WORDS.items()}
 _kernel32 = Kernel(conv_im2col_words32, list(_SIGS32.values()))
-# The 32-bit kernel (written in run AL after its device time was spent; the simulator
-# and ptxas check it): off until it runs right on an H200. Run AL's profile had
-# conv_im2col_words at 2.19 ms over 3 calls of the training step, most of it the stem's
-# 61 M two-byte words, each split with five 64-bit divisions.
-MAGIC_INDEX = False
+# The 32-bit kernel: run AL's profile had conv_im2col_words at 2.19 ms over 3 calls of
+# the training step, most of it the stem's 61 M two-byte words, each split with five
+# 64-bit divisions; run AM's (H200, on): conv_im2col_words32 0.71 ms. Off: the 64-bit
+# kernel (used anyway where an offset passes 2**31).
+MAGIC_INDEX = True
 
 
 def usable(g):

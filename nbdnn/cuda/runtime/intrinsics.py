@@ -2,7 +2,8 @@
 
 - `load4(a, g)` / `store4(a, g, (v0, v1, v2, v3))`: elements 4g..4g+3 of a 1-D array
   as one vector access (`ld.global.v4.f32` for float32: 16 bytes; two `v2.f64` for
-  float64; `v4.u16` for float16). numba emits only scalar loads from plain indexing
+  float64; `v4.u16` for float16). `load8` / `store8`: elements 8g..8g+7, 16-byte
+  accesses (one for 16-bit storage, two for float32); base aligned to 16 bytes. numba emits only scalar loads from plain indexing
   because global arrays only promise element alignment; the caller must know the
   base pointer is aligned to `vector_alignment(itemsize)` bytes.
 - `load4_lu` / `store4_cs`: the same accesses with PTX cache hints, "last use" loads
@@ -51,6 +52,15 @@ if SIMULATOR:
         i = 4 * g
         a[i], a[i + 1], a[i + 2], a[i + 3] = v
 
+    def load8(a, g):
+        i = 8 * g
+        return tuple(a[i + k] for k in range(8))
+
+    def store8(a, g, v):
+        i = 8 * g
+        for k in range(8):
+            a[i + k] = v[k]
+
     load4_lu, store4_cs = load4, store4
 
     def round_tf32(x):
@@ -89,33 +99,39 @@ else:
         first = builder.mul(g, ir.Constant(g.type, n))
         return builder.bitcast(builder.gep(data, [first]), vty.as_pointer()), vty
 
-    @intrinsic
-    def load4(typingctx, a, g):
-        sig = types.UniTuple(a.dtype, 4)(a, g)
+    def _vector_load(n):
+        """load4 / load8: elements n*g .. n*g + n-1 as one LLVM vector load (split by
+        the backend into 16-byte accesses at most, aligned to min(16, n * itemsize))."""
+        def load(typingctx, a, g):
+            sig = types.UniTuple(a.dtype, n)(a, g)
 
-        def codegen(context, builder, sig, args):
-            p, _ = _vector_ptr(context, builder, sig.args[0], args[0], args[1], 4)
-            align = vector_alignment(sig.args[0].dtype.bitwidth // 8)
-            v = builder.load(p, align=align)
-            vals = [builder.extract_element(v, ir.Constant(ir.IntType(32), k))
-                    for k in range(4)]
-            return context.make_tuple(builder, sig.return_type, vals)
-        return sig, codegen
+            def codegen(context, builder, sig, args):
+                p, _ = _vector_ptr(context, builder, sig.args[0], args[0], args[1], n)
+                v = builder.load(p, align=min(16, n * (sig.args[0].dtype.bitwidth // 8)))
+                vals = [builder.extract_element(v, ir.Constant(ir.IntType(32), k))
+                        for k in range(n)]
+                return context.make_tuple(builder, sig.return_type, vals)
+            return sig, codegen
+        return intrinsic(load)
 
-    @intrinsic
-    def store4(typingctx, a, g, v):
-        sig = types.void(a, g, v)
+    def _vector_store(n):
+        def store(typingctx, a, g, v):
+            sig = types.void(a, g, v)
 
-        def codegen(context, builder, sig, args):
-            arrty, _, tupty = sig.args
-            p, vty = _vector_ptr(context, builder, arrty, args[0], args[1], 4)
-            vec = ir.Constant(vty, ir.Undefined)
-            for k in range(4):
-                e = context.cast(builder, builder.extract_value(args[2], k), tupty[k],
-                                 arrty.dtype)
-                vec = builder.insert_element(vec, e, ir.Constant(ir.IntType(32), k))
-            builder.store(vec, p, align=vector_alignment(arrty.dtype.bitwidth // 8))
-        return sig, codegen
+            def codegen(context, builder, sig, args):
+                arrty, _, tupty = sig.args
+                p, vty = _vector_ptr(context, builder, arrty, args[0], args[1], n)
+                vec = ir.Constant(vty, ir.Undefined)
+                for k in range(n):
+                    e = context.cast(builder, builder.extract_value(args[2], k), tupty[k],
+                                     arrty.dtype)
+                    vec = builder.insert_element(vec, e, ir.Constant(ir.IntType(32), k))
+                builder.store(vec, p, align=min(16, n * (arrty.dtype.bitwidth // 8)))
+            return sig, codegen
+        return intrinsic(store)
+
+    load4, store4 = _vector_load(4), _vector_store(4)
+    load8, store8 = _vector_load(8), _vector_store(8)
 
     # PTX per element type: (vector access text, register constraint, LLVM type to pass)
     def _ptx_vector(dtype, context):
@@ -249,5 +265,11 @@ def narrow4(v, arr):
     return narrow(v[0], arr), narrow(v[1], arr), narrow(v[2], arr), narrow(v[3], arr)
 
 
+def narrow8(v, arr):
+    return (narrow(v[0], arr), narrow(v[1], arr), narrow(v[2], arr), narrow(v[3], arr),
+            narrow(v[4], arr), narrow(v[5], arr), narrow(v[6], arr), narrow(v[7], arr))
+
+
 if not SIMULATOR:
     narrow4 = _cuda.jit(device=True, inline=True)(narrow4)
+    narrow8 = _cuda.jit(device=True, inline=True)(narrow8)
