@@ -181,6 +181,7 @@ def test_columns_path_matches_general(dtype, shape, blocks_an_sm, monkeypatch):
     from nbdnn.cuda.runtime.launch import launched
     monkeypatch.setattr(columns, "MAX_GRID_Y", 2)
     monkeypatch.setattr(columns, "BLOCKS_AN_SM", blocks_an_sm)
+    monkeypatch.setattr(columns, "DX_ON", True)
     arr = _inputs(shape, 0, dtype, 5)
     C = shape[-1]
     x, z, dy = arr(loc=3.0), arr(), arr()

@@ -375,7 +375,7 @@ def batch_norm_backward(dy, x, scale, bias, mean, invstd, residual, mode, last, 
         k.launch(sig, _bn_planes.grid(args[0]), _bn_planes.ABLOCK, stream, dy, x, z, cb, dx,
                  dz, *args, N * L, int(residual is not None), m, coef)
         return tuple(res)
-    if _bn_columns.usable(geo, dtype, (dy, x, dx, residual, dz)):
+    if _bn_columns.DX_ON and _bn_columns.usable(geo, dtype, (dy, x, dx, residual, dz)):
         k, sig = _KERNELS["dx_columns", dtype]
         grid, block = _bn_columns.launch_shape(N * L, C)
         k.launch(sig, grid, block, stream, dy, x, z, cb, dx, dz, N * L, C // 8, N * L,
