@@ -144,7 +144,7 @@ def test_backward_filter_pads_16bit_columns(dtype):
     with launched() as names:
         got = nbdnn.conv_backward_filter(dy, x, ws, backend="cuda", alpha=0.5, beta=2.0,
                                          out=out.copy(), **kw)
-    assert "conv_im2col_words" in names and "strided_gather" in names, names
+    assert names[0].startswith("conv_im2col_words") and "strided_gather" in names, names
     atol, rtol = matmul_tol("float16", 2 * 20)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=8 * atol, rtol=8 * rtol)
 

@@ -118,3 +118,41 @@ def test_a_residual_is_added_with_weight_one(backend):
         nbdnn.conv2d(x, w, b, residual=z, beta=1.0, out=np.zeros_like(z), backend=backend)
     with pytest.raises(nbdnn.BadParamError, match="alpha2"):
         nbdnn.conv2d(x, w, b, alpha2=2.0, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_tf32_math_modes(backend):
+    """float32's math modes (nbdnn/ops/math_mode.py) in the forward and both gradients:
+    "tf32" equals the float64 convolution of TF32-rounded operands (to float32
+    accumulation), "3xtf32" the float64 one of the operands as given (to float32
+    accuracy, where TF32's rounding is ~1e-3 off); math_mode() sets it for calls
+    without math=; a forced algorithm that does not run it is refused, and
+    find_conv_algorithm offers "gemm" alone. cuda: im2col and the GEMM over
+    tf32_parts' operands (on the H200: the tensor cores)."""
+    from nbdnn.cpu.matmul import tf32
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 4, 5, 4)).astype(np.float32)
+    w = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    kw = dict(padding=1, stride=(2, 1), groups=2)
+    dy = rng.standard_normal(nbdnn.conv2d(x, w, **kw).shape).astype(np.float32)
+    ops = {"forward": (lambda a, b, **k: nbdnn.conv2d(a, b, **kw, **k), x, w),
+           "data": (lambda a, b, **k: nbdnn.conv_backward_data(a, b, x.shape, **kw, **k),
+                    dy, w),
+           "filter": (lambda a, b, **k: nbdnn.conv_backward_filter(a, b, w.shape, **kw, **k),
+                      dy, x)}
+    for name, (f, a, b) in ops.items():
+        exact = f(a.astype(np.float64), b.astype(np.float64))
+        rounded = f(tf32(a).astype(np.float64), tf32(b).astype(np.float64))
+        scale = np.abs(exact).max()
+        got = f(a, b, math="tf32", backend=backend)
+        assert np.abs(got - rounded).max() < 1e-5 * scale, name
+        assert np.abs(rounded - exact).max() > 1e-4 * scale, name  # (not the ieee product)
+        assert np.abs(f(a, b, math="3xtf32", backend=backend) - exact).max() < 1e-5 * scale
+        if name == "forward":
+            with nbdnn.math_mode("tf32"):
+                np.testing.assert_array_equal(f(a, b, backend=backend), got)
+    with pytest.raises(nbdnn.BadParamError, match="algo"):
+        nbdnn.conv2d(x, w, math="tf32", algo="direct", backend=backend, **kw)
+    if backend == "cpu":
+        found = nbdnn.find_conv_algorithm(x, w, reps=1, math="3xtf32", **kw)
+        assert [r["algo"] for r in found] == ["gemm"]

@@ -27,16 +27,21 @@ gradient that meets padding gives nan (0 * inf); backward data sums only the ter
 that exist (dx_pad's padding is cropped, and a dy position outside P is no term), so a
 non-finite weight reaches only the inputs its taps touch.
 
+float32's math mode (nbdnn/ops/math_mode.py) decides what the products of the two
+operands (x and w; dy and w for data; dy and x for the filter) are, as in matmul
+(nbdnn/cpu/matmul.py): "tf32" convolves tf32(a) with tf32(b), "3xtf32" sums
+hi(a)*hi(b) + hi(a)*lo(b) + lo(a)*hi(b); the padding's zeros are exact in either.
+
 im2col through `sliding_window_view` and a BLAS contraction per group; the backward
 data pass loops over the R taps only (vectorised over everything else).
 """
-import math
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from . import activation as _act
 from ._common import blend, compute_dtype
+from .matmul import tf32
 
 
 def _first(x, last):  # channels-last -> channels-first view
@@ -69,23 +74,38 @@ def _pad(x, pads):
     return np.pad(x, ((0, 0), (0, 0)) + tuple(pads))
 
 
+def _in_mode(product, a, b, math):
+    """product(a, b) of float32 operands under the math mode (matmul's _product)."""
+    if a.dtype != np.float32 or math == "ieee":
+        return product(a, b)
+    ah, bh = tf32(a), tf32(b)
+    if math == "tf32":
+        return product(ah, bh)
+    al, bl = tf32(a - ah), tf32(b - bh)
+    return product(ah, bh) + (product(ah, bl) + product(al, bh))
+
+
 def _grouped(v, groups):
     """(N, C, ...) -> (N, g, C/g, ...)"""
     return v.reshape((v.shape[0], groups, v.shape[1] // groups) + v.shape[2:])
 
 
 def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, last,
-                 activation, coef, algo="auto", *, alpha, beta, out, stream=None):
+                 activation, coef, algo="auto", math="ieee", *, alpha, beta, out,
+                 stream=None):
     """algo: the GPU's choice; every algorithm computes the formula above."""
     ct = compute_dtype(x.dtype)
     xf = _first(x, last).astype(ct, copy=False)
     wf = _filters(w, mode, last, ct)
     nd = xf.ndim - 2
     R = wf.shape[2:]
-    cols = _grouped(_windows(_pad(xf, pads), R, stride, dilation), groups)
-    wg = _grouped(wf.reshape((1,) + wf.shape), groups)[0]          # (g, K/g, C/g, *R)
     sp, tap = "pqr"[:nd], "uvw"[:nd]
-    y = np.einsum(f"ngc{sp}{tap},gkc{tap}->ngk{sp}", cols, wg, optimize=True)
+
+    def product(xf, wf):
+        cols = _grouped(_windows(_pad(xf, pads), R, stride, dilation), groups)
+        wg = _grouped(wf.reshape((1,) + wf.shape), groups)[0]      # (g, K/g, C/g, *R)
+        return np.einsum(f"ngc{sp}{tap},gkc{tap}->ngk{sp}", cols, wg, optimize=True)
+    y = _in_mode(product, xf, wf, math)
     y = y.reshape((y.shape[0], y.shape[1] * y.shape[2]) + y.shape[3:])  # (N, K, *P)
     if alpha != 1:
         y = y * ct(alpha)
@@ -100,7 +120,7 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
 
 
 def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, last,
-                       algo="auto", *, alpha, beta, out, stream=None):
+                       algo="auto", math="ieee", *, alpha, beta, out, stream=None):
     ct = compute_dtype(dy.dtype)
     g = _first(dy, last).astype(ct, copy=False)                      # (N, K, *P)
     wf = _filters(w, mode, last, ct)                                 # (K, C/g, *R)
@@ -108,31 +128,39 @@ def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, las
     nd = len(xs) - 2
     R, P = wf.shape[2:], g.shape[2:]
     padded = tuple(s + a + b for s, (a, b) in zip(xs[2:], pads))
-    dxp = np.zeros((xs[0], xs[1]) + padded, dtype=ct)
-    gg = _grouped(g, groups)                                         # (N, g, K/g, *P)
-    wg = _grouped(wf.reshape((1,) + wf.shape), groups)[0]            # (g, K/g, C/g, *R)
     sp = "pqr"[:nd]
-    for r in np.ndindex(*R):
-        contrib = np.einsum(f"ngk{sp},gkc->ngc{sp}", gg, wg[(Ellipsis,) + r], optimize=True)
-        idx = tuple(slice(ri * d, ri * d + (p - 1) * s + 1, s)
-                    for ri, d, p, s in zip(r, dilation, P, stride))
-        dxp[(slice(None), slice(None)) + idx] += contrib.reshape(dxp.shape[:2] + P)
+
+    def product(g, wf):
+        dxp = np.zeros((xs[0], xs[1]) + padded, dtype=ct)
+        gg = _grouped(g, groups)                                     # (N, g, K/g, *P)
+        wg = _grouped(wf.reshape((1,) + wf.shape), groups)[0]        # (g, K/g, C/g, *R)
+        for r in np.ndindex(*R):
+            contrib = np.einsum(f"ngk{sp},gkc->ngc{sp}", gg, wg[(Ellipsis,) + r],
+                                optimize=True)
+            idx = tuple(slice(ri * d, ri * d + (p - 1) * s + 1, s)
+                        for ri, d, p, s in zip(r, dilation, P, stride))
+            dxp[(slice(None), slice(None)) + idx] += contrib.reshape(dxp.shape[:2] + P)
+        return dxp
+    dxp = _in_mode(product, g, wf, math)
     crop = tuple(slice(a, a + s) for (a, _), s in zip(pads, xs[2:]))
     dx = dxp[(slice(None), slice(None)) + crop]
     return blend(_last(dx, last), out, alpha, beta, dy.dtype)
 
 
 def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, last,
-                         algo="auto", *, alpha, beta, out, stream=None):
+                         algo="auto", math="ieee", *, alpha, beta, out, stream=None):
     ct = compute_dtype(dy.dtype)
     g = _first(dy, last).astype(ct, copy=False)
     xf = _first(x, last).astype(ct, copy=False)
     nd = xf.ndim - 2
     R = _first(np.empty(w_shape, dtype=np.bool_), last).shape[2:]
-    cols = _grouped(_windows(_pad(xf, pads), R, stride, dilation), groups)
     sp, tap = "pqr"[:nd], "uvw"[:nd]
-    dw = np.einsum(f"ngk{sp},ngc{sp}{tap}->gkc{tap}", _grouped(g, groups), cols,
-                   optimize=True)
+
+    def product(g, xf):
+        cols = _grouped(_windows(_pad(xf, pads), R, stride, dilation), groups)
+        return np.einsum(f"ngk{sp},ngc{sp}{tap}->gkc{tap}", _grouped(g, groups), cols,
+                         optimize=True)
+    dw = _in_mode(product, g, xf, math)
     dw = dw.reshape((-1,) + dw.shape[2:])                            # (K, C/g, *R)
     if mode == "convolution":
         dw = np.flip(dw, axis=tuple(range(2, dw.ndim)))

@@ -8,6 +8,10 @@ stride >= 1, dilation >= 1, padding >= 0: an int, nd ints (symmetric) or nd
 (pre, post) pairs. groups divides C and K (groups == C is depthwise; K = m*C a
 channel multiplier). layout "NCHW" (channels first; w is (K, C/g, *R)) or "NHWC"
 (channels last; w is (K, *R, C/g)); the rank-exact names NCW/NWC/NCDHW/NDHWC work too.
+
+math: float32's mode (nbdnn/ops/math_mode.py), forward and gradients, as matmul's. The
+TF32 modes run algorithm "gemm" (im2col, the GEMM in that mode: sm_90's tensor cores),
+which "auto" picks for them; another forced algorithm is a BadParamError.
 """
 import functools
 import math
@@ -18,6 +22,7 @@ from .registry import op
 from ._common import (Call, blend_params, check_size, choice, int_tuple, is_int, same_dtype,
                       scalar)
 from .activation import _coef
+from .math_mode import resolve as _math, resolve_for as _math_algo
 from .. import backend as _backend
 from .._shapes import winograd_workspace
 from .._vocab import BF16_DTYPES, CONV_ALGOS as ALGOS, CONV_MODES as MODES, LAYOUTS as _LAYOUTS, \
@@ -141,7 +146,8 @@ def _algo(op, algo, nd, R, stride, dilation):
 
 def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
          mode="cross_correlation", layout="NCHW", algo="auto", activation=None, coef=None,
-         residual=None, alpha=1.0, beta=0.0, alpha2=1.0, out=None, backend=None, stream=None):
+         residual=None, alpha=1.0, beta=0.0, alpha2=1.0, math=None, out=None, backend=None,
+         stream=None):
     op = f"conv{nd}d"
     c = Call(op, "conv", backend, stream, x=x, w=w, bias=bias, residual=residual, out=out)
     x_shape, dtype = c.array("x", x, BF16_DTYPES)
@@ -165,6 +171,7 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
     coef = 0.0 if activation is None else _coef(op, activation, coef)
     algo = _algo(op, algo, nd, R, stride, dilation)
     _depthwise(op, algo, C, groups)
+    math = _math_algo(op, math, dtype, algo, ("auto", "gemm"))
     alpha, beta = blend_params(op, alpha, beta, out)
     alpha2 = scalar(op, "alpha2", alpha2)
     if residual is None and alpha2 != 1.0:
@@ -179,7 +186,7 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
         beta = alpha2  # the backends' z weight
     out = c.out(out, yshape, dtype)
     return c.run("conv_forward", x, w, bias, residual, stride, pads, dilation, groups, mode,
-                 last, activation, coef, algo, alpha=alpha, beta=beta, out=out)
+                 last, activation, coef, algo, math, alpha=alpha, beta=beta, out=out)
 
 
 @op("conv", backward=("conv_backward_data", "conv_backward_filter", "conv_backward_bias"),
@@ -200,8 +207,9 @@ def conv2d(x, w, bias=None, **kw):
     x (N, C, H, W) and w (K, C/groups, R, S) for layout "NCHW"; x (N, H, W, C) and w
     (K, R, S, C/groups) for "NHWC". Keywords: stride, padding, dilation, groups, mode
     ("cross_correlation" or "convolution": flipped filter), layout, algo, activation
-    (a mode of nbdnn.activation) and coef, residual, alpha, beta, alpha2, out. Returns y of
-    shape (N, K, P, Q) (or (N, P, Q, K)) and x's dtype.
+    (a mode of nbdnn.activation) and coef, residual, alpha, beta, alpha2, math (float32:
+    "ieee", "tf32", "3xtf32"; the module docstring), out. Returns y of shape
+    (N, K, P, Q) (or (N, P, Q, K)) and x's dtype.
 
     algo: "direct", "implicit_gemm", "gemm", "winograd" (F(2x2, 3x3): 2-d 3x3, stride
     1, dilation 1), "winograd4" (F(4x4, 3x3): the same filters; float16 layers
@@ -239,8 +247,9 @@ def _shape_arg(op, name, shape, nd):
 
 
 def _backward_geometry(op, dy_shape, x_shape, w_shape, nd, stride, padding, dilation,
-                       groups, mode, layout, algo, alpha, beta, out):
-    """The checked (geometry args, algo, alpha, beta) of a data or filter gradient."""
+                       groups, mode, layout, algo, alpha, beta, out, math, dtype):
+    """The checked (geometry args, algo, math, alpha, beta) of a data or filter
+    gradient."""
     stride, pads, dilation, mode, last = conv_params(op, nd, stride, padding, dilation,
                                                      mode, layout)
     N, C, S, K, R, P = geometry(op, nd, x_shape, w_shape, last, stride, pads, dilation,
@@ -250,49 +259,52 @@ def _backward_geometry(op, dy_shape, x_shape, w_shape, nd, stride, padding, dila
     alpha, beta = blend_params(op, alpha, beta, out)
     choice(op, "algo", algo, BACKWARD_ALGOS)
     _depthwise(op, algo, C, groups)
-    return (stride, pads, dilation, groups, mode, last), algo, alpha, beta
+    math = _math_algo(op, math, dtype, algo, ("auto", "gemm"))
+    return (stride, pads, dilation, groups, mode, last), algo, math, alpha, beta
 
 
 @op("conv")
 def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
                        mode="cross_correlation", layout="NCHW", algo="auto", alpha=1.0,
-                       beta=0.0, out=None, backend=None, stream=None):
+                       beta=0.0, math=None, out=None, backend=None, stream=None):
     """dx = alpha * dL/dx + beta * out for y = conv(x, w); x_shape is x's shape, the
     dimensionality follows w. algo: "gemm", "direct", "depthwise" (groups == C; the
     forward kernel over dy for stride 1, dilation 1, else "direct") or "auto"
     ("depthwise" when groups == C; on the GPU with every stride 1, the forward
-    algorithms over dy with the filters transposed and flipped; else "gemm")."""
+    algorithms over dy with the filters transposed and flipped; else "gemm"). math:
+    float32's mode, as conv2d's (the TF32 modes: "auto" or "gemm")."""
     op = "conv_backward_data"
     c, (dy_shape, w_shape), dtype = _backward_call(op, ("dy", "w"), (dy, w), backend,
                                                    stream, out)
     nd = len(w_shape) - 2
     x_shape = _shape_arg(op, "x_shape", x_shape, nd)
-    geo, algo, alpha, beta = _backward_geometry(op, dy_shape, x_shape, w_shape, nd, stride,
-                                                padding, dilation, groups, mode, layout, algo,
-                                                alpha, beta, out)
+    geo, algo, math, alpha, beta = _backward_geometry(
+        op, dy_shape, x_shape, w_shape, nd, stride, padding, dilation, groups, mode, layout,
+        algo, alpha, beta, out, math, dtype)
     out = c.out(out, x_shape, dtype)
-    return c.run("conv_backward_data", dy, w, x_shape, *geo, algo, alpha=alpha, beta=beta,
-                 out=out)
+    return c.run("conv_backward_data", dy, w, x_shape, *geo, algo, math, alpha=alpha,
+                 beta=beta, out=out)
 
 
 @op("conv")
 def conv_backward_filter(dy, x, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
                          mode="cross_correlation", layout="NCHW", algo="auto", alpha=1.0,
-                         beta=0.0, out=None, backend=None, stream=None):
+                         beta=0.0, math=None, out=None, backend=None, stream=None):
     """dw = alpha * dL/dw + beta * out for y = conv(x, w); w_shape is w's shape.
     algo: "gemm", "direct", "depthwise" (groups == C; 3x3 and 5x5 2-d filters, else
-    "gemm") or "auto" ("depthwise" when groups == C, else "gemm")."""
+    "gemm") or "auto" ("depthwise" when groups == C, else "gemm"). math: float32's
+    mode, as conv2d's (the TF32 modes: "auto" or "gemm")."""
     op = "conv_backward_filter"
     c, (dy_shape, x_shape), dtype = _backward_call(op, ("dy", "x"), (dy, x), backend,
                                                    stream, out)
     nd = len(x_shape) - 2
     w_shape = _shape_arg(op, "w_shape", w_shape, nd)
-    geo, algo, alpha, beta = _backward_geometry(op, dy_shape, x_shape, w_shape, nd, stride,
-                                                padding, dilation, groups, mode, layout, algo,
-                                                alpha, beta, out)
+    geo, algo, math, alpha, beta = _backward_geometry(
+        op, dy_shape, x_shape, w_shape, nd, stride, padding, dilation, groups, mode, layout,
+        algo, alpha, beta, out, math, dtype)
     out = c.out(out, w_shape, dtype)
-    return c.run("conv_backward_filter", dy, x, w_shape, *geo, algo, alpha=alpha, beta=beta,
-                 out=out)
+    return c.run("conv_backward_filter", dy, x, w_shape, *geo, algo, math, alpha=alpha,
+                 beta=beta, out=out)
 
 
 @op("conv")
@@ -330,9 +342,13 @@ def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
                  "tried, each into its own output)", repr(kw[k]))
     nd = len(tuple(x.shape)) - 2
     results = []
+    tf32 = str(_backend.describe("find_conv_algorithm", "x", x)[1]) == "float32" and \
+        _math("find_conv_algorithm", kw.get("math")) != "ieee"
+    _, _, C, _, R, _, stride, dilation, groups = _problem(x, w, kw)
     for algo in ALGOS[1:]:
-        if algo in WINOGRAD and not _winograd_applies(x, w, kw) or \
-                algo == "depthwise" and not _depthwise_applies(x, w, kw):
+        if algo in WINOGRAD and not winograd_fits(nd, R, stride, dilation) or \
+                algo == "depthwise" and C != groups or \
+                tf32 and algo != "gemm":  # (a TF32 mode runs "gemm" alone)
             continue
         conv(nd, x, w, bias, algo=algo, **kw)  # warm-up: JIT, validation
         samples = []
@@ -359,33 +375,18 @@ def _problem(x, w, kw):
     return nd, N, C, K, R, P, stride, dilation, groups
 
 
-def _winograd_applies(x, w, kw):
-    nd, _, _, _, R, _, stride, dilation, _ = _problem(x, w, kw)
-    return winograd_fits(nd, R, stride, dilation)
-
-
-def _depthwise_applies(x, w, kw):
-    _, _, C, _, _, _, _, _, groups = _problem(x, w, kw)
-    return C == groups
-
-
 def _workspace(algo, x, w, kw):
     """Bytes of scratch memory: gemm's im2col columns and raw product; winograd's
     transformed filters, input tiles and products."""
     if algo not in ("gemm",) + tuple(WINOGRAD):
         return 0
-    nd, N, C, K, R, P, _, _, groups = _problem(x, w, kw)
+    _, N, C, K, R, P, _, _, groups = _problem(x, w, kw)
+    size = _backend.describe("find_conv_algorithm", "x", x)[1].itemsize
     if algo == "gemm":
-        elements = N * math.prod(P) * (C * math.prod(R) + K)
-    else:  # winograd4 keeps float16 layers' workspace in float32
-        elements = winograd_workspace(N, C, K, groups, P, WINOGRAD[algo])
-        if algo == "winograd4":
-            return elements * max(4, _itemsize(x))
-    return elements * _itemsize(x)
-
-
-def _itemsize(x):
-    return _backend.describe("find_conv_algorithm", "x", x)[1].itemsize
+        return N * math.prod(P) * (C * math.prod(R) + K) * size
+    # (winograd4 keeps float16 layers' workspace in float32)
+    return winograd_workspace(N, C, K, groups, P, WINOGRAD[algo]) * \
+        (max(4, size) if algo == "winograd4" else size)
 
 
 def _synchronizer(x):

@@ -9,8 +9,8 @@
               three products hi*hi + hi*lo + lo*hi accumulated in float32: float32
               accuracy (the dropped lo*lo is ~2^-22 of a product) at TF32 speed
 
-The mode applies to float32 operands (matmul, matmul_backward; conv and attention in
-later issues); float16 and bfloat16 always multiply on tensor cores with float32
+The mode applies to float32 operands (matmul, matmul_backward, the convolutions and
+their gradients: through their "gemm" algorithm; attention in a later issue); float16 and bfloat16 always multiply on tensor cores with float32
 accumulation and float64 stays IEEE. `math=` on a call wins; otherwise the innermost
 `math_mode(...)` block of this thread, otherwise the process default `set_math(...)`.
 The CPU reference applies the same rounding and split, so both backends agree to
@@ -20,6 +20,7 @@ import contextlib
 import threading
 
 from .._vocab import MATH_MODES
+from ..errors import BadParamError, fail
 from ._common import choice
 
 _default = ["ieee"]
@@ -51,3 +52,13 @@ def math_mode(mode):
 def resolve(op, math):
     """The mode a call runs in: its `math=` (checked) or the current default."""
     return get_math() if math is None else choice(op, "math", math, MATH_MODES)
+
+
+def resolve_for(op, math, dtype, algo, algos):
+    """resolve(); float32's TF32 modes only with an algorithm in `algos` (those that
+    run them: conv's "auto" and "gemm"), else a BadParamError."""
+    math = resolve(op, math)
+    if math != "ieee" and str(dtype) == "float32" and algo not in algos:
+        fail(BadParamError, op, "algo", f"one of {', '.join(map(repr, algos))} with math "
+             f"'{math}' (the algorithms that run it)", repr(algo))
+    return math

@@ -18,7 +18,7 @@ then its eager time carries host time (perf/history/runs.md run V). The ratios a
 geometric means are of the graph times; "eager" columns show the other.
 
     PYTHONPATH=. python perf/suites/conv.py [--nhwc] [--dtype bfloat16] [--json F]
-        [--algos auto implicit_gemm direct]
+        [--algos auto implicit_gemm direct] [--math tf32 --algos auto]
 """
 import argparse
 import json
@@ -83,11 +83,14 @@ def main():
     ap.add_argument("--layers", nargs="*", default=[],
                     help="only the layers whose name holds one of these substrings")
     ap.add_argument("--no-backward", action="store_true")
+    ap.add_argument("--math", default="ieee", choices=["ieee", "tf32", "3xtf32"],
+                    help="float32's math mode for nbdnn; cuDNN's TF32 on unless ieee")
     ap.add_argument("--tiles", action="store_true",
                     help="also implicit_gemm with each GEMM tile forced (ResNet layers)")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = args.math != "ieee"
+    nbdnn.set_math(args.math)  # (float32 only; algorithms that do not run it are skipped)
     layout = "NHWC" if args.nhwc else "NCHW"
     rows, ratios = [], {a: [] for a in args.algos + ["bwd_data", "bwd_filter"]}
     for layer in RESNET + DEPTHWISE:

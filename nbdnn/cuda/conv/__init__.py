@@ -49,6 +49,8 @@ and 126 (stride 2), 5x5 167, variant 3 (rows; the H200's driver) 3x3/1 48-64, 3x
 72, 5x5/1 100; nothing else spills. Speed against cuDNN:
 perf/history/runs.md ("Convolution").
 """
+import functools
+
 import numpy as np
 
 from .. import matmul as _mm
@@ -137,8 +139,17 @@ def _vector_epilogue(y, K, Kg, P, last, variant):
     return int(fits and vector_aligned(y))
 
 
+def _gemm_in(math, dtype):
+    """The GEMM the "gemm" algorithm calls: in float32's TF32 modes, the matmul's own
+    (tf32_parts.py rounds or splits the im2col columns and the filters; sm_90: the
+    tensor cores)."""
+    if math == "ieee" or dtype != "float32":
+        return _gemm
+    return functools.partial(_gemm, math_mode=math)
+
+
 def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, last,
-                 activation, coef, algo, *, alpha, beta, out, stream):
+                 activation, coef, algo, math="ieee", *, alpha, beta, out, stream):
     g = geometry(tuple(x.shape), tuple(w.shape), stride, pads, dilation, groups, mode, last)
     N, K, P = g.N, g.K, (g.PD, g.PH, g.PW)
     shape = (N,) + P[3 - (len(x.shape) - 2):] + (K,) if last else \
@@ -149,6 +160,9 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
     args = (x, w, y, bias if bias is not None else y, residual if residual is not None else y,
             *g, int(bias is not None), int(residual is not None), act, coef, alpha, beta)
     total = N * K * P[0] * P[1] * P[2]
+    gemm = _gemm_in(math, dtype)
+    if gemm is not _gemm:  # (the front end let "auto" or "gemm" through)
+        algo = "gemm"
     if algo in ("auto", "implicit_gemm") and total and _on_tensor_cores(
             x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta, stream):
         return y
@@ -161,7 +175,7 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
         launch(_KERNELS, "fwd", dtype, total, stream, *args)
     elif algo == "gemm":
         if total:
-            _conv_gemm.forward(_KERNELS, _gemm, x, w, y, bias, residual, g, act, coef, alpha,
+            _conv_gemm.forward(_KERNELS, gemm, x, w, y, bias, residual, g, act, coef, alpha,
                                beta, stream)
     elif algo in ("winograd", "winograd4"):
         if total:
@@ -230,9 +244,12 @@ def _implicit_gemm(x, w, y, args, g, total, dtype, stream):
 
 
 def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, last, algo,
-                       *, alpha, beta, out, stream):
+                       math="ieee", *, alpha, beta, out, stream):
     g = geometry(x_shape, tuple(w.shape), stride, pads, dilation, groups, mode, last)
     dx = out if out is not None else empty(dy, x_shape, dtype_name(dy))
+    gemm = _gemm_in(math, dtype_name(dy))
+    if gemm is not _gemm:
+        algo = "gemm"
     if algo == "auto":
         if g.C != groups and _data_as_forward(dy, w, dx, stride, pads, dilation, groups,
                                                mode, last, alpha, beta, stream):
@@ -246,7 +263,7 @@ def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, las
         launch(_KERNELS, "bwd_data", dtype_name(dy), int(np.prod(x_shape)), stream, dy, w, dx, *g,
                 alpha, beta)
     elif np.prod(x_shape):
-        _conv_gemm.backward_data(_KERNELS, _gemm, dy, w, dx, g, alpha, beta, stream)
+        _conv_gemm.backward_data(_KERNELS, gemm, dy, w, dx, g, alpha, beta, stream)
     return dx
 
 
@@ -278,9 +295,12 @@ def _data_as_forward(dy, w, dx, stride, pads, dilation, groups, mode, last, alph
 
 
 def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, last, algo,
-                         *, alpha, beta, out, stream):
+                         math="ieee", *, alpha, beta, out, stream):
     g = geometry(tuple(x.shape), w_shape, stride, pads, dilation, groups, mode, last)
     dw = out if out is not None else empty(dy, w_shape, dtype_name(dy))
+    gemm = _gemm_in(math, dtype_name(dy))
+    if gemm is not _gemm:
+        algo = "gemm"
     if algo == "auto" and np.prod(w_shape) and _wgmma_conv.filter_usable(dy, x, dw, g) and \
             _mm.TENSOR_CORES and _mm.tensor_cores():
         return _wgmma_conv.backward_filter(dy, x, dw, g, alpha, beta, stream)
@@ -294,9 +314,9 @@ def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, l
     if algo == "direct":
         launch(_KERNELS, "bwd_filter", dtype_name(dy), int(np.prod(w_shape)), stream, dy, x, dw, *g,
                 alpha, beta)
-    elif np.prod(w_shape) and not _conv_gemm.backward_filter_1x1(_gemm, dy, x, dw, g, alpha,
+    elif np.prod(w_shape) and not _conv_gemm.backward_filter_1x1(gemm, dy, x, dw, g, alpha,
                                                                  beta, stream):
-        _conv_gemm.backward_filter(_KERNELS, _gemm, dy, x, dw, g, alpha, beta, stream)
+        _conv_gemm.backward_filter(_KERNELS, gemm, dy, x, dw, g, alpha, beta, stream)
     return dw
 
 

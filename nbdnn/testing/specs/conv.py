@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 import nbdnn
-from nbdnn.testing.specs.matmul import matmul_tol
+from nbdnn.testing.specs.matmul import _math, matmul_tol
 from nbdnn.ops.conv import winograd_fits
 from nbdnn._vocab import BF16_DTYPES
 from nbdnn.testing.harness import Case, OpSpec, rand
@@ -64,7 +64,17 @@ def _make_forward(draw, dtype, big):
     if kw["algo"] == "winograd4":  # F(4x4)'s transforms: ~4x the rounding (auto never
         # takes it here: these layers have fewer than 32 channels a group)
         atol, rtol = 4 * atol, 4 * rtol
-    return Case((x, w, bias, residual), kw, tol=(atol, rtol), blend=residual is None)
+    kw["math"], (x, w), tol = _tf32(draw, dtype, [x, w], (atol, rtol), kw)
+    return Case((x, w, bias, residual), kw, tol=tol, blend=residual is None)
+
+
+def _tf32(draw, dtype, operands, tol, kw):
+    """float32 rows of algo "auto" or "gemm" (the ones that run the TF32 modes) draw a
+    math mode, last (the earlier draws stay as they were); the TF32 modes' operands
+    are TF32-exact (matmul's _math)."""
+    if kw["algo"] not in ("auto", "gemm"):
+        return "ieee", operands, tol
+    return _math(draw, dtype, operands, tol)
 
 
 def _make_backward(which):
@@ -73,12 +83,15 @@ def _make_backward(which):
         nd, xs, ws, kw, (_, taps, positions) = _problem(draw, big)
         x, w = rand(rng, xs, dtype, -1, 1), rand(rng, ws, dtype, -1, 1)
         dy = rand(rng, CONV[nd](x, w, **kw).shape, dtype, -1, 1)
-        algo = ("auto", "direct", "gemm")[draw(0, 2)]
+        kw["algo"] = ("auto", "direct", "gemm")[draw(0, 2)]
         if which == "data":
-            return Case((dy, w, xs), dict(kw, algo=algo),
-                        tol=matmul_tol(dtype, taps * max(1, ws[0])))
+            kw["math"], (dy, w), tol = _tf32(draw, dtype, [dy, w],
+                                             matmul_tol(dtype, taps * max(1, ws[0])), kw)
+            return Case((dy, w, xs), kw, tol=tol)
         if which == "filter":
-            return Case((dy, x, ws), dict(kw, algo=algo), tol=matmul_tol(dtype, positions))
+            kw["math"], (dy, x), tol = _tf32(draw, dtype, [dy, x],
+                                             matmul_tol(dtype, positions), kw)
+            return Case((dy, x, ws), kw, tol=tol)
         return Case((dy,), {"layout": kw["layout"]}, tol=matmul_tol(dtype, positions))
     return make
 
