@@ -163,6 +163,11 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
     gemm = _gemm_in(math, dtype)
     if gemm is not _gemm:  # (the front end let "auto" or "gemm" through)
         algo = "gemm"
+        if math == "tf32" and total and _mm.TENSOR_CORES and _mm.tensor_cores() and \
+                _wgmma_conv.tf32_usable(x, w, y, g, bias, residual, alpha, beta):
+            _wgmma_conv.forward(x, w, y, bias, residual, activation, coef, alpha, beta, g,
+                                stream)
+            return y
     if algo in ("auto", "implicit_gemm") and total and _on_tensor_cores(
             x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta, stream):
         return y

@@ -25,6 +25,11 @@ way the GEMM's own maps do), so the call is not plannable (CUDA graphs capture i
 Tile: 128 output positions x BN filters, BN from WIDTHS by waves x (BM + BN) (`plan`:
 K = 64 takes 64 wide, where 256 would compute four times the filters); the 64-row
 tile and split-K as the GEMM picks them.
+
+float32 with math "tf32" (`tf32_usable`, TF32_ON_TENSOR_CORES): the same kernel in
+wgmma's tf32 kind, both maps TFLOAT32 (TMA rounds each operand to nearest as it
+loads: the CPU reference's tf32()), k-tiles of 32 channels (128 B), float32 C; the
+GEMM's epilogue order only (alpha 1, no z), the rest through algorithm "gemm".
 """
 import numpy as np
 
@@ -43,6 +48,11 @@ from .. import activation as _act
 # that ran right in run AJ (stride 1, dilation 1, cross-correlation, C a multiple of 64,
 # 128-row tiles, no split-K, no alpha or z).
 VERIFIED_ONLY = False
+# Written in run AM after its device time was spent (ptxas checks the kernel): off, so
+# math "tf32" runs algorithm "gemm", until tests/test_conv_tensorcore.py's
+# test_tf32_forward_on_tensor_cores passes on an H200 (TMA's im2col mode over a
+# TFLOAT32 map has not run here).
+TF32_ON_TENSOR_CORES = False
 WIDTHS = (64, 128, 192, 256)               # BN candidates (split_k.tile_width's rule)
 STAGES = {64: 6, 128: 6, 192: 5, 256: 4}   # pipeline depth a width (shared memory)
 MAX_OFFSET, CORNER = 127, (-128, 127)      # 4-d im2col map limits
@@ -66,6 +76,19 @@ def usable(x, w, y, g, bias, residual, alpha, beta):
     return not VERIFIED_ONLY or ((g.sh, g.sw, g.dh, g.dw, g.flip) == (1, 1, 1, 1, 0) and
                                  g.C % 64 == 0 and g.N * g.PH * g.PW > W.SKINNY_ROWS and
                                  plan(g, dtype_name(x))[1] == 1)
+
+
+def tf32_usable(x, w, y, g, bias, residual, alpha, beta):
+    """Whether forward takes a float32 call in math "tf32" (module docstring)."""
+    if not TF32_ON_TENSOR_CORES or dtype_name(x) != "float32" or residual is not None or \
+            alpha != 1 or beta != 0 or not g.last or g.G != 1 or g.D != 1 or g.T != 1:
+        return False
+    if g.C % 4 or g.K % 4 or any(ptr(a) % 16 for a in (x, w, y)) or max(g.sh, g.sw) > 8 or \
+            (bias is not None and ptr(bias) % 4):
+        return False
+    lower, upper = corners(g)
+    return all(CORNER[0] <= v <= CORNER[1] for v in lower + upper) and \
+        max((g.R - 1) * g.dh, (g.S - 1) * g.dw) <= MAX_OFFSET and g.N * g.PH * g.PW > 0
 
 
 def corners(g):
@@ -104,13 +127,14 @@ def plan(g, dtype, can_split=True):
     fill fewer than half the SMs (can_split: the epilogue is the GEMM's, which
     splitk_sum applies)."""
     M, taps = g.N * g.PH * g.PW, g.R * g.S
-    red = taps * -(-g.C // W.BK) * W.BK
+    bk = W.BK_OF[W.KINDS[dtype]]  # (a k-tile: 128 B of channels)
+    red = taps * -(-g.C // bk) * bk
     skinny = W.SKINNY_TILE and M <= W.SKINNY_ROWS
     bm = 64 if skinny else W.BM
     sm = sm_count()
     bn = min(WIDTHS, key=lambda b: (-(-(-(-M // bm) * -(-g.K // b)) // sm) * (bm + b), -b))
     tile = (bn, STAGES[bn] + (1 if skinny and bn == 256 else 0)) + ((64,) if skinny else ())
-    splits, chunk = split_k.split(-(-M // bm) * -(-g.K // bn), red, W.BK) if can_split \
+    splits, chunk = split_k.split(-(-M // bm) * -(-g.K // bn), red, bk) if can_split \
         else (1, red)
     return tile, splits, chunk, red
 
@@ -123,6 +147,8 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream):
     if rec is not None:  # host maps hold the tensors' addresses
         rec.impure()
     dtype = dtype_name(x)
+    kind = W.KINDS[dtype]
+    bk, mdt = W.BK_OF[kind], W.TF32_MAP if kind == "tf32" else dtype
     M, K = g.N * g.PH * g.PW, g.K
     z = residual if residual is not None else y
     zord = beta != 0  # (the epilogue reads z)
@@ -130,12 +156,12 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream):
     bn, stages = tile[:2]
     bm = tile[2] if len(tile) > 2 else W.BM
     lower, upper = corners(g)
-    ma = encoded_im2col(ptr(x), (g.N, g.H, g.W, g.C), dtype, bm, W.BK, lower, upper,
+    ma = encoded_im2col(ptr(x), (g.N, g.H, g.W, g.C), mdt, bm, bk, lower, upper,
                         (g.sh, g.sw))
-    mb = encoded(ptr(w), (K, g.R * g.S, g.C), dtype, (bn, 1, W.BK), "128B")
+    mb = encoded(ptr(w), (K, g.R * g.S, g.C), mdt, (bn, 1, bk), "128B")
     partial = splits > 1
     out = empty(y, (splits * M * K,), "float32") if partial else y
-    store = W.TMA_STORE and staged.usable("f16", partial, False, K, ptr(out),
+    store = W.TMA_STORE and staged.usable(kind, partial, False, K, ptr(out),
                                           W.TMA_STORE_F32, W.ws.consumer_columns(bn, bm))
     while W.shared_bytes(bn, stages, store, bm) > W.MAX_SHARED:
         stages -= 1
@@ -147,7 +173,7 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream):
     # GEMM's epilogue order, the kernels run AJ ran; the same result for alpha 1, no z)
     maps, owners = (ma, mb), [ma[1], mb[1], y]
     if store:
-        f32 = partial
+        f32 = partial or kind == "tf32"
         maps += (encoded(ptr(out), (splits, M, K), "float32" if f32 else dtype,
                          (1, 64, staged.columns(f32)), "128B"),)
     owners += [m[1] for m in maps[2:]] + ([bias] if bias is not None else []) + \
@@ -156,9 +182,10 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream):
     tiles = -(-M // bm) * -(-K // bn)
     grid = min(tiles * splits, sm_count())
     total = M * K
+    pairs = total if kind == "tf32" else total // 2  # (c as float32, or 16-bit pairs)
     k.launch(k.sigs[0], grid, W.THREADS, stream, *(m[0] for m in maps),
-             *((out,) if partial else ((ptr(y), total // 2),) + (((ptr(z), total // 2),)
-                                                                 if zord else ())),
+             *((out,) if partial else ((ptr(y), pairs),) + (((ptr(z), total // 2),)
+                                                            if zord else ())),
              bias_arg, geometry_table(g), M, K, red, 1, W.GROUP_M, alpha, beta, coef, chunk,
              shmem=shmem, owners=owners)
     if partial:

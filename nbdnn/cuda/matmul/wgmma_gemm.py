@@ -143,11 +143,11 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
     if bn not in (64, 128, 192, 256) or bm not in (64, 128) or shmem > MAX_SHARED or \
             cluster and (partial or store or conv or not 2 <= cluster <= cs.MAX_CLUSTER) or \
             conv and (own_maps or (a_k and b_k) != (conv != 3) or a_k != b_k or
-                      kind == "tf32"):
+                      kind == "tf32" and conv != 1):
         raise ValueError(f"wgmma GEMM tile {bm}x{bn}, {stages} stages, cluster {cluster}: BN "
                          f"64-256, BM 64 or 128, {shmem} B of shared memory (at most "
                          f"{MAX_SHARED}), clusters of 2-8 blocks (not partial, not stored), "
-                         f"conv 16-bit, host maps")
+                         f"conv with host maps (tf32: the GEMM's epilogue order only)")
     name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store, lean,
                        cluster, conv)
     nw = ws.consumer_columns(bn, bm)
@@ -189,6 +189,7 @@ def ptx_examples():
     kernel("bfloat16", True, True, True, "relu", True, tile=(64, 6), store=st, lean=ln,
            conv=2)  # (and a convolution's z, read in the staged epilogue)
     kernel("bfloat16", False, False, partial=True, lean=ln, conv=3)  # (a filter gradient)
+    kernel("float32", True, True, True, "relu", store=f32, lean=ln, conv=1)  # (tf32 conv)
     kernel("bfloat16", True, False, own_maps=om, store=st, lean=not ln)
     kernel("bfloat16", True, True, partial=True, store=not f32, **ship)
     kernel("bfloat16", True, False, True, "gelu", tile=(256, 4, 64), store=st, **ship)

@@ -1,0 +1,69 @@
+"""float32 convolution in math "tf32" on the tensor cores (wgmma_conv.tf32_usable, the
+wgmma kernel's tf32 kind over TFLOAT32 im2col maps; switch TF32_ON_TENSOR_CORES, off
+until the GPU test below passes on an H200): its host decisions without a GPU, and on
+an sm_90 GPU the forward against the CPU reference in math "tf32" (the same rounded
+operands, float32 sums)."""
+import numpy as np
+import pytest
+from tensorcore_cases import cc as _cc
+
+from nbdnn.cuda import SIMULATOR
+from test_conv_tensorcore import _geometry
+
+# (x shape NHWC, w shape KRSC, stride, padding): a ResNet 3x3, stride 2 with 40
+# channels (a 32-channel k-tile past C: TMA's zeros), a 1x1, 49 rows (split-K)
+CASES = [((2, 14, 14, 64), (64, 3, 3, 64), 1, 1), ((3, 9, 11, 40), (96, 3, 3, 40), 2, 1),
+         ((4, 8, 8, 128), (256, 1, 1, 128), 1, 0), ((1, 7, 7, 256), (256, 3, 3, 256), 1, 1)]
+
+
+def test_tf32_usable_and_plan(monkeypatch):
+    """Off by default; on: float32, channels-last, one group, C and K multiples of 4,
+    16-byte bases, no residual, alpha 1, beta 0 (the GEMM's epilogue order); the plan's
+    reduction counts 32-channel k-tiles."""
+    from nbdnn.cuda.conv import wgmma_conv as C
+    monkeypatch.setattr(C, "ptr", lambda a: a)
+    monkeypatch.setattr(C, "dtype_name", lambda a: "float32")
+    monkeypatch.setattr(C, "sm_count", lambda: 132)
+    monkeypatch.setattr(C.split_k, "sm_count", lambda: 132)
+    g = _geometry((32, 56, 56, 64), (64, 3, 3, 64), 1, 1, 1)
+    assert not C.tf32_usable(256, 512, 1024, g, None, None, 1.0, 0.0)
+    monkeypatch.setattr(C, "TF32_ON_TENSOR_CORES", True)
+    assert C.tf32_usable(256, 512, 1024, g, 64, None, 1.0, 0.0)
+    assert not C.tf32_usable(256, 512, 1024, g, None, 2048, 1.0, 1.0)   # a residual
+    assert not C.tf32_usable(256, 512, 1024, g, None, None, 0.5, 0.0)   # alpha
+    assert not C.tf32_usable(256, 520, 1024, g, None, None, 1.0, 0.0)   # w unaligned
+    assert not C.tf32_usable(256, 512, 1024, _geometry((2, 9, 9, 6), (8, 3, 3, 6), 1, 1, 1),
+                             None, None, 1.0, 0.0)                       # C = 6
+    odd = _geometry((3, 9, 11, 40), (96, 3, 3, 40), 2, 1, 1)
+    assert C.tf32_usable(256, 512, 1024, odd, None, None, 1.0, 0.0)
+    assert C.plan(odd, "float32")[3] == 9 * 64 and C.plan(odd, "bfloat16")[3] == 9 * 64
+    assert C.plan(_geometry((2, 8, 8, 32), (64, 3, 3, 32), 1, 1, 1), "float32")[3] == 9 * 32
+
+
+@pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[1])))
+def test_tf32_forward_on_tensor_cores(case, monkeypatch):
+    """conv2d(math="tf32") on float32 NHWC through the tf32 wgmma kernel (which ran),
+    with a bias and relu and plain, against the CPU reference in math "tf32"."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.conv import wgmma_conv
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(wgmma_conv, "TF32_ON_TENSOR_CORES", True)
+    xs, ws, stride, padding = case
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x = rng.standard_normal(xs, dtype=np.float32)
+    w = (rng.standard_normal(ws, dtype=np.float32) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+    b = rng.standard_normal(ws[0], dtype=np.float32)
+    kw = dict(stride=stride, padding=padding, layout="NHWC", math="tf32")
+    xd, wd, bd = (torch.from_numpy(a).cuda() for a in (x, w, b))
+    with launched() as names:
+        y = nbdnn.conv2d(xd, wd, bd, activation="relu", **kw)
+        plain = nbdnn.conv2d(xd, wd, **kw)
+    assert sum(n.startswith("wgmma_conv_tf32") for n in names) == 2, names
+    for got, args in ((y, (x, w, b)), (plain, (x, w))):
+        want = nbdnn.conv2d(*args, activation="relu" if len(args) == 3 else None,
+                            backend="cpu", **kw)
+        np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-4, atol=1e-4)
