@@ -19,10 +19,13 @@ geometric means are of the graph times; "eager" columns show the other.
 
     PYTHONPATH=. python perf/suites/conv.py [--nhwc] [--dtype bfloat16] [--json F]
         [--algos auto implicit_gemm direct] [--math tf32 --algos auto]
+        [--set nbdnn.cuda.conv.wgmma_conv.TF32_ON_TENSOR_CORES=1]   (perf/tools/switches.py)
 """
 import argparse
 import json
 import math
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +33,10 @@ import torch.nn.functional as F
 import nbdnn
 from conv_layers import DEPTHWISE, RESNET
 from nbdnn.bench import time_gpu, time_graph
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import switches  # noqa: E402  (perf/tools/switches.py)
+
 
 def _geo(layer, batch=32):
     _, C, K, H, R, s, p, g = layer
@@ -87,7 +94,9 @@ def main():
                     help="float32's math mode for nbdnn; cuDNN's TF32 on unless ieee")
     ap.add_argument("--tiles", action="store_true",
                     help="also implicit_gemm with each GEMM tile forced (ResNet layers)")
+    switches.add_argument(ap)
     args = ap.parse_args()
+    switches.apply(args.set)
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = args.math != "ieee"
     nbdnn.set_math(args.math)  # (float32 only; algorithms that do not run it are skipped)
