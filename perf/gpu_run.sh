@@ -37,6 +37,8 @@
 #                                             # ways (SAN=1: sanitized), the step's profile
 #                                             # (SWITCHES; SIDES="on off"), ResNet-50; the
 #                                             # three do not fit one call (*_LIMIT_S=0)
+#   bash perf/gpu_run.sh tf32-conv            # float32 conv in math tf32: tests, then the
+#                                             # NHWC ResNet layers against cuDNN's TF32
 #   bash perf/gpu_run.sh bn-columns           # batch_norm/columns.py: tests, crosscheck,
 #                                             # (SAN=1) sanitizer, A/B, the step's profile
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
@@ -335,6 +337,23 @@ train-step)
     [ "$RL" = 0 ] || timeout $RL python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" \
         $SW > "$OUT/resnet50.log" 2>&1
     [ "$RL" = 0 ] || grep -v -i warn "$OUT/resnet50.log" ;;
+tf32-conv)
+    # float32 convolution in the TF32 modes: the tests (the tensor-core forward forced on,
+    # the "gemm" path, the crosscheck's float32 conv rows; SAN=1: the sanitizer over the
+    # tensor-core test), then conv.py's NHWC ResNet layers against cuDNN's TF32 with
+    # the tensor-core forward off ("gemm") and on
+    P="timeout ${TEST_LIMIT_S:-150} python3 -m pytest -q -p no:cacheprovider"
+    $P tests/test_conv_tf32.py tests/test_reference_conv.py -k "tf32" > "$OUT/tf32-tests.log" 2>&1 &
+    $P tests/test_crosscheck.py -k "conv and float32" > "$OUT/tf32-cross.log" 2>&1 &
+    sanitized tf32 90 tests/test_conv_tf32.py
+    wait
+    summary tf32-tests tf32-cross tf32-memcheck tf32-racecheck
+    for on in 0 1; do
+        timeout 150 python3 perf/suites/conv.py --nhwc --math tf32 --algos auto --no-backward \
+            --layers s1 s2 s3 s4 --set nbdnn.cuda.conv.wgmma_conv.TF32_ON_TENSOR_CORES=$on \
+            --json "$OUT/tf32-$on.json" > "$OUT/tf32-$on.log" 2>&1
+        grep -v -i warn "$OUT/tf32-$on.log"
+    done ;;
 bn-columns)
     # batch_norm/columns.py: the batch-norm tests and crosscheck rows (SAN=1: memcheck and
     # racecheck over the columns tests), its A/B against the general kernels and
