@@ -169,7 +169,7 @@ def test_chunks_a_block_match_reference(shape, layout, act, monkeypatch):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("dtype, shape, blocks_an_sm", [("float32", (4, 6, 10, 16), 1),
+@pytest.mark.parametrize("dtype, shape, blocks_an_sm", [("float32", (2, 5, 13, 16), 1),
                                                        ("float16", (2, 3, 9, 24), 4)])
 def test_columns_path_matches_general(dtype, shape, blocks_an_sm, monkeypatch):
     """batch_norm/columns.py (NHWC, C % 8 == 0: 8 channels a thread): training's

@@ -16,8 +16,9 @@ from numba import cuda, float32, float64
 from .runtime.arrays import dtype_name, size
 from .runtime.intrinsics import array_type, narrow, widen
 from .runtime.launch import Kernel
+from .runtime.simulator import SIMULATOR
 
-BLOCK = 256
+BLOCK = 32 if SIMULATOR else 256  # (the simulator runs a thread an OS thread)
 MAX_BLOCKS = 65535 * 8
 
 
