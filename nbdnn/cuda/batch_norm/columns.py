@@ -32,7 +32,7 @@ but the two smallest maps (14x14x256, 7x7x512: 0.74-0.89x), backward (sums + dx)
 from numba import cuda, int64
 
 from ..runtime.simulator import SIMULATOR
-from ..runtime.arrays import ptr
+from ..runtime.arrays import vector_aligned
 from ..runtime.intrinsics import load8, narrow, store8, widen
 from ..runtime.codegen import compile_source
 
@@ -54,13 +54,8 @@ def usable(geo, dtype, arrays):
     general kernels: 8 channels' terms and values would not fit the registers), every
     array 16-byte aligned."""
     N, C, L, columns = geo
-    if not (ON and columns and C % 8 == 0 and dtype != "float64"):
-        return False
-    a = 0
-    for x in arrays:
-        if x is not None:
-            a |= ptr(x)
-    return a % 16 == 0
+    return ON and columns and C % 8 == 0 and dtype != "float64" and \
+        vector_aligned(*arrays, alignment=16)
 
 
 def launch_shape(rows, C):

@@ -49,7 +49,7 @@ from .. import activation as _act
 # 128-row tiles, no split-K, no alpha or z).
 VERIFIED_ONLY = False
 # Written in run AM after its device time was spent (ptxas checks the kernel): off, so
-# math "tf32" runs algorithm "gemm", until tests/test_conv_tensorcore.py's
+# math "tf32" runs algorithm "gemm", until tests/test_conv_tf32.py's
 # test_tf32_forward_on_tensor_cores passes on an H200 (TMA's im2col mode over a
 # TFLOAT32 map has not run here).
 TF32_ON_TENSOR_CORES = False
@@ -69,9 +69,7 @@ def usable(x, w, y, g, bias, residual, alpha, beta):
         return False
     if VERIFIED_ONLY and (residual is not None or alpha != 1 or beta != 0):
         return False
-    lower, upper = corners(g)
-    if not (all(CORNER[0] <= v <= CORNER[1] for v in lower + upper) and
-            max((g.R - 1) * g.dh, (g.S - 1) * g.dw) <= MAX_OFFSET and g.N * g.PH * g.PW > 0):
+    if not _maps_fit(g):
         return False
     return not VERIFIED_ONLY or ((g.sh, g.sw, g.dh, g.dw, g.flip) == (1, 1, 1, 1, 0) and
                                  g.C % 64 == 0 and g.N * g.PH * g.PW > W.SKINNY_ROWS and
@@ -86,6 +84,12 @@ def tf32_usable(x, w, y, g, bias, residual, alpha, beta):
     if g.C % 4 or g.K % 4 or any(ptr(a) % 16 for a in (x, w, y)) or max(g.sh, g.sw) > 8 or \
             (bias is not None and ptr(bias) % 4):
         return False
+    return _maps_fit(g)
+
+
+def _maps_fit(g):
+    """The im2col map's limits: the window corners' box within CORNER, the taps'
+    offsets at most MAX_OFFSET, and some output."""
     lower, upper = corners(g)
     return all(CORNER[0] <= v <= CORNER[1] for v in lower + upper) and \
         max((g.R - 1) * g.dh, (g.S - 1) * g.dw) <= MAX_OFFSET and g.N * g.PH * g.PW > 0
@@ -213,9 +217,7 @@ def filter_usable(dy, x, dw, g):
         return False
     if any(ptr(a) % 16 for a in (dy, x, dw)) or max(g.sh, g.sw) > 8:
         return False
-    lower, upper = corners(g)
-    return all(CORNER[0] <= v <= CORNER[1] for v in lower + upper) and \
-        max((g.R - 1) * g.dh, (g.S - 1) * g.dw) <= MAX_OFFSET and g.N * g.PH * g.PW > 0
+    return _maps_fit(g)
 
 
 def backward_filter(dy, x, dw, g, alpha, beta, stream):

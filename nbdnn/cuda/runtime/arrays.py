@@ -200,14 +200,16 @@ def dtype_name(x):
 _dtypes = {}
 
 
-def vector_aligned(*arrays):
+def vector_aligned(*arrays, alignment=None):
     """True when every array's base address suits load4/store4 (their first array's
-    itemsize decides the alignment)."""
+    itemsize decides the alignment), or is a multiple of `alignment` bytes when given
+    (load8/store8: 16); None entries are skipped."""
     from .intrinsics import vector_alignment
     a = 0
     for x in arrays:
-        a |= ptr(x)
-    return a % vector_alignment(dtype_of(arrays[0]).itemsize) == 0
+        if x is not None:
+            a |= ptr(x)
+    return a % (alignment or vector_alignment(dtype_of(arrays[0]).itemsize)) == 0
 
 
 def dtype_of(x):

@@ -3,9 +3,10 @@
 - `load4(a, g)` / `store4(a, g, (v0, v1, v2, v3))`: elements 4g..4g+3 of a 1-D array
   as one vector access (`ld.global.v4.f32` for float32: 16 bytes; two `v2.f64` for
   float64; `v4.u16` for float16). `load8` / `store8`: elements 8g..8g+7, 16-byte
-  accesses (one for 16-bit storage, two for float32); base aligned to 16 bytes. numba emits only scalar loads from plain indexing
-  because global arrays only promise element alignment; the caller must know the
-  base pointer is aligned to `vector_alignment(itemsize)` bytes.
+  accesses (one for 16-bit storage, two for float32), the base aligned to 16 bytes.
+  numba emits only scalar loads from plain indexing because global arrays only
+  promise element alignment; the caller must know the base pointer is aligned to
+  `vector_alignment(itemsize)` bytes (16 for load8).
 - `load4_lu` / `store4_cs`: the same accesses with PTX cache hints, "last use" loads
   and "streaming" (evict-first) stores, for data that will not be read again soon: a
   kernel that re-reads its input from L2 keeps more of it there when its own output
@@ -265,11 +266,5 @@ def narrow4(v, arr):
     return narrow(v[0], arr), narrow(v[1], arr), narrow(v[2], arr), narrow(v[3], arr)
 
 
-def narrow8(v, arr):
-    return (narrow(v[0], arr), narrow(v[1], arr), narrow(v[2], arr), narrow(v[3], arr),
-            narrow(v[4], arr), narrow(v[5], arr), narrow(v[6], arr), narrow(v[7], arr))
-
-
 if not SIMULATOR:
     narrow4 = _cuda.jit(device=True, inline=True)(narrow4)
-    narrow8 = _cuda.jit(device=True, inline=True)(narrow8)
