@@ -3,7 +3,8 @@ off) in the same run, float32 or (--dtype) float16 / bfloat16: the ResNet-50 lay
 and 3x3 layers of each stage) and MobileNet's depthwise 3x3 layers; forward for every
 nbdnn algorithm, backward data and filter, and conv+bias+relu fused against three
 nbdnn calls. fp32, NCHW (--nhwc for channels-last). Prints TFLOP/s (2*N*K*P*Q*C/g*R*S
-per pass), the ratio to cuDNN and the geometric means.
+per pass), the ratio to cuDNN and the geometric means; backward data and filter each
+against cuDNN's alone (aten.convolution_backward with one output).
 
 "auto" is what a caller gets by default (depthwise kernels for groups == C, Winograd
 for 3x3/1 layers of >= 32 channels, implicit GEMM otherwise); backward passes run
@@ -138,6 +139,13 @@ def main():
         out = F.conv2d(xr, wr, stride=d["s"], padding=d["p"], groups=d["g"])
         g = dy.permute(0, 3, 1, 2) if args.nhwc else dy
         tb_ref = time_gpu(lambda: torch.autograd.grad(out, (xr, wr), g, retain_graph=True))
+        # cuDNN's data and filter gradients apart: aten.convolution_backward with one
+        # output each (the pair's time split evenly was runs AK-AM's approximation)
+        gc = g.contiguous(memory_format=torch.channels_last) if args.nhwc else g.contiguous()
+        cb = lambda mask: torch.ops.aten.convolution_backward(  # noqa: E731
+            gc, x, w, None, [d["s"]] * 2, [d["p"]] * 2, [1, 1], False, [0, 0], d["g"], mask)
+        td_ref = time_gpu(lambda: cb([True, False, False]))
+        tf_ref = time_gpu(lambda: cb([False, True, False]))
         dx, dw = torch.empty_like(xn), torch.empty_like(wn)
         tde, td = _timed(lambda: nbdnn.conv_backward_data(dy, wn, tuple(xn.shape), out=dx, **kw))
         tfe, tf = _timed(lambda: nbdnn.conv_backward_filter(dy, xn, tuple(wn.shape), out=dw,
@@ -146,15 +154,16 @@ def main():
                   torch.autograd.grad(out, (xr, wr), g, retain_graph=True))
         errs = [float((a.float() - b.float()).abs().max() / b.float().abs().max())
                 for a, b in ((dx, gx), (dw, gw))]
-        row["bwd"] = {"cudnn_both_ms": tb_ref * 1e3, "data_ms": td * 1e3, "filter_ms": tf * 1e3,
+        row["bwd"] = {"cudnn_both_ms": tb_ref * 1e3, "cudnn_data_ms": td_ref * 1e3,
+                      "cudnn_filter_ms": tf_ref * 1e3, "data_ms": td * 1e3, "filter_ms": tf * 1e3,
                       "data_eager_ms": tde * 1e3, "filter_eager_ms": tfe * 1e3,
                       "data_rel_err": errs[0], "filter_rel_err": errs[1]}
-        ratios["bwd_data"].append((part, tb_ref / 2 / td))  # cuDNN's pair split evenly
-        ratios["bwd_filter"].append((part, tb_ref / 2 / tf))   # (an approximation)
+        ratios["bwd_data"].append((part, td_ref / td))
+        ratios["bwd_filter"].append((part, tf_ref / tf))
         print(f"{layer[0]:18} cuDNN {row['cudnn_tflops']:6.1f} TFLOP/s | {line} | bwd data "
-              f"{td*1e3:.3f} ms (eager {tde*1e3:.3f}), filter {tf*1e3:.3f} ms (eager "
-              f"{tfe*1e3:.3f}) (cuDNN both {tb_ref*1e3:.3f} ms; err {errs[0]:.0e}, "
-              f"{errs[1]:.0e})", flush=True)
+              f"{td*1e3:.3f} ms (eager {tde*1e3:.3f}; cuDNN {td_ref*1e3:.3f}), filter "
+              f"{tf*1e3:.3f} ms (eager {tfe*1e3:.3f}; cuDNN {tf_ref*1e3:.3f}) (cuDNN both "
+              f"{tb_ref*1e3:.3f} ms; err {errs[0]:.0e}, {errs[1]:.0e})", flush=True)
     geo = {}
     for part in ("all", "resnet", "depthwise"):
         geo[part] = {}
