@@ -39,6 +39,9 @@
 #                                             # three do not fit one call (*_LIMIT_S=0)
 #   bash perf/gpu_run.sh tf32-conv            # float32 conv in math tf32: tests, then the
 #                                             # NHWC ResNet layers against cuDNN's TF32
+#   bash perf/gpu_run.sh conv-speed           # the tensor-core conv's tests, conv.py's bf16
+#                                             # NHWC layers fwd + bwd against cuDNN, the
+#                                             # forward with ALT's switches
 #   bash perf/gpu_run.sh bn-columns           # batch_norm/columns.py: tests, crosscheck,
 #                                             # (SAN=1) sanitizer, A/B, the step's profile
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
@@ -353,6 +356,27 @@ tf32-conv)
             --layers s1 s2 s3 s4 --set nbdnn.cuda.conv.wgmma_conv.TF32_ON_TENSOR_CORES=$on \
             --json "$OUT/tf32-$on.json" > "$OUT/tf32-$on.log" 2>&1
         grep -v -i warn "$OUT/tf32-$on.log"
+    done ;;
+conv-speed)
+    # the tensor-core convolution's tests (and the TF32 crosscheck rows), then
+    # conv.py's bf16 NHWC ResNet layers forward and backward (each gradient against
+    # cuDNN's alone), then the forward again with each of ALT's switches (default:
+    # split_k.NARROW on, the 1x1 layers' 64- and 128-wide tiles)
+    P="timeout ${TEST_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider"
+    if [ "${TEST_LIMIT_S:-240}" != 0 ]; then
+        $P tests/test_conv_tensorcore.py tests/test_conv_tf32.py > "$OUT/speed-tc.log" 2>&1 &
+        $P tests/test_conv_paths.py > "$OUT/speed-paths.log" 2>&1 &
+        $P tests/test_crosscheck.py -k "conv and float32" > "$OUT/speed-cross.log" 2>&1 &
+        wait
+        summary speed-tc speed-paths speed-cross
+    fi
+    timeout ${CONV_LIMIT_S:-240} python3 perf/suites/conv.py --nhwc --dtype ${DTYPE:-bfloat16} \
+        --algos auto --layers ${LAYERS:-stem s1 s2 s3 s4} --json "$OUT/conv-speed.json" \
+        > "$OUT/conv-speed.log" 2>&1
+    grep -v -i warn "$OUT/conv-speed.log"
+    for sw in ${ALT:-nbdnn.cuda.matmul.split_k.NARROW=1}; do
+        timeout ${ALT_LIMIT_S:-90} python3 perf/suites/conv.py --nhwc --dtype ${DTYPE:-bfloat16} \
+            --algos auto --no-backward --layers ${ALT_LAYERS:-1x1} --set $sw 2>&1 | grep -v -i warn
     done ;;
 bn-columns)
     # batch_norm/columns.py: the batch-norm tests and crosscheck rows (SAN=1: memcheck and

@@ -76,7 +76,8 @@ def test_conv1d_and_fallbacks_on_tensor_cores(monkeypatch):
     """A 1-d channels-last convolution runs the im2col kernel as 2-d with H = 1
     (VERIFIED_ONLY off); what it cannot take runs the SIMT algorithms, correctly: a
     residual, beta, C = 3 (pixels of 6 bytes; with the padded columns off:
-    test_narrow_channels_through_padded_columns has them on), two groups."""
+    test_narrow_channels_through_padded_columns has them on), two groups;
+    find_conv_algorithm's kernel names."""
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.conv import im2col_words, wgmma_conv
@@ -111,6 +112,12 @@ def test_conv1d_and_fallbacks_on_tensor_cores(monkeypatch):
                            layout="NHWC", backend="cpu", **cpu)
         np.testing.assert_allclose(y.double().cpu().numpy(), np.asarray(ref), rtol=2 ** -6,
                                    atol=2 ** -6)
+    # find_conv_algorithm names each algorithm's kernels: implicit_gemm is the
+    # tensor cores' im2col kernel here, direct is not
+    found = {r["algo"]: r["kernels"] for r in nbdnn.find_conv_algorithm(
+        x, w, padding=1, layout="NHWC", reps=1)}
+    assert found["implicit_gemm"][0].startswith("wgmma_conv_bf16"), found
+    assert not any(n.startswith("wgmma") for n in found["direct"]), found
 
 
 @pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")

@@ -59,6 +59,9 @@ def test_find_conv_algorithm_ranks_every_algorithm():
                                                 "winograd4"]
     assert [r["time"] for r in found] == sorted(r["time"] for r in found)
     assert all(r["deterministic"] for r in found)
+    assert all(r["kernels"] and not r["kernels"][0].startswith("wgmma") for r in found)
+    assert all(r["kernels"] == () for r in nbdnn.find_conv_algorithm(x, w, reps=1,
+                                                                     backend="cpu"))
     space = {r["algo"]: r["workspace"] for r in found}
     assert space["direct"] == space["implicit_gemm"] == 0
     assert space["gemm"] == 16 * (2 * 9 + 3) * 4  # M * (C*R*S + K) float32s

@@ -235,6 +235,7 @@ def test_tile_width_takes_the_fewest_waves(monkeypatch):
     consumer's 192 columns."""
     from nbdnn.cuda.matmul import split_k
     monkeypatch.setattr(split_k, "sm_count", lambda: 132)
+    monkeypatch.setattr(split_k, "NARROW", False)  # (its widths: the test below)
     monkeypatch.setattr(split_k, "WIDTHS", (256,))
     assert split_k.tile_width(8, 3000, 1) == 256
     monkeypatch.setattr(split_k, "WIDTHS", (256, 192))
@@ -249,12 +250,13 @@ def test_tile_width_takes_the_fewest_waves(monkeypatch):
 
 
 def test_narrow_widths_for_narrow_n(monkeypatch):
-    """split_k.NARROW: 128 and 64 join the widths, ranked by waves x (128 + width) on
+    """split_k.NARROW (on since run AN): 128 and 64 join the widths, ranked by waves x (128 + width) on
     132 SMs: N = 64 over 784 row tiles (a 1x1 convolution's 64 filters at batch 32)
     takes 64 (192 without NARROW), N = 128 over 196 row tiles 128 (2 waves of 128 + 128
     against 3 of 128 + 64), and 4096^2 and 1000 x 3000 keep 256 and 192."""
     from nbdnn.cuda.matmul import split_k
     monkeypatch.setattr(split_k, "sm_count", lambda: 132)
+    monkeypatch.setattr(split_k, "NARROW", False)
     assert split_k.tile_width(784, 64, 1) == 192
     monkeypatch.setattr(split_k, "NARROW", True)
     assert [split_k.tile_width(rt, n, 1) for rt, n in ((784, 64), (196, 128), (32, 4096),

@@ -333,3 +333,32 @@ def test_narrow_tiles(shapes, ta, tb, dtype, monkeypatch):
     width = split_k.tile_width(-(-ash[-2] // 128), bsh[-1], 1)  # (N = 120 at 47 row
     want = f"n{width}"  # tiles: 64 wide, one wave of 94 tiles, run AK; 128 on fewer SMs)
     assert width in (64, 128) and all(want in flags(n) or want in n for n in names), names
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_narrow_tiles_split_k(dtype, monkeypatch):
+    """split_k.NARROW's 64-wide tile under split-K (a 1x1 filter gradient's dW, 256 x
+    64 = dy^T x over 8192 positions: two tiles, their reductions in chunks) and in
+    tf32 (K-major operands), against float64."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.matmul import split_k
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(split_k, "NARROW", True)
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.rand(8192, 256, generator=g) - 0.5, torch.rand(8192, 64, generator=g) - 0.5
+    want = a.double().T @ b.double()
+    dt = getattr(torch, dtype)
+    if dtype == "float32":  # tf32's operands K-major: a^T (256, 8192), b^T (64, 8192)
+        da, db, kw = a.T.contiguous().cuda(), b.T.contiguous().cuda(), dict(trans_b=True)
+        kw["math"] = "tf32"
+    else:
+        da, db, kw = a.to(dt).cuda(), b.to(dt).cuda(), dict(trans_a=True)
+    with launched() as names:
+        c = nbdnn.matmul(da, db, **kw)
+    err = float((c.double().cpu() - want).abs().max() / want.abs().max())
+    assert err < (2e-3 if dtype == "float32" else 1e-2), err
+    assert any("n64" in flags(n) or "n64" in n for n in names) and \
+        any("partial" in n for n in names), names

@@ -10,9 +10,9 @@ channel multiplier). layout "NCHW" (channels first; w is (K, C/g, *R)) or "NHWC"
 (channels last; w is (K, *R, C/g)); the rank-exact names NCW/NWC/NCDHW/NDHWC work too.
 
 math: float32's mode (nbdnn/ops/math_mode.py), forward and gradients, as matmul's. The
-TF32 modes run algorithm "gemm" (im2col, the GEMM in that mode: sm_90's tensor cores),
-which "auto" picks for them; another forced algorithm is a BadParamError.
-"""
+TF32 modes run algorithm "gemm" ("auto" too; another is a BadParamError): on sm_90 the
+tensor cores (tf32 channels-last forward: the im2col kernel; else im2col + the GEMM)."""
+import contextlib
 import functools
 import math
 import numbers
@@ -327,9 +327,10 @@ def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
     ForwardAlgorithm does) and return them fastest first: a list of dicts with algo,
     time (seconds: median of `reps` runs after one warm-up, each timed on the host
     clock with the GPU synchronised before and after), workspace (bytes of scratch
-    memory) and deterministic. Keywords are conv2d's (the rank follows x); `algo` and
-    `out` are not taken. On the CPU backend every algorithm is the one reference, so
-    the ranking means nothing there."""
+    memory), deterministic and kernels (the names of the kernels the call launched, in
+    order: "wgmma_"/"mma_" ones are the tensor cores'; empty on the CPU). Keywords are
+    conv2d's (the rank follows x); `algo` and `out` are not taken. On the CPU backend
+    every algorithm is the one reference, so the ranking means nothing there."""
     import statistics
     import time
     if not is_int(reps) or reps < 1:
@@ -340,8 +341,7 @@ def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
         if k in kw:
             fail(BadParamError, "find_conv_algorithm", k, "not given (every algorithm is "
                  "tried, each into its own output)", repr(kw[k]))
-    nd = len(tuple(x.shape)) - 2
-    results = []
+    nd, results, (sync, launched) = len(tuple(x.shape)) - 2, [], _device(x, w, kw.get("backend"))
     tf32 = str(_backend.describe("find_conv_algorithm", "x", x)[1]) == "float32" and \
         _math("find_conv_algorithm", kw.get("math")) != "ieee"
     _, _, C, _, R, _, stride, dilation, groups = _problem(x, w, kw)
@@ -350,17 +350,18 @@ def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
                 algo == "depthwise" and C != groups or \
                 tf32 and algo != "gemm":  # (a TF32 mode runs "gemm" alone)
             continue
-        conv(nd, x, w, bias, algo=algo, **kw)  # warm-up: JIT, validation
+        with launched() as names:
+            conv(nd, x, w, bias, algo=algo, **kw)  # warm-up: JIT, validation, the kernels
         samples = []
         for _ in range(reps):
-            sync = _synchronizer(x)
             sync()
             t0 = time.perf_counter()
             conv(nd, x, w, bias, algo=algo, **kw)
             sync()
             samples.append(time.perf_counter() - t0)
         results.append({"algo": algo, "time": statistics.median(samples),
-                        "workspace": _workspace(algo, x, w, kw), "deterministic": True})
+                        "workspace": _workspace(algo, x, w, kw), "deterministic": True,
+                        "kernels": tuple(names)})
     return sorted(results, key=lambda r: r["time"])
 
 
@@ -389,8 +390,11 @@ def _workspace(algo, x, w, kw):
         (max(4, size) if algo == "winograd4" else size)
 
 
-def _synchronizer(x):
-    """A function that waits for the GPU when x is a device array (no-op for NumPy)."""
-    if _backend.kind(x) != "cuda":
-        return lambda: None
-    return _backend.cuda_runtime("device").synchronize
+def _device(x, w, backend):
+    """(wait for the GPU, a context manager yielding the names of the kernels launched
+    in it) on the CUDA backend; no-ops on the CPU's (NumPy arrays: no wait either)."""
+    if _backend.choose("find_conv_algorithm", {"x": x, "w": w}, backend)[0] != "cuda":
+        return (lambda: None), (lambda: contextlib.nullcontext([]))
+    wait = _backend.cuda_runtime("device").synchronize if _backend.kind(x) == "cuda" else \
+        (lambda: None)
+    return wait, _backend.cuda_runtime("launch").launched

@@ -9,7 +9,7 @@ off: the host encodes them) plain, split-K and batched, and the epilogue both wa
 (wgmma_gemm.TMA_STORE: direct stores, TMA stores, the latter with both kinds of maps;
 then the other side of the switches the default paths ran one way ("[alt]":
 TMA_STORE_F32, SKINNY_TILE, LEAN_SETUP), and the switches written but not yet run
-("[knob]": CLUSTER_SPLIT, split_k.WIDTHS with 192, split_k.NARROW). Prints one line a path and exits 1 on a miss;
+("[knob]": CLUSTER_SPLIT, split_k.WIDTHS with 192). Prints one line a path and exits 1 on a miss;
 `--only WORD` runs the paths whose label holds WORD (`--only maps`, `--only store`,
 `--only "[alt]"`, `--only "[knob]"`).
 
@@ -124,11 +124,17 @@ def main():
     oks.append(_case("fp16 192-wide tile bias+relu [knob]", ((1000, 64), (64, 3000)),
                      torch.float16, bias=True, activation="relu"))
     split_k.WIDTHS = widths
-    narrow, split_k.NARROW = split_k.NARROW, True  # 64- and 128-wide tiles (written after AJ)
-    oks.append(_case("bf16 64-wide tile ta=0 tb=1 [knob]", ((20000, 96), (96, 64)), bf,
+    narrow, split_k.NARROW = split_k.NARROW, True  # 64- and 128-wide tiles (on since AN)
+    oks.append(_case("bf16 64-wide tile ta=0 tb=1", ((20000, 96), (96, 64)), bf,
                      False, True))
-    oks.append(_case("fp16 128-wide tile bias+relu [knob]", ((6000, 200), (200, 120)),
+    oks.append(_case("fp16 128-wide tile bias+relu", ((6000, 200), (200, 120)),
                      torch.float16, bias=True, activation="relu"))
+    # a 1x1 filter gradient's dW (256 x 64) = dy^T x: two 64-wide tiles, split-K
+    oks.append(_case("bf16 64-wide split-K ta=1", ((256, 8192), (8192, 64)), bf, True))
+    oks.append(_case("float32 tf32 64-wide tile", ((20000, 96), (96, 64)), torch.float32,
+                     False, True, 1e-3, math="tf32"))
+    oks.append(_case("float32 tf32 64-wide split-K", ((256, 8192), (8192, 64)),
+                     torch.float32, False, True, 1e-3, math="tf32"))
     split_k.NARROW = narrow
     sys.exit(0 if all(oks) else 1)
 
