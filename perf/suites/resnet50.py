@@ -16,9 +16,10 @@ Then a breakdown of nbdnn's folded forward by top-level layer (eager, CUDA event
 between layers: launch gaps count) and the bf16 logits' error against float32.
 
     PYTHONPATH=. python perf/suites/resnet50.py [--batch 32] [--json F] [--no-train]
-        [--set MODULE.NAME=VALUE ...]   (perf/tools/switches.py)
+        [--no-nbdnn] [--set MODULE.NAME=VALUE ...]   (perf/tools/switches.py)
 """
 import argparse
+import gc
 import json
 import os
 import sys
@@ -73,7 +74,7 @@ def used_bytes():
 
 def nbdnn_rows(batch, train, rows):
     """nbdnn's inference (batch and 1) and training step; the logits' error."""
-    base = used_bytes()
+    base, base_torch = used_bytes(), torch.cuda.memory_allocated()
     model = nn.resnet50(layout="NHWC").to("cuda")
     rng = np.random.default_rng(0)
     x = torch.from_numpy(rng.standard_normal((batch, 224, 224, 3), np.float32)).cuda()
@@ -114,6 +115,9 @@ def nbdnn_rows(batch, train, rows):
         rows["train_nbdnn_loss"] = float(torch.as_tensor(loss).float().reshape(-1)[0])
         rows["train_b%d_nbdnn_graph_ms" % batch] = gpu_ms(steps._graphs["step"].replay)
         rows["train_nbdnn_memory_MiB"] = (used_bytes() - base) / 2 ** 20
+        # ... of which arrays (nbdnn allocates like its inputs: torch's allocator here);
+        # the rest is the loaded kernels' code, numba's arrays and torch's cache
+        rows["train_nbdnn_arrays_MiB"] = (torch.cuda.memory_allocated() - base_torch) / 2 ** 20
 
 
 def torch_rows(batch, train, rows):
@@ -132,6 +136,7 @@ def torch_rows(batch, train, rows):
     m16 = None  # (free it before the training model)
     if not train:
         return
+    base = torch.cuda.memory_allocated() - x.numel() * x.element_size()  # (x: the step's)
     model = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), 0.01, momentum=0.9)
     labels = torch.from_numpy(rng.integers(0, 1000, batch)).cuda()
@@ -148,7 +153,9 @@ def torch_rows(batch, train, rows):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     step()
-    rows["train_torch_memory_MiB"] = torch.cuda.max_memory_allocated() / 2 ** 20
+    # less what was allocated before the model: run AN's 7873 MiB counted nbdnn's
+    # arrays still alive (they come from torch's allocator when fed torch tensors)
+    rows["train_torch_memory_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
     rows[f"train_b{batch}_torch_eager_ms"] = gpu_ms(step, reps=5, rounds=9)
 
 
@@ -157,18 +164,26 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--json")
     p.add_argument("--no-train", action="store_true")
+    p.add_argument("--no-nbdnn", action="store_true", help="PyTorch's rows alone")
     switches.add_argument(p)
     a = p.parse_args()
     switches.apply(a.set)
     rows = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "cudnn": torch.backends.cudnn.version()}
-    nbdnn_rows(a.batch, not a.no_train, rows)
+    if not a.no_nbdnn:
+        nbdnn_rows(a.batch, not a.no_train, rows)
+    gc.collect()  # (nbdnn's steps hold cycles: free them before PyTorch's rows)
     torch.cuda.empty_cache()
     torch_rows(a.batch, not a.no_train, rows)
     for k, v in rows.items():
         if k != "nbdnn_layers_ms":
             print(f"{k:32} {v:.4g}" if isinstance(v, float) else f"{k:32} {v}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
     b = a.batch
+    if a.no_nbdnn:
+        return
     for k in (f"infer_b{b}", "infer_b1"):
         print(f"{k}: nbdnn graph / torch eager {rows[k + '_nbdnn_graph_ms'] / rows[k + '_torch_eager_ms']:.2f}, "
               f"/ torch graph {rows[k + '_nbdnn_graph_ms'] / rows[k + '_torch_graph_ms']:.2f}")
@@ -178,9 +193,6 @@ def main():
     print("nbdnn folded forward by layer (eager, ms):")
     for name, shape, ms in rows["nbdnn_layers_ms"]:
         print(f"  {name:16} {str(shape):22} {ms:8.3f}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":
