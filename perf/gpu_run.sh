@@ -42,6 +42,8 @@
 #   bash perf/gpu_run.sh conv-speed           # the tensor-core conv's tests, conv.py's bf16
 #                                             # NHWC layers fwd + bwd against cuDNN, the
 #                                             # forward with ALT's switches
+#   bash perf/gpu_run.sh layout-moves         # run AN's tiled transpose, 1x1 data-gradient
+#                                             # GEMM, NCHW through NHWC: tests, A/B, conv.py
 #   bash perf/gpu_run.sh bn-columns           # batch_norm/columns.py: tests, crosscheck,
 #                                             # (SAN=1) sanitizer, A/B, the step's profile
 #   bash perf/gpu_run.sh ncu-gemm             # Nsight Compute: the tensor-core GEMM's skinny,
@@ -377,6 +379,31 @@ conv-speed)
     for sw in ${ALT:-nbdnn.cuda.matmul.split_k.NARROW=1}; do
         timeout ${ALT_LIMIT_S:-90} python3 perf/suites/conv.py --nhwc --dtype ${DTYPE:-bfloat16} \
             --algos auto --no-backward --layers ${ALT_LAYERS:-1x1} --set $sw 2>&1 | grep -v -i warn
+    done ;;
+layout-moves)
+    # run AN's unrun work: the tiled transpose (tensor.TILED_TRANSPOSE, on), the 1x1 data
+    # gradient as one GEMM (conv.DATA_1X1_GEMM, off), 16-bit NCHW forward through
+    # channels-last copies (conv.NCHW_VIA_NHWC, off): their tests (SAN=1: memcheck and
+    # racecheck over the transpose's), the transpose's A/B, conv.py both ways, and the
+    # backward passes' kernels layer by layer (conv_bwd_profile.py)
+    P="timeout ${TEST_LIMIT_S:-200} python3 -m pytest -q -p no:cacheprovider"
+    $P tests/test_transpose_tiles.py tests/test_conv_paths.py > "$OUT/moves-tests.log" 2>&1 &
+    $P tests/test_conv_tensorcore.py tests/test_crosscheck.py -k \
+        "transform or channels_first" > "$OUT/moves-tc.log" 2>&1 &
+    sanitized moves 80 tests/test_transpose_tiles.py
+    wait
+    summary moves-tests moves-tc moves-memcheck moves-racecheck
+    timeout 60 python3 perf/experiments/transpose_ab.py 2>&1 | grep -v -i warn
+    C="timeout ${CONV_LIMIT_S:-120} python3 perf/suites/conv.py --dtype bfloat16 --algos auto"
+    for on in 0 1; do  # the 1x1 layers' data gradients, NHWC
+        $C --nhwc --layers 1x1 --set nbdnn.cuda.conv.DATA_1X1_GEMM=$on 2>&1 | grep -v -i warn \
+            | grep -E "bwd|geometric"
+    done
+    timeout ${PROF_LIMIT_S:-120} python3 perf/experiments/conv_bwd_profile.py 2>&1 \
+        | grep -v -i warn  # (where the backward passes' time goes, kernel by kernel)
+    for on in 0 1; do  # NCHW forward
+        $C --no-backward --layers s1 s2 s3 s4 --set nbdnn.cuda.conv.NCHW_VIA_NHWC=$on 2>&1 \
+            | grep -v -i warn
     done ;;
 bn-columns)
     # batch_norm/columns.py: the batch-norm tests and crosscheck rows (SAN=1: memcheck and

@@ -124,6 +124,34 @@ def test_backward_filter_1x1_matches_reference(last, G, dtype, direct):
     assert ("conv_im2col" not in names) == direct, names  # (the GEMM path builds no columns)
 
 
+@pytest.mark.parametrize("on", [True, False])
+@pytest.mark.parametrize("last,G,mode", [(True, 1, "convolution"), (True, 2, "cross_correlation"),
+                                         (False, 1, "cross_correlation")])
+def test_backward_data_1x1(last, G, mode, on, monkeypatch):
+    """conv.DATA_1X1_GEMM: a channels-last 1x1 data gradient of one group is one GEMM
+    dx = dy @ W (no transposed filter, no forward kernel), the beta blend included;
+    groups and channels-first keep the flipped-filter path; either way the reference's
+    numbers."""
+    from nbdnn.cuda import conv as CV
+    monkeypatch.setattr(CV, "DATA_1X1_GEMM", on)
+    rng = np.random.default_rng(G + 3 * last)
+    C, K, H = 4, 6, 5
+    xs = (2, H, H, C) if last else (2, C, H, H)
+    ws = (K, 1, 1, C // G) if last else (K, C // G, 1, 1)
+    kw = dict(groups=G, mode=mode, layout="NHWC" if last else "NCHW", dilation=2)
+    w = rng.uniform(-1, 1, ws)
+    dy = rng.uniform(-1, 1, nbdnn.conv2d(np.zeros(xs), w, backend="cpu", **kw).shape)
+    out = rng.uniform(-1, 1, xs)
+    want = nbdnn.conv_backward_data(dy, w, xs, backend="cpu", alpha=0.5, beta=2.0,
+                                    out=out.copy(), **kw)
+    with launched() as names:
+        got = nbdnn.conv_backward_data(dy, w, xs, backend="cuda", alpha=0.5, beta=2.0,
+                                       out=out.copy(), **kw)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    one_gemm = on and last and G == 1
+    assert (not any("transform" in n or "transpose" in n for n in names)) == one_gemm, names
+
+
 @pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
 def test_backward_filter_pads_16bit_columns(dtype):
     """A 16-bit filter gradient whose im2col rows are no 16-byte multiple (3 channels

@@ -173,6 +173,61 @@ def _geometry(xs, ws, stride, padding, dilation, mode="cross_correlation"):
     return geometry(xs, ws, st, pads, dl, 1, mode, 1)
 
 
+def test_channels_first_geometry_is_the_channels_last_one():
+    """conv._through_nhwc takes the NCHW call's geometry with `last` set as the NHWC
+    call's: every other field is the layout's own (1-d, 2-d, 3-d, per-side padding,
+    stride, dilation, mode)."""
+    from nbdnn.cuda.conv.geometry import geometry
+    for nd, x, w in ((1, (2, 8, 30), (16, 8, 5)), (2, (2, 8, 13, 11), (16, 8, 3, 5)),
+                     (3, (1, 8, 5, 6, 7), (16, 8, 3, 3, 1))):
+        to_last = (0,) + tuple(range(2, nd + 2)) + (1,)
+        kw = ((2,) * nd, ((1, 2),) * nd, (1,) * (nd - 1) + (2,), 1, "convolution")
+        first = geometry(x, w, *kw, False)
+        last = geometry(tuple(x[p] for p in to_last), tuple(w[p] for p in to_last), *kw, True)
+        assert first._replace(last=1) == last
+
+
+@pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_channels_first_through_channels_last(dtype, monkeypatch):
+    """conv.NCHW_VIA_NHWC: 16-bit NCHW forwards (a 3x3 with bias and relu, a strided
+    1x1 with a residual, a stride-1 1x1: the GEMM) run the tensor cores on tiled
+    channels-last copies; beta and groups keep the SIMT kernels; all against the CPU
+    reference on the same rounded operands."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda import conv as CV
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(CV, "NCHW_VIA_NHWC", True)
+    rng = np.random.default_rng(11)
+    dt = getattr(torch, dtype)
+
+    def t(shape, scale=1.0):
+        return torch.from_numpy(rng.standard_normal(shape).astype(np.float32) * scale) \
+            .to(dt).cuda()
+
+    for xs, ws, kw, res, tc in (
+            ((2, 64, 12, 10), (96, 64, 3, 3), dict(padding=1, activation="relu"), False, True),
+            ((3, 32, 9, 9), (64, 32, 1, 1), dict(stride=2), True, True),
+            ((2, 48, 7, 7), (40, 48, 1, 1), {}, False, True),
+            ((2, 32, 8, 8), (32, 16, 3, 3), dict(padding=1, groups=2), False, False)):
+        x, w, b = t(xs), t(ws, 0.1), t((ws[0],))
+        y0 = nbdnn.conv2d(x.cpu().double().numpy(), w.cpu().double().numpy(), backend="cpu",
+                          **{k: v for k, v in kw.items() if k != "activation"})
+        z = t(y0.shape) if res else None
+        with launched() as names:
+            y = nbdnn.conv2d(x, w, b, residual=z, **kw)
+        want = nbdnn.conv2d(x.cpu().double().numpy(), w.cpu().double().numpy(),
+                            b.cpu().double().numpy(), backend="cpu",
+                            residual=None if z is None else z.cpu().double().numpy(), **kw)
+        assert any(n.startswith("wgmma") for n in names) == tc, (xs, names)
+        assert any(n.startswith("_transpose_tiles") for n in names) == tc, (xs, names)
+        np.testing.assert_allclose(y.double().cpu().numpy(), np.asarray(want), rtol=2 ** -6,
+                                   atol=2 ** -6)
+
+
 class _Arr:
     def __init__(self, address):
         self.__cuda_array_interface__ = {"data": (address, False)}

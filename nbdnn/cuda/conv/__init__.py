@@ -27,7 +27,8 @@ rank and layout. A thread's output index is decomposed in the array's memory ord
 - forward: y[n, k, p] gathers C/g * T*R*S products, then the epilogue
   act(alpha * acc + beta * z + bias), z = residual or the previous y.
 - backward data, "auto" with every stride 1 (and paddings <= d*(R-1)): the forward
-  algorithms over dy with the filter's channels swapped and flipped (_data_as_forward).
+  algorithms over dy with the filter's channels swapped and flipped (_data_as_forward);
+  channels-last 1x1 with DATA_1X1_GEMM: one GEMM dx = dy @ W (gemm.backward_data_1x1).
 - backward data and filter, algorithm "gemm" (the default otherwise, unless groups == C): the
   matmul kernel over the output gradient's rows and the im2col columns (split-K for
   the filter's long reduction), col2im for dx (nbdnn/cuda/conv/gemm.py).
@@ -103,6 +104,15 @@ def _taps(g, chunked):
 
 
 AUTO_WORKSPACE_LIMIT = 2 ** 31  # bytes of scratch memory "auto" may ask for
+# "auto"'s channels-last 1x1 stride-1 data gradient as one GEMM dx = dy @ W (gemm.py
+# backward_data_1x1) rather than W transposed, then the forward GEMM. Written in run AN
+# after its device time (run AN: those layers' data gradients 1.1-3.8x cuDNN's time):
+# off until timed.
+DATA_1X1_GEMM = False
+# 16-bit channels-first forward ("auto", "implicit_gemm") on the tensor cores through
+# channels-last copies (_through_nhwc) rather than the SIMT implicit GEMM or winograd's
+# batched GEMMs. Written in run AN after its device time: off until timed.
+NCHW_VIA_NHWC = False
 
 
 def _auto_forward(g, dtype="float32"):
@@ -168,8 +178,10 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
             _wgmma_conv.forward(x, w, y, bias, residual, activation, coef, alpha, beta, g,
                                 stream)
             return y
-    if algo in ("auto", "implicit_gemm") and total and _on_tensor_cores(
-            x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta, stream):
+    if algo in ("auto", "implicit_gemm") and total and (_through_nhwc(
+            x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta, stream) if
+            not last else _on_tensor_cores(x, w, y, bias, residual, g, dtype, activation,
+                                           coef, alpha, beta, stream)):
         return y
     if algo == "auto":
         algo = _auto_forward(g, dtype)
@@ -219,6 +231,34 @@ def _on_tensor_cores(x, w, y, bias, residual, g, dtype, activation, coef, alpha,
     return True
 
 
+def _through_nhwc(x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta,
+                  stream):
+    """16-bit channels-first forward on sm_90's tensor cores (NCHW_VIA_NHWC): x, w and a
+    residual copied channels-last by the tiled transpose (tensor/transpose.py), the
+    channels-last path, y copied back. Extra traffic: x, w, residual and y each read
+    and written once more (s1 3x3 of ResNet-50 at batch 32: 4 x 12.8 MB). beta 0 and
+    one group only. False, doing nothing, where the channels-last call would not run
+    the tensor cores."""
+    nd = len(x.shape) - 2
+    to_last, to_first = (0,) + tuple(range(2, nd + 2)) + (1,), (0, nd + 1) + tuple(range(1, nd + 1))
+    xl, wl, yl = (tuple(int(a.shape[p]) for p in to_last) for a in (x, w, y))
+    gl = g._replace(last=1)  # (every other field is the layout's own: geometry.py)
+    if not NCHW_VIA_NHWC or beta != 0 or g.G != 1 or dtype not in ("float16", "bfloat16") or \
+            not (_mm.TENSOR_CORES and _mm.tensor_cores()) or \
+            not _wgmma_conv.usable(x, w, y, gl, bias, residual, alpha, beta):
+        return False
+    xt, wt, yt = (empty(x, shape, dtype) for shape in (xl, wl, yl))
+    transform_into(x, tuple(x.shape), to_last, xt, 1.0, 0.0, stream)
+    transform_into(w, tuple(w.shape), to_last, wt, 1.0, 0.0, stream)
+    rt = None
+    if residual is not None:
+        rt = empty(x, yl, dtype)
+        transform_into(residual, tuple(y.shape), to_last, rt, 1.0, 0.0, stream)
+    _on_tensor_cores(xt, wt, yt, bias, rt, gl, dtype, activation, coef, alpha, 0.0, stream)
+    transform_into(yt, yl, to_first, y, 1.0, 0.0, stream)
+    return True
+
+
 def _implicit_gemm(x, w, y, args, g, total, dtype, stream):
     """Launch the implicit GEMM (nbdnn/cuda/conv/implicit_gemm_source.py): the tile from the GEMM's
     tile choice, variant 3 where C/g fills a k-step and the taps fit its mask ("_t" for
@@ -256,6 +296,9 @@ def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, las
     if gemm is not _gemm:
         algo = "gemm"
     if algo == "auto":
+        if DATA_1X1_GEMM and np.prod(x_shape) and \
+                _conv_gemm.backward_data_1x1(gemm, dy, w, dx, g, alpha, beta, stream):
+            return dx
         if g.C != groups and _data_as_forward(dy, w, dx, stride, pads, dilation, groups,
                                                mode, last, alpha, beta, stream):
             return dx

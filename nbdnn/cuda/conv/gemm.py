@@ -194,6 +194,26 @@ def backward_filter(table, gemm, dy, x, dw, g, alpha, beta, stream):
                stream=stream)
 
 
+def _one_by_one(g):
+    """A 1x1 filter at stride 1 with no padding: the output positions are the input's."""
+    N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
+    return Kr == C // G and (g.sd, g.sh, g.sw) == (1, 1, 1) and \
+        not any((g.qd, g.qh, g.qw)) and (g.D, g.H, g.W) == (PD, PH, PW)
+
+
+def backward_data_1x1(gemm, dy, w, dx, g, alpha, beta, stream):
+    """Channels-last, one group, 1x1 at stride 1 with no padding: dx = dy @ W over the
+    M = N*P rows as stored, W (K, C) as stored (an MN-major B for the tensor cores),
+    where the stride-1 path (_data_as_forward) copies W transposed first. Mode and
+    dilation do not matter to one tap. False, doing nothing, otherwise."""
+    if not (g.last and g.G == 1 and _one_by_one(g)):
+        return False
+    M = g.N * g.PD * g.PH * g.PW
+    gemm(dy.reshape((M, g.K)), w.reshape((g.K, g.C)), False, False, None, None, 0.0, alpha,
+         beta, dx.reshape((M, g.C)), stream)
+    return True
+
+
 def backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):
     """A 1x1 filter with stride 1 and no padding needs no im2col: channels-last (one
     group) dW = dy^T @ x over the M = N*P rows as stored; channels-first dW_g = sum over
@@ -204,8 +224,7 @@ def backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):
     False, doing nothing, otherwise."""
     N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
     P = PD * PH * PW
-    one = Kr == C // G and (g.sd, g.sh, g.sw) == (1, 1, 1) and not any((g.qd, g.qh, g.qw))
-    if not one or (g.D, g.H, g.W) != (PD, PH, PW):  # (no post-padding either)
+    if not _one_by_one(g):
         return False
     last = g.last
     if last and G == 1:

@@ -8,7 +8,9 @@
   gathered per element (6-D index arithmetic on merged dims).
 - `_fill_<dtype>`: set_tensor, writes ns B with store4.
 - `_transform_<ct>`: out[i] = alpha*x[perm offset(i)] + beta*out[i]: reads ns B
-  gathered (coalesced writes, strided reads), writes ns B.
+  gathered (coalesced writes, strided reads), writes ns B. A swap of two axes with
+  alpha 1, beta 0 runs `_transpose_tiles_<dtype>` instead (cuda/tensor/transpose.py:
+  both sides coalesced through shared-memory tiles).
 - `reduce_rows_*` (cuda/tensor/reduce.py): rows of a (rows, L) view, TPR threads per row,
   16-byte loads, 2 vectors in flight per thread per iteration, warp-shuffle tree.
   Few long rows (all-axes reduce) split into S chunks: pass 1 writes (rows, S)
@@ -29,7 +31,7 @@ from ..runtime.intrinsics import array_type, load4, narrow, narrow4, store4, \
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
 from ..runtime.strided import strided_offset
-from . import reduce as _reduce
+from . import reduce as _reduce, transpose as _transpose
 from ...errors import NotSupportedError
 
 BLOCK = 64 if SIMULATOR else 256  # (the simulator starts an OS thread a CUDA thread)
@@ -37,6 +39,10 @@ GROUPS = 2      # 4-element vectors per thread in the elementwise kernels
 NDIMS = 6       # gather kernels index up to 6 (merged) dims
 EW_OPS = ("add", "mul", "div", "min", "max", "sqrt", "not", "finite", "copy", "rhs")
 UNARY = ("sqrt", "not", "finite", "copy")
+# transform_into's swaps of two axes (NCHW <-> NHWC, matrices, filters' channels around
+# their taps) through shared-memory tiles (transpose.py); False: the gather kernel.
+# Written in run AN after its device time, not yet timed on a GPU.
+TILED_TRANSPOSE = True
 
 
 def _ew_functions(npt):
@@ -270,6 +276,10 @@ def transform_into(x, shape, perm, y, alpha, beta, stream):
     n = size(x)
     if n == 0:
         return y
+    if TILED_TRANSPOSE and (alpha, beta) == (1, 0):  # (a swap of two axes: transpose.py)
+        dims = _transpose.reduced(shape, perm)
+        if _transpose.usable(dtype, dims, alpha, beta):
+            return _transpose.transpose(x, y, dims, stream)
     xst, acc = [0] * len(shape), 1
     for k in range(len(shape) - 1, -1, -1):
         xst[k] = acc
