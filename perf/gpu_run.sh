@@ -382,7 +382,8 @@ conv-speed)
     done ;;
 layout-moves)
     # run AN's unrun work: the tiled transpose (tensor.TILED_TRANSPOSE, on), the 1x1 data
-    # gradient as one GEMM (conv.DATA_1X1_GEMM, off), 16-bit NCHW forward through
+    # and filter gradients as one GEMM each (conv.DATA_1X1_GEMM, FILTER_1X1_GEMM, off),
+    # 16-bit NCHW forward through
     # channels-last copies (conv.NCHW_VIA_NHWC, off): their tests (SAN=1: memcheck and
     # racecheck over the transpose's), the transpose's A/B, conv.py both ways, and the
     # backward passes' kernels layer by layer (conv_bwd_profile.py)
@@ -395,9 +396,9 @@ layout-moves)
     summary moves-tests moves-tc moves-memcheck moves-racecheck
     timeout 60 python3 perf/experiments/transpose_ab.py 2>&1 | grep -v -i warn
     C="timeout ${CONV_LIMIT_S:-120} python3 perf/suites/conv.py --dtype bfloat16 --algos auto"
-    for on in 0 1; do  # the 1x1 layers' data gradients, NHWC
-        $C --nhwc --layers 1x1 --set nbdnn.cuda.conv.DATA_1X1_GEMM=$on 2>&1 | grep -v -i warn \
-            | grep -E "bwd|geometric"
+    for on in 0 1; do  # the 1x1 layers' gradients, NHWC
+        $C --nhwc --layers 1x1 --set nbdnn.cuda.conv.DATA_1X1_GEMM=$on \
+            --set nbdnn.cuda.conv.FILTER_1X1_GEMM=$on 2>&1 | grep -v -i warn | grep -E "bwd|geometric"
     done
     timeout ${PROF_LIMIT_S:-120} python3 perf/experiments/conv_bwd_profile.py 2>&1 \
         | grep -v -i warn  # (where the backward passes' time goes, kernel by kernel)

@@ -103,9 +103,11 @@ def test_backward_data_auto_matches_reference(geom, last):
                                                 (True, 1, np.float64, True),
                                                 (True, 2, np.float64, False),
                                                 (False, 1, np.float16, False)])
-def test_backward_filter_1x1_matches_reference(last, G, dtype, direct):
+def test_backward_filter_1x1_matches_reference(last, G, dtype, direct, monkeypatch):
     """1x1, stride 1, no padding: backward filter straight through the GEMM (no
-    im2col) where it applies (`direct`), else the im2col path; the beta blend."""
+    im2col) where it applies (`direct`), else the im2col path; the beta blend; with
+    conv.FILTER_1X1_GEMM, the same for channels-last."""
+    from nbdnn.cuda import conv as CV
     rng = np.random.default_rng(G)
     C, K, H = 4, 6, 12                                     # P = 144 positions
     xs = (2, H, H, C) if last else (2, C, H, H)
@@ -122,6 +124,14 @@ def test_backward_filter_1x1_matches_reference(last, G, dtype, direct):
     atol, rtol = (1e-12, 1e-12) if dtype == np.float64 else matmul_tol("float16", 2 * 144)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=atol, rtol=rtol)
     assert ("conv_im2col" not in names) == direct, names  # (the GEMM path builds no columns)
+    if not (last and G == 1):
+        return
+    monkeypatch.setattr(CV, "FILTER_1X1_GEMM", True)  # "auto" asks the GEMM first
+    with launched() as names:
+        got = nbdnn.conv_backward_filter(dy, x, ws, backend="cuda", alpha=0.5, beta=2.0,
+                                         out=out.copy(), **kw)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=atol, rtol=rtol)
+    assert "conv_im2col" not in names and not any("convdw" in n for n in names), names
 
 
 @pytest.mark.parametrize("on", [True, False])

@@ -469,6 +469,38 @@ def test_filter_gradient_on_tensor_cores(case, monkeypatch):
     np.testing.assert_allclose(dw.double().cpu().numpy(), want, rtol=tol, atol=tol)
 
 
+@pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
+@pytest.mark.parametrize("on", [False, True])
+def test_filter_gradient_1x1_kernel_choice(on, monkeypatch):
+    """conv.FILTER_1X1_GEMM: a bf16 channels-last 1x1 filter gradient runs the GEMM
+    dW = dy^T @ x (wgmma_gemm, over 8 x 14 x 14 positions) when on, the
+    im2col filter kernel (wgmma_convdw) when off; alpha and beta, the CPU reference."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda import conv as CV
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(CV, "FILTER_1X1_GEMM", on)
+    rng = np.random.default_rng(3)
+
+    def t(shape):
+        return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)) \
+            .to(torch.bfloat16).cuda()
+
+    x, dy, old, ws = t((8, 14, 14, 128)), t((8, 14, 14, 256)), t((256, 1, 1, 128)), \
+        (256, 1, 1, 128)
+    with launched() as names:
+        dw = nbdnn.conv_backward_filter(dy, x, ws, alpha=0.5, beta=2.0, out=old.clone(),
+                                        layout="NHWC")
+    assert names[0].startswith("wgmma_gemm" if on else "wgmma_convdw"), names
+    want = nbdnn.conv_backward_filter(dy.double().cpu().numpy(), x.double().cpu().numpy(), ws,
+                                      alpha=0.5, beta=2.0, out=old.double().cpu().numpy(),
+                                      backend="cpu", layout="NHWC")
+    tol = 2.0 ** -8 * 4 + 1e-3 * np.sqrt(8 * 14 * 14) / 16
+    np.testing.assert_allclose(dw.double().cpu().numpy(), want, rtol=tol, atol=tol)
+
+
 def test_filter_rows_pad_each_filter():
     """im2col_words.filter_rows: the filters (K, R, S, C) as rows of R S C values
     taps-major, zero-padded to `row` (the stem's 147 to 152), in any backend's run."""

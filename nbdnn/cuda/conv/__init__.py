@@ -28,7 +28,8 @@ rank and layout. A thread's output index is decomposed in the array's memory ord
   act(alpha * acc + beta * z + bias), z = residual or the previous y.
 - backward data, "auto" with every stride 1 (and paddings <= d*(R-1)): the forward
   algorithms over dy with the filter's channels swapped and flipped (_data_as_forward);
-  channels-last 1x1 with DATA_1X1_GEMM: one GEMM dx = dy @ W (gemm.backward_data_1x1).
+  channels-last 1x1 with DATA_1X1_GEMM: one GEMM dx = dy @ W (gemm.backward_data_1x1);
+  the filter's likewise with FILTER_1X1_GEMM (dW = dy^T @ x; else wgmma_convdw).
 - backward data and filter, algorithm "gemm" (the default otherwise, unless groups == C): the
   matmul kernel over the output gradient's rows and the im2col columns (split-K for
   the filter's long reduction), col2im for dx (nbdnn/cuda/conv/gemm.py).
@@ -109,6 +110,11 @@ AUTO_WORKSPACE_LIMIT = 2 ** 31  # bytes of scratch memory "auto" may ask for
 # after its device time (run AN: those layers' data gradients 1.1-3.8x cuDNN's time):
 # off until timed.
 DATA_1X1_GEMM = False
+# "auto"'s channels-last 1x1 stride-1 filter gradient as the GEMM dW = dy^T @ x (tiled
+# TMA loads of x, the GEMM's own maps and narrow tiles) rather than wgmma_convdw (im2col
+# boxes of x, 256-wide tiles, host maps). Run AN: those filter gradients take 40-52 us
+# (0.23-0.64x cuDNN); off until the two are timed against each other.
+FILTER_1X1_GEMM = False
 # 16-bit channels-first forward ("auto", "implicit_gemm") on the tensor cores through
 # channels-last copies (_through_nhwc) rather than the SIMT implicit GEMM or winograd's
 # batched GEMMs. Written in run AN after its device time: off until timed.
@@ -349,6 +355,9 @@ def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, l
     gemm = _gemm_in(math, dtype_name(dy))
     if gemm is not _gemm:
         algo = "gemm"
+    if algo == "auto" and FILTER_1X1_GEMM and g.last and g.G == 1 and np.prod(w_shape) and \
+            _conv_gemm.backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):
+        return dw
     if algo == "auto" and np.prod(w_shape) and _wgmma_conv.filter_usable(dy, x, dw, g) and \
             _mm.TENSOR_CORES and _mm.tensor_cores():
         return _wgmma_conv.backward_filter(dy, x, dw, g, alpha, beta, stream)
