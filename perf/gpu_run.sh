@@ -402,6 +402,8 @@ layout-moves)
     done
     timeout ${PROF_LIMIT_S:-120} python3 perf/experiments/conv_bwd_profile.py 2>&1 \
         | grep -v -i warn  # (where the backward passes' time goes, kernel by kernel)
+    timeout ${ALGOS_LIMIT_S:-90} python3 perf/suites/conv_algos.py --batches 32 --dtype \
+        bfloat16 --nhwc 2>&1 | grep -v -i warn  # (auto's 16-bit channels-last choices)
     for on in 0 1; do  # NCHW forward
         $C --no-backward --layers s1 s2 s3 s4 --set nbdnn.cuda.conv.NCHW_VIA_NHWC=$on 2>&1 \
             | grep -v -i warn
