@@ -383,28 +383,35 @@ conv-speed)
 layout-moves)
     # run AN's unrun work: the tiled transpose (tensor.TILED_TRANSPOSE, on), the 1x1 data
     # and filter gradients as one GEMM each (conv.DATA_1X1_GEMM, FILTER_1X1_GEMM, off),
-    # 16-bit NCHW forward through
-    # channels-last copies (conv.NCHW_VIA_NHWC, off): their tests (SAN=1: memcheck and
-    # racecheck over the transpose's), the transpose's A/B, conv.py both ways, and the
-    # backward passes' kernels layer by layer (conv_bwd_profile.py)
+    # 16-bit NCHW forward through channels-last copies (conv.NCHW_VIA_NHWC, off). PARTS
+    # (default all; ~950 s together, so two calls): tests (SAN=1: memcheck and racecheck
+    # over the transpose's), ab (the transpose's A/B), 1x1 (conv.py's 1x1 gradients
+    # both ways), profile (the backward passes' kernels, conv_bwd_profile.py), algos
+    # (conv_algos.py bf16 NHWC: auto's picks), nchw (conv.py NCHW forward both ways)
+    PARTS=${PARTS:-tests ab 1x1 profile algos nchw}
+    has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
     P="timeout ${TEST_LIMIT_S:-200} python3 -m pytest -q -p no:cacheprovider"
-    $P tests/test_transpose_tiles.py tests/test_conv_paths.py > "$OUT/moves-tests.log" 2>&1 &
-    $P tests/test_conv_tensorcore.py tests/test_crosscheck.py -k \
-        "transform or channels_first" > "$OUT/moves-tc.log" 2>&1 &
-    sanitized moves 80 tests/test_transpose_tiles.py
-    wait
-    summary moves-tests moves-tc moves-memcheck moves-racecheck
-    timeout 60 python3 perf/experiments/transpose_ab.py 2>&1 | grep -v -i warn
+    if has tests; then
+        $P tests/test_transpose_tiles.py tests/test_conv_paths.py > "$OUT/moves-tests.log" 2>&1 &
+        $P tests/test_conv_tensorcore.py tests/test_crosscheck.py -k \
+            "transform or channels_first or 1x1" > "$OUT/moves-tc.log" 2>&1 &
+        sanitized moves 80 tests/test_transpose_tiles.py
+        wait
+        summary moves-tests moves-tc moves-memcheck moves-racecheck
+    fi
+    has ab && timeout 60 python3 perf/experiments/transpose_ab.py 2>&1 | grep -v -i warn
     C="timeout ${CONV_LIMIT_S:-120} python3 perf/suites/conv.py --dtype bfloat16 --algos auto"
     for on in 0 1; do  # the 1x1 layers' gradients, NHWC
+        has 1x1 || break
         $C --nhwc --layers 1x1 --set nbdnn.cuda.conv.DATA_1X1_GEMM=$on \
             --set nbdnn.cuda.conv.FILTER_1X1_GEMM=$on 2>&1 | grep -v -i warn | grep -E "bwd|geometric"
     done
-    timeout ${PROF_LIMIT_S:-120} python3 perf/experiments/conv_bwd_profile.py 2>&1 \
-        | grep -v -i warn  # (where the backward passes' time goes, kernel by kernel)
-    timeout ${ALGOS_LIMIT_S:-90} python3 perf/suites/conv_algos.py --batches 32 --dtype \
-        bfloat16 --nhwc 2>&1 | grep -v -i warn  # (auto's 16-bit channels-last choices)
+    has profile && timeout ${PROF_LIMIT_S:-120} python3 perf/experiments/conv_bwd_profile.py \
+        2>&1 | grep -v -i warn  # (where the backward passes' time goes, kernel by kernel)
+    has algos && timeout ${ALGOS_LIMIT_S:-90} python3 perf/suites/conv_algos.py --batches 32 \
+        --dtype bfloat16 --nhwc 2>&1 | grep -v -i warn  # (auto's 16-bit channels-last picks)
     for on in 0 1; do  # NCHW forward
+        has nchw || break
         $C --no-backward --layers s1 s2 s3 s4 --set nbdnn.cuda.conv.NCHW_VIA_NHWC=$on 2>&1 \
             | grep -v -i warn
     done ;;
