@@ -317,7 +317,8 @@ train-step)
     # $OUT and prints as it goes (run AL lost a call's output to `| tail` when the 600 s
     # ran out). The first eager step compiles every kernel (run AM: 117 s) and
     # resnet50.py took 394 s: a 600 s call runs one or two of the three (a limit of 0
-    # skips: TEST_LIMIT_S, PROFILE_LIMIT_S, RESNET_LIMIT_S).
+    # skips: TEST_LIMIT_S, PROFILE_LIMIT_S, RESNET_LIMIT_S). The step's buffer reuse
+    # (written in run AN, off): SWITCHES="--set nbdnn.nn.train.REUSE_BUFFERS=1".
     SW=${SWITCHES:-}
     TL=${TEST_LIMIT_S:-130} PL=${PROFILE_LIMIT_S:-170} RL=${RESNET_LIMIT_S:-430}
     P="timeout $TL python3 -m pytest -q -p no:cacheprovider"

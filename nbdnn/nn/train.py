@@ -38,6 +38,13 @@ class CrossEntropyLoss:
         return nbdnn.cast_tensor(g, self.dtype) if self.low else g
 
 
+# GraphedSteps' captured training step with its buffers sharing one arena where their
+# lifetimes allow (cuda/runtime/reuse.py: the second step runs traced, the third is
+# captured on the plan). Written in run AN after its device time, tested in the
+# simulator: off until a GPU run shows the same losses and the memory it saves.
+REUSE_BUFFERS = False
+
+
 # SGD's step through nbdnn.sgd_update (one launch a parameter) where the element-wise
 # ops took four or five (run AL's profile: 324 cast launches, 1.76 ms, besides the
 # momentum and update ops); on since run AM (H200: the fused and element-wise steps
@@ -193,7 +200,11 @@ class GraphedSteps:
 
     The first `step` runs eagerly (it creates the optimizer's state), the second is
     captured while it runs, later ones replay; `forward` is captured on its first
-    call. Results (the loss, the logits) are these steps' own buffers, rewritten by the
+    call. reuse=True (default REUSE_BUFFERS): the second step runs eagerly while its
+    allocations and launches are traced, the third is captured with every buffer
+    whose last kernel has run shared with later ones (one arena of `arena_bytes`
+    where the traced step allocated `traced_bytes`; cuda/runtime/reuse.py): after a
+    replay only the loss is readable, not the activations a layer holds. Results (the loss, the logits) are these steps' own buffers, rewritten by the
     next call: copy what you keep. Parameters, running statistics, the optimizer's
     state and dropout's counter are read and updated in place, so a step and a
     forward see each other's effects. Make them after `model.to(device)`:
@@ -201,7 +212,7 @@ class GraphedSteps:
     the same calls eagerly (the only mode on the CPU backend)."""
 
     def __init__(self, model, batch_size, input_shape, *, loss=None, optimizer=None,
-                 graph=None):
+                 graph=None, reuse=None):
         params = [m.params[k] for m, k in model.parameters()]
         self.device = device_of(params[0]) if params else "cpu"
         # (a NumPy dtype also for torch parameters: CUDA bfloat16 arrays are torch tensors)
@@ -212,6 +223,8 @@ class GraphedSteps:
         if graph and self.device != "cuda":
             raise nbdnn.BadParamError("GraphedSteps: graph=True needs the model on 'cuda'")
         self.model, self.loss, self.optimizer, self.graph = model, loss, optimizer, graph
+        self.reuse = REUSE_BUFFERS if reuse is None else bool(reuse)
+        self._trace = None
         self.x = move(np.zeros((batch_size,) + tuple(input_shape), self.dtype), self.device)
         self.target = None
         self._graphs, self._results, self._steps = {}, {}, 0
@@ -229,11 +242,22 @@ class GraphedSteps:
             g.replay()
         elif not self.graph or eager_first:
             self._results[name] = fn()
+        elif self.reuse and name == "step" and self._trace is None:
+            from ..cuda.runtime.reuse import Trace  # (a traced eager step: the plan)
+            with Trace() as self._trace:
+                self._results[name] = fn()
         else:
             from ..cuda import Graph
-            g = self._graphs[name] = Graph()
-            with g.capture():
+            arena = None
+            if self.reuse and name == "step":
+                self.traced_bytes = self._trace.nbytes
+                arena = self._trace.plan(keep=[self._results[name]])
+                self._trace = None
+            g = Graph()
+            with g.capture(arena):
                 self._results[name] = fn()
+            self._graphs[name] = g
+            self.arena_bytes = arena.nbytes if arena is not None else 0
         return self._results[name]
 
     def forward(self, x):

@@ -121,6 +121,9 @@ def nbdnn_rows(batch, train, rows):
         # the bf16 parameters, 49 MiB, existed before); the figure above also holds the
         # loaded kernels' code, the inference models and torch's cache
         rows["train_nbdnn_arrays_MiB"] = (torch.cuda.memory_allocated() - before) / 2 ** 20
+        if getattr(steps, "arena_bytes", 0):  # (nn.train.REUSE_BUFFERS: the shared arena)
+            rows["train_nbdnn_arena_MiB"] = steps.arena_bytes / 2 ** 20
+            rows["train_nbdnn_traced_MiB"] = steps.traced_bytes / 2 ** 20
 
 
 def torch_rows(batch, train, rows):

@@ -236,8 +236,10 @@ def empty(like, shape, dtype):
     """An uninitialised C-contiguous device array of like's kind (torch's and CuPy's
     caching allocators for their arrays: a few us; numba's allocator: ~40 us)."""
     shape = tuple(int(s) for s in shape)
-    a = _allocate(like, shape, dtype)
-    plan = _recording.__dict__.get("plan")
+    tls = _recording.__dict__
+    alloc = tls.get("alloc")  # a reuse.Trace or Arena (graph capture with buffer reuse)
+    a = _allocate(like, shape, dtype) if alloc is None else alloc(like, shape, dtype)
+    plan = tls.get("plan")
     if plan is not None:  # an eager call being recorded for its plan (ops/_plan.py)
         plan.alloc(like, shape, dtype, a)
     return a

@@ -55,7 +55,7 @@ class Graph:
 
     def __init__(self):
         self._records, self._simulated, self._kept = [], [], []
-        self._graph = self._exec = None
+        self._graph = self._exec = self._arena = None
         self._recording = False
 
     # -- recording (called by _launch.Kernel.launch while this graph records) --
@@ -70,29 +70,37 @@ class Graph:
         self._simulated.append(fn)
 
     def keep(self, args, owners):
+        if self._arena is not None:
+            self._arena.check(args, owners)
         self._kept.extend(a for a in args if hasattr(a, "shape"))
         self._kept.extend(owners)
 
     # -- public API --
     @contextlib.contextmanager
-    def capture(self):
-        """Record the nbdnn calls made in the `with` block (they also run, once)."""
+    def capture(self, arena=None):
+        """Record the nbdnn calls made in the `with` block (they also run, once).
+        arena: a reuse.Arena planned from a traced run of the same calls, whose
+        allocations then share its memory (cuda/runtime/reuse.py)."""
         if _launch.recording() is not None:
             raise NotSupportedError("Graph.capture: this thread is already capturing a "
                                     "graph; captures do not nest")
         if self._recording:
             raise NotSupportedError("Graph.capture: this graph is capturing")
         self.reset()
-        self._recording = True
+        self._recording, self._arena = True, arena
         _launch._recording.graph = self
+        _launch._recording.alloc = None if arena is None else arena.allocate
         try:
             yield self
+            if arena is not None:
+                arena.finish(self.kernels)
+                self._kept.append(arena.buffer)  # (None when nothing was placed)
         except BaseException:
             self.reset()
             raise
         finally:
-            _launch._recording.graph = None
-            self._recording = False
+            _launch._recording.graph = _launch._recording.alloc = None
+            self._recording, self._arena = False, None
         if not SIMULATOR and self._records:
             self._instantiate()
 
