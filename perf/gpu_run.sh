@@ -382,7 +382,7 @@ conv-speed)
             --algos auto --no-backward --layers ${ALT_LAYERS:-1x1} --set $sw 2>&1 | grep -v -i warn
     done ;;
 layout-moves)
-    # run AN's unrun work: the tiled transpose (tensor.TILED_TRANSPOSE, on), the 1x1 data
+    # run AN's unrun work: the tiled transpose (tensor.TILED_TRANSPOSE, off), the 1x1 data
     # and filter gradients as one GEMM each (conv.DATA_1X1_GEMM, FILTER_1X1_GEMM, off),
     # 16-bit NCHW forward through channels-last copies (conv.NCHW_VIA_NHWC, off). PARTS
     # (default all; ~950 s together, so two calls): tests (SAN=1: memcheck and racecheck

@@ -200,7 +200,9 @@ def test_channels_first_through_channels_last(dtype, monkeypatch):
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
+    from nbdnn.cuda import tensor
     monkeypatch.setattr(CV, "NCHW_VIA_NHWC", True)
+    monkeypatch.setattr(tensor, "TILED_TRANSPOSE", True)
     rng = np.random.default_rng(11)
     dt = getattr(torch, dtype)
 

@@ -12,6 +12,13 @@ from nbdnn.cuda.runtime.launch import launched
 from nbdnn.cuda.tensor import transpose as TT
 
 DTYPES = ["float16", "float32", "float64"] + ([] if SIMULATOR else ["bfloat16"])
+
+
+@pytest.fixture(autouse=True)
+def _tiled(monkeypatch):
+    """tensor.TILED_TRANSPOSE on (off by default until it has run on a GPU)."""
+    from nbdnn.cuda import tensor
+    monkeypatch.setattr(tensor, "TILED_TRANSPOSE", True)
 # (x shape, perm, (B, A, M, C) as transpose.reduced finds them)
 CASES = [((2, 17, 4, 5), (0, 2, 3, 1), (2, 17, 1, 20)),     # NCHW -> NHWC
          ((2, 4, 5, 17), (0, 3, 1, 2), (2, 20, 1, 17)),     # NHWC -> NCHW

@@ -41,8 +41,9 @@ EW_OPS = ("add", "mul", "div", "min", "max", "sqrt", "not", "finite", "copy", "r
 UNARY = ("sqrt", "not", "finite", "copy")
 # transform_into's swaps of two axes (NCHW <-> NHWC, matrices, filters' channels around
 # their taps) through shared-memory tiles (transpose.py); False: the gather kernel.
-# Written in run AN after its device time, not yet timed on a GPU.
-TILED_TRANSPOSE = True
+# Written in run AN after its device time (exact in the simulator, ptxas clean): off
+# until it runs on a GPU (gpu_run.sh layout-moves: its tests, the sanitizer, its A/B).
+TILED_TRANSPOSE = False
 
 
 def _ew_functions(npt):
