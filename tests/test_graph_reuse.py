@@ -8,7 +8,7 @@ import pytest
 
 import nbdnn
 from nbdnn import nn
-from nbdnn.cuda import Graph
+from nbdnn.cuda import SIMULATOR, Graph
 from nbdnn.cuda.runtime import reuse
 from nbdnn.cuda.runtime.arrays import to_device
 
@@ -100,3 +100,34 @@ def test_graphed_step_with_reuse_equals_plain_steps():
     for a, b in zip(w_plain, w_got):
         np.testing.assert_array_equal(a, b)
     assert "step" in steps._graphs and 0 < steps.arena_bytes < steps.traced_bytes
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the tensor-core paths need a GPU")
+def test_bf16_channels_last_step_with_reuse_on_the_gpu():
+    """A bf16 channels-last model's planned step (the tensor-core convolutions and
+    GEMMs, whose operands a launch reads through tensor maps, batch norm's columns
+    kernels, split-K workspaces): reuse off and on, the same losses bit for bit."""
+    pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    xs = rng.standard_normal((5, 16, 14, 14, 16)).astype(np.float32)
+    ts = np.eye(10, dtype=np.float32)[rng.integers(0, 10, (5, 16))]
+
+    def run(reuse_on):
+        m = nn.Sequential([nn.Conv2d(16, 64, 3, padding=1, seed=1, layout="NHWC"),
+                           nn.BatchNorm2d(64, layout="NHWC"), nn.ReLU(),
+                           nn.Conv2d(64, 128, 1, seed=2, layout="NHWC"),
+                           nn.BatchNorm2d(128, layout="NHWC"), nn.ReLU(),
+                           nn.GlobalAvgPool2d(layout="NHWC"), nn.Flatten(),
+                           nn.Linear(128, 10, seed=3)]).to("cuda")
+        steps = m.plan(16, (14, 14, 16), loss=nn.CrossEntropyLoss(),
+                       optimizer=nn.SGD(m, 0.05, momentum=0.9), precision="bf16",
+                       reuse=reuse_on)
+        import torch
+        return [float(torch.as_tensor(steps.step(torch.from_numpy(x).cuda().bfloat16(),
+                                                 torch.from_numpy(t).cuda())).float()
+                      .reshape(-1)[0]) for x, t in zip(xs, ts)], steps
+
+    plain, _ = run(False)
+    got, steps = run(True)
+    assert got == plain
+    assert 0 < steps.arena_bytes < steps.traced_bytes

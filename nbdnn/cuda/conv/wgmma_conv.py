@@ -175,7 +175,7 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream):
     k = W.kernel(dtype, True, True, *epilogue, partial=partial, tile=tile, store=store,
                  lean=W.LEAN_SETUP, conv=2 if alpha != 1 or zord else 1)  # (1: the
     # GEMM's epilogue order, the kernels run AJ ran; the same result for alpha 1, no z)
-    maps, owners = (ma, mb), [ma[1], mb[1], y]
+    maps, owners = (ma, mb), [ma[1], mb[1], y, x, w]  # (x, w: read through the maps)
     if store:
         f32 = partial or kind == "tf32"
         maps += (encoded(ptr(out), (splits, M, K), "float32" if f32 else dtype,

@@ -236,7 +236,9 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     offs = batch_table(a_batch, b_batch, batch, dtype=np.int32)
     tiles = -(-rows_a // bm) * -(-N // bn) * nz
     splits, chunk = split(tiles, K, bk)
-    owners = (ma[1], mb[1], c) + ((bias,) if bias is not None else ())
+    # the maps, and the arrays the kernel reads through them or through raw pointers: a
+    # graph keeps them alive, and a traced run (runtime/reuse.py) sees their last use
+    owners = (ma[1], mb[1], c, a, b) + ((bias,) if bias is not None else ())
     bias_arg = (ptr(bias), N) if bias is not None else (ptr(c), 1)
     grid = min(tiles * splits, sm_count()) if PERSISTENT else tiles * splits
     total = nz * rows_a * N

@@ -24,11 +24,16 @@ creates the optimizer's state):
    is checked to touch only allocations inside their intervals; the kernels' names
    must repeat the trace's. A divergence is an NbdnnError: the calls did not repeat.
 
+What it rests on: a launch names every array its kernel touches, in its arguments or
+its `owners` (launch.Kernel.launch), the arrays read through a tensor map or a raw
+pointer included (run AN added the GEMM's a and b and the convolution's x and w,
+which only their maps named); a graph keeps the same arrays alive.
+
 The arrays a replay leaves readable are `keep`'s; every other array the calls
 allocated shares its memory with others (a layer's saved activation, for one, holds
-whatever the arena's later users wrote there). Allocations of another kind of array
-than the first (a numba array in a torch run) are not placed: they are allocated as
-usual and kept, as without reuse.
+whatever the arena's later users wrote there). The arena is of the kind of array
+(torch, numba, CuPy) that holds most of the traced bytes; allocations of another kind
+are allocated as usual and kept, as without reuse.
 """
 import bisect
 import heapq
@@ -127,7 +132,10 @@ class Trace:
         """The Arena for a capture of the same calls; `keep`: the arrays the caller
         reads after a replay (results), never shared. Frees the traced arrays."""
         kept = [span(a) for a in keep if hasattr(a, "shape")]
-        kind = next((e[2] for e in self.entries if e[3]), None)
+        by_kind = {}  # the arena's kind: the one holding the most traced bytes
+        for e in self.entries:
+            by_kind[e[2]] = by_kind.get(e[2], 0) + e[3]
+        kind = max(by_kind, key=by_kind.get) if by_kind else None
         live = []  # (last launch, offset, size) of placed entries, a heap by last launch
         free, top, offsets = [], 0, []  # free blocks [(offset, size)] by offset; arena end
         lasts = [e[5] for e in self.entries]  # (kept ones: never freed)
