@@ -393,7 +393,8 @@ layout-moves)
     has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
     P="timeout ${TEST_LIMIT_S:-200} python3 -m pytest -q -p no:cacheprovider"
     if has tests; then
-        $P tests/test_transpose_tiles.py tests/test_conv_paths.py > "$OUT/moves-tests.log" 2>&1 &
+        $P tests/test_transpose_tiles.py tests/test_conv_paths.py tests/test_graph_reuse.py \
+            > "$OUT/moves-tests.log" 2>&1 &  # (and the graph buffer reuse's tests)
         $P tests/test_conv_tensorcore.py tests/test_crosscheck.py -k \
             "transform or channels_first or 1x1" > "$OUT/moves-tc.log" 2>&1 &
         sanitized moves 80 tests/test_transpose_tiles.py
