@@ -260,7 +260,9 @@ def _through_nhwc(x, w, y, bias, residual, g, dtype, activation, coef, alpha, be
     if residual is not None:
         rt = empty(x, yl, dtype)
         transform_into(residual, tuple(y.shape), to_last, rt, 1.0, 0.0, stream)
-    _on_tensor_cores(xt, wt, yt, bias, rt, gl, dtype, activation, coef, alpha, 0.0, stream)
+    if not _on_tensor_cores(xt, wt, yt, bias, rt, gl, dtype, activation, coef, alpha, 0.0,
+                            stream):
+        return False  # (usable said yes above; the SIMT kernels then, to be safe)
     transform_into(yt, yl, to_first, y, 1.0, 0.0, stream)
     return True
 
