@@ -187,6 +187,7 @@ class Arena:
         self.buffer, self._next, self.launches = None, 0, 0
         self._views = []  # (start, end, first, last) of the handed-out arena views
         self._ids = {}    # id(view) -> (view, first, last)
+        self._by_base = {}  # start -> [(end, first, last)]: a reshaped view's quick check
 
     def allocate(self, like, shape, dtype):
         if self._next >= len(self.placed):
@@ -206,6 +207,7 @@ class Arena:
         view = _view(self.buffer, off, nbytes, shape, dtype)
         base = ptr(self.buffer) + off
         self._views.append((base, base + nbytes, first, last))
+        self._by_base.setdefault(base, []).append((base + nbytes, first, last))
         self._ids[id(view)] = (view, first, last)  # (the view held: its id stays its own)
         return view
 
@@ -241,6 +243,8 @@ class Arena:
         if hi <= b or lo >= b + self.nbytes:
             return True  # not the arena's
         n = self.launches
+        if any(hi <= e and f <= n <= last for e, f, last in self._by_base.get(lo, ())):
+            return True
         return any(s <= lo and hi <= e and f <= n <= last for s, e, f, last in self._views)
 
     def finish(self, names):
