@@ -245,14 +245,15 @@ def _through_nhwc(x, w, y, bias, residual, g, dtype, activation, coef, alpha, be
     and written once more (s1 3x3 of ResNet-50 at batch 32: 4 x 12.8 MB). beta 0 and
     one group only. False, doing nothing, where the channels-last call would not run
     the tensor cores."""
+    if not NCHW_VIA_NHWC or beta != 0 or g.G != 1 or dtype not in ("float16", "bfloat16") or \
+            not (_mm.TENSOR_CORES and _mm.tensor_cores()):  # (every NCHW call asks: cheap first)
+        return False
+    gl = g._replace(last=1)  # (every other field is the layout's own: geometry.py)
+    if not _wgmma_conv.usable(x, w, y, gl, bias, residual, alpha, beta):
+        return False
     nd = len(x.shape) - 2
     to_last, to_first = (0,) + tuple(range(2, nd + 2)) + (1,), (0, nd + 1) + tuple(range(1, nd + 1))
     xl, wl, yl = (tuple(int(a.shape[p]) for p in to_last) for a in (x, w, y))
-    gl = g._replace(last=1)  # (every other field is the layout's own: geometry.py)
-    if not NCHW_VIA_NHWC or beta != 0 or g.G != 1 or dtype not in ("float16", "bfloat16") or \
-            not (_mm.TENSOR_CORES and _mm.tensor_cores()) or \
-            not _wgmma_conv.usable(x, w, y, gl, bias, residual, alpha, beta):
-        return False
     xt, wt, yt = (empty(x, shape, dtype) for shape in (xl, wl, yl))
     transform_into(x, tuple(x.shape), to_last, xt, 1.0, 0.0, stream)
     transform_into(w, tuple(w.shape), to_last, wt, 1.0, 0.0, stream)
