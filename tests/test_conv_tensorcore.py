@@ -192,7 +192,7 @@ def test_channels_first_geometry_is_the_channels_last_one():
 def test_channels_first_through_channels_last(dtype, monkeypatch):
     """conv.NCHW_VIA_NHWC: 16-bit NCHW forwards (a 3x3 with bias and relu, a strided
     1x1 with a residual, a stride-1 1x1: the GEMM) run the tensor cores on tiled
-    channels-last copies; beta and groups keep the SIMT kernels; all against the CPU
+    channels-last copies; two groups keep the SIMT kernels; all against the CPU
     reference on the same rounded operands."""
     torch = pytest.importorskip("torch")
     import nbdnn

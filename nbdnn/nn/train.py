@@ -204,8 +204,9 @@ class GraphedSteps:
     allocations and launches are traced, the third is captured with every buffer
     whose last kernel has run shared with later ones (one arena of `arena_bytes`
     where the traced step allocated `traced_bytes`; cuda/runtime/reuse.py): after a
-    replay only the loss is readable, not the activations a layer holds. Results (the loss, the logits) are these steps' own buffers, rewritten by the
-    next call: copy what you keep. Parameters, running statistics, the optimizer's
+    replay only the loss is readable, not the activations a layer holds. Results
+    (the loss, the logits) are these steps' own buffers, rewritten by the next call:
+    copy what you keep. Parameters, running statistics, the optimizer's
     state and dropout's counter are read and updated in place, so a step and a
     forward see each other's effects. Make them after `model.to(device)`:
     moving the model afterwards leaves them on the old arrays. graph=False runs
@@ -244,8 +245,10 @@ class GraphedSteps:
             self._results[name] = fn()
         elif self.reuse and name == "step" and self._trace is None:
             from ..cuda.runtime.reuse import Trace  # (a traced eager step: the plan)
-            with Trace() as self._trace:
+            trace = Trace()
+            with trace:
                 self._results[name] = fn()
+            self._trace = trace  # (only a whole run's trace: a failed one traces again)
         else:
             from ..cuda import Graph
             arena = None
