@@ -376,16 +376,19 @@ def test_generated_producer_walks_the_right_pixels(case):
         np.testing.assert_allclose(got, ref[m0:m0 + bm], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("bn", [64, 128, 256])
 @pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[3], CASES[2]],
                          ids=["3x3", "stride2", "dilation2", "per_side_flipped"])
-def test_generated_filter_producer_gives_the_filter_gradient(case):
+def test_generated_filter_producer_gives_the_filter_gradient(case, bn):
     """The filter gradient's producer lines (wgmma_im2col.filter_tile_lines,
     filter_load_lines) run in Python with TMA's loads replaced by models (a 64 x 64 box
     of dy as stored; the im2col walk above): each tile's k-tiles multiplied out give
     the CPU reference's dW (K, taps x C). Channels padded to a multiple of 64 here (the
-    kernel takes C % 64 == 0 only), 2 B boxes a tile (BN 128), 64-filter A boxes."""
+    kernel takes C % 64 == 0 only), BN / 64 B boxes a tile (each box's channel and
+    offsets from its column word: wgmma_im2col.FILTER_COLUMNS, the last tile's past
+    the last tap included), 64-filter A boxes."""
     import nbdnn
-    from nbdnn.cuda.conv.wgmma_conv import geometry_values
+    from nbdnn.cuda.conv.wgmma_conv import filter_offsets
     from nbdnn.cuda.matmul import wgmma_im2col as I
     xs, ws, stride, padding, dilation, mode = case
     xs, ws = xs[:3] + (64,), ws[:3] + (64,)
@@ -399,8 +402,8 @@ def test_generated_filter_producer_gives_the_filter_gradient(case):
                                                 backend="cpu")).reshape(ws[0], -1)
     K, N, red = ws[0], ref.shape[1], dy.size // ws[0]
     dyr = dy.reshape(red, K)
-    offs = geometry_values(g) + (g.C,)
-    bm, bn = 64, 128
+    offs = filter_offsets(g)
+    bm, per = 64, 1 + bn // 64  # (a k-tile's loads)
     code = "\n".join(["def produce(m0, n0, k0, ktiles, offs):"] +
                      ["    " + line for line in I.filter_tile_lines("", bn)] +
                      ["    for kt in range(ktiles):", "        s = 0"] +
@@ -416,9 +419,9 @@ def test_generated_filter_producer_gives_the_filter_gradient(case):
                    loads.append(("b", sb, c, (n, y0, x0), (ow, oh)))}
             exec(code, env)
             env["produce"](m0, n0, 0, -(-red // 64), offs)
-            assert len(loads) == -(-red // 64) * (bm + bn) // 64
+            assert len(loads) == -(-red // 64) * per
             for kt in range(-(-red // 64)):
-                (_, f, pos), *bs = loads[kt * 3:kt * 3 + 3]
+                (_, f, pos), *bs = loads[kt * per:kt * per + per]
                 a = np.zeros((64, 64))
                 rows = dyr[pos:pos + 64, f:f + 64]
                 a[:rows.shape[0], :rows.shape[1]] = rows

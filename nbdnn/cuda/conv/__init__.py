@@ -242,10 +242,11 @@ def _through_nhwc(x, w, y, bias, residual, g, dtype, activation, coef, alpha, be
     """16-bit channels-first forward on sm_90's tensor cores (NCHW_VIA_NHWC): x, w and a
     residual copied channels-last by the tiled transpose (tensor/transpose.py), the
     channels-last path, y copied back. Extra traffic: x, w, residual and y each read
-    and written once more (s1 3x3 of ResNet-50 at batch 32: 4 x 12.8 MB). beta 0 and
-    one group only. False, doing nothing, where the channels-last call would not run
-    the tensor cores."""
-    if not NCHW_VIA_NHWC or beta != 0 or g.G != 1 or dtype not in ("float16", "bfloat16") or \
+    and written once more (s1 3x3 of ResNet-50 at batch 32: 4 x 12.8 MB). One group;
+    beta only as a residual's weight (z = out would need out copied in too). False,
+    doing nothing, where the channels-last call would not run the tensor cores."""
+    if not NCHW_VIA_NHWC or (beta != 0 and residual is None) or g.G != 1 or \
+            dtype not in ("float16", "bfloat16") or \
             not (_mm.TENSOR_CORES and _mm.tensor_cores()):  # (every NCHW call asks: cheap first)
         return False
     gl = g._replace(last=1)  # (every other field is the layout's own: geometry.py)
@@ -261,8 +262,8 @@ def _through_nhwc(x, w, y, bias, residual, g, dtype, activation, coef, alpha, be
     if residual is not None:
         rt = empty(x, yl, dtype)
         transform_into(residual, tuple(y.shape), to_last, rt, 1.0, 0.0, stream)
-    if not _on_tensor_cores(xt, wt, yt, bias, rt, gl, dtype, activation, coef, alpha, 0.0,
-                            stream):
+    if not _on_tensor_cores(xt, wt, yt, bias, rt, gl, dtype, activation, coef, alpha, beta,
+                            stream):  # (beta: the residual's weight; 0 without one)
         return False  # (usable said yes above; the SIMT kernels then, to be safe)
     transform_into(yt, yl, to_first, y, 1.0, 0.0, stream)
     return True

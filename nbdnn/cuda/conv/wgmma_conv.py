@@ -34,7 +34,7 @@ GEMM's epilogue order only (alpha 1, no z), the rest through algorithm "gemm".
 import numpy as np
 
 from ..matmul import staged_store as staged, split_k, wgmma_gemm as W
-from ..matmul.wgmma_im2col import GEOMETRY
+from ..matmul.wgmma_im2col import GEOMETRY, filter_column_words
 from ..runtime.arrays import dtype_name, empty, ptr, to_device
 from ..runtime.device import sm_count
 from ..tensorcore.tensormap import encoded, encoded_im2col
@@ -206,14 +206,19 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream):
 # producer and by ptxas; off until it runs right on an H200 (tests/test_conv_tensorcore.py
 # has the GPU test waiting: test_filter_gradient_on_tensor_cores).
 FILTER_ON_TENSOR_CORES = True
+# The filter gradient's BN candidates (the forward's rule, `plan`). Run AK shipped 256
+# only; run AO's column words made a k-tile's producer cheaper, where narrower tiles
+# (more k-tiles a block for the same work) may now pay: (256,) until measured.
+FILTER_WIDTHS = (256,)
 
 
 def filter_usable(dy, x, dw, g):
     """Whether backward_filter takes the call: 16-bit, channels-last, one group, 1-d or
-    2-d, C a multiple of 64 (a 64-channel box never spans two taps), K of 8, 16-byte
-    bases, the forward's TMA limits (strides, corners, offsets)."""
+    2-d, C a multiple of 64 (a 64-channel box never spans two taps) under 65536, K of 8,
+    16-byte bases, the forward's TMA limits (strides, corners, offsets)."""
     if not FILTER_ON_TENSOR_CORES or dtype_name(x) not in ("float16", "bfloat16") or \
-            not g.last or g.G != 1 or g.D != 1 or g.T != 1 or g.C % 64 or g.K % 8:
+            not g.last or g.G != 1 or g.D != 1 or g.T != 1 or g.C % 64 or g.K % 8 or \
+            g.C >= 1 << 16:  # (a column word's channel: wgmma_im2col.FILTER_COLUMNS)
         return False
     if any(ptr(a) % 16 for a in (dy, x, dw)) or max(g.sh, g.sw) > 8:
         return False
@@ -227,7 +232,9 @@ def backward_filter(dy, x, dw, g, alpha, beta, stream):
     dtype = dtype_name(x)
     M, N, red = g.K, g.R * g.S * g.C, g.N * g.PH * g.PW
     bm = 64 if W.SKINNY_TILE and M <= W.SKINNY_ROWS else W.BM
-    bn, stages = 256, 4 + (bm == 64)
+    sm = sm_count()
+    bn = min(FILTER_WIDTHS, key=lambda b: (-(-(-(-M // bm) * -(-N // b)) // sm) * (bm + b), -b))
+    stages = STAGES[bn] + (bm == 64 and bn == 256)
     tiles = -(-M // bm) * -(-N // bn)
     splits, chunk = split_k.split(tiles, red, W.BK)
     partial = splits > 1
@@ -254,10 +261,20 @@ def backward_filter(dy, x, dw, g, alpha, beta, stream):
     return dw
 
 
+def filter_offsets(g):
+    """The filter gradient's offs: its geometry (wgmma_im2col.FILTER_GEOMETRY), then a
+    word a 64-column block of dW (FILTER_COLUMNS), through the last tile's columns of
+    any width."""
+    values = geometry_values(g)
+    blocks = -(-(g.R * g.S * g.C) // 64) + 3
+    return values + (g.C,) + filter_column_words(values, g.C, blocks)
+
+
 def _filter_table(g):
-    """The filter gradient's geometry (wgmma_im2col.FILTER_GEOMETRY) on the device."""
-    key = geometry_values(g) + (g.C,)
+    """filter_offsets on the device, cached by geometry and C (the words follow from
+    them: worked out once, not every call)."""
+    key = ("filter",) + geometry_values(g) + (g.R, g.S, g.C)
     t = _geometry_cache.get(key)
     if t is None:
-        t = _geometry_cache[key] = to_device(np.array(key, dtype=np.int32))
+        t = _geometry_cache[key] = to_device(np.array(filter_offsets(g), dtype=np.int32))
     return t

@@ -83,6 +83,37 @@ def load_lines(indent, bk):
 # tap's 64 channels are one im2col box, 64 pixel rows of 128 B: an MN-major B box
 # (64 k rows x 64 n), so a BN-wide tile takes BN / 64 im2col loads a k-tile, box i at
 # column n0 + 64 i = (tap t_i, channel c_i) (C % 64 == 0: a box never spans two taps).
+#
+# The producer is one thread in 40 registers (setmaxnreg) and issues a k-tile's loads
+# in series, so its arithmetic a k-tile is the kernel's floor where the tiles are few.
+# Run AK worked each box's tap and offsets out a k-tile (3 runtime divisions and ~10
+# geometry reads a box, 4 boxes): run AO's profile found every filter gradient at ~1.8
+# us a k-tile whatever its shape (3x the tensor cores' time for a 128 x 256 x 64 step).
+# A box's (channel, offsets) depend on its column only: FILTER_COLUMNS, one word a
+# 64-column block after the geometry, worked out on the host (filter_offsets) and read
+# once a box; the k-tile's own position keeps its 2 divisions.
+FILTER_GEOMETRY = GEOMETRY + ("cp",)  # the filter gradient's: + C (a multiple of 64)
+FILTER_COLUMNS = len(FILTER_GEOMETRY)  # offs[FILTER_COLUMNS + j]: 64-column block j's
+# channel | s offset << 16 | r offset << 24 (C < 65536, offsets <= 127: wgmma_conv checks)
+
+
+def filter_column_words(geometry, C, blocks):
+    """The words of column blocks 0 .. blocks - 1 (FILTER_COLUMNS) for geometry values
+    in GEOMETRY's order: block j at column 64 j = tap x C + channel; blocks past the
+    last tap read the last tap (their sums are never stored)."""
+    g = dict(zip(GEOMETRY, geometry))
+    words = []
+    for j in range(blocks):
+        tq = 64 * j // C
+        cb = 64 * j - tq * C
+        tq = min(tq, g["taps"] - 1)
+        fr, fc = divmod(tq, g["fs"])
+        if g["flip"]:
+            fr, fc = g["fr"] - 1 - fr, g["fs"] - 1 - fc
+        words.append(cb | (fc * g["dw"]) << 16 | (fr * g["dh"]) << 24)
+    return tuple(words)
+
+
 def _g(name):
     """A filter-gradient geometry value read where used (from L1) and not held: the
     producer runs in 40 registers (setmaxnreg), which holding the 13 values and 64-bit
@@ -91,26 +122,18 @@ def _g(name):
 
 
 def filter_tile_lines(indent, bn):
-    """A tile's setup: A's matrix (one); the boxes' taps and channels are worked out a
-    k-tile (filter_load_lines), in 32-bit arithmetic."""
-    return [f"{indent}za = I32(0)"]
+    """A tile's setup: A's matrix (one); cw, the offs index of the tile's first column
+    block's word (FILTER_COLUMNS)."""
+    return [f"{indent}za = I32(0)",
+            f"{indent}cw = {FILTER_COLUMNS} + n0 // 64"]
 
 
 def _box_lines(indent, i):
-    """Box i's channel cb_ and tap offsets (ow_, oh_) from its column n0 + 64 i
-    (= tap x C + channel); columns past the last tap load the last tap (their sums are
-    never stored)."""
-    return [f"{indent}col = U32(n0 + {64 * i})",
-            f"{indent}tq = col // {_g('cp')}",
-            f"{indent}cb_ = col - tq * {_g('cp')}",
-            f"{indent}tq = min(tq, {_g('taps')} - U32(1))",
-            f"{indent}fr = tq // {_g('fs')}",
-            f"{indent}fc = tq - fr * {_g('fs')}",
-            f"{indent}if {_g('flip')} != 0:",
-            f"{indent}    fc = {_g('fs')} - U32(1) - fc",
-            f"{indent}    fr = {_g('fr')} - U32(1) - fr",
-            f"{indent}ow_ = fc * {_g('dw')}",
-            f"{indent}oh_ = fr * {_g('dh')}"]
+    """Box i's channel cb_ and tap offsets (ow_, oh_): its column block's word."""
+    return [f"{indent}v = U32(offs[cw + {i}])",
+            f"{indent}cb_ = v & U32(0xffff)",
+            f"{indent}ow_ = (v >> U32(16)) & U32(0xff)",
+            f"{indent}oh_ = v >> U32(24)"]
 
 
 def filter_load_lines(indent, bk, bm, bn):
