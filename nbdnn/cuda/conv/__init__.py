@@ -57,7 +57,7 @@ import numpy as np
 
 from .. import matmul as _mm
 from ..matmul import TILES, _gemm, choose_tile
-from ..runtime.arrays import dtype_name, empty, to_device, vector_aligned
+from ..runtime.arrays import dtype_name, empty, vector_aligned
 from ..runtime.device import sm_count
 from ..runtime.grid import launch
 from ..tensor import reduce_tensor, scale_tensor, set_tensor, transform_into
@@ -67,41 +67,12 @@ from . import depthwise as _conv_depthwise, depthwise_rows as _conv_depthwise_ro
     gemm as _conv_gemm, wgmma_conv as _wgmma_conv, winograd as _conv_winograd
 from .geometry import geometry
 from . import im2col_words as _words
+from . import implicit_gemm_source as _igemm
 from .kernels import KERNELS as _KERNELS
 
 # MobileNet's row kernel (float32 3x3/1, 4 rows a thread) for the PTX test; the others
 # are built on first use
 _conv_depthwise_rows.kernel("float32", "float32", (3, 3, 1, 1, 1, 1, 0), 4)
-
-
-_taps_cache = {}
-
-
-def _taps(g, chunked):
-    """The implicit GEMM's tap table (nbdnn/cuda/conv/implicit_gemm_source.py): for each reduction
-    index kx, in the filters' storage order (variant 2), or each tap (t, r, s) (variant
-    3, chunked, plus a sentinel), its offset in x from the receptive field's corner
-    and its (d, h, w) displacement; int64 (4, n) interleaved."""
-    N, C, K, G, D, H, W, T, R, S = g[:10]
-    dd, dh, dw, flip, last = g.dd, g.dh, g.dw, g.flip, g.last
-    key = g[1:10] + (dd, dh, dw, flip, last, chunked)
-    tab = _taps_cache.get(key)
-    if tab is None:
-        Cg = 1 if chunked else C // G
-        c, t, r, s = np.meshgrid(np.arange(Cg), np.arange(T), np.arange(R), np.arange(S),
-                                 indexing="ij")
-        if last:  # reduction order (t, r, s, c)
-            c, t, r, s = (a.transpose(1, 2, 3, 0) for a in (c, t, r, s))
-        if flip:
-            t, r, s = T - 1 - t, R - 1 - r, S - 1 - s
-        sc, sd_, sh_, sw_ = (1, H * W * C, W * C, C) if last else (D * H * W, H * W, W, 1)
-        td, th, tw = t * dd, r * dh, s * dw
-        host = np.stack([c * sc + td * sd_ + th * sh_ + tw * sw_, td, th, tw], axis=-1)
-        host = np.append(host.ravel(), [0] * 4 * chunked)  # chunked: a sentinel tap
-        if len(_taps_cache) > 256:
-            _taps_cache.clear()
-        tab = _taps_cache[key] = to_device(np.ascontiguousarray(host, np.int64).ravel())
-    return tab
 
 
 AUTO_WORKSPACE_LIMIT = 2 ** 31  # bytes of scratch memory "auto" may ask for
@@ -119,6 +90,12 @@ FILTER_1X1_GEMM = False
 # channels-last copies (_through_nhwc) rather than the SIMT implicit GEMM or winograd's
 # batched GEMMs. Written in run AN after its device time: off until timed.
 NCHW_VIA_NHWC = False
+# A stride-1 16-bit channels-last data gradient of a filter with more than one tap reads
+# the filter as stored on the tensor cores (_data_filter_as_stored: B MN-major, no
+# transposed copy). Run AO's profile (H200, ResNet-50's 3x3 layers at batch 32): the
+# copy took 3.4-47 us of the data gradients' 24-72 us. Written in run AO: off until
+# it runs right on an H200.
+DATA_FILTER_AS_STORED = False
 
 
 def _auto_forward(g, dtype="float32"):
@@ -294,7 +271,7 @@ def _implicit_gemm(x, w, y, args, g, total, dtype, stream):
     k, sig = _KERNELS[variant + size, dtype]
     PT, FT = (BN, BM) if variant == "igemm_chunked_t_" else (BM, BN)  # positions, filters
     k.launch(sig, (-(-M // PT) * -(-Kg // FT), groups, 1), (BM // TM) * (BN // TN), stream,
-             x, wk, *args[2:5], _taps(g, chunked), *args[5:],
+             x, wk, *args[2:5], _igemm.taps_table(g, chunked), *args[5:],
              _vector_epilogue(y, K, Kg, total // (N * K), last, variant))
 
 
@@ -339,6 +316,10 @@ def _data_as_forward(dy, w, dx, stride, pads, dilation, groups, mode, last, alph
                                           zip(pads, dilation, R)):
         return False
     back = tuple((d * (r - 1) - a, d * (r - 1) - b) for (a, b), d, r in zip(pads, dilation, R))
+    flipped = "cross_correlation" if mode == "convolution" else "convolution"
+    if last and groups == 1 and _data_filter_as_stored(dy, w, dx, back, dilation, flipped,
+                                                        alpha, beta, stream):
+        return True
     K, Cg, taps = ws[0], ws[-1 if last else 1], int(np.prod(R))
     Kg = K // groups
     view, perm = ((groups, Kg, taps, Cg), (0, 3, 2, 1)) if last else \
@@ -346,9 +327,26 @@ def _data_as_forward(dy, w, dx, stride, pads, dilation, groups, mode, last, alph
     wt = empty(dy, (groups * Cg,) + R + (Kg,) if last else (groups * Cg, Kg) + R,
                dtype_name(w))  # like dy, as _implicit_gemm's wk
     transform_into(w, view, perm, wt, 1.0, 0.0, stream)
-    flipped = "cross_correlation" if mode == "convolution" else "convolution"
     conv_forward(dy, wt, None, None, tuple(stride), back, tuple(dilation), groups, flipped,
                  last, None, 0.0, "auto", alpha=alpha, beta=beta, out=dx, stream=stream)
+    return True
+
+
+def _data_filter_as_stored(dy, w, dx, back, dilation, flipped, alpha, beta, stream):
+    """_data_as_forward's channels-last, one-group, 16-bit call on the tensor cores with
+    w (K, R, S, C) read as stored (DATA_FILTER_AS_STORED: wgmma_conv.forward's
+    w_stored): no transposed copy. Filters of more than one tap (a 1x1's is the GEMM's,
+    DATA_1X1_GEMM). False, doing nothing, where the kernel would not take the call."""
+    ws = tuple(w.shape)
+    if not DATA_FILTER_AS_STORED or dtype_name(dy) not in ("float16", "bfloat16") or \
+            int(np.prod(ws[1:-1])) == 1 or not (_mm.TENSOR_CORES and _mm.tensor_cores()):
+        return False
+    g = geometry(tuple(dy.shape), (ws[-1],) + ws[1:-1] + (ws[0],), (1,) * len(back), back,
+                 tuple(dilation), 1, flipped, 1)
+    if not _wgmma_conv.usable(dy, w, dx, g, None, None, alpha, beta):
+        return False
+    _wgmma_conv.forward(dy, w, dx, None, None, None, 0.0, alpha, beta, g, stream,
+                        w_stored=True)
     return True
 
 

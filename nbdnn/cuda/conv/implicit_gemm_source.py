@@ -29,7 +29,10 @@ so the bounds test and base address are per tap and an element costs an add, a c
 waiting on the table's L1 loads; variant 3 took ResNet's forward from 30% to 39% of
 cuDNN, its epilogue below to 55%: perf/history/runs.md runs K-L).
 """
+import numpy as np
+
 from ..matmul.gemm_source import PAD, block_setup, col_expr, main_loop, row_expr, tile_loads
+from ..runtime.arrays import to_device
 
 _GEOM = ("N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd, qh, qw, dd, dh, dw, "
          "flip, last")
@@ -242,3 +245,33 @@ def _epilogue(BM, BN, TM, TN, swap):
             a, b = (j, i) if swap else (i, j)
             src += [f"        if okm{a} and live{b}:"] + elem(i, j, 12) + ["            y[o] = narrow(v, y)"]
     return src
+
+
+_taps_cache = {}
+
+
+def taps_table(g, chunked):
+    """The implicit GEMM's tap table (this module's kernels): for each reduction
+    index kx, in the filters' storage order (variant 2), or each tap (t, r, s) (variant
+    3, chunked, plus a sentinel), its offset in x from the receptive field's corner
+    and its (d, h, w) displacement; int64 (4, n) interleaved."""
+    N, C, K, G, D, H, W, T, R, S = g[:10]
+    dd, dh, dw, flip, last = g.dd, g.dh, g.dw, g.flip, g.last
+    key = g[1:10] + (dd, dh, dw, flip, last, chunked)
+    tab = _taps_cache.get(key)
+    if tab is None:
+        Cg = 1 if chunked else C // G
+        c, t, r, s = np.meshgrid(np.arange(Cg), np.arange(T), np.arange(R), np.arange(S),
+                                 indexing="ij")
+        if last:  # reduction order (t, r, s, c)
+            c, t, r, s = (a.transpose(1, 2, 3, 0) for a in (c, t, r, s))
+        if flip:
+            t, r, s = T - 1 - t, R - 1 - r, S - 1 - s
+        sc, sd_, sh_, sw_ = (1, H * W * C, W * C, C) if last else (D * H * W, H * W, W, 1)
+        td, th, tw = t * dd, r * dh, s * dw
+        host = np.stack([c * sc + td * sd_ + th * sh_ + tw * sw_, td, th, tw], axis=-1)
+        host = np.append(host.ravel(), [0] * 4 * chunked)  # chunked: a sentinel tap
+        if len(_taps_cache) > 256:
+            _taps_cache.clear()
+        tab = _taps_cache[key] = to_device(np.ascontiguousarray(host, np.int64).ravel())
+    return tab

@@ -124,28 +124,32 @@ def geometry_table(g):
     return t
 
 
-def plan(g, dtype, can_split=True):
+def plan(g, dtype, can_split=True, w_stored=False):
     """(tile, splits, chunk, reduction length) for the call: BN from WIDTHS (the width
     whose waves x (BM + BN) is least: a k-tile's loads, which bound these tiles, move
     BM + BN rows of 128 B), the GEMM's 64-row tile for few rows, split-K when the tiles
     fill fewer than half the SMs (can_split: the epilogue is the GEMM's, which
-    splitk_sum applies)."""
+    splitk_sum applies). w_stored (B MN-major): a 64-row tile's consumers take half
+    its columns each, whole 64-column chunks of B: 128 wide at least."""
     M, taps = g.N * g.PH * g.PW, g.R * g.S
     bk = W.BK_OF[W.KINDS[dtype]]  # (a k-tile: 128 B of channels)
     red = taps * -(-g.C // bk) * bk
     skinny = W.SKINNY_TILE and M <= W.SKINNY_ROWS
     bm = 64 if skinny else W.BM
     sm = sm_count()
-    bn = min(WIDTHS, key=lambda b: (-(-(-(-M // bm) * -(-g.K // b)) // sm) * (bm + b), -b))
+    widths = WIDTHS[1:] if w_stored and skinny else WIDTHS
+    bn = min(widths, key=lambda b: (-(-(-(-M // bm) * -(-g.K // b)) // sm) * (bm + b), -b))
     tile = (bn, STAGES[bn] + (1 if skinny and bn == 256 else 0)) + ((64,) if skinny else ())
     splits, chunk = split_k.split(-(-M // bm) * -(-g.K // bn), red, bk) if can_split \
         else (1, red)
     return tile, splits, chunk, red
 
 
-def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream):
+def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream, w_stored=False):
     """y = act(alpha * conv(x, w) + beta * z + bias) on the tensor cores, z = residual
-    or y itself; `usable` true; act a mode name or None."""
+    or y itself; `usable` true; act a mode name or None. w_stored (16-bit): w is
+    (C, R, S, K), a data gradient's filter as stored (reduction channels first), read
+    as an MN-major B (wgmma_im2col.load_lines) instead of (K, R, S, C)."""
     from ...backend import _recording
     rec = _recording.__dict__.get("plan")
     if rec is not None:  # host maps hold the tensors' addresses
@@ -156,13 +160,14 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream):
     M, K = g.N * g.PH * g.PW, g.K
     z = residual if residual is not None else y
     zord = beta != 0  # (the epilogue reads z)
-    tile, splits, chunk, red = plan(g, dtype, alpha == 1 and not zord)
+    tile, splits, chunk, red = plan(g, dtype, alpha == 1 and not zord, w_stored)
     bn, stages = tile[:2]
     bm = tile[2] if len(tile) > 2 else W.BM
     lower, upper = corners(g)
     ma = encoded_im2col(ptr(x), (g.N, g.H, g.W, g.C), mdt, bm, bk, lower, upper,
                         (g.sh, g.sw))
-    mb = encoded(ptr(w), (K, g.R * g.S, g.C), mdt, (bn, 1, bk), "128B")
+    mb = encoded(ptr(w), (g.C, g.R * g.S, K), mdt, (64, 1, bk), "128B") if w_stored else \
+        encoded(ptr(w), (K, g.R * g.S, g.C), mdt, (bn, 1, bk), "128B")
     partial = splits > 1
     out = empty(y, (splits * M * K,), "float32") if partial else y
     store = W.TMA_STORE and staged.usable(kind, partial, False, K, ptr(out),
@@ -172,7 +177,7 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream):
     tile = (bn, stages) + ((bm,) if bm != W.BM else ())
     shmem = W.shared_bytes(bn, stages, store, bm)
     epilogue = (False, None, False) if partial else (bias is not None, act, zord)
-    k = W.kernel(dtype, True, True, *epilogue, partial=partial, tile=tile, store=store,
+    k = W.kernel(dtype, True, not w_stored, *epilogue, partial=partial, tile=tile, store=store,
                  lean=W.LEAN_SETUP, conv=2 if alpha != 1 or zord else 1)  # (1: the
     # GEMM's epilogue order, the kernels run AJ ran; the same result for alpha 1, no z)
     maps, owners = (ma, mb), [ma[1], mb[1], y, x, w]  # (x, w: read through the maps)

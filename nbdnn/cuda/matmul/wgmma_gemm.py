@@ -142,12 +142,13 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
     shmem = shared_bytes(bn, stages, store, bm, cluster)
     if bn not in (64, 128, 192, 256) or bm not in (64, 128) or shmem > MAX_SHARED or \
             cluster and (partial or store or conv or not 2 <= cluster <= cs.MAX_CLUSTER) or \
-            conv and (own_maps or (a_k and b_k) != (conv != 3) or a_k != b_k or
-                      kind == "tf32" and conv != 1):
+            conv and (own_maps or a_k != (conv != 3) or conv == 3 and b_k or
+                      kind == "tf32" and (conv != 1 or not b_k)):
         raise ValueError(f"wgmma GEMM tile {bm}x{bn}, {stages} stages, cluster {cluster}: BN "
                          f"64-256, BM 64 or 128, {shmem} B of shared memory (at most "
                          f"{MAX_SHARED}), clusters of 2-8 blocks (not partial, not stored), "
-                         f"conv with host maps (tf32: the GEMM's epilogue order only)")
+                         f"conv with host maps (tf32: the GEMM's epilogue order and a "
+                         f"K-major B only)")
     name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store, lean,
                        cluster, conv)
     nw = ws.consumer_columns(bn, bm)
@@ -172,7 +173,8 @@ def ptx_examples():
     ones for sm_90a): bfloat16 in every operand major, float16 K-major (the dtypes
     differ only in names; a kernel costs CI 10-25 s), a full epilogue in 16 bits (beta:
     direct stores) and in tf32, split-K's chunk kernel and every dtype's ordered sum, host
-    tensor maps (the convolution's im2col operands, a 64-wide tile; a filter gradient's),
+    tensor maps (the convolution's im2col operands, a 64-wide tile; a filter gradient's;
+    a data gradient's filter as stored),
     the other stores (TMA_STORE_F32), the other tile setup, the skinny tile (a TMA-store
     epilogue, an MN-major A split-K), split-K in a cluster, the 192-wide tile."""
     om, st, ln = OWN_MAPS, TMA_STORE, LEAN_SETUP  # what gemm() uses; one of each other kind
@@ -189,6 +191,8 @@ def ptx_examples():
     kernel("bfloat16", True, True, True, "relu", True, tile=(64, 6), store=st, lean=ln,
            conv=2)  # (and a convolution's z, read in the staged epilogue)
     kernel("bfloat16", False, False, partial=True, lean=ln, conv=3)  # (a filter gradient)
+    kernel("bfloat16", True, False, store=st, lean=ln, tile=(192, 4), conv=1)  # (a data
+    # gradient's filter as stored: B MN-major)
     kernel("float32", True, True, True, "relu", store=f32, lean=ln, conv=1)  # (tf32 conv)
     kernel("bfloat16", True, False, own_maps=om, store=st, lean=not ln)
     kernel("bfloat16", True, True, partial=True, store=not f32, **ship)

@@ -54,17 +54,23 @@ def tile_lines(indent, bk):
             f"{indent}fc = tap - fr * g_fs"]
 
 
-def load_lines(indent, bk):
-    """One k-tile's two TMA loads into stage s (addresses sa, sb), then the next
-    k-tile's (tap, filter row and column, channel block)."""
+def load_lines(indent, bk, b_k=True, bn=256):
+    """One k-tile's TMA loads into stage s (addresses sa, sb), then the next k-tile's
+    (tap, filter row and column, channel block). B K-major: one box (BN filters, 1 tap,
+    64 channels) of w (K, taps, C). B MN-major (b_k False: a data gradient's filter as
+    stored, w (reduction channels, taps, output channels)): BN / 64 boxes (64
+    reduction channels, 1 tap, 64 output channels), one 8 KB swizzled chunk each, as
+    the GEMM's MN-major loads."""
     off_w = "(g_fs - 1 - fc) * g_dw if g_flip != 0 else fc * g_dw"
     off_h = "(g_fr - 1 - fr) * g_dh if g_flip != 0 else fr * g_dh"
+    b = [f"{indent}tma_load_3d(U32(sb), map_b, I32(cb * {bk}), I32(tap), I32(n0), "
+         f"U32(full0 + 8 * s))"] if b_k else \
+        [f"{indent}tma_load_3d(U32(sb + {i * 64 * bk * 2}), map_b, I32(n0 + {64 * i}), "
+         f"I32(tap), I32(cb * {bk}), U32(full0 + 8 * s))" for i in range(bn // 64)]
     return [f"{indent}ow_ = {off_w}",
             f"{indent}oh_ = {off_h}",
             f"{indent}tma_load_im2col_4d(U32(sa), map_a, I32(cb * {bk}), I32(x0), I32(y0), "
-            f"I32(nn), U16(ow_), U16(oh_), U32(full0 + 8 * s))",
-            f"{indent}tma_load_3d(U32(sb), map_b, I32(cb * {bk}), I32(tap), I32(n0), "
-            f"U32(full0 + 8 * s))",
+            f"I32(nn), U16(ow_), U16(oh_), U32(full0 + 8 * s))"] + b + [
             f"{indent}tap += 1",
             f"{indent}fc += 1",
             f"{indent}if fc == g_fs:",

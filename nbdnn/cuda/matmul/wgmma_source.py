@@ -32,7 +32,9 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     the GEMM's epilogue (alpha after the activation: the same where alpha is 1 and no z
     is read), 2 in a convolution's order (pair_epilogue.conv_pair_lines; beta: z read
     from a parameter `zin` after c; "_co" in the name), 3 a filter gradient's (dy^T and
-    im2col(x), both MN-major; wgmma_im2col.filter_tile_lines; "wgmma_convdw")."""
+    im2col(x), both MN-major; wgmma_im2col.filter_tile_lines; "wgmma_convdw"). With
+    conv 1 or 2, b_k False reads B MN-major (a data gradient's filter as stored,
+    wgmma_im2col.load_lines; "_wn")."""
     bk, f32 = BK_OF[kind], kind == "tf32"
     cl, tl = cs.setup_lines(cluster) if cluster else ([], [])
     bn, stages, bm = (tuple(tile or TILE) + (BM,))[:3]
@@ -41,7 +43,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "") + \
         ("_partial" if partial else "") + ("_om" if own_maps else "") + \
         ("_ts" if store else "") + ("_ls" if lean else "") + (f"_c{cluster}" if cluster else "") + \
-        ("_co" if conv == 2 else "") + \
+        ("_co" if conv == 2 else "") + ("_wn" if conv in (1, 2) and not b_k else "") + \
         ("" if (bn, stages, bm) == (256, 4, 128) else
          f"_n{bn}s{stages}" if bm == 128 else f"_m{bm}n{bn}s{stages}")
     maps = ("tmpl_a, tmpl_b, tmpl_c, a, b, slots" if store else "tmpl_a, tmpl_b, a, b, slots") \
@@ -102,7 +104,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          f"                    sa = base + s * {sb_bytes}",
          f"                    sb = sa + {ws.a_bytes(bm)}"]
     L += im2col.filter_load_lines(" " * 20, bk, bm, bn) if conv == 3 else \
-        im2col.load_lines(" " * 20, bk) if conv else \
+        im2col.load_lines(" " * 20, bk, b_k, bn) if conv else \
         ["    " + x for x in ws.loads("a", a_k, bk, bm) + ws.loads("b", b_k, bk, bn)]
     L += ["                    it += 1",
           "    else:",
