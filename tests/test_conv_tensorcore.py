@@ -440,12 +440,13 @@ FILTER_CASES = [((2, 14, 14, 64), (64, 3, 3, 64), 1, 1, 1, "cross_correlation"),
 
 
 @pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
+@pytest.mark.parametrize("widths", [(256,), (64, 128, 192, 256)], ids=["wide", "narrow"])
 @pytest.mark.parametrize("case", FILTER_CASES, ids=lambda c: "x".join(map(str, c[1])))
-def test_filter_gradient_on_tensor_cores(case, monkeypatch):
+def test_filter_gradient_on_tensor_cores(case, widths, monkeypatch):
     """The filter gradient on the tensor cores (wgmma_conv.backward_filter, written in
-    run AK, FILTER_ON_TENSOR_CORES off until this passes on an H200) against the CPU
-    reference on the same bf16 operands, with alpha and beta; split-K over 6272
-    positions in the last case."""
+    run AK) against the CPU reference on the same bf16 operands, with alpha and beta;
+    split-K over 6272 positions in the last case; 256-wide tiles and the narrow widths
+    (FILTER_WIDTHS; 64 filters take 64-row tiles, 128 or 256 wide)."""
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.conv import wgmma_conv
@@ -453,6 +454,7 @@ def test_filter_gradient_on_tensor_cores(case, monkeypatch):
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     monkeypatch.setattr(wgmma_conv, "FILTER_ON_TENSOR_CORES", True)
+    monkeypatch.setattr(wgmma_conv, "FILTER_WIDTHS", widths)
     xs, ws, stride, padding, dilation, mode = case
     g = _geometry(xs, ws, stride, padding, dilation, mode)
     rng = np.random.default_rng(sum(ws))

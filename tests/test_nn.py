@@ -51,7 +51,10 @@ def _img(*shape):
 @pytest.mark.parametrize("make, x", [
     (lambda: nn.Conv2d(3, 4, 3, padding=1, stride=2, seed=1, dtype=np.float64), _img(2, 3, 5, 5)),
     (lambda: nn.Conv2d(4, 4, 3, padding=1, groups=4, seed=2, dtype=np.float64), _img(2, 4, 4, 4)),
+    (lambda: nn.Conv2d(3, 4, 3, padding=1, stride=2, seed=1, dtype=np.float64,
+                       layout="NHWC"), _img(2, 5, 6, 3)),  # (the bias's gradient per channel)
     (lambda: nn.BatchNorm2d(3, dtype=np.float64), _img(4, 3, 3, 3)),
+    (lambda: nn.BatchNorm2d(3, dtype=np.float64, layout="NHWC"), _img(4, 3, 2, 3)),
     (lambda: nn.Activation("tanh"), _img(2, 3, 4)),
     (lambda: nn.MaxPool2d(2), _img(2, 2, 4, 4)),
     (lambda: nn.AvgPool2d(3, stride=2, padding=1), _img(2, 2, 5, 5)),

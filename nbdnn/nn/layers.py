@@ -85,7 +85,7 @@ class Conv2d(Layer):
         w = self.params["w"]
         self.grads["w"] = nbdnn.conv_backward_filter(dy, self.x, tuple(w.shape), **self.kw)
         if "b" in self.params:
-            self.grads["b"] = nbdnn.conv_backward_bias(dy)
+            self.grads["b"] = nbdnn.conv_backward_bias(dy, layout=self.kw["layout"])
         return nbdnn.conv_backward_data(dy, w, tuple(self.x.shape), **self.kw) \
             if need_dx else None
 

@@ -137,7 +137,7 @@ def plan(g, dtype, can_split=True, w_stored=False):
     skinny = W.SKINNY_TILE and M <= W.SKINNY_ROWS
     bm = 64 if skinny else W.BM
     sm = sm_count()
-    widths = WIDTHS[1:] if w_stored and skinny else WIDTHS
+    widths = [b for b in WIDTHS if b % 128 == 0] if w_stored and skinny else WIDTHS
     bn = min(widths, key=lambda b: (-(-(-(-M // bm) * -(-g.K // b)) // sm) * (bm + b), -b))
     tile = (bn, STAGES[bn] + (1 if skinny and bn == 256 else 0)) + ((64,) if skinny else ())
     splits, chunk = split_k.split(-(-M // bm) * -(-g.K // bn), red, bk) if can_split \
@@ -213,7 +213,9 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream, w_stored
 FILTER_ON_TENSOR_CORES = True
 # The filter gradient's BN candidates (the forward's rule, `plan`). Run AK shipped 256
 # only; run AO's column words made a k-tile's producer cheaper, where narrower tiles
-# (more k-tiles a block for the same work) may now pay: (256,) until measured.
+# (more k-tiles a block for the same work) may now pay: (256,) until measured. (Run AO:
+# a 64 x 64 tile, whose consumers took 32 columns of an MN-major B each, read out of
+# bounds; 64-row tiles take 128 and 256 only.)
 FILTER_WIDTHS = (256,)
 
 
@@ -238,7 +240,9 @@ def backward_filter(dy, x, dw, g, alpha, beta, stream):
     M, N, red = g.K, g.R * g.S * g.C, g.N * g.PH * g.PW
     bm = 64 if W.SKINNY_TILE and M <= W.SKINNY_ROWS else W.BM
     sm = sm_count()
-    bn = min(FILTER_WIDTHS, key=lambda b: (-(-(-(-M // bm) * -(-N // b)) // sm) * (bm + b), -b))
+    widths = [b for b in FILTER_WIDTHS if bm == 128 or b % 128 == 0] or [256]  # (B
+    # MN-major: a 64-row tile's consumers take half its columns, whole 64-column chunks)
+    bn = min(widths, key=lambda b: (-(-(-(-M // bm) * -(-N // b)) // sm) * (bm + b), -b))
     stages = STAGES[bn] + (bm == 64 and bn == 256)
     tiles = -(-M // bm) * -(-N // bn)
     splits, chunk = split_k.split(tiles, red, W.BK)
