@@ -367,11 +367,14 @@ conv-speed)
     # split_k.NARROW on, the 1x1 layers' 64- and 128-wide tiles)
     P="timeout ${TEST_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider"
     if [ "${TEST_LIMIT_S:-240}" != 0 ]; then
-        $P tests/test_conv_tensorcore.py tests/test_conv_tf32.py > "$OUT/speed-tc.log" 2>&1 &
+        $P tests/test_conv_tensorcore.py tests/test_conv_tf32.py tests/test_conv_tc_data.py \
+            > "$OUT/speed-tc.log" 2>&1 &
+        $P tests/test_tensorcore_variants.py tests/test_tensorcore.py -k "narrow or store or \
+192 or skinny" > "$OUT/speed-gemm.log" 2>&1 &  # (the staged stores' widths: run AO's race)
         $P tests/test_conv_paths.py > "$OUT/speed-paths.log" 2>&1 &
         $P tests/test_crosscheck.py -k "conv and float32" > "$OUT/speed-cross.log" 2>&1 &
         wait
-        summary speed-tc speed-paths speed-cross
+        summary speed-tc speed-gemm speed-paths speed-cross
     fi
     timeout ${CONV_LIMIT_S:-240} python3 perf/suites/conv.py --nhwc --dtype ${DTYPE:-bfloat16} \
         --algos auto --layers ${LAYERS:-stem s1 s2 s3 s4} --json "$OUT/conv-speed.json" \
@@ -382,9 +385,10 @@ conv-speed)
             --algos auto --no-backward --layers ${ALT_LAYERS:-1x1} --set $sw 2>&1 | grep -v -i warn
     done ;;
 layout-moves)
-    # run AN's unrun work: the tiled transpose (tensor.TILED_TRANSPOSE, off), the 1x1 data
-    # and filter gradients as one GEMM each (conv.DATA_1X1_GEMM, FILTER_1X1_GEMM, off),
-    # 16-bit NCHW forward through channels-last copies (conv.NCHW_VIA_NHWC, off). PARTS
+    # run AN's work, timed in run AO: the tiled transpose (tensor.TILED_TRANSPOSE), the
+    # 1x1 data and filter gradients as one GEMM each (conv.DATA_1X1_GEMM,
+    # FILTER_1X1_GEMM): on since; 16-bit NCHW forward through channels-last copies
+    # (conv.NCHW_VIA_NHWC, off: "nchw" times it both ways). PARTS
     # (default all; ~950 s together, so two calls): tests (SAN=1: memcheck and racecheck
     # over the transpose's), ab (the transpose's A/B), 1x1 (conv.py's 1x1 gradients
     # both ways), profile (the backward passes' kernels, conv_bwd_profile.py), algos

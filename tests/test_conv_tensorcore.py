@@ -446,7 +446,7 @@ def test_filter_gradient_on_tensor_cores(case, widths, monkeypatch):
     """The filter gradient on the tensor cores (wgmma_conv.backward_filter, written in
     run AK) against the CPU reference on the same bf16 operands, with alpha and beta;
     split-K over 6272 positions in the last case; 256-wide tiles and the narrow widths
-    (FILTER_WIDTHS; 64 filters take 64-row tiles, 128 or 256 wide)."""
+    (FILTER_WIDTHS, for 128-row tiles; 64 filters take 64-row tiles, 256 wide)."""
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.conv import wgmma_conv

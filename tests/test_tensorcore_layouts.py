@@ -5,6 +5,7 @@ the hardware expects."""
 import re
 
 import numpy as np
+import pytest
 
 from nbdnn.cuda.matmul import staged_store as S, wgmma_gemm as W, wgmma_params as P
 
@@ -31,8 +32,8 @@ def test_staged_store_writes_each_staging_word_once_without_bank_conflicts():
                 for lane in range(32):
                     i = 32 * warp + lane
                     sw = (i % 32) // 4
-                    at = eval(expr, {"stage_c": 0, "rl": 16 * (i // 32) + sw, "sw": sw, "i": i})
-                    at -= (q % 2) * S.TILE_BYTES
+                    at = eval(expr, {"stage_c": 0, "rl": 16 * (i // 32) + sw, "sw": sw,
+                                     "i": i, "sq": 0})
                     row, col = 16 * warp + lane // 4 + 4 * k, 8 * (j % 8) + 2 * (lane % 4)
                     assert at == row * 128 + (((col // 8) ^ (row % 8)) << 4) + 2 * (col % 8)
                     assert at not in seen
@@ -80,7 +81,7 @@ def test_float32_staged_store_covers_each_staging_word_once():
                         i = 32 * warp + lane
                         sw = (i % 32) // 4
                         at = eval(expr, {"stage_c": 0, "rl": 16 * (i // 32) + sw, "sw": sw,
-                                         "i": i}) - (q % 2) * S.TILE_BYTES
+                                         "i": i, "sq": 0})
                         row, col = 16 * warp + lane // 4 + 4 * k, 8 * (j % 4) + 2 * (lane % 4)
                         assert at == row * 128 + (((col // 4) ^ (row % 8)) << 4) + 4 * (col % 4)
                         assert at not in seen
@@ -95,6 +96,43 @@ def test_float32_staged_store_covers_each_staging_word_once():
     assert not S.usable("tf32", False, False, 260, 256)       # the flag off
     assert not S.usable("tf32", False, False, 262, 256, f32=True)  # rows not 16-byte strides
     assert not S.usable("tf32", False, True, 260, 256, f32=True)   # beta: the direct epilogue
+
+
+@pytest.mark.parametrize("f32", [False, True])
+@pytest.mark.parametrize("bn", [32, 64, 128, 192, 256])
+def test_staging_tiles_alternate_across_a_blocks_tiles(bn, f32):
+    """The TMA-store epilogue's protocol, run in Python over four tiles of a persistent
+    block (staged_store.tile_lines, one consumer, thread 0's view): the bulk stores are
+    modelled as reading their staging tile until a bulk_wait_read lets them go, and no
+    chunk writes a staging tile that a store may still be reading. Consumers of 64 or
+    192 columns (16-bit: one or three chunks a tile) began each tile on the tile the
+    last chunk's store was reading until run AO."""
+    cols = S.columns(f32)
+    if bn % cols:
+        pytest.skip("not whole staging tiles (usable() sends these to direct stores)")
+    pending, seen = [], []  # stores not yet waited for: their staging tiles
+
+    def wait_read(n):
+        del pending[:max(0, len(pending) - n)]
+
+    def write(address, *values):
+        tile = address // S.TILE_BYTES
+        assert tile not in pending, (bn, len(seen), pending)
+        seen.append(tile)
+
+    def store(m, c, r, z, address):
+        pending.append(address // S.TILE_BYTES)
+
+    lines = S.prologue_lines("") + ["for tile in range(4):"] + \
+        ["    " + x for x in S.tile_lines(bn, False, None, f32=f32)] + S.final_lines("")
+    env = {"ebase": 0, "w": 0, "i": 0, "map_c": 0, "m0": 0, "n0": 0, "r": 0, "cb": 0,
+           "zk": 0, "a": 1.0, "d": [0.0] * 128, "U32": int, "I32": int,
+           "cvt": lambda *v: 0, "fence_proxy_tensormap_acquire": lambda m: None,
+           "bulk_wait_read": wait_read, "bulk_wait": wait_read, "bar_sync": lambda *v: None,
+           "fence_proxy_async": lambda: None, "st_shared_u32": write,
+           "st_shared_v2_f32": write, "tma_store_3d": store, "bulk_commit": lambda: None}
+    exec("\n".join(lines), env)
+    assert len(set(seen)) == 2 and not pending
 
 
 def test_skinny_tile_splits_the_columns_between_the_consumers():

@@ -77,25 +77,26 @@ _conv_depthwise_rows.kernel("float32", "float32", (3, 3, 1, 1, 1, 1, 0), 4)
 
 AUTO_WORKSPACE_LIMIT = 2 ** 31  # bytes of scratch memory "auto" may ask for
 # "auto"'s channels-last 1x1 stride-1 data gradient as one GEMM dx = dy @ W (gemm.py
-# backward_data_1x1) rather than W transposed, then the forward GEMM. Written in run AN
-# after its device time (run AN: those layers' data gradients 1.1-3.8x cuDNN's time):
-# off until timed.
-DATA_1X1_GEMM = False
+# backward_data_1x1) rather than W transposed, then the forward GEMM. Written in run AN;
+# run AO (H200, ResNet-50's nine 1x1 layers, bf16 NHWC, batch 32, graph replay): their
+# data gradients at 0.55-1.09x cuDNN's speed, where the copy + GEMM ran 0.45-0.96x.
+DATA_1X1_GEMM = True
 # "auto"'s channels-last 1x1 stride-1 filter gradient as the GEMM dW = dy^T @ x (tiled
 # TMA loads of x, the GEMM's own maps and narrow tiles) rather than wgmma_convdw (im2col
-# boxes of x, 256-wide tiles, host maps). Run AN: those filter gradients take 40-52 us
-# (0.23-0.64x cuDNN); off until the two are timed against each other.
-FILTER_1X1_GEMM = False
+# boxes of x, 256-wide tiles, host maps). Run AO (H200, as DATA_1X1_GEMM): the nine
+# 0.60-0.80x cuDNN through the GEMM, 0.38-0.78x through wgmma_convdw (after its column
+# words; 0.23-0.64x before).
+FILTER_1X1_GEMM = True
 # 16-bit channels-first forward ("auto", "implicit_gemm") on the tensor cores through
 # channels-last copies (_through_nhwc) rather than the SIMT implicit GEMM or winograd's
 # batched GEMMs. Written in run AN after its device time: off until timed.
 NCHW_VIA_NHWC = False
 # A stride-1 16-bit channels-last data gradient of a filter with more than one tap reads
 # the filter as stored on the tensor cores (_data_filter_as_stored: B MN-major, no
-# transposed copy). Run AO's profile (H200, ResNet-50's 3x3 layers at batch 32): the
-# copy took 3.4-47 us of the data gradients' 24-72 us. Written in run AO: off until
-# it runs right on an H200.
-DATA_FILTER_AS_STORED = False
+# transposed copy). Run AO (H200, ResNet-50's 3x3 layers, bf16, batch 32): the copy
+# had taken 3.4-47 us of their data gradients' 24-72; now 0.71-1.0x cuDNN's speed
+# (0.22-0.73x before); tests/test_conv_tc_data.py passed, memcheck and racecheck clean.
+DATA_FILTER_AS_STORED = True
 
 
 def _auto_forward(g, dtype="float32"):

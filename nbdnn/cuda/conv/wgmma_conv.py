@@ -211,12 +211,14 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream, w_stored
 # producer and by ptxas; off until it runs right on an H200 (tests/test_conv_tensorcore.py
 # has the GPU test waiting: test_filter_gradient_on_tensor_cores).
 FILTER_ON_TENSOR_CORES = True
-# The filter gradient's BN candidates (the forward's rule, `plan`). Run AK shipped 256
-# only; run AO's column words made a k-tile's producer cheaper, where narrower tiles
-# (more k-tiles a block for the same work) may now pay: (256,) until measured. (Run AO:
-# a 64 x 64 tile, whose consumers took 32 columns of an MN-major B each, read out of
-# bounds; 64-row tiles take 128 and 256 only.)
-FILTER_WIDTHS = (256,)
+# The filter gradient's BN candidates for 128-row tiles (the forward's rule, `plan`);
+# 64-row tiles (M <= 128 filters) stay 256 wide. Run AO (H200, bf16, batch 32, kernel
+# time x cuDNN's) on ResNet-50's 3x3 layers, 256 only -> these: s3 0.54 -> 0.61, s4
+# 0.80 -> 0.78 (same), while 128-wide 64-row tiles lost (s1 0.78 -> 0.74, s2 0.77 ->
+# 0.68) and 64 wide lost more (s3 0.44: a k-tile's producer work, for a quarter of
+# the flops). A 64 x 64 tile read out of bounds (its consumers took half an MN-major
+# chunk of B each): 64-row tiles take widths that are whole chunks a consumer.
+FILTER_WIDTHS = (128, 192, 256)
 
 
 def filter_usable(dy, x, dw, g):
@@ -240,8 +242,7 @@ def backward_filter(dy, x, dw, g, alpha, beta, stream):
     M, N, red = g.K, g.R * g.S * g.C, g.N * g.PH * g.PW
     bm = 64 if W.SKINNY_TILE and M <= W.SKINNY_ROWS else W.BM
     sm = sm_count()
-    widths = [b for b in FILTER_WIDTHS if bm == 128 or b % 128 == 0] or [256]  # (B
-    # MN-major: a 64-row tile's consumers take half its columns, whole 64-column chunks)
+    widths = FILTER_WIDTHS if bm == 128 else (256,)  # (FILTER_WIDTHS' comment)
     bn = min(widths, key=lambda b: (-(-(-(-M // bm) * -(-N // b)) // sm) * (bm + b), -b))
     stages = STAGES[bn] + (bm == 64 and bn == 256)
     tiles = -(-M // bm) * -(-N // bn)

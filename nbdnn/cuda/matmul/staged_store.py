@@ -6,8 +6,12 @@ of eight rows. Here a consumer warpgroup instead writes its 64 x BN accumulators
 finished (bias, activation, alpha) and packed to 16 bits, into a 64 x 64 staging tile
 in shared memory, and one thread hands the tile to TMA (cp.async.bulk.tensor, a bulk
 group), which writes whole 128-byte rows and clips rows >= M and columns >= N itself.
-Two staging tiles a warpgroup alternate, so the products of column chunk q + 1 are
-written while chunk q's store still reads its tile.
+Two staging tiles a warpgroup alternate chunk by chunk across its tiles (sq, the tile
+next written), so the products of one chunk are written while the previous chunk's
+store still reads the other tile. (Until run AO they alternated within a tile, q % 2:
+a tile of one or three chunks - 64 or 192 columns a consumer, 16-bit - began on the
+tile its last chunk's store might still be reading. Run AO saw ResNet-50's stem
+forward (24 tiles a block) and a 64-wide 1x1 data gradient come out wrong, once.)
 
 A staging tile: 64 rows x 128 B (64 columns), TMA's 128-byte swizzle (the 16-byte
 chunk c of row r sits at chunk c ^ (r % 8)), 1024-byte aligned:
@@ -60,6 +64,7 @@ def usable(kind, partial, beta, N, c_address, f32=False, width=64):
 def prologue_lines(indent):
     """A consumer's setup: its staging tiles, and thread 0 acquires C's tensor map."""
     return [f"{indent}stage_c = ebase + w * {2 * TILE_BYTES}",
+            f"{indent}sq = 0  # the staging tile next written: 0 or 1, chunk after chunk",
             f"{indent}sw = (i % 32) // 4  # this thread's rows r, r + 8 mod 8: the swizzle",
             f"{indent}rl = 16 * (i // 32) + sw  # its first row in the warpgroup's 64",
             f"{indent}if i == 0:",
@@ -79,8 +84,8 @@ def tile_lines(bn, bias, act, f32=False, partial=False, row0="m0 + w * 64", col0
         raise ValueError(f"staged store: {bn} columns a consumer, not whole {cols}-column tiles")
     groups = cols // 8  # column groups of 8 a chunk
     for q in range(bn // cols):
-        buf = f"stage_c + {(q % 2) * TILE_BYTES}"
-        L += ["if i == 0:", "    bulk_wait_read(1)  # this tile's previous store has read it",
+        buf = f"stage_c + sq * {TILE_BYTES}"
+        L += ["if i == 0:", "    bulk_wait_read(1)  # tile sq's last store has read it",
               "bar_sync(U32(1 + w), U32(128))"]
         for j in range(groups * q, groups * q + groups):
             # (N % 8 or % 4 == 0: a pair is in or out of bounds whole; TMA clips it)
@@ -110,7 +115,8 @@ def tile_lines(bn, bias, act, f32=False, partial=False, row0="m0 + w * 64", col0
               "if i == 0:",
               f"    tma_store_3d(map_c, I32({col0} + {cols * q}), I32({row0}), I32(zk), "
               f"U32({buf}))",
-              "    bulk_commit()"]
+              "    bulk_commit()",
+              "sq ^= 1"]
     return L
 
 
