@@ -40,8 +40,8 @@
 #   bash perf/gpu_run.sh tf32-conv            # float32 conv in math tf32: tests, then the
 #                                             # NHWC ResNet layers against cuDNN's TF32
 #   bash perf/gpu_run.sh conv-speed           # the tensor-core conv's tests, conv.py's bf16
-#                                             # NHWC layers fwd + bwd against cuDNN, the
-#                                             # forward with ALT's switches
+#                                             # NHWC layers fwd + bwd against cuDNN, then
+#                                             # ALT_LAYERS with each of ALT's switches
 #   bash perf/gpu_run.sh layout-moves         # run AN's tiled transpose, 1x1 data-gradient
 #                                             # GEMM, NCHW through NHWC: tests, A/B, conv.py
 #   bash perf/gpu_run.sh bn-columns           # batch_norm/columns.py: tests, crosscheck,
@@ -363,8 +363,9 @@ tf32-conv)
 conv-speed)
     # the tensor-core convolution's tests (and the TF32 crosscheck rows), then
     # conv.py's bf16 NHWC ResNet layers forward and backward (each gradient against
-    # cuDNN's alone), then the forward again with each of ALT's switches (default:
-    # split_k.NARROW on, the 1x1 layers' 64- and 128-wide tiles)
+    # cuDNN's alone; every error over 3e-2 named, run AO's TMA-store race), then
+    # ALT_LAYERS again with each of ALT's switches, forward and backward (default: the
+    # stem with im2col_rows.ON, run AO's staged im2col for narrow channels)
     P="timeout ${TEST_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider"
     if [ "${TEST_LIMIT_S:-240}" != 0 ]; then
         $P tests/test_conv_tensorcore.py tests/test_conv_tf32.py tests/test_conv_tc_data.py \
@@ -380,9 +381,9 @@ conv-speed)
         --algos auto --layers ${LAYERS:-stem s1 s2 s3 s4} --json "$OUT/conv-speed.json" \
         > "$OUT/conv-speed.log" 2>&1
     grep -v -i warn "$OUT/conv-speed.log"
-    for sw in ${ALT:-nbdnn.cuda.matmul.split_k.NARROW=1}; do
+    for sw in ${ALT:-nbdnn.cuda.conv.im2col_rows.ON=1}; do
         timeout ${ALT_LIMIT_S:-90} python3 perf/suites/conv.py --nhwc --dtype ${DTYPE:-bfloat16} \
-            --algos auto --no-backward --layers ${ALT_LAYERS:-1x1} --set $sw 2>&1 | grep -v -i warn
+            --algos auto --layers ${ALT_LAYERS:-stem} --set $sw 2>&1 | grep -v -i warn
     done ;;
 layout-moves)
     # run AN's work, timed in run AO: the tiled transpose (tensor.TILED_TRANSPOSE), the

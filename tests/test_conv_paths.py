@@ -212,6 +212,38 @@ def test_im2col_words_match_reference(dtype, C, magic, monkeypatch):
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype,C", [(np.float16, 3), (np.float16, 5), (np.float32, 3),
+                                     (np.float32, 1)])
+def test_im2col_rows_match_reference(dtype, C, monkeypatch):
+    """conv/im2col_rows.py (im2col_rows.ON; narrow channels: a block an output row, the
+    window rows staged in shared memory) through algo "gemm"'s forward and filter
+    gradient: stride, dilation, per-side padding past the image, the flipped mode,
+    rows padded past R S C; each against the CPU reference."""
+    from nbdnn.cuda.conv import im2col_rows
+    monkeypatch.setattr(im2col_rows, "ON", True)
+    rng = np.random.default_rng(C + 7)
+    x = rng.uniform(-1, 1, (2, 7, 9, C)).astype(dtype)
+    w = rng.uniform(-1, 1, (4, 3, 2, C)).astype(dtype)
+    tol = {np.float16: 4e-3, np.float32: 1e-5}[dtype]
+    for kw in (dict(stride=(2, 3), dilation=(1, 2), padding=((1, 3), (2, 1))),
+               dict(padding=1, mode="convolution")):
+        want = nbdnn.conv2d(x.astype(np.float64), w.astype(np.float64), layout="NHWC",
+                            backend="cpu", **kw)
+        with launched() as names:
+            got = nbdnn.conv2d(x, w, layout="NHWC", algo="gemm", backend="cuda", **kw)
+        assert names[0] == "conv_im2col_rows", names
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
+        dy = rng.uniform(-1, 1, want.shape).astype(dtype)
+        want_dw = nbdnn.conv_backward_filter(dy.astype(np.float64), x.astype(np.float64),
+                                             w.shape, layout="NHWC", backend="cpu", **kw)
+        with launched() as names:
+            dw = nbdnn.conv_backward_filter(dy, x, w.shape, layout="NHWC", algo="gemm",
+                                            backend="cuda", **kw)
+        assert "conv_im2col_rows" in names, names
+        np.testing.assert_allclose(np.asarray(dw, np.float64), want_dw, rtol=4 * tol,
+                                   atol=4 * tol)
+
+
 @pytest.mark.parametrize("dtype,on", [(np.float16, True), (np.float64, True),
                                       (np.float32, False)])
 def test_col2im_quads_match_reference(dtype, on, monkeypatch):

@@ -21,6 +21,7 @@ from ..runtime.arrays import dtype_name, empty, ptr, size
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
 from ..runtime.stencil import I64 as I, U, U32, div, magic_args
+from . import im2col_rows as _rows
 
 
 BLOCK = 64 if SIMULATOR else 256
@@ -114,6 +115,9 @@ def columns(x, g, row, stream):
     item = 2 if dtype in ("float16", "bfloat16") else np.dtype(dtype).itemsize
     M = g.N * g.PH * g.PW
     cols = empty(x, (1, M, row), dtype)
+    if M and _rows.usable(g, row, item):  # (narrow channels: a block an output row)
+        _rows.columns(x, cols, g, row, item, stream)
+        return cols
     word = next(b for b in (8, 4, 2) if b == item or b > item and (g.C * item) % b == 0 and
                 (row * item) % b == 0 and (SIMULATOR or ptr(x) % b == 0 and ptr(cols) % b == 0))
     k = word // item  # channels a word
