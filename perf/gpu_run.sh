@@ -365,7 +365,7 @@ conv-speed)
     # conv.py's bf16 NHWC ResNet layers forward and backward (each gradient against
     # cuDNN's alone; every error over 3e-2 named, run AO's TMA-store race), then
     # ALT_LAYERS again with each of ALT's switches, forward and backward (default: the
-    # stem with im2col_rows.ON, run AO's staged im2col for narrow channels)
+    # stem with im2col_rows.ON, then col2im_rows.ON: run AO's narrow-channel kernels)
     P="timeout ${TEST_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider"
     if [ "${TEST_LIMIT_S:-240}" != 0 ]; then
         $P tests/test_conv_tensorcore.py tests/test_conv_tf32.py tests/test_conv_tc_data.py \
@@ -381,7 +381,7 @@ conv-speed)
         --algos auto --layers ${LAYERS:-stem s1 s2 s3 s4} --json "$OUT/conv-speed.json" \
         > "$OUT/conv-speed.log" 2>&1
     grep -v -i warn "$OUT/conv-speed.log"
-    for sw in ${ALT:-nbdnn.cuda.conv.im2col_rows.ON=1}; do
+    for sw in ${ALT:-nbdnn.cuda.conv.im2col_rows.ON=1 nbdnn.cuda.conv.col2im_rows.ON=1}; do
         timeout ${ALT_LIMIT_S:-90} python3 perf/suites/conv.py --nhwc --dtype ${DTYPE:-bfloat16} \
             --algos auto --layers ${ALT_LAYERS:-stem} --set $sw 2>&1 | grep -v -i warn
     done ;;

@@ -271,6 +271,36 @@ def test_col2im_quads_match_reference(dtype, on, monkeypatch):
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype,C", [(np.float16, 3), (np.float32, 3), (np.float64, 3),
+                                     (np.float32, 1), (np.float16, 6)])
+def test_col2im_rows_match_reference(dtype, C, monkeypatch):
+    """conv/col2im_rows.py (col2im_rows.ON; narrow channels: a block an input row, the
+    landing rows' columns staged in shared memory; the filter as padded rows) through
+    algo "gemm"'s data gradient: strides 2 and 3, dilation, per-side padding, the
+    flipped mode, a 7x7/2 stem-like layer, alpha and beta."""
+    from nbdnn.cuda.conv import col2im_rows
+    monkeypatch.setattr(col2im_rows, "ON", True)
+    rng = np.random.default_rng(9 + C)
+    for xs, ws, kw in (((2, 7, 8, C), (4, 3, 2, C),
+                        dict(stride=(2, 3), dilation=(1, 2), padding=((1, 0), (2, 1)))),
+                       ((2, 7, 8, C), (4, 3, 2, C), dict(stride=2, padding=1,
+                                                          mode="convolution")),
+                       ((1, 12, 11, C), (5, 7, 7, C), dict(stride=2, padding=3))):
+        y = nbdnn.conv2d(np.zeros(xs), np.zeros(ws), layout="NHWC", backend="cpu", **kw)
+        dy, w = rng.uniform(-1, 1, y.shape).astype(dtype), rng.uniform(-1, 1, ws).astype(dtype)
+        dx0 = rng.uniform(-1, 1, xs).astype(dtype)
+        want = nbdnn.conv_backward_data(dy.astype(np.float64), w.astype(np.float64), xs,
+                                        layout="NHWC", backend="cpu", alpha=0.5, beta=2.0,
+                                        out=dx0.astype(np.float64), **kw)
+        with launched() as names:
+            got = nbdnn.conv_backward_data(dy, w, xs, layout="NHWC", algo="gemm",
+                                           backend="cuda", alpha=0.5, beta=2.0,
+                                           out=dx0.copy(), **kw)
+        assert names[-1] == "conv_col2im_rows", names
+        tol = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12}[dtype]
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
+
+
 def test_auto_forward_choice():
     """"auto" on the GPU: depthwise for groups == C; for 3x3/1 2-d layers of >= 32
     channels a group winograd4 when K * its tiles >= 24576, else winograd (float16:

@@ -23,7 +23,7 @@ from ..runtime.arrays import dtype_name, empty
 from ..runtime.grid import landing, launch, split, strides
 from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.strided import contiguous
-from . import col2im_quads as _quads
+from . import col2im_quads as _quads, col2im_rows as _col2im_rows
 from . import im2col_words as _words
 from ..tensor import add_tensor, reduce_tensor
 
@@ -242,8 +242,17 @@ def backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):
 
 def backward_data(table, gemm, dy, w, dx, g, alpha, beta, stream):
     """dcols_g = rows_g @ W_g, then col2im gathers them into dx (four channels a thread
-    where conv/col2im_quads.py takes the geometry)."""
+    where conv/col2im_quads.py takes the geometry; narrow channels a block an input
+    row, conv/col2im_rows.py, with the filter as rows padded to 16 bytes so that
+    16-bit GEMMs run on the tensor cores)."""
     N, C, K, G, M, Kg, Kr, *_ = _dims(g)
+    dtype = dtype_name(dy)
+    row = -(-Kr // 8) * 8 if dtype in ("float16", "bfloat16") else Kr
+    if _words.usable(g) and _col2im_rows.usable(g, dtype, int(np.prod(dx.shape)), M * row):
+        dcols = gemm(dy.reshape((M, K)), _words.filter_rows(w, row, stream).reshape((K, row)),
+                     False, False, None, None, 0.0, 1.0, 0.0, None, stream)
+        _col2im_rows.col2im(dcols, dx, g, row, alpha, beta, stream)
+        return
     dcols = gemm(_rows(table, dy, g, stream), w.reshape((G, Kg, Kr)), False, False, None,
                  None, 0.0, 1.0, 0.0, None, stream)
     if _quads.usable(g, int(np.prod(dx.shape)), G * M * Kr):
