@@ -246,7 +246,10 @@ ncu-gemm)
     grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|L2 Hit|Achieved Occupancy|Registers Per|Elapsed Cycles" \
         "$OUT/ncu-details.txt" | head -150 ;;
 gemm-speed)
-    timeout 300 python3 perf/suites/gemm.py --json "$OUT/gemm.json" > "$OUT/gemm.log" 2>&1
+    # (SWITCHES: --set MODULE.NAME=VALUE ..., e.g. run AO's
+    # "--set nbdnn.cuda.matmul.wgmma_gemm.OVERLAP_KTILES=1", for the first table)
+    timeout 300 python3 perf/suites/gemm.py --json "$OUT/gemm.json" ${SWITCHES:-} \
+        > "$OUT/gemm.log" 2>&1
     timeout 120 python3 perf/suites/gemm.py --quick --no-fp32 --no-mlp --tc-path mma_sync \
         >> "$OUT/gemm.log" 2>&1  # the sm_80-89 kernel's speed, forced on the H200
     timeout 90 python3 perf/experiments/tf32_gemm.py --sizes 4096 >> "$OUT/gemm.log" 2>&1

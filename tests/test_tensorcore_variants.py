@@ -363,3 +363,43 @@ def test_narrow_tiles_split_k(dtype, monkeypatch):
     assert err < (2e-3 if dtype == "float32" else 1e-2), err
     assert any("n64" in flags(n) or "n64" in n for n in names) and \
         any("partial" in n for n in names), names
+
+
+@pytest.mark.parametrize("shapes", TC_SHAPES[:2] + [((640, 1000), (1000, 384)),
+                                                    ((64, 4096), (4096, 256))],
+                         ids=lambda s: "x".join(map(str, s[0] + s[1][-1:])))
+@pytest.mark.parametrize("ta,tb", [(False, True), (True, False)])
+def test_overlapped_k_tiles(shapes, ta, tb, monkeypatch):
+    """OVERLAP_KTILES (run AO): one k-tile's wgmma group in flight while the next is
+    issued, each stage released a k-tile later; the "_o1" kernels against NumPy with
+    and without the epilogue, ragged K (1000: 16 k-tiles, the last partial), split-K
+    (64 x 4096 x 256) and the skinny tile; then a bf16 channels-last convolution's
+    forward and filter gradient against the CPU reference."""
+    import nbdnn
+    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.runtime.launch import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setattr(W, "OVERLAP_KTILES", True)
+    with launched() as names:
+        _check_16bit_matmul("bfloat16", shapes, ta, tb, "wgmma_gemm", 41)
+    assert all("o1" in flags(n) for n in names if n.startswith("wgmma_gemm")), names
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(42)
+
+    def t(shape, scale=1.0):
+        return torch.from_numpy(rng.standard_normal(shape).astype(np.float32) * scale) \
+            .to(torch.bfloat16).cuda()
+
+    x, w = t((2, 10, 9, 128)), t((64, 3, 3, 128), 0.1)
+    with launched() as names:
+        y = nbdnn.conv2d(x, w, padding=1, layout="NHWC")
+        dy = t(tuple(y.shape))
+        dw = nbdnn.conv_backward_filter(dy, x, tuple(w.shape), padding=1, layout="NHWC")
+    assert all("o1" in flags(n) for n in names if n.startswith("wgmma")), names
+    xd, wd, dyd = (a.double().cpu().numpy() for a in (x, w, dy))
+    want = nbdnn.conv2d(xd, wd, padding=1, layout="NHWC", backend="cpu")
+    np.testing.assert_allclose(y.double().cpu().numpy(), want, rtol=2 ** -7, atol=2 ** -7)
+    want_dw = nbdnn.conv_backward_filter(dyd, xd, tuple(w.shape), padding=1, layout="NHWC",
+                                         backend="cpu")
+    np.testing.assert_allclose(dw.double().cpu().numpy(), want_dw, rtol=2 ** -6, atol=0.05)

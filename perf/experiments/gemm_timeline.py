@@ -113,7 +113,7 @@ def main():
         name, src, dict(ns, globaltimer=globaltimer), **kw)
     words = W.slot_words
     W.slot_words = lambda store: words(True) + 16  # stamps after every block's slots
-    W.kernel.cache_clear()
+    W._built.cache_clear()
     captured = []
     empty = W.empty
 

@@ -17,15 +17,20 @@ Square 4096 and 8192, skinny M = 64..512 and ragged sizes; GPU time by CUDA even
 ratio to cuBLAS, the max relative error against cuBLAS's fp32 product.
 
     PYTHONPATH=. python3 perf/suites/gemm.py [--json F] [--quick] [--no-fp32] [--no-mlp]
-        [--shapes 64x4096x4096 ...] [--tc-path auto|wgmma|mma_sync]
+        [--shapes 64x4096x4096 ...] [--tc-path auto|wgmma|mma_sync] [--set MODULE.NAME=VALUE]
 """
 import argparse
 import json
+import os
+import sys
 
 import torch
 
 import nbdnn
 from nbdnn.bench import time_gpu
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import switches  # noqa: E402  (perf/tools/switches.py)
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (64, 4096, 4096), (512, 8192, 1024),
           (256, 4096, 8192), (1000, 3000, 2040), (4000, 4000, 4000)]
@@ -88,7 +93,9 @@ def main():
     p.add_argument("--tc-path", default="auto", choices=["auto", "wgmma", "mma_sync"],
                    help="nbdnn.cuda.matmul.TENSOR_CORE_PATH: mma_sync runs the sm_80-89 "
                         "kernel (mma_gemm.py) on an sm_90 GPU too")
+    switches.add_argument(p)
     args = p.parse_args()
+    switches.apply(args.set)
     import nbdnn.cuda.matmul as _mm
     _mm.TENSOR_CORE_PATH = args.tc_path
     out = []
