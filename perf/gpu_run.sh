@@ -42,6 +42,9 @@
 #   bash perf/gpu_run.sh conv-speed           # the tensor-core conv's tests, conv.py's bf16
 #                                             # NHWC layers fwd + bwd against cuDNN, then
 #                                             # ALT_LAYERS with each of ALT's switches
+#   bash perf/gpu_run.sh ao-checks            # run AO's unrun work: the TMA-store race
+#                                             # fix, OVERLAP_KTILES, the narrow-channel
+#                                             # kernels: tests (SAN=1), conv.py both ways
 #   bash perf/gpu_run.sh layout-moves         # run AN's tiled transpose, 1x1 data-gradient
 #                                             # GEMM, NCHW through NHWC: tests, A/B, conv.py
 #   bash perf/gpu_run.sh bn-columns           # batch_norm/columns.py: tests, crosscheck,
@@ -346,6 +349,39 @@ train-step)
     [ "$RL" = 0 ] || timeout $RL python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" \
         $SW > "$OUT/resnet50.log" 2>&1
     [ "$RL" = 0 ] || grep -v -i warn "$OUT/resnet50.log" ;;
+ao-checks)
+    # run AO's work after its device time: the staged-store fix (every GEMM and conv with
+    # TMA stores; 64-, 192-wide tiles raced), OVERLAP_KTILES (off), im2col_rows and
+    # col2im_rows (off). Tests in parallel (SAN=1: memcheck and racecheck over the
+    # overlapped and data-gradient tests), then conv.py bf16 NHWC with the defaults
+    # (errors over 3e-2 named: the race showed there) and PARTS' A/Bs: "stem" (the two
+    # narrow-channel kernels on), "overlap" (conv.py and gemm.py with OVERLAP_KTILES).
+    # ~750 s in all: two calls (PARTS="defaults stem", then TEST_LIMIT_S=0 PARTS=overlap)
+    P="timeout ${TEST_LIMIT_S:-220} python3 -m pytest -q -p no:cacheprovider"
+    PARTS=${PARTS:-defaults stem overlap}
+    has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+    if [ "${TEST_LIMIT_S:-220}" != 0 ]; then
+        $P tests/test_tensorcore_variants.py > "$OUT/ao-variants.log" 2>&1 &
+        $P tests/test_conv_tensorcore.py tests/test_conv_tc_data.py > "$OUT/ao-conv.log" 2>&1 &
+        $P tests/test_conv_paths.py -k "rows or 1x1 or col2im or backward" \
+            > "$OUT/ao-paths.log" 2>&1 &
+        sanitized ao 100 tests/test_tensorcore_variants.py tests/test_conv_tc_data.py -k \
+            "overlapped and 640 or as_stored and bfloat16 and 3x3"
+        wait
+        summary ao-variants ao-conv ao-paths ao-memcheck ao-racecheck
+    fi
+    C="timeout ${CONV_LIMIT_S:-200} python3 perf/suites/conv.py --nhwc --dtype bfloat16 --algos auto"
+    has defaults && $C --layers stem s1 s2 s3 s4 --json "$OUT/ao-conv.json" 2>&1 | grep -v -i warn
+    has stem && $C --layers stem --set nbdnn.cuda.conv.im2col_rows.ON=1 \
+        --set nbdnn.cuda.conv.col2im_rows.ON=1 2>&1 | grep -v -i warn
+    if has overlap; then
+        $C --layers s1 s2 s3 s4 --set nbdnn.cuda.matmul.wgmma_gemm.OVERLAP_KTILES=1 2>&1 \
+            | grep -v -i warn
+        for on in 0 1; do
+            timeout 150 python3 perf/suites/gemm.py --no-fp32 --no-mlp \
+                --set nbdnn.cuda.matmul.wgmma_gemm.OVERLAP_KTILES=$on 2>&1 | grep -v -i warn
+        done
+    fi ;;
 tf32-conv)
     # float32 convolution in the TF32 modes: the tests (the tensor-core forward forced on,
     # the "gemm" path, the crosscheck's float32 conv rows; SAN=1: the sanitizer over the
