@@ -27,9 +27,11 @@ rank and layout. A thread's output index is decomposed in the array's memory ord
 - forward: y[n, k, p] gathers C/g * T*R*S products, then the epilogue
   act(alpha * acc + beta * z + bias), z = residual or the previous y.
 - backward data, "auto" with every stride 1 (and paddings <= d*(R-1)): the forward
-  algorithms over dy with the filter's channels swapped and flipped (_data_as_forward);
-  channels-last 1x1 with DATA_1X1_GEMM: one GEMM dx = dy @ W (gemm.backward_data_1x1);
-  the filter's likewise with FILTER_1X1_GEMM (dW = dy^T @ x; else wgmma_convdw).
+  algorithms over dy with the filter's channels swapped and flipped (_data_as_forward;
+  16-bit channels-last on sm_90 the tensor cores read the filter as stored,
+  DATA_FILTER_AS_STORED); channels-last 1x1: one GEMM dx = dy @ W (DATA_1X1_GEMM,
+  gemm.backward_data_1x1); the filter's likewise (FILTER_1X1_GEMM: dW = dy^T @ x; other
+  16-bit channels-last filters of one group: wgmma_conv.backward_filter).
 - backward data and filter, algorithm "gemm" (the default otherwise, unless groups == C): the
   matmul kernel over the output gradient's rows and the im2col columns (split-K for
   the filter's long reduction), col2im for dx (nbdnn/cuda/conv/gemm.py).

@@ -30,6 +30,12 @@ float32 with math "tf32" (`tf32_usable`, TF32_ON_TENSOR_CORES): the same kernel 
 wgmma's tf32 kind, both maps TFLOAT32 (TMA rounds each operand to nearest as it
 loads: the CPU reference's tf32()), k-tiles of 32 channels (128 B), float32 C; the
 GEMM's epilogue order only (alpha 1, no z), the rest through algorithm "gemm".
+
+A stride-1 data gradient (forward's w_stored): the same kernel over dy with the filter
+read as stored, (K, R, S, C) as an MN-major B (64 x 64 boxes of reduction channels by
+output channels, wgmma's transposed-B descriptor), no transposed copy. The filter
+gradient (backward_filter): dW = dy^T @ im2col(x), both operands MN-major, a k-tile's
+B boxes placed by precomputed column words (wgmma_im2col.FILTER_COLUMNS).
 """
 import numpy as np
 
