@@ -1,0 +1,166 @@
+"""Scaled dot-product attention, the reference for issue 25's
+nbdnn.scaled_dot_product_attention: torch.nn.functional.scaled_dot_product_attention's
+meaning, plus the log-sum-exp a flash kernel keeps, variable lengths, and dropout from
+nbdnn.dropout's Philox stream.
+
+Shapes (layout "BHSD"; "BSHD" swaps the head and sequence axes of q, k, v, o, do):
+    q (B, Hq, Sq, D), k (B, Hk, Sk, D), v (B, Hk, Sk, Dv), o (B, Hq, Sq, Dv)
+    lse (B, Hq, Sq): float32 (float64 for float64 inputs)
+
+    h' = h // (Hq / Hk)                          grouped-query heads (enable_gqa;
+                                                 Hq == Hk otherwise)
+    s[b, h, i, j] = scale q[b, h, i] . k[b, h', j] + bias[b, h, i, j]
+        scale: 1 / sqrt(D) unless given
+        bias: a float mask added, a boolean mask's False -> -inf (either broadcast
+        to (B, Hq, Sq, Sk)); -inf where j > i (is_causal: PyTorch's top-left
+        alignment, torch.ones(Sq, Sk).tril()); -inf where j >= seq_lens_k[b] and
+        on every row i >= seq_lens_q[b] (variable lengths in a padded batch)
+    lse[b, h, i] = log sum_j exp s[b, h, i, j]
+    p = exp(s - lse)                             each row's softmax
+    p' = p keep / (1 - dropout_p)                keep: nbdnn.dropout's mask over the
+                                                 B Hq Sq Sk elements of p in C order,
+                                                 for (seed, offset)
+    o = p' @ v[b, h']
+
+A fully masked row (every s = -inf) gives o = 0 and lse = -inf (PyTorch's math
+backend gives NaN): a padded query, or a causal row before the first key, is inert
+in the output and in the backward.
+
+16-bit inputs compute in float32 with p rounded to the input dtype before p' @ v (the
+tensor cores' second operand); float32 follows the math mode in both products
+(tf32 rounds q, k, p and v); float64 is exact.
+
+Backward, given do (o's shape) and the forward's o and lse (FlashAttention-2's
+recomputation: p from lse, no stored probabilities):
+    dv[b, h'] = sum over the group's heads h of p'^T @ do
+    dp = (do @ v^T) keep / (1 - dropout_p)
+    delta_i = sum_d do[i, d] o[i, d]             (= sum_j p'_ij dp'_ij)
+    ds = p (dp - delta)
+    dq = scale ds @ k,   dk[b, h'] = scale sum over h of ds^T @ q
+"""
+import numpy as np
+
+from . import dropout as _dropout
+from ._common import compute_dtype
+from .matmul import _product
+
+LAYOUTS = ("BHSD", "BSHD")
+
+
+def _bhsd(t, layout):
+    return np.swapaxes(t, 1, 2) if layout == "BSHD" else t
+
+
+def _heads(t, Hq):
+    """k or v (B, Hk, S, D) with each head repeated for its Hq / Hk query heads."""
+    return np.repeat(t, Hq // t.shape[1], axis=1) if t.shape[1] != Hq else t
+
+
+def _group_sum(g, Hk):
+    """(B, Hq, S, D) summed over each kv head's query heads: (B, Hk, S, D)."""
+    B, Hq, S, D = g.shape
+    return g.reshape(B, Hk, Hq // Hk, S, D).sum(axis=2) if Hq != Hk else g
+
+
+def bias(shape, dtype, attn_mask, is_causal, seq_lens_q, seq_lens_k):
+    """The additive bias (B, Hq, Sq, Sk) of the scores (module docstring), with
+    -inf where the masks remove a score, in the compute dtype."""
+    B, Hq, Sq, Sk = shape
+    out = np.zeros(shape, dtype)
+    if attn_mask is not None:
+        m = np.asarray(attn_mask)
+        out = out + (np.where(m, dtype(0), dtype(-np.inf)) if m.dtype == np.bool_ else
+                     m.astype(dtype))
+    if is_causal:
+        out = np.where(np.tril(np.ones((Sq, Sk), bool)), out, dtype(-np.inf))
+    if seq_lens_k is not None:
+        keys = np.arange(Sk)[None, :] < np.asarray(seq_lens_k).reshape(B, 1)
+        out = np.where(keys[:, None, None, :], out, dtype(-np.inf))
+    if seq_lens_q is not None:
+        rows = np.arange(Sq)[None, :] < np.asarray(seq_lens_q).reshape(B, 1)
+        out = np.where(rows[:, None, :, None], out, dtype(-np.inf))
+    return np.broadcast_to(out, shape)
+
+
+def _keep(shape, dropout_p, seed, offset, ct):
+    """keep / (1 - p) over (B, Hq, Sq, Sk), or None without dropout."""
+    if dropout_p == 0:
+        return None
+    n = int(np.prod(shape))
+    keep = _dropout.mask(n, dropout_p, seed, offset).reshape(shape)
+    return np.where(keep != 0, ct(1) / ct(1 - dropout_p) if dropout_p < 1 else ct(0), ct(0))
+
+
+def _forward(q, k, v, attn_mask, dropout_p, is_causal, scale, seed, offset, seq_lens_q,
+             seq_lens_k, math):
+    """(o, lse, p, keep, parts) in the compute dtype, q, k, v in BHSD."""
+    ct = compute_dtype(q.dtype)
+    B, Hq, Sq, D = q.shape
+    Sk = k.shape[2]
+    scale = ct(1 / np.sqrt(D) if scale is None else scale)
+    qc, kc, vc = (t.astype(ct) for t in (q, _heads(k, Hq), _heads(v, Hq)))
+    s = _product(qc, np.swapaxes(kc, -1, -2), math) * scale
+    s = s + bias((B, Hq, Sq, Sk), ct, attn_mask, is_causal, seq_lens_q, seq_lens_k)
+    top = np.max(s, axis=-1, keepdims=True)
+    live = np.isfinite(top)  # rows with a score left
+    top = np.where(live, top, ct(0))
+    e = np.exp(s - top)
+    total = e.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lse = np.where(live, top + np.log(total), ct(-np.inf))
+    p = np.where(live, e / np.where(live, total, ct(1)), ct(0))
+    keep = _keep(p.shape, dropout_p, seed, offset, ct)
+    pd = p if keep is None else p * keep
+    if q.dtype != ct:  # 16-bit: p as the second product's operand
+        pd = pd.astype(q.dtype).astype(ct)
+    o = _product(pd, vc, math)
+    return o, lse[..., 0], p, keep, (qc, kc, vc, scale)
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
+                                 enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k,
+                                 math="ieee", *, out=None, stream=None):
+    """(o, lse) (module docstring); q, k, v validated by the front end."""
+    qb, kb, vb = (_bhsd(t, layout) for t in (q, k, v))
+    o, lse, *_ = _forward(qb, kb, vb, attn_mask, dropout_p, is_causal, scale, seed,
+                          offset, seq_lens_q, seq_lens_k, math)
+    o = np.ascontiguousarray(_bhsd(o, layout)).astype(q.dtype)
+    if out is not None:
+        out[...] = o
+        o = out
+    lse_dtype = np.float64 if q.dtype == np.float64 else np.float32
+    return o, lse.astype(lse_dtype)
+
+
+def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p,
+                                          is_causal, scale, enable_gqa, seed, offset,
+                                          layout, seq_lens_q, seq_lens_k, math="ieee", *,
+                                          stream=None):
+    """(dq, dk, dv) (module docstring) from the forward's o and lse: p recomputed from
+    lse, as the flash kernels do."""
+    qb, kb, vb, ob, dob = (_bhsd(t, layout) for t in (q, k, v, o, do))
+    ct = compute_dtype(q.dtype)
+    B, Hq, Sq, D = qb.shape
+    Hk, Sk = kb.shape[1], kb.shape[2]
+    sc = ct(1 / np.sqrt(D) if scale is None else scale)
+    qc, kc, vc = (t.astype(ct) for t in (qb, _heads(kb, Hq), _heads(vb, Hq)))
+    s = _product(qc, np.swapaxes(kc, -1, -2), math) * sc
+    s = s + bias((B, Hq, Sq, Sk), ct, attn_mask, is_causal, seq_lens_q, seq_lens_k)
+    lse_c = np.asarray(lse).astype(ct)[..., None]
+    live = np.isfinite(lse_c)
+    p = np.where(live, np.exp(s - np.where(live, lse_c, ct(0))), ct(0))
+    keep = _keep(p.shape, dropout_p, seed, offset, ct)
+    pd = p if keep is None else p * keep
+    doc, oc = dob.astype(ct), ob.astype(ct)
+    if q.dtype != ct:
+        pd = pd.astype(q.dtype).astype(ct)
+    dv = _group_sum(_product(np.swapaxes(pd, -1, -2), doc, math), Hk)
+    dp = _product(doc, np.swapaxes(vc, -1, -2), math)
+    if keep is not None:
+        dp = dp * keep
+    delta = np.sum(doc * oc, axis=-1, keepdims=True)
+    ds = p * (dp - delta)
+    dq = _product(ds, kc, math) * sc
+    dk = _group_sum(_product(np.swapaxes(ds, -1, -2), qc, math) * sc, Hk)
+    return tuple(np.ascontiguousarray(_bhsd(g, layout)).astype(t.dtype)
+                 for g, t in ((dq, q), (dk, k), (dv, v)))
