@@ -21,6 +21,7 @@ geometric means are of the graph times; "eager" columns show the other.
     PYTHONPATH=. python perf/suites/conv.py [--nhwc] [--dtype bfloat16] [--json F]
         [--algos auto implicit_gemm direct] [--math tf32 --algos auto]
         [--set nbdnn.cuda.conv.wgmma_conv.TF32_ON_TENSOR_CORES=1]   (perf/tools/switches.py)
+        [--against nbdnn.cuda.matmul.wgmma_gemm.OVERLAP_KTILES=1]   (both sides, one run)
 """
 import argparse
 import json
@@ -81,6 +82,33 @@ def _timed(fn):
     return time_gpu(fn), time_graph(fn)
 
 
+def _against(settings, kw, xn, wn, y_ref, t_fwd, bwd=None):
+    """The layer again with `settings` applied (switches.applied): nbdnn's "auto"
+    forward and, given bwd = (dy, data reference, filter reference, data s, filter s),
+    both gradients, graph-timed; {"fwd_x": old time / new, "data_x", "filter_x", and
+    each one's relative error}. Both sides in one process: one JIT, the peer once."""
+    def err(a, b):
+        return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+    out = {}
+    with switches.applied(settings):
+        y = nbdnn.conv2d(xn, wn, **kw)
+        out["fwd_err"] = err(y, y_ref)
+        out["fwd_x"] = t_fwd / time_graph(lambda: nbdnn.conv2d(xn, wn, out=y, **kw))
+        if bwd is not None:
+            dy, gx, gw, td, tf = bwd
+            dx, dw = torch.empty_like(xn), torch.empty_like(wn)
+            out["data_x"] = td / time_graph(lambda: nbdnn.conv_backward_data(
+                dy, wn, tuple(xn.shape), out=dx, **kw))
+            out["filter_x"] = tf / time_graph(lambda: nbdnn.conv_backward_filter(
+                dy, xn, tuple(wn.shape), out=dw, **kw))
+            out["data_err"], out["filter_err"] = err(dx, gx), err(dw, gw)
+    print("   with " + " ".join(settings) + ": " + ", ".join(
+        f"{k[:-2]} {v:.2f}x" for k, v in out.items() if k.endswith("_x")) +
+        " the speed (errors " + ", ".join(f"{v:.0e}" for k, v in out.items()
+                                          if k.endswith("_err")) + ")", flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nhwc", action="store_true")
@@ -96,6 +124,9 @@ def main():
     ap.add_argument("--tiles", action="store_true",
                     help="also implicit_gemm with each GEMM tile forced (ResNet layers)")
     switches.add_argument(ap)
+    ap.add_argument("--against", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                    help="also time each layer's auto forward and gradients with these "
+                         "switches, in the same process (repeatable; one set)")
     args = ap.parse_args()
     switches.apply(args.set)
     torch.backends.cudnn.benchmark = True
@@ -132,6 +163,9 @@ def main():
         rows.append(row)
         if args.no_backward:
             print(f"{layer[0]:18} cuDNN {row['cudnn_tflops']:6.1f} TFLOP/s | {line}", flush=True)
+            if args.against and row.get("auto"):
+                row["against"] = _against(args.against, kw, xn, wn, ref_n,
+                                          d["flops"] / row["auto"]["tflops"] / 1e12)
             continue
         dy = torch.randn_like(ref_n)
         xr = x.detach().requires_grad_()
@@ -164,6 +198,10 @@ def main():
               f"{td*1e3:.3f} ms (eager {tde*1e3:.3f}; cuDNN {td_ref*1e3:.3f}), filter "
               f"{tf*1e3:.3f} ms (eager {tfe*1e3:.3f}; cuDNN {tf_ref*1e3:.3f}) (cuDNN both "
               f"{tb_ref*1e3:.3f} ms; err {errs[0]:.0e}, {errs[1]:.0e})", flush=True)
+        if args.against and row.get("auto"):
+            row["against"] = _against(args.against, kw, xn, wn, ref_n,
+                                      d["flops"] / row["auto"]["tflops"] / 1e12,
+                                      (dy, gx, gw, td, tf))
     geo = {}
     for part in ("all", "resnet", "depthwise"):
         geo[part] = {}
@@ -173,6 +211,12 @@ def main():
                 geo[part][k] = math.exp(sum(map(math.log, vals)) / len(vals))
         print(f"geometric mean vs cuDNN, {part}:",
               {k: f"{v:.0%}" for k, v in geo[part].items()})
+    if args.against:
+        got = [r["against"] for r in rows if "against" in r]
+        geo["against"] = {k: math.exp(sum(math.log(a[k]) for a in got) / len(got))
+                          for k in ("fwd_x", "data_x", "filter_x") if got and k in got[0]}
+        print("with " + " ".join(args.against) + ", geometric mean speed over without:",
+              {k[:-2]: f"{v:.2f}x" for k, v in geo["against"].items()})
     d, x, w, xn, wn = _case(RESNET[2], args.nhwc, dtype=args.dtype)
     bias = torch.randn(d["K"], device="cuda").to(x.dtype)
     kw = dict(padding=1, layout=layout)
@@ -190,7 +234,9 @@ def main():
     bad = [f"{r['layer']} {k} {e:.1e}" for r in rows for k, e in
            [(a, r[a]["rel_err"]) for a in args.algos if r.get(a)] +
            [(k, r["bwd"][k]) for k in ("data_rel_err", "filter_rel_err") if "bwd" in r]
-           if not e <= limit]
+           if not e <= limit] + \
+        [f"{r['layer']} {k} with {' '.join(args.against)} {e:.1e}" for r in rows
+         for k, e in r.get("against", {}).items() if k.endswith("_err") and not e <= limit]
     print(f"errors over {limit:.0e}: " + (", ".join(bad) if bad else "none"))
     if args.json:
         with open(args.json, "w") as f:

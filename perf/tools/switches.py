@@ -9,6 +9,7 @@ Each NAME=VALUE is a module attribute's dotted path and a Python literal
 a silent no-op).
 """
 import ast
+import contextlib
 import importlib
 
 
@@ -17,8 +18,9 @@ def add_argument(parser):
                         help="set a module switch before running (repeatable)")
 
 
-def apply(settings):
-    """Set each "module.NAME=VALUE"; returns {path: value} as applied."""
+def apply(settings, quiet=False):
+    """Set each "module.NAME=VALUE"; returns {path: value} as applied (printed unless
+    quiet)."""
     done = {}
     for item in settings:
         path, _, text = item.partition("=")
@@ -32,6 +34,26 @@ def apply(settings):
             value = text
         setattr(mod, name, value)
         done[path] = value
-    if done:
+    if done and not quiet:
         print("switches:", ", ".join(f"{k}={v!r}" for k, v in done.items()), flush=True)
     return done
+
+
+@contextlib.contextmanager
+def applied(settings):
+    """apply(settings) for the block, each attribute's old value restored after it, so
+    one process times both sides of a switch (conv.py --against): one JIT, one warm-up,
+    the peer timed once. Kernels built under a switch stay cached under their own
+    names or keys."""
+    old = {}
+    for item in settings:
+        path = item.partition("=")[0]
+        module, _, name = path.rpartition(".")
+        mod = importlib.import_module(module)
+        old[path] = (mod, name, getattr(mod, name, None))
+    apply(settings, quiet=True)
+    try:
+        yield
+    finally:
+        for mod, name, value in old.values():
+            setattr(mod, name, value)
