@@ -252,10 +252,19 @@ def test_col2im_quads_match_reference(dtype, on, monkeypatch):
     padding, the flipped mode, alpha and beta; off, the general col2im."""
     from nbdnn.cuda.conv import col2im_quads
     monkeypatch.setattr(col2im_quads, "ON", on)
-    rng = np.random.default_rng(8)
-    xs, ws = (2, 7, 8, 8), (4, 3, 2, 8)
-    for kw in (dict(stride=(2, 3), dilation=(1, 2), padding=((1, 0), (2, 1))),
-               dict(stride=2, padding=1, mode="convolution")):
+    _check_col2im(dtype, 8, [((2, 7, 8, 8), (4, 3, 2, 8), kw) for kw in _COL2IM_KW],
+                  "conv_col2im_quads" if on else "conv_col2im")
+
+
+_COL2IM_KW = (dict(stride=(2, 3), dilation=(1, 2), padding=((1, 0), (2, 1))),
+              dict(stride=2, padding=1, mode="convolution"))
+
+
+def _check_col2im(dtype, seed, cases, kernel):
+    """algo "gemm"'s channels-last data gradient with alpha and beta for each (x shape,
+    w shape, conv keywords): its last kernel `kernel`, against the CPU reference."""
+    rng = np.random.default_rng(seed)
+    for xs, ws, kw in cases:
         y = nbdnn.conv2d(np.zeros(xs), np.zeros(ws), layout="NHWC", backend="cpu", **kw)
         dy, w = rng.uniform(-1, 1, y.shape).astype(dtype), rng.uniform(-1, 1, ws).astype(dtype)
         dx0 = rng.uniform(-1, 1, xs).astype(dtype)
@@ -266,7 +275,7 @@ def test_col2im_quads_match_reference(dtype, on, monkeypatch):
             got = nbdnn.conv_backward_data(dy, w, xs, layout="NHWC", algo="gemm",
                                            backend="cuda", alpha=0.5, beta=2.0,
                                            out=dx0.copy(), **kw)
-        assert names[-1] == ("conv_col2im_quads" if on else "conv_col2im"), names
+        assert names[-1] == kernel, names
         tol = {np.float16: 8e-3, np.float32: 1e-5, np.float64: 1e-12}[dtype]
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
 
@@ -280,25 +289,9 @@ def test_col2im_rows_match_reference(dtype, C, monkeypatch):
     flipped mode, a 7x7/2 stem-like layer, alpha and beta."""
     from nbdnn.cuda.conv import col2im_rows
     monkeypatch.setattr(col2im_rows, "ON", True)
-    rng = np.random.default_rng(9 + C)
-    for xs, ws, kw in (((2, 7, 8, C), (4, 3, 2, C),
-                        dict(stride=(2, 3), dilation=(1, 2), padding=((1, 0), (2, 1)))),
-                       ((2, 7, 8, C), (4, 3, 2, C), dict(stride=2, padding=1,
-                                                          mode="convolution")),
-                       ((1, 12, 11, C), (5, 7, 7, C), dict(stride=2, padding=3))):
-        y = nbdnn.conv2d(np.zeros(xs), np.zeros(ws), layout="NHWC", backend="cpu", **kw)
-        dy, w = rng.uniform(-1, 1, y.shape).astype(dtype), rng.uniform(-1, 1, ws).astype(dtype)
-        dx0 = rng.uniform(-1, 1, xs).astype(dtype)
-        want = nbdnn.conv_backward_data(dy.astype(np.float64), w.astype(np.float64), xs,
-                                        layout="NHWC", backend="cpu", alpha=0.5, beta=2.0,
-                                        out=dx0.astype(np.float64), **kw)
-        with launched() as names:
-            got = nbdnn.conv_backward_data(dy, w, xs, layout="NHWC", algo="gemm",
-                                           backend="cuda", alpha=0.5, beta=2.0,
-                                           out=dx0.copy(), **kw)
-        assert names[-1] == "conv_col2im_rows", names
-        tol = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12}[dtype]
-        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
+    _check_col2im(dtype, 9 + C, [((2, 7, 8, C), (4, 3, 2, C), kw) for kw in _COL2IM_KW] +
+                  [((1, 12, 11, C), (5, 7, 7, C), dict(stride=2, padding=3))],
+                  "conv_col2im_rows")
 
 
 def test_auto_forward_choice():

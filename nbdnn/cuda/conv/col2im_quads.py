@@ -86,18 +86,23 @@ def _kernel(CT):
     return conv_col2im_quads
 
 
-def _build():
+def typed_kernels(make, ints, name=None):
+    """{dtype: (Kernel, signature)} of a col2im kernel void(dcols, dx, ints x int64,
+    alpha, beta), make(CT) its function for compute type CT: float64 for float64,
+    float32 for the rest (col2im_rows.py's too)."""
     table = {}
     for ct_name, CT in (("float32", float32), ("float64", float64)):
-        fn = _kernel(CT)
+        fn = make(CT)
         for t in (d for d in BF16_DTYPES if (d == "float64") == (ct_name == "float64")):
             a = f"{array_type(t)}[::1]"
-            sig = f"void({a}, {a}, {', '.join(['int64'] * 25)}, {ct_name}, {ct_name})"
+            sig = f"void({a}, {a}, {', '.join(['int64'] * ints)}, {ct_name}, {ct_name})"
             table[t] = (Kernel(fn, [sig]), sig)
+            if name:
+                table[t][0].name = name
     return table
 
 
-_KERNELS = _build()
+_KERNELS = typed_kernels(_kernel, 25)
 
 
 def col2im(dcols, dx, g, alpha, beta, stream):

@@ -25,14 +25,13 @@ dx written once (read once more with beta).
 """
 import math
 
-from numba import cuda, float32, float64, int32
+from numba import cuda, int32
 
 from ..runtime.arrays import dtype_name
-from ..runtime.intrinsics import array_type, narrow, widen
-from ..runtime.launch import Kernel
+from ..runtime.intrinsics import narrow, widen
 from ..runtime.simulator import SIMULATOR
 from ..runtime.stencil import I64 as I, U, U32, div, magic_args
-from ..._vocab import BF16_DTYPES
+from .col2im_quads import typed_kernels
 
 BLOCK = 32 if SIMULATOR else 256
 MAX_SHARED = 48 * 1024  # bytes of staged columns (no opt-in to more)
@@ -103,20 +102,7 @@ def _kernel(CT):
     return conv_col2im_rows
 
 
-def _build():
-    table = {}
-    for ct_name, CT in (("float32", float32), ("float64", float64)):
-        fn = _kernel(CT)
-        for t in (d for d in BF16_DTYPES if (d == "float64") == (ct_name == "float64")):
-            a = f"{array_type(t)}[::1]"
-            sig = f"void({a}, {a}, {', '.join(['int64'] * 27)}, {ct_name}, {ct_name})"
-            k = Kernel(fn, [sig])
-            k.name = "conv_col2im_rows"
-            table[t] = (k, sig, 8 if ct_name == "float64" else 4)
-    return table
-
-
-_KERNELS = _build()
+_KERNELS = typed_kernels(_kernel, 27, "conv_col2im_rows")
 
 
 def landing_rows(g):
@@ -136,7 +122,8 @@ def usable(g, dtype, dx_size, dcols_size):
 
 def col2im(dcols, dx, g, row, alpha, beta, stream):
     """dx (N, H, W, C) from dcols (M, row) for ConvGeometry g (`usable`)."""
-    k, sig, csize = _KERNELS[dtype_name(dx)]
+    k, sig = _KERNELS[dtype_name(dx)]
+    csize = 8 if dtype_name(dx) == "float64" else 4
     SC = g.S * g.C
     k.launch(sig, g.N * g.H, BLOCK, stream, dcols, dx, g.H, g.W, g.C, g.R, g.S, g.PH, g.PW,
              g.sh, g.sw, g.qh, g.qw, g.dh, g.dw, g.flip, row,

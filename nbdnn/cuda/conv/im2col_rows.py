@@ -40,6 +40,22 @@ WORDS = {2: "uint16", 4: "uint32", 8: "uint64"}
 ON = False
 
 
+def tap_of(kx, R, S, C, flip, m_C, s_C, m_S, s_S):
+    """(r, s, c) of column kx = (r, s, c) taps-major (flipped taps in mode
+    "convolution"), split by multiply-high (runtime/stencil.py); im2col_words' too."""
+    tap = div(kx, m_C, s_C)
+    c = U32(kx - tap * C)
+    r = div(tap, m_S, s_S)
+    s = U32(tap - r * S)
+    if flip:
+        r, s = U32(R - 1 - r), U32(S - 1 - s)
+    return r, s, c
+
+
+if not SIMULATOR:
+    tap_of = cuda.jit(device=True, inline=True)(tap_of)
+
+
 def _kernel(elem):
     def conv_im2col_rows(x, cols, H, W, C, R, S, PH, PW, sh, sw, qh, qw, dh, dw, flip, row,
                          KC, Wp, m_WpC, s_WpC, m_C, s_C, m_row, s_row, m_S, s_S, m_PH, s_PH):
@@ -68,12 +84,7 @@ def _kernel(elem):
             ox = div(e, m_row, s_row)
             kx = U32(e - ox * row)
             if kx < KC:
-                tap = div(kx, m_C, s_C)
-                c = U32(kx - tap * C)
-                r = div(tap, m_S, s_S)
-                s = U32(tap - r * S)
-                if flip:
-                    r, s = U32(R - 1 - r), U32(S - 1 - s)
+                r, s, c = tap_of(kx, R, S, C, flip, m_C, s_C, m_S, s_S)
                 cols[base + U(e)] = xs[(r * Wp + ox * sw + s * dw) * C + c]
             else:
                 cols[base + U(e)] = 0

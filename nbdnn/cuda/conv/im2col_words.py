@@ -22,6 +22,7 @@ from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
 from ..runtime.stencil import I64 as I, U, U32, div, magic_args
 from . import im2col_rows as _rows
+from .im2col_rows import tap_of
 
 
 BLOCK = 64 if SIMULATOR else 256
@@ -72,12 +73,7 @@ def conv_im2col_words32(x, cols, H, W, C, R, S, PP, PW, sh, sw, qh, qw, dh, dw, 
         inside = False
         at = U32(0)
         if kx < R * S * C:
-            tap = div(kx, m_C, s_C)
-            c = U32(kx - tap * C)
-            r = div(tap, m_S, s_S)
-            s = U32(tap - r * S)
-            if flip:
-                r, s = U32(R - 1 - r), U32(S - 1 - s)
+            r, s, c = tap_of(kx, R, S, C, flip, m_C, s_C, m_S, s_S)
             n = div(m, m_PP, s_PP)
             p = U32(m - n * PP)
             oy = div(p, m_PW, s_PW)
