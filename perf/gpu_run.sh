@@ -42,9 +42,9 @@
 #   bash perf/gpu_run.sh conv-speed           # the tensor-core conv's tests, conv.py's bf16
 #                                             # NHWC layers fwd + bwd against cuDNN, then
 #                                             # ALT_LAYERS with each of ALT's switches
-#   bash perf/gpu_run.sh ao-checks            # run AO's unrun work: the TMA-store race
-#                                             # fix, OVERLAP_KTILES, the narrow-channel
-#                                             # kernels: tests (SAN=1), conv.py both ways
+#   bash perf/gpu_run.sh ap-checks            # run AO's unfinished tests (16 shards), the
+#                                             # new conv kernels' SASS, the 1x1 layers'
+#                                             # GEMM tiles (pointwise_tiles.py)
 #   bash perf/gpu_run.sh layout-moves         # run AN's tiled transpose, 1x1 data-gradient
 #                                             # GEMM, NCHW through NHWC: tests, A/B, conv.py
 #   bash perf/gpu_run.sh bn-columns           # batch_norm/columns.py: tests, crosscheck,
@@ -88,6 +88,27 @@ sanitized() {  # SAN=1: memcheck, then racecheck, over pytest ARGS, in the backg
         timeout $limit compute-sanitizer --report-api-errors no --print-limit 10 --tool $tool \
             python3 -m pytest -q -p no:cacheprovider "$@" > "$OUT/$name-$tool.log" 2>&1
     done &
+}
+sharded() {  # NAME SHARDS LIMIT FILES...: the files' tests in SHARDS processes of
+    # consecutive tests (the kernels' JIT is CPU-bound: 16 cores), -v to name a hung
+    # test; one log $OUT/NAME.log, each shard's last line and first failures printed
+    local name=$1 S=$2 limit=$3 i n
+    shift 3
+    python3 -m pytest -q --collect-only -p no:cacheprovider "$@" | grep "::" > "$OUT/$name.ids"
+    n=$(wc -l < "$OUT/$name.ids")
+    for i in $(seq 0 $((S - 1))); do
+        mapfile -t ids < <(sed -n "$((i * n / S + 1)),$(((i + 1) * n / S))p" "$OUT/$name.ids")
+        [ ${#ids[@]} -gt 0 ] || continue  # (ids hold spaces: "(3, 136, 72)")
+        timeout $limit python3 -m pytest -v -p no:cacheprovider "${ids[@]}" \
+            > "$OUT/$name.$i.log" 2>&1 &
+    done
+    wait
+    for i in $(seq 0 $((S - 1))); do
+        [ -f "$OUT/$name.$i.log" ] || continue
+        echo "$name shard $i: $(tail -1 "$OUT/$name.$i.log")"
+        grep -E "FAILED|ERROR" "$OUT/$name.$i.log" | head -5
+    done
+    cat "$OUT/$name".*.log > "$OUT/$name.log"; rm -f "$OUT/$name".*.log "$OUT/$name.ids"
 }
 mode=${1:-tests}
 shift || true
@@ -180,25 +201,10 @@ compare)
     done
     grep -A 40 "=== bench" "$OUT/compare.log" | grep -v "^\[" ;;
 gemm)
-    # test_tensorcore*.py in ${SHARDS:-10} processes of consecutive tests (one process ran
-    # out of 400 s at 98 of 190 tests in run AH: the kernels' JIT; run AI: 234 tests in 8,
-    # 74-381 s each); -v names a hung test
-    python3 -m pytest -q --collect-only -p no:cacheprovider tests/test_tensorcore.py \
-        tests/test_tensorcore_variants.py \
-        | grep "::" > "$OUT/tc_ids"
-    n=$(wc -l < "$OUT/tc_ids"); S=${SHARDS:-10}
-    for i in $(seq 0 $((S - 1))); do
-        sed -n "$((i * n / S + 1)),$(((i + 1) * n / S))p" "$OUT/tc_ids" > "$OUT/tc_ids.$i"
-        mapfile -t ids < "$OUT/tc_ids.$i"  # (ids hold spaces: "(3, 136, 72)")
-        timeout ${TC_LIMIT_S:-420} python3 -m pytest -v -p no:cacheprovider "${ids[@]}" \
-            > "$OUT/tensorcore.$i.log" 2>&1 &
-    done
-    wait
-    for i in $(seq 0 $((S - 1))); do
-        echo "shard $i: $(tail -1 "$OUT/tensorcore.$i.log")"
-        grep -E "FAILED|ERROR" "$OUT/tensorcore.$i.log" | head -5
-    done
-    cat "$OUT"/tensorcore.*.log > "$OUT/tensorcore.log"; rm -f "$OUT"/tensorcore.*.log "$OUT"/tc_ids*
+    # test_tensorcore*.py in ${SHARDS:-10} processes (one process ran out of 400 s at 98
+    # of 190 tests in run AH: the kernels' JIT; run AI: 234 tests in 8, 74-381 s each)
+    sharded tensorcore ${SHARDS:-10} ${TC_LIMIT_S:-420} tests/test_tensorcore.py \
+        tests/test_tensorcore_variants.py
     for k in wgmma_gemm_bf16_km_om_ts_ls wgmma_gemm_f16_kk_om_ts_ls \
             wgmma_gemm_bf16_km_b_gelu_beta_om_ls wgmma_gemm_tf32_kk_b_om_ts_ls \
             wgmma_gemm_bf16_mk_partial_om_ts_ls_m64n256s4; do
@@ -349,39 +355,24 @@ train-step)
     [ "$RL" = 0 ] || timeout $RL python3 perf/suites/resnet50.py --json "$OUT/resnet50.json" \
         $SW > "$OUT/resnet50.log" 2>&1
     [ "$RL" = 0 ] || grep -v -i warn "$OUT/resnet50.log" ;;
-ao-checks)
-    # run AO's work after its device time: the staged-store fix (every GEMM and conv with
-    # TMA stores; 64-, 192-wide tiles raced), OVERLAP_KTILES (off), im2col_rows and
-    # col2im_rows (off). Tests in parallel (SAN=1: memcheck and racecheck over the
-    # overlapped and data-gradient tests), then PARTS: "defaults" (conv.py bf16 NHWC,
-    # every ResNet-50 layer, errors over 3e-2 named: the race showed there; each layer
-    # again with OVERLAP_KTILES in the same process, --against), "stem" (the stem with
-    # the two narrow-channel kernels, --against), "gemm" (gemm.py both ways).
-    # ~700 s in all: two calls (PARTS="defaults stem", then TEST_LIMIT_S=0 PARTS=gemm)
-    P="timeout ${TEST_LIMIT_S:-200} python3 -m pytest -q -p no:cacheprovider"
-    PARTS=${PARTS:-defaults stem gemm}
-    has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
-    if [ "${TEST_LIMIT_S:-200}" != 0 ]; then
-        $P tests/test_tensorcore_variants.py > "$OUT/ao-variants.log" 2>&1 &
-        $P tests/test_conv_tensorcore.py tests/test_conv_tc_data.py > "$OUT/ao-conv.log" 2>&1 &
-        $P tests/test_conv_paths.py -k "rows or 1x1 or col2im or backward" \
-            > "$OUT/ao-paths.log" 2>&1 &
-        sanitized ao 100 tests/test_tensorcore_variants.py tests/test_conv_tc_data.py -k \
-            "overlapped and 640 or as_stored and bfloat16 and 3x3"
+ap-checks)
+    # run AP: the tests run AO's call could not finish in 200 s (the TMA-store race fix,
+    # OVERLAP_KTILES, the data gradient's filter as stored) in 16 shards, the SASS of the
+    # new conv kernels (the data gradient's "_wn", the filter gradient's column words:
+    # HGMMA, no LDL/STL) beside them, then pointwise_tiles.py (the 1x1 layers' GEMM
+    # tiles and splits against cuDNN and cuBLAS)
+    if [ "${TEST_LIMIT_S:-240}" != 0 ]; then
+        for k in 'wgmma_conv_bf16.*_wn.*' 'wgmma_convdw_bf16.*'; do
+            echo "$k: $(timeout 200 python3 perf/tools/sass_dump.py nbdnn.cuda.matmul.wgmma_gemm \
+                "$k" uint64 2>&1 >/dev/null | tr '\n' ' ')"
+        done > "$OUT/ap-sass.log" &
+        sharded ap-tests 15 ${TEST_LIMIT_S:-240} tests/test_tensorcore_variants.py \
+            tests/test_conv_tensorcore.py tests/test_conv_tc_data.py
         wait
-        summary ao-variants ao-conv ao-paths ao-memcheck ao-racecheck
+        cat "$OUT/ap-sass.log"
     fi
-    C="timeout ${CONV_LIMIT_S:-260} python3 perf/suites/conv.py --nhwc --dtype bfloat16 --algos auto"
-    has defaults && $C --layers stem s1 s2 s3 s4 --json "$OUT/ao-conv.json" \
-        --against nbdnn.cuda.matmul.wgmma_gemm.OVERLAP_KTILES=1 2>&1 | grep -v -i warn
-    has stem && $C --layers stem --against nbdnn.cuda.conv.im2col_rows.ON=1 \
-        --against nbdnn.cuda.conv.col2im_rows.ON=1 2>&1 | grep -v -i warn
-    if has gemm; then
-        for on in 0 1; do
-            timeout 150 python3 perf/suites/gemm.py --no-fp32 --no-mlp \
-                --set nbdnn.cuda.matmul.wgmma_gemm.OVERLAP_KTILES=$on 2>&1 | grep -v -i warn
-        done
-    fi ;;
+    timeout ${TILES_LIMIT_S:-300} python3 perf/experiments/pointwise_tiles.py ${TILES_ARGS:-} \
+        2>&1 | grep -v -i warn ;;
 tf32-conv)
     # float32 convolution in the TF32 modes: the tests (the tensor-core forward forced on,
     # the "gemm" path, the crosscheck's float32 conv rows; SAN=1: the sanitizer over the
