@@ -45,6 +45,8 @@
 #   bash perf/gpu_run.sh ap-checks            # run AO's unfinished tests (16 shards), the
 #                                             # new conv kernels' SASS, the 1x1 layers'
 #                                             # GEMM tiles (pointwise_tiles.py)
+#   bash perf/gpu_run.sh ap-final             # conv.py bf16 NHWC "auto" and "gemm", both
+#                                             # gradients; NCHW against NCHW_VIA_NHWC
 #   bash perf/gpu_run.sh layout-moves         # run AN's tiled transpose, 1x1 data-gradient
 #                                             # GEMM, NCHW through NHWC: tests, A/B, conv.py
 #   bash perf/gpu_run.sh bn-columns           # batch_norm/columns.py: tests, crosscheck,
@@ -372,6 +374,19 @@ ap-checks)
         cat "$OUT/ap-sass.log"
     fi
     timeout ${TILES_LIMIT_S:-300} python3 perf/experiments/pointwise_tiles.py ${TILES_ARGS:-} \
+        2>&1 | grep -v -i warn ;;
+ap-final)
+    # run AP's record: conv.py bf16 NHWC, every ResNet-50 layer, the forward "auto" (TMA
+    # im2col) and "gemm" (a gather kernel's columns, then the GEMM: the gather against
+    # TMA's im2col), both gradients, each error over 3e-2 named; AGAINST="--against
+    # MODULE.NAME=VALUE": each layer again with it. Then channels-first (NCHW) inputs,
+    # forward: the SIMT / winograd paths against NCHW_VIA_NHWC's copies around the
+    # channels-last kernel (NCHW_LIMIT_S=0 skips)
+    C="python3 perf/suites/conv.py --dtype bfloat16"
+    timeout ${CONV_LIMIT_S:-300} $C --nhwc --algos auto gemm --json "$OUT/ap-conv.json" \
+        ${AGAINST:-} 2>&1 | grep -v -i warn
+    [ "${NCHW_LIMIT_S:-200}" = 0 ] || timeout ${NCHW_LIMIT_S:-200} $C --algos auto \
+        --no-backward --against nbdnn.cuda.conv.NCHW_VIA_NHWC=1 --json "$OUT/ap-nchw.json" \
         2>&1 | grep -v -i warn ;;
 tf32-conv)
     # float32 convolution in the TF32 modes: the tests (the tensor-core forward forced on,
