@@ -257,8 +257,8 @@ ncu-gemm)
     grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|L2 Hit|Achieved Occupancy|Registers Per|Elapsed Cycles" \
         "$OUT/ncu-details.txt" | head -150 ;;
 gemm-speed)
-    # (SWITCHES: --set MODULE.NAME=VALUE ..., e.g. run AO's
-    # "--set nbdnn.cuda.matmul.wgmma_gemm.OVERLAP_KTILES=1", for the first table)
+    # (SWITCHES: --set MODULE.NAME=VALUE ..., e.g.
+    # "--set nbdnn.cuda.matmul.split_k.NARROW=0", for the first table)
     timeout 300 python3 perf/suites/gemm.py --json "$OUT/gemm.json" ${SWITCHES:-} \
         > "$OUT/gemm.log" 2>&1
     timeout 120 python3 perf/suites/gemm.py --quick --no-fp32 --no-mlp --tc-path mma_sync \
@@ -359,7 +359,7 @@ train-step)
     [ "$RL" = 0 ] || grep -v -i warn "$OUT/resnet50.log" ;;
 ap-checks)
     # run AP: the tests run AO's call could not finish in 200 s (the TMA-store race fix,
-    # OVERLAP_KTILES, the data gradient's filter as stored) in 16 shards, the SASS of the
+    # the data gradient's filter as stored) in 16 shards, the SASS of the
     # new conv kernels (the data gradient's "_wn", the filter gradient's column words:
     # HGMMA, no LDL/STL) beside them, then pointwise_tiles.py (the 1x1 layers' GEMM
     # tiles and splits against cuDNN and cuBLAS)

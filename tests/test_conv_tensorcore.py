@@ -521,17 +521,21 @@ def test_filter_rows_pad_each_filter():
 
 
 @pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
+@pytest.mark.parametrize("rows", [False, True])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_narrow_channels_through_padded_columns(dtype, monkeypatch):
-    """im2col_words.PAD_NARROW_CHANNELS (written in run AK, on since run AL): a 3-channel 7x7/2 stem with bias and relu as padded columns and filter rows
-    through the tensor-core GEMM's fused epilogue, against the CPU reference."""
+def test_narrow_channels_through_padded_columns(dtype, rows, monkeypatch):
+    """im2col_words.PAD_NARROW_CHANNELS (written in run AK, on since run AL): a
+    3-channel 7x7/2 stem with bias and relu as padded columns and filter rows through
+    the tensor-core GEMM's fused epilogue, against the CPU reference; the columns by
+    the word gather or (im2col_rows.ON, on since run AP) the staged-row kernel."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.conv import im2col_words
+    from nbdnn.cuda.conv import im2col_rows, im2col_words
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     monkeypatch.setattr(im2col_words, "PAD_NARROW_CHANNELS", True)
+    monkeypatch.setattr(im2col_rows, "ON", rows)
     rng = np.random.default_rng(9)
     tdt = getattr(torch, dtype)
     x = torch.from_numpy(rng.standard_normal((4, 40, 38, 3), dtype=np.float32)).to(tdt).cuda()
@@ -540,7 +544,8 @@ def test_narrow_channels_through_padded_columns(dtype, monkeypatch):
     kw = dict(stride=2, padding=3, layout="NHWC", activation="relu")
     with launched() as names:
         y = nbdnn.conv2d(x, w, b, **kw)
-    assert all(n.startswith("conv_im2col_words") for n in names[:2]) and \
+    gather = "conv_im2col_rows" if rows else "conv_im2col_words"
+    assert all(n.startswith(gather) for n in names[:2]) and \
         names[2].startswith("wgmma_gemm"), names  # (words32: 32-bit offsets)
     ref = nbdnn.conv2d(*(t.double().cpu().numpy() for t in (x, w, b)), backend="cpu", **kw)
     ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11

@@ -475,39 +475,3 @@ def test_gemm_plans_its_launches(monkeypatch):
     assert plan(64, 8192, 8192)[0][1] == 30 * 4  # (32 tiles of 4 chunks: the clusters that fit)
     assert plan(1000, 3000, 2040) == [({"partial": False, "tile": (192, 4), "store": True,
                                         "cluster": 0, "sum": None}, 128)]
-
-
-def test_overlapped_k_tiles_release_each_stage_after_its_group():
-    """wgmma_gemm.OVERLAP_KTILES (the "_o1" kernels): the consumer's k loop, run in
-    Python over a tile of 5 k-tiles and 4 stages with the wgmma groups modelled
-    (commit opens one, wait_group n leaves the newest n in flight), releases every
-    stage exactly once, each only after its own group finished, and waits for all of
-    them before the epilogue reads the accumulators."""
-    name, src = W.source("bf16", True, True, False, None, False, overlap=True)
-    assert name.endswith("_o1") and src.count("wgmma_wait(1)") == 1
-    lines = src.splitlines()
-    start = next(i for i, x in enumerate(lines) if x.strip() == "d = zero_acc()")
-    end = next(i for i, x in enumerate(lines) if x.strip().startswith("r = m0"))
-    body = [x[12:] for x in lines[start:end]]
-    groups, done, released, log = [], set(), [], []
-
-    def commit():
-        groups.append(len(log))
-        log.append("commit")
-
-    def wait(n):
-        for g in groups[:len(groups) - n]:
-            done.add(g)
-
-    def arrive(at):  # the k-th release frees k-tile k's stage: group k must be done
-        k = len(released)
-        released.append((at - 1000) // 8)
-        assert groups[k] in done, (k, groups, done)
-
-    env = {"zero_acc": lambda: 0.0, "ktiles": 5, "it": 0, "i": 0, "empty0": 1000,
-           "full0": 0, "U32": int, "base": 0, "w": 0,
-           "mbarrier_try_wait_parity": lambda a, p: 1, "wgmma_fence": lambda: None,
-           "mma": lambda a, b, d, s: d, "descriptor": lambda *a: 0, "SW128": 0,
-           "wgmma_commit": commit, "wgmma_wait": wait, "mbarrier_arrive": arrive}
-    exec("\n".join(body), env)
-    assert released == [0, 1, 2, 3, 0] and len(done) == 5

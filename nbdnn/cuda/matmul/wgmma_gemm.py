@@ -125,25 +125,15 @@ TMA_STORE_F32 = True
 # one 128 x 256 tile 6.3 -> 5.3 us of kernel, 512 x 8192 x 1024 0.85 -> 0.90x cuBLAS.
 LEAN_SETUP = True
 TEMPLATE_ADDRESS = 1 << 20   # the templates' base (replaced in the kernel; 16-B aligned)
-# A consumer keeps one k-tile's wgmma group in flight while it issues the next
-# (wgmma.wait_group 1, the stage released a k-tile later: CUTLASS's mainloop) instead of
-# waiting for each group before the next k-tile (wait_group 0: the tensor pipe idles
-# from a group's end to the next issue). Written in run AO after its device time
-# (ptxas: no wgmma serialization); off until timed on an H200 (gpu_run.sh gemm-speed
-# and conv-speed with --set nbdnn.cuda.matmul.wgmma_gemm.OVERLAP_KTILES=1).
-OVERLAP_KTILES = False
-
-
-def kernel(*args, **kw):
-    """_built with OVERLAP_KTILES as it stands (a switch flipped at run time builds the
-    other kernels, not the cached ones)."""
-    return _built(*args, overlap=OVERLAP_KTILES, **kw)
+# Tried and removed (run AP): a consumer keeping one k-tile's wgmma group in flight
+# while it issues the next (wait_group 1, CUTLASS's mainloop) measured 0.97-1.04x, geomean
+# 1.00x, over ResNet-50's 14 bf16 layers in all three directions: the other consumer
+# warpgroup's group already fills the tensor pipe between one's groups.
 
 
 @functools.lru_cache(maxsize=None)
-def _built(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=False,
-           own_maps=False, tile=None, store=False, lean=False, cluster=0, conv=False,
-           overlap=False):
+def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=False,
+           own_maps=False, tile=None, store=False, lean=False, cluster=0, conv=False):
     """The Kernel for dtype "float16" / "bfloat16" / "float32" (its tf32 modes, operands
     K-major only), the operand majors and the epilogue (built on first use: a variant
     compiles in seconds); partial: split-K's chunk kernel (c a float32 workspace);
@@ -164,7 +154,7 @@ def _built(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
                          f"conv with host maps (tf32: the GEMM's epilogue order and a "
                          f"K-major B only)")
     name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store, lean,
-                       cluster, conv, overlap)
+                       cluster, conv)
     nw = ws.consumer_columns(bn, bm)
     ns = namespace(kind, nw, a_k, b_k, _act._device_functions(np.float32)[act][0] if act
                    else None)
@@ -190,8 +180,7 @@ def ptx_examples():
     tensor maps (the convolution's im2col operands, a 64-wide tile; a filter gradient's;
     a data gradient's filter as stored),
     the other stores (TMA_STORE_F32), the other tile setup, the skinny tile (a TMA-store
-    epilogue, an MN-major A split-K), split-K in a cluster, the 192-wide tile, a GEMM
-    and a convolution with OVERLAP_KTILES."""
+    epilogue, an MN-major A split-K), split-K in a cluster, and the 192-wide tile."""
     om, st, ln = OWN_MAPS, TMA_STORE, LEAN_SETUP  # what gemm() uses; one of each other kind
     f32 = st and TMA_STORE_F32  # (float32 C staged: tf32's C, split-K's chunks)
     ship = dict(own_maps=om, lean=ln)
@@ -215,9 +204,6 @@ def ptx_examples():
     kernel("bfloat16", False, True, partial=True, tile=(256, 4, 64), store=f32, **ship)
     kernel("bfloat16", True, False, True, "gelu", True, tile=(256, 4, 64), cluster=4, **ship)
     kernel("bfloat16", True, False, tile=(192, 4), store=st, **ship)  # (split_k.WIDTHS)
-    _built("bfloat16", True, True, store=st, overlap=True, **ship)  # (OVERLAP_KTILES)
-    _built("bfloat16", True, True, True, "relu", tile=(128, 6), store=st, lean=ln, conv=1,
-           overlap=True)
     for dtype in KINDS:
         splitk_sum(dtype)
 

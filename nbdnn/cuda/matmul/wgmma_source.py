@@ -17,7 +17,7 @@ BK_OF = {"f16": BK, "bf16": BK, "tf32": BK // 2}  # a k-tile is 128 B of K in ev
 
 
 def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=None,
-           store=False, lean=False, cluster=0, conv=False, overlap=False):
+           store=False, lean=False, cluster=0, conv=False):
     """(name, source) of the kernel for kind "f16"/"bf16", operand majors (a_k, b_k:
     K-major or not) and the epilogue (bias: add bias[n]; act: an activation mode or
     None; beta: blend the old C; partial: split-K, c is the float32 workspace of the
@@ -34,9 +34,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     from a parameter `zin` after c; "_co" in the name), 3 a filter gradient's (dy^T and
     im2col(x), both MN-major; wgmma_im2col.filter_tile_lines; "wgmma_convdw"). With
     conv 1 or 2, b_k False reads B MN-major (a data gradient's filter as stored,
-    wgmma_im2col.load_lines; "_wn"). overlap: a consumer waits for the k-tile before
-    last (wgmma.wait_group 1) and releases that one's stage, so one k-tile's products
-    run while the next k-tile's are issued ("_o1"; wgmma_gemm.OVERLAP_KTILES)."""
+    wgmma_im2col.load_lines; "_wn")."""
     bk, f32 = BK_OF[kind], kind == "tf32"
     cl, tl = cs.setup_lines(cluster) if cluster else ([], [])
     bn, stages, bm = (tuple(tile or TILE) + (BM,))[:3]
@@ -46,7 +44,6 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
         ("_partial" if partial else "") + ("_om" if own_maps else "") + \
         ("_ts" if store else "") + ("_ls" if lean else "") + (f"_c{cluster}" if cluster else "") + \
         ("_co" if conv == 2 else "") + ("_wn" if conv in (1, 2) and not b_k else "") + \
-        ("_o1" if overlap else "") + \
         ("" if (bn, stages, bm) == (256, 4, 128) else
          f"_n{bn}s{stages}" if bm == 128 else f"_m{bm}n{bn}s{stages}")
     maps = ("tmpl_a, tmpl_b, tmpl_c, a, b, slots" if store else "tmpl_a, tmpl_b, a, b, slots") \
@@ -125,7 +122,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
           "            zk, m0, n0 = tile_of(t, tm, tn, group)"] + \
         chunk_lines(" " * 12, lean, matrix=False) + [
           f"            ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}",
-          "            d = zero_acc()"] + (["            sp = 0"] if overlap else []) + [
+          "            d = zero_acc()",
           "            for kt in range(ktiles):",
           f"                s = it % {stages}",
           f"                ph = (it // {stages}) & 1",
@@ -136,18 +133,10 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     for ks in range(BK // 16):
         L += [f"                d = mma({ws.descriptor('sa', a_k, ks)}, "
               f"{ws.descriptor('sb', b_k, ks)}, d, 1)"]
-    L += ["                wgmma_commit()"] + ([
-          "                wgmma_wait(1)  # k-tile kt - 1's products done: its stage refills",
-          "                if i == 0 and kt > 0:",
-          "                    mbarrier_arrive(U32(empty0 + 8 * sp))",
-          "                sp = s",
-          "                it += 1",
-          "            wgmma_wait(0)",
-          "            if i == 0 and ktiles > 0:",
-          "                mbarrier_arrive(U32(empty0 + 8 * sp))"] if overlap else [
+    L += ["                wgmma_commit()",
           "                wgmma_wait(0)",
           "                if i == 0:", "                    mbarrier_arrive(U32(empty0 + 8 * s))",
-          "                it += 1"]) + ws.place_lines(bm, bn) + [
+          "                it += 1"] + ws.place_lines(bm, bn) + [
           "            coff = zk * M * N"]
     zord = bool(beta) if conv == 2 and not partial else None  # (a convolution's order)
     E = staged.tile_lines(nw, bias, act, f32, partial, *(
