@@ -182,7 +182,9 @@ def test_backward_filter_pads_16bit_columns(dtype):
     with launched() as names:
         got = nbdnn.conv_backward_filter(dy, x, ws, backend="cuda", alpha=0.5, beta=2.0,
                                          out=out.copy(), **kw)
-    assert names[0].startswith("conv_im2col_words") and "strided_gather" in names, names
+    from nbdnn.cuda.conv import im2col_rows
+    gather = "conv_im2col_rows" if im2col_rows.ON else "conv_im2col_words"
+    assert names[0].startswith(gather) and "strided_gather" in names, names
     atol, rtol = matmul_tol("float16", 2 * 20)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=8 * atol, rtol=8 * rtol)
 
@@ -196,9 +198,10 @@ def test_im2col_words_match_reference(dtype, C, magic, monkeypatch):
     4 and 8 bytes (fp16 C = 3: one channel a word, C = 8: four; float32 C = 3: one, C = 2:
     two; float64: one), stride, dilation, per-side padding and the flipped mode; the
     64-bit kernel and the 32-bit one (MAGIC_INDEX: multiply-high index splits)."""
-    from nbdnn.cuda.conv import im2col_words
+    from nbdnn.cuda.conv import im2col_rows, im2col_words
     monkeypatch.setattr(im2col_words, "MAGIC_INDEX", magic)
-    rng = np.random.default_rng(C)
+    monkeypatch.setattr(im2col_rows, "ON", False)  # (the words kernel itself: C = 3 would
+    rng = np.random.default_rng(C)                 # take the staged-row kernel)
     x = rng.uniform(-1, 1, (2, 7, 6, C)).astype(dtype)
     w = rng.uniform(-1, 1, (4, 3, 2, C)).astype(dtype)
     for kw in (dict(stride=(2, 1), dilation=(1, 2), padding=((1, 0), (2, 1))),

@@ -187,6 +187,28 @@ def test_channels_first_geometry_is_the_channels_last_one():
         assert first._replace(last=1) == last
 
 
+def test_channels_first_goes_channels_last_where_it_measured_faster():
+    """conv._nchw_pays on ResNet-50's layers at batch 32 in bf16 NCHW, as run AP measured
+    the copies around the tensor cores against "auto" without them: the 1x1 layers of
+    s2-s4 and s1's 3x3 (the SIMT implicit GEMM otherwise) through the copies; s1's 1x1
+    layers (too few flops a copied byte) and the 3x3 layers of s2-s4 (winograd) not;
+    "implicit_gemm" asked for goes by the flops alone. (The stem's 3 channels pay but
+    the im2col kernel does not take them: _through_nhwc asks wgmma_conv.usable.)"""
+    from nbdnn.cuda import conv as CV
+    from nbdnn.cuda.conv.geometry import geometry
+
+    def pays(hw, c, k, r, stride=1, algo="auto"):
+        g = geometry((32, c, hw, hw), (k, c, r, r), (stride, stride), ((r // 2,) * 2,) * 2,
+                     (1, 1), 1, "cross_correlation", 0)
+        return CV._nchw_pays(g, "bfloat16", algo)
+    assert [pays(56, c, k, 1) for c, k in ((64, 64), (64, 256), (256, 64))] == [False] * 3
+    assert pays(56, 64, 64, 3)
+    assert all(pays(hw, c, k, 1) for hw, c in ((28, 128), (14, 256), (7, 512))
+               for k in (c, 4 * c) if k != c) and pays(7, 2048, 512, 1)
+    assert not any(pays(hw, c, c, 3) for hw, c in ((28, 128), (14, 256), (7, 512)))
+    assert pays(14, 256, 256, 3, algo="implicit_gemm")
+
+
 @pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_channels_first_through_channels_last(dtype, monkeypatch):
@@ -202,6 +224,7 @@ def test_channels_first_through_channels_last(dtype, monkeypatch):
         pytest.skip("wgmma needs sm_90")
     from nbdnn.cuda import tensor
     monkeypatch.setattr(CV, "NCHW_VIA_NHWC", True)
+    monkeypatch.setattr(CV, "NCHW_MIN_FLOP_PER_BYTE", 0)  # (small layers: the paths)
     monkeypatch.setattr(tensor, "TILED_TRANSPOSE", True)
     rng = np.random.default_rng(11)
     dt = getattr(torch, dtype)

@@ -90,9 +90,16 @@ DATA_1X1_GEMM = True
 # words; 0.23-0.64x before).
 FILTER_1X1_GEMM = True
 # 16-bit channels-first forward ("auto", "implicit_gemm") on the tensor cores through
-# channels-last copies (_through_nhwc) rather than the SIMT implicit GEMM or winograd's
-# batched GEMMs. Written in run AN after its device time: off until timed.
-NCHW_VIA_NHWC = False
+# channels-last copies (_through_nhwc) rather than the SIMT implicit GEMM, where the
+# copies are worth it (_nchw_pays): "auto" keeps winograd where it would pick it, and a
+# layer goes through the copies only with at least NCHW_MIN_FLOP_PER_BYTE flops of its
+# GEMM for each byte the copies of x and y move. Run AP (H200, bf16 NCHW, batch 32,
+# graph replay, perf/suites/conv.py --against): through the copies, ResNet-50's 1x1
+# layers of s2-s4 (51-205 flops a byte) 1.06-2.83x and s1's 3x3 (144; the SIMT implicit
+# GEMM otherwise) 2.41x the speed; s1's 1x1 layers (16-26) 0.52-0.71x; the 3x3 layers of
+# s2-s4 0.43-0.81x against winograd.
+NCHW_VIA_NHWC = True
+NCHW_MIN_FLOP_PER_BYTE = 40
 # A stride-1 16-bit channels-last data gradient of a filter with more than one tap reads
 # the filter as stored on the tensor cores (_data_filter_as_stored: B MN-major, no
 # transposed copy). Run AO (H200, ResNet-50's 3x3 layers, bf16, batch 32): the copy
@@ -165,7 +172,7 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
                                 stream)
             return y
     if algo in ("auto", "implicit_gemm") and total and (_through_nhwc(
-            x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta, stream) if
+            x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta, stream, algo) if
             not last else _on_tensor_cores(x, w, y, bias, residual, g, dtype, activation,
                                            coef, alpha, beta, stream)):
         return y
@@ -217,8 +224,20 @@ def _on_tensor_cores(x, w, y, bias, residual, g, dtype, activation, coef, alpha,
     return True
 
 
+def _nchw_pays(g, dtype, algo):
+    """Whether a channels-first forward goes through channels-last copies
+    (NCHW_VIA_NHWC): "auto" would not pick winograd or depthwise, and the GEMM does at
+    least NCHW_MIN_FLOP_PER_BYTE flops for each byte the copies move (x and y each read
+    and written once more: 2 (C + K) items a position, 2 taps C K flops)."""
+    if algo == "auto" and _auto_forward(g, dtype) != "implicit_gemm":
+        return False
+    item = 2 if dtype in ("float16", "bfloat16") else 4
+    flops = 2 * g.T * g.R * g.S * g.C * g.K
+    return flops >= NCHW_MIN_FLOP_PER_BYTE * 2 * (g.C + g.K) * item
+
+
 def _through_nhwc(x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta,
-                  stream):
+                  stream, algo="auto"):
     """16-bit channels-first forward on sm_90's tensor cores (NCHW_VIA_NHWC): x, w and a
     residual copied channels-last by the tiled transpose (tensor/transpose.py), the
     channels-last path, y copied back. Extra traffic: x, w, residual and y each read
@@ -226,7 +245,7 @@ def _through_nhwc(x, w, y, bias, residual, g, dtype, activation, coef, alpha, be
     beta only as a residual's weight (z = out would need out copied in too). False,
     doing nothing, where the channels-last call would not run the tensor cores."""
     if not NCHW_VIA_NHWC or (beta != 0 and residual is None) or g.G != 1 or \
-            dtype not in ("float16", "bfloat16") or \
+            dtype not in ("float16", "bfloat16") or not _nchw_pays(g, dtype, algo) or \
             not (_mm.TENSOR_CORES and _mm.tensor_cores()):  # (every NCHW call asks: cheap first)
         return False
     gl = g._replace(last=1)  # (every other field is the layout's own: geometry.py)
