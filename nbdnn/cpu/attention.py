@@ -135,7 +135,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
 def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p,
                                           is_causal, scale, enable_gqa, seed, offset,
                                           layout, seq_lens_q, seq_lens_k, math="ieee", *,
-                                          stream=None):
+                                          out=None, stream=None):
     """(dq, dk, dv) (module docstring) from the forward's o and lse: p recomputed from
     lse, as the flash kernels do."""
     qb, kb, vb, ob, dob = (_bhsd(t, layout) for t in (q, k, v, o, do))
@@ -162,5 +162,10 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropou
     ds = p * (dp - delta)
     dq = _product(ds, kc, math) * sc
     dk = _group_sum(_product(np.swapaxes(ds, -1, -2), qc, math) * sc, Hk)
-    return tuple(np.ascontiguousarray(_bhsd(g, layout)).astype(t.dtype)
-                 for g, t in ((dq, q), (dk, k), (dv, v)))
+    grads = tuple(np.ascontiguousarray(_bhsd(g, layout)).astype(t.dtype)
+                  for g, t in ((dq, q), (dk, k), (dv, v)))
+    if out is None:
+        return grads
+    for buf, g in zip(out, grads):
+        buf[...] = g
+    return tuple(out)

@@ -1,0 +1,130 @@
+"""scaled_dot_product_attention on the GPU (issue 25). Kernels, one module each:
+- simt.py: the exact path on the CUDA cores (every dtype and math mode, both layouts,
+  masks, causal, grouped-query heads, dropout, variable lengths; the simulator runs
+  it): a thread a query row (forward, dq), a thread a key row (dk, dv).
+The launchers below turn the call into the kernels' geometry: each tensor's (batch,
+head, row) strides in its layout, the mask's broadcast strides, the dropout stream."""
+import numpy as np
+
+from ..runtime.arrays import dtype_name, empty, size
+from ..runtime.simulator import SIMULATOR
+from ...cpu.dropout import MASK32, keep_threshold
+from . import simt
+
+BLOCK = 32 if SIMULATOR else 128
+MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}
+
+
+def _flat(*arrays):
+    """The simulator indexes arrays as shaped: its kernels get 1-d views (the GPU's
+    launch passes an address and a count whatever the shape)."""
+    return tuple(a.reshape(size(a)) for a in arrays) if SIMULATOR else arrays
+
+
+def _strides(shape, layout):
+    """(batch, head, row) element strides of a C-contiguous 4-d tensor in `layout`."""
+    B, a, b, D = (int(s) for s in shape)
+    return (a * b * D, b * D, D) if layout == "BHSD" else (a * b * D, D, b * D)
+
+
+def _mask(ref, attn_mask, full):
+    """(ma, mb, kind, strides): the mask as the kernels read it (kind 0 none, 1 bool in
+    mb, 2 additive in ma), its element strides over (B, Hq, Sq, Sk), 0 on broadcast axes."""
+    if attn_mask is None:
+        return ref, empty(ref, (1,), "uint8"), 0, (0, 0, 0, 0)
+    ms = (1,) * (4 - len(attn_mask.shape)) + tuple(int(s) for s in attn_mask.shape)
+    st, run = [], 1
+    for n in ms[::-1]:
+        st.append(run if n != 1 else 0)
+        run *= n
+    st = tuple(st[::-1])
+    if dtype_name(attn_mask) == "bool":
+        return ref, attn_mask, 1, st
+    return attn_mask, empty(ref, (1,), "uint8"), 2, st
+
+
+def _lengths(ref, lens, stream):
+    """(int64 lengths, present) for the kernels."""
+    if lens is None:
+        return empty(ref, (1,), "int64"), 0
+    if dtype_name(lens) == "int64":
+        return lens, 1
+    n = int(lens.shape[0])
+    wide = empty(ref, (max(n, 1),), "int64")
+    if n:
+        k, sig = simt.KERNELS["lengths64"]
+        k.launch(sig, -(-n // BLOCK), BLOCK, stream, *_flat(lens, wide), n)
+    return wide, 1
+
+
+def _geometry(q, k, v, o, attn_mask, dropout_p, is_causal, scale, seed, offset, layout,
+              seq_lens_q, seq_lens_k, math, stream):
+    """(mask and length arrays, the GEOMETRY scalars of simt.py)."""
+    B, Hq, Sq, D = (int(s) for s in q.shape) if layout == "BHSD" else \
+        (int(q.shape[0]), int(q.shape[2]), int(q.shape[1]), int(q.shape[3]))
+    Hk = int(k.shape[1] if layout == "BHSD" else k.shape[2])
+    Sk = int(k.shape[2] if layout == "BHSD" else k.shape[1])
+    Dv = int(v.shape[3])
+    ma, mb, kind, ms = _mask(q, attn_mask, (B, Hq, Sq, Sk))
+    lq, has_lq = _lengths(q, seq_lens_q, stream)
+    lk, has_lk = _lengths(q, seq_lens_k, stream)
+    thr = keep_threshold(dropout_p) if dropout_p > 0 else 1 << 32
+    geo = (B, Hq, Hq // Hk, Sq, Sk, D, Dv, *_strides(q.shape, layout),
+           *_strides(k.shape, layout), *_strides(v.shape, layout),
+           *_strides(o.shape, layout), kind, *ms, has_lq, has_lk, int(is_causal),
+           float(1 / np.sqrt(D) if scale is None else scale),  # (a NumPy scalar has a
+           # shape: the simulator's launch would pass it as an array)
+           MODES[math] if dtype_name(q) == "float32" else 0, thr, 1 / (1 - dropout_p),
+           offset & MASK32, offset >> 32, seed & MASK32, seed >> 32)
+    return (ma, mb, lq, lk), geo
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
+                                 enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k,
+                                 math="ieee", *, out=None, stream=0):
+    """(o, lse) (nbdnn/cpu/attention.py); validated by the front end."""
+    dtype = dtype_name(q)
+    Dv = int(v.shape[3])
+    o_shape = tuple(int(s) for s in q.shape[:3]) + (Dv,)
+    o = out if out is not None else empty(q, o_shape, dtype)
+    (ma, mb, lq, lk), geo = _geometry(q, k, v, o, attn_mask, dropout_p, is_causal, scale,
+                                      seed, offset, layout, seq_lens_q, seq_lens_k, math,
+                                      stream)
+    B, Hq, Sq = geo[0], geo[1], geo[3]
+    lse = empty(q, (B, Hq, Sq), "float64" if dtype == "float64" else "float32")
+    rows = B * Hq * Sq
+    if rows:
+        kern, sig = simt.KERNELS["forward", dtype]
+        kern.launch(sig, -(-rows // BLOCK), BLOCK, stream,
+                    *_flat(q, k, v, o, lse, ma, mb, lq, lk), *geo)
+    return o, lse
+
+
+def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p,
+                                          is_causal, scale, enable_gqa, seed, offset,
+                                          layout, seq_lens_q, seq_lens_k, math="ieee", *,
+                                          out=None, stream=0):
+    """(dq, dk, dv): delta, then dq a query row a thread, then dk and dv a key row a
+    thread (simt.py)."""
+    dtype = dtype_name(q)
+    dq, dk, dv = out if out is not None else tuple(
+        empty(q, tuple(int(s) for s in t.shape), dtype) for t in (q, k, v))
+    (ma, mb, lq, lk), geo = _geometry(q, k, v, o, attn_mask, dropout_p, is_causal, scale,
+                                      seed, offset, layout, seq_lens_q, seq_lens_k, math,
+                                      stream)
+    B, Hq, G, Sq, Sk, D, Dv = geo[:7]
+    ct = "float64" if dtype == "float64" else "float32"
+    rows, keys = B * Hq * Sq, B * (Hq // G) * Sk
+    dl = empty(q, (max(rows, 1),), ct)
+    if rows:
+        kern, sig = simt.KERNELS["delta", dtype]
+        kern.launch(sig, -(-rows // BLOCK), BLOCK, stream, *_flat(do, o, dl), B, Hq, Sq, Dv,
+                    *geo[16:19])
+        kern, sig = simt.KERNELS["grad_q", dtype]
+        kern.launch(sig, -(-rows // BLOCK), BLOCK, stream,
+                    *_flat(do, q, k, v, lse, dl, dq, ma, mb, lq, lk), *geo)
+    if keys:
+        kern, sig = simt.KERNELS["grad_kv", dtype]
+        kern.launch(sig, -(-keys // BLOCK), BLOCK, stream,
+                    *_flat(do, q, k, v, lse, dl, dk, dv, ma, mb, lq, lk), *geo)
+    return dq, dk, dv

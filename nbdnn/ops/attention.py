@@ -1,0 +1,172 @@
+"""scaled_dot_product_attention / scaled_dot_product_attention_backward:
+torch.nn.functional.scaled_dot_product_attention's meaning (cuDNN's SDPA graphs), plus
+the log-sum-exp a flash kernel keeps, variable lengths without a mask, and dropout
+from nbdnn.dropout's Philox stream. The formulas are in nbdnn/cpu/attention.py.
+
+Where nbdnn differs from PyTorch, it says so: a fully masked query row gives o = 0 and
+lse = -inf (PyTorch's math backend gives NaN); an attn_mask together with is_causal
+applies both (PyTorch refuses the pair); dropout_p must be below 1."""
+import numpy as np
+
+from .._vocab import BF16_DTYPES
+from ..errors import BadParamError, DtypeError, NotSupportedError, ShapeError, fail
+from .registry import op
+from ._common import Call, choice, flag, out_tuple, same_dtype, scalar
+from .dropout import _u64
+from .math_mode import resolve as _math
+
+LAYOUTS = ("BHSD", "BSHD")
+MAX_HEAD_DIM = 256  # (the kernels' register and shared-memory tiles; issue 25: 16-256)
+_INTS = ("int32", "int64")
+
+
+def _bhsd(op, name, shape, layout):
+    """(B, H, S, D) of a 4-d q, k, v, o or do in `layout`."""
+    if len(shape) != 4:
+        fail(ShapeError, op, f"{name}.ndim", f"4 ({layout}: batch, "
+             f"{'heads, sequence' if layout == 'BHSD' else 'sequence, heads'}, head dim)",
+             len(shape))
+    B, a, b, D = (int(s) for s in shape)
+    return (B, a, b, D) if layout == "BHSD" else (B, b, a, D)
+
+
+def _dims(op, c, q, k, v, layout, enable_gqa):
+    """(B, Hq, Hk, Sq, Sk, D, Dv, dtype) of checked q, k, v."""
+    choice(op, "layout", layout, LAYOUTS)
+    (qs, dtype), (ks, kd), (vs, vd) = (c.array(n, t, BF16_DTYPES)
+                                       for n, t in (("q", q), ("k", k), ("v", v)))
+    same_dtype(op, ["q", "k", "v"], [dtype, kd, vd])
+    (B, Hq, Sq, D), (Bk, Hk, Sk, Dk), (Bv, Hv, Sv, Dv) = (
+        _bhsd(op, n, s, layout) for n, s in (("q", qs), ("k", ks), ("v", vs)))
+    if Dk != D:
+        fail(ShapeError, op, "k.shape", f"q's head dim {D} as its last axis", tuple(ks))
+    if (Bk, Bv) != (B, B):
+        fail(ShapeError, op, "k, v batch", f"q's batch {B}", (Bk, Bv))
+    if (Hv, Sv) != (Hk, Sk):
+        fail(ShapeError, op, "v.shape", f"k's heads {Hk} and sequence {Sk}", tuple(vs))
+    gqa = flag(op, "enable_gqa", enable_gqa)
+    if Hk == 0 or (Hq != Hk and not (gqa and Hq % Hk == 0)):
+        fail(ShapeError, op, "k heads", f"q's {Hq} heads" + (
+            " or a divisor of them (grouped-query attention)" if gqa else
+            " (enable_gqa=True for grouped-query attention: a divisor of them)"), Hk)
+    for name, d in (("q", D), ("v", Dv)):
+        if not 1 <= d <= MAX_HEAD_DIM:
+            fail(NotSupportedError, op, f"{name} head dim", f"1 to {MAX_HEAD_DIM}", d)
+    return B, Hq, Hk, Sq, Sk, D, Dv, dtype
+
+
+def _mask(op, c, attn_mask, dtype, B, Hq, Sq, Sk):
+    """A boolean mask (True: attend) or an additive one of q's dtype, broadcastable
+    to (B, Hq, Sq, Sk)."""
+    if attn_mask is None:
+        return
+    ms, md = c.array("attn_mask", attn_mask, dtypes=None)
+    if md != np.bool_ and md != dtype:
+        fail(DtypeError, op, "attn_mask.dtype", f"bool or q's dtype {np.dtype(dtype).name}",
+             md.name)
+    ms = tuple(int(s) for s in ms)
+    full = (B, Hq, Sq, Sk)
+    if len(ms) > 4 or any(m not in (1, f) for m, f in zip(ms[::-1], full[::-1])):
+        fail(ShapeError, op, "attn_mask.shape", f"broadcastable to (B, Hq, Sq, Sk) = {full}",
+             ms)
+
+
+def _lengths(op, c, name, lens, B, S):
+    """seq_lens_q / seq_lens_k: (B,) ints, each a batch entry's length in [0, S]
+    (values checked on the CPU; the CUDA kernels clamp them to [0, S])."""
+    if lens is None:
+        return
+    shape, dtype = c.array(name, lens, dtypes=None)
+    if dtype.name not in _INTS:
+        fail(DtypeError, op, f"{name}.dtype", "int32 or int64", dtype.name)
+    if tuple(shape) != (B,):
+        fail(ShapeError, op, f"{name}.shape", f"(B,) = ({B},): one length a batch entry",
+             tuple(shape))
+    if isinstance(lens, np.ndarray) and B and not (0 <= lens.min() and lens.max() <= S):
+        fail(BadParamError, op, name, f"lengths in [0, {S}]",
+             f"[{lens.min()}, {lens.max()}]")
+
+
+def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, scale, seed, offset,
+              seq_lens_q, seq_lens_k):
+    """The checked keywords shared by forward and backward."""
+    B, Hq, Hk, Sq, Sk, D, Dv, dtype = dims
+    _mask(op, c, attn_mask, dtype, B, Hq, Sq, Sk)
+    p = scalar(op, "dropout_p", dropout_p, low=0.0, high=1.0)
+    if p >= 1:
+        fail(BadParamError, op, "dropout_p", "in [0, 1)", p)
+    if scale is not None:
+        scale = scalar(op, "scale", scale)
+    _lengths(op, c, "seq_lens_q", seq_lens_q, B, Sq)
+    _lengths(op, c, "seq_lens_k", seq_lens_k, B, Sk)
+    return p, flag(op, "is_causal", is_causal), scale, _u64(op, "seed", seed), \
+        _u64(op, "offset", offset)
+
+
+@op("attention", backward="scaled_dot_product_attention_backward")
+def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False, seed=0, offset=0,
+                                 layout="BHSD", seq_lens_q=None, seq_lens_k=None, math=None,
+                                 out=None, backend=None, stream=None):
+    """(o, lse): o = softmax(scale q k^T + mask) v per head, lse the float32 (float64
+    for float64) log-sum-exp of each query row's scaled, masked scores.
+
+    q (B, Hq, Sq, D), k (B, Hk, Sk, D), v (B, Hk, Sk, Dv) in layout "BHSD" ("BSHD":
+    the sequence before the heads); o (B, Hq, Sq, Dv) in q's layout, lse (B, Hq, Sq).
+    scale: 1 / sqrt(D) unless given. attn_mask: bool (True attends) or additive of q's
+    dtype, broadcastable to (B, Hq, Sq, Sk) whatever the layout. is_causal: key j > query
+    i masked (PyTorch's top-left alignment). enable_gqa: Hk may divide Hq (each k/v head
+    serves Hq / Hk query heads). dropout_p in [0, 1): the probabilities dropped by
+    nbdnn.dropout's mask over the (B, Hq, Sq, Sk) scores in C order for (seed, offset),
+    the kept ones scaled by 1 / (1 - p). seq_lens_q / seq_lens_k: (B,) int lengths of a
+    padded batch (keys past a length are masked, query rows past one give zeros).
+    float16, bfloat16 (float32 inside, p rounded to the dtype before p v), float32
+    (math: "ieee", "tf32", "3xtf32"), float64. A fully masked row: o = 0, lse = -inf."""
+    op = "scaled_dot_product_attention"
+    c = Call(op, "attention", backend, stream, q=q, k=k, v=v, attn_mask=attn_mask,
+             seq_lens_q=seq_lens_q, seq_lens_k=seq_lens_k, out=out)
+    dims = _dims(op, c, q, k, v, layout, enable_gqa)
+    B, Hq, Hk, Sq, Sk, D, Dv, dtype = dims
+    p, causal, scale, seed, offset = _keywords(op, c, dims, attn_mask, dropout_p, is_causal,
+                                               scale, seed, offset, seq_lens_q, seq_lens_k)
+    math = _math(op, math)
+    o_shape = (B, Hq, Sq, Dv) if layout == "BHSD" else (B, Sq, Hq, Dv)
+    out = c.out(out, o_shape, dtype)
+    return c.run("scaled_dot_product_attention", q, k, v, attn_mask, p, causal, scale,
+                 enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k, math, out=out)
+
+
+@op("attention")
+def scaled_dot_product_attention_backward(do, q, k, v, o, lse, *, attn_mask=None,
+                                          dropout_p=0.0, is_causal=False, scale=None,
+                                          enable_gqa=False, seed=0, offset=0, layout="BHSD",
+                                          seq_lens_q=None, seq_lens_k=None, math=None,
+                                          out=None, backend=None, stream=None):
+    """(dq, dk, dv) of scaled_dot_product_attention given do = dL/do and the forward's
+    o and lse (the probabilities are recomputed from lse, FlashAttention-2's way), with
+    the forward's keywords. out: a tuple of the three gradients' buffers."""
+    op = "scaled_dot_product_attention_backward"
+    outs = out_tuple(op, out, ("dq", "dk", "dv"))
+    c = Call(op, "attention", backend, stream, do=do, q=q, k=k, v=v, o=o, lse=lse,
+             attn_mask=attn_mask, seq_lens_q=seq_lens_q, seq_lens_k=seq_lens_k,
+             **{f"out[{i}]": t for i, t in enumerate(outs)})
+    dims = _dims(op, c, q, k, v, layout, enable_gqa)
+    B, Hq, Hk, Sq, Sk, D, Dv, dtype = dims
+    o_shape = (B, Hq, Sq, Dv) if layout == "BHSD" else (B, Sq, Hq, Dv)
+    for name, t in (("do", do), ("o", o)):
+        shape, dt = c.array(name, t, BF16_DTYPES)
+        same_dtype(op, ["q", name], [dtype, dt])
+        if tuple(shape) != o_shape:
+            fail(ShapeError, op, f"{name}.shape", f"o's shape {o_shape}", tuple(shape))
+    lshape, ldt = c.array("lse", lse, ("float64",) if dtype == np.float64 else ("float32",))
+    if tuple(lshape) != (B, Hq, Sq):
+        fail(ShapeError, op, "lse.shape", f"(B, Hq, Sq) = {(B, Hq, Sq)}", tuple(lshape))
+    p, causal, scale, seed, offset = _keywords(op, c, dims, attn_mask, dropout_p, is_causal,
+                                               scale, seed, offset, seq_lens_q, seq_lens_k)
+    math = _math(op, math)
+    if out is not None:
+        outs = tuple(c.out(t, tuple(int(s) for s in ref.shape), dtype, f"out[{i}]")
+                     for i, (t, ref) in enumerate(zip(outs, (q, k, v))))
+    return c.run("scaled_dot_product_attention_backward", do, q, k, v, o, lse, attn_mask, p,
+                 causal, scale, enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k,
+                 math, out=outs or None)
