@@ -1,0 +1,151 @@
+"""OpSpec rows for scaled_dot_product_attention and its backward (imported by
+nbdnn.testing; issue 25's hypothesis rows).
+
+A call draws both layouts, grouped-query heads (Hq a multiple of Hk), head dims that
+differ for v, sequences of 1 up (query and key lengths apart), a mask (none, boolean
+or additive, of every broadcast rank; a boolean mask can leave a row fully masked: o
+= 0, lse = -inf), causal, dropout (the Philox stream of nbdnn.dropout, any seed and
+offset), variable lengths (int32 or int64, zero included), a given scale, and float32's
+math modes. The backward takes the float64 reference's o and lse, rounded as a
+forward would store them.
+"""
+import math
+
+import numpy as np
+
+import nbdnn
+from nbdnn._vocab import BF16_DTYPES, MATH_MODES
+from nbdnn.cpu.matmul import tf32
+from nbdnn.testing.harness import EPS, Case, OpSpec, rand
+
+
+def attention_tol(dtype, length, mode="ieee"):
+    """(atol, rtol) for sums of `length` products of probabilities and values in
+    [-1, 1], accumulated in float32 (float64 for float64), p rounded to the storage
+    dtype (TF32 under "tf32") before its product, the result rounded once."""
+    acc = EPS["float64" if dtype == "float64" else "float32"]
+    eps = 2.0 ** -11 if mode == "tf32" else EPS[dtype]
+    return (8 * acc * length + 8 * eps * math.sqrt(length),
+            8 * eps + 8 * acc * math.sqrt(length))
+
+
+def _dims(draw, big):
+    B, Hk, G = draw(1, 3 if big else 2), draw(1, 3 if big else 2), draw(1, 3 if big else 2)
+    hi = 80 if big else 6
+    Sq, Sk = draw(1, hi), draw(1, hi + 2)
+    D = (16, 64, 128, 256, draw(1, 40))[draw(0, 4)] if big else draw(1, 9)
+    Dv = D if draw(0, 1) else (draw(1, 70) if big else draw(1, 9))
+    return B, Hk * G, Hk, Sq, Sk, D, Dv
+
+
+def _mask(draw, rng, dtype, B, Hq, Sq, Sk):
+    kind = draw(0, 3)
+    if kind < 2:
+        return None
+    full = (B, Hq, Sq, Sk)
+    rank = draw(1, 4)
+    shape = tuple(n if draw(0, 2) else 1 for n in full[4 - rank:])
+    if kind == 2:
+        return rng.random(shape) > 0.25
+    return rand(rng, shape, dtype, -2, 2)
+
+
+def _lens(draw, rng, B, S):
+    if draw(0, 2):
+        return None
+    return rng.integers(0, S + 1, B).astype(np.int32 if draw(0, 1) else np.int64)
+
+
+def _call(draw, dtype, big):
+    """(q, k, v), keywords, tolerance."""
+    rng = np.random.default_rng(draw(0, 2 ** 31))
+    B, Hq, Hk, Sq, Sk, D, Dv = _dims(draw, big)
+    layout = ("BHSD", "BSHD")[draw(0, 1)]
+
+    def t(H, S, d):
+        return rand(rng, (B, H, S, d) if layout == "BHSD" else (B, S, H, d), dtype, -1, 1)
+    q, k, v = t(Hq, Sq, D), t(Hk, Sk, D), t(Hk, Sk, Dv)
+    mode = MATH_MODES[draw(0, len(MATH_MODES) - 1)] if dtype == "float32" else "ieee"
+    if mode == "tf32":  # (the float64 oracle has no mode: TF32-exact q and k)
+        q, k = tf32(q), tf32(k)
+    kw = {"layout": layout, "enable_gqa": Hq != Hk, "attn_mask": _mask(
+        draw, rng, dtype, B, Hq, Sq, Sk), "is_causal": draw(0, 2) == 0, "math": mode,
+        "seq_lens_q": _lens(draw, rng, B, Sq), "seq_lens_k": _lens(draw, rng, B, Sk)}
+    if draw(0, 2) == 0:
+        kw.update(dropout_p=(0.1, 0.5, 0.9)[draw(0, 2)], seed=draw(0, 2 ** 31) << draw(0, 32),
+                  offset=draw(0, 2 ** 31))
+    if draw(0, 3) == 0:
+        kw["scale"] = (0.05, 0.3, 1.0)[draw(0, 2)]
+    return (q, k, v), kw, attention_tol(dtype, Sk * Hq // Hk + Sq + D + Dv, mode)
+
+
+ARRAY_KEYWORDS = ("attn_mask", "seq_lens_q", "seq_lens_k")
+
+
+def _positional(kw):
+    """The keywords' arrays, to pass positionally (the harness moves positional arrays
+    to the device and the float ones to float64 for the reference), and the rest."""
+    return tuple(kw.get(n) for n in ARRAY_KEYWORDS), \
+        {n: a for n, a in kw.items() if n not in ARRAY_KEYWORDS}
+
+
+def _forward(q, k, v, attn_mask, seq_lens_q, seq_lens_k, **kw):
+    return nbdnn.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                              seq_lens_q=seq_lens_q, seq_lens_k=seq_lens_k,
+                                              **kw)
+
+
+def _backward(do, q, k, v, o, lse, attn_mask, seq_lens_q, seq_lens_k, **kw):
+    return nbdnn.scaled_dot_product_attention_backward(
+        do, q, k, v, o, lse, attn_mask=attn_mask, seq_lens_q=seq_lens_q,
+        seq_lens_k=seq_lens_k, **kw)
+
+
+def _make_forward(draw, dtype, big):
+    arrays, kw, tol = _call(draw, dtype, big)
+    extra, kw = _positional(kw)
+    return Case(arrays + extra, kw, tol=tol)
+
+
+def _make_backward(draw, dtype, big):
+    (q, k, v), kw, tol = _call(draw, dtype, big)
+    rng = np.random.default_rng(draw(0, 2 ** 31))
+    m = kw["attn_mask"]  # (the float64 reference takes an additive mask in float64)
+    ref = dict(kw, attn_mask=m if m is None or m.dtype == np.bool_ else m.astype(np.float64))
+    o, lse = nbdnn.scaled_dot_product_attention(*(a.astype(np.float64) for a in (q, k, v)),
+                                                backend="cpu", **ref)
+    do = rand(rng, o.shape, dtype, -1, 1)
+    lse = lse.astype(np.float64 if dtype == "float64" else np.float32)
+    extra, kw = _positional(kw)
+    # (dk, dv sum over every query of the group: a longer reduction)
+    return Case((do, q, k, v, o.astype(dtype), lse) + extra, kw,
+                tol=(4 * tol[0], 4 * tol[1]))
+
+
+def _edge(backward, **over):
+    def make(dtype):
+        def draw(lo, hi):  # the middle of every choice, then the overrides
+            return (lo + hi) // 2
+        case = (_make_backward if backward else _make_forward)(draw, dtype, False)
+        args = list(case.args)
+        for name, value in over.items():
+            if name in ARRAY_KEYWORDS:
+                args[len(args) - 3 + ARRAY_KEYWORDS.index(name)] = value
+            else:
+                case.kwargs[name] = value
+        case.args = tuple(args)
+        return case
+    return make
+
+
+EDGES = {"causal, grouped heads": {"is_causal": True},
+         "every row fully masked": {"attn_mask": np.zeros((1, 1), bool)},
+         "no live keys (lengths 0)": {"seq_lens_k": np.zeros(1, np.int64)}}
+
+SPECS = [OpSpec("scaled_dot_product_attention", _forward, _make_forward, family="attention",
+                ops=("scaled_dot_product_attention",), blend=False, dtypes=BF16_DTYPES,
+                boundary={n: _edge(False, **o) for n, o in EDGES.items()}),
+         OpSpec("scaled_dot_product_attention_backward", _backward, _make_backward,
+                family="attention", ops=("scaled_dot_product_attention_backward",),
+                blend=False, dtypes=BF16_DTYPES,
+                boundary={n: _edge(True, **o) for n, o in EDGES.items()})]
