@@ -27,6 +27,13 @@ MAX_ELEMENTS = 256
 # skip padded taps, some multiply the zeros) differ there; one definition, in every
 # kernel, is issue 22's remaining work. Until then these two pairs are not fuzzed.
 BAD_PARAMS = (float("nan"), float("inf"), -1, 1.5, "nosuch", None, 10 ** 12)
+# (op, class) pairs whose answer is rounding, not semantics. The attention backward
+# given an Inf in q or k, with the forward's finite lse: p = exp(s - lse) = inf where
+# a consistent call has p <= 1, and ds = p (dp - delta) is inf times a rounding
+# residue (dp - delta: 0 exactly in one order of summation, 1e-8 in another): NaN on
+# one backend, +-inf on the other. A NaN in any input, an Inf in v, do, o or the mask,
+# and the forward's own Infs stay fuzzed (the forward's row).
+ILL_POSED = {("scaled_dot_product_attention_backward", "nonfinite")}
 
 
 def _case(spec, seed):
@@ -159,6 +166,10 @@ def test_a_bad_call_is_a_named_error_or_agrees(spec, kind, data):
     if bad is None:
         return  # the class does not apply to this row
     args, kw, strided = bad
+    if (spec.ops[0], kind) in ILL_POSED and any(
+            isinstance(a, np.ndarray) and a.dtype.kind == "f" and np.isinf(a).any()
+            for a in args[1:3]):
+        return  # (an Inf in q or k against a finite lse: ILL_POSED)
     keep = IN_PLACE_ARGS.get(spec.ops[0], set())
     before = {i: a.copy() for i, a in enumerate(args) if isinstance(a, np.ndarray)
               and i not in keep}

@@ -42,7 +42,7 @@ import numpy as np
 
 from . import dropout as _dropout
 from ._common import compute_dtype
-from .matmul import _product
+from .matmul import _product, tf32
 
 LAYOUTS = ("BHSD", "BSHD")
 
@@ -62,24 +62,64 @@ def _group_sum(g, Hk):
     return g.reshape(B, Hk, Hq // Hk, S, D).sum(axis=2) if Hq != Hk else g
 
 
+def pairs(shape, attn_mask, is_causal, seq_lens_q, seq_lens_k):
+    """(B, Hq, Sq, Sk) bool: the (query, key) pairs that no boolean mask, causal rule or
+    length removes. A removed pair's score is never formed and its products are
+    skipped, as the kernels skip it: a NaN or Inf in a k, v, q or do row met only
+    through removed pairs does not reach the outputs."""
+    B, Hq, Sq, Sk = shape
+    out = np.ones((1, 1, Sq, Sk), bool)
+    if attn_mask is not None and np.asarray(attn_mask).dtype == np.bool_:
+        out = out & np.asarray(attn_mask)
+    if is_causal:
+        out = out & np.tril(np.ones((Sq, Sk), bool))
+    if seq_lens_k is not None:
+        keys = np.arange(Sk)[None, :] < np.asarray(seq_lens_k).reshape(B, 1)
+        out = out & keys[:, None, None, :]
+    if seq_lens_q is not None:
+        rows = np.arange(Sq)[None, :] < np.asarray(seq_lens_q).reshape(B, 1)
+        out = out & rows[:, None, :, None]
+    return np.broadcast_to(out, shape)
+
+
 def bias(shape, dtype, attn_mask, is_causal, seq_lens_q, seq_lens_k):
     """The additive bias (B, Hq, Sq, Sk) of the scores (module docstring), with
     -inf where the masks remove a score, in the compute dtype."""
-    B, Hq, Sq, Sk = shape
-    out = np.zeros(shape, dtype)
-    if attn_mask is not None:
-        m = np.asarray(attn_mask)
-        out = out + (np.where(m, dtype(0), dtype(-np.inf)) if m.dtype == np.bool_ else
-                     m.astype(dtype))
-    if is_causal:
-        out = np.where(np.tril(np.ones((Sq, Sk), bool)), out, dtype(-np.inf))
-    if seq_lens_k is not None:
-        keys = np.arange(Sk)[None, :] < np.asarray(seq_lens_k).reshape(B, 1)
-        out = np.where(keys[:, None, None, :], out, dtype(-np.inf))
-    if seq_lens_q is not None:
-        rows = np.arange(Sq)[None, :] < np.asarray(seq_lens_q).reshape(B, 1)
-        out = np.where(rows[:, None, :, None], out, dtype(-np.inf))
-    return np.broadcast_to(out, shape)
+    add = np.zeros(shape, dtype)
+    if attn_mask is not None and np.asarray(attn_mask).dtype != np.bool_:
+        add = add + np.asarray(attn_mask).astype(dtype)
+    return np.where(pairs(shape, attn_mask, is_causal, seq_lens_q, seq_lens_k), add,
+                    dtype(-np.inf))
+
+
+def _scores(qc, kc, scale, live, add, math):
+    """scale q k^T + add on the live pairs, -inf on the removed ones."""
+    s = _product(qc, np.swapaxes(kc, -1, -2), math) * scale
+    with np.errstate(invalid="ignore"):
+        return np.where(live, s + add, s.dtype.type(-np.inf))
+
+
+def _mul(x, y, math):
+    """x * y elementwise as _product multiplies under float32's math mode."""
+    if x.dtype != np.float32 or math == "ieee":
+        return x * y
+    xh, yh = tf32(x), tf32(y)
+    if math == "tf32":
+        return xh * yh
+    return xh * yh + (xh * tf32(y - yh) + tf32(x - xh) * yh)
+
+
+def _live_product(a, b, live, math):
+    """a @ b summed over the live pairs only (a: (..., I, J), zero on removed pairs;
+    live: a's shape): a removed pair takes no part even where b holds a NaN or an Inf
+    (0 * inf would be NaN). The extra pass runs only for a non-finite b."""
+    fin = np.isfinite(b)
+    if fin.all():
+        return _product(a, b, math)
+    out = _product(a, np.where(fin, b, 0), math)
+    with np.errstate(invalid="ignore", over="ignore"):
+        odd = _mul(a[..., :, :, None], np.where(fin, 0, b)[..., None, :, :], math)
+        return out + np.where(live[..., :, :, None] & ~fin[..., None, :, :], odd, 0).sum(-2)
 
 
 def _keep(shape, dropout_p, seed, offset, ct):
@@ -99,21 +139,23 @@ def _forward(q, k, v, attn_mask, dropout_p, is_causal, scale, seed, offset, seq_
     Sk = k.shape[2]
     scale = ct(1 / np.sqrt(D) if scale is None else scale)
     qc, kc, vc = (t.astype(ct) for t in (q, _heads(k, Hq), _heads(v, Hq)))
-    s = _product(qc, np.swapaxes(kc, -1, -2), math) * scale
-    s = s + bias((B, Hq, Sq, Sk), ct, attn_mask, is_causal, seq_lens_q, seq_lens_k)
-    top = np.max(s, axis=-1, keepdims=True)
-    live = np.isfinite(top)  # rows with a score left
-    top = np.where(live, top, ct(0))
-    e = np.exp(s - top)
+    live = pairs((B, Hq, Sq, Sk), attn_mask, is_causal, seq_lens_q, seq_lens_k)
+    add = bias((B, Hq, Sq, Sk), ct, attn_mask, False, None, None)
+    s = _scores(qc, kc, scale, live, add, math)
+    top = np.max(s, axis=-1, keepdims=True) if Sk else np.full(s.shape[:-1] + (1,), -np.inf, ct)
+    rows = top != -np.inf  # rows with a score left (NaN scores: a NaN row)
+    top = np.where(rows, top, ct(0))
+    with np.errstate(invalid="ignore"):
+        e = np.where(live, np.exp(s - top), ct(0))
     total = e.sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore"):
-        lse = np.where(live, top + np.log(total), ct(-np.inf))
-    p = np.where(live, e / np.where(live, total, ct(1)), ct(0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = np.where(rows, top + np.log(total), ct(-np.inf))
+        p = np.where(rows, e / np.where(rows, total, ct(1)), ct(0))
     keep = _keep(p.shape, dropout_p, seed, offset, ct)
     pd = p if keep is None else p * keep
     if q.dtype != ct:  # 16-bit: p as the second product's operand
         pd = pd.astype(q.dtype).astype(ct)
-    o = _product(pd, vc, math)
+    o = _live_product(pd, vc, live & rows, math)
     return o, lse[..., 0], p, keep, (qc, kc, vc, scale)
 
 
@@ -144,24 +186,28 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropou
     Hk, Sk = kb.shape[1], kb.shape[2]
     sc = ct(1 / np.sqrt(D) if scale is None else scale)
     qc, kc, vc = (t.astype(ct) for t in (qb, _heads(kb, Hq), _heads(vb, Hq)))
-    s = _product(qc, np.swapaxes(kc, -1, -2), math) * sc
-    s = s + bias((B, Hq, Sq, Sk), ct, attn_mask, is_causal, seq_lens_q, seq_lens_k)
     lse_c = np.asarray(lse).astype(ct)[..., None]
-    live = np.isfinite(lse_c)
-    p = np.where(live, np.exp(s - np.where(live, lse_c, ct(0))), ct(0))
+    rows = lse_c > -np.inf  # (NaN: no live row either; the kernels skip it too)
+    live = pairs((B, Hq, Sq, Sk), attn_mask, is_causal, seq_lens_q, seq_lens_k) & rows
+    s = _scores(qc, kc, sc, live, bias((B, Hq, Sq, Sk), ct, attn_mask, False, None, None),
+                math)
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.where(live, np.exp(s - np.where(rows, lse_c, ct(0))), ct(0))
     keep = _keep(p.shape, dropout_p, seed, offset, ct)
     pd = p if keep is None else p * keep
     doc, oc = dob.astype(ct), ob.astype(ct)
     if q.dtype != ct:
         pd = pd.astype(q.dtype).astype(ct)
-    dv = _group_sum(_product(np.swapaxes(pd, -1, -2), doc, math), Hk)
+    live_t = np.swapaxes(live, -1, -2)
+    dv = _group_sum(_live_product(np.swapaxes(pd, -1, -2), doc, live_t, math), Hk)
     dp = _product(doc, np.swapaxes(vc, -1, -2), math)
     if keep is not None:
         dp = dp * keep
     delta = np.sum(doc * oc, axis=-1, keepdims=True)
-    ds = p * (dp - delta)
-    dq = _product(ds, kc, math) * sc
-    dk = _group_sum(_product(np.swapaxes(ds, -1, -2), qc, math) * sc, Hk)
+    with np.errstate(invalid="ignore"):
+        ds = np.where(live, p * (dp - delta), ct(0))
+    dq = _live_product(ds, kc, live, math) * sc
+    dk = _group_sum(_live_product(np.swapaxes(ds, -1, -2), qc, live_t, math) * sc, Hk)
     grads = tuple(np.ascontiguousarray(_bhsd(g, layout)).astype(t.dtype)
                   for g, t in ((dq, q), (dk, k), (dv, v)))
     if out is None:

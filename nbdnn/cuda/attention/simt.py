@@ -102,7 +102,7 @@ def _kernels(CT, NEG_INF):
     def row_live(lens_q, has_lq, b, i):
         return has_lq == 0 or i < lens_q[b]
 
-    def forward(q, k, v, o, lse, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D, Dv, qb, qh,
+    def attention_fwd(q, k, v, o, lse, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D, Dv, qb, qh,
                 qi, kb, kh, kj, vb, vh, vj, ob, oh, oi, mkind, m0, m1, m2, m3, has_lq,
                 has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi):
         r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -120,8 +120,10 @@ def _kernels(CT, NEG_INF):
         top = NEG_INF
         for j in range(n):
             ok, add = bias(ma, mb, mkind, mo + j * m3)
-            if ok:
-                top = max(top, scale * dot(q, qo, k, b * kb + hk * kh + j * kj, D, mode) + add)
+            if ok:  # (NaN propagates: a NaN score makes a NaN row, as the reference)
+                x = scale * dot(q, qo, k, b * kb + hk * kh + j * kj, D, mode) + add
+                if x > top or x != x:
+                    top = x
         acc = cuda.local.array(MAX_D, CT)
         for d in range(Dv):
             acc[d] = CT(0)
@@ -152,7 +154,7 @@ def _kernels(CT, NEG_INF):
         for d in range(Dv):
             o[oo + d] = narrow(acc[d], o)
 
-    def delta(do, o, dl, B, Hq, Sq, Dv, ob, oh, oi):
+    def attention_delta(do, o, dl, B, Hq, Sq, Dv, ob, oh, oi):
         """delta_i = do_i . o_i (float32 / float64), a thread a query row."""
         r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if r < B * Hq * Sq:
@@ -163,7 +165,7 @@ def _kernels(CT, NEG_INF):
                 s += widen(do[oo + d]) * widen(o[oo + d])
             dl[r] = s
 
-    def grad_q(do, q, k, v, lse, dl, dq, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D, Dv,
+    def attention_dq(do, q, k, v, lse, dl, dq, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D, Dv,
                qb, qh, qi, kb, kh, kj, vb, vh, vj, ob, oh, oi, mkind, m0, m1, m2, m3, has_lq,
                has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi):
         r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -177,7 +179,7 @@ def _kernels(CT, NEG_INF):
             acc[d] = CT(0)
         ls = lse[r]
         n = live_keys(lens_k, has_lk, b, i, Sk, causal) if row_live(lens_q, has_lq, b, i) and \
-            ls != NEG_INF else 0
+            ls > NEG_INF else 0  # (a NaN lse: no live row, as the reference)
         e0 = np.uint64(r) * np.uint64(Sk)
         for j in range(n):
             ok, add = bias(ma, mb, mkind, mo + j * m3)
@@ -192,7 +194,7 @@ def _kernels(CT, NEG_INF):
         for d in range(D):
             dq[qo + d] = narrow(acc[d] * scale, dq)
 
-    def grad_kv(do, q, k, v, lse, dl, dk, dv, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D,
+    def attention_dkv(do, q, k, v, lse, dl, dk, dv, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D,
                 Dv, qb, qh, qi, kb, kh, kj, vb, vh, vj, ob, oh, oi, mkind, m0, m1, m2, m3,
                 has_lq, has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo,
                 key_hi):
@@ -217,7 +219,7 @@ def _kernels(CT, NEG_INF):
                 row = (b * Hq + h) * Sq + i
                 ls = lse[row]
                 ok, add = bias(ma, mb, mkind, b * m0 + h * m1 + i * m2 + j * m3)
-                if ok and ls != NEG_INF:
+                if ok and ls > NEG_INF:
                     qo, oo = b * qb + h * qh + i * qi, b * ob + h * oh + i * oi
                     p = math.exp(scale * dot(q, qo, k, ko, D, mode) + add - ls)
                     kp = keep(np.uint64(row) * np.uint64(Sk) + np.uint64(j), thr, kscale,
@@ -233,7 +235,7 @@ def _kernels(CT, NEG_INF):
         for d in range(Dv):
             dv[vo + d] = narrow(av[d], dv)
 
-    return forward, delta, grad_q, grad_kv
+    return attention_fwd, attention_delta, attention_dq, attention_dkv
 
 
 def _signatures(t):
