@@ -12,7 +12,7 @@ from .errors import (BadParamError, DeviceError, DtypeError, NbdnnError,
                      NotSupportedError, ShapeError)
 from .ops import registry as _registry
 from .ops._plan import planned as _planned
-from .ops.math_mode import get_math, math_mode, set_math
+from ._math_mode import get_math, math_mode, set_math
 
 __version__ = "0.1.0"
 

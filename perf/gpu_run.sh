@@ -46,7 +46,7 @@
 #                                             # new conv kernels' SASS, the 1x1 layers'
 #                                             # GEMM tiles (pointwise_tiles.py)
 #   bash perf/gpu_run.sh ap-final             # conv.py bf16 NHWC "auto" and "gemm", both
-#                                             # gradients; NCHW against NCHW_VIA_NHWC
+#                                             # gradients; NCHW against channels_first.ON
 #   bash perf/gpu_run.sh layout-moves         # run AN's tiled transpose, 1x1 data-gradient
 #                                             # GEMM, NCHW through NHWC: tests, A/B, conv.py
 #   bash perf/gpu_run.sh bn-columns           # batch_norm/columns.py: tests, crosscheck,
@@ -380,13 +380,13 @@ ap-final)
     # im2col) and "gemm" (a gather kernel's columns, then the GEMM: the gather against
     # TMA's im2col), both gradients, each error over 3e-2 named; AGAINST="--against
     # MODULE.NAME=VALUE": each layer again with it. Then channels-first (NCHW) inputs,
-    # forward: the SIMT / winograd paths against NCHW_VIA_NHWC's copies around the
+    # forward: the SIMT / winograd paths against channels_first.py's copies around the
     # channels-last kernel (NCHW_LIMIT_S=0 skips)
     C="python3 perf/suites/conv.py --dtype bfloat16"
     timeout ${CONV_LIMIT_S:-300} $C --nhwc --algos auto gemm --json "$OUT/ap-conv.json" \
         ${AGAINST:-} 2>&1 | grep -v -i warn
     [ "${NCHW_LIMIT_S:-200}" = 0 ] || timeout ${NCHW_LIMIT_S:-200} $C --algos auto \
-        --no-backward --against nbdnn.cuda.conv.NCHW_VIA_NHWC=1 --json "$OUT/ap-nchw.json" \
+        --no-backward --against nbdnn.cuda.conv.channels_first.ON=1 --json "$OUT/ap-nchw.json" \
         2>&1 | grep -v -i warn ;;
 tf32-conv)
     # float32 convolution in the TF32 modes: the tests (the tensor-core forward forced on,
@@ -434,7 +434,7 @@ layout-moves)
     # run AN's work, timed in run AO: the tiled transpose (tensor.TILED_TRANSPOSE), the
     # 1x1 data and filter gradients as one GEMM each (conv.DATA_1X1_GEMM,
     # FILTER_1X1_GEMM): on since; 16-bit NCHW forward through channels-last copies
-    # (conv.NCHW_VIA_NHWC, off: "nchw" times it both ways). PARTS
+    # (conv/channels_first.py, on since run AP: "nchw" times it both ways). PARTS
     # (default all; ~950 s together, so two calls): tests (SAN=1: memcheck and racecheck
     # over the transpose's), ab (the transpose's A/B), 1x1 (conv.py's 1x1 gradients
     # both ways), profile (the backward passes' kernels, conv_bwd_profile.py), algos
@@ -464,7 +464,7 @@ layout-moves)
         --dtype bfloat16 --nhwc 2>&1 | grep -v -i warn  # (auto's 16-bit channels-last picks)
     for on in 0 1; do  # NCHW forward
         has nchw || break
-        $C --no-backward --layers s1 s2 s3 s4 --set nbdnn.cuda.conv.NCHW_VIA_NHWC=$on 2>&1 \
+        $C --no-backward --layers s1 s2 s3 s4 --set nbdnn.cuda.conv.channels_first.ON=$on 2>&1 \
             | grep -v -i warn
     done ;;
 bn-columns)

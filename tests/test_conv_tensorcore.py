@@ -174,7 +174,7 @@ def _geometry(xs, ws, stride, padding, dilation, mode="cross_correlation"):
 
 
 def test_channels_first_geometry_is_the_channels_last_one():
-    """conv._through_nhwc takes the NCHW call's geometry with `last` set as the NHWC
+    """conv/channels_first.forward takes the NCHW call's geometry with `last` set as the NHWC
     call's: every other field is the layout's own (1-d, 2-d, 3-d, per-side padding,
     stride, dilation, mode)."""
     from nbdnn.cuda.conv.geometry import geometry
@@ -188,19 +188,21 @@ def test_channels_first_geometry_is_the_channels_last_one():
 
 
 def test_channels_first_goes_channels_last_where_it_measured_faster():
-    """conv._nchw_pays on ResNet-50's layers at batch 32 in bf16 NCHW, as run AP measured
+    """conv/channels_first.pays on ResNet-50's layers at batch 32 in bf16 NCHW, as run AP measured
     the copies around the tensor cores against "auto" without them: the 1x1 layers of
     s2-s4 and s1's 3x3 (the SIMT implicit GEMM otherwise) through the copies; s1's 1x1
     layers (too few flops a copied byte) and the 3x3 layers of s2-s4 (winograd) not;
     "implicit_gemm" asked for goes by the flops alone. (The stem's 3 channels pay but
-    the im2col kernel does not take them: _through_nhwc asks wgmma_conv.usable.)"""
+    the im2col kernel does not take them: forward asks wgmma_conv.usable.)"""
     from nbdnn.cuda import conv as CV
+    from nbdnn.cuda.conv import channels_first as CF
     from nbdnn.cuda.conv.geometry import geometry
 
     def pays(hw, c, k, r, stride=1, algo="auto"):
         g = geometry((32, c, hw, hw), (k, c, r, r), (stride, stride), ((r // 2,) * 2,) * 2,
                      (1, 1), 1, "cross_correlation", 0)
-        return CV._nchw_pays(g, "bfloat16", algo)
+        return CF.pays(g, "bfloat16", CV._auto_forward(g, "bfloat16") if algo == "auto"
+                       else algo)
     assert [pays(56, c, k, 1) for c, k in ((64, 64), (64, 256), (256, 64))] == [False] * 3
     assert pays(56, 64, 64, 3)
     assert all(pays(hw, c, k, 1) for hw, c in ((28, 128), (14, 256), (7, 512))
@@ -212,19 +214,19 @@ def test_channels_first_goes_channels_last_where_it_measured_faster():
 @pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_channels_first_through_channels_last(dtype, monkeypatch):
-    """conv.NCHW_VIA_NHWC: 16-bit NCHW forwards (a 3x3 with bias and relu, a strided
+    """conv/channels_first.py: 16-bit NCHW forwards (a 3x3 with bias and relu, a strided
     1x1 with a residual, a stride-1 1x1: the GEMM) run the tensor cores on tiled
     channels-last copies; two groups keep the SIMT kernels; all against the CPU
     reference on the same rounded operands."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda import conv as CV
+    from nbdnn.cuda.conv import channels_first as CF
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     from nbdnn.cuda import tensor
-    monkeypatch.setattr(CV, "NCHW_VIA_NHWC", True)
-    monkeypatch.setattr(CV, "NCHW_MIN_FLOP_PER_BYTE", 0)  # (small layers: the paths)
+    monkeypatch.setattr(CF, "ON", True)
+    monkeypatch.setattr(CF, "MIN_FLOP_PER_BYTE", 0)  # (small layers: the paths)
     monkeypatch.setattr(tensor, "TILED_TRANSPOSE", True)
     rng = np.random.default_rng(11)
     dt = getattr(torch, dtype)

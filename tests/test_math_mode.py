@@ -1,4 +1,4 @@
-"""float32's math modes (nbdnn/ops/math_mode.py): the TF32 rounding bit for bit, the
+"""float32's math modes (nbdnn/_math_mode.py): the TF32 rounding bit for bit, the
 accuracy each mode promises, CPU and CUDA agreeing per mode, the defaults and the
 context manager, and bad modes as named errors. The crosscheck's matmul rows draw the
 mode too (nbdnn/testing/specs/matmul.py)."""

@@ -122,7 +122,7 @@ def test_a_residual_is_added_with_weight_one(backend):
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda"])
 def test_tf32_math_modes(backend):
-    """float32's math modes (nbdnn/ops/math_mode.py) in the forward and both gradients:
+    """float32's math modes (nbdnn/_math_mode.py) in the forward and both gradients:
     "tf32" equals the float64 convolution of TF32-rounded operands (to float32
     accumulation), "3xtf32" the float64 one of the operands as given (to float32
     accuracy, where TF32's rounding is ~1e-3 off); math_mode() sets it for calls

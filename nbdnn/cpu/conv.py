@@ -27,7 +27,7 @@ gradient that meets padding gives nan (0 * inf); backward data sums only the ter
 that exist (dx_pad's padding is cropped, and a dy position outside P is no term), so a
 non-finite weight reaches only the inputs its taps touch.
 
-float32's math mode (nbdnn/ops/math_mode.py) decides what the products of the two
+float32's math mode (nbdnn/_math_mode.py) decides what the products of the two
 operands (x and w; dy and w for data; dy and x for the filter) are, as in matmul
 (nbdnn/cpu/matmul.py): "tf32" convolves tf32(a) with tf32(b), "3xtf32" sums
 hi(a)*hi(b) + hi(a)*lo(b) + lo(a)*hi(b); the padding's zeros are exact in either.

@@ -8,7 +8,7 @@
 The leading (batch) axes broadcast as in NumPy. float16 inputs multiply in float32
 (as the GPU accumulates), float32 in float32, float64 in float64 (BLAS).
 
-float32's math mode (nbdnn/ops/math_mode.py) decides what a product of float32
+float32's math mode (nbdnn/_math_mode.py) decides what a product of float32
 operands x @ y is:
     "ieee"    x @ y
     "tf32"    tf32(x) @ tf32(y)                 tf32: round to 10 mantissa bits, to

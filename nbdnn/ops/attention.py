@@ -13,7 +13,7 @@ from ..errors import BadParamError, DtypeError, NotSupportedError, ShapeError, f
 from .registry import op
 from ._common import Call, choice, flag, out_tuple, same_dtype, scalar
 from .dropout import _u64
-from .math_mode import resolve as _math
+from .._math_mode import resolve as _math
 
 LAYOUTS = ("BHSD", "BSHD")
 MAX_HEAD_DIM = 256  # (the kernels' register and shared-memory tiles; issue 25: 16-256)

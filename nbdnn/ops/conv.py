@@ -9,7 +9,7 @@ stride >= 1, dilation >= 1, padding >= 0: an int, nd ints (symmetric) or nd
 channel multiplier). layout "NCHW" (channels first; w is (K, C/g, *R)) or "NHWC"
 (channels last; w is (K, *R, C/g)); the rank-exact names NCW/NWC/NCDHW/NDHWC work too.
 
-math: float32's mode (nbdnn/ops/math_mode.py), forward and gradients, as matmul's. The
+math: float32's mode (nbdnn/_math_mode.py), forward and gradients, as matmul's. The
 TF32 modes run algorithm "gemm" ("auto" too; another is a BadParamError): on sm_90 the
 tensor cores (tf32 channels-last forward: the im2col kernel; else im2col + the GEMM)."""
 import contextlib
@@ -22,7 +22,7 @@ from .registry import op
 from ._common import (Call, blend_params, check_size, choice, int_tuple, is_int, same_dtype,
                       scalar)
 from .activation import _coef
-from .math_mode import resolve as _math, resolve_for as _math_algo
+from .._math_mode import resolve as _math, resolve_for as _math_algo
 from .. import backend as _backend
 from .._shapes import winograd_workspace
 from .._vocab import BF16_DTYPES, CONV_ALGOS as ALGOS, CONV_MODES as MODES, LAYOUTS as _LAYOUTS, \

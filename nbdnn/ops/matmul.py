@@ -8,7 +8,7 @@ from ..errors import ShapeError, fail
 from .registry import op
 from ._common import Call, blend_params, flag, out_tuple, same_dtype
 from .activation import _coef
-from .math_mode import resolve as _math
+from .._math_mode import resolve as _math
 
 
 def _dims(op, a_shape, b_shape, trans_a, trans_b):
@@ -42,7 +42,7 @@ def matmul(a, b, *, trans_a=False, trans_b=False, bias=None, activation=None, co
     activation mode (nbdnn.activation's names; `coef` as there). float16 and
     bfloat16 (float32 accumulation; on an sm_90 GPU the tensor cores, wgmma), float32,
     float64; a, b, bias of one dtype. math: float32's mode,
-    "ieee", "tf32" or "3xtf32" (None: the current default; nbdnn/ops/math_mode.py).
+    "ieee", "tf32" or "3xtf32" (None: the current default; nbdnn/_math_mode.py).
     Returns c of shape (batch..., M, N) and a's dtype (or `out`)."""
     op = "matmul"
     c = Call(op, "matmul", backend, stream, a=a, b=b, bias=bias, out=out)

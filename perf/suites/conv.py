@@ -21,7 +21,7 @@ geometric means are of the graph times; "eager" columns show the other.
     PYTHONPATH=. python perf/suites/conv.py [--nhwc] [--dtype bfloat16] [--json F]
         [--algos auto implicit_gemm direct] [--math tf32 --algos auto]
         [--set nbdnn.cuda.conv.wgmma_conv.TF32_ON_TENSOR_CORES=1]   (perf/tools/switches.py)
-        [--against nbdnn.cuda.conv.NCHW_VIA_NHWC=1]   (both sides, one run)
+        [--against nbdnn.cuda.conv.channels_first.ON=1]   (both sides, one run)
 """
 import argparse
 import json

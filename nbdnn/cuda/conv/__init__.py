@@ -68,7 +68,7 @@ from ..._vocab import ACTIVATION_MODES
 from . import depthwise as _conv_depthwise, depthwise_rows as _conv_depthwise_rows, \
     gemm as _conv_gemm, wgmma_conv as _wgmma_conv, winograd as _conv_winograd
 from .geometry import geometry
-from . import im2col_words as _words
+from . import channels_first as _channels_first, im2col_words as _words
 from . import implicit_gemm_source as _igemm
 from .kernels import KERNELS as _KERNELS
 
@@ -89,17 +89,6 @@ DATA_1X1_GEMM = True
 # 0.60-0.80x cuDNN through the GEMM, 0.38-0.78x through wgmma_convdw (after its column
 # words; 0.23-0.64x before).
 FILTER_1X1_GEMM = True
-# 16-bit channels-first forward ("auto", "implicit_gemm") on the tensor cores through
-# channels-last copies (_through_nhwc) rather than the SIMT implicit GEMM, where the
-# copies are worth it (_nchw_pays): "auto" keeps winograd where it would pick it, and a
-# layer goes through the copies only with at least NCHW_MIN_FLOP_PER_BYTE flops of its
-# GEMM for each byte the copies of x and y move. Run AP (H200, bf16 NCHW, batch 32,
-# graph replay, perf/suites/conv.py --against): through the copies, ResNet-50's 1x1
-# layers of s2-s4 (51-205 flops a byte) 1.06-2.83x and s1's 3x3 (144; the SIMT implicit
-# GEMM otherwise) 2.41x the speed; s1's 1x1 layers (16-26) 0.52-0.71x; the 3x3 layers of
-# s2-s4 0.43-0.81x against winograd.
-NCHW_VIA_NHWC = True
-NCHW_MIN_FLOP_PER_BYTE = 40
 # A stride-1 16-bit channels-last data gradient of a filter with more than one tap reads
 # the filter as stored on the tensor cores (_data_filter_as_stored: B MN-major, no
 # transposed copy). Run AO (H200, ResNet-50's 3x3 layers, bf16, batch 32): the copy
@@ -171,8 +160,9 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
             _wgmma_conv.forward(x, w, y, bias, residual, activation, coef, alpha, beta, g,
                                 stream)
             return y
-    if algo in ("auto", "implicit_gemm") and total and (_through_nhwc(
-            x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta, stream, algo) if
+    if algo in ("auto", "implicit_gemm") and total and (_channels_first.forward(
+            x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta, stream, algo,
+            _auto_forward, _on_tensor_cores) if
             not last else _on_tensor_cores(x, w, y, bias, residual, g, dtype, activation,
                                            coef, alpha, beta, stream)):
         return y
@@ -221,50 +211,6 @@ def _on_tensor_cores(x, w, y, bias, residual, g, dtype, activation, coef, alpha,
               0.0, y.reshape((M, K)), stream)
         return True
     _wgmma_conv.forward(x, w, y, bias, residual, activation, coef, alpha, beta, g, stream)
-    return True
-
-
-def _nchw_pays(g, dtype, algo):
-    """Whether a channels-first forward goes through channels-last copies
-    (NCHW_VIA_NHWC): "auto" would not pick winograd or depthwise, and the GEMM does at
-    least NCHW_MIN_FLOP_PER_BYTE flops for each byte the copies move (x and y each read
-    and written once more: 2 (C + K) items a position, 2 taps C K flops)."""
-    if algo == "auto" and _auto_forward(g, dtype) != "implicit_gemm":
-        return False
-    item = 2 if dtype in ("float16", "bfloat16") else 4
-    flops = 2 * g.T * g.R * g.S * g.C * g.K
-    return flops >= NCHW_MIN_FLOP_PER_BYTE * 2 * (g.C + g.K) * item
-
-
-def _through_nhwc(x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta,
-                  stream, algo="auto"):
-    """16-bit channels-first forward on sm_90's tensor cores (NCHW_VIA_NHWC): x, w and a
-    residual copied channels-last by the tiled transpose (tensor/transpose.py), the
-    channels-last path, y copied back. Extra traffic: x, w, residual and y each read
-    and written once more (s1 3x3 of ResNet-50 at batch 32: 4 x 12.8 MB). One group;
-    beta only as a residual's weight (z = out would need out copied in too). False,
-    doing nothing, where the channels-last call would not run the tensor cores."""
-    if not NCHW_VIA_NHWC or (beta != 0 and residual is None) or g.G != 1 or \
-            dtype not in ("float16", "bfloat16") or not _nchw_pays(g, dtype, algo) or \
-            not (_mm.TENSOR_CORES and _mm.tensor_cores()):  # (every NCHW call asks: cheap first)
-        return False
-    gl = g._replace(last=1)  # (every other field is the layout's own: geometry.py)
-    if not _wgmma_conv.usable(x, w, y, gl, bias, residual, alpha, beta):
-        return False
-    nd = len(x.shape) - 2
-    to_last, to_first = (0,) + tuple(range(2, nd + 2)) + (1,), (0, nd + 1) + tuple(range(1, nd + 1))
-    xl, wl, yl = (tuple(int(a.shape[p]) for p in to_last) for a in (x, w, y))
-    xt, wt, yt = (empty(x, shape, dtype) for shape in (xl, wl, yl))
-    transform_into(x, tuple(x.shape), to_last, xt, 1.0, 0.0, stream)
-    transform_into(w, tuple(w.shape), to_last, wt, 1.0, 0.0, stream)
-    rt = None
-    if residual is not None:
-        rt = empty(x, yl, dtype)
-        transform_into(residual, tuple(y.shape), to_last, rt, 1.0, 0.0, stream)
-    if not _on_tensor_cores(xt, wt, yt, bias, rt, gl, dtype, activation, coef, alpha, beta,
-                            stream):  # (beta: the residual's weight; 0 without one)
-        return False  # (usable said yes above; the SIMT kernels then, to be safe)
-    transform_into(yt, yl, to_first, y, 1.0, 0.0, stream)
     return True
 
 

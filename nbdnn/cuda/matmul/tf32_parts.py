@@ -1,4 +1,4 @@
-"""Operands for float32's TF32 math modes (nbdnn/ops/math_mode.py), K-major, for the
+"""Operands for float32's TF32 math modes (nbdnn/_math_mode.py), K-major, for the
 tensor cores and the CUDA cores alike.
 
 "tf32" multiplies TF32-rounded copies of A and B (to nearest, ties to even, as TMA

@@ -19,9 +19,9 @@ accumulation error, not to TF32 error.
 import contextlib
 import threading
 
-from .._vocab import MATH_MODES
-from ..errors import BadParamError, fail
-from ._common import choice
+from ._vocab import MATH_MODES
+from .errors import BadParamError, fail
+from .ops._common import choice
 
 _default = ["ieee"]
 _local = threading.local()
