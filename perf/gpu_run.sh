@@ -45,6 +45,8 @@
 #   bash perf/gpu_run.sh ap-checks            # run AO's unfinished tests (16 shards), the
 #                                             # new conv kernels' SASS, the 1x1 layers'
 #                                             # GEMM tiles (pointwise_tiles.py)
+#   bash perf/gpu_run.sh attention            # issue 25: attention's GPU tests (SAN=1: the
+#                                             # sanitizer), perf/suites/attention.py
 #   bash perf/gpu_run.sh ap-final             # conv.py bf16 NHWC "auto" and "gemm", both
 #                                             # gradients; NCHW against channels_first.ON
 #   bash perf/gpu_run.sh layout-moves         # run AN's tiled transpose, 1x1 data-gradient
@@ -388,6 +390,22 @@ ap-final)
     [ "${NCHW_LIMIT_S:-200}" = 0 ] || timeout ${NCHW_LIMIT_S:-200} $C --algos auto \
         --no-backward --against nbdnn.cuda.conv.channels_first.ON=1 --json "$OUT/ap-nchw.json" \
         2>&1 | grep -v -i warn ;;
+attention)
+    # issue 25: the attention tests on the GPU (the cross-check rows with the gpu
+    # profile's 25 draws, the reference's tests, the named errors, the fuzz; SAN=1:
+    # memcheck and racecheck over the cross-check rows), then perf/suites/attention.py
+    # (ATT_ARGS, default --quick: S 512 and 2048, D 128, against torch's SDPA)
+    P="timeout ${TEST_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider"
+    if [ "${TEST_LIMIT_S:-240}" != 0 ]; then
+        $P tests/test_crosscheck.py -k attention > "$OUT/att-cross.log" 2>&1 &
+        $P tests/test_reference_attention.py tests/test_errors_attention.py \
+            tests/test_fuzz_errors.py -k "attention" > "$OUT/att-tests.log" 2>&1 &
+        sanitized att 200 tests/test_crosscheck.py -k "attention and extremes"
+        wait
+        summary att-cross att-tests att-memcheck att-racecheck
+    fi
+    timeout ${PERF_LIMIT_S:-300} python3 perf/suites/attention.py ${ATT_ARGS:---quick} \
+        --json "$OUT/attention.json" 2>&1 | grep -v -i warn ;;
 tf32-conv)
     # float32 convolution in the TF32 modes: the tests (the tensor-core forward forced on,
     # the "gemm" path, the crosscheck's float32 conv rows; SAN=1: the sanitizer over the

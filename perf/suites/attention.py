@@ -1,0 +1,129 @@
+"""Attention speed against PyTorch in the same run (issue 25's table): nbdnn's
+scaled_dot_product_attention forward and backward beside torch's SDPA with its default
+backend choice (cuDNN's fused attention on the H200) and with the flash backend alone.
+
+FLOPs: 4 B H Sq Sk D forward, 2.5x that backward, halved for causal (the issue's
+count); TFLOP/s from GPU time (nbdnn.bench.time_gpu: CUDA events, median after
+warm-up, L2 evicted). Each row also gives the max relative error of nbdnn's o against
+torch's float32 math (16-bit inputs) or float64 (float32 inputs).
+
+Rows: B S = TOKENS tokens, HEADS heads, D = 64 and 128, S = 512 .. 16k, causal and not,
+bf16 (and fp16, float32 with --dtypes). Decode (--decode): Sq = 1 against Sk = 8k ..
+128k keys, batch 1 .. 64: GB/s over the K/V cache read.
+
+    PYTHONPATH=. python3 perf/suites/attention.py [--json F] [--dtypes bfloat16 float16]
+        [--seqs 512 4096] [--dims 64 128] [--no-backward] [--decode] [--quick]
+        [--set MODULE.NAME=VALUE]   (perf/tools/switches.py)
+
+nbdnn's path today is the exact SIMT kernel (nbdnn/cuda/attention/simt.py, a thread a
+query row): expect it far behind; the table is the yardstick for the tensor-core kernels.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import nbdnn
+from nbdnn.bench import time_gpu
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import switches  # noqa: E402  (perf/tools/switches.py)
+
+TOKENS, HEADS = 16384, 16
+
+
+def _flops(B, H, Sq, Sk, D, causal):
+    return 4 * B * H * Sq * Sk * D / (2 if causal else 1)
+
+
+def _peer(q, k, v, causal, backend):
+    """torch's SDPA (BHSD) with one backend, or its default choice (None)."""
+    def run():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if backend is None:
+        return run
+    def forced():  # noqa: E306
+        with sdpa_kernel(backend):
+            return run()
+    return forced
+
+
+def _row(dtype, S, D, causal, backward, B=None, Sk=None):
+    B = B or max(1, TOKENS // S)
+    Sk = Sk or S
+    tdt = getattr(torch, dtype)
+    q = torch.randn(B, HEADS, S, D, device="cuda", dtype=tdt)
+    k = torch.randn(B, HEADS, Sk, D, device="cuda", dtype=tdt)
+    v = torch.randn(B, HEADS, Sk, D, device="cuda", dtype=tdt)
+    flops = _flops(B, HEADS, S, Sk, D, causal)
+    row = {"dtype": dtype, "B": B, "Sq": S, "Sk": Sk, "D": D, "causal": causal}
+    o, lse = nbdnn.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    hi = torch.float64 if dtype == "float32" else torch.float32
+    ref = F.scaled_dot_product_attention(q.to(hi), k.to(hi), v.to(hi), is_causal=causal)
+    row["rel_err"] = float((o.to(hi) - ref).abs().max() / ref.abs().max())
+    t = time_gpu(lambda: nbdnn.scaled_dot_product_attention(q, k, v, is_causal=causal, out=o))
+    row["nbdnn_tflops"] = flops / t / 1e12
+    for name, backend in (("default", None), ("flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            tp = time_gpu(_peer(q, k, v, causal, backend))
+            row[f"{name}_tflops"], row[f"x_{name}"] = flops / tp / 1e12, tp / t
+        except RuntimeError as e:  # (the flash backend takes no float32)
+            row[f"{name}_tflops"], row[f"x_{name}"] = None, str(e).split("\n")[0][:60]
+    if backward:
+        do = torch.randn_like(o)
+        tb = time_gpu(lambda: nbdnn.scaled_dot_product_attention_backward(
+            do, q, k, v, o, lse, is_causal=causal))
+        qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
+        out = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+        tpb = time_gpu(lambda: torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True))
+        row["bwd_nbdnn_tflops"] = 2.5 * flops / tb / 1e12
+        row["bwd_default_tflops"], row["bwd_x_default"] = 2.5 * flops / tpb / 1e12, tpb / tb
+    return row
+
+
+def _show(r):
+    peer = " | ".join(f"{n} {r[f'{n}_tflops']:.0f} ({r[f'x_{n}']:.2f}x)" if r[f"{n}_tflops"]
+                      else f"{n} -" for n in ("default", "flash"))
+    bwd = f" | bwd {r['bwd_nbdnn_tflops']:.1f} vs {r['bwd_default_tflops']:.0f} " \
+          f"({r['bwd_x_default']:.2f}x)" if "bwd_nbdnn_tflops" in r else ""
+    print(f"{r['dtype']:8} B {r['B']:3} S {r['Sq']:5}x{r['Sk']:<6} D {r['D']:3} "
+          f"{'causal' if r['causal'] else '      '}: nbdnn {r['nbdnn_tflops']:7.2f} TFLOP/s | "
+          f"{peer}{bwd} (err {r['rel_err']:.0e})", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16"])
+    ap.add_argument("--seqs", nargs="+", type=int, default=[512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--dims", nargs="+", type=int, default=[64, 128])
+    ap.add_argument("--no-backward", action="store_true")
+    ap.add_argument("--decode", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="S 512 and 2048, D 128 only")
+    switches.add_argument(ap)
+    args = ap.parse_args()
+    switches.apply(args.set)
+    seqs, dims = ([512, 2048], [128]) if args.quick else (args.seqs, args.dims)
+    rows = []
+    for dtype in args.dtypes:
+        for D in dims:
+            for S in seqs:
+                for causal in (False, True):
+                    rows.append(_row(dtype, S, D, causal, not args.no_backward))
+                    _show(rows[-1])
+        if args.decode:
+            for Sk in (8192, 32768, 131072):
+                for B in (1, 8, 64):
+                    rows.append(_row(dtype, 1, 128, False, False, B=B, Sk=Sk))
+                    _show(rows[-1])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
