@@ -1,5 +1,6 @@
 """A small model layer built only from nbdnn ops: layers with forward and backward,
-`Sequential` (and `resnet18`, `resnet50`), a cross-entropy loss, SGD with momentum and
+`Sequential` (and `resnet18`, `resnet50`; LayerNorm, MultiheadAttention and
+TransformerBlock over (B, S, E) sequences: nbdnn/nn/transformer.py), a cross-entropy loss, SGD with momentum and
 Adam, mixed precision (16-bit layers, float32 master weights, `LossScaler`:
 nbdnn/nn/precision.py), on either backend.
 
@@ -37,6 +38,7 @@ b1**t and b2**t.
 from .layers import (Activation, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool2d, Layer, Linear, MaxPool2d, ReLU, copy_into, device_of, move)  # noqa: F401
 from .sequential import Sequential  # noqa: F401
 from .blocks import BasicBlock, Bottleneck  # noqa: F401
+from .transformer import LayerNorm, MultiheadAttention, SequenceMean, TransformerBlock  # noqa: F401
 from .fold import FoldedBlock, FoldedConv, fold_batch_norm  # noqa: F401
 from .models import resnet18, resnet50  # noqa: F401
 from .precision import LossScaler  # noqa: F401
