@@ -1,6 +1,10 @@
 """`nbdnn demo`: train a small CNN on scikit-learn's bundled digits (1797 8x8 images,
 no download) with nbdnn.nn, on the CPU backend, the CUDA backend or both, and report
-time per epoch, images/s and test accuracy.
+time per epoch, images/s and test accuracy. `--model transformer` trains a small
+transformer on the same digits read as sequences of 8 pixel rows (issue 25): a linear
+embedding of each row (8 -> 32), a learned position embedding, one pre-norm
+TransformerBlock (4 heads), layer norm, the mean over the rows, linear (32 -> 10);
+Adam. It reaches ~96% in 10 epochs (the CNN 98.9% in 8).
 
 The network: conv 3x3 (1 -> 16) - BN - ReLU - max pool 2, conv 3x3 (16 -> 32) - BN -
 ReLU - max pool 2, dropout 0.1, linear (128 -> 10); SGD with momentum, batch 64
@@ -14,7 +18,7 @@ With --mode graph (CUDA) the demo captures one training step as a CUDA graph
 bit for bit, a fraction of the host time.
 
     nbdnn demo [--backend cpu|cuda|both] [--mode eager|graph|both] [--epochs 8]
-               [--precision fp32|bf16|fp16] [--plot loss.png]
+               [--precision fp32|bf16|fp16] [--model cnn|transformer] [--plot loss.png]
 """
 import argparse
 import sys
@@ -58,6 +62,18 @@ def digits_cnn(seed=0, dtype=np.float32):
         nn.Linear(32 * 2 * 2, CLASSES, seed=seed + 3, dtype=dtype)])
 
 
+def digits_transformer(seed=0, dtype=np.float32, E=32, heads=4):
+    """x (n, 8, 8): 8 rows of 8 pixels, a sequence of 8 tokens."""
+    return nn.Sequential([
+        nn.Linear(8, E, seed=seed, dtype=dtype), nn.PositionalEmbedding(8, E, seed=seed + 1,
+                                                                        dtype=dtype),
+        nn.TransformerBlock(E, heads, seed=seed + 2, dtype=dtype), nn.LayerNorm(E, dtype=dtype),
+        nn.SequenceMean(), nn.Linear(E, CLASSES, seed=seed + 6, dtype=dtype)])
+
+
+MODELS = {"cnn": (digits_cnn, 0.05), "transformer": (digits_transformer, 0.003)}
+
+
 def _progress(epoch, epochs, step, steps, loss, rate):
     done = int(30 * step / steps)
     sys.stderr.write(f"\r  epoch {epoch + 1}/{epochs} [{'#' * done}{'.' * (30 - done)}] "
@@ -73,26 +89,32 @@ def accuracy(model, x, y, device, batch=256):
     return hits / len(x)
 
 
-def train(device, epochs=8, batch=64, lr=0.05, momentum=0.9, seed=0, quiet=False,
-          mode="eager", precision="fp32"):
+def train(device, epochs=8, batch=64, lr=None, momentum=0.9, seed=0, quiet=False,
+          mode="eager", precision="fp32", model="cnn"):
     """Train on one backend through GraphedSteps (nbdnn.nn): eagerly, or (CUDA only)
     replaying one captured training step (the first step runs eagerly and creates
     the optimizer's velocities, the second is captured while it runs, every later
     step copies its batch into the steps' buffers and replays). precision: "fp32",
     "bf16" (16-bit layers, float32 master weights, the loss in float32) or "fp16" (the
-    same with a LossScaler). Returns a dict with the per-step losses, seconds per
-    epoch, images/s and test accuracy."""
+    same with a LossScaler). model: "cnn" (SGD with momentum, lr 0.05 unless given) or
+    "transformer" (the rows as a sequence; Adam, lr 0.003). Returns a dict with the
+    per-step losses, seconds per epoch, images/s and test accuracy."""
     if mode == "graph" and device != "cuda":
         raise ValueError("graph mode needs the CUDA backend")
     dtype = np.dtype(PRECISIONS[precision])
     xtr, ytr, xte, yte = load_digits(seed)
     xtr, xte = xtr.astype(dtype), xte.astype(dtype)
+    if model == "transformer":
+        xtr, xte = xtr.reshape(-1, 8, 8), xte.reshape(-1, 8, 8)
     onehot = np.eye(CLASSES, dtype=np.float32)
-    model = digits_cnn(seed, dtype).to(device)
+    build, default_lr = MODELS[model]
+    lr = default_lr if lr is None else lr
+    net = build(seed, dtype).to(device)
     scaler = nn.LossScaler() if precision == "fp16" else None
-    run = nn.GraphedSteps(model, batch, xtr.shape[1:], loss=nn.CrossEntropyLoss(),
-                          optimizer=nn.SGD(model, lr, momentum=momentum, scaler=scaler),
-                          graph=mode == "graph")
+    opt = nn.Adam(net, lr, scaler=scaler) if model == "transformer" else \
+        nn.SGD(net, lr, momentum=momentum, scaler=scaler)
+    run = nn.GraphedSteps(net, batch, xtr.shape[1:], loss=nn.CrossEntropyLoss(),
+                          optimizer=opt, graph=mode == "graph")
     steps, losses, epoch_times = len(xtr) // batch, [], []
     for epoch in range(epochs):
         order = np.random.default_rng(seed + 1000 + epoch).permutation(len(xtr))
@@ -109,8 +131,8 @@ def train(device, epochs=8, batch=64, lr=0.05, momentum=0.9, seed=0, quiet=False
         sys.stderr.write("\n")
     per_epoch = float(np.median(epoch_times))
     return {"device": device, "mode": mode, "precision": precision, "losses": losses,
-            "epoch_s": per_epoch,
-            "images_s": steps * batch / per_epoch, "accuracy": accuracy(model, xte, yte, device),
+            "epoch_s": per_epoch, "model": model,
+            "images_s": steps * batch / per_epoch, "accuracy": accuracy(net, xte, yte, device),
             "steps_per_epoch": steps}
 
 
@@ -135,7 +157,9 @@ def main(argv=None):
                     help="where to train (without a GPU, cuda and both run the CPU alone)")
     ap.add_argument("--epochs", type=_positive(int), default=8)
     ap.add_argument("--batch", type=_positive(int), default=64)
-    ap.add_argument("--lr", type=_positive(float), default=0.05)
+    ap.add_argument("--lr", type=_positive(float), default=None,
+                    help="learning rate (default: 0.05 for the CNN, 0.003 for the transformer)")
+    ap.add_argument("--model", choices=tuple(MODELS), default="cnn")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mode", choices=("eager", "graph", "both"), default="eager",
                     help="CUDA backend: eager calls, or replaying a captured training step")
@@ -162,7 +186,7 @@ def main(argv=None):
     for device, mode in jobs:
         print(f"training on {device}, {mode}", file=sys.stderr)
         runs.append(train(device, args.epochs, args.batch, args.lr, seed=args.seed,
-                          mode=mode, precision=args.precision))
+                          mode=mode, precision=args.precision, model=args.model))
         print(_row(runs[-1]), flush=True)  # as each run ends: a long one loses nothing
     n = runs[0]["steps_per_epoch"]
     for a, b in zip(runs, runs[1:]):
@@ -177,7 +201,7 @@ def main(argv=None):
         for r in runs:
             ax.plot(r["losses"], label=f"{r['device']} {r['mode']}", lw=1)
         ax.set(xlabel="step", ylabel="training loss", yscale="log",
-               title="digits CNN, nbdnn.nn, same seed")
+               title=f"digits {args.model}, nbdnn.nn, same seed")
         ax.legend()
         fig.savefig(args.plot, dpi=120, bbox_inches="tight")
         print(f"loss curves: {args.plot}")

@@ -1,5 +1,5 @@
 """nbdnn.nn's transformer layers (issue 25): LayerNorm, MultiheadAttention (fused QKV
-projection, causal or not), TransformerBlock, SequenceMean: backward against central
+projection, causal or not), TransformerBlock, PositionalEmbedding, SequenceMean: backward against central
 differences in float64 on the CPU; the CUDA backend (the simulator without a GPU)
 against the CPU; the training step under GraphedSteps equal to plain steps."""
 import numpy as np
@@ -12,8 +12,10 @@ B, S, E, H = 2, 3, 8, 2
 
 
 def _classifier(device, dtype=np.float32, causal=False):
-    return nn.Sequential([nn.TransformerBlock(E, H, causal=causal, seed=1, dtype=dtype),
-                          nn.SequenceMean(), nn.Linear(E, 3, seed=9, dtype=dtype)]).to(device)
+    return nn.Sequential([nn.PositionalEmbedding(S, E, seed=0, dtype=dtype),
+                          nn.TransformerBlock(E, H, causal=causal, seed=1, dtype=dtype),
+                          nn.LayerNorm(E, dtype=dtype), nn.SequenceMean(),
+                          nn.Linear(E, 3, seed=9, dtype=dtype)]).to(device)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -38,7 +38,7 @@ b1**t and b2**t.
 from .layers import (Activation, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool2d, Layer, Linear, MaxPool2d, ReLU, copy_into, device_of, move)  # noqa: F401
 from .sequential import Sequential  # noqa: F401
 from .blocks import BasicBlock, Bottleneck  # noqa: F401
-from .transformer import LayerNorm, MultiheadAttention, SequenceMean, TransformerBlock  # noqa: F401
+from .transformer import (LayerNorm, MultiheadAttention, PositionalEmbedding, SequenceMean, TransformerBlock)  # noqa: F401
 from .fold import FoldedBlock, FoldedConv, fold_batch_norm  # noqa: F401
 from .models import resnet18, resnet50  # noqa: F401
 from .precision import LossScaler  # noqa: F401

@@ -1,7 +1,8 @@
 """Transformer layers for nbdnn.nn (re-exported there; issue 25): LayerNorm,
 MultiheadAttention (self-attention with a fused QKV projection, causal or not),
-TransformerBlock (pre-norm: attention and a GELU MLP, each with its residual) and
-SequenceMean (the mean over the sequence, for a classifier head). Activations are
+TransformerBlock (pre-norm: attention and a GELU MLP, each with its residual),
+PositionalEmbedding (learned) and SequenceMean (the mean over the sequence, for a
+classifier head). Activations are
 (B, S, E) tensors; everything is nbdnn ops, so both backends run it and GraphedSteps
 captures it.
 
@@ -115,6 +116,23 @@ class TransformerBlock(Layer):
             self.act.backward(self.fc2.backward(dy)))))
         dx = self.ln1.backward(self.attn.backward(dh))
         return nbdnn.add_tensor(dh, dx) if need_dx else None
+
+
+class PositionalEmbedding(Layer):
+    """y = x + pos: a learned (S, E) embedding of each position, added to every batch
+    entry of x (B, S, E); pos ~ N(0, 0.02^2)."""
+
+    def __init__(self, S, E, *, seed=0, dtype=np.float32):
+        super().__init__()
+        self.params["pos"] = (np.random.default_rng(seed).standard_normal((S, E)) *
+                              0.02).astype(dtype)
+
+    def forward(self, x, train=False):
+        return nbdnn.add_tensor(self.params["pos"], x)
+
+    def backward(self, dy, need_dx=True):
+        self.grads["pos"] = nbdnn.reduce_tensor(dy, "add", axes=0, keepdims=False)
+        return dy
 
 
 class SequenceMean(Layer):
