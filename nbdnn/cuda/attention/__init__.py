@@ -2,6 +2,9 @@
 - simt.py: the exact path on the CUDA cores (every dtype and math mode, both layouts,
   masks, causal, grouped-query heads, dropout, variable lengths; the simulator runs
   it): a thread a query row (forward, dq), a thread a key row (dk, dv).
+- decode.py: the forward for Sq <= 16 queries against >= decode.MIN_KEYS keys
+  (flash-decoding: the keys split over blocks, the chunks combined by log-sum-exp);
+  every feature of the exact path.
 The launchers below turn the call into the kernels' geometry: each tensor's (batch,
 head, row) strides in its layout, the mask's broadcast strides, the dropout stream."""
 import numpy as np
@@ -9,7 +12,7 @@ import numpy as np
 from ..runtime.arrays import dtype_name, empty, size
 from ..runtime.simulator import SIMULATOR
 from ...cpu.dropout import MASK32, keep_threshold
-from . import simt
+from . import decode, simt
 
 BLOCK = 32 if SIMULATOR else 128
 MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}
@@ -93,7 +96,18 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
     B, Hq, Sq = geo[0], geo[1], geo[3]
     lse = empty(q, (B, Hq, Sq), "float64" if dtype == "float64" else "float32")
     rows = B * Hq * Sq
-    if rows:
+    G, Sk, Dv = geo[2], geo[4], geo[6]
+    if rows and decode.usable(Sq, Sk, G):
+        chunks = -(-Sk // decode.CHUNK)
+        ct = "float64" if dtype == "float64" else "float32"
+        ws_o, ws_ml = empty(q, (rows * chunks * Dv,), ct), empty(q, (rows * chunks * 2,), ct)
+        kern, sig = decode.KERNELS["part", dtype]
+        kern.launch(sig, B * (Hq // G) * chunks, decode.CHUNK, stream,
+                    *_flat(q, k, v, ws_o, ws_ml, ma, mb, lq, lk), *geo)
+        kern, sig = decode.KERNELS["combine", dtype]
+        kern.launch(sig, rows, decode.CHUNK, stream, *_flat(ws_o, ws_ml, o, lse), Hq, Sq, Sk,
+                    Dv, *geo[16:19])
+    elif rows:
         kern, sig = simt.KERNELS["forward", dtype]
         kern.launch(sig, -(-rows // BLOCK), BLOCK, stream,
                     *_flat(q, k, v, o, lse, ma, mb, lq, lk), *geo)

@@ -138,14 +138,39 @@ def _edge(backward, **over):
     return make
 
 
+def _decode(backward):
+    """One query of two heads sharing a kv head against 1100 keys: the forward past
+    decode.MIN_KEYS runs flash-decoding (9 chunks of 128 on a GPU, 35 of 32 in the
+    simulator), with a key length and dropout."""
+    def make(dtype):
+        rng = np.random.default_rng(11)
+        q, k, v = (rand(rng, s, dtype, -1, 1) for s in ((1, 2, 1, 16), (1, 1, 1100, 16),
+                                                        (1, 1, 1100, 8)))
+        kw = {"layout": "BHSD", "enable_gqa": True, "math": "ieee", "dropout_p": 0.2,
+              "seed": 3, "offset": 5}
+        extra = (None, None, np.array([1000]))
+        tol = attention_tol(dtype, 1100 * 2 + 25)
+        if not backward:
+            return Case((q, k, v) + extra, kw, tol=tol)
+        o, lse = nbdnn.scaled_dot_product_attention(
+            *(a.astype(np.float64) for a in (q, k, v)), backend="cpu", seq_lens_k=extra[2],
+            **kw)
+        do = rand(rng, o.shape, dtype, -1, 1)
+        return Case((do, q, k, v, o.astype(dtype), lse.astype(np.float32)) + extra, kw,
+                    tol=(4 * tol[0], 4 * tol[1]))
+    return make
+
+
 EDGES = {"causal, grouped heads": {"is_causal": True},
          "every row fully masked": {"attn_mask": np.zeros((1, 1), bool)},
          "no live keys (lengths 0)": {"seq_lens_k": np.zeros(1, np.int64)}}
 
 SPECS = [OpSpec("scaled_dot_product_attention", _forward, _make_forward, family="attention",
                 ops=("scaled_dot_product_attention",), blend=False, dtypes=BF16_DTYPES,
-                boundary={n: _edge(False, **o) for n, o in EDGES.items()}),
+                boundary=dict({n: _edge(False, **o) for n, o in EDGES.items()},
+                              decode=_decode(False))),
          OpSpec("scaled_dot_product_attention_backward", _backward, _make_backward,
                 family="attention", ops=("scaled_dot_product_attention_backward",),
                 blend=False, dtypes=BF16_DTYPES,
-                boundary={n: _edge(True, **o) for n, o in EDGES.items()})]
+                boundary=dict({n: _edge(True, **o) for n, o in EDGES.items()},
+                              decode=_decode(True)))]

@@ -1,0 +1,54 @@
+"""Which attention kernels run, and each against the CPU reference (the simulator
+without a GPU): flash-decoding (cuda/attention/decode.py) for few queries against
+many keys, over its features; the exact path otherwise."""
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn.cuda.runtime.launch import launched
+
+
+def _inputs(rng, dtype, layout, B, Hq, Hk, Sq, Sk, D, Dv):
+    def t(H, S, d):
+        shape = (B, H, S, d) if layout == "BHSD" else (B, S, H, d)
+        return rng.uniform(-1, 1, shape).astype(dtype)
+    return t(Hq, Sq, D), t(Hk, Sk, D), t(Hk, Sk, Dv)
+
+
+@pytest.mark.parametrize("dtype,layout,Sq,kw", [
+    (np.float64, "BHSD", 1, {}),
+    (np.float32, "BSHD", 3, {"is_causal": True}),
+    (np.float64, "BHSD", 1, {"dropout_p": 0.3, "seed": 5, "offset": 11}),
+    (np.float64, "BHSD", 2, {"attn_mask": "bool", "seq_lens_q": np.array([1, 2]),
+                             "seq_lens_k": np.array([50, 0], np.int32)}),
+    (np.float16, "BHSD", 4, {"attn_mask": "float"}),
+])
+def test_decode_matches_reference(dtype, layout, Sq, kw, monkeypatch):
+    from nbdnn.cuda.attention import decode
+    monkeypatch.setattr(decode, "MIN_KEYS", 40)  # (simulator-sized: 3 chunks of 32)
+    rng = np.random.default_rng(Sq)
+    B, Hq, Hk, Sk = 2, 4, 2, 77
+    q, k, v = _inputs(rng, dtype, layout, B, Hq, Hk, Sq, Sk, 8, 6)
+    if kw.get("attn_mask") == "bool":
+        kw = dict(kw, attn_mask=rng.random((1, Hq, Sq, Sk)) > 0.3)
+    elif kw.get("attn_mask") == "float":
+        kw = dict(kw, attn_mask=rng.uniform(-1, 1, (Sq, Sk)).astype(dtype))
+    kw = dict(kw, enable_gqa=True, layout=layout)
+    with launched() as names:
+        o, lse = nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda", **kw)
+    assert names[-2:] == ["attention_decode_part", "attention_decode_combine"], names
+    ref = {n: a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == "f"
+           else a for n, a in kw.items()}
+    want_o, want_lse = nbdnn.scaled_dot_product_attention(
+        *(a.astype(np.float64) for a in (q, k, v)), backend="cpu", **ref)
+    tol = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 2e-3}[dtype]
+    np.testing.assert_allclose(np.asarray(o, np.float64), want_o, rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=tol, atol=tol)
+
+
+def test_exact_path_below_the_decode_threshold():
+    rng = np.random.default_rng(0)
+    q, k, v = _inputs(rng, np.float32, "BHSD", 1, 2, 2, 1, 20, 8, 8)
+    with launched() as names:
+        nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda")
+    assert "attention_fwd" in names and not any("decode" in n for n in names), names
