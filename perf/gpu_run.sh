@@ -392,19 +392,25 @@ ap-final)
         2>&1 | grep -v -i warn ;;
 attention)
     # issue 25: the attention tests on the GPU (the cross-check rows with the gpu
-    # profile's 25 draws, the reference's tests, the named errors, the fuzz; SAN=1:
-    # memcheck and racecheck over the cross-check rows), then perf/suites/attention.py
-    # (ATT_ARGS, default --quick: S 512 and 2048, D 128, against torch's SDPA)
+    # profile's 25 draws, the reference's tests, the named errors, the fuzz, the paths,
+    # the transformer layers; SAN=1: memcheck and racecheck over the cross-check rows),
+    # the transformer demo eager and graphed, then perf/suites/attention.py
+    # (ATT_ARGS, default "--quick --decode": S 512 and 2048, D 128, then decoding,
+    # against torch's SDPA)
     P="timeout ${TEST_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider"
     if [ "${TEST_LIMIT_S:-240}" != 0 ]; then
         $P tests/test_crosscheck.py -k attention > "$OUT/att-cross.log" 2>&1 &
         $P tests/test_reference_attention.py tests/test_errors_attention.py \
-            tests/test_fuzz_errors.py -k "attention" > "$OUT/att-tests.log" 2>&1 &
+            tests/test_fuzz_errors.py tests/test_attention_paths.py tests/test_nn_transformer.py \
+            -k "attention or decode or exact or block or cuda or graphed or heads" \
+            > "$OUT/att-tests.log" 2>&1 &
         sanitized att 200 tests/test_crosscheck.py -k "attention and extremes"
         wait
         summary att-cross att-tests att-memcheck att-racecheck
+        timeout 120 python3 -m nbdnn demo --backend cuda --mode both --model transformer \
+            --epochs 10 2>&1 | grep -v -i warn  # (the example, eager and graphed)
     fi
-    timeout ${PERF_LIMIT_S:-300} python3 perf/suites/attention.py ${ATT_ARGS:---quick} \
+    timeout ${PERF_LIMIT_S:-300} python3 perf/suites/attention.py ${ATT_ARGS:---quick --decode} \
         --json "$OUT/attention.json" 2>&1 | grep -v -i warn ;;
 tf32-conv)
     # float32 convolution in the TF32 modes: the tests (the tensor-core forward forced on,
