@@ -189,6 +189,16 @@ def test_backward_filter_pads_16bit_columns(dtype):
     np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=8 * atol, rtol=8 * rtol)
 
 
+def _gemm_forward(x, w, kw):
+    """(CPU reference in float64, algo "gemm" on the CUDA backend, its kernels' names)
+    of a channels-last forward."""
+    want = nbdnn.conv2d(x.astype(np.float64), w.astype(np.float64), layout="NHWC",
+                        backend="cpu", **kw)
+    with launched() as names:
+        got = nbdnn.conv2d(x, w, layout="NHWC", algo="gemm", backend="cuda", **kw)
+    return want, got, names
+
+
 @pytest.mark.parametrize("dtype,C,magic", [(np.float16, 3, False), (np.float16, 8, False),
                                            (np.float32, 3, False), (np.float32, 2, False),
                                            (np.float64, 3, False), (np.float16, 3, True),
@@ -206,10 +216,7 @@ def test_im2col_words_match_reference(dtype, C, magic, monkeypatch):
     w = rng.uniform(-1, 1, (4, 3, 2, C)).astype(dtype)
     for kw in (dict(stride=(2, 1), dilation=(1, 2), padding=((1, 0), (2, 1))),
                dict(padding=1, mode="convolution")):
-        want = nbdnn.conv2d(x.astype(np.float64), w.astype(np.float64), layout="NHWC",
-                            backend="cpu", **kw)
-        with launched() as names:
-            got = nbdnn.conv2d(x, w, layout="NHWC", algo="gemm", backend="cuda", **kw)
+        want, got, names = _gemm_forward(x, w, kw)
         assert names[0] == "conv_im2col_words" + ("32" if magic else ""), names
         tol = {np.float16: 4e-3, np.float32: 1e-5, np.float64: 1e-12}[dtype]
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
@@ -230,10 +237,7 @@ def test_im2col_rows_match_reference(dtype, C, monkeypatch):
     tol = {np.float16: 4e-3, np.float32: 1e-5}[dtype]
     for kw in (dict(stride=(2, 3), dilation=(1, 2), padding=((1, 3), (2, 1))),
                dict(padding=1, mode="convolution")):
-        want = nbdnn.conv2d(x.astype(np.float64), w.astype(np.float64), layout="NHWC",
-                            backend="cpu", **kw)
-        with launched() as names:
-            got = nbdnn.conv2d(x, w, layout="NHWC", algo="gemm", backend="cuda", **kw)
+        want, got, names = _gemm_forward(x, w, kw)
         assert names[0] == "conv_im2col_rows", names
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
         dy = rng.uniform(-1, 1, want.shape).astype(dtype)

@@ -9,19 +9,13 @@ The launchers below turn the call into the kernels' geometry: each tensor's (bat
 head, row) strides in its layout, the mask's broadcast strides, the dropout stream."""
 import numpy as np
 
-from ..runtime.arrays import dtype_name, empty, size
+from ..runtime.arrays import dtype_name, empty
 from ..runtime.simulator import SIMULATOR
 from ...cpu.dropout import MASK32, keep_threshold
 from . import decode, simt
 
 BLOCK = 32 if SIMULATOR else 128
 MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}
-
-
-def _flat(*arrays):
-    """The simulator indexes arrays as shaped: its kernels get 1-d views (the GPU's
-    launch passes an address and a count whatever the shape)."""
-    return tuple(a.reshape(size(a)) for a in arrays) if SIMULATOR else arrays
 
 
 def _strides(shape, layout):
@@ -56,13 +50,13 @@ def _lengths(ref, lens, stream):
     wide = empty(ref, (max(n, 1),), "int64")
     if n:
         k, sig = simt.KERNELS["lengths64"]
-        k.launch(sig, -(-n // BLOCK), BLOCK, stream, *_flat(lens, wide), n)
+        k.launch(sig, -(-n // BLOCK), BLOCK, stream, lens, wide, n)
     return wide, 1
 
 
 def _geometry(q, k, v, o, attn_mask, dropout_p, is_causal, scale, seed, offset, layout,
               seq_lens_q, seq_lens_k, math, stream):
-    """(mask and length arrays, the GEOMETRY scalars of simt.py)."""
+    """(mask and length arrays, the geometry scalars: simt.geometry_types)."""
     B, Hq, Sq, D = (int(s) for s in q.shape) if layout == "BHSD" else \
         (int(q.shape[0]), int(q.shape[2]), int(q.shape[1]), int(q.shape[3]))
     Hk = int(k.shape[1] if layout == "BHSD" else k.shape[2])
@@ -103,14 +97,14 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
         ws_o, ws_ml = empty(q, (rows * chunks * Dv,), ct), empty(q, (rows * chunks * 2,), ct)
         kern, sig = decode.KERNELS["part", dtype]
         kern.launch(sig, B * (Hq // G) * chunks, decode.CHUNK, stream,
-                    *_flat(q, k, v, ws_o, ws_ml, ma, mb, lq, lk), *geo)
+                    q, k, v, ws_o, ws_ml, ma, mb, lq, lk, *geo)
         kern, sig = decode.KERNELS["combine", dtype]
-        kern.launch(sig, rows, decode.CHUNK, stream, *_flat(ws_o, ws_ml, o, lse), Hq, Sq, Sk,
+        kern.launch(sig, rows, decode.CHUNK, stream, ws_o, ws_ml, o, lse, Hq, Sq, Sk,
                     Dv, *geo[16:19])
     elif rows:
         kern, sig = simt.KERNELS["forward", dtype]
         kern.launch(sig, -(-rows // BLOCK), BLOCK, stream,
-                    *_flat(q, k, v, o, lse, ma, mb, lq, lk), *geo)
+                    q, k, v, o, lse, ma, mb, lq, lk, *geo)
     return o, lse
 
 
@@ -132,13 +126,13 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropou
     dl = empty(q, (max(rows, 1),), ct)
     if rows:
         kern, sig = simt.KERNELS["delta", dtype]
-        kern.launch(sig, -(-rows // BLOCK), BLOCK, stream, *_flat(do, o, dl), B, Hq, Sq, Dv,
+        kern.launch(sig, -(-rows // BLOCK), BLOCK, stream, do, o, dl, B, Hq, Sq, Dv,
                     *geo[16:19])
         kern, sig = simt.KERNELS["grad_q", dtype]
         kern.launch(sig, -(-rows // BLOCK), BLOCK, stream,
-                    *_flat(do, q, k, v, lse, dl, dq, ma, mb, lq, lk), *geo)
+                    do, q, k, v, lse, dl, dq, ma, mb, lq, lk, *geo)
     if keys:
         kern, sig = simt.KERNELS["grad_kv", dtype]
         kern.launch(sig, -(-keys // BLOCK), BLOCK, stream,
-                    *_flat(do, q, k, v, lse, dl, dk, dv, ma, mb, lq, lk), *geo)
+                    do, q, k, v, lse, dl, dk, dv, ma, mb, lq, lk, *geo)
     return dq, dk, dv

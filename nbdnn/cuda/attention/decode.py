@@ -26,7 +26,7 @@ from numba import cuda, float32, float64, uint8
 from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
-from .simt import _device_functions
+from .simt import _device_functions, geometry_types
 
 CHUNK = 32 if SIMULATOR else 128  # keys a block (its threads)
 MAX_SQ = 16
@@ -149,8 +149,7 @@ def _build():
         CT = float64 if t == "float64" else float32
         a, ct = f"{array_type(t)}[::1]", "float64" if t == "float64" else "float32"
         part, combine = _kernels(CT, CT(-np.inf))
-        tail = "int64[::1], int64[::1], " + ", ".join(["int64"] * 27) + \
-            f", {ct}, int64, uint64, {ct}, uint64, uint64, uint64, uint64"
+        tail = geometry_types(ct)
         sp = f"void({a}, {a}, {a}, {ct}[::1], {ct}[::1], {a}, uint8[::1], {tail})"
         sc = f"void({ct}[::1], {ct}[::1], {a}, {ct}[::1], " + ", ".join(["int64"] * 7) + ")"
         table["part", t] = (Kernel(part, [sp]), sp)

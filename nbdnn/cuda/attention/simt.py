@@ -33,10 +33,15 @@ from ..runtime.launch import Kernel
 MAX_D = 256
 _MASK, _S32 = np.uint64(0xFFFFFFFF), np.uint64(32)
 
-# the scalar arguments every kernel takes after its arrays (launcher: _geometry)
-GEOMETRY = ("B, Hq, G, Sq, Sk, D, Dv, qb, qh, qi, kb, kh, kj, vb, vh, vj, ob, oh, oi, "
-            "mkind, m0, m1, m2, m3, has_lq, has_lk, causal, scale, mode, thr, kscale, "
-            "off_lo, off_hi, key_lo, key_hi")
+
+
+def geometry_types(ct):
+    """The types of the arguments every forward-shaped kernel takes after its tensors:
+    the two length arrays, then the launcher's geometry (attention._geometry: B, Hq, G,
+    Sq, Sk, D, Dv, the strides of q, k, v, o, the mask's kind and strides, the length
+    and causal flags; scale, mode, the dropout's threshold, factor, offset and seed)."""
+    return "int64[::1], int64[::1], " + ", ".join(["int64"] * 27) + \
+        f", {ct}, int64, uint64, {ct}, uint64, uint64, uint64, uint64"
 
 
 def _device_functions(CT):
@@ -241,8 +246,7 @@ def _kernels(CT, NEG_INF):
 def _signatures(t):
     """The kernels' signatures for storage dtype t."""
     a, ct = f"{array_type(t)}[::1]", "float64" if t == "float64" else "float32"
-    tail = "int64[::1], int64[::1], " + ", ".join(["int64"] * 27) + \
-        f", {ct}, int64, uint64, {ct}, uint64, uint64, uint64, uint64"
+    tail = geometry_types(ct)
     arrays = {"forward": f"{a}, {a}, {a}, {a}, {ct}[::1]",
               "grad_q": f"{a}, {a}, {a}, {a}, {ct}[::1], {ct}[::1], {a}",
               "grad_kv": f"{a}, {a}, {a}, {a}, {ct}[::1], {ct}[::1], {a}, {a}"}
