@@ -405,8 +405,11 @@ attention)
             -k "attention or decode or exact or block or cuda or graphed or heads" \
             > "$OUT/att-tests.log" 2>&1 &
         sanitized att 200 tests/test_crosscheck.py -k "attention and extremes"
+        # (run AP's leftovers: the stem's row kernels sanitized, channels_first on the GPU)
+        sanitized rows 150 tests/test_conv_paths.py -k "im2col_rows"
+        $P tests/test_conv_tensorcore.py -k channels_first > "$OUT/cf.log" 2>&1 &
         wait
-        summary att-cross att-tests att-memcheck att-racecheck
+        summary att-cross att-tests att-memcheck att-racecheck rows-memcheck rows-racecheck cf
         timeout 120 python3 -m nbdnn demo --backend cuda --mode both --model transformer \
             --epochs 10 2>&1 | grep -v -i warn  # (the example, eager and graphed)
     fi
