@@ -47,6 +47,8 @@
 #                                             # GEMM tiles (pointwise_tiles.py)
 #   bash perf/gpu_run.sh attention            # issue 25: attention's GPU tests (SAN=1: the
 #                                             # sanitizer), perf/suites/attention.py
+#   bash perf/gpu_run.sh flash                # issue 25's tensor-core forward: tests, (SAN=1)
+#                                             # sanitizer, SASS, perf/suites/attention.py
 #   bash perf/gpu_run.sh ap-final             # conv.py bf16 NHWC "auto" and "gemm", both
 #                                             # gradients; NCHW against channels_first.ON
 #   bash perf/gpu_run.sh layout-moves         # run AN's tiled transpose, 1x1 data-gradient
@@ -415,6 +417,24 @@ attention)
     fi
     timeout ${PERF_LIMIT_S:-300} python3 perf/suites/attention.py ${ATT_ARGS:---quick --decode} \
         --json "$OUT/attention.json" 2>&1 | grep -v -i warn ;;
+flash)
+    # issue 25's tensor-core forward (cuda/attention/flash.py): its tests, the attention
+    # cross-check rows and paths beside them, (SAN=1) memcheck and racecheck over its
+    # tests, the SASS of both head dims, then perf/suites/attention.py forward rows
+    # (ATT_ARGS, default: bf16, D 64 and 128, S 512 .. 16k, causal and not)
+    P="timeout ${TEST_LIMIT_S:-200} python3 -m pytest -q -p no:cacheprovider"
+    $P tests/test_attention_flash.py > "$OUT/flash-tests.log" 2>&1 &
+    $P tests/test_crosscheck.py tests/test_attention_paths.py -k "attention or decode or exact" \
+        > "$OUT/flash-cross.log" 2>&1 &
+    sanitized flash 240 tests/test_attention_flash.py -k "not long"
+    for k in attention_flash_fwd_bf16_d64_n128s4 attention_flash_fwd_bf16_d128_n128s2; do
+        echo "$k: $(timeout 90 python3 perf/tools/sass_dump.py nbdnn.cuda.attention.flash \
+            $k uint64 2>&1 >/dev/null | tr '\n' ' ')"  # HGMMA count, local memory (LDL/STL)
+    done
+    wait
+    summary flash-tests flash-cross flash-memcheck flash-racecheck
+    timeout ${PERF_LIMIT_S:-300} python3 perf/suites/attention.py ${ATT_ARGS:---no-backward} \
+        --json "$OUT/flash.json" 2>&1 | grep -v -i warn ;;
 tf32-conv)
     # float32 convolution in the TF32 modes: the tests (the tensor-core forward forced on,
     # the "gemm" path, the crosscheck's float32 conv rows; SAN=1: the sanitizer over the

@@ -2,6 +2,8 @@
 - simt.py: the exact path on the CUDA cores (every dtype and math mode, both layouts,
   masks, causal, grouped-query heads, dropout, variable lengths; the simulator runs
   it): a thread a query row (forward, dq), a thread a key row (dk, dv).
+- flash.py (flash_source.py): the tensor-core forward for 16-bit q, k, v at head dims
+  64 and 128 without a mask or dropout (wgmma, TMA; sm_90).
 - decode.py: the forward for Sq <= 16 queries against >= decode.MIN_KEYS keys
   (flash-decoding: the keys split over blocks, the chunks combined by log-sum-exp);
   every feature of the exact path.
@@ -12,7 +14,7 @@ import numpy as np
 from ..runtime.arrays import dtype_name, empty
 from ..runtime.simulator import SIMULATOR
 from ...cpu.dropout import MASK32, keep_threshold
-from . import decode, simt
+from . import decode, flash, simt
 
 BLOCK = 32 if SIMULATOR else 128
 MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}
@@ -101,6 +103,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
         kern, sig = decode.KERNELS["combine", dtype]
         kern.launch(sig, rows, decode.CHUNK, stream, ws_o, ws_ml, o, lse, Hq, Sq, Sk,
                     Dv, *geo[16:19])
+    elif rows and flash.usable(q, k, v, attn_mask, dropout_p, geo[27], Sq, geo[5], Dv):
+        flash.forward(q, k, v, o, lse, lq, lk, *geo[24:26], geo, layout, stream)
     elif rows:
         kern, sig = simt.KERNELS["forward", dtype]
         kern.launch(sig, -(-rows // BLOCK), BLOCK, stream,

@@ -90,3 +90,37 @@ def wgmma(N, kind, trans_b=0, trans_a=0):
         return acc(types.uint64, types.uint64, acc, types.int32), codegen
     mma.__doc__ = f"D(64x{N}) = A @ B + scale_d * D, {kind}.\n\nPTX: `{text}`"
     return mma
+
+
+@functools.lru_cache(maxsize=None)
+def wgmma_rs(N, kind, trans_b=0):
+    """The intrinsic f(a0, a1, a2, a3, desc_b, d, scale_d) -> d for m64nNk16 with A in
+    registers ("f16" or "bf16"): a thread holds four .b32 of packed pairs in the layout
+    of the accumulator's 16 columns (warp w, lane l: row r = 16w + l // 4, column c =
+    2(l % 4)): a0 = A[r, c:c+2], a1 = A[r+8, c:c+2], a2 = A[r, c+8:c+10], a3 = A[r+8,
+    c+8:c+10]. So accumulators d[8k..8k+7] of an m64n* product, packed in pairs, are
+    the A operand of k-step k of the next product (flash attention's P = softmax(S)
+    multiplying V). trans_b = 1: B MN-major in shared memory."""
+    if N % 8 or not 8 <= N <= 256 or kind not in ("f16", "bf16"):
+        raise ValueError(f"no wgmma m64n{N}k16 {kind} with A in registers")
+    n = N // 2
+    d = "{" + ",".join(f"${i}" for i in range(n)) + "}"
+    a = "{" + ",".join(f"${n + i}" for i in range(4)) + "}"
+    text = ("{\n.reg .pred p;\n" f"setp.ne.b32 p, ${2 * n + 5}, 0;\n"
+            f"wgmma.mma_async.sync.aligned.m64n{N}k16.f32.{kind}.{kind} "
+            f"{d}, {a}, ${n + 4}, p, 1, 1, {trans_b};\n}}")
+    cons = ",".join(["=f"] * n) + ",r,r,r,r,l," + ",".join(str(i) for i in range(n)) + \
+        ",r,~{memory}"
+    acc = types.UniTuple(types.float32, n)
+    u32 = types.uint32
+
+    @intrinsic
+    def mma(typingctx, a0, a1, a2, a3, desc_b, d, scale_d):
+        def codegen(context, builder, sig, args):
+            ops = list(args[:5]) + [builder.extract_value(args[5], i) for i in range(n)] \
+                + [args[6]]
+            st = inline_asm(builder, ir.LiteralStructType([F32] * n), ops, text, cons)
+            return values(context, builder, sig, st, n)
+        return acc(u32, u32, u32, u32, types.uint64, acc, types.int32), codegen
+    mma.__doc__ = f"D(64x{N}) = A(registers) @ B + scale_d * D, {kind}.\n\nPTX: `{text}`"
+    return mma

@@ -1,0 +1,122 @@
+"""The tensor-core forward of scaled_dot_product_attention (sm_90: wgmma, TMA, mbarrier),
+FlashAttention's algorithm on FA3's Hopper machinery; flash_source.py writes the kernel
+and draws its tiles.
+
+Variant F1 (run AQ): one block a (batch, head, 128-query tile), a producer warpgroup
+streaming K and V by TMA through STAGES stages, two consumer warpgroups of 64 query rows
+computing S = QK^T and O += PV on wgmma with the softmax between them in registers; P
+never leaves registers (the accumulator's layout is the next product's A operand). Rows
+and keys past the tensor are TMA's zeros, masked where they would count; causal tiles
+past a query tile's last row are never loaded.
+
+Where it runs (`usable`): float16 / bfloat16 q, k, v with head dims D = Dv = 64 or 128,
+no attn_mask, no dropout, a positive scale, Sq > 16 (fewer queries: decode.py), sm_90;
+everything else (and the simulator) runs simt.py's exact kernels. Causal, grouped-query
+heads, seq_lens_q / seq_lens_k and both layouts run here: BHSD tensors are mapped as (B*H,
+S, D), BSHD as (B, S, H*D), so neither is transposed.
+"""
+import math
+
+import numpy as np
+from numba import types
+from numba.cuda import libdevice
+from numba.cuda.extending import intrinsic
+
+from ..runtime.arrays import dtype_name, ptr
+from ..runtime.codegen import compile_source
+from ..runtime.launch import Kernel
+from ..runtime.simulator import SIMULATOR
+from ..tensorcore.asm import F32, inline_asm, smem_address
+from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2
+from ..tensorcore.tensormap import encoded
+from ..tensorcore.tiles import SOURCE_NAMES
+from ..tensorcore.tma import fence_proxy_tensormap_acquire, mbarrier_arrive, \
+    mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity, setmaxnreg_dec, \
+    setmaxnreg_inc, tma_load_3d
+from ..tensorcore.wgmma import wgmma, wgmma_rs
+from . import flash_source as fs
+
+ON = True                 # False: every forward runs the exact kernels (simt.py)
+TILES = {64: (128, 4), 128: (128, 2)}  # D -> (BN keys a tile, K/V stages)
+THREADS, MAX_REGS = 384, 168
+KINDS = {"float16": "f16", "bfloat16": "bf16"}
+SIG = ("void(uint64, uint64, uint64, uint32[::1], float32[::1], int64[::1], int64[::1], "
+       "int64, int64, int64, int64, int64, int64, int64, int64, float32, int64, int64, int64)")
+
+
+@intrinsic
+def ex2(typingctx, x):
+    """2^x, one MUFU instruction (2 ulp; -inf -> +0, flushes denormals).
+
+    PTX: `ex2.approx.ftz.f32 $0, $1;`"""
+    def codegen(context, builder, sig, args):
+        return inline_asm(builder, F32, list(args), "ex2.approx.ftz.f32 $0, $1;", "=f,f")
+    return types.float32(types.float32), codegen
+
+
+def kernel(dtype, D):
+    """The forward Kernel for dtype and head dim D (TILES), built on first use."""
+    if (dtype, D) not in _KERNELS:
+        kind = KINDS[dtype]
+        BN, stages = TILES[D]
+        name, src = fs.source(kind, D, BN, stages)
+        ns = dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
+                  F32=types.float32, NEG=types.float32(-np.inf), LN2=types.float32(math.log(2)),
+                  FULL=0xFFFFFFFF, math=math, fmaxf=libdevice.fmaxf, ex2=ex2,
+                  mma_qk=wgmma(BN, kind), mma_pv=wgmma_rs(D, kind, 1),
+                  cvt=cvt_bf16x2 if kind == "bf16" else cvt_f16x2,
+                  mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
+                  setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
+                  fence_proxy_tensormap_acquire=fence_proxy_tensormap_acquire,
+                  mbarrier_init=mbarrier_init, smem_address=smem_address,
+                  mbarrier_arrive_expect_tx=mbarrier_arrive_expect_tx,
+                  mbarrier_try_wait_parity=mbarrier_try_wait_parity)
+        shmem = fs.shared_bytes(D, BN, stages)
+        fn = compile_source(name, src, ns, about={
+            "config": f"{dtype}, D {D}: {fs.BM} queries x {BN} keys a tile, {stages} K/V "
+                      f"stages, 1 producer + 2 consumer warpgroups, wgmma m64n{BN}k16 (S) "
+                      f"and m64n{D}k16 with P in registers (O)",
+            "traffic": f"a key tile: {4 * BN * D} B in, {4 * fs.BM * BN * D} flops",
+            "why": "variant F1 (flash.py)"})
+        _KERNELS[dtype, D] = Kernel(fn, [SIG], arch="sm_90a", shared_bytes=shmem,
+                                    max_registers=MAX_REGS)
+    return _KERNELS[dtype, D]
+
+
+_KERNELS = {}
+
+
+def usable(q, k, v, attn_mask, dropout_p, scale, Sq, D, Dv):
+    """Whether this kernel runs the call (module docstring); TMA needs 16-byte aligned
+    bases (row strides are D * 2 bytes)."""
+    from ..matmul import tensor_cores
+    return ON and not SIMULATOR and dtype_name(q) in KINDS and D == Dv and D in TILES and \
+        attn_mask is None and dropout_p == 0 and scale > 0 and Sq > 16 and \
+        tensor_cores() and all(ptr(t) % 16 == 0 for t in (q, k, v))
+
+
+def forward(q, k, v, o, lse, lq, lk, has_lq, has_lk, geo, layout, stream):
+    """Launch the kernel: geo is the launcher's geometry (simt.geometry_types' order)."""
+    B, Hq, G, Sq, Sk, D = geo[:6]
+    ob, oh, orow = geo[16:19]
+    causal, scale = geo[26], geo[27]
+    dtype = dtype_name(q)
+    Hk = Hq // G
+    bhsd = layout == "BHSD"
+    shapes = ((B * Hq, Sq, D), (B * Hk, Sk, D)) if bhsd else ((B, Sq, Hq * D), (B, Sk, Hk * D))
+    BN = TILES[D][0]
+    maps = [encoded(ptr(t), shp, dtype, (1, rows, 64), "128B")
+            for t, shp, rows in ((q, shapes[0], fs.BM), (k, shapes[1], BN), (v, shapes[1], BN))]
+    kern = kernel(dtype, D)
+    tiles = -(-Sq // fs.BM)
+    kern.launch(SIG, B * Hq * tiles, THREADS, stream, *(m[0] for m in maps),
+                (ptr(o), B * Hq * Sq * D // 2), lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk,
+                causal, int(bhsd), float(scale * math.log2(math.e)), ob, oh, orow,
+                shmem=kern.shared_bytes, owners=tuple(m[1] for m in maps) + (o,))
+
+
+def ptx_examples():
+    """Both head dims in bfloat16 and float16 at D = 128 (tests/test_ptx.py compiles
+    them for sm_90a)."""
+    for dtype, D in (("bfloat16", 64), ("bfloat16", 128), ("float16", 128)):
+        kernel(dtype, D)

@@ -1,0 +1,242 @@
+"""The flash-attention forward kernel's generated source (flash.py documents the kernel,
+its limits and its switches; flash.kernel compiles what `source` writes).
+
+A block: 3 warpgroups. Warpgroup 0 produces: one thread loads the block's Q tile once,
+then each key tile's K and V by TMA into a ring of STAGES stages (128-byte swizzle,
+each operand in 64-column boxes: one 128-byte row a key), announcing K and V on their
+own mbarriers so that S = QK^T starts while V lands. Warpgroups 1 and 2 consume, each
+64 query rows of the block's BM = 128:
+
+    S (64 x BN, registers)  = Q_w (64 x D, smem, K-major) @ K^T (smem, K-major)    wgmma
+    online softmax of S's rows in registers (exp2, the scale folded into log2(e))
+    P (64 x BN, registers, 16-bit) -> A operand as it lies (wgmma.wgmma_rs)
+    O (64 x D, registers)  += P @ V (smem: keys x D, D contiguous, MN-major B)      wgmma
+
+Shared memory (128-byte-swizzled boxes, BM or BN rows of 128 B, 1024-B aligned):
+
+    | Q: D/64 boxes of BM rows | stage 0: K (D/64 boxes of BN rows), V (same) | stage 1 ...
+
+A consumer thread's fragment (wgmma.py): rows r = 16 (i // 32) + (i % 32) // 4 and r + 8
+of its 64, columns 8j + 2 (i % 4) + {0, 1}; s[4j], s[4j+1] on row r, s[4j+2], s[4j+3]
+on row r + 8 (o likewise over D). The four lanes of a row reduce its max and sum with
+two xor shuffles.
+
+Traffic a key tile: 2 BN D 2 bytes in (K and V), 4 BM BN D flops (two products): at
+BN = 128, D = 128, 64 KB for 8.4 MFLOP, 128 flop/byte, so the loads hide behind the
+tensor cores once a head's K and V sit in L2 (the block order keeps a head's query
+tiles together).
+"""
+
+BM = 128           # query rows a block (two consumer warpgroups of 64)
+REGS = (24, 240)   # setmaxnreg: the producer's, the consumers' (24 x 128 + 240 x 256 of
+#                    an SM's 65536; the kernel compiles for 168 = 65536 / 384)
+
+
+def shared_bytes(D, BN, stages):
+    """Dynamic shared memory of a block: 1024 B of alignment slack, Q, the stages."""
+    return 1024 + BM * D * 2 + stages * 2 * BN * D * 2
+
+
+def _tree(op, xs):
+    """A balanced reduction expression of names xs with binary function op."""
+    while len(xs) > 1:
+        xs = [f"{op}({xs[i]}, {xs[i + 1]})" if i + 1 < len(xs) else xs[i]
+              for i in range(0, len(xs), 2)]
+    return xs[0]
+
+
+def _sum(xs):
+    while len(xs) > 1:
+        xs = [f"({xs[i]} + {xs[i + 1]})" if i + 1 < len(xs) else xs[i]
+              for i in range(0, len(xs), 2)]
+    return xs[0]
+
+
+def _producer_lines(D, BN, stages):
+    q_bytes, kv_bytes, boxes = BM * D * 2, BN * D * 2, D // 64
+    L = ["    if wg == 0:",
+         f"        setmaxnreg_dec({REGS[0]})",
+         "        if tid == 0:",
+         f"            mbarrier_arrive_expect_tx(U32(qfull), {q_bytes})"]
+    L += [f"            tma_load_3d(U32(qs + {c * BM * 128}), map_q, I32(xq + {64 * c}), "
+          "I32(m0), I32(zq), U32(qfull))" for c in range(boxes)]
+    L += ["            for t in range(ntiles):",
+          f"                s = t % {stages}",
+          f"                ph = (t // {stages}) & 1",
+          "                while mbarrier_try_wait_parity(U32(empty0 + 8 * s), U32(ph ^ 1)) == 0:",
+          "                    pass",
+          f"                ka = ks0 + s * {2 * kv_bytes}",
+          f"                n0 = t * {BN}"]
+    for bar, mp, off in (("kfull0", "map_k", 0), ("vfull0", "map_v", kv_bytes)):
+        L += [f"                mbarrier_arrive_expect_tx(U32({bar} + 8 * s), {kv_bytes})"]
+        L += [f"                tma_load_3d(U32(ka + {off + c * BN * 128}), {mp}, "
+              f"I32(xk + {64 * c}), I32(n0), I32(zk), U32({bar} + 8 * s))" for c in range(boxes)]
+    return L
+
+
+def _softmax_lines(BN, D, ind):
+    """Scores s -> masked x, the rows' running max m_, sum l_, rescaled o, packed P a."""
+    n = BN // 2
+    row = [(k % 4) // 2 for k in range(n)]          # 0: row r, 1: row r + 8
+    col = [8 * (k // 4) + k % 2 for k in range(n)]  # column offset past n0 + cb
+    L = [f"{ind}need = n0 + {BN} > lkb or (causal != 0 and n0 + {BN - 1} > wrow)",
+         f"{ind}if need:", f"{ind}    cl = n0 + cb"]
+    L += [f"{ind}    x{k} = sc[{k}] if cl + {col[k]} < lim{row[k]} else NEG" for k in range(n)]
+    L += [f"{ind}else:"] + [f"{ind}    x{k} = sc[{k}]" for k in range(n)]
+    for rr in (0, 1):
+        xs = [f"x{k}" for k in range(n) if row[k] == rr]
+        L += [f"{ind}mx{rr} = {_tree('fmaxf', xs)}",
+              f"{ind}mx{rr} = fmaxf(mx{rr}, cuda.shfl_xor_sync(FULL, mx{rr}, 1))",
+              f"{ind}mx{rr} = fmaxf(mx{rr}, cuda.shfl_xor_sync(FULL, mx{rr}, 2))",
+              f"{ind}mn{rr} = fmaxf(m_{rr}, mx{rr} * sl)",
+              f"{ind}mu{rr} = F32(0) if mn{rr} == NEG else mn{rr}  # (a row masked so far)",
+              f"{ind}al{rr} = ex2(m_{rr} - mu{rr})",
+              f"{ind}m_{rr} = mn{rr}",
+              f"{ind}nmu{rr} = -mu{rr}"]
+    L += [f"{ind}p{k} = ex2(cuda.fma(x{k}, sl, nmu{row[k]}))" for k in range(n)]
+    for rr in (0, 1):
+        L += [f"{ind}l_{rr} = l_{rr} * al{rr} + " +
+              _sum([f"p{k}" for k in range(n) if row[k] == rr])]
+    L += [f"{ind}o = rescale(o, al0, al1)"]
+    L += [f"{ind}a{k} = cvt(p{2 * k}, p{2 * k + 1})" for k in range(n // 2)]
+    return L
+
+
+def _consumer_lines(D, BN, stages):
+    kv_bytes = BN * D * 2
+    L = ["    else:",
+         f"        setmaxnreg_inc({REGS[1]})",
+         "        w = wg - 1",
+         "        i = tid % 128",
+         "        lane = i % 32",
+         "        wrow = m0 + w * 64",
+         "        r0 = wrow + 16 * (i // 32) + lane // 4",
+         "        r1 = r0 + 8",
+         "        cb = 2 * (lane % 4)",
+         "        qa = qs + w * 8192  # (64 rows of 128 B into each Q box)",
+         "        sl = F32(scale_log2)",
+         "        m_0 = NEG", "        m_1 = NEG", "        l_0 = F32(0)", "        l_1 = F32(0)",
+         "        lim0 = lkb", "        lim1 = lkb",
+         "        if causal != 0:",
+         "            lim0 = min(lkb, r0 + 1)", "            lim1 = min(lkb, r1 + 1)",
+         "        o = zero_o()",
+         "        sc = zero_s()",
+         "        while mbarrier_try_wait_parity(U32(qfull), U32(0)) == 0:",
+         "            pass",
+         "        for t in range(ntiles):",
+         f"            s = t % {stages}",
+         f"            ph = (t // {stages}) & 1",
+         f"            ka = ks0 + s * {2 * kv_bytes}",
+         f"            va = ka + {kv_bytes}",
+         f"            n0 = t * {BN}",
+         "            while mbarrier_try_wait_parity(U32(kfull0 + 8 * s), U32(ph)) == 0:",
+         "                pass",
+         "            wgmma_fence()"]
+    for kk in range(D // 16):
+        off_q = (kk // 4) * BM * 128 + (kk % 4) * 32
+        off_k = (kk // 4) * BN * 128 + (kk % 4) * 32
+        L += [f"            sc = mma_qk(descriptor(qa + {off_q}, 16, 1024, SW128), "
+              f"descriptor(ka + {off_k}, 16, 1024, SW128), sc, {int(kk > 0)})"]
+    L += ["            wgmma_commit()", "            wgmma_wait(0)"]
+    L += _softmax_lines(BN, D, " " * 12)
+    L += ["            while mbarrier_try_wait_parity(U32(vfull0 + 8 * s), U32(ph)) == 0:",
+          "                pass",
+          "            wgmma_fence()"]
+    for kk in range(BN // 16):
+        L += [f"            o = mma_pv(a{4 * kk}, a{4 * kk + 1}, a{4 * kk + 2}, a{4 * kk + 3}, "
+              f"descriptor(va + {2048 * kk}, {BN * 128}, 1024, SW128), o, 1)"]
+    L += ["            wgmma_commit()", "            wgmma_wait(0)",
+          "            if i == 0:", "                mbarrier_arrive(U32(empty0 + 8 * s))"]
+    return L + _epilogue_lines(D)
+
+
+def _epilogue_lines(D):
+    """Rows' sums over their four lanes, o / l and lse = ln(sum exp(scaled scores)); a row
+    at or past its batch entry's seq_lens_q gets o = 0, lse = -inf (nothing attends);
+    rows past Sq (the tile's tail) are not stored."""
+    L = []
+    for rr in (0, 1):
+        L += [f"        l_{rr} += cuda.shfl_xor_sync(FULL, l_{rr}, 1)",
+              f"        l_{rr} += cuda.shfl_xor_sync(FULL, l_{rr}, 2)",
+              f"        dead{rr} = r{rr} >= lqb",
+              f"        inv{rr} = F32(1) / l_{rr} if l_{rr} != 0 else F32(0)",
+              f"        e{rr} = (m_{rr} + math.log2(l_{rr})) * LN2 if l_{rr} != 0 and not "
+              f"dead{rr} else NEG",
+              f"        if r{rr} < Sq:",
+              f"            wo = (b * ob + h * oh + r{rr} * orow + cb) // 2"]
+        for j in range(D // 8):
+            k = 4 * j + 2 * rr
+            L += [f"            out[wo + {4 * j}] = cvt(F32(0) if dead{rr} else o[{k}] * inv{rr}, "
+                  f"F32(0) if dead{rr} else o[{k + 1}] * inv{rr})"]
+        L += ["            if lane % 4 == 0:",
+              f"                lse[(b * Hq + h) * Sq + r{rr}] = e{rr}"]
+    return L
+
+
+def _helper_lines(D, BN):
+    """Device functions for the long tuple literals (numba's bytecode peephole for them
+    fails inside a kernel's branches): the accumulators' zeros, O's rows rescaled."""
+    return ["@cuda.jit(device=True, forceinline=True)", "def zero_o():",
+            f"    return ({'F32(0), ' * (D // 2)})", "",
+            "@cuda.jit(device=True, forceinline=True)", "def zero_s():",
+            f"    return ({'F32(0), ' * (BN // 2)})", "",
+            "@cuda.jit(device=True, forceinline=True)", "def rescale(o, al0, al1):",
+            "    return (" + ", ".join(f"o[{k}] * al{(k % 4) // 2}" for k in range(D // 2)) +
+            ",)", "", ""]
+
+
+def source(kind, D, BN, stages):
+    """(name, source) of the forward kernel for kind "f16"/"bf16", head dim D (64 or 128),
+    BN keys a tile and `stages` K/V stages."""
+    q_bytes, kv_bytes = BM * D * 2, BN * D * 2
+    name = f"attention_flash_fwd_{kind}_d{D}_n{BN}s{stages}"
+    L = _helper_lines(D, BN) + [f"def {name}(map_q, map_k, map_v, out, lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, "
+         "causal, bhsd, scale_log2, ob, oh, orow):",
+         "    smem = cuda.shared.array(0, types.uint8)",
+         f"    bars = cuda.shared.array({1 + 3 * stages}, types.uint64, alignment=8)",
+         "    tid = cuda.threadIdx.x",
+         "    wg = tid // 128",
+         "    base = (I(smem_address(smem, 0)) + 1023) & ~1023  # the swizzle atom's alignment",
+         "    qs = base",
+         f"    ks0 = base + {q_bytes}  # stage s: K at ks0 + {2 * kv_bytes} s, V {kv_bytes} B on",
+         "    qfull = I(smem_address(bars, 0))  # then kfull[s], vfull[s], empty[s], 8 B each",
+         "    kfull0 = qfull + 8",
+         f"    vfull0 = kfull0 + {8 * stages}",
+         f"    empty0 = vfull0 + {8 * stages}",
+         # one block a (batch, head, query tile), a head's tiles consecutive (its K and V
+         # stay in L2 while they run); causal: a head's longest rows first
+         f"    tiles = (Sq + {BM - 1}) // {BM}",
+         "    bh = cuda.blockIdx.x // tiles",
+         "    mt = cuda.blockIdx.x % tiles",
+         "    if causal != 0:",
+         "        mt = tiles - 1 - mt",
+         "    b = bh // Hq",
+         "    h = bh % Hq",
+         "    hk = h // G",
+         f"    m0 = mt * {BM}",
+         "    lqb = lq[b] if has_lq != 0 else Sq",
+         "    lkb = lk[b] if has_lk != 0 else Sk",
+         "    kend = lkb",
+         f"    if causal != 0 and m0 + {BM} < kend:",
+         f"        kend = m0 + {BM}",
+         "    if m0 >= lqb:",
+         "        kend = 0",
+         f"    ntiles = (kend + {BN - 1}) // {BN}",
+         # the maps' coordinates: BHSD (B*H, S, D) maps, BSHD (B, S, H*D) maps
+         "    zq = bh if bhsd != 0 else b",
+         f"    xq = 0 if bhsd != 0 else h * {D}",
+         "    zk = b * (Hq // G) + hk if bhsd != 0 else b",
+         f"    xk = 0 if bhsd != 0 else hk * {D}",
+         "    if tid == 0:",
+         "        fence_proxy_tensormap_acquire(map_q)",
+         "        fence_proxy_tensormap_acquire(map_k)",
+         "        fence_proxy_tensormap_acquire(map_v)",
+         "        mbarrier_init(U32(qfull), 1)",
+         f"        for s in range({stages}):",
+         "            mbarrier_init(U32(kfull0 + 8 * s), 1)",
+         "            mbarrier_init(U32(vfull0 + 8 * s), 1)",
+         "            mbarrier_init(U32(empty0 + 8 * s), 2)",
+         "        fence_proxy_async()  # the initialised barriers, visible to TMA",
+         "    cuda.syncthreads()"]
+    L += _producer_lines(D, BN, stages) + _consumer_lines(D, BN, stages)
+    return name, "\n".join(L) + "\n"
