@@ -426,7 +426,7 @@ flash)
     $P tests/test_attention_flash.py > "$OUT/flash-tests.log" 2>&1 &
     $P tests/test_crosscheck.py tests/test_attention_paths.py -k "attention or decode or exact" \
         > "$OUT/flash-cross.log" 2>&1 &
-    sanitized flash 240 tests/test_attention_flash.py -k "not long"
+    sanitized flash ${SAN_LIMIT_S:-200} tests/test_attention_flash.py -k "not long"
     for k in attention_flash_fwd_bf16_d64_n128s4 attention_flash_fwd_bf16_d128_n128s2; do
         echo "$k: $(timeout 90 python3 perf/tools/sass_dump.py nbdnn.cuda.attention.flash \
             $k uint64 2>&1 >/dev/null | tr '\n' ' ')"  # HGMMA count, local memory (LDL/STL)

@@ -48,6 +48,9 @@ def check(kernel, sig, version):
     detail = (f"{regs.group(1) if regs else '?'} registers, {spill} B spilled" if r.returncode == 0
               else r.stderr.strip().splitlines()[0])
     print(f"{'ok ' if ok else 'BAD'} {kernel.name:56} {detail}", flush=True)
+    for line in r.stderr.splitlines():  # (advisories: e.g. wgmma serialized, and why)
+        if "warning" in line.lower() or "advisory" in line.lower():
+            print(f"    {line.strip()}", flush=True)
     return ok
 
 

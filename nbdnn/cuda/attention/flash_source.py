@@ -97,13 +97,28 @@ def _softmax_lines(BN, D, ind):
     for rr in (0, 1):
         L += [f"{ind}l_{rr} = l_{rr} * al{rr} + " +
               _sum([f"p{k}" for k in range(n) if row[k] == rr])]
-    L += [f"{ind}o = rescale(o, al0, al1)"]
     L += [f"{ind}a{k} = cvt(p{2 * k}, p{2 * k + 1})" for k in range(n // 2)]
     return L
 
 
-def _consumer_lines(D, BN, stages):
+def _pv_lines(D, BN, ind, stage, parity):
+    """O += P V of the tile in `stage` (its V awaited): the a registers, V MN-major."""
+    L = [f"{ind}va = ks0 + {stage} * {4 * BN * D} + {2 * BN * D}",
+         f"{ind}while mbarrier_try_wait_parity(U32(vfull0 + 8 * {stage}), U32({parity})) == 0:",
+         f"{ind}    pass"]
+    return L + [f"{ind}o = mma_pv(a{4 * kk}, a{4 * kk + 1}, a{4 * kk + 2}, a{4 * kk + 3}, "
+                f"descriptor(va + {2048 * kk}, {BN * 128}, 1024, SW128), o, 1)"
+                for kk in range(BN // 16)] + [f"{ind}wgmma_commit()"]
+
+
+def _consumer_lines(D, BN, stages, overlap):
+    """A consumer warpgroup's loop over the key tiles. overlap (variant F2, FA3's
+    intra-warpgroup pipelining): tile t's S = QK^T and tile t-1's O += PV are issued
+    together, and the softmax of S_t runs while PV_{t-1} is on the tensor cores; O is
+    rescaled once PV_{t-1} is done, the last tile's PV after the loop. Without it (F1):
+    S_t, wait, softmax, PV_t, wait."""
     kv_bytes = BN * D * 2
+    ind = " " * 12
     L = ["    else:",
          f"        setmaxnreg_inc({REGS[1]})",
          "        w = wg - 1",
@@ -120,14 +135,16 @@ def _consumer_lines(D, BN, stages):
          "        if causal != 0:",
          "            lim0 = min(lkb, r0 + 1)", "            lim1 = min(lkb, r1 + 1)",
          "        o = zero_o()",
-         "        sc = zero_s()",
+         "        sc = zero_s()"] + \
+        ([f"        a{k} = U32(0)" for k in range(BN // 4)] if overlap else []) + [
          "        while mbarrier_try_wait_parity(U32(qfull), U32(0)) == 0:",
          "            pass",
          "        for t in range(ntiles):",
          f"            s = t % {stages}",
          f"            ph = (t // {stages}) & 1",
+         f"            sp = (t + {stages - 1}) % {stages}  # the previous tile's stage",
+         f"            php = ((t + {stages - 1}) // {stages} + 1) & 1",
          f"            ka = ks0 + s * {2 * kv_bytes}",
-         f"            va = ka + {kv_bytes}",
          f"            n0 = t * {BN}",
          "            while mbarrier_try_wait_parity(U32(kfull0 + 8 * s), U32(ph)) == 0:",
          "                pass",
@@ -137,16 +154,29 @@ def _consumer_lines(D, BN, stages):
         off_k = (kk // 4) * BN * 128 + (kk % 4) * 32
         L += [f"            sc = mma_qk(descriptor(qa + {off_q}, 16, 1024, SW128), "
               f"descriptor(ka + {off_k}, 16, 1024, SW128), sc, {int(kk > 0)})"]
-    L += ["            wgmma_commit()", "            wgmma_wait(0)"]
-    L += _softmax_lines(BN, D, " " * 12)
-    L += ["            while mbarrier_try_wait_parity(U32(vfull0 + 8 * s), U32(ph)) == 0:",
-          "                pass",
-          "            wgmma_fence()"]
-    for kk in range(BN // 16):
-        L += [f"            o = mma_pv(a{4 * kk}, a{4 * kk + 1}, a{4 * kk + 2}, a{4 * kk + 3}, "
-              f"descriptor(va + {2048 * kk}, {BN * 128}, 1024, SW128), o, 1)"]
-    L += ["            wgmma_commit()", "            wgmma_wait(0)",
-          "            if i == 0:", "                mbarrier_arrive(U32(empty0 + 8 * s))"]
+    L += ["            wgmma_commit()"]
+    if overlap:
+        L += ["            if t > 0:"] + _pv_lines(D, BN, " " * 16, "sp", "php") + [
+              "                wgmma_wait(1)", "            else:", "                wgmma_wait(0)"]
+    else:
+        L += ["            wgmma_wait(0)"]
+    L += ["            sc = fence_s(sc)"] + _softmax_lines(BN, D, ind)
+    if overlap:
+        L += ["            if t > 0:", "                wgmma_wait(0)",
+              "                o = fence_o(o)",
+              "                if i == 0:",
+              "                    mbarrier_arrive(U32(empty0 + 8 * sp))",
+              "            o = rescale(o, al0, al1)"]
+        L += ["        if ntiles > 0:",
+              f"            s = (ntiles - 1) % {stages}",
+              f"            ph = ((ntiles - 1) // {stages}) & 1",
+              "            wgmma_fence()"] + _pv_lines(D, BN, ind, "s", "ph") + [
+              "            wgmma_wait(0)", "            o = fence_o(o)"]
+    else:
+        L += ["            o = rescale(o, al0, al1)", "            wgmma_fence()"] + \
+            _pv_lines(D, BN, ind, "s", "ph") + [
+            "            wgmma_wait(0)", "            o = fence_o(o)",
+            "            if i == 0:", "                mbarrier_arrive(U32(empty0 + 8 * s))"]
     return L + _epilogue_lines(D)
 
 
@@ -185,11 +215,11 @@ def _helper_lines(D, BN):
             ",)", "", ""]
 
 
-def source(kind, D, BN, stages):
+def source(kind, D, BN, stages, overlap=True):
     """(name, source) of the forward kernel for kind "f16"/"bf16", head dim D (64 or 128),
-    BN keys a tile and `stages` K/V stages."""
+    BN keys a tile, `stages` K/V stages; overlap: variant F2 (_consumer_lines), else F1."""
     q_bytes, kv_bytes = BM * D * 2, BN * D * 2
-    name = f"attention_flash_fwd_{kind}_d{D}_n{BN}s{stages}"
+    name = f"attention_flash_fwd_{kind}_d{D}_n{BN}s{stages}" + ("" if overlap else "_f1")
     L = _helper_lines(D, BN) + [f"def {name}(map_q, map_k, map_v, out, lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, "
          "causal, bhsd, scale_log2, ob, oh, orow):",
          "    smem = cuda.shared.array(0, types.uint8)",
@@ -238,5 +268,5 @@ def source(kind, D, BN, stages):
          "            mbarrier_init(U32(empty0 + 8 * s), 2)",
          "        fence_proxy_async()  # the initialised barriers, visible to TMA",
          "    cuda.syncthreads()"]
-    L += _producer_lines(D, BN, stages) + _consumer_lines(D, BN, stages)
+    L += _producer_lines(D, BN, stages) + _consumer_lines(D, BN, stages, overlap)
     return name, "\n".join(L) + "\n"
