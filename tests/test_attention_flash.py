@@ -101,3 +101,20 @@ def test_flash_long_sequence():
         want_o, want_lse = _reference(q[:, :, r:r + 512], k, v)
         np.testing.assert_allclose(o[:, :, r:r + 512], want_o, atol=1e-2, rtol=1e-2)
         np.testing.assert_allclose(lse[:, :, r:r + 512], want_lse, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("overlap,pingpong", [(False, False), (True, False), (True, True)])
+def test_flash_variants_match_reference(overlap, pingpong, monkeypatch):
+    """F1, F2 and F3 (flash.py) on one case with every feature that changes the loop:
+    causal tiles, a key tail, grouped-query heads, variable lengths."""
+    from nbdnn.cuda.attention import flash
+    monkeypatch.setattr(flash, "OVERLAP", overlap)
+    monkeypatch.setattr(flash, "PINGPONG", pingpong)
+    rng = np.random.default_rng(4)
+    q, k, v = _inputs(rng, "bfloat16", "BHSD", 2, 4, 2, 300, 700, 128)
+    kw = dict(is_causal=True, enable_gqa=True, seq_lens_q=np.array([300, 129]),
+              seq_lens_k=np.array([650, 700]))
+    o, lse = _run(q, k, v, **kw)
+    want_o, want_lse = _reference(q, k, v, **kw)
+    np.testing.assert_allclose(o, want_o, atol=2e-2, rtol=2e-2)
+    np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)

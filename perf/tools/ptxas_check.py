@@ -49,7 +49,7 @@ def check(kernel, sig, version):
               else r.stderr.strip().splitlines()[0])
     print(f"{'ok ' if ok else 'BAD'} {kernel.name:56} {detail}", flush=True)
     for line in r.stderr.splitlines():  # (advisories: e.g. wgmma serialized, and why)
-        if "warning" in line.lower() or "advisory" in line.lower():
+        if any(w in line.lower() for w in ("warning", "advisory", "performance")):
             print(f"    {line.strip()}", flush=True)
     return ok
 

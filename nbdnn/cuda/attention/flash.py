@@ -2,7 +2,7 @@
 FlashAttention's algorithm on FA3's Hopper machinery; flash_source.py writes the kernel
 and draws its tiles.
 
-Variants F1, F2 (run AQ): one block a (batch, head, 128-query tile), a producer warpgroup
+Variants F1-F3 (run AQ): one block a (batch, head, 128-query tile), a producer warpgroup
 streaming K and V by TMA through STAGES stages, two consumer warpgroups of 64 query rows
 computing S = QK^T and O += PV on wgmma with the softmax between them in registers; P
 never leaves registers (the accumulator's layout is the next product's A operand). Rows
@@ -30,16 +30,19 @@ from ..tensorcore.asm import F32, inline_asm, smem_address
 from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2
 from ..tensorcore.tensormap import encoded
 from ..tensorcore.tiles import SOURCE_NAMES
-from ..tensorcore.tma import fence_proxy_tensormap_acquire, mbarrier_arrive, \
+from ..tensorcore.tma import bar_arrive, bar_sync, fence_proxy_tensormap_acquire, mbarrier_arrive, \
     mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait_parity, setmaxnreg_dec, \
     setmaxnreg_inc, tma_load_3d
-from ..tensorcore.wgmma import fence_operands, wgmma, wgmma_rs
+from ..tensorcore.wgmma import wgmma, wgmma_rs
 from . import flash_source as fs
 
 ON = True                 # False: every forward runs the exact kernels (simt.py)
 # variant F2: a consumer's softmax of key tile t overlaps tile t-1's PV on the tensor
 # cores (flash_source._consumer_lines); False: F1, each tile's products in turn
 OVERLAP = True
+# variant F3 (with OVERLAP): the two consumer warpgroups issue their products in turns
+# (named barriers), so one's softmax runs under the other's products (FA3's ping-pong)
+PINGPONG = True
 TILES = {64: (128, 4), 128: (128, 2)}  # D -> (BN keys a tile, K/V stages)
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16"}
@@ -57,22 +60,24 @@ def ex2(typingctx, x):
     return types.float32(types.float32), codegen
 
 
-def kernel(dtype, D, overlap=None):
-    """The forward Kernel for dtype and head dim D (TILES), OVERLAP's variant unless
-    overlap says; built on first use."""
+def kernel(dtype, D, overlap=None, pingpong=None):
+    """The forward Kernel for dtype and head dim D (TILES), OVERLAP's and PINGPONG's
+    variant unless overlap and pingpong say; built on first use."""
     overlap = OVERLAP if overlap is None else overlap
-    if (dtype, D, overlap) not in _KERNELS:
+    pingpong = (PINGPONG if pingpong is None else pingpong) and overlap
+    key = dtype, D, overlap, pingpong
+    if key not in _KERNELS:
         kind = KINDS[dtype]
         BN, stages = TILES[D]
-        name, src = fs.source(kind, D, BN, stages, overlap)
+        name, src = fs.source(kind, D, BN, stages, overlap, pingpong)
         ns = dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
                   F32=types.float32, NEG=types.float32(-np.inf), LN2=types.float32(math.log(2)),
                   FULL=0xFFFFFFFF, math=math, fmaxf=libdevice.fmaxf, ex2=ex2,
                   mma_qk=wgmma(BN, kind), mma_pv=wgmma_rs(D, kind, 1),
-                  fence_s=fence_operands(BN // 2), fence_o=fence_operands(D // 2),
                   cvt=cvt_bf16x2 if kind == "bf16" else cvt_f16x2,
                   mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
                   setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
+                  bar_sync=bar_sync, bar_arrive=bar_arrive,
                   fence_proxy_tensormap_acquire=fence_proxy_tensormap_acquire,
                   mbarrier_init=mbarrier_init, smem_address=smem_address,
                   mbarrier_arrive_expect_tx=mbarrier_arrive_expect_tx,
@@ -83,10 +88,10 @@ def kernel(dtype, D, overlap=None):
                       f"stages, 1 producer + 2 consumer warpgroups, wgmma m64n{BN}k16 (S) "
                       f"and m64n{D}k16 with P in registers (O)",
             "traffic": f"a key tile: {4 * BN * D} B in, {4 * fs.BM * BN * D} flops",
-            "why": f"variant {'F2' if overlap else 'F1'} (flash.py)"})
-        _KERNELS[dtype, D, overlap] = Kernel(fn, [SIG], arch="sm_90a", shared_bytes=shmem,
+            "why": f"variant {'F3' if pingpong else 'F2' if overlap else 'F1'} (flash.py)"})
+        _KERNELS[key] = Kernel(fn, [SIG], arch="sm_90a", shared_bytes=shmem,
                                     max_registers=MAX_REGS)
-    return _KERNELS[dtype, D, overlap]
+    return _KERNELS[key]
 
 
 _KERNELS = {}
@@ -122,8 +127,9 @@ def forward(q, k, v, o, lse, lq, lk, has_lq, has_lk, geo, layout, stream):
 
 
 def ptx_examples():
-    """Both head dims in bfloat16, float16 at D = 128, and F1 (tests/test_ptx.py
-    compiles them for sm_90a)."""
+    """Both head dims in bfloat16, float16 at D = 128, and the three variants
+    (tests/test_ptx.py compiles them for sm_90a)."""
     for dtype, D in (("bfloat16", 64), ("bfloat16", 128), ("float16", 128)):
         kernel(dtype, D)
-    kernel("bfloat16", 128, not OVERLAP)
+    for overlap, pingpong in ((False, False), (True, False), (True, True)):
+        kernel("bfloat16", 128, overlap, pingpong)

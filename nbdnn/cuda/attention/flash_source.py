@@ -74,8 +74,14 @@ def _producer_lines(D, BN, stages):
     return L
 
 
-def _softmax_lines(BN, D, ind):
-    """Scores s -> masked x, the rows' running max m_, sum l_, rescaled o, packed P a."""
+def _pack_lines(BN, ind):
+    """P's probabilities p -> the 16-bit pairs a of PV's A operand."""
+    return [f"{ind}a{k} = cvt(p{2 * k}, p{2 * k + 1})" for k in range(BN // 4)]
+
+
+def _softmax_lines(BN, D, ind, pack=True):
+    """Scores s -> masked x, the rows' running max m_, sum l_, probabilities p (packed
+    into a unless pack is False)."""
     n = BN // 2
     row = [(k % 4) // 2 for k in range(n)]          # 0: row r, 1: row r + 8
     col = [8 * (k // 4) + k % 2 for k in range(n)]  # column offset past n0 + cb
@@ -97,8 +103,7 @@ def _softmax_lines(BN, D, ind):
     for rr in (0, 1):
         L += [f"{ind}l_{rr} = l_{rr} * al{rr} + " +
               _sum([f"p{k}" for k in range(n) if row[k] == rr])]
-    L += [f"{ind}a{k} = cvt(p{2 * k}, p{2 * k + 1})" for k in range(n // 2)]
-    return L
+    return L + (_pack_lines(BN, ind) if pack else [])
 
 
 def _pv_lines(D, BN, ind, stage, parity):
@@ -111,7 +116,7 @@ def _pv_lines(D, BN, ind, stage, parity):
                 for kk in range(BN // 16)] + [f"{ind}wgmma_commit()"]
 
 
-def _consumer_lines(D, BN, stages, overlap):
+def _consumer_lines(D, BN, stages, overlap, pingpong=False):
     """A consumer warpgroup's loop over the key tiles. overlap (variant F2, FA3's
     intra-warpgroup pipelining): tile t's S = QK^T and tile t-1's O += PV are issued
     together, and the softmax of S_t runs while PV_{t-1} is on the tensor cores; O is
@@ -135,48 +140,56 @@ def _consumer_lines(D, BN, stages, overlap):
          "        if causal != 0:",
          "            lim0 = min(lkb, r0 + 1)", "            lim1 = min(lkb, r1 + 1)",
          "        o = zero_o()",
-         "        sc = zero_s()"] + \
-        ([f"        a{k} = U32(0)" for k in range(BN // 4)] if overlap else []) + [
+         "        sc = zero_s()",
          "        while mbarrier_try_wait_parity(U32(qfull), U32(0)) == 0:",
-         "            pass",
-         "        for t in range(ntiles):",
-         f"            s = t % {stages}",
-         f"            ph = (t // {stages}) & 1",
-         f"            sp = (t + {stages - 1}) % {stages}  # the previous tile's stage",
-         f"            php = ((t + {stages - 1}) // {stages} + 1) & 1",
-         f"            ka = ks0 + s * {2 * kv_bytes}",
-         f"            n0 = t * {BN}",
-         "            while mbarrier_try_wait_parity(U32(kfull0 + 8 * s), U32(ph)) == 0:",
-         "                pass",
-         "            wgmma_fence()"]
+         "            pass"]
+    head = [f"s = t % {stages}", f"ph = (t // {stages}) & 1", f"ka = ks0 + s * {2 * kv_bytes}",
+            f"n0 = t * {BN}", "while mbarrier_try_wait_parity(U32(kfull0 + 8 * s), U32(ph)) == 0:",
+            "    pass"]
+    qk = ["wgmma_fence()"]  # (S = Q K^T of tile t, issued)
     for kk in range(D // 16):
         off_q = (kk // 4) * BM * 128 + (kk % 4) * 32
         off_k = (kk // 4) * BN * 128 + (kk % 4) * 32
-        L += [f"            sc = mma_qk(descriptor(qa + {off_q}, 16, 1024, SW128), "
-              f"descriptor(ka + {off_k}, 16, 1024, SW128), sc, {int(kk > 0)})"]
-    L += ["            wgmma_commit()"]
-    if overlap:
-        L += ["            if t > 0:"] + _pv_lines(D, BN, " " * 16, "sp", "php") + [
-              "                wgmma_wait(1)", "            else:", "                wgmma_wait(0)"]
-    else:
-        L += ["            wgmma_wait(0)"]
-    L += ["            sc = fence_s(sc)"] + _softmax_lines(BN, D, ind)
-    if overlap:
-        L += ["            if t > 0:", "                wgmma_wait(0)",
-              "                o = fence_o(o)",
-              "                if i == 0:",
-              "                    mbarrier_arrive(U32(empty0 + 8 * sp))",
-              "            o = rescale(o, al0, al1)"]
-        L += ["        if ntiles > 0:",
-              f"            s = (ntiles - 1) % {stages}",
-              f"            ph = ((ntiles - 1) // {stages}) & 1",
-              "            wgmma_fence()"] + _pv_lines(D, BN, ind, "s", "ph") + [
-              "            wgmma_wait(0)", "            o = fence_o(o)"]
-    else:
-        L += ["            o = rescale(o, al0, al1)", "            wgmma_fence()"] + \
-            _pv_lines(D, BN, ind, "s", "ph") + [
-            "            wgmma_wait(0)", "            o = fence_o(o)",
-            "            if i == 0:", "                mbarrier_arrive(U32(empty0 + 8 * s))"]
+        qk += [f"sc = mma_qk(descriptor(qa + {off_q}, 16, 1024, SW128), "
+               f"descriptor(ka + {off_k}, 16, 1024, SW128), sc, {int(kk > 0)})"]
+    qk += ["wgmma_commit()"]
+    tile = head + qk
+    release = ["if i == 0:", "    mbarrier_arrive(U32(empty0 + 8 * s))"]
+    if not overlap:
+        L += ["        for t in range(ntiles):"] + [ind + x for x in tile + ["wgmma_wait(0)"]] + \
+            _softmax_lines(BN, D, ind) + [ind + "o = rescale(o, al0, al1)", ind + "wgmma_fence()"] + \
+            _pv_lines(D, BN, ind, "s", "ph") + [ind + x for x in ["wgmma_wait(0)"] + release]
+        return L + _epilogue_lines(D)
+    # F3 (pingpong): each warpgroup issues its products between bar_sync on its named
+    # barrier (1 + w) and bar_arrive on the other's, so the two take turns on the tensor
+    # cores and one's softmax runs under the other's products (FA3's ping-pong schedule);
+    # warpgroup 1 opens with an arrive, warpgroup 0 closes with a sync: the counts match
+    turn = ["bar_sync(U32(1 + w), U32(256))"] if pingpong else []
+    done = ["bar_arrive(U32(2 - w), U32(256))"] if pingpong else []
+    if pingpong:
+        L += ["        if w == 1:", "            bar_arrive(U32(1), U32(256))"]
+    # F2: tile 0 peeled (no wgmma in a branch), and P packed only once PV_{t-1} is done:
+    # registers a wgmma reads, written by other instructions while a wgmma group is in
+    # flight, make ptxas serialise every wgmma (its advisory C7513)
+    L += ["        if ntiles > 0:", ind + "t = 0"] + [
+        ind + x for x in head + turn + qk + done + ["wgmma_wait(0)"]] + \
+        _softmax_lines(BN, D, ind) + [
+         "            for t in range(1, ntiles):",
+         f"                sp = (t - 1) % {stages}  # the previous tile's stage, parity",
+         f"                php = ((t - 1) // {stages}) & 1"] + \
+        [" " * 16 + x for x in head + turn + qk] + \
+        _pv_lines(D, BN, " " * 16, "sp", "php") + [" " * 16 + x for x in done] + [
+         "                wgmma_wait(1)"] + _softmax_lines(BN, D, " " * 16, False) + [
+         "                wgmma_wait(0)  # (P's registers are PV's inputs until here)",
+         "                if i == 0:",
+         "                    mbarrier_arrive(U32(empty0 + 8 * sp))",
+         "                o = rescale(o, al0, al1)"] + _pack_lines(BN, " " * 16) + [
+         f"            s = (ntiles - 1) % {stages}",
+         f"            ph = ((ntiles - 1) // {stages}) & 1",
+         "            wgmma_fence()"] + _pv_lines(D, BN, ind, "s", "ph") + [
+         ind + "wgmma_wait(0)"] + [ind + x for x in release]
+    if pingpong:
+        L += ["        if w == 0:", "            bar_sync(U32(1), U32(256))"]
     return L + _epilogue_lines(D)
 
 
@@ -215,11 +228,12 @@ def _helper_lines(D, BN):
             ",)", "", ""]
 
 
-def source(kind, D, BN, stages, overlap=True):
+def source(kind, D, BN, stages, overlap=True, pingpong=False):
     """(name, source) of the forward kernel for kind "f16"/"bf16", head dim D (64 or 128),
-    BN keys a tile, `stages` K/V stages; overlap: variant F2 (_consumer_lines), else F1."""
+    BN keys a tile, `stages` K/V stages; overlap: variant F2 (_consumer_lines), else F1;
+    pingpong (with overlap): F3, the warpgroups' products in turns."""
     q_bytes, kv_bytes = BM * D * 2, BN * D * 2
-    name = f"attention_flash_fwd_{kind}_d{D}_n{BN}s{stages}" + ("" if overlap else "_f1")
+    name = f"attention_flash_fwd_{kind}_d{D}_n{BN}s{stages}" + ("_pp" if overlap and pingpong else "" if overlap else "_f1")
     L = _helper_lines(D, BN) + [f"def {name}(map_q, map_k, map_v, out, lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, "
          "causal, bhsd, scale_log2, ob, oh, orow):",
          "    smem = cuda.shared.array(0, types.uint8)",
@@ -268,5 +282,5 @@ def source(kind, D, BN, stages, overlap=True):
          "            mbarrier_init(U32(empty0 + 8 * s), 2)",
          "        fence_proxy_async()  # the initialised barriers, visible to TMA",
          "    cuda.syncthreads()"]
-    L += _producer_lines(D, BN, stages) + _consumer_lines(D, BN, stages, overlap)
+    L += _producer_lines(D, BN, stages) + _consumer_lines(D, BN, stages, overlap, pingpong and overlap)
     return name, "\n".join(L) + "\n"

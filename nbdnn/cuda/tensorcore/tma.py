@@ -71,6 +71,7 @@ _ST_SHARED = "st.shared.b32 [$0], $1;"
 _ST_SHARED_V2F = "st.shared.v2.f32 [$0], {$1, $2};"
 _ST_SHARED_V4F = "st.shared.v4.f32 [$0], {$1, $2, $3, $4};"
 _BAR_SYNC = "bar.sync $0, $1;"
+_BAR_ARRIVE = "bar.arrive $0, $1;"
 _REPLACE = "tensormap.replace.tile.global_address.shared::cta.b1024.b64 [$0], $1;"
 _COPY_RELEASE = "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu" \
     ".sync.aligned [$0], [$1], 128;"
@@ -182,6 +183,13 @@ def bar_sync(typingctx, barrier, count):
 
 
 @intrinsic
+def bar_arrive(typingctx, barrier, count):
+    """Arrive at named barrier `barrier` for `count` threads without waiting: with
+    bar_sync by another warpgroup, one warpgroup signals the other (FA3's ping-pong)."""
+    return types.void(u32, u32), _emit(_BAR_ARRIVE, "r,r,~{memory}")
+
+
+@intrinsic
 def tensormap_replace_address(typingctx, smap, address):
     """Set the base address of the tensor map held at .shared `smap` (its 128 bytes
     copied there, 128-byte aligned) to the global `address`."""
@@ -204,6 +212,6 @@ for _f, _t in ((mbarrier_init, _INIT), (mbarrier_arrive, _ARRIVE),
                (tma_load_im2col_4d, _IM2COL_4D), (tma_store_2d, _STORE_2D), (tma_store_3d, _STORE_3D),
                (st_shared_u32, _ST_SHARED), (st_shared_v2_f32, _ST_SHARED_V2F),
                (st_shared_v4_f32, _ST_SHARED_V4F),
-               (bar_sync, _BAR_SYNC),
+               (bar_sync, _BAR_SYNC), (bar_arrive, _BAR_ARRIVE),
                (tensormap_replace_address, _REPLACE), (tensormap_copy_release, _COPY_RELEASE)):
     _f.__doc__ += f"\n\nPTX: `{_t}`"

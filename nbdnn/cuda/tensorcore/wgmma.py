@@ -125,22 +125,3 @@ def wgmma_rs(N, kind, trans_b=0):
     mma.__doc__ = f"D(64x{N}) = A(registers) @ B + scale_d * D, {kind}.\n\nPTX: `{text}`"
     return mma
 
-
-@functools.lru_cache(maxsize=None)
-def fence_operands(n):
-    """The intrinsic f(d) -> d for a UniTuple(float32, n): an empty asm statement that
-    reads and redefines every value (CUTLASS's warpgroup_fence_operand). Placed right
-    after wgmma_wait, it keeps the compiler from moving a read of a wgmma's result above
-    the wait (the asm statements keep their order; plain arithmetic on the values would
-    not)."""
-    cons = ",".join(["=f"] * n) + "," + ",".join(str(i) for i in range(n))
-    acc = types.UniTuple(types.float32, n)
-
-    @intrinsic
-    def fence(typingctx, d):
-        def codegen(context, builder, sig, args):
-            ops = [builder.extract_value(args[0], i) for i in range(n)]
-            st = inline_asm(builder, ir.LiteralStructType([F32] * n), ops, "", cons)
-            return values(context, builder, sig, st, n)
-        return acc(acc), codegen
-    return fence
