@@ -37,12 +37,17 @@ from ..tensorcore.wgmma import wgmma, wgmma_rs
 from . import flash_source as fs
 
 ON = True                 # False: every forward runs the exact kernels (simt.py)
-# variant F2: a consumer's softmax of key tile t overlaps tile t-1's PV on the tensor
-# cores (flash_source._consumer_lines); False: F1, each tile's products in turn
-OVERLAP = True
-# variant F3 (with OVERLAP): the two consumer warpgroups issue their products in turns
-# (named barriers), so one's softmax runs under the other's products (FA3's ping-pong)
-PINGPONG = True
+# The consumer loop's variant by head dim (flash_source._consumer_lines):
+# - F1: each key tile's S = QK^T, its softmax, then its PV, in turn;
+# - F2: tile t's softmax runs while tile t-1's PV is on the tensor cores (FA3's
+#   intra-warpgroup pipelining);
+# - F3: F2, and the two consumer warpgroups issue their products in turns (named
+#   barriers), so one's softmax runs under the other's products (FA3's ping-pong).
+# Run AQ (H200, bf16, TFLOP/s at S 512 / 2k / 16k, non-causal): D 64: F1 216 / 333 / 393,
+# F2 202 / 312 / 368, F3 231 / 377 / 443; D 128: F1 316 / 478 / 558, F2 293 / 441 / 511,
+# F3 307 / 454 / 533 (causal alike). A first F2 (its PV in a branch, P packed while the
+# previous PV was in flight) measured 0.7x F1: ptxas serialised its wgmma (C7513).
+VARIANT = {64: "F3", 128: "F1"}
 TILES = {64: (128, 4), 128: (128, 2)}  # D -> (BN keys a tile, K/V stages)
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16"}
@@ -60,16 +65,15 @@ def ex2(typingctx, x):
     return types.float32(types.float32), codegen
 
 
-def kernel(dtype, D, overlap=None, pingpong=None):
-    """The forward Kernel for dtype and head dim D (TILES), OVERLAP's and PINGPONG's
-    variant unless overlap and pingpong say; built on first use."""
-    overlap = OVERLAP if overlap is None else overlap
-    pingpong = (PINGPONG if pingpong is None else pingpong) and overlap
-    key = dtype, D, overlap, pingpong
+def kernel(dtype, D, variant=None):
+    """The forward Kernel for dtype, head dim D (TILES) and variant (VARIANT[D] unless
+    given), built on first use."""
+    variant = variant or VARIANT[D]
+    key = dtype, D, variant
     if key not in _KERNELS:
         kind = KINDS[dtype]
         BN, stages = TILES[D]
-        name, src = fs.source(kind, D, BN, stages, overlap, pingpong)
+        name, src = fs.source(kind, D, BN, stages, variant != "F1", variant == "F3")
         ns = dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
                   F32=types.float32, NEG=types.float32(-np.inf), LN2=types.float32(math.log(2)),
                   FULL=0xFFFFFFFF, math=math, fmaxf=libdevice.fmaxf, ex2=ex2,
@@ -88,7 +92,7 @@ def kernel(dtype, D, overlap=None, pingpong=None):
                       f"stages, 1 producer + 2 consumer warpgroups, wgmma m64n{BN}k16 (S) "
                       f"and m64n{D}k16 with P in registers (O)",
             "traffic": f"a key tile: {4 * BN * D} B in, {4 * fs.BM * BN * D} flops",
-            "why": f"variant {'F3' if pingpong else 'F2' if overlap else 'F1'} (flash.py)"})
+            "why": f"variant {variant} (flash.py: VARIANT)"})
         _KERNELS[key] = Kernel(fn, [SIG], arch="sm_90a", shared_bytes=shmem,
                                     max_registers=MAX_REGS)
     return _KERNELS[key]
@@ -131,5 +135,5 @@ def ptx_examples():
     (tests/test_ptx.py compiles them for sm_90a)."""
     for dtype, D in (("bfloat16", 64), ("bfloat16", 128), ("float16", 128)):
         kernel(dtype, D)
-    for overlap, pingpong in ((False, False), (True, False), (True, True)):
-        kernel("bfloat16", 128, overlap, pingpong)
+    for variant in ("F1", "F2", "F3"):
+        kernel("bfloat16", 128, variant)
