@@ -1,8 +1,9 @@
-"""The tensor-core attention forward (cuda/attention/flash.py) on an sm_90 GPU against the
-float64 CPU reference of the same 16-bit inputs: its features (causal, grouped-query
-heads, variable lengths, both layouts, tails of both sequences), its defined rows (nothing
-attends: o = 0, lse = -inf; a NaN score: a NaN row), bit-identical reruns and a 16k-long
-sequence. Skipped without such a GPU (CI compiles the kernels: tests/test_ptx.py)."""
+"""The tensor-core attention forward (cuda/attention/flash.py) and backward (flash_bwd.py,
+forced on) on an sm_90 GPU against the float64 CPU reference of the same 16-bit inputs:
+their features (causal, grouped-query heads, variable lengths, both layouts, tails of both
+sequences), the forward's defined rows (nothing attends: o = 0, lse = -inf; a NaN score:
+a NaN row), the variants, bit-identical reruns and a 16k-long sequence. Skipped without
+such a GPU (CI compiles the kernels: tests/test_ptx.py)."""
 import numpy as np
 import pytest
 
@@ -117,3 +118,50 @@ def test_flash_variants_match_reference(variant, monkeypatch):
     want_o, want_lse = _reference(q, k, v, **kw)
     np.testing.assert_allclose(o, want_o, atol=2e-2, rtol=2e-2)
     np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
+
+
+def _grads(q, k, v, do, backend, **kw):
+    o, lse = nbdnn.scaled_dot_product_attention(q, k, v, backend=backend, **kw)
+    with launched() as names:
+        grads = nbdnn.scaled_dot_product_attention_backward(do, q, k, v, o, lse,
+                                                            backend=backend, **kw)
+    return [np.asarray(g, np.float64) for g in grads], names
+
+
+@pytest.mark.parametrize("dtype,D,layout,causal,B,Hq,Hk,Sq,Sk,lens", [
+    ("bfloat16", 128, "BHSD", False, 2, 2, 2, 300, 333, None),
+    ("float16", 64, "BSHD", True, 1, 4, 2, 257, 257, None),
+    ("bfloat16", 64, "BHSD", True, 2, 2, 1, 200, 450, None),
+    ("float16", 128, "BHSD", True, 1, 2, 2, 500, 130, None),
+    ("bfloat16", 128, "BSHD", False, 3, 2, 2, 190, 260, ([190, 5, 0], [1, 260, 100])),
+])
+def test_flash_backward_matches_reference(dtype, D, layout, causal, B, Hq, Hk, Sq, Sk, lens,
+                                          monkeypatch):
+    """flash_bwd.py (forced on: flash_bwd.ON) against the float64 reference's gradients of
+    the same 16-bit q, k, v, do: the largest error within TOL of the largest gradient."""
+    from nbdnn.cuda.attention import flash_bwd
+    monkeypatch.setattr(flash_bwd, "ON", True)
+    rng = np.random.default_rng(Sq * Sk)
+    q, k, v = _inputs(rng, dtype, layout, B, Hq, Hk, Sq, Sk, D)
+    do = rng.normal(0, 1, q.shape).astype(DTYPES[dtype])
+    kw = dict(is_causal=causal, enable_gqa=Hq != Hk, layout=layout)
+    if lens:
+        kw.update(seq_lens_q=np.array(lens[0]), seq_lens_k=np.array(lens[1]))
+    got, names = _grads(q, k, v, do, "cuda", **kw)
+    assert any(n.startswith("attention_flash_dkv") for n in names) and \
+        any(n.startswith("attention_flash_dq") for n in names), names
+    want, _ = _grads(*(np.asarray(a, np.float64) for a in (q, k, v, do)), "cpu", **kw)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        scale = max(np.abs(w).max(), 1e-6)
+        assert np.abs(g - w).max() <= 2 * TOL[dtype] * scale, (name, np.abs(g - w).max(), scale)
+
+
+def test_flash_backward_reruns_are_bit_identical(monkeypatch):
+    from nbdnn.cuda.attention import flash_bwd
+    monkeypatch.setattr(flash_bwd, "ON", True)
+    rng = np.random.default_rng(5)
+    q, k, v = _inputs(rng, "bfloat16", "BHSD", 1, 4, 2, 320, 500, 128)
+    do = rng.normal(0, 1, q.shape).astype(ml_dtypes.bfloat16)
+    first, _ = _grads(q, k, v, do, "cuda", is_causal=True, enable_gqa=True)
+    again, _ = _grads(q, k, v, do, "cuda", is_causal=True, enable_gqa=True)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))

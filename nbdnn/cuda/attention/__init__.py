@@ -3,7 +3,8 @@
   masks, causal, grouped-query heads, dropout, variable lengths; the simulator runs
   it): a thread a query row (forward, dq), a thread a key row (dk, dv).
 - flash.py (flash_source.py): the tensor-core forward for 16-bit q, k, v at head dims
-  64 and 128 without a mask or dropout (wgmma, TMA; sm_90).
+  64 and 128 without a mask or dropout (wgmma, TMA; sm_90); flash_bwd.py
+  (flash_bwd_source.py): its backward (dK and dV, then dQ; off until it has run on a GPU).
 - decode.py: the forward for Sq <= 16 queries against >= decode.MIN_KEYS keys
   (flash-decoding: the keys split over blocks, the chunks combined by log-sum-exp);
   every feature of the exact path.
@@ -14,7 +15,7 @@ import numpy as np
 from ..runtime.arrays import dtype_name, empty
 from ..runtime.simulator import SIMULATOR
 from ...cpu.dropout import MASK32, keep_threshold
-from . import decode, flash, simt
+from . import decode, flash, flash_bwd, simt
 
 BLOCK = 32 if SIMULATOR else 128
 MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}
@@ -132,6 +133,12 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropou
         kern, sig = simt.KERNELS["delta", dtype]
         kern.launch(sig, -(-rows // BLOCK), BLOCK, stream, do, o, dl, B, Hq, Sq, Dv,
                     *geo[16:19])
+    if rows and keys and flash_bwd.usable(q, k, v, attn_mask, dropout_p, geo[27], D, Dv,
+                                          (do, lse)):
+        flash_bwd.backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, *geo[24:26], geo, layout,
+                           stream)
+        return dq, dk, dv
+    if rows:
         kern, sig = simt.KERNELS["grad_q", dtype]
         kern.launch(sig, -(-rows // BLOCK), BLOCK, stream,
                     do, q, k, v, lse, dl, dq, ma, mb, lq, lk, *geo)

@@ -65,6 +65,22 @@ def ex2(typingctx, x):
     return types.float32(types.float32), codegen
 
 
+def namespace(kind):
+    """The names the generated attention kernels bind (this forward's and flash_bwd's),
+    but their wgmma shapes."""
+    return dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
+                F32=types.float32, NEG=types.float32(-np.inf), LN2=types.float32(math.log(2)),
+                FULL=0xFFFFFFFF, math=math, fmaxf=libdevice.fmaxf, ex2=ex2,
+                cvt=cvt_bf16x2 if kind == "bf16" else cvt_f16x2,
+                mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
+                setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
+                bar_sync=bar_sync, bar_arrive=bar_arrive,
+                fence_proxy_tensormap_acquire=fence_proxy_tensormap_acquire,
+                mbarrier_init=mbarrier_init, smem_address=smem_address,
+                mbarrier_arrive_expect_tx=mbarrier_arrive_expect_tx,
+                mbarrier_try_wait_parity=mbarrier_try_wait_parity)
+
+
 def kernel(dtype, D, variant=None):
     """The forward Kernel for dtype, head dim D (TILES) and variant (VARIANT[D] unless
     given), built on first use."""
@@ -74,18 +90,7 @@ def kernel(dtype, D, variant=None):
         kind = KINDS[dtype]
         BN, stages = TILES[D]
         name, src = fs.source(kind, D, BN, stages, variant != "F1", variant == "F3")
-        ns = dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
-                  F32=types.float32, NEG=types.float32(-np.inf), LN2=types.float32(math.log(2)),
-                  FULL=0xFFFFFFFF, math=math, fmaxf=libdevice.fmaxf, ex2=ex2,
-                  mma_qk=wgmma(BN, kind), mma_pv=wgmma_rs(D, kind, 1),
-                  cvt=cvt_bf16x2 if kind == "bf16" else cvt_f16x2,
-                  mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
-                  setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
-                  bar_sync=bar_sync, bar_arrive=bar_arrive,
-                  fence_proxy_tensormap_acquire=fence_proxy_tensormap_acquire,
-                  mbarrier_init=mbarrier_init, smem_address=smem_address,
-                  mbarrier_arrive_expect_tx=mbarrier_arrive_expect_tx,
-                  mbarrier_try_wait_parity=mbarrier_try_wait_parity)
+        ns = dict(namespace(kind), mma_qk=wgmma(BN, kind), mma_pv=wgmma_rs(D, kind, 1))
         shmem = fs.shared_bytes(D, BN, stages)
         fn = compile_source(name, src, ns, about={
             "config": f"{dtype}, D {D}: {fs.BM} queries x {BN} keys a tile, {stages} K/V "
@@ -101,13 +106,19 @@ def kernel(dtype, D, variant=None):
 _KERNELS = {}
 
 
-def usable(q, k, v, attn_mask, dropout_p, scale, Sq, D, Dv):
-    """Whether this kernel runs the call (module docstring); TMA needs 16-byte aligned
-    bases (row strides are D * 2 bytes)."""
+def fits(q, k, v, attn_mask, dropout_p, scale, D, Dv):
+    """Whether the tensor-core kernels (this forward, flash_bwd's) can run the call: 16-bit
+    data, D = Dv in TILES, no mask, no dropout, a positive scale, sm_90, TMA's 16-byte
+    aligned bases (row strides are D * 2 bytes)."""
     from ..matmul import tensor_cores
-    return ON and not SIMULATOR and dtype_name(q) in KINDS and D == Dv and D in TILES and \
-        attn_mask is None and dropout_p == 0 and scale > 0 and Sq > 16 and \
-        tensor_cores() and all(ptr(t) % 16 == 0 for t in (q, k, v))
+    return not SIMULATOR and dtype_name(q) in KINDS and D == Dv and D in TILES and \
+        attn_mask is None and dropout_p == 0 and scale > 0 and tensor_cores() and \
+        all(ptr(t) % 16 == 0 for t in (q, k, v))
+
+
+def usable(q, k, v, attn_mask, dropout_p, scale, Sq, D, Dv):
+    """Whether this forward runs the call (module docstring): ON, more than 16 queries."""
+    return ON and Sq > 16 and fits(q, k, v, attn_mask, dropout_p, scale, D, Dv)
 
 
 def forward(q, k, v, o, lse, lq, lk, has_lq, has_lk, geo, layout, stream):

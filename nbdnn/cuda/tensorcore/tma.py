@@ -22,7 +22,7 @@ from llvmlite import ir
 from numba import types
 from numba.cuda.extending import intrinsic
 
-from .asm import I32, inline_asm, literal_statement, statement
+from .asm import F32, I32, inline_asm, literal_statement, statement, values
 
 fence_proxy_async = statement("fence.proxy.async.shared::cta;",
                               "Make this thread's shared-memory stores visible to TMA and "
@@ -56,6 +56,7 @@ _TRY_WAIT = ("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [$1]
 _ACQUIRE = "fence.proxy.tensormap::generic.acquire.gpu [$0], 128;"
 _LOAD = "cp.async.bulk.tensor.{n}d.shared::cluster.global.mbarrier::complete_tx::bytes " \
     "[$0], [$1, {{{coords}}}], [${bar}];"
+_LOAD_1D = _LOAD.format(n=1, coords="$2", bar=3)
 _LOAD_2D = _LOAD.format(n=2, coords="$2, $3", bar=4)
 _LOAD_3D = _LOAD.format(n=3, coords="$2, $3, $4", bar=5)
 # im2col mode (tensormap.encoded_im2col's maps): coordinates of the column's first
@@ -68,6 +69,7 @@ _IM2COL_4D = _IM2COL.format(n=4, coords="$2, $3, $4, $5", bar=8, offs="$6, $7")
 _STORE_2D = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [$0, {$1, $2}], [$3];"
 _STORE_3D = "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [$0, {$1, $2, $3}], [$4];"
 _ST_SHARED = "st.shared.b32 [$0], $1;"
+_LD_SHARED_V2F = "ld.shared.v2.f32 {$0, $1}, [$2];"
 _ST_SHARED_V2F = "st.shared.v2.f32 [$0], {$1, $2};"
 _ST_SHARED_V4F = "st.shared.v4.f32 [$0], {$1, $2, $3, $4};"
 _BAR_SYNC = "bar.sync $0, $1;"
@@ -105,6 +107,13 @@ def mbarrier_try_wait_parity(typingctx, bar, parity):
 def fence_proxy_tensormap_acquire(typingctx, tmap):
     """Acquire a tensor map written to global memory before TMA reads it."""
     return types.void(u64), _emit(_ACQUIRE, "l,~{memory}")
+
+
+@intrinsic
+def tma_load_1d(typingctx, dst, tmap, x, bar):
+    """Load the box at x of the 1-d tensor map `tmap` into shared memory at `dst`
+    (attention's backward: a tile's 64 log-sum-exps), completing on the mbarrier `bar`."""
+    return types.void(u32, u64, i32, u32), _emit(_LOAD_1D, "r,l,r,r,~{memory}")
 
 
 @intrinsic
@@ -161,6 +170,17 @@ def st_shared_u32(typingctx, addr, value):
 
 
 @intrinsic
+def ld_shared_v2_f32(typingctx, addr):
+    """Two float32 from .shared address `addr` (8-byte aligned): values a TMA copy left in
+    dynamic shared memory (attention's backward: a tile's log-sum-exps and deltas)."""
+    def codegen(context, builder, sig, args):
+        st = inline_asm(builder, ir.LiteralStructType([F32, F32]), list(args), _LD_SHARED_V2F,
+                        "=f,=f,r,~{memory}")
+        return values(context, builder, sig, st, 2)
+    return types.UniTuple(types.float32, 2)(u32), codegen
+
+
+@intrinsic
 def st_shared_v2_f32(typingctx, addr, x, y):
     """Store two float32 (8 bytes, 8-byte aligned) to .shared address `addr` (a float32
     TMA store's staging tile)."""
@@ -207,10 +227,12 @@ def tensormap_copy_release(typingctx, gmap, smap):
 
 for _f, _t in ((mbarrier_init, _INIT), (mbarrier_arrive, _ARRIVE),
                (mbarrier_arrive_expect_tx, _EXPECT), (mbarrier_try_wait_parity, _TRY_WAIT),
-               (fence_proxy_tensormap_acquire, _ACQUIRE), (tma_load_2d, _LOAD_2D),
+               (fence_proxy_tensormap_acquire, _ACQUIRE), (tma_load_1d, _LOAD_1D),
+               (tma_load_2d, _LOAD_2D),
                (tma_load_3d, _LOAD_3D), (tma_load_im2col_3d, _IM2COL_3D),
                (tma_load_im2col_4d, _IM2COL_4D), (tma_store_2d, _STORE_2D), (tma_store_3d, _STORE_3D),
                (st_shared_u32, _ST_SHARED), (st_shared_v2_f32, _ST_SHARED_V2F),
+               (ld_shared_v2_f32, _LD_SHARED_V2F),
                (st_shared_v4_f32, _ST_SHARED_V4F),
                (bar_sync, _BAR_SYNC), (bar_arrive, _BAR_ARRIVE),
                (tensormap_replace_address, _REPLACE), (tensormap_copy_release, _COPY_RELEASE)):

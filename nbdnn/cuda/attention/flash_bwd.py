@@ -1,0 +1,99 @@
+"""The tensor-core backward of scaled_dot_product_attention (sm_90): flash_bwd_source.py
+writes its two kernels, dK/dV a block of keys and dQ a block of queries, each
+recomputing P from the forward's lse (FlashAttention-2's algorithm; dQ by a second pass
+rather than atomics, so reruns are bit-identical). delta = rowsum(dO o) comes first,
+from simt.py's delta kernel.
+
+Where it runs (`usable`): flash.py's limits (16-bit, D = Dv = 64 or 128, no mask, no
+dropout, positive scale) with ON set; otherwise simt.py's exact kernels.
+
+ON is False: the kernels compile for sm_90a (CI's PTX test, ptxas without spills) but
+have not yet run on a GPU (run AQ had no device time left for them); tests/
+test_attention_flash.py sets ON for its backward tests, which run on an sm_90 GPU.
+"""
+import math
+
+import numpy as np
+from numba import types
+
+from ..runtime.arrays import dtype_name, ptr
+from ..runtime.codegen import compile_source
+from ..runtime.launch import Kernel
+from ..tensorcore.tensormap import encoded
+from ..tensorcore.tma import ld_shared_v2_f32, tma_load_1d
+from ..tensorcore.wgmma import wgmma, wgmma_rs
+from . import flash, flash_bwd_source as fb
+
+ON = False
+STAGES = {64: 4, 128: 3}  # D -> streamed stages (flash_bwd_source.shared_bytes)
+SIG_DKV = ("void(uint64, uint64, uint64, uint64, uint64, uint64, uint32[::1], uint32[::1], "
+           "int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int64, int64, "
+           "float32, float32, int64, int64, int64)")
+SIG_DQ = ("void(uint64, uint64, uint64, uint64, float32[::1], float32[::1], uint32[::1], "
+          "int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int64, int64, "
+          "float32, float32, int64, int64, int64)")
+_KERNELS = {}
+
+
+def kernel(which, dtype, D):
+    """The "dkv" or "dq" Kernel for dtype and head dim D, built on first use."""
+    key = which, dtype, D
+    if key not in _KERNELS:
+        kind = flash.KINDS[dtype]
+        stages, st = STAGES[D], fb.step_of(which, D)
+        name, src = (fb.dkv_source if which == "dkv" else fb.dq_source)(kind, D, stages)
+        ns = dict(flash.namespace(kind), mma_s=wgmma(st, kind),
+                  mma_rs=wgmma_rs(D, kind, 1), ld2=ld_shared_v2_f32, tma_load_1d=tma_load_1d,
+                  LOG2E=types.float32(math.log2(math.e)), INF=types.float32(np.inf))
+        fn = compile_source(name, src, ns, about={
+            "config": f"{dtype}, D {D}: {fb.BLOCK} resident rows, {st}-row steps, "
+                      f"{stages} stages, 1 producer + 2 consumer warpgroups",
+            "traffic": f"a step: {2 * st * D * 2} B in, "
+                       f"{(8 if which == 'dkv' else 6) * fb.BLOCK * st * D} flops",
+            "why": "flash_bwd.py"})
+        _KERNELS[key] = Kernel(fn, [SIG_DKV if which == "dkv" else SIG_DQ], arch="sm_90a",
+                               shared_bytes=fb.shared_bytes(D, stages, st),
+                               max_registers=flash.MAX_REGS)
+    return _KERNELS[key]
+
+
+def usable(q, k, v, attn_mask, dropout_p, scale, D, Dv, more):
+    """Whether these kernels run the call: ON, the forward's limits (flash.fits), and
+    TMA's 16-byte aligned bases for the `more` arrays too (do, lse)."""
+    return ON and flash.fits(q, k, v, attn_mask, dropout_p, scale, D, Dv) and \
+        all(ptr(t) % 16 == 0 for t in more)
+
+
+def backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, has_lq, has_lk, geo, layout, stream):
+    """dK, dV then dQ (geo: the launcher's geometry, simt.geometry_types' order; dl the
+    rows' delta, float32 like lse)."""
+    B, Hq, G, Sq, Sk, D = geo[:6]
+    qs, ks = geo[7:10], geo[10:13]
+    causal, scale = geo[26], geo[27]
+    dtype, Hk, bhsd = dtype_name(q), Hq // G, layout == "BHSD"
+    shq, shk = ((B * Hq, Sq, D), (B * Hk, Sk, D)) if bhsd else ((B, Sq, Hq * D), (B, Sk, Hk * D))
+    rows = B * Hq * Sq
+    st = fb.step_of("dkv", D)
+
+    def maps(tensors):
+        return [encoded(ptr(t), shp, dtype, (1, r, 64), "128B") for t, shp, r in tensors]
+    common = (lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, causal, int(bhsd),
+              float(scale * math.log2(math.e)), float(scale))
+    m = maps(((k, shk, fb.BLOCK), (v, shk, fb.BLOCK), (q, shq, st), (do, shq, st)))
+    m += [encoded(ptr(t), (rows,), "float32", (st,)) for t in (lse, dl)]
+    kern = kernel("dkv", dtype, D)
+    kern.launch(SIG_DKV, B * Hk * -(-Sk // fb.BLOCK), flash.THREADS, stream, *(x[0] for x in m),
+                (ptr(dk), B * Hk * Sk * D // 2), (ptr(dv), B * Hk * Sk * D // 2), *common, *ks,
+                shmem=kern.shared_bytes, owners=tuple(x[1] for x in m) + (dk, dv))
+    m = maps(((q, shq, fb.BLOCK), (do, shq, fb.BLOCK), (k, shk, fb.STEP), (v, shk, fb.STEP)))
+    kern = kernel("dq", dtype, D)
+    kern.launch(SIG_DQ, B * Hq * -(-Sq // fb.BLOCK), flash.THREADS, stream, *(x[0] for x in m),
+                lse, dl, (ptr(dq), rows * D // 2), *common, *qs,
+                shmem=kern.shared_bytes, owners=tuple(x[1] for x in m) + (dq,))
+
+
+def ptx_examples():
+    """Both kernels at both head dims in bfloat16, and float16 at D = 128."""
+    for which in ("dkv", "dq"):
+        for dtype, D in (("bfloat16", 64), ("bfloat16", 128), ("float16", 128)):
+            kernel(which, dtype, D)

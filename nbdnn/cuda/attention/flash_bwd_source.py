@@ -1,0 +1,298 @@
+"""The flash-attention backward's two generated kernels (flash_bwd.py launches them and
+says where they run). FlashAttention-2's algorithm with dQ by a second pass, so that
+nothing is summed by atomics and reruns are bit-identical:
+
+    dkv: a block a (batch, kv head, 128 keys); two consumer warpgroups of 64 keys loop
+         over (query head of the group, 64-query tile) and keep dK, dV in registers:
+           S^T  = K_w Q_i^T        P^T  = exp2(S^T sl - L_i)         (wgmma, smem x smem)
+           dP^T = V_w dO_i^T       dS^T = P^T (dP^T - delta_i)
+           dV  += P^T dO_i         dK  += dS^T Q_i                   (wgmma, P^T / dS^T
+                                                                      from registers)
+    dq:  a block a (batch, head, 128 queries); two consumer warpgroups of 64 queries loop
+         over 64-key tiles:
+           S = Q_w K_j^T,  dP = dO_w V_j^T,  dS = P (dP - delta),  dQ += dS K_j
+
+L = lse log2(e) (+inf where lse is -inf or NaN: such a row has no live pair), sl = scale
+log2(e); dK and dQ take the scale at the end. A product's accumulator layout is the next
+one's A operand (wgmma.wgmma_rs), so P and dS never leave registers.
+
+Shared memory (128-byte-swizzled 64-column boxes, 1024-B aligned), dkv:
+
+    | K: 128 keys | V: 128 keys | stage s: Q_i, dO_i (64 rows each), L_i, delta_i (64 floats) ...
+
+dq: | Q: 128 rows | dO: 128 rows | stage s: K_j, V_j (64 rows each) ...
+
+The producer warpgroup's one thread loads the resident tiles once and streams the rest;
+consumers release a stage after their last product that reads it. Masked pairs (key
+past seq_lens_k, query past seq_lens_q, causal) get P = dS = 0 by selection.
+
+Traffic (dkv, D 128, a step): 2 x 64 x 128 x 2 B + 512 B in, 4 products of 2 x 64 x 128
+x 128 flops per warpgroup: 8.4 MFLOP a block for 33 KB.
+"""
+from .flash_source import REGS
+
+BLOCK = 128   # the resident tile's rows (keys in dkv, queries in dq): 2 warpgroups of 64
+STEP = 64     # the streamed tile's rows (queries in dkv, keys in dq) ...
+STEP_DKV = {64: 64, 128: 32}  # ... but dkv's at D 128: 64 would spill (140 B: dK, dV
+#                               and a 64 x 64 S^T, dP^T in 240 registers)
+
+
+def step_of(which, D):
+    """The streamed tile's rows of kernel "dkv" or "dq" at head dim D."""
+    return STEP_DKV[D] if which == "dkv" else STEP
+
+
+def shared_bytes(D, stages, st=STEP):
+    """Dynamic shared memory of either kernel: slack, the resident tiles, the stages."""
+    return 1024 + 2 * BLOCK * D * 2 + stages * stage_bytes(D, st)
+
+
+def stage_bytes(D, st=STEP):
+    """A stage: two st-row tiles, then (dkv) st L at +0 and st delta at +256 B; 1024-B
+    aligned."""
+    return 2 * st * D * 2 + 1024
+
+
+def _helpers(D, st):
+    return ["@cuda.jit(device=True, forceinline=True)", "def zero_acc():",
+            f"    return ({'F32(0), ' * (D // 2)})", "",
+            "@cuda.jit(device=True, forceinline=True)", "def zero_s():",
+            f"    return ({'F32(0), ' * (st // 2)})", "", ""]
+
+
+def _kmajor_lines(D, pairs, ind):
+    """K-major products over D issued together: for (acc, A base, A box rows, B base, B box
+    rows), this warpgroup's 64 A rows `woff` bytes into each A box."""
+    L = []
+    for acc, a, ar, b, br in pairs:
+        for kk in range(D // 16):
+            c, r = divmod(kk, 4)
+            L += [f"{ind}{acc} = mma_s(descriptor({a} + {c * ar * 128 + 32 * r} + woff, 16, 1024, "
+                  f"SW128), descriptor({b} + {c * br * 128 + 32 * r}, 16, 1024, SW128), {acc}, "
+                  f"{int(kk > 0)})"]
+    return L
+
+
+def _rs_lines(pairs, ind, st):
+    """Products with A in registers over the 64 streamed rows: for (acc, register prefix,
+    B base), B MN-major (64-row boxes 8192 B apart along D, 16 rows 2048 B)."""
+    L = []
+    for acc, regs, b in pairs:
+        for kk in range(st // 16):
+            a = ", ".join(f"{regs}{4 * kk + x}" for x in range(4))
+            L += [f"{ind}{acc} = mma_rs({a}, descriptor({b} + {2048 * kk}, {st * 128}, 1024, "
+                  f"SW128), {acc}, 1)"]
+    return L
+
+
+def _grad_lines(ind, masked, L_of, dl_of, pack_p, st):
+    """sv, dp (m64n64 accumulators: S and dP) -> p = exp2(s sl - L), dS = p (dp - delta), zeros where
+    masked(k) holds (masked tiles only), packed into ap (P, if pack_p) and ad (dS)."""
+    n = st // 2
+    L = [f"{ind}if need:"]
+    for k in range(n):
+        L += [f"{ind}    z{k} = {masked(k)}",
+              f"{ind}    p{k} = F32(0) if z{k} else ex2(cuda.fma(sv[{k}], sl, -{L_of(k)}))",
+              f"{ind}    d{k} = F32(0) if z{k} else p{k} * (dp[{k}] - {dl_of(k)})"]
+    L += [f"{ind}else:"]
+    for k in range(n):
+        L += [f"{ind}    p{k} = ex2(cuda.fma(sv[{k}], sl, -{L_of(k)}))",
+              f"{ind}    d{k} = p{k} * (dp[{k}] - {dl_of(k)})"]
+    if pack_p:
+        L += [f"{ind}ap{k} = cvt(p{2 * k}, p{2 * k + 1})" for k in range(n // 2)]
+    return L + [f"{ind}ad{k} = cvt(d{2 * k}, d{2 * k + 1})" for k in range(n // 2)]
+
+
+def _store_lines(acc, D, rows, word, scale, dead):
+    """A consumer thread's two rows (r0, r0 + 8) of a 64 x D accumulator, x scale, zero
+    where `dead`, as 16-bit pairs; rows at or past `rows` are not stored."""
+    L = []
+    for rr in (0, 1):
+        L += [f"        rw = r0 + {8 * rr}", f"        if rw < {rows}:",
+              f"            dz = {dead}", f"            wo = ({word}) // 2"]
+        for j in range(D // 8):
+            k = 4 * j + 2 * rr
+            L += [f"            {acc}_out[wo + {4 * j}] = cvt(F32(0) if dz else {acc}[{k}] * "
+                  f"{scale}, F32(0) if dz else {acc}[{k + 1}] * {scale})"]
+    return L
+
+
+def _start(name, args, maps, D, stages, st):
+    """Shared memory, barriers (rfull: the resident tiles; full[s], empty[s]), setup."""
+    return [f"def {name}({args}):",
+            "    smem = cuda.shared.array(0, types.uint8)",
+            f"    bars = cuda.shared.array({1 + 2 * stages}, types.uint64, alignment=8)",
+            "    tid = cuda.threadIdx.x",
+            "    wg = tid // 128",
+            "    base = (I(smem_address(smem, 0)) + 1023) & ~1023  # the swizzle atom's alignment",
+            f"    res2 = base + {BLOCK * D * 2}  # the second resident tile",
+            f"    st0 = base + {2 * BLOCK * D * 2}  # stage s at st0 + {stage_bytes(D, st)} s",
+            "    rfull = I(smem_address(bars, 0))",
+            "    full0 = rfull + 8",
+            f"    empty0 = full0 + {8 * stages}"], [
+            "    if tid == 0:"] + [f"        fence_proxy_tensormap_acquire({m})" for m in maps] + [
+            "        mbarrier_init(U32(rfull), 1)",
+            f"        for s in range({stages}):",
+            "            mbarrier_init(U32(full0 + 8 * s), 1)",
+            "            mbarrier_init(U32(empty0 + 8 * s), 2)",
+            "        fence_proxy_async()",
+            "    cuda.syncthreads()"]
+
+
+def _boxes(dst, mp, x, y, z, rows, D, bar):
+    return [f"tma_load_3d(U32({dst} + {c * rows * 128}), {mp}, I32({x} + {64 * c}), I32({y}), "
+            f"I32({z}), U32({bar}))" for c in range(D // 64)]
+
+
+def _producer(D, stages, resident, step, step_bytes, st):
+    L = ["    if wg == 0:", f"        setmaxnreg_dec({REGS[0]})", "        if tid == 0:",
+         f"            mbarrier_arrive_expect_tx(U32(rfull), {2 * BLOCK * D * 2})"]
+    L += ["            " + x for x in resident]
+    L += ["            for u in range(nsteps):",
+          f"                s = u % {stages}",
+          f"                ph = (u // {stages}) & 1",
+          "                while mbarrier_try_wait_parity(U32(empty0 + 8 * s), U32(ph ^ 1)) == 0:",
+          "                    pass",
+          f"                sa = st0 + s * {stage_bytes(D, st)}",
+          f"                mbarrier_arrive_expect_tx(U32(full0 + 8 * s), {step_bytes})"]
+    return L + ["                " + x for x in step]
+
+
+def _consumer_head(D, stages):
+    return ["    else:", f"        setmaxnreg_inc({REGS[1]})", "        w = wg - 1",
+            "        i = tid % 128", "        lane = i % 32", "        woff = w * 8192",
+            "        cb = 2 * (lane % 4)", "        sl = F32(scale_log2)",
+            "        while mbarrier_try_wait_parity(U32(rfull), U32(0)) == 0:", "            pass"]
+
+
+def _step_wait(D, stages, st):
+    return [f"            s = u % {stages}", f"            ph = (u // {stages}) & 1",
+            f"            sa = st0 + s * {stage_bytes(D, st)}",
+            "            while mbarrier_try_wait_parity(U32(full0 + 8 * s), U32(ph)) == 0:",
+            "                pass", "            wgmma_fence()"]
+
+
+def _release():
+    return ["            wgmma_commit()", "            wgmma_wait(0)", "            if i == 0:",
+            "                mbarrier_arrive(U32(empty0 + 8 * s))"]
+
+
+def dkv_source(kind, D, stages):
+    """(name, source) of the dK/dV kernel (module docstring) for kind "f16"/"bf16", head
+    dim D (64 or 128), `stages` Q/dO stages."""
+    st = step_of("dkv", D)
+    name = f"attention_flash_dkv_{kind}_d{D}_m{st}s{stages}"
+    args = ("map_a, map_b, map_c, map_d, map_l, map_dl, dk_out, dv_out, lq, lk, Hq, G, Sq, Sk, "
+            "has_lq, has_lk, causal, bhsd, scale_log2, scale, kb, kh, krow")
+    start, setup = _start(name, args, ("map_a", "map_b", "map_c", "map_d", "map_l", "map_dl"),
+                          D, stages, st)
+    geo = ["    Hk = Hq // G",
+           f"    ktiles = (Sk + {BLOCK - 1}) // {BLOCK}",
+           "    bh = cuda.blockIdx.x // ktiles  # b Hk + hk",
+           f"    n0 = (cuda.blockIdx.x % ktiles) * {BLOCK}",
+           "    b = bh // Hk", "    hk = bh % Hk",
+           "    lqb = lq[b] if has_lq != 0 else Sq",
+           "    lkb = lk[b] if has_lk != 0 else Sk",
+           f"    mt0 = n0 // {st} if causal != 0 else 0  # (earlier queries see none of these keys)",
+           f"    nq = max((lqb + {st - 1}) // {st} - mt0, 0)",
+           "    nsteps = G * nq if n0 < lkb else 0",
+           "    zk = bh if bhsd != 0 else b",
+           f"    xk = 0 if bhsd != 0 else hk * {D}"]
+    tile = ["g = u // nq", "mt = mt0 + u % nq", "h = hk * G + g",
+            "zq = b * Hq + h if bhsd != 0 else b", f"xq = 0 if bhsd != 0 else h * {D}",
+            f"i0 = mt * {st}"]
+    resident = _boxes("base", "map_a", "xk", "n0", "zk", BLOCK, D, "rfull") + \
+        _boxes("res2", "map_b", "xk", "n0", "zk", BLOCK, D, "rfull")
+    step = tile + _boxes("sa", "map_c", "xq", "i0", "zq", st, D, "full0 + 8 * s") + \
+        _boxes(f"sa + {st * D * 2}", "map_d", "xq", "i0", "zq", st, D, "full0 + 8 * s") + [
+        f"tma_load_1d(U32(sa + {2 * st * D * 2}), map_l, I32((b * Hq + h) * Sq + i0), "
+        "U32(full0 + 8 * s))",
+        f"tma_load_1d(U32(sa + {2 * st * D * 2 + 256}), map_dl, I32((b * Hq + h) * Sq + i0), "
+        "U32(full0 + 8 * s))"]
+    L = _helpers(D, st) + start + geo + setup + \
+        _producer(D, stages, resident, step, 2 * st * D * 2 + 4 * st, st) + _consumer_head(D, stages) + [
+        "        r0 = n0 + w * 64 + 16 * (i // 32) + lane // 4  # this thread's keys r0, r0 + 8",
+        "        r1 = r0 + 8",
+        "        dk = zero_acc()", "        dv = zero_acc()",
+        "        sv = zero_s()", "        dp = zero_s()",
+        "        for u in range(nsteps):"] + ["            " + x for x in tile] + \
+        _step_wait(D, stages, st) + _kmajor_lines(D, (("sv", "base", BLOCK, "sa", st),
+                                                  ("dp", "res2", BLOCK, f"sa + {st * D * 2}", st)),
+                                              " " * 12) + [
+        "            wgmma_commit()", "            wgmma_wait(0)",
+        f"            need = i0 + {st} > lqb or n0 + w * 64 + 64 > lkb or "
+        "(causal != 0 and n0 + w * 64 + 63 > i0)",
+        "            cl = i0 + cb  # this thread's query columns cl + 8 j + {0, 1}",
+        f"            la = sa + {2 * st * D * 2} + 4 * cb  # their L, delta 256 B on"]
+    for j in range(st // 8):  # the L and delta of columns cl + 8 j, + 1
+        L += [f"            lv = ld2(U32(la + {32 * j}))",
+              f"            dl{2 * j}, dl{2 * j + 1} = ld2(U32(la + {256 + 32 * j}))"] + [
+              f"            L{2 * j + e} = lv[{e}] * LOG2E if lv[{e}] > NEG else INF"
+              for e in (0, 1)]
+
+    def masked(k):
+        co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
+        return f"cl + {co} >= lqb or r{rr} >= lkb or (causal != 0 and r{rr} > cl + {co})"
+    L += _grad_lines(" " * 12, masked, lambda k: f"L{2 * (k // 4) + k % 2}",
+                     lambda k: f"dl{2 * (k // 4) + k % 2}", True, st)
+    L += ["            wgmma_fence()"] + _rs_lines((("dv", "ap", f"sa + {st * D * 2}"),
+                                                    ("dk", "ad", "sa")), " " * 12, st) + _release()
+    L += _store_lines("dk", D, "Sk", "b * kb + hk * kh + rw * krow + cb", "sc", "rw >= lkb") + \
+        _store_lines("dv", D, "Sk", "b * kb + hk * kh + rw * krow + cb", "F32(1)", "rw >= lkb")
+    L.insert(L.index("        dk = zero_acc()"), "        sc = F32(scale)")
+    return name, "\n".join(L) + "\n"
+
+
+def dq_source(kind, D, stages):
+    """(name, source) of the dQ kernel (module docstring)."""
+    st = step_of("dq", D)
+    name = f"attention_flash_dq_{kind}_d{D}_s{stages}"
+    args = ("map_a, map_b, map_c, map_d, lse, dl, dq_out, lq, lk, Hq, G, Sq, Sk, has_lq, "
+            "has_lk, causal, bhsd, scale_log2, scale, qb, qh, qrow")
+    start, setup = _start(name, args, ("map_a", "map_b", "map_c", "map_d"), D, stages, st)
+    geo = [f"    tiles = (Sq + {BLOCK - 1}) // {BLOCK}",
+           "    bh = cuda.blockIdx.x // tiles  # b Hq + h",
+           "    mt = cuda.blockIdx.x % tiles",
+           "    if causal != 0:", "        mt = tiles - 1 - mt  # (a head's longest rows first)",
+           f"    m0 = mt * {BLOCK}",
+           "    b = bh // Hq", "    h = bh % Hq", "    hk = h // G",
+           "    lqb = lq[b] if has_lq != 0 else Sq",
+           "    lkb = lk[b] if has_lk != 0 else Sk",
+           "    kend = lkb",
+           f"    if causal != 0 and m0 + {BLOCK} < kend:", f"        kend = m0 + {BLOCK}",
+           "    if m0 >= lqb:", "        kend = 0",
+           f"    nsteps = (kend + {st - 1}) // {st}",
+           "    zq = bh if bhsd != 0 else b", f"    xq = 0 if bhsd != 0 else h * {D}",
+           "    zk = b * (Hq // G) + hk if bhsd != 0 else b", f"    xk = 0 if bhsd != 0 else hk * {D}"]
+    resident = _boxes("base", "map_a", "xq", "m0", "zq", BLOCK, D, "rfull") + \
+        _boxes("res2", "map_b", "xq", "m0", "zq", BLOCK, D, "rfull")
+    step = [f"n0 = u * {st}"] + _boxes("sa", "map_c", "xk", "n0", "zk", st, D, "full0 + 8 * s") + \
+        _boxes(f"sa + {st * D * 2}", "map_d", "xk", "n0", "zk", st, D, "full0 + 8 * s")
+    L = _helpers(D, st) + start + geo + setup + \
+        _producer(D, stages, resident, step, 2 * st * D * 2, st) + _consumer_head(D, stages) + [
+        "        wrow = m0 + w * 64",
+        "        r0 = wrow + 16 * (i // 32) + lane // 4  # this thread's queries r0, r0 + 8",
+        "        r1 = r0 + 8", "        sc = F32(scale)"]
+    for rr in (0, 1):
+        L += [f"        ls = lse[bh * Sq + r{rr}] if r{rr} < Sq else NEG",
+              f"        L{rr} = ls * LOG2E if ls > NEG else INF  # (no live pair: P = 0)",
+              f"        dl{rr} = dl[bh * Sq + r{rr}] if r{rr} < Sq else F32(0)"]
+    L += ["        lim0 = lkb", "        lim1 = lkb", "        if causal != 0:",
+          "            lim0 = min(lkb, r0 + 1)", "            lim1 = min(lkb, r1 + 1)",
+          "        dq = zero_acc()", "        sv = zero_s()", "        dp = zero_s()",
+          "        for u in range(nsteps):", f"            n0 = u * {st}"] + \
+        _step_wait(D, stages, st) + _kmajor_lines(D, (("sv", "base", BLOCK, "sa", st),
+                                                  ("dp", "res2", BLOCK, f"sa + {st * D * 2}", st)),
+                                              " " * 12) + [
+        "            wgmma_commit()", "            wgmma_wait(0)",
+        f"            need = n0 + {st} > lkb or (causal != 0 and n0 + {st - 1} > wrow)",
+        "            cl = n0 + cb"]
+
+    def masked(k):
+        co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
+        return f"cl + {co} >= lim{rr}"
+    L += _grad_lines(" " * 12, masked, lambda k: f"L{(k % 4) // 2}",
+                     lambda k: f"dl{(k % 4) // 2}", False, st)
+    L += ["            wgmma_fence()"] + _rs_lines((("dq", "ad", "sa"),), " " * 12, st) + _release()
+    L += _store_lines("dq", D, "Sq", "b * qb + h * qh + rw * qrow + cb", "sc", "rw >= lqb")
+    return name, "\n".join(L) + "\n"
