@@ -5,7 +5,14 @@ from nbdnn.dropout's Philox stream. The formulas are in nbdnn/cpu/attention.py.
 
 Where nbdnn differs from PyTorch, it says so: a fully masked query row gives o = 0 and
 lse = -inf (PyTorch's math backend gives NaN); an attn_mask together with is_causal
-applies both (PyTorch refuses the pair); dropout_p must be below 1."""
+applies both (PyTorch refuses the pair); dropout_p must be below 1.
+
+Masked pairs take no part: a NaN or Inf met only through a removed pair stays out. The
+tensor-core kernels (16-bit, head dims 64 and 128: nbdnn/cuda/attention/flash.py) keep
+that for q and k, whose scores they mask, but not for v: a removed pair's probability is
+an exact 0 in the product P V, and 0 x NaN is NaN, so a NaN or Inf in a v row reaches
+the query rows whose key tile holds it (as in FlashAttention and cuDNN). Keep padding
+rows finite, or use float32, whose exact kernels skip removed pairs."""
 import numpy as np
 
 from .._vocab import BF16_DTYPES
