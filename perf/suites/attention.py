@@ -8,15 +8,18 @@ warm-up, L2 evicted). Each row also gives the max relative error of nbdnn's o ag
 torch's float32 math (16-bit inputs) or float64 (float32 inputs).
 
 Rows: B S = TOKENS tokens, HEADS heads, D = 64 and 128, S = 512 .. 16k, causal and not,
-bf16 (and fp16, float32 with --dtypes). Decode (--decode): Sq = 1 against Sk = 8k ..
-128k keys, batch 1 .. 64: GB/s over the K/V cache read.
+bf16 (and fp16, float32 with --dtypes); the backward's error against torch's float32
+(float64) autograd where B H S^2 <= 2^28. Decode (--decode): Sq = 1 against Sk = 8k ..
+128k keys, batch 1 .. 64: GB/s over the K/V cache read, beside a device copy's GB/s
+(read + write) and torch's default in the same run.
 
     PYTHONPATH=. python3 perf/suites/attention.py [--json F] [--dtypes bfloat16 float16]
         [--seqs 512 4096] [--dims 64 128] [--no-backward] [--decode] [--quick]
         [--set MODULE.NAME=VALUE]   (perf/tools/switches.py)
 
-nbdnn's path today is the exact SIMT kernel (nbdnn/cuda/attention/simt.py, a thread a
-query row): expect it far behind; the table is the yardstick for the tensor-core kernels.
+nbdnn's forward runs cuda/attention/flash.py at 16-bit D 64 and 128 (decode.py for one
+query); its backward the exact SIMT kernels unless `--set
+nbdnn.cuda.attention.flash_bwd.ON=1` (the tensor-core backward, off until GPU-checked).
 """
 import argparse
 import json
@@ -73,8 +76,18 @@ def _row(dtype, S, D, causal, backward, B=None, Sk=None):
             row[f"{name}_tflops"], row[f"x_{name}"] = flops / tp / 1e12, tp / t
         except RuntimeError as e:  # (the flash backend takes no float32)
             row[f"{name}_tflops"], row[f"x_{name}"] = None, str(e).split("\n")[0][:60]
+    if S == 1:  # decoding: bandwidth over the K/V cache, beside a copy of as many bytes
+        kv = 2 * B * HEADS * Sk * D * q.element_size()
+        row["kv_gbs"] = kv / t / 1e9
+        n = min(kv, 2 ** 32) // 2  # (a copy's rate holds past L2; the largest cache is 68 GB)
+        src = torch.empty(n, device="cuda", dtype=torch.int16)
+        dst = torch.empty_like(src)
+        row["copy_gbs"] = 4 * n / time_gpu(lambda: dst.copy_(src)) / 1e9  # (read + write)
+        del src, dst
+        row["default_gbs"] = kv / time_gpu(_peer(q, k, v, causal, None)) / 1e9
     if backward:
         do = torch.randn_like(o)
+        grads = nbdnn.scaled_dot_product_attention_backward(do, q, k, v, o, lse, is_causal=causal)
         tb = time_gpu(lambda: nbdnn.scaled_dot_product_attention_backward(
             do, q, k, v, o, lse, is_causal=causal))
         qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
@@ -82,6 +95,12 @@ def _row(dtype, S, D, causal, backward, B=None, Sk=None):
         tpb = time_gpu(lambda: torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True))
         row["bwd_nbdnn_tflops"] = 2.5 * flops / tb / 1e12
         row["bwd_default_tflops"], row["bwd_x_default"] = 2.5 * flops / tpb / 1e12, tpb / tb
+        if B * HEADS * S * Sk <= 2 ** 28:  # (the reference's S x S float32 matrices: 1 GB each)
+            hr = [x.detach().to(hi).requires_grad_() for x in (q, k, v)]
+            want = torch.autograd.grad(F.scaled_dot_product_attention(*hr, is_causal=causal),
+                                       hr, do.to(hi))
+            row["bwd_rel_err"] = max(float((g.to(hi) - w).abs().max() / w.abs().max())
+                                     for g, w in zip(grads, want))
     return row
 
 
@@ -89,7 +108,11 @@ def _show(r):
     peer = " | ".join(f"{n} {r[f'{n}_tflops']:.0f} ({r[f'x_{n}']:.2f}x)" if r[f"{n}_tflops"]
                       else f"{n} -" for n in ("default", "flash"))
     bwd = f" | bwd {r['bwd_nbdnn_tflops']:.1f} vs {r['bwd_default_tflops']:.0f} " \
-          f"({r['bwd_x_default']:.2f}x)" if "bwd_nbdnn_tflops" in r else ""
+          f"({r['bwd_x_default']:.2f}x, err {r.get('bwd_rel_err', float('nan')):.0e})" \
+        if "bwd_nbdnn_tflops" in r else ""
+    if "kv_gbs" in r:
+        bwd += f" | K/V {r['kv_gbs']:.0f} GB/s = {r['kv_gbs'] / r['copy_gbs']:.0%} of a copy's " \
+               f"{r['copy_gbs']:.0f}, default {r['default_gbs']:.0f}"
     print(f"{r['dtype']:8} B {r['B']:3} S {r['Sq']:5}x{r['Sk']:<6} D {r['D']:3} "
           f"{'causal' if r['causal'] else '      '}: nbdnn {r['nbdnn_tflops']:7.2f} TFLOP/s | "
           f"{peer}{bwd} (err {r['rel_err']:.0e})", flush=True)
