@@ -52,3 +52,40 @@ def test_exact_path_below_the_decode_threshold():
     with launched() as names:
         nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda")
     assert "attention_fwd" in names and not any("decode" in n for n in names), names
+
+
+@pytest.mark.parametrize("dtype,layout,kw,dims", [
+    (np.float32, "BHSD", {}, (1, 2, 2, 40, 37, 20, 20)),
+    (np.float32, "BSHD", {"is_causal": True, "math": "tf32"}, (2, 2, 1, 33, 45, 8, 70)),
+    (np.float16, "BHSD", {"attn_mask": "bool", "seq_lens_q": np.array([30, 3]),
+                          "seq_lens_k": np.array([40, 0])}, (2, 2, 2, 35, 40, 16, 16)),
+    (np.float32, "BHSD", {"attn_mask": "float", "dropout_p": 0.25, "seed": 3, "offset": 7},
+     (1, 2, 2, 34, 33, 12, 8)),
+])
+def test_tiled_forward_matches_reference(dtype, layout, kw, dims, monkeypatch):
+    """cuda/attention/tiled.py (forced on: tiled.ON): a block a 32-query tile, over its
+    features, against the CPU reference; a NaN in a v row met only through removed pairs
+    (past seq_lens_k, or masked out) stays out."""
+    from nbdnn.cuda.attention import tiled
+    monkeypatch.setattr(tiled, "ON", True)
+    rng = np.random.default_rng(len(kw))
+    B, Hq, Hk, Sq, Sk, D, Dv = dims
+    q, k, v = _inputs(rng, dtype, layout, B, Hq, Hk, Sq, Sk, D, Dv)
+    if kw.get("attn_mask") == "bool":
+        kw = dict(kw, attn_mask=rng.random((1, Hq, Sq, Sk)) > 0.3)
+        v[(0, 0, 39) if layout == "BHSD" else (0, 39, 0)] = np.nan  # (keys past 40: none)
+        v[1] = np.nan  # (batch entry 1 has no live key)
+    elif kw.get("attn_mask") == "float":
+        kw = dict(kw, attn_mask=rng.uniform(-1, 1, (Sq, Sk)).astype(dtype))
+    kw = dict(kw, enable_gqa=True, layout=layout)
+    with launched() as names:
+        o, lse = nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda", **kw)
+    assert names[-1] == f"attention_fwd_tiled_{np.dtype(dtype).name}_v" \
+        f"{next(d for d in tiled.DV_BUCKETS if Dv <= d)}", names
+    ref = {n: a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == "f"
+           else a for n, a in kw.items()}
+    want_o, want_lse = nbdnn.scaled_dot_product_attention(
+        *(a.astype(np.float64) for a in (q, k, v)), backend="cpu", **ref)
+    tol = {np.float32: 1e-5 if "math" not in kw else 2e-3, np.float16: 2e-3}[dtype]
+    np.testing.assert_allclose(np.asarray(o, np.float64), want_o, rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=tol, atol=tol)

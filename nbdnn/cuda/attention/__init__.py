@@ -5,6 +5,8 @@
 - flash.py (flash_source.py): the tensor-core forward for 16-bit q, k, v at head dims
   64 and 128 without a mask or dropout (wgmma, TMA; sm_90); flash_bwd.py
   (flash_bwd_source.py): its backward (dK and dV, then dQ; off until it has run on a GPU).
+- tiled.py: the forward on the CUDA cores in 32 x 32 tiles (float32 compute; off until
+  it has run on a GPU).
 - decode.py: the forward for Sq <= 16 queries against >= decode.MIN_KEYS keys
   (flash-decoding: the keys split over blocks, the chunks combined by log-sum-exp);
   every feature of the exact path.
@@ -15,7 +17,7 @@ import numpy as np
 from ..runtime.arrays import dtype_name, empty
 from ..runtime.simulator import SIMULATOR
 from ...cpu.dropout import MASK32, keep_threshold
-from . import decode, flash, flash_bwd, simt
+from . import decode, flash, flash_bwd, simt, tiled
 
 BLOCK = 32 if SIMULATOR else 128
 MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}
@@ -106,6 +108,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
                     Dv, *geo[16:19])
     elif rows and flash.usable(q, k, v, attn_mask, dropout_p, geo[27], Sq, geo[5], Dv):
         flash.forward(q, k, v, o, lse, lq, lk, *geo[24:26], geo, layout, stream)
+    elif rows and tiled.usable(dtype, Dv):
+        tiled.forward(q, k, v, o, lse, ma, mb, lq, lk, geo, stream)
     elif rows:
         kern, sig = simt.KERNELS["forward", dtype]
         kern.launch(sig, -(-rows // BLOCK), BLOCK, stream,

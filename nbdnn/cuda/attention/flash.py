@@ -24,6 +24,7 @@ from numba.cuda.extending import intrinsic
 
 from ..runtime.arrays import dtype_name, ptr
 from ..runtime.codegen import compile_source
+from ..runtime.device import sm_count
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
 from ..tensorcore.asm import F32, inline_asm, smem_address
@@ -48,11 +49,17 @@ ON = True                 # False: every forward runs the exact kernels (simt.py
 # F3 307 / 454 / 533 (causal alike). A first F2 (its PV in a branch, P packed while the
 # previous PV was in flight) measured 0.7x F1: ptxas serialised its wgmma (C7513).
 VARIANT = {64: "F3", 128: "F1"}
+# a block an SM looping over the (batch, head, query tile) tiles, its producer loading
+# the next tile while the consumers store (flash_source.source's persistent): written for
+# short sequences (S 512: 0.62x cuDNN, a block's fixed cost unhidden), not yet run on a
+# GPU (run AQ had no device time left), so off
+PERSISTENT = False
 TILES = {64: (128, 4), 128: (128, 2)}  # D -> (BN keys a tile, K/V stages)
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16"}
 SIG = ("void(uint64, uint64, uint64, uint32[::1], float32[::1], int64[::1], int64[::1], "
-       "int64, int64, int64, int64, int64, int64, int64, int64, float32, int64, int64, int64)")
+       "int64, int64, int64, int64, int64, int64, int64, int64, float32, int64, int64, int64, "
+       "int64)")
 
 
 @intrinsic
@@ -81,15 +88,16 @@ def namespace(kind):
                 mbarrier_try_wait_parity=mbarrier_try_wait_parity)
 
 
-def kernel(dtype, D, variant=None):
-    """The forward Kernel for dtype, head dim D (TILES) and variant (VARIANT[D] unless
-    given), built on first use."""
+def kernel(dtype, D, variant=None, persistent=None):
+    """The forward Kernel for dtype, head dim D (TILES), variant (VARIANT[D] unless
+    given) and persistence (PERSISTENT unless given), built on first use."""
     variant = variant or VARIANT[D]
-    key = dtype, D, variant
+    persistent = PERSISTENT if persistent is None else persistent
+    key = dtype, D, variant, persistent
     if key not in _KERNELS:
         kind = KINDS[dtype]
         BN, stages = TILES[D]
-        name, src = fs.source(kind, D, BN, stages, variant != "F1", variant == "F3")
+        name, src = fs.source(kind, D, BN, stages, variant != "F1", variant == "F3", persistent)
         ns = dict(namespace(kind), mma_qk=wgmma(BN, kind), mma_pv=wgmma_rs(D, kind, 1))
         shmem = fs.shared_bytes(D, BN, stages)
         fn = compile_source(name, src, ns, about={
@@ -97,7 +105,8 @@ def kernel(dtype, D, variant=None):
                       f"stages, 1 producer + 2 consumer warpgroups, wgmma m64n{BN}k16 (S) "
                       f"and m64n{D}k16 with P in registers (O)",
             "traffic": f"a key tile: {4 * BN * D} B in, {4 * fs.BM * BN * D} flops",
-            "why": f"variant {variant} (flash.py: VARIANT)"})
+            "why": f"variant {variant}{', persistent' if persistent else ''} (flash.py: "
+                   "VARIANT, PERSISTENT)"})
         _KERNELS[key] = Kernel(fn, [SIG], arch="sm_90a", shared_bytes=shmem,
                                     max_registers=MAX_REGS)
     return _KERNELS[key]
@@ -134,17 +143,20 @@ def forward(q, k, v, o, lse, lq, lk, has_lq, has_lk, geo, layout, stream):
     maps = [encoded(ptr(t), shp, dtype, (1, rows, 64), "128B")
             for t, shp, rows in ((q, shapes[0], fs.BM), (k, shapes[1], BN), (v, shapes[1], BN))]
     kern = kernel(dtype, D)
-    tiles = -(-Sq // fs.BM)
-    kern.launch(SIG, B * Hq * tiles, THREADS, stream, *(m[0] for m in maps),
+    total = B * Hq * -(-Sq // fs.BM)
+    grid = min(total, sm_count()) if PERSISTENT else total  # (one block an SM fits)
+    kern.launch(SIG, grid, THREADS, stream, *(m[0] for m in maps),
                 (ptr(o), B * Hq * Sq * D // 2), lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk,
-                causal, int(bhsd), float(scale * math.log2(math.e)), ob, oh, orow,
+                causal, int(bhsd), float(scale * math.log2(math.e)), ob, oh, orow, total,
                 shmem=kern.shared_bytes, owners=tuple(m[1] for m in maps) + (o,))
 
 
 def ptx_examples():
-    """Both head dims in bfloat16, float16 at D = 128, and the three variants
-    (tests/test_ptx.py compiles them for sm_90a)."""
+    """Both head dims in bfloat16, float16 at D = 128, the three variants, and both head
+    dims the other way persistent (tests/test_ptx.py compiles them for sm_90a)."""
     for dtype, D in (("bfloat16", 64), ("bfloat16", 128), ("float16", 128)):
         kernel(dtype, D)
     for variant in ("F1", "F2", "F3"):
         kernel("bfloat16", 128, variant)
+    for D in (64, 128):
+        kernel("bfloat16", D, persistent=not PERSISTENT)

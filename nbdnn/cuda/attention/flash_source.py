@@ -52,17 +52,17 @@ def _sum(xs):
     return xs[0]
 
 
-def _producer_lines(D, BN, stages):
+def _producer_lines(D, BN, stages, persistent):
     q_bytes, kv_bytes, boxes = BM * D * 2, BN * D * 2, D // 64
-    L = ["    if wg == 0:",
-         f"        setmaxnreg_dec({REGS[0]})",
-         "        if tid == 0:",
-         f"            mbarrier_arrive_expect_tx(U32(qfull), {q_bytes})"]
+    L = ["            while mbarrier_try_wait_parity(U32(qempty), U32((jt & 1) ^ 1)) == 0:",
+         "                pass  # (the consumers are done with the last tile's Q)"] \
+        if persistent else []
+    L += [f"            mbarrier_arrive_expect_tx(U32(qfull), {q_bytes})"]
     L += [f"            tma_load_3d(U32(qs + {c * BM * 128}), map_q, I32(xq + {64 * c}), "
           "I32(m0), I32(zq), U32(qfull))" for c in range(boxes)]
     L += ["            for t in range(ntiles):",
-          f"                s = t % {stages}",
-          f"                ph = (t // {stages}) & 1",
+          f"                s = (it + t) % {stages}",
+          f"                ph = ((it + t) // {stages}) & 1",
           "                while mbarrier_try_wait_parity(U32(empty0 + 8 * s), U32(ph ^ 1)) == 0:",
           "                    pass",
           f"                ka = ks0 + s * {2 * kv_bytes}",
@@ -71,7 +71,33 @@ def _producer_lines(D, BN, stages):
         L += [f"                mbarrier_arrive_expect_tx(U32({bar} + 8 * s), {kv_bytes})"]
         L += [f"                tma_load_3d(U32(ka + {off + c * BN * 128}), {mp}, "
               f"I32(xk + {64 * c}), I32(n0), I32(zk), U32({bar} + 8 * s))" for c in range(boxes)]
-    return L
+    L += ["            it += ntiles", "            jt += 1"]
+    head = ["    if wg == 0:", f"        setmaxnreg_dec({REGS[0]})", "        if tid == 0:",
+            "            it = 0  # K/V tiles loaded so far (stage, phase), tiles so far",
+            "            jt = 0"]
+    return head + (_persistent(L, "            ", D, BN) if persistent else L)
+
+
+def _persistent(L, ind, D, BN):
+    """Lines L of one tile, inside a loop over this block's tiles (their geometry first)."""
+    return [f"{ind}for tile in range(cuda.blockIdx.x, total, cuda.gridDim.x):"] + \
+        _tile_lines(D, BN, ind + "    ") + ["    " + x for x in L]
+
+
+def _tile_lines(D, BN, ind):
+    """Tile `tile` -> its geometry: one block a (batch, head, query tile), a head's tiles
+    consecutive (its K and V stay in L2 while they run); causal: a head's longest rows
+    first; the maps' coordinates (BHSD: (B*H, S, D) maps, BSHD: (B, S, H*D) maps)."""
+    return [ind + x for x in [
+        f"tiles = (Sq + {BM - 1}) // {BM}", "bh = tile // tiles", "mt = tile % tiles",
+        "if causal != 0:", "    mt = tiles - 1 - mt", "b = bh // Hq", "h = bh % Hq",
+        "hk = h // G", f"m0 = mt * {BM}", "lqb = lq[b] if has_lq != 0 else Sq",
+        "lkb = lk[b] if has_lk != 0 else Sk", "kend = lkb",
+        f"if causal != 0 and m0 + {BM} < kend:", f"    kend = m0 + {BM}",
+        "if m0 >= lqb:", "    kend = 0", f"ntiles = (kend + {BN - 1}) // {BN}",
+        "zq = bh if bhsd != 0 else b", f"xq = 0 if bhsd != 0 else h * {D}",
+        "zk = b * (Hq // G) + hk if bhsd != 0 else b", f"xk = 0 if bhsd != 0 else hk * {D}"]]
+
 
 
 def _pack_lines(BN, ind):
@@ -116,7 +142,22 @@ def _pv_lines(D, BN, ind, stage, parity):
                 for kk in range(BN // 16)] + [f"{ind}wgmma_commit()"]
 
 
-def _consumer_lines(D, BN, stages, overlap, pingpong=False):
+def _consumer_lines(D, BN, stages, overlap, pingpong, persistent):
+    """A consumer warpgroup: its constants, then its tiles (_tile_lines), one each
+    unless persistent."""
+    setup = ["    else:", f"        setmaxnreg_inc({REGS[1]})", "        w = wg - 1",
+             "        i = tid % 128", "        lane = i % 32", "        cb = 2 * (lane % 4)",
+             "        qa = qs + w * 8192  # (64 rows of 128 B into each Q box)",
+             "        sl = F32(scale_log2)", "        it = 0", "        jt = 0"]
+    L = _consumer_tile(D, BN, stages, overlap, pingpong)
+    if persistent:  # (this tile's Q is free once its products are done: before the stores)
+        at = L.index("        l_0 += cuda.shfl_xor_sync(FULL, l_0, 1)")
+        L[at:at] = ["        if i == 0:", "            mbarrier_arrive(U32(qempty))"]
+    L += ["        it += ntiles", "        jt += 1"]
+    return setup + (_persistent(L, "        ", D, BN) if persistent else L)
+
+
+def _consumer_tile(D, BN, stages, overlap, pingpong=False):
     """A consumer warpgroup's loop over the key tiles. overlap (variant F2, FA3's
     intra-warpgroup pipelining): tile t's S = QK^T and tile t-1's O += PV are issued
     together, and the softmax of S_t runs while PV_{t-1} is on the tensor cores; O is
@@ -124,26 +165,19 @@ def _consumer_lines(D, BN, stages, overlap, pingpong=False):
     S_t, wait, softmax, PV_t, wait."""
     kv_bytes = BN * D * 2
     ind = " " * 12
-    L = ["    else:",
-         f"        setmaxnreg_inc({REGS[1]})",
-         "        w = wg - 1",
-         "        i = tid % 128",
-         "        lane = i % 32",
-         "        wrow = m0 + w * 64",
+    L = ["        wrow = m0 + w * 64",
          "        r0 = wrow + 16 * (i // 32) + lane // 4",
          "        r1 = r0 + 8",
-         "        cb = 2 * (lane % 4)",
-         "        qa = qs + w * 8192  # (64 rows of 128 B into each Q box)",
-         "        sl = F32(scale_log2)",
          "        m_0 = NEG", "        m_1 = NEG", "        l_0 = F32(0)", "        l_1 = F32(0)",
          "        lim0 = lkb", "        lim1 = lkb",
          "        if causal != 0:",
          "            lim0 = min(lkb, r0 + 1)", "            lim1 = min(lkb, r1 + 1)",
          "        o = zero_o()",
          "        sc = zero_s()",
-         "        while mbarrier_try_wait_parity(U32(qfull), U32(0)) == 0:",
+         "        while mbarrier_try_wait_parity(U32(qfull), U32(jt & 1)) == 0:",
          "            pass"]
-    head = [f"s = t % {stages}", f"ph = (t // {stages}) & 1", f"ka = ks0 + s * {2 * kv_bytes}",
+    head = [f"s = (it + t) % {stages}", f"ph = ((it + t) // {stages}) & 1",
+            f"ka = ks0 + s * {2 * kv_bytes}",
             f"n0 = t * {BN}", "while mbarrier_try_wait_parity(U32(kfull0 + 8 * s), U32(ph)) == 0:",
             "    pass"]
     qk = ["wgmma_fence()"]  # (S = Q K^T of tile t, issued)
@@ -175,8 +209,8 @@ def _consumer_lines(D, BN, stages, overlap, pingpong=False):
         ind + x for x in head + turn + qk + done + ["wgmma_wait(0)"]] + \
         _softmax_lines(BN, D, ind) + [
          "            for t in range(1, ntiles):",
-         f"                sp = (t - 1) % {stages}  # the previous tile's stage, parity",
-         f"                php = ((t - 1) // {stages}) & 1"] + \
+         f"                sp = (it + t - 1) % {stages}  # the previous tile's stage, parity",
+         f"                php = ((it + t - 1) // {stages}) & 1"] + \
         [" " * 16 + x for x in head + turn + qk] + \
         _pv_lines(D, BN, " " * 16, "sp", "php") + [" " * 16 + x for x in done] + [
          "                wgmma_wait(1)"] + _softmax_lines(BN, D, " " * 16, False) + [
@@ -184,8 +218,8 @@ def _consumer_lines(D, BN, stages, overlap, pingpong=False):
          "                if i == 0:",
          "                    mbarrier_arrive(U32(empty0 + 8 * sp))",
          "                o = rescale(o, al0, al1)"] + _pack_lines(BN, " " * 16) + [
-         f"            s = (ntiles - 1) % {stages}",
-         f"            ph = ((ntiles - 1) // {stages}) & 1",
+         f"            s = (it + ntiles - 1) % {stages}",
+         f"            ph = ((it + ntiles - 1) // {stages}) & 1",
          "            wgmma_fence()"] + _pv_lines(D, BN, ind, "s", "ph") + [
          ind + "wgmma_wait(0)"] + [ind + x for x in release]
     if pingpong:
@@ -228,16 +262,21 @@ def _helper_lines(D, BN):
             ",)", "", ""]
 
 
-def source(kind, D, BN, stages, overlap=True, pingpong=False):
+def source(kind, D, BN, stages, overlap=True, pingpong=False, persistent=False):
     """(name, source) of the forward kernel for kind "f16"/"bf16", head dim D (64 or 128),
-    BN keys a tile, `stages` K/V stages; overlap: variant F2 (_consumer_lines), else F1;
-    pingpong (with overlap): F3, the warpgroups' products in turns."""
+    BN keys a tile, `stages` K/V stages; overlap: variant F2 (_consumer_tile), else F1;
+    pingpong (with overlap): F3, the warpgroups' products in turns; persistent: a block
+    loops over tiles (total of them, the grid one block an SM), its producer loading the
+    next tile's Q once the consumers' products are done with the last (barrier qempty)
+    and its K and V meanwhile."""
     q_bytes, kv_bytes = BM * D * 2, BN * D * 2
-    name = f"attention_flash_fwd_{kind}_d{D}_n{BN}s{stages}" + ("_pp" if overlap and pingpong else "" if overlap else "_f1")
-    L = _helper_lines(D, BN) + [f"def {name}(map_q, map_k, map_v, out, lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, "
-         "causal, bhsd, scale_log2, ob, oh, orow):",
+    name = f"attention_flash_fwd_{kind}_d{D}_n{BN}s{stages}" + \
+        ("_pp" if overlap and pingpong else "" if overlap else "_f1") + ("_p" if persistent else "")
+    L = _helper_lines(D, BN) + [
+         f"def {name}(map_q, map_k, map_v, out, lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, "
+         "causal, bhsd, scale_log2, ob, oh, orow, total):",
          "    smem = cuda.shared.array(0, types.uint8)",
-         f"    bars = cuda.shared.array({1 + 3 * stages}, types.uint64, alignment=8)",
+         f"    bars = cuda.shared.array({2 + 3 * stages}, types.uint64, alignment=8)",
          "    tid = cuda.threadIdx.x",
          "    wg = tid // 128",
          "    base = (I(smem_address(smem, 0)) + 1023) & ~1023  # the swizzle atom's alignment",
@@ -247,30 +286,8 @@ def source(kind, D, BN, stages, overlap=True, pingpong=False):
          "    kfull0 = qfull + 8",
          f"    vfull0 = kfull0 + {8 * stages}",
          f"    empty0 = vfull0 + {8 * stages}",
-         # one block a (batch, head, query tile), a head's tiles consecutive (its K and V
-         # stay in L2 while they run); causal: a head's longest rows first
-         f"    tiles = (Sq + {BM - 1}) // {BM}",
-         "    bh = cuda.blockIdx.x // tiles",
-         "    mt = cuda.blockIdx.x % tiles",
-         "    if causal != 0:",
-         "        mt = tiles - 1 - mt",
-         "    b = bh // Hq",
-         "    h = bh % Hq",
-         "    hk = h // G",
-         f"    m0 = mt * {BM}",
-         "    lqb = lq[b] if has_lq != 0 else Sq",
-         "    lkb = lk[b] if has_lk != 0 else Sk",
-         "    kend = lkb",
-         f"    if causal != 0 and m0 + {BM} < kend:",
-         f"        kend = m0 + {BM}",
-         "    if m0 >= lqb:",
-         "        kend = 0",
-         f"    ntiles = (kend + {BN - 1}) // {BN}",
-         # the maps' coordinates: BHSD (B*H, S, D) maps, BSHD (B, S, H*D) maps
-         "    zq = bh if bhsd != 0 else b",
-         f"    xq = 0 if bhsd != 0 else h * {D}",
-         "    zk = b * (Hq // G) + hk if bhsd != 0 else b",
-         f"    xk = 0 if bhsd != 0 else hk * {D}",
+         f"    qempty = empty0 + {8 * stages}  # (persistent: Q free for the next tile)"] + \
+        ([] if persistent else ["    tile = cuda.blockIdx.x"] + _tile_lines(D, BN, "    ")) + [
          "    if tid == 0:",
          "        fence_proxy_tensormap_acquire(map_q)",
          "        fence_proxy_tensormap_acquire(map_k)",
@@ -280,7 +297,9 @@ def source(kind, D, BN, stages, overlap=True, pingpong=False):
          "            mbarrier_init(U32(kfull0 + 8 * s), 1)",
          "            mbarrier_init(U32(vfull0 + 8 * s), 1)",
          "            mbarrier_init(U32(empty0 + 8 * s), 2)",
+         "        mbarrier_init(U32(qempty), 2)",
          "        fence_proxy_async()  # the initialised barriers, visible to TMA",
          "    cuda.syncthreads()"]
-    L += _producer_lines(D, BN, stages) + _consumer_lines(D, BN, stages, overlap, pingpong and overlap)
+    L += _producer_lines(D, BN, stages, persistent) + \
+        _consumer_lines(D, BN, stages, overlap, pingpong and overlap, persistent)
     return name, "\n".join(L) + "\n"
