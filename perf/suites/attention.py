@@ -122,7 +122,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16"])
-    ap.add_argument("--seqs", nargs="+", type=int, default=[512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--seqs", nargs="*", type=int, default=[512, 1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--dims", nargs="+", type=int, default=[64, 128])
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--decode", action="store_true")

@@ -52,8 +52,10 @@ VARIANT = {64: "F3", 128: "F1"}
 # a block an SM looping over the (batch, head, query tile) tiles, its producer loading
 # the next tile while the consumers store (flash_source.source's persistent): written for
 # short sequences (S 512: 0.62x cuDNN, a block's fixed cost unhidden), not yet run on a
-# GPU (run AQ had no device time left), so off
-PERSISTENT = False
+# GPU (run AQ had no device time left), so off. By head dim: F3 persistent spills 276 B
+# and ptxas serialises its wgmma (C7520), F1 persistent compiles clean: time it with
+# VARIANT F1 (perf/gpu_run.sh att-verify)
+PERSISTENT = {64: False, 128: False}
 TILES = {64: (128, 4), 128: (128, 2)}  # D -> (BN keys a tile, K/V stages)
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16"}
@@ -92,7 +94,7 @@ def kernel(dtype, D, variant=None, persistent=None):
     """The forward Kernel for dtype, head dim D (TILES), variant (VARIANT[D] unless
     given) and persistence (PERSISTENT unless given), built on first use."""
     variant = variant or VARIANT[D]
-    persistent = PERSISTENT if persistent is None else persistent
+    persistent = PERSISTENT[D] if persistent is None else persistent
     key = dtype, D, variant, persistent
     if key not in _KERNELS:
         kind = KINDS[dtype]
@@ -142,9 +144,9 @@ def forward(q, k, v, o, lse, lq, lk, has_lq, has_lk, geo, layout, stream):
     BN = TILES[D][0]
     maps = [encoded(ptr(t), shp, dtype, (1, rows, 64), "128B")
             for t, shp, rows in ((q, shapes[0], fs.BM), (k, shapes[1], BN), (v, shapes[1], BN))]
-    kern = kernel(dtype, D)
+    kern = kernel(dtype, D, persistent=PERSISTENT[D])
     total = B * Hq * -(-Sq // fs.BM)
-    grid = min(total, sm_count()) if PERSISTENT else total  # (one block an SM fits)
+    grid = min(total, sm_count()) if PERSISTENT[D] else total  # (one block an SM fits)
     kern.launch(SIG, grid, THREADS, stream, *(m[0] for m in maps),
                 (ptr(o), B * Hq * Sq * D // 2), lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk,
                 causal, int(bhsd), float(scale * math.log2(math.e)), ob, oh, orow, total,
@@ -159,4 +161,4 @@ def ptx_examples():
     for variant in ("F1", "F2", "F3"):
         kernel("bfloat16", 128, variant)
     for D in (64, 128):
-        kernel("bfloat16", D, persistent=not PERSISTENT)
+        kernel("bfloat16", D, "F1", not PERSISTENT[D])
