@@ -110,10 +110,15 @@ def test_flash_variants_match_reference(variant, monkeypatch):
     loop: causal tiles, a key tail, grouped-query heads, variable lengths."""
     from nbdnn.cuda.attention import flash
     monkeypatch.setitem(flash.VARIANT, 128, variant)
-    rng = np.random.default_rng(4)
-    q, k, v = _inputs(rng, "bfloat16", "BHSD", 2, 4, 2, 300, 700, 128)
-    kw = dict(is_causal=True, enable_gqa=True, seq_lens_q=np.array([300, 129]),
-              seq_lens_k=np.array([650, 700]))
+    _loop_case(4, (2, 4, 2, 300, 700, 128), ([300, 129], [650, 700]))
+
+
+def _loop_case(seed, dims, lens):
+    """bfloat16, causal, grouped-query heads, seq_lens (q's, k's) against the reference."""
+    rng = np.random.default_rng(seed)
+    q, k, v = _inputs(rng, "bfloat16", "BHSD", *dims)
+    kw = dict(is_causal=True, enable_gqa=True, seq_lens_q=np.array(lens[0]),
+              seq_lens_k=np.array(lens[1]))
     o, lse = _run(q, k, v, **kw)
     want_o, want_lse = _reference(q, k, v, **kw)
     np.testing.assert_allclose(o, want_o, atol=2e-2, rtol=2e-2)
@@ -174,11 +179,4 @@ def test_flash_persistent_matches_reference(D, monkeypatch):
     from nbdnn.cuda.attention import flash
     monkeypatch.setitem(flash.PERSISTENT, D, True)
     monkeypatch.setitem(flash.VARIANT, D, "F1")
-    rng = np.random.default_rng(6)
-    q, k, v = _inputs(rng, "bfloat16", "BHSD", 2, 40, 20, 300, 333, D)
-    kw = dict(is_causal=True, enable_gqa=True, seq_lens_q=np.array([300, 150]),
-              seq_lens_k=np.array([333, 200]))
-    o, lse = _run(q, k, v, **kw)
-    want_o, want_lse = _reference(q, k, v, **kw)
-    np.testing.assert_allclose(o, want_o, atol=2e-2, rtol=2e-2)
-    np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
+    _loop_case(6, (2, 40, 20, 300, 333, D), ([300, 150], [333, 200]))
