@@ -52,7 +52,9 @@
 #   bash perf/gpu_run.sh flash-bwd            # its backward (forced on): tests, (SAN=1) the
 #                                             # sanitizer, SASS, attention.py with it on
 #   bash perf/gpu_run.sh att-verify           # run AQ's unverified attention kernels forced on:
-#                                             # tests, (SAN=1) sanitizer, A/B and speed rows
+#                                             # tests, (SAN=1) memcheck and racecheck
+#   bash perf/gpu_run.sh att-speed            # ... their A/B and speed rows, decoding, the
+#                                             # transformer step (transformer_step.py)
 #   bash perf/gpu_run.sh ap-final             # conv.py bf16 NHWC "auto" and "gemm", both
 #                                             # gradients; NCHW against channels_first.ON
 #   bash perf/gpu_run.sh layout-moves         # run AN's tiled transpose, 1x1 data-gradient
@@ -455,18 +457,20 @@ flash-bwd)
     timeout ${PERF_LIMIT_S:-240} python3 perf/suites/attention.py ${ATT_ARGS:---seqs 512 2048 8192} \
         --set nbdnn.cuda.attention.flash_bwd.ON=1 --json "$OUT/fbwd.json" 2>&1 | grep -v -i warn ;;
 att-verify)
-    # run AQ's unverified attention kernels in one call: the tensor-core backward
-    # (flash_bwd.ON forced), the tiled CUDA-core forward (tiled.ON forced), the persistent
-    # flash forward (PERSISTENT forced): tests, (SAN=1) memcheck and racecheck over a case
-    # of each, then timings: bf16 forward and backward with the backward on, F1 persistent
-    # against not, float32 with the tiled forward, decoding
+    # run AQ's unverified attention kernels: the tensor-core backward (flash_bwd.ON
+    # forced), the tiled CUDA-core forward (tiled.ON forced), the persistent flash forward
+    # (PERSISTENT forced): their tests, (SAN=1) memcheck and racecheck over a case of each
     P="timeout ${TEST_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider"
     $P tests/test_attention_flash.py -k "backward or persistent" > "$OUT/av-tests.log" 2>&1 &
     $P tests/test_attention_paths.py -k tiled > "$OUT/av-tiled.log" 2>&1 &
     sanitized av ${SAN_LIMIT_S:-200} tests/test_attention_flash.py tests/test_attention_paths.py \
         -k "(backward_matches and 257) or (persistent and 128) or (tiled and kw2)"
     wait
-    summary av-tests av-tiled av-memcheck av-racecheck
+    summary av-tests av-tiled av-memcheck av-racecheck ;;
+att-speed)
+    # the timings of run AQ's unverified attention kernels (after att-verify passes):
+    # bf16 forward and backward with the tensor-core backward on, F1 persistent against
+    # not, float32 with the tiled forward on and off, decoding, the transformer step
     S="perf/suites/attention.py --no-backward --seqs 512 2048 16384 --dims 128"
     timeout 100 python3 perf/suites/attention.py --seqs 512 4096 --dims 64 128 \
         --set nbdnn.cuda.attention.flash_bwd.ON=1 2>&1 | grep -v -i warn
@@ -478,7 +482,9 @@ att-verify)
         timeout 90 python3 perf/suites/attention.py --dtypes float32 --seqs 1024 4096 --dims 64 \
             --no-backward --set nbdnn.cuda.attention.tiled.ON=$t 2>&1 | grep -v -i warn
     done
-    timeout 90 python3 perf/suites/attention.py --decode --seqs --no-backward 2>&1 | grep -v -i warn ;;
+    timeout 90 python3 perf/suites/attention.py --decode --seqs --no-backward 2>&1 | grep -v -i warn
+    timeout 150 python3 perf/suites/transformer_step.py --set nbdnn.cuda.attention.flash_bwd.ON=1 \
+        --set nbdnn.cuda.attention.tiled.ON=1 2>&1 | grep -v -i warn ;;
 tf32-conv)
     # float32 convolution in the TF32 modes: the tests (the tensor-core forward forced on,
     # the "gemm" path, the crosscheck's float32 conv rows; SAN=1: the sanitizer over the
