@@ -89,3 +89,40 @@ def test_tiled_forward_matches_reference(dtype, layout, kw, dims, monkeypatch):
     tol = {np.float32: 1e-5 if "math" not in kw else 2e-3, np.float16: 2e-3}[dtype]
     np.testing.assert_allclose(np.asarray(o, np.float64), want_o, rtol=tol, atol=tol)
     np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype,layout,kw,dims", [
+    (np.float32, "BHSD", {}, (1, 2, 2, 40, 37, 20, 20)),
+    (np.float32, "BSHD", {"is_causal": True, "math": "tf32"}, (2, 2, 1, 33, 45, 8, 70)),
+    (np.float16, "BHSD", {"attn_mask": "bool", "seq_lens_q": np.array([30, 3]),
+                          "seq_lens_k": np.array([40, 0])}, (2, 2, 2, 35, 40, 16, 16)),
+    (np.float32, "BHSD", {"attn_mask": "float", "dropout_p": 0.25, "seed": 3, "offset": 7},
+     (1, 2, 2, 34, 33, 12, 8)),
+])
+def test_tiled_backward_matches_reference(dtype, layout, kw, dims, monkeypatch):
+    """cuda/attention/tiled_bwd.py (forced on: tiled.ON): dq a block a 32-query tile, dk
+    and dv a block a 32-key tile, against the CPU reference's gradients of the same o
+    and lse (the CPU's forward)."""
+    from nbdnn.cuda.attention import tiled
+    monkeypatch.setattr(tiled, "ON", True)
+    rng = np.random.default_rng(len(kw) + 10)
+    B, Hq, Hk, Sq, Sk, D, Dv = dims
+    q, k, v = _inputs(rng, dtype, layout, B, Hq, Hk, Sq, Sk, D, Dv)
+    do = rng.uniform(-1, 1, q.shape[:3] + (Dv,)).astype(dtype)
+    if kw.get("attn_mask") == "bool":
+        kw = dict(kw, attn_mask=rng.random((1, Hq, Sq, Sk)) > 0.3)
+        do[1] = np.nan  # (batch entry 1's rows past 3 are not live, and entry 1 has no key)
+        do[1, :, :3] = 0.5
+    elif kw.get("attn_mask") == "float":
+        kw = dict(kw, attn_mask=rng.uniform(-1, 1, (Sq, Sk)).astype(dtype))
+    kw = dict(kw, enable_gqa=True, layout=layout)
+    o, lse = nbdnn.scaled_dot_product_attention(q, k, v, backend="cpu", **kw)
+    with launched() as names:
+        got = nbdnn.scaled_dot_product_attention_backward(do, q, k, v, o, lse, backend="cuda", **kw)
+    assert any(n.startswith("attention_dq_tiled") for n in names) and \
+        any(n.startswith("attention_dkv_tiled") for n in names), names
+    want = nbdnn.scaled_dot_product_attention_backward(do, q, k, v, o, lse, backend="cpu", **kw)
+    tol = {np.float32: 1e-5 if "math" not in kw else 2e-3, np.float16: 2e-3}[dtype]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64),
+                                   rtol=tol, atol=tol)

@@ -5,8 +5,8 @@
 - flash.py (flash_source.py): the tensor-core forward for 16-bit q, k, v at head dims
   64 and 128 without a mask or dropout (wgmma, TMA; sm_90); flash_bwd.py
   (flash_bwd_source.py): its backward (dK and dV, then dQ; off until it has run on a GPU).
-- tiled.py: the forward on the CUDA cores in 32 x 32 tiles (float32 compute; off until
-  it has run on a GPU).
+- tiled.py, tiled_bwd.py: the forward and backward on the CUDA cores in 32 x 32 tiles
+  (float32 compute; off until they have run on a GPU: tiled.ON).
 - decode.py: the forward for Sq <= 16 queries against >= decode.MIN_KEYS keys
   (flash-decoding: the keys split over blocks, the chunks combined by log-sum-exp);
   every feature of the exact path.
@@ -17,7 +17,7 @@ import numpy as np
 from ..runtime.arrays import dtype_name, empty
 from ..runtime.simulator import SIMULATOR
 from ...cpu.dropout import MASK32, keep_threshold
-from . import decode, flash, flash_bwd, simt, tiled
+from . import decode, flash, flash_bwd, simt, tiled, tiled_bwd
 
 BLOCK = 32 if SIMULATOR else 128
 MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}
@@ -141,6 +141,9 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropou
                                           (do, lse)):
         flash_bwd.backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, *geo[24:26], geo, layout,
                            stream)
+        return dq, dk, dv
+    if rows and keys and tiled_bwd.usable(dtype, D, Dv):
+        tiled_bwd.backward(do, q, k, v, lse, dl, dq, dk, dv, ma, mb, lq, lk, geo, stream)
         return dq, dk, dv
     if rows:
         kern, sig = simt.KERNELS["grad_q", dtype]

@@ -154,10 +154,11 @@ def forward(q, k, v, o, lse, lq, lk, has_lq, has_lk, geo, layout, stream):
 
 
 def ptx_examples():
-    """Both head dims in bfloat16, float16 at D = 128, the three variants, and both head
-    dims the other way persistent (tests/test_ptx.py compiles them for sm_90a)."""
-    for dtype, D in (("bfloat16", 64), ("bfloat16", 128), ("float16", 128)):
-        kernel(dtype, D)
+    """Both head dims in bfloat16, the three variants, and both head dims the other way
+    persistent (tests/test_ptx.py compiles them for sm_90a; float16's kernels differ only
+    in their conversions' names, and a compile costs CI 20-40 s)."""
+    for D in (64, 128):
+        kernel("bfloat16", D)
     for variant in ("F1", "F2", "F3"):
         kernel("bfloat16", 128, variant)
     for D in (64, 128):

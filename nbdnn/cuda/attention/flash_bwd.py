@@ -93,7 +93,8 @@ def backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, has_lq, has_lk, geo, layo
 
 
 def ptx_examples():
-    """Both kernels at both head dims in bfloat16, and float16 at D = 128."""
+    """Both kernels at both head dims in bfloat16 (float16's differ only in the names of
+    their conversions; a compile costs CI 20-40 s)."""
     for which in ("dkv", "dq"):
-        for dtype, D in (("bfloat16", 64), ("bfloat16", 128), ("float16", 128)):
-            kernel(which, dtype, D)
+        for D in (64, 128):
+            kernel(which, "bfloat16", D)
