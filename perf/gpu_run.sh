@@ -49,8 +49,6 @@
 #                                             # sanitizer), perf/suites/attention.py
 #   bash perf/gpu_run.sh flash                # issue 25's tensor-core forward: tests, (SAN=1)
 #                                             # sanitizer, SASS, perf/suites/attention.py
-#   bash perf/gpu_run.sh flash-bwd            # its backward (forced on): tests, (SAN=1) the
-#                                             # sanitizer, SASS, attention.py with it on
 #   bash perf/gpu_run.sh att-verify           # run AQ's unverified attention kernels forced on:
 #                                             # tests, (SAN=1) memcheck and racecheck
 #   bash perf/gpu_run.sh att-speed            # ... their A/B and speed rows, decoding, the
@@ -441,21 +439,6 @@ flash)
     summary flash-tests flash-cross flash-memcheck flash-racecheck
     timeout ${PERF_LIMIT_S:-300} python3 perf/suites/attention.py ${ATT_ARGS:---no-backward} \
         --json "$OUT/flash.json" 2>&1 | grep -v -i warn ;;
-flash-bwd)
-    # issue 25's tensor-core backward (cuda/attention/flash_bwd.py, forced on: flash_bwd.ON
-    # is off until this has passed): its tests, (SAN=1) the sanitizer over them, the SASS
-    # of its kernels, then perf/suites/attention.py with it on (ATT_ARGS)
-    P="timeout ${TEST_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider"
-    $P tests/test_attention_flash.py -k backward > "$OUT/fbwd-tests.log" 2>&1 &
-    sanitized fbwd ${SAN_LIMIT_S:-200} tests/test_attention_flash.py -k "backward_matches and 257"
-    for k in attention_flash_dkv_bf16_d128_m32s3 attention_flash_dq_bf16_d128_s3; do
-        echo "$k: $(timeout 120 python3 perf/tools/sass_dump.py nbdnn.cuda.attention.flash_bwd \
-            $k uint64 2>&1 >/dev/null | tr '\n' ' ')"
-    done
-    wait
-    summary fbwd-tests fbwd-memcheck fbwd-racecheck
-    timeout ${PERF_LIMIT_S:-240} python3 perf/suites/attention.py ${ATT_ARGS:---seqs 512 2048 8192} \
-        --set nbdnn.cuda.attention.flash_bwd.ON=1 --json "$OUT/fbwd.json" 2>&1 | grep -v -i warn ;;
 att-verify)
     # run AQ's unverified attention kernels: the tensor-core backward (flash_bwd.ON
     # forced), the tiled CUDA-core forward (tiled.ON forced), the persistent flash forward
