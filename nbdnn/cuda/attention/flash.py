@@ -11,7 +11,8 @@ past a query tile's last row are never loaded.
 
 Where it runs (`usable`): float16 / bfloat16 q, k, v with head dims D = Dv = 64 or 128,
 no attn_mask, no dropout, a positive scale, Sq > 16 (fewer queries: decode.py), sm_90;
-everything else (and the simulator) runs simt.py's exact kernels. Causal, grouped-query
+everything else (and the simulator) runs simt.py's exact kernels (tiled.py's where
+tiled.ON). Causal, grouped-query
 heads, seq_lens_q / seq_lens_k and both layouts run here: BHSD tensors are mapped as (B*H,
 S, D), BSHD as (B, S, H*D), so neither is transposed.
 """
@@ -38,7 +39,7 @@ from ..tensorcore.wgmma import wgmma, wgmma_rs
 from . import flash_source as fs
 
 ON = True                 # False: every forward runs the exact kernels (simt.py)
-# The consumer loop's variant by head dim (flash_source._consumer_lines):
+# The consumer loop's variant by head dim (flash_source._consumer_tile):
 # - F1: each key tile's S = QK^T, its softmax, then its PV, in turn;
 # - F2: tile t's softmax runs while tile t-1's PV is on the tensor cores (FA3's
 #   intra-warpgroup pipelining);
@@ -54,7 +55,7 @@ VARIANT = {64: "F3", 128: "F1"}
 # short sequences (S 512: 0.62x cuDNN, a block's fixed cost unhidden), not yet run on a
 # GPU (run AQ had no device time left), so off. By head dim: F3 persistent spills 276 B
 # and ptxas serialises its wgmma (C7520), F1 persistent compiles clean: time it with
-# VARIANT F1 (perf/gpu_run.sh att-verify)
+# VARIANT F1 (perf/gpu_run.sh att-verify tests it, att-speed times it)
 PERSISTENT = {64: False, 128: False}
 TILES = {64: (128, 4), 128: (128, 2)}  # D -> (BN keys a tile, K/V stages)
 THREADS, MAX_REGS = 384, 168
