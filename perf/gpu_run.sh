@@ -454,19 +454,20 @@ att-speed)
     # the timings of run AQ's unverified attention kernels (after att-verify passes):
     # bf16 forward and backward with the tensor-core backward on, F1 persistent against
     # not, float32 with the tiled forward on and off, decoding, the transformer step
+    # (at most 560 s of limits: one call)
     S="perf/suites/attention.py --no-backward --seqs 512 2048 16384 --dims 128"
-    timeout 100 python3 perf/suites/attention.py --seqs 512 4096 --dims 64 128 \
+    timeout 150 python3 perf/suites/attention.py --seqs 512 4096 --dims 64 128 \
         --set nbdnn.cuda.attention.flash_bwd.ON=1 2>&1 | grep -v -i warn
     for p in 0 1; do
-        timeout 60 python3 $S --set "nbdnn.cuda.attention.flash.VARIANT={64:'F1',128:'F1'}" \
+        timeout 50 python3 $S --set "nbdnn.cuda.attention.flash.VARIANT={64:'F1',128:'F1'}" \
             --set "nbdnn.cuda.attention.flash.PERSISTENT={64:$p,128:$p}" 2>&1 | grep -v -i warn
     done
     for t in 0 1; do
-        timeout 90 python3 perf/suites/attention.py --dtypes float32 --seqs 1024 4096 --dims 64 \
+        timeout 60 python3 perf/suites/attention.py --dtypes float32 --seqs 1024 4096 --dims 64 \
             --no-backward --set nbdnn.cuda.attention.tiled.ON=$t 2>&1 | grep -v -i warn
     done
-    timeout 90 python3 perf/suites/attention.py --decode --seqs --no-backward 2>&1 | grep -v -i warn
-    timeout 150 python3 perf/suites/transformer_step.py --set nbdnn.cuda.attention.flash_bwd.ON=1 \
+    timeout 80 python3 perf/suites/attention.py --decode --seqs --no-backward 2>&1 | grep -v -i warn
+    timeout 110 python3 perf/suites/transformer_step.py --set nbdnn.cuda.attention.flash_bwd.ON=1 \
         --set nbdnn.cuda.attention.tiled.ON=1 2>&1 | grep -v -i warn ;;
 tf32-conv)
     # float32 convolution in the TF32 modes: the tests (the tensor-core forward forced on,

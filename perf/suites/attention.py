@@ -66,8 +66,10 @@ def _row(dtype, S, D, causal, backward, B=None, Sk=None):
     row = {"dtype": dtype, "B": B, "Sq": S, "Sk": Sk, "D": D, "causal": causal}
     o, lse = nbdnn.scaled_dot_product_attention(q, k, v, is_causal=causal)
     hi = torch.float64 if dtype == "float32" else torch.float32
-    ref = F.scaled_dot_product_attention(q.to(hi), k.to(hi), v.to(hi), is_causal=causal)
-    row["rel_err"] = float((o.to(hi) - ref).abs().max() / ref.abs().max())
+    n = 1 if S == 1 else B  # (decoding: batch entry 0's error; a 64 x 128k cache is 68 GB)
+    ref = F.scaled_dot_product_attention(q[:n].to(hi), k[:n].to(hi), v[:n].to(hi),
+                                         is_causal=causal)
+    row["rel_err"] = float((o[:n].to(hi) - ref).abs().max() / ref.abs().max())
     t = time_gpu(lambda: nbdnn.scaled_dot_product_attention(q, k, v, is_causal=causal, out=o))
     row["nbdnn_tflops"] = flops / t / 1e12
     for name, backend in (("default", None), ("flash", SDPBackend.FLASH_ATTENTION)):
