@@ -463,7 +463,7 @@ att-speed)
             --set "nbdnn.cuda.attention.flash.PERSISTENT={64:$p,128:$p}" 2>&1 | grep -v -i warn
     done
     for t in 0 1; do
-        timeout 60 python3 perf/suites/attention.py --dtypes float32 --seqs 1024 4096 --dims 64 \
+        timeout 60 python3 perf/suites/attention.py --dtypes float32 --seqs 1024 2048 --dims 64 \
             --no-backward --set nbdnn.cuda.attention.tiled.ON=$t 2>&1 | grep -v -i warn
     done
     timeout 80 python3 perf/suites/attention.py --decode --seqs --no-backward 2>&1 | grep -v -i warn
