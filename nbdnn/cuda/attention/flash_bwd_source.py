@@ -3,7 +3,8 @@ says where they run). FlashAttention-2's algorithm with dQ by a second pass, so 
 nothing is summed by atomics and reruns are bit-identical:
 
     dkv: a block a (batch, kv head, 128 keys); two consumer warpgroups of 64 keys loop
-         over (query head of the group, 64-query tile) and keep dK, dV in registers:
+         over (query head of the group, query tile of st = step_of("dkv", D): 64, 32 at
+         D 128) and keep dK, dV in registers:
            S^T  = K_w Q_i^T        P^T  = exp2(S^T sl - L_i)         (wgmma, smem x smem)
            dP^T = V_w dO_i^T       dS^T = P^T (dP^T - delta_i)
            dV  += P^T dO_i         dK  += dS^T Q_i                   (wgmma, P^T / dS^T
@@ -18,7 +19,7 @@ one's A operand (wgmma.wgmma_rs), so P and dS never leave registers.
 
 Shared memory (128-byte-swizzled 64-column boxes, 1024-B aligned), dkv:
 
-    | K: 128 keys | V: 128 keys | stage s: Q_i, dO_i (64 rows each), L_i, delta_i (64 floats) ...
+    | K: 128 keys | V: 128 keys | stage s: Q_i, dO_i (st rows each), L_i, delta_i (st floats) ...
 
 dq: | Q: 128 rows | dO: 128 rows | stage s: K_j, V_j (64 rows each) ...
 
@@ -26,8 +27,8 @@ The producer warpgroup's one thread loads the resident tiles once and streams th
 consumers release a stage after their last product that reads it. Masked pairs (key
 past seq_lens_k, query past seq_lens_q, causal) get P = dS = 0 by selection.
 
-Traffic (dkv, D 128, a step): 2 x 64 x 128 x 2 B + 512 B in, 4 products of 2 x 64 x 128
-x 128 flops per warpgroup: 8.4 MFLOP a block for 33 KB.
+Traffic (dkv, D 128, a step of st = 32 queries): 2 x 32 x 128 x 2 B + 256 B in, 4
+products of 2 x 64 x 32 x 128 flops per warpgroup: 4.2 MFLOP a block for 16.6 KB.
 """
 from .flash_source import REGS
 
