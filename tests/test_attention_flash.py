@@ -6,6 +6,7 @@ a NaN row), the variants, bit-identical reruns and a 16k-long sequence. Skipped 
 such a GPU (CI compiles the kernels: tests/test_ptx.py)."""
 import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 
 import nbdnn
 from nbdnn.cuda.runtime.launch import launched
@@ -180,3 +181,25 @@ def test_flash_persistent_matches_reference(D, monkeypatch):
     monkeypatch.setitem(flash.PERSISTENT, D, True)
     monkeypatch.setitem(flash.VARIANT, D, "F1")
     _loop_case(6, (2, 40, 20, 300, 333, D), ([300, 150], [333, 200]))
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@given(data=st.data())
+def test_flash_forward_random_shapes(D, data):
+    """Drawn shapes, tails, causal, grouped-query heads, lengths and layouts through the
+    tensor-core forward against the float64 reference (the gpu profile's draws)."""
+    dtype = data.draw(st.sampled_from(sorted(DTYPES)))
+    layout = data.draw(st.sampled_from(["BHSD", "BSHD"]))
+    B, Hk, G = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)), \
+        data.draw(st.integers(1, 3))
+    Sq, Sk = data.draw(st.integers(17, 300)), data.draw(st.integers(1, 300))
+    kw = dict(is_causal=data.draw(st.booleans()), enable_gqa=G > 1, layout=layout)
+    if data.draw(st.booleans()):
+        kw.update(seq_lens_q=np.array([data.draw(st.integers(0, Sq)) for _ in range(B)]),
+                  seq_lens_k=np.array([data.draw(st.integers(0, Sk)) for _ in range(B)]))
+    q, k, v = _inputs(np.random.default_rng(Sq * 1000 + Sk), dtype, layout, B, Hk * G, Hk,
+                      Sq, Sk, D)
+    o, lse = _run(q, k, v, **kw)
+    want_o, want_lse = _reference(q, k, v, **kw)
+    np.testing.assert_allclose(o, want_o, atol=TOL[dtype], rtol=TOL[dtype])
+    np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
