@@ -443,11 +443,12 @@ att-verify)
     # run AQ's unverified attention kernels: the tensor-core backward (flash_bwd.ON
     # forced), the tiled CUDA-core forward (tiled.ON forced), the persistent flash forward
     # (PERSISTENT forced): their tests, (SAN=1) memcheck and racecheck over a case of each
+    # and over the forward's shipped variants (F1, F3: run AQ sanitised only the first F2)
     P="timeout ${TEST_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider"
     $P tests/test_attention_flash.py -k "backward or persistent or random" > "$OUT/av-tests.log" 2>&1 &
     $P tests/test_attention_paths.py -k tiled > "$OUT/av-tiled.log" 2>&1 &
     sanitized av ${SAN_LIMIT_S:-200} tests/test_attention_flash.py tests/test_attention_paths.py \
-        -k "(backward_matches and 257) or (persistent and 128) or (tiled and kw2)"
+        -k "(backward_matches and 257) or (persistent and 128) or (tiled and kw2) or variants"
     wait
     summary av-tests av-tiled av-memcheck av-racecheck ;;
 att-speed)
