@@ -91,7 +91,8 @@ def test_tiled_forward_matches_reference(dtype, layout, kw, dims, monkeypatch):
            else a for n, a in kw.items()}
     want_o, want_lse = nbdnn.scaled_dot_product_attention(
         *(a.astype(np.float64) for a in (q, k, v)), backend="cpu", **ref)
-    tol = {np.float32: 1e-5 if "math" not in kw else 2e-3, np.float16: 2e-3}[dtype]
+    tol = {np.float32: 1e-5 if "math" not in kw else 1e-3, np.float16: 2e-3}[dtype]  # (tf32: p
+    # is rounded to tf32 before p v, so float32 against float64 p can flip a rounding: 3e-4)
     np.testing.assert_allclose(np.asarray(o, np.float64), want_o, rtol=tol, atol=tol)
     np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=tol, atol=tol)
 
@@ -120,7 +121,7 @@ def test_tiled_backward_matches_reference(dtype, layout, kw, dims, monkeypatch):
     assert any(n.startswith("attention_dq_tiled") for n in names) and \
         any(n.startswith("attention_dkv_tiled") for n in names), names
     want = nbdnn.scaled_dot_product_attention_backward(do, q, k, v, o, lse, backend="cpu", **kw)
-    tol = {np.float32: 1e-5 if "math" not in kw else 2e-3, np.float16: 2e-3}[dtype]
+    tol = {np.float32: 1e-5 if "math" not in kw else 2e-4, np.float16: 2e-3}[dtype]  # (tf32: 4e-5)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64),
                                    rtol=tol, atol=tol)

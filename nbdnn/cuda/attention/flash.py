@@ -21,14 +21,13 @@ import math
 import numpy as np
 from numba import types
 from numba.cuda import libdevice
-from numba.cuda.extending import intrinsic
 
 from ..runtime.arrays import dtype_name, ptr
 from ..runtime.codegen import compile_source
 from ..runtime.device import sm_count
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
-from ..tensorcore.asm import F32, inline_asm, smem_address
+from ..tensorcore.asm import instruction, smem_address
 from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2
 from ..tensorcore.tensormap import encoded
 from ..tensorcore.tiles import SOURCE_NAMES
@@ -65,14 +64,8 @@ SIG = ("void(uint64, uint64, uint64, uint32[::1], float32[::1], int64[::1], int6
        "int64)")
 
 
-@intrinsic
-def ex2(typingctx, x):
-    """2^x, one MUFU instruction (2 ulp; -inf -> +0, flushes denormals).
-
-    PTX: `ex2.approx.ftz.f32 $0, $1;`"""
-    def codegen(context, builder, sig, args):
-        return inline_asm(builder, F32, list(args), "ex2.approx.ftz.f32 $0, $1;", "=f,f")
-    return types.float32(types.float32), codegen
+ex2 = instruction("ex2.approx.ftz.f32 $0, $1;", types.float32, types.float32,
+                  "2^x, one MUFU instruction (2 ulp; -inf -> +0, flushes denormals).")
 
 
 def namespace(kind):

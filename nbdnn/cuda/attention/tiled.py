@@ -14,8 +14,9 @@ live key tiles, as simt.py (the same p' = p rounded to o's dtype before p v):
 
 Shared memory (float32): Q chunk 32 x 64, K chunk 32 x 65 (a padded row: the 8 threads of
 a row read 4 keys each without bank conflicts), V chunk 32 x 64, P 32 x 33 = 29 KB. Per
-key tile a thread does 8 D + 16 Dv multiply-adds for 6 D + 17 Dv / 8 ... shared loads:
-about one load per 1.3 flops (simt.py: one global load per 2 flops, 3 dot products a key).
+key tile a thread's S costs 8 D multiply-adds for 6 D shared loads (each pass), its P V
+8 Dv for 5 Dv: about 2.8 flops a load (simt.py: 2 flops a global load, 3 dot products a
+key).
 
 A removed pair (mask, causal, lengths) takes no part: its score is never used, and in
 tiles that hold one P V takes a product only where P is live (removed P is stored as

@@ -76,6 +76,23 @@ def literal_statement(template, doc):
     return emit
 
 
+_OPERAND = {types.float32: (F32, "f"), types.uint32: (I32, "r")}
+
+
+def instruction(text, ret, arg, doc):
+    """An intrinsic `name(x)` emitting the one-operand PTX `text` ($0 its result of numba
+    type `ret`, $1 x of type `arg`: float32 or uint32)."""
+    (lret, cret), (_, carg) = _OPERAND[ret], _OPERAND[arg]
+
+    @intrinsic
+    def emit(typingctx, x):
+        def codegen(context, builder, sig, args):
+            return inline_asm(builder, lret, list(args), text, f"={cret},{carg}")
+        return ret(arg), codegen
+    emit.__doc__ = f"{doc}\n\nPTX: `{text}`"
+    return emit
+
+
 @intrinsic
 def smem_address(typingctx, smem, idx):
     """32-bit .shared address of smem[idx] (descriptors, mbarriers, TMA destinations)."""

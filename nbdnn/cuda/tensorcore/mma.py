@@ -28,7 +28,7 @@ from numba import types
 from numba.cuda.extending import intrinsic
 from numba.cuda.types import bfloat16
 
-from .asm import F32, I32, element_pointer, inline_asm, shared_address, values
+from .asm import F32, I32, element_pointer, inline_asm, instruction, shared_address, values
 
 
 def _mma(shape, ab, nregs_a, nregs_b):
@@ -103,14 +103,9 @@ def _stmatrix(n):
 stmatrix_x1, stmatrix_x2, stmatrix_x4 = (_stmatrix(n) for n in (1, 2, 4))
 
 
-@intrinsic
-def cvt_tf32(typingctx, x):
-    """float32 -> tf32 (round to nearest, ties away), as the .b32 bits mma_tf32 takes.
-
-    PTX: `cvt.rna.tf32.f32 $0, $1;`"""
-    def codegen(context, builder, sig, args):
-        return inline_asm(builder, I32, list(args), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
-    return types.uint32(types.float32), codegen
+cvt_tf32 = instruction("cvt.rna.tf32.f32 $0, $1;", types.uint32, types.float32,
+                       "float32 -> tf32 (round to nearest, ties away), as the .b32 bits "
+                       "mma_tf32 takes.")
 
 
 def _cvt_x2(kind):

@@ -60,6 +60,28 @@ wgmma_wait = literal_statement("wgmma.wait_group.sync.aligned %d;",
                                "Wait until at most N batches are in flight.")
 
 
+def _mma_asm(N, shape, ops_text, ops_cons, tail):
+    """(text, constraints) of one wgmma m64{shape} with N/2 accumulators: $0.. the
+    results, then the k operands (ops_text numbers them from $N/2, ops_cons their
+    letters), the accumulators' inputs tied to the results, then scale_d."""
+    n, k = N // 2, len(ops_cons)
+    d = "{" + ",".join(f"${i}" for i in range(n)) + "}"
+    text = ("{\n.reg .pred p;\n" f"setp.ne.b32 p, ${2 * n + k}, 0;\n"
+            f"wgmma.mma_async.sync.aligned.m64{shape} {d}, {ops_text}, {tail};\n}}")
+    cons = ",".join(["=f"] * n + list(ops_cons) + [str(i) for i in range(n)]) + ",r,~{memory}"
+    return text, cons
+
+
+def _mma_codegen(n, k, text, cons):
+    """The codegen of f(k operands, d, scale_d) -> d: d's n values in and out."""
+    def codegen(context, builder, sig, args):
+        ops = list(args[:k]) + [builder.extract_value(args[k], i) for i in range(n)] + \
+            [args[k + 1]]
+        st = inline_asm(builder, ir.LiteralStructType([F32] * n), ops, text, cons)
+        return values(context, builder, sig, st, n)
+    return codegen
+
+
 @functools.lru_cache(maxsize=None)
 def wgmma(N, kind, trans_b=0, trans_a=0):
     """The intrinsic f(desc_a, desc_b, d, scale_d) -> d for m64nNk{16|8}, kind "f16",
@@ -71,23 +93,13 @@ def wgmma(N, kind, trans_b=0, trans_a=0):
         raise ValueError(f"no wgmma m64n{N}k{K_OF.get(kind)} {kind} trans_a={trans_a} "
                          f"trans_b={trans_b}")
     n = N // 2
-    d = "{" + ",".join(f"${i}" for i in range(n)) + "}"
-    tail = f"p, 1, 1, {trans_a}, {trans_b}" if kind != "tf32" else "p, 1, 1"
-    text = ("{\n.reg .pred p;\n" f"setp.ne.b32 p, ${2 * n + 2}, 0;\n"
-            f"wgmma.mma_async.sync.aligned.m64n{N}k{K_OF[kind]}.f32.{kind}.{kind} "
-            f"{d}, ${n}, ${n + 1}, {tail};\n}}")
-    cons = ",".join(["=f"] * n) + ",l,l," + ",".join(str(i) for i in range(n)) + \
-        ",r,~{memory}"
+    text, cons = _mma_asm(N, f"n{N}k{K_OF[kind]}.f32.{kind}.{kind}", f"${n}, ${n + 1}", "ll",
+                          f"p, 1, 1, {trans_a}, {trans_b}" if kind != "tf32" else "p, 1, 1")
     acc = types.UniTuple(types.float32, n)
 
     @intrinsic
     def mma(typingctx, desc_a, desc_b, d, scale_d):
-        def codegen(context, builder, sig, args):
-            ops = [args[0], args[1]] + [builder.extract_value(args[2], i) for i in range(n)] \
-                + [args[3]]
-            st = inline_asm(builder, ir.LiteralStructType([F32] * n), ops, text, cons)
-            return values(context, builder, sig, st, n)
-        return acc(types.uint64, types.uint64, acc, types.int32), codegen
+        return acc(types.uint64, types.uint64, acc, types.int32), _mma_codegen(n, 2, text, cons)
     mma.__doc__ = f"D(64x{N}) = A @ B + scale_d * D, {kind}.\n\nPTX: `{text}`"
     return mma
 
@@ -104,24 +116,14 @@ def wgmma_rs(N, kind, trans_b=0):
     if N % 8 or not 8 <= N <= 256 or kind not in ("f16", "bf16"):
         raise ValueError(f"no wgmma m64n{N}k16 {kind} with A in registers")
     n = N // 2
-    d = "{" + ",".join(f"${i}" for i in range(n)) + "}"
     a = "{" + ",".join(f"${n + i}" for i in range(4)) + "}"
-    text = ("{\n.reg .pred p;\n" f"setp.ne.b32 p, ${2 * n + 5}, 0;\n"
-            f"wgmma.mma_async.sync.aligned.m64n{N}k16.f32.{kind}.{kind} "
-            f"{d}, {a}, ${n + 4}, p, 1, 1, {trans_b};\n}}")
-    cons = ",".join(["=f"] * n) + ",r,r,r,r,l," + ",".join(str(i) for i in range(n)) + \
-        ",r,~{memory}"
-    acc = types.UniTuple(types.float32, n)
-    u32 = types.uint32
+    text, cons = _mma_asm(N, f"n{N}k16.f32.{kind}.{kind}", f"{a}, ${n + 4}", "rrrrl",
+                          f"p, 1, 1, {trans_b}")
+    acc, u32 = types.UniTuple(types.float32, n), types.uint32
 
     @intrinsic
     def mma(typingctx, a0, a1, a2, a3, desc_b, d, scale_d):
-        def codegen(context, builder, sig, args):
-            ops = list(args[:5]) + [builder.extract_value(args[5], i) for i in range(n)] \
-                + [args[6]]
-            st = inline_asm(builder, ir.LiteralStructType([F32] * n), ops, text, cons)
-            return values(context, builder, sig, st, n)
-        return acc(u32, u32, u32, u32, types.uint64, acc, types.int32), codegen
+        return acc(u32, u32, u32, u32, types.uint64, acc, types.int32), \
+            _mma_codegen(n, 5, text, cons)
     mma.__doc__ = f"D(64x{N}) = A(registers) @ B + scale_d * D, {kind}.\n\nPTX: `{text}`"
     return mma
-
