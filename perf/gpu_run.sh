@@ -51,7 +51,9 @@
 #                                             # sanitizer, SASS, perf/suites/attention.py
 #   bash perf/gpu_run.sh att-verify           # run AQ's unverified attention kernels forced on:
 #                                             # tests, (SAN=1) memcheck and racecheck
-#   bash perf/gpu_run.sh att-speed            # ... their A/B and speed rows, decoding, the
+#   bash perf/gpu_run.sh att-speed            # the forward's persistent A/B, float32 tiled
+#                                             # against exact, decoding
+#   bash perf/gpu_run.sh att-train            # the tensor-core backward's speed, the
 #                                             # transformer step (transformer_step.py)
 #   bash perf/gpu_run.sh ap-final             # conv.py bf16 NHWC "auto" and "gemm", both
 #                                             # gradients; NCHW against channels_first.ON
@@ -447,20 +449,17 @@ att-verify)
     # (the whole flash file, sharded: the shipped forward's generator changed after its
     # last GPU run)
     P="timeout ${TEST_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider"
-    $P tests/test_attention_paths.py -k tiled > "$OUT/av-tiled.log" 2>&1 &
+    # (AV_K, AV_SAN_K: other -k selections of the tests and of the sanitised ones)
+    [ -n "${AV_K:-}" ] || $P tests/test_attention_paths.py -k tiled > "$OUT/av-tiled.log" 2>&1 &
     sanitized av ${SAN_LIMIT_S:-200} tests/test_attention_flash.py tests/test_attention_paths.py \
-        -k "(backward_matches and 257) or (persistent and 128) or (tiled and kw2) or variants"
-    sharded av-tests 3 ${TEST_LIMIT_S:-240} tests/test_attention_flash.py
+        -k "${AV_SAN_K:-(backward_matches and 257) or (persistent and 128) or (tiled and kw2) or variants}"
+    sharded av-tests 3 ${TEST_LIMIT_S:-240} tests/test_attention_flash.py -k "${AV_K:-}"
     wait
     summary av-tiled av-memcheck av-racecheck ;;
 att-speed)
-    # the timings of run AQ's unverified attention kernels (after att-verify passes):
-    # bf16 forward and backward with the tensor-core backward on, F1 persistent against
-    # not, float32 with the tiled forward on and off, decoding, the transformer step
-    # (at most 560 s of limits: one call)
+    # bf16 forward, F1 persistent against not; float32 with the tiled forward on and off;
+    # decoding (at most 300 s of limits)
     S="perf/suites/attention.py --no-backward --seqs 512 2048 16384 --dims 128"
-    timeout 150 python3 perf/suites/attention.py --seqs 512 4096 --dims 64 128 \
-        --set nbdnn.cuda.attention.flash_bwd.ON=1 2>&1 | grep -v -i warn
     for p in 0 1; do
         timeout 50 python3 $S --set "nbdnn.cuda.attention.flash.VARIANT={64:'F1',128:'F1'}" \
             --set "nbdnn.cuda.attention.flash.PERSISTENT={64:$p,128:$p}" 2>&1 | grep -v -i warn
@@ -469,7 +468,12 @@ att-speed)
         timeout 60 python3 perf/suites/attention.py --dtypes float32 --seqs 1024 2048 --dims 64 \
             --no-backward --set nbdnn.cuda.attention.tiled.ON=$t 2>&1 | grep -v -i warn
     done
-    timeout 80 python3 perf/suites/attention.py --decode --seqs --no-backward 2>&1 | grep -v -i warn
+    timeout 80 python3 perf/suites/attention.py --decode --seqs --no-backward 2>&1 | grep -v -i warn ;;
+att-train)
+    # the tensor-core backward (flash_bwd.ON forced) against cuDNN's and FA2's, then the
+    # transformer step (transformer_step.py) with it and the tiled kernels on
+    timeout 150 python3 perf/suites/attention.py --seqs 512 4096 --dims 64 128 \
+        --set nbdnn.cuda.attention.flash_bwd.ON=1 2>&1 | grep -v -i warn
     timeout 110 python3 perf/suites/transformer_step.py --set nbdnn.cuda.attention.flash_bwd.ON=1 \
         --set nbdnn.cuda.attention.tiled.ON=1 2>&1 | grep -v -i warn ;;
 tf32-conv)

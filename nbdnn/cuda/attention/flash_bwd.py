@@ -20,7 +20,7 @@ from ..runtime.arrays import dtype_name, ptr
 from ..runtime.codegen import compile_source
 from ..runtime.launch import Kernel
 from ..tensorcore.tensormap import encoded
-from ..tensorcore.tma import ld_shared_v2_f32, tma_load_1d
+from ..tensorcore.tma import ld_shared_v2_f32, tma_load_2d
 from ..tensorcore.wgmma import wgmma, wgmma_rs
 from . import flash, flash_bwd_source as fb
 
@@ -43,7 +43,7 @@ def kernel(which, dtype, D):
         stages, st = STAGES[D], fb.step_of(which, D)
         name, src = (fb.dkv_source if which == "dkv" else fb.dq_source)(kind, D, stages)
         ns = dict(flash.namespace(kind), mma_s=wgmma(st, kind),
-                  mma_rs=wgmma_rs(D, kind, 1), ld2=ld_shared_v2_f32, tma_load_1d=tma_load_1d,
+                  mma_rs=wgmma_rs(D, kind, 1), ld2=ld_shared_v2_f32, tma_load_2d=tma_load_2d,
                   LOG2E=types.float32(math.log2(math.e)), INF=types.float32(np.inf))
         fn = compile_source(name, src, ns, about={
             "config": f"{dtype}, D {D}: {fb.BLOCK} resident rows, {st}-row steps, "

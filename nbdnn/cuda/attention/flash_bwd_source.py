@@ -206,10 +206,10 @@ def dkv_source(kind, D, stages):
         _boxes("res2", "map_b", "xk", "n0", "zk", BLOCK, D, "rfull")
     step = tile + _boxes("sa", "map_c", "xq", "i0", "zq", st, D, "full0 + 8 * s") + \
         _boxes(f"sa + {st * D * 2}", "map_d", "xq", "i0", "zq", st, D, "full0 + 8 * s") + [
-        f"tma_load_1d(U32(sa + {2 * st * D * 2}), map_l, I32((b * Hq + h) * Sq + i0), "
+        f"tma_load_2d(U32(sa + {2 * st * D * 2}), map_l, I32((b * Hq + h) * Sq + i0), 0, "
         "U32(full0 + 8 * s))",
-        f"tma_load_1d(U32(sa + {2 * st * D * 2 + 256}), map_dl, I32((b * Hq + h) * Sq + i0), "
-        "U32(full0 + 8 * s))"]
+        f"tma_load_2d(U32(sa + {2 * st * D * 2 + 256}), map_dl, I32((b * Hq + h) * Sq + i0), "
+        "0, U32(full0 + 8 * s))"]
     L = _helpers(D, st) + start + geo + setup + \
         _producer(D, stages, resident, step, 2 * st * D * 2 + 4 * st, st) + _consumer_head(D, stages) + [
         "        r0 = n0 + w * 64 + 16 * (i // 32) + lane // 4  # this thread's keys r0, r0 + 8",

@@ -56,7 +56,6 @@ _TRY_WAIT = ("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [$1]
 _ACQUIRE = "fence.proxy.tensormap::generic.acquire.gpu [$0], 128;"
 _LOAD = "cp.async.bulk.tensor.{n}d.shared::cluster.global.mbarrier::complete_tx::bytes " \
     "[$0], [$1, {{{coords}}}], [${bar}];"
-_LOAD_1D = _LOAD.format(n=1, coords="$2", bar=3)
 _LOAD_2D = _LOAD.format(n=2, coords="$2, $3", bar=4)
 _LOAD_3D = _LOAD.format(n=3, coords="$2, $3, $4", bar=5)
 # im2col mode (tensormap.encoded_im2col's maps): coordinates of the column's first
@@ -107,13 +106,6 @@ def mbarrier_try_wait_parity(typingctx, bar, parity):
 def fence_proxy_tensormap_acquire(typingctx, tmap):
     """Acquire a tensor map written to global memory before TMA reads it."""
     return types.void(u64), _emit(_ACQUIRE, "l,~{memory}")
-
-
-@intrinsic
-def tma_load_1d(typingctx, dst, tmap, x, bar):
-    """Load the box at x of the 1-d tensor map `tmap` into shared memory at `dst`
-    (attention's backward: a tile's 64 log-sum-exps), completing on the mbarrier `bar`."""
-    return types.void(u32, u64, i32, u32), _emit(_LOAD_1D, "r,l,r,r,~{memory}")
 
 
 @intrinsic
@@ -227,8 +219,7 @@ def tensormap_copy_release(typingctx, gmap, smap):
 
 for _f, _t in ((mbarrier_init, _INIT), (mbarrier_arrive, _ARRIVE),
                (mbarrier_arrive_expect_tx, _EXPECT), (mbarrier_try_wait_parity, _TRY_WAIT),
-               (fence_proxy_tensormap_acquire, _ACQUIRE), (tma_load_1d, _LOAD_1D),
-               (tma_load_2d, _LOAD_2D),
+               (fence_proxy_tensormap_acquire, _ACQUIRE), (tma_load_2d, _LOAD_2D),
                (tma_load_3d, _LOAD_3D), (tma_load_im2col_3d, _IM2COL_3D),
                (tma_load_im2col_4d, _IM2COL_4D), (tma_store_2d, _STORE_2D), (tma_store_3d, _STORE_3D),
                (st_shared_u32, _ST_SHARED), (st_shared_v2_f32, _ST_SHARED_V2F),
