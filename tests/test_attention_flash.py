@@ -114,11 +114,11 @@ def test_flash_variants_match_reference(variant, monkeypatch):
     _loop_case(4, (2, 4, 2, 300, 700, 128), ([300, 129], [650, 700]))
 
 
-def _loop_case(seed, dims, lens):
-    """bfloat16, causal, grouped-query heads, seq_lens (q's, k's) against the reference."""
+def _loop_case(seed, dims, lens, causal=True):
+    """bfloat16, grouped-query heads, seq_lens (q's, k's) against the reference."""
     rng = np.random.default_rng(seed)
     q, k, v = _inputs(rng, "bfloat16", "BHSD", *dims)
-    kw = dict(is_causal=True, enable_gqa=True, seq_lens_q=np.array(lens[0]),
+    kw = dict(is_causal=causal, enable_gqa=True, seq_lens_q=np.array(lens[0]),
               seq_lens_k=np.array(lens[1]))
     o, lse = _run(q, k, v, **kw)
     want_o, want_lse = _reference(q, k, v, **kw)
@@ -175,12 +175,15 @@ def test_flash_backward_reruns_are_bit_identical(monkeypatch):
 
 @pytest.mark.parametrize("D", [64, 128])
 def test_flash_persistent_matches_reference(D, monkeypatch):
-    """flash.PERSISTENT (forced on, variant F1): more (batch, head, query) tiles than
-    SMs, so blocks loop, reloading Q after the consumers release it."""
+    """flash.PERSISTENT (forced on, variant F1; non-causal: causal calls never take it):
+    more (batch, head, query) tiles than SMs, so blocks loop, reloading Q after the
+    consumers release it."""
     from nbdnn.cuda.attention import flash
     monkeypatch.setitem(flash.PERSISTENT, D, True)
     monkeypatch.setitem(flash.VARIANT, D, "F1")
-    _loop_case(6, (2, 40, 20, 300, 333, D), ([300, 150], [333, 200]))
+    with launched() as names:
+        _loop_case(6, (2, 40, 20, 300, 333, D), ([300, 150], [333, 200]), causal=False)
+    assert any(n.endswith("_p") for n in names), names
 
 
 @pytest.mark.parametrize("D", [64, 128])

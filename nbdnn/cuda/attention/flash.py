@@ -50,12 +50,14 @@ ON = True                 # False: every forward runs the exact kernels (simt.py
 # previous PV was in flight) measured 0.7x F1: ptxas serialised its wgmma (C7513).
 VARIANT = {64: "F3", 128: "F1"}
 # a block an SM looping over the (batch, head, query tile) tiles, its producer loading
-# the next tile while the consumers store (flash_source.source's persistent): written for
-# short sequences (S 512: 0.62x cuDNN, a block's fixed cost unhidden), not yet run on a
-# GPU (run AQ had no device time left), so off. By head dim: F3 persistent spills 276 B
-# and ptxas serialises its wgmma (C7520), F1 persistent compiles clean: time it with
-# VARIANT F1 (perf/gpu_run.sh att-verify tests it, att-speed times it)
-PERSISTENT = {64: False, 128: False}
+# the next tile while the consumers store (flash_source.source's persistent), for
+# non-causal calls of variant F1 only. Run AR (H200, bf16, D 128, F1, TFLOP/s at S 512 /
+# 2k / 16k): non-causal 319 / 485 / 549 -> 354 / 492 / 542 persistent; causal 194 /
+# 385 / 546 -> 180 / 383 / 392: a static round of tiles over SMs leaves the SMs with the long causal
+# tiles behind (ordering tiles longest-first across heads would lose the K/V reuse in
+# L2 that consecutive tiles of one head give). D 64 stays F3 (F3 persistent spills 276 B
+# and ptxas serialises its wgmma, C7520)
+PERSISTENT = {64: False, 128: True}
 TILES = {64: (128, 4), 128: (128, 2)}  # D -> (BN keys a tile, K/V stages)
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16"}
@@ -138,9 +140,10 @@ def forward(q, k, v, o, lse, lq, lk, has_lq, has_lk, geo, layout, stream):
     BN = TILES[D][0]
     maps = [encoded(ptr(t), shp, dtype, (1, rows, 64), "128B")
             for t, shp, rows in ((q, shapes[0], fs.BM), (k, shapes[1], BN), (v, shapes[1], BN))]
-    kern = kernel(dtype, D, persistent=PERSISTENT[D])
+    persistent = PERSISTENT[D] and not causal and VARIANT[D] == "F1"
+    kern = kernel(dtype, D, persistent=persistent)
     total = B * Hq * -(-Sq // fs.BM)
-    grid = min(total, sm_count()) if PERSISTENT[D] else total  # (one block an SM fits)
+    grid = min(total, sm_count()) if persistent else total  # (one block an SM fits)
     kern.launch(SIG, grid, THREADS, stream, *(m[0] for m in maps),
                 (ptr(o), B * Hq * Sq * D // 2), lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk,
                 causal, int(bhsd), float(scale * math.log2(math.e)), ob, oh, orow, total,

@@ -211,7 +211,7 @@ def dkv_source(kind, D, stages):
         f"tma_load_2d(U32(sa + {2 * st * D * 2 + 256}), map_dl, I32((b * Hq + h) * Sq + i0), "
         "0, U32(full0 + 8 * s))"]
     L = _helpers(D, st) + start + geo + setup + \
-        _producer(D, stages, resident, step, 2 * st * D * 2 + 4 * st, st) + _consumer_head(D, stages) + [
+        _producer(D, stages, resident, step, 2 * st * D * 2 + 8 * st, st) + _consumer_head(D, stages) + [
         "        r0 = n0 + w * 64 + 16 * (i // 32) + lane // 4  # this thread's keys r0, r0 + 8",
         "        r1 = r0 + 8",
         "        dk = zero_acc()", "        dv = zero_acc()",
