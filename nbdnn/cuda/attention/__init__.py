@@ -138,7 +138,7 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropou
         kern.launch(sig, -(-rows // BLOCK), BLOCK, stream, do, o, dl, B, Hq, Sq, Dv,
                     *geo[16:19])
     if rows and keys and flash_bwd.usable(q, k, v, attn_mask, dropout_p, geo[27], D, Dv,
-                                          (do, lse)):
+                                          (do,)):
         flash_bwd.backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, *geo[24:26], geo, layout,
                            stream)
         return dq, dk, dv

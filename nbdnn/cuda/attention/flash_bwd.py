@@ -20,18 +20,17 @@ from ..runtime.arrays import dtype_name, ptr
 from ..runtime.codegen import compile_source
 from ..runtime.launch import Kernel
 from ..tensorcore.tensormap import encoded
-from ..tensorcore.tma import ld_shared_v2_f32, tma_load_2d
 from ..tensorcore.wgmma import wgmma, wgmma_rs
 from . import flash, flash_bwd_source as fb
 
 ON = False
 STAGES = {64: 4, 128: 3}  # D -> streamed stages (flash_bwd_source.shared_bytes)
-SIG_DKV = ("void(uint64, uint64, uint64, uint64, uint64, uint64, uint32[::1], uint32[::1], "
-           "int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int64, int64, "
-           "float32, float32, int64, int64, int64)")
-SIG_DQ = ("void(uint64, uint64, uint64, uint64, float32[::1], float32[::1], uint32[::1], "
-          "int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int64, int64, "
-          "float32, float32, int64, int64, int64)")
+_TAIL = ("int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int64, int64, "
+         "float32, float32, int64, int64, int64)")
+# (4 tensor maps, lse and delta, the gradients' 16-bit pairs: dk and dv, or dq, then _TAIL)
+SIG_DKV = "void(uint64, uint64, uint64, uint64, float32[::1], float32[::1], uint32[::1], " \
+    "uint32[::1], " + _TAIL
+SIG_DQ = "void(uint64, uint64, uint64, uint64, float32[::1], float32[::1], uint32[::1], " + _TAIL
 _KERNELS = {}
 
 
@@ -43,7 +42,7 @@ def kernel(which, dtype, D):
         stages, st = STAGES[D], fb.step_of(which, D)
         name, src = (fb.dkv_source if which == "dkv" else fb.dq_source)(kind, D, stages)
         ns = dict(flash.namespace(kind), mma_s=wgmma(st, kind),
-                  mma_rs=wgmma_rs(D, kind, 1), ld2=ld_shared_v2_f32, tma_load_2d=tma_load_2d,
+                  mma_rs=wgmma_rs(D, kind, 1),
                   LOG2E=types.float32(math.log2(math.e)), INF=types.float32(np.inf))
         fn = compile_source(name, src, ns, about={
             "config": f"{dtype}, D {D}: {fb.BLOCK} resident rows, {st}-row steps, "
@@ -59,7 +58,7 @@ def kernel(which, dtype, D):
 
 def usable(q, k, v, attn_mask, dropout_p, scale, D, Dv, more):
     """Whether these kernels run the call: ON, the forward's limits (flash.fits), and
-    TMA's 16-byte aligned bases for the `more` arrays too (do, lse)."""
+    TMA's 16-byte aligned bases for the `more` arrays too (do)."""
     return ON and flash.fits(q, k, v, attn_mask, dropout_p, scale, D, Dv) and \
         all(ptr(t) % 16 == 0 for t in more)
 
@@ -80,10 +79,9 @@ def backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, has_lq, has_lk, geo, layo
     common = (lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, causal, int(bhsd),
               float(scale * math.log2(math.e)), float(scale))
     m = maps(((k, shk, fb.BLOCK), (v, shk, fb.BLOCK), (q, shq, st), (do, shq, st)))
-    m += [encoded(ptr(t), (rows,), "float32", (st,)) for t in (lse, dl)]
     kern = kernel("dkv", dtype, D)
     kern.launch(SIG_DKV, B * Hk * -(-Sk // fb.BLOCK), flash.THREADS, stream, *(x[0] for x in m),
-                (ptr(dk), B * Hk * Sk * D // 2), (ptr(dv), B * Hk * Sk * D // 2), *common, *ks,
+                lse, dl, (ptr(dk), B * Hk * Sk * D // 2), (ptr(dv), B * Hk * Sk * D // 2), *common, *ks,
                 shmem=kern.shared_bytes, owners=tuple(x[1] for x in m) + (dk, dv))
     m = maps(((q, shq, fb.BLOCK), (do, shq, fb.BLOCK), (k, shk, fb.STEP), (v, shk, fb.STEP)))
     kern = kernel("dq", dtype, D)

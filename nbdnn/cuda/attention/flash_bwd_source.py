@@ -19,7 +19,10 @@ one's A operand (wgmma.wgmma_rs), so P and dS never leave registers.
 
 Shared memory (128-byte-swizzled 64-column boxes, 1024-B aligned), dkv:
 
-    | K: 128 keys | V: 128 keys | stage s: Q_i, dO_i (st rows each), L_i, delta_i (st floats) ...
+    | K: 128 keys | V: 128 keys | stage s: Q_i, dO_i (st rows each) ...
+
+(L_i and delta_i come by plain loads from global memory, issued before the stage's wait:
+TMA's boxes must start 16-byte aligned, and row (b Hq + h) Sq of lse is not when Sq % 4.)
 
 dq: | Q: 128 rows | dO: 128 rows | stage s: K_j, V_j (64 rows each) ...
 
@@ -49,9 +52,8 @@ def shared_bytes(D, stages, st=STEP):
 
 
 def stage_bytes(D, st=STEP):
-    """A stage: two st-row tiles, then (dkv) st L at +0 and st delta at +256 B; 1024-B
-    aligned."""
-    return 2 * st * D * 2 + 1024
+    """A stage: two st-row tiles (16 KB at both of dkv's steps and dq's: 1024-B aligned)."""
+    return 2 * st * D * 2
 
 
 def _helpers(D, st):
@@ -183,10 +185,9 @@ def dkv_source(kind, D, stages):
     dim D (64 or 128), `stages` Q/dO stages."""
     st = step_of("dkv", D)
     name = f"attention_flash_dkv_{kind}_d{D}_m{st}s{stages}"
-    args = ("map_a, map_b, map_c, map_d, map_l, map_dl, dk_out, dv_out, lq, lk, Hq, G, Sq, Sk, "
+    args = ("map_a, map_b, map_c, map_d, lse, dl, dk_out, dv_out, lq, lk, Hq, G, Sq, Sk, "
             "has_lq, has_lk, causal, bhsd, scale_log2, scale, kb, kh, krow")
-    start, setup = _start(name, args, ("map_a", "map_b", "map_c", "map_d", "map_l", "map_dl"),
-                          D, stages, st)
+    start, setup = _start(name, args, ("map_a", "map_b", "map_c", "map_d"), D, stages, st)
     geo = ["    Hk = Hq // G",
            f"    ktiles = (Sk + {BLOCK - 1}) // {BLOCK}",
            "    bh = cuda.blockIdx.x // ktiles  # b Hk + hk",
@@ -205,31 +206,30 @@ def dkv_source(kind, D, stages):
     resident = _boxes("base", "map_a", "xk", "n0", "zk", BLOCK, D, "rfull") + \
         _boxes("res2", "map_b", "xk", "n0", "zk", BLOCK, D, "rfull")
     step = tile + _boxes("sa", "map_c", "xq", "i0", "zq", st, D, "full0 + 8 * s") + \
-        _boxes(f"sa + {st * D * 2}", "map_d", "xq", "i0", "zq", st, D, "full0 + 8 * s") + [
-        f"tma_load_2d(U32(sa + {2 * st * D * 2}), map_l, I32((b * Hq + h) * Sq + i0), 0, "
-        "U32(full0 + 8 * s))",
-        f"tma_load_2d(U32(sa + {2 * st * D * 2 + 256}), map_dl, I32((b * Hq + h) * Sq + i0), "
-        "0, U32(full0 + 8 * s))"]
+        _boxes(f"sa + {st * D * 2}", "map_d", "xq", "i0", "zq", st, D, "full0 + 8 * s")
     L = _helpers(D, st) + start + geo + setup + \
-        _producer(D, stages, resident, step, 2 * st * D * 2 + 8 * st, st) + _consumer_head(D, stages) + [
+        _producer(D, stages, resident, step, 2 * st * D * 2, st) + _consumer_head(D, stages) + [
         "        r0 = n0 + w * 64 + 16 * (i // 32) + lane // 4  # this thread's keys r0, r0 + 8",
         "        r1 = r0 + 8",
         "        dk = zero_acc()", "        dv = zero_acc()",
         "        sv = zero_s()", "        dp = zero_s()",
-        "        for u in range(nsteps):"] + ["            " + x for x in tile] + \
-        _step_wait(D, stages, st) + _kmajor_lines(D, (("sv", "base", BLOCK, "sa", st),
+        "        for u in range(nsteps):"] + ["            " + x for x in tile] + [
+        "            cl = i0 + cb  # this thread's query columns cl + 8 j + {0, 1}",
+        "            rb = (b * Hq + h) * Sq"]
+    for j in range(st // 8):  # their L and delta, loaded before the stage's wait (in flight
+        # under it and S^T's products; TMA can't: a box's first byte must be 16-B aligned,
+        # (b Hq + h) Sq 4 bytes is not when Sq % 4 != 0, an illegal instruction on the H200)
+        for e in (0, 1):
+            c, k = 8 * j + e, 2 * j + e
+            L += [f"            lv = lse[rb + cl + {c}] if cl + {c} < Sq else NEG",
+                  f"            L{k} = lv * LOG2E if lv > NEG else INF",
+                  f"            dl{k} = dl[rb + cl + {c}] if cl + {c} < Sq else F32(0)"]
+    L += _step_wait(D, stages, st) + _kmajor_lines(D, (("sv", "base", BLOCK, "sa", st),
                                                   ("dp", "res2", BLOCK, f"sa + {st * D * 2}", st)),
                                               " " * 12) + [
         "            wgmma_commit()", "            wgmma_wait(0)",
         f"            need = i0 + {st} > lqb or n0 + w * 64 + 64 > lkb or "
-        "(causal != 0 and n0 + w * 64 + 63 > i0)",
-        "            cl = i0 + cb  # this thread's query columns cl + 8 j + {0, 1}",
-        f"            la = sa + {2 * st * D * 2} + 4 * cb  # their L, delta 256 B on"]
-    for j in range(st // 8):  # the L and delta of columns cl + 8 j, + 1
-        L += [f"            lv = ld2(U32(la + {32 * j}))",
-              f"            dl{2 * j}, dl{2 * j + 1} = ld2(U32(la + {256 + 32 * j}))"] + [
-              f"            L{2 * j + e} = lv[{e}] * LOG2E if lv[{e}] > NEG else INF"
-              for e in (0, 1)]
+        "(causal != 0 and n0 + w * 64 + 63 > i0)"]
 
     def masked(k):
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2

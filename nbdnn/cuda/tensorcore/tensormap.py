@@ -23,7 +23,8 @@ def tensor_map(address, shape, dtype, box, swizzle="none"):
     (outermost first); swizzle: "none", "32B", "64B" or "128B" (the box's inner extent
     in bytes must not exceed it). Cached; the device copy lives as long as the cache.
     A 1-d tensor's map is a 2-d one of shape (1, n): load its box at x by tma_load_2d at
-    (x, 0)."""
+    (x, 0). A box's first byte must be 16-byte aligned in global memory (else the load
+    is an illegal instruction: H200, run AR)."""
     return encoded(address, shape, dtype, box, swizzle)[0]
 
 
