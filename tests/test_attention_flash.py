@@ -143,7 +143,7 @@ def _grads(q, k, v, do, backend, **kw):
 ])
 def test_flash_backward_matches_reference(dtype, D, layout, causal, B, Hq, Hk, Sq, Sk, lens,
                                           monkeypatch):
-    """flash_bwd.py (forced on: flash_bwd.ON) against the float64 reference's gradients of
+    """flash_bwd.py (on: flash_bwd.ON) against the float64 reference's gradients of
     the same 16-bit q, k, v, do: the largest error within TOL of the largest gradient."""
     from nbdnn.cuda.attention import flash_bwd
     monkeypatch.setattr(flash_bwd, "ON", True)

@@ -18,8 +18,7 @@ bf16 (and fp16, float32 with --dtypes); the backward's error against torch's flo
         [--set MODULE.NAME=VALUE]   (perf/tools/switches.py)
 
 nbdnn's forward runs cuda/attention/flash.py at 16-bit D 64 and 128 (decode.py for one
-query); its backward the exact SIMT kernels unless `--set
-nbdnn.cuda.attention.flash_bwd.ON=1` (the tensor-core backward, off until GPU-checked).
+query), its backward flash_bwd.py there (the exact SIMT kernels elsewhere).
 """
 import argparse
 import json

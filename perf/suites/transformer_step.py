@@ -8,8 +8,7 @@ sequence -> Linear(E, 10); cross entropy, SGD with momentum):
 - "demo": `nbdnn demo --model transformer`'s (digits as 8 rows of 8 pixels: S 8, F 8,
   E 32, 4 heads, 1 block), batch 64;
 - "gpt": S 512, F 64, E 512, 8 heads (D 64), 4 causal blocks, batch 16 (attention's
-  share of the step is large: nbdnn's tensor-core forward, and its backward where
-  `--set nbdnn.cuda.attention.flash_bwd.ON=1`).
+  share of the step is large: nbdnn's tensor-core forward and backward).
 PyTorch: nn.TransformerEncoderLayer(norm_first=True, activation="gelu", dropout=0,
 batch_first=True), the causal mask given with is_causal=True; fp32, or bf16 under
 torch.autocast with float32 parameters. nbdnn: fp32, or plan(precision="bf16") (bf16

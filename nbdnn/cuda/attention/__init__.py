@@ -4,7 +4,7 @@
   it): a thread a query row (forward, dq), a thread a key row (dk, dv).
 - flash.py (flash_source.py): the tensor-core forward for 16-bit q, k, v at head dims
   64 and 128 without a mask or dropout (wgmma, TMA; sm_90); flash_bwd.py
-  (flash_bwd_source.py): its backward (dK and dV, then dQ; off until it has run on a GPU).
+  (flash_bwd_source.py): its backward (dK and dV, then dQ by a second pass: deterministic).
 - tiled.py, tiled_bwd.py: the forward and backward on the CUDA cores in 32 x 32 tiles
   (float32 compute; off until they have run on a GPU: tiled.ON).
 - decode.py: the forward for Sq <= 16 queries against >= decode.MIN_KEYS keys
