@@ -46,6 +46,34 @@ def test_decode_matches_reference(dtype, layout, Sq, kw, monkeypatch):
     np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("D,Hq,Hk,Sq,layout,kw", [
+    (64, 4, 2, 1, "BHSD", {}),
+    (64, 2, 2, 3, "BSHD", {"is_causal": True}),
+    (128, 8, 2, 2, "BHSD", {"seq_lens_q": np.array([1, 2]), "seq_lens_k": np.array([70, 0])}),
+])
+def test_decode_split_matches_reference(D, Hq, Hk, Sq, layout, kw, monkeypatch):
+    """decode_split.py (forced on: decode_split.ON) in float16: grouped-query rows (R = G
+    Sq up to 8), a key tail past whole tiles, causal, both lengths (a row with no key:
+    o = 0, lse = -inf), both layouts; NaN in a key past seq_lens_k takes no part."""
+    from nbdnn.cuda.attention import decode, decode_split
+    monkeypatch.setattr(decode, "MIN_KEYS", 40)
+    monkeypatch.setattr(decode_split, "ON", True)
+    rng = np.random.default_rng(D + Sq)
+    q, k, v = _inputs(rng, np.float16, layout, 2, Hq, Hk, Sq, 77, D, D)
+    if "seq_lens_k" in kw:
+        (k if layout == "BHSD" else k.transpose(0, 2, 1, 3))[0, :, 75] = np.nan
+        (v if layout == "BHSD" else v.transpose(0, 2, 1, 3))[0, :, 76] = np.nan
+    kw = dict(kw, enable_gqa=Hq != Hk, layout=layout)
+    with launched() as names:
+        o, lse = nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda", **kw)
+    assert names[-2].startswith("attention_decode_split_d") and \
+        names[-1] == "attention_decode_combine", names
+    want_o, want_lse = nbdnn.scaled_dot_product_attention(
+        *(a.astype(np.float64) for a in (q, k, v)), backend="cpu", **kw)
+    np.testing.assert_allclose(np.asarray(o, np.float64), want_o, rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=2e-3, atol=2e-3)
+
+
 def test_exact_path_below_the_decode_threshold():
     rng = np.random.default_rng(0)
     q, k, v = _inputs(rng, np.float32, "BHSD", 1, 2, 2, 1, 20, 8, 8)

@@ -9,15 +9,18 @@
   (float32 compute; off until they have run on a GPU: tiled.ON).
 - decode.py: the forward for Sq <= 16 queries against >= decode.MIN_KEYS keys
   (flash-decoding: the keys split over blocks, the chunks combined by log-sum-exp);
-  every feature of the exact path.
+  every feature of the exact path. decode_split.py: its part kernel for 16-bit data
+  without a mask or dropout at D 64 and 128 (16-byte loads, a thread a key; off until
+  it has run on a GPU: decode_split.ON).
 The launchers below turn the call into the kernels' geometry: each tensor's (batch,
 head, row) strides in its layout, the mask's broadcast strides, the dropout stream."""
 import numpy as np
 
 from ..runtime.arrays import dtype_name, empty
+from ..runtime.device import sm_count
 from ..runtime.simulator import SIMULATOR
 from ...cpu.dropout import MASK32, keep_threshold
-from . import decode, flash, flash_bwd, simt, tiled, tiled_bwd
+from . import decode, decode_split, flash, flash_bwd, simt, tiled, tiled_bwd
 
 BLOCK = 32 if SIMULATOR else 128
 MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}
@@ -97,14 +100,19 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
     rows = B * Hq * Sq
     G, Sk, Dv = geo[2], geo[4], geo[6]
     if rows and decode.usable(Sq, Sk, G):
-        chunks = -(-Sk // decode.CHUNK)
+        split = decode_split.usable(q, k, v, attn_mask, dropout_p, G, Sq, geo[5], Dv, geo)
+        chunks = decode_split.chunking(B, Hq // G, Sk, sm_count())[0] if split else \
+            -(-Sk // decode.CHUNK)
         ct = "float64" if dtype == "float64" else "float32"
         ws_o, ws_ml = empty(q, (rows * chunks * Dv,), ct), empty(q, (rows * chunks * 2,), ct)
-        kern, sig = decode.KERNELS["part", dtype]
-        kern.launch(sig, B * (Hq // G) * chunks, decode.CHUNK, stream,
-                    q, k, v, ws_o, ws_ml, ma, mb, lq, lk, *geo)
+        if split:
+            decode_split.forward(q, k, v, (ws_o, ws_ml), lq, lk, geo, stream)
+        else:
+            kern, sig = decode.KERNELS["part", dtype]
+            kern.launch(sig, B * (Hq // G) * chunks, decode.CHUNK, stream,
+                        q, k, v, ws_o, ws_ml, ma, mb, lq, lk, *geo)
         kern, sig = decode.KERNELS["combine", dtype]
-        kern.launch(sig, rows, decode.CHUNK, stream, ws_o, ws_ml, o, lse, Hq, Sq, Sk,
+        kern.launch(sig, rows, decode.CHUNK, stream, ws_o, ws_ml, o, lse, Hq, Sq, chunks,
                     Dv, *geo[16:19])
     elif rows and flash.usable(q, k, v, attn_mask, dropout_p, geo[27], Sq, geo[5], Dv):
         flash.forward(q, k, v, o, lse, lq, lk, *geo[24:26], geo, layout, stream)

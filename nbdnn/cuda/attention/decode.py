@@ -108,10 +108,9 @@ def _kernels(CT, NEG_INF):
                 ws_ml[2 * (row * chunks + c) + 1] = l
             cuda.syncthreads()  # (e is rewritten for the next row)
 
-    def attention_decode_combine(ws_o, ws_ml, o, lse, Hq, Sq, Sk, Dv, ob, oh, oi):
+    def attention_decode_combine(ws_o, ws_ml, o, lse, Hq, Sq, chunks, Dv, ob, oh, oi):
         row = cuda.blockIdx.x
         t = cuda.threadIdx.x
-        chunks = (Sk + CHUNK - 1) // CHUNK
         i, h, b = row % Sq, (row // Sq) % Hq, row // (Sq * Hq)
         top = NEG_INF
         for c in range(chunks):
