@@ -49,10 +49,10 @@
 #                                             # sanitizer), perf/suites/attention.py
 #   bash perf/gpu_run.sh flash                # issue 25's tensor-core forward: tests, (SAN=1)
 #                                             # sanitizer, SASS, perf/suites/attention.py
-#   bash perf/gpu_run.sh att-verify           # run AQ's unverified attention kernels forced on:
+#   bash perf/gpu_run.sh att-verify           # the attention kernels still off or unsanitised:
 #                                             # tests, (SAN=1) memcheck and racecheck
-#   bash perf/gpu_run.sh att-speed            # the forward's persistent A/B, float32 tiled
-#                                             # against exact, decoding
+#   bash perf/gpu_run.sh att-speed            # decoding (decode.py against decode_split.py),
+#                                             # float32 tiled against exact
 #   bash perf/gpu_run.sh att-train            # the tensor-core backward's speed, the
 #                                             # transformer step (transformer_step.py)
 #   bash perf/gpu_run.sh ap-final             # conv.py bf16 NHWC "auto" and "gemm", both
@@ -442,40 +442,36 @@ flash)
     timeout ${PERF_LIMIT_S:-300} python3 perf/suites/attention.py ${ATT_ARGS:---no-backward} \
         --json "$OUT/flash.json" 2>&1 | grep -v -i warn ;;
 att-verify)
-    # run AQ's unverified attention kernels: the tensor-core backward (flash_bwd.ON
-    # forced), the tiled CUDA-core forward (tiled.ON forced), the persistent flash forward
-    # (PERSISTENT forced): their tests, (SAN=1) memcheck and racecheck over a case of each
-    # and over the forward's shipped variants (F1, F3: run AQ sanitised only the first F2)
-    # (the whole flash file, sharded: the shipped forward's generator changed after its
-    # last GPU run)
+    # the attention kernels not yet fully verified: the whole flash test file (sharded),
+    # the tiled CUDA-core kernels (tiled.ON forced) and the split decode kernel
+    # (decode_split.ON forced) with their reference tests; (SAN=1) memcheck and
+    # racecheck over a backward case (run AR's memcheck ran out of time on it), the
+    # persistent forward and the split decode
+    # (AV_K, AV_SAN_K: other -k selections of the flash tests and of the sanitised ones)
     P="timeout ${TEST_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider"
-    # (AV_K, AV_SAN_K: other -k selections of the tests and of the sanitised ones)
-    [ -n "${AV_K:-}" ] || $P tests/test_attention_paths.py -k tiled > "$OUT/av-tiled.log" 2>&1 &
-    sanitized av ${SAN_LIMIT_S:-200} tests/test_attention_flash.py tests/test_attention_paths.py \
-        -k "${AV_SAN_K:-(backward_matches and 257) or (persistent and 128) or (tiled and kw2) or variants}"
+    [ -n "${AV_K:-}" ] || $P tests/test_attention_paths.py -k "tiled or decode_split" \
+        > "$OUT/av-paths.log" 2>&1 &
+    sanitized av ${SAN_LIMIT_S:-240} tests/test_attention_flash.py tests/test_attention_paths.py \
+        -k "${AV_SAN_K:-(backward_matches and 257) or (persistent and 128) or (decode_split and kw0)}"
     sharded av-tests 3 ${TEST_LIMIT_S:-240} tests/test_attention_flash.py -k "${AV_K:-}"
     wait
-    summary av-tiled av-memcheck av-racecheck ;;
+    summary av-paths av-memcheck av-racecheck ;;
 att-speed)
-    # bf16 forward, F1 persistent against not; float32 with the tiled forward on and off;
-    # decoding (at most 300 s of limits)
-    S="perf/suites/attention.py --no-backward --seqs 512 2048 16384 --dims 128"
-    for p in 0 1; do
-        timeout 50 python3 $S --set "nbdnn.cuda.attention.flash.VARIANT={64:'F1',128:'F1'}" \
-            --set "nbdnn.cuda.attention.flash.PERSISTENT={64:$p,128:$p}" 2>&1 | grep -v -i warn
+    # decoding: decode.py's part kernel against decode_split.py's (forced on), K/V GB/s
+    # beside a copy's and PyTorch's; then float32 with the tiled kernels off and on
+    for on in 0 1; do
+        timeout 120 python3 perf/suites/attention.py --decode --seqs --no-backward \
+            --set nbdnn.cuda.attention.decode_split.ON=$on 2>&1 | grep -v -i warn
     done
     for t in 0 1; do
-        timeout 60 python3 perf/suites/attention.py --dtypes float32 --seqs 1024 2048 --dims 64 \
+        timeout 60 python3 perf/suites/attention.py --dtypes float32 --seqs 1024 --dims 64 \
             --no-backward --set nbdnn.cuda.attention.tiled.ON=$t 2>&1 | grep -v -i warn
-    done
-    timeout 80 python3 perf/suites/attention.py --decode --seqs --no-backward 2>&1 | grep -v -i warn ;;
+    done ;;
 att-train)
-    # the tensor-core backward (flash_bwd.ON forced) against cuDNN's and FA2's, then the
-    # transformer step (transformer_step.py) with it and the tiled kernels on
-    timeout 150 python3 perf/suites/attention.py --seqs 512 4096 --dims 64 128 \
-        --set nbdnn.cuda.attention.flash_bwd.ON=1 2>&1 | grep -v -i warn
-    timeout 110 python3 perf/suites/transformer_step.py --set nbdnn.cuda.attention.flash_bwd.ON=1 \
-        --set nbdnn.cuda.attention.tiled.ON=1 2>&1 | grep -v -i warn ;;
+    # the tensor-core backward against cuDNN's, then the transformer step
+    # (transformer_step.py: the demo model and the 4-block causal "gpt")
+    timeout 240 python3 perf/suites/attention.py --seqs 512 4096 --dims 64 128 2>&1 | grep -v -i warn
+    timeout 200 python3 perf/suites/transformer_step.py 2>&1 | grep -v -i warn ;;
 tf32-conv)
     # float32 convolution in the TF32 modes: the tests (the tensor-core forward forced on,
     # the "gemm" path, the crosscheck's float32 conv rows; SAN=1: the sanitizer over the

@@ -49,11 +49,12 @@ def test_decode_matches_reference(dtype, layout, Sq, kw, monkeypatch):
 @pytest.mark.parametrize("D,Hq,Hk,Sq,layout,kw", [
     (64, 4, 2, 1, "BHSD", {}),
     (64, 2, 2, 3, "BSHD", {"is_causal": True}),
-    (128, 8, 2, 2, "BHSD", {"seq_lens_q": np.array([1, 2]), "seq_lens_k": np.array([70, 0])}),
+    (128, 4, 2, 2, "BHSD", {"seq_lens_q": np.array([1, 2]), "seq_lens_k": np.array([70, 0])}),
+    (64, 8, 2, 2, "BSHD", {"seq_lens_k": np.array([77, 76])}),
 ])
 def test_decode_split_matches_reference(D, Hq, Hk, Sq, layout, kw, monkeypatch):
     """decode_split.py (forced on: decode_split.ON) in float16: grouped-query rows (R = G
-    Sq up to 8), a key tail past whole tiles, causal, both lengths (a row with no key:
+    Sq up to MAX_ROWS: 8 at D 64, 4 at D 128), a key tail past whole tiles, causal, both lengths (a row with no key:
     o = 0, lse = -inf), both layouts; NaN in a key past seq_lens_k takes no part."""
     from nbdnn.cuda.attention import decode, decode_split
     monkeypatch.setattr(decode, "MIN_KEYS", 40)
@@ -66,7 +67,7 @@ def test_decode_split_matches_reference(D, Hq, Hk, Sq, layout, kw, monkeypatch):
     kw = dict(kw, enable_gqa=Hq != Hk, layout=layout)
     with launched() as names:
         o, lse = nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda", **kw)
-    assert names[-2].startswith("attention_decode_split_d") and \
+    assert names[-2].startswith("attention_splitkv_d") and \
         names[-1] == "attention_decode_combine", names
     want_o, want_lse = nbdnn.scaled_dot_product_attention(
         *(a.astype(np.float64) for a in (q, k, v)), backend="cpu", **kw)

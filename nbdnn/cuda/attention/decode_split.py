@@ -2,7 +2,7 @@
 cache): decode.py's split of the keys into chunks, a block a (batch, kv head, chunk),
 the chunks merged by decode.py's combine kernel, but with 16-byte loads and a thread a
 key, for the common case: 16-bit q, k, v, head dims D = Dv of 64 or 128, R = G Sq <= 8
-query rows a kv head, no mask, no dropout (decode.py runs the rest).
+(D 64) or 4 (D 128) query rows a kv head, no mask, no dropout (decode.py runs the rest).
 
 A block (T = 128 threads, NW = 4 warps) walks its chunk in tiles of T keys:
   A  thread t, key j = tile + t: its K row by D/8 16-byte loads (32 rows a warp; the
@@ -34,6 +34,7 @@ from numba import cuda, float32
 
 from ..runtime.arrays import dtype_name, ptr
 from ..runtime.block_reduce import SHM, device_functions
+from ..runtime.codegen import compile_source
 from ..runtime.device import sm_count
 from ..runtime.intrinsics import array_type, load8, widen
 from ..runtime.launch import Kernel
@@ -43,7 +44,8 @@ from .simt import _device_functions
 ON = False
 T = 32 if SIMULATOR else 128    # a block's threads = a tile's keys
 DIMS = (64, 128)
-ROWS = (1, 2, 4, 8)             # R buckets: a kernel a bucket (registers by R)
+ROWS = (1, 2, 4, 8)             # R buckets: a kernel a bucket (registers by R) ...
+MAX_ROWS = {64: 8, 128: 4}      # ... up to these by D (R 8 at D 128: 524 B spilled)
 BLOCKS_PER_SM = 16              # chunking's target
 
 
@@ -51,7 +53,7 @@ def usable(q, k, v, attn_mask, dropout_p, G, Sq, D, Dv, geo):
     """ON, 16-bit data, D = Dv in DIMS, G Sq <= 8 rows, no mask, no dropout, and K's and
     V's rows at 16-byte boundaries (bases and strides: geo's k and v strides)."""
     return ON and dtype_name(q) in ("float16", "bfloat16") and D == Dv and D in DIMS and \
-        G * Sq <= ROWS[-1] and attn_mask is None and dropout_p == 0 and \
+        G * Sq <= MAX_ROWS.get(D, 0) and attn_mask is None and dropout_p == 0 and \
         all(ptr(t) % 16 == 0 for t in (k, v)) and all(s % 8 == 0 for s in geo[10:16])
 
 
@@ -64,124 +66,88 @@ def chunking(B, Hk, Sk, sms):
     return -(-tiles // per), per * T
 
 
-def _kernel(R, D):
-    DG = D // 8          # threads a K or V row in phase C (8 dims each)
-    KS = T // DG         # V rows a pass of phase C
-    NW = max(1, T // 32)
-    QS, PS, WM, OB, O8 = R * D, R * T, R * NW, KS * D, R * 8  # (array sizes: literals)
-    NEG = float32(-np.inf)
-    live_keys = _device_functions(float32)[2]
-    reductions = device_functions(np.float32)
-    grp_max, grp_sum = reductions["grp_max"], reductions["grp_sum"]
-
-    def attention_decode_split(q, k, v, ws_o, ws_ml, lens_q, lens_k, Hq, G, Sq, Sk,
-                               qb, qh, qi, kb, kh, kj, vb, vh, vj, has_lq, has_lk, causal,
-                               scale, nchunks, chunk):
-        qs = cuda.shared.array(QS, float32)        # the rows' q, times scale
-        ps = cuda.shared.array(PS, float32)        # the tile's p
-        wm = cuda.shared.array(WM, float32)        # the warps' maxima, then sums
-        ob = cuda.shared.array(OB, float32)        # one row's o over the key subsets
-        red = cuda.shared.array(SHM, float32)      # grp_max's slots (the simulator's)
-        t = cuda.threadIdx.x
-        w, lane = t // 32, t % 32
-        dg, ks = t % DG, t // DG
-        c = cuda.blockIdx.x % nchunks
-        bh = cuda.blockIdx.x // nchunks            # b Hk + hk
-        Hk = Hq // G
-        b, hk = bh // Hk, bh % Hk
-        rows = G * Sq
-        for x in range(t, R * D, T):
-            r = x // D
-            val = float32(0)
-            if r < rows:
-                h, i = hk * G + r // Sq, r % Sq
-                val = widen(q[b * qb + h * qh + i * qi + x % D]) * scale
-            qs[x] = val
-        lim = cuda.local.array(R, np.int64)        # row r's keys 0 .. lim - 1 take part
-        m = cuda.local.array(R, float32)
-        l = cuda.local.array(R, float32)
-        s = cuda.local.array(R, float32)
-        o = cuda.local.array(O8, float32)
-        for r in range(R):
-            h, i = hk * G + r // Sq, r % Sq
-            n = 0
-            if r < rows and (has_lq == 0 or i < lens_q[b]):
-                n = live_keys(lens_k, has_lk, b, i, Sk, causal)
-            lim[r], m[r], l[r] = n, NEG, float32(0)
-            for e in range(8):
-                o[8 * r + e] = float32(0)
-        cuda.syncthreads()
-        k0 = c * chunk
-        kend = min(Sk, k0 + chunk)
-        for t0 in range(k0, kend, T):
-            j = t0 + t
-            for r in range(R):
-                s[r] = float32(0)
-            if j < kend:                           # A: s_r = scale q_r . k_j
-                kr = (b * kb + hk * kh + j * kj) // 8
-                for g in range(DG):
-                    kv = load8(k, kr + g)
-                    for e in range(8):
-                        x = widen(kv[e])
-                        for r in range(R):
-                            s[r] += qs[r * D + 8 * g + e] * x
-            for r in range(R):                     # B: the tile's max of each row
-                if not (j < kend and j < lim[r]):
-                    s[r] = NEG
-                top = grp_max(s[r], 32, red)
-                if lane == 0:
-                    wm[r * NW + w] = top
-            cuda.syncthreads()
-            for r in range(R):
-                top = m[r]
-                for x in range(NW):
-                    y = wm[r * NW + x]
-                    top = y if y > top else top
-                alpha = math.exp(m[r] - top) if top != NEG else float32(1)
-                p = float32(0) if s[r] == NEG else math.exp(s[r] - top)
-                ps[r * T + t] = p
-                m[r], l[r] = top, l[r] * alpha + p
-                for e in range(8):
-                    o[8 * r + e] *= alpha
-            cuda.syncthreads()
-            for uu in range(DG):                   # C: o_r += p_r,u v_u
-                u = ks + uu * KS
-                if t0 + u < kend:
-                    vv = load8(v, (b * vb + hk * vh + (t0 + u) * vj) // 8 + dg)
-                    vf = (widen(vv[0]), widen(vv[1]), widen(vv[2]), widen(vv[3]),
-                          widen(vv[4]), widen(vv[5]), widen(vv[6]), widen(vv[7]))
-                    for r in range(R):
-                        p = ps[r * T + u]
-                        if p != 0:
-                            for e in range(8):
-                                o[8 * r + e] += p * vf[e]
-            # (the next tile writes ps only after its barrier: every thread is past C)
-        for r in range(R):                         # the chunk's l_r over the block
-            total = grp_sum(l[r], 32, red)
-            if lane == 0:
-                wm[r * NW + w] = total
-        cuda.syncthreads()
-        for r in range(R):
-            if r < rows:
-                for e in range(8):
-                    ob[ks * D + 8 * dg + e] = o[8 * r + e]
-                cuda.syncthreads()
-                h, i = hk * G + r // Sq, r % Sq
-                at = ((b * Hq + h) * Sq + i) * nchunks + c
-                for d in range(t, D, T):
-                    acc = float32(0)
-                    for x in range(KS):
-                        acc += ob[x * D + d]
-                    ws_o[at * D + d] = acc
-                if t == 0:
-                    total = float32(0)
-                    for x in range(NW):
-                        total += wm[r * NW + x]
-                    ws_ml[2 * at] = m[r]
-                    ws_ml[2 * at + 1] = total
-                cuda.syncthreads()
-
-    return attention_decode_split
+def source(R, D):
+    """(name, source) of the part kernel for R rows and head dim D, unrolled: the rows'
+    scores, maxima, sums and o_r (8 dims a thread) are scalars, and each thread issues
+    all D/8 of its K loads (phase A) and its D/8 V loads (phase C) before their math.
+    Loads past the chunk's end re-read its last key (never out of bounds), whose p is
+    0 there: no branch around a load."""
+    DG, NW = D // 8, max(1, T // 32)
+    KS = T // DG
+    rows = range(R)
+    name = f"attention_splitkv_d{D}_r{R}"  # (its own family for tests/test_ptx.py)
+    L = [f"def {name}(q, k, v, ws_o, ws_ml, lens_q, lens_k, Hq, G, Sq, Sk, qb, qh, qi, kb, "
+         "kh, kj, vb, vh, vj, has_lq, has_lk, causal, scale, nchunks, chunk):",
+         f"    qs = cuda.shared.array({R * D}, F32)  # the rows' q, times scale",
+         f"    ps = cuda.shared.array({R * T}, F32)  # the tile's p",
+         f"    wm = cuda.shared.array({R * NW}, F32)  # the warps' maxima, then sums",
+         f"    ob = cuda.shared.array({KS * D}, F32)  # one row's o over the key subsets",
+         "    red = cuda.shared.array(SHM, F32)  # grp_max's slots (the simulator's)",
+         "    t = cuda.threadIdx.x", "    w, lane = t // 32, t % 32",
+         f"    dg, ks = t % {DG}, t // {DG}",
+         "    c = cuda.blockIdx.x % nchunks", "    bh = cuda.blockIdx.x // nchunks  # b Hk + hk",
+         "    Hk = Hq // G", "    b, hk = bh // Hk, bh % Hk", "    rows = G * Sq",
+         f"    for x in range(t, {R * D}, {T}):", f"        r = x // {D}", "        val = F32(0)",
+         "        if r < rows:", "            h, i = hk * G + r // Sq, r % Sq",
+         f"            val = widen(q[b * qb + h * qh + i * qi + x % {D}]) * scale",
+         "        qs[x] = val"]
+    for r in rows:
+        L += [f"    h, i = hk * G + {r} // Sq, {r} % Sq", f"    lim{r} = 0",
+              f"    if {r} < rows and (has_lq == 0 or i < lens_q[b]):",
+              f"        lim{r} = live_keys(lens_k, has_lk, b, i, Sk, causal)",
+              f"    m{r} = NEG", f"    l{r} = F32(0)"] + \
+            [f"    o{r}_{e} = F32(0)" for e in range(8)]
+    L += ["    cuda.syncthreads()", "    k0 = c * chunk", "    kend = min(Sk, k0 + chunk)",
+          "    vrow = (b * vb + hk * vh) // 8 + dg", "    vstep = vj // 8",
+          f"    for t0 in range(k0, kend, {T}):",  # A: s_r = scale q_r . k_j
+          "        j = t0 + t", "        kr = (b * kb + hk * kh + min(j, kend - 1) * kj) // 8"]
+    L += [f"        s{r} = F32(0)" for r in rows]
+    for g in range(DG):
+        if g == 0:
+            L += [f"        k{x} = load8(k, kr + {x})" for x in range(DG)]
+        for e in range(8):
+            L += [f"        kx = widen(k{g}[{e}])"] + \
+                [f"        s{r} += qs[{r * D + 8 * g + e}] * kx" for r in rows]
+    for r in rows:  # B: the tile's max of each row
+        L += [f"        if not (j < kend and j < lim{r}):", f"            s{r} = NEG",
+              f"        top = grp_max(s{r}, 32, red)", "        if lane == 0:",
+              f"            wm[{r * NW} + w] = top"]
+    L += ["        cuda.syncthreads()"]
+    for r in rows:
+        L += [f"        top = m{r}"]
+        for x in range(NW):
+            L += [f"        y = wm[{r * NW + x}]", "        top = y if y > top else top"]
+        L += [f"        alpha = math.exp(m{r} - top) if top != NEG else F32(1)",
+              f"        p = F32(0) if s{r} == NEG else math.exp(s{r} - top)",
+              f"        ps[{r * T} + t] = p", f"        m{r} = top", f"        l{r} = l{r} * alpha + p"] + \
+            [f"        o{r}_{e} *= alpha" for e in range(8)]
+    L += ["        cuda.syncthreads()"]  # C: o_r += p_r,u v_u
+    for uu in range(DG):
+        if uu == 0:
+            L += [f"        v{x} = load8(v, vrow + min(t0 + ks + {x * KS}, kend - 1) * vstep)"
+                  for x in range(DG)]
+        L += [f"        f{e} = widen(v{uu}[{e}])" for e in range(8)]
+        for r in rows:
+            L += [f"        p = ps[{r * T} + ks + {uu * KS}]", "        if p != 0:"] + \
+                [f"            o{r}_{e} += p * f{e}" for e in range(8)]
+    # (the next tile writes ps only after its first barrier: every thread is past C)
+    for r in rows:  # the chunk's l_r over the block
+        L += [f"    total = grp_sum(l{r}, 32, red)", "    if lane == 0:",
+              f"        wm[{r * NW} + w] = total"]
+    L += ["    cuda.syncthreads()"]
+    for r in rows:
+        L += [f"    if {r} < rows:"] + \
+            [f"        ob[ks * {D} + 8 * dg + {e}] = o{r}_{e}" for e in range(8)] + [
+            "        cuda.syncthreads()", f"        h, i = hk * G + {r} // Sq, {r} % Sq",
+            "        at = ((b * Hq + h) * Sq + i) * nchunks + c",
+            f"        for d in range(t, {D}, {T}):", "            acc = F32(0)",
+            f"            for x in range({KS}):", f"                acc += ob[x * {D} + d]",
+            f"            ws_o[at * {D} + d] = acc", "        if t == 0:",
+            "            total = F32(0)"] + \
+            [f"            total += wm[{r * NW + x}]" for x in range(NW)] + [
+            f"            ws_ml[2 * at] = m{r}", "            ws_ml[2 * at + 1] = total",
+            "        cuda.syncthreads()"]
+    return name, "\n".join(L) + "\n"
 
 
 _KERNELS = {}
@@ -195,8 +161,15 @@ def kernel(dtype, D, R):
         a = f"{array_type(dtype)}[::1]"
         sig = f"void({a}, {a}, {a}, float32[::1], float32[::1], int64[::1], int64[::1], " + \
             ", ".join(["int64"] * 16) + ", float32, int64, int64)"
-        fn = _kernel(R, D)
-        fn.__name__ = fn.__qualname__ = f"attention_decode_split_d{D}_r{R}"
+        name, src = source(R, D)
+        reductions = device_functions(np.float32)
+        fn = compile_source(name, src, dict(
+            cuda=cuda, math=math, F32=float32, NEG=float32(-np.inf), SHM=SHM, load8=load8,
+            widen=widen, live_keys=_device_functions(float32)[2],
+            grp_max=reductions["grp_max"], grp_sum=reductions["grp_sum"]), about={
+            "config": f"{dtype}, D {D}, {R} rows a kv head, {T} threads = keys a tile",
+            "traffic": f"a tile: {2 * T * D * 2} B of K and V in, {4 * R * T * D} flops",
+            "why": "decode_split.py"})
         _KERNELS[key] = (Kernel(fn, [sig]), sig)
     return _KERNELS[key]
 
@@ -212,6 +185,9 @@ def forward(q, k, v, ws, lq, lk, geo, stream):
 
 
 def ptx_examples():
-    """Both head dims, one row and the most rows (tests/test_ptx.py compiles them)."""
-    for dtype, D, R in (("bfloat16", 128, 1), ("bfloat16", 128, 8), ("float16", 64, 4)):
+    """Both head dims and dtypes (tests/test_ptx.py compiles the first of each dtype: the
+    smaller ones; perf/tools/ptxas_check.py all: R 4 at D 128 and 8 at D 64 take 235
+    and 254 registers, no spills)."""
+    for dtype, D, R in (("bfloat16", 128, 1), ("float16", 64, 2), ("bfloat16", 128, 4),
+                        ("float16", 64, 8)):
         kernel(dtype, D, R)

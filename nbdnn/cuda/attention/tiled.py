@@ -34,7 +34,9 @@ from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
 from . import simt
 
-ON = False  # (simulator-checked in run AQ; not yet run on a GPU)
+ON = False  # run AR: its GPU tests pass (forward and backward, every feature), memcheck
+# and racecheck clean; 1.23 TFLOP/s float32 at D 64 S 1k-2k, 4.4x the exact forward but
+# 0.04x PyTorch's 34: off until a design near PyTorch's is worth switching the paths
 BQ, BK, CHUNK, THREADS = 32, 32, 64, 128
 DV_BUCKETS = (64, 128, 256)  # a kernel per bucket of Dv: its accumulators are registers
 
