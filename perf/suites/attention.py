@@ -10,8 +10,9 @@ torch's float32 math (16-bit inputs) or float64 (float32 inputs).
 Rows: B S = TOKENS tokens, HEADS heads, D = 64 and 128, S = 512 .. 16k, causal and not,
 bf16 (and fp16, float32 with --dtypes); the backward's error against torch's float32
 (float64) autograd where B H S^2 <= 2^28. Decode (--decode): Sq = 1 against Sk = 8k ..
-128k keys, batch 1 .. 64: GB/s over the K/V cache read, beside a device copy's GB/s
-(read + write) and torch's default in the same run.
+128k keys, batch 1 .. 64, and two grouped-query rows (32 query heads on 8 kv heads, batch
+8): GB/s over the K/V cache read, beside a device copy's GB/s (read + write) and torch's
+default in the same run.
 
     PYTHONPATH=. python3 perf/suites/attention.py [--json F] [--dtypes bfloat16 float16]
         [--seqs 512 4096] [--dims 64 128] [--no-backward] [--decode] [--quick]
@@ -44,8 +45,10 @@ def _flops(B, H, Sq, Sk, D, causal):
 
 def _peer(q, k, v, causal, backend):
     """torch's SDPA (BHSD) with one backend, or its default choice (None)."""
+    gqa = q.shape[1] != k.shape[1]
+
     def run():
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
     if backend is None:
         return run
     def forced():  # noqa: E306
@@ -54,22 +57,23 @@ def _peer(q, k, v, causal, backend):
     return forced
 
 
-def _row(dtype, S, D, causal, backward, B=None, Sk=None):
+def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS):
     B = B or max(1, TOKENS // S)
     Sk = Sk or S
     tdt = getattr(torch, dtype)
-    q = torch.randn(B, HEADS, S, D, device="cuda", dtype=tdt)
-    k = torch.randn(B, HEADS, Sk, D, device="cuda", dtype=tdt)
-    v = torch.randn(B, HEADS, Sk, D, device="cuda", dtype=tdt)
-    flops = _flops(B, HEADS, S, Sk, D, causal)
-    row = {"dtype": dtype, "B": B, "Sq": S, "Sk": Sk, "D": D, "causal": causal}
-    o, lse = nbdnn.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    q = torch.randn(B, Hq, S, D, device="cuda", dtype=tdt)
+    k = torch.randn(B, Hk, Sk, D, device="cuda", dtype=tdt)
+    v = torch.randn(B, Hk, Sk, D, device="cuda", dtype=tdt)
+    flops = _flops(B, Hq, S, Sk, D, causal)
+    row = {"dtype": dtype, "B": B, "Hq": Hq, "Hk": Hk, "Sq": S, "Sk": Sk, "D": D,
+           "causal": causal}
+    gqa = dict(is_causal=causal, enable_gqa=Hq != Hk)
+    o, lse = nbdnn.scaled_dot_product_attention(q, k, v, **gqa)
     hi = torch.float64 if dtype == "float32" else torch.float32
     n = 1 if S == 1 else B  # (decoding: batch entry 0's error; a 64 x 128k cache is 68 GB)
-    ref = F.scaled_dot_product_attention(q[:n].to(hi), k[:n].to(hi), v[:n].to(hi),
-                                         is_causal=causal)
+    ref = F.scaled_dot_product_attention(q[:n].to(hi), k[:n].to(hi), v[:n].to(hi), **gqa)
     row["rel_err"] = float((o[:n].to(hi) - ref).abs().max() / ref.abs().max())
-    t = time_gpu(lambda: nbdnn.scaled_dot_product_attention(q, k, v, is_causal=causal, out=o))
+    t = time_gpu(lambda: nbdnn.scaled_dot_product_attention(q, k, v, **gqa, out=o))
     row["nbdnn_tflops"] = flops / t / 1e12
     for name, backend in (("default", None), ("flash", SDPBackend.FLASH_ATTENTION)):
         try:
@@ -78,7 +82,7 @@ def _row(dtype, S, D, causal, backward, B=None, Sk=None):
         except RuntimeError as e:  # (the flash backend takes no float32)
             row[f"{name}_tflops"], row[f"x_{name}"] = None, str(e).split("\n")[0][:60]
     if S == 1:  # decoding: bandwidth over the K/V cache, beside a copy of as many bytes
-        kv = 2 * B * HEADS * Sk * D * q.element_size()
+        kv = 2 * B * Hk * Sk * D * q.element_size()
         row["kv_gbs"] = kv / t / 1e9
         n = min(kv, 2 ** 32) // 2  # (a copy's rate holds past L2; the largest cache is 68 GB)
         src = torch.empty(n, device="cuda", dtype=torch.int16)
@@ -114,7 +118,8 @@ def _show(r):
     if "kv_gbs" in r:
         bwd += f" | K/V {r['kv_gbs']:.0f} GB/s = {r['kv_gbs'] / r['copy_gbs']:.0%} of a copy's " \
                f"{r['copy_gbs']:.0f}, default {r['default_gbs']:.0f}"
-    print(f"{r['dtype']:8} B {r['B']:3} S {r['Sq']:5}x{r['Sk']:<6} D {r['D']:3} "
+    heads = f" H {r['Hq']}/{r['Hk']}" if r["Hq"] != r["Hk"] else ""
+    print(f"{r['dtype']:8} B {r['B']:3}{heads} S {r['Sq']:5}x{r['Sk']:<6} D {r['D']:3} "
           f"{'causal' if r['causal'] else '      '}: nbdnn {r['nbdnn_tflops']:7.2f} TFLOP/s | "
           f"{peer}{bwd} (err {r['rel_err']:.0e})", flush=True)
 
@@ -144,6 +149,9 @@ def main():
                 for B in (1, 8, 64):
                     rows.append(_row(dtype, 1, 128, False, False, B=B, Sk=Sk))
                     _show(rows[-1])
+            for Sk in (32768, 131072):  # grouped-query heads: 4 query rows a kv head
+                rows.append(_row(dtype, 1, 128, False, False, B=8, Sk=Sk, Hq=32, Hk=8))
+                _show(rows[-1])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
