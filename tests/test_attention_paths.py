@@ -75,6 +75,30 @@ def test_decode_split_matches_reference(D, Hq, Hk, Sq, layout, kw, monkeypatch):
     np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("D,Hq,Hk,Sq,causal", [(128, 16, 4, 1, False), (64, 8, 1, 8, True)])
+def test_decode_split_long_cache(D, Hq, Hk, Sq, causal, monkeypatch):
+    """decode_split.py (forced on) at its real sizes on a GPU, in bfloat16: a 20000-key
+    cache split into many chunks (B 2, lengths 20000 and 13001: a chunk past the shorter
+    one holds no key), R = 4 and 8 rows a kv head, against the float64 reference."""
+    from nbdnn.cuda.attention import decode_split
+    from nbdnn.cuda.runtime.simulator import SIMULATOR
+    if SIMULATOR:
+        pytest.skip("20000 keys: a GPU's size")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    monkeypatch.setattr(decode_split, "ON", True)
+    rng = np.random.default_rng(D)
+    q, k, v = (a.astype(ml_dtypes.bfloat16) for a in
+               _inputs(rng, np.float32, "BHSD", 2, Hq, Hk, Sq, 20000, D, D))
+    kw = dict(is_causal=causal, enable_gqa=True, seq_lens_k=np.array([20000, 13001]))
+    with launched() as names:
+        o, lse = nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda", **kw)
+    assert names[-2].startswith("attention_splitkv_d"), names
+    want_o, want_lse = nbdnn.scaled_dot_product_attention(
+        *(np.asarray(a, np.float64) for a in (q, k, v)), backend="cpu", **kw)
+    np.testing.assert_allclose(np.asarray(o, np.float64), want_o, rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=1e-4, atol=1e-4)
+
+
 def test_exact_path_below_the_decode_threshold():
     rng = np.random.default_rng(0)
     q, k, v = _inputs(rng, np.float32, "BHSD", 1, 2, 2, 1, 20, 8, 8)
