@@ -51,16 +51,23 @@ def test_decode_matches_reference(dtype, layout, Sq, kw, monkeypatch):
     (64, 2, 2, 3, "BSHD", {"is_causal": True}),
     (128, 4, 2, 2, "BHSD", {"seq_lens_q": np.array([1, 2]), "seq_lens_k": np.array([70, 0])}),
     (64, 8, 2, 2, "BSHD", {"seq_lens_k": np.array([77, 76])}),
+    (64, 4, 2, 2, "BHSD", {"attn_mask": "bool", "dropout_p": 0.3, "seed": 5, "offset": 11}),
+    (128, 2, 2, 1, "BSHD", {"attn_mask": "float", "is_causal": True}),
 ])
 def test_decode_split_matches_reference(D, Hq, Hk, Sq, layout, kw, monkeypatch):
     """decode_split.py (forced on: decode_split.ON) in float16: grouped-query rows (R = G
-    Sq up to MAX_ROWS: 8 at D 64, 4 at D 128), a key tail past whole tiles, causal, both lengths (a row with no key:
-    o = 0, lse = -inf), both layouts; NaN in a key past seq_lens_k takes no part."""
+    Sq up to MAX_ROWS: 8 at D 64, 4 at D 128), a key tail past whole tiles, causal, both
+    lengths (a row with no key: o = 0, lse = -inf), both layouts, both mask kinds,
+    dropout (nbdnn.dropout's stream); NaN in a key past seq_lens_k takes no part."""
     from nbdnn.cuda.attention import decode, decode_split
     monkeypatch.setattr(decode, "MIN_KEYS", 40)
     monkeypatch.setattr(decode_split, "ON", True)
     rng = np.random.default_rng(D + Sq)
     q, k, v = _inputs(rng, np.float16, layout, 2, Hq, Hk, Sq, 77, D, D)
+    if kw.get("attn_mask") == "bool":
+        kw = dict(kw, attn_mask=rng.random((2, 1, Sq, 77)) > 0.3)
+    elif kw.get("attn_mask") == "float":
+        kw = dict(kw, attn_mask=rng.uniform(-1, 1, (Sq, 77)).astype(np.float16))
     if "seq_lens_k" in kw:
         (k if layout == "BHSD" else k.transpose(0, 2, 1, 3))[0, :, 75] = np.nan
         (v if layout == "BHSD" else v.transpose(0, 2, 1, 3))[0, :, 76] = np.nan
@@ -69,8 +76,10 @@ def test_decode_split_matches_reference(D, Hq, Hk, Sq, layout, kw, monkeypatch):
         o, lse = nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda", **kw)
     assert names[-2].startswith("attention_splitkv_d") and \
         names[-1] == "attention_decode_combine", names
+    ref = {n: a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == "f"
+           else a for n, a in kw.items()}
     want_o, want_lse = nbdnn.scaled_dot_product_attention(
-        *(a.astype(np.float64) for a in (q, k, v)), backend="cpu", **kw)
+        *(a.astype(np.float64) for a in (q, k, v)), backend="cpu", **ref)
     np.testing.assert_allclose(np.asarray(o, np.float64), want_o, rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=2e-3, atol=2e-3)
 

@@ -100,13 +100,13 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
     rows = B * Hq * Sq
     G, Sk, Dv = geo[2], geo[4], geo[6]
     if rows and decode.usable(Sq, Sk, G):
-        split = decode_split.usable(q, k, v, attn_mask, dropout_p, G, Sq, geo[5], Dv, geo)
+        split = decode_split.usable(q, G, Sq, geo[5], Dv, k, v, geo)
         chunks = decode_split.chunking(B, Hq // G, Sk, sm_count())[0] if split else \
             -(-Sk // decode.CHUNK)
         ct = "float64" if dtype == "float64" else "float32"
         ws_o, ws_ml = empty(q, (rows * chunks * Dv,), ct), empty(q, (rows * chunks * 2,), ct)
         if split:
-            decode_split.forward(q, k, v, (ws_o, ws_ml), lq, lk, geo, stream)
+            decode_split.forward(q, k, v, (ws_o, ws_ml), ma, mb, lq, lk, geo, stream)
         else:
             kern, sig = decode.KERNELS["part", dtype]
             kern.launch(sig, B * (Hq // G) * chunks, decode.CHUNK, stream,

@@ -2,19 +2,22 @@
 cache): decode.py's split of the keys into chunks, a block a (batch, kv head, chunk),
 the chunks merged by decode.py's combine kernel, but with 16-byte loads and a thread a
 key, for the common case: 16-bit q, k, v, head dims D = Dv of 64 or 128, R = G Sq <= 8
-(D 64) or 4 (D 128) query rows a kv head, no mask, no dropout (decode.py runs the rest).
+(D 64) or 4 (D 128) query rows a kv head (decode.py runs the rest); masks, dropout,
+causal and both lengths as on the exact path (simt.py's bias, keep and live_keys).
 
 A block (T = 128 threads, NW = 4 warps) walks its chunk in tiles of T keys:
   A  thread t, key j = tile + t: its K row by D/8 16-byte loads (32 rows a warp; the
      second 16 bytes of each 32-byte sector come from L1), s_r = scale q_r . k_j for the
-     R rows (q in shared memory, read as broadcasts); removed pairs -inf
+     R rows (q in shared memory, read as broadcasts); the mask's bias added, removed
+     pairs -inf
   B  the tile's max of each row (warp shuffles, then NW slots: one barrier), the running
-     max m_r; p = exp(s_r - m_r) into shared memory; each thread's l_r and o_r take the
-     rescale exp(m_old - m_new)
+     max m_r; p = exp(s_r - m_r) into l_r, p times the dropout's keep factor into shared
+     memory (-1: a removed pair); each thread's l_r and o_r take the rescale
+     exp(m_old - m_new)
   C  thread (ks, dg) = (t // (D/8), t % (D/8)): dims 8 dg .. 8 dg + 7 of V rows ks,
      ks + KS, ... of the tile (KS = T / (D/8) rows a pass; D/8 threads a row: coalesced
-     16-byte loads), o_r += p_r,u v_u, skipping p = 0 (a NaN in a removed key's V stays
-     out, as on the exact path)
+     16-byte loads), o_r += p_r,u v_u, skipping removed pairs (a NaN in a removed key's
+     V stays out, as on the exact path; a dropped pair's 0 meets it, as in the reference)
 After the chunk: l_r summed over the block, o_r over the KS key subsets (shared memory),
 written to decode.py's workspace: (m, l) and the unnormalised o of (row, chunk).
 
@@ -39,7 +42,7 @@ from ..runtime.device import sm_count
 from ..runtime.intrinsics import array_type, load8, widen
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
-from .simt import _device_functions
+from .simt import _device_functions, geometry_types
 
 ON = False
 T = 32 if SIMULATOR else 128    # a block's threads = a tile's keys
@@ -49,12 +52,12 @@ MAX_ROWS = {64: 8, 128: 4}      # ... up to these by D (R 8 at D 128: 524 B spil
 BLOCKS_PER_SM = 16              # chunking's target
 
 
-def usable(q, k, v, attn_mask, dropout_p, G, Sq, D, Dv, geo):
-    """ON, 16-bit data, D = Dv in DIMS, G Sq <= 8 rows, no mask, no dropout, and K's and
-    V's rows at 16-byte boundaries (bases and strides: geo's k and v strides)."""
+def usable(q, G, Sq, D, Dv, k, v, geo):
+    """ON, 16-bit data, D = Dv in DIMS, G Sq <= MAX_ROWS[D] rows, and K's and V's rows at
+    16-byte boundaries (bases and strides: geo's k and v strides)."""
     return ON and dtype_name(q) in ("float16", "bfloat16") and D == Dv and D in DIMS and \
-        G * Sq <= MAX_ROWS.get(D, 0) and attn_mask is None and dropout_p == 0 and \
-        all(ptr(t) % 16 == 0 for t in (k, v)) and all(s % 8 == 0 for s in geo[10:16])
+        G * Sq <= MAX_ROWS.get(D, 0) and all(ptr(t) % 16 == 0 for t in (k, v)) and \
+        all(s % 8 == 0 for s in geo[10:16])
 
 
 def chunking(B, Hk, Sk, sms):
@@ -68,16 +71,20 @@ def chunking(B, Hk, Sk, sms):
 
 def source(R, D):
     """(name, source) of the part kernel for R rows and head dim D, unrolled: the rows'
-    scores, maxima, sums and o_r (8 dims a thread) are scalars, and each thread issues
-    all D/8 of its K loads (phase A) and its D/8 V loads (phase C) before their math.
-    Loads past the chunk's end re-read its last key (never out of bounds), whose p is
-    0 there: no branch around a load."""
+    scores s_r, maxima mx_r (m0 .. m3 are the mask's strides), sums l_r and o_r (8 dims
+    a thread) are scalars (a row's mask and dropout indices are recomputed where used:
+    held, they cost R 8 at D 64 236 B of spills), and each thread issues all D/8 of its
+    K loads (phase A) and its D/8 V loads (phase C) before their math. Loads past the
+    chunk's end re-read its last key (never out of bounds), a removed pair there: no
+    branch around a load."""
     DG, NW = D // 8, max(1, T // 32)
     KS = T // DG
     rows = range(R)
     name = f"attention_splitkv_d{D}_r{R}"  # (its own family for tests/test_ptx.py)
-    L = [f"def {name}(q, k, v, ws_o, ws_ml, lens_q, lens_k, Hq, G, Sq, Sk, qb, qh, qi, kb, "
-         "kh, kj, vb, vh, vj, has_lq, has_lk, causal, scale, nchunks, chunk):",
+    L = [f"def {name}(q, k, v, ws_o, ws_ml, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D_, Dv_, "
+         "qb, qh, qi, kb, kh, kj, vb, vh, vj, ob_, oh_, oi_, mkind, m0, m1, m2, m3, has_lq, "
+         "has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi, nchunks, "
+         "chunk):",
          f"    qs = cuda.shared.array({R * D}, F32)  # the rows' q, times scale",
          f"    ps = cuda.shared.array({R * T}, F32)  # the tile's p",
          f"    wm = cuda.shared.array({R * NW}, F32)  # the warps' maxima, then sums",
@@ -95,7 +102,7 @@ def source(R, D):
         L += [f"    h, i = hk * G + {r} // Sq, {r} % Sq", f"    lim{r} = 0",
               f"    if {r} < rows and (has_lq == 0 or i < lens_q[b]):",
               f"        lim{r} = live_keys(lens_k, has_lk, b, i, Sk, causal)",
-              f"    m{r} = NEG", f"    l{r} = F32(0)"] + \
+              f"    mx{r} = NEG", f"    l{r} = F32(0)"] + \
             [f"    o{r}_{e} = F32(0)" for e in range(8)]
     L += ["    cuda.syncthreads()", "    k0 = c * chunk", "    kend = min(Sk, k0 + chunk)",
           "    vrow = (b * vb + hk * vh) // 8 + dg", "    vstep = vj // 8",
@@ -108,18 +115,25 @@ def source(R, D):
         for e in range(8):
             L += [f"        kx = widen(k{g}[{e}])"] + \
                 [f"        s{r} += qs[{r * D + 8 * g + e}] * kx" for r in rows]
-    for r in rows:  # B: the tile's max of each row
+    for r in rows:  # B: the tile's max of each row (the mask's bias or removal first)
         L += [f"        if not (j < kend and j < lim{r}):", f"            s{r} = NEG",
+              "        elif mkind != 0:",
+              f"            ok, add = bias(ma, mb, mkind, b * m0 + (hk * G + {r} // Sq) * m1 + "
+              f"({r} % Sq) * m2 + j * m3)",
+              f"            s{r} = s{r} + add if ok else NEG",
               f"        top = grp_max(s{r}, 32, red)", "        if lane == 0:",
               f"            wm[{r * NW} + w] = top"]
     L += ["        cuda.syncthreads()"]
     for r in rows:
-        L += [f"        top = m{r}"]
+        L += [f"        top = mx{r}"]
         for x in range(NW):
             L += [f"        y = wm[{r * NW + x}]", "        top = y if y > top else top"]
-        L += [f"        alpha = math.exp(m{r} - top) if top != NEG else F32(1)",
+        L += [f"        alpha = math.exp(mx{r} - top) if top != NEG else F32(1)",
               f"        p = F32(0) if s{r} == NEG else math.exp(s{r} - top)",
-              f"        ps[{r * T} + t] = p", f"        m{r} = top", f"        l{r} = l{r} * alpha + p"] + \
+              f"        ps[{r * T} + t] = F32(-1) if s{r} == NEG else p if thr == DROP_NONE else "
+              f"p * keep(U64((b * Hq + hk * G + {r} // Sq) * Sq + {r} % Sq) * U64(Sk) + U64(j), "
+              "thr, kscale, off_lo, off_hi, key_lo, key_hi)",
+              f"        mx{r} = top", f"        l{r} = l{r} * alpha + p"] + \
             [f"        o{r}_{e} *= alpha" for e in range(8)]
     L += ["        cuda.syncthreads()"]  # C: o_r += p_r,u v_u
     for uu in range(DG):
@@ -128,7 +142,7 @@ def source(R, D):
                   for x in range(DG)]
         L += [f"        f{e} = widen(v{uu}[{e}])" for e in range(8)]
         for r in rows:
-            L += [f"        p = ps[{r * T} + ks + {uu * KS}]", "        if p != 0:"] + \
+            L += [f"        p = ps[{r * T} + ks + {uu * KS}]", "        if not p < 0:"] + \
                 [f"            o{r}_{e} += p * f{e}" for e in range(8)]
     # (the next tile writes ps only after its first barrier: every thread is past C)
     for r in rows:  # the chunk's l_r over the block
@@ -145,7 +159,7 @@ def source(R, D):
             f"            ws_o[at * {D} + d] = acc", "        if t == 0:",
             "            total = F32(0)"] + \
             [f"            total += wm[{r * NW + x}]" for x in range(NW)] + [
-            f"            ws_ml[2 * at] = m{r}", "            ws_ml[2 * at + 1] = total",
+            f"            ws_ml[2 * at] = mx{r}", "            ws_ml[2 * at + 1] = total",
             "        cuda.syncthreads()"]
     return name, "\n".join(L) + "\n"
 
@@ -159,13 +173,15 @@ def kernel(dtype, D, R):
     key = dtype, D, R
     if key not in _KERNELS:
         a = f"{array_type(dtype)}[::1]"
-        sig = f"void({a}, {a}, {a}, float32[::1], float32[::1], int64[::1], int64[::1], " + \
-            ", ".join(["int64"] * 16) + ", float32, int64, int64)"
+        sig = f"void({a}, {a}, {a}, float32[::1], float32[::1], {a}, uint8[::1], " \
+            f"{geometry_types('float32')}, int64, int64)"  # (decode.py's part kernel's)
         name, src = source(R, D)
         reductions = device_functions(np.float32)
+        _, keep, live_keys, bias, _ = _device_functions(float32)
         fn = compile_source(name, src, dict(
-            cuda=cuda, math=math, F32=float32, NEG=float32(-np.inf), SHM=SHM, load8=load8,
-            widen=widen, live_keys=_device_functions(float32)[2],
+            cuda=cuda, math=math, F32=float32, U64=np.uint64, NEG=float32(-np.inf), SHM=SHM,
+            DROP_NONE=np.uint64(1 << 32), load8=load8, widen=widen, live_keys=live_keys,
+            bias=bias, keep=keep,
             grp_max=reductions["grp_max"], grp_sum=reductions["grp_sum"]), about={
             "config": f"{dtype}, D {D}, {R} rows a kv head, {T} threads = keys a tile",
             "traffic": f"a tile: {2 * T * D * 2} B of K and V in, {4 * R * T * D} flops",
@@ -174,14 +190,14 @@ def kernel(dtype, D, R):
     return _KERNELS[key]
 
 
-def forward(q, k, v, ws, lq, lk, geo, stream):
+def forward(q, k, v, ws, ma, mb, lq, lk, geo, stream):
     """Launch the part kernel over (batch, kv head, chunk) into the workspace ws =
     (ws_o, ws_ml) sized by `chunking`; decode.py's combine kernel then merges."""
     B, Hq, G, Sq, Sk, D = geo[:6]
     nchunks, chunk = chunking(B, Hq // G, Sk, sm_count())
     kern, sig = kernel(dtype_name(q), D, G * Sq)
-    kern.launch(sig, B * (Hq // G) * nchunks, T, stream, q, k, v, *ws, lq, lk, Hq, G, Sq,
-                Sk, *geo[7:16], geo[24], geo[25], geo[26], float(geo[27]), nchunks, chunk)
+    kern.launch(sig, B * (Hq // G) * nchunks, T, stream, q, k, v, *ws, ma, mb, lq, lk, *geo,
+                nchunks, chunk)
 
 
 def ptx_examples():
