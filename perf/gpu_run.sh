@@ -52,7 +52,8 @@
 #   bash perf/gpu_run.sh att-verify           # the attention kernels still off or unsanitised:
 #                                             # tests, (SAN=1) memcheck and racecheck
 #   bash perf/gpu_run.sh att-speed            # decoding (decode.py against decode_split.py),
-#                                             # float32 tiled against exact
+#                                             # float32 tiled against exact, D 64's forward
+#                                             # F3 against F1 persistent
 #   bash perf/gpu_run.sh att-train            # the tensor-core backward's speed, the
 #                                             # transformer step (transformer_step.py)
 #   bash perf/gpu_run.sh ap-final             # conv.py bf16 NHWC "auto" and "gemm", both
@@ -458,7 +459,8 @@ att-verify)
     summary av-paths av-memcheck av-racecheck ;;
 att-speed)
     # decoding: decode.py's part kernel against decode_split.py's (forced on), K/V GB/s
-    # beside a copy's and PyTorch's; then float32 with the tiled kernels off and on
+    # beside a copy's and PyTorch's; float32 with the tiled kernels off and on; D 64's
+    # forward both ways (at most 440 s of limits)
     for on in 0 1; do
         timeout 120 python3 perf/suites/attention.py --decode --seqs --no-backward \
             --set nbdnn.cuda.attention.decode_split.ON=$on 2>&1 | grep -v -i warn
@@ -466,7 +468,12 @@ att-speed)
     for t in 0 1; do
         timeout 60 python3 perf/suites/attention.py --dtypes float32 --seqs 1024 --dims 64 \
             --no-backward --set nbdnn.cuda.attention.tiled.ON=$t 2>&1 | grep -v -i warn
-    done ;;
+    done
+    # D 64's forward: the shipped F3 against F1 persistent (non-causal rows take it)
+    S="perf/suites/attention.py --no-backward --seqs 512 2048 16384 --dims 64"
+    timeout 50 python3 $S 2>&1 | grep -v -i warn
+    timeout 50 python3 $S --set "nbdnn.cuda.attention.flash.VARIANT={64:'F1',128:'F1'}" \
+        --set "nbdnn.cuda.attention.flash.PERSISTENT={64:1,128:1}" 2>&1 | grep -v -i warn ;;
 att-train)
     # the tensor-core backward against cuDNN's, then the transformer step
     # (transformer_step.py: the demo model and the 4-block causal "gpt")
