@@ -9,9 +9,9 @@
   (float32 compute; off until they have run on a GPU: tiled.ON).
 - decode.py: the forward for Sq <= 16 queries against >= decode.MIN_KEYS keys
   (flash-decoding: the keys split over blocks, the chunks combined by log-sum-exp);
-  every feature of the exact path. decode_split.py: its part kernel for 16-bit data
-  without a mask or dropout at D 64 and 128 (16-byte loads, a thread a key; off until
-  it has run on a GPU: decode_split.ON).
+  every feature of the exact path. decode_split.py: its part kernel for 16-bit data at
+  D 64 and 128, every feature (16-byte loads, a thread a key; off until it has run on a
+  GPU: decode_split.ON).
 The launchers below turn the call into the kernels' geometry: each tensor's (batch,
 head, row) strides in its layout, the mask's broadcast strides, the dropout stream."""
 import numpy as np

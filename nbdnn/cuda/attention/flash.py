@@ -53,9 +53,9 @@ VARIANT = {64: "F3", 128: "F1"}
 # the next tile while the consumers store (flash_source.source's persistent), for
 # non-causal calls of variant F1 only. Run AR (H200, bf16, D 128, F1, TFLOP/s at S 512 /
 # 2k / 16k): non-causal 319 / 485 / 549 -> 354 / 492 / 542 persistent; causal 194 /
-# 385 / 546 -> 180 / 383 / 392: a static round of tiles over SMs leaves the SMs with the long causal
-# tiles behind (ordering tiles longest-first across heads would lose the K/V reuse in
-# L2 that consecutive tiles of one head give). D 64 stays F3 (F3 persistent spills 276 B
+# 385 / 546 -> 180 / 383 / 392: a static round of tiles over the SMs leaves the long
+# causal tiles to few SMs (ordering tiles longest-first across heads would lose the
+# K/V reuse in L2 that consecutive tiles of one head give). D 64 stays F3 (F3 persistent spills 276 B
 # and ptxas serialises its wgmma, C7520)
 PERSISTENT = {64: False, 128: True}
 TILES = {64: (128, 4), 128: (128, 2)}  # D -> (BN keys a tile, K/V stages)

@@ -81,7 +81,8 @@ def backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, has_lq, has_lk, geo, layo
     m = maps(((k, shk, fb.BLOCK), (v, shk, fb.BLOCK), (q, shq, st), (do, shq, st)))
     kern = kernel("dkv", dtype, D)
     kern.launch(SIG_DKV, B * Hk * -(-Sk // fb.BLOCK), flash.THREADS, stream, *(x[0] for x in m),
-                lse, dl, (ptr(dk), B * Hk * Sk * D // 2), (ptr(dv), B * Hk * Sk * D // 2), *common, *ks,
+                lse, dl, (ptr(dk), B * Hk * Sk * D // 2), (ptr(dv), B * Hk * Sk * D // 2),
+                *common, *ks,
                 shmem=kern.shared_bytes, owners=tuple(x[1] for x in m) + (dk, dv))
     m = maps(((q, shq, fb.BLOCK), (do, shq, fb.BLOCK), (k, shk, fb.STEP), (v, shk, fb.STEP)))
     kern = kernel("dq", dtype, D)

@@ -22,9 +22,9 @@ def tensor_map(address, shape, dtype, box, swizzle="none"):
     `shape` (outermost first) and `dtype` name, moved in boxes of `box` elements
     (outermost first); swizzle: "none", "32B", "64B" or "128B" (the box's inner extent
     in bytes must not exceed it). Cached; the device copy lives as long as the cache.
-    A 1-d tensor's map is a 2-d one of shape (1, n): load its box at x by tma_load_2d at
-    (x, 0). A box's first byte must be 16-byte aligned in global memory (else the load
-    is an illegal instruction: H200, run AR)."""
+    Rank 2 or more (the H200's driver refused a rank-1 map through cuda-bindings: run
+    AR); a box's first byte must be 16-byte aligned in global memory (else the load is
+    an illegal instruction: H200, run AR)."""
     return encoded(address, shape, dtype, box, swizzle)[0]
 
 
@@ -67,17 +67,13 @@ def _layout(drv, shape, dtype):
     """(data type, rank, dims, byte strides) of a row-major tensor, innermost first."""
     if dtype not in DTYPES:
         raise ValueError(f"tensor_map: dtype {dtype!r}")
-    item = _itemsize(dtype)
+    item = 2 if dtype in ("bfloat16", "float16", "uint16") else 4
     rank = len(shape)
     dims = [drv.cuuint64_t(s) for s in reversed(shape)]           # innermost first
     strides = [drv.cuuint64_t(item * int(np.prod(shape[i + 1:]))) for i in
                reversed(range(rank - 1))]                          # (dims 1.. in bytes)
     return (getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{DTYPES[dtype]}"),
             rank, dims, strides)
-
-
-def _itemsize(dtype):
-    return 2 if dtype in ("bfloat16", "float16", "uint16") else 4
 
 
 def _modes(drv, swizzle):
@@ -102,16 +98,10 @@ def _on_device(drv, err, tm, what):
 @functools.lru_cache(maxsize=1024)
 def _encoded(address, shape, dtype, box, swizzle):
     from cuda.bindings import driver as drv
-    if swizzle not in SWIZZLES or len(box) != len(shape):
+    if swizzle not in SWIZZLES or len(box) != len(shape) or len(shape) < 2:
         raise ValueError(f"tensor_map: dtype {dtype!r}, swizzle {swizzle!r}, box {box} "
                          f"for shape {shape}")
     kind, rank, dims, strides = _layout(drv, shape, dtype)
-    if rank == 1:  # as (1, n), its row padded to 16 bytes: the H200's driver refused a
-        # rank-1 map (CUDA_ERROR_INVALID_VALUE, run AR: cuda-bindings passes its empty
-        # strides array as NULL)
-        pitch = -(-shape[0] * _itemsize(dtype) // 16) * 16
-        rank, dims, strides = 2, dims + [drv.cuuint64_t(1)], [drv.cuuint64_t(pitch)]
-        box = (1,) + box
     err, tm = drv.cuTensorMapEncodeTiled(
         kind, rank, address, dims, strides, [drv.cuuint32_t(b) for b in reversed(box)],
         [drv.cuuint32_t(1)] * rank, *_modes(drv, swizzle))

@@ -22,7 +22,7 @@ from llvmlite import ir
 from numba import types
 from numba.cuda.extending import intrinsic
 
-from .asm import F32, I32, inline_asm, literal_statement, statement, values
+from .asm import I32, inline_asm, literal_statement, statement
 
 fence_proxy_async = statement("fence.proxy.async.shared::cta;",
                               "Make this thread's shared-memory stores visible to TMA and "
@@ -68,7 +68,6 @@ _IM2COL_4D = _IM2COL.format(n=4, coords="$2, $3, $4, $5", bar=8, offs="$6, $7")
 _STORE_2D = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [$0, {$1, $2}], [$3];"
 _STORE_3D = "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [$0, {$1, $2, $3}], [$4];"
 _ST_SHARED = "st.shared.b32 [$0], $1;"
-_LD_SHARED_V2F = "ld.shared.v2.f32 {$0, $1}, [$2];"
 _ST_SHARED_V2F = "st.shared.v2.f32 [$0], {$1, $2};"
 _ST_SHARED_V4F = "st.shared.v4.f32 [$0], {$1, $2, $3, $4};"
 _BAR_SYNC = "bar.sync $0, $1;"
@@ -162,17 +161,6 @@ def st_shared_u32(typingctx, addr, value):
 
 
 @intrinsic
-def ld_shared_v2_f32(typingctx, addr):
-    """Two float32 from .shared address `addr` (8-byte aligned): values a TMA copy left in
-    dynamic shared memory (attention's backward: a tile's log-sum-exps and deltas)."""
-    def codegen(context, builder, sig, args):
-        st = inline_asm(builder, ir.LiteralStructType([F32, F32]), list(args), _LD_SHARED_V2F,
-                        "=f,=f,r,~{memory}")
-        return values(context, builder, sig, st, 2)
-    return types.UniTuple(types.float32, 2)(u32), codegen
-
-
-@intrinsic
 def st_shared_v2_f32(typingctx, addr, x, y):
     """Store two float32 (8 bytes, 8-byte aligned) to .shared address `addr` (a float32
     TMA store's staging tile)."""
@@ -223,7 +211,6 @@ for _f, _t in ((mbarrier_init, _INIT), (mbarrier_arrive, _ARRIVE),
                (tma_load_3d, _LOAD_3D), (tma_load_im2col_3d, _IM2COL_3D),
                (tma_load_im2col_4d, _IM2COL_4D), (tma_store_2d, _STORE_2D), (tma_store_3d, _STORE_3D),
                (st_shared_u32, _ST_SHARED), (st_shared_v2_f32, _ST_SHARED_V2F),
-               (ld_shared_v2_f32, _LD_SHARED_V2F),
                (st_shared_v4_f32, _ST_SHARED_V4F),
                (bar_sync, _BAR_SYNC), (bar_arrive, _BAR_ARRIVE),
                (tensormap_replace_address, _REPLACE), (tensormap_copy_release, _COPY_RELEASE)):
