@@ -54,6 +54,8 @@
 #   bash perf/gpu_run.sh att-speed            # decoding (decode.py against decode_split.py),
 #                                             # float32 tiled against exact, D 64's forward
 #                                             # F3 against F1 persistent
+#   bash perf/gpu_run.sh att-gemm             # float32 attention as GEMMs: tests, (SAN=1)
+#                                             # memcheck, speed ieee / 3xtf32, the fp32 step
 #   bash perf/gpu_run.sh att-train            # the tensor-core backward's speed, the
 #                                             # transformer step (transformer_step.py)
 #   bash perf/gpu_run.sh ap-final             # conv.py bf16 NHWC "auto" and "gemm", both
@@ -454,8 +456,12 @@ att-verify)
         > "$OUT/av-paths.log" 2>&1 &
     sanitized av ${SAN_LIMIT_S:-240} tests/test_attention_flash.py tests/test_attention_paths.py \
         -k "${AV_SAN_K:-(backward_matches and 257) or (persistent and 128) or (decode_split and kw0)}"
+    for w in dkv dq; do for d in 64 128; do  # the backward's SASS: HGMMA, no LDL/STL
+        timeout 90 python3 perf/experiments/flash_bwd_cases.py --sass $w bfloat16 $d 0 | tail -1
+    done; done > "$OUT/av-sass.log" 2>&1 &
     sharded av-tests 3 ${TEST_LIMIT_S:-240} tests/test_attention_flash.py -k "${AV_K:-}"
     wait
+    cat "$OUT/av-sass.log"
     summary av-paths av-memcheck av-racecheck ;;
 att-speed)
     # decoding: decode.py's part kernel against decode_split.py's (forced on), K/V GB/s
@@ -469,11 +475,30 @@ att-speed)
         timeout 60 python3 perf/suites/attention.py --dtypes float32 --seqs 1024 --dims 64 \
             --no-backward --set nbdnn.cuda.attention.tiled.ON=$t 2>&1 | grep -v -i warn
     done
-    # D 64's forward: the shipped F3 against F1 persistent (non-causal rows take it)
+    # D 64's forward: F3 everywhere against F1 persistent everywhere
     S="perf/suites/attention.py --no-backward --seqs 512 2048 16384 --dims 64"
     timeout 50 python3 $S 2>&1 | grep -v -i warn
     timeout 50 python3 $S --set "nbdnn.cuda.attention.flash.VARIANT={64:'F1',128:'F1'}" \
-        --set "nbdnn.cuda.attention.flash.PERSISTENT={64:1,128:1}" 2>&1 | grep -v -i warn ;;
+        --set "nbdnn.cuda.attention.flash.PERSISTENT={64:999999999,128:999999999}" 2>&1 | grep -v -i warn ;;
+att-gemm)
+    # float32 attention as GEMMs (cuda/attention/gemm.py): its tests, (SAN=1) memcheck over
+    # the GPU-sized one, the flash forward's tests (run AS's D 64 persistent choice);
+    # then float32 rows ieee and 3xtf32 against PyTorch's, and the "gpt" step in fp32
+    P="timeout ${TEST_LIMIT_S:-150} python3 -m pytest -q -p no:cacheprovider"
+    $P tests/test_attention_gemm.py > "$OUT/ag-tests.log" 2>&1 &
+    $P tests/test_attention_flash.py -k "forward_matches or persistent" \
+        > "$OUT/ag-flash.log" 2>&1 &
+    [ -z "${SAN:-}" ] || timeout ${TEST_LIMIT_S:-150} compute-sanitizer --report-api-errors no \
+        --print-limit 10 --tool memcheck python3 -m pytest -q -p no:cacheprovider \
+        tests/test_attention_gemm.py -k "gpu_sizes and ieee" > "$OUT/ag-memcheck.log" 2>&1 &
+    wait
+    summary ag-tests ag-flash ag-memcheck
+    S="perf/suites/attention.py --dtypes float32 --seqs 1024 4096"
+    timeout 120 python3 $S --dims 64 128 2>&1 | grep -v -i warn
+    timeout 90 python3 $S --dims 64 --set "nbdnn._math_mode._default=['3xtf32']" 2>&1 \
+        | grep -v -i warn
+    timeout 120 python3 perf/suites/transformer_step.py --models gpt --precisions fp32 2>&1 \
+        | grep -v -i warn ;;
 att-train)
     # the tensor-core backward against cuDNN's, then the transformer step
     # (transformer_step.py: the demo model and the 4-block causal "gpt")

@@ -175,12 +175,11 @@ def test_flash_backward_reruns_are_bit_identical(monkeypatch):
 
 @pytest.mark.parametrize("D", [64, 128])
 def test_flash_persistent_matches_reference(D, monkeypatch):
-    """flash.PERSISTENT (forced on, variant F1; non-causal: causal calls never take it):
+    """flash.PERSISTENT (forced on: variant F1; non-causal: causal calls never take it):
     more (batch, head, query) tiles than SMs, so blocks loop, reloading Q after the
     consumers release it."""
     from nbdnn.cuda.attention import flash
-    monkeypatch.setitem(flash.PERSISTENT, D, True)
-    monkeypatch.setitem(flash.VARIANT, D, "F1")
+    monkeypatch.setitem(flash.PERSISTENT, D, 1 << 62)
     with launched() as names:
         _loop_case(6, (2, 40, 20, 300, 333, D), ([300, 150], [333, 200]), causal=False)
     assert any(n.endswith("_p") for n in names), names

@@ -5,6 +5,7 @@ of its kernels around an offset a sanitizer named.
 
     PYTHONPATH=. python perf/experiments/flash_bwd_cases.py DTYPE D CAUSAL B HQ HK SQ SK LAYOUT
     PYTHONPATH=. python perf/experiments/flash_bwd_cases.py --sass dkv float16 64 0x9880
+    (offset 0: just the counts of HGMMA and of local-memory loads and stores)
 
 Prints one line: the case, then each gradient's largest error over its largest value, or
 the exception's first line.
@@ -43,7 +44,9 @@ def sass(which, dtype, D, offset):
     at = [i for i, s in enumerate(lines) if re.search(rf"/\*{offset:04x}\*/", s)]
     for i in at[:1]:
         print("\n".join(lines[max(0, i - 40):i + 8]))
-    print(f"({len(lines)} lines; offset {offset:#x} at line {at[:1]})")
+    ops = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\d+\s+)?([A-Z0-9_.]+)", text, re.M)
+    counts = " ".join(f"{op} {sum(o.startswith(op) for o in ops)}" for op in ("HGMMA", "LDL", "STL"))
+    print(f"({which} {dtype} D {D}: {len(lines)} lines, {counts}; offset {offset:#x} at line {at[:1]})")
 
 
 if __name__ == "__main__":

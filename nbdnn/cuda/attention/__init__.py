@@ -5,13 +5,14 @@
 - flash.py (flash_source.py): the tensor-core forward for 16-bit q, k, v at head dims
   64 and 128 without a mask or dropout (wgmma, TMA; sm_90); flash_bwd.py
   (flash_bwd_source.py): its backward (dK and dV, then dQ by a second pass: deterministic).
+- gemm.py: float32 (every math mode) as GEMMs around row kernels, the scores in a
+  workspace (nbdnn.cuda.matmul: the tensor cores for "tf32" / "3xtf32"); no seq_lens.
 - tiled.py, tiled_bwd.py: the forward and backward on the CUDA cores in 32 x 32 tiles
   (float32 compute; off until they have run on a GPU: tiled.ON).
 - decode.py: the forward for Sq <= 16 queries against >= decode.MIN_KEYS keys
   (flash-decoding: the keys split over blocks, the chunks combined by log-sum-exp);
   every feature of the exact path. decode_split.py: its part kernel for 16-bit data at
-  D 64 and 128, every feature (16-byte loads, a thread a key; off until it has run on a
-  GPU: decode_split.ON).
+  D 64 and 128, every feature (16-byte loads, a thread a key).
 The launchers below turn the call into the kernels' geometry: each tensor's (batch,
 head, row) strides in its layout, the mask's broadcast strides, the dropout stream."""
 import numpy as np
@@ -20,7 +21,7 @@ from ..runtime.arrays import dtype_name, empty
 from ..runtime.device import sm_count
 from ..runtime.simulator import SIMULATOR
 from ...cpu.dropout import MASK32, keep_threshold
-from . import decode, decode_split, flash, flash_bwd, simt, tiled, tiled_bwd
+from . import decode, decode_split, flash, flash_bwd, gemm, simt, tiled, tiled_bwd
 
 BLOCK = 32 if SIMULATOR else 128
 MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}
@@ -116,6 +117,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
                     Dv, *geo[16:19])
     elif rows and flash.usable(q, k, v, attn_mask, dropout_p, geo[27], Sq, geo[5], Dv):
         flash.forward(q, k, v, o, lse, lq, lk, *geo[24:26], geo, layout, stream)
+    elif rows and gemm.usable(dtype, Sq, Sk, *geo[24:26]):
+        gemm.forward(q, k, v, o, lse, ma, mb, geo, layout, math, stream)
     elif rows and tiled.usable(dtype, Dv):
         tiled.forward(q, k, v, o, lse, ma, mb, lq, lk, geo, stream)
     elif rows:
@@ -149,6 +152,9 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropou
                                           (do,)):
         flash_bwd.backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, *geo[24:26], geo, layout,
                            stream)
+        return dq, dk, dv
+    if rows and keys and gemm.usable(dtype, Sq, Sk, *geo[24:26]):
+        gemm.backward(do, q, k, v, lse, dl, dq, dk, dv, ma, mb, geo, layout, math, stream)
         return dq, dk, dv
     if rows and keys and tiled_bwd.usable(dtype, D, Dv):
         tiled_bwd.backward(do, q, k, v, lse, dl, dq, dk, dv, ma, mb, lq, lk, geo, stream)

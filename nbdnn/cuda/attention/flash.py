@@ -50,14 +50,16 @@ ON = True                 # False: every forward runs the exact kernels (simt.py
 # previous PV was in flight) measured 0.7x F1: ptxas serialised its wgmma (C7513).
 VARIANT = {64: "F3", 128: "F1"}
 # a block an SM looping over the (batch, head, query tile) tiles, its producer loading
-# the next tile while the consumers store (flash_source.source's persistent), for
-# non-causal calls of variant F1 only. Run AR (H200, bf16, D 128, F1, TFLOP/s at S 512 /
-# 2k / 16k): non-causal 319 / 485 / 549 -> 354 / 492 / 542 persistent; causal 194 /
-# 385 / 546 -> 180 / 383 / 392: a static round of tiles over the SMs leaves the long
-# causal tiles to few SMs (ordering tiles longest-first across heads would lose the
-# K/V reuse in L2 that consecutive tiles of one head give). D 64 stays F3 (F3 persistent spills 276 B
-# and ptxas serialises its wgmma, C7520)
-PERSISTENT = {64: False, 128: True}
+# the next tile while the consumers store (flash_source.source's persistent), variant F1:
+# taken by non-causal calls of at most PERSISTENT[D] keys. Run AR (H200, bf16, D 128,
+# TFLOP/s at S 512 / 2k / 16k): non-causal F1 319 / 485 / 549 -> 354 / 492 / 542
+# persistent; causal 194 / 385 / 546 -> 180 / 383 / 392: a static round of tiles over
+# the SMs leaves the long causal tiles to few SMs (ordering tiles longest-first across
+# heads would lose the K/V reuse in L2 that consecutive tiles of one head give). Run AS,
+# D 64 non-causal: F3 230 / 376 / 442, F1 persistent 277 / 388 / 425: short tiles gain
+# from hiding the store and the next Q load, long ones from F3's overlapped softmax (F3
+# persistent spills 276 B and ptxas serialises its wgmma, C7520)
+PERSISTENT = {64: 4096, 128: 1 << 62}
 TILES = {64: (128, 4), 128: (128, 2)}  # D -> (BN keys a tile, K/V stages)
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16"}
@@ -86,11 +88,10 @@ def namespace(kind):
                 mbarrier_try_wait_parity=mbarrier_try_wait_parity)
 
 
-def kernel(dtype, D, variant=None, persistent=None):
+def kernel(dtype, D, variant=None, persistent=False):
     """The forward Kernel for dtype, head dim D (TILES), variant (VARIANT[D] unless
-    given) and persistence (PERSISTENT unless given), built on first use."""
+    given) and persistence, built on first use."""
     variant = variant or VARIANT[D]
-    persistent = PERSISTENT[D] if persistent is None else persistent
     key = dtype, D, variant, persistent
     if key not in _KERNELS:
         kind = KINDS[dtype]
@@ -140,8 +141,8 @@ def forward(q, k, v, o, lse, lq, lk, has_lq, has_lk, geo, layout, stream):
     BN = TILES[D][0]
     maps = [encoded(ptr(t), shp, dtype, (1, rows, 64), "128B")
             for t, shp, rows in ((q, shapes[0], fs.BM), (k, shapes[1], BN), (v, shapes[1], BN))]
-    persistent = PERSISTENT[D] and not causal and VARIANT[D] == "F1"
-    kern = kernel(dtype, D, persistent=persistent)
+    persistent = not causal and Sk <= PERSISTENT[D]
+    kern = kernel(dtype, D, "F1" if persistent else None, persistent)
     total = B * Hq * -(-Sq // fs.BM)
     grid = min(total, sm_count()) if persistent else total  # (one block an SM fits)
     kern.launch(SIG, grid, THREADS, stream, *(m[0] for m in maps),
@@ -151,12 +152,12 @@ def forward(q, k, v, o, lse, lq, lk, has_lq, has_lk, geo, layout, stream):
 
 
 def ptx_examples():
-    """Both head dims in bfloat16, the three variants, and both head dims the other way
-    persistent (tests/test_ptx.py compiles them for sm_90a; float16's kernels differ only
+    """Both head dims in bfloat16, the three variants, and both head dims persistent
+    (tests/test_ptx.py compiles them for sm_90a; float16's kernels differ only
     in their conversions' names, and a compile costs CI 20-40 s)."""
     for D in (64, 128):
         kernel("bfloat16", D)
     for variant in ("F1", "F2", "F3"):
         kernel("bfloat16", 128, variant)
     for D in (64, 128):
-        kernel("bfloat16", D, "F1", not PERSISTENT[D])
+        kernel("bfloat16", D, "F1", True)
