@@ -216,3 +216,22 @@ def test_torch_tensors_replay_with_new_outputs():
         outs.append(y)
     assert len({o.data_ptr() for o in outs}) == 5
     assert sum(type(s) is Plan for s in _states()) == 2
+
+
+def test_plan_workspaces_share_bytes_when_their_uses_do_not_overlap():
+    """_packed: workspaces 0 and 1 live in launches 0-1 and 2 (apart: one place), 2 in
+    launches 1-2 (beside both), 3 in none (its own bytes, after every other)."""
+    from types import SimpleNamespace
+    from nbdnn.cuda.runtime.plan_record import _ALIGN, _packed
+    f4 = np.dtype(np.float32)
+    allocs = [(("i", 0), (1000,), f4, False), (("i", 0), (300,), f4, False),
+              (("i", 0), (10,), f4, False), (("i", 0), (5,), f4, False)]
+    launch = [("a", 0, 0, 4000)], [("a", 0, 0, 4), ("a", 2, 0, 40)], \
+        [("a", 1, 0, 1200), ("a", 2, 0, 40), ("c", int, 7)]
+    rec = SimpleNamespace(allocs=allocs, workspaces=dict.fromkeys(range(4)),
+                          launches=[(None, "", 1, 1, 0, args) for args in launch])
+    offsets, end = _packed(rec)
+    size0 = -(-4000 // _ALIGN) * _ALIGN
+    assert offsets[0] == offsets[1] == 0
+    assert offsets[2] == size0 and offsets[3] == size0 + _ALIGN
+    assert end == size0 + 2 * _ALIGN

@@ -240,11 +240,7 @@ def _table_launches(recording, ns, lines):
         if kind == "i":
             lines.append(f"    M[{b0 + b}] = f{j}[3]")
     if recording.workspaces:
-        offsets, end = {}, 0
-        for m in recording.workspaces:
-            _, shape, dt, _ = recording.allocs[m]
-            offsets[m] = end
-            end += -(-math.prod(shape) * dt.itemsize // _ALIGN) * _ALIGN
+        offsets, end = _packed(recording)
         buf = workspace.get(next(iter(recording.workspaces.values())), end)
         address = ptr(buf)
         for m in offsets:
@@ -262,6 +258,32 @@ def _table_launches(recording, ns, lines):
     lines.append("    e = T(M)")
     lines.append("    if e:")
     lines.append("        F(e)")
+
+
+def _packed(recording):
+    """({workspace: byte offset}, bytes): the call's workspaces in one buffer, first fit;
+    two whose uses (first to last launch naming them, in launch order: replays run on
+    one stream) do not overlap may share bytes (a call that chunks its work allocates
+    per chunk what the next chunk can reuse: run AS's float32 attention backward in
+    3xtf32 asked 43 GB side by side). One that no launch names keeps its own bytes."""
+    span, whole = {}, (0, len(recording.launches))
+    for i, (*_, args) in enumerate(recording.launches):
+        for a in args:
+            if a[0] == "a" and a[1] in recording.workspaces:
+                lo, hi = span.get(a[1], (i, i))
+                span[a[1]] = (min(lo, i), max(hi, i))
+    placed, offsets, end = [], {}, 0
+    for m in recording.workspaces:
+        _, shape, dt, _ = recording.allocs[m]
+        size = -(-math.prod(shape) * dt.itemsize // _ALIGN) * _ALIGN
+        lo, hi = span.get(m, whole)
+        at = 0
+        for o, n, first, last in sorted(placed):  # (by offset: `at` only rises)
+            if first <= hi and lo <= last and o < at + size and at < o + n:
+                at = o + n
+        placed.append((at, size, lo, hi))
+        offsets[m], end = at, max(end, at + size)
+    return offsets, end
 
 
 def _launch_table():
