@@ -54,8 +54,9 @@
 #   bash perf/gpu_run.sh att-speed            # decoding (decode.py against decode_split.py),
 #                                             # float32 tiled against exact, D 64's forward
 #                                             # F3 against F1 persistent
-#   bash perf/gpu_run.sh att-gemm             # float32 attention as GEMMs: tests, (SAN=1)
-#                                             # memcheck, speed ieee / 3xtf32, the fp32 step
+#   bash perf/gpu_run.sh att-gemm             # attention as GEMMs: tests, (SAN=1) memcheck,
+#                                             # bf16 masked and D 96 rows, float32 3xtf32,
+#                                             # the fp32 "gpt" step
 #   bash perf/gpu_run.sh att-train            # the tensor-core backward's speed, the
 #                                             # transformer step (transformer_step.py)
 #   bash perf/gpu_run.sh ap-final             # conv.py bf16 NHWC "auto" and "gemm", both
@@ -481,23 +482,25 @@ att-speed)
     timeout 50 python3 $S --set "nbdnn.cuda.attention.flash.VARIANT={64:'F1',128:'F1'}" \
         --set "nbdnn.cuda.attention.flash.PERSISTENT={64:999999999,128:999999999}" 2>&1 | grep -v -i warn ;;
 att-gemm)
-    # float32 attention as GEMMs (cuda/attention/gemm.py): its tests, (SAN=1) memcheck over
-    # the GPU-sized one, the flash forward's tests (run AS's D 64 persistent choice);
-    # then float32 rows ieee and 3xtf32 against PyTorch's, and the "gpt" step in fp32
+    # attention as GEMMs (cuda/attention/gemm.py: float32, and 16-bit with masks, dropout
+    # or other head dims): its tests, (SAN=1) memcheck over the GPU-sized ones, the flash
+    # forward's tests; then bf16 rows with a key-padding mask and at D 96 against
+    # PyTorch's, float32 in 3xtf32, and the "gpt" step in fp32
     P="timeout ${TEST_LIMIT_S:-150} python3 -m pytest -q -p no:cacheprovider"
     $P tests/test_attention_gemm.py > "$OUT/ag-tests.log" 2>&1 &
     $P tests/test_attention_flash.py -k "forward_matches or persistent" \
         > "$OUT/ag-flash.log" 2>&1 &
     [ -z "${SAN:-}" ] || timeout ${TEST_LIMIT_S:-150} compute-sanitizer --report-api-errors no \
         --print-limit 10 --tool memcheck python3 -m pytest -q -p no:cacheprovider \
-        tests/test_attention_gemm.py -k "gpu_sizes and ieee" > "$OUT/ag-memcheck.log" 2>&1 &
+        tests/test_attention_gemm.py -k "gpu_sizes" > "$OUT/ag-memcheck.log" 2>&1 &
     wait
     summary ag-tests ag-flash ag-memcheck
-    S="perf/suites/attention.py --dtypes float32 --seqs 1024 4096"
-    timeout 120 python3 $S --dims 64 128 2>&1 | grep -v -i warn
-    timeout 90 python3 $S --dims 64 --set "nbdnn._math_mode._default=['3xtf32']" 2>&1 \
-        | grep -v -i warn
-    timeout 120 python3 perf/suites/transformer_step.py --models gpt --precisions fp32 2>&1 \
+    S="perf/suites/attention.py --seqs 1024 4096"
+    timeout 150 python3 $S --dims 64 128 --masked 2>&1 | grep -v -i warn
+    timeout 60 python3 $S --dims 96 2>&1 | grep -v -i warn
+    timeout 60 python3 $S --dtypes float32 --dims 64 \
+        --set "nbdnn._math_mode._default=['3xtf32']" 2>&1 | grep -v -i warn
+    timeout 100 python3 perf/suites/transformer_step.py --models gpt --precisions fp32 2>&1 \
         | grep -v -i warn ;;
 att-train)
     # the tensor-core backward against cuDNN's, then the transformer step

@@ -7,12 +7,16 @@ Where nbdnn differs from PyTorch, it says so: a fully masked query row gives o =
 lse = -inf (PyTorch's math backend gives NaN); an attn_mask together with is_causal
 applies both (PyTorch refuses the pair); dropout_p must be below 1.
 
-Masked pairs take no part: a NaN or Inf met only through a removed pair stays out. The
-tensor-core kernels (16-bit, head dims 64 and 128: nbdnn/cuda/attention/flash.py) keep
-that for q and k, whose scores they mask, but not for v: a removed pair's probability is
-an exact 0 in the product P V, and 0 x NaN is NaN, so a NaN or Inf in a v row reaches
-the query rows whose key tile holds it (as in FlashAttention and cuDNN). Keep padding
-rows finite, or use float32, whose exact kernels skip removed pairs."""
+Masked pairs take no part: a NaN or Inf met only through a removed pair stays out. On
+the GPU the fast paths keep that for q and k in the forward, whose scores they mask,
+but not for v: a removed pair's probability is an exact 0 in the product P V, and
+0 x NaN is NaN, so a NaN or Inf in a v row reaches the query rows whose key tile holds
+it (as in FlashAttention, cuDNN and PyTorch's math backend). They are the tensor-core
+kernels (16-bit, head dims 64 and 128: nbdnn/cuda/attention/flash.py) and, for calls
+without seq_lens of at least 64 x 64 scores a head, the GEMM path (float32, and 16-bit
+with a mask, dropout or other head dims: gemm.py, whose backward also lets a NaN in a k,
+q or do row of removed pairs through). Keep padding rows finite (the GEMM path leaves
+calls with seq_lens to the exact kernels); the CPU reference skips removed pairs."""
 import numpy as np
 
 from .._vocab import BF16_DTYPES

@@ -15,11 +15,13 @@ bf16 (and fp16, float32 with --dtypes); the backward's error against torch's flo
 default in the same run.
 
     PYTHONPATH=. python3 perf/suites/attention.py [--json F] [--dtypes bfloat16 float16]
-        [--seqs 512 4096] [--dims 64 128] [--no-backward] [--decode] [--quick]
+        [--seqs 512 4096] [--dims 64 128] [--no-backward] [--decode] [--quick] [--masked]
         [--set MODULE.NAME=VALUE]   (perf/tools/switches.py)
 
-nbdnn's forward runs cuda/attention/flash.py at 16-bit D 64 and 128 (decode.py for one
-query), its backward flash_bwd.py there (the exact SIMT kernels elsewhere).
+--masked times non-causal rows with a boolean key-padding mask instead (B, 1, 1, Sk), its last
+eighth of keys out. nbdnn's forward runs cuda/attention/flash.py at 16-bit D 64 and 128
+without a mask (decode_split.py / decode.py for few queries), its backward flash_bwd.py
+there; float32, masks, and other head dims run gemm.py.
 """
 import argparse
 import json
@@ -43,12 +45,13 @@ def _flops(B, H, Sq, Sk, D, causal):
     return 4 * B * H * Sq * Sk * D / (2 if causal else 1)
 
 
-def _peer(q, k, v, causal, backend):
+def _peer(q, k, v, causal, backend, mask=None):
     """torch's SDPA (BHSD) with one backend, or its default choice (None)."""
     gqa = q.shape[1] != k.shape[1]
 
     def run():
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              enable_gqa=gqa)
     if backend is None:
         return run
     def forced():  # noqa: E306
@@ -57,17 +60,21 @@ def _peer(q, k, v, causal, backend):
     return forced
 
 
-def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS):
+def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS, masked=False):
     B = B or max(1, TOKENS // S)
     Sk = Sk or S
     tdt = getattr(torch, dtype)
+    mask = None
+    if masked:  # a key-padding mask: each batch entry's last eighth of keys out
+        mask = torch.ones(B, 1, 1, Sk, device="cuda", dtype=torch.bool)
+        mask[..., Sk - Sk // 8:] = False
     q = torch.randn(B, Hq, S, D, device="cuda", dtype=tdt)
     k = torch.randn(B, Hk, Sk, D, device="cuda", dtype=tdt)
     v = torch.randn(B, Hk, Sk, D, device="cuda", dtype=tdt)
     flops = _flops(B, Hq, S, Sk, D, causal)
     row = {"dtype": dtype, "B": B, "Hq": Hq, "Hk": Hk, "Sq": S, "Sk": Sk, "D": D,
-           "causal": causal}
-    gqa = dict(is_causal=causal, enable_gqa=Hq != Hk)
+           "causal": causal, "masked": masked}
+    gqa = dict(is_causal=causal, enable_gqa=Hq != Hk, attn_mask=mask)
     o, lse = nbdnn.scaled_dot_product_attention(q, k, v, **gqa)
     hi = torch.float64 if dtype == "float32" else torch.float32
     n = 1 if S == 1 else B  # (decoding: batch entry 0's error; a 64 x 128k cache is 68 GB)
@@ -77,7 +84,7 @@ def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS):
     row["nbdnn_tflops"] = flops / t / 1e12
     for name, backend in (("default", None), ("flash", SDPBackend.FLASH_ATTENTION)):
         try:
-            tp = time_gpu(_peer(q, k, v, causal, backend))
+            tp = time_gpu(_peer(q, k, v, causal, backend, mask))
             row[f"{name}_tflops"], row[f"x_{name}"] = flops / tp / 1e12, tp / t
         except RuntimeError as e:  # (the flash backend takes no float32)
             row[f"{name}_tflops"], row[f"x_{name}"] = None, str(e).split("\n")[0][:60]
@@ -89,21 +96,21 @@ def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS):
         dst = torch.empty_like(src)
         row["copy_gbs"] = 4 * n / time_gpu(lambda: dst.copy_(src)) / 1e9  # (read + write)
         del src, dst
-        row["default_gbs"] = kv / time_gpu(_peer(q, k, v, causal, None)) / 1e9
+        row["default_gbs"] = kv / time_gpu(_peer(q, k, v, causal, None, mask)) / 1e9
     if backward:
         do = torch.randn_like(o)
-        grads = nbdnn.scaled_dot_product_attention_backward(do, q, k, v, o, lse, is_causal=causal)
+        grads = nbdnn.scaled_dot_product_attention_backward(do, q, k, v, o, lse, **gqa)
         tb = time_gpu(lambda: nbdnn.scaled_dot_product_attention_backward(
-            do, q, k, v, o, lse, is_causal=causal))
+            do, q, k, v, o, lse, **gqa))
         qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
-        out = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+        out = F.scaled_dot_product_attention(qr, kr, vr, **gqa)
         tpb = time_gpu(lambda: torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True))
         row["bwd_nbdnn_tflops"] = 2.5 * flops / tb / 1e12
         row["bwd_default_tflops"], row["bwd_x_default"] = 2.5 * flops / tpb / 1e12, tpb / tb
         if B * HEADS * S * Sk <= 2 ** 28:  # (the reference's S x S float32 matrices: 1 GB each)
             hr = [x.detach().to(hi).requires_grad_() for x in (q, k, v)]
-            want = torch.autograd.grad(F.scaled_dot_product_attention(*hr, is_causal=causal),
-                                       hr, do.to(hi))
+            want = torch.autograd.grad(F.scaled_dot_product_attention(*hr, **gqa), hr,
+                                       do.to(hi))
             row["bwd_rel_err"] = max(float((g.to(hi) - w).abs().max() / w.abs().max())
                                      for g, w in zip(grads, want))
     return row
@@ -112,15 +119,15 @@ def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS):
 def _show(r):
     peer = " | ".join(f"{n} {r[f'{n}_tflops']:.0f} ({r[f'x_{n}']:.2f}x)" if r[f"{n}_tflops"]
                       else f"{n} -" for n in ("default", "flash"))
+    berr = f"{r['bwd_rel_err']:.0e}" if "bwd_rel_err" in r else "- (too large to check)"
     bwd = f" | bwd {r['bwd_nbdnn_tflops']:.1f} vs {r['bwd_default_tflops']:.0f} " \
-          f"({r['bwd_x_default']:.2f}x, err {r.get('bwd_rel_err', float('nan')):.0e})" \
-        if "bwd_nbdnn_tflops" in r else ""
+          f"({r['bwd_x_default']:.2f}x, err {berr})" if "bwd_nbdnn_tflops" in r else ""
     if "kv_gbs" in r:
         bwd += f" | K/V {r['kv_gbs']:.0f} GB/s = {r['kv_gbs'] / r['copy_gbs']:.0%} of a copy's " \
                f"{r['copy_gbs']:.0f}, default {r['default_gbs']:.0f}"
     heads = f" H {r['Hq']}/{r['Hk']}" if r["Hq"] != r["Hk"] else ""
     print(f"{r['dtype']:8} B {r['B']:3}{heads} S {r['Sq']:5}x{r['Sk']:<6} D {r['D']:3} "
-          f"{'causal' if r['causal'] else '      '}: nbdnn {r['nbdnn_tflops']:7.2f} TFLOP/s | "
+          f"{'causal' if r['causal'] else 'masked' if r.get('masked') else '      '}: nbdnn {r['nbdnn_tflops']:7.2f} TFLOP/s | "
           f"{peer}{bwd} (err {r['rel_err']:.0e})", flush=True)
 
 
@@ -133,6 +140,9 @@ def main():
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--decode", action="store_true")
     ap.add_argument("--quick", action="store_true", help="S 512 and 2048, D 128 only")
+    ap.add_argument("--masked", action="store_true",
+                    help="rows with a key-padding mask instead (non-causal: torch takes no "
+                         "mask with is_causal)")
     switches.add_argument(ap)
     args = ap.parse_args()
     switches.apply(args.set)
@@ -141,8 +151,9 @@ def main():
     for dtype in args.dtypes:
         for D in dims:
             for S in seqs:
-                for causal in (False, True):
-                    rows.append(_row(dtype, S, D, causal, not args.no_backward))
+                for causal, masked in ((False, True),) if args.masked else \
+                        ((False, False), (True, False)):
+                    rows.append(_row(dtype, S, D, causal, not args.no_backward, masked=masked))
                     _show(rows[-1])
         if args.decode:
             for Sk in (8192, 32768, 131072):

@@ -5,8 +5,9 @@
 - flash.py (flash_source.py): the tensor-core forward for 16-bit q, k, v at head dims
   64 and 128 without a mask or dropout (wgmma, TMA; sm_90); flash_bwd.py
   (flash_bwd_source.py): its backward (dK and dV, then dQ by a second pass: deterministic).
-- gemm.py: float32 (every math mode) as GEMMs around row kernels, the scores in a
-  workspace (nbdnn.cuda.matmul: the tensor cores for "tf32" / "3xtf32"); no seq_lens.
+- gemm.py: GEMMs around row kernels, the scores in a workspace (nbdnn.cuda.matmul), for
+  float32 in every math mode and the 16-bit calls flash.py does not take (masks,
+  dropout, other head dims: TF32 tensor cores, exact on 16-bit values); no seq_lens.
 - tiled.py, tiled_bwd.py: the forward and backward on the CUDA cores in 32 x 32 tiles
   (float32 compute; off until they have run on a GPU: tiled.ON).
 - decode.py: the forward for Sq <= 16 queries against >= decode.MIN_KEYS keys

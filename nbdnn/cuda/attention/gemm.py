@@ -1,8 +1,13 @@
-"""Attention composed of matrix products (float32, every math mode): the score matrix in
-a float32 workspace between nbdnn.cuda.matmul's GEMMs ("ieee": its SIMT kernel; "tf32"
-and "3xtf32": the tensor cores, its operand passes) and two row kernels, as PyTorch's
-math backend composes it, where the fused kernels (flash.py, tiled.py) leave float32 on
-the CUDA cores: a GEMM runs float32 at 32 TFLOP/s ieee and ~100 3xtf32 on the H200.
+"""Attention composed of matrix products: the score matrix in a float32 workspace
+between nbdnn.cuda.matmul's GEMMs and two row kernels, as PyTorch's math backend
+composes it, for what the fused tensor-core kernels (flash.py, flash_bwd.py) do not
+take: float32 in every math mode ("ieee": the SIMT GEMM, 32 TFLOP/s on the H200;
+"tf32" / "3xtf32": the tensor cores), and 16-bit storage with a mask, dropout or a head
+dim other than 64 and 128 (before: the exact kernels, under 1 TFLOP/s). 16-bit tensors
+are cast to float32 and multiplied in "tf32", which is exact on 16-bit values (8 or 11
+significant bits; TF32 keeps 11): the tensor cores' products with float32 sums, as the
+reference models them, with p' rounded to the storage dtype before P V as it rounds it
+(the backward's dS, a float32, is rounded to TF32: 2^-11).
 
 Heads are stacked: a kv head's G query heads are consecutive in BHSD, so Q viewed as
 (B Hk, G Sq, D) makes one GEMM a kv head (its G heads' rows share K and V), and the
@@ -26,6 +31,13 @@ it. Backward: S and dP written (8 B), read and rewritten (16 B), read by three G
 kv heads a chunk, or row slices of one when a head's (G Sq) x Sk exceeds it; dK and dV
 accumulate over a head's row slices (the GEMM's beta = 1).
 
+Run AS (H200, float32 "ieee", B S = 16k, 16 heads, S 1k-4k): forward 10.6-17.7 TFLOP/s
+at D 64-128 (0.31-0.40x PyTorch's efficient kernel, itself 3xTF32 on the tensor cores;
+the exact kernels: 0.27), causal half that (every score is computed, half of them
+removed); backward 14-23 TFLOP/s (0.44-0.67x); "3xtf32" no faster (7.8 against 7.85
+causal: its operand passes over P cost what the tensor cores save). The "gpt" step
+(perf/suites/transformer_step.py, fp32) went from 405 to 41 ms (PyTorch eager 20).
+
 Answers differ from the exact path's (simt.py) only in the order of float32 sums, and
 in one documented case: a removed pair's P is 0, and a GEMM multiplies it, so a NaN or
 inf in a v row (backward: also k and q rows, and do rows of removed queries) met only
@@ -39,11 +51,12 @@ import numpy as np
 from numba import cuda, float32
 
 from ..matmul import matmul
-from ..runtime.arrays import empty
+from ..runtime.arrays import dtype_name, empty
 from ..runtime.block_reduce import SHM, device_functions
+from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
-from ..tensor import transform_tensor
+from ..tensor import cast_tensor, transform_tensor
 from .simt import _device_functions
 
 ON = True
@@ -67,9 +80,10 @@ def _row(bh0, r0, nr, Hk, G, Sq):
     return bh // Hk, (bh % Hk) * G + r // Sq, r % Sq
 
 
-def attention_rows_fwd(s, lse, ma, mb, bh0, r0, nr, Hk, G, Sq, Sk, mkind, m0, m1, m2, m3,
-                       causal, scale, thr, kscale, off_lo, off_hi, key_lo, key_hi):
-    """A block a score row: s (chunk rows, Sk) in, P out; lse (B, Hq, Sq)."""
+def attention_rows_fwd(s, lse, ma, mb, like, bh0, r0, nr, Hk, G, Sq, Sk, mkind, m0, m1, m2,
+                       m3, causal, scale, thr, kscale, off_lo, off_hi, key_lo, key_hi):
+    """A block a score row: s (chunk rows, Sk) in, P' out (rounded to like's dtype, the
+    storage's, as the reference rounds it before P V); lse (B, Hq, Sq)."""
     rm = cuda.shared.array(SHM, float32)
     rs = cuda.shared.array(SHM, float32)
     t = cuda.threadIdx.x
@@ -101,13 +115,14 @@ def attention_rows_fwd(s, lse, ma, mb, bh0, r0, nr, Hk, G, Sq, Sk, mkind, m0, m1
                 p = math.exp(s[at + j] * scale + add - ls)
                 if thr != DROP_NONE:
                     p *= _keep(e0 + np.uint64(j), thr, kscale, off_lo, off_hi, key_lo, key_hi)
+                p = widen(narrow(p, like))
         s[at + j] = p
 
 
-def attention_rows_bwd(s, dp, lse, dl, ma, mb, bh0, r0, nr, Hk, G, Sq, Sk, mkind, m0, m1, m2,
-                       m3, causal, scale, thr, kscale, off_lo, off_hi, key_lo, key_hi):
-    """A block a score row: s and dP in, P' = p keep into s, dS = p (dP keep - delta)
-    into dp (removed pairs and rows with lse -inf or NaN: 0)."""
+def attention_rows_bwd(s, dp, lse, dl, ma, mb, like, bh0, r0, nr, Hk, G, Sq, Sk, mkind, m0,
+                       m1, m2, m3, causal, scale, thr, kscale, off_lo, off_hi, key_lo, key_hi):
+    """A block a score row: s and dP in, P' = p keep (rounded as forward) into s, dS =
+    p (dP keep - delta) into dp (removed pairs and rows with lse -inf or NaN: 0)."""
     t = cuda.threadIdx.x
     b, h, i = _row(bh0, r0, nr, Hk, G, Sq)
     at = cuda.blockIdx.x * Sk
@@ -126,25 +141,27 @@ def attention_rows_bwd(s, dp, lse, dl, ma, mb, bh0, r0, nr, Hk, G, Sq, Sk, mkind
                 p = math.exp(s[at + j] * scale + add - ls)
                 kf = float32(1) if thr == DROP_NONE else \
                     _keep(e0 + np.uint64(j), thr, kscale, off_lo, off_hi, key_lo, key_hi)
-                pk, ds = p * kf, p * (dp[at + j] * kf - delta)
+                pk, ds = widen(narrow(p * kf, like)), p * (dp[at + j] * kf - delta)
         s[at + j] = pk
         dp[at + j] = ds
 
 
-_MASKS = "float32[::1], uint8[::1], "
-_TAIL = "int64, int64, int64, int64, int64, int64, int64, int64, int64, int64, int64, " \
-    "int64, int64, float32, uint64, float32, uint64, uint64, uint64, uint64)"
-KERNELS = {
-    "fwd": (Kernel(attention_rows_fwd, ["void(float32[::1], float32[::1], " + _MASKS + _TAIL]),
-            "void(float32[::1], float32[::1], " + _MASKS + _TAIL),
-    "bwd": (Kernel(attention_rows_bwd, ["void(float32[::1], float32[::1], float32[::1], "
-                                        "float32[::1], " + _MASKS + _TAIL]),
-            "void(float32[::1], float32[::1], float32[::1], float32[::1], " + _MASKS + _TAIL)}
+def _signature(which, dtype):
+    """(s[, dp], lse[, delta]: float32; the mask pair and `like` in the storage dtype)."""
+    a = f"{array_type(dtype)}[::1]"
+    f32 = ", ".join(["float32[::1]"] * (2 if which == "fwd" else 4))
+    return f"void({f32}, {a}, uint8[::1], {a}, " + ", ".join(["int64"] * 13) + \
+        ", float32, uint64, float32, uint64, uint64, uint64, uint64)"
+
+
+DTYPES = ("float32", "float16", "bfloat16")
+KERNELS = {which: Kernel(fn, [_signature(which, t) for t in DTYPES])
+           for which, fn in (("fwd", attention_rows_fwd), ("bwd", attention_rows_bwd))}
 
 
 def usable(dtype, Sq, Sk, has_lq, has_lk):
-    """ON, float32, no seq_lens, at least MIN_QUERIES x MIN_KEYS scores a head."""
-    return ON and dtype == "float32" and not (has_lq or has_lk) and Sq >= MIN_QUERIES and \
+    """ON, 16-bit or float32, no seq_lens, at least MIN_QUERIES x MIN_KEYS scores a head."""
+    return ON and dtype in DTYPES and not (has_lq or has_lk) and Sq >= MIN_QUERIES and \
         Sk >= MIN_KEYS
 
 
@@ -168,10 +185,33 @@ def _parts(c, M):
     return (lambda x: x[bh0, r0:r1]), (lambda x: x[bh0])
 
 
-def _bhsd(x, layout, stream):
-    """x in BHSD: itself, or a transposed copy of a BSHD tensor."""
+def _bhsd32(x, layout, stream):
+    """x as float32 in BHSD: itself, or a cast and / or transposed copy (16-bit values
+    are exact in TF32, so the TF32 GEMMs multiply them exactly)."""
+    if dtype_name(x) != "float32":
+        x = cast_tensor(x, "float32", alpha=1.0, beta=0.0, out=None, stream=stream)
     return x if layout == "BHSD" else transform_tensor(x, (0, 2, 1, 3), alpha=1.0, beta=0.0,
                                                       out=None, stream=stream)
+
+
+def _result(y, like, layout):
+    """Where a result (BHSD, float32) is computed: y itself when it is that, else a
+    temporary that _store moves into y."""
+    if layout == "BHSD" and dtype_name(y) == "float32":
+        return y
+    B, a, b, d = (int(n) for n in y.shape)
+    return empty(like, (B, b, a, d) if layout == "BSHD" else (B, a, b, d), "float32")
+
+
+def _store(t, y, layout, stream):
+    """y (its layout, its dtype) = t (BHSD, float32), unless t is y."""
+    if t is y:
+        return
+    if layout == "BSHD":
+        t = transform_tensor(t, (0, 2, 1, 3), alpha=1.0, beta=0.0,
+                             out=y if dtype_name(y) == "float32" else None, stream=stream)
+    if t is not y:
+        cast_tensor(t, dtype_name(y), alpha=1.0, beta=0.0, out=y, stream=stream)
 
 
 def _stacked(x, Hk):
@@ -192,11 +232,11 @@ def _view(ws, c, M, Sk):
     return flat, flat.reshape((bh1 - bh0, M, Sk) if (r0, r1) == (0, M) else (r1 - r0, Sk))
 
 
-def _rows(name, flats, lse, dl, ma, mb, geo, c, stream):
+def _rows(name, flats, lse, dl, ma, mb, like, geo, c, stream):
     """Launch a row kernel over chunk c's score rows (geo: the launcher's geometry)."""
-    kern, sig = KERNELS[name]
+    kern, sig = KERNELS[name], _signature(name, dtype_name(like))
     G, Sq, Sk = geo[2], geo[3], geo[4]
-    tail = (ma, mb, c[0], c[2], c[3] - c[2], geo[1] // G, G, Sq, Sk, geo[19], *geo[20:24],
+    tail = (ma, mb, like, c[0], c[2], c[3] - c[2], geo[1] // G, G, Sq, Sk, geo[19], *geo[20:24],
             geo[26], geo[27], geo[29], geo[30], *geo[31:35])
     vecs = (lse,) if dl is None else (lse, dl)
     kern.launch(sig, (c[1] - c[0]) * (c[3] - c[2]), T, stream, *flats, *vecs, *tail)
@@ -211,29 +251,28 @@ def forward(q, k, v, o, lse, ma, mb, geo, layout, math_mode, stream):
     """o and lse of a call `usable` took (geo: the launcher's geometry)."""
     B, Hq, G, Sq, Sk, D, Dv = geo[:7]
     Hk, M = Hq // G, G * Sq
-    qs, ks, vs = (_stacked(_bhsd(x, layout, stream), Hk) for x in (q, k, v))
-    ob = o if layout == "BHSD" else empty(o, (B, Hq, Sq, Dv), "float32")
+    mode = math_mode if dtype_name(q) == "float32" else "tf32"
+    qs, ks, vs = (_stacked(_bhsd32(x, layout, stream), Hk) for x in (q, k, v))
+    ob = _result(o, q, layout)
     os_ = _stacked(ob, Hk)
     chunks = _chunks(B * Hk, M, Sk)
     ws = _workspace(q, chunks, Sk)
     for c in chunks:
         flat, sm = _view(ws, c, M, Sk)
         rows, heads = _parts(c, M)
-        _gemm(rows(qs), heads(ks), False, True, sm, math_mode, stream)
-        _rows("fwd", (flat,), lse, None, ma, mb, geo, c, stream)
-        _gemm(sm, heads(vs), False, False, rows(os_), math_mode, stream)
-    if layout != "BHSD":
-        transform_tensor(ob, (0, 2, 1, 3), alpha=1.0, beta=0.0, out=o, stream=stream)
+        _gemm(rows(qs), heads(ks), False, True, sm, mode, stream)
+        _rows("fwd", (flat,), lse, None, ma, mb, q, geo, c, stream)
+        _gemm(sm, heads(vs), False, False, rows(os_), mode, stream)
+    _store(ob, o, layout, stream)
 
 
 def backward(do, q, k, v, lse, dl, dq, dk, dv, ma, mb, geo, layout, math_mode, stream):
     """dq, dk, dv of a call `usable` took; dl: delta (B, Hq, Sq), float32."""
     B, Hq, G, Sq, Sk, D, Dv = geo[:7]
     Hk, M, scale = Hq // G, G * Sq, geo[27]
-    qs, ks, vs, dos = (_stacked(_bhsd(x, layout, stream), Hk) for x in (q, k, v, do))
-    outs = (dq, dk, dv) if layout == "BHSD" else [
-        empty(g, (B, H, S, d), "float32") for g, (H, S, d) in
-        zip((dq, dk, dv), ((Hq, Sq, D), (Hk, Sk, D), (Hk, Sk, Dv)))]
+    mode = math_mode if dtype_name(q) == "float32" else "tf32"
+    qs, ks, vs, dos = (_stacked(_bhsd32(x, layout, stream), Hk) for x in (q, k, v, do))
+    outs = [_result(g, q, layout) for g in (dq, dk, dv)]
     dqs, dks, dvs = (_stacked(g, Hk) for g in outs)
     chunks = _chunks(B * Hk, M, Sk)
     ws_s, ws_dp = _workspace(q, chunks, Sk), _workspace(q, chunks, Sk)
@@ -241,13 +280,12 @@ def backward(do, q, k, v, lse, dl, dq, dk, dv, ma, mb, geo, layout, math_mode, s
         (fs, sm), (fdp, dpm) = _view(ws_s, c, M, Sk), _view(ws_dp, c, M, Sk)
         rows, heads = _parts(c, M)
         kc, vc, qc, doc = heads(ks), heads(vs), rows(qs), rows(dos)
-        _gemm(qc, kc, False, True, sm, math_mode, stream)
-        _gemm(doc, vc, False, True, dpm, math_mode, stream)
-        _rows("bwd", (fs, fdp), lse, dl, ma, mb, geo, c, stream)
+        _gemm(qc, kc, False, True, sm, mode, stream)
+        _gemm(doc, vc, False, True, dpm, mode, stream)
+        _rows("bwd", (fs, fdp), lse, dl, ma, mb, q, geo, c, stream)
         acc = 0.0 if c[2] == 0 else 1.0  # (a head's later row slices add to dK, dV)
-        _gemm(sm, doc, True, False, heads(dvs), math_mode, stream, beta=acc)
-        _gemm(dpm, kc, False, False, rows(dqs), math_mode, stream, alpha=scale)
-        _gemm(dpm, qc, True, False, heads(dks), math_mode, stream, alpha=scale, beta=acc)
-    if layout != "BHSD":
-        for g, got in zip((dq, dk, dv), outs):
-            transform_tensor(got, (0, 2, 1, 3), alpha=1.0, beta=0.0, out=g, stream=stream)
+        _gemm(sm, doc, True, False, heads(dvs), mode, stream, beta=acc)
+        _gemm(dpm, kc, False, False, rows(dqs), mode, stream, alpha=scale)
+        _gemm(dpm, qc, True, False, heads(dks), mode, stream, alpha=scale, beta=acc)
+    for t, g in zip(outs, (dq, dk, dv)):
+        _store(t, g, layout, stream)
