@@ -57,6 +57,7 @@
 #   bash perf/gpu_run.sh att-gemm             # attention as GEMMs: tests, (SAN=1) memcheck,
 #                                             # bf16 masked and D 96 rows, float32 3xtf32,
 #                                             # the fp32 "gpt" step
+#   bash perf/gpu_run.sh att-decode           # decode_split's chunking swept: decode rows
 #   bash perf/gpu_run.sh att-train            # the tensor-core backward's speed, the
 #                                             # transformer step (transformer_step.py)
 #   bash perf/gpu_run.sh ap-final             # conv.py bf16 NHWC "auto" and "gemm", both
@@ -502,6 +503,13 @@ att-gemm)
         --set "nbdnn._math_mode._default=['3xtf32']" 2>&1 | grep -v -i warn
     timeout 100 python3 perf/suites/transformer_step.py --models gpt --precisions fp32 2>&1 \
         | grep -v -i warn ;;
+att-decode)
+    # decode_split's chunking: blocks an SM (BLOCKS_PER_SM) and a chunk's least tiles
+    # (MIN_CHUNK_TILES), the decode rows each way (at most ~420 s)
+    for set in "BLOCKS_PER_SM=16" "BLOCKS_PER_SM=8" "BLOCKS_PER_SM=32" "MIN_CHUNK_TILES=4"; do
+        timeout 100 python3 perf/suites/attention.py --decode --seqs --no-backward \
+            --set nbdnn.cuda.attention.decode_split.$set 2>&1 | grep -v -i warn
+    done ;;
 att-train)
     # the tensor-core backward against cuDNN's, then the transformer step
     # (transformer_step.py: the demo model and the 4-block causal "gpt")

@@ -50,7 +50,10 @@ T = 32 if SIMULATOR else 128    # a block's threads = a tile's keys
 DIMS = (64, 128)
 ROWS = (1, 2, 4, 8)             # R buckets: a kernel a bucket (registers by R) ...
 MAX_ROWS = {64: 8, 128: 4}      # ... up to these by D (R 8 at D 128: 524 B spilled)
-BLOCKS_PER_SM = 16              # chunking's target
+BLOCKS_PER_SM = 16              # chunking's target ...
+MIN_CHUNK_TILES = 1             # ... and each chunk's least T-key tiles (its setup and
+# tail reduction amortised over more keys; run AS: B 1 at 8k keys, one tile a chunk, 28%
+# of copy; gpu_run.sh att-decode sweeps both)
 
 
 def usable(q, G, Sq, D, Dv, k, v, geo):
@@ -66,7 +69,7 @@ def chunking(B, Hk, Sk, sms):
     about BLOCKS_PER_SM an SM (a long cache over few heads splits; many heads don't)."""
     tiles = -(-Sk // T)
     want = max(1, -(-BLOCKS_PER_SM * sms // (B * Hk)))
-    per = -(-tiles // min(tiles, want))
+    per = min(tiles, max(MIN_CHUNK_TILES, -(-tiles // min(tiles, want))))
     return -(-tiles // per), per * T
 
 
