@@ -5,6 +5,8 @@
 - flash.py (flash_source.py): the tensor-core forward for 16-bit q, k, v at head dims
   64 and 128 without a mask or dropout (wgmma, TMA; sm_90); flash_bwd.py
   (flash_bwd_source.py): its backward (dK and dV, then dQ by a second pass: deterministic).
+- flash_tf32.py: float32's forward in "tf32" / "3xtf32" fused on the tensor cores
+  (mma.sync m16n8k8, online softmax; off until it has run on a GPU: flash_tf32.ON).
 - gemm.py: GEMMs around row kernels, the scores in a workspace (nbdnn.cuda.matmul), for
   float32 in every math mode and the 16-bit calls flash.py does not take (masks,
   dropout, other head dims: TF32 tensor cores, exact on 16-bit values); no seq_lens.
@@ -22,7 +24,7 @@ from ..runtime.arrays import dtype_name, empty
 from ..runtime.device import sm_count
 from ..runtime.simulator import SIMULATOR
 from ...cpu.dropout import MASK32, keep_threshold
-from . import decode, decode_split, flash, flash_bwd, gemm, simt, tiled, tiled_bwd
+from . import decode, decode_split, flash, flash_bwd, flash_tf32, gemm, simt, tiled, tiled_bwd
 
 BLOCK = 32 if SIMULATOR else 128
 MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}
@@ -118,6 +120,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
                     Dv, *geo[16:19])
     elif rows and flash.usable(q, k, v, attn_mask, dropout_p, geo[27], Sq, geo[5], Dv):
         flash.forward(q, k, v, o, lse, lq, lk, *geo[24:26], geo, layout, stream)
+    elif rows and flash_tf32.usable(dtype, math, attn_mask, dropout_p, geo[5], Dv):
+        flash_tf32.forward(q, k, v, o, lse, lq, lk, geo, math, stream)
     elif rows and gemm.usable(dtype, Sq, Sk, *geo[24:26]):
         gemm.forward(q, k, v, o, lse, ma, mb, geo, layout, math, stream)
     elif rows and tiled.usable(dtype, Dv):

@@ -1,0 +1,233 @@
+"""float32 attention's forward fused on the tensor cores in the TF32 math modes: mma.sync
+m16n8k8 (sm_80 and later), "tf32" one product a term, "3xtf32" three (hi*lo, lo*hi,
+hi*hi: float32-level accuracy), FlashAttention-2's online softmax between S = QK^T and
+O += PV, no score matrix in memory. PyTorch's float32 SDPA (its memory-efficient CUTLASS
+kernel) is 3xTF32 mma.sync the same way: this is the kernel the float32 goal needs
+(gemm.py's composed path materialises S: 0.3-0.4x PyTorch in run AS).
+
+Block: 128 threads = 4 warps, a 64-query tile (16 rows a warp), over key tiles of BK 32.
+Fragments (mma.py's tf32 layout; g = lane >> 2, c = lane & 3):
+
+    S (16 x 8 a key n-tile)  A = Q rows 16w + g (+8), dims 8kk + c (+4), from shared
+                             B = K^T: b0 = K[8n + g][8kk + c], b1 = K[8n + g][8kk + c + 4]
+                             C: s_n0, s_n1 = S[g][8n + 2c, +1]; s_n2, s_n3 = row g + 8
+    O += P V                 A = P straight from S's C fragment, its k order permuted:
+                             a0, a1, a2, a3 = s_n0, s_n2, s_n1, s_n3, so k index c is key
+                             2c and k index c + 4 is key 2c + 1 (no shuffles); B rows follow:
+                             b0 = V[8n + 2c][8dn + g], b1 = V[8n + 2c + 1][8dn + g]
+
+Shared memory (dynamic, float32, rows padded to PD = D + 4 floats, PD = 4 mod 32: every
+fragment load above hits 32 distinct banks): Q's 64 rows, then K's and V's 32 rows, each
+as a TF32 head (and, 3xtf32, tail: x = hi + lo, both rounded to nearest even as the CPU
+reference's split). D 64: 70 KB (3xtf32), D 128: 135 KB.
+
+Per key tile and warp: 4 x D/8 S products and 4 x D/8 O products, each 16 x 8 x 8 (P of
+them): 2 x 16 x 32 x D x 2 x P flops from 2 x (16 + 32) x D x P shared loads. Variant 1
+(correct first): loads are plain (no cp.async pipeline), one barrier pair a tile.
+
+Features: causal (PyTorch's top-left), grouped-query heads, seq_lens_q / seq_lens_k
+(keys past a length are zero-filled, never read), both layouts (strides), D = Dv a
+multiple of 8 up to 128. No mask, no dropout: gemm.py takes those. A removed pair's p is
+0 in P V (a NaN in a removed key's v row would reach the row: as on every tensor-core
+path); keys past Sk or the length read as 0.
+
+ON is False: written in run AS after its device time; tests/test_attention_tf32.py runs
+it on a GPU (forced), CI compiles it to PTX.
+"""
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import cuda, types
+from numba.cuda import libdevice
+from numba.cuda.extending import intrinsic
+
+from ..runtime.arrays import dtype_name
+from ..runtime.codegen import compile_source
+from ..runtime.intrinsics import round_tf32
+from ..runtime.launch import Kernel
+from ..tensorcore.asm import element_pointer, instruction
+from ..tensorcore.mma import mma_tf32
+from .flash import ex2
+
+ON = False
+BQ, BK, THREADS = 64, 32, 128
+NT = BK // 8                      # key n-tiles of a tile
+MODES = {"tf32": 1, "3xtf32": 3}  # products a term
+SIG = ("void(float32[::1], float32[::1], float32[::1], float32[::1], float32[::1], "
+       "int64[::1], int64[::1], " + ", ".join(["int64"] * 19) + ", float32)")
+
+bits = instruction("mov.b32 $0, $1;", types.uint32, types.float32,
+                   "a float32's bits (a value already rounded to TF32) as mma_tf32 takes them")
+
+
+@intrinsic
+def lds_bits(typingctx, arr, idx):
+    """The bits of float32 arr[idx], read with no wraparound: numba's indexing selects
+    idx + len for a negative idx, which keeps LLVM from folding an unrolled load's
+    constant into its address, so every load held its own 64-bit address register
+    across the key loop (a first version: 255 registers, 3.7 KB spilled at D 64)."""
+    def codegen(context, builder, sig, args):
+        p = element_pointer(context, builder, sig.args[0], args[0], args[1])
+        return builder.load(builder.bitcast(p, ir.PointerType(ir.IntType(32))))
+    return types.uint32(arr, types.int64), codegen
+
+
+def usable(dtype, math_mode, attn_mask, dropout_p, D, Dv):
+    """ON, float32 in a TF32 mode, no mask or dropout, D = Dv a multiple of 8 up to 128."""
+    return ON and dtype == "float32" and math_mode in MODES and attn_mask is None and \
+        dropout_p == 0 and D == Dv and D % 8 == 0 and 8 <= D <= 128
+
+
+def shared_bytes(D, P):
+    return (BQ + 2 * BK) * (D + 4) * 4 * (2 if P == 3 else 1)
+
+
+def source(D, P):
+    """(name, source) of the kernel for head dim D and P products a term (1 or 3)."""
+    PD, DT = D + 4, D // 8
+    parts = ("h", "l") if P == 3 else ("h",)
+    base = {}  # shared offsets: Q, K, V heads then tails
+    at = 0
+    for part in parts:
+        for name, rows in (("Q", BQ), ("K", BK), ("V", BK)):
+            base[name + part] = at
+            at += rows * PD
+    name = f"attention_flash_tf32_d{D}_{'3x' if P == 3 else '1x'}"
+
+    def split(val, dst, idx):  # a value into its TF32 head (and tail) in shared memory
+        out = [f"hi = round_tf32({val})", f"sm[{base[dst + 'h']} + {idx}] = hi"]
+        if P == 3:
+            out.append(f"sm[{base[dst + 'l']} + {idx}] = round_tf32({val} - hi)")
+        return out
+
+    # the P products of a term, small ones first: (A's part, B's part)
+    terms = [("l", "h"), ("h", "l"), ("h", "h")] if P == 3 else [("h", "h")]
+
+    L = [f"def {name}(q, k, v, o, lse, lens_q, lens_k, Hq, G, Sq, Sk, qb, qh, qi, kb, kh, kj, "
+         "vb, vh, vj, ob, oh, oi, has_lq, has_lk, causal, scale2):",
+         "    sm = cuda.shared.array(0, F32)",
+         "    t = cuda.threadIdx.x", "    lane = t % 32", "    w = t // 32",
+         "    g = lane // 4", "    c = lane % 4",
+         f"    nqt = (Sq + {BQ - 1}) // {BQ}", "    bh = cuda.blockIdx.x // nqt",
+         f"    q0 = (cuda.blockIdx.x % nqt) * {BQ}", "    b = bh // Hq", "    h = bh % Hq",
+         "    hk = h // G",
+         "    nq = min(max(lens_q[b], 0), Sq) if has_lq != 0 else Sq",
+         "    nk = min(max(lens_k[b], 0), Sk) if has_lk != 0 else Sk",
+         f"    for x in range(t, {BQ * D}, {THREADS}):",  # Q's tile, split, rows past nq 0
+         f"        r = x // {D}", "        val = F32(0)",
+         "        if q0 + r < nq:", f"            val = q[b * qb + h * qh + (q0 + r) * qi + x % {D}]"]
+    L += ["        " + s for s in split("val", "Q", f"r * {PD} + x % {D}")]
+    L += ["    ra = q0 + 16 * w + g", "    rb = ra + 8",
+          f"    qbase = (16 * w + g) * {PD} + c  # (each fragment load: a base + a constant)",
+          f"    kbase = g * {PD} + c", f"    vbase = 2 * c * {PD} + g",
+          "    lim_a = (min(nk, ra + 1) if causal != 0 else nk) if ra < nq else 0",
+          "    lim_b = (min(nk, rb + 1) if causal != 0 else nk) if rb < nq else 0",
+          f"    kend = min(nk, q0 + {BQ}) if causal != 0 else nk",
+          "    if q0 >= nq:", "        kend = 0",
+          "    m_a = NEG", "    m_b = NEG", "    l_a = F32(0)", "    l_b = F32(0)"]
+    L += [f"    o{dn}_{e} = F32(0)" for dn in range(DT) for e in range(4)]
+    L += [f"    for kt in range(0, kend, {BK}):",
+          "        cuda.syncthreads()  # (the last tile's reads, or Q's stores, done)",
+          f"        for x in range(t, {BK * D}, {THREADS}):",
+          f"            r = x // {D}", f"            d = x % {D}",
+          "            kv = F32(0)", "            vv = F32(0)", "            if kt + r < nk:",
+          "                kv = k[b * kb + hk * kh + (kt + r) * kj + d]",
+          "                vv = v[b * vb + hk * vh + (kt + r) * vj + d]"]
+    L += ["            " + s for s in split("kv", "K", f"r * {PD} + d")]
+    L += ["            " + s for s in split("vv", "V", f"r * {PD} + d")]
+    L += ["        cuda.syncthreads()"]
+    L += [f"        s{n}_{e} = F32(0)" for n in range(NT) for e in range(4)]
+    for kk in range(DT):  # S = Q K^T
+        for part in parts:
+            qa = base["Q" + part] + 8 * kk
+            L += ["        qa{} = ({})".format(part, ", ".join(
+                f"lds_bits(sm, qbase + {qa + off})" for off in (0, 8 * PD, 4, 8 * PD + 4)))]
+        for n in range(NT):
+            for part in parts:
+                kb = base["K" + part] + 8 * n * PD + 8 * kk
+                L += [f"        kb{part} = (lds_bits(sm, kbase + {kb}), "
+                      f"lds_bits(sm, kbase + {kb + 4}))"]
+            acc = ", ".join(f"s{n}_{e}" for e in range(4))
+            for pa, pb in terms:
+                L += [f"        {acc} = mma_tf32(qa{pa}, kb{pb}, ({acc}))"]
+    for r, (lo, hi) in (("a", (0, 2)), ("b", (2, 4))):  # online softmax, rows a and b
+        L += [f"        top = m_{r}"]
+        for n in range(NT):
+            for e in range(lo, hi):
+                L += [f"        j = kt + {8 * n} + 2 * c + {e - lo}",
+                      f"        s{n}_{e} = s{n}_{e} * scale2 if j < lim_{r} else NEG",
+                      f"        top = fmaxf(top, s{n}_{e})"]
+        L += ["        top = fmaxf(top, cuda.shfl_xor_sync(FULL, top, 1))",
+              "        top = fmaxf(top, cuda.shfl_xor_sync(FULL, top, 2))",
+              f"        alpha = ex2(m_{r} - top) if top != NEG else F32(1)",
+              f"        m_{r} = top", f"        l_{r} *= alpha"]
+        L += [f"        o{dn}_{e} *= alpha" for dn in range(DT) for e in range(lo, hi)]
+        for n in range(NT):
+            for e in range(lo, hi):
+                L += [f"        s{n}_{e} = F32(0) if s{n}_{e} == NEG else ex2(s{n}_{e} - top)",
+                      f"        l_{r} += s{n}_{e}"]
+    for n in range(NT):  # O += P V, P's k order permuted (module docstring)
+        L += [f"        pf{x} = round_tf32(s{n}_{e})" for x, e in enumerate((0, 2, 1, 3))]
+        if P == 3:
+            L += ["        pal = (" + ", ".join(
+                f"bits(round_tf32(s{n}_{e} - pf{x}))" for x, e in enumerate((0, 2, 1, 3))) + ")"]
+        L += ["        pah = (bits(pf0), bits(pf1), bits(pf2), bits(pf3))"]
+        for dn in range(DT):
+            for part in parts:
+                vb = base["V" + part] + 8 * n * PD + 8 * dn
+                L += [f"        vb{part} = (lds_bits(sm, vbase + {vb}), "
+                      f"lds_bits(sm, vbase + {vb + PD}))"]
+            acc = ", ".join(f"o{dn}_{e}" for e in range(4))
+            for pa, pb in terms:
+                L += [f"        {acc} = mma_tf32(pa{pa}, vb{pb}, ({acc}))"]
+    for r, (lo, hi) in (("a", (0, 2)), ("b", (2, 4))):  # the rows' sums, lse, o
+        row = "ra" if r == "a" else "rb"
+        L += [f"    l_{r} += cuda.shfl_xor_sync(FULL, l_{r}, 1)",
+              f"    l_{r} += cuda.shfl_xor_sync(FULL, l_{r}, 2)",
+              f"    if l_{r} > 0:", f"        inv = F32(1) / l_{r}",
+              f"        ls = m_{r} * LN2 + math.log(l_{r})",
+              f"    elif l_{r} == 0:  # no live key: o = 0, lse = -inf",
+              "        inv = F32(0)", "        ls = NEG",
+              "    else:  # a NaN score: a NaN row", f"        inv = l_{r}", f"        ls = l_{r}",
+              f"    if {row} < Sq:", f"        at = b * ob + h * oh + {row} * oi + 2 * c"]
+        L += [f"        o[at + {8 * dn + e - lo}] = o{dn}_{e} * inv"
+              for dn in range(DT) for e in range(lo, hi)]
+        L += ["        if c == 0:", f"            lse[(b * Hq + h) * Sq + {row}] = ls"]
+    return name, "\n".join(L) + "\n"
+
+
+_KERNELS = {}
+
+
+def kernel(D, P):
+    """The Kernel for head dim D and P products a term, built on first use."""
+    if (D, P) not in _KERNELS:
+        name, src = source(D, P)
+        fn = compile_source(name, src, dict(
+            cuda=cuda, math=math, F32=types.float32, NEG=types.float32(-np.inf),
+            LN2=types.float32(math.log(2)), FULL=0xFFFFFFFF, fmaxf=libdevice.fmaxf, ex2=ex2,
+            bits=bits, lds_bits=lds_bits, round_tf32=round_tf32, mma_tf32=mma_tf32), about={
+            "config": f"D {D}, {BQ} queries x {BK} keys a tile, 4 warps, mma.sync m16n8k8 "
+                      f"tf32, {P} product(s) a term",
+            "traffic": f"a key tile: {2 * BK * D * 4} B in, {4 * BQ * BK * D * P} flops",
+            "why": "flash_tf32.py"})
+        _KERNELS[D, P] = Kernel(fn, [SIG], shared_bytes=shared_bytes(D, P))
+    return _KERNELS[D, P]
+
+
+def forward(q, k, v, o, lse, lq, lk, geo, math_mode, stream):
+    """Launch over (batch, head, 64-query tile) blocks; geo: the launcher's geometry."""
+    B, Hq, G, Sq, Sk, D = geo[:6]
+    P = MODES[math_mode]
+    assert dtype_name(q) == "float32"
+    kern = kernel(D, P)
+    scale2 = float(geo[27] * math.log2(math.e))
+    kern.launch(SIG, B * Hq * -(-Sq // BQ), THREADS, stream, q, k, v, o, lse, lq, lk, Hq, G,
+                Sq, Sk, *geo[7:19], *geo[24:27], scale2, shmem=shared_bytes(D, P))
+
+
+def ptx_examples():
+    """D 64 in 3xtf32 (tests/test_ptx.py compiles it; the other shapes differ in counts)."""
+    kernel(64, 3)
+

@@ -1,0 +1,61 @@
+"""cuda/attention/flash_tf32.py (forced on: flash_tf32.ON): float32 attention's forward
+fused on the tensor cores in "tf32" and "3xtf32", against the CPU reference in the same
+math mode; GPU only (inline PTX: the simulator runs none; CI compiles it to PTX)."""
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn.cuda.runtime.launch import launched
+from nbdnn.cuda.runtime.simulator import SIMULATOR
+
+pytestmark = pytest.mark.skipif(SIMULATOR, reason="mma.sync: inline PTX")
+
+# (D, math, layout, causal, (B, Hq, Hk, Sq, Sk), (seq_lens_q, seq_lens_k) or None)
+CASES = [
+    (64, "3xtf32", "BHSD", False, (2, 4, 2, 100, 77), None),
+    (128, "3xtf32", "BSHD", True, (1, 2, 1, 130, 130), None),
+    (40, "3xtf32", "BHSD", True, (2, 2, 2, 65, 90), ([60, 3], [90, 0])),
+    (64, "tf32", "BSHD", False, (1, 3, 1, 33, 200), ([33], [150])),
+    (8, "tf32", "BHSD", True, (1, 1, 1, 70, 33), None),
+]
+
+
+@pytest.mark.parametrize("D,math,layout,causal,dims,lens", CASES)
+def test_flash_tf32_matches_reference(D, math, layout, causal, dims, lens, monkeypatch):
+    """Query and key tails, causal, grouped-query heads, lengths (a batch entry with no
+    key: o = 0, lse = -inf; rows past a query length: the same), both layouts; keys
+    past a length hold NaN, which takes no part."""
+    from nbdnn.cuda.attention import flash_tf32
+    monkeypatch.setattr(flash_tf32, "ON", True)
+    B, Hq, Hk, Sq, Sk = dims
+    rng = np.random.default_rng(D + Sq)
+
+    def t(H, S):
+        return rng.uniform(-1, 1, (B, H, S, D) if layout == "BHSD" else (B, S, H, D)) \
+            .astype(np.float32)
+    q, k, v = t(Hq, Sq), t(Hk, Sk), t(Hk, Sk)
+    kw = dict(is_causal=causal, enable_gqa=Hq != Hk, layout=layout, math=math)
+    if lens:
+        kw.update(seq_lens_q=np.array(lens[0]), seq_lens_k=np.array(lens[1]))
+        for b, n in enumerate(lens[1]):  # (a NaN past a key length never reaches a row)
+            (k if layout == "BHSD" else k.swapaxes(1, 2))[b, :, n:] = np.nan
+            (v if layout == "BHSD" else v.swapaxes(1, 2))[b, :, n:] = np.nan
+    with launched() as names:
+        o, lse = nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda", **kw)
+    assert names[-1].startswith(f"attention_flash_tf32_d{D}_"), names
+    want_o, want_lse = nbdnn.scaled_dot_product_attention(q, k, v, backend="cpu", **kw)
+    tol = 2e-5 if math == "3xtf32" else 1e-3  # (tf32: p rounded to TF32 before p v)
+    np.testing.assert_allclose(np.asarray(o), want_o, rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=tol, atol=tol)
+
+
+def test_flash_tf32_only_where_it_fits(monkeypatch):
+    """ieee, a mask, dropout or Dv != D keep the other paths."""
+    from nbdnn.cuda.attention import flash_tf32
+    monkeypatch.setattr(flash_tf32, "ON", True)
+    assert flash_tf32.usable("float32", "3xtf32", None, 0.0, 64, 64)
+    assert not flash_tf32.usable("float32", "ieee", None, 0.0, 64, 64)
+    assert not flash_tf32.usable("float32", "tf32", None, 0.1, 64, 64)
+    assert not flash_tf32.usable("float32", "tf32", None, 0.0, 64, 32)
+    assert not flash_tf32.usable("float32", "tf32", None, 0.0, 136, 136)
+    assert not flash_tf32.usable("bfloat16", "tf32", None, 0.0, 64, 64)
