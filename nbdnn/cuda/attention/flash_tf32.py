@@ -23,14 +23,17 @@ reference's split). D 64: 70 KB (3xtf32), D 128: 135 KB.
 
 Per key tile and warp: 4 x D/8 S products and 4 x D/8 O products, each 16 x 8 x 8 (P of
 them): 2 x 16 x 32 x D x 2 x P flops from 2 x (16 + 32) x D x P shared loads. Variant 1
-(correct first): loads are plain (no cp.async pipeline), one barrier pair a tile.
+(correct first): plain loads after the tile's first barrier (no cp.async; PREFETCH, off,
+issues them a tile ahead), one barrier pair a tile; blocks of other query tiles on the
+SM hide the loads' latency (D 64: 70 KB of shared memory, 3 blocks an SM).
 
 Features: causal (PyTorch's top-left), grouped-query heads, seq_lens_q / seq_lens_k
 (keys past a length are zero-filled, never read), both layouts (strides), D = Dv a
-multiple of 8 up to 128. No mask, no dropout: gemm.py takes those. A removed pair's p is
+multiple of 8 up to 128 (BK D a multiple of the block's 128 threads: D % 4 == 0). No mask, no dropout: gemm.py takes those. A removed pair's p is
 0 in P V (a NaN in a removed key's v row would reach the row: as on every tensor-core
 path); keys past Sk or the length read as 0.
 
+ptxas (sm_90): 72 (D 8) to 168 (D 128, 3xtf32) registers, no spills; 127 at D 64 3xtf32.
 ON is False: written in run AS after its device time; tests/test_attention_tf32.py runs
 it on a GPU (forced), CI compiles it to PTX.
 """
@@ -51,6 +54,10 @@ from ..tensorcore.mma import mma_tf32
 from .flash import ex2
 
 ON = False
+PREFETCH = False  # True: the next key tile's loads issued before this tile's products, as
+# registers (D / 2 values a thread), rather than after the tile's first barrier. Off: ptxas
+# gives it 255 registers and spills 432 B at D 64 (3.9 KB at D 128): LLVM hoists the
+# loop-invariant part of each prefetched element's address out of the key loop
 BQ, BK, THREADS = 64, 32, 128
 NT = BK // 8                      # key n-tiles of a tile
 MODES = {"tf32": 1, "3xtf32": 3}  # products a term
@@ -74,7 +81,7 @@ def lds_bits(typingctx, arr, idx):
 
 
 def usable(dtype, math_mode, attn_mask, dropout_p, D, Dv):
-    """ON, float32 in a TF32 mode, no mask or dropout, D = Dv a multiple of 8 up to 128."""
+    """ON, float32 in a TF32 mode, no mask or dropout, D = Dv a multiple of 8 up to 128 (BK D a multiple of the block's 128 threads: D % 4 == 0)."""
     return ON and dtype == "float32" and math_mode in MODES and attn_mask is None and \
         dropout_p == 0 and D == Dv and D % 8 == 0 and 8 <= D <= 128
 
@@ -83,8 +90,10 @@ def shared_bytes(D, P):
     return (BQ + 2 * BK) * (D + 4) * 4 * (2 if P == 3 else 1)
 
 
-def source(D, P):
-    """(name, source) of the kernel for head dim D and P products a term (1 or 3)."""
+def source(D, P, prefetch=None):
+    """(name, source) of the kernel for head dim D and P products a term (1 or 3),
+    prefetching the next key tile into registers unless told (PREFETCH)."""
+    prefetch = PREFETCH if prefetch is None else prefetch
     PD, DT = D + 4, D // 8
     parts = ("h", "l") if P == 3 else ("h",)
     base = {}  # shared offsets: Q, K, V heads then tails
@@ -93,7 +102,7 @@ def source(D, P):
         for name, rows in (("Q", BQ), ("K", BK), ("V", BK)):
             base[name + part] = at
             at += rows * PD
-    name = f"attention_flash_tf32_d{D}_{'3x' if P == 3 else '1x'}"
+    name = f"attention_flash_tf32_d{D}_{'3x' if P == 3 else '1x'}{'_pf' if prefetch else ''}"
 
     def split(val, dst, idx):  # a value into its TF32 head (and tail) in shared memory
         out = [f"hi = round_tf32({val})", f"sm[{base[dst + 'h']} + {idx}] = hi"]
@@ -127,16 +136,39 @@ def source(D, P):
           "    if q0 >= nq:", "        kend = 0",
           "    m_a = NEG", "    m_b = NEG", "    l_a = F32(0)", "    l_b = F32(0)"]
     L += [f"    o{dn}_{e} = F32(0)" for dn in range(DT) for e in range(4)]
+    per = BK * D // THREADS  # K and V values a thread moves a tile (BK D a multiple of 128)
+
+    def fetch(ind, tile):  # this thread's values of a key tile into registers kv_i, vv_i
+        out = []
+        for i in range(per):
+            out += [f"{ind}r = (t + {THREADS * i}) // {D}", f"{ind}d = (t + {THREADS * i}) % {D}",
+                    f"{ind}kv{i} = F32(0)", f"{ind}vv{i} = F32(0)",
+                    f"{ind}if {tile} + r < nk:",
+                    f"{ind}    kv{i} = k[b * kb + hk * kh + ({tile} + r) * kj + d]",
+                    f"{ind}    vv{i} = v[b * vb + hk * vh + ({tile} + r) * vj + d]"]
+        return out
+    if prefetch:  # tile kt + BK's loads in flight while tile kt is multiplied
+        L += ["    if kend > 0:"] + fetch("        ", "0")
     L += [f"    for kt in range(0, kend, {BK}):",
-          "        cuda.syncthreads()  # (the last tile's reads, or Q's stores, done)",
-          f"        for x in range(t, {BK * D}, {THREADS}):",
-          f"            r = x // {D}", f"            d = x % {D}",
-          "            kv = F32(0)", "            vv = F32(0)", "            if kt + r < nk:",
-          "                kv = k[b * kb + hk * kh + (kt + r) * kj + d]",
-          "                vv = v[b * vb + hk * vh + (kt + r) * vj + d]"]
-    L += ["            " + s for s in split("kv", "K", f"r * {PD} + d")]
-    L += ["            " + s for s in split("vv", "V", f"r * {PD} + d")]
+          "        cuda.syncthreads()  # (the last tile's reads, or Q's stores, done)"]
+    if prefetch:  # the registers into shared memory, split
+        for i in range(per):
+            L += [f"        r = (t + {THREADS * i}) // {D}",
+                  f"        d = (t + {THREADS * i}) % {D}"]
+            L += ["        " + x for x in split(f"kv{i}", "K", f"r * {PD} + d")]
+            L += ["        " + x for x in split(f"vv{i}", "V", f"r * {PD} + d")]
+    else:  # a loop, not unrolled: unrolled, each element's address stays live (127 -> 255+
+        # registers at D 64)
+        L += [f"        for x in range(t, {BK * D}, {THREADS}):",
+              f"            r = x // {D}", f"            d = x % {D}",
+              "            kv = F32(0)", "            vv = F32(0)", "            if kt + r < nk:",
+              "                kv = k[b * kb + hk * kh + (kt + r) * kj + d]",
+              "                vv = v[b * vb + hk * vh + (kt + r) * vj + d]"]
+        L += ["            " + x for x in split("kv", "K", f"r * {PD} + d")]
+        L += ["            " + x for x in split("vv", "V", f"r * {PD} + d")]
     L += ["        cuda.syncthreads()"]
+    if prefetch:
+        L += [f"        if kt + {BK} < kend:"] + fetch("            ", f"kt + {BK}")
     L += [f"        s{n}_{e} = F32(0)" for n in range(NT) for e in range(4)]
     for kk in range(DT):  # S = Q K^T
         for part in parts:
@@ -202,7 +234,7 @@ _KERNELS = {}
 
 def kernel(D, P):
     """The Kernel for head dim D and P products a term, built on first use."""
-    if (D, P) not in _KERNELS:
+    if (D, P, PREFETCH) not in _KERNELS:
         name, src = source(D, P)
         fn = compile_source(name, src, dict(
             cuda=cuda, math=math, F32=types.float32, NEG=types.float32(-np.inf),
@@ -212,8 +244,8 @@ def kernel(D, P):
                       f"tf32, {P} product(s) a term",
             "traffic": f"a key tile: {2 * BK * D * 4} B in, {4 * BQ * BK * D * P} flops",
             "why": "flash_tf32.py"})
-        _KERNELS[D, P] = Kernel(fn, [SIG], shared_bytes=shared_bytes(D, P))
-    return _KERNELS[D, P]
+        _KERNELS[D, P, PREFETCH] = Kernel(fn, [SIG], shared_bytes=shared_bytes(D, P))
+    return _KERNELS[D, P, PREFETCH]
 
 
 def forward(q, k, v, o, lse, lq, lk, geo, math_mode, stream):
