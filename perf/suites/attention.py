@@ -12,7 +12,9 @@ bf16 (and fp16, float32 with --dtypes); the backward's error against torch's flo
 (float64) autograd where B H S^2 <= 2^28. Decode (--decode): Sq = 1 against Sk = 8k ..
 128k keys, batch 1 .. 64, and two grouped-query rows (32 query heads on 8 kv heads, batch
 8): GB/s over the K/V cache read, beside a device copy's GB/s (read + write) and torch's
-default in the same run.
+default in the same run, eagerly and replayed from captured graphs (nbdnn.cuda.Graph,
+torch.cuda.CUDAGraph: the GPU's time without the host's, which a short cache's call is
+bound by).
 
     PYTHONPATH=. python3 perf/suites/attention.py [--json F] [--dtypes bfloat16 float16]
         [--seqs 512 4096] [--dims 64 128] [--no-backward] [--decode] [--quick] [--masked]
@@ -33,7 +35,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import nbdnn
-from nbdnn.bench import time_gpu
+from nbdnn.bench import time_gpu, time_graph
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 import switches  # noqa: E402  (perf/tools/switches.py)
@@ -58,6 +60,19 @@ def _peer(q, k, v, causal, backend, mask=None):
         with sdpa_kernel(backend):
             return run()
     return forced
+
+
+def _torch_graph(fn):
+    """fn (PyTorch calls) captured into a torch.cuda.CUDAGraph: its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # (warm-up off the capture, as PyTorch asks)
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
 
 
 def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS, masked=False):
@@ -97,6 +112,14 @@ def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS, mas
         row["copy_gbs"] = 4 * n / time_gpu(lambda: dst.copy_(src)) / 1e9  # (read + write)
         del src, dst
         row["default_gbs"] = kv / time_gpu(_peer(q, k, v, causal, None, mask)) / 1e9
+        try:  # the GPU's time alone, both captured (a short cache's call is host-bound)
+            row["graph_gbs"] = kv / time_graph(
+                lambda: nbdnn.scaled_dot_product_attention(q, k, v, **gqa, out=o)) / 1e9
+            row["default_graph_gbs"] = kv / time_gpu(_torch_graph(
+                _peer(q, k, v, causal, None, mask))) / 1e9
+        except Exception as e:  # (report, keep the row)
+            row["graph_gbs"] = row["default_graph_gbs"] = None
+            print(f"  (graph timing failed: {str(e).splitlines()[0][:80]})", flush=True)
     if backward:
         do = torch.randn_like(o)
         grads = nbdnn.scaled_dot_product_attention_backward(do, q, k, v, o, lse, **gqa)
@@ -125,6 +148,9 @@ def _show(r):
     if "kv_gbs" in r:
         bwd += f" | K/V {r['kv_gbs']:.0f} GB/s = {r['kv_gbs'] / r['copy_gbs']:.0%} of a copy's " \
                f"{r['copy_gbs']:.0f}, default {r['default_gbs']:.0f}"
+        if r.get("graph_gbs"):
+            bwd += f" | graphed {r['graph_gbs']:.0f} ({r['graph_gbs'] / r['copy_gbs']:.0%}), " \
+                   f"default {r['default_graph_gbs']:.0f}"
     heads = f" H {r['Hq']}/{r['Hk']}" if r["Hq"] != r["Hk"] else ""
     print(f"{r['dtype']:8} B {r['B']:3}{heads} S {r['Sq']:5}x{r['Sk']:<6} D {r['D']:3} "
           f"{'causal' if r['causal'] else 'masked' if r.get('masked') else '      '}: nbdnn {r['nbdnn_tflops']:7.2f} TFLOP/s | "
