@@ -58,7 +58,8 @@
 #                                             # bf16 masked and D 96 rows, float32 3xtf32,
 #                                             # the fp32 "gpt" step
 #   bash perf/gpu_run.sh att-tf32             # float32's fused TF32 forward: tests, (SAN=1)
-#                                             # sanitizer, SASS, 3xtf32 / tf32 rows
+#                                             # sanitizer, SASS
+#   bash perf/gpu_run.sh att-tf32-speed       # its 3xtf32 / tf32 rows against gemm.py's
 #   bash perf/gpu_run.sh att-decode           # decode_split's chunking swept: decode rows
 #   bash perf/gpu_run.sh att-train            # the tensor-core backward's speed, the
 #                                             # transformer step (transformer_step.py)
@@ -507,22 +508,26 @@ att-gemm)
         | grep -v -i warn ;;
 att-tf32)
     # flash_tf32.py (float32's forward fused on mma.sync, forced on): its tests, (SAN=1)
-    # memcheck and racecheck over them, its SASS (HMMA, no LDL/STL), then float32 rows in
-    # 3xtf32 and tf32, fused (ON=1) against gemm.py (ON=0)
+    # memcheck and racecheck over its D 64 cases, its SASS (HMMA, no LDL/STL); then
+    # `att-tf32-speed`
     P="timeout ${TEST_LIMIT_S:-150} python3 -m pytest -q -p no:cacheprovider"
     $P tests/test_attention_tf32.py > "$OUT/at-tests.log" 2>&1 &
-    sanitized at ${SAN_LIMIT_S:-150} tests/test_attention_tf32.py -k "64 or 40"
+    sanitized at ${SAN_LIMIT_S:-120} tests/test_attention_tf32.py -k "64"
     for k in attention_flash_tf32_d64_3x; do
         echo "$k: $(timeout 90 python3 perf/tools/sass_dump.py nbdnn.cuda.attention.flash_tf32 \
             $k float32 2>&1 >/dev/null | tr '\n' ' ')"
     done
     wait
-    summary at-tests at-memcheck at-racecheck
-    for m in 3xtf32 tf32; do for on in 1 0; do
-        timeout 80 python3 perf/suites/attention.py --dtypes float32 --seqs 1024 4096 \
-            --dims 64 128 --no-backward --set "nbdnn._math_mode._default=['$m']" \
-            --set nbdnn.cuda.attention.flash_tf32.ON=$on 2>&1 | grep -v -i warn
-    done; done ;;
+    summary at-tests at-memcheck at-racecheck ;;
+att-tf32-speed)
+    # float32 forward rows (D 64 and 128, S 1k and 4k) in 3xtf32 and tf32 fused
+    # (flash_tf32.ON=1), and 3xtf32 on gemm.py (ON=0), each against PyTorch's (<= 360 s)
+    for mo in "3xtf32 1" "tf32 1" "3xtf32 0"; do
+        set -- $mo
+        timeout 120 python3 perf/suites/attention.py --dtypes float32 --seqs 1024 4096 \
+            --dims 64 128 --no-backward --set "nbdnn._math_mode._default=['$1']" \
+            --set nbdnn.cuda.attention.flash_tf32.ON=$2 2>&1 | grep -v -i warn
+    done ;;
 att-decode)
     # decode_split's chunking: blocks an SM (BLOCKS_PER_SM) and a chunk's least tiles
     # (MIN_CHUNK_TILES), the decode rows each way (at most ~420 s)
