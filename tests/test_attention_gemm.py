@@ -1,7 +1,8 @@
 """cuda/attention/gemm.py: attention as GEMMs around two row kernels (float32 in its
-math modes; float16 through TF32 GEMMs), forward and backward against the CPU reference (the simulator without a GPU: tiny shapes, the
-path's thresholds lowered, its workspace shrunk so that calls split into chunks of
-whole kv heads or into row slices of one)."""
+math modes; float16 through TF32 GEMMs), forward and backward against the CPU
+reference (the simulator without a GPU: tiny shapes, the path's thresholds lowered, its
+workspace shrunk so that calls split into chunks of whole kv heads or into row slices
+of one)."""
 import numpy as np
 import pytest
 

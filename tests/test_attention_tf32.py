@@ -1,6 +1,7 @@
 """cuda/attention/flash_tf32.py (forced on: flash_tf32.ON): float32 attention's forward
-fused on the tensor cores in "tf32" and "3xtf32", against the CPU reference in the same
-math mode; GPU only (inline PTX: the simulator runs none; CI compiles it to PTX)."""
+fused on the tensor cores in "tf32" and "3xtf32", every feature, against the CPU
+reference in the same math mode; GPU only (inline PTX: the simulator runs none; CI
+compiles it to PTX)."""
 import numpy as np
 import pytest
 
@@ -10,21 +11,26 @@ from nbdnn.cuda.runtime.simulator import SIMULATOR
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="mma.sync: inline PTX")
 
-# (D, math, layout, causal, (B, Hq, Hk, Sq, Sk), (seq_lens_q, seq_lens_k) or None)
+# (D, math, layout, causal, (B, Hq, Hk, Sq, Sk), (seq_lens_q, seq_lens_k) or None, extra)
 CASES = [
-    (64, "3xtf32", "BHSD", False, (2, 4, 2, 100, 77), None),
-    (128, "3xtf32", "BSHD", True, (1, 2, 1, 130, 130), None),
-    (40, "3xtf32", "BHSD", True, (2, 2, 2, 65, 90), ([60, 3], [90, 0])),
-    (64, "tf32", "BSHD", False, (1, 3, 1, 33, 200), ([33], [150])),
-    (8, "tf32", "BHSD", True, (1, 1, 1, 70, 33), None),
+    (64, "3xtf32", "BHSD", False, (2, 4, 2, 100, 77), None, {}),
+    (128, "3xtf32", "BSHD", True, (1, 2, 1, 130, 130), None, {}),
+    (40, "3xtf32", "BHSD", True, (2, 2, 2, 65, 90), ([60, 3], [90, 0]), {}),
+    (64, "tf32", "BSHD", False, (1, 3, 1, 33, 200), ([33], [150]), {}),
+    (8, "tf32", "BHSD", True, (1, 1, 1, 70, 33), None, {}),
+    (64, "3xtf32", "BHSD", False, (2, 2, 1, 70, 100), None,
+     {"attn_mask": "bool", "dropout_p": 0.25, "seed": 7, "offset": 3}),
+    (32, "3xtf32", "BSHD", True, (1, 2, 2, 80, 64), None, {"attn_mask": "float"}),
 ]
 
 
-@pytest.mark.parametrize("D,math,layout,causal,dims,lens", CASES)
-def test_flash_tf32_matches_reference(D, math, layout, causal, dims, lens, monkeypatch):
+@pytest.mark.parametrize("D,math,layout,causal,dims,lens,extra", CASES)
+def test_flash_tf32_matches_reference(D, math, layout, causal, dims, lens, extra,
+                                      monkeypatch):
     """Query and key tails, causal, grouped-query heads, lengths (a batch entry with no
     key: o = 0, lse = -inf; rows past a query length: the same), both layouts; keys
-    past a length hold NaN, which takes no part."""
+    past a length hold NaN, which takes no part; masks of both kinds (broadcast over
+    batch or heads), dropout."""
     from nbdnn.cuda.attention import flash_tf32
     monkeypatch.setattr(flash_tf32, "ON", True)
     B, Hq, Hk, Sq, Sk = dims
@@ -34,7 +40,13 @@ def test_flash_tf32_matches_reference(D, math, layout, causal, dims, lens, monke
         return rng.uniform(-1, 1, (B, H, S, D) if layout == "BHSD" else (B, S, H, D)) \
             .astype(np.float32)
     q, k, v = t(Hq, Sq), t(Hk, Sk), t(Hk, Sk)
-    kw = dict(is_causal=causal, enable_gqa=Hq != Hk, layout=layout, math=math)
+    kw = dict(extra, is_causal=causal, enable_gqa=Hq != Hk, layout=layout, math=math)
+    if extra.get("attn_mask") == "bool":  # (a row of head 0 fully masked: o 0, lse -inf)
+        m = rng.random((1, Hq, Sq, Sk)) > 0.3
+        m[0, 0, 5] = False
+        kw["attn_mask"] = m
+    elif extra.get("attn_mask") == "float":
+        kw["attn_mask"] = rng.uniform(-2, 2, (B, 1, Sq, Sk)).astype(np.float32)
     if lens:
         kw.update(seq_lens_q=np.array(lens[0]), seq_lens_k=np.array(lens[1]))
         for b, n in enumerate(lens[1]):  # (a NaN past a key length never reaches a row)
@@ -50,12 +62,13 @@ def test_flash_tf32_matches_reference(D, math, layout, causal, dims, lens, monke
 
 
 def test_flash_tf32_only_where_it_fits(monkeypatch):
-    """ieee, a mask, dropout or Dv != D keep the other paths."""
+    """ieee, Dv != D, D past 128 or not a multiple of 8 keep the other paths."""
     from nbdnn.cuda.attention import flash_tf32
     monkeypatch.setattr(flash_tf32, "ON", True)
-    assert flash_tf32.usable("float32", "3xtf32", None, 0.0, 64, 64)
-    assert not flash_tf32.usable("float32", "ieee", None, 0.0, 64, 64)
-    assert not flash_tf32.usable("float32", "tf32", None, 0.1, 64, 64)
-    assert not flash_tf32.usable("float32", "tf32", None, 0.0, 64, 32)
-    assert not flash_tf32.usable("float32", "tf32", None, 0.0, 136, 136)
-    assert not flash_tf32.usable("bfloat16", "tf32", None, 0.0, 64, 64)
+    assert flash_tf32.usable("float32", "3xtf32", 64, 64)
+    assert flash_tf32.usable("float32", "tf32", 8, 8)
+    assert not flash_tf32.usable("float32", "ieee", 64, 64)
+    assert not flash_tf32.usable("float32", "tf32", 64, 32)
+    assert not flash_tf32.usable("float32", "tf32", 136, 136)
+    assert not flash_tf32.usable("float32", "tf32", 20, 20)
+    assert not flash_tf32.usable("bfloat16", "tf32", 64, 64)

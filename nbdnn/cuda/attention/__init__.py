@@ -120,8 +120,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
                     Dv, *geo[16:19])
     elif rows and flash.usable(q, k, v, attn_mask, dropout_p, geo[27], Sq, geo[5], Dv):
         flash.forward(q, k, v, o, lse, lq, lk, *geo[24:26], geo, layout, stream)
-    elif rows and flash_tf32.usable(dtype, math, attn_mask, dropout_p, geo[5], Dv):
-        flash_tf32.forward(q, k, v, o, lse, lq, lk, geo, math, stream)
+    elif rows and flash_tf32.usable(dtype, math, geo[5], Dv):
+        flash_tf32.forward(q, k, v, o, lse, ma, mb, lq, lk, geo, math, stream)
     elif rows and gemm.usable(dtype, Sq, Sk, *geo[24:26]):
         gemm.forward(q, k, v, o, lse, ma, mb, geo, layout, math, stream)
     elif rows and tiled.usable(dtype, Dv):

@@ -28,12 +28,15 @@ issues them a tile ahead), one barrier pair a tile; blocks of other query tiles 
 SM hide the loads' latency (D 64: 70 KB of shared memory, 3 blocks an SM).
 
 Features: causal (PyTorch's top-left), grouped-query heads, seq_lens_q / seq_lens_k
-(keys past a length are zero-filled, never read), both layouts (strides), D = Dv a
-multiple of 8 up to 128 (BK D a multiple of the block's 128 threads: D % 4 == 0). No mask, no dropout: gemm.py takes those. A removed pair's p is
+(keys past a length are zero-filled, never read), both layouts (strides), masks (simt.py's
+bias, the additive term scaled into exp2's units) and dropout (simt.py's keep: nbdnn's
+Philox stream; l sums p, P V takes p keep / (1 - p)), each compiled in only for a call
+that has it; D = Dv a multiple of 8 up to 128. A removed pair's p is
 0 in P V (a NaN in a removed key's v row would reach the row: as on every tensor-core
 path); keys past Sk or the length read as 0.
 
-ptxas (sm_90): 72 (D 8) to 168 (D 128, 3xtf32) registers, no spills; 127 at D 64 3xtf32.
+ptxas (sm_90): 72 (D 8) to 168 (D 128, 3xtf32) registers, no spills; 127 at D 64 3xtf32,
+153 with a mask and dropout compiled in (192 at D 128).
 ON is False: written in run AS after its device time; tests/test_attention_tf32.py runs
 it on a GPU (forced), CI compiles it to PTX.
 """
@@ -45,13 +48,15 @@ from numba import cuda, types
 from numba.cuda import libdevice
 from numba.cuda.extending import intrinsic
 
-from ..runtime.arrays import dtype_name
 from ..runtime.codegen import compile_source
 from ..runtime.intrinsics import round_tf32
 from ..runtime.launch import Kernel
 from ..tensorcore.asm import element_pointer, instruction
 from ..tensorcore.mma import mma_tf32
 from .flash import ex2
+from .simt import _device_functions
+
+_, _keep, _, _bias, _ = _device_functions(types.float32)
 
 ON = False
 PREFETCH = False  # True: the next key tile's loads issued before this tile's products, as
@@ -62,7 +67,9 @@ BQ, BK, THREADS = 64, 32, 128
 NT = BK // 8                      # key n-tiles of a tile
 MODES = {"tf32": 1, "3xtf32": 3}  # products a term
 SIG = ("void(float32[::1], float32[::1], float32[::1], float32[::1], float32[::1], "
-       "int64[::1], int64[::1], " + ", ".join(["int64"] * 19) + ", float32)")
+       "int64[::1], int64[::1], " + ", ".join(["int64"] * 19) + ", float32, "
+       "float32[::1], uint8[::1], int64, int64, int64, int64, int64, "  # the mask
+       "uint64, float32, uint64, uint64, uint64, uint64)")  # the dropout (simt.py's keep)
 
 bits = instruction("mov.b32 $0, $1;", types.uint32, types.float32,
                    "a float32's bits (a value already rounded to TF32) as mma_tf32 takes them")
@@ -80,19 +87,20 @@ def lds_bits(typingctx, arr, idx):
     return types.uint32(arr, types.int64), codegen
 
 
-def usable(dtype, math_mode, attn_mask, dropout_p, D, Dv):
-    """ON, float32 in a TF32 mode, no mask or dropout, D = Dv a multiple of 8 up to 128 (BK D a multiple of the block's 128 threads: D % 4 == 0)."""
-    return ON and dtype == "float32" and math_mode in MODES and attn_mask is None and \
-        dropout_p == 0 and D == Dv and D % 8 == 0 and 8 <= D <= 128
+def usable(dtype, math_mode, D, Dv):
+    """ON, float32 in a TF32 mode, D = Dv a multiple of 8 up to 128."""
+    return ON and dtype == "float32" and math_mode in MODES and D == Dv and D % 8 == 0 and \
+        8 <= D <= 128
 
 
 def shared_bytes(D, P):
     return (BQ + 2 * BK) * (D + 4) * 4 * (2 if P == 3 else 1)
 
 
-def source(D, P, prefetch=None):
+def source(D, P, prefetch=None, masked=False, dropped=False):
     """(name, source) of the kernel for head dim D and P products a term (1 or 3),
-    prefetching the next key tile into registers unless told (PREFETCH)."""
+    prefetching the next key tile into registers unless told (PREFETCH), with the mask's
+    bias (masked) and the dropout's keep factors (dropped) compiled in or out."""
     prefetch = PREFETCH if prefetch is None else prefetch
     PD, DT = D + 4, D // 8
     parts = ("h", "l") if P == 3 else ("h",)
@@ -102,7 +110,8 @@ def source(D, P, prefetch=None):
         for name, rows in (("Q", BQ), ("K", BK), ("V", BK)):
             base[name + part] = at
             at += rows * PD
-    name = f"attention_flash_tf32_d{D}_{'3x' if P == 3 else '1x'}{'_pf' if prefetch else ''}"
+    name = f"attention_flash_tf32_d{D}_{'3x' if P == 3 else '1x'}{'_pf' if prefetch else ''}" \
+        f"{'_m' if masked else ''}{'_d' if dropped else ''}"
 
     def split(val, dst, idx):  # a value into its TF32 head (and tail) in shared memory
         out = [f"hi = round_tf32({val})", f"sm[{base[dst + 'h']} + {idx}] = hi"]
@@ -114,7 +123,8 @@ def source(D, P, prefetch=None):
     terms = [("l", "h"), ("h", "l"), ("h", "h")] if P == 3 else [("h", "h")]
 
     L = [f"def {name}(q, k, v, o, lse, lens_q, lens_k, Hq, G, Sq, Sk, qb, qh, qi, kb, kh, kj, "
-         "vb, vh, vj, ob, oh, oi, has_lq, has_lk, causal, scale2):",
+         "vb, vh, vj, ob, oh, oi, has_lq, has_lk, causal, scale2, ma, mb, mkind, m0, m1, m2, "
+         "m3, thr, kscale, off_lo, off_hi, key_lo, key_hi):",
          "    sm = cuda.shared.array(0, F32)",
          "    t = cuda.threadIdx.x", "    lane = t % 32", "    w = t // 32",
          "    g = lane // 4", "    c = lane % 4",
@@ -125,13 +135,18 @@ def source(D, P, prefetch=None):
          "    nk = min(max(lens_k[b], 0), Sk) if has_lk != 0 else Sk",
          f"    for x in range(t, {BQ * D}, {THREADS}):",  # Q's tile, split, rows past nq 0
          f"        r = x // {D}", "        val = F32(0)",
-         "        if q0 + r < nq:", f"            val = q[b * qb + h * qh + (q0 + r) * qi + x % {D}]"]
+         "        if q0 + r < nq:",
+         f"            val = q[b * qb + h * qh + (q0 + r) * qi + x % {D}]"]
     L += ["        " + s for s in split("val", "Q", f"r * {PD} + x % {D}")]
     L += ["    ra = q0 + 16 * w + g", "    rb = ra + 8",
           f"    qbase = (16 * w + g) * {PD} + c  # (each fragment load: a base + a constant)",
           f"    kbase = g * {PD} + c", f"    vbase = 2 * c * {PD} + g",
           "    lim_a = (min(nk, ra + 1) if causal != 0 else nk) if ra < nq else 0",
           "    lim_b = (min(nk, rb + 1) if causal != 0 else nk) if rb < nq else 0",
+          "    mo_a = b * m0 + h * m1 + ra * m2  # (the mask's rows: its broadcast strides)",
+          "    mo_b = mo_a + 8 * m2",
+          "    e_a = U64((b * Hq + h) * Sq + ra) * U64(Sk)  # (the dropout's element of key 0)",
+          "    e_b = U64((b * Hq + h) * Sq + rb) * U64(Sk)",
           f"    kend = min(nk, q0 + {BQ}) if causal != 0 else nk",
           "    if q0 >= nq:", "        kend = 0",
           "    m_a = NEG", "    m_b = NEG", "    l_a = F32(0)", "    l_b = F32(0)"]
@@ -187,9 +202,15 @@ def source(D, P, prefetch=None):
         L += [f"        top = m_{r}"]
         for n in range(NT):
             for e in range(lo, hi):
-                L += [f"        j = kt + {8 * n} + 2 * c + {e - lo}",
-                      f"        s{n}_{e} = s{n}_{e} * scale2 if j < lim_{r} else NEG",
-                      f"        top = fmaxf(top, s{n}_{e})"]
+                L += [f"        j = kt + {8 * n} + 2 * c + {e - lo}"]
+                if masked:  # (the additive term in exp2's units too)
+                    L += [f"        if j < lim_{r}:",
+                          f"            ok, add = bias(ma, mb, mkind, mo_{r} + j * m3)",
+                          f"            s{n}_{e} = s{n}_{e} * scale2 + add * LOG2E if ok else NEG",
+                          "        else:", f"            s{n}_{e} = NEG"]
+                else:
+                    L += [f"        s{n}_{e} = s{n}_{e} * scale2 if j < lim_{r} else NEG"]
+                L += [f"        top = fmaxf(top, s{n}_{e})"]
         L += ["        top = fmaxf(top, cuda.shfl_xor_sync(FULL, top, 1))",
               "        top = fmaxf(top, cuda.shfl_xor_sync(FULL, top, 2))",
               f"        alpha = ex2(m_{r} - top) if top != NEG else F32(1)",
@@ -199,6 +220,9 @@ def source(D, P, prefetch=None):
             for e in range(lo, hi):
                 L += [f"        s{n}_{e} = F32(0) if s{n}_{e} == NEG else ex2(s{n}_{e} - top)",
                       f"        l_{r} += s{n}_{e}"]
+                if dropped:  # (l sums p; P V takes p keep / (1 - p))
+                    L += [f"        s{n}_{e} *= keep(e_{r} + U64(kt + {8 * n + e - lo}) + "
+                          "U64(2 * c), thr, kscale, off_lo, off_hi, key_lo, key_hi)"]
     for n in range(NT):  # O += P V, P's k order permuted (module docstring)
         L += [f"        pf{x} = round_tf32(s{n}_{e})" for x, e in enumerate((0, 2, 1, 3))]
         if P == 3:
@@ -232,31 +256,36 @@ def source(D, P, prefetch=None):
 _KERNELS = {}
 
 
-def kernel(D, P):
-    """The Kernel for head dim D and P products a term, built on first use."""
-    if (D, P, PREFETCH) not in _KERNELS:
-        name, src = source(D, P)
+def kernel(D, P, masked=False, dropped=False):
+    """The Kernel for head dim D, P products a term, the mask and dropout compiled in or
+    out, built on first use."""
+    key = D, P, PREFETCH, masked, dropped
+    if key not in _KERNELS:
+        name, src = source(D, P, None, masked, dropped)
         fn = compile_source(name, src, dict(
             cuda=cuda, math=math, F32=types.float32, NEG=types.float32(-np.inf),
             LN2=types.float32(math.log(2)), FULL=0xFFFFFFFF, fmaxf=libdevice.fmaxf, ex2=ex2,
-            bits=bits, lds_bits=lds_bits, round_tf32=round_tf32, mma_tf32=mma_tf32), about={
+            bits=bits, lds_bits=lds_bits, round_tf32=round_tf32, mma_tf32=mma_tf32,
+            U64=np.uint64, LOG2E=types.float32(math.log2(math.e)), bias=_bias, keep=_keep),
+            about={
             "config": f"D {D}, {BQ} queries x {BK} keys a tile, 4 warps, mma.sync m16n8k8 "
                       f"tf32, {P} product(s) a term",
             "traffic": f"a key tile: {2 * BK * D * 4} B in, {4 * BQ * BK * D * P} flops",
             "why": "flash_tf32.py"})
-        _KERNELS[D, P, PREFETCH] = Kernel(fn, [SIG], shared_bytes=shared_bytes(D, P))
-    return _KERNELS[D, P, PREFETCH]
+        _KERNELS[key] = Kernel(fn, [SIG], shared_bytes=shared_bytes(D, P))
+    return _KERNELS[key]
 
 
-def forward(q, k, v, o, lse, lq, lk, geo, math_mode, stream):
-    """Launch over (batch, head, 64-query tile) blocks; geo: the launcher's geometry."""
+def forward(q, k, v, o, lse, ma, mb, lq, lk, geo, math_mode, stream):
+    """Launch over (batch, head, 64-query tile) blocks; geo: the launcher's geometry
+    (its mask kind and strides, its dropout threshold: simt.geometry_types' order)."""
     B, Hq, G, Sq, Sk, D = geo[:6]
     P = MODES[math_mode]
-    assert dtype_name(q) == "float32"
-    kern = kernel(D, P)
+    kern = kernel(D, P, geo[19] != 0, geo[29] != 1 << 32)
     scale2 = float(geo[27] * math.log2(math.e))
     kern.launch(SIG, B * Hq * -(-Sq // BQ), THREADS, stream, q, k, v, o, lse, lq, lk, Hq, G,
-                Sq, Sk, *geo[7:19], *geo[24:27], scale2, shmem=shared_bytes(D, P))
+                Sq, Sk, *geo[7:19], *geo[24:27], scale2, ma, mb, *geo[19:24], *geo[29:35],
+                shmem=shared_bytes(D, P))
 
 
 def ptx_examples():
