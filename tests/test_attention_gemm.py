@@ -54,6 +54,7 @@ def gemm_on(monkeypatch):
     from nbdnn.cuda.attention import gemm
     monkeypatch.setattr(gemm, "MIN_QUERIES", 1)
     monkeypatch.setattr(gemm, "MIN_KEYS", 1)
+    monkeypatch.setattr(gemm, "HALF", True)
     return gemm
 
 
@@ -108,15 +109,19 @@ def test_gemm_backward_matches_reference(dtype, layout, dims, kw, workspace, gem
                                    rtol=tol, atol=tol)
 
 
-def test_gemm_path_thresholds_and_lengths():
-    """Few scores, or seq_lens (padding may hold anything), keep the exact kernels."""
+def test_gemm_path_thresholds_and_lengths(monkeypatch):
+    """Few scores, or seq_lens (padding may hold anything), keep the exact kernels;
+    16-bit calls only with HALF."""
     (q, k, v, _), kw = _case(np.float32, "BHSD", (1, 2, 2, 3, 70, 4, 4), {}, 0)
     with launched() as names:
         nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda", **kw)
     assert "attention_fwd" in names and "attention_rows_fwd" not in names, names
     from nbdnn.cuda.attention import gemm
-    assert gemm.usable("float32", 64, 64, 0, 0) and gemm.usable("bfloat16", 64, 64, 0, 0) \
-        and not gemm.usable("float32", 64, 64, 1, 0) and not gemm.usable("float64", 64, 64, 0, 0)
+    monkeypatch.setattr(gemm, "HALF", False)
+    assert gemm.usable("float32", 64, 64, 0, 0) and not gemm.usable("bfloat16", 64, 64, 0, 0)
+    monkeypatch.setattr(gemm, "HALF", True)
+    assert gemm.usable("bfloat16", 64, 64, 0, 0) and not gemm.usable("float32", 64, 64, 1, 0) \
+        and not gemm.usable("float64", 64, 64, 0, 0) and not gemm.usable("float32", 63, 64, 0, 0)
 
 
 @pytest.mark.parametrize("dtype,math,workspace,D,kw", [
@@ -135,6 +140,7 @@ def test_gemm_path_at_gpu_sizes(dtype, math, workspace, D, kw, monkeypatch):
         pytest.skip("a GPU's size")
     if workspace:
         monkeypatch.setattr(gemm, "WORKSPACE", workspace)
+    monkeypatch.setattr(gemm, "HALF", True)
     ml_dtypes = pytest.importorskip("ml_dtypes")
     (q, k, v, do), kw = _case(np.float32, "BHSD", (2, 4, 2, 200, 300, D, D),
                               dict(kw, math=math), 1)

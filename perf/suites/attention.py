@@ -39,6 +39,7 @@ from nbdnn.bench import time_gpu, time_graph
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 import switches  # noqa: E402  (perf/tools/switches.py)
+from resnet50 import torch_graphed  # noqa: E402  (perf/suites/resnet50.py, beside this)
 
 TOKENS, HEADS = 16384, 16
 
@@ -60,19 +61,6 @@ def _peer(q, k, v, causal, backend, mask=None):
         with sdpa_kernel(backend):
             return run()
     return forced
-
-
-def _torch_graph(fn):
-    """fn (PyTorch calls) captured into a torch.cuda.CUDAGraph: its replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # (warm-up off the capture, as PyTorch asks)
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
 
 
 def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS, masked=False):
@@ -115,7 +103,7 @@ def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS, mas
         try:  # the GPU's time alone, both captured (a short cache's call is host-bound)
             row["graph_gbs"] = kv / time_graph(
                 lambda: nbdnn.scaled_dot_product_attention(q, k, v, **gqa, out=o)) / 1e9
-            row["default_graph_gbs"] = kv / time_gpu(_torch_graph(
+            row["default_graph_gbs"] = kv / time_gpu(torch_graphed(
                 _peer(q, k, v, causal, None, mask))) / 1e9
         except Exception as e:  # (report, keep the row)
             row["graph_gbs"] = row["default_graph_gbs"] = None

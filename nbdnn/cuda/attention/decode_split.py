@@ -27,7 +27,7 @@ o_r (8 R floats), the R scores and running (m, l); the chunk length is chosen so
 about 16 blocks an SM are in flight (`chunking`).
 
 Run AS (H200, bf16, D 128, Sq 1): 28-76% of a copy's bandwidth (1.0-3.2 TB/s; B 1 at
-8k keys the least, B 64 the most), 3.6-7.3x decode.py's part kernel, 0.42-0.72x
+8k keys the least, B 64 the most), 3.7-11.5x decode.py's part kernel, 0.42-0.72x
 PyTorch's default (cuDNN / flash-decoding), 1.2-1.3x its flash backend at B 64;
 grouped-query (32 query heads on 8 kv heads, R 4) 38-43% of copy.
 """

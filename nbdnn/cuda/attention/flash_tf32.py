@@ -122,6 +122,14 @@ def source(D, P, prefetch=None, masked=False, dropped=False):
     # the P products of a term, small ones first: (A's part, B's part)
     terms = [("l", "h"), ("h", "l"), ("h", "h")] if P == 3 else [("h", "h")]
 
+    def products(acc, a, b, at, tensor, off, step):
+        """Fragment b of K or V (each part's two registers: shared offsets off and off +
+        step past thread base `at`), then the P products acc (4 accumulators) += a b."""
+        out = [f"        {b}{part} = (lds_bits(sm, {at} + {base[tensor + part] + off}), "
+               f"lds_bits(sm, {at} + {base[tensor + part] + off + step}))" for part in parts]
+        c4 = ", ".join(f"{acc}_{e}" for e in range(4))
+        return out + [f"        {c4} = mma_tf32({a}{pa}, {b}{pb}, ({c4}))" for pa, pb in terms]
+
     L = [f"def {name}(q, k, v, o, lse, lens_q, lens_k, Hq, G, Sq, Sk, qb, qh, qi, kb, kh, kj, "
          "vb, vh, vj, ob, oh, oi, has_lq, has_lk, causal, scale2, ma, mb, mkind, m0, m1, m2, "
          "m3, thr, kscale, off_lo, off_hi, key_lo, key_hi):",
@@ -191,13 +199,7 @@ def source(D, P, prefetch=None, masked=False, dropped=False):
             L += ["        qa{} = ({})".format(part, ", ".join(
                 f"lds_bits(sm, qbase + {qa + off})" for off in (0, 8 * PD, 4, 8 * PD + 4)))]
         for n in range(NT):
-            for part in parts:
-                kb = base["K" + part] + 8 * n * PD + 8 * kk
-                L += [f"        kb{part} = (lds_bits(sm, kbase + {kb}), "
-                      f"lds_bits(sm, kbase + {kb + 4}))"]
-            acc = ", ".join(f"s{n}_{e}" for e in range(4))
-            for pa, pb in terms:
-                L += [f"        {acc} = mma_tf32(qa{pa}, kb{pb}, ({acc}))"]
+            L += products(f"s{n}", "qa", "kb", "kbase", "K", 8 * n * PD + 8 * kk, 4)
     for r, (lo, hi) in (("a", (0, 2)), ("b", (2, 4))):  # online softmax, rows a and b
         L += [f"        top = m_{r}"]
         for n in range(NT):
@@ -230,13 +232,7 @@ def source(D, P, prefetch=None, masked=False, dropped=False):
                 f"bits(round_tf32(s{n}_{e} - pf{x}))" for x, e in enumerate((0, 2, 1, 3))) + ")"]
         L += ["        pah = (bits(pf0), bits(pf1), bits(pf2), bits(pf3))"]
         for dn in range(DT):
-            for part in parts:
-                vb = base["V" + part] + 8 * n * PD + 8 * dn
-                L += [f"        vb{part} = (lds_bits(sm, vbase + {vb}), "
-                      f"lds_bits(sm, vbase + {vb + PD}))"]
-            acc = ", ".join(f"o{dn}_{e}" for e in range(4))
-            for pa, pb in terms:
-                L += [f"        {acc} = mma_tf32(pa{pa}, vb{pb}, ({acc}))"]
+            L += products(f"o{dn}", "pa", "vb", "vbase", "V", 8 * n * PD + 8 * dn, PD)
     for r, (lo, hi) in (("a", (0, 2)), ("b", (2, 4))):  # the rows' sums, lse, o
         row = "ra" if r == "a" else "rb"
         L += [f"    l_{r} += cuda.shfl_xor_sync(FULL, l_{r}, 1)",

@@ -2,8 +2,9 @@
 between nbdnn.cuda.matmul's GEMMs and two row kernels, as PyTorch's math backend
 composes it, for what the fused tensor-core kernels (flash.py, flash_bwd.py) do not
 take: float32 in every math mode ("ieee": the SIMT GEMM, 32 TFLOP/s on the H200;
-"tf32" / "3xtf32": the tensor cores), and 16-bit storage with a mask, dropout or a head
-dim other than 64 and 128 (before: the exact kernels, under 1 TFLOP/s). 16-bit tensors
+"tf32" / "3xtf32": the tensor cores), and with HALF (off until its GPU tests run) 16-bit
+storage with a mask, dropout or a head dim other than 64 and 128 (which otherwise runs
+the exact kernels, under 1 TFLOP/s). 16-bit tensors
 are cast to float32 and multiplied in "tf32", which is exact on 16-bit values (8 or 11
 significant bits; TF32 keeps 11): the tensor cores' products with float32 sums, as the
 reference models them, with p' rounded to the storage dtype before P V as it rounds it
@@ -60,6 +61,8 @@ from ..tensor import cast_tensor, transform_tensor
 from .simt import _device_functions
 
 ON = True
+HALF = False  # 16-bit calls too: off until their GPU tests run (written after run AS's
+# device time; float32's ran then, before the row kernels took the storage dtype's rounding)
 MIN_KEYS = MIN_QUERIES = 64     # below: the exact kernels' one launch costs less
 WORKSPACE = 1 << 28             # bytes of float32 scores a chunk (256 MB)
 T = 32 if SIMULATOR else 128    # a row kernel's block: one score row
@@ -160,9 +163,10 @@ KERNELS = {which: Kernel(fn, [_signature(which, t) for t in DTYPES])
 
 
 def usable(dtype, Sq, Sk, has_lq, has_lk):
-    """ON, 16-bit or float32, no seq_lens, at least MIN_QUERIES x MIN_KEYS scores a head."""
-    return ON and dtype in DTYPES and not (has_lq or has_lk) and Sq >= MIN_QUERIES and \
-        Sk >= MIN_KEYS
+    """ON, float32 (16-bit: HALF too), no seq_lens, at least MIN_QUERIES x MIN_KEYS
+    scores a head."""
+    return ON and (dtype == "float32" or HALF and dtype in DTYPES) and \
+        not (has_lq or has_lk) and Sq >= MIN_QUERIES and Sk >= MIN_KEYS
 
 
 def _chunks(n, M, Sk):
