@@ -487,18 +487,16 @@ att-speed)
         --set "nbdnn.cuda.attention.flash.PERSISTENT={64:999999999,128:999999999}" 2>&1 | grep -v -i warn ;;
 att-gemm)
     # attention as GEMMs (cuda/attention/gemm.py: float32, and 16-bit with masks, dropout
-    # or other head dims): its tests, (SAN=1) memcheck over the GPU-sized ones, the flash
+    # or other head dims): its tests, (SAN=1) memcheck and racecheck over GPU-sized ones, the flash
     # forward's tests; then bf16 rows with a key-padding mask and at D 96 against
     # PyTorch's, float32 in 3xtf32, and the "gpt" step in fp32
     P="timeout ${TEST_LIMIT_S:-150} python3 -m pytest -q -p no:cacheprovider"
     $P tests/test_attention_gemm.py > "$OUT/ag-tests.log" 2>&1 &
     $P tests/test_attention_flash.py -k "forward_matches or persistent" \
         > "$OUT/ag-flash.log" 2>&1 &
-    [ -z "${SAN:-}" ] || timeout ${TEST_LIMIT_S:-150} compute-sanitizer --report-api-errors no \
-        --print-limit 10 --tool memcheck python3 -m pytest -q -p no:cacheprovider \
-        tests/test_attention_gemm.py -k "gpu_sizes" > "$OUT/ag-memcheck.log" 2>&1 &
+    sanitized ag ${SAN_LIMIT_S:-75} tests/test_attention_gemm.py -k "gpu_sizes and ieee"
     wait
-    summary ag-tests ag-flash ag-memcheck
+    summary ag-tests ag-flash ag-memcheck ag-racecheck
     S="perf/suites/attention.py --seqs 1024 4096"
     H="--set nbdnn.cuda.attention.gemm.HALF=1"  # (16-bit on the GEMM path: off until now)
     timeout 150 python3 $S --dims 64 128 --masked $H 2>&1 | grep -v -i warn
