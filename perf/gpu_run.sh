@@ -60,6 +60,7 @@
 #   bash perf/gpu_run.sh att-tf32             # float32's fused TF32 forward: tests, (SAN=1)
 #                                             # sanitizer, SASS
 #   bash perf/gpu_run.sh att-tf32-speed       # its 3xtf32 / tf32 rows against gemm.py's
+#   bash perf/gpu_run.sh att-tf32-tiles       # its block shapes (KEY_TILES, Q_RAW) timed
 #   bash perf/gpu_run.sh att-decode           # decode_split's chunking swept: decode rows
 #   bash perf/gpu_run.sh att-train            # the tensor-core backward's speed, the
 #                                             # transformer step (transformer_step.py)
@@ -494,14 +495,15 @@ att-gemm)
     $P tests/test_attention_gemm.py > "$OUT/ag-tests.log" 2>&1 &
     $P tests/test_attention_flash.py -k "forward_matches or persistent" \
         > "$OUT/ag-flash.log" 2>&1 &
+    $P tests/test_attention_tf32.py > "$OUT/ag-tf32.log" 2>&1 &
     sanitized ag ${SAN_LIMIT_S:-75} tests/test_attention_gemm.py -k "gpu_sizes and ieee"
     wait
-    summary ag-tests ag-flash ag-memcheck ag-racecheck
+    summary ag-tests ag-flash ag-tf32 ag-memcheck ag-racecheck
     S="perf/suites/attention.py --seqs 1024 4096"
     H="--set nbdnn.cuda.attention.gemm.HALF=1"  # (16-bit on the GEMM path: off until now)
     timeout 150 python3 $S --dims 64 128 --masked $H 2>&1 | grep -v -i warn
     timeout 60 python3 $S --dims 96 $H 2>&1 | grep -v -i warn
-    timeout 60 python3 $S --dtypes float32 --dims 64 \
+    timeout 80 python3 $S --dtypes float32 --dims 64 128 \
         --set "nbdnn._math_mode._default=['3xtf32']" 2>&1 | grep -v -i warn
     timeout 100 python3 perf/suites/transformer_step.py --models gpt --precisions fp32 2>&1 \
         | grep -v -i warn ;;
@@ -527,6 +529,22 @@ att-tf32-speed)
             --dims 64 128 --no-backward --set "nbdnn._math_mode._default=['$1']" \
             --set nbdnn.cuda.attention.flash_tf32.ON=$2 2>&1 | grep -v -i warn
     done ;;
+att-tf32-tiles)
+    # flash_tf32's block shapes: its tests (every KEY_TILES / Q_RAW shape), then D 64 and
+    # 128 float32 rows at S 4k in each mode and shape against PyTorch's (<= 300 s)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_attention_tf32.py \
+        > "$OUT/att-tiles.log" 2>&1 &
+    F=nbdnn.cuda.attention.flash_tf32
+    for mo in "3xtf32 {} 0" "3xtf32 {} 1" "3xtf32 {(64,3):16,(128,3):16} 0" \
+              "3xtf32 {(64,3):16,(128,3):16} 1" "tf32 {} 0" "tf32 {(64,1):16,(128,1):16} 0"; do
+        set -- $mo
+        echo "KEY_TILES $2 Q_RAW $3"
+        timeout 60 python3 perf/suites/attention.py --dtypes float32 --seqs 4096 --dims 64 128 \
+            --no-backward --set "nbdnn._math_mode._default=['$1']" --set $F.ON=1 \
+            --set "$F.KEY_TILES=$2" --set $F.Q_RAW=$3 2>&1 | grep "^float32"
+    done
+    wait
+    summary att-tiles ;;
 att-decode)
     # decode_split's chunking: blocks an SM (BLOCKS_PER_SM) and a chunk's least tiles
     # (MIN_CHUNK_TILES), the decode rows each way (at most ~420 s)

@@ -33,6 +33,7 @@ def test_flash_tf32_matches_reference(D, math, layout, causal, dims, lens, extra
     batch or heads), dropout."""
     from nbdnn.cuda.attention import flash_tf32
     monkeypatch.setattr(flash_tf32, "ON", True)
+    monkeypatch.setattr(flash_tf32, "MAX_D_3X", 128)  # (D 128 3xtf32: gemm.py's otherwise)
     B, Hq, Hk, Sq, Sk = dims
     rng = np.random.default_rng(D + Sq)
 
@@ -61,6 +62,19 @@ def test_flash_tf32_matches_reference(D, math, layout, causal, dims, lens, extra
     np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("key_tile,q_raw", [(16, False), (32, True), (16, True)])
+@pytest.mark.parametrize("case", [0, 1, 5])
+def test_flash_tf32_tile_configs(case, key_tile, q_raw, monkeypatch):
+    """The other shapes of the block: 16 keys a tile (KEY_TILES), Q kept raw and split
+    at each fragment load (Q_RAW), on the plain, the causal D 128, and the masked and
+    dropped cases."""
+    from nbdnn.cuda.attention import flash_tf32
+    D, math = CASES[case][:2]
+    monkeypatch.setattr(flash_tf32, "KEY_TILES", {(D, flash_tf32.MODES[math]): key_tile})
+    monkeypatch.setattr(flash_tf32, "Q_RAW", q_raw)
+    test_flash_tf32_matches_reference(*CASES[case], monkeypatch)
+
+
 def test_flash_tf32_only_where_it_fits(monkeypatch):
     """ieee, Dv != D, D past 128 or not a multiple of 8 keep the other paths."""
     from nbdnn.cuda.attention import flash_tf32
@@ -72,3 +86,6 @@ def test_flash_tf32_only_where_it_fits(monkeypatch):
     assert not flash_tf32.usable("float32", "tf32", 136, 136)
     assert not flash_tf32.usable("float32", "tf32", 20, 20)
     assert not flash_tf32.usable("bfloat16", "tf32", 64, 64)
+    assert flash_tf32.usable("float32", "3xtf32", 128, 128)  # (gemm.py cannot take it)
+    assert not flash_tf32.usable("float32", "3xtf32", 128, 128, gemm_takes_it=True)
+    assert flash_tf32.usable("float32", "tf32", 128, 128, gemm_takes_it=True)

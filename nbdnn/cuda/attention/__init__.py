@@ -6,7 +6,7 @@
   64 and 128 without a mask or dropout (wgmma, TMA; sm_90); flash_bwd.py
   (flash_bwd_source.py): its backward (dK and dV, then dQ by a second pass: deterministic).
 - flash_tf32.py: float32's forward in "tf32" / "3xtf32" fused on the tensor cores
-  (mma.sync m16n8k8, online softmax; off until it has run on a GPU: flash_tf32.ON).
+  (mma.sync m16n8k8, online softmax; 3xtf32 past D 64 on gemm.py, which is faster there).
 - gemm.py: GEMMs around row kernels, the scores in a workspace (nbdnn.cuda.matmul), for
   float32 in every math mode; no seq_lens. With gemm.HALF (off until it has run on a
   GPU) also the 16-bit calls flash.py does not take (masks, dropout, other head dims:
@@ -121,7 +121,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
                     Dv, *geo[16:19])
     elif rows and flash.usable(q, k, v, attn_mask, dropout_p, geo[27], Sq, geo[5], Dv):
         flash.forward(q, k, v, o, lse, lq, lk, *geo[24:26], geo, layout, stream)
-    elif rows and flash_tf32.usable(dtype, math, geo[5], Dv):
+    elif rows and flash_tf32.usable(dtype, math, geo[5], Dv,
+                                    gemm.usable(dtype, Sq, Sk, *geo[24:26])):
         flash_tf32.forward(q, k, v, o, lse, ma, mb, lq, lk, geo, math, stream)
     elif rows and gemm.usable(dtype, Sq, Sk, *geo[24:26]):
         gemm.forward(q, k, v, o, lse, ma, mb, geo, layout, math, stream)

@@ -35,10 +35,15 @@ that has it; D = Dv a multiple of 8 up to 128. A removed pair's p is
 0 in P V (a NaN in a removed key's v row would reach the row: as on every tensor-core
 path); keys past Sk or the length read as 0.
 
-ptxas (sm_90): 72 (D 8) to 168 (D 128, 3xtf32) registers, no spills; 127 at D 64 3xtf32,
-153 with a mask and dropout compiled in (192 at D 128).
-ON is False: written in run AS after its device time; tests/test_attention_tf32.py runs
-it on a GPU (forced), CI compiles it to PTX.
+ptxas (sm_90): 72 (D 8) to 168 (D 128, 3xtf32, 32 keys a tile) registers, no spills; 127
+at D 64 3xtf32, 153 with a mask and dropout compiled in (192 at D 128); 128 at D 128 with
+16 keys a tile (KEY_TILES).
+Run AT (H200): its GPU tests pass, memcheck and racecheck clean, SASS 192 HMMA, no LDL/STL.
+Float32 S 4k, TFLOP/s (x PyTorch's float32 SDPA, 3xTF32 too): 3xtf32 D 64 21.6 (0.61x),
+gemm.py's 16.9 (0.48x), causal 19.8 (0.60x) against 9.7; tf32 D 64 33.3 (0.95x), D 128
+29.9 (0.65x). 3xtf32 D 128 stays on gemm.py (MAX_D_3X). What it lacks against PyTorch's:
+an asynchronous copy pipeline (K and V are loaded, split and stored between two barriers
+each tile, their latency hidden only by the SM's other 2-4 blocks).
 """
 import math
 
@@ -51,6 +56,7 @@ from numba.cuda.extending import intrinsic
 from ..runtime.codegen import compile_source
 from ..runtime.intrinsics import round_tf32
 from ..runtime.launch import Kernel
+from ..runtime.simulator import SIMULATOR
 from ..tensorcore.asm import element_pointer, instruction
 from ..tensorcore.mma import mma_tf32
 from .flash import ex2
@@ -58,13 +64,22 @@ from .simt import _device_functions
 
 _, _keep, _, _bias, _ = _device_functions(types.float32)
 
-ON = False
+ON = True  # (GPU tests, memcheck, racecheck: run AT)
 PREFETCH = False  # True: the next key tile's loads issued before this tile's products, as
 # registers (D / 2 values a thread), rather than after the tile's first barrier. Off: ptxas
 # gives it 255 registers and spills 432 B at D 64 (3.9 KB at D 128): LLVM hoists the
 # loop-invariant part of each prefetched element's address out of the key loop
+Q_RAW = True  # (3xtf32) Q kept in shared memory as float32 and split into head and tail at
+# each fragment load, K and V still split once a tile: a third less shared memory (D 128:
+# 135 -> 101 KB, 2 blocks an SM rather than 1) for 3 ALU operations a Q value a tile. Run AT,
+# S 4k: D 64 20.8 -> 21.6 TFLOP/s, D 128 9.8 -> 15.9
+KEY_TILES = {}  # (D, P) -> keys a tile, where not config()'s choice (perf/gpu_run.sh
+# att-tf32-tiles sweeps them). 16 keys: half K's and V's shared memory, ptxas 128 registers
+# at D 128 (was 154-168). Run AT, S 4k: tf32 D 64 30.0 -> 33.3, D 128 25.5 -> 29.9; 3xtf32
+# D 128 9.8 -> 14.2 (15.9 with Q raw either way), D 64 20.8 -> 20.8 (18.5 with Q raw)
+MAX_D_3X = 64  # 3xtf32 past this head dim goes to gemm.py where it can: D 128 S 4k 31.4
+# TFLOP/s there against 15.9 here (run AT); here still for calls gemm.py does not take
 BQ, BK, THREADS = 64, 32, 128
-NT = BK // 8                      # key n-tiles of a tile
 MODES = {"tf32": 1, "3xtf32": 3}  # products a term
 SIG = ("void(float32[::1], float32[::1], float32[::1], float32[::1], float32[::1], "
        "int64[::1], int64[::1], " + ", ".join(["int64"] * 19) + ", float32, "
@@ -73,6 +88,7 @@ SIG = ("void(float32[::1], float32[::1], float32[::1], float32[::1], float32[::1
 
 bits = instruction("mov.b32 $0, $1;", types.uint32, types.float32,
                    "a float32's bits (a value already rounded to TF32) as mma_tf32 takes them")
+as_f32 = instruction("mov.b32 $0, $1;", types.float32, types.uint32, "bits as a float32")
 
 
 @intrinsic
@@ -87,14 +103,22 @@ def lds_bits(typingctx, arr, idx):
     return types.uint32(arr, types.int64), codegen
 
 
-def usable(dtype, math_mode, D, Dv):
-    """ON, float32 in a TF32 mode, D = Dv a multiple of 8 up to 128."""
-    return ON and dtype == "float32" and math_mode in MODES and D == Dv and D % 8 == 0 and \
-        8 <= D <= 128
+def usable(dtype, math_mode, D, Dv, gemm_takes_it=False):
+    """ON, float32 in a TF32 mode, D = Dv a multiple of 8 up to 128; 3xtf32 past MAX_D_3X
+    only where gemm.py does not take the call (gemm_takes_it)."""
+    return ON and not SIMULATOR and dtype == "float32" and math_mode in MODES and D == Dv and D % 8 == 0 and \
+        8 <= D <= 128 and not (math_mode == "3xtf32" and D > MAX_D_3X and gemm_takes_it)
+
+
+def config(D, P):
+    """(keys a tile, Q raw): the module's knobs for head dim D and P products a term."""
+    return KEY_TILES.get((D, P), 16 if P == 1 and D >= 64 else BK), Q_RAW and P == 3
 
 
 def shared_bytes(D, P):
-    return (BQ + 2 * BK) * (D + 4) * 4 * (2 if P == 3 else 1)
+    bk, q_raw = config(D, P)
+    parts = 2 if P == 3 else 1
+    return (BQ * (1 if q_raw else parts) + 2 * bk * parts) * (D + 4) * 4
 
 
 def source(D, P, prefetch=None, masked=False, dropped=False):
@@ -102,18 +126,24 @@ def source(D, P, prefetch=None, masked=False, dropped=False):
     prefetching the next key tile into registers unless told (PREFETCH), with the mask's
     bias (masked) and the dropout's keep factors (dropped) compiled in or out."""
     prefetch = PREFETCH if prefetch is None else prefetch
+    BK, q_raw = config(D, P)
+    NT = BK // 8  # key n-tiles of a tile
     PD, DT = D + 4, D // 8
     parts = ("h", "l") if P == 3 else ("h",)
-    base = {}  # shared offsets: Q, K, V heads then tails
+    base = {}  # shared offsets: Q, K, V heads then tails (Q raw: Q's values, no tail)
     at = 0
     for part in parts:
         for name, rows in (("Q", BQ), ("K", BK), ("V", BK)):
-            base[name + part] = at
-            at += rows * PD
+            if not (q_raw and name + part == "Ql"):
+                base[name + part] = at
+                at += rows * PD
     name = f"attention_flash_tf32_d{D}_{'3x' if P == 3 else '1x'}{'_pf' if prefetch else ''}" \
-        f"{'_m' if masked else ''}{'_d' if dropped else ''}"
+        f"{'_m' if masked else ''}{'_d' if dropped else ''}" \
+        f"{f'_k{BK}' if BK != 32 else ''}{'_qr' if q_raw else ''}"
 
     def split(val, dst, idx):  # a value into its TF32 head (and tail) in shared memory
+        if q_raw and dst == "Q":
+            return [f"sm[{base['Qh']} + {idx}] = {val}"]
         out = [f"hi = round_tf32({val})", f"sm[{base[dst + 'h']} + {idx}] = hi"]
         if P == 3:
             out.append(f"sm[{base[dst + 'l']} + {idx}] = round_tf32({val} - hi)")
@@ -194,10 +224,18 @@ def source(D, P, prefetch=None, masked=False, dropped=False):
         L += [f"        if kt + {BK} < kend:"] + fetch("            ", f"kt + {BK}")
     L += [f"        s{n}_{e} = F32(0)" for n in range(NT) for e in range(4)]
     for kk in range(DT):  # S = Q K^T
-        for part in parts:
+        offs = (0, 8 * PD, 4, 8 * PD + 4)
+        if q_raw:  # Q's fragment split here: head, then tail
+            L += [f"        qv{i} = as_f32(lds_bits(sm, qbase + {base['Qh'] + 8 * kk + off}))"
+                  for i, off in enumerate(offs)]
+            L += [f"        qh{i} = round_tf32(qv{i})" for i in range(4)]
+            L += ["        qah = (" + ", ".join(f"bits(qh{i})" for i in range(4)) + ")",
+                  "        qal = (" + ", ".join(f"bits(round_tf32(qv{i} - qh{i}))"
+                                             for i in range(4)) + ")"]
+        for part in parts if not q_raw else ():
             qa = base["Q" + part] + 8 * kk
             L += ["        qa{} = ({})".format(part, ", ".join(
-                f"lds_bits(sm, qbase + {qa + off})" for off in (0, 8 * PD, 4, 8 * PD + 4)))]
+                f"lds_bits(sm, qbase + {qa + off})" for off in offs))]
         for n in range(NT):
             L += products(f"s{n}", "qa", "kb", "kbase", "K", 8 * n * PD + 8 * kk, 4)
     for r, (lo, hi) in (("a", (0, 2)), ("b", (2, 4))):  # online softmax, rows a and b
@@ -255,18 +293,19 @@ _KERNELS = {}
 def kernel(D, P, masked=False, dropped=False):
     """The Kernel for head dim D, P products a term, the mask and dropout compiled in or
     out, built on first use."""
-    key = D, P, PREFETCH, masked, dropped
+    key = D, P, PREFETCH, masked, dropped, config(D, P)
     if key not in _KERNELS:
         name, src = source(D, P, None, masked, dropped)
         fn = compile_source(name, src, dict(
             cuda=cuda, math=math, F32=types.float32, NEG=types.float32(-np.inf),
             LN2=types.float32(math.log(2)), FULL=0xFFFFFFFF, fmaxf=libdevice.fmaxf, ex2=ex2,
-            bits=bits, lds_bits=lds_bits, round_tf32=round_tf32, mma_tf32=mma_tf32,
+            bits=bits, as_f32=as_f32, lds_bits=lds_bits, round_tf32=round_tf32, mma_tf32=mma_tf32,
             U64=np.uint64, LOG2E=types.float32(math.log2(math.e)), bias=_bias, keep=_keep),
             about={
-            "config": f"D {D}, {BQ} queries x {BK} keys a tile, 4 warps, mma.sync m16n8k8 "
-                      f"tf32, {P} product(s) a term",
-            "traffic": f"a key tile: {2 * BK * D * 4} B in, {4 * BQ * BK * D * P} flops",
+            "config": f"D {D}, {BQ} queries x {config(D, P)[0]} keys a tile, 4 warps, "
+                      f"mma.sync m16n8k8 tf32, {P} product(s) a term, Q raw {config(D, P)[1]}",
+            "traffic": f"a key tile: {2 * config(D, P)[0] * D * 4} B in, "
+                       f"{4 * BQ * config(D, P)[0] * D * P} flops",
             "why": "flash_tf32.py"})
         _KERNELS[key] = Kernel(fn, [SIG], shared_bytes=shared_bytes(D, P))
     return _KERNELS[key]
