@@ -60,6 +60,7 @@
 #   bash perf/gpu_run.sh att-tf32             # float32's fused TF32 forward: tests, (SAN=1)
 #                                             # sanitizer, SASS
 #   bash perf/gpu_run.sh att-tf32-speed       # its 3xtf32 / tf32 rows against gemm.py's
+#   bash perf/gpu_run.sh att-all              # every attention test, 8 shards (<= 330 s)
 #   bash perf/gpu_run.sh att-tf32-tiles       # its block shapes (KEY_TILES, Q_RAW) timed
 #   bash perf/gpu_run.sh att-decode           # decode_split's chunking swept: decode rows
 #   bash perf/gpu_run.sh att-train            # the tensor-core backward's speed, the
@@ -529,6 +530,15 @@ att-tf32-speed)
             --dims 64 128 --no-backward --set "nbdnn._math_mode._default=['$1']" \
             --set nbdnn.cuda.attention.flash_tf32.ON=$2 2>&1 | grep -v -i warn
     done ;;
+att-all)
+    # every attention test (the four kernel files, errors, the reference, the model
+    # layer, the demo) in 8 shards, and the crosscheck's attention rows (<= 330 s)
+    timeout ${TEST_LIMIT_S:-330} python3 -m pytest -q -p no:cacheprovider tests/test_crosscheck.py \
+        -k attention > "$OUT/att-cross.log" 2>&1 &
+    sharded att-all 8 ${TEST_LIMIT_S:-330} tests/test_attention_*.py tests/test_errors_attention.py \
+        tests/test_reference_attention.py tests/test_nn_transformer.py tests/test_demo.py
+    wait
+    summary att-cross ;;
 att-tf32-tiles)
     # flash_tf32's block shapes: its tests (every KEY_TILES / Q_RAW shape), then D 64 and
     # 128 float32 rows at S 4k in each mode and shape against PyTorch's (<= 300 s)

@@ -138,9 +138,11 @@ def test_gemm_path_at_gpu_sizes(dtype, math, workspace, D, kw, monkeypatch):
     from nbdnn.cuda.runtime.simulator import SIMULATOR
     if SIMULATOR:
         pytest.skip("a GPU's size")
+    from nbdnn.cuda.attention import flash_tf32
     if workspace:
         monkeypatch.setattr(gemm, "WORKSPACE", workspace)
     monkeypatch.setattr(gemm, "HALF", True)
+    monkeypatch.setattr(flash_tf32, "ON", False)  # (3xtf32 D 64's forward: flash_tf32.py's)
     ml_dtypes = pytest.importorskip("ml_dtypes")
     (q, k, v, do), kw = _case(np.float32, "BHSD", (2, 4, 2, 200, 300, D, D),
                               dict(kw, math=math), 1)

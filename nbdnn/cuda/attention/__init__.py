@@ -8,8 +8,8 @@
 - flash_tf32.py: float32's forward in "tf32" / "3xtf32" fused on the tensor cores
   (mma.sync m16n8k8, online softmax; 3xtf32 past D 64 on gemm.py, which is faster there).
 - gemm.py: GEMMs around row kernels, the scores in a workspace (nbdnn.cuda.matmul), for
-  float32 in every math mode; no seq_lens. With gemm.HALF (off until it has run on a
-  GPU) also the 16-bit calls flash.py does not take (masks, dropout, other head dims:
+  float32 in every math mode; no seq_lens. With gemm.HALF (on since run AT) also
+  the 16-bit calls flash.py does not take (masks, dropout, other head dims:
   TF32 tensor cores, exact on 16-bit values).
 - tiled.py, tiled_bwd.py: the forward and backward on the CUDA cores in 32 x 32 tiles
   (float32 compute; off until they have run on a GPU: tiled.ON).

@@ -2,9 +2,9 @@
 between nbdnn.cuda.matmul's GEMMs and two row kernels, as PyTorch's math backend
 composes it, for what the fused tensor-core kernels (flash.py, flash_bwd.py) do not
 take: float32 in every math mode ("ieee": the SIMT GEMM, 32 TFLOP/s on the H200;
-"tf32" / "3xtf32": the tensor cores), and with HALF (off until its GPU tests run) 16-bit
-storage with a mask, dropout or a head dim other than 64 and 128 (which otherwise runs
-the exact kernels, under 1 TFLOP/s). 16-bit tensors
+"tf32" / "3xtf32": the tensor cores; flash_tf32.py takes the forward in both where
+it is faster), and with HALF 16-bit storage with a mask, dropout or a head dim other
+than 64 and 128 (which otherwise runs the exact kernels, under 1 TFLOP/s). 16-bit tensors
 are cast to float32 and multiplied in "tf32", which is exact on 16-bit values (8 or 11
 significant bits; TF32 keeps 11): the tensor cores' products with float32 sums, as the
 reference models them, with p' rounded to the storage dtype before P V as it rounds it
@@ -61,8 +61,9 @@ from ..tensor import cast_tensor, transform_tensor
 from .simt import _device_functions
 
 ON = True
-HALF = False  # 16-bit calls too: off until their GPU tests run (written after run AS's
-# device time; float32's ran then, before the row kernels took the storage dtype's rounding)
+HALF = True  # 16-bit calls too (GPU tests, memcheck, racecheck: run AT). bf16 S 1k-4k:
+# a key-padding mask 16-44 TFLOP/s forward (0.06-0.11x PyTorch's fused masked kernels),
+# D 96 11-36 (0.03-0.08x); the exact kernels they replace: under 1
 MIN_KEYS = MIN_QUERIES = 64     # below: the exact kernels' one launch costs less
 WORKSPACE = 1 << 28             # bytes of float32 scores a chunk (256 MB)
 T = 32 if SIMULATOR else 128    # a row kernel's block: one score row
