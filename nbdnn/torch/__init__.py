@@ -1,0 +1,26 @@
+"""nbdnn inside PyTorch (issue 26): torch.nn.functional's names backed by nbdnn's ops.
+
+    import nbdnn.torch as nt
+    y = nt.conv2d(x, w, b, padding=1)        # differentiable; x on CUDA: nbdnn's kernels
+    y = torch.ops.nbdnn.conv(x, w, b, [1, 1], [1, 1, 1, 1], [1, 1], 1)   # the custom op
+
+Every function is a torch.library custom op (`torch.ops.nbdnn.<name>`) with a fake
+implementation and a backward registered for autograd, so torch.compile(fullgraph=True),
+torch.library.opcheck and CUDA graph capture see one op, not Python. CUDA tensors run on
+PyTorch's current stream; CPU tensors run nbdnn's CPU reference (zero-copy through
+NumPy); `with nbdnn.torch.reference():` runs every call on the reference, CUDA tensors
+copied, to check a model against it.
+
+Differences from torch.nn.functional, each an error rather than a silent change:
+hardtanh with min_val other than 0; softplus with a threshold other than 20 (nbdnn's
+softplus is the exact stable form, PyTorch's returns x past the threshold);
+max_pool's return_indices; avg_pool's divisor_override; adaptive_avg_pool2d to sizes other
+than (1, 1); instance_norm updating running statistics; softmax without dim. inplace=True
+writes the result back into the input unless autograd needs the input (then the result
+is a new tensor). Dtypes: float16, bfloat16, float32, float64 (others: DtypeError).
+"""
+from ._bridge import reference
+from . import functional
+from .functional import *  # noqa: F401,F403
+
+__all__ = ["functional", "reference", *functional.__all__]

@@ -1,0 +1,78 @@
+"""torch tensors in and out of nbdnn's ops, zero-copy both ways.
+
+CUDA tensors go to nbdnn as they are (`__cuda_array_interface__`), on PyTorch's current
+stream; nbdnn allocates their results through PyTorch's caching allocator and returns
+torch tensors. CPU tensors go to nbdnn's CPU reference as NumPy views of their storage
+(bfloat16 through ml_dtypes' bfloat16, which has torch's bit layout), and the reference's
+NumPy results come back as tensors sharing their memory. BACKEND = "cpu" (set by
+nbdnn.torch.reference(), for comparing a model against the reference) runs CUDA
+tensors on the CPU reference too: copied to the host and the results back."""
+import contextlib
+
+import numpy as np
+import torch
+
+BACKEND = None  # None: a tensor's own device picks; "cpu": the reference for every tensor
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@contextlib.contextmanager
+def reference():
+    """Within: every nbdnn.torch op runs nbdnn's CPU reference, CUDA tensors included
+    (copied to the host and back): a model checked against the reference as it is."""
+    global BACKEND
+    before, BACKEND = BACKEND, "cpu"
+    try:
+        yield
+    finally:
+        BACKEND = before
+
+
+def on_cpu(t):
+    """Whether a call on tensor t runs the CPU reference."""
+    return BACKEND == "cpu" or not t.is_cuda
+
+
+def arr(t, cpu):
+    """Tensor t (or None) as the array nbdnn takes: on the CPU reference (cpu) a NumPy
+    view of its host copy, else the contiguous CUDA tensor."""
+    if t is None:
+        return None
+    t = t.detach()
+    if not cpu:
+        return t.contiguous()
+    t = t.to("cpu").contiguous()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def tensor(a, like):
+    """nbdnn's result a as a torch tensor on tensor like's device (a NumPy result
+    shares its memory where it stays on the CPU)."""
+    if isinstance(a, torch.Tensor):
+        return a
+    a = np.asarray(a)
+    if not a.flags.c_contiguous or not a.flags.writeable:
+        a = np.array(a, order="C")
+    t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) \
+        if a.dtype.name == "bfloat16" else torch.from_numpy(a)
+    return t if like.device.type == "cpu" else t.to(like.device)
+
+
+def run(fn, like, *args, **kw):
+    """fn(*args, **kw) (an nbdnn op) with the tensors among args and kw's values made
+    arrays, on the CPU reference or on like's CUDA stream; the results as tensors on
+    like's device (a tuple stays a tuple; None stays None)."""
+    cpu = on_cpu(like)
+    args = [arr(a, cpu) if isinstance(a, torch.Tensor) else a for a in args]
+    kw = {k: arr(v, cpu) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    if cpu:
+        kw["backend"] = "cpu"
+    else:
+        kw["stream"] = torch.cuda.current_stream(like.device)
+    out = fn(*args, **kw)
+    if isinstance(out, tuple):
+        return tuple(None if o is None else tensor(o, like) for o in out)
+    return tensor(out, like)

@@ -1,0 +1,157 @@
+"""torch.ops.nbdnn's pointwise and matrix ops: activation, softmax, linear, lrn, each a
+custom op with a fake (shape-only) implementation and its backward, itself a custom op,
+registered for autograd. The tensors a backward keeps are what nbdnn's backward reads:
+activation x (nbdnn computes f'(x) from x), softmax its output, linear x and w, lrn x."""
+from typing import Optional
+
+import torch
+from torch.library import custom_op
+
+import nbdnn
+from ._bridge import run
+
+
+@custom_op("nbdnn::activation", mutates_args=())
+def activation(x: torch.Tensor, mode: str, coef: float) -> torch.Tensor:
+    """y = f(x) for nbdnn.activation's modes."""
+    return run(nbdnn.activation, x, x, mode, coef=coef)
+
+
+@custom_op("nbdnn::activation_backward", mutates_args=())
+def activation_backward(dy: torch.Tensor, x: torch.Tensor, mode: str,
+                        coef: float) -> torch.Tensor:
+    return run(nbdnn.activation_backward, x, dy, x, None, mode, coef=coef)
+
+
+@activation.register_fake
+def _(x, mode, coef):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@activation_backward.register_fake
+def _(dy, x, mode, coef):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _activation_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.mode, ctx.coef = inputs[1:]
+
+
+def _activation_grad(ctx, dy):
+    (x,) = ctx.saved_tensors
+    return activation_backward(dy, x, ctx.mode, ctx.coef), None, None
+
+
+activation.register_autograd(_activation_grad, setup_context=_activation_setup)
+
+
+@custom_op("nbdnn::softmax", mutates_args=())
+def softmax(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    """softmax (log: log_softmax) over axis dim."""
+    return run(nbdnn.softmax, x, x, dim, algo="log" if log else "accurate")
+
+
+@custom_op("nbdnn::softmax_backward", mutates_args=())
+def softmax_backward(dy: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    return run(nbdnn.softmax_backward, y, dy, y, dim, algo="log" if log else "accurate")
+
+
+@softmax.register_fake
+def _(x, dim, log):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@softmax_backward.register_fake
+def _(dy, y, dim, log):
+    return torch.empty_like(y, memory_format=torch.contiguous_format)
+
+
+def _softmax_setup(ctx, inputs, output):
+    ctx.save_for_backward(output)
+    ctx.dim, ctx.log = inputs[1:]
+
+
+def _softmax_grad(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return softmax_backward(dy, y, ctx.dim, ctx.log), None, None
+
+
+softmax.register_autograd(_softmax_grad, setup_context=_softmax_setup)
+
+
+# linear: x (..., I) viewed as (M, I), w (O, I), y = x w^T + b: one GEMM of M x O x I
+@custom_op("nbdnn::linear", mutates_args=())
+def linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+    y = run(nbdnn.matmul, x, x.reshape(-1, x.shape[-1]), w, trans_b=True, bias=b)
+    return y.reshape(*x.shape[:-1], w.shape[0])
+
+
+@custom_op("nbdnn::linear_backward", mutates_args=())
+def linear_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+                    has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dw, db); db empty without a bias."""
+    dx, dw, *db = run(nbdnn.matmul_backward, x, dy.reshape(-1, w.shape[0]),
+                      x.reshape(-1, x.shape[-1]), w, trans_b=True, bias=has_bias)
+    return dx.reshape(x.shape), dw, db[0] if has_bias else w.new_empty(0)
+
+
+@linear.register_fake
+def _(x, w, b):
+    return x.new_empty(*x.shape[:-1], w.shape[0])
+
+
+@linear_backward.register_fake
+def _(dy, x, w, has_bias):
+    return (x.new_empty(x.shape), w.new_empty(w.shape),
+            w.new_empty(w.shape[0] if has_bias else 0))
+
+
+def _linear_setup(ctx, inputs, output):
+    x, w, b = inputs
+    ctx.save_for_backward(x, w)
+    ctx.has_bias = b is not None
+
+
+def _linear_grad(ctx, dy):
+    x, w = ctx.saved_tensors
+    dx, dw, db = linear_backward(dy, x, w, ctx.has_bias)
+    return dx, dw, db if ctx.has_bias else None
+
+
+linear.register_autograd(_linear_grad, setup_context=_linear_setup)
+
+
+# lrn: across channels, x (N, C, ...); PyTorch's local_response_norm is cuDNN's LRN
+@custom_op("nbdnn::lrn", mutates_args=())
+def lrn(x: torch.Tensor, size: int, alpha: float, beta: float, k: float) -> torch.Tensor:
+    return run(nbdnn.lrn, x, x, size, alpha, beta, k)
+
+
+@custom_op("nbdnn::lrn_backward", mutates_args=())
+def lrn_backward(dy: torch.Tensor, x: torch.Tensor, size: int, alpha: float, beta: float,
+                 k: float) -> torch.Tensor:
+    return run(nbdnn.lrn_backward, x, dy, x, size, alpha, beta, k)
+
+
+@lrn.register_fake
+def _(x, size, alpha, beta, k):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@lrn_backward.register_fake
+def _(dy, x, size, alpha, beta, k):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _lrn_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.params = inputs[1:]
+
+
+def _lrn_grad(ctx, dy):
+    (x,) = ctx.saved_tensors
+    return (lrn_backward(dy, x, *ctx.params),) + (None,) * 4
+
+
+lrn.register_autograd(_lrn_grad, setup_context=_lrn_setup)

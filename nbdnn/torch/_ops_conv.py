@@ -1,0 +1,133 @@
+"""torch.ops.nbdnn's convolution and pooling, channels first (NCW, NCHW, NCDHW), with
+their backwards. Padding travels as per-side pairs flattened, (pre_0, post_0, pre_1, ...),
+so PyTorch's padding="same" (more after than before for an odd total) is exact. The
+convolution's backward keeps x and w (dx from dy and w, dw from dy and x, db from dy);
+max pooling's keeps x (nbdnn finds each window's maximum again, PyTorch's first-maximum
+rule), average pooling's keeps x too (only its shape is read)."""
+from typing import Optional
+
+import torch
+from torch.library import custom_op
+
+import nbdnn
+from .._shapes import pool_out_size
+from ._bridge import run
+
+CONVS = {1: nbdnn.conv1d, 2: nbdnn.conv2d, 3: nbdnn.conv3d}
+POOLS = {1: nbdnn.pool1d, 2: nbdnn.pool2d, 3: nbdnn.pool3d}
+
+
+def pairs(padding):
+    return tuple(zip(padding[0::2], padding[1::2]))
+
+
+def conv_shape(x, w, stride, padding, dilation):
+    """y's shape: (N, K, P...), P = (S + pre + post - d (R - 1) - 1) // s + 1."""
+    P = [(S + a + b - d * (R - 1) - 1) // s + 1 for S, R, s, (a, b), d in
+         zip(x.shape[2:], w.shape[2:], stride, pairs(padding), dilation)]
+    return (x.shape[0], w.shape[0], *P)
+
+
+def _geometry(stride, padding, dilation, groups):
+    return dict(stride=tuple(stride), padding=pairs(padding), dilation=tuple(dilation),
+                groups=groups)
+
+
+@custom_op("nbdnn::conv", mutates_args=())
+def conv(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], stride: list[int],
+         padding: list[int], dilation: list[int], groups: int) -> torch.Tensor:
+    """Cross-correlation (PyTorch's convolution), 1-3 spatial axes by w's rank."""
+    return run(CONVS[w.dim() - 2], x, x, w, b, **_geometry(stride, padding, dilation, groups))
+
+
+@custom_op("nbdnn::conv_backward", mutates_args=())
+def conv_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: list[int],
+                  padding: list[int], dilation: list[int], groups: int,
+                  output_mask: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dw, db), each empty where output_mask says it is not wanted."""
+    geo = _geometry(stride, padding, dilation, groups)
+    want_x, want_w, want_b = output_mask
+    dx = run(nbdnn.conv_backward_data, x, dy, w, tuple(x.shape), **geo) if want_x \
+        else x.new_empty(0)
+    dw = run(nbdnn.conv_backward_filter, x, dy, x, tuple(w.shape), **geo) if want_w \
+        else w.new_empty(0)
+    db = run(nbdnn.conv_backward_bias, x, dy) if want_b else w.new_empty(0)
+    return dx, dw, db
+
+
+@conv.register_fake
+def _(x, w, b, stride, padding, dilation, groups):
+    return x.new_empty(conv_shape(x, w, stride, padding, dilation))
+
+
+@conv_backward.register_fake
+def _(dy, x, w, stride, padding, dilation, groups, output_mask):
+    want_x, want_w, want_b = output_mask
+    return (x.new_empty(x.shape if want_x else (0,)), w.new_empty(w.shape if want_w else (0,)),
+            w.new_empty(w.shape[0] if want_b else 0))
+
+
+def _conv_setup(ctx, inputs, output):
+    x, w, b = inputs[:3]
+    ctx.save_for_backward(x, w)
+    ctx.geo, ctx.has_bias = inputs[3:], b is not None
+
+
+def _conv_grad(ctx, dy):
+    x, w = ctx.saved_tensors
+    want = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and
+            ctx.needs_input_grad[2]]
+    grads = conv_backward(dy, x, w, *ctx.geo, want)
+    return tuple(g if ok else None for g, ok in zip(grads, want)) + (None,) * 4
+
+
+conv.register_autograd(_conv_grad, setup_context=_conv_setup)
+
+
+def pool_shape(x, kernel, stride, padding, dilation, ceil_mode):
+    return (*x.shape[:2], *(pool_out_size(S, k, s, d, a, b, ceil_mode) for S, k, s, d, (a, b)
+                            in zip(x.shape[2:], kernel, stride, dilation, pairs(padding))))
+
+
+def _pool_kw(stride, padding, dilation, mode, ceil_mode):
+    return dict(stride=tuple(stride), padding=pairs(padding), dilation=tuple(dilation),
+                mode=mode, ceil_mode=ceil_mode)
+
+
+@custom_op("nbdnn::pool", mutates_args=())
+def pool(x: torch.Tensor, kernel: list[int], stride: list[int], padding: list[int],
+         dilation: list[int], mode: str, ceil_mode: bool) -> torch.Tensor:
+    """mode "max", "avg" (padding counted: count_include_pad) or "avg_exclude_pad"."""
+    return run(POOLS[len(kernel)], x, x, tuple(kernel),
+               **_pool_kw(stride, padding, dilation, mode, ceil_mode))
+
+
+@custom_op("nbdnn::pool_backward", mutates_args=())
+def pool_backward(dy: torch.Tensor, x: torch.Tensor, kernel: list[int], stride: list[int],
+                  padding: list[int], dilation: list[int], mode: str,
+                  ceil_mode: bool) -> torch.Tensor:
+    return run(nbdnn.pool_backward, x, dy, x, tuple(kernel),
+               **_pool_kw(stride, padding, dilation, mode, ceil_mode))
+
+
+@pool.register_fake
+def _(x, kernel, stride, padding, dilation, mode, ceil_mode):
+    return x.new_empty(pool_shape(x, kernel, stride, padding, dilation, ceil_mode))
+
+
+@pool_backward.register_fake
+def _(dy, x, kernel, stride, padding, dilation, mode, ceil_mode):
+    return x.new_empty(x.shape)
+
+
+def _pool_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.params = inputs[1:]
+
+
+def _pool_grad(ctx, dy):
+    (x,) = ctx.saved_tensors
+    return (pool_backward(dy, x, *ctx.params),) + (None,) * 6
+
+
+pool.register_autograd(_pool_grad, setup_context=_pool_setup)

@@ -1,0 +1,249 @@
+"""torch.ops.nbdnn's normalisations and their backwards. Each forward returns y with the
+statistics nbdnn's backward reads (mean and invstd, or invrms: float32, float64 for
+float64 x), which are not differentiable; the backward keeps x, the weight and those
+statistics, so nothing is recomputed. Weights and biases have x's dtype, as nbdnn's
+norms take them; gradients come back in it. Batch norm's running statistics are
+advanced as PyTorch advances them (momentum, unbiased variance), in float32 while nbdnn
+runs, and copied into the buffers by nbdnn.torch.batch_norm."""
+from typing import Optional
+
+import torch
+from torch.library import custom_op
+
+import nbdnn
+from ._bridge import arr, on_cpu, run, tensor
+
+Tensor = torch.Tensor
+
+
+def _stat_dtype(x):
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _stats(x, shape):
+    return x.new_empty(shape, dtype=_stat_dtype(x))
+
+
+def _grads(x, w, has_b):
+    """The fake (dx, dw, db) of a norm: dw and db empty where there is no weight / bias."""
+    n = w.shape if w is not None else (0,)
+    return x.new_empty(x.shape), x.new_empty(n), x.new_empty(n if has_b else (0,))
+
+
+def _pick(grads, w, has_b):
+    dx, dw, db = grads
+    return dx, dw if w is not None else dx.new_empty(0), db if has_b else dx.new_empty(0)
+
+
+# ---- batch norm: x (N, C, ...) or (N, C); statistics over all axes but C. A custom op
+# with autograd must not mutate its inputs: the updated running statistics are outputs,
+# which nbdnn.torch.batch_norm copies into the buffers (torch.compile functionalises it)
+@custom_op("nbdnn::batch_norm", mutates_args=())
+def batch_norm(x: Tensor, w: Optional[Tensor], b: Optional[Tensor],
+               running_mean: Optional[Tensor], running_var: Optional[Tensor], training: bool,
+               momentum: float, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(y, mean, invstd, new running mean, new running var): training, the batch's
+    statistics, the running ones advanced (empty where not given); otherwise the
+    running statistics used, the other four outputs empty."""
+    if not training:
+        y = run(nbdnn.batch_norm_infer, x, x, *_affine(x, w, b),
+                running_mean.to(_stat_dtype(x)), running_var.to(_stat_dtype(x)), eps=eps)
+        return (y,) + tuple(_stats(x, 0) for _ in range(4))
+    cpu = on_cpu(x)
+    rm, rv = (arr(r.to(_stat_dtype(x), copy=True), cpu) if r is not None else None
+              for r in (running_mean, running_var))
+    y, mean, invstd = run(nbdnn.batch_norm_train, x, x, w, b, rm, rv, momentum=momentum,
+                          eps=eps)
+    new = (tensor(r, x).to(x.device) if r is not None else _stats(x, 0) for r in (rm, rv))
+    return (y, mean, invstd, *new)
+
+
+def _affine(x, w, b):
+    C = x.shape[1]
+    return (w if w is not None else x.new_ones(C), b if b is not None else x.new_zeros(C))
+
+
+@batch_norm.register_fake
+def _(x, w, b, running_mean, running_var, training, momentum, eps):
+    n = x.shape[1] if training else 0
+    rn = [x.shape[1] if training and r is not None else 0 for r in (running_mean, running_var)]
+    return x.new_empty(x.shape), _stats(x, n), _stats(x, n), _stats(x, rn[0]), _stats(x, rn[1])
+
+
+@custom_op("nbdnn::batch_norm_backward", mutates_args=())
+def batch_norm_backward(dy: Tensor, x: Tensor, w: Optional[Tensor], mean: Tensor,
+                        invstd: Tensor, has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Training mode: (dx, dw, db) through the batch statistics."""
+    return _pick(run(nbdnn.batch_norm_backward, x, dy, x, w, mean, invstd), w, has_bias)
+
+
+@custom_op("nbdnn::batch_norm_infer_backward", mutates_args=())
+def batch_norm_infer_backward(dy: Tensor, x: Tensor, w: Optional[Tensor],
+                              running_mean: Tensor, running_var: Tensor, eps: float,
+                              has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Inference mode (fixed statistics), from nbdnn ops: dx = w dy / sqrt(var + eps)
+    (batch_norm_infer of dy, mean 0, bias 0); db = sum dy, dw = sum dy xhat over all
+    axes but C (conv_backward_bias, xhat = batch_norm_infer of x with w 1, b 0)."""
+    C = x.shape[1]
+    zeros, mean, var = (x.new_zeros(C), running_mean.to(_stat_dtype(x)),
+                        running_var.to(_stat_dtype(x)))
+    dx = run(nbdnn.batch_norm_infer, x, dy, _affine(x, w, None)[0], zeros, mean.new_zeros(C),
+             var, eps=eps)
+    dy3 = dy.reshape(*dy.shape[:2], -1)
+    db = run(nbdnn.conv_backward_bias, x, dy3) if has_bias else dx.new_empty(0)
+    dw = dx.new_empty(0)
+    if w is not None:
+        xhat = run(nbdnn.batch_norm_infer, x, x, x.new_ones(C), zeros, mean, var, eps=eps)
+        prod = run(nbdnn.op_tensor, x, "mul", dy3, xhat.reshape(dy3.shape))
+        dw = run(nbdnn.conv_backward_bias, x, prod)
+    return dx, dw, db
+
+
+@batch_norm_backward.register_fake
+def _(dy, x, w, mean, invstd, has_bias):
+    return _grads(x, w, has_bias)
+
+
+@batch_norm_infer_backward.register_fake
+def _(dy, x, w, running_mean, running_var, eps, has_bias):
+    return _grads(x, w, has_bias)
+
+
+def _batch_norm_setup(ctx, inputs, output):
+    x, w, b, rm, rv, training, momentum, eps = inputs
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.training, ctx.eps, ctx.has_w, ctx.has_b = training, eps, w is not None, b is not None
+    ctx.save_for_backward(x, w, *(output[1:3] if training else (rm, rv)))
+
+
+def _batch_norm_grad(ctx, dy, *_stat_grads):
+    x, w, s0, s1 = ctx.saved_tensors
+    if ctx.training:
+        dx, dw, db = batch_norm_backward(dy, x, w, s0, s1, ctx.has_b)
+    else:
+        dx, dw, db = batch_norm_infer_backward(dy, x, w, s0, s1, ctx.eps, ctx.has_b)
+    return (dx, dw if ctx.has_w else None, db if ctx.has_b else None) + (None,) * 5
+
+
+batch_norm.register_autograd(_batch_norm_grad, setup_context=_batch_norm_setup)
+
+
+# ---- layer norm and RMS norm: over x's last ndim axes (the weight's shape)
+@custom_op("nbdnn::layer_norm", mutates_args=())
+def layer_norm(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], ndim: int,
+               eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    return run(nbdnn.layer_norm, x, x, w, b, ndim=ndim, eps=eps)
+
+
+@custom_op("nbdnn::layer_norm_backward", mutates_args=())
+def layer_norm_backward(dy: Tensor, x: Tensor, mean: Tensor, invstd: Tensor,
+                        w: Optional[Tensor], ndim: int,
+                        has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _pick(run(nbdnn.layer_norm_backward, x, dy, x, mean, invstd, w, ndim=ndim), w,
+                 has_bias)
+
+
+@layer_norm.register_fake
+def _(x, w, b, ndim, eps):
+    return x.new_empty(x.shape), _stats(x, x.shape[:x.dim() - ndim]), \
+        _stats(x, x.shape[:x.dim() - ndim])
+
+
+@layer_norm_backward.register_fake
+def _(dy, x, mean, invstd, w, ndim, has_bias):
+    return _grads(x, w, has_bias)
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, w, b, ndim, eps = inputs
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.save_for_backward(x, output[1], output[2], w)
+    ctx.ndim, ctx.has_w, ctx.has_b = ndim, w is not None, b is not None
+
+
+def _layer_norm_grad(ctx, dy, _dmean, _dinvstd):
+    x, mean, invstd, w = ctx.saved_tensors
+    dx, dw, db = layer_norm_backward(dy, x, mean, invstd, w, ctx.ndim, ctx.has_b)
+    return dx, dw if ctx.has_w else None, db if ctx.has_b else None, None, None
+
+
+layer_norm.register_autograd(_layer_norm_grad, setup_context=_layer_norm_setup)
+
+
+@custom_op("nbdnn::rms_norm", mutates_args=())
+def rms_norm(x: Tensor, w: Optional[Tensor], ndim: int, eps: float) -> tuple[Tensor, Tensor]:
+    return run(nbdnn.rms_norm, x, x, w, None, ndim=ndim, eps=eps)
+
+
+@custom_op("nbdnn::rms_norm_backward", mutates_args=())
+def rms_norm_backward(dy: Tensor, x: Tensor, invrms: Tensor, w: Optional[Tensor],
+                      ndim: int) -> tuple[Tensor, Tensor]:
+    dx, dw, _ = _pick(run(nbdnn.rms_norm_backward, x, dy, x, invrms, w, ndim=ndim), w, False)
+    return dx, dw
+
+
+@rms_norm.register_fake
+def _(x, w, ndim, eps):
+    return x.new_empty(x.shape), _stats(x, x.shape[:x.dim() - ndim])
+
+
+@rms_norm_backward.register_fake
+def _(dy, x, invrms, w, ndim):
+    return _grads(x, w, False)[:2]
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, w, ndim, eps = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(x, output[1], w)
+    ctx.ndim, ctx.has_w = ndim, w is not None
+
+
+def _rms_norm_grad(ctx, dy, _dinvrms):
+    x, invrms, w = ctx.saved_tensors
+    dx, dw = rms_norm_backward(dy, x, invrms, w, ctx.ndim)
+    return dx, dw if ctx.has_w else None, None, None
+
+
+rms_norm.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+
+
+# ---- group norm (instance norm: groups = C): x (N, C, ...), statistics (N, groups)
+@custom_op("nbdnn::group_norm", mutates_args=())
+def group_norm(x: Tensor, groups: int, w: Optional[Tensor], b: Optional[Tensor],
+               eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    return run(nbdnn.group_norm, x, x, groups, w, b, eps=eps)
+
+
+@custom_op("nbdnn::group_norm_backward", mutates_args=())
+def group_norm_backward(dy: Tensor, x: Tensor, mean: Tensor, invstd: Tensor,
+                        w: Optional[Tensor], groups: int,
+                        has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _pick(run(nbdnn.group_norm_backward, x, dy, x, mean, invstd, w, groups=groups), w,
+                 has_bias)
+
+
+@group_norm.register_fake
+def _(x, groups, w, b, eps):
+    return x.new_empty(x.shape), _stats(x, (x.shape[0], groups)), _stats(x, (x.shape[0], groups))
+
+
+@group_norm_backward.register_fake
+def _(dy, x, mean, invstd, w, groups, has_bias):
+    return _grads(x, w, has_bias)
+
+
+def _group_norm_setup(ctx, inputs, output):
+    x, groups, w, b, eps = inputs
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.save_for_backward(x, output[1], output[2], w)
+    ctx.groups, ctx.has_w, ctx.has_b = groups, w is not None, b is not None
+
+
+def _group_norm_grad(ctx, dy, _dmean, _dinvstd):
+    x, mean, invstd, w = ctx.saved_tensors
+    dx, dw, db = group_norm_backward(dy, x, mean, invstd, w, ctx.groups, ctx.has_b)
+    return dx, None, dw if ctx.has_w else None, db if ctx.has_b else None, None
+
+
+group_norm.register_autograd(_group_norm_grad, setup_context=_group_norm_setup)

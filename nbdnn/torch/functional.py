@@ -1,0 +1,297 @@
+"""torch.nn.functional's names, signatures and meaning, computed by nbdnn: CUDA tensors
+on nbdnn's kernels (PyTorch's current stream), CPU tensors on nbdnn's CPU reference.
+Each call is one torch.ops.nbdnn custom op (autograd, torch.compile, CUDA graphs see it).
+Where nbdnn cannot give PyTorch's meaning the call is a NotSupportedError naming the
+argument, never a silent difference; see nbdnn/torch/__init__.py for the list."""
+import math
+
+import torch
+
+from ..errors import DtypeError, NotSupportedError, ShapeError
+from ._bridge import DTYPES
+from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
+from ._ops_conv import conv, pool
+from ._ops_norm import batch_norm as _batch_norm, group_norm as _group_norm, \
+    layer_norm as _layer_norm, rms_norm as _rms_norm
+
+
+def _check(fn, *tensors):
+    for t in tensors:
+        if t is not None and t.dtype not in DTYPES:
+            raise DtypeError(f"nbdnn.torch.{fn}: {t.dtype} tensors are not taken "
+                             f"(float16, bfloat16, float32, float64)")
+
+
+def _unsupported(fn, what):
+    raise NotSupportedError(f"nbdnn.torch.{fn}: {what}")
+
+
+def _inplace(fn, x, y, inplace):
+    """PyTorch's inplace=True writes the result into x; where autograd needs x intact (it
+    requires grad), the result is returned as a new tensor instead (as under
+    torch.compile's functionalisation)."""
+    if inplace and not (torch.is_grad_enabled() and x.requires_grad):
+        return x.copy_(y)
+    return y
+
+
+def _act(fn, x, mode, coef, inplace=False):
+    _check(fn, x)
+    return _inplace(fn, x, activation(x, mode, float(coef)), inplace)
+
+
+def relu(input, inplace=False):
+    return _act("relu", input, "relu", 0.0, inplace)
+
+
+def leaky_relu(input, negative_slope=0.01, inplace=False):
+    return _act("leaky_relu", input, "leaky_relu", negative_slope, inplace)
+
+
+def elu(input, alpha=1.0, inplace=False):
+    return _act("elu", input, "elu", alpha, inplace)
+
+
+def gelu(input, approximate="none"):
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"nbdnn.torch.gelu: approximate must be 'none' or 'tanh'; "
+                         f"got {approximate!r}")
+    return _act("gelu", input, "gelu" if approximate == "none" else "gelu_tanh", 0.0)
+
+
+def silu(input, inplace=False):
+    return _act("silu", input, "swish", 1.0, inplace)
+
+
+def sigmoid(input):
+    return _act("sigmoid", input, "sigmoid", 0.0)
+
+
+def tanh(input):
+    return _act("tanh", input, "tanh", 0.0)
+
+
+def softplus(input, beta=1.0, threshold=20.0):
+    if threshold != 20.0:  # (nbdnn: the stable exact form everywhere; PyTorch returns x
+        # past beta x > threshold, which differs from it by log1p(exp(-threshold)) / beta)
+        _unsupported("softplus", f"threshold {threshold} (only PyTorch's default 20)")
+    return _act("softplus", input, "softplus", beta)
+
+
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    if min_val != 0.0:
+        _unsupported("hardtanh", f"min_val {min_val} (nbdnn's clipped relu clips at 0: "
+                     "min_val 0 only)")
+    return _act("hardtanh", input, "clipped_relu", max_val, inplace)
+
+
+def relu6(input, inplace=False):
+    return _act("relu6", input, "clipped_relu", 6.0, inplace)
+
+
+def _softmax_call(fn, input, dim, dtype, log):
+    if dim is None:
+        _unsupported(fn, "dim None (PyTorch's deprecated implicit choice): pass dim")
+    if dtype is not None:
+        input = input.to(dtype)
+    _check(fn, input)
+    return _softmax(input, dim, log)
+
+
+def softmax(input, dim=None, _stacklevel=3, dtype=None):
+    return _softmax_call("softmax", input, dim, dtype, False)
+
+
+def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    return _softmax_call("log_softmax", input, dim, dtype, True)
+
+
+def linear(input, weight, bias=None):
+    _check("linear", input, weight, bias)
+    if input.dim() == 1:
+        return _linear(input.unsqueeze(0), weight, bias).squeeze(0)
+    return _linear(input, weight, bias)
+
+
+def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
+    _check("local_response_norm", input)
+    if input.dim() < 3:
+        raise ShapeError(f"nbdnn.torch.local_response_norm: input.dim() must be >= 3; "
+                         f"got {input.dim()}")
+    return lrn(input, size, alpha, beta, k)
+
+
+def _tuple(v, nd):
+    return [int(v)] * nd if isinstance(v, int) else [int(i) for i in v]
+
+
+def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
+    _check(fn, input, weight, bias)
+    if weight.dim() != nd + 2 or input.dim() != nd + 2:
+        raise ShapeError(f"nbdnn.torch.{fn}: input and weight must be {nd + 2}-d "
+                         f"(batched, channels first); got {input.dim()}-d and {weight.dim()}-d")
+    stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
+    if padding == "valid":
+        pads = [0] * (2 * nd)
+    elif padding == "same":  # (PyTorch: total d (R - 1), the odd one after)
+        pads = []
+        for R, d in zip(weight.shape[2:], dilation):
+            total = d * (R - 1)
+            pads += [total // 2, total - total // 2]
+    else:
+        pads = [p for v in _tuple(padding, nd) for p in (v, v)]
+    return conv(input, weight, bias, stride, pads, dilation, groups)
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv("conv1d", 1, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv("conv2d", 2, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
+
+
+def _pool(fn, nd, input, kernel_size, stride, padding, dilation, mode, ceil_mode):
+    _check(fn, input)
+    if input.dim() != nd + 2:
+        raise ShapeError(f"nbdnn.torch.{fn}: input must be {nd + 2}-d (batched, channels "
+                         f"first); got {input.dim()}-d")
+    kernel = _tuple(kernel_size, nd)
+    stride = kernel if stride is None or stride == [] else _tuple(stride, nd)
+    pads = [p for v in _tuple(padding, nd) for p in (v, v)]
+    return pool(input, kernel, stride, pads, _tuple(dilation, nd), mode, bool(ceil_mode))
+
+
+def _max_pool(fn, nd, input, kernel_size, stride, padding, dilation, ceil_mode,
+              return_indices):
+    if return_indices:
+        _unsupported(fn, "return_indices (nbdnn's backward finds each window's maximum "
+                     "again; it keeps no indices)")
+    return _pool(fn, nd, input, kernel_size, stride, padding, dilation, "max", ceil_mode)
+
+
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    return _max_pool("max_pool1d", 1, input, kernel_size, stride, padding, dilation,
+                     ceil_mode, return_indices)
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    return _max_pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation,
+                     ceil_mode, return_indices)
+
+
+def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    return _max_pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation,
+                     ceil_mode, return_indices)
+
+
+def _avg_pool(fn, nd, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+              divisor_override=None):
+    if divisor_override is not None:
+        _unsupported(fn, "divisor_override")
+    return _pool(fn, nd, input, kernel_size, stride, padding, 1,
+                 "avg" if count_include_pad else "avg_exclude_pad", ceil_mode)
+
+
+def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True):
+    return _avg_pool("avg_pool1d", 1, input, kernel_size, stride, padding, ceil_mode,
+                     count_include_pad)
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True, divisor_override=None):
+    return _avg_pool("avg_pool2d", 2, input, kernel_size, stride, padding, ceil_mode,
+                     count_include_pad, divisor_override)
+
+
+def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True, divisor_override=None):
+    return _avg_pool("avg_pool3d", 3, input, kernel_size, stride, padding, ceil_mode,
+                     count_include_pad, divisor_override)
+
+
+def adaptive_avg_pool2d(input, output_size):
+    """Global average pooling only: output_size 1 or (1, 1) (one window, the whole map)."""
+    if output_size not in (1, (1, 1), [1, 1]):
+        _unsupported("adaptive_avg_pool2d", f"output_size {output_size} (only (1, 1))")
+    if input.dim() != 4:
+        raise ShapeError("nbdnn.torch.adaptive_avg_pool2d: input must be 4-d (N, C, H, W); "
+                         f"got {input.dim()}-d")
+    return _pool("adaptive_avg_pool2d", 2, input, list(input.shape[2:]), None, 0, 1, "avg",
+                 False)
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5):
+    _check("batch_norm", input, weight, bias)
+    if not training and (running_mean is None or running_var is None):
+        raise ValueError("nbdnn.torch.batch_norm: running_mean and running_var are needed "
+                         "when not training")
+    if training and input.numel() // input.shape[1] <= 1:
+        raise ValueError("nbdnn.torch.batch_norm: expected more than 1 value per channel "
+                         f"when training, got input size {tuple(input.shape)}")
+    y, _, _, new_mean, new_var = _batch_norm(
+        input, weight, bias, running_mean, running_var, bool(training),
+        0.0 if momentum is None else float(momentum), float(eps))
+    if training:  # (the buffers advance in place, as in PyTorch)
+        with torch.no_grad():
+            for buf, new in ((running_mean, new_mean), (running_var, new_var)):
+                if buf is not None:
+                    buf.copy_(new)
+    return y
+
+
+def _normalized(fn, input, normalized_shape):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else \
+        tuple(normalized_shape)
+    if tuple(input.shape[input.dim() - len(shape):]) != shape:
+        raise ShapeError(f"nbdnn.torch.{fn}: normalized_shape {shape} must end the input's "
+                         f"shape {tuple(input.shape)}")
+    return len(shape)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    _check("layer_norm", input, weight, bias)
+    ndim = _normalized("layer_norm", input, normalized_shape)
+    return _layer_norm(input, weight, bias, ndim, float(eps))[0]
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    _check("rms_norm", input, weight)
+    ndim = _normalized("rms_norm", input, normalized_shape)
+    eps = torch.finfo(input.dtype).eps if eps is None else eps  # (PyTorch's default)
+    return _rms_norm(input, weight, ndim, float(eps))[0]
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    _check("group_norm", input, weight, bias)
+    if input.shape[1] % num_groups:
+        raise ShapeError(f"nbdnn.torch.group_norm: {input.shape[1]} channels do not split "
+                         f"into {num_groups} groups")
+    return _group_norm(input, num_groups, weight, bias, float(eps))[0]
+
+
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,
+                  use_input_stats=True, momentum=0.1, eps=1e-5):
+    """Each (sample, channel)'s own statistics: group norm with a group a channel. With
+    use_input_stats False, the running statistics (batch norm's inference)."""
+    _check("instance_norm", input, weight, bias)
+    if not use_input_stats:
+        return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
+    if running_mean is not None or running_var is not None:
+        _unsupported("instance_norm", "running statistics updated from the batch "
+                     "(track_running_stats in training)")
+    return _group_norm(input, input.shape[1], weight, bias, float(eps))[0]
+
+
+__all__ = [n for n in dir() if not n.startswith("_") and n not in (
+    "math", "torch", "activation", "conv", "pool", "lrn", "DTYPES", "DtypeError",
+    "NotSupportedError", "ShapeError")]
