@@ -114,3 +114,123 @@ def _compare(ours, theirs, args, kw, device, dtype, tol):
         if k in k1:
             torch.testing.assert_close(k1[k], k2[k], rtol=tol, atol=tol)
 
+
+
+def _recorded_calls():
+    """Every torch.ops.nbdnn call (forward and backward) the CASES make, with its
+    arguments, recorded below autograd by a dispatch mode: one list that follows the
+    functions as they change."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "nbdnn":
+                calls[f"{case}:{str(func.name()).split('::')[1]}"] = func, args, kwargs or {}
+            return func(*args, **(kwargs or {}))
+    calls = {}
+    for case, (args, kw) in sorted(CASES.items()):
+        with Record():
+            _call(getattr(nt, case.split("-")[0]), args, kw, "cpu", torch.float64)
+    return calls
+
+
+CALLS = _recorded_calls()
+
+
+def test_every_custom_op_is_recorded():
+    """Each op nbdnn.torch registers is among the recorded calls (so opcheck runs it)."""
+    import torch._library.custom_ops as co
+    ours = {name for name in co.OPDEFS if name.startswith("nbdnn::")}
+    assert ours == {str(f.name()) for f, _, _ in CALLS.values()}, ours
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_opcheck(call):
+    """torch.library.opcheck: the schema, the fake implementation against the real one
+    (shapes, dtypes, strides), autograd's registration, AOT dispatch with dynamic shapes.
+    A forward's floating inputs require grad (its backward is exercised)."""
+    func, args, kw = CALLS[call]
+    grad = not str(func.name()).endswith("_backward")
+
+    def prep(a):
+        if isinstance(a, torch.Tensor):
+            return a.detach().clone().requires_grad_(grad and a.is_floating_point())
+        return a
+    torch.library.opcheck(func, tuple(prep(a) for a in args), {k: prep(v) for k, v in kw.items()})
+
+
+def _small_net(p, x, training):
+    """conv, batch norm (running statistics advanced), relu, max pool, group norm, gelu,
+    global average pool, linear, log_softmax: every op family once."""
+    y = nt.conv2d(x, p["w1"], p["b1"], padding=1)
+    y = nt.batch_norm(y, p["rm"], p["rv"], p["g"], p["be"], training=training)
+    y = nt.max_pool2d(nt.relu(y), 2)
+    y = nt.gelu(nt.group_norm(y, 2, p["g"], p["be"]))
+    y = nt.adaptive_avg_pool2d(y, (1, 1)).flatten(1)
+    return nt.log_softmax(nt.linear(y, p["w2"], p["b2"]), dim=1)
+
+
+def _net_params(device="cpu", dtype=torch.float64):
+    g = torch.Generator().manual_seed(1)
+
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=torch.float64).to(device, dtype)
+    return {"w1": r(4, 3, 3, 3), "b1": r(4), "rm": r(4), "rv": r(4).abs() + 0.5, "g": r(4),
+            "be": r(4), "w2": r(5, 4), "b2": r(5)}
+
+
+def _run_net(fn, p, x, training):
+    leaves = {k: v.clone().requires_grad_(not k.startswith("r")) for k, v in p.items()}
+    y = fn(leaves, x, training)
+    grads = torch.autograd.grad(y.square().sum(), [v for v in leaves.values() if v.requires_grad])
+    return y, grads, leaves["rm"], leaves["rv"]
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_compiles_fullgraph(training):
+    """torch.compile(fullgraph=True) with AOT autograd (aot_eager: no compiler needed)
+    traces the model through the custom ops with no graph break; its output, gradients
+    and running statistics equal eager's."""
+    torch._dynamo.reset()
+    p, x = _net_params(), torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    compiled = torch.compile(_small_net, fullgraph=True, backend="aot_eager")
+    for got, want in zip(_run_net(compiled, p, x, training), _run_net(_small_net, p, x, training)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_mode_runs_the_reference():
+    """nbdnn.torch.reference() runs every call on nbdnn's CPU reference (CPU tensors
+    here: the launches it would make on a GPU never happen) and restores the backend."""
+    from nbdnn.torch import _bridge
+    p, x = _net_params(), torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    with nt.reference():
+        assert _bridge.BACKEND == "cpu"
+        y = _small_net(p, x, False)
+    assert _bridge.BACKEND is None
+    torch.testing.assert_close(y, _small_net(p, x, False))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device for torch")
+def test_cuda_graph_capture_and_reference_on_cuda():
+    """On CUDA tensors: the model captured by torch.cuda.graphs replays to its eager
+    result (nbdnn's kernels on PyTorch's capture stream), and reference() gives the CPU
+    reference's answer for the same CUDA tensors."""
+    p = _net_params("cuda", torch.float32)
+    x = torch.randn(4, 3, 16, 16, device="cuda")
+    want = _small_net(p, x, False)
+    static_x = x.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        _small_net(p, static_x, False)  # (warm-up: JIT and plans outside the capture)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = _small_net(p, static_x, False)
+    static_x.copy_(x)
+    graph.replay()
+    torch.testing.assert_close(static_y, want, rtol=1e-5, atol=1e-5)
+    with nt.reference():
+        ref = _small_net(p, x, False)
+    assert ref.device == x.device
+    torch.testing.assert_close(ref, want, rtol=1e-4, atol=1e-4)
