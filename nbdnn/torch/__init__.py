@@ -20,7 +20,9 @@ writes the result back into the input unless autograd needs the input (then the 
 is a new tensor). Dtypes: float16, bfloat16, float32, float64 (others: DtypeError).
 """
 from ._bridge import reference
-from . import functional
+from . import functional, modules
+from .convert import Report, compare, convert
 from .functional import *  # noqa: F401,F403
 
-__all__ = ["functional", "reference", *functional.__all__]
+__all__ = ["functional", "modules", "reference", "convert", "compare", "Report",
+           *functional.__all__]

@@ -13,19 +13,39 @@ import numpy as np
 import torch
 
 BACKEND = None  # None: a tensor's own device picks; "cpu": the reference for every tensor
+BACKENDS_FORCED = (None, "cpu")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 @contextlib.contextmanager
-def reference():
-    """Within: every nbdnn.torch op runs nbdnn's CPU reference, CUDA tensors included
-    (copied to the host and back): a model checked against the reference as it is."""
+def backend(name):
+    """Within: BACKEND is name (None: each tensor's device picks)."""
     global BACKEND
-    before, BACKEND = BACKEND, "cpu"
+    before, BACKEND = BACKEND, name
     try:
         yield
     finally:
         BACKEND = before
+
+
+def reference():
+    """Within: every nbdnn.torch op runs nbdnn's CPU reference, CUDA tensors included
+    (copied to the host and back), backwards too: a model checked against the reference
+    as it is."""
+    return backend("cpu")
+
+
+def register_autograd(op, grad, setup):
+    """op.register_autograd, the backward run on the backend its forward ran on (a
+    backward called after reference() has exited still runs the reference)."""
+    def setup_context(ctx, inputs, output):
+        ctx.nbdnn_backend = BACKEND
+        setup(ctx, inputs, output)
+
+    def backward(ctx, *grads):
+        with backend(ctx.nbdnn_backend):
+            return grad(ctx, *grads)
+    op.register_autograd(backward, setup_context=setup_context)
 
 
 def on_cpu(t):

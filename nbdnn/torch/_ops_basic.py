@@ -8,7 +8,7 @@ import torch
 from torch.library import custom_op
 
 import nbdnn
-from ._bridge import run
+from ._bridge import register_autograd, run
 
 
 @custom_op("nbdnn::activation", mutates_args=())
@@ -43,7 +43,7 @@ def _activation_grad(ctx, dy):
     return activation_backward(dy, x, ctx.mode, ctx.coef), None, None
 
 
-activation.register_autograd(_activation_grad, setup_context=_activation_setup)
+register_autograd(activation, _activation_grad, _activation_setup)
 
 
 @custom_op("nbdnn::softmax", mutates_args=())
@@ -77,7 +77,7 @@ def _softmax_grad(ctx, dy):
     return softmax_backward(dy, y, ctx.dim, ctx.log), None, None
 
 
-softmax.register_autograd(_softmax_grad, setup_context=_softmax_setup)
+register_autograd(softmax, _softmax_grad, _softmax_setup)
 
 
 # linear: x (..., I) viewed as (M, I), w (O, I), y = x w^T + b: one GEMM of M x O x I
@@ -119,7 +119,7 @@ def _linear_grad(ctx, dy):
     return dx, dw, db if ctx.has_bias else None
 
 
-linear.register_autograd(_linear_grad, setup_context=_linear_setup)
+register_autograd(linear, _linear_grad, _linear_setup)
 
 
 # lrn: across channels, x (N, C, ...); PyTorch's local_response_norm is cuDNN's LRN
@@ -154,4 +154,4 @@ def _lrn_grad(ctx, dy):
     return (lrn_backward(dy, x, *ctx.params),) + (None,) * 4
 
 
-lrn.register_autograd(_lrn_grad, setup_context=_lrn_setup)
+register_autograd(lrn, _lrn_grad, _lrn_setup)

@@ -11,7 +11,7 @@ from torch.library import custom_op
 
 import nbdnn
 from .._shapes import pool_out_size
-from ._bridge import run
+from ._bridge import register_autograd, run
 
 CONVS = {1: nbdnn.conv1d, 2: nbdnn.conv2d, 3: nbdnn.conv3d}
 POOLS = {1: nbdnn.pool1d, 2: nbdnn.pool2d, 3: nbdnn.pool3d}
@@ -81,7 +81,7 @@ def _conv_grad(ctx, dy):
     return tuple(g if ok else None for g, ok in zip(grads, want)) + (None,) * 4
 
 
-conv.register_autograd(_conv_grad, setup_context=_conv_setup)
+register_autograd(conv, _conv_grad, _conv_setup)
 
 
 def pool_shape(x, kernel, stride, padding, dilation, ceil_mode):
@@ -130,4 +130,4 @@ def _pool_grad(ctx, dy):
     return (pool_backward(dy, x, *ctx.params),) + (None,) * 6
 
 
-pool.register_autograd(_pool_grad, setup_context=_pool_setup)
+register_autograd(pool, _pool_grad, _pool_setup)

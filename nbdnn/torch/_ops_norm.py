@@ -11,7 +11,7 @@ import torch
 from torch.library import custom_op
 
 import nbdnn
-from ._bridge import arr, on_cpu, run, tensor
+from ._bridge import arr, on_cpu, register_autograd, run, tensor
 
 Tensor = torch.Tensor
 
@@ -125,7 +125,7 @@ def _batch_norm_grad(ctx, dy, *_stat_grads):
     return (dx, dw if ctx.has_w else None, db if ctx.has_b else None) + (None,) * 5
 
 
-batch_norm.register_autograd(_batch_norm_grad, setup_context=_batch_norm_setup)
+register_autograd(batch_norm, _batch_norm_grad, _batch_norm_setup)
 
 
 # ---- layer norm and RMS norm: over x's last ndim axes (the weight's shape)
@@ -167,7 +167,7 @@ def _layer_norm_grad(ctx, dy, _dmean, _dinvstd):
     return dx, dw if ctx.has_w else None, db if ctx.has_b else None, None, None
 
 
-layer_norm.register_autograd(_layer_norm_grad, setup_context=_layer_norm_setup)
+register_autograd(layer_norm, _layer_norm_grad, _layer_norm_setup)
 
 
 @custom_op("nbdnn::rms_norm", mutates_args=())
@@ -205,7 +205,7 @@ def _rms_norm_grad(ctx, dy, _dinvrms):
     return dx, dw if ctx.has_w else None, None, None
 
 
-rms_norm.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+register_autograd(rms_norm, _rms_norm_grad, _rms_norm_setup)
 
 
 # ---- group norm (instance norm: groups = C): x (N, C, ...), statistics (N, groups)
@@ -246,4 +246,4 @@ def _group_norm_grad(ctx, dy, _dmean, _dinvstd):
     return dx, None, dw if ctx.has_w else None, db if ctx.has_b else None, None
 
 
-group_norm.register_autograd(_group_norm_grad, setup_context=_group_norm_setup)
+register_autograd(group_norm, _group_norm_grad, _group_norm_setup)

@@ -1,0 +1,143 @@
+"""nbdnn.torch.convert: a model's supported layers onto nbdnn, and compare: the native
+and converted model side by side, layer by layer.
+
+convert swaps each supported module's class for its nbdnn-backed subclass
+(nbdnn/torch/modules.py): the module keeps its parameters, buffers, hooks and
+state_dict keys, so checkpoints load either way. Modules nbdnn cannot run with
+PyTorch's meaning, and every type it does not know, stay native; the report says which
+and why."""
+import copy
+import dataclasses
+
+import torch
+from torch import nn
+
+from ..errors import BadParamError
+from . import modules
+from ._bridge import BACKENDS_FORCED, backend as _backend
+
+
+@dataclasses.dataclass
+class Report:
+    """converted: [(qualified name, type name)]; native: [(name, type name, why)] for
+    every leaf module left as it was (containers are not listed)."""
+    converted: list
+    native: list
+
+    def __str__(self):
+        lines = [f"nbdnn.torch.convert: {len(self.converted)} modules on nbdnn, "
+                 f"{len(self.native)} native"]
+        lines += [f"  nbdnn   {n or '(root)'}: {t}" for n, t in self.converted]
+        lines += [f"  native  {n or '(root)'}: {t} ({why})" for n, t, why in self.native]
+        return "\n".join(lines)
+
+
+def _matches(name, m, selectors):
+    """Whether module m (qualified name `name`) is named by selectors: module classes,
+    class names, or qualified names (a name selects the module and those under it)."""
+    for s in selectors:
+        if isinstance(s, type) and isinstance(m, s):
+            return True
+        if isinstance(s, str) and (type(m).__name__ == s or name == s or
+                                   name.startswith(s + ".")):
+            return True
+    return False
+
+
+def convert(module, *, include=None, exclude=None, inplace=False, backend=None):
+    """(model, Report): module with its supported layers run by nbdnn. include /
+    exclude: module classes, class names or qualified names to take or leave (include
+    None: every supported module). inplace False converts a deep copy. backend "cpu":
+    the converted layers run nbdnn's CPU reference even on CUDA tensors (copies), forward
+    and backward, for checking a model against the reference layer by layer."""
+    if backend not in BACKENDS_FORCED:
+        raise BadParamError(f"nbdnn.torch.convert: backend must be one of "
+                            f"{BACKENDS_FORCED}; got {backend!r}")
+    model = module if inplace else copy.deepcopy(module)
+    converted, native = [], []
+    for name, m in model.named_modules():
+        base = type(m)
+        sub = modules.REPLACEMENTS.get(base)
+        if sub is None:
+            if not list(m.children()) and not isinstance(m, tuple(modules.REPLACEMENTS.values())):
+                native.append((name, base.__name__, "not a module nbdnn replaces"))
+            continue
+        if include is not None and not _matches(name, m, include):
+            native.append((name, base.__name__, "not in include"))
+            continue
+        if exclude is not None and _matches(name, m, exclude):
+            native.append((name, base.__name__, "in exclude"))
+            continue
+        why = modules.native_reason(m)
+        if why:
+            native.append((name, base.__name__, why))
+            continue
+        m.__class__ = sub
+        if backend is not None:
+            m.register_forward_pre_hook(_enter(backend))
+            m.register_forward_hook(_leave)
+        converted.append((name, base.__name__))
+    return model, Report(converted, native)
+
+
+def _enter(name):
+    def hook(m, args):
+        m._nbdnn_backend = _backend(name)
+        m._nbdnn_backend.__enter__()
+    return hook
+
+
+def _leave(m, args, out):
+    m._nbdnn_backend.__exit__(None, None, None)
+
+
+def compare(model, inputs, *, backend=None, seed=0, file=None):
+    """Run model natively and converted (a copy; backend as convert's) on the same inputs
+    (a tensor or a tuple of them), backpropagate the same random cotangent through both,
+    and print, for each converted layer, the largest absolute and relative difference of
+    its output and of the gradient reaching its output, then of each parameter's
+    gradient. Returns the rows: (name, what, max abs, max rel)."""
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    ours, report = convert(model, backend=backend)
+    native = copy.deepcopy(model)
+    runs = []
+    for net in (native, ours):
+        seen, handles = {}, []
+        for name, _ in report.converted:
+            handles.append(net.get_submodule(name).register_forward_hook(_capture(name, seen)))
+        x = tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs)
+        y = net(*x)
+        g = torch.Generator(device=y.device).manual_seed(seed)
+        y.backward(torch.randn(y.shape, generator=g, device=y.device, dtype=y.dtype))
+        for h in handles:
+            h.remove()
+        runs.append((seen, dict(net.named_parameters())))
+    rows = []
+    for name, _ in report.converted:
+        (a, ga), (b, gb) = runs[0][0][name], runs[1][0][name]
+        rows += [(name, "output", *_diff(a, b)), (name, "grad of output", *_diff(ga[0], gb[0]))]
+    for pname, p in runs[0][1].items():
+        rows.append((pname, "grad", *_diff(p.grad, runs[1][1][pname].grad)))
+    width = max(len(r[0]) for r in rows) if rows else 0
+    for r in rows:
+        print(f"{r[0]:{width}}  {r[1]:15} max abs {r[2]:.3e}  max rel {r[3]:.3e}", file=file)
+    return rows
+
+
+def _capture(name, seen):
+    def hook(m, args, out):
+        if out.requires_grad:
+            slot = [None]
+            out.register_hook(lambda g: slot.__setitem__(0, g.detach()))
+        else:
+            slot = [torch.zeros_like(out)]
+        seen[name] = (out.detach().clone(), slot)  # (before a later in-place op)
+    return hook
+
+
+def _diff(a, b):
+    if a is None or b is None:
+        return (float("nan"),) * 2
+    d = (a.double() - b.double()).abs()
+    scale = b.double().abs().max().clamp_min(torch.finfo(torch.float64).tiny)
+    return float(d.max()), float(d.max() / scale)

@@ -1,0 +1,206 @@
+"""nbdnn-backed torch.nn modules: each a subclass of the torch module it replaces whose
+forward calls nbdnn.torch's functions. nbdnn.torch.convert swaps a module's class for
+its subclass, so parameters, buffers, hooks and state_dict keys stay the module's own
+(state_dict moves both ways unchanged), and `type(m).__name__` still reads "Conv2d".
+
+`native_reason(m)` says why a module of a supported type stays native (a configuration
+nbdnn cannot compute with PyTorch's meaning), or None."""
+from torch import nn
+
+from . import functional as nf
+from ._bridge import DTYPES
+
+
+def _params_ok(m):
+    for name, t in list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False)):
+        if t is not None and t.is_floating_point() and t.dtype not in DTYPES:
+            return f"{name} is {t.dtype}"
+    return None
+
+
+class _Conv:
+    def _conv_forward(self, input, weight, bias):
+        fn = (nf.conv1d, nf.conv2d, nf.conv3d)[weight.dim() - 3]
+        return fn(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class Conv1d(_Conv, nn.Conv1d):
+    pass
+
+
+class Conv2d(_Conv, nn.Conv2d):
+    pass
+
+
+class Conv3d(_Conv, nn.Conv3d):
+    pass
+
+
+class Linear(nn.Linear):
+    def forward(self, input):
+        return nf.linear(input, self.weight, self.bias)
+
+
+class _BatchNorm:
+    def forward(self, input):  # (torch's _BatchNorm.forward, its statistics logic)
+        self._check_input_dim(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None \
+                else self.momentum
+        use_batch = self.training or (self.running_mean is None and self.running_var is None)
+        keep = not self.training or self.track_running_stats
+        return nf.batch_norm(input, self.running_mean if keep else None,
+                             self.running_var if keep else None, self.weight, self.bias,
+                             use_batch, factor, self.eps)
+
+
+class BatchNorm1d(_BatchNorm, nn.BatchNorm1d):
+    pass
+
+
+class BatchNorm2d(_BatchNorm, nn.BatchNorm2d):
+    pass
+
+
+class BatchNorm3d(_BatchNorm, nn.BatchNorm3d):
+    pass
+
+
+class LayerNorm(nn.LayerNorm):
+    def forward(self, input):
+        return nf.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(nn.RMSNorm):
+    def forward(self, x):
+        return nf.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+class GroupNorm(nn.GroupNorm):
+    def forward(self, input):
+        return nf.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+
+class _InstanceNorm:
+    def forward(self, input):
+        if input.dim() == self._get_no_batch_dim():  # (unbatched: as torch, a batch of 1)
+            return self.forward(input.unsqueeze(0)).squeeze(0)
+        use_input_stats = self.training or not self.track_running_stats
+        return nf.instance_norm(input, None if use_input_stats else self.running_mean,
+                                None if use_input_stats else self.running_var, self.weight,
+                                self.bias, use_input_stats, self.momentum, self.eps)
+
+
+class InstanceNorm1d(_InstanceNorm, nn.InstanceNorm1d):
+    pass
+
+
+class InstanceNorm2d(_InstanceNorm, nn.InstanceNorm2d):
+    pass
+
+
+class InstanceNorm3d(_InstanceNorm, nn.InstanceNorm3d):
+    pass
+
+
+class LocalResponseNorm(nn.LocalResponseNorm):
+    def forward(self, input):
+        return nf.local_response_norm(input, self.size, self.alpha, self.beta, self.k)
+
+
+def _act(base, fn, *attrs):
+    """A subclass of activation module `base` whose forward is fn(input, *its attrs)."""
+    def forward(self, input):
+        return fn(input, *(getattr(self, a) for a in attrs))
+    return type(base.__name__, (base,), {"forward": forward, "__module__": __name__})
+
+
+ReLU = _act(nn.ReLU, nf.relu, "inplace")
+LeakyReLU = _act(nn.LeakyReLU, nf.leaky_relu, "negative_slope", "inplace")
+ELU = _act(nn.ELU, nf.elu, "alpha", "inplace")
+GELU = _act(nn.GELU, nf.gelu, "approximate")
+SiLU = _act(nn.SiLU, nf.silu, "inplace")
+Sigmoid = _act(nn.Sigmoid, nf.sigmoid)
+Tanh = _act(nn.Tanh, nf.tanh)
+Softplus = _act(nn.Softplus, nf.softplus, "beta", "threshold")
+Hardtanh = _act(nn.Hardtanh, nf.hardtanh, "min_val", "max_val", "inplace")
+ReLU6 = _act(nn.ReLU6, nf.relu6, "inplace")
+Softmax = _act(nn.Softmax, nf.softmax, "dim")
+LogSoftmax = _act(nn.LogSoftmax, nf.log_softmax, "dim")
+
+
+class _MaxPool:
+    def forward(self, input):
+        fn = (nf.max_pool1d, nf.max_pool2d, nf.max_pool3d)[input.dim() - 3]
+        return fn(input, self.kernel_size, self.stride, self.padding, self.dilation,
+                  self.ceil_mode, self.return_indices)
+
+
+class MaxPool1d(_MaxPool, nn.MaxPool1d):
+    pass
+
+
+class MaxPool2d(_MaxPool, nn.MaxPool2d):
+    pass
+
+
+class MaxPool3d(_MaxPool, nn.MaxPool3d):
+    pass
+
+
+class AvgPool1d(nn.AvgPool1d):
+    def forward(self, input):
+        return nf.avg_pool1d(input, self.kernel_size, self.stride, self.padding,
+                             self.ceil_mode, self.count_include_pad)
+
+
+class AvgPool2d(nn.AvgPool2d):
+    def forward(self, input):
+        return nf.avg_pool2d(input, self.kernel_size, self.stride, self.padding,
+                             self.ceil_mode, self.count_include_pad, self.divisor_override)
+
+
+class AvgPool3d(nn.AvgPool3d):
+    def forward(self, input):
+        return nf.avg_pool3d(input, self.kernel_size, self.stride, self.padding,
+                             self.ceil_mode, self.count_include_pad, self.divisor_override)
+
+
+class AdaptiveAvgPool2d(nn.AdaptiveAvgPool2d):
+    def forward(self, input):
+        return nf.adaptive_avg_pool2d(input, self.output_size)
+
+
+def native_reason(m):
+    """Why module m (of a type in REPLACEMENTS) stays native, or None."""
+    why = _params_ok(m)
+    if why:
+        return why
+    if isinstance(m, nn.modules.conv._ConvNd) and m.padding_mode != "zeros":
+        return f"padding_mode {m.padding_mode!r}"
+    if isinstance(m, nn.Hardtanh) and not isinstance(m, nn.ReLU6) and m.min_val != 0:
+        return f"min_val {m.min_val} (nbdnn clips at 0)"
+    if isinstance(m, nn.Softplus) and m.threshold != 20:
+        return f"threshold {m.threshold}"
+    if isinstance(m, nn.modules.pooling._MaxPoolNd) and m.return_indices:
+        return "return_indices"
+    if isinstance(m, (nn.AvgPool2d, nn.AvgPool3d)) and m.divisor_override is not None:
+        return "divisor_override"
+    if isinstance(m, nn.AdaptiveAvgPool2d) and m.output_size not in (1, (1, 1), [1, 1]):
+        return f"output_size {m.output_size} (only (1, 1))"
+    if isinstance(m, (nn.Softmax, nn.LogSoftmax)) and m.dim is None:
+        return "dim None"
+    if isinstance(m, nn.modules.instancenorm._InstanceNorm) and m.track_running_stats:
+        return "track_running_stats (running statistics from per-instance ones)"
+    return None
+
+
+REPLACEMENTS = {next(b for b in sub.__mro__[1:] if b.__module__.startswith("torch.")): sub
+                for sub in (Conv1d, Conv2d, Conv3d, Linear, BatchNorm1d, BatchNorm2d,
+                            BatchNorm3d, LayerNorm, RMSNorm, GroupNorm, InstanceNorm1d,
+                            InstanceNorm2d, InstanceNorm3d, LocalResponseNorm, ReLU, LeakyReLU,
+                            ELU, GELU, SiLU, Sigmoid, Tanh, Softplus, Hardtanh, ReLU6, Softmax,
+                            LogSoftmax, MaxPool1d, MaxPool2d, MaxPool3d, AvgPool1d, AvgPool2d,
+                            AvgPool3d, AdaptiveAvgPool2d)}  # torch's class -> ours

@@ -1,0 +1,133 @@
+"""nbdnn.torch.convert and compare: which modules convert and why others stay native,
+state_dict both ways, a converted residual network against the native one (forward,
+gradients, running statistics, SGD steps) in float64 on the CPU reference and in
+float32 on CUDA where present; torchvision's ResNet-18 where torchvision is installed."""
+import io
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nt = pytest.importorskip("nbdnn.torch")
+from torch import nn  # noqa: E402
+
+
+class Block(nn.Module):
+    """A ResNet basic block (conv, BN, ReLU twice, an identity or 1x1 shortcut)."""
+    def __init__(self, c_in, c_out, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.down = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False),
+                                  nn.BatchNorm2d(c_out)) if stride != 1 or c_in != c_out \
+            else nn.Identity()
+
+    def forward(self, x):
+        y = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(y)) + self.down(x))
+
+
+def small_resnet(classes=10):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.MaxPool2d(3, 2, 1), Block(8, 8, 1), Block(8, 16, 2),
+                         nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Dropout(0.0),
+                         nn.Linear(16, classes))
+
+
+def test_report_says_what_converted_and_why_not():
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Hardtanh(), nn.Conv2d(4, 4, 3, padding=1,
+                        padding_mode="reflect"), nn.MaxPool2d(2, return_indices=False),
+                        nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(4, 2), nn.GELU())
+    model, report = nt.convert(net, exclude=["7"])
+    assert [n for n, _ in report.converted] == ["0", "3", "6"]
+    why = {n: w for n, _, w in report.native}
+    assert why["1"].startswith("min_val -1.0") and why["2"] == "padding_mode 'reflect'"
+    assert why["4"].startswith("output_size 2") and why["5"] == "not a module nbdnn replaces"
+    assert why["7"] == "in exclude" and "nbdnn   0: Conv2d" in str(report)
+    assert type(net[0]) is nn.Conv2d and type(model[0]) is nt.modules.Conv2d  # (a copy)
+    assert type(model[0]).__name__ == "Conv2d" and isinstance(model[0], nn.Conv2d)
+    only, rep = nt.convert(net, include=[nn.Linear, "0"], inplace=True)
+    assert only is net and [n for n, _ in rep.converted] == ["0", "6"]
+
+
+def test_state_dict_both_ways():
+    net = small_resnet()
+    model, _ = nt.convert(net)
+    assert list(model.state_dict()) == list(net.state_dict())
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    buf.seek(0)
+    fresh = small_resnet()
+    fresh.load_state_dict(torch.load(buf))
+    for k, v in net.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+    model.load_state_dict(net.state_dict())
+
+
+def _train_steps(net, x, labels, steps, lr=0.1):
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(net(x), labels)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+@pytest.mark.parametrize("device,dtype,tol", [
+    ("cpu", torch.float64, 1e-10),
+    pytest.param("cuda", torch.float32, 1e-4, marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="no CUDA device for torch"))])
+def test_converted_resnet_trains_like_native(device, dtype, tol):
+    """Forward in eval equal; then SGD steps in training mode (batch statistics, running
+    statistics advanced, num_batches_tracked counted): the same losses, parameters and
+    buffers. float32 on CUDA with TF32 off, against PyTorch's cuDNN."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    net = small_resnet().to(device, dtype)
+    model, report = nt.convert(net)
+    assert len(report.converted) == 18 and all(w == "not a module nbdnn replaces"
+                                               for _, _, w in report.native)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 3, 16, 16, generator=g, dtype=torch.float64).to(device, dtype)
+    labels = torch.randint(0, 10, (4,), generator=g).to(device)
+    torch.testing.assert_close(model.eval()(x), net.eval()(x), rtol=tol, atol=tol)
+    ours, theirs = (_train_steps(m.train(), x, labels, 5) for m in (model, net))
+    assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) <= tol, (ours, theirs)
+    for (k, a), b in zip(model.state_dict().items(), net.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=tol * 10, atol=tol * 10, msg=k)
+
+
+def test_compare_rows_and_reference_backend():
+    """compare prints a row for each converted layer's output and output gradient and
+    each parameter's gradient; on the CPU reference in float64 they agree to rounding.
+    convert(backend="cpu") gives the same model on the reference."""
+    net = small_resnet().double()
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    out = io.StringIO()
+    rows = nt.compare(net, x, file=out)
+    assert len(rows) == 2 * 18 + len(list(net.parameters()))
+    assert max(r[2] for r in rows) < 1e-12, max(rows, key=lambda r: r[2])
+    assert "grad of output" in out.getvalue()
+    ref, _ = nt.convert(net, backend="cpu")
+    torch.testing.assert_close(ref.eval()(x), net.eval()(x), rtol=1e-12, atol=1e-12)
+
+
+def test_torchvision_resnet18():
+    """torchvision's ResNet-18 (random weights), converted: every Conv2d, BatchNorm2d,
+    ReLU, MaxPool2d, AdaptiveAvgPool2d and Linear runs on nbdnn; eval forward and two
+    training steps match native in float64 (CPU reference)."""
+    tv = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    net = tv.models.resnet18(num_classes=10).double()
+    model, report = nt.convert(net)
+    assert {t for _, t, _ in report.native} == set()
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    torch.testing.assert_close(model.eval()(x), net.eval()(x), rtol=1e-10, atol=1e-10)
+    labels = torch.tensor([1, 7])
+    ours, theirs = (_train_steps(m.train(), x, labels, 2, lr=0.01) for m in (model, net))
+    assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) <= 1e-10
