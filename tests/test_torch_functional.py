@@ -65,6 +65,13 @@ CASES = {
                                             "momentum": 0.3}),
     "batch_norm-2d": ([_t(6, 3)], {"running_mean": None, "running_var": None,
                                    "training": True}),
+    "scaled_dot_product_attention": ([_t(2, 4, 9, 16), _t(2, 2, 7, 16), _t(2, 2, 7, 8)],
+                                     {"is_causal": True, "enable_gqa": True}),
+    "scaled_dot_product_attention-mask": ([_t(2, 3, 5, 8), _t(2, 3, 6, 8), _t(2, 3, 6, 8)],
+                                          {"attn_mask": torch.tensor(R.random((5, 6)) > 0.3),
+                                           "scale": 0.3}),
+    "scaled_dot_product_attention-3d": ([_t(2, 5, 8), _t(2, 6, 8), _t(2, 6, 8)],
+                                        {"attn_mask": _t(2, 5, 6)}),
     "batch_norm-eval": ([_t(4, 3, 5)], {"running_mean": _t(3), "running_var": _t(3, lo=0.5),
                                         "weight": _t(3), "bias": _t(3)}),
 }
@@ -75,9 +82,11 @@ def _call(fn, args, kw, device, dtype):
     def conv(v, grad):
         if not isinstance(v, torch.Tensor):
             return v
-        return v.detach().to(device, dtype).requires_grad_(grad)
+        v = v.detach().to(device, dtype if v.is_floating_point() else v.dtype)
+        return v.requires_grad_(grad and v.is_floating_point())
     args = [conv(a, True) for a in args]
-    kw = {k: conv(v, not k.startswith("running")) for k, v in kw.items()}
+    kw = {k: conv(v, k not in ("running_mean", "running_var", "attn_mask"))
+          for k, v in kw.items()}
     y = fn(*args, **kw)
     leaves = [a for a in args + list(kw.values()) if isinstance(a, torch.Tensor) and
               a.requires_grad]
@@ -131,6 +140,9 @@ def _recorded_calls():
     for case, (args, kw) in sorted(CASES.items()):
         with Record():
             _call(getattr(nt, case.split("-")[0]), args, kw, "cpu", torch.float64)
+    case = "dropout"
+    with Record():
+        _call(lambda x: nt.dropout(x, 0.3), [_t(3, 40)], {}, "cpu", torch.float64)
     return calls
 
 
@@ -234,3 +246,22 @@ def test_cuda_graph_capture_and_reference_on_cuda():
         ref = _small_net(p, x, False)
     assert ref.device == x.device
     torch.testing.assert_close(ref, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device for torch"))])
+def test_dropout_follows_torch_seed_and_nbdnn_stream(device):
+    """nbdnn.torch.dropout's mask: fixed by torch.manual_seed, the one nbdnn.dropout's
+    CPU reference draws for the seed taken from torch's generator (on either device),
+    its gradient zero exactly where the output is; training False or p 0: the input."""
+    x = torch.randn(3000, dtype=torch.float64).to(device).requires_grad_()
+    torch.manual_seed(5)
+    y = nt.dropout(x, 0.25)
+    torch.manual_seed(5)
+    seed = int(nt.functional.draw_seed())
+    want, mask = nbdnn.dropout(x.detach().cpu().numpy(), 0.25, seed=seed)
+    torch.testing.assert_close(y.detach().cpu(), torch.from_numpy(want))
+    assert 0.2 < 1 - mask.mean() < 0.3
+    (g,) = torch.autograd.grad(y.sum(), x)
+    assert torch.equal((g == 0).cpu(), torch.from_numpy(mask == 0))
+    assert nt.dropout(x, 0.5, training=False) is x and nt.dropout(x, 0.0) is x

@@ -22,7 +22,10 @@ is a new tensor). Dtypes: float16, bfloat16, float32, float64 (others: DtypeErro
 from ._bridge import reference
 from . import functional, modules
 from .convert import Report, compare, convert
-from .functional import *  # noqa: F401,F403
+
+for _name in functional.__all__:  # (torch.nn.functional's names at the top level too)
+    globals()[_name] = getattr(functional, _name)
+del _name
 
 __all__ = ["functional", "modules", "reference", "convert", "compare", "Report",
            *functional.__all__]

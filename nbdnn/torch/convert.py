@@ -10,7 +10,6 @@ import copy
 import dataclasses
 
 import torch
-from torch import nn
 
 from ..errors import BadParamError
 from . import modules

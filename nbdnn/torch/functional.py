@@ -3,14 +3,13 @@ on nbdnn's kernels (PyTorch's current stream), CPU tensors on nbdnn's CPU refere
 Each call is one torch.ops.nbdnn custom op (autograd, torch.compile, CUDA graphs see it).
 Where nbdnn cannot give PyTorch's meaning the call is a NotSupportedError naming the
 argument, never a silent difference; see nbdnn/torch/__init__.py for the list."""
-import math
-
 import torch
 
 from ..errors import DtypeError, NotSupportedError, ShapeError
 from ._bridge import DTYPES
 from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
 from ._ops_conv import conv, pool
+from ._ops_random import attention as _attention, draw_seed, dropout as _dropout
 from ._ops_norm import batch_norm as _batch_norm, group_norm as _group_norm, \
     layer_norm as _layer_norm, rms_norm as _rms_norm
 
@@ -292,6 +291,39 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     return _group_norm(input, input.shape[1], weight, bias, float(eps))[0]
 
 
+def dropout(input, p=0.5, training=True, inplace=False):
+    """Elements zeroed with probability p, the rest scaled by 1 / (1 - p); the mask from
+    nbdnn's Philox stream, seeded from torch's default generator."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"nbdnn.torch.dropout: p must be in [0, 1]; got {p}")
+    if not training or p == 0.0:
+        return input
+    if p == 1.0:
+        _unsupported("dropout", "p 1 (nbdnn's dropout keeps p < 1)")
+    _check("dropout", input)
+    return _inplace("dropout", input, _dropout(input, float(p), draw_seed())[0], inplace)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """PyTorch's SDPA on nbdnn's attention (flash kernels on the tensor cores for 16-bit
+    q, k, v at head dims 64 and 128). q (N, H, L, E) or (N, L, E); a fully masked query
+    row gives 0 (PyTorch's math backend: NaN); a float attn_mask gets no gradient."""
+    _check("scaled_dot_product_attention", query, key, value)
+    if attn_mask is not None and is_causal:  # (PyTorch refuses the pair; nbdnn would
+        # apply both)
+        raise ValueError("nbdnn.torch.scaled_dot_product_attention: attn_mask and "
+                         "is_causal together (as PyTorch, one or the other)")
+    three = query.dim() == 3
+    q, k, v = (t.unsqueeze(1) if three else t for t in (query, key, value))
+    if attn_mask is not None and three and attn_mask.dim() == 3:
+        attn_mask = attn_mask.unsqueeze(1)
+    seed = draw_seed() if dropout_p > 0 else torch.zeros((), dtype=torch.int64)
+    o = _attention(q, k, v, attn_mask, float(dropout_p), bool(is_causal),
+                   None if scale is None else float(scale), bool(enable_gqa), seed)[0]
+    return o.squeeze(1) if three else o
+
+
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
-    "math", "torch", "activation", "conv", "pool", "lrn", "DTYPES", "DtypeError",
+    "torch", "activation", "conv", "pool", "lrn", "DTYPES", "draw_seed", "DtypeError",
     "NotSupportedError", "ShapeError")]

@@ -1,0 +1,110 @@
+"""torch.ops.nbdnn's dropout and scaled_dot_product_attention (its dropout on the
+attention probabilities), with their backwards. Their randomness is nbdnn's Philox
+stream (the CPU reference and the GPU drop the same elements) keyed by a seed that
+nbdnn.torch draws from torch's default generator on every call, so torch.manual_seed
+governs it. The seed is an int64 CPU tensor argument (torch.compile traces its draw);
+the kernels take it as a launch argument, so a captured CUDA graph replays the mask it
+drew at capture. Dropout's backward keeps the uint8 mask; attention's keeps q, k, v, o
+and the float32 log-sum-exp (no recomputation of the forward)."""
+from typing import Optional
+
+import torch
+from torch.library import custom_op
+
+import nbdnn
+from ._bridge import register_autograd, run
+
+Tensor = torch.Tensor
+
+
+def draw_seed():
+    """A seed from torch's default CPU generator (an int64 tensor, >= 0)."""
+    return torch.randint(0, 2 ** 62, (), dtype=torch.int64)
+
+
+@custom_op("nbdnn::dropout", mutates_args=())
+def dropout(x: Tensor, p: float, seed: Tensor) -> tuple[Tensor, Tensor]:
+    """(y, mask): y = x mask / (1 - p), mask uint8, 1 where kept."""
+    return run(nbdnn.dropout, x, x, p, seed=int(seed))
+
+
+@custom_op("nbdnn::dropout_backward", mutates_args=())
+def dropout_backward(dy: Tensor, mask: Tensor, p: float) -> Tensor:
+    return run(nbdnn.dropout_backward, dy, dy, mask, p)
+
+
+@dropout.register_fake
+def _(x, p, seed):
+    return x.new_empty(x.shape), x.new_empty(x.shape, dtype=torch.uint8)
+
+
+@dropout_backward.register_fake
+def _(dy, mask, p):
+    return dy.new_empty(dy.shape)
+
+
+def _dropout_setup(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(output[1])
+    ctx.p = inputs[1]
+
+
+def _dropout_grad(ctx, dy, _dmask):
+    (mask,) = ctx.saved_tensors
+    return dropout_backward(dy, mask, ctx.p), None, None
+
+
+register_autograd(dropout, _dropout_grad, _dropout_setup)
+
+
+# attention: q (B, Hq, Sq, D), k (B, Hk, Sk, D), v (B, Hk, Sk, Dv); o (B, Hq, Sq, Dv),
+# lse (B, Hq, Sq) float32 (float64 for float64 q)
+def _attention_kw(attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+    return dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                enable_gqa=enable_gqa, seed=int(seed))
+
+
+@custom_op("nbdnn::scaled_dot_product_attention", mutates_args=())
+def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
+              is_causal: bool, scale: Optional[float], enable_gqa: bool,
+              seed: Tensor) -> tuple[Tensor, Tensor]:
+    """(o, lse)."""
+    return run(nbdnn.scaled_dot_product_attention, q, q, k, v,
+               **_attention_kw(attn_mask, dropout_p, is_causal, scale, enable_gqa, seed))
+
+
+@custom_op("nbdnn::scaled_dot_product_attention_backward", mutates_args=())
+def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                       attn_mask: Optional[Tensor], dropout_p: float, is_causal: bool,
+                       scale: Optional[float], enable_gqa: bool,
+                       seed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return run(nbdnn.scaled_dot_product_attention_backward, q, do, q, k, v, o, lse,
+               **_attention_kw(attn_mask, dropout_p, is_causal, scale, enable_gqa, seed))
+
+
+@attention.register_fake
+def _(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+    lse = q.new_empty(q.shape[:3], dtype=torch.float64 if q.dtype == torch.float64
+                      else torch.float32)
+    return q.new_empty((*q.shape[:3], v.shape[3])), lse
+
+
+@attention_backward.register_fake
+def _(do, q, k, v, o, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, attn_mask = inputs[:4]
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(q, k, v, output[0], output[1], attn_mask, inputs[8])
+    ctx.params = inputs[4:8]
+
+
+def _attention_grad(ctx, do, _dlse):
+    q, k, v, o, lse, attn_mask, seed = ctx.saved_tensors
+    grads = attention_backward(do, q, k, v, o, lse, attn_mask, *ctx.params, seed)
+    return grads + (None,) * 6  # (no gradient for a float attn_mask)
+
+
+register_autograd(attention, _attention_grad, _attention_setup)
