@@ -90,7 +90,7 @@ def test_converted_resnet_trains_like_native(device, dtype, tol):
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     net = small_resnet().to(device, dtype)
     model, report = nt.convert(net)
-    assert len(report.converted) == 18 and all(w == "not a module nbdnn replaces"
+    assert len(report.converted) == 19 and all(w == "not a module nbdnn replaces"
                                                for _, _, w in report.native)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(4, 3, 16, 16, generator=g, dtype=torch.float64).to(device, dtype)
@@ -110,7 +110,7 @@ def test_compare_rows_and_reference_backend():
     x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
     out = io.StringIO()
     rows = nt.compare(net, x, file=out)
-    assert len(rows) == 2 * 18 + len(list(net.parameters()))
+    assert len(rows) == 2 * 19 + len(list(net.parameters()))
     assert max(r[2] for r in rows) < 1e-12, max(rows, key=lambda r: r[2])
     assert "grad of output" in out.getvalue()
     ref, _ = nt.convert(net, backend="cpu")
@@ -131,3 +131,52 @@ def test_torchvision_resnet18():
     labels = torch.tensor([1, 7])
     ours, theirs = (_train_steps(m.train(), x, labels, 2, lr=0.01) for m in (model, net))
     assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) <= 1e-10
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("masks", ["none", "padding", "both-float", "bool", "causal"])
+def test_multihead_attention(batch_first, masks):
+    """Converted nn.MultiheadAttention with need_weights=False: self-attention (the one
+    fused projection) and cross-attention, PyTorch's mask meanings (boolean True
+    removes), outputs and every gradient equal native in float64; need_weights=True
+    runs PyTorch's own forward."""
+    torch.manual_seed(0)
+    E, H, N, L, S = 16, 4, 3, 5, 7
+    native = nn.MultiheadAttention(E, H, batch_first=batch_first).double()
+    model, report = nt.convert(native)
+    assert ("", "MultiheadAttention") in report.converted
+
+    def seq(n):
+        return torch.randn((N, n, E) if batch_first else (n, N, E), dtype=torch.float64)
+
+    def masks_for(Sk):  # the keyword masks of a call against Sk keys
+        g = torch.Generator().manual_seed(Sk)
+        kw = {}
+        if masks in ("padding", "both-float"):
+            kw["key_padding_mask"] = torch.rand(N, Sk, generator=g) > 0.6
+            kw["key_padding_mask"][:, 0] = False
+        if masks == "both-float":
+            kw["attn_mask"] = torch.randn(L, Sk, generator=g, dtype=torch.float64)
+        if masks == "bool":
+            kw["attn_mask"] = torch.rand(N * H, L, Sk, generator=g) > 0.5
+            kw["attn_mask"][..., 0] = False
+        if masks == "causal":
+            kw = {"attn_mask": nn.Transformer.generate_square_subsequent_mask(
+                L, dtype=torch.float64), "is_causal": True}
+        return kw
+    x, y = seq(L), seq(S)
+    for cross in (False, True) if masks != "causal" else (False,):
+        outs = []
+        for net in (model, native):
+            a, b = x.clone().requires_grad_(), y.clone().requires_grad_()
+            out, w = net(a, b, b, need_weights=False, **masks_for(S)) if cross else \
+                net(a, a, a, need_weights=False, **masks_for(L))
+            assert w is None
+            leaves = [a, b] if cross else [a]
+            outs.append((out, torch.autograd.grad(out.square().sum(),
+                                                   leaves + list(net.parameters()))))
+        torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-10, atol=1e-10)
+        for ga, gb in zip(outs[0][1], outs[1][1]):
+            torch.testing.assert_close(ga, gb, rtol=1e-10, atol=1e-10)
+    out, w = model(x, x, x)  # (need_weights=True: PyTorch's forward, the weights returned)
+    assert w is not None and w.shape == (N, L, L)

@@ -53,8 +53,11 @@ def convert(module, *, include=None, exclude=None, inplace=False, backend=None):
         raise BadParamError(f"nbdnn.torch.convert: backend must be one of "
                             f"{BACKENDS_FORCED}; got {backend!r}")
     model = module if inplace else copy.deepcopy(module)
-    converted, native = [], []
+    converted, native, owners = [], [], []  # owners: converted modules that run their
+    # children's parameters themselves (MultiheadAttention's out_proj)
     for name, m in model.named_modules():
+        if any(o == "" or name.startswith(o + ".") for o in owners):
+            continue
         base = type(m)
         sub = modules.REPLACEMENTS.get(base)
         if sub is None:
@@ -76,6 +79,8 @@ def convert(module, *, include=None, exclude=None, inplace=False, backend=None):
             m.register_forward_pre_hook(_enter(backend))
             m.register_forward_hook(_leave)
         converted.append((name, base.__name__))
+        if list(m.children()):
+            owners.append(name)
     return model, Report(converted, native)
 
 

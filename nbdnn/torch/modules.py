@@ -5,6 +5,7 @@ its subclass, so parameters, buffers, hooks and state_dict keys stay the module'
 
 `native_reason(m)` says why a module of a supported type stays native (a configuration
 nbdnn cannot compute with PyTorch's meaning), or None."""
+import torch
 from torch import nn
 
 from . import functional as nf
@@ -173,6 +174,71 @@ class AdaptiveAvgPool2d(nn.AdaptiveAvgPool2d):
         return nf.adaptive_avg_pool2d(input, self.output_size)
 
 
+class Dropout(nn.Dropout):
+    def forward(self, input):
+        return nf.dropout(input, self.p, self.training, self.inplace)
+
+
+class MultiheadAttention(nn.MultiheadAttention):
+    """Batched calls with need_weights=False (torchvision's ViT, nn.TransformerEncoder's
+    fast path) run nbdnn: the in-projection (one linear for self-attention), attention
+    (nbdnn.torch.scaled_dot_product_attention; masks as PyTorch's MHA reads them: a True
+    in a boolean mask removes the pair), the out-projection. Calls that want the
+    attention weights, unbatched calls, and the add_zero_attn / bias_k variants run
+    PyTorch's own forward."""
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
+                attn_mask=None, average_attn_weights=True, is_causal=False):
+        if need_weights or query.dim() != 3 or not self._qkv_same_embed_dim or \
+                self.bias_k is not None or self.add_zero_attn:
+            return super().forward(query, key, value, key_padding_mask, need_weights,
+                                   attn_mask, average_attn_weights, is_causal)
+        if is_causal and attn_mask is None:
+            raise RuntimeError("Need attn_mask if specifying the is_causal hint.")
+        same = query is key and key is value
+        if not self.batch_first:  # (L, N, E) -> (N, L, E)
+            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+        N, L, E = query.shape
+        S, H = key.shape[1], self.num_heads
+        w, b = self.in_proj_weight, self.in_proj_bias
+        if same:  # one projection of the sequence: (N, L, 3E)
+            q, k, v = nf.linear(query, w, b).chunk(3, dim=-1)
+        else:
+            ws, bs = w.chunk(3), b.chunk(3) if b is not None else (None,) * 3
+            q, k, v = (nf.linear(t, wi, bi) for t, wi, bi in zip((query, key, value), ws, bs))
+        q, k, v = (t.reshape(N, n, H, E // H).transpose(1, 2) for t, n in ((q, L), (k, S), (v, S)))
+        mask = None if is_causal and key_padding_mask is None else \
+            _mha_mask(attn_mask, key_padding_mask, N, H, L, S, q.dtype)
+        o = nf.scaled_dot_product_attention(q, k, v, mask, self.dropout if self.training else 0.0,
+                                            is_causal and mask is None)
+        out = nf.linear(o.transpose(1, 2).reshape(N, L, E), self.out_proj.weight,
+                        self.out_proj.bias)
+        return (out if self.batch_first else out.transpose(0, 1)), None
+
+
+def _mha_mask(attn_mask, key_padding_mask, N, H, L, S, dtype):
+    """MHA's masks (boolean: True removes the pair; float: added) as one SDPA mask
+    broadcastable to (N, H, L, S): boolean (True attends) when both are boolean or one
+    is absent, else additive."""
+    parts = []
+    if attn_mask is not None:  # (L, S) or (N H, L, S)
+        parts.append(attn_mask.reshape(N, H, L, S) if attn_mask.dim() == 3 else attn_mask)
+    if key_padding_mask is not None:  # (N, S)
+        parts.append(key_padding_mask.reshape(N, 1, 1, S))
+    if not parts:
+        return None
+    if all(p.dtype == torch.bool for p in parts):
+        keep = ~parts[0]
+        for p in parts[1:]:
+            keep = keep & ~p
+        return keep
+    add = torch.zeros((), dtype=dtype, device=parts[0].device)
+    for p in parts:
+        add = add + (torch.zeros((), dtype=dtype, device=p.device).masked_fill(p, float("-inf"))
+                     if p.dtype == torch.bool else p.to(dtype))
+    return add
+
+
 def native_reason(m):
     """Why module m (of a type in REPLACEMENTS) stays native, or None."""
     why = _params_ok(m)
@@ -203,4 +269,5 @@ REPLACEMENTS = {next(b for b in sub.__mro__[1:] if b.__module__.startswith("torc
                             InstanceNorm2d, InstanceNorm3d, LocalResponseNorm, ReLU, LeakyReLU,
                             ELU, GELU, SiLU, Sigmoid, Tanh, Softplus, Hardtanh, ReLU6, Softmax,
                             LogSoftmax, MaxPool1d, MaxPool2d, MaxPool3d, AvgPool1d, AvgPool2d,
-                            AvgPool3d, AdaptiveAvgPool2d)}  # torch's class -> ours
+                            AvgPool3d, AdaptiveAvgPool2d, Dropout,
+                            MultiheadAttention)}  # torch's class -> ours
