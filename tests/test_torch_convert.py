@@ -180,3 +180,24 @@ def test_multihead_attention(batch_first, masks):
             torch.testing.assert_close(ga, gb, rtol=1e-10, atol=1e-10)
     out, w = model(x, x, x)  # (need_weights=True: PyTorch's forward, the weights returned)
     assert w is not None and w.shape == (N, L, L)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device for torch"))])
+def test_autocast_bfloat16(device):
+    """Under torch.autocast(bfloat16) the converted network casts as PyTorch does
+    (convolutions and linears in bfloat16, batch norm in x's dtype with float32
+    statistics, log_softmax in float32 on CUDA, in bfloat16 on the CPU): its output and the weights' gradients are
+    native's within bfloat16's rounding (largest error over largest value <= 2e-2)."""
+    net = nn.Sequential(small_resnet(), nn.LogSoftmax(dim=1)).to(device)
+    model, _ = nt.convert(net)
+    x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(2)).to(device)
+    runs = []
+    for m in (model, net):
+        with torch.autocast(device, dtype=torch.bfloat16):
+            y = m.train()(x)
+        runs.append((y, torch.autograd.grad(y.float().square().sum(), list(m.parameters()))))
+    (y, gs), (y2, gs2) = runs
+    assert y.dtype == y2.dtype == (torch.float32 if device == "cuda" else torch.bfloat16)
+    for a, b in [(y, y2)] + list(zip(gs, gs2)):
+        assert float((a.float() - b.float()).abs().max() / b.float().abs().max()) <= 2e-2

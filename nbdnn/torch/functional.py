@@ -21,6 +21,27 @@ def _check(fn, *tensors):
                              f"(float16, bfloat16, float32, float64)")
 
 
+# torch.autocast's casts (which reach no custom op by themselves), as PyTorch casts the
+# ops these replace: its lower-precision list, its float32 list (per device type;
+# local_response_norm is float32 on both through the ops PyTorch composes it of), and
+# the rest in x's dtype with their weights cast to it (PyTorch takes float32 weights
+# beside 16-bit x there)
+LOWER = {"conv", "linear", "scaled_dot_product_attention"}
+FLOAT32 = {"cuda": {"softmax", "log_softmax", "layer_norm", "group_norm", "softplus",
+                    "local_response_norm"},
+           "cpu": {"avg_pool3d", "max_pool3d", "local_response_norm"}}
+
+
+def _autocast(op, *tensors):
+    """tensors (x first) as autocast has op see them, unchanged outside autocast."""
+    device = tensors[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    to = torch.get_autocast_dtype(device) if op in LOWER else torch.float32 \
+        if op in FLOAT32.get(device, ()) else tensors[0].dtype
+    return tuple(t.to(to) if t is not None and t.dtype in DTYPES[:3] else t for t in tensors)
+
+
 def _unsupported(fn, what):
     raise NotSupportedError(f"nbdnn.torch.{fn}: {what}")
 
@@ -35,6 +56,7 @@ def _inplace(fn, x, y, inplace):
 
 
 def _act(fn, x, mode, coef, inplace=False):
+    (x,) = _autocast(fn, x)
     _check(fn, x)
     return _inplace(fn, x, activation(x, mode, float(coef)), inplace)
 
@@ -93,6 +115,7 @@ def _softmax_call(fn, input, dim, dtype, log):
         _unsupported(fn, "dim None (PyTorch's deprecated implicit choice): pass dim")
     if dtype is not None:
         input = input.to(dtype)
+    (input,) = _autocast(fn, input)
     _check(fn, input)
     return _softmax(input, dim, log)
 
@@ -106,6 +129,7 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
 
 
 def linear(input, weight, bias=None):
+    input, weight, bias = _autocast("linear", input, weight, bias)
     _check("linear", input, weight, bias)
     if input.dim() == 1:
         return _linear(input.unsqueeze(0), weight, bias).squeeze(0)
@@ -113,6 +137,7 @@ def linear(input, weight, bias=None):
 
 
 def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
+    (input,) = _autocast("local_response_norm", input)
     _check("local_response_norm", input)
     if input.dim() < 3:
         raise ShapeError(f"nbdnn.torch.local_response_norm: input.dim() must be >= 3; "
@@ -125,6 +150,7 @@ def _tuple(v, nd):
 
 
 def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
+    input, weight, bias = _autocast("conv", input, weight, bias)
     _check(fn, input, weight, bias)
     if weight.dim() != nd + 2 or input.dim() != nd + 2:
         raise ShapeError(f"nbdnn.torch.{fn}: input and weight must be {nd + 2}-d "
@@ -155,6 +181,7 @@ def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 
 def _pool(fn, nd, input, kernel_size, stride, padding, dilation, mode, ceil_mode):
+    (input,) = _autocast(fn, input)
     _check(fn, input)
     if input.dim() != nd + 2:
         raise ShapeError(f"nbdnn.torch.{fn}: input must be {nd + 2}-d (batched, channels "
@@ -230,6 +257,7 @@ def adaptive_avg_pool2d(input, output_size):
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
                momentum=0.1, eps=1e-5):
+    input, weight, bias = _autocast("batch_norm", input, weight, bias)
     _check("batch_norm", input, weight, bias)
     if not training and (running_mean is None or running_var is None):
         raise ValueError("nbdnn.torch.batch_norm: running_mean and running_var are needed "
@@ -258,12 +286,14 @@ def _normalized(fn, input, normalized_shape):
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    input, weight, bias = _autocast("layer_norm", input, weight, bias)
     _check("layer_norm", input, weight, bias)
     ndim = _normalized("layer_norm", input, normalized_shape)
     return _layer_norm(input, weight, bias, ndim, float(eps))[0]
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
+    input, weight = _autocast("rms_norm", input, weight)
     _check("rms_norm", input, weight)
     ndim = _normalized("rms_norm", input, normalized_shape)
     eps = torch.finfo(input.dtype).eps if eps is None else eps  # (PyTorch's default)
@@ -271,6 +301,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    input, weight, bias = _autocast("group_norm", input, weight, bias)
     _check("group_norm", input, weight, bias)
     if input.shape[1] % num_groups:
         raise ShapeError(f"nbdnn.torch.group_norm: {input.shape[1]} channels do not split "
@@ -282,6 +313,7 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
                   use_input_stats=True, momentum=0.1, eps=1e-5):
     """Each (sample, channel)'s own statistics: group norm with a group a channel. With
     use_input_stats False, the running statistics (batch norm's inference)."""
+    input, weight, bias = _autocast("instance_norm", input, weight, bias)
     _check("instance_norm", input, weight, bias)
     if not use_input_stats:
         return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
@@ -309,6 +341,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """PyTorch's SDPA on nbdnn's attention (flash kernels on the tensor cores for 16-bit
     q, k, v at head dims 64 and 128). q (N, H, L, E) or (N, L, E); a fully masked query
     row gives 0 (PyTorch's math backend: NaN); a float attn_mask gets no gradient."""
+    query, key, value = _autocast("scaled_dot_product_attention", query, key, value)
+    if attn_mask is not None and attn_mask.is_floating_point():
+        attn_mask = attn_mask.to(query.dtype)
     _check("scaled_dot_product_attention", query, key, value)
     if attn_mask is not None and is_causal:  # (PyTorch refuses the pair; nbdnn would
         # apply both)
