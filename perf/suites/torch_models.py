@@ -1,0 +1,133 @@
+"""nbdnn inside PyTorch (issue 26): what nbdnn.torch costs and gives.
+
+--host: host cost of one call on small CUDA tensors (median of 2000, no sync): the bare
+nbdnn op (torch tensors, PyTorch's stream), the nbdnn.torch function (a torch.library
+custom op: dispatcher, fake-free eager path), the same with autograd recording (inputs
+requiring grad), and the torch.nn.functional call it replaces. The issue's goal: <= 3 us
+over the bare op.
+--models: torchvision's ResNet-50 (random weights), native and nbdnn.torch.convert-ed,
+training step (forward, cross-entropy, backward, SGD) at batch B, fp32 and bf16 autocast,
+eager and replayed from a torch.cuda.CUDAGraph, GPU ms by CUDA events (median); first the
+converted eval logits against native's (fp32, TF32 off for the check).
+
+    PYTHONPATH=. python perf/suites/torch_models.py [--host] [--models] [--batch 32]
+"""
+import argparse
+import statistics
+
+import torch
+
+import nbdnn
+import nbdnn.torch as nt
+from nbdnn.bench import host_cost
+
+F = torch.nn.functional
+
+
+def host_rows():
+    dev = "cuda"
+    x = torch.randn(1024, device=dev)
+    xg = x.clone().requires_grad_()
+    a, w, b = (torch.randn(32, 64, device=dev), torch.randn(64, 64, device=dev),
+               torch.randn(64, device=dev))
+    img, k = torch.randn(1, 16, 8, 8, device=dev), torch.randn(16, 16, 3, 3, device=dev)
+    s = torch.cuda.current_stream()
+    cases = {
+        "relu 1k": (lambda: nbdnn.activation(x, "relu", stream=s), lambda: nt.relu(x),
+                    lambda: nt.relu(xg), lambda: F.relu(x)),
+        "linear 32x64x64": (lambda: nbdnn.matmul(a, w, trans_b=True, bias=b, stream=s),
+                            lambda: nt.linear(a, w, b), None, lambda: F.linear(a, w, b)),
+        "conv2d 1x16x8x8, 3x3": (lambda: nbdnn.conv2d(img, k, padding=1, stream=s),
+                                 lambda: nt.conv2d(img, k, padding=1), None,
+                                 lambda: F.conv2d(img, k, padding=1)),
+        "layer_norm 32x64": (lambda: nbdnn.layer_norm(a, w[0], b, stream=s),
+                             lambda: nt.layer_norm(a, (64,), w[0], b), None,
+                             lambda: F.layer_norm(a, (64,), w[0], b)),
+    }
+    print("host us a call  | bare nbdnn | nbdnn.torch | + autograd | torch F | added")
+    for name, (bare, wrapped, graded, native) in cases.items():
+        us = [host_cost(f) * 1e6 if f else float("nan") for f in (bare, wrapped, graded, native)]
+        print(f"{name:22} | {us[0]:10.1f} | {us[1]:11.1f} | {us[2]:10.1f} | {us[3]:7.1f} | "
+              f"{us[1] - us[0]:5.1f}", flush=True)
+
+
+def gpu_ms(fn, reps=20):
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    return statistics.median(times)
+
+
+def step_fn(model, x, labels, bf16):
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(x), labels)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def graphed(fn):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def model_rows(batch):
+    import torchvision
+    torch.manual_seed(0)
+    native = torchvision.models.resnet50().cuda()
+    ours, report = nt.convert(native)
+    print(f"converted {len(report.converted)}, native {len(report.native)}: "
+          f"{sorted({t for _, t, _ in report.native})}", flush=True)
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    labels = torch.randint(0, 1000, (batch,), device="cuda")
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    with torch.no_grad():
+        want, got = native.eval()(x), ours.eval()(x)
+    print(f"eval logits fp32: max rel error {float((got - want).abs().max() / want.abs().max()):.2e}",
+          flush=True)
+    torch.backends.cudnn.allow_tf32 = True  # (PyTorch's default for convolutions)
+    for bf16 in (False, True):
+        for mode in ("eager", "graphed"):
+            ms = []
+            for m in (native, ours):
+                m.train()
+                fn = step_fn(m, x, labels, bf16)
+                ms.append(gpu_ms(graphed(fn) if mode == "graphed" else fn))
+            print(f"ResNet-50 train step B {batch} {'bf16 autocast' if bf16 else 'fp32'} "
+                  f"{mode:7}: native {ms[0]:7.2f} ms | nbdnn.torch {ms[1]:7.2f} ms | "
+                  f"{ms[0] / ms[1]:.2f}x native's speed", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", action="store_true")
+    p.add_argument("--models", action="store_true")
+    p.add_argument("--batch", type=int, default=32)
+    args = p.parse_args()
+    if args.host or not args.models:
+        host_rows()
+    if args.models:
+        model_rows(args.batch)
+
+
+if __name__ == "__main__":
+    main()
