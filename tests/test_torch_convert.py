@@ -203,3 +203,21 @@ def test_autocast_bfloat16(device):
     assert y.dtype == y2.dtype == (torch.float32 if device == "cuda" else torch.bfloat16)
     for (a, b), tol in [((y, y2), 2e-2)] + [(g, 6e-2) for g in zip(gs, gs2)]:
         assert float((a.float() - b.float()).abs().max() / b.float().abs().max()) <= tol
+
+
+def test_conv_transpose_module_with_output_size():
+    """ConvTranspose2d converted: output_size picks output_padding as PyTorch picks it;
+    output and gradients equal native's (float64)."""
+    torch.manual_seed(3)
+    native = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, groups=2).double()
+    model, report = nt.convert(native)
+    assert report.converted == [("", "ConvTranspose2d")]
+    x = torch.randn(2, 4, 5, 5, dtype=torch.float64)
+    outs = []
+    for m in (model, native):
+        xi = x.clone().requires_grad_()
+        y = m(xi, output_size=(10, 10))
+        outs.append((y, torch.autograd.grad(y.square().sum(), [xi, *m.parameters()])))
+    assert outs[0][0].shape == (2, 6, 10, 10)
+    for a, b in [(outs[0][0], outs[1][0])] + list(zip(outs[0][1], outs[1][1])):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

@@ -84,6 +84,72 @@ def _conv_grad(ctx, dy):
 register_autograd(conv, _conv_grad, _conv_setup)
 
 
+# transposed convolution: y = conv_backward_data(x, w) for the output shape asked
+# (x plays dy, y plays dx); its gradients are the adjoints: dx = conv(dy, w), dw =
+# conv_backward_filter(x as dy, dy as x), db = the sum of dy over all axes but C.
+# w: (C_in, C_out / groups, R...) as PyTorch lays ConvTranspose's weight
+def conv_transpose_shape(x, w, stride, padding, dilation, output_padding, groups):
+    P = [(S - 1) * s - a - b + d * (R - 1) + op + 1 for S, R, s, (a, b), d, op in
+         zip(x.shape[2:], w.shape[2:], stride, pairs(padding), dilation, output_padding)]
+    return (x.shape[0], w.shape[1] * groups, *P)
+
+
+@custom_op("nbdnn::conv_transpose", mutates_args=())
+def conv_transpose(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
+                   stride: list[int], padding: list[int], dilation: list[int],
+                   output_padding: list[int], groups: int) -> torch.Tensor:
+    shape = conv_transpose_shape(x, w, stride, padding, dilation, output_padding, groups)
+    y = run(nbdnn.conv_backward_data, x, x, w, shape,
+            **_geometry(stride, padding, dilation, groups))
+    if b is not None:  # (+ b a channel, in place: cudnnAddTensor's broadcast)
+        y = run(nbdnn.add_tensor, x, b.reshape(1, -1, *([1] * (y.dim() - 2))), y, out=y)
+    return y
+
+
+@custom_op("nbdnn::conv_transpose_backward", mutates_args=())
+def conv_transpose_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+                            stride: list[int], padding: list[int], dilation: list[int],
+                            groups: int, output_mask: list[bool]
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    geo = _geometry(stride, padding, dilation, groups)
+    want_x, want_w, want_b = output_mask
+    dx = run(CONVS[w.dim() - 2], x, dy, w, None, **geo) if want_x else x.new_empty(0)
+    dw = run(nbdnn.conv_backward_filter, x, x, dy, tuple(w.shape), **geo) if want_w \
+        else w.new_empty(0)
+    db = run(nbdnn.conv_backward_bias, x, dy) if want_b else w.new_empty(0)
+    return dx, dw, db
+
+
+@conv_transpose.register_fake
+def _(x, w, b, stride, padding, dilation, output_padding, groups):
+    return x.new_empty(conv_transpose_shape(x, w, stride, padding, dilation, output_padding,
+                                            groups))
+
+
+@conv_transpose_backward.register_fake
+def _(dy, x, w, stride, padding, dilation, groups, output_mask):
+    want_x, want_w, want_b = output_mask
+    return (x.new_empty(x.shape if want_x else (0,)), w.new_empty(w.shape if want_w else (0,)),
+            w.new_empty(dy.shape[1] if want_b else 0))
+
+
+def _conv_transpose_setup(ctx, inputs, output):
+    x, w, b = inputs[:3]
+    ctx.save_for_backward(x, w)
+    ctx.geo, ctx.groups, ctx.has_bias = inputs[3:6], inputs[7], b is not None
+
+
+def _conv_transpose_grad(ctx, dy):
+    x, w = ctx.saved_tensors
+    want = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and
+            ctx.needs_input_grad[2]]
+    grads = conv_transpose_backward(dy, x, w, *ctx.geo, ctx.groups, want)
+    return tuple(g if ok else None for g, ok in zip(grads, want)) + (None,) * 5
+
+
+register_autograd(conv_transpose, _conv_transpose_grad, _conv_transpose_setup)
+
+
 def pool_shape(x, kernel, stride, padding, dilation, ceil_mode):
     return (*x.shape[:2], *(pool_out_size(S, k, s, d, a, b, ceil_mode) for S, k, s, d, (a, b)
                             in zip(x.shape[2:], kernel, stride, dilation, pairs(padding))))

@@ -8,7 +8,7 @@ import torch
 from ..errors import DtypeError, NotSupportedError, ShapeError
 from ._bridge import DTYPES
 from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
-from ._ops_conv import conv, pool
+from ._ops_conv import conv, conv_transpose as _conv_transpose_op, pool
 from ._ops_random import attention as _attention, draw_seed, dropout as _dropout
 from ._ops_norm import batch_norm as _batch_norm, group_norm as _group_norm, \
     layer_norm as _layer_norm, rms_norm as _rms_norm
@@ -178,6 +178,43 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _conv("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
+
+
+def _conv_transpose(fn, nd, input, weight, bias, stride, padding, output_padding, groups,
+                    dilation):
+    input, weight, bias = _autocast("conv", input, weight, bias)
+    _check(fn, input, weight, bias)
+    if weight.dim() != nd + 2 or input.dim() != nd + 2:
+        raise ShapeError(f"nbdnn.torch.{fn}: input and weight must be {nd + 2}-d "
+                         f"(batched, channels first); got {input.dim()}-d and {weight.dim()}-d")
+    stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
+    output_padding = _tuple(output_padding, nd)
+    if any(op >= max(s, d) for op, s, d in zip(output_padding, stride, dilation)):
+        raise ValueError(f"nbdnn.torch.{fn}: output_padding {output_padding} must be smaller "
+                         f"than stride {stride} or dilation {dilation}")
+    pads = [p for v in _tuple(padding, nd) for p in (v, v)]
+    return _conv_transpose_op(input, weight, bias, stride, pads, dilation, output_padding,
+                              groups)
+
+
+def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0,
+                     groups=1, dilation=1):
+    return _conv_transpose("conv_transpose1d", 1, input, weight, bias, stride, padding,
+                           output_padding, groups, dilation)
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0,
+                     groups=1, dilation=1):
+    """The transpose (adjoint) of conv2d: nbdnn's conv_backward_data, its gradients conv2d
+    and conv_backward_filter; weight (C_in, C_out / groups, kH, kW) as PyTorch's."""
+    return _conv_transpose("conv_transpose2d", 2, input, weight, bias, stride, padding,
+                           output_padding, groups, dilation)
+
+
+def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0,
+                     groups=1, dilation=1):
+    return _conv_transpose("conv_transpose3d", 3, input, weight, bias, stride, padding,
+                           output_padding, groups, dilation)
 
 
 def _pool(fn, nd, input, kernel_size, stride, padding, dilation, mode, ceil_mode):

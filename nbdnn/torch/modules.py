@@ -37,6 +37,28 @@ class Conv3d(_Conv, nn.Conv3d):
     pass
 
 
+class _ConvTranspose:
+    def forward(self, input, output_size=None):
+        nd = self.weight.dim() - 2
+        output_padding = self._output_padding(input, output_size, self.stride, self.padding,
+                                              self.kernel_size, nd, self.dilation)
+        fn = (nf.conv_transpose1d, nf.conv_transpose2d, nf.conv_transpose3d)[nd - 1]
+        return fn(input, self.weight, self.bias, self.stride, self.padding, output_padding,
+                  self.groups, self.dilation)
+
+
+class ConvTranspose1d(_ConvTranspose, nn.ConvTranspose1d):
+    pass
+
+
+class ConvTranspose2d(_ConvTranspose, nn.ConvTranspose2d):
+    pass
+
+
+class ConvTranspose3d(_ConvTranspose, nn.ConvTranspose3d):
+    pass
+
+
 class Linear(nn.Linear):
     def forward(self, input):
         return nf.linear(input, self.weight, self.bias)
@@ -264,7 +286,8 @@ def native_reason(m):
 
 
 REPLACEMENTS = {next(b for b in sub.__mro__[1:] if b.__module__.startswith("torch.")): sub
-                for sub in (Conv1d, Conv2d, Conv3d, Linear, BatchNorm1d, BatchNorm2d,
+                for sub in (Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d,
+                            ConvTranspose3d, Linear, BatchNorm1d, BatchNorm2d,
                             BatchNorm3d, LayerNorm, RMSNorm, GroupNorm, InstanceNorm1d,
                             InstanceNorm2d, InstanceNorm3d, LocalResponseNorm, ReLU, LeakyReLU,
                             ELU, GELU, SiLU, Sigmoid, Tanh, Softplus, Hardtanh, ReLU6, Softmax,
