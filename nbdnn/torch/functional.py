@@ -5,54 +5,14 @@ Where nbdnn cannot give PyTorch's meaning the call is a NotSupportedError naming
 argument, never a silent difference; see nbdnn/torch/__init__.py for the list."""
 import torch
 
-from ..errors import DtypeError, NotSupportedError, ShapeError
-from ._bridge import DTYPES
+from ..errors import ShapeError
+from ._args import autocast as _autocast, check as _check, \
+    ints as _tuple, unsupported as _unsupported, write_result as _inplace
 from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
 from ._ops_conv import conv, conv_transpose as _conv_transpose_op, pool
 from ._ops_random import attention as _attention, draw_seed, dropout as _dropout
 from ._ops_norm import batch_norm as _batch_norm, group_norm as _group_norm, \
     layer_norm as _layer_norm, rms_norm as _rms_norm
-
-
-def _check(fn, *tensors):
-    for t in tensors:
-        if t is not None and t.dtype not in DTYPES:
-            raise DtypeError(f"nbdnn.torch.{fn}: {t.dtype} tensors are not taken "
-                             f"(float16, bfloat16, float32, float64)")
-
-
-# torch.autocast's casts (which reach no custom op by themselves), as PyTorch casts the
-# ops these replace: its lower-precision list, its float32 list (per device type;
-# local_response_norm is float32 on both through the ops PyTorch composes it of), and
-# the rest in x's dtype with their weights cast to it (PyTorch takes float32 weights
-# beside 16-bit x there)
-LOWER = {"conv", "linear", "scaled_dot_product_attention"}
-FLOAT32 = {"cuda": {"softmax", "log_softmax", "layer_norm", "group_norm", "softplus",
-                    "local_response_norm"},
-           "cpu": {"avg_pool3d", "max_pool3d", "local_response_norm"}}
-
-
-def _autocast(op, *tensors):
-    """tensors (x first) as autocast has op see them, unchanged outside autocast."""
-    device = tensors[0].device.type
-    if not torch.is_autocast_enabled(device):
-        return tensors
-    to = torch.get_autocast_dtype(device) if op in LOWER else torch.float32 \
-        if op in FLOAT32.get(device, ()) else tensors[0].dtype
-    return tuple(t.to(to) if t is not None and t.dtype in DTYPES[:3] else t for t in tensors)
-
-
-def _unsupported(fn, what):
-    raise NotSupportedError(f"nbdnn.torch.{fn}: {what}")
-
-
-def _inplace(fn, x, y, inplace):
-    """PyTorch's inplace=True writes the result into x; where autograd needs x intact (it
-    requires grad), the result is returned as a new tensor instead (as under
-    torch.compile's functionalisation)."""
-    if inplace and not (torch.is_grad_enabled() and x.requires_grad):
-        return x.copy_(y)
-    return y
 
 
 def _act(fn, x, mode, coef, inplace=False):
@@ -143,10 +103,6 @@ def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
         raise ShapeError(f"nbdnn.torch.local_response_norm: input.dim() must be >= 3; "
                          f"got {input.dim()}")
     return lrn(input, size, alpha, beta, k)
-
-
-def _tuple(v, nd):
-    return [int(v)] * nd if isinstance(v, int) else [int(i) for i in v]
 
 
 def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):

@@ -1,0 +1,52 @@
+"""nbdnn.torch.functional's argument handling: dtype checks, torch.autocast's casts,
+inplace=True, int-or-tuple arguments, and the NotSupportedError for what nbdnn cannot
+compute with PyTorch's meaning."""
+import torch
+
+from ..errors import DtypeError, NotSupportedError
+from ._bridge import DTYPES
+
+
+def check(fn, *tensors):
+    for t in tensors:
+        if t is not None and t.dtype not in DTYPES:
+            raise DtypeError(f"nbdnn.torch.{fn}: {t.dtype} tensors are not taken "
+                             f"(float16, bfloat16, float32, float64)")
+
+
+# torch.autocast's casts (which reach no custom op by themselves), as PyTorch casts the
+# ops these replace: its lower-precision list, its float32 list (per device type;
+# local_response_norm is float32 on both through the ops PyTorch composes it of), and
+# the rest in x's dtype with their weights cast to it (PyTorch takes float32 weights
+# beside 16-bit x there)
+LOWER = {"conv", "linear", "scaled_dot_product_attention"}
+FLOAT32 = {"cuda": {"softmax", "log_softmax", "layer_norm", "group_norm", "softplus",
+                    "local_response_norm"},
+           "cpu": {"avg_pool3d", "max_pool3d", "local_response_norm"}}
+
+
+def autocast(op, *tensors):
+    """tensors (x first) as autocast has op see them, unchanged outside autocast."""
+    device = tensors[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    to = torch.get_autocast_dtype(device) if op in LOWER else torch.float32 \
+        if op in FLOAT32.get(device, ()) else tensors[0].dtype
+    return tuple(t.to(to) if t is not None and t.dtype in DTYPES[:3] else t for t in tensors)
+
+
+def unsupported(fn, what):
+    raise NotSupportedError(f"nbdnn.torch.{fn}: {what}")
+
+
+def write_result(fn, x, y, inplace):
+    """PyTorch's inplace=True writes the result into x; where autograd needs x intact (it
+    requires grad), the result is returned as a new tensor instead (as under
+    torch.compile's functionalisation)."""
+    if inplace and not (torch.is_grad_enabled() and x.requires_grad):
+        return x.copy_(y)
+    return y
+
+
+def ints(v, nd):
+    return [int(v)] * nd if isinstance(v, int) else [int(i) for i in v]
