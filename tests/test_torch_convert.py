@@ -221,3 +221,26 @@ def test_conv_transpose_module_with_output_size():
     assert outs[0][0].shape == (2, 6, 10, 10)
     for a, b in [(outs[0][0], outs[1][0])] + list(zip(outs[0][1], outs[1][1])):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_converted_model_compiles_fullgraph(training):
+    """torch.compile(converted model, fullgraph=True), AOT autograd (aot_eager): no graph
+    break through the class-swapped modules (batch norm's statistics bookkeeping
+    included); output, gradients and buffers equal the eager converted model's."""
+    torch._dynamo.reset()
+    net = small_resnet().double()
+    eager, _ = nt.convert(net)
+    compiled_src, _ = nt.convert(net)
+    compiled = torch.compile(compiled_src, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    outs = []
+    for m, holder in ((eager, eager), (compiled, compiled_src)):
+        holder.train(training)
+        y = m(x)
+        outs.append((y, torch.autograd.grad(y.square().sum(), list(holder.parameters())),
+                     [b.clone() for b in holder.buffers()]))
+    (y, g, b), (y2, g2, b2) = outs
+    torch.testing.assert_close(y2, y, rtol=1e-12, atol=1e-12)
+    for a, c in list(zip(g2, g)) + list(zip(b2, b)):
+        torch.testing.assert_close(a, c, rtol=1e-12, atol=1e-12)

@@ -270,3 +270,35 @@ def test_dropout_follows_torch_seed_and_nbdnn_stream(device):
     (g,) = torch.autograd.grad(y.sum(), x)
     assert torch.equal((g == 0).cpu(), torch.from_numpy(mask == 0))
     assert nt.dropout(x, 0.5, training=False) is x and nt.dropout(x, 0.0) is x
+
+
+# what each function's backward keeps (autograd's saved tensors), by shape: exactly the
+# tensors nbdnn's backward reads, nothing recomputed
+SAVED = {
+    "relu": lambda x: [x.shape],                                   # x (f'(x) from x)
+    "softmax": lambda x: [x.shape],                                # y
+    "conv2d": lambda x, w: [x.shape, w.shape],                     # x, w
+    "max_pool2d": lambda x: [x.shape],                             # x
+    "linear": lambda x, w: [x.shape, w.shape],                     # x, w
+    "layer_norm": lambda x, w: [x.shape, x.shape[:1], x.shape[:1], w.shape],  # x, stats, w
+    "batch_norm": lambda x, w: [x.shape, w.shape, w.shape, w.shape],  # x, w, mean, invstd
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAVED))
+def test_saved_tensors_are_what_the_backward_reads(name):
+    x, w = _t(4, 3, 6, 6).requires_grad_(), _t(3).requires_grad_()
+    calls = {"relu": lambda: nt.relu(x), "softmax": lambda: nt.softmax(x, dim=1),
+             "conv2d": lambda: nt.conv2d(x, w4), "max_pool2d": lambda: nt.max_pool2d(x, 2),
+             "linear": lambda: nt.linear(x2, w2),
+             "layer_norm": lambda: nt.layer_norm(x2, (6,), w6),
+             "batch_norm": lambda: nt.batch_norm(x, None, None, w, w, training=True)}
+    w4, w2 = _t(2, 3, 3, 3).requires_grad_(), _t(5, 6).requires_grad_()
+    x2, w6 = _t(4, 6).requires_grad_(), _t(6).requires_grad_()
+    args = {"conv2d": (x, w4), "linear": (x2, w2), "layer_norm": (x2, w6),
+            "batch_norm": (x, w)}.get(name, (x,))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        calls[name]()
+    assert sorted(saved) == sorted(tuple(s) for s in SAVED[name](*args)), saved
