@@ -244,3 +244,56 @@ def test_converted_model_compiles_fullgraph(training):
     torch.testing.assert_close(y2, y, rtol=1e-12, atol=1e-12)
     for a, c in list(zip(g2, g)) + list(zip(b2, b)):
         torch.testing.assert_close(a, c, rtol=1e-12, atol=1e-12)
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device for torch")
+
+
+@CUDA
+def test_converted_training_step_captured_in_cuda_graph():
+    """A converted model's training step (forward, loss, backward; batch norm's running
+    statistics advancing) captured by torch.cuda.graph: each replay equals an eager step
+    on the same data (the kernels run on the capture stream; nbdnn's workspaces are
+    PyTorch's allocations, kept by the graph's pool)."""
+    torch.backends.cudnn.allow_tf32 = False
+    model, _ = nt.convert(small_resnet().cuda())
+    twin, _ = nt.convert(small_resnet().cuda())
+    x = torch.randn(4, 3, 16, 16, device="cuda")
+    labels = torch.randint(0, 10, (4,), device="cuda")
+
+    def step(m):
+        for p in m.parameters():
+            p.grad = None
+        loss = nn.functional.cross_entropy(m(x), labels)
+        loss.backward()
+        return loss
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step(model)
+            step(twin)
+    torch.cuda.current_stream().wait_stream(s)
+    for p in model.parameters():  # (graph-owned gradients: allocated inside the capture)
+        p.grad = None
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_loss = step(model)
+    for _ in range(2):
+        g.replay()
+        want = step(twin)
+        torch.testing.assert_close(static_loss, want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(model.buffers(), twin.buffers()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@CUDA
+def test_converted_model_compiles_with_inductor():
+    """torch.compile(fullgraph=True) with the default backend (inductor) on CUDA: nbdnn's
+    custom ops stay opaque calls in the compiled graph; the result equals eager's."""
+    torch._dynamo.reset()
+    torch.backends.cudnn.allow_tf32 = False
+    model, _ = nt.convert(small_resnet().cuda().eval())
+    x = torch.randn(4, 3, 16, 16, device="cuda")
+    compiled = torch.compile(model, fullgraph=True)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
