@@ -297,3 +297,28 @@ def test_converted_model_compiles_with_inductor():
     x = torch.randn(4, 3, 16, 16, device="cuda")
     compiled = torch.compile(model, fullgraph=True)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_channels_last_model_stays_channels_last():
+    """A channels-last model and input (model.to(memory_format=torch.channels_last)):
+    the converted network runs its convolutions, batch norms, activations and pools as
+    NHWC (no layout copies), every intermediate stays channels-last as in PyTorch, and
+    output and gradients equal native's (float64)."""
+    net = small_resnet().double().to(memory_format=torch.channels_last)
+    model, _ = nt.convert(net)
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64).contiguous(
+        memory_format=torch.channels_last)
+    layouts = []
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.BatchNorm2d, nn.ReLU, nn.MaxPool2d)):
+            m.register_forward_hook(lambda m, a, y: layouts.append(
+                y.is_contiguous(memory_format=torch.channels_last)))
+    outs = []
+    for m in (model, net):
+        xi = x.clone().requires_grad_()
+        y = m.train()(xi)
+        outs.append((y, torch.autograd.grad(y.square().sum(), [xi, *m.parameters()])))
+    assert layouts and all(layouts)
+    assert outs[0][1][0].is_contiguous(memory_format=torch.channels_last)  # (dx)
+    for a, b in [(outs[0][0], outs[1][0])] + list(zip(outs[0][1], outs[1][1])):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

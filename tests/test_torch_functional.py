@@ -18,6 +18,10 @@ def _t(*shape, lo=-2.0, hi=2.0):
     return torch.tensor(R.uniform(lo, hi, shape))
 
 
+def _cl(*shape):
+    return _t(*shape).contiguous(memory_format=torch.channels_last)
+
+
 # name: (inputs (x first, then weights), keyword arguments); nbdnn.torch.<name> against
 # F.<name> with the same call
 CASES = {
@@ -77,6 +81,21 @@ CASES = {
                                            "scale": 0.3}),
     "scaled_dot_product_attention-3d": ([_t(2, 5, 8), _t(2, 6, 8), _t(2, 6, 8)],
                                         {"attn_mask": _t(2, 5, 6)}),
+    # channels-last inputs (NHWC in memory): nbdnn runs them as NHWC, results stay so
+    "conv2d-nhwc": ([_cl(2, 6, 7, 8), _t(4, 3, 3, 3), _t(4)], {"padding": 1, "stride": (2, 1),
+                                                              "groups": 2}),
+    "max_pool2d-nhwc": ([_cl(2, 3, 9, 8)], {"kernel_size": 3, "stride": 2, "padding": 1}),
+    "avg_pool2d-nhwc": ([_cl(2, 3, 9, 8)], {"kernel_size": 2}),
+    "adaptive_avg_pool2d-nhwc": ([_cl(2, 5, 7, 6)], {"output_size": 1}),
+    "relu-nhwc": ([_cl(2, 3, 5, 4)], {}),
+    "gelu-nhwc": ([_cl(2, 3, 5, 4)], {}),
+    "batch_norm-nhwc": ([_cl(4, 3, 5, 2)], {"running_mean": _t(3),
+                                            "running_var": _t(3, lo=1), "weight": _t(3),
+                                            "bias": _t(3), "training": True}),
+    "batch_norm-nhwc_eval": ([_cl(4, 3, 5, 2)], {"running_mean": _t(3),
+                                                 "running_var": _t(3, lo=0.5),
+                                                 "weight": _t(3), "bias": _t(3)}),
+    "group_norm-nhwc": ([_cl(2, 6, 3, 4)], {"num_groups": 3, "weight": _t(6)}),
     "batch_norm-eval": ([_t(4, 3, 5)], {"running_mean": _t(3), "running_var": _t(3, lo=0.5),
                                         "weight": _t(3), "bias": _t(3)}),
 }
@@ -121,6 +140,8 @@ def _compare(ours, theirs, args, kw, device, dtype, tol):
     R.bit_generator.state = state
     y2, grads2, (a2, k2), _ = _call(theirs, args, kw, device, dtype)
     scale = max(1.0, float(y2.detach().abs().max()))
+    assert y.is_contiguous() == y2.is_contiguous() or args[0].dim() != 4, \
+        "the memory format differs from PyTorch's"
     torch.testing.assert_close(y, y2, rtol=tol, atol=tol * scale)
     for g, g2 in zip(grads, grads2):
         torch.testing.assert_close(g, g2, rtol=tol, atol=tol * max(1.0, float(g2.abs().max())))

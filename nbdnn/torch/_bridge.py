@@ -48,6 +48,32 @@ def register_autograd(op, grad, setup):
     op.register_autograd(backward, setup_context=setup_context)
 
 
+def channels_last(t):
+    """Whether 4-d t is laid out channels-last (NHWC in memory) and not also plain
+    contiguous (C 1 or H W 1 are both: those go as NCHW). Such tensors go to nbdnn as
+    their NHWC views with layout "NHWC", no copy, and results come back channels-last,
+    as PyTorch keeps a channels-last model channels-last."""
+    return t.dim() == 4 and not t.is_contiguous() and \
+        t.is_contiguous(memory_format=torch.channels_last)
+
+
+def nhwc(t):
+    """An NCHW-shaped tensor's (N, H, W, C) view (no copy where it is channels-last)."""
+    return None if t is None else t.permute(0, 2, 3, 1)
+
+
+def nchw(t):
+    """An (N, H, W, C) result as the NCHW-shaped channels-last tensor."""
+    return t.permute(0, 3, 1, 2)
+
+
+def new(x, shape, last, dtype=None):
+    """An empty tensor on x's device (a fake implementation's result), channels-last
+    where last."""
+    return torch.empty(shape, dtype=dtype or x.dtype, device=x.device,
+                       memory_format=torch.channels_last if last else torch.contiguous_format)
+
+
 def on_cpu(t):
     """Whether a call on tensor t runs the CPU reference."""
     return BACKEND == "cpu" or not t.is_cuda
@@ -104,3 +130,19 @@ def run(fn, like, *args, **kw):
     if isinstance(out, tuple):
         return tuple(None if o is None else tensor(o, like) for o in out)
     return tensor(out, like)
+
+
+def run_as(fn, like, *args, nhwc_layout=False, **kw):
+    """run(), but where tensor like is channels-last its 4-d tensor arguments go as NHWC
+    views (with layout="NHWC" where nhwc_layout) and 4-d results come back channels-last:
+    elementwise ops and batch norm keep a channels-last model's layout without copies."""
+    if not channels_last(like):
+        return run(fn, like, *args, **kw)
+    args = [nhwc(a) if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args]
+    if nhwc_layout:
+        kw["layout"] = "NHWC"
+    out = run(fn, like, *args, **kw)
+
+    def back(t):
+        return nchw(t) if t is not None and t.dim() == 4 else t
+    return tuple(back(o) for o in out) if isinstance(out, tuple) else back(out)

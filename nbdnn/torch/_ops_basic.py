@@ -8,29 +8,29 @@ import torch
 from torch.library import custom_op
 
 import nbdnn
-from ._bridge import register_autograd, run
+from ._bridge import channels_last, new, register_autograd, run, run_as
 
 
 @custom_op("nbdnn::activation", mutates_args=())
 def activation(x: torch.Tensor, mode: str, coef: float) -> torch.Tensor:
-    """y = f(x) for nbdnn.activation's modes."""
-    return run(nbdnn.activation, x, x, mode, coef=coef)
+    """y = f(x) for nbdnn.activation's modes (a channels-last x stays so)."""
+    return run_as(nbdnn.activation, x, x, mode, coef=coef)
 
 
 @custom_op("nbdnn::activation_backward", mutates_args=())
 def activation_backward(dy: torch.Tensor, x: torch.Tensor, mode: str,
                         coef: float) -> torch.Tensor:
-    return run(nbdnn.activation_backward, x, dy, x, None, mode, coef=coef)
+    return run_as(nbdnn.activation_backward, x, dy, x, None, mode, coef=coef)
 
 
 @activation.register_fake
 def _(x, mode, coef):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return new(x, x.shape, channels_last(x))
 
 
 @activation_backward.register_fake
 def _(dy, x, mode, coef):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return new(x, x.shape, channels_last(x))
 
 
 def _activation_setup(ctx, inputs, output):

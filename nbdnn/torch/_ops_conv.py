@@ -11,7 +11,7 @@ from torch.library import custom_op
 
 import nbdnn
 from .._shapes import pool_out_size
-from ._bridge import register_autograd, run
+from ._bridge import channels_last, nchw, new, nhwc, register_autograd, run
 
 CONVS = {1: nbdnn.conv1d, 2: nbdnn.conv2d, 3: nbdnn.conv3d}
 POOLS = {1: nbdnn.pool1d, 2: nbdnn.pool2d, 3: nbdnn.pool3d}
@@ -36,8 +36,12 @@ def _geometry(stride, padding, dilation, groups):
 @custom_op("nbdnn::conv", mutates_args=())
 def conv(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], stride: list[int],
          padding: list[int], dilation: list[int], groups: int) -> torch.Tensor:
-    """Cross-correlation (PyTorch's convolution), 1-3 spatial axes by w's rank."""
-    return run(CONVS[w.dim() - 2], x, x, w, b, **_geometry(stride, padding, dilation, groups))
+    """Cross-correlation (PyTorch's convolution), 1-3 spatial axes by w's rank; a
+    channels-last x runs as NHWC (w (K, R, S, C)) and y comes back channels-last."""
+    geo = _geometry(stride, padding, dilation, groups)
+    if channels_last(x):
+        return nchw(run(nbdnn.conv2d, x, nhwc(x), nhwc(w), b, layout="NHWC", **geo))
+    return run(CONVS[w.dim() - 2], x, x, w, b, **geo)
 
 
 @custom_op("nbdnn::conv_backward", mutates_args=())
@@ -47,6 +51,14 @@ def conv_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: li
     """(dx, dw, db), each empty where output_mask says it is not wanted."""
     geo = _geometry(stride, padding, dilation, groups)
     want_x, want_w, want_b = output_mask
+    if channels_last(x):  # (all NHWC; dx and dw back channels-last)
+        dyl, xl, wl = nhwc(dy), nhwc(x), nhwc(w)
+        dx = nchw(run(nbdnn.conv_backward_data, x, dyl, wl, tuple(xl.shape), layout="NHWC",
+                      **geo)) if want_x else x.new_empty(0)
+        dw = nchw(run(nbdnn.conv_backward_filter, x, dyl, xl, tuple(wl.shape), layout="NHWC",
+                      **geo)) if want_w else w.new_empty(0)
+        db = run(nbdnn.conv_backward_bias, x, dyl, layout="NHWC") if want_b else w.new_empty(0)
+        return dx, dw, db
     dx = run(nbdnn.conv_backward_data, x, dy, w, tuple(x.shape), **geo) if want_x \
         else x.new_empty(0)
     dw = run(nbdnn.conv_backward_filter, x, dy, x, tuple(w.shape), **geo) if want_w \
@@ -57,13 +69,15 @@ def conv_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: li
 
 @conv.register_fake
 def _(x, w, b, stride, padding, dilation, groups):
-    return x.new_empty(conv_shape(x, w, stride, padding, dilation))
+    return new(x, conv_shape(x, w, stride, padding, dilation), channels_last(x))
 
 
 @conv_backward.register_fake
 def _(dy, x, w, stride, padding, dilation, groups, output_mask):
     want_x, want_w, want_b = output_mask
-    return (x.new_empty(x.shape if want_x else (0,)), w.new_empty(w.shape if want_w else (0,)),
+    last = channels_last(x)
+    return (new(x, x.shape, last) if want_x else x.new_empty(0),
+            new(w, w.shape, last) if want_w else w.new_empty(0),
             w.new_empty(w.shape[0] if want_b else 0))
 
 
@@ -164,26 +178,31 @@ def _pool_kw(stride, padding, dilation, mode, ceil_mode):
 def pool(x: torch.Tensor, kernel: list[int], stride: list[int], padding: list[int],
          dilation: list[int], mode: str, ceil_mode: bool) -> torch.Tensor:
     """mode "max", "avg" (padding counted: count_include_pad) or "avg_exclude_pad"."""
-    return run(POOLS[len(kernel)], x, x, tuple(kernel),
-               **_pool_kw(stride, padding, dilation, mode, ceil_mode))
+    kw = _pool_kw(stride, padding, dilation, mode, ceil_mode)
+    if channels_last(x):
+        return nchw(run(nbdnn.pool2d, x, nhwc(x), tuple(kernel), layout="NHWC", **kw))
+    return run(POOLS[len(kernel)], x, x, tuple(kernel), **kw)
 
 
 @custom_op("nbdnn::pool_backward", mutates_args=())
 def pool_backward(dy: torch.Tensor, x: torch.Tensor, kernel: list[int], stride: list[int],
                   padding: list[int], dilation: list[int], mode: str,
                   ceil_mode: bool) -> torch.Tensor:
-    return run(nbdnn.pool_backward, x, dy, x, tuple(kernel),
-               **_pool_kw(stride, padding, dilation, mode, ceil_mode))
+    kw = _pool_kw(stride, padding, dilation, mode, ceil_mode)
+    if channels_last(x):
+        return nchw(run(nbdnn.pool_backward, x, nhwc(dy), nhwc(x), tuple(kernel),
+                        layout="NHWC", **kw))
+    return run(nbdnn.pool_backward, x, dy, x, tuple(kernel), **kw)
 
 
 @pool.register_fake
 def _(x, kernel, stride, padding, dilation, mode, ceil_mode):
-    return x.new_empty(pool_shape(x, kernel, stride, padding, dilation, ceil_mode))
+    return new(x, pool_shape(x, kernel, stride, padding, dilation, ceil_mode), channels_last(x))
 
 
 @pool_backward.register_fake
 def _(dy, x, kernel, stride, padding, dilation, mode, ceil_mode):
-    return x.new_empty(x.shape)
+    return new(x, x.shape, channels_last(x))
 
 
 def _pool_setup(ctx, inputs, output):

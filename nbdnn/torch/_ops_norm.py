@@ -11,7 +11,7 @@ import torch
 from torch.library import custom_op
 
 import nbdnn
-from ._bridge import arr, on_cpu, register_autograd, run, tensor
+from ._bridge import arr, channels_last, new, on_cpu, register_autograd, run, run_as, tensor
 
 Tensor = torch.Tensor
 
@@ -24,10 +24,12 @@ def _stats(x, shape):
     return x.new_empty(shape, dtype=_stat_dtype(x))
 
 
-def _grads(x, w, has_b):
-    """The fake (dx, dw, db) of a norm: dw and db empty where there is no weight / bias."""
+def _grads(x, w, has_b, last=False):
+    """The fake (dx, dw, db) of a norm: dw and db empty where there is no weight / bias;
+    dx channels-last where last (batch and group norm of a channels-last x; layer and RMS
+    norm make x contiguous, as PyTorch's)."""
     n = w.shape if w is not None else (0,)
-    return x.new_empty(x.shape), x.new_empty(n), x.new_empty(n if has_b else (0,))
+    return new(x, x.shape, last), x.new_empty(n), x.new_empty(n if has_b else (0,))
 
 
 def _pick(grads, w, has_b):
@@ -45,17 +47,18 @@ def batch_norm(x: Tensor, w: Optional[Tensor], b: Optional[Tensor],
     """(y, mean, invstd, new running mean, new running var): training, the batch's
     statistics, the running ones advanced (empty where not given); otherwise the
     running statistics used, the other four outputs empty."""
-    if not training:
-        y = run(nbdnn.batch_norm_infer, x, x, *_affine(x, w, b),
-                running_mean.to(_stat_dtype(x)), running_var.to(_stat_dtype(x)), eps=eps)
+    if not training:  # (a channels-last x runs as NHWC and y stays channels-last)
+        y = run_as(nbdnn.batch_norm_infer, x, x, *_affine(x, w, b),
+                   running_mean.to(_stat_dtype(x)), running_var.to(_stat_dtype(x)), eps=eps,
+                   nhwc_layout=True)
         return (y,) + tuple(_stats(x, 0) for _ in range(4))
     cpu = on_cpu(x)
     rm, rv = (arr(r.to(_stat_dtype(x), copy=True), cpu) if r is not None else None
               for r in (running_mean, running_var))
-    y, mean, invstd = run(nbdnn.batch_norm_train, x, x, w, b, rm, rv, momentum=momentum,
-                          eps=eps)
-    new = (tensor(r, x).to(x.device) if r is not None else _stats(x, 0) for r in (rm, rv))
-    return (y, mean, invstd, *new)
+    y, mean, invstd = run_as(nbdnn.batch_norm_train, x, x, w, b, rm, rv, momentum=momentum,
+                             eps=eps, nhwc_layout=True)
+    advanced = (tensor(r, x) if r is not None else _stats(x, 0) for r in (rm, rv))
+    return (y, mean, invstd, *advanced)
 
 
 def _affine(x, w, b):
@@ -67,14 +70,16 @@ def _affine(x, w, b):
 def _(x, w, b, running_mean, running_var, training, momentum, eps):
     n = x.shape[1] if training else 0
     rn = [x.shape[1] if training and r is not None else 0 for r in (running_mean, running_var)]
-    return x.new_empty(x.shape), _stats(x, n), _stats(x, n), _stats(x, rn[0]), _stats(x, rn[1])
+    return (new(x, x.shape, channels_last(x)), _stats(x, n), _stats(x, n), _stats(x, rn[0]),
+            _stats(x, rn[1]))
 
 
 @custom_op("nbdnn::batch_norm_backward", mutates_args=())
 def batch_norm_backward(dy: Tensor, x: Tensor, w: Optional[Tensor], mean: Tensor,
                         invstd: Tensor, has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Training mode: (dx, dw, db) through the batch statistics."""
-    return _pick(run(nbdnn.batch_norm_backward, x, dy, x, w, mean, invstd), w, has_bias)
+    return _pick(run_as(nbdnn.batch_norm_backward, x, dy, x, w, mean, invstd,
+                        nhwc_layout=True), w, has_bias)
 
 
 @custom_op("nbdnn::batch_norm_infer_backward", mutates_args=())
@@ -87,26 +92,32 @@ def batch_norm_infer_backward(dy: Tensor, x: Tensor, w: Optional[Tensor],
     C = x.shape[1]
     zeros, mean, var = (x.new_zeros(C), running_mean.to(_stat_dtype(x)),
                         running_var.to(_stat_dtype(x)))
-    dx = run(nbdnn.batch_norm_infer, x, dy, _affine(x, w, None)[0], zeros, mean.new_zeros(C),
-             var, eps=eps)
-    dy3 = dy.reshape(*dy.shape[:2], -1)
-    db = run(nbdnn.conv_backward_bias, x, dy3) if has_bias else dx.new_empty(0)
+    dx = run_as(nbdnn.batch_norm_infer, x, dy, _affine(x, w, None)[0], zeros,
+                mean.new_zeros(C), var, eps=eps, nhwc_layout=True)
+    db = _channel_sums(x, dy) if has_bias else dx.new_empty(0)
     dw = dx.new_empty(0)
     if w is not None:
-        xhat = run(nbdnn.batch_norm_infer, x, x, x.new_ones(C), zeros, mean, var, eps=eps)
-        prod = run(nbdnn.op_tensor, x, "mul", dy3, xhat.reshape(dy3.shape))
-        dw = run(nbdnn.conv_backward_bias, x, prod)
+        xhat = run_as(nbdnn.batch_norm_infer, x, x, x.new_ones(C), zeros, mean, var, eps=eps,
+                      nhwc_layout=True)
+        dw = _channel_sums(x, run_as(nbdnn.op_tensor, x, "mul", dy, xhat))
     return dx, dw, db
+
+
+def _channel_sums(x, t):
+    """t (x's shape) summed over every axis but C, in x's layout (conv_backward_bias)."""
+    if channels_last(x):
+        return run_as(nbdnn.conv_backward_bias, x, t, nhwc_layout=True)
+    return run(nbdnn.conv_backward_bias, x, t.reshape(*t.shape[:2], -1))
 
 
 @batch_norm_backward.register_fake
 def _(dy, x, w, mean, invstd, has_bias):
-    return _grads(x, w, has_bias)
+    return _grads(x, w, has_bias, channels_last(x))
 
 
 @batch_norm_infer_backward.register_fake
 def _(dy, x, w, running_mean, running_var, eps, has_bias):
-    return _grads(x, w, has_bias)
+    return _grads(x, w, has_bias, channels_last(x))
 
 
 def _batch_norm_setup(ctx, inputs, output):
@@ -212,25 +223,26 @@ register_autograd(rms_norm, _rms_norm_grad, _rms_norm_setup)
 @custom_op("nbdnn::group_norm", mutates_args=())
 def group_norm(x: Tensor, groups: int, w: Optional[Tensor], b: Optional[Tensor],
                eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    return run(nbdnn.group_norm, x, x, groups, w, b, eps=eps)
+    return run_as(nbdnn.group_norm, x, x, groups, w, b, eps=eps, nhwc_layout=True)
 
 
 @custom_op("nbdnn::group_norm_backward", mutates_args=())
 def group_norm_backward(dy: Tensor, x: Tensor, mean: Tensor, invstd: Tensor,
                         w: Optional[Tensor], groups: int,
                         has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return _pick(run(nbdnn.group_norm_backward, x, dy, x, mean, invstd, w, groups=groups), w,
-                 has_bias)
+    return _pick(run_as(nbdnn.group_norm_backward, x, dy, x, mean, invstd, w, groups=groups,
+                        nhwc_layout=True), w, has_bias)
 
 
 @group_norm.register_fake
 def _(x, groups, w, b, eps):
-    return x.new_empty(x.shape), _stats(x, (x.shape[0], groups)), _stats(x, (x.shape[0], groups))
+    return (new(x, x.shape, channels_last(x)), _stats(x, (x.shape[0], groups)),
+            _stats(x, (x.shape[0], groups)))
 
 
 @group_norm_backward.register_fake
 def _(dy, x, mean, invstd, w, groups, has_bias):
-    return _grads(x, w, has_bias)
+    return _grads(x, w, has_bias, channels_last(x))
 
 
 def _group_norm_setup(ctx, inputs, output):

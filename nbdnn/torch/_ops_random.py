@@ -12,7 +12,7 @@ import torch
 from torch.library import custom_op
 
 import nbdnn
-from ._bridge import register_autograd, run
+from ._bridge import channels_last, new, register_autograd, run, run_as
 
 Tensor = torch.Tensor
 
@@ -24,23 +24,25 @@ def draw_seed():
 
 @custom_op("nbdnn::dropout", mutates_args=())
 def dropout(x: Tensor, p: float, seed: Tensor) -> tuple[Tensor, Tensor]:
-    """(y, mask): y = x mask / (1 - p), mask uint8, 1 where kept."""
-    return run(nbdnn.dropout, x, x, p, seed=int(seed))
+    """(y, mask): y = x mask / (1 - p), mask uint8, 1 where kept (element i of x's
+    memory order draws stream element i: a channels-last x draws in NHWC order)."""
+    return run_as(nbdnn.dropout, x, x, p, seed=int(seed))
 
 
 @custom_op("nbdnn::dropout_backward", mutates_args=())
 def dropout_backward(dy: Tensor, mask: Tensor, p: float) -> Tensor:
-    return run(nbdnn.dropout_backward, dy, dy, mask, p)
+    return run_as(nbdnn.dropout_backward, mask, dy, mask, p)
 
 
 @dropout.register_fake
 def _(x, p, seed):
-    return x.new_empty(x.shape), x.new_empty(x.shape, dtype=torch.uint8)
+    last = channels_last(x)
+    return new(x, x.shape, last), new(x, x.shape, last, torch.uint8)
 
 
 @dropout_backward.register_fake
 def _(dy, mask, p):
-    return dy.new_empty(dy.shape)
+    return new(dy, dy.shape, channels_last(mask))
 
 
 def _dropout_setup(ctx, inputs, output):
