@@ -60,6 +60,7 @@
 #   bash perf/gpu_run.sh att-tf32             # float32's fused TF32 forward: tests, (SAN=1)
 #                                             # sanitizer, SASS
 #   bash perf/gpu_run.sh att-tf32-speed       # its 3xtf32 / tf32 rows against gemm.py's
+#   bash perf/gpu_run.sh torch                # nbdnn.torch: tests, host cost, ResNet-50 steps
 #   bash perf/gpu_run.sh att-all              # every attention test, 8 shards (<= 330 s)
 #   bash perf/gpu_run.sh att-tf32-tiles       # its block shapes (KEY_TILES, Q_RAW) timed
 #   bash perf/gpu_run.sh att-decode           # decode_split's chunking swept: decode rows
@@ -530,6 +531,16 @@ att-tf32-speed)
             --dims 64 128 --no-backward --set "nbdnn._math_mode._default=['$1']" \
             --set nbdnn.cuda.attention.flash_tf32.ON=$2 2>&1 | grep -v -i warn
     done ;;
+torch)
+    # nbdnn.torch (issue 26): its tests (CPU reference and CUDA: every function against F,
+    # opcheck, compile, CUDA graphs, the converted models incl. torchvision / transformers),
+    # then torch_models.py's host cost and ResNet-50 steps (<= 500 s; logs in $OUT)
+    timeout ${TEST_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider tests/test_torch_*.py \
+        > "$OUT/torch-tests.log" 2>&1
+    summary torch-tests
+    timeout ${MODELS_LIMIT_S:-240} python3 perf/suites/torch_models.py --host --models \
+        > "$OUT/torch-models.log" 2>&1
+    grep -v -i warn "$OUT/torch-models.log" ;;
 att-all)
     # every attention test (the four kernel files, errors, the reference, the model
     # layer, the demo) in 8 shards, and the crosscheck's attention rows (<= 330 s)
