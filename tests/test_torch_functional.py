@@ -323,3 +323,24 @@ def test_saved_tensors_are_what_the_backward_reads(name):
             lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
         calls[name]()
     assert sorted(saved) == sorted(tuple(s) for s in SAVED[name](*args)), saved
+
+
+def test_functional_calls_mode():
+    """Within nbdnn.torch.functional_calls(), a model's own torch.nn.functional calls
+    (and the torch.* / Tensor aliases) run nbdnn's functions, with autograd; a call nbdnn
+    cannot take runs PyTorch's and is reported with the reason, not raised."""
+    x = _t(2, 3, 8, 8).requires_grad_()
+    w = _t(4, 3, 3, 3).requires_grad_()
+    with nt.functional_calls() as calls:
+        y = F.conv2d(F.relu(x), w, padding=1).softmax(1)
+        z = F.hardtanh(x)
+    want = F.conv2d(F.relu(x), w, padding=1).softmax(1)
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(z, F.hardtanh(x))
+    g, g2 = (torch.autograd.grad(t.square().sum(), (x, w)) for t in (y, want))
+    for a, b in zip(g, g2):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert calls.nbdnn == {"relu": 1, "conv2d": 1, "softmax": 1}, calls.nbdnn
+    assert list(calls.native) == [("hardtanh", "min_val -1.0 (nbdnn's clipped relu clips "
+                                   "at 0: min_val 0 only)")]
+    assert "native hardtanh" in calls.report()

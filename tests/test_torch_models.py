@@ -155,3 +155,23 @@ def test_architectures_in_torch_nn(arch, device, dtype, tol, loss_tol):
                     lambda m, b: m(b[0]), tol, loss_tol, steps=5)
     native_kinds = {t for _, t, _ in report.native}
     assert native_kinds <= {"Flatten", "ModuleDict", "Sequential"}, report
+
+
+def test_bert_sdpa_under_functional_calls():
+    """BERT with transformers' "sdpa" attention under nbdnn.torch.functional_calls():
+    its attention, GELU and tanh calls (functional, not modules) join the converted
+    Linear and LayerNorm modules on nbdnn; the hidden states equal native's (float64)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=128,
+                                     max_position_embeddings=32, attn_implementation="sdpa")
+    native = transformers.BertModel(config).double().eval()
+    model, _ = nt.convert(native)
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = native(ids).last_hidden_state
+        with nt.functional_calls() as calls:
+            got = model(ids).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    assert {"scaled_dot_product_attention", "gelu"} <= set(calls.nbdnn), calls.report()

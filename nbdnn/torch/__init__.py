@@ -9,7 +9,8 @@ implementation and a backward registered for autograd, so torch.compile(fullgrap
 torch.library.opcheck and CUDA graph capture see one op, not Python. CUDA tensors run on
 PyTorch's current stream; CPU tensors run nbdnn's CPU reference (zero-copy through
 NumPy); `with nbdnn.torch.reference():` runs every call on the reference, CUDA tensors
-copied, to check a model against it.
+copied, to check a model against it; `with nbdnn.torch.functional_calls():` sends the
+torch.nn.functional calls a model makes itself to nbdnn too.
 
 Differences from torch.nn.functional, each an error rather than a silent change:
 hardtanh with min_val other than 0; softplus with a threshold other than 20 (nbdnn's
@@ -22,10 +23,12 @@ is a new tensor). Dtypes: float16, bfloat16, float32, float64 (others: DtypeErro
 from ._bridge import reference
 from . import functional, modules
 from .convert import Report, compare, convert
+from .intercept import functional_calls
 
 for _name in functional.__all__:  # (torch.nn.functional's names at the top level too)
     globals()[_name] = getattr(functional, _name)
 del _name
 
 __all__ = ["functional", "modules", "reference", "convert", "compare", "Report",
+           "functional_calls",
            *functional.__all__]

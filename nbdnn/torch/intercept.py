@@ -1,0 +1,59 @@
+"""nbdnn.torch.functional_calls(): the torch.nn.functional calls a model makes itself
+(transformers' attention and GELU, timm's blocks) run on nbdnn within the context, as
+convert's modules do for the modules it replaces.
+
+    with nbdnn.torch.functional_calls() as calls:
+        y = model(x)
+    print(calls.report())   # which functions ran on nbdnn, which stayed native and why
+
+A TorchFunctionMode maps each supported function to nbdnn.torch.functional's; a call
+nbdnn cannot take with PyTorch's meaning (a NotSupportedError, an unsupported dtype or
+shape) runs PyTorch's own function and is counted, never raised."""
+import collections
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..errors import NbdnnError
+from . import functional as nf
+
+F = torch.nn.functional
+# PyTorch's function -> nbdnn.torch's (the same signature); torch.* aliases included
+MAP = {getattr(F, n): getattr(nf, n) for n in nf.__all__ if hasattr(F, n)}
+MAP.update({torch.relu: nf.relu, torch.sigmoid: nf.sigmoid, torch.tanh: nf.tanh,
+            torch.softmax: nf.softmax, torch.log_softmax: nf.log_softmax,
+            torch.conv1d: nf.conv1d, torch.conv2d: nf.conv2d, torch.conv3d: nf.conv3d,
+            torch.Tensor.softmax: nf.softmax, torch.Tensor.relu: nf.relu})
+
+
+class FunctionalCalls(TorchFunctionMode):
+    """The mode: .nbdnn counts the calls nbdnn ran by function name, .native the calls it
+    left to PyTorch by (name, reason)."""
+
+    def __init__(self):
+        super().__init__()
+        self.nbdnn, self.native = collections.Counter(), collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        ours = MAP.get(func)
+        if ours is not None:
+            try:
+                out = ours(*args, **kwargs)
+            except (NbdnnError, TypeError) as e:  # (TypeError: an argument nbdnn.torch's
+                # signature lacks, e.g. a newer PyTorch keyword)
+                self.native[(func.__name__, str(e).split(": ", 1)[-1])] += 1
+            else:
+                self.nbdnn[func.__name__] += 1
+                return out
+        return func(*args, **kwargs)
+
+    def report(self):
+        lines = [f"nbdnn {n}: {c}" for n, c in sorted(self.nbdnn.items())]
+        lines += [f"native {n} ({why}): {c}" for (n, why), c in sorted(self.native.items())]
+        return "\n".join(lines)
+
+
+def functional_calls():
+    """The context manager (a FunctionalCalls mode; `with ... as calls`)."""
+    return FunctionalCalls()
