@@ -8,7 +8,7 @@ import torch
 from torch.library import custom_op
 
 import nbdnn
-from ._bridge import channels_last, new, register_autograd, run, run_as
+from ._bridge import call, channels_last, new, register_autograd, run, run_as
 
 
 @custom_op("nbdnn::activation", mutates_args=())
@@ -40,7 +40,7 @@ def _activation_setup(ctx, inputs, output):
 
 def _activation_grad(ctx, dy):
     (x,) = ctx.saved_tensors
-    return activation_backward(dy, x, ctx.mode, ctx.coef), None, None
+    return call(activation_backward, dy, x, ctx.mode, ctx.coef), None, None
 
 
 register_autograd(activation, _activation_grad, _activation_setup)
@@ -74,7 +74,7 @@ def _softmax_setup(ctx, inputs, output):
 
 def _softmax_grad(ctx, dy):
     (y,) = ctx.saved_tensors
-    return softmax_backward(dy, y, ctx.dim, ctx.log), None, None
+    return call(softmax_backward, dy, y, ctx.dim, ctx.log), None, None
 
 
 register_autograd(softmax, _softmax_grad, _softmax_setup)
@@ -115,7 +115,7 @@ def _linear_setup(ctx, inputs, output):
 
 def _linear_grad(ctx, dy):
     x, w = ctx.saved_tensors
-    dx, dw, db = linear_backward(dy, x, w, ctx.has_bias)
+    dx, dw, db = call(linear_backward, dy, x, w, ctx.has_bias)
     return dx, dw, db if ctx.has_bias else None
 
 
@@ -151,7 +151,7 @@ def _lrn_setup(ctx, inputs, output):
 
 def _lrn_grad(ctx, dy):
     (x,) = ctx.saved_tensors
-    return (lrn_backward(dy, x, *ctx.params),) + (None,) * 4
+    return (call(lrn_backward, dy, x, *ctx.params),) + (None,) * 4
 
 
 register_autograd(lrn, _lrn_grad, _lrn_setup)

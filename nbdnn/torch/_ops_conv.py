@@ -11,7 +11,7 @@ from torch.library import custom_op
 
 import nbdnn
 from .._shapes import pool_out_size
-from ._bridge import channels_last, nchw, new, nhwc, register_autograd, run
+from ._bridge import call, channels_last, nchw, new, nhwc, register_autograd, run
 
 CONVS = {1: nbdnn.conv1d, 2: nbdnn.conv2d, 3: nbdnn.conv3d}
 POOLS = {1: nbdnn.pool1d, 2: nbdnn.pool2d, 3: nbdnn.pool3d}
@@ -91,7 +91,7 @@ def _conv_grad(ctx, dy):
     x, w = ctx.saved_tensors
     want = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and
             ctx.needs_input_grad[2]]
-    grads = conv_backward(dy, x, w, *ctx.geo, want)
+    grads = call(conv_backward, dy, x, w, *ctx.geo, want)
     return tuple(g if ok else None for g, ok in zip(grads, want)) + (None,) * 4
 
 
@@ -157,7 +157,7 @@ def _conv_transpose_grad(ctx, dy):
     x, w = ctx.saved_tensors
     want = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and
             ctx.needs_input_grad[2]]
-    grads = conv_transpose_backward(dy, x, w, *ctx.geo, ctx.groups, want)
+    grads = call(conv_transpose_backward, dy, x, w, *ctx.geo, ctx.groups, want)
     return tuple(g if ok else None for g, ok in zip(grads, want)) + (None,) * 5
 
 
@@ -212,7 +212,7 @@ def _pool_setup(ctx, inputs, output):
 
 def _pool_grad(ctx, dy):
     (x,) = ctx.saved_tensors
-    return (pool_backward(dy, x, *ctx.params),) + (None,) * 6
+    return (call(pool_backward, dy, x, *ctx.params),) + (None,) * 6
 
 
 register_autograd(pool, _pool_grad, _pool_setup)

@@ -11,7 +11,7 @@ import torch
 from torch.library import custom_op
 
 import nbdnn
-from ._bridge import arr, channels_last, new, on_cpu, register_autograd, run, run_as, tensor
+from ._bridge import call, arr, channels_last, new, on_cpu, register_autograd, run, run_as, tensor
 
 Tensor = torch.Tensor
 
@@ -130,9 +130,9 @@ def _batch_norm_setup(ctx, inputs, output):
 def _batch_norm_grad(ctx, dy, *_stat_grads):
     x, w, s0, s1 = ctx.saved_tensors
     if ctx.training:
-        dx, dw, db = batch_norm_backward(dy, x, w, s0, s1, ctx.has_b)
+        dx, dw, db = call(batch_norm_backward, dy, x, w, s0, s1, ctx.has_b)
     else:
-        dx, dw, db = batch_norm_infer_backward(dy, x, w, s0, s1, ctx.eps, ctx.has_b)
+        dx, dw, db = call(batch_norm_infer_backward, dy, x, w, s0, s1, ctx.eps, ctx.has_b)
     return (dx, dw if ctx.has_w else None, db if ctx.has_b else None) + (None,) * 5
 
 
@@ -174,7 +174,7 @@ def _layer_norm_setup(ctx, inputs, output):
 
 def _layer_norm_grad(ctx, dy, _dmean, _dinvstd):
     x, mean, invstd, w = ctx.saved_tensors
-    dx, dw, db = layer_norm_backward(dy, x, mean, invstd, w, ctx.ndim, ctx.has_b)
+    dx, dw, db = call(layer_norm_backward, dy, x, mean, invstd, w, ctx.ndim, ctx.has_b)
     return dx, dw if ctx.has_w else None, db if ctx.has_b else None, None, None
 
 
@@ -212,7 +212,7 @@ def _rms_norm_setup(ctx, inputs, output):
 
 def _rms_norm_grad(ctx, dy, _dinvrms):
     x, invrms, w = ctx.saved_tensors
-    dx, dw = rms_norm_backward(dy, x, invrms, w, ctx.ndim)
+    dx, dw = call(rms_norm_backward, dy, x, invrms, w, ctx.ndim)
     return dx, dw if ctx.has_w else None, None, None
 
 
@@ -254,7 +254,7 @@ def _group_norm_setup(ctx, inputs, output):
 
 def _group_norm_grad(ctx, dy, _dmean, _dinvstd):
     x, mean, invstd, w = ctx.saved_tensors
-    dx, dw, db = group_norm_backward(dy, x, mean, invstd, w, ctx.groups, ctx.has_b)
+    dx, dw, db = call(group_norm_backward, dy, x, mean, invstd, w, ctx.groups, ctx.has_b)
     return dx, None, dw if ctx.has_w else None, db if ctx.has_b else None, None
 
 

@@ -12,7 +12,7 @@ import torch
 from torch.library import custom_op
 
 import nbdnn
-from ._bridge import channels_last, new, register_autograd, run, run_as
+from ._bridge import call, channels_last, new, register_autograd, run, run_as
 
 Tensor = torch.Tensor
 
@@ -53,7 +53,7 @@ def _dropout_setup(ctx, inputs, output):
 
 def _dropout_grad(ctx, dy, _dmask):
     (mask,) = ctx.saved_tensors
-    return dropout_backward(dy, mask, ctx.p), None, None
+    return call(dropout_backward, dy, mask, ctx.p), None, None
 
 
 register_autograd(dropout, _dropout_grad, _dropout_setup)
@@ -105,7 +105,7 @@ def _attention_setup(ctx, inputs, output):
 
 def _attention_grad(ctx, do, _dlse):
     q, k, v, o, lse, attn_mask, seed = ctx.saved_tensors
-    grads = attention_backward(do, q, k, v, o, lse, attn_mask, *ctx.params, seed)
+    grads = call(attention_backward, do, q, k, v, o, lse, attn_mask, *ctx.params, seed)
     return grads + (None,) * 6  # (no gradient for a float attn_mask)
 
 

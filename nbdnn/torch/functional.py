@@ -6,6 +6,7 @@ argument, never a silent difference; see nbdnn/torch/__init__.py for the list.""
 import torch
 
 from ..errors import ShapeError
+from ._bridge import call
 from ._args import autocast as _autocast, check as _check, \
     ints as _tuple, unsupported as _unsupported, write_result as _inplace
 from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
@@ -18,7 +19,7 @@ from ._ops_norm import batch_norm as _batch_norm, group_norm as _group_norm, \
 def _act(fn, x, mode, coef, inplace=False):
     (x,) = _autocast(fn, x)
     _check(fn, x)
-    return _inplace(fn, x, activation(x, mode, float(coef)), inplace)
+    return _inplace(fn, x, call(activation, x, mode, float(coef)), inplace)
 
 
 def relu(input, inplace=False):
@@ -77,7 +78,7 @@ def _softmax_call(fn, input, dim, dtype, log):
         input = input.to(dtype)
     (input,) = _autocast(fn, input)
     _check(fn, input)
-    return _softmax(input, dim, log)
+    return call(_softmax, input, dim, log)
 
 
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
@@ -92,8 +93,8 @@ def linear(input, weight, bias=None):
     input, weight, bias = _autocast("linear", input, weight, bias)
     _check("linear", input, weight, bias)
     if input.dim() == 1:
-        return _linear(input.unsqueeze(0), weight, bias).squeeze(0)
-    return _linear(input, weight, bias)
+        return call(_linear, input.unsqueeze(0), weight, bias).squeeze(0)
+    return call(_linear, input, weight, bias)
 
 
 def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
@@ -102,7 +103,7 @@ def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
     if input.dim() < 3:
         raise ShapeError(f"nbdnn.torch.local_response_norm: input.dim() must be >= 3; "
                          f"got {input.dim()}")
-    return lrn(input, size, alpha, beta, k)
+    return call(lrn, input, size, alpha, beta, k)
 
 
 def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
@@ -121,7 +122,7 @@ def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
             pads += [total // 2, total - total // 2]
     else:
         pads = [p for v in _tuple(padding, nd) for p in (v, v)]
-    return conv(input, weight, bias, stride, pads, dilation, groups)
+    return call(conv, input, weight, bias, stride, pads, dilation, groups)
 
 
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -149,8 +150,8 @@ def _conv_transpose(fn, nd, input, weight, bias, stride, padding, output_padding
         raise ValueError(f"nbdnn.torch.{fn}: output_padding {output_padding} must be smaller "
                          f"than stride {stride} or dilation {dilation}")
     pads = [p for v in _tuple(padding, nd) for p in (v, v)]
-    return _conv_transpose_op(input, weight, bias, stride, pads, dilation, output_padding,
-                              groups)
+    return call(_conv_transpose_op, input, weight, bias, stride, pads, dilation,
+                output_padding, groups)
 
 
 def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0,
@@ -182,7 +183,7 @@ def _pool(fn, nd, input, kernel_size, stride, padding, dilation, mode, ceil_mode
     kernel = _tuple(kernel_size, nd)
     stride = kernel if stride is None or stride == [] else _tuple(stride, nd)
     pads = [p for v in _tuple(padding, nd) for p in (v, v)]
-    return pool(input, kernel, stride, pads, _tuple(dilation, nd), mode, bool(ceil_mode))
+    return call(pool, input, kernel, stride, pads, _tuple(dilation, nd), mode, bool(ceil_mode))
 
 
 def _max_pool(fn, nd, input, kernel_size, stride, padding, dilation, ceil_mode,
@@ -258,8 +259,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if training and input.numel() // input.shape[1] <= 1:
         raise ValueError("nbdnn.torch.batch_norm: expected more than 1 value per channel "
                          f"when training, got input size {tuple(input.shape)}")
-    y, _, _, new_mean, new_var = _batch_norm(
-        input, weight, bias, running_mean, running_var, bool(training),
+    y, _, _, new_mean, new_var = call(
+        _batch_norm, input, weight, bias, running_mean, running_var, bool(training),
         0.0 if momentum is None else float(momentum), float(eps))
     if training:  # (the buffers advance in place, as in PyTorch)
         with torch.no_grad():
@@ -282,7 +283,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     input, weight, bias = _autocast("layer_norm", input, weight, bias)
     _check("layer_norm", input, weight, bias)
     ndim = _normalized("layer_norm", input, normalized_shape)
-    return _layer_norm(input, weight, bias, ndim, float(eps))[0]
+    return call(_layer_norm, input, weight, bias, ndim, float(eps))[0]
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
@@ -290,7 +291,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     _check("rms_norm", input, weight)
     ndim = _normalized("rms_norm", input, normalized_shape)
     eps = torch.finfo(input.dtype).eps if eps is None else eps  # (PyTorch's default)
-    return _rms_norm(input, weight, ndim, float(eps))[0]
+    return call(_rms_norm, input, weight, ndim, float(eps))[0]
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
@@ -299,7 +300,7 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     if input.shape[1] % num_groups:
         raise ShapeError(f"nbdnn.torch.group_norm: {input.shape[1]} channels do not split "
                          f"into {num_groups} groups")
-    return _group_norm(input, num_groups, weight, bias, float(eps))[0]
+    return call(_group_norm, input, num_groups, weight, bias, float(eps))[0]
 
 
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,
@@ -313,7 +314,7 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     if running_mean is not None or running_var is not None:
         _unsupported("instance_norm", "running statistics updated from the batch "
                      "(track_running_stats in training)")
-    return _group_norm(input, input.shape[1], weight, bias, float(eps))[0]
+    return call(_group_norm, input, input.shape[1], weight, bias, float(eps))[0]
 
 
 def dropout(input, p=0.5, training=True, inplace=False):
@@ -326,7 +327,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
     if p == 1.0:
         _unsupported("dropout", "p 1 (nbdnn's dropout keeps p < 1)")
     _check("dropout", input)
-    return _inplace("dropout", input, _dropout(input, float(p), draw_seed())[0], inplace)
+    return _inplace("dropout", input, call(_dropout, input, float(p), draw_seed())[0], inplace)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -347,8 +348,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None and three and attn_mask.dim() == 3:
         attn_mask = attn_mask.unsqueeze(1)
     seed = draw_seed() if dropout_p > 0 else torch.zeros((), dtype=torch.int64)
-    o = _attention(q, k, v, attn_mask, float(dropout_p), bool(is_causal),
-                   None if scale is None else float(scale), bool(enable_gqa), seed)[0]
+    o = call(_attention, q, k, v, attn_mask, float(dropout_p), bool(is_causal),
+             None if scale is None else float(scale), bool(enable_gqa), seed)[0]
     return o.squeeze(1) if three else o
 
 
