@@ -16,9 +16,15 @@ Differences from torch.nn.functional, each an error rather than a silent change:
 hardtanh with min_val other than 0; softplus with a threshold other than 20 (nbdnn's
 softplus is the exact stable form, PyTorch's returns x past the threshold);
 max_pool's return_indices; avg_pool's divisor_override; adaptive_avg_pool2d to sizes other
-than (1, 1); instance_norm updating running statistics; softmax without dim. inplace=True
-writes the result back into the input unless autograd needs the input (then the result
-is a new tensor). Dtypes: float16, bfloat16, float32, float64 (others: DtypeError).
+than (1, 1); instance_norm updating running statistics; softmax without dim; dropout
+with p 1; attn_mask together with is_causal (as PyTorch). Differences that are not errors:
+inplace=True writes the result back into the input unless autograd needs the input (then
+the result is a new tensor); a fully masked attention row gives 0 (PyTorch's math
+backend: NaN); a float attn_mask gets no gradient; dropout's mask is nbdnn's Philox
+stream seeded from torch's generator (not PyTorch's stream), and a captured CUDA graph
+replays the mask drawn at capture. Channels-last tensors run as NHWC and results stay
+channels-last (as PyTorch's). Dtypes: float16, bfloat16, float32, float64 (others:
+DtypeError). Plain eager calls skip PyTorch's dispatcher (nbdnn/torch/_bridge.py call()).
 """
 from ._bridge import reference
 from . import functional, modules
