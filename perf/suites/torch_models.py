@@ -70,7 +70,8 @@ def step_fn(model, x, labels, bf16):
 
     def step():
         opt.zero_grad(set_to_none=False)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+            # (no cast cache: a captured graph must redo the weights' casts each replay)
             loss = F.cross_entropy(model(x), labels)
         loss.backward()
         opt.step()
