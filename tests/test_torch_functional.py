@@ -344,3 +344,28 @@ def test_functional_calls_mode():
     assert list(calls.native) == [("hardtanh", "min_val -1.0 (nbdnn's clipped relu clips "
                                    "at 0: min_val 0 only)")]
     assert "native hardtanh" in calls.report()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", ["relu", "conv2d", "linear", "layer_norm", "softmax",
+                                  "max_pool2d", "batch_norm-train", "group_norm"])
+def test_16_bit_tensors(case, dtype):
+    """float16 and bfloat16 CPU tensors through the bridge (NumPy's float16, ml_dtypes'
+    bfloat16, zero-copy): results and gradients keep the dtype and match F computed in
+    float32 on the same 16-bit values within the storage's rounding."""
+    name = case.split("-")[0]
+    args, kw = CASES[case]
+    low = [a.to(dtype) for a in args]
+    kw_low = {k: v.to(dtype) if isinstance(v, torch.Tensor) and k not in
+              ("running_mean", "running_var") else v for k, v in kw.items()}
+    y, grads, _, dy = _call(getattr(nt, name), low, kw_low, "cpu", dtype)
+    assert y.dtype == dtype and all(g.dtype == dtype for g in grads)
+    x32 = [a.float().requires_grad_() for a in low]
+    kw32 = {k: v.float().requires_grad_(k not in ("running_mean", "running_var"))
+            if isinstance(v, torch.Tensor) else v for k, v in kw_low.items()}
+    want = getattr(F, name)(*x32, **kw32)
+    leaves = x32 + [v for v in kw32.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+    want_grads = torch.autograd.grad(want, leaves, dy.float())
+    for got, w in [(y, want)] + list(zip(grads, want_grads)):
+        err = float((got.float() - w).abs().max() / w.abs().max().clamp_min(1e-6))
+        assert err <= (2e-2 if dtype == torch.bfloat16 else 4e-3), (err, got.shape)
