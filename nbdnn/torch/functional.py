@@ -106,12 +106,19 @@ def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
     return call(lrn, input, size, alpha, beta, k)
 
 
-def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
+def _conv_args(fn, nd, input, weight, bias):
+    """(input, weight, bias) as autocast has a convolution see them, checked: dtypes,
+    and both nd + 2 dimensions (batched, channels first)."""
     input, weight, bias = _autocast("conv", input, weight, bias)
     _check(fn, input, weight, bias)
     if weight.dim() != nd + 2 or input.dim() != nd + 2:
         raise ShapeError(f"nbdnn.torch.{fn}: input and weight must be {nd + 2}-d "
                          f"(batched, channels first); got {input.dim()}-d and {weight.dim()}-d")
+    return input, weight, bias
+
+
+def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
+    input, weight, bias = _conv_args(fn, nd, input, weight, bias)
     stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
     if padding == "valid":
         pads = [0] * (2 * nd)
@@ -139,11 +146,7 @@ def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 def _conv_transpose(fn, nd, input, weight, bias, stride, padding, output_padding, groups,
                     dilation):
-    input, weight, bias = _autocast("conv", input, weight, bias)
-    _check(fn, input, weight, bias)
-    if weight.dim() != nd + 2 or input.dim() != nd + 2:
-        raise ShapeError(f"nbdnn.torch.{fn}: input and weight must be {nd + 2}-d "
-                         f"(batched, channels first); got {input.dim()}-d and {weight.dim()}-d")
+    input, weight, bias = _conv_args(fn, nd, input, weight, bias)
     stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
     output_padding = _tuple(output_padding, nd)
     if any(op >= max(s, d) for op, s, d in zip(output_padding, stride, dilation)):

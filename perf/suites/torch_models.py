@@ -13,13 +13,17 @@ converted eval logits against native's (fp32, TF32 off for the check).
     PYTHONPATH=. python perf/suites/torch_models.py [--host] [--models] [--batch 32]
 """
 import argparse
-import statistics
+import os
+import sys
 
 import torch
 
 import nbdnn
 import nbdnn.torch as nt
 from nbdnn.bench import host_cost
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from resnet50 import gpu_ms, torch_graphed  # noqa: E402  (perf/suites/resnet50.py)
 
 F = torch.nn.functional
 
@@ -51,20 +55,6 @@ def host_rows():
               f"{us[1] - us[0]:5.1f}", flush=True)
 
 
-def gpu_ms(fn, reps=20):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    return statistics.median(times)
-
-
 def step_fn(model, x, labels, bf16):
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
@@ -76,19 +66,6 @@ def step_fn(model, x, labels, bf16):
         loss.backward()
         opt.step()
     return step
-
-
-def graphed(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
 
 
 def model_rows(batch):
@@ -112,7 +89,8 @@ def model_rows(batch):
             for m in (native, ours):
                 m.train()
                 fn = step_fn(m, x, labels, bf16)
-                ms.append(gpu_ms(graphed(fn) if mode == "graphed" else fn))
+                timed = torch_graphed(fn) if mode == "graphed" else fn
+                ms.append(gpu_ms(timed, reps=5, rounds=7))
             print(f"ResNet-50 train step B {batch} {'bf16 autocast' if bf16 else 'fp32'} "
                   f"{mode:7}: native {ms[0]:7.2f} ms | nbdnn.torch {ms[1]:7.2f} ms | "
                   f"{ms[0] / ms[1]:.2f}x native's speed", flush=True)
