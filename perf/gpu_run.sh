@@ -60,7 +60,8 @@
 #   bash perf/gpu_run.sh att-tf32             # float32's fused TF32 forward: tests, (SAN=1)
 #                                             # sanitizer, SASS
 #   bash perf/gpu_run.sh att-tf32-speed       # its 3xtf32 / tf32 rows against gemm.py's
-#   bash perf/gpu_run.sh torch                # nbdnn.torch: tests, host cost, ResNet-50 steps
+#   bash perf/gpu_run.sh torch                # nbdnn.torch: its tests, sharded (CUDA and CPU)
+#   bash perf/gpu_run.sh torch-perf           # its host cost, ResNet-50 steps against native
 #   bash perf/gpu_run.sh att-all              # every attention test, 8 shards (<= 330 s)
 #   bash perf/gpu_run.sh att-tf32-tiles       # its block shapes (KEY_TILES, Q_RAW) timed
 #   bash perf/gpu_run.sh att-decode           # decode_split's chunking swept: decode rows
@@ -516,7 +517,8 @@ att-tf32)
     P="timeout ${TEST_LIMIT_S:-150} python3 -m pytest -q -p no:cacheprovider"
     $P tests/test_attention_tf32.py > "$OUT/at-tests.log" 2>&1 &
     sanitized at ${SAN_LIMIT_S:-120} tests/test_attention_tf32.py -k "64"
-    for k in attention_flash_tf32_d64_3x; do
+    for k in attention_flash_tf32_d64_3x_qr attention_flash_tf32_d64_1x_k16 \
+        attention_flash_tf32_d128_1x_k16; do
         echo "$k: $(timeout 90 python3 perf/tools/sass_dump.py nbdnn.cuda.attention.flash_tf32 \
             $k float32 2>&1 >/dev/null | tr '\n' ' ')"
     done
@@ -533,12 +535,14 @@ att-tf32-speed)
     done ;;
 torch)
     # nbdnn.torch (issue 26): its tests (CPU reference and CUDA: every function against F,
-    # opcheck, compile, CUDA graphs, the converted models incl. torchvision / transformers),
-    # then torch_models.py's host cost and ResNet-50 steps (<= 500 s; logs in $OUT)
-    timeout ${TEST_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider tests/test_torch_*.py \
-        > "$OUT/torch-tests.log" 2>&1
-    summary torch-tests
-    timeout ${MODELS_LIMIT_S:-240} python3 perf/suites/torch_models.py --host --models \
+    # the TF32 flags, opcheck, compile, CUDA graphs, inductor, the converted models incl.
+    # torchvision's full-size ResNet-50 and ViT-B/16 and transformers' BERT), sharded
+    # (<= TEST_LIMIT_S; log $OUT/torch-tests.log)
+    sharded torch-tests ${SHARDS:-8} ${TEST_LIMIT_S:-330} tests/test_torch_*.py ;;
+torch-perf)
+    # torch_models.py: the host cost of a wrapped call, ResNet-50 training steps against
+    # native (<= MODELS_LIMIT_S; log $OUT/torch-models.log)
+    timeout ${MODELS_LIMIT_S:-300} python3 perf/suites/torch_models.py --host --models \
         > "$OUT/torch-models.log" 2>&1
     grep -v -i warn "$OUT/torch-models.log" ;;
 att-all)

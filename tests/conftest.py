@@ -61,3 +61,17 @@ def _fresh_plans():
     from nbdnn.ops import _plan
     _plan.clear()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _torch_tf32_flags():
+    """PyTorch's TF32 permissions (which nbdnn.torch follows) as they were before each
+    test: a test that turns them off for an exact check leaves the next its defaults."""
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags

@@ -253,6 +253,7 @@ def test_cuda_graph_capture_and_reference_on_cuda():
     """On CUDA tensors: the model captured by torch.cuda.graphs replays to its eager
     result (nbdnn's kernels on PyTorch's capture stream), and reference() gives the CPU
     reference's answer for the same CUDA tensors."""
+    torch.backends.cudnn.allow_tf32 = False  # (the reference's float32 is IEEE)
     p = _net_params("cuda", torch.float32)
     x = torch.randn(4, 3, 16, 16, device="cuda")
     want = _small_net(p, x, False)
@@ -272,6 +273,48 @@ def test_cuda_graph_capture_and_reference_on_cuda():
         ref = _small_net(p, x, False)
     assert ref.device == x.device
     torch.testing.assert_close(ref, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device for torch"))])
+@pytest.mark.parametrize("allowed", [False, True])
+def test_float32_products_follow_torch_tf32_flags(device, allowed):
+    """float32 convolutions follow torch.backends.cudnn.allow_tf32, linear and attention
+    torch.backends.cuda.matmul.allow_tf32, as PyTorch's own do: on CUDA each call equals
+    nbdnn's op in math mode "tf32" where allowed, "ieee" where not, forward and backward;
+    the CPU reference stays IEEE (PyTorch's CPU kernels ignore the flags)."""
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = allowed
+    math = "tf32" if allowed and device == "cuda" else "ieee"
+    g = torch.Generator().manual_seed(3)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(device).requires_grad_()
+    x, w, q = rand(2, 8, 12, 12), rand(16, 8, 3, 3), rand(2, 4, 40, 32)
+    a, wl = rand(24, 48), rand(32, 48)
+    cases = [(nt.conv2d(x, w, padding=1), nbdnn.conv2d, (x, w), dict(padding=(1, 1))),
+             (nt.linear(a, wl), nbdnn.matmul, (a, wl), dict(trans_b=True)),
+             (nt.scaled_dot_product_attention(q, q, q), nbdnn.scaled_dot_product_attention,
+              (q, q, q), {})]  # (nbdnn's attention: (o, lse))
+    for got, op, args, kw in cases:
+        want = op(*map(_arr, args), math=math, **kw, **_where(x))
+        want = torch.as_tensor(want[0] if isinstance(want, tuple) else want, device=device)
+        torch.testing.assert_close(got.detach(), want, rtol=0, atol=0)
+        got.sum().backward()  # (the backward's products: the same flags, no error)
+    if device == "cuda" and allowed:  # (TF32 rounding shows: not IEEE's answer)
+        assert not torch.equal(nt.linear(a, wl), nbdnn.matmul(
+            _arr(a), _arr(wl), trans_b=True, math="ieee", **_where(a)))
+
+
+def _arr(t):
+    """Tensor t as nbdnn takes it: the CUDA tensor, or a CPU tensor's NumPy view."""
+    return t.detach() if t.is_cuda else t.detach().numpy()
+
+
+def _where(t):
+    """nbdnn's backend arguments for tensor t: its CUDA stream, or the CPU reference."""
+    if t.is_cuda:
+        return {"stream": torch.cuda.current_stream().cuda_stream}
+    return {"backend": "cpu"}
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

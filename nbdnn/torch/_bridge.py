@@ -12,6 +12,8 @@ import contextlib
 import numpy as np
 import torch
 
+import nbdnn
+
 BACKEND = None  # None: a tensor's own device picks; "cpu": the reference for every tensor
 BACKENDS_FORCED = (None, "cpu")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -142,11 +144,35 @@ def current_stream(index):
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
+# nbdnn's ops that multiply matrices -> whose TF32 permission PyTorch's products of
+# that kind follow: cuDNN's (convolutions; torch.backends.cudnn.allow_tf32, on by
+# default) or cuBLAS's (matmul, attention; torch.backends.cuda.matmul.allow_tf32, off
+# by default, on under torch.set_float32_matmul_precision("high") or "medium")
+PRODUCTS = {f: kind for kind, fs in (
+    ("conv", (nbdnn.conv1d, nbdnn.conv2d, nbdnn.conv3d, nbdnn.conv_backward_data,
+              nbdnn.conv_backward_filter)),
+    ("matmul", (nbdnn.matmul, nbdnn.matmul_backward, nbdnn.scaled_dot_product_attention,
+                nbdnn.scaled_dot_product_attention_backward))) for f in fs}
+
+
+def allows_tf32(fn):
+    """Whether PyTorch lets its float32 products of nbdnn op fn's kind use TF32."""
+    kind = PRODUCTS.get(fn)
+    if kind == "conv":
+        return torch.backends.cudnn.allow_tf32
+    return kind == "matmul" and torch.backends.cuda.matmul.allow_tf32
+
+
 def run(fn, like, *args, **kw):
     """fn(*args, **kw) (an nbdnn op) with the tensors among args and kw's values made
     arrays, on the CPU reference or on like's CUDA stream; the results as tensors on
-    like's device (a tuple stays a tuple; None stays None)."""
+    like's device (a tuple stays a tuple; None stays None). An fn that multiplies
+    matrices runs float32 CUDA tensors in math mode "tf32" where PyTorch allows TF32 for
+    its products of that kind (allows_tf32), else in nbdnn's current math mode (the CPU
+    reference: always the latter, as PyTorch's CPU kernels ignore the flags)."""
     cpu = on_cpu(like)
+    if not cpu and like.dtype == torch.float32 and allows_tf32(fn):
+        kw["math"] = "tf32"
     args = [arr(a, cpu) if isinstance(a, torch.Tensor) else a for a in args]
     kw = {k: arr(v, cpu) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     if cpu:

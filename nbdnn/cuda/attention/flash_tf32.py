@@ -324,6 +324,10 @@ def forward(q, k, v, o, lse, ma, mb, lq, lk, geo, math_mode, stream):
 
 
 def ptx_examples():
-    """D 64 in 3xtf32 (tests/test_ptx.py compiles it; the other shapes differ in counts)."""
+    """The shipped block shapes (tests/test_ptx.py compiles them; perf/tools/sass_dump.py
+    reads their SASS): D 64 3xtf32 (Q raw, 32-key tiles), D 64 and 128 tf32 (16-key
+    tiles); the other head dims differ in counts."""
     kernel(64, 3)
+    kernel(64, 1)
+    kernel(128, 1)
 
