@@ -134,13 +134,21 @@ def test_matches_torch_functional_on_cuda(case):
     _compare(getattr(nt, name), getattr(F, name), args, kw, "cuda", torch.float32, 2e-4)
 
 
+# PyTorch's CUDA kernels whose result's memory format is the kernel's choice, not the
+# input's: group_norm copies a channels-last x to contiguous (its CPU kernel keeps
+# channels-last, as nbdnn does on both: no copies); attention's format follows the
+# backend PyTorch picks (the efficient kernel returns a (B, S, H, D) buffer's view)
+FORMAT_FREE_ON_CUDA = {"group_norm", "scaled_dot_product_attention"}
+
+
 def _compare(ours, theirs, args, kw, device, dtype, tol):
     state = R.bit_generator.state  # (both calls draw the same dy)
     y, grads, (a1, k1), _ = _call(ours, args, kw, device, dtype)
     R.bit_generator.state = state
     y2, grads2, (a2, k2), _ = _call(theirs, args, kw, device, dtype)
     scale = max(1.0, float(y2.detach().abs().max()))
-    assert y.is_contiguous() == y2.is_contiguous() or args[0].dim() != 4, \
+    assert y.is_contiguous() == y2.is_contiguous() or args[0].dim() != 4 or \
+        (device == "cuda" and ours.__name__ in FORMAT_FREE_ON_CUDA), \
         "the memory format differs from PyTorch's"
     torch.testing.assert_close(y, y2, rtol=tol, atol=tol * scale)
     for g, g2 in zip(grads, grads2):

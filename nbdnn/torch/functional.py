@@ -298,6 +298,9 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """A channels-last input gives a channels-last result on every device (PyTorch's CUDA
+    kernel copies it to contiguous first; its CPU kernel keeps it): the values are
+    F.group_norm's, the copy is saved."""
     input, weight, bias = _autocast("group_norm", input, weight, bias)
     _check("group_norm", input, weight, bias)
     if input.shape[1] % num_groups:
