@@ -101,8 +101,13 @@ def test_torchvision_full_size_on_cuda(arch):
     """torchvision's ResNet-50 and ViT-B/16 as built (224 px, 1000 classes, random
     weights), batch 4, on the GPU: bf16 autocast logits no further from the float32
     answer than twice native bf16's own distance (bf16's tolerance, measured rather than
-    guessed); then float32 with TF32 off: logits within 1e-4, 20 SGD steps (momentum)
-    whose losses track native's within 1e-3."""
+    guessed); then float32 with TF32 off: logits within 1e-4, and 20 SGD steps (momentum)
+    whose losses track native's within 1e-3, or, where native float32's own curve parts
+    from the float64 truth's, stay no further from the truth than twice native's
+    distance. (A ReLU network's gradients are discontinuous: a training-mode forward
+    that differs by 1e-4, batch norm's 1/std amplifying rounding in layer 4, flips a few
+    ReLU masks; run AU measured ResNet-50's float32 curves 1.7e-3 apart after one step.)"""
+    import copy
     tv = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     native = getattr(tv.models, arch)().cuda()
@@ -111,16 +116,28 @@ def test_torchvision_full_size_on_cuda(arch):
     x = torch.randn(4, 3, 224, 224, generator=g).cuda()
     labels = torch.randint(0, 1000, (4,), generator=g).cuda()
     model, report = nt.convert(native)
+    truth = copy.deepcopy(native).double()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     with torch.no_grad():
         exact = native.eval()(x)
+        assert _rel(model.eval()(x), exact) <= 1e-4
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            theirs, ours = native(x), model.eval()(x)
+            theirs, ours = native(x), model(x)
     assert ours.dtype == theirs.dtype
     assert _rel(ours, exact) <= max(2 * _rel(theirs, exact), 1e-2), (_rel(ours, exact),
                                                                        _rel(theirs, exact))
-    _check(native, (x, labels), lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
-           lambda m, b: m(b[0]), 1e-4, 1e-3, steps=20, sgd=True)
+
+    def loss(m, b):
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1])
+    ours, theirs = (_steps(m.train(), (x, labels), loss, 20, sgd=True) for m in (model, native))
+    exact = _steps(truth.train(), (x.double(), labels), loss, 20, sgd=True)
+
+    def apart(a, b):
+        return max(abs(u - v) / abs(v) for u, v in zip(a, b))
+    part, drift, own = apart(ours, theirs), apart(ours, exact), apart(theirs, exact)
+    print(f"{arch} float32 losses: nbdnn-native {part:.2e}, nbdnn-float64 {drift:.2e}, "
+          f"native-float64 {own:.2e}")
+    assert part <= 1e-3 or drift <= 2 * own, (part, drift, own, ours, theirs, exact)
     assert not {t for _, t, _ in report.native} - {"Sequential", "Encoder", "EncoderBlock",
                                                     "MLPBlock", "Bottleneck", "ResNet",
                                                     "VisionTransformer", "ModuleList"}, report

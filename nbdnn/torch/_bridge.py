@@ -67,14 +67,22 @@ def call(op, *args):
     eager mode its implementation directly, inside its autograd.Function where an input
     requires grad: the dispatcher's path for a Python custom op costs ~10 us a call
     (~17 us with autograd; 2-core CI host), the autograd.Function ~4 us, a direct call
-    well under 1 us."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or \
-            any(isinstance(a, torch.Tensor) and type(a) not in PLAIN for a in args):
+    well under 1 us. (One pass over args, no generators: this runs every call.)"""
+    if _compiling() or _dispatch_modes():
         return op(*args)
-    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
-                                       for a in args):
+    grad = False
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if type(a) not in PLAIN:
+                return op(*args)
+            grad = grad or a.requires_grad
+    if grad and torch.is_grad_enabled():
         return EAGER[op].apply(*args)
     return op._init_fn(*args)
+
+
+_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
 def channels_last(t):
@@ -136,12 +144,14 @@ def tensor(a, like):
     return t if like.device.type == "cpu" else t.to(like.device)
 
 
-def current_stream(index):
-    """PyTorch's current CUDA stream on device index, as its raw handle (int): the
-    private getter inductor's generated code calls, a few hundred ns cheaper than
-    torch.cuda.current_stream(); the public one where it is missing."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+def _public_stream(index):
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+# PyTorch's current CUDA stream on a device index, as its raw handle (int): the private
+# getter inductor's generated code calls, a few hundred ns cheaper than
+# torch.cuda.current_stream(); the public one where it is missing
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _public_stream)
 
 
 # nbdnn's ops that multiply matrices -> whose TF32 permission PyTorch's products of
@@ -170,19 +180,29 @@ def run(fn, like, *args, **kw):
     matrices runs float32 CUDA tensors in math mode "tf32" where PyTorch allows TF32 for
     its products of that kind (allows_tf32), else in nbdnn's current math mode (the CPU
     reference: always the latter, as PyTorch's CPU kernels ignore the flags)."""
-    cpu = on_cpu(like)
-    if not cpu and like.dtype == torch.float32 and allows_tf32(fn):
+    if BACKEND == "cpu" or not like.is_cuda:
+        args = [arr(a, True) if isinstance(a, torch.Tensor) else a for a in args]
+        kw = {k: arr(v, True) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        out = fn(*args, backend="cpu", **kw)
+        if isinstance(out, tuple):
+            return tuple(None if o is None else tensor(o, like) for o in out)
+        return tensor(out, like)
+    # CUDA: torch tensors in, torch tensors out (nbdnn allocates its results through
+    # PyTorch's allocator); no detach: nbdnn reads only their memory, and autograd is
+    # off or below this call. PyTorch's current stream, passed only where it is not the
+    # legacy default stream (handle 0, PyTorch's own default): there nbdnn's eager call
+    # plans replay the call (nbdnn/ops/_plan.py: a call given a stream runs in full,
+    # ~20-200 us of host time more)
+    args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
+    for k, v in kw.items():
+        if isinstance(v, torch.Tensor):
+            kw[k] = v.contiguous()
+    stream = _raw_stream(like.device.index)
+    if stream:
+        kw["stream"] = stream
+    if like.dtype == torch.float32 and fn in PRODUCTS and allows_tf32(fn):
         kw["math"] = "tf32"
-    args = [arr(a, cpu) if isinstance(a, torch.Tensor) else a for a in args]
-    kw = {k: arr(v, cpu) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
-    if cpu:
-        kw["backend"] = "cpu"
-    else:
-        kw["stream"] = current_stream(like.device.index)
-    out = fn(*args, **kw)
-    if isinstance(out, tuple):
-        return tuple(None if o is None else tensor(o, like) for o in out)
-    return tensor(out, like)
+    return fn(*args, **kw)
 
 
 def run_as(fn, like, *args, nhwc_layout=False, **kw):

@@ -1,13 +1,14 @@
 """nbdnn inside PyTorch (issue 26): what nbdnn.torch costs and gives.
 
 --host: host cost of one call on small CUDA tensors (median of 2000, no sync): the bare
-nbdnn op (torch tensors, PyTorch's stream), the nbdnn.torch function (a torch.library
-custom op: dispatcher, fake-free eager path), the same with autograd recording (inputs
-requiring grad), and the torch.nn.functional call it replaces. The issue's goal: <= 3 us
-over the bare op.
+nbdnn op (torch tensors on PyTorch's default stream, replayed by nbdnn's eager call
+plans), the nbdnn.torch function (its eager path: a direct call of the custom op's
+implementation), the same with autograd recording (inputs requiring grad), and the
+torch.nn.functional call it replaces. The issue's goal: <= 3 us over the bare op.
 --models: torchvision's ResNet-50 (random weights), native and nbdnn.torch.convert-ed,
-training step (forward, cross-entropy, backward, SGD) at batch B, fp32 and bf16 autocast,
-eager and replayed from a torch.cuda.CUDAGraph, GPU ms by CUDA events (median); first the
+training step (forward, cross-entropy, backward, SGD) at batch B in each --configs (fp32
+with PyTorch's default TF32 convolutions; bf16 autocast, NCHW or channels-last), eager
+and replayed from a torch.cuda.CUDAGraph, GPU ms by CUDA events (median); first the
 converted eval logits against native's (fp32, TF32 off for the check).
 
     PYTHONPATH=. python perf/suites/torch_models.py [--host] [--models] [--batch 32]
@@ -35,16 +36,16 @@ def host_rows():
     a, w, b = (torch.randn(32, 64, device=dev), torch.randn(64, 64, device=dev),
                torch.randn(64, device=dev))
     img, k = torch.randn(1, 16, 8, 8, device=dev), torch.randn(16, 16, 3, 3, device=dev)
-    s = torch.cuda.current_stream()
+    tf32 = "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"  # (what nt.conv2d runs)
     cases = {
-        "relu 1k": (lambda: nbdnn.activation(x, "relu", stream=s), lambda: nt.relu(x),
+        "relu 1k": (lambda: nbdnn.activation(x, "relu"), lambda: nt.relu(x),
                     lambda: nt.relu(xg), lambda: F.relu(x)),
-        "linear 32x64x64": (lambda: nbdnn.matmul(a, w, trans_b=True, bias=b, stream=s),
+        "linear 32x64x64": (lambda: nbdnn.matmul(a, w, trans_b=True, bias=b),
                             lambda: nt.linear(a, w, b), None, lambda: F.linear(a, w, b)),
-        "conv2d 1x16x8x8, 3x3": (lambda: nbdnn.conv2d(img, k, padding=1, stream=s),
+        "conv2d 1x16x8x8, 3x3": (lambda: nbdnn.conv2d(img, k, padding=(1, 1), math=tf32),
                                  lambda: nt.conv2d(img, k, padding=1), None,
                                  lambda: F.conv2d(img, k, padding=1)),
-        "layer_norm 32x64": (lambda: nbdnn.layer_norm(a, w[0], b, stream=s),
+        "layer_norm 32x64": (lambda: nbdnn.layer_norm(a, w[0], b),
                              lambda: nt.layer_norm(a, (64,), w[0], b), None,
                              lambda: F.layer_norm(a, (64,), w[0], b)),
     }
@@ -68,7 +69,11 @@ def step_fn(model, x, labels, bf16):
     return step
 
 
-def model_rows(batch):
+CONFIGS = {  # name -> (bf16 autocast, channels-last)
+    "fp32": (False, False), "bf16": (True, False), "bf16-cl": (True, True)}
+
+
+def model_rows(batch, configs):
     import torchvision
     torch.manual_seed(0)
     native = torchvision.models.resnet50().cuda()
@@ -83,17 +88,20 @@ def model_rows(batch):
     print(f"eval logits fp32: max rel error {float((got - want).abs().max() / want.abs().max()):.2e}",
           flush=True)
     torch.backends.cudnn.allow_tf32 = True  # (PyTorch's default for convolutions)
-    for bf16 in (False, True):
+    for config in configs:
+        bf16, last = CONFIGS[config]
+        fmt = torch.channels_last if last else torch.contiguous_format
+        xs = x.contiguous(memory_format=fmt)
         for mode in ("eager", "graphed"):
             ms = []
             for m in (native, ours):
-                m.train()
-                fn = step_fn(m, x, labels, bf16)
+                m.train().to(memory_format=fmt)
+                fn = step_fn(m, xs, labels, bf16)
                 timed = torch_graphed(fn) if mode == "graphed" else fn
                 ms.append(gpu_ms(timed, reps=5, rounds=7))
-            print(f"ResNet-50 train step B {batch} {'bf16 autocast' if bf16 else 'fp32'} "
-                  f"{mode:7}: native {ms[0]:7.2f} ms | nbdnn.torch {ms[1]:7.2f} ms | "
-                  f"{ms[0] / ms[1]:.2f}x native's speed", flush=True)
+            print(f"ResNet-50 train step B {batch} {config:7} {mode:7}: native {ms[0]:7.2f} ms "
+                  f"| nbdnn.torch {ms[1]:7.2f} ms | {ms[0] / ms[1]:.2f}x native's speed",
+                  flush=True)
 
 
 def main():
@@ -101,11 +109,13 @@ def main():
     p.add_argument("--host", action="store_true")
     p.add_argument("--models", action="store_true")
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--configs", nargs="+", default=["fp32", "bf16-cl"], choices=sorted(CONFIGS),
+                   help="fp32; bf16 autocast; bf16-cl: autocast, model and input channels-last")
     args = p.parse_args()
     if args.host or not args.models:
         host_rows()
     if args.models:
-        model_rows(args.batch)
+        model_rows(args.batch, args.configs)
 
 
 if __name__ == "__main__":
