@@ -535,15 +535,28 @@ att-tf32-speed)
     done ;;
 torch)
     # nbdnn.torch (issue 26): its tests (CPU reference and CUDA: every function against F,
-    # the TF32 flags, opcheck, compile, CUDA graphs, inductor, the converted models incl.
-    # torchvision's full-size ResNet-50 and ViT-B/16 and transformers' BERT), sharded
-    # (<= TEST_LIMIT_S; log $OUT/torch-tests.log)
-    sharded torch-tests ${SHARDS:-8} ${TEST_LIMIT_S:-330} tests/test_torch_*.py ;;
+    # the TF32 flags, opcheck, compile, CUDA graphs, inductor, the converted models and
+    # transformers' BERT), sharded (<= TEST_LIMIT_S; log $OUT/torch-tests.log); beside
+    # them torchvision's full-size ResNet-50 and ViT-B/16 checks, one process each (their
+    # JIT and float64 truth runs: > 250 s in one shard, run AU; <= FULL_LIMIT_S; logs
+    # $OUT/torch-full-ARCH.log, -rP: the loss-curve distances they print)
+    for a in resnet50 vit_b_16; do
+        timeout ${FULL_LIMIT_S:-420} python3 -m pytest -q -rP -p no:cacheprovider \
+            "tests/test_torch_models.py::test_torchvision_full_size_on_cuda[$a]" \
+            > "$OUT/torch-full-$a.log" 2>&1 &
+    done
+    sharded torch-tests ${SHARDS:-10} ${TEST_LIMIT_S:-300} tests/test_torch_*.py -k "not full_size"
+    wait
+    for a in resnet50 vit_b_16; do
+        echo "full size $a: $(grep -h "float32 losses" "$OUT/torch-full-$a.log") $(tail -1 "$OUT/torch-full-$a.log")"
+        grep -E "^E  " "$OUT/torch-full-$a.log" | cut -c1-300 | head -5
+    done ;;
 torch-perf)
-    # torch_models.py: the host cost of a wrapped call, ResNet-50 training steps against
-    # native (<= MODELS_LIMIT_S; log $OUT/torch-models.log)
-    timeout ${MODELS_LIMIT_S:-300} python3 perf/suites/torch_models.py --host --models \
-        > "$OUT/torch-models.log" 2>&1
+    # torch_models.py: the host cost of a wrapped call (with --profile: where it goes),
+    # ResNet-50 training steps against native in CONFIGS (<= MODELS_LIMIT_S; log
+    # $OUT/torch-models.log; run AU: the fp32 rows alone take ~250 s, most of it JIT)
+    timeout ${MODELS_LIMIT_S:-300} python3 perf/suites/torch_models.py --host --profile \
+        --models --configs ${CONFIGS:-bf16-cl fp32} > "$OUT/torch-models.log" 2>&1
     grep -v -i warn "$OUT/torch-models.log" ;;
 att-all)
     # every attention test (the four kernel files, errors, the reference, the model

@@ -11,7 +11,7 @@ with PyTorch's default TF32 convolutions; bf16 autocast, NCHW or channels-last),
 and replayed from a torch.cuda.CUDAGraph, GPU ms by CUDA events (median); first the
 converted eval logits against native's (fp32, TF32 off for the check).
 
-    PYTHONPATH=. python perf/suites/torch_models.py [--host] [--models] [--batch 32]
+    PYTHONPATH=. python perf/suites/torch_models.py [--host [--profile]] [--models] [--batch 32]
 """
 import argparse
 import os
@@ -29,7 +29,7 @@ from resnet50 import gpu_ms, torch_graphed  # noqa: E402  (perf/suites/resnet50.
 F = torch.nn.functional
 
 
-def host_rows():
+def host_rows(profile=False):
     dev = "cuda"
     x = torch.randn(1024, device=dev)
     xg = x.clone().requires_grad_()
@@ -54,6 +54,16 @@ def host_rows():
         us = [host_cost(f) * 1e6 if f else float("nan") for f in (bare, wrapped, graded, native)]
         print(f"{name:22} | {us[0]:10.1f} | {us[1]:11.1f} | {us[2]:10.1f} | {us[3]:7.1f} | "
               f"{us[1] - us[0]:5.1f}", flush=True)
+    if profile:  # where a wrapped call's host time goes (the functions of 2000 calls)
+        import cProfile
+        import pstats
+        for name, (_, wrapped, graded, _) in cases.items():
+            for f in (wrapped, graded):
+                if f is not None:
+                    p = cProfile.Profile()
+                    p.runcall(lambda: [f() for _ in range(2000)])
+                    print(f"--- {name}{' + autograd' if f is graded else ''}: 2000 calls")
+                    pstats.Stats(p).sort_stats("tottime").print_stats(12)
 
 
 def step_fn(model, x, labels, bf16):
@@ -108,12 +118,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--host", action="store_true")
     p.add_argument("--models", action="store_true")
+    p.add_argument("--profile", action="store_true", help="--host: cProfile each wrapped call")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--configs", nargs="+", default=["fp32", "bf16-cl"], choices=sorted(CONFIGS),
                    help="fp32; bf16 autocast; bf16-cl: autocast, model and input channels-last")
     args = p.parse_args()
     if args.host or not args.models:
-        host_rows()
+        host_rows(args.profile)
     if args.models:
         model_rows(args.batch, args.configs)
 
