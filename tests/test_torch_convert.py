@@ -290,6 +290,38 @@ def test_converted_training_step_captured_in_cuda_graph():
 
 
 @CUDA
+def test_dropout_draws_fresh_masks_on_every_graph_replay():
+    """Dropout captured by torch.cuda.graph draws a new mask on each replay (its offset
+    drawn on the device by torch's capture-safe generator), as PyTorch's dropout does:
+    the masks differ between replays, each keeps ~1 - p of the elements, and the
+    backward in the same graph uses that replay's mask."""
+    torch.manual_seed(0)
+    x = torch.ones(1 << 16, device="cuda", requires_grad=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            nt.dropout(x, 0.25).sum().backward()
+    torch.cuda.current_stream().wait_stream(s)
+    x.grad = None
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = nt.dropout(x, 0.25)
+        y.sum().backward()
+    outs = []
+    for _ in range(3):
+        g.replay()
+        torch.cuda.synchronize()
+        outs.append((y.detach().clone(), x.grad.clone()))
+    for i, (out, grad) in enumerate(outs):
+        assert set(out.unique().tolist()) <= {0.0, 1 / 0.75}
+        assert 0.72 < float((out != 0).float().mean()) < 0.78
+        torch.testing.assert_close(grad, out)  # (d(sum y)/dx = mask / (1 - p) = y for x 1)
+        if i:
+            assert not torch.equal(out, outs[i - 1][0]), "a replay repeated the last mask"
+
+
+@CUDA
 def test_converted_model_compiles_with_inductor():
     """torch.compile(fullgraph=True) with the default backend (inductor) on CUDA: nbdnn's
     custom ops stay opaque calls in the compiled graph; the result equals eager's."""

@@ -329,14 +329,16 @@ def _where(t):
     not torch.cuda.is_available(), reason="no CUDA device for torch"))])
 def test_dropout_follows_torch_seed_and_nbdnn_stream(device):
     """nbdnn.torch.dropout's mask: fixed by torch.manual_seed, the one nbdnn.dropout's
-    CPU reference draws for the seed taken from torch's generator (on either device),
-    its gradient zero exactly where the output is; training False or p 0: the input."""
+    CPU reference draws for the key taken from torch's generator (CPU: the seed from its
+    CPU generator; CUDA: the offset its CUDA generator draws on the device, seed 0), its
+    gradient zero exactly where the output is; training False or p 0: the input."""
     x = torch.randn(3000, dtype=torch.float64).to(device).requires_grad_()
     torch.manual_seed(5)
     y = nt.dropout(x, 0.25)
     torch.manual_seed(5)
-    seed = int(nt.functional.draw_seed())
-    want, mask = nbdnn.dropout(x.detach().cpu().numpy(), 0.25, seed=seed)
+    drawn = nt.functional.draw_seed(x)
+    key = dict(seed=0, offset=int(drawn)) if device == "cuda" else dict(seed=int(drawn))
+    want, mask = nbdnn.dropout(x.detach().cpu().numpy(), 0.25, **key)
     torch.testing.assert_close(y.detach().cpu(), torch.from_numpy(want))
     assert 0.2 < 1 - mask.mean() < 0.3
     (g,) = torch.autograd.grad(y.sum(), x)

@@ -1,11 +1,17 @@
 """torch.ops.nbdnn's dropout and scaled_dot_product_attention (its dropout on the
 attention probabilities), with their backwards. Their randomness is nbdnn's Philox
-stream (the CPU reference and the GPU drop the same elements) keyed by a seed that
-nbdnn.torch draws from torch's default generator on every call, so torch.manual_seed
-governs it. The seed is an int64 CPU tensor argument (torch.compile traces its draw);
-the kernels take it as a launch argument, so a captured CUDA graph replays the mask it
-drew at capture. Dropout's backward keeps the uint8 mask; attention's keeps q, k, v, o
-and the float32 log-sum-exp (no recomputation of the forward)."""
+stream (the CPU reference and the GPU drop the same elements), keyed by a value that
+nbdnn.torch draws from torch's generators on every call, so torch.manual_seed governs it:
+- CPU tensors, and attention everywhere: a seed from torch's CPU generator, an int64 CPU
+  tensor argument (torch.compile traces its draw) that the kernels take as a launch
+  argument (a captured CUDA graph replays attention's mask drawn at capture);
+- dropout on CUDA: an offset drawn on the device by torch's CUDA generator (a 1-element
+  int64 tensor), which nbdnn.dropout reads as its offset counter when the kernel runs
+  (seed 0). torch's generator is capture-safe, so each replay of a captured CUDA graph
+  draws a new one and drops fresh elements, as PyTorch's dropout does; eager calls and
+  captured ones run the same kernel (a warm-up before capture compiles it).
+Dropout's backward keeps the uint8 mask; attention's keeps q, k, v, o and the float32
+log-sum-exp (no recomputation of the forward)."""
 from typing import Optional
 
 import torch
@@ -17,15 +23,23 @@ from ._bridge import call, channels_last, new, register_autograd, run, run_as
 Tensor = torch.Tensor
 
 
-def draw_seed():
-    """A seed from torch's default CPU generator (an int64 tensor, >= 0)."""
+def draw_seed(like=None):
+    """A seed from torch's default CPU generator (an int64 scalar tensor, >= 0); for a CUDA
+    tensor like, an offset drawn on its device by torch's CUDA generator (1 element)."""
+    if like is not None and like.is_cuda:
+        return torch.randint(0, 2 ** 62, (1,), dtype=torch.int64, device=like.device)
     return torch.randint(0, 2 ** 62, (), dtype=torch.int64)
 
 
 @custom_op("nbdnn::dropout", mutates_args=())
 def dropout(x: Tensor, p: float, seed: Tensor) -> tuple[Tensor, Tensor]:
     """(y, mask): y = x mask / (1 - p), mask uint8, 1 where kept (element i of x's
-    memory order draws stream element i: a channels-last x draws in NHWC order)."""
+    memory order draws stream element i: a channels-last x draws in NHWC order). seed:
+    draw_seed(x)'s; a device-drawn one is the stream's offset (seed 0), read when the
+    kernel runs, from a copy (nbdnn advances its counter in place; the op's inputs stay
+    as they were)."""
+    if seed.is_cuda:
+        return run_as(nbdnn.dropout, x, x, p, seed=0, offset=seed.clone().view(torch.uint64))
     return run_as(nbdnn.dropout, x, x, p, seed=int(seed))
 
 

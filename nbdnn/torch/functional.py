@@ -325,7 +325,8 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
 
 def dropout(input, p=0.5, training=True, inplace=False):
     """Elements zeroed with probability p, the rest scaled by 1 / (1 - p); the mask from
-    nbdnn's Philox stream, seeded from torch's default generator."""
+    nbdnn's Philox stream, keyed by torch's generators (CUDA tensors: an offset drawn on
+    the device, so each replay of a captured CUDA graph drops fresh elements)."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"nbdnn.torch.dropout: p must be in [0, 1]; got {p}")
     if not training or p == 0.0:
@@ -333,7 +334,8 @@ def dropout(input, p=0.5, training=True, inplace=False):
     if p == 1.0:
         _unsupported("dropout", "p 1 (nbdnn's dropout keeps p < 1)")
     _check("dropout", input)
-    return _inplace("dropout", input, call(_dropout, input, float(p), draw_seed())[0], inplace)
+    y = call(_dropout, input, float(p), draw_seed(input))[0]
+    return _inplace("dropout", input, y, inplace)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
