@@ -135,6 +135,46 @@ def test_torchvision_resnet18():
     assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) <= 1e-10
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu-module"])
+def test_transformer_encoder_fast_path_goes_through_nbdnn(norm_first, activation):
+    """nn.TransformerEncoder in eval under no_grad would take PyTorch's fused fast path
+    (and nested tensors with a padding mask), reading the converted children's weights
+    and running none of them. Converted, every layer's attention, linears, norms and
+    activation (F.relu held as a function; or an nn.GELU module) run nbdnn's ops, and
+    the valid positions equal native's (PyTorch leaves padded positions unspecified:
+    its nested path returns zeros there); the decoder layer's function too."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(func._schema.name)
+            return func(*args, **(kwargs or {}))
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(
+        16, 4, 32, dropout=0.0, batch_first=True, norm_first=norm_first,
+        activation=nn.GELU() if activation == "gelu-module" else torch.nn.functional.relu)
+    native = nn.TransformerEncoder(layer, 2, enable_nested_tensor=not norm_first).double().eval()
+    model, report = nt.convert(native)
+    assert ("layers.0", "TransformerEncoderLayer") in report.converted
+    x = torch.randn(3, 7, 16, dtype=torch.float64)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[1, 5:] = True
+    for mask in (None, pad):
+        seen = set()
+        with torch.no_grad():
+            want = native(x, src_key_padding_mask=mask)
+            with Ops():
+                got = model(x, src_key_padding_mask=mask)
+        valid = ~pad if mask is not None else torch.ones_like(pad)
+        torch.testing.assert_close(got[valid], want[valid], rtol=1e-10, atol=1e-10)
+        assert {"nbdnn::scaled_dot_product_attention", "nbdnn::linear", "nbdnn::layer_norm",
+                "nbdnn::activation"} <= seen, seen
+        assert not any("transformer_encoder_layer" in n for n in seen), seen
+    dec, _ = nt.convert(nn.TransformerDecoderLayer(16, 4, 32, dropout=0.0))
+    assert dec.activation is nt.relu
+
+
 @pytest.mark.parametrize("batch_first", [True, False])
 @pytest.mark.parametrize("masks", ["none", "padding", "both-float", "bool", "causal"])
 def test_multihead_attention(batch_first, masks):

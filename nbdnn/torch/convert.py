@@ -81,7 +81,36 @@ def convert(module, *, include=None, exclude=None, inplace=False, backend=None):
         converted.append((name, base.__name__))
         if list(m.children()):
             owners.append(name)
+    converted += _transformer_layers(model, {n for n, _ in converted})
     return model, Report(converted, native)
+
+
+def _transformer_layers(model, done):
+    """PyTorch's transformer containers with converted children, made to run them:
+    nn.TransformerEncoderLayer's eval-mode fast path (torch._transformer_encoder_layer_fwd
+    reads the children's weights and runs PyTorch's fused kernel) turned off by its own
+    switch (activation_relu_or_gelu 0: "not relu or gelu", so forward goes through its
+    children); nn.TransformerEncoder's nested tensors (chosen at construction:
+    use_nested_tensor) off; and an encoder or decoder layer's activation held as the
+    function F.relu or F.gelu (not a module, so not converted with the children)
+    replaced by nbdnn.torch's. Returns their (name, type) rows for the report."""
+    from . import functional as nf
+    F, nn = torch.nn.functional, torch.nn
+    rows = []
+    for name, m in model.named_modules():
+        if not isinstance(m, (nn.TransformerEncoder, nn.TransformerEncoderLayer,
+                              nn.TransformerDecoderLayer)):
+            continue
+        prefix = name + "." if name else ""
+        if not any(n.startswith(prefix) for n in done):
+            continue
+        if isinstance(m, nn.TransformerEncoder):
+            m.use_nested_tensor = False
+        else:
+            m.activation_relu_or_gelu = 0
+            m.activation = {F.relu: nf.relu, F.gelu: nf.gelu}.get(m.activation, m.activation)
+        rows.append((name, type(m).__name__))
+    return rows
 
 
 def _enter(name):
