@@ -189,6 +189,16 @@ def module(backend, family, op=None):
     return importlib.import_module(f"nbdnn.{backend}.{family}")
 
 
+_SEVERAL = []  # [whether more than one CUDA device is visible], asked on the first CUDA call
+
+
+def several_devices():
+    """Whether calls must find their arrays' device (issue 27): more than one visible."""
+    if not _SEVERAL:
+        _SEVERAL.append(cuda_runtime("device").count() > 1)
+    return _SEVERAL[0]
+
+
 def cuda_runtime(name):
     """nbdnn.cuda.runtime.<name> (arrays, launch, strided, plan_record, device), for the
     front end: ops/ reaches the CUDA backend only through this module."""

@@ -34,6 +34,11 @@ runs the same step on fixed buffers as a captured CUDA graph (nbdnn/nn/train.py)
 host time a kernel. Everything a replay must see change lives in device arrays:
 parameters, running statistics, optimizer state, dropout's offset counter, Adam's
 b1**t and b2**t.
+
+Several GPUs (nbdnn/nn/distributed.py): `model.to("cuda:1")` moves a model to a device
+(its calls run there); `GradientAllReduce(model)` averages the gradients over a
+torch.distributed process group, each layer's started as its backward ends:
+`train_step(..., allreduce=sync)`, `GraphedSteps(..., allreduce=sync)`.
 """
 from .layers import (Activation, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool2d, Layer, Linear, MaxPool2d, ReLU, copy_into, device_of, move)  # noqa: F401
 from .sequential import Sequential  # noqa: F401
@@ -42,4 +47,5 @@ from .transformer import (LayerNorm, MultiheadAttention, PositionalEmbedding, Se
 from .fold import FoldedBlock, FoldedConv, fold_batch_norm  # noqa: F401
 from .models import resnet18, resnet50  # noqa: F401
 from .precision import LossScaler  # noqa: F401
-from .train import SGD, Adam, CrossEntropyLoss, GraphedSteps, train_step  # noqa: F401
+from .train import SGD, Adam, CrossEntropyLoss, GraphedSteps, forward_backward, train_step  # noqa: F401
+from .distributed import GradientAllReduce  # noqa: F401

@@ -8,11 +8,19 @@ import nbdnn
 
 
 def move(a, device):
-    """a on "cpu" (a NumPy array) or "cuda" (a device array); arrays already there stay."""
-    if (device == "cpu") == isinstance(a, np.ndarray):
-        return a
+    """a on "cpu" (a NumPy array), "cuda" (a device array: where it already is, else on
+    the current device) or "cuda:N" (on device N; from another device through the host);
+    arrays already there stay."""
     from ..cuda.runtime.arrays import to_device, to_host
-    return to_host(a) if device == "cpu" else to_device(a)
+    if device == "cpu":
+        return a if isinstance(a, np.ndarray) else to_host(a)
+    ordinal = cuda_ordinal(device)
+    if not isinstance(a, np.ndarray):
+        if ordinal is None or _device().of(a) == ordinal:
+            return a
+        a = to_host(a)
+    with _device().on(ordinal):
+        return to_device(a)
 
 
 def copy_into(dst, a):
@@ -22,11 +30,37 @@ def copy_into(dst, a):
     elif isinstance(a, np.ndarray) and hasattr(dst, "copy_to_device"):
         dst.copy_to_device(np.ascontiguousarray(a, dst.dtype))
     else:  # (a torch tensor: CUDA bfloat16; a converted on the way, a batch to 16 bits)
-        nbdnn.cast_tensor(move(a, "cuda"), str(dst.dtype).rpartition(".")[2], out=dst)
+        nbdnn.cast_tensor(move(a, device_of(dst)), str(dst.dtype).rpartition(".")[2],
+                          out=dst)
 
 
 def device_of(a):
-    return "cpu" if isinstance(a, np.ndarray) else "cuda"
+    """"cpu" for a NumPy array; for a device array "cuda", or "cuda:N" where several
+    devices are visible."""
+    if isinstance(a, np.ndarray):
+        return "cpu"
+    dev = _device()
+    return "cuda" if dev.count() == 1 else f"cuda:{dev.of(a)}"
+
+
+def cuda_ordinal(device):
+    """None for "cuda" (the current device), N for "cuda:N" (a DeviceError when N is not
+    a visible device); a BadParamError for anything else but "cpu"."""
+    if device == "cuda":
+        return None
+    head, _, tail = str(device).partition(":")
+    if head != "cuda" or not tail.isdigit():
+        raise nbdnn.BadParamError(f"to: device must be 'cpu', 'cuda' or 'cuda:N', got "
+                                  f"{device!r}")
+    n = _device().count()
+    if int(tail) >= n:
+        raise nbdnn.DeviceError(f"to: {device} is not a visible device ({n} visible)")
+    return int(tail)
+
+
+def _device():
+    from ..cuda.runtime import device
+    return device
 
 
 class Layer:
@@ -46,9 +80,10 @@ class Layer:
         return [self]
 
     def to(self, device):
-        """Move parameters and buffers to "cpu" (NumPy) or "cuda" (device arrays)."""
-        if device not in ("cpu", "cuda"):
-            raise nbdnn.BadParamError(f"to: device must be 'cpu' or 'cuda', got {device!r}")
+        """Move parameters and buffers to "cpu" (NumPy), "cuda" (device arrays on the
+        current device) or "cuda:N" (on device N: its calls then run there)."""
+        if device != "cpu":
+            cuda_ordinal(device)  # (checked before anything moves)
         for layer in self.layers():
             for d in (layer.params, layer.buffers):
                 for k in d:

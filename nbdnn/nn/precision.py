@@ -47,8 +47,8 @@ def _const(value, like):
 
 
 def device_of_any(a):
-    """"cpu" for NumPy arrays, "cuda" otherwise (device arrays, torch tensors)."""
-    return device_of(a) if not hasattr(a, "is_cuda") else ("cuda" if a.is_cuda else "cpu")
+    """"cpu" for NumPy arrays and CPU tensors, else device_of's "cuda" or "cuda:N"."""
+    return "cpu" if hasattr(a, "is_cuda") and not a.is_cuda else device_of(a)
 
 
 class LossScaler:

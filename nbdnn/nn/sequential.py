@@ -25,9 +25,13 @@ class Sequential(Layer):
             x = layer.forward(x, train)
         return x
 
-    def backward(self, dy, need_dx=True):
+    def backward(self, dy, need_dx=True, after=None):
+        """dx (None where not need_dx); after(layer), where given, as soon as each
+        layer's gradients exist (GradientAllReduce starts averaging them there)."""
         for i, layer in enumerate(reversed(self.seq)):
             dy = layer.backward(dy, need_dx or i < len(self.seq) - 1)
+            if after is not None:
+                after(layer)
         return dy
 
     def to_precision(self, precision):

@@ -173,15 +173,32 @@ class Adam:
             self.scaler.update(keep)
 
 
-def train_step(model, loss, optimizer, x, target):
+def train_step(model, loss, optimizer, x, target, allreduce=None):
     """One training step: forward, loss, backward, optimizer update; returns the loss
     (a 1-element array on the model's device). The optimizer's LossScaler, if any,
-    scales the loss's gradient (nbdnn/nn/precision.py)."""
+    scales the loss's gradient (nbdnn/nn/precision.py). allreduce: a GradientAllReduce
+    (nbdnn/nn/distributed.py) that averages the gradients over the processes, each
+    layer's started as its backward ends, all done before the optimizer."""
+    value = forward_backward(model, loss, optimizer, x, target, allreduce)
+    if allreduce is not None:
+        allreduce.wait()
+    optimizer.step()
+    return value
+
+
+def forward_backward(model, loss, optimizer, x, target, allreduce=None):
+    """train_step's forward, loss and backward (allreduce's collectives started, not
+    waited for); the loss."""
     value = loss.forward(model.forward(x, train=True), target)
     scaler = getattr(optimizer, "scaler", None)
-    model.backward(loss.backward(scaler) if scaler is not None else loss.backward(),
-                   need_dx=False)
-    optimizer.step()
+    dy = loss.backward(scaler) if scaler is not None else loss.backward()
+    if allreduce is None:
+        model.backward(dy, need_dx=False)
+    elif hasattr(model, "seq"):  # (a Sequential: each layer's as its backward ends)
+        model.backward(dy, need_dx=False, after=allreduce.layer_done)
+    else:
+        model.backward(dy, need_dx=False)
+        allreduce.layer_done(model)
     return value
 
 
@@ -210,21 +227,30 @@ class GraphedSteps:
     state and dropout's counter are read and updated in place, so a step and a
     forward see each other's effects. Make them after `model.to(device)`:
     moving the model afterwards leaves them on the old arrays. graph=False runs
-    the same calls eagerly (the only mode on the CPU backend)."""
+    the same calls eagerly (the only mode on the CPU backend).
+
+    allreduce (a GradientAllReduce, nbdnn/nn/distributed.py): data-parallel steps. With
+    graphs, two replayed graphs (forward and backward; the optimizer) around the
+    collectives, which run eagerly (torch.distributed's NCCL streams are outside what
+    nbdnn.cuda.Graph records), and no buffer reuse (the gradients outlive the first
+    graph); without, train_step's overlapped all-reduces."""
 
     def __init__(self, model, batch_size, input_shape, *, loss=None, optimizer=None,
-                 graph=None, reuse=None):
+                 graph=None, reuse=None, allreduce=None):
         params = [m.params[k] for m, k in model.parameters()]
         self.device = device_of(params[0]) if params else "cpu"
         # (a NumPy dtype also for torch parameters: CUDA bfloat16 arrays are torch tensors)
         self.dtype = np.dtype(str(params[0].dtype).rpartition(".")[2]) if params else \
             np.dtype(np.float32)
         if graph is None:
-            graph = self.device == "cuda"
-        if graph and self.device != "cuda":
+            graph = self.device.startswith("cuda")
+        if graph and not self.device.startswith("cuda"):
             raise nbdnn.BadParamError("GraphedSteps: graph=True needs the model on 'cuda'")
         self.model, self.loss, self.optimizer, self.graph = model, loss, optimizer, graph
         self.reuse = REUSE_BUFFERS if reuse is None else bool(reuse)
+        self.allreduce = allreduce
+        if allreduce is not None:
+            self.reuse = False
         self._trace = None
         self.x = move(np.zeros((batch_size,) + tuple(input_shape), self.dtype), self.device)
         self.target = None
@@ -278,5 +304,15 @@ class GraphedSteps:
         self._into(self.x, x)
         self._into(self.target, target)
         self._steps += 1
-        return self._run("step", lambda: train_step(self.model, self.loss, self.optimizer,
-                                                    self.x, self.target), self._steps == 1)
+        first = self._steps == 1
+        if self.allreduce is None:
+            return self._run("step", lambda: train_step(self.model, self.loss, self.optimizer,
+                                                        self.x, self.target), first)
+        if not self.graph:
+            return train_step(self.model, self.loss, self.optimizer, self.x, self.target,
+                              self.allreduce)
+        value = self._run("step", lambda: forward_backward(
+            self.model, self.loss, self.optimizer, self.x, self.target), first)
+        self.allreduce()  # (every gradient: the graph's buffers, the same every replay)
+        self._run("update", self.optimizer.step, first)
+        return value

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import backend as _backend
 from .._vocab import BF16_DTYPES, FLOAT_DTYPES
-from ..errors import BadParamError, DtypeError, ShapeError, fail
+from ..errors import BadParamError, DeviceError, DtypeError, ShapeError, fail
 
 _allowed_sets = {}  # dtype-name tuple -> frozenset of np.dtype (dtype.name is slow)
 _modules = {}
@@ -54,7 +54,8 @@ class Call:
     This sits on every eager call's path, so it does the least work it can: one
     describe per array (cached per array type), dtype checks against frozensets."""
 
-    __slots__ = ("op", "family", "backend", "copy", "strided", "stream", "arrays", "outs")
+    __slots__ = ("op", "family", "backend", "copy", "strided", "stream", "arrays", "outs",
+                 "device")
 
     def __init__(self, op, family, backend, stream=None, **arrays):
         self.op, self.family = op, family
@@ -64,6 +65,9 @@ class Call:
             self.copy = next((n for n, a in arrays.items() if a is not None), "an input")
         self.strided = None  # ids of CUDA inputs that are strided views
         self.stream = stream
+        self.device = None  # several GPUs: the one holding the arrays (run() goes there)
+        if self.backend == "cuda" and not self.copy and _backend.several_devices():
+            self.device = _device_of(op, arrays)
 
     def array(self, name, x, dtypes=FLOAT_DTYPES):
         """(shape, dtype) of argument `name`, checked against the allowed dtypes."""
@@ -142,6 +146,10 @@ class Call:
         contiguous first; NumPy inputs forced onto "cuda" are copied to the GPU and the
         results back (into `out` when given), and so are the arguments at positions
         `inplace` (updated in place by the op)."""
+        if self.device is not None:  # (several GPUs: on the arrays' device, then back)
+            device, self.device = self.device, None
+            with _backend.cuda_runtime("device").on(device):
+                return self.run(fname, *args, out=out, inplace=inplace, **kw)
         fn = _functions.get((self.backend, self.family, fname)) or \
             _function(self.backend, self.family, fname, self.op)
         if self.backend == "cpu":
@@ -168,6 +176,23 @@ class Call:
 
 _arrays_mod = None
 _functions = {}
+def _device_of(op, arrays):
+    """The ordinal of the device holding every CUDA array among arrays (name -> array);
+    a DeviceError naming two that live on different devices."""
+    of = _backend.cuda_runtime("device").of
+    first = None
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        d = of(a)
+        if first is None:
+            first = name, d
+        elif d != first[1]:
+            raise DeviceError(
+                f"{op}: {first[0]} is on cuda:{first[1]} but {name} is on cuda:{d}; pass "
+                f"every array on one device (copy with .to('cuda:{first[1]}') or "
+                "cupy.asarray under that device)")
+    return None if first is None else first[1]
 
 
 def _function(backend, family, fname, op=None):

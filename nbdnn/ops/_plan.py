@@ -69,6 +69,11 @@ def planned(fn):
             key = None
         if key is None:  # (outside the except: an op's own error chains to nothing)
             return fn(*args, **kw)
+        if _backend.several_devices():  # a plan per device, for calls on the current
+            # one (the full path takes other calls to their arrays' device)
+            key = _on_current_device(key, arrays)
+            if key is None:
+                return fn(*args, **kw)
         plans = tls.get("plans")
         if plans is None:
             plans = tls["plans"] = {}
@@ -122,6 +127,16 @@ def _signature(fn, args, kw):
     elif not n:
         raise _NoPlan
     return tuple(parts), arrays
+
+
+def _on_current_device(key, arrays):
+    """key with the current device's ordinal added, or None when an array lives on
+    another device."""
+    device = _backend.cuda_runtime("device")
+    here = device.current()
+    if any(device.of(a) != here for a, _ in arrays):
+        return None
+    return key + (here,)
 
 
 def _aliases(arrays):

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..matmul.gemm_source import PAD, block_setup, col_expr, main_loop, row_expr, tile_loads
 from ..runtime.arrays import to_device
+from ..runtime.device import key as device_key
 
 _GEOM = ("N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd, qh, qw, dd, dh, dw, "
          "flip, last")
@@ -257,7 +258,7 @@ def taps_table(g, chunked):
     and its (d, h, w) displacement; int64 (4, n) interleaved."""
     N, C, K, G, D, H, W, T, R, S = g[:10]
     dd, dh, dw, flip, last = g.dd, g.dh, g.dw, g.flip, g.last
-    key = g[1:10] + (dd, dh, dw, flip, last, chunked)
+    key = g[1:10] + (dd, dh, dw, flip, last, chunked, device_key())
     tab = _taps_cache.get(key)
     if tab is None:
         Cg = 1 if chunked else C // G

@@ -42,7 +42,7 @@ import numpy as np
 from ..matmul import staged_store as staged, split_k, wgmma_gemm as W
 from ..matmul.wgmma_im2col import GEOMETRY, filter_column_words
 from ..runtime.arrays import dtype_name, empty, ptr, to_device
-from ..runtime.device import sm_count
+from ..runtime.device import key as device_key, sm_count
 from ..tensorcore.tensormap import encoded, encoded_im2col
 from .. import activation as _act
 
@@ -120,13 +120,14 @@ def geometry_values(g):
 
 
 def geometry_table(g):
-    """geometry_values as int32 on the device, cached."""
-    key = geometry_values(g)
+    """geometry_values as int32 on the device, cached (per device)."""
+    values = geometry_values(g)
+    key = (device_key(),) + values
     t = _geometry_cache.get(key)
     if t is None:
         if len(_geometry_cache) > 256:
             _geometry_cache.clear()
-        t = _geometry_cache[key] = to_device(np.array(key, dtype=np.int32))
+        t = _geometry_cache[key] = to_device(np.array(values, dtype=np.int32))
     return t
 
 
@@ -289,7 +290,7 @@ def filter_offsets(g):
 def _filter_table(g):
     """filter_offsets on the device, cached by geometry and C (the words follow from
     them: worked out once, not every call)."""
-    key = ("filter",) + geometry_values(g) + (g.R, g.S, g.C)
+    key = ("filter", device_key()) + geometry_values(g) + (g.R, g.S, g.C)
     t = _geometry_cache.get(key)
     if t is None:
         t = _geometry_cache[key] = to_device(np.array(filter_offsets(g), dtype=np.int32))

@@ -1,6 +1,6 @@
 """The batch-broadcast table of the GEMM kernels: for each index z of the broadcast
 batch shape, where the matrices of a and b that it multiplies start (NumPy's
-broadcasting rules), as one device array [a_0, b_0, a_1, b_1, ...] cached per layout.
+broadcasting rules), as one device array [a_0, b_0, a_1, b_1, ...] cached per layout (and device).
 The SIMT kernel reads element offsets (int64), the tensor-core kernel matrix indices
 into its 3-d tensor maps (int32)."""
 import math
@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from ..runtime.arrays import to_device
+from ..runtime.device import key as device_key
 
 _cache = {}
 
@@ -15,7 +16,7 @@ _cache = {}
 def table(a_batch, b_batch, batch, a_step=1, b_step=1, dtype=np.int64):
     """Device [a start, b start] per batch index: matrix index times a_step / b_step
     (the matrices' element counts for offsets, 1 for indices)."""
-    key = (a_batch, b_batch, batch, a_step, b_step, np.dtype(dtype).name)
+    key = (a_batch, b_batch, batch, a_step, b_step, np.dtype(dtype).name, device_key())
     t = _cache.get(key)
     if t is None:
         n = math.prod(batch)

@@ -45,7 +45,7 @@ import contextlib
 import ctypes
 
 from .simulator import SIMULATOR
-from . import launch as _launch
+from . import device as _device, launch as _launch
 from .arrays import stream_handle
 from ...errors import DeviceError, NbdnnError, NotSupportedError
 
@@ -57,13 +57,29 @@ class Graph:
         self._records, self._simulated, self._kept = [], [], []
         self._graph = self._exec = self._arena = None
         self._recording = False
+        self.device = None  # several GPUs: the device of its first captured launch
 
     # -- recording (called by _launch.Kernel.launch while this graph records) --
     def record(self, launcher, grid, block, shmem, params):
+        if _device.count() > 1:
+            self._same_device()
         self._records.append((launcher.function, launcher.name, grid, block, shmem, params))
 
     def record_simulated(self, dispatcher, grid, block, shmem, args):
+        if _device.count() > 1:
+            self._same_device()
         self._simulated.append((dispatcher, grid, block, shmem, list(args)))
+
+    def _same_device(self):
+        """A graph is one device's: its first launch's device, a DeviceError for a
+        launch on another (an nbdnn call runs on its arrays' device)."""
+        d = _device.current()
+        if self.device is None:
+            self.device = d
+        elif d != self.device:
+            raise DeviceError(f"nbdnn.cuda.Graph: capturing on cuda:{self.device}; a call "
+                              f"on cuda:{d} cannot join it (a graph runs on one device: "
+                              "capture one graph a device)")
 
     def record_step(self, fn):
         """Simulator only: a host-side step (fn()) that replay repeats in order."""
@@ -121,7 +137,8 @@ class Graph:
             if not self._records:
                 return  # an empty capture replays nothing
             raise NbdnnError("Graph.replay: no graph captured")
-        _check("cuGraphLaunch", _driver().cuGraphLaunch(self._exec, stream_handle(stream)))
+        with _device.on(self.device):  # (the default stream: the graph's device's)
+            _check("cuGraphLaunch", _driver().cuGraphLaunch(self._exec, stream_handle(stream)))
 
     @property
     def kernels(self):
@@ -140,6 +157,7 @@ class Graph:
         """Drop the captured graph and the buffers it kept alive."""
         self._destroy()
         self._records, self._simulated, self._kept = [], [], []
+        self.device = None
 
     def __del__(self):
         try:
@@ -158,7 +176,12 @@ class Graph:
             self._graph = None
 
     def _instantiate(self):
-        """Issue the recorded launches into a stream capture and instantiate it."""
+        """Issue the recorded launches into a stream capture and instantiate it (on
+        the graph's device)."""
+        with _device.on(self.device):
+            self._instantiate_here()
+
+    def _instantiate_here(self):
         d = _driver()
         err, stream = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
         _check("cuStreamCreate", (err,))

@@ -15,6 +15,7 @@ import numpy as np
 from .simulator import SIMULATOR
 from .arrays import _allocate, _recording, dtype_of, facts, flat, ptr, ptr_size
 from .codegen import compile_source
+from .device import key as device_key
 
 
 class _Recorder:
@@ -157,23 +158,32 @@ def record(fn, args, kw, arrays):
 
 
 class _Workspace(threading.local):
-    """One device buffer a thread for every plan's workspaces. A plan's replay runs its
-    kernels on the legacy default stream after every earlier call's, so all plans of a
-    thread can place their workspaces at the same addresses. A plan bakes the buffer's
-    address in and keeps the buffer; a larger need gets a new buffer, at least twice
-    the size (what old plans keep stays under the newest's size). clear() drops it."""
+    """One device buffer a thread (and device) for every plan's workspaces. A plan's
+    replay runs its kernels on the device's legacy default stream after every earlier
+    call's, so all plans of a thread on one device can place their workspaces at the
+    same addresses. A plan bakes the buffer's address in and keeps the buffer; a larger
+    need gets a new buffer, at least twice the size (what old plans keep stays under the
+    newest's size). clear() drops them."""
 
     def __init__(self):
         self.release()
 
     def release(self):
-        self.buffer, self.nbytes = None, 0
+        self.buffers = {}  # device key (device.key()) -> (buffer, bytes)
+
+    @property
+    def nbytes(self):
+        """The current device's buffer size (0: none yet)."""
+        return self.buffers.get(device_key(), (None, 0))[1]
 
     def get(self, like, nbytes):
-        if nbytes > self.nbytes:
-            self.nbytes = max(nbytes, 2 * self.nbytes)
-            self.buffer = _allocate(like, (self.nbytes,), np.uint8)
-        return self.buffer
+        d = device_key()
+        buffer, have = self.buffers.get(d, (None, 0))
+        if nbytes > have:
+            have = max(nbytes, 2 * have)
+            buffer = _allocate(like, (have,), np.uint8)
+            self.buffers[d] = buffer, have
+        return buffer
 
 
 workspace = _Workspace()

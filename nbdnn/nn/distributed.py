@@ -1,0 +1,107 @@
+"""Data-parallel training of nbdnn.nn models (issue 27): one process a GPU, each its
+shard of the batch, gradients averaged over the processes by an existing engine: NCCL
+through torch.distributed (gloo for the CPU backend's NumPy arrays). nbdnn has no
+collectives of its own.
+
+    dist.init_process_group("nccl")              # torchrun sets rank and world size
+    torch.cuda.set_device(local_rank)
+    model = nn.resnet50().to(f"cuda:{local_rank}")
+    sync = nn.GradientAllReduce(model)           # rank 0's parameters everywhere
+    opt = nn.SGD(model, lr=0.1, momentum=0.9)
+    loss = nn.train_step(model, loss_fn, opt, x_shard, target_shard, allreduce=sync)
+
+Overlap: Sequential.backward hands each top-level layer (a ResNet block) to
+`layer_done` as soon as its gradients exist, and their all-reduces start then,
+asynchronously, while the layers before it run their backward; `wait()` (before the
+optimizer) waits for the last. The arrays are lent to torch without copies (NumPy
+through torch.from_numpy, device arrays through __cuda_array_interface__), and each
+all-reduce writes its sum in place; NCCL averages (ReduceOp.AVG), gloo sums and nbdnn
+scales by 1 / world. Ordering: nbdnn's kernels run on the device's legacy default
+stream, which is PyTorch's default stream too, so a collective starts after the
+backward kernels that made its gradient, and `wait()` makes the stream wait for it.
+
+A GraphedSteps step with allreduce replays two graphs around the collectives (forward
+and backward; the optimizer): torch.distributed's NCCL runs on its own streams, outside
+what nbdnn.cuda.Graph records.
+"""
+import numpy as np
+
+import nbdnn
+
+
+class GradientAllReduce:
+    """The averaging of an nbdnn.nn model's gradients over a torch.distributed process
+    group (default: the world), as train_step(..., allreduce=this) runs it."""
+
+    def __init__(self, model, *, group=None, broadcast=True):
+        import torch.distributed as dist
+        if not dist.is_available() or not dist.is_initialized():
+            raise nbdnn.BadParamError("GradientAllReduce: torch.distributed has no process "
+                                      "group: call torch.distributed.init_process_group first")
+        self.dist, self.model, self.group = dist, model, group
+        self.world = dist.get_world_size(group)
+        self.average = dist.get_backend(group) == "nccl"  # (gloo has no AVG: sum, scale)
+        self._pending = []  # (work, gradient array, its torch view)
+        if broadcast:
+            self.broadcast_parameters()
+
+    def broadcast_parameters(self, src=0):
+        """Every process's parameters and buffers become rank src's (as DDP does when
+        it wraps a model): the same start everywhere."""
+        for m in self.model.layers():
+            for d in (m.params, m.buffers):
+                for v in d.values():
+                    self.dist.broadcast(_torch_view(v), src, group=self.group)
+
+    def layer_done(self, layer):
+        """Start averaging the gradients of layer (and of the layers inside it)."""
+        op = self.dist.ReduceOp.AVG if self.average else self.dist.ReduceOp.SUM
+        for m in layer.layers():
+            for g in m.grads.values():
+                t = _torch_view(g)
+                self._pending.append((self.dist.all_reduce(t, op, group=self.group,
+                                                           async_op=True), g))
+
+    def wait(self):
+        """Wait for every started all-reduce (the stream, on CUDA; the host, on the
+        CPU); with gloo, divide the sums by the world size."""
+        pending, self._pending = self._pending, []
+        for work, g in pending:
+            work.wait()
+            if not self.average and self.world > 1:
+                nbdnn.scale_tensor(g, 1.0 / self.world, out=g)
+
+    def __call__(self):
+        """All of the model's gradients at once (no overlap), then wait."""
+        for m in self.model.layers():
+            if m.grads:
+                self.layer_done(_Only(m))
+        self.wait()
+
+
+class _Only:
+    """One layer without the layers inside it (their own turn comes)."""
+
+    def __init__(self, m):
+        self.m = m
+
+    def layers(self):
+        return [self.m]
+
+
+def _torch_view(a):
+    """Array a (NumPy, a device array, or a torch tensor) as a torch tensor sharing its
+    memory."""
+    import torch
+    if isinstance(a, torch.Tensor):
+        return a
+    if isinstance(a, np.ndarray):
+        return torch.from_numpy(a)
+    if type(a).__module__.startswith("numba.cuda.simulator"):  # (its host memory: the
+        return torch.from_numpy(a._ary)  # simulator's steps run over gloo in tests)
+    return torch.as_tensor(a, device=f"cuda:{_device().of(a)}")
+
+
+def _device():
+    from ..cuda.runtime import device
+    return device
