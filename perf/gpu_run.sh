@@ -62,6 +62,8 @@
 #   bash perf/gpu_run.sh att-tf32-speed       # its 3xtf32 / tf32 rows against gemm.py's
 #   bash perf/gpu_run.sh torch                # nbdnn.torch: its tests, sharded (CUDA and CPU)
 #   bash perf/gpu_run.sh torch-perf           # its host cost, ResNet-50 steps against native
+#   bash perf/gpu_run.sh devices              # issue 27's tests on this machine's GPUs
+#   bash perf/gpu_run.sh ddp                  # nvidia-h200-x2: those, then perf/suites/ddp.py
 #   bash perf/gpu_run.sh att-all              # every attention test, 8 shards (<= 330 s)
 #   bash perf/gpu_run.sh att-tf32-tiles       # its block shapes (KEY_TILES, Q_RAW) timed
 #   bash perf/gpu_run.sh att-decode           # decode_split's chunking swept: decode rows
@@ -558,6 +560,21 @@ torch-perf)
     timeout ${MODELS_LIMIT_S:-300} python3 perf/suites/torch_models.py --host --profile \
         --models --configs ${CONFIGS:-bf16-cl fp32} > "$OUT/torch-models.log" 2>&1
     grep -v -i warn "$OUT/torch-models.log" ;;
+devices)
+    # several GPUs (issue 27) on whatever this machine has: the device plumbing's tests
+    # (test_devices.py: the driver's answers on one GPU counted as two), DDP of a
+    # converted model and of nbdnn.nn (gloo; NCCL where two GPUs), the example under
+    # torchrun (logs $OUT/devices.log)
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout ${TEST_LIMIT_S:-300} \
+        python3 -m pytest -v -p no:cacheprovider tests/test_devices.py tests/test_torch_ddp.py \
+        tests/test_nn_ddp.py tests/test_examples_ddp.py > "$OUT/devices.log" 2>&1
+    summary devices ;;
+ddp)
+    # nvidia-h200-x2: `devices`, then perf/suites/ddp.py (ResNet-50 bf16 steps on 1 and 2
+    # GPUs: nbdnn.nn, nbdnn.torch, PyTorch's DDP; <= DDP_LIMIT_S; $OUT/ddp.json)
+    bash "$0" devices
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout ${DDP_LIMIT_S:-480} \
+        python3 perf/suites/ddp.py --json "$OUT/ddp.json" 2>&1 | grep -v -i warn ;;
 att-all)
     # every attention test (the four kernel files, errors, the reference, the model
     # layer, the demo) in 8 shards, and the crosscheck's attention rows (<= 330 s)

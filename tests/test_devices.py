@@ -175,3 +175,35 @@ def test_one_device_asks_nothing():
     assert not _backend.several_devices()
     with device.on(0):
         assert device.current() == 0
+
+
+@pytest.mark.skipif(__import__("nbdnn.cuda", fromlist=["SIMULATOR"]).SIMULATOR,
+                    reason="the driver's answers: a real GPU")
+def test_real_device_queries_on_one_gpu(monkeypatch):
+    """The multi-device code paths against the driver with the one GPU there is
+    (counted as two): each array kind's device (torch's get_device, CuPy's device id,
+    the driver's pointer attribute for numba's arrays), the current device, on(0), and
+    an op call and a plan that find their arrays' device."""
+    monkeypatch.setattr(device, "_count", [2])
+    monkeypatch.setattr(device, "_of", {})
+    monkeypatch.setattr(_backend, "_SEVERAL", [True])
+    _plan.clear()
+    x = np.linspace(-1, 1, 256, dtype=np.float32)
+    arrays = [cuda.to_device(x)]
+    for mod in ("torch", "cupy"):
+        try:
+            m = __import__(mod)
+        except ImportError:
+            continue
+        arrays.append(m.asarray(x, device="cuda") if mod == "torch" else m.asarray(x))
+    assert device.current() == 0 and device.key() == 0
+    for a in arrays:
+        assert device.of(a) == 0, type(a)
+        with device.on(0):
+            for _ in range(5):  # (the 4th and 5th replay a plan keyed by device 0)
+                y = nbdnn.activation(a, "relu")
+        got = y.copy_to_host() if hasattr(y, "copy_to_host") else np.asarray(
+            y.cpu() if hasattr(y, "cpu") else y.get())
+        np.testing.assert_array_equal(got, np.maximum(x, 0))
+    assert all(k[-1] == 0 for k in _plan.plans_of_this_thread())
+    _plan.clear()

@@ -51,13 +51,14 @@ class Sequential(Layer):
         return self
 
     def plan(self, batch_size, input_shape, *, loss, optimizer, precision=None, graph=None,
-             reuse=None):
+             reuse=None, allreduce=None):
         """The training (and inference) step on fixed buffers, captured as CUDA graphs
         on the CUDA backend (nn.GraphedSteps), in `precision` ("fp32", "bf16", "fp16";
         None: the parameters' own): the model is cast to it (to_precision), 16-bit
         parameters get float32 master weights in the optimizer, and "fp16" gets a
         LossScaler when the optimizer has none, so its skip and growth replay on the
-        device with the rest of the step. reuse: GraphedSteps' buffer sharing."""
+        device with the rest of the step. reuse: GraphedSteps' buffer sharing;
+        allreduce: its data-parallel gradient averaging (nbdnn/nn/distributed.py)."""
         from .precision import LossScaler  # (sequential <- precision <- layers: no circle)
         from .train import GraphedSteps
         if precision is not None:
@@ -65,7 +66,7 @@ class Sequential(Layer):
         if precision == "fp16" and getattr(optimizer, "scaler", None) is None:
             optimizer.scaler = optimizer.masters.scaler = LossScaler()
         return GraphedSteps(self, batch_size, input_shape, loss=loss, optimizer=optimizer,
-                            graph=graph, reuse=reuse)
+                            graph=graph, reuse=reuse, allreduce=allreduce)
 
     def parameters(self):
         """(layer, name) of every parameter, in a fixed order."""
