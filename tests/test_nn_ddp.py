@@ -43,14 +43,14 @@ def _train(model, x, onehot, sync, graphed):
             for _ in range(STEPS)]
 
 
-def _worker(rank, world, port, path, graphed, device):
+def _worker(rank, world, port, path, graphed, device, n):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         model = _net(seed=10 * rank).to(device)  # (rank 1's weights differ: the
         sync = nn.GradientAllReduce(model)       # broadcast evens them)
-        x, onehot = _batch()
-        half = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+        x, onehot = (a[:n] for a in _batch())
+        half = slice(rank * n // world, (rank + 1) * n // world)
         _train(model, x[half], onehot[half], sync, graphed)
         np.savez(f"{path}.{rank}.npz", **model.state())
     finally:
@@ -69,10 +69,11 @@ def _free_port():
 def test_two_processes_equal_one_on_the_whole_batch(tmp_path, device, graphed):
     """(cuda under the simulator: GraphedSteps' two graphs around the collectives.)"""
     path = str(tmp_path / "state")
-    mp.spawn(_worker, args=(2, _free_port(), path, graphed, device), nprocs=2)
+    n = 2 if device == "cuda" else BATCH  # (the simulator: an image a process)
+    mp.spawn(_worker, args=(2, _free_port(), path, graphed, device, n), nprocs=2)
     ranks = [np.load(f"{path}.{r}.npz") for r in range(2)]
     model = _net()
-    x, onehot = _batch()
+    x, onehot = (a[:n] for a in _batch())
     _train(model, x, onehot, None, graphed)
     for k, want in model.state().items():
         for r in ranks:
@@ -84,3 +85,39 @@ def test_needs_a_process_group():
         pytest.skip("a process group exists")
     with pytest.raises(Exception, match="init_process_group"):
         nn.GradientAllReduce(_net())
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a stand-in communicator over the simulator's "
+                    "host-backed arrays; real NCCL runs on the two-GPU machine")
+def test_nccl_communicator_joins_the_captured_step(monkeypatch):
+    """With a cupy.cuda.nccl communicator (a stand-in here: two ranks holding these same
+    gradients, so each sum is twice them) the planned step is one graph whose replays
+    issue every all-reduce again, in order with the kernels (Graph.external), and the
+    steps equal a single process's."""
+    from nbdnn.nn import distributed
+    calls = []
+
+    def nccl(comm, what, a, stream, root=0):
+        calls.append(what)
+        if what == "allReduce":
+            a._ary *= comm.size()  # (host memory: no nbdnn kernel, nothing recorded)
+    monkeypatch.setattr(distributed, "_nccl", nccl)
+
+    class Comm:
+        def size(self):
+            return 2
+    x, onehot = (a[:2] for a in _batch())  # (2 images: the simulator's threads)
+    losses = []
+    for sync in (True, False):
+        model = _net().to("cuda")
+        ar = nn.GradientAllReduce(model, comm=Comm()) if sync else None
+        steps = nn.GraphedSteps(model, 2, x.shape[1:], loss=nn.CrossEntropyLoss(),
+                                optimizer=nn.SGD(model, 0.1, momentum=0.9), allreduce=ar)
+        losses.append([float(np.ravel(nn.move(steps.step(x, onehot), "cpu"))[0])
+                       for _ in range(3)])
+        if sync:
+            assert set(steps._graphs) == {"step"}  # (one graph: no "update" apart)
+            grads = sum(len(m.params) for m in model.layers())
+            assert calls.count("bcast") == grads  # (the parameters; no buffers here)
+            assert calls.count("allReduce") == 3 * grads  # (eager, capture, a replay)
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-12)

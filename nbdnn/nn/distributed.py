@@ -1,7 +1,8 @@
 """Data-parallel training of nbdnn.nn models (issue 27): one process a GPU, each its
 shard of the batch, gradients averaged over the processes by an existing engine: NCCL
-through torch.distributed (gloo for the CPU backend's NumPy arrays). nbdnn has no
-collectives of its own.
+through torch.distributed (gloo for the CPU backend's NumPy arrays), or NCCL through
+cupy.cuda.nccl (a communicator: `nccl_communicator()`). nbdnn has no collectives of
+its own.
 
     dist.init_process_group("nccl")              # torchrun sets rank and world size
     torch.cuda.set_device(local_rank)
@@ -20,9 +21,13 @@ scales by 1 / world. Ordering: nbdnn's kernels run on the device's legacy defaul
 stream, which is PyTorch's default stream too, so a collective starts after the
 backward kernels that made its gradient, and `wait()` makes the stream wait for it.
 
-A GraphedSteps step with allreduce replays two graphs around the collectives (forward
-and backward; the optimizer): torch.distributed's NCCL runs on its own streams, outside
-what nbdnn.cuda.Graph records.
+A GraphedSteps step with allreduce over torch.distributed replays two graphs around
+the collectives (forward and backward; the optimizer): torch.distributed's NCCL runs on
+its own streams, outside what nbdnn.cuda.Graph records. With a cupy.cuda.nccl
+communicator (comm=) the collectives are issued on nbdnn's stream itself
+(cuda.runtime.launch.issue), so the whole step, all-reduces included, is one captured
+graph (NCCL supports stream capture); they run in order with the kernels, not beside
+them.
 """
 import numpy as np
 
@@ -33,17 +38,26 @@ class GradientAllReduce:
     """The averaging of an nbdnn.nn model's gradients over a torch.distributed process
     group (default: the world), as train_step(..., allreduce=this) runs it."""
 
-    def __init__(self, model, *, group=None, broadcast=True):
-        import torch.distributed as dist
-        if not dist.is_available() or not dist.is_initialized():
-            raise nbdnn.BadParamError("GradientAllReduce: torch.distributed has no process "
-                                      "group: call torch.distributed.init_process_group first")
-        self.dist, self.model, self.group = dist, model, group
-        self.world = dist.get_world_size(group)
-        self.average = dist.get_backend(group) == "nccl"  # (gloo has no AVG: sum, scale)
-        self._pending = []  # (work, gradient array, its torch view)
+    def __init__(self, model, *, group=None, comm=None, broadcast=True):
+        self.model, self.group, self.comm = model, group, comm
+        self._pending = []  # (work or None, gradient array)
+        if comm is not None:  # cupy.cuda.nccl: sums on nbdnn's stream, then 1 / world
+            self.dist, self.world, self.average = None, comm.size(), False
+        else:
+            import torch.distributed as dist
+            if not dist.is_available() or not dist.is_initialized():
+                raise nbdnn.BadParamError(
+                    "GradientAllReduce: torch.distributed has no process group: call "
+                    "torch.distributed.init_process_group first, or pass comm=")
+            self.dist, self.world = dist, dist.get_world_size(group)
+            self.average = dist.get_backend(group) == "nccl"  # (gloo: no AVG; sum, scale)
         if broadcast:
             self.broadcast_parameters()
+
+    @property
+    def capturable(self):
+        """Whether its collectives join a captured graph (a cupy.cuda.nccl communicator)."""
+        return self.comm is not None
 
     def broadcast_parameters(self, src=0):
         """Every process's parameters and buffers become rank src's (as DDP does when
@@ -51,10 +65,19 @@ class GradientAllReduce:
         for m in self.model.layers():
             for d in (m.params, m.buffers):
                 for v in d.values():
-                    self.dist.broadcast(_torch_view(v), src, group=self.group)
+                    if self.comm is not None:
+                        _issue(lambda s, v=v: _nccl(self.comm, "bcast", v, s, src))
+                    else:
+                        self.dist.broadcast(_torch_view(v), src, group=self.group)
 
     def layer_done(self, layer):
         """Start averaging the gradients of layer (and of the layers inside it)."""
+        if self.comm is not None:
+            for m in layer.layers():
+                for g in m.grads.values():
+                    _issue(lambda s, g=g: _nccl(self.comm, "allReduce", g, s))
+                    self._pending.append((None, g))
+            return
         op = self.dist.ReduceOp.AVG if self.average else self.dist.ReduceOp.SUM
         for m in layer.layers():
             for g in m.grads.values():
@@ -67,7 +90,8 @@ class GradientAllReduce:
         CPU); with gloo, divide the sums by the world size."""
         pending, self._pending = self._pending, []
         for work, g in pending:
-            work.wait()
+            if work is not None:
+                work.wait()
             if not self.average and self.world > 1:
                 nbdnn.scale_tensor(g, 1.0 / self.world, out=g)
 
@@ -87,6 +111,42 @@ class _Only:
 
     def layers(self):
         return [self.m]
+
+
+def nccl_communicator(group=None):
+    """A cupy.cuda.nccl.NcclCommunicator over the processes of a torch.distributed group
+    (rank 0's unique id handed round through it), on this process's current device: the
+    comm= that makes GradientAllReduce's collectives part of a captured step."""
+    import cupy
+    import torch.distributed as dist
+    from cupy.cuda import nccl
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    uid = [nccl.get_unique_id() if rank == 0 else None]
+    dist.broadcast_object_list(uid, src=0, group=group)
+    with cupy.cuda.Device(_device().current()):
+        return nccl.NcclCommunicator(world, uid[0], rank)
+
+
+# NCCL's data types by dtype name (cupy.cuda.nccl's constants, looked up when used)
+_NCCL_TYPES = {"float16": "NCCL_FLOAT16", "bfloat16": "NCCL_BFLOAT16",
+               "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64"}
+
+
+def _nccl(comm, what, a, stream, root=0):
+    """comm.allReduce (a sum) or comm.bcast of array a in place on the raw stream."""
+    from cupy.cuda import nccl
+    from ..cuda.runtime.arrays import ptr
+    kind = getattr(nccl, _NCCL_TYPES[str(a.dtype).rpartition(".")[2]])
+    n = int(np.prod(a.shape))
+    if what == "bcast":
+        comm.bcast(ptr(a), n, kind, root, stream)
+    else:
+        comm.allReduce(ptr(a), ptr(a), n, kind, nccl.NCCL_SUM, stream)
+
+
+def _issue(fn):
+    from ..cuda.runtime.launch import issue
+    issue(fn)
 
 
 def _torch_view(a):

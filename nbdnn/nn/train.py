@@ -229,11 +229,12 @@ class GraphedSteps:
     moving the model afterwards leaves them on the old arrays. graph=False runs
     the same calls eagerly (the only mode on the CPU backend).
 
-    allreduce (a GradientAllReduce, nbdnn/nn/distributed.py): data-parallel steps. With
-    graphs, two replayed graphs (forward and backward; the optimizer) around the
-    collectives, which run eagerly (torch.distributed's NCCL streams are outside what
-    nbdnn.cuda.Graph records), and no buffer reuse (the gradients outlive the first
-    graph); without, train_step's overlapped all-reduces."""
+    allreduce (a GradientAllReduce, nbdnn/nn/distributed.py): data-parallel steps, no
+    buffer reuse. Over torch.distributed with graphs: two replayed graphs (forward and
+    backward; the optimizer) around the collectives, which run eagerly
+    (torch.distributed's NCCL streams are outside what nbdnn.cuda.Graph records); over
+    a cupy.cuda.nccl communicator: one graph, the collectives captured in it; eagerly:
+    train_step's all-reduces, overlapped with the backward."""
 
     def __init__(self, model, batch_size, input_shape, *, loss=None, optimizer=None,
                  graph=None, reuse=None, allreduce=None):
@@ -308,9 +309,11 @@ class GraphedSteps:
         if self.allreduce is None:
             return self._run("step", lambda: train_step(self.model, self.loss, self.optimizer,
                                                         self.x, self.target), first)
-        if not self.graph:
-            return train_step(self.model, self.loss, self.optimizer, self.x, self.target,
-                              self.allreduce)
+        if not self.graph or self.allreduce.capturable:  # (eager; or one graph, its
+            # collectives captured on nbdnn's stream: a cupy.cuda.nccl communicator)
+            return self._run("step", lambda: train_step(
+                self.model, self.loss, self.optimizer, self.x, self.target, self.allreduce),
+                first)
         value = self._run("step", lambda: forward_backward(
             self.model, self.loss, self.optimizer, self.x, self.target), first)
         self.allreduce()  # (every gradient: the graph's buffers, the same every replay)

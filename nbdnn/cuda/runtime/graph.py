@@ -85,6 +85,19 @@ class Graph:
         """Simulator only: a host-side step (fn()) that replay repeats in order."""
         self._simulated.append(fn)
 
+    def external(self, fn):
+        """GPU work that is not an nbdnn kernel, issued by fn(stream) on the raw stream
+        handle it gets (an NCCL collective): run now, on the legacy default stream, in
+        order with the eager capture's kernels, and issued again into the graph's stream
+        capture when it is instantiated, so every replay runs it in its place."""
+        if _device.count() > 1:
+            self._same_device()
+        fn(0)
+        if SIMULATOR:
+            self._simulated.append(lambda: fn(0))
+        else:
+            self._records.append((fn, None, None, None, None, None))
+
     def keep(self, args, owners):
         if self._arena is not None:
             self._arena.check(args, owners)
@@ -145,7 +158,7 @@ class Graph:
         """Names of the captured kernels, in launch order."""
         if SIMULATOR:
             return [s[0].py_func.__name__ for s in self._simulated if not callable(s)]
-        return [name for _, name, *_ in self._records]
+        return [name for _, name, *_ in self._records if name is not None]
 
     def __len__(self):
         return len(self.kernels)
@@ -191,6 +204,9 @@ class Graph:
                 stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
             try:
                 for function, name, grid, block, shmem, params in self._records:
+                    if name is None:  # (external(): its work, on the capturing stream)
+                        function(int(stream))
+                        continue
                     buf = ctypes.create_string_buffer(params, len(params))
                     base = ctypes.addressof(buf)
                     slots = (ctypes.c_void_p * (len(params) // 8))(

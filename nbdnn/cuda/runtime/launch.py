@@ -45,6 +45,17 @@ def recording():
     return getattr(_recording, "graph", None)
 
 
+def issue(fn):
+    """fn(stream): GPU work that is not an nbdnn kernel (an NCCL collective), on the
+    legacy default stream in order with nbdnn's kernels; inside a Graph capture also
+    recorded, so replays run it (Graph.external)."""
+    g = getattr(_recording, "graph", None)
+    if g is not None:
+        g.external(fn)
+    else:
+        fn(0)
+
+
 @contextlib.contextmanager
 def launched():
     """The names of the kernels this thread launches inside the block, in order (how a
