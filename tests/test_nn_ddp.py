@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+import nbdnn  # noqa: E402
 from nbdnn import nn  # noqa: E402
 from nbdnn.cuda import SIMULATOR  # noqa: E402
 
@@ -80,11 +81,25 @@ def test_two_processes_equal_one_on_the_whole_batch(tmp_path, device, graphed):
             np.testing.assert_allclose(r[k], want, rtol=1e-10, atol=1e-12, err_msg=k)
 
 
-def test_needs_a_process_group():
+def test_needs_an_engine(monkeypatch, tmp_path):
+    """No process group and no rank in the environment: a BadParamError naming both
+    engines; ranks from the environment without a meeting file: one naming the file.
+    Rank 0's id reaches the others through the file."""
+    from nbdnn.nn import distributed
     if dist.is_initialized():
         pytest.skip("a process group exists")
-    with pytest.raises(Exception, match="init_process_group"):
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+              "NBDNN_NCCL_ID_FILE"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(nbdnn.BadParamError, match="no engine.*RANK and WORLD_SIZE"):
         nn.GradientAllReduce(_net())
+    with pytest.raises(nbdnn.BadParamError, match="NBDNN_NCCL_ID_FILE"):
+        distributed._shared_id(1, None, 1.0, None)
+    path = str(tmp_path / "id")
+    assert distributed._shared_id(0, path, 1.0, lambda: (7, 8, 9)) == (7, 8, 9)
+    assert distributed._shared_id(1, path, 1.0, None) == (7, 8, 9)
+    with pytest.raises(nbdnn.DeviceError, match="did not appear"):
+        distributed._shared_id(1, str(tmp_path / "none"), 0.1, None)
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="a stand-in communicator over the simulator's "

@@ -37,7 +37,8 @@ b1**t and b2**t.
 
 Several GPUs (nbdnn/nn/distributed.py): `model.to("cuda:1")` moves a model to a device
 (its calls run there); `GradientAllReduce(model)` averages the gradients over a
-torch.distributed process group, each layer's started as its backward ends:
+torch.distributed process group, each layer's started as its backward ends, or over
+CuPy's NCCL (`comm=nccl_communicator()`: the collectives captured with the step):
 `train_step(..., allreduce=sync)`, `GraphedSteps(..., allreduce=sync)`.
 """
 from .layers import (Activation, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool2d, Layer, Linear, MaxPool2d, ReLU, copy_into, device_of, move)  # noqa: F401
@@ -48,4 +49,4 @@ from .fold import FoldedBlock, FoldedConv, fold_batch_norm  # noqa: F401
 from .models import resnet18, resnet50  # noqa: F401
 from .precision import LossScaler  # noqa: F401
 from .train import SGD, Adam, CrossEntropyLoss, GraphedSteps, forward_backward, train_step  # noqa: F401
-from .distributed import GradientAllReduce  # noqa: F401
+from .distributed import GradientAllReduce, nccl_communicator  # noqa: F401

@@ -29,18 +29,28 @@ communicator (comm=) the collectives are issued on nbdnn's stream itself
 graph (NCCL supports stream capture); they run in order with the kernels, not beside
 them.
 """
+import json
+import os
+import time
+
 import numpy as np
 
 import nbdnn
 
 
 class GradientAllReduce:
-    """The averaging of an nbdnn.nn model's gradients over a torch.distributed process
-    group (default: the world), as train_step(..., allreduce=this) runs it."""
+    """The averaging of an nbdnn.nn model's gradients over the processes, as
+    train_step(..., allreduce=this) runs it. The engine is what is there: comm (a
+    cupy.cuda.nccl communicator) where given; else torch.distributed's process group
+    (group; default the world) where one is initialised; else a cupy.cuda.nccl
+    communicator made from the environment (nccl_communicator())."""
 
     def __init__(self, model, *, group=None, comm=None, broadcast=True):
-        self.model, self.group, self.comm = model, group, comm
+        self.model, self.group = model, group
         self._pending = []  # (work or None, gradient array)
+        if comm is None and not _torch_group():
+            comm = nccl_communicator()
+        self.comm = comm
         if comm is not None:  # cupy.cuda.nccl: sums on nbdnn's stream, then 1 / world
             self.dist, self.world, self.average = None, comm.size(), False
         else:
@@ -113,18 +123,72 @@ class _Only:
         return [self.m]
 
 
-def nccl_communicator(group=None):
-    """A cupy.cuda.nccl.NcclCommunicator over the processes of a torch.distributed group
-    (rank 0's unique id handed round through it), on this process's current device: the
-    comm= that makes GradientAllReduce's collectives part of a captured step."""
-    import cupy
-    import torch.distributed as dist
-    from cupy.cuda import nccl
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    uid = [nccl.get_unique_id() if rank == 0 else None]
-    dist.broadcast_object_list(uid, src=0, group=group)
+def nccl_communicator(group=None, *, id_file=None, timeout=120.0):
+    """A cupy.cuda.nccl.NcclCommunicator over the processes, on this process's current
+    device: the comm= that makes GradientAllReduce's collectives part of a captured
+    step. Rank 0's unique id goes round through torch.distributed's group where one is
+    initialised; else ranks come from the environment (RANK, WORLD_SIZE: torchrun's,
+    or OMPI_COMM_WORLD_RANK / _SIZE: mpirun's) and the id through a file all of them
+    see (id_file, or NBDNN_NCCL_ID_FILE; a fresh path each run: a stale one would hand
+    the others an old id), which rank 0 writes."""
+    by_torch = _torch_group()
+    rank, world = (None, None) if by_torch else _env_rank()
+    try:
+        import cupy
+        from cupy.cuda import nccl
+    except ImportError:
+        raise nbdnn.NotSupportedError("nccl_communicator: cupy is not installed (pip "
+                                      "install cupy-cuda12x or -cuda13x)") from None
+    if by_torch:
+        import torch.distributed as dist
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        uid = [nccl.get_unique_id() if rank == 0 else None]
+        dist.broadcast_object_list(uid, src=0, group=group)
+        uid = uid[0]
+    else:
+        uid = _shared_id(rank, id_file or os.environ.get("NBDNN_NCCL_ID_FILE"), timeout,
+                         nccl.get_unique_id)
     with cupy.cuda.Device(_device().current()):
-        return nccl.NcclCommunicator(world, uid[0], rank)
+        return nccl.NcclCommunicator(world, uid, rank)
+
+
+def _torch_group():
+    """Whether torch.distributed is installed and has a process group."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return dist.is_available() and dist.is_initialized()
+
+
+def _env_rank():
+    for r, w in (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if r in os.environ and w in os.environ:
+            return int(os.environ[r]), int(os.environ[w])
+    raise nbdnn.BadParamError(
+        "GradientAllReduce: no engine: torch.distributed has no process group, and the "
+        "environment names no rank (RANK and WORLD_SIZE) for a cupy.cuda.nccl communicator")
+
+
+def _shared_id(rank, path, timeout, make):
+    """Rank 0's make() (an NCCL unique id, a tuple of ints), through file path."""
+    if not path:
+        raise nbdnn.BadParamError("nccl_communicator: without torch.distributed the ranks "
+                                  "meet through a file: pass id_file= or set "
+                                  "NBDNN_NCCL_ID_FILE")
+    if rank == 0:
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(list(make()), f)
+        os.replace(tmp, path)  # (whole or absent: the others never read half)
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise nbdnn.DeviceError(f"nccl_communicator: rank 0's id did not appear in "
+                                    f"{path} within {timeout} s")
+        time.sleep(0.05)
+    with open(path) as f:
+        return tuple(json.load(f))
 
 
 # NCCL's data types by dtype name (cupy.cuda.nccl's constants, looked up when used)
