@@ -17,7 +17,11 @@ def _run(engine):
            os.path.join(ROOT, "examples", "ddp_resnet.py"), "--engine", engine, "--model",
            "tiny", "--batch", "4", "--steps", "2", "--device", "cpu", "--json"]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    for attempt in range(2):  # (once more only when the rendezvous port was taken)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env,
+                             cwd=ROOT)
+        if out.returncode == 0 or "address already in use" not in out.stderr.lower():
+            break
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -5,8 +5,6 @@ parameters one process gets on the whole batch; rank 1 starts from other weights
 the broadcast makes them rank 0's. train_step and GraphedSteps (eager on the CPU) both.
 NCCL and CUDA graphs run on the two-GPU machine (perf/ddp.py,
 examples/ddp_resnet.py)."""
-import os
-import socket
 
 import numpy as np
 import pytest
@@ -44,9 +42,9 @@ def _train(model, x, onehot, sync, graphed):
             for _ in range(STEPS)]
 
 
-def _worker(rank, world, port, path, graphed, device, n):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _worker(rank, world, store, path, graphed, device, n):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world)
     try:
         model = _net(seed=10 * rank).to(device)  # (rank 1's weights differ: the
         sync = nn.GradientAllReduce(model)       # broadcast evens them)
@@ -58,12 +56,6 @@ def _worker(rank, world, port, path, graphed, device, n):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("device,graphed", [("cpu", False), ("cpu", True), pytest.param(
     "cuda", True, marks=pytest.mark.skipif(not SIMULATOR, reason="gloo: the simulator's "
                                            "host-backed arrays; NCCL on two GPUs instead"))])
@@ -71,7 +63,7 @@ def test_two_processes_equal_one_on_the_whole_batch(tmp_path, device, graphed):
     """(cuda under the simulator: GraphedSteps' two graphs around the collectives.)"""
     path = str(tmp_path / "state")
     n = 2 if device == "cuda" else BATCH  # (the simulator: an image a process)
-    mp.spawn(_worker, args=(2, _free_port(), path, graphed, device, n), nprocs=2)
+    mp.spawn(_worker, args=(2, str(tmp_path / "store"), path, graphed, device, n), nprocs=2)
     ranks = [np.load(f"{path}.{r}.npz") for r in range(2)]
     model = _net()
     x, onehot = (a[:n] for a in _batch())

@@ -6,8 +6,6 @@ shards equal). CPU: gloo between two processes on nbdnn's CPU reference, float64
 fewer than two GPUs: the nvidia-h200-x2 machine runs it). The model has no batch norm:
 DDP's batch norm uses each process's own statistics, which one process on the whole
 batch cannot reproduce."""
-import os
-import socket
 
 import pytest
 
@@ -41,14 +39,13 @@ def _train(model, x, labels, steps):
         opt.step()
 
 
-def _worker(rank, world, port, path, device, dtype):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank, world, store, path, device, dtype):
     dev = torch.device(device, rank) if device == "cuda" else torch.device("cpu")
     if device == "cuda":
         torch.cuda.set_device(dev)
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank,
-                            world_size=world)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo",
+                            init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         model, _ = nt.convert(_net().to(dev, dtype))
         ddp = nn.parallel.DistributedDataParallel(
@@ -62,19 +59,13 @@ def _worker(rank, world, port, path, device, dtype):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("device,dtype,tol", [
     ("cpu", torch.float64, 1e-10),
     pytest.param("cuda", torch.float32, 1e-5, marks=pytest.mark.skipif(
         torch.cuda.device_count() < 2, reason="fewer than two GPUs for NCCL"))])
 def test_converted_model_under_ddp_equals_one_process(tmp_path, device, dtype, tol):
     path = str(tmp_path / "rank0.pt")
-    mp.spawn(_worker, args=(2, _free_port(), path, device, dtype), nprocs=2)
+    mp.spawn(_worker, args=(2, str(tmp_path / "store"), path, device, dtype), nprocs=2)
     got = torch.load(path)
     dev = torch.device(device)
     if device == "cuda":
