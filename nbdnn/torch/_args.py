@@ -26,13 +26,19 @@ FLOAT32 = {"cuda": {"softmax", "log_softmax", "layer_norm", "group_norm", "softp
 
 
 def autocast(op, *tensors):
-    """tensors (x first) as autocast has op see them, unchanged outside autocast."""
+    """tensors (x first) as autocast has op see them, unchanged outside autocast (asked
+    first of all devices at once: ~0.07 us, where a tensor's device type costs ~0.3)."""
+    if not _any_autocast():
+        return tensors
     device = tensors[0].device.type
     if not torch.is_autocast_enabled(device):
         return tensors
     to = torch.get_autocast_dtype(device) if op in LOWER else torch.float32 \
         if op in FLOAT32.get(device, ()) else tensors[0].dtype
     return tuple(t.to(to) if t is not None and t.dtype in DTYPES[:3] else t for t in tensors)
+
+
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 
 
 def unsupported(fn, what):
