@@ -11,7 +11,7 @@ from nbdnn.cuda.runtime import device
 
 
 def test_tile_by_shape(monkeypatch):
-    monkeypatch.setattr(device, "_sm", [132])
+    monkeypatch.setattr(device, "_sm", {device.current(): 132})  # (the H200's 132)
     monkeypatch.setattr(MM, "TILES", MM.HW_TILES)
     big = "float32"
     assert MM.choose_tile(4096, 4096, 4096, 1, big, True) == ("large", 1)      # 1024 tiles
