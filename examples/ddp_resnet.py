@@ -142,6 +142,7 @@ def main(argv=None):
                   f"{args.engine} {args.model}: {world} process(es) x {args.batch} images, "
                   f"{row['step_ms']:.2f} ms a step, {row['images_per_s']:.0f} images/s")
     finally:
+        dist.barrier()  # (no rank tears gloo down while another still talks: SIGABRT)
         dist.destroy_process_group()
 
 

@@ -6,6 +6,8 @@ the broadcast makes them rank 0's. train_step and GraphedSteps (eager on the CPU
 NCCL and CUDA graphs run on the two-GPU machine (perf/ddp.py,
 examples/ddp_resnet.py)."""
 
+import datetime
+
 import numpy as np
 import pytest
 
@@ -44,7 +46,7 @@ def _train(model, x, onehot, sync, graphed):
 
 def _worker(rank, world, store, path, graphed, device, n):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
-                            world_size=world)
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
         model = _net(seed=10 * rank).to(device)  # (rank 1's weights differ: the
         sync = nn.GradientAllReduce(model)       # broadcast evens them)
@@ -53,6 +55,7 @@ def _worker(rank, world, store, path, graphed, device, n):
         _train(model, x[half], onehot[half], sync, graphed)
         np.savez(f"{path}.{rank}.npz", **model.state())
     finally:
+        dist.barrier()  # (no rank tears gloo down while another still talks: SIGABRT)
         dist.destroy_process_group()
 
 

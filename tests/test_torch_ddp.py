@@ -7,6 +7,8 @@ fewer than two GPUs: the nvidia-h200-x2 machine runs it). The model has no batch
 DDP's batch norm uses each process's own statistics, which one process on the whole
 batch cannot reproduce."""
 
+import datetime
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -45,7 +47,8 @@ def _worker(rank, world, store, path, device, dtype):
         torch.cuda.set_device(dev)
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     dist.init_process_group("nccl" if device == "cuda" else "gloo",
-                            init_method=f"file://{store}", rank=rank, world_size=world)
+                            init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
     try:
         model, _ = nt.convert(_net().to(dev, dtype))
         ddp = nn.parallel.DistributedDataParallel(
@@ -56,6 +59,7 @@ def _worker(rank, world, store, path, device, dtype):
         if rank == 0:
             torch.save({k: v.cpu() for k, v in model.state_dict().items()}, path)
     finally:
+        dist.barrier()  # (no rank tears gloo down while another still talks: SIGABRT)
         dist.destroy_process_group()
 
 
