@@ -63,3 +63,21 @@ def test_suite_runs_in_a_16_bit_dtype(monkeypatch):
     assert any(s.startswith("refuses/16-bit: left out (DtypeError") for s in said), said
     f32 = bench.run_suite(ops[:1], cpu=False, size_mb=0.004)
     assert rows[0].bytes * 2 == f32[0].bytes
+
+
+def test_host_costs_times_each_function_and_its_excess_in_turn():
+    """host_costs: a median per function and, per function after the first, its excess
+    over the first within each round (here a call that does ~20 us more work)."""
+    order = []
+
+    def cheap():
+        order.append("a")
+
+    def dear():
+        order.append("b")
+        sum(range(2000))
+
+    (a, b), (excess,) = bench.host_costs([cheap, dear], rounds=4, calls=5, warmup=1,
+                                         sync=lambda: None)
+    assert 0 < a < b and 0 < excess <= b
+    assert "".join(order[2:]) == "aaaaabbbbb" * 4  # (after the warm-ups: in turn)

@@ -70,6 +70,25 @@ def test_aliasing_is_part_of_the_signature():
     np.testing.assert_array_equal(other.copy_to_host(), np.full(8, 3.0, np.float32))
 
 
+def test_signatures_tell_nested_scalars_apart():
+    """Tuples and lists are walked element by element: a value, a type (int, float,
+    bool), the nesting and tuple against list each make another signature; a device
+    array inside a tuple is an array of the call."""
+    x = cuda.to_device(np.ones((1, 1, 4, 4), np.float32))
+    key = lambda **kw: _plan._signature(nbdnn.conv2d, (x, x), kw)[0]  # noqa: E731
+    keys = [key(padding=((1, 1), (1, 1))), key(padding=((1, 1), (1, 0))),
+            key(padding=((1, 1), (1.0, 1))), key(padding=((1, 1), (True, 1))),
+            key(padding=((1, 1), [1, 1])), key(padding=(1, 1)), key(padding=(((1, 1),), 1)),
+            key(stride=(1, 1)), key(stride=(1, 1), padding=((1, 1), (1, 1)))]
+    assert len(set(keys)) == len(keys)
+    assert key(padding=((1, 1), (1, 1))) == keys[0]
+    k, arrays = _plan._signature(nbdnn.add_tensor, ((x, 2.0),), {})
+    assert [a for a, _ in arrays] == [x] and k == _plan._signature(
+        nbdnn.add_tensor, ((cuda.to_device(np.zeros((1, 1, 4, 4), np.float32)), 2.0),), {})[0]
+    with pytest.raises(_plan._NoPlan):  # (an object of no known kind, inside a tuple)
+        _plan._signature(nbdnn.conv2d, (x, x), {"padding": ((1, 1), object())})
+
+
 def test_host_state_that_changes_is_never_planned():
     """An op whose launches take a value that changes between calls (here a counter,
     the way a hidden seed would): its 2nd and 3rd recordings differ, so it always runs

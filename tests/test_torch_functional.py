@@ -41,6 +41,7 @@ CASES = {
     "log_softmax": ([_t(2, 5, 7, lo=-9, hi=9)], {"dim": -1}),
     "linear": ([_t(2, 3, 6), _t(5, 6), _t(5)], {}),
     "linear-nobias": ([_t(6), _t(5, 6)], {}),
+    "linear-2d": ([_t(4, 6), _t(5, 6), _t(5)], {}),
     "local_response_norm": ([_t(2, 7, 4, 3)], {"size": 3, "alpha": 0.3, "beta": 0.6,
                                                "k": 1.5}),
     "conv1d": ([_t(2, 4, 11), _t(6, 2, 3), _t(6)], {"stride": 2, "padding": 1, "groups": 2}),
@@ -123,6 +124,20 @@ def test_matches_torch_functional(case):
     name = case.split("-")[0]
     args, kw = CASES[case]
     _compare(getattr(nt, name), getattr(F, name), args, kw, "cpu", torch.float64, 1e-10)
+
+
+def test_conv_geometry_is_remembered_per_kernel_and_form():
+    """Eager convolutions remember their geometry by the arguments as given (padding
+    "same" with the kernel's shape): kernels of several shapes with "same", one padding
+    as int, tuple and list, each equals F.conv2d's."""
+    x = _t(1, 2, 9, 8)
+    for R, S in ((3, 3), (5, 2), (3, 3), (1, 4)):
+        w = _t(3, 2, R, S)
+        for kw in ({"padding": "same"}, {"padding": "same", "dilation": 2},
+                   {"padding": 1, "stride": 2}, {"padding": (1, 1), "stride": (2, 2)},
+                   {"padding": [1, 1], "stride": [2, 2]}):
+            torch.testing.assert_close(nt.conv2d(x, w, **kw), F.conv2d(x, w, **kw),
+                                       rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device for torch")

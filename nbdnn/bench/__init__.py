@@ -21,7 +21,7 @@ import numpy as np
 
 from ..ops.registry import select
 from .timing import (_torch, _torch_f, copy_bandwidth, graph_replay, host_cost,  # noqa: F401
-                     time_cpu, time_gpu, time_graph, _graph_or_none)
+                     host_costs, time_cpu, time_gpu, time_graph, _graph_or_none)
 
 
 @dataclasses.dataclass

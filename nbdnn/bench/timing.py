@@ -63,6 +63,30 @@ def host_cost(fn, *, calls=2000, warmup=200):
     return statistics.median(samples)
 
 
+def host_costs(fns, *, rounds=40, calls=50, warmup=200, sync=None):
+    """Host seconds of one call of each of fns, measured in alternation: each round
+    times `calls` calls of every fn in turn (one timer pair a batch, then a
+    synchronisation). Returns (per fn: the median over rounds; per fn after the first:
+    the median over rounds of its excess over fns[0] in the same round). On a shared,
+    loaded host the load drifts: an excess taken within a round cancels the drift that
+    separate medians (host_cost) carry into their difference."""
+    sync = sync or _gpu().synchronize
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    sync()
+    per = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, samples in zip(fns, per):
+            t = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples.append((time.perf_counter() - t) / calls)
+            sync()
+    excess = [statistics.median(b - a for a, b in zip(per[0], p)) for p in per[1:]]
+    return [statistics.median(p) for p in per], excess
+
+
 _copy_cache = {}
 
 

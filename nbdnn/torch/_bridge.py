@@ -59,6 +59,17 @@ def register_autograd(op, grad, setup):
 
 EAGER = {}  # custom op -> the torch.autograd.Function of its implementation and formulas
 PLAIN = (torch.Tensor, torch.nn.Parameter)
+_TENSOR = torch._C.OptionalType.ofTensor()
+TENSORS = {}  # custom op -> the positions of its Tensor and Optional[Tensor] arguments
+
+
+def tensor_positions(op):
+    """The positions of op's tensor arguments, from its schema (only they can hold one)."""
+    p = TENSORS.get(op)
+    if p is None:
+        p = TENSORS[op] = tuple(i for i, a in enumerate(op._opoverload._schema.arguments)
+                                if a.type.isSubtypeOf(_TENSOR))
+    return p
 
 
 def call(op, *args):
@@ -67,13 +78,15 @@ def call(op, *args):
     eager mode its implementation directly, inside its autograd.Function where an input
     requires grad: the dispatcher's path for a Python custom op costs ~10 us a call
     (~17 us with autograd; 2-core CI host), the autograd.Function ~4 us, a direct call
-    well under 1 us. (One pass over args, no generators: this runs every call.)"""
+    well under 1 us. (Only the tensor positions are looked at, no generators: this runs
+    every call.)"""
     if _compiling() or _dispatch_modes():
         return op(*args)
     grad = False
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            if type(a) not in PLAIN:
+    for i in TENSORS.get(op) or tensor_positions(op):
+        a = args[i]
+        if a is not None:
+            if a.__class__ not in PLAIN:
                 return op(*args)
             grad = grad or a.requires_grad
     if grad and torch.is_grad_enabled():
@@ -121,27 +134,37 @@ def arr(t, cpu):
     view of its host copy, else the contiguous CUDA tensor."""
     if t is None:
         return None
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if not cpu:
         return t.contiguous()
-    t = t.to("cpu").contiguous()
+    if not t.is_cpu:
+        t = t.cpu()
+    t = t.contiguous()
     if t.dtype == torch.bfloat16:
-        import ml_dtypes
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.view(torch.int16).numpy().view(_bfloat16())
     return t.numpy()
+
+
+def _bfloat16():
+    import ml_dtypes
+    return ml_dtypes.bfloat16
 
 
 def tensor(a, like):
     """nbdnn's result a as a torch tensor on tensor like's device (a NumPy result
-    shares its memory where it stays on the CPU)."""
+    shares its memory where it stays on the CPU). (Per call: ~1 us; numpy's dtype.name
+    alone costs ~1.5, so bfloat16 is told by its kind, "V", first.)"""
     if isinstance(a, torch.Tensor):
         return a
-    a = np.asarray(a)
-    if not a.flags.c_contiguous or not a.flags.writeable:
+    if a.__class__ is not np.ndarray:
+        a = np.asarray(a)
+    flags = a.flags
+    if not (flags.c_contiguous and flags.writeable):
         a = np.array(a, order="C")
     t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) \
-        if a.dtype.name == "bfloat16" else torch.from_numpy(a)
-    return t if like.device.type == "cpu" else t.to(like.device)
+        if a.dtype.kind == "V" and a.dtype == _bfloat16() else torch.from_numpy(a)
+    return t if like.is_cpu else t.to(like.device)
 
 
 def _public_stream(index):
@@ -154,23 +177,29 @@ def _public_stream(index):
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _public_stream)
 
 
-# nbdnn's ops that multiply matrices -> whose TF32 permission PyTorch's products of
-# that kind follow: cuDNN's (convolutions; torch.backends.cudnn.allow_tf32, on by
-# default) or cuBLAS's (matmul, attention; torch.backends.cuda.matmul.allow_tf32, off
-# by default, on under torch.set_float32_matmul_precision("high") or "medium")
-PRODUCTS = {f: kind for kind, fs in (
-    ("conv", (nbdnn.conv1d, nbdnn.conv2d, nbdnn.conv3d, nbdnn.conv_backward_data,
-              nbdnn.conv_backward_filter)),
-    ("matmul", (nbdnn.matmul, nbdnn.matmul_backward, nbdnn.scaled_dot_product_attention,
-                nbdnn.scaled_dot_product_attention_backward))) for f in fs}
+def _flag(name, public):
+    """A TF32 flag's getter: torch._C's own (~0.08 us), else the public property."""
+    return getattr(torch._C, name, public)
+
+
+# nbdnn's ops that multiply matrices -> the getter of the TF32 permission PyTorch's
+# products of that kind follow: cuDNN's (convolutions; torch.backends.cudnn.allow_tf32,
+# on by default) or cuBLAS's (matmul, attention; torch.backends.cuda.matmul.allow_tf32,
+# off by default, on under torch.set_float32_matmul_precision("high") or "medium"). (The
+# public properties cost 0.4-0.6 us a read; they wrap these getters.)
+_CONV_TF32 = _flag("_get_cudnn_allow_tf32", lambda: torch.backends.cudnn.allow_tf32)
+_MATMUL_TF32 = _flag("_get_cublas_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32)
+PRODUCTS = {f: flag for flag, fs in (
+    (_CONV_TF32, (nbdnn.conv1d, nbdnn.conv2d, nbdnn.conv3d, nbdnn.conv_backward_data,
+                  nbdnn.conv_backward_filter)),
+    (_MATMUL_TF32, (nbdnn.matmul, nbdnn.matmul_backward, nbdnn.scaled_dot_product_attention,
+                    nbdnn.scaled_dot_product_attention_backward))) for f in fs}
 
 
 def allows_tf32(fn):
     """Whether PyTorch lets its float32 products of nbdnn op fn's kind use TF32."""
-    kind = PRODUCTS.get(fn)
-    if kind == "conv":
-        return torch.backends.cudnn.allow_tf32
-    return kind == "matmul" and torch.backends.cuda.matmul.allow_tf32
+    flag = PRODUCTS.get(fn)
+    return flag is not None and bool(flag())
 
 
 def run(fn, like, *args, **kw):
@@ -197,11 +226,13 @@ def run(fn, like, *args, **kw):
     for k, v in kw.items():
         if isinstance(v, torch.Tensor):
             kw[k] = v.contiguous()
-    stream = _raw_stream(like.device.index)
+    stream = _raw_stream(like.get_device())
     if stream:
         kw["stream"] = stream
-    if like.dtype == torch.float32 and fn in PRODUCTS and allows_tf32(fn):
-        kw["math"] = "tf32"
+    if like.dtype == torch.float32:
+        flag = PRODUCTS.get(fn)
+        if flag is not None and flag():
+            kw["math"] = "tf32"
     return fn(*args, **kw)
 
 

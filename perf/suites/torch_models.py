@@ -1,17 +1,22 @@
 """nbdnn inside PyTorch (issue 26): what nbdnn.torch costs and gives.
 
---host: host cost of one call on small CUDA tensors (median of 2000, no sync): the bare
-nbdnn op (torch tensors on PyTorch's default stream, replayed by nbdnn's eager call
-plans), the nbdnn.torch function (its eager path: a direct call of the custom op's
-implementation), the same with autograd recording (inputs requiring grad), and the
-torch.nn.functional call it replaces. The issue's goal: <= 3 us over the bare op.
+--host: host cost of one call on small CUDA tensors: the bare nbdnn op (torch tensors on
+PyTorch's default stream, replayed by nbdnn's eager call plans: "planned" lists the
+states of its signatures, Plan where replayed), the nbdnn.torch function (its eager
+path: a direct call of the custom op's implementation), the same with autograd
+recording (inputs requiring grad), and the torch.nn.functional call it replaces; 40
+rounds, each timing 50 calls of every one in turn; "added" is the median over rounds of
+nbdnn.torch's excess over the bare op in the same round (a loaded host's drift cancels).
+The issue's goal: <= 3 us over the bare op. --cpu: the same on CPU tensors (nbdnn's
+reference; the wrappers' own cost there, and a dry run of the script without a GPU).
 --models: torchvision's ResNet-50 (random weights), native and nbdnn.torch.convert-ed,
 training step (forward, cross-entropy, backward, SGD) at batch B in each --configs (fp32
 with PyTorch's default TF32 convolutions; bf16 autocast, NCHW or channels-last), eager
 and replayed from a torch.cuda.CUDAGraph, GPU ms by CUDA events (median); first the
 converted eval logits against native's (fp32, TF32 off for the check).
 
-    PYTHONPATH=. python perf/suites/torch_models.py [--host [--profile]] [--models] [--batch 32]
+    PYTHONPATH=. python perf/suites/torch_models.py [--host [--profile] [--cpu]] [--models]
+        [--batch 32]
 """
 import argparse
 import os
@@ -21,7 +26,8 @@ import torch
 
 import nbdnn
 import nbdnn.torch as nt
-from nbdnn.bench import host_cost
+from nbdnn.bench import host_costs
+from nbdnn.ops._plan import plans_of_this_thread
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from resnet50 import gpu_ms, torch_graphed  # noqa: E402  (perf/suites/resnet50.py)
@@ -29,35 +35,54 @@ from resnet50 import gpu_ms, torch_graphed  # noqa: E402  (perf/suites/resnet50.
 F = torch.nn.functional
 
 
-def host_rows(profile=False):
-    dev = "cuda"
-    x = torch.randn(1024, device=dev)
+def plan_states(op):
+    """The eager call plan states of op's signatures on this thread (Plan: replayed)."""
+    fn = getattr(op, "unplanned", op)
+    return ", ".join(sorted(type(v).__name__ if v.__class__ not in (int, str) else str(v)
+                            for k, v in plans_of_this_thread().items() if k[0] is fn))
+
+
+def host_rows(profile=False, dev="cuda"):
+    x = torch.randn(1024, device=dev)  # (small: the host's cost, not the GPU's)
     xg = x.clone().requires_grad_()
     a, w, b = (torch.randn(32, 64, device=dev), torch.randn(64, 64, device=dev),
                torch.randn(64, device=dev))
     img, k = torch.randn(1, 16, 8, 8, device=dev), torch.randn(16, 16, 3, 3, device=dev)
-    tf32 = "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"  # (what nt.conv2d runs)
-    cases = {
-        "relu 1k": (lambda: nbdnn.activation(x, "relu"), lambda: nt.relu(x),
-                    lambda: nt.relu(xg), lambda: F.relu(x)),
-        "linear 32x64x64": (lambda: nbdnn.matmul(a, w, trans_b=True, bias=b),
+    tf32 = "tf32" if torch.backends.cudnn.allow_tf32 and dev == "cuda" else "ieee"  # (what
+    # nt.conv2d runs)
+    if dev == "cpu":  # (the bare op on the tensors' NumPy views)
+        xn, an, wn, bn, imgn, kn = (t.numpy() for t in (x, a, w, b, img, k))
+    else:
+        xn, an, wn, bn, imgn, kn = x, a, w, b, img, k
+    cases = {  # name: (the nbdnn op, bare, wrapped, wrapped with autograd, native)
+        "relu 1k": (nbdnn.activation, lambda: nbdnn.activation(xn, "relu"),
+                    lambda: nt.relu(x), lambda: nt.relu(xg), lambda: F.relu(x)),
+        "linear 32x64x64": (nbdnn.matmul, lambda: nbdnn.matmul(an, wn, trans_b=True, bias=bn),
                             lambda: nt.linear(a, w, b), None, lambda: F.linear(a, w, b)),
-        "conv2d 1x16x8x8, 3x3": (lambda: nbdnn.conv2d(img, k, padding=(1, 1), math=tf32),
+        "conv2d 1x16x8x8, 3x3": (nbdnn.conv2d,
+                                 lambda: nbdnn.conv2d(imgn, kn, padding=(1, 1), math=tf32),
                                  lambda: nt.conv2d(img, k, padding=1), None,
                                  lambda: F.conv2d(img, k, padding=1)),
-        "layer_norm 32x64": (lambda: nbdnn.layer_norm(a, w[0], b),
+        "layer_norm 32x64": (nbdnn.layer_norm, lambda: nbdnn.layer_norm(an, wn[0], bn),
                              lambda: nt.layer_norm(a, (64,), w[0], b), None,
                              lambda: F.layer_norm(a, (64,), w[0], b)),
     }
-    print("host us a call  | bare nbdnn | nbdnn.torch | + autograd | torch F | added")
-    for name, (bare, wrapped, graded, native) in cases.items():
-        us = [host_cost(f) * 1e6 if f else float("nan") for f in (bare, wrapped, graded, native)]
+    print("host us a call (median of 40 rounds of 50 calls each, the four in turn)")
+    print("call                   | bare nbdnn | nbdnn.torch | + autograd | torch F | added "
+          "| planned")
+    for name, (op, bare, wrapped, graded, native) in cases.items():
+        fns = [bare, wrapped] + [f for f in (graded, native) if f is not None]
+        us, excess = host_costs(fns, sync=torch.cuda.synchronize if dev == "cuda" else
+                                lambda: None)
+        us, excess = [u * 1e6 for u in us], [e * 1e6 for e in excess]
+        if graded is None:
+            us.insert(2, float("nan"))
         print(f"{name:22} | {us[0]:10.1f} | {us[1]:11.1f} | {us[2]:10.1f} | {us[3]:7.1f} | "
-              f"{us[1] - us[0]:5.1f}", flush=True)
+              f"{excess[0]:5.1f} | {plan_states(op)}", flush=True)
     if profile:  # where a wrapped call's host time goes (the functions of 2000 calls)
         import cProfile
         import pstats
-        for name, (_, wrapped, graded, _) in cases.items():
+        for name, (_, _, wrapped, graded, _) in cases.items():
             for f in (wrapped, graded):
                 if f is not None:
                     p = cProfile.Profile()
@@ -119,12 +144,13 @@ def main():
     p.add_argument("--host", action="store_true")
     p.add_argument("--models", action="store_true")
     p.add_argument("--profile", action="store_true", help="--host: cProfile each wrapped call")
+    p.add_argument("--cpu", action="store_true", help="--host on CPU tensors (the reference)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--configs", nargs="+", default=["fp32", "bf16-cl"], choices=sorted(CONFIGS),
                    help="fp32; bf16 autocast; bf16-cl: autocast, model and input channels-last")
     args = p.parse_args()
     if args.host or not args.models:
-        host_rows(args.profile)
+        host_rows(args.profile, "cpu" if args.cpu else "cuda")
     if args.models:
         model_rows(args.batch, args.configs)
 
