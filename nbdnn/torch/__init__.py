@@ -21,10 +21,14 @@ with p 1; attn_mask together with is_causal (as PyTorch). Differences that are n
 inplace=True writes the result back into the input unless autograd needs the input (then
 the result is a new tensor); a fully masked attention row gives 0 (PyTorch's math
 backend: NaN); a float attn_mask gets no gradient; dropout's mask is nbdnn's Philox
-stream seeded from torch's generator (not PyTorch's stream), and a captured CUDA graph
-replays the mask drawn at capture. Channels-last tensors run as NHWC and results stay
-channels-last (as PyTorch's). Dtypes: float16, bfloat16, float32, float64 (others:
-DtypeError). Plain eager calls skip PyTorch's dispatcher (nbdnn/torch/_bridge.py call()).
+stream seeded from torch's generator (not PyTorch's stream; on CUDA its offset is drawn
+on the device, so a captured CUDA graph draws fresh masks on every replay, as
+PyTorch's). Channels-last tensors run as NHWC and results stay channels-last (as
+PyTorch's). Dtypes: float16, bfloat16, float32, float64 (others: DtypeError). Plain
+eager calls skip PyTorch's dispatcher (nbdnn/torch/_bridge.py call()). torch.func:
+vmap runs through the dispatcher's per-sample fallback (one nbdnn call a sample);
+torch.func.grad and jvp fail with PyTorch's own error, as for every torch.library op
+with a registered backward (its autograd.Function has no setup_context).
 """
 from ._bridge import reference
 from . import functional, modules

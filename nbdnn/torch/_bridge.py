@@ -53,11 +53,22 @@ def register_autograd(op, grad, setup):
         out = op._init_fn(*args)
         setup_context(ctx, args, out)
         return out
-    EAGER[op] = type(op._name, (torch.autograd.Function,), {
-        "forward": staticmethod(forward), "backward": staticmethod(backward)})
+    EAGER[op] = _bare_apply(type(op._name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "backward": staticmethod(backward)}))
 
 
-EAGER = {}  # custom op -> the torch.autograd.Function of its implementation and formulas
+def _bare_apply(cls):
+    """autograd.Function cls's apply without its Python wrapper (C++'s, ~1.5 us less):
+    what the wrapper adds is for torch.func transforms, which call() sends through the
+    dispatcher, and for tensors left over from one (dead functorch wrappers, which no
+    nbdnn op reads either way)."""
+    base = getattr(torch._C, "_FunctionBase", None)
+    bare = base.__dict__.get("apply") if base is not None else None
+    return bare.__get__(None, cls) if bare is not None else cls.apply
+
+
+EAGER = {}  # custom op -> the apply of the autograd.Function of its implementation and
+# formulas
 PLAIN = (torch.Tensor, torch.nn.Parameter)
 _TENSOR = torch._C.OptionalType.ofTensor()
 TENSORS = {}  # custom op -> the positions of its Tensor and Optional[Tensor] arguments
@@ -74,13 +85,13 @@ def tensor_positions(op):
 
 def call(op, *args):
     """op(*args). Through PyTorch's dispatcher where anything may need to see the custom
-    op (torch.compile tracing, fake or other tensor subclasses, a dispatch mode); in plain
-    eager mode its implementation directly, inside its autograd.Function where an input
-    requires grad: the dispatcher's path for a Python custom op costs ~10 us a call
-    (~17 us with autograd; 2-core CI host), the autograd.Function ~4 us, a direct call
-    well under 1 us. (Only the tensor positions are looked at, no generators: this runs
-    every call.)"""
-    if _compiling() or _dispatch_modes():
+    op (torch.compile tracing, fake or other tensor subclasses, a dispatch mode, a
+    torch.func transform such as vmap); in plain eager mode its implementation directly,
+    inside its autograd.Function where an input requires grad: the dispatcher's path for
+    a Python custom op costs ~10 us a call (~17 us with autograd; 2-core CI host), the
+    autograd.Function ~3 us, a direct call well under 1 us. (Only the tensor positions
+    are looked at, no generators: this runs every call.)"""
+    if _compiling() or _dispatch_modes() or _functorch():
         return op(*args)
     grad = False
     for i in TENSORS.get(op) or tensor_positions(op):
@@ -90,12 +101,15 @@ def call(op, *args):
                 return op(*args)
             grad = grad or a.requires_grad
     if grad and torch.is_grad_enabled():
-        return EAGER[op].apply(*args)
+        return EAGER[op](*args)
     return op._init_fn(*args)
 
 
 _compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)  # (vmap,
+# torch.func.grad: their wrapped tensors are plain Tensors to Python; the dispatcher
+# unwraps them)
 
 
 def channels_last(t):
