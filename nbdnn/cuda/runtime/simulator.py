@@ -6,6 +6,11 @@ in numba's CUDA simulator.
 - With no usable CUDA driver or no GPU, and NUMBA_ENABLE_CUDASIM not set by the user,
   select the simulator before numba.cuda is first imported, so the same kernels run
   (slowly, in Python threads) on any machine. `SIMULATOR` says which.
+- numba-cuda 0.30's simulator runs a block's threads while its launching thread polls
+  them in a loop that never lets go of the GIL, so a thread woken from a barrier gets
+  the GIL only at the poller's forced switch (every 5 ms): a kernel with many barriers
+  took 5 s or 600 s by chance (test_attention_paths' tf32 case: 83-607 s, 5 s with
+  this). Each poll of a thread first yields the GIL (`time.sleep(0)`).
 - The choice itself is nbdnn/_gpu_check.py's, made when nbdnn is imported. When
   numba.cuda was imported before nbdnn (the simulator can no longer be chosen) and
   there is no GPU, `require_gpu()` raises a DeviceError that says how to get the
@@ -26,6 +31,26 @@ from numba import cuda  # noqa: E402,F401  (re-exported: nbdnn.cuda.cuda)
 from numba.cuda.core import config as _config  # noqa: E402
 
 SIMULATOR = bool(_config.ENABLE_CUDASIM)
+
+
+def _yield_while_polling():
+    """The simulator's poll of a block thread (BlockThread.is_alive) yields the GIL
+    first (the module docstring); left as it is where numba-cuda's simulator differs."""
+    import time
+    from numba.cuda.simulator import kernel
+    thread = getattr(kernel, "BlockThread", None)
+    if thread is None or "is_alive" in vars(thread):
+        return
+    poll = thread.is_alive
+
+    def is_alive(self):
+        time.sleep(0)
+        return poll(self)
+    thread.is_alive = is_alive
+
+
+if SIMULATOR:
+    _yield_while_polling()
 _usable = []  # [(ok, why)] of the driver, asked on the first CUDA call (not SIMULATOR)
 
 
