@@ -3,9 +3,11 @@ to exists in both backends under the same name: adding an op means writing it in
 nbdnn/ops, nbdnn/cpu and nbdnn/cuda (and a spec row, tests/test_crosscheck.py)."""
 import importlib
 
+import numpy as np
 import pytest
 
 import nbdnn
+from nbdnn.cuda import SIMULATOR, cuda
 from nbdnn.ops.registry import OPS
 from nbdnn.testing import SPECS
 
@@ -66,3 +68,28 @@ def test_the_simulator_does_not_depend_on_import_order():
              "except nbdnn.DeviceError as e:\n    print('DeviceError', e)")
     assert r.returncode == 0 and "DeviceError" in r.stdout and "NUMBA_ENABLE_CUDASIM" in \
         r.stdout, (r.stdout, r.stderr[-2000:])
+
+
+def test_the_simulators_thread_poll_yields_the_gil():
+    """Under the simulator nbdnn makes the launching thread's poll of each block thread
+    yield the GIL first (nbdnn/cuda/runtime/simulator.py: without it a barrier-heavy
+    kernel waited for 5 ms forced switches, 5-600 s by chance); a kernel with barriers
+    still runs right with it."""
+    if not SIMULATOR:
+        pytest.skip("numba's simulator is not active")
+    from numba.cuda.simulator import kernel
+    assert "is_alive" in vars(kernel.BlockThread), "the simulator's poll is not patched"
+
+    @cuda.jit
+    def reverse(x):
+        s = cuda.shared.array(32, np.float32)
+        i = cuda.threadIdx.x
+        s[i] = x[i]
+        cuda.syncthreads()
+        x[i] = s[31 - i]
+        cuda.syncthreads()
+
+    x = np.arange(32, dtype=np.float32)
+    d = cuda.to_device(x)
+    reverse[1, 32](d)
+    np.testing.assert_array_equal(d.copy_to_host(), x[::-1])
