@@ -129,9 +129,9 @@ def test_matches_torch_functional(case):
 
 
 def test_conv_geometry_is_remembered_per_kernel_and_form():
-    """Eager convolutions remember their geometry by the arguments as given (padding
-    "same" with the kernel's shape): kernels of several shapes with "same", one padding
-    as int, tuple and list, each equals F.conv2d's."""
+    """The conv op remembers nbdnn's keywords by its stride, padding and dilation
+    (_ops_conv._geometry): kernels of several shapes with "same" (other paddings each),
+    one padding as int, tuple and list, each equals F.conv2d's."""
     x = _t(1, 2, 9, 8)
     for R, S in ((3, 3), (5, 2), (3, 3), (1, 4)):
         w = _t(3, 2, R, S)

@@ -210,18 +210,12 @@ PRODUCTS = {f: flag for flag, fs in (
                     nbdnn.scaled_dot_product_attention_backward))) for f in fs}
 
 
-def allows_tf32(fn):
-    """Whether PyTorch lets its float32 products of nbdnn op fn's kind use TF32."""
-    flag = PRODUCTS.get(fn)
-    return flag is not None and bool(flag())
-
-
 def run(fn, like, *args, **kw):
     """fn(*args, **kw) (an nbdnn op) with the tensors among args and kw's values made
     arrays, on the CPU reference or on like's CUDA stream; the results as tensors on
     like's device (a tuple stays a tuple; None stays None). An fn that multiplies
     matrices runs float32 CUDA tensors in math mode "tf32" where PyTorch allows TF32 for
-    its products of that kind (allows_tf32), else in nbdnn's current math mode (the CPU
+    its products of that kind (PRODUCTS), else in nbdnn's current math mode (the CPU
     reference: always the latter, as PyTorch's CPU kernels ignore the flags)."""
     if BACKEND == "cpu" or not like.is_cuda:
         args = [arr(a, True) if isinstance(a, torch.Tensor) else a for a in args]

@@ -6,7 +6,7 @@ argument, never a silent difference; see nbdnn/torch/__init__.py for the list.""
 import torch
 
 from ..errors import ShapeError
-from ._bridge import call, _compiling
+from ._bridge import call
 from ._args import autocast as _autocast, check as _check, \
     ints as _tuple, unsupported as _unsupported, write_result as _inplace
 from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
@@ -117,44 +117,19 @@ def _conv_args(fn, nd, input, weight, bias):
     return input, weight, bias
 
 
-def _conv_geometry(nd, stride, padding, dilation, kernel):
-    """(stride, pads, dilation) as the conv op takes them: per axis, padding as per-side
-    pairs flattened; kernel (the weight's spatial shape) is read for padding="same"."""
+def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
+    input, weight, bias = _conv_args(fn, nd, input, weight, bias)
     stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
     if padding == "valid":
         pads = [0] * (2 * nd)
     elif padding == "same":  # (PyTorch: total d (R - 1), the odd one after)
         pads = []
-        for R, d in zip(kernel, dilation):
+        for R, d in zip(weight.shape[2:], dilation):
             total = d * (R - 1)
             pads += [total // 2, total - total // 2]
     else:
         pads = [p for v in _tuple(padding, nd) for p in (v, v)]
-    return stride, pads, dilation
-
-
-# eager calls' (nd, stride, padding, dilation[, kernel]) -> _conv_geometry's lists, for
-# the hashable forms modules pass (ints, tuples, strings): ~0.2 us a call against ~1 us.
-# The lists are shared between calls; nothing downstream writes to them
-_GEOMETRIES = {}
-
-
-def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
-    input, weight, bias = _conv_args(fn, nd, input, weight, bias)
-    if _compiling():  # (what torch.compile traces: no module state)
-        geo = _conv_geometry(nd, stride, padding, dilation, weight.shape[2:])
-    else:
-        key = (nd, stride, padding, dilation) if padding != "same" else \
-            (nd, stride, padding, dilation, tuple(weight.shape[2:]))
-        try:
-            geo = _GEOMETRIES.get(key)
-        except TypeError:  # (a list among them)
-            key = geo = None
-        if geo is None:
-            geo = _conv_geometry(nd, stride, padding, dilation, weight.shape[2:])
-            if key is not None and len(_GEOMETRIES) < 1024:
-                _GEOMETRIES[key] = geo
-    return call(conv, input, weight, bias, *geo, groups)
+    return call(conv, input, weight, bias, stride, pads, dilation, groups)
 
 
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
