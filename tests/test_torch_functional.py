@@ -68,7 +68,7 @@ CASES = {
     "adaptive_avg_pool2d": ([_t(2, 5, 7, 6)], {"output_size": 1}),
     "layer_norm": ([_t(3, 4, 5)], {"normalized_shape": (4, 5), "weight": _t(4, 5),
                                    "bias": _t(4, 5)}),
-    "layer_norm-noaffine": ([_t(3, 4, 5)], {"normalized_shape": (5,)}),
+    "layer_norm-noaffine": ([_t(3, 4, 5)], {"normalized_shape": (5,), "eps": 0.01}),
     "rms_norm": ([_t(3, 4, 5)], {"normalized_shape": (5,), "weight": _t(5), "eps": 1e-6}),
     "group_norm": ([_t(2, 6, 3, 4)], {"num_groups": 3, "weight": _t(6), "bias": _t(6)}),
     "instance_norm": ([_t(2, 3, 5, 4)], {"weight": _t(3), "bias": _t(3)}),
@@ -76,7 +76,7 @@ CASES = {
                                             "weight": _t(3), "bias": _t(3), "training": True,
                                             "momentum": 0.3}),
     "batch_norm-2d": ([_t(6, 3)], {"running_mean": None, "running_var": None,
-                                   "training": True}),
+                                   "training": True, "eps": 0.01}),
     "scaled_dot_product_attention": ([_t(2, 4, 9, 16), _t(2, 2, 7, 16), _t(2, 2, 7, 8)],
                                      {"is_causal": True, "enable_gqa": True}),
     "scaled_dot_product_attention-mask": ([_t(2, 3, 5, 8), _t(2, 3, 6, 8), _t(2, 3, 6, 8)],
@@ -98,9 +98,17 @@ CASES = {
     "batch_norm-nhwc_eval": ([_cl(4, 3, 5, 2)], {"running_mean": _t(3),
                                                  "running_var": _t(3, lo=0.5),
                                                  "weight": _t(3), "bias": _t(3)}),
-    "group_norm-nhwc": ([_cl(2, 6, 3, 4)], {"num_groups": 3, "weight": _t(6)}),
+    "group_norm-nhwc": ([_cl(2, 6, 3, 4)], {"num_groups": 3, "weight": _t(6), "eps": 0.01}),
     "batch_norm-eval": ([_t(4, 3, 5)], {"running_mean": _t(3), "running_var": _t(3, lo=0.5),
-                                        "weight": _t(3), "bias": _t(3)}),
+                                        "weight": _t(3), "bias": _t(3), "eps": 0.01}),
+    # one sample (no batch axis) and 0-d softmax, as PyTorch takes them
+    "conv2d-sample": ([_t(3, 9, 8), _t(4, 3, 3, 2), _t(4)], {"padding": 1}),
+    "conv_transpose1d-sample": ([_t(3, 7), _t(3, 2, 4)], {"stride": 2}),
+    "max_pool2d-sample": ([_t(3, 9, 8)], {"kernel_size": 2}),
+    "avg_pool1d-sample": ([_t(3, 11)], {"kernel_size": 3, "padding": 1}),
+    "adaptive_avg_pool2d-sample": ([_t(5, 7, 6)], {"output_size": (1, 1)}),
+    "softmax-0d": ([_t()], {"dim": 0}),
+    "log_softmax-0d": ([_t()], {"dim": -1}),
 }
 
 def _call(fn, args, kw, device, dtype):
@@ -211,13 +219,13 @@ def test_every_custom_op_is_recorded():
 def test_opcheck(call):
     """torch.library.opcheck: the schema, the fake implementation against the real one
     (shapes, dtypes, strides), autograd's registration, AOT dispatch with dynamic shapes.
-    A forward's floating inputs require grad (its backward is exercised)."""
+    Every op's floating inputs require grad: a forward's backward is exercised, and a
+    backward op's own (the second order, nbdnn/torch/_second_order.py)."""
     func, args, kw = CALLS[call]
-    grad = not str(func.name()).endswith("_backward")
 
     def prep(a):
         if isinstance(a, torch.Tensor):
-            return a.detach().clone().requires_grad_(grad and a.is_floating_point())
+            return a.detach().clone().requires_grad_(a.is_floating_point())
         return a
     torch.library.opcheck(func, tuple(prep(a) for a in args), {k: prep(v) for k, v in kw.items()})
 

@@ -24,17 +24,23 @@ backend: NaN); a float attn_mask gets no gradient; dropout's mask is nbdnn's Phi
 stream seeded from torch's generator (not PyTorch's stream; on CUDA its offset is drawn
 on the device, so a captured CUDA graph draws fresh masks on every replay, as
 PyTorch's). Channels-last tensors run as NHWC and results stay channels-last (as
-PyTorch's). Dtypes: float16, bfloat16, float32, float64 (others: DtypeError). Plain
+PyTorch's). Dtypes: float16, bfloat16, float32, float64 (others: DtypeError).
+Convolutions and pools take one sample without the batch axis, softmax a 0-d tensor,
+as PyTorch's do. Second and higher-order gradients (create_graph=True: gradient
+penalties, Hessian-vector products) work: the first backward is nbdnn's op, its own
+derivative PyTorch's formula of it (nbdnn/torch/_second_order.py); attention with
+dropout has no second order (an error). Plain
 eager calls skip PyTorch's dispatcher (nbdnn/torch/_bridge.py call()). torch.func:
 vmap runs through the dispatcher's per-sample fallback (one nbdnn call a sample);
 torch.func.grad and jvp fail with PyTorch's own error, as for every torch.library op
 with a registered backward (its autograd.Function has no setup_context).
 """
 from ._bridge import reference
-from . import functional, modules
+from . import functional, modules, _second_order
 from .convert import Report, compare, convert
 from .intercept import functional_calls
 
+_second_order.register()
 for _name in functional.__all__:  # (torch.nn.functional's names at the top level too)
     globals()[_name] = getattr(functional, _name)
 del _name

@@ -76,8 +76,10 @@ def _(x, w, b, running_mean, running_var, training, momentum, eps):
 
 @custom_op("nbdnn::batch_norm_backward", mutates_args=())
 def batch_norm_backward(dy: Tensor, x: Tensor, w: Optional[Tensor], mean: Tensor,
-                        invstd: Tensor, has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Training mode: (dx, dw, db) through the batch statistics."""
+                        invstd: Tensor, has_bias: bool,
+                        eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Training mode: (dx, dw, db) through the batch statistics (eps: for the second
+    order, nbdnn/torch/_second_order.py, which recomputes them)."""
     return _pick(run_as(nbdnn.batch_norm_backward, x, dy, x, w, mean, invstd,
                         nhwc_layout=True), w, has_bias)
 
@@ -111,7 +113,7 @@ def _channel_sums(x, t):
 
 
 @batch_norm_backward.register_fake
-def _(dy, x, w, mean, invstd, has_bias):
+def _(dy, x, w, mean, invstd, has_bias, eps):
     return _grads(x, w, has_bias, channels_last(x))
 
 
@@ -130,7 +132,7 @@ def _batch_norm_setup(ctx, inputs, output):
 def _batch_norm_grad(ctx, dy, *_stat_grads):
     x, w, s0, s1 = ctx.saved_tensors
     if ctx.training:
-        dx, dw, db = call(batch_norm_backward, dy, x, w, s0, s1, ctx.has_b)
+        dx, dw, db = call(batch_norm_backward, dy, x, w, s0, s1, ctx.has_b, ctx.eps)
     else:
         dx, dw, db = call(batch_norm_infer_backward, dy, x, w, s0, s1, ctx.eps, ctx.has_b)
     return (dx, dw if ctx.has_w else None, db if ctx.has_b else None) + (None,) * 5
@@ -148,8 +150,8 @@ def layer_norm(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], ndim: int,
 
 @custom_op("nbdnn::layer_norm_backward", mutates_args=())
 def layer_norm_backward(dy: Tensor, x: Tensor, mean: Tensor, invstd: Tensor,
-                        w: Optional[Tensor], ndim: int,
-                        has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+                        w: Optional[Tensor], ndim: int, has_bias: bool,
+                        eps: float) -> tuple[Tensor, Tensor, Tensor]:
     return _pick(run(nbdnn.layer_norm_backward, x, dy, x, mean, invstd, w, ndim=ndim), w,
                  has_bias)
 
@@ -161,7 +163,7 @@ def _(x, w, b, ndim, eps):
 
 
 @layer_norm_backward.register_fake
-def _(dy, x, mean, invstd, w, ndim, has_bias):
+def _(dy, x, mean, invstd, w, ndim, has_bias, eps):
     return _grads(x, w, has_bias)
 
 
@@ -169,12 +171,13 @@ def _layer_norm_setup(ctx, inputs, output):
     x, w, b, ndim, eps = inputs
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.save_for_backward(x, output[1], output[2], w)
-    ctx.ndim, ctx.has_w, ctx.has_b = ndim, w is not None, b is not None
+    ctx.ndim, ctx.eps, ctx.has_w, ctx.has_b = ndim, eps, w is not None, b is not None
 
 
 def _layer_norm_grad(ctx, dy, _dmean, _dinvstd):
     x, mean, invstd, w = ctx.saved_tensors
-    dx, dw, db = call(layer_norm_backward, dy, x, mean, invstd, w, ctx.ndim, ctx.has_b)
+    dx, dw, db = call(layer_norm_backward, dy, x, mean, invstd, w, ctx.ndim, ctx.has_b,
+                      ctx.eps)
     return dx, dw if ctx.has_w else None, db if ctx.has_b else None, None, None
 
 
@@ -188,7 +191,7 @@ def rms_norm(x: Tensor, w: Optional[Tensor], ndim: int, eps: float) -> tuple[Ten
 
 @custom_op("nbdnn::rms_norm_backward", mutates_args=())
 def rms_norm_backward(dy: Tensor, x: Tensor, invrms: Tensor, w: Optional[Tensor],
-                      ndim: int) -> tuple[Tensor, Tensor]:
+                      ndim: int, eps: float) -> tuple[Tensor, Tensor]:
     dx, dw, _ = _pick(run(nbdnn.rms_norm_backward, x, dy, x, invrms, w, ndim=ndim), w, False)
     return dx, dw
 
@@ -199,7 +202,7 @@ def _(x, w, ndim, eps):
 
 
 @rms_norm_backward.register_fake
-def _(dy, x, invrms, w, ndim):
+def _(dy, x, invrms, w, ndim, eps):
     return _grads(x, w, False)[:2]
 
 
@@ -207,12 +210,12 @@ def _rms_norm_setup(ctx, inputs, output):
     x, w, ndim, eps = inputs
     ctx.mark_non_differentiable(output[1])
     ctx.save_for_backward(x, output[1], w)
-    ctx.ndim, ctx.has_w = ndim, w is not None
+    ctx.ndim, ctx.eps, ctx.has_w = ndim, eps, w is not None
 
 
 def _rms_norm_grad(ctx, dy, _dinvrms):
     x, invrms, w = ctx.saved_tensors
-    dx, dw = call(rms_norm_backward, dy, x, invrms, w, ctx.ndim)
+    dx, dw = call(rms_norm_backward, dy, x, invrms, w, ctx.ndim, ctx.eps)
     return dx, dw if ctx.has_w else None, None, None
 
 
@@ -228,8 +231,8 @@ def group_norm(x: Tensor, groups: int, w: Optional[Tensor], b: Optional[Tensor],
 
 @custom_op("nbdnn::group_norm_backward", mutates_args=())
 def group_norm_backward(dy: Tensor, x: Tensor, mean: Tensor, invstd: Tensor,
-                        w: Optional[Tensor], groups: int,
-                        has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+                        w: Optional[Tensor], groups: int, has_bias: bool,
+                        eps: float) -> tuple[Tensor, Tensor, Tensor]:
     return _pick(run_as(nbdnn.group_norm_backward, x, dy, x, mean, invstd, w, groups=groups,
                         nhwc_layout=True), w, has_bias)
 
@@ -241,7 +244,7 @@ def _(x, groups, w, b, eps):
 
 
 @group_norm_backward.register_fake
-def _(dy, x, mean, invstd, w, groups, has_bias):
+def _(dy, x, mean, invstd, w, groups, has_bias, eps):
     return _grads(x, w, has_bias, channels_last(x))
 
 
@@ -249,12 +252,13 @@ def _group_norm_setup(ctx, inputs, output):
     x, groups, w, b, eps = inputs
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.save_for_backward(x, output[1], output[2], w)
-    ctx.groups, ctx.has_w, ctx.has_b = groups, w is not None, b is not None
+    ctx.groups, ctx.eps, ctx.has_w, ctx.has_b = groups, eps, w is not None, b is not None
 
 
 def _group_norm_grad(ctx, dy, _dmean, _dinvstd):
     x, mean, invstd, w = ctx.saved_tensors
-    dx, dw, db = call(group_norm_backward, dy, x, mean, invstd, w, ctx.groups, ctx.has_b)
+    dx, dw, db = call(group_norm_backward, dy, x, mean, invstd, w, ctx.groups, ctx.has_b,
+                      ctx.eps)
     return dx, None, dw if ctx.has_w else None, db if ctx.has_b else None, None
 
 

@@ -78,6 +78,11 @@ def _softmax_call(fn, input, dim, dtype, log):
         input = input.to(dtype)
     (input,) = _autocast(fn, input)
     _check(fn, input)
+    if input.dim() == 0:  # (a scalar: its one element, dim 0 or -1 as PyTorch takes)
+        if dim not in (0, -1):
+            raise IndexError(f"nbdnn.torch.{fn}: dim {dim} out of range for a 0-d input "
+                             "(0 or -1)")
+        return call(_softmax, input.reshape(1), 0, log).reshape(())
     return call(_softmax, input, dim, log)
 
 
@@ -108,13 +113,23 @@ def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
 
 def _conv_args(fn, nd, input, weight, bias):
     """(input, weight, bias) as autocast has a convolution see them, checked: dtypes,
-    and both nd + 2 dimensions (batched, channels first)."""
+    weight nd + 2 dimensions, input nd + 2 (batched) or nd + 1 (one sample, as PyTorch
+    takes it), channels first."""
     input, weight, bias = _autocast("conv", input, weight, bias)
     _check(fn, input, weight, bias)
-    if weight.dim() != nd + 2 or input.dim() != nd + 2:
-        raise ShapeError(f"nbdnn.torch.{fn}: input and weight must be {nd + 2}-d "
-                         f"(batched, channels first); got {input.dim()}-d and {weight.dim()}-d")
+    if weight.dim() != nd + 2 or input.dim() not in (nd + 1, nd + 2):
+        raise ShapeError(f"nbdnn.torch.{fn}: input must be {nd + 2}-d (batched) or "
+                         f"{nd + 1}-d (one sample) and weight {nd + 2}-d, channels first; "
+                         f"got {input.dim()}-d and {weight.dim()}-d")
     return input, weight, bias
+
+
+def _one_sample(nd, op, input, *args):
+    """call(op, input, *args), where input is one sample (nd + 1 dimensions: no batch
+    axis) as a batch of one, the result without the batch axis again."""
+    if input.dim() == nd + 1:
+        return call(op, input.unsqueeze(0), *args).squeeze(0)
+    return call(op, input, *args)
 
 
 def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
@@ -129,7 +144,7 @@ def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
             pads += [total // 2, total - total // 2]
     else:
         pads = [p for v in _tuple(padding, nd) for p in (v, v)]
-    return call(conv, input, weight, bias, stride, pads, dilation, groups)
+    return _one_sample(nd, conv, input, weight, bias, stride, pads, dilation, groups)
 
 
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -153,8 +168,8 @@ def _conv_transpose(fn, nd, input, weight, bias, stride, padding, output_padding
         raise ValueError(f"nbdnn.torch.{fn}: output_padding {output_padding} must be smaller "
                          f"than stride {stride} or dilation {dilation}")
     pads = [p for v in _tuple(padding, nd) for p in (v, v)]
-    return call(_conv_transpose_op, input, weight, bias, stride, pads, dilation,
-                output_padding, groups)
+    return _one_sample(nd, _conv_transpose_op, input, weight, bias, stride, pads, dilation,
+                       output_padding, groups)
 
 
 def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0,
@@ -180,13 +195,14 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
 def _pool(fn, nd, input, kernel_size, stride, padding, dilation, mode, ceil_mode):
     (input,) = _autocast(fn, input)
     _check(fn, input)
-    if input.dim() != nd + 2:
-        raise ShapeError(f"nbdnn.torch.{fn}: input must be {nd + 2}-d (batched, channels "
-                         f"first); got {input.dim()}-d")
+    if input.dim() not in (nd + 1, nd + 2):
+        raise ShapeError(f"nbdnn.torch.{fn}: input must be {nd + 2}-d (batched) or "
+                         f"{nd + 1}-d (one sample), channels first; got {input.dim()}-d")
     kernel = _tuple(kernel_size, nd)
     stride = kernel if stride is None or stride == [] else _tuple(stride, nd)
     pads = [p for v in _tuple(padding, nd) for p in (v, v)]
-    return call(pool, input, kernel, stride, pads, _tuple(dilation, nd), mode, bool(ceil_mode))
+    return _one_sample(nd, pool, input, kernel, stride, pads, _tuple(dilation, nd), mode,
+                       bool(ceil_mode))
 
 
 def _max_pool(fn, nd, input, kernel_size, stride, padding, dilation, ceil_mode,
@@ -245,10 +261,10 @@ def adaptive_avg_pool2d(input, output_size):
     """Global average pooling only: output_size 1 or (1, 1) (one window, the whole map)."""
     if output_size not in (1, (1, 1), [1, 1]):
         _unsupported("adaptive_avg_pool2d", f"output_size {output_size} (only (1, 1))")
-    if input.dim() != 4:
-        raise ShapeError("nbdnn.torch.adaptive_avg_pool2d: input must be 4-d (N, C, H, W); "
-                         f"got {input.dim()}-d")
-    return _pool("adaptive_avg_pool2d", 2, input, list(input.shape[2:]), None, 0, 1, "avg",
+    if input.dim() not in (3, 4):
+        raise ShapeError("nbdnn.torch.adaptive_avg_pool2d: input must be 4-d (N, C, H, W) "
+                         f"or 3-d (C, H, W); got {input.dim()}-d")
+    return _pool("adaptive_avg_pool2d", 2, input, list(input.shape[-2:]), None, 0, 1, "avg",
                  False)
 
 

@@ -1,0 +1,246 @@
+"""Second and higher-order gradients through torch.ops.nbdnn: autograd registered on each
+backward op, so torch.autograd.grad(..., create_graph=True) (gradient penalties,
+Hessian-vector products, meta-learning) works as with torch.nn.functional.
+
+The forward and the first backward stay nbdnn's ops. A backward op's own derivative is
+PyTorch's: FORMULAS writes each backward op's outputs from its inputs in PyTorch's ops
+(most as torch.func.vjp of the torch.nn.functional call the op replaces), and its
+backward is torch.func.vjp of that formula. torch.func's results are differentiable by
+autograd, so third and later orders follow. Only the first backward runs nbdnn's
+kernels; a double backward costs PyTorch's composite formula (on the CUDA tensors:
+PyTorch's kernels).
+
+The statistics a backward op reads (batch, layer, group and RMS norm's mean and invstd;
+attention's o and log-sum-exp) are functions of x that the forward marks
+non-differentiable: the formulas recompute them from x, so a second derivative sees
+their dependence on x (as PyTorch's own double backward of batch norm does). Dropout in
+attention cannot be differentiated twice: PyTorch's formula cannot draw nbdnn's mask (a
+NotSupportedError); dropout itself is linear in dy (its mask is saved)."""
+import torch
+
+from ..errors import NotSupportedError
+from . import _ops_basic as basic, _ops_conv as conv, _ops_norm as norm, \
+    _ops_random as rnd
+from ._bridge import register_autograd
+
+F = torch.nn.functional
+Tensor = torch.Tensor
+
+
+def _vjp(f, primals, cotangent):
+    """f's vector-Jacobian product at primals (a tuple, one gradient a primal)."""
+    return torch.func.vjp(f, *primals)[1](cotangent)
+
+
+def _empty(t):
+    return t.new_empty(0)
+
+
+def _sum_but_channels(t):
+    """t (N, C, ...) summed over every axis but C: a bias's gradient."""
+    return t.sum(dim=[d for d in range(t.dim()) if d != 1])
+
+
+# ---- activations: nbdnn.activation's modes as PyTorch computes them; coef as nbdnn's
+ACTIVATIONS = {
+    "relu": lambda x, c: F.relu(x),
+    "leaky_relu": lambda x, c: F.leaky_relu(x, c),
+    "elu": lambda x, c: F.elu(x, c),
+    "gelu": lambda x, c: F.gelu(x),
+    "gelu_tanh": lambda x, c: F.gelu(x, approximate="tanh"),
+    "swish": lambda x, c: F.silu(x) if c == 1.0 else x * torch.sigmoid(c * x),
+    "sigmoid": lambda x, c: torch.sigmoid(x),
+    "tanh": lambda x, c: torch.tanh(x),
+    "softplus": lambda x, c: F.softplus(x, c),
+    "clipped_relu": lambda x, c: F.hardtanh(x, 0.0, c),
+}
+
+
+def activation_backward(dy, x, mode, coef):
+    return _vjp(lambda x: ACTIVATIONS[mode](x, coef), (x,), dy)[0]
+
+
+def softmax_backward(dy, y, dim, log):
+    """From the output y, as PyTorch's _softmax_backward_data: y is differentiated too
+    (its gradient flows back through the forward op's own backward)."""
+    if log:
+        return dy - torch.exp(y) * dy.sum(dim, keepdim=True)
+    return y * (dy - (dy * y).sum(dim, keepdim=True))
+
+
+def linear_backward(dy, x, w, has_bias):
+    dy2 = dy.reshape(-1, w.shape[0])
+    dx = (dy2 @ w).reshape(x.shape)
+    return dx, dy2.t() @ x.reshape(-1, x.shape[-1]), dy2.sum(0) if has_bias else _empty(w)
+
+
+def lrn_backward(dy, x, size, alpha, beta, k):
+    return _vjp(lambda x: F.local_response_norm(x, size, alpha, beta, k), (x,), dy)[0]
+
+
+# ---- convolution and pooling; padding as the ops carry it, per-side pairs flattened
+# (pre_0, post_0, pre_1, ...) by spatial axis, F.pad's order is the last axis first
+def _conv(x, w, stride, padding, dilation, groups):
+    pads = [p for a in reversed(range(w.dim() - 2)) for p in padding[2 * a:2 * a + 2]]
+    fn = (F.conv1d, F.conv2d, F.conv3d)[w.dim() - 3]
+    return fn(F.pad(x, pads), w, None, stride, 0, dilation, groups)
+
+
+def conv_backward(dy, x, w, stride, padding, dilation, groups, output_mask):
+    dx, dw = _vjp(lambda x, w: _conv(x, w, stride, padding, dilation, groups), (x, w), dy)
+    want_x, want_w, want_b = output_mask
+    return (dx if want_x else _empty(x), dw if want_w else _empty(w),
+            _sum_but_channels(dy) if want_b else _empty(w))
+
+
+def conv_transpose_backward(dy, x, w, stride, padding, dilation, groups, output_mask):
+    """The transposed convolution y = A_w^T x: dx = A_w dy (a convolution of dy), dw =
+    the convolution's weight gradient at dy with cotangent x, db = dy's channel sums."""
+    want_x, want_w, want_b = output_mask
+    dx = _conv(dy, w, stride, padding, dilation, groups) if want_x else _empty(x)
+    dw = _vjp(lambda w: _conv(dy, w, stride, padding, dilation, groups), (w,), x)[0] \
+        if want_w else _empty(w)
+    return dx, dw, _sum_but_channels(dy) if want_b else _empty(w)
+
+
+def _pool(x, kernel, stride, padding, dilation, mode, ceil_mode):
+    nd = len(kernel)
+    pad = padding[0::2]  # (nbdnn.torch's pools pad both sides alike)
+    if mode == "max":
+        return (F.max_pool1d, F.max_pool2d, F.max_pool3d)[nd - 1](
+            x, kernel, stride, pad, dilation, ceil_mode)
+    return (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[nd - 1](
+        x, kernel, stride, pad, ceil_mode, mode == "avg")
+
+
+def pool_backward(dy, x, kernel, stride, padding, dilation, mode, ceil_mode):
+    return _vjp(lambda x: _pool(x, kernel, stride, padding, dilation, mode, ceil_mode),
+                (x,), dy)[0]
+
+
+# ---- normalisations: the saved statistics recomputed from x (see above)
+def _norm_grads(f, dy, x, w, has_bias, bias_grad):
+    """(dx, dw, db) of y = f(x, w) + b: dw and db empty where there is no w / b."""
+    if w is None:
+        dx, dw = _vjp(lambda x: f(x, None), (x,), dy)[0], _empty(x)
+    else:
+        dx, dw = _vjp(f, (x, w), dy)
+    return dx, dw, bias_grad(dy) if has_bias else _empty(x)
+
+
+def batch_norm_backward(dy, x, w, mean, invstd, has_bias, eps):
+    return _norm_grads(lambda x, w: F.batch_norm(x, None, None, w, None, True, 0.0, eps),
+                       dy, x, w, has_bias, _sum_but_channels)
+
+
+def batch_norm_infer_backward(dy, x, w, running_mean, running_var, eps, has_bias):
+    return _norm_grads(lambda x, w: F.batch_norm(x, running_mean.to(x.dtype),
+                                                 running_var.to(x.dtype), w, None, False,
+                                                 0.0, eps),
+                       dy, x, w, has_bias, _sum_but_channels)
+
+
+def _leading_sums(ndim):
+    return lambda dy: dy.sum(dim=list(range(dy.dim() - ndim)))
+
+
+def layer_norm_backward(dy, x, mean, invstd, w, ndim, has_bias, eps):
+    return _norm_grads(lambda x, w: F.layer_norm(x, x.shape[x.dim() - ndim:], w, None, eps),
+                       dy, x, w, has_bias, _leading_sums(ndim))
+
+
+def rms_norm_backward(dy, x, invrms, w, ndim, eps):
+    return _norm_grads(lambda x, w: F.rms_norm(x, x.shape[x.dim() - ndim:], w, eps),
+                       dy, x, w, False, None)[:2]
+
+
+def group_norm_backward(dy, x, mean, invstd, w, groups, has_bias, eps):
+    return _norm_grads(lambda x, w: F.group_norm(x, groups, w, None, eps),
+                       dy, x, w, has_bias, _sum_but_channels)
+
+
+def dropout_backward(dy, mask, p):
+    return dy * mask.to(dy.dtype) * (1.0 / (1.0 - p))
+
+
+def _attention(q, k, v, attn_mask, is_causal, scale, enable_gqa):
+    """PyTorch's math form of scaled_dot_product_attention, with nbdnn's rule that a
+    fully masked query row gives 0 (q (B, H, L, E), k (B, Hk, S, E))."""
+    if enable_gqa and k.shape[1] != q.shape[1]:
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    s = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if is_causal:
+        attn_mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        s = s.masked_fill(~attn_mask, float("-inf"))
+    elif attn_mask is not None:
+        s = s + attn_mask
+    dead = torch.isneginf(s).all(-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
+    return p @ v
+
+
+def attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p, is_causal, scale,
+                       enable_gqa, seed):
+    if dropout_p > 0:
+        raise NotSupportedError(
+            "nbdnn.torch.scaled_dot_product_attention: second-order gradients with "
+            "dropout_p > 0 (PyTorch's formula cannot draw nbdnn's dropout mask)")
+    return _vjp(lambda q, k, v: _attention(q, k, v, attn_mask, is_causal, scale,
+                                           enable_gqa), (q, k, v), do)
+
+
+# backward op -> (its formula, the positions of the inputs it is differentiated by: the
+# gradients and the inputs the forward differentiates; statistics, masks, running
+# statistics and seeds get none)
+FORMULAS = {
+    basic.activation_backward: (activation_backward, (0, 1)),
+    basic.softmax_backward: (softmax_backward, (0, 1)),
+    basic.linear_backward: (linear_backward, (0, 1, 2)),
+    basic.lrn_backward: (lrn_backward, (0, 1)),
+    conv.conv_backward: (conv_backward, (0, 1, 2)),
+    conv.conv_transpose_backward: (conv_transpose_backward, (0, 1, 2)),
+    conv.pool_backward: (pool_backward, (0, 1)),
+    norm.batch_norm_backward: (batch_norm_backward, (0, 1, 2)),
+    norm.batch_norm_infer_backward: (batch_norm_infer_backward, (0, 1, 2)),
+    norm.layer_norm_backward: (layer_norm_backward, (0, 1, 4)),
+    norm.rms_norm_backward: (rms_norm_backward, (0, 1, 3)),
+    norm.group_norm_backward: (group_norm_backward, (0, 1, 4)),
+    rnd.dropout_backward: (dropout_backward, (0,)),
+    rnd.attention_backward: (attention_backward, (0, 1, 2, 3)),
+}
+
+
+def _register(op, formula, wrt):
+    def setup(ctx, inputs, output):
+        tensors = [i for i, a in enumerate(inputs) if isinstance(a, Tensor)]
+        ctx.save_for_backward(*(inputs[i] for i in tensors))
+        ctx.tensors = tensors
+        ctx.others = [None if isinstance(a, Tensor) else a for a in inputs]
+
+    def grad(ctx, *grads):
+        args = list(ctx.others)
+        for i, t in zip(ctx.tensors, ctx.saved_tensors):
+            args[i] = t
+        live = [i for i in wrt if args[i] is not None and ctx.needs_input_grad[i]]
+        if not live:
+            return (None,) * len(args)
+
+        def f(*ts):
+            a = list(args)
+            for i, t in zip(live, ts):
+                a[i] = t
+            return formula(*a)
+        outs, pull = torch.func.vjp(f, *(args[i] for i in live))
+        single = isinstance(outs, Tensor)
+        outs = (outs,) if single else outs
+        cot = tuple(torch.zeros_like(o) if g is None else g for g, o in zip(grads, outs))
+        got = dict(zip(live, pull(cot[0] if single else cot)))
+        return tuple(got.get(i) for i in range(len(args)))
+    register_autograd(op, grad, setup)
+
+
+def register():
+    """Each backward op's autograd (once: nbdnn.torch's import calls it)."""
+    for op, (formula, wrt) in FORMULAS.items():
+        _register(op, formula, wrt)
