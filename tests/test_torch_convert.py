@@ -396,3 +396,16 @@ def test_channels_last_model_stays_channels_last():
     assert outs[0][1][0].is_contiguous(memory_format=torch.channels_last)  # (dx)
     for a, b in [(outs[0][0], outs[1][0])] + list(zip(outs[0][1], outs[1][1])):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_one_sample_inputs_as_pytorch():
+    """Modules called on one sample (no batch axis) give PyTorch's results: the pool's
+    rank is its class's, not the input's."""
+    x = torch.randn(3, 9, 8, dtype=torch.float64)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1)).double()
+    model, report = nt.convert(net)
+    assert not report.native
+    torch.testing.assert_close(model(x), net(x), rtol=1e-12, atol=1e-12)
+    pool1d, _ = nt.convert(nn.MaxPool1d(3, 2))
+    torch.testing.assert_close(pool1d(x[0]), nn.MaxPool1d(3, 2)(x[0]), rtol=0, atol=0)

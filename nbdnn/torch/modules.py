@@ -155,22 +155,22 @@ LogSoftmax = _act(nn.LogSoftmax, nf.log_softmax, "dim")
 
 
 class _MaxPool:
-    def forward(self, input):
-        fn = (nf.max_pool1d, nf.max_pool2d, nf.max_pool3d)[input.dim() - 3]
-        return fn(input, self.kernel_size, self.stride, self.padding, self.dilation,
-                  self.ceil_mode, self.return_indices)
+    def forward(self, input):  # (the class's rank, not the input's: one sample has no
+        # batch axis)
+        return self.pool(input, self.kernel_size, self.stride, self.padding, self.dilation,
+                         self.ceil_mode, self.return_indices)
 
 
 class MaxPool1d(_MaxPool, nn.MaxPool1d):
-    pass
+    pool = staticmethod(nf.max_pool1d)
 
 
 class MaxPool2d(_MaxPool, nn.MaxPool2d):
-    pass
+    pool = staticmethod(nf.max_pool2d)
 
 
 class MaxPool3d(_MaxPool, nn.MaxPool3d):
-    pass
+    pool = staticmethod(nf.max_pool3d)
 
 
 class AvgPool1d(nn.AvgPool1d):
