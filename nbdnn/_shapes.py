@@ -4,16 +4,18 @@ backends share: one definition each. The tests check them against independent tr
 
 
 def pool_out_size(S, k, s, d, pre, post, ceil_mode):
-    """Output length of one pooled axis; None when the dilated window outgrows the
-    padded input. ceil_mode rounds up, less one when the last window would start past
-    the input and its pre-padding (PyTorch's rule), so every window starts inside."""
+    """Output length of one pooled axis, PyTorch's pooling_output_shape: floor((span) / s)
+    + 1, span = S + pre + post - d (k - 1) - 1; ceil_mode rounds up (floor((span + s -
+    1) / s) + 1), less one when the last window would start past the input and its
+    pre-padding, so every window starts inside. None when that leaves no output: the
+    dilated window outgrows the padded input (in ceil mode, by s or more)."""
     span = S + pre + post - d * (k - 1) - 1
-    if span < 0:
-        return None
     if not ceil_mode:
-        return span // s + 1
-    P = -(-span // s) + 1
-    return P - 1 if (P - 1) * s >= S + pre else P
+        P = span // s + 1
+    else:
+        P = (span + s - 1) // s + 1
+        P = P - 1 if (P - 1) * s >= S + pre else P
+    return P if P >= 1 else None
 
 
 def winograd_workspace(N, C, K, groups, P, m):

@@ -37,6 +37,10 @@ CASES = [
     ("NHWC", 3, 2, 1, 1, "max", True, 9, 9),
     ("NHWC", 2, 1, 1, 1, "avg", False, 5, 6),
     ("NCHW", 9, 1, 0, 1, "max", False, 10, 10),    # 81 taps: the general kernel
+    # ceil mode with windows larger than the padded input (PyTorch gives an output)
+    ("NCHW", (4, 3), 3, 0, 1, "avg", True, 3, 2),
+    ("NHWC", 3, 2, 1, 2, "max", True, 2, 4),
+    ("NCHW", 3, 2, 0, 1, "avg_exclude_pad", True, 2, 2),
 ]
 
 

@@ -77,10 +77,20 @@ CASES = [((3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)), ((2, 3), (1, 2), ((0, 1), (
          ((2,), (2,), ((1, 0),), (1,)), ((2, 1, 2), (1, 2, 2), ((1, 0), (0, 0), (0, 1)), (1, 1, 2))]
 
 
-@pytest.mark.parametrize("K, st, pads, dil", CASES)
+# ceil mode only: windows larger than the padded input (floor mode leaves no output)
+CEIL_ONLY = [((8,), (3,), ((0, 0),), (1,)), ((3, 7), (2, 4), ((1, 1), (0, 0)), (3, 1)),
+             ((2, 4, 6), (1, 2, 5), ((0, 1), (1, 0), (0, 0)), (1, 2, 1))]
+
+
+@pytest.mark.parametrize("K, st, pads, dil", CASES + CEIL_ONLY)
 @pytest.mark.parametrize("mode", ["max", "avg", "avg_exclude_pad"])
 @pytest.mark.parametrize("ceil, prop", [(False, True), (True, False)])
 def test_forward_and_backward_match_naive_loops(K, st, pads, dil, mode, ceil, prop):
+    if not ceil and (K, st, pads, dil) in CEIL_ONLY:
+        with pytest.raises(nbdnn.ShapeError, match="no larger than the padded input"):
+            POOL[len(K)](np.zeros((1, 1) + (7, 6, 5)[:len(K)]), K, stride=st, padding=pads,
+                         dilation=dil, mode=mode)
+        return
     nd = len(K)
     rng = np.random.default_rng(len(K) * 7 + len(mode))
     x = np.round(rng.standard_normal((2, 2) + (7, 6, 5)[:nd]), 1)  # rounding makes ties

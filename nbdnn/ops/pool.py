@@ -26,7 +26,8 @@ def _params(op, nd, x_shape, kernel, stride, padding, dilation, mode, ceil_mode,
                                                     (p for p, _ in pads), (q for _, q in pads)))
     if None in P:
         fail(ShapeError, op, "kernel", f"a window no larger than the padded input {S} + "
-             f"padding {pads} (dilation {dilation})", K)
+             f"padding {pads} (dilation {dilation}; ceil mode: past it by less than the "
+             f"stride {stride})", K)
     check_size(op, "the output", tuple(x_shape[:2]) + P)
     return (K, stride, pads, dilation, mode, ceil_mode,
             flag(op, "nan_propagation", nan_propagation), last, P)

@@ -20,7 +20,9 @@ than (1, 1); instance_norm updating running statistics; softmax without dim; dro
 with p 1; attn_mask together with is_causal (as PyTorch). Differences that are not errors:
 inplace=True writes the result back into the input unless autograd needs the input (then
 the result is a new tensor); a fully masked attention row gives 0 (PyTorch's math
-backend: NaN); a float attn_mask gets no gradient; dropout's mask is nbdnn's Philox
+backend: NaN); a max-pool window holding only padding gives -inf, as PyTorch's, and no
+gradient (PyTorch's CPU kernel sends its gradient to a stray element); a float attn_mask
+gets no gradient; dropout's mask is nbdnn's Philox
 stream seeded from torch's generator (not PyTorch's stream; on CUDA its offset is drawn
 on the device, so a captured CUDA graph draws fresh masks on every replay, as
 PyTorch's). Channels-last tensors run as NHWC and results stay channels-last (as
