@@ -104,6 +104,10 @@ CASES = {
     # one sample (no batch axis) and 0-d softmax, as PyTorch takes them
     "conv2d-sample": ([_t(3, 9, 8), _t(4, 3, 3, 2), _t(4)], {"padding": 1}),
     "conv_transpose1d-sample": ([_t(3, 7), _t(3, 2, 4)], {"stride": 2}),
+    # output_padding past the stride (up to the dilation): output rows no stride reaches
+    "conv_transpose2d-op_past_stride": ([_t(2, 4, 5, 3), _t(4, 2, 2, 3), _t(4)],
+                                        {"stride": (1, 2), "dilation": (3, 2),
+                                         "output_padding": (2, 1), "groups": 2}),
     "max_pool2d-sample": ([_t(3, 9, 8)], {"kernel_size": 2}),
     "max_pool2d-ceil_past": ([_t(2, 3, 2, 4)], {"kernel_size": 3, "stride": 2, "padding": 1,
                                                 "dilation": 2, "ceil_mode": True}),

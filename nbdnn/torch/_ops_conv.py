@@ -21,11 +21,11 @@ def pairs(padding):
     return tuple(zip(padding[0::2], padding[1::2]))
 
 
-def conv_shape(x, w, stride, padding, dilation):
+def conv_shape(x_shape, w_shape, stride, padding, dilation):
     """y's shape: (N, K, P...), P = (S + pre + post - d (R - 1) - 1) // s + 1."""
     P = [(S + a + b - d * (R - 1) - 1) // s + 1 for S, R, s, (a, b), d in
-         zip(x.shape[2:], w.shape[2:], stride, pairs(padding), dilation)]
-    return (x.shape[0], w.shape[0], *P)
+         zip(x_shape[2:], w_shape[2:], stride, pairs(padding), dilation)]
+    return (x_shape[0], w_shape[0], *P)
 
 
 _GEOMETRIES = {}  # (*stride, *padding, *dilation, groups) -> _geometry's keywords
@@ -80,7 +80,7 @@ def conv_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: li
 
 @conv.register_fake
 def _(x, w, b, stride, padding, dilation, groups):
-    return new(x, conv_shape(x, w, stride, padding, dilation), channels_last(x))
+    return new(x, conv_shape(x.shape, w.shape, stride, padding, dilation), channels_last(x))
 
 
 @conv_backward.register_fake
@@ -119,11 +119,21 @@ def conv_transpose_shape(x, w, stride, padding, dilation, output_padding, groups
     return (x.shape[0], w.shape[1] * groups, *P)
 
 
+def grown(t, shape):
+    """t zero-padded at the end of its spatial axes to shape's. An output_padding of a
+    stride or more (PyTorch allows up to the dilation) leaves output rows that no
+    stride reaches: y is then the adjoint of the convolution of y's shape, whose
+    Q = S + output_padding // stride outputs exceed x's S, with x zero-padded to Q."""
+    pads = [p for T, Q in zip(reversed(t.shape[2:]), reversed(shape[2:])) for p in (0, Q - T)]
+    return t if not any(pads) else torch.nn.functional.pad(t, pads)
+
+
 @custom_op("nbdnn::conv_transpose", mutates_args=())
 def conv_transpose(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
                    stride: list[int], padding: list[int], dilation: list[int],
                    output_padding: list[int], groups: int) -> torch.Tensor:
     shape = conv_transpose_shape(x, w, stride, padding, dilation, output_padding, groups)
+    x = grown(x, conv_shape(shape, w.shape, stride, padding, dilation))
     y = run(nbdnn.conv_backward_data, x, x, w, shape,
             **_geometry(stride, padding, dilation, groups))
     if b is not None:  # (+ b a channel, in place: cudnnAddTensor's broadcast)
@@ -138,9 +148,13 @@ def conv_transpose_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     geo = _geometry(stride, padding, dilation, groups)
     want_x, want_w, want_b = output_mask
+    Q = conv_shape(dy.shape, w.shape, stride, padding, dilation)  # (x's shape but where
+    # grown())
     dx = run(CONVS[w.dim() - 2], x, dy, w, None, **geo) if want_x else x.new_empty(0)
-    dw = run(nbdnn.conv_backward_filter, x, x, dy, tuple(w.shape), **geo) if want_w \
-        else w.new_empty(0)
+    if want_x and Q != tuple(x.shape):
+        dx = dx[(slice(None), slice(None)) + tuple(slice(S) for S in x.shape[2:])].contiguous()
+    dw = run(nbdnn.conv_backward_filter, x, grown(x, Q), dy, tuple(w.shape), **geo) \
+        if want_w else w.new_empty(0)
     db = run(nbdnn.conv_backward_bias, x, dy) if want_b else w.new_empty(0)
     return dx, dw, db
 

@@ -94,12 +94,16 @@ def conv_backward(dy, x, w, stride, padding, dilation, groups, output_mask):
 
 
 def conv_transpose_backward(dy, x, w, stride, padding, dilation, groups, output_mask):
-    """The transposed convolution y = A_w^T x: dx = A_w dy (a convolution of dy), dw =
-    the convolution's weight gradient at dy with cotangent x, db = dy's channel sums."""
+    """The transposed convolution y = A_w^T x: dx = A_w dy (a convolution of dy, cut to
+    x's shape), dw = the convolution's weight gradient at dy with cotangent x (grown to
+    the convolution's output: _ops_conv.grown), db = dy's channel sums."""
     want_x, want_w, want_b = output_mask
-    dx = _conv(dy, w, stride, padding, dilation, groups) if want_x else _empty(x)
-    dw = _vjp(lambda w: _conv(dy, w, stride, padding, dilation, groups), (w,), x)[0] \
-        if want_w else _empty(w)
+    dx = _conv(dy, w, stride, padding, dilation, groups)[
+        (slice(None), slice(None)) + tuple(slice(S) for S in x.shape[2:])] \
+        if want_x else _empty(x)
+    Q = conv.conv_shape(dy.shape, w.shape, stride, padding, dilation)
+    dw = _vjp(lambda w: _conv(dy, w, stride, padding, dilation, groups), (w,),
+              conv.grown(x, Q))[0] if want_w else _empty(w)
     return dx, dw, _sum_but_channels(dy) if want_b else _empty(w)
 
 

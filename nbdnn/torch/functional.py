@@ -10,7 +10,8 @@ from ._bridge import call
 from ._args import autocast as _autocast, check as _check, \
     ints as _tuple, unsupported as _unsupported, write_result as _inplace
 from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
-from ._ops_conv import conv, conv_transpose as _conv_transpose_op, pool
+from ._ops_conv import conv, conv_transpose as _conv_transpose_op, \
+    conv_transpose_shape as _conv_transpose_shape, pool
 from ._ops_random import attention as _attention, draw_seed, dropout as _dropout
 from ._ops_norm import batch_norm as _batch_norm, group_norm as _group_norm, \
     layer_norm as _layer_norm, rms_norm as _rms_norm
@@ -168,6 +169,11 @@ def _conv_transpose(fn, nd, input, weight, bias, stride, padding, output_padding
         raise ValueError(f"nbdnn.torch.{fn}: output_padding {output_padding} must be smaller "
                          f"than stride {stride} or dilation {dilation}")
     pads = [p for v in _tuple(padding, nd) for p in (v, v)]
+    size = _conv_transpose_shape(input if input.dim() == nd + 2 else input.unsqueeze(0), weight,
+                                 stride, pads, dilation, output_padding, groups)[2:]
+    if min(size) < 1:
+        raise ShapeError(f"nbdnn.torch.{fn}: the output size {tuple(size)} must be positive "
+                         f"(input {tuple(input.shape[-nd:])}, padding {padding})")
     return _one_sample(nd, _conv_transpose_op, input, weight, bias, stride, pads, dilation,
                        output_padding, groups)
 
