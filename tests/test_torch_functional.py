@@ -3,7 +3,6 @@
 1e-10), the same on CUDA tensors in float32 where a GPU is present; torch.library.opcheck
 over each custom op (schema, fake implementation, autograd registration, AOT dispatch);
 and a small model under torch.compile(fullgraph=True, backend="aot_eager")."""
-import warnings
 
 import numpy as np
 import pytest
@@ -409,18 +408,6 @@ def test_saved_tensors_are_what_the_backward_reads(name):
             lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
         calls[name]()
     assert sorted(saved) == sorted(tuple(s) for s in SAVED[name](*args)), saved
-
-
-def test_vmap_goes_through_the_dispatcher():
-    """Under torch.func.vmap the tensors are functorch's batched wrappers (plain Tensors
-    to Python, no storage): the calls go through the dispatcher, whose per-sample
-    fallback runs nbdnn's op on each slice."""
-    x, w, b = _t(4, 3, 6), _t(5, 6), _t(5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (PyTorch's note that the fallback loops)
-        torch.testing.assert_close(torch.func.vmap(nt.relu)(x), F.relu(x), rtol=0, atol=0)
-        torch.testing.assert_close(torch.func.vmap(nt.linear, in_dims=(0, None, None))(
-            x, w, b), F.linear(x, w, b), rtol=1e-12, atol=1e-12)
 
 
 def test_functional_calls_mode():

@@ -55,13 +55,52 @@ def register_autograd(op, grad, setup):
         return out
     EAGER[op] = _bare_apply(type(op._name, (torch.autograd.Function,), {
         "forward": staticmethod(forward), "backward": staticmethod(backward)}))
+    AUTOGRAD[op] = setup_context, backward
+
+
+AUTOGRAD = {}  # custom op -> (setup_context, backward) as register_autograd wraps them
+JVP = {}  # custom op -> (save(ctx, inputs, output), jvp(ctx, *tangents)): forward-mode
+# rules (nbdnn/torch/_forward_mode.py)
+
+
+def transformable(op):
+    """op's autograd.Function in the form torch.func's transforms take (forward without
+    ctx, setup_context, vmap and jvp rules), whose apply call() uses under a transform:
+    torch.library's own Function has no setup_context, so torch.func.grad, jacrev and
+    vmap of a grad would fail. Its forward gets the tensors unwrapped (nbdnn reads
+    their memory); its vmap rule runs op on each sample (as the dispatcher's fallback
+    does) and stacks the results on dim 0; its jvp rule is JVP's (forward mode:
+    torch.func.jvp, jacfwd, hessian)."""
+    fn = TRANSFORMABLE.get(op)
+    if fn is not None:
+        return fn
+    setup_context, backward = AUTOGRAD[op]
+    save, jvp = JVP[op]
+
+    def setup(ctx, inputs, output):
+        setup_context(ctx, inputs, output)
+        save(ctx, inputs, output)
+
+    def vmap(info, in_dims, *args):
+        outs = [cls.apply(*(a.select(d, i) if isinstance(a, torch.Tensor) and d is not None
+                            else a for a, d in zip(args, in_dims)))
+                for i in range(info.batch_size)]
+        if isinstance(outs[0], torch.Tensor):
+            return torch.stack(outs), 0
+        return tuple(torch.stack(o) for o in zip(*outs)), (0,) * len(outs[0])
+    cls = type(op._name, (torch.autograd.Function,), {
+        "forward": staticmethod(op._init_fn), "setup_context": staticmethod(setup),
+        "backward": staticmethod(backward), "vmap": staticmethod(vmap),
+        "jvp": staticmethod(jvp)})
+    fn = TRANSFORMABLE[op] = cls.apply
+    return fn
 
 
 def _bare_apply(cls):
     """autograd.Function cls's apply without its Python wrapper (C++'s, ~1.5 us less):
-    what the wrapper adds is for torch.func transforms, which call() sends through the
-    dispatcher, and for tensors left over from one (dead functorch wrappers, which no
-    nbdnn op reads either way)."""
+    what the wrapper adds is for torch.func transforms, which call() sends to
+    TRANSFORMABLE's Functions, and for tensors left over from one (dead functorch
+    wrappers, which no nbdnn op reads either way)."""
     base = getattr(torch._C, "_FunctionBase", None)
     bare = base.__dict__.get("apply") if base is not None else None
     return bare.__get__(None, cls) if bare is not None else cls.apply
@@ -69,6 +108,7 @@ def _bare_apply(cls):
 
 EAGER = {}  # custom op -> the apply of the autograd.Function of its implementation and
 # formulas
+TRANSFORMABLE = {}  # custom op -> the same for torch.func's transforms (transformable())
 PLAIN = (torch.Tensor, torch.nn.Parameter)
 _TENSOR = torch._C.OptionalType.ofTensor()
 TENSORS = {}  # custom op -> the positions of its Tensor and Optional[Tensor] arguments
@@ -85,14 +125,17 @@ def tensor_positions(op):
 
 def call(op, *args):
     """op(*args). Through PyTorch's dispatcher where anything may need to see the custom
-    op (torch.compile tracing, fake or other tensor subclasses, a dispatch mode, a
-    torch.func transform such as vmap); in plain eager mode its implementation directly,
+    op (torch.compile tracing, fake or other tensor subclasses, a dispatch mode); under a
+    torch.func transform (grad, vmap, jacrev) through its TRANSFORMABLE Function; in
+    plain eager mode its implementation directly,
     inside its autograd.Function where an input requires grad: the dispatcher's path for
     a Python custom op costs ~10 us a call (~17 us with autograd; 2-core CI host), the
     autograd.Function ~3 us, a direct call well under 1 us. (Only the tensor positions
     are looked at, no generators: this runs every call.)"""
-    if _compiling() or _dispatch_modes() or _functorch():
+    if _compiling() or _dispatch_modes():
         return op(*args)
+    if _functorch():
+        return (TRANSFORMABLE.get(op) or transformable(op))(*args)
     grad = False
     for i in TENSORS.get(op) or tensor_positions(op):
         a = args[i]
@@ -105,11 +148,25 @@ def call(op, *args):
     return op._init_fn(*args)
 
 
+def advance(buf, new):
+    """buf.copy_(new): a buffer (batch norm's running statistics) advanced in place.
+    Under a torch.func transform, below it, new's value unwrapped: the transforms refuse
+    an in-place write into a tensor they did not wrap, and PyTorch's own batch norm
+    writes its statistics there too."""
+    if not _functorch():
+        buf.copy_(new)
+        return
+    while torch._C._functorch.is_functorch_wrapped_tensor(new):
+        new = torch._C._functorch.get_unwrapped(new)
+    with torch._C._DisableFuncTorch():
+        buf.copy_(new)
+
+
 _compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _functorch = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)  # (vmap,
-# torch.func.grad: their wrapped tensors are plain Tensors to Python; the dispatcher
-# unwraps them)
+# torch.func.grad: their wrapped tensors are plain Tensors to Python, with no storage
+# nbdnn could read; the transforms unwrap them for an autograd.Function's forward)
 
 
 def channels_last(t):

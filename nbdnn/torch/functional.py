@@ -6,7 +6,7 @@ argument, never a silent difference; see nbdnn/torch/__init__.py for the list.""
 import torch
 
 from ..errors import ShapeError
-from ._bridge import call
+from ._bridge import call, advance as _advance
 from ._args import autocast as _autocast, check as _check, \
     ints as _tuple, unsupported as _unsupported, write_result as _inplace
 from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
@@ -291,7 +291,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         with torch.no_grad():
             for buf, new in ((running_mean, new_mean), (running_var, new_var)):
                 if buf is not None:
-                    buf.copy_(new)
+                    _advance(buf, new)
     return y
 
 

@@ -1,0 +1,113 @@
+"""torch.func's transforms over nbdnn.torch (nbdnn/torch/_bridge.py transformable(),
+nbdnn/torch/_forward_mode.py): for every case of test_torch_functional's table, float64
+on the CPU reference, torch.func.vjp and torch.func.jvp against torch.nn.functional's
+(1e-9); per-sample gradients (vmap of grad), jacrev, jacfwd and hessian of small
+networks; vmap of plain calls (one nbdnn call a sample)."""
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+nt = pytest.importorskip("nbdnn.torch")
+from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from test_torch_functional import CASES, R  # noqa: E402
+
+CONSTANT = ("running_mean", "running_var", "attn_mask")
+
+
+def _function(fn, args, kw):
+    """(f(*differentiable tensors) -> y, those tensors as float64 copies)."""
+    slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    keys = [k for k, v in kw.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
+            and k not in CONSTANT]
+
+    def f(*ts):
+        a = list(args)
+        for i, t in zip(slots, ts):
+            a[i] = t
+        return fn(*a, **{**kw, **dict(zip(keys, ts[len(slots):]))})
+    return f, [args[i].clone() for i in slots] + [kw[k].clone() for k in keys]
+
+
+def _draw(shape):
+    return torch.tensor(R.standard_normal(tuple(shape)))
+
+
+def _transformed(name, args, kw):
+    """(nbdnn's, PyTorch's) results of jvp and vjp at the same random tangents."""
+    out = []
+    state = R.bit_generator.state
+    for fn in (getattr(nt, name), getattr(F, name)):
+        R.bit_generator.state = state
+        f, primals = _function(fn, args, kw)
+        tangents = [_draw(p.shape) for p in primals]
+        with sdpa_kernel(SDPBackend.MATH):  # (PyTorch's flash attention has no jvp)
+            y, ty = jvp(f, tuple(primals), tuple(tangents))
+            _, pull = vjp(f, *primals)
+            out.append([ty, *pull(_draw(y.shape))])
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_jvp_and_vjp_match_torch_functional(case):
+    ours, theirs = _transformed(case.split("-")[0], *CASES[case])
+    for g, g2 in zip(ours, theirs):
+        torch.testing.assert_close(g, g2, rtol=1e-9, atol=1e-9 * max(1.0, float(g2.abs().max())))
+
+
+def _net(m, params, x):
+    """conv, layer norm, gelu, max pool, linear, log_softmax on one sample or a batch."""
+    w1, w2 = params
+    y = m.max_pool2d(m.gelu(m.layer_norm(m.conv2d(x, w1, padding=1), (6, 6))), 2)
+    return m.log_softmax(m.linear(y.flatten(-3), w2), -1)
+
+
+def _params():
+    return (_draw((4, 3, 3, 3)), _draw((5, 4 * 3 * 3)))
+
+
+def test_per_sample_gradients():
+    """vmap(grad): each sample's gradient of its loss, as Opacus-style training takes
+    them; the vmap rule runs nbdnn's ops a sample at a time."""
+    params, x = _params(), _draw((4, 3, 6, 6))
+
+    def per_sample(m):
+        def loss(p, xi):
+            return _net(m, p, xi.unsqueeze(0))[0, 1]
+        return vmap(grad(loss), in_dims=(None, 0))(params, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for g, g2 in zip(per_sample(nt), per_sample(F)):
+            torch.testing.assert_close(g, g2, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("transform", [jacrev, jacfwd])
+def test_jacobians(transform):
+    params, x = _params(), _draw((1, 3, 6, 6))
+    ours, theirs = (transform(lambda x: _net(m, params, x))(x) for m in (nt, F))
+    torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-11)
+
+
+def test_hessian():
+    """torch.func.hessian (jacfwd of jacrev): forward mode over reverse mode, through
+    the backward ops' jvp rules."""
+    w = _draw((3, 5))
+    x = _draw((5,))
+    ours, theirs = (hessian(lambda x: m.log_softmax(m.linear(m.gelu(x), w), 0).square().sum())(x)
+                    for m in (nt, F))
+    torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-11)
+
+
+def test_vmap_runs_each_sample():
+    """Under torch.func.vmap the tensors are functorch's batched wrappers (plain Tensors
+    to Python, no storage): the calls go through the op's torch.func-ready Function,
+    whose vmap rule runs nbdnn's op on each slice."""
+    x, w, b = _draw((4, 3, 6)), _draw((5, 6)), _draw((5,))
+    torch.testing.assert_close(vmap(nt.relu)(x), F.relu(x), rtol=0, atol=0)
+    torch.testing.assert_close(vmap(nt.linear, in_dims=(0, None, None))(x, w, b),
+                               F.linear(x, w, b), rtol=1e-12, atol=1e-12)
+    k = _draw((2, 3, 3))  # (each sample (3, 6): one sample without the batch axis)
+    torch.testing.assert_close(vmap(nt.conv1d, in_dims=(0, None))(x, k),
+                               vmap(F.conv1d, in_dims=(0, None))(x, k), rtol=1e-12, atol=1e-12)
