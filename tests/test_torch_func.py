@@ -17,8 +17,13 @@ from test_torch_functional import CASES, R  # noqa: E402
 CONSTANT = ("running_mean", "running_var", "attn_mask")
 
 
-def _function(fn, args, kw):
-    """(f(*differentiable tensors) -> y, those tensors as float64 copies)."""
+def _function(fn, args, kw, device, dtype):
+    """(f(*differentiable tensors) -> y, those tensors as copies on device in dtype; the
+    other tensor arguments moved alike)."""
+    def to(v):
+        return v.to(device, dtype if v.is_floating_point() else v.dtype) \
+            if isinstance(v, torch.Tensor) else v
+    args, kw = [to(a) for a in args], {k: to(v) for k, v in kw.items()}
     slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     keys = [k for k, v in kw.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
             and k not in CONSTANT]
@@ -31,30 +36,42 @@ def _function(fn, args, kw):
     return f, [args[i].clone() for i in slots] + [kw[k].clone() for k in keys]
 
 
-def _draw(shape):
-    return torch.tensor(R.standard_normal(tuple(shape)))
+def _draw(shape, device="cpu", dtype=torch.float64):
+    return torch.tensor(R.standard_normal(tuple(shape))).to(device, dtype)
 
 
-def _transformed(name, args, kw):
+def _transformed(name, args, kw, device="cpu", dtype=torch.float64):
     """(nbdnn's, PyTorch's) results of jvp and vjp at the same random tangents."""
     out = []
     state = R.bit_generator.state
     for fn in (getattr(nt, name), getattr(F, name)):
         R.bit_generator.state = state
-        f, primals = _function(fn, args, kw)
-        tangents = [_draw(p.shape) for p in primals]
+        f, primals = _function(fn, args, kw, device, dtype)
+        tangents = [_draw(p.shape, device, dtype) for p in primals]
         with sdpa_kernel(SDPBackend.MATH):  # (PyTorch's flash attention has no jvp)
             y, ty = jvp(f, tuple(primals), tuple(tangents))
             _, pull = vjp(f, *primals)
-            out.append([ty, *pull(_draw(y.shape))])
+            out.append([ty, *pull(_draw(y.shape, device, dtype))])
     return out
+
+
+def _compare(case, device, dtype, tol):
+    ours, theirs = _transformed(case.split("-")[0], *CASES[case], device, dtype)
+    for g, g2 in zip(ours, theirs):
+        torch.testing.assert_close(g, g2, rtol=tol, atol=tol * max(1.0, float(g2.abs().max())))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_jvp_and_vjp_match_torch_functional(case):
-    ours, theirs = _transformed(case.split("-")[0], *CASES[case])
-    for g, g2 in zip(ours, theirs):
-        torch.testing.assert_close(g, g2, rtol=1e-9, atol=1e-9 * max(1.0, float(g2.abs().max())))
+    _compare(case, "cpu", torch.float64, 1e-9)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device for torch")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_jvp_and_vjp_match_torch_functional_on_cuda(case):
+    """CUDA tensors in float32 (the transforms hand nbdnn's kernels unwrapped tensors)."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    _compare(case, "cuda", torch.float32, 1e-3)
 
 
 def _net(m, params, x):
