@@ -114,6 +114,11 @@ CASES = {
                                                 "ceil_mode": True}),
     "avg_pool1d-sample": ([_t(3, 11)], {"kernel_size": 3, "padding": 1}),
     "adaptive_avg_pool2d-sample": ([_t(5, 7, 6)], {"output_size": (1, 1)}),
+    # adaptive pooling's other sizes: dividing (a pool), uneven and growing (products)
+    "adaptive_avg_pool2d-divides": ([_t(2, 3, 8, 6)], {"output_size": (4, None)}),
+    "adaptive_avg_pool2d-uneven": ([_t(2, 3, 10, 9)], {"output_size": (3, 4)}),
+    "adaptive_avg_pool2d-grows": ([_t(1, 2, 2, 3)], {"output_size": 7}),
+    "adaptive_avg_pool2d-nhwc_uneven": ([_cl(2, 3, 5, 7)], {"output_size": (2, 3)}),
     "softmax-0d": ([_t()], {"dim": 0}),
     "log_softmax-0d": ([_t()], {"dim": -1}),
 }

@@ -14,28 +14,27 @@ torch.nn.functional calls a model makes itself to nbdnn too.
 
 Differences from torch.nn.functional, each an error rather than a silent change:
 hardtanh with min_val other than 0; softplus with a threshold other than 20 (nbdnn's
-softplus is the exact stable form, PyTorch's returns x past the threshold);
-max_pool's return_indices; avg_pool's divisor_override; adaptive_avg_pool2d to sizes other
-than (1, 1); instance_norm updating running statistics; softmax without dim; dropout
-with p 1; attn_mask together with is_causal (as PyTorch). Differences that are not errors:
-inplace=True writes the result back into the input unless autograd needs the input (then
-the result is a new tensor); a fully masked attention row gives 0 (PyTorch's math
-backend: NaN); a max-pool window holding only padding gives -inf, as PyTorch's, and no
-gradient (PyTorch's CPU kernel sends its gradient to a stray element); a float attn_mask
-gets no gradient; dropout's mask is nbdnn's Philox
-stream seeded from torch's generator (not PyTorch's stream; on CUDA its offset is drawn
-on the device, so a captured CUDA graph draws fresh masks on every replay, as
-PyTorch's). Channels-last tensors run as NHWC and results stay channels-last (as
-PyTorch's). Dtypes: float16, bfloat16, float32, float64 (others: DtypeError).
-Convolutions and pools take one sample without the batch axis, softmax a 0-d tensor,
-as PyTorch's do. Second and higher-order gradients (create_graph=True: gradient
-penalties, Hessian-vector products) work: the first backward is nbdnn's op, its own
-derivative PyTorch's formula of it (nbdnn/torch/_second_order.py); attention with
-dropout has no second order (an error). torch.func's transforms work: grad, vjp,
-jacrev, vmap (one nbdnn call a sample), per-sample gradients (vmap of grad), and
-forward mode (jvp, jacfwd, hessian), whose tangents are PyTorch's formula of each op at
-nbdnn's values (nbdnn/torch/_forward_mode.py). Plain eager calls skip PyTorch's
-dispatcher (nbdnn/torch/_bridge.py call()).
+softplus is the exact stable form, PyTorch's returns x past the threshold); max_pool's
+return_indices; avg_pool's divisor_override; instance_norm updating running statistics;
+softmax without dim; dropout with p 1; attn_mask together with is_causal (as PyTorch).
+Differences that are not errors: inplace=True writes the result back into the input
+unless autograd needs the input (then the result is a new tensor); a fully masked
+attention row gives 0 (PyTorch's math backend: NaN); a max-pool window holding only
+padding gives -inf, as PyTorch's, and no gradient (PyTorch's CPU kernel sends its
+gradient to a stray element); a float attn_mask gets no gradient; dropout's mask is
+nbdnn's Philox stream seeded from torch's generator (not PyTorch's stream; on CUDA its
+offset is drawn on the device, so a captured CUDA graph draws fresh masks on every
+replay, as PyTorch's). Channels-last tensors run as NHWC and results stay channels-last
+(as PyTorch's). Dtypes: float16, bfloat16, float32, float64 (others: DtypeError).
+Convolutions and pools take one sample without the batch axis, softmax a 0-d tensor, as
+PyTorch's do. Second and higher-order gradients (create_graph=True: gradient penalties,
+Hessian-vector products) work: the first backward is nbdnn's op, its own derivative
+PyTorch's formula of it (nbdnn/torch/_second_order.py); attention with dropout has no
+second order (an error). torch.func's transforms work: grad, vjp, jacrev, vmap (one
+nbdnn call a sample), per-sample gradients (vmap of grad), and forward mode (jvp,
+jacfwd, hessian), whose tangents are PyTorch's formula of each op at nbdnn's values
+(nbdnn/torch/_forward_mode.py). Plain eager calls skip PyTorch's dispatcher
+(nbdnn/torch/_bridge.py call()).
 """
 from ._bridge import reference
 from . import functional, modules, _forward_mode, _second_order

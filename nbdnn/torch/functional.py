@@ -11,7 +11,10 @@ from ._args import autocast as _autocast, check as _check, \
     ints as _tuple, unsupported as _unsupported, write_result as _inplace
 from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
 from ._ops_conv import conv, conv_transpose as _conv_transpose_op, \
-    conv_transpose_shape as _conv_transpose_shape, pool
+    conv_transpose_shape as _conv_transpose_shape
+from ._functional_pool import adaptive_avg_pool2d, avg_pool1d, avg_pool2d, avg_pool3d, \
+    max_pool1d, max_pool2d, max_pool3d, one_sample as _one_sample  # noqa: F401 (the
+# pooling functions are this module's too)
 from ._ops_random import attention as _attention, draw_seed, dropout as _dropout
 from ._ops_norm import batch_norm as _batch_norm, group_norm as _group_norm, \
     layer_norm as _layer_norm, rms_norm as _rms_norm
@@ -125,14 +128,6 @@ def _conv_args(fn, nd, input, weight, bias):
     return input, weight, bias
 
 
-def _one_sample(nd, op, input, *args):
-    """call(op, input, *args), where input is one sample (nd + 1 dimensions: no batch
-    axis) as a batch of one, the result without the batch axis again."""
-    if input.dim() == nd + 1:
-        return call(op, input.unsqueeze(0), *args).squeeze(0)
-    return call(op, input, *args)
-
-
 def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
     input, weight, bias = _conv_args(fn, nd, input, weight, bias)
     stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
@@ -196,82 +191,6 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
                      groups=1, dilation=1):
     return _conv_transpose("conv_transpose3d", 3, input, weight, bias, stride, padding,
                            output_padding, groups, dilation)
-
-
-def _pool(fn, nd, input, kernel_size, stride, padding, dilation, mode, ceil_mode):
-    (input,) = _autocast(fn, input)
-    _check(fn, input)
-    if input.dim() not in (nd + 1, nd + 2):
-        raise ShapeError(f"nbdnn.torch.{fn}: input must be {nd + 2}-d (batched) or "
-                         f"{nd + 1}-d (one sample), channels first; got {input.dim()}-d")
-    kernel = _tuple(kernel_size, nd)
-    stride = kernel if stride is None or stride == [] else _tuple(stride, nd)
-    pads = [p for v in _tuple(padding, nd) for p in (v, v)]
-    return _one_sample(nd, pool, input, kernel, stride, pads, _tuple(dilation, nd), mode,
-                       bool(ceil_mode))
-
-
-def _max_pool(fn, nd, input, kernel_size, stride, padding, dilation, ceil_mode,
-              return_indices):
-    if return_indices:
-        _unsupported(fn, "return_indices (nbdnn's backward finds each window's maximum "
-                     "again; it keeps no indices)")
-    return _pool(fn, nd, input, kernel_size, stride, padding, dilation, "max", ceil_mode)
-
-
-def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-               return_indices=False):
-    return _max_pool("max_pool1d", 1, input, kernel_size, stride, padding, dilation,
-                     ceil_mode, return_indices)
-
-
-def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-               return_indices=False):
-    return _max_pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation,
-                     ceil_mode, return_indices)
-
-
-def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-               return_indices=False):
-    return _max_pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation,
-                     ceil_mode, return_indices)
-
-
-def _avg_pool(fn, nd, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-              divisor_override=None):
-    if divisor_override is not None:
-        _unsupported(fn, "divisor_override")
-    return _pool(fn, nd, input, kernel_size, stride, padding, 1,
-                 "avg" if count_include_pad else "avg_exclude_pad", ceil_mode)
-
-
-def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
-               count_include_pad=True):
-    return _avg_pool("avg_pool1d", 1, input, kernel_size, stride, padding, ceil_mode,
-                     count_include_pad)
-
-
-def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
-               count_include_pad=True, divisor_override=None):
-    return _avg_pool("avg_pool2d", 2, input, kernel_size, stride, padding, ceil_mode,
-                     count_include_pad, divisor_override)
-
-
-def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
-               count_include_pad=True, divisor_override=None):
-    return _avg_pool("avg_pool3d", 3, input, kernel_size, stride, padding, ceil_mode,
-                     count_include_pad, divisor_override)
-
-
-def adaptive_avg_pool2d(input, output_size):
-    """Global average pooling only: output_size 1 or (1, 1) (one window, the whole map)."""
-    if output_size not in (1, (1, 1), [1, 1]):
-        _unsupported("adaptive_avg_pool2d", f"output_size {output_size} (only (1, 1))")
-    if input.dim() not in (3, 4):
-        raise ShapeError("nbdnn.torch.adaptive_avg_pool2d: input must be 4-d (N, C, H, W) "
-                         f"or 3-d (C, H, W); got {input.dim()}-d")
-    return _pool("adaptive_avg_pool2d", 2, input, list(input.shape[-2:]), None, 0, 1, "avg",
-                 False)
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
@@ -384,5 +303,5 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
-    "torch", "activation", "conv", "pool", "lrn", "DTYPES", "draw_seed", "DtypeError",
+    "torch", "call", "activation", "conv", "lrn", "DTYPES", "draw_seed", "DtypeError",
     "NotSupportedError", "ShapeError")]

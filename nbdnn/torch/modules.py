@@ -276,8 +276,6 @@ def native_reason(m):
         return "return_indices"
     if isinstance(m, (nn.AvgPool2d, nn.AvgPool3d)) and m.divisor_override is not None:
         return "divisor_override"
-    if isinstance(m, nn.AdaptiveAvgPool2d) and m.output_size not in (1, (1, 1), [1, 1]):
-        return f"output_size {m.output_size} (only (1, 1))"
     if isinstance(m, (nn.Softmax, nn.LogSoftmax)) and m.dim is None:
         return "dim None"
     if isinstance(m, nn.modules.instancenorm._InstanceNorm) and m.track_running_stats:

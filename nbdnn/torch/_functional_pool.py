@@ -1,0 +1,121 @@
+"""nbdnn.torch.functional's pooling (max, average, adaptive average; 1-3 spatial axes,
+batched or one sample), each a torch.ops.nbdnn.pool call (adaptive average pooling to
+sizes that do not divide the input: two products on torch.ops.nbdnn.linear)."""
+import torch
+
+from ..errors import ShapeError
+from ._bridge import call, channels_last as _channels_last
+from ._args import autocast as _autocast, check as _check, \
+    ints as _tuple, unsupported as _unsupported
+from ._ops_basic import linear as _linear
+from ._ops_conv import pool
+
+
+def one_sample(nd, op, input, *args):
+    """call(op, input, *args), where input is one sample (nd + 1 dimensions: no batch
+    axis) as a batch of one, the result without the batch axis again."""
+    if input.dim() == nd + 1:
+        return call(op, input.unsqueeze(0), *args).squeeze(0)
+    return call(op, input, *args)
+
+
+def _pool(fn, nd, input, kernel_size, stride, padding, dilation, mode, ceil_mode):
+    (input,) = _autocast(fn, input)
+    _check(fn, input)
+    if input.dim() not in (nd + 1, nd + 2):
+        raise ShapeError(f"nbdnn.torch.{fn}: input must be {nd + 2}-d (batched) or "
+                         f"{nd + 1}-d (one sample), channels first; got {input.dim()}-d")
+    kernel = _tuple(kernel_size, nd)
+    stride = kernel if stride is None or stride == [] else _tuple(stride, nd)
+    pads = [p for v in _tuple(padding, nd) for p in (v, v)]
+    return one_sample(nd, pool, input, kernel, stride, pads, _tuple(dilation, nd), mode,
+                       bool(ceil_mode))
+
+
+def _max_pool(fn, nd, input, kernel_size, stride, padding, dilation, ceil_mode,
+              return_indices):
+    if return_indices:
+        _unsupported(fn, "return_indices (nbdnn's backward finds each window's maximum "
+                     "again; it keeps no indices)")
+    return _pool(fn, nd, input, kernel_size, stride, padding, dilation, "max", ceil_mode)
+
+
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    return _max_pool("max_pool1d", 1, input, kernel_size, stride, padding, dilation,
+                     ceil_mode, return_indices)
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    return _max_pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation,
+                     ceil_mode, return_indices)
+
+
+def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    return _max_pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation,
+                     ceil_mode, return_indices)
+
+
+def _avg_pool(fn, nd, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+              divisor_override=None):
+    if divisor_override is not None:
+        _unsupported(fn, "divisor_override")
+    return _pool(fn, nd, input, kernel_size, stride, padding, 1,
+                 "avg" if count_include_pad else "avg_exclude_pad", ceil_mode)
+
+
+def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True):
+    return _avg_pool("avg_pool1d", 1, input, kernel_size, stride, padding, ceil_mode,
+                     count_include_pad)
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True, divisor_override=None):
+    return _avg_pool("avg_pool2d", 2, input, kernel_size, stride, padding, ceil_mode,
+                     count_include_pad, divisor_override)
+
+
+def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True, divisor_override=None):
+    return _avg_pool("avg_pool3d", 3, input, kernel_size, stride, padding, ceil_mode,
+                     count_include_pad, divisor_override)
+
+
+def adaptive_avg_pool2d(input, output_size):
+    """PyTorch's adaptive average pooling: output row i averages input rows floor(i H /
+    OH) to ceil((i + 1) H / OH), columns alike (an output size None keeps the input's).
+    Where both output sizes divide the input's, that is an average pool with window =
+    stride = H / OH (global pooling at (1, 1)); otherwise the windows differ in size and
+    may overlap, and y = A_H x A_W^T, A (O, S) holding 1 / the window's size over each
+    window: two products on nbdnn's linear (N C H W OW + N C OW H OH multiply-adds)."""
+    if input.dim() not in (3, 4):
+        raise ShapeError("nbdnn.torch.adaptive_avg_pool2d: input must be 4-d (N, C, H, W) "
+                         f"or 3-d (C, H, W); got {input.dim()}-d")
+    H, W = input.shape[-2:]
+    OH, OW = (S if O is None else int(O) for S, O in zip(
+        (H, W), (output_size, output_size) if isinstance(output_size, int) else output_size))
+    if OH < 1 or OW < 1:
+        raise ShapeError(f"nbdnn.torch.adaptive_avg_pool2d: output_size {output_size} must "
+                         "be positive")
+    if H % OH == 0 and W % OW == 0:
+        return _pool("adaptive_avg_pool2d", 2, input, [H // OH, W // OW], None, 0, 1, "avg",
+                     False)
+    (input,) = _autocast("adaptive_avg_pool2d", input)
+    _check("adaptive_avg_pool2d", input)
+    y = call(_linear, input, _averaging(W, OW, input), None)              # (.., H, OW)
+    y = call(_linear, y.transpose(-1, -2), _averaging(H, OH, input), None)  # (.., OW, OH)
+    return y.transpose(-1, -2).contiguous(
+        memory_format=torch.channels_last if _channels_last(input) else torch.contiguous_format)
+
+
+def _averaging(S, O, like):
+    """(O, S): row i is 1 / its window's size over input positions floor(i S / O) to
+    ceil((i + 1) S / O) - 1, in like's dtype and device."""
+    rows = []
+    for i in range(O):
+        lo, hi = i * S // O, -(-(i + 1) * S // O)
+        rows.append([1.0 / (hi - lo) if lo <= j < hi else 0.0 for j in range(S)])
+    return torch.tensor(rows, dtype=like.dtype, device=like.device).reshape(O, S)
