@@ -537,8 +537,8 @@ att-tf32-speed)
     done ;;
 torch)
     # nbdnn.torch (issue 26): its tests (CPU reference and CUDA: every function against F,
-    # the TF32 flags, opcheck, compile, CUDA graphs, inductor, the converted models and
-    # transformers' BERT), sharded (<= TEST_LIMIT_S; log $OUT/torch-tests.log); beside
+    # its second order and its jvp/vjp under torch.func, the TF32 flags, opcheck, compile,
+    # CUDA graphs, inductor, the converted models and transformers' BERT), sharded (<= TEST_LIMIT_S; log $OUT/torch-tests.log); beside
     # them torchvision's full-size ResNet-50 and ViT-B/16 checks, one process each (their
     # JIT and float64 truth runs: > 250 s in one shard, run AU; <= FULL_LIMIT_S; logs
     # $OUT/torch-full-ARCH.log, -rP: the loss-curve distances they print)
