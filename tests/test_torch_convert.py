@@ -52,6 +52,8 @@ def test_report_says_what_converted_and_why_not():
     assert type(model[0]).__name__ == "Conv2d" and isinstance(model[0], nn.Conv2d)
     only, rep = nt.convert(net, include=[nn.Linear, "0"], inplace=True)
     assert only is net and [n for n, _ in rep.converted] == ["0", "6"]
+    _, rep = nt.convert(nn.Linear(2, 2, dtype=torch.complex64))  # (a dtype nbdnn lacks)
+    assert rep.native == [("", "Linear", "weight is torch.complex64")] and not rep.converted
 
 
 def test_state_dict_both_ways():

@@ -14,7 +14,7 @@ from ._bridge import DTYPES
 
 def _params_ok(m):
     for name, t in list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False)):
-        if t is not None and t.is_floating_point() and t.dtype not in DTYPES:
+        if t is not None and (t.is_floating_point() or t.is_complex()) and t.dtype not in DTYPES:
             return f"{name} is {t.dtype}"
     return None
 
