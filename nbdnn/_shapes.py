@@ -4,9 +4,9 @@ backends share: one definition each. The tests check them against independent tr
 
 
 def pool_out_size(S, k, s, d, pre, post, ceil_mode):
-    """Output length of one pooled axis, PyTorch's pooling_output_shape: floor((span) / s)
-    + 1, span = S + pre + post - d (k - 1) - 1; ceil_mode rounds up (floor((span + s -
-    1) / s) + 1), less one when the last window would start past the input and its
+    """Output length of one pooled axis, PyTorch's pooling_output_shape: floor(span / s) +
+    1, span = S + pre + post - d (k - 1) - 1; ceil_mode rounds up (floor((span + s - 1) /
+    s) + 1), less one when the last window would start past the input and its
     pre-padding, so every window starts inside. None when that leaves no output: the
     dilated window outgrows the padded input (in ceil mode, by s or more)."""
     span = S + pre + post - d * (k - 1) - 1

@@ -126,12 +126,12 @@ def tensor_positions(op):
 def call(op, *args):
     """op(*args). Through PyTorch's dispatcher where anything may need to see the custom
     op (torch.compile tracing, fake or other tensor subclasses, a dispatch mode); under a
-    torch.func transform (grad, vmap, jacrev) through its TRANSFORMABLE Function; in
-    plain eager mode its implementation directly,
-    inside its autograd.Function where an input requires grad: the dispatcher's path for
-    a Python custom op costs ~10 us a call (~17 us with autograd; 2-core CI host), the
-    autograd.Function ~3 us, a direct call well under 1 us. (Only the tensor positions
-    are looked at, no generators: this runs every call.)"""
+    torch.func transform (grad, vmap, jacrev, jvp) through its TRANSFORMABLE Function; in
+    plain eager mode its implementation directly, inside its autograd.Function where an
+    input requires grad: the dispatcher's path for a Python custom op costs ~10 us a call
+    (~17 us with autograd; 2-core CI host), the autograd.Function ~3 us, a direct call
+    well under 1 us. (Only the tensor positions are looked at, no generators: this runs
+    every call.)"""
     if _compiling() or _dispatch_modes():
         return op(*args)
     if _functorch():
