@@ -83,6 +83,9 @@ CASES = {
                                            "scale": 0.3}),
     "scaled_dot_product_attention-3d": ([_t(2, 5, 8), _t(2, 6, 8), _t(2, 6, 8)],
                                         {"attn_mask": _t(2, 5, 6)}),
+    # a float mask broadcast over batch and heads: its gradient summed over them
+    "scaled_dot_product_attention-float_mask": ([_t(2, 3, 5, 8), _t(2, 3, 6, 8),
+                                                 _t(2, 3, 6, 4)], {"attn_mask": _t(5, 6)}),
     # channels-last inputs (NHWC in memory): nbdnn runs them as NHWC, results stay so
     "conv2d-nhwc": ([_cl(2, 6, 7, 8), _t(4, 3, 3, 3), _t(4)], {"padding": 1, "stride": (2, 1),
                                                               "groups": 2}),
@@ -132,7 +135,7 @@ def _call(fn, args, kw, device, dtype):
         v = v.detach().to(device, dtype if v.is_floating_point() else v.dtype)
         return v.requires_grad_(grad and v.is_floating_point())
     args = [conv(a, True) for a in args]
-    kw = {k: conv(v, k not in ("running_mean", "running_var", "attn_mask"))
+    kw = {k: conv(v, k not in ("running_mean", "running_var"))  # (a float attn_mask too)
           for k, v in kw.items()}
     y = fn(*args, **kw)
     leaves = [a for a in args + list(kw.values()) if isinstance(a, torch.Tensor) and

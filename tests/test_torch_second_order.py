@@ -15,7 +15,7 @@ from nbdnn.errors import NotSupportedError  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from test_torch_functional import CASES, R, _t  # noqa: E402
 
-CONSTANT = ("running_mean", "running_var", "attn_mask")  # (no gradient, as in the table)
+CONSTANT = ("running_mean", "running_var")  # (no gradient, as in the table)
 
 
 def _double_backward(fn, args, kw, device="cpu", dtype=torch.float64):
@@ -70,7 +70,8 @@ def test_second_order_matches_torch_functional_on_cuda(case):
 
 @pytest.mark.parametrize("case", ["conv2d", "conv_transpose2d", "avg_pool2d", "layer_norm",
                                   "group_norm", "batch_norm-train", "linear", "softmax",
-                                  "scaled_dot_product_attention-mask"])
+                                  "scaled_dot_product_attention-mask",
+                                  "scaled_dot_product_attention-float_mask"])
 def test_second_order_against_finite_differences(case):
     """gradgradcheck: the double backward against finite differences of the first
     backward (nbdnn's own backward ops). Shapes cut to keep it cheap."""
@@ -91,12 +92,14 @@ def test_second_order_against_finite_differences(case):
              "scaled_dot_product_attention": ([_t(1, 1, 3, 4), _t(1, 1, 4, 4), _t(1, 1, 4, 2)],
                                               {"attn_mask": torch.tensor(
                                                   [[1, 0, 1, 1], [1, 1, 0, 0], [0, 0, 1, 0]],
-                                                  dtype=torch.bool)})}
-    args, kw = small[name]
+                                                  dtype=torch.bool)}),
+             "scaled_dot_product_attention-float_mask": (
+                 [_t(1, 2, 3, 4), _t(1, 2, 4, 4), _t(1, 2, 4, 2)], {"attn_mask": _t(3, 4)})}
+    args, kw = small[case if case in small else name]
+    names = [k for k, v in kw.items() if isinstance(v, torch.Tensor) and k not in CONSTANT
+             and v.is_floating_point()]
     tensors = [a.clone().requires_grad_() for a in args] + \
-        [v.clone().requires_grad_() for k, v in kw.items()
-         if isinstance(v, torch.Tensor) and k not in CONSTANT]
-    names = [k for k, v in kw.items() if isinstance(v, torch.Tensor) and k not in CONSTANT]
+        [kw[k].clone().requires_grad_() for k in names]
 
     def f(*ts):
         return getattr(nt, name)(*ts[:len(args)], **{**kw, **dict(zip(names, ts[len(args):]))})

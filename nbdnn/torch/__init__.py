@@ -21,11 +21,12 @@ Differences that are not errors: inplace=True writes the result back into the in
 unless autograd needs the input (then the result is a new tensor); a fully masked
 attention row gives 0 (PyTorch's math backend: NaN); a max-pool window holding only
 padding gives -inf, as PyTorch's, and no gradient (PyTorch's CPU kernel sends its
-gradient to a stray element); a float attn_mask gets no gradient; dropout's mask is
-nbdnn's Philox stream seeded from torch's generator (not PyTorch's stream; on CUDA its
-offset is drawn on the device, so a captured CUDA graph draws fresh masks on every
-replay, as PyTorch's). Channels-last tensors run as NHWC and results stay channels-last
-(as PyTorch's). Dtypes: float16, bfloat16, float32, float64 (others: DtypeError).
+gradient to a stray element); a float attn_mask's gradient is PyTorch's math form's (its
+(B, H, L, S) scores materialised, only when it requires grad); dropout's mask is nbdnn's
+Philox stream seeded from torch's generator (not PyTorch's stream; on CUDA its offset is
+drawn on the device, so a captured CUDA graph draws fresh masks on every replay, as
+PyTorch's). Channels-last tensors run as NHWC and results stay channels-last (as
+PyTorch's). Dtypes: float16, bfloat16, float32, float64 (others: DtypeError).
 Convolutions and pools take one sample without the batch axis, softmax a 0-d tensor, as
 PyTorch's do. Second and higher-order gradients (create_graph=True: gradient penalties,
 Hessian-vector products) work: the first backward is nbdnn's op, its own derivative

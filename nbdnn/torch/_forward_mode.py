@@ -10,11 +10,10 @@ dropout mask, attention's log-sum-exp, the advanced running statistics) get none
 forward marks them non-differentiable."""
 import torch
 
-from ..errors import NotSupportedError
 from . import _ops_basic as basic, _ops_conv as conv, _ops_norm as norm, \
     _ops_random as rnd
 from ._bridge import JVP
-from ._second_order import ACTIVATIONS, FORMULAS, _attention, _conv, _pool
+from ._second_order import ACTIVATIONS, FORMULAS, _conv, _pool
 
 F = torch.nn.functional
 Tensor = torch.Tensor
@@ -44,11 +43,8 @@ def dropout_forward(x, p, seed, outputs):
 
 
 def attention_forward(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
-    if dropout_p > 0:
-        raise NotSupportedError(
-            "nbdnn.torch.scaled_dot_product_attention: forward-mode derivatives with "
-            "dropout_p > 0 (PyTorch's formula cannot draw nbdnn's dropout mask)")
-    return _attention(q, k, v, attn_mask, is_causal, scale, enable_gqa)
+    rnd.no_dropout(dropout_p, "forward-mode derivatives")
+    return rnd.attention_math(q, k, v, attn_mask, is_causal, scale, enable_gqa)
 
 
 # forward op -> (its formula: y, the first output, from the op's arguments; the
@@ -71,7 +67,7 @@ FORWARD = {
     norm.group_norm: (lambda x, groups, w, b, eps: F.group_norm(x, groups, w, b, eps),
                       (0, 2, 3), False),
     rnd.dropout: (dropout_forward, (0,), True),
-    rnd.attention: (attention_forward, (0, 1, 2), False),
+    rnd.attention: (attention_forward, (0, 1, 2, 3), False),
 }
 
 

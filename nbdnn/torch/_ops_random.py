@@ -11,13 +11,15 @@ nbdnn.torch draws from torch's generators on every call, so torch.manual_seed go
   draws a new one and drops fresh elements, as PyTorch's dropout does; eager calls and
   captured ones run the same kernel (a warm-up before capture compiles it).
 Dropout's backward keeps the uint8 mask; attention's keeps q, k, v, o and the float32
-log-sum-exp (no recomputation of the forward)."""
+log-sum-exp (no recomputation of the forward; a float attn_mask that requires grad gets
+its gradient from PyTorch's math form, attention_math)."""
 from typing import Optional
 
 import torch
 from torch.library import custom_op
 
 import nbdnn
+from ..errors import NotSupportedError
 from ._bridge import call, channels_last, new, register_autograd, run, run_as
 
 Tensor = torch.Tensor
@@ -110,6 +112,33 @@ def _(do, q, k, v, o, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, s
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+def attention_math(q, k, v, attn_mask, is_causal, scale, enable_gqa):
+    """PyTorch's math form of scaled_dot_product_attention without dropout, in
+    PyTorch's ops, with nbdnn's rule that a fully masked query row gives 0: what a float
+    attn_mask's gradient and the higher derivatives (_second_order.py, _forward_mode.py)
+    differentiate. q (B, H, L, E), k (B, Hk, S, E), v (B, Hk, S, Ev); materialises the
+    (B, H, L, S) scores, as PyTorch's math backend does."""
+    if enable_gqa and k.shape[1] != q.shape[1]:
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    s = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if is_causal:  # (top-left aligned, as PyTorch's)
+        attn_mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        s = s.masked_fill(~attn_mask, float("-inf"))
+    elif attn_mask is not None:
+        s = s + attn_mask
+    dead = torch.isneginf(s).all(-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
+    return p @ v
+
+
+def no_dropout(dropout_p, what):
+    if dropout_p > 0:
+        raise NotSupportedError(
+            f"nbdnn.torch.scaled_dot_product_attention: {what} with dropout_p > 0 (PyTorch's "
+            "formula cannot draw nbdnn's dropout mask)")
+
+
 def _attention_setup(ctx, inputs, output):
     q, k, v, attn_mask = inputs[:4]
     ctx.mark_non_differentiable(output[1])
@@ -118,9 +147,18 @@ def _attention_setup(ctx, inputs, output):
 
 
 def _attention_grad(ctx, do, _dlse):
+    """(dq, dk, dv) from nbdnn's backward; a float attn_mask that requires grad gets its
+    gradient (dS, the scores' gradient, summed over the axes it broadcasts along) from
+    the math form's vector-Jacobian product, in PyTorch's ops."""
     q, k, v, o, lse, attn_mask, seed = ctx.saved_tensors
     grads = call(attention_backward, do, q, k, v, o, lse, attn_mask, *ctx.params, seed)
-    return grads + (None,) * 6  # (no gradient for a float attn_mask)
+    dmask = None
+    if ctx.needs_input_grad[3] and attn_mask is not None and attn_mask.is_floating_point():
+        dropout_p, is_causal, scale, enable_gqa = ctx.params
+        no_dropout(dropout_p, "the gradient of a float attn_mask")
+        dmask = torch.func.vjp(lambda m: attention_math(q, k, v, m, is_causal, scale,
+                                                        enable_gqa), attn_mask)[1](do)[0]
+    return grads + (dmask,) + (None,) * 5
 
 
 register_autograd(attention, _attention_grad, _attention_setup)

@@ -18,7 +18,6 @@ attention cannot be differentiated twice: PyTorch's formula cannot draw nbdnn's 
 NotSupportedError); dropout itself is linear in dy (its mask is saved)."""
 import torch
 
-from ..errors import NotSupportedError
 from . import _ops_basic as basic, _ops_conv as conv, _ops_norm as norm, \
     _ops_random as rnd
 from ._bridge import register_autograd
@@ -167,31 +166,11 @@ def dropout_backward(dy, mask, p):
     return dy * mask.to(dy.dtype) * (1.0 / (1.0 - p))
 
 
-def _attention(q, k, v, attn_mask, is_causal, scale, enable_gqa):
-    """PyTorch's math form of scaled_dot_product_attention, with nbdnn's rule that a
-    fully masked query row gives 0 (q (B, H, L, E), k (B, Hk, S, E))."""
-    if enable_gqa and k.shape[1] != q.shape[1]:
-        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
-    s = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    if is_causal:
-        attn_mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        s = s.masked_fill(~attn_mask, float("-inf"))
-    elif attn_mask is not None:
-        s = s + attn_mask
-    dead = torch.isneginf(s).all(-1, keepdim=True)
-    p = torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
-    return p @ v
-
-
 def attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p, is_causal, scale,
                        enable_gqa, seed):
-    if dropout_p > 0:
-        raise NotSupportedError(
-            "nbdnn.torch.scaled_dot_product_attention: second-order gradients with "
-            "dropout_p > 0 (PyTorch's formula cannot draw nbdnn's dropout mask)")
-    return _vjp(lambda q, k, v: _attention(q, k, v, attn_mask, is_causal, scale,
-                                           enable_gqa), (q, k, v), do)
+    rnd.no_dropout(dropout_p, "second-order gradients")
+    return _vjp(lambda q, k, v: rnd.attention_math(q, k, v, attn_mask, is_causal, scale,
+                                                   enable_gqa), (q, k, v), do)
 
 
 # backward op -> (its formula, the positions of the inputs it is differentiated by: the
@@ -211,7 +190,7 @@ FORMULAS = {
     norm.rms_norm_backward: (rms_norm_backward, (0, 1, 3)),
     norm.group_norm_backward: (group_norm_backward, (0, 1, 4)),
     rnd.dropout_backward: (dropout_backward, (0,)),
-    rnd.attention_backward: (attention_backward, (0, 1, 2, 3)),
+    rnd.attention_backward: (attention_backward, (0, 1, 2, 3, 6)),
 }
 
 

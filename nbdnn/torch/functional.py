@@ -283,7 +283,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  is_causal=False, scale=None, enable_gqa=False):
     """PyTorch's SDPA on nbdnn's attention (flash kernels on the tensor cores for 16-bit
     q, k, v at head dims 64 and 128). q (N, H, L, E) or (N, L, E); a fully masked query
-    row gives 0 (PyTorch's math backend: NaN); a float attn_mask gets no gradient."""
+    row gives 0 (PyTorch's math backend: NaN); a float attn_mask that requires grad gets
+    its gradient from PyTorch's math form (nbdnn/torch/_ops_random.py)."""
     query, key, value = _autocast("scaled_dot_product_attention", query, key, value)
     if attn_mask is not None and attn_mask.is_floating_point():
         attn_mask = attn_mask.to(query.dtype)
