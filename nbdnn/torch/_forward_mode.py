@@ -64,8 +64,9 @@ FORWARD = {
                                                               eps), (0, 1, 2), False),
     norm.rms_norm: (lambda x, w, ndim, eps: F.rms_norm(x, x.shape[x.dim() - ndim:], w, eps),
                     (0, 1), False),
-    norm.group_norm: (lambda x, groups, w, b, eps: F.group_norm(x, groups, w, b, eps),
-                      (0, 2, 3), False),
+    norm.group_norm: (lambda x, groups, w, b, eps: F.group_norm(x.contiguous(), groups, w, b,
+                                                                eps),  # (PyTorch 2.13's forward
+                      (0, 2, 3), False),  # mode views a channels-last x wrongly)
     rnd.dropout: (dropout_forward, (0,), True),
     rnd.attention: (attention_forward, (0, 1, 2, 3), False),
 }

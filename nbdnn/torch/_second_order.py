@@ -158,7 +158,8 @@ def rms_norm_backward(dy, x, invrms, w, ndim, eps):
 
 
 def group_norm_backward(dy, x, mean, invstd, w, groups, has_bias, eps):
-    return _norm_grads(lambda x, w: F.group_norm(x, groups, w, None, eps),
+    return _norm_grads(lambda x, w: F.group_norm(x.contiguous(), groups, w, None, eps),  # (a
+                       # channels-last x: PyTorch 2.13's forward mode views it wrongly)
                        dy, x, w, has_bias, _sum_but_channels)
 
 
