@@ -120,6 +120,52 @@ def test_hessian():
     torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-11)
 
 
+def _clones(kw):
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_vmap_matches_each_sample(case):
+    """vmap over three variants of each case's first input (the other arguments shared)
+    equals F on each sample: the batch folded into one nbdnn call where the op allows
+    (nbdnn/torch/_batching.py), a call a sample otherwise."""
+    name = case.split("-")[0]
+    args, kw = CASES[case]
+    if kw.get("training") and kw.get("running_mean") is not None:
+        with pytest.raises(RuntimeError, match="running statistics"):  # (PyTorch's vmap
+            # refuses unbatched running statistics of a batched input too)
+            vmap(lambda x: getattr(nt, name)(x, *args[1:], **_clones(kw)))(
+                torch.stack([args[0]] * 2))
+        return
+    xs = torch.stack([args[0], 0.5 * args[0] + 0.1, -args[0]])
+    ours = vmap(lambda x: getattr(nt, name)(x, *args[1:], **_clones(kw)))(xs)
+    kw2 = _clones(kw)
+    want = torch.stack([getattr(F, name)(x, *args[1:], **kw2) for x in xs])
+    torch.testing.assert_close(ours, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("fn, calls", [("conv2d", 1), ("batch_norm", 3)])
+def test_vmap_folds_the_batch_where_it_can(monkeypatch, fn, calls):
+    """A convolution under vmap is one nbdnn call for the batch; batch norm in training
+    (statistics over the samples' own axis) one a sample."""
+    import nbdnn
+    from nbdnn.torch import _ops_conv
+    count = []
+
+    def counted(f):
+        return lambda *a, **k: count.append(1) or f(*a, **k)
+    if fn == "conv2d":
+        monkeypatch.setitem(_ops_conv.CONVS, 2, counted(_ops_conv.CONVS[2]))
+    else:
+        monkeypatch.setattr(nbdnn, "batch_norm_train", counted(nbdnn.batch_norm_train))
+    x, w = _draw((3, 2, 4, 5, 5)), _draw((6, 4, 3, 3))
+    if fn == "conv2d":
+        vmap(lambda x: nt.conv2d(x, w))(x)
+    else:
+        vmap(lambda x: nt.batch_norm(x, None, None, training=True))(x)
+    assert len(count) == calls
+
+
 def test_vmap_runs_each_sample():
     """Under torch.func.vmap the tensors are functorch's batched wrappers (plain Tensors
     to Python, no storage): the calls go through the op's torch.func-ready Function,

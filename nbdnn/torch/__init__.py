@@ -31,19 +31,21 @@ Convolutions and pools take one sample without the batch axis, softmax a 0-d ten
 PyTorch's do. Second and higher-order gradients (create_graph=True: gradient penalties,
 Hessian-vector products) work: the first backward is nbdnn's op, its own derivative
 PyTorch's formula of it (nbdnn/torch/_second_order.py); attention with dropout has no
-second order (an error). torch.func's transforms work: grad, vjp, jacrev, vmap (one
-nbdnn call a sample), per-sample gradients (vmap of grad), and forward mode (jvp,
-jacfwd, hessian), whose tangents are PyTorch's formula of each op at nbdnn's values
+second order (an error). torch.func's transforms work: grad, vjp, jacrev, vmap (the
+batch as one nbdnn call where the op allows, nbdnn/torch/_batching.py, else a call a
+sample), per-sample gradients (vmap of grad), and forward mode (jvp, jacfwd, hessian),
+whose tangents are PyTorch's formula of each op at nbdnn's values
 (nbdnn/torch/_forward_mode.py). Plain eager calls skip PyTorch's dispatcher
 (nbdnn/torch/_bridge.py call()).
 """
 from ._bridge import reference
-from . import functional, modules, _forward_mode, _second_order
+from . import functional, modules, _batching, _forward_mode, _second_order
 from .convert import Report, compare, convert
 from .intercept import functional_calls
 
 _second_order.register()
 _forward_mode.register()
+_batching.register()
 for _name in functional.__all__:  # (torch.nn.functional's names at the top level too)
     globals()[_name] = getattr(functional, _name)
 del _name

@@ -61,6 +61,8 @@ def register_autograd(op, grad, setup):
 AUTOGRAD = {}  # custom op -> (setup_context, backward) as register_autograd wraps them
 JVP = {}  # custom op -> (save(ctx, inputs, output), jvp(ctx, *tangents)): forward-mode
 # rules (nbdnn/torch/_forward_mode.py)
+BATCHED = {}  # custom op -> rule(apply, B, in_dims, args): (outputs, out_dims), or None
+# for a call a sample: vmap rules running the batch as one call (nbdnn/torch/_batching.py)
 
 
 def transformable(op):
@@ -68,9 +70,10 @@ def transformable(op):
     ctx, setup_context, vmap and jvp rules), whose apply call() uses under a transform:
     torch.library's own Function has no setup_context, so torch.func.grad, jacrev and
     vmap of a grad would fail. Its forward gets the tensors unwrapped (nbdnn reads
-    their memory); its vmap rule runs op on each sample (as the dispatcher's fallback
-    does) and stacks the results on dim 0; its jvp rule is JVP's (forward mode:
-    torch.func.jvp, jacfwd, hessian)."""
+    their memory); its vmap rule is BATCHED's where that takes the call (the batch as
+    one call), else runs op on each sample (as the dispatcher's fallback does) and
+    stacks the results on dim 0; its jvp rule is JVP's (forward mode: torch.func.jvp,
+    jacfwd, hessian)."""
     fn = TRANSFORMABLE.get(op)
     if fn is not None:
         return fn
@@ -82,6 +85,10 @@ def transformable(op):
         save(ctx, inputs, output)
 
     def vmap(info, in_dims, *args):
+        rule = BATCHED.get(op)
+        done = rule(cls.apply, info.batch_size, in_dims, args) if rule is not None else None
+        if done is not None:
+            return done
         outs = [cls.apply(*(a.select(d, i) if isinstance(a, torch.Tensor) and d is not None
                             else a for a, d in zip(args, in_dims)))
                 for i in range(info.batch_size)]
@@ -158,6 +165,10 @@ def advance(buf, new):
         return
     while torch._C._functorch.is_functorch_wrapped_tensor(new):
         new = torch._C._functorch.get_unwrapped(new)
+    if new.shape != buf.shape:  # (vmap: a statistic a sample)
+        raise RuntimeError("nbdnn.torch.batch_norm: under vmap the running statistics, "
+                           "updated in place, must be batched as the input is (as "
+                           "PyTorch's batch norm requires)")
     with torch._C._DisableFuncTorch():
         buf.copy_(new)
 
