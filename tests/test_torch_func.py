@@ -177,3 +177,13 @@ def test_vmap_runs_each_sample():
     k = _draw((2, 3, 3))  # (each sample (3, 6): one sample without the batch axis)
     torch.testing.assert_close(vmap(nt.conv1d, in_dims=(0, None))(x, k),
                                vmap(F.conv1d, in_dims=(0, None))(x, k), rtol=1e-12, atol=1e-12)
+
+
+def test_every_op_has_its_transform_rules():
+    """Each torch.ops.nbdnn op has autograd and a jvp rule (a vmap rule: the loop at
+    least), so no transform meets an op it cannot take."""
+    import torch._library.custom_ops as co
+    from nbdnn.torch import _bridge
+    ours = {n for n in co.OPDEFS if n.startswith("nbdnn::")}
+    assert {f"{op._namespace}::{op._name}" for op in _bridge.AUTOGRAD} == ours
+    assert {f"{op._namespace}::{op._name}" for op in _bridge.JVP} == ours
