@@ -13,14 +13,14 @@ import torch
 from . import _ops_basic as basic, _ops_conv as conv, _ops_norm as norm, \
     _ops_random as rnd
 from ._bridge import JVP
-from ._second_order import ACTIVATIONS, FORMULAS, _conv, _pool
+from ._second_order import ACTIVATIONS, FORMULAS, conv_math, pool_math
 
 F = torch.nn.functional
 Tensor = torch.Tensor
 
 
 def conv_forward(x, w, b, stride, padding, dilation, groups):
-    y = _conv(x, w, stride, padding, dilation, groups)
+    y = conv_math(x, w, stride, padding, dilation, groups)
     return y if b is None else y + b.reshape(1, -1, *([1] * (y.dim() - 2)))
 
 
@@ -58,7 +58,7 @@ FORWARD = {
                 (0,), False),
     conv.conv: (conv_forward, (0, 1, 2), False),
     conv.conv_transpose: (conv_transpose_forward, (0, 1, 2), False),
-    conv.pool: (_pool, (0,), False),
+    conv.pool: (pool_math, (0,), False),
     norm.batch_norm: (batch_norm_forward, (0, 1, 2), False),
     norm.layer_norm: (lambda x, w, b, ndim, eps: F.layer_norm(x, x.shape[x.dim() - ndim:], w, b,
                                                               eps), (0, 1, 2), False),

@@ -79,14 +79,14 @@ def lrn_backward(dy, x, size, alpha, beta, k):
 
 # ---- convolution and pooling; padding as the ops carry it, per-side pairs flattened
 # (pre_0, post_0, pre_1, ...) by spatial axis, F.pad's order is the last axis first
-def _conv(x, w, stride, padding, dilation, groups):
+def conv_math(x, w, stride, padding, dilation, groups):
     pads = [p for a in reversed(range(w.dim() - 2)) for p in padding[2 * a:2 * a + 2]]
     fn = (F.conv1d, F.conv2d, F.conv3d)[w.dim() - 3]
     return fn(F.pad(x, pads), w, None, stride, 0, dilation, groups)
 
 
 def conv_backward(dy, x, w, stride, padding, dilation, groups, output_mask):
-    dx, dw = _vjp(lambda x, w: _conv(x, w, stride, padding, dilation, groups), (x, w), dy)
+    dx, dw = _vjp(lambda x, w: conv_math(x, w, stride, padding, dilation, groups), (x, w), dy)
     want_x, want_w, want_b = output_mask
     return (dx if want_x else _empty(x), dw if want_w else _empty(w),
             _sum_but_channels(dy) if want_b else _empty(w))
@@ -97,16 +97,16 @@ def conv_transpose_backward(dy, x, w, stride, padding, dilation, groups, output_
     x's shape), dw = the convolution's weight gradient at dy with cotangent x (grown to
     the convolution's output: _ops_conv.grown), db = dy's channel sums."""
     want_x, want_w, want_b = output_mask
-    dx = _conv(dy, w, stride, padding, dilation, groups)[
+    dx = conv_math(dy, w, stride, padding, dilation, groups)[
         (slice(None), slice(None)) + tuple(slice(S) for S in x.shape[2:])] \
         if want_x else _empty(x)
     Q = conv.conv_shape(dy.shape, w.shape, stride, padding, dilation)
-    dw = _vjp(lambda w: _conv(dy, w, stride, padding, dilation, groups), (w,),
+    dw = _vjp(lambda w: conv_math(dy, w, stride, padding, dilation, groups), (w,),
               conv.grown(x, Q))[0] if want_w else _empty(w)
     return dx, dw, _sum_but_channels(dy) if want_b else _empty(w)
 
 
-def _pool(x, kernel, stride, padding, dilation, mode, ceil_mode):
+def pool_math(x, kernel, stride, padding, dilation, mode, ceil_mode):
     nd = len(kernel)
     pad = padding[0::2]  # (nbdnn.torch's pools pad both sides alike)
     if mode == "max":
@@ -117,7 +117,7 @@ def _pool(x, kernel, stride, padding, dilation, mode, ceil_mode):
 
 
 def pool_backward(dy, x, kernel, stride, padding, dilation, mode, ceil_mode):
-    return _vjp(lambda x: _pool(x, kernel, stride, padding, dilation, mode, ceil_mode),
+    return _vjp(lambda x: pool_math(x, kernel, stride, padding, dilation, mode, ceil_mode),
                 (x,), dy)[0]
 
 
