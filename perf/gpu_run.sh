@@ -547,7 +547,9 @@ torch)
             "tests/test_torch_models.py::test_torchvision_full_size_on_cuda[$a]" \
             > "$OUT/torch-full-$a.log" 2>&1 &
     done
-    sharded torch-tests ${SHARDS:-10} ${TEST_LIMIT_S:-300} tests/test_torch_*.py -k "not full_size"
+    sharded torch-tests ${SHARDS:-10} ${TEST_LIMIT_S:-300} tests/test_torch_*.py \
+        tests/test_pool_paths.py -k "not full_size"  # (the pool kernels: run AW's ceil-mode
+    # windows past the padded input, simulator-checked only)
     wait
     for a in resnet50 vit_b_16; do
         echo "full size $a: $(grep -h "float32 losses" "$OUT/torch-full-$a.log") $(tail -1 "$OUT/torch-full-$a.log")"
