@@ -74,9 +74,11 @@ def transformable(op):
     one call), else runs op on each sample (as the dispatcher's fallback does) and
     stacks the results on dim 0; its jvp rule is JVP's (forward mode: torch.func.jvp,
     jacfwd, hessian)."""
+    global TRANSFORMED
     fn = TRANSFORMABLE.get(op)
     if fn is not None:
         return fn
+    TRANSFORMED = True
     setup_context, backward = AUTOGRAD[op]
     save, jvp = JVP[op]
 
@@ -116,6 +118,7 @@ def _bare_apply(cls):
 EAGER = {}  # custom op -> the apply of the autograd.Function of its implementation and
 # formulas
 TRANSFORMABLE = {}  # custom op -> the same for torch.func's transforms (transformable())
+TRANSFORMED = False  # whether one has been built (run() then unwraps dead wrappers)
 PLAIN = (torch.Tensor, torch.nn.Parameter)
 _TENSOR = torch._C.OptionalType.ofTensor()
 TENSORS = {}  # custom op -> the positions of its Tensor and Optional[Tensor] arguments
@@ -155,6 +158,13 @@ def call(op, *args):
     return op._init_fn(*args)
 
 
+def unwrapped(t):
+    """t without torch.func's wrappers (live or dead): the tensor holding its memory."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
+
+
 def advance(buf, new):
     """buf.copy_(new): a buffer (batch norm's running statistics) advanced in place.
     Under a torch.func transform, below it, new's value unwrapped: the transforms refuse
@@ -163,8 +173,7 @@ def advance(buf, new):
     if not _functorch():
         buf.copy_(new)
         return
-    while torch._C._functorch.is_functorch_wrapped_tensor(new):
-        new = torch._C._functorch.get_unwrapped(new)
+    new = unwrapped(new)
     if new.shape != buf.shape:  # (vmap: a statistic a sample)
         raise RuntimeError("nbdnn.torch.batch_norm: under vmap the running statistics, "
                            "updated in place, must be batched as the input is (as "
@@ -302,6 +311,10 @@ def run(fn, like, *args, **kw):
     for k, v in kw.items():
         if isinstance(v, torch.Tensor):
             kw[k] = v.contiguous()
+    if TRANSFORMED:  # (a torch.func transform has run: its pullbacks, called after it
+        # returned, hand over its dead wrappers, which have no storage of their own)
+        args = [unwrapped(a) if isinstance(a, torch.Tensor) else a for a in args]
+        kw = {k: unwrapped(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     stream = _raw_stream(like.get_device())
     if stream:
         kw["stream"] = stream
