@@ -412,3 +412,20 @@ def test_one_sample_inputs_as_pytorch():
     torch.testing.assert_close(model(x), net(x), rtol=1e-12, atol=1e-12)
     pool1d, _ = nt.convert(nn.MaxPool1d(3, 2))
     torch.testing.assert_close(pool1d(x[0]), nn.MaxPool1d(3, 2)(x[0]), rtol=0, atol=0)
+
+
+def test_channels_last_outputs_take_in_place_adds_under_autograd():
+    """A channels-last model's results are tensors of their own, not views made inside
+    the op's autograd.Function, so a residual `out += identity` (torchvision's ResNet)
+    trains; its gradient equals native's."""
+    net = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)).double()
+    model, _ = nt.convert(net)
+    x = torch.randn(2, 4, 5, 5, dtype=torch.float64).contiguous(
+        memory_format=torch.channels_last)
+    grads = []
+    for m in (net, model):
+        xi = x.clone().requires_grad_()
+        y = m(xi)
+        y += xi
+        grads.append(torch.autograd.grad(y.square().sum(), xi)[0])
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-10, atol=1e-10)

@@ -204,8 +204,12 @@ def nhwc(t):
 
 
 def nchw(t):
-    """An (N, H, W, C) result as the NCHW-shaped channels-last tensor."""
-    return t.permute(0, 3, 1, 2)
+    """An (N, H, W, C) result as the NCHW-shaped channels-last tensor: a tensor of its own
+    over the same memory, not a view (an op's output that is a view of a tensor made
+    inside its autograd.Function cannot be modified in place: a residual `out +=
+    identity` on a channels-last model's batch norm would fail)."""
+    v = t.permute(0, 3, 1, 2)
+    return v.new_empty(0).set_(v.untyped_storage(), v.storage_offset(), v.shape, v.stride())
 
 
 def new(x, shape, last, dtype=None):
