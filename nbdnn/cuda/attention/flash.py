@@ -139,7 +139,7 @@ def forward(q, k, v, o, lse, lq, lk, has_lq, has_lk, geo, layout, stream):
     bhsd = layout == "BHSD"
     shapes = ((B * Hq, Sq, D), (B * Hk, Sk, D)) if bhsd else ((B, Sq, Hq * D), (B, Sk, Hk * D))
     BN = TILES[D][0]
-    maps = [encoded(ptr(t), shp, dtype, (1, rows, 64), "128B")
+    maps = [encoded(ptr(t), shp, dtype, (1, rows, 64), "128B", stream, t)
             for t, shp, rows in ((q, shapes[0], fs.BM), (k, shapes[1], BN), (v, shapes[1], BN))]
     persistent = not causal and Sk <= PERSISTENT[D]
     kern = kernel(dtype, D, "F1" if persistent else None, persistent)

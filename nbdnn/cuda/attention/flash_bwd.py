@@ -75,7 +75,8 @@ def backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, has_lq, has_lk, geo, layo
     st = fb.step_of("dkv", D)
 
     def maps(tensors):
-        return [encoded(ptr(t), shp, dtype, (1, r, 64), "128B") for t, shp, r in tensors]
+        return [encoded(ptr(t), shp, dtype, (1, r, 64), "128B", stream, t)
+                for t, shp, r in tensors]
     common = (lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, causal, int(bhsd),
               float(scale * math.log2(math.e)), float(scale))
     m = maps(((k, shk, fb.BLOCK), (v, shk, fb.BLOCK), (q, shq, st), (do, shq, st)))

@@ -20,7 +20,8 @@ convolution's, act(alpha acc + beta z + bias) with z the residual or y
 (pair_epilogue.conv_pair_lines), split-K only without alpha and z (its sum applies
 the GEMM's order). Everything else runs the SIMT algorithms. The tensor maps are
 encoded on the host per address (a kernel cannot rewrite an im2col map's address the
-way the GEMM's own maps do), so the call is not plannable (CUDA graphs capture it).
+way the GEMM's own maps do), so the call is not plannable (CUDA graphs capture it;
+inside a stream capture a new address's map is written on the stream: tensormap.py).
 
 Tile: 128 output positions x BN filters, BN from WIDTHS by waves x (BM + BN) (`plan`:
 K = 64 takes 64 wide, where 256 would compute four times the filters); the 64-row
@@ -172,9 +173,10 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream, w_stored
     bm = tile[2] if len(tile) > 2 else W.BM
     lower, upper = corners(g)
     ma = encoded_im2col(ptr(x), (g.N, g.H, g.W, g.C), mdt, bm, bk, lower, upper,
-                        (g.sh, g.sw))
-    mb = encoded(ptr(w), (g.C, g.R * g.S, K), mdt, (64, 1, bk), "128B") if w_stored else \
-        encoded(ptr(w), (K, g.R * g.S, g.C), mdt, (bn, 1, bk), "128B")
+                        (g.sh, g.sw), stream=stream, like=x)
+    mb = encoded(ptr(w), (g.C, g.R * g.S, K), mdt, (64, 1, bk), "128B", stream, w) \
+        if w_stored else encoded(ptr(w), (K, g.R * g.S, g.C), mdt, (bn, 1, bk), "128B",
+                                 stream, w)
     partial = splits > 1
     out = empty(y, (splits * M * K,), "float32") if partial else y
     store = W.TMA_STORE and staged.usable(kind, partial, False, K, ptr(out),
@@ -191,7 +193,7 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream, w_stored
     if store:
         f32 = partial or kind == "tf32"
         maps += (encoded(ptr(out), (splits, M, K), "float32" if f32 else dtype,
-                         (1, 64, staged.columns(f32)), "128B"),)
+                         (1, 64, staged.columns(f32)), "128B", stream, out),)
     owners += [m[1] for m in maps[2:]] + ([bias] if bias is not None else []) + \
         ([residual] if residual is not None else [])
     bias_arg = (ptr(bias), K) if bias is not None else (ptr(y), 1)
@@ -257,9 +259,9 @@ def backward_filter(dy, x, dw, g, alpha, beta, stream):
     partial = splits > 1
     out = empty(dw, (splits * M * N,), "float32") if partial else dw
     lower, upper = corners(g)
-    ma = encoded(ptr(dy), (1, red, M), dtype, (1, W.BK, 64), "128B")
+    ma = encoded(ptr(dy), (1, red, M), dtype, (1, W.BK, 64), "128B", stream, dy)
     mb = encoded_im2col(ptr(x), (g.N, g.H, g.W, g.C), dtype, W.BK, 64, lower, upper,
-                        (g.sh, g.sw))
+                        (g.sh, g.sw), stream=stream, like=x)
     tile = (bn, stages) + ((bm,) if bm != W.BM else ())
     shmem = W.shared_bytes(bn, stages, False, bm)
     k = W.kernel(dtype, False, False, False, None, beta != 0 and not partial,

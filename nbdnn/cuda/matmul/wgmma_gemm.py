@@ -238,9 +238,9 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     # or (1, 64 k, 64 m/n) MN-major (16-bit only)
     at, bt = (TEMPLATE_ADDRESS, TEMPLATE_ADDRESS) if OWN_MAPS else (ptr(a), ptr(b))
     ma = encoded(at, (na, K, rows_a) if trans_a else (na, rows_a, K), mdt,
-                 (1, BK, BOX) if trans_a else (1, bm, bk), "128B")
+                 (1, BK, BOX) if trans_a else (1, bm, bk), "128B", stream, c)
     mb = encoded(bt, (nb_, N, K) if trans_b else (nb_, K, N), mdt,
-                 (1, bn, bk) if trans_b else (1, BK, BOX), "128B")
+                 (1, bn, bk) if trans_b else (1, BK, BOX), "128B", stream, c)
     offs = batch_table(a_batch, b_batch, batch, dtype=np.int32)
     tiles = -(-rows_a // bm) * -(-N // bn) * nz
     splits, chunk = split(tiles, K, bk)
@@ -270,7 +270,8 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     if store:  # C's map: (matrices [x chunks], rows, N), 64-row x 128-byte boxes
         f32 = kind == "tf32" or partial
         encs += (encoded(TEMPLATE_ADDRESS if OWN_MAPS else ptr(out), (nz * splits, rows_a, N),
-                         "float32" if f32 else dtype, (1, 64, staged.columns(f32)), "128B"),)
+                         "float32" if f32 else dtype, (1, 64, staged.columns(f32)), "128B",
+                         stream, c),)
         owners += (encs[2][1],)
     maps = tuple(m[0] for m in encs)
     if OWN_MAPS:  # the templates, a, b, the blocks' map slots (128 B a map)

@@ -36,7 +36,8 @@ ends the recording and leaves no graph; the context stays usable.
 PyTorch interop: nbdnn calls given `stream=torch.cuda.current_stream()` inside
 `torch.cuda.graph(...)` are captured by PyTorch's own stream capture. Warm up first
 (one eager call of the same sequence, as PyTorch's docs ask for its own ops): a
-first call compiles kernels and uploads index tables, which a capture forbids.
+first call compiles kernels and uploads index tables, which a capture forbids. The TMA
+maps of the capture's new addresses are written inside the graph (tensormap.py).
 
 Under the simulator `replay()` runs the recorded launches again, eagerly, so code and
 tests that use graphs run without a GPU.
@@ -48,6 +49,18 @@ from .simulator import SIMULATOR
 from . import device as _device, launch as _launch
 from .arrays import stream_handle
 from ...errors import DeviceError, NbdnnError, NotSupportedError
+
+
+def capturing(stream):
+    """Whether the stream (a CUstream handle, int) is being captured into a CUDA graph
+    (cuStreamIsCapturing; False under the simulator and for the legacy stream, which
+    no capture uses)."""
+    if SIMULATOR or not stream:
+        return False
+    _launch._bind_driver()
+    status = ctypes.c_int()
+    rc = _launch._libcuda.cuStreamIsCapturing(ctypes.c_void_p(stream), ctypes.byref(status))
+    return rc == 0 and status.value != 0  # (0: CU_STREAM_CAPTURE_STATUS_NONE)
 
 
 class Graph:

@@ -5,12 +5,29 @@ address, sizes, byte strides, element type) and the box one TMA copy moves (its 
 in elements, the shared-memory swizzle). numba cannot pass it as a __grid_constant__
 kernel parameter, so it is copied into a device array and the kernel takes its
 address (tma.fence_proxy_tensormap_acquire before first use). Encoding costs a few
-microseconds of host time: maps are cached per (address, shape, strides, dtype, box,
-swizzle), so a plan or a graph replay reuses them.
+microseconds of host time: the 128 bytes are cached per (address, shape, strides,
+dtype, box, swizzle), their device copies per content, so a plan or a graph replay
+reuses them.
+
+Inside a CUDA stream capture (torch.cuda.graph) an upload is forbidden: cuMemAlloc
+and a synchronous copy break the capture, and PyTorch's graph pool hands out addresses
+the warm-up never saw (run AW, H200: a captured bf16 ResNet-50 step failed here). So a
+map for a capturing stream that is not on the device yet is written by a one-thread
+kernel (`_write_words`, its 16 words as kernel parameters, which the graph keeps) into
+16 words from the caller's allocator (PyTorch's graph pool: the graph owns them), and
+every replay writes it again before the kernel that reads it. A map already on the
+device that a capture uses is kept for good (the graph holds its address; the cache
+would free it on eviction).
 """
+import collections
 import functools
 
 import numpy as np
+from numba import cuda
+
+from ..runtime.arrays import empty, ptr, stream_handle
+from ..runtime.graph import capturing
+from ..runtime.launch import Kernel
 
 DTYPES = {"float16": "FLOAT16", "bfloat16": "BFLOAT16", "float32": "FLOAT32",
           "tfloat32": "TFLOAT32", "uint16": "UINT16", "uint32": "UINT32"}
@@ -28,15 +45,17 @@ def tensor_map(address, shape, dtype, box, swizzle="none"):
     return encoded(address, shape, dtype, box, swizzle)[0]
 
 
-def encoded(address, shape, dtype, box, swizzle="none"):
+def encoded(address, shape, dtype, box, swizzle="none", stream=0, like=None):
     """(device address, device array) of the tensor map tensor_map describes: a kernel
-    launch recorded into a graph keeps the array alive (launch's `owners`)."""
-    return _encoded(int(address), tuple(int(s) for s in shape), str(dtype),
-                    tuple(int(b) for b in box), swizzle)
+    launch recorded into a graph keeps the array alive (launch's `owners`). stream: the
+    launch's (a capturing one gets the map written on it, module docstring); like: an
+    array of the caller's kind, whose allocator then holds the map."""
+    return _placed(_encoded(int(address), tuple(int(s) for s in shape), str(dtype),
+                            tuple(int(b) for b in box), swizzle), stream, like)
 
 
 def encoded_im2col(address, shape, dtype, pixels, channels, lower, upper, strides,
-                   swizzle="128B"):
+                   swizzle="128B", stream=0, like=None):
     """(device address, device array) of an im2col tensor map (TMA's im2col mode, for
     convolution) of the channels-last tensor at `address` of `shape` (N, [H,] W, C),
     outermost first: a load moves `pixels` pixels (rows of shared memory) of `channels`
@@ -44,11 +63,12 @@ def encoded_im2col(address, shape, dtype, pixels, channels, lower, upper, stride
     the bounding box of the window corners per spatial axis (outermost first), lower
     corner relative to 0, upper to the axis' last element (-padding and
     (out - 1) * stride - size + 1 - padding for a convolution); strides: the step
-    between consecutive pixels per spatial axis (the convolution's stride)."""
-    return _encoded_im2col(int(address), tuple(int(s) for s in shape), str(dtype),
-                           int(pixels), int(channels), tuple(int(v) for v in lower),
-                           tuple(int(v) for v in upper), tuple(int(v) for v in strides),
-                           swizzle)
+    between consecutive pixels per spatial axis (the convolution's stride); stream,
+    like: as `encoded`'s."""
+    return _placed(_encoded_im2col(int(address), tuple(int(s) for s in shape), str(dtype),
+                                   int(pixels), int(channels), tuple(int(v) for v in lower),
+                                   tuple(int(v) for v in upper),
+                                   tuple(int(v) for v in strides), swizzle), stream, like)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -59,7 +79,7 @@ def _encoded_im2col(address, shape, dtype, pixels, channels, lower, upper, strid
         *drv_args[:2], address, *drv_args[2:], list(reversed(lower)), list(reversed(upper)),
         channels, pixels, [drv.cuuint32_t(v) for v in (1,) + tuple(reversed(strides)) + (1,)],
         *_modes(drv, swizzle))
-    return _on_device(drv, err, tm, f"cuTensorMapEncodeIm2col (shape {shape}, {pixels} "
+    return _words(drv, err, tm, f"cuTensorMapEncodeIm2col (shape {shape}, {pixels} "
                       f"pixels x {channels} channels, box {lower}..{upper}, strides {strides})")
 
 
@@ -85,14 +105,64 @@ def _modes(drv, swizzle):
             drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
 
 
-def _on_device(drv, err, tm, what):
-    """(device address, device array) of an encoded map; RuntimeError naming `what`
-    when the encoder failed."""
-    from numba import cuda
+def _words(drv, err, tm, what):
+    """The 16 words of an encoded map; RuntimeError naming `what` when the encoder
+    failed."""
     if err != drv.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"{what}: {err}")
-    dev = cuda.to_device(np.array([int(v) for v in tm.opaque], dtype=np.uint64))
-    return dev.__cuda_array_interface__["data"][0], dev  # (allocations: 256-B aligned)
+    return tuple(int(v) for v in tm.opaque)
+
+
+UPLOADS = 1024  # device copies cached (128 B each), least recently used dropped
+_uploads = collections.OrderedDict()  # words -> (address, device array)
+_kept = {}  # words -> (address, device array): used by a capture, never dropped
+
+
+def _placed(words, stream, like):
+    """(device address, device array) holding `words` for a launch on `stream`."""
+    hit = _kept.get(words)
+    if hit is not None:
+        return hit
+    hit = _uploads.get(words)
+    if stream and capturing(stream_handle(stream)):
+        if hit is None:
+            return _written(words, stream, like)
+        _kept[words] = _uploads.pop(words)
+    elif hit is None:
+        dev = cuda.to_device(np.array(words, dtype=np.uint64))
+        hit = _uploads[words] = ptr(dev), dev  # (allocations: 256-byte aligned)
+        if len(_uploads) > UPLOADS:
+            _uploads.popitem(last=False)
+    else:
+        _uploads.move_to_end(words)
+    return hit
+
+
+def _write_words(dst, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14,
+                 w15):
+    """dst[:16] = the words (one thread: 128 bytes, once a replay)."""
+    if cuda.threadIdx.x == 0:
+        dst[0], dst[1], dst[2], dst[3], dst[4], dst[5], dst[6], dst[7] = \
+            w0, w1, w2, w3, w4, w5, w6, w7
+        dst[8], dst[9], dst[10], dst[11], dst[12], dst[13], dst[14], dst[15] = \
+            w8, w9, w10, w11, w12, w13, w14, w15
+
+
+WRITE_SIG = "void(uint64[::1], " + ", ".join(["uint64"] * 16) + ")"
+WRITER = Kernel(_write_words, [WRITE_SIG])
+
+
+def _written(words, stream, like):
+    """A map written on a capturing stream into 16 words of like's allocator."""
+    if like is None or not (type(like).__module__ or "").startswith(("torch", "cupy")):
+        from ...errors import NotSupportedError
+        raise NotSupportedError(
+            "nbdnn: a TMA tensor map for a new address during a CUDA stream capture needs "
+            "PyTorch or CuPy arrays (their allocators work inside a capture); warm up with "
+            "the same buffers first, or use nbdnn.cuda.Graph")
+    dst = empty(like, (16,), "uint64")
+    WRITER.launch(WRITE_SIG, 1, 32, stream_handle(stream), dst, *words, owners=(dst,))
+    return ptr(dst), dst
 
 
 @functools.lru_cache(maxsize=1024)
@@ -105,5 +175,5 @@ def _encoded(address, shape, dtype, box, swizzle):
     err, tm = drv.cuTensorMapEncodeTiled(
         kind, rank, address, dims, strides, [drv.cuuint32_t(b) for b in reversed(box)],
         [drv.cuuint32_t(1)] * rank, *_modes(drv, swizzle))
-    return _on_device(drv, err, tm, f"cuTensorMapEncodeTiled (shape {shape}, box {box}, "
+    return _words(drv, err, tm, f"cuTensorMapEncodeTiled (shape {shape}, box {box}, "
                       f"{dtype}, swizzle {swizzle})")
