@@ -62,6 +62,9 @@
 #   bash perf/gpu_run.sh att-tf32-speed       # its 3xtf32 / tf32 rows against gemm.py's
 #   bash perf/gpu_run.sh torch                # nbdnn.torch: its tests, sharded (CUDA and CPU)
 #   bash perf/gpu_run.sh torch-perf           # its host cost, ResNet-50 steps against native
+#   bash perf/gpu_run.sh capture              # TMA maps inside stream captures (run AX): the
+#                                             # tensor-core tests and torch.cuda.graph ones,
+#                                             # (SAN=1) sanitizer, then CONFIGS' steps
 #   bash perf/gpu_run.sh devices              # issue 27's tests on this machine's GPUs
 #   bash perf/gpu_run.sh ddp                  # nvidia-h200-x2: those, then perf/suites/ddp.py
 #   bash perf/gpu_run.sh att-all              # every attention test, 8 shards (<= 330 s)
@@ -562,6 +565,21 @@ torch-perf)
     timeout ${MODELS_LIMIT_S:-300} python3 perf/suites/torch_models.py --host --profile \
         --models --configs ${CONFIGS:-bf16-cl fp32} > "$OUT/torch-models.log" 2>&1
     grep -v -i warn "$OUT/torch-models.log" ;;
+capture)
+    # run AX: tensormap.py writes a new address's map on a capturing stream. The tests of
+    # the kernels that read maps and of torch.cuda.graph captures (<= TEST_LIMIT_S), the
+    # sanitizer over the capture test beside them, then torch_models.py's steps in
+    # CONFIGS (graphed: run AW's failing capture; <= MODELS_LIMIT_S)
+    sanitized capture ${TEST_LIMIT_S:-240} tests/test_tensormap_capture.py
+    sharded capture-tests ${SHARDS:-12} ${TEST_LIMIT_S:-240} tests/test_tensormap_capture.py \
+        tests/test_conv_tensorcore.py tests/test_attention_flash.py tests/test_graph.py \
+        tests/test_torch_convert.py tests/test_torch_functional.py -k \
+        "capture or graph or tensor_core or flash or conv"
+    wait
+    summary capture-memcheck capture-racecheck
+    timeout ${MODELS_LIMIT_S:-300} python3 perf/suites/torch_models.py --models \
+        --configs ${CONFIGS:-bf16-cl} > "$OUT/torch-models.log" 2>&1
+    grep -v -i warn "$OUT/torch-models.log" | cut -c1-300 | tail -40 ;;
 devices)
     # several GPUs (issue 27) on whatever this machine has: the device plumbing's tests
     # (test_devices.py: the driver's answers on one GPU counted as two), DDP of a
