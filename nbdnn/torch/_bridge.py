@@ -207,9 +207,10 @@ def nchw(t):
     """An (N, H, W, C) result as the NCHW-shaped channels-last tensor: a tensor of its own
     over the same memory, not a view (an op's output that is a view of a tensor made
     inside its autograd.Function cannot be modified in place: a residual `out +=
-    identity` on a channels-last model's batch norm would fail)."""
-    v = t.permute(0, 3, 1, 2)
-    return v.new_empty(0).set_(v.untyped_storage(), v.storage_offset(), v.shape, v.stride())
+    identity` on a channels-last model's batch norm would fail). detach() makes one
+    that autograd does not count as a view, ~1.3 us against set_()'s ~2.9 (a 2-core
+    host; every channels-last result pays it)."""
+    return t.permute(0, 3, 1, 2).detach()
 
 
 def new(x, shape, last, dtype=None):
