@@ -566,15 +566,16 @@ torch-perf)
         --models --configs ${CONFIGS:-bf16-cl fp32} > "$OUT/torch-models.log" 2>&1
     grep -v -i warn "$OUT/torch-models.log" ;;
 capture)
-    # run AX: tensormap.py writes a new address's map on a capturing stream. The tests of
+    # run AX: tensormap.py writes a new address's map on a capturing stream, and plans
+    # replay the maps' calls (plan_record's derived numbers). The tests of
     # the kernels that read maps and of torch.cuda.graph captures (<= TEST_LIMIT_S), the
     # sanitizer over the capture test beside them, then torch_models.py's steps in
     # CONFIGS (graphed: run AW's failing capture; <= MODELS_LIMIT_S)
     sanitized capture ${TEST_LIMIT_S:-240} tests/test_tensormap_capture.py
     sharded capture-tests ${SHARDS:-12} ${TEST_LIMIT_S:-240} tests/test_tensormap_capture.py \
         tests/test_conv_tensorcore.py tests/test_attention_flash.py tests/test_graph.py \
-        tests/test_torch_convert.py tests/test_torch_functional.py -k \
-        "capture or graph or tensor_core or flash or conv"
+        tests/test_plan.py tests/test_torch_convert.py tests/test_torch_functional.py -k \
+        "capture or graph or tensor_core or flash or conv or plan or derived"
     wait
     summary capture-memcheck capture-racecheck
     timeout ${MODELS_LIMIT_S:-300} python3 perf/suites/torch_models.py --models \

@@ -105,6 +105,43 @@ def test_host_state_that_changes_is_never_planned():
     assert _plan._NEVER in _states()
 
 
+def _tag(address, k):
+    """A number derived from an address (as a TMA map's device address is)."""
+    return address % 1000003 + k
+
+
+def _store(out, v):
+    out[0] = v
+
+
+STORE_SIG = "void(int64[::1], int64)"
+
+
+def test_numbers_derived_from_addresses_are_derived_again_on_replay():
+    """A launch argument computed from an input's address: the call tells its recording
+    (derive), the 2nd and 3rd recordings agree, and each replay computes it again at
+    its own input's address. (Before run AX such a number was a constant: a replay
+    passed the recorded one, as the flash attention kernels' maps could have been.)"""
+    from nbdnn.cuda.runtime.arrays import _recording, empty, ptr
+    from nbdnn.cuda.runtime.launch import Kernel
+    store = Kernel(_store, [STORE_SIG])
+
+    def tagged(x, out=None):
+        out = empty(x, (1,), "int64")
+        value = _tag(ptr(x) + 8, 5)
+        rec = _recording.__dict__.get("plan")
+        if rec is not None:
+            rec.derive(value, ptr(x) + 8, (_tag, 5))
+        store.launch(STORE_SIG, 1, 1, 0, out, value)
+        return out
+    op = planned(tagged)
+    xs = [cuda.to_device(np.zeros(4, np.float32)) for _ in range(6)]  # (all alive: six
+    # addresses)
+    got = [int(op(x).copy_to_host()[0]) for x in xs]
+    assert got == [_tag(ptr(x) + 8, 5) for x in xs]
+    assert Plan in [type(s) for s in _states()]
+
+
 def test_strided_views_and_numpy_take_the_full_path():
     x = cuda.to_device(np.arange(16, dtype=np.float32))[::2]
     for _ in range(5):

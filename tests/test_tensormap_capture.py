@@ -1,9 +1,10 @@
-"""TMA tensor maps inside CUDA stream captures (nbdnn/cuda/tensorcore/tensormap.py):
-where a map's 128 bytes live for a launch, eagerly and on a capturing stream, and (on
-the H200) tensor-core convolution, GEMM and attention captured by torch.cuda.graph at
-the graph pool's new addresses, forward and backward, replaying to the eager result.
-Run AW found the capture failing: the maps were uploaded with cuMemAlloc and a
-synchronous copy, which a capture forbids."""
+"""TMA tensor maps at new addresses (nbdnn/cuda/tensorcore/tensormap.py): where a map's
+128 bytes live for a launch, eagerly and on a capturing stream; on the H200, the
+tensor-core convolution (forward, filter gradient) and flash attention replaying eager
+call plans at new addresses (a replay makes its own maps: plan_record's derived
+numbers), and those with the GEMM captured by torch.cuda.graph at the graph pool's new
+addresses, replaying to the eager result. Run AW found the capture failing: the maps
+were uploaded with cuMemAlloc and a synchronous copy, which a capture forbids."""
 import numpy as np
 import pytest
 
@@ -70,6 +71,42 @@ except ImportError:  # (the tests above need no PyTorch)
     torch = None
 CUDA = pytest.mark.skipif(SIMULATOR or torch is None or not torch.cuda.is_available(),
                           reason="tensor cores and torch.cuda.graph need a GPU")
+
+
+@CUDA
+@pytest.mark.parametrize("case", ["conv2d", "conv_backward_filter", "attention"])
+def test_tensor_core_calls_replay_plans_at_new_addresses(case):
+    """Six calls of one signature on new bf16 tensors each (all kept alive: new
+    addresses): every result equals the full path's on the same tensors (the same
+    kernels, bit for bit), and the signature gets a plan (calls 4-6 replay it)."""
+    import nbdnn
+    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.ops import _plan
+    g = torch.Generator(device="cuda").manual_seed(1)
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", generator=g, dtype=torch.bfloat16)
+    op, kernel = {"conv2d": (nbdnn.conv2d, "wgmma_conv"),
+                  "conv_backward_filter": (nbdnn.conv_backward_filter, "wgmma"),
+                  "attention": (nbdnn.scaled_dot_product_attention, "attention_flash_fwd")}[case]
+    calls = {"conv2d": lambda: ((rand(4, 8, 8, 64), rand(64, 3, 3, 64)),
+                                dict(padding=(1, 1), layout="NHWC")),
+             "conv_backward_filter": lambda: ((rand(4, 8, 8, 64), rand(4, 8, 8, 64),
+                                               (64, 3, 3, 64)),
+                                              dict(padding=(1, 1), layout="NHWC")),
+             "attention": lambda: ((rand(2, 4, 32, 64), rand(2, 4, 32, 64),
+                                    rand(2, 4, 32, 64)), {})}[case]
+    kept = [calls() for _ in range(6)]
+    with launched() as names:
+        op.unplanned(*kept[0][0], **kept[0][1])
+    assert any(n.startswith(kernel) for n in names), names
+    _plan.clear()
+    for args, kw in kept:
+        got = op(*args, **kw)
+        want = op.unplanned(*args, **kw)
+        for a, b in zip(*(r if isinstance(r, tuple) else (r,) for r in (got, want))):
+            assert torch.equal(a, b), case
+    assert _plan.Plan in [type(p) for p in _plan.plans_of_this_thread().values()]
 
 
 def _step(x, w, wl, q, k):

@@ -20,8 +20,9 @@ convolution's, act(alpha acc + beta z + bias) with z the residual or y
 (pair_epilogue.conv_pair_lines), split-K only without alpha and z (its sum applies
 the GEMM's order). Everything else runs the SIMT algorithms. The tensor maps are
 encoded on the host per address (a kernel cannot rewrite an im2col map's address the
-way the GEMM's own maps do), so the call is not plannable (CUDA graphs capture it;
-inside a stream capture a new address's map is written on the stream: tensormap.py).
+way the GEMM's own maps do): an eager call plan's replay encodes them for its tensors
+(tensormap.map_address, from run AX; before, such calls ran in full every time), and
+inside a stream capture a new address's map is written on the stream (tensormap.py).
 
 Tile: 128 output positions x BN filters, BN from WIDTHS by waves x (BM + BN) (`plan`:
 K = 64 takes 64 wide, where 256 would compute four times the filters); the 64-row
@@ -158,10 +159,6 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream, w_stored
     or y itself; `usable` true; act a mode name or None. w_stored (16-bit): w is
     (C, R, S, K), a data gradient's filter as stored (reduction channels first), read
     as an MN-major B (wgmma_im2col.load_lines) instead of (K, R, S, C)."""
-    from ...backend import _recording
-    rec = _recording.__dict__.get("plan")
-    if rec is not None:  # host maps hold the tensors' addresses
-        rec.impure()
     dtype = dtype_name(x)
     kind = W.KINDS[dtype]
     bk, mdt = W.BK_OF[kind], W.TF32_MAP if kind == "tf32" else dtype

@@ -112,10 +112,12 @@ class _Launcher:
         self.lock = threading.Lock()
         self.pack = _make_packer(argtypes, packer.pack_into, self.buf)
         self.nslots = nslots
-        self.data_slots, slot = [], 0  # each array argument's data-pointer slot
+        self.data_slots, self.param_slots, slot = [], [], 0  # each array argument's
+        # data-pointer slot; each argument's first slot
         for t in argtypes:
             n = struct.calcsize("<" + _slot_codes(t)) // 8
             self.data_slots.append(slot + 4 if n == 7 else None)
+            self.param_slots.append(slot)
             slot += n
 
 

@@ -3,8 +3,17 @@
 
 A recording is the call's allocations (like which source, shape, dtype), its launches
 (kernel, signature, grid, block, shared bytes, and per argument: a constant, an input
-or allocation with a byte offset and an element count, or a fixed table) and how its
-result maps to inputs and allocations. Two recordings of one signature compare equal
+or allocation with a byte offset and an element count, a fixed table, or a number
+derived from an input's or allocation's address) and how its result maps to inputs
+and allocations.
+
+Derived numbers: a TMA tensor map holds its tensor's address, and a kernel takes the
+map's device address as a plain integer. The code that makes one says so while a call
+is recorded (`derive(value, address, rule)`, value == rule[0](address, *rule[1:])); a
+replay calls the rule at the new address (tensormap.py: ~1 us, its caches). Before
+run AX such calls were refused plans (the tensor-core convolution, ~20-200 us of host
+time a call more), or, where nothing refused them (the flash attention kernels), a
+plan could replay the recorded maps at new addresses. Two recordings of one signature compare equal
 when the call did the same thing at different addresses.
 """
 import math
@@ -30,6 +39,7 @@ class _Recorder:
         self.n_inputs = len(arrays)
         self.objects = [x for x, _ in arrays]
         self.allocs, self.launches, self.fixed = [], [], {}
+        self.derived = {}  # value -> (address, rule): derive()
         # inputs that overlap without sharing a base (out= a shifted view of x) would
         # make an address's source ambiguous; such calls run in full
         self.ok, reach = True, (0, 0)  # (base, end) of the span reaching furthest
@@ -42,6 +52,11 @@ class _Recorder:
     def impure(self):
         """A host <-> device copy: a replay would not repeat it."""
         self.ok = False
+
+    def derive(self, value, address, rule):
+        """The integer `value` passed to a launch is rule[0](address, *rule[1:]) for the
+        device address `address` (rule: hashable, compared between recordings)."""
+        self.derived[value] = (address, rule)
 
     def alloc(self, like, shape, dtype, result):
         src = self._object(like)
@@ -88,6 +103,8 @@ class _Recorder:
         elif hasattr(a, "shape"):
             (p, n), obj = ptr_size(a), a
         else:
+            if t is int and a in self.derived:
+                return self._derived(a)
             if t is int and a > 65536 and self._source(a) is not None:
                 self.ok = False  # an address passed as a number: not relocatable
             return "c", t, a
@@ -102,6 +119,16 @@ class _Recorder:
         if SIMULATOR and (obj is None or dtype_of(obj) != dt or off % dt.itemsize):
             self.ok = False  # the simulator passes views: same dtype, whole elements
         return self._name(j) + (off, n)
+
+    def _derived(self, value):
+        """("m", source name, byte offset, rule) of a derived number (a map over a fixed
+        table is not relocated: refused)."""
+        address, rule = self.derived[value]
+        j = self._source(address)
+        if j is None:
+            self.ok = False
+            return "c", int, value
+        return "m", self._name(j), address - self.sources[j][1], rule
 
     def _source(self, p):
         for j, (_, base, nbytes, _) in enumerate(self.sources):
@@ -199,6 +226,8 @@ def replay_function(recording):
     lines = ["def run(ins):"]
     inputs = sorted({a[1] for _, _, _, _, _, args in recording.launches for a in args
                      if a[0] == "i"} | {s[1] for s, _, _, _ in recording.allocs if s[0] == "i"}
+                    | {a[1][1] for _, _, _, _, _, args in recording.launches for a in args
+                       if a[0] == "m" and a[1][0] == "i"}
                     | set(_inputs_of(recording.result)))
     for j in inputs:
         lines.append(f"    x{j}, f{j} = ins[{j}]")
@@ -239,9 +268,11 @@ def _table_launches(recording, ns, lines):
         for a in args:
             if a[0] in ("i", "a"):
                 bases.setdefault(a[:2], len(bases))
+            elif a[0] == "m":  # (a derived number's source: its address in M too)
+                bases.setdefault(a[1], len(bases))
     launches = [(kernel, sig, grid, block, shmem,
                  [Patch(bases[a[:2]], a[2], a[3]) if a[0] in ("i", "a") else
-                  (a[1], a[2]) if a[0] == "f" else a[2] for a in args])
+                  (a[1], a[2]) if a[0] == "f" else 0 if a[0] == "m" else a[2] for a in args])
                 for kernel, sig, grid, block, shmem, args in recording.launches]
     table = LaunchTable(launches, len(bases))
     ns["M"], ns["T"], ns["F"] = table.m, _launch_table(), table.failed
@@ -265,6 +296,13 @@ def _table_launches(recording, ns, lines):
         get = f"a{m}.data_ptr()" if recording.allocs[m][3] else f"ptr(a{m})"
         return f"    M[{b0 + bases['a', m]}] = {get}"
     _allocations(recording, ns, lines, address)
+    for k, (kernel, sig, _, _, _, args) in enumerate(recording.launches):
+        for i, a in enumerate(args):
+            if a[0] == "m":  # the parameter's slot: its launch's start + 10 (the record)
+                slot = int(table.m[table.m[3] + k]) + 10 + kernel.compile(sig).param_slots[i]
+                ns[f"R{k}_{i}"], ns[f"A{k}_{i}"] = a[3][0], a[3][1:]
+                lines.append(f"    M[{slot}] = R{k}_{i}(M[{b0 + bases[a[1]]}] + {a[2]}, "
+                             f"*A{k}_{i})")
     lines.append("    e = T(M)")
     lines.append("    if e:")
     lines.append("        F(e)")
@@ -326,6 +364,9 @@ def _value(a, name, ns, fixed):
     if kind == "o":
         ns[name] = fixed[a[1]]
         return name
+    if kind == "m":
+        ns[name], ns[name + "a"] = a[3][0], a[3][1:]
+        return f"{name}(ptr({_obj(a[1])}) + {a[2]}, *{name}a)"
     return f"_view({_obj(a)}, {a[2]}, {a[3]})"
 
 

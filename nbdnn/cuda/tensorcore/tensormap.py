@@ -25,7 +25,7 @@ import functools
 import numpy as np
 from numba import cuda
 
-from ..runtime.arrays import empty, ptr, stream_handle
+from ..runtime.arrays import _recording, empty, ptr, stream_handle
 from ..runtime.graph import capturing
 from ..runtime.launch import Kernel
 
@@ -50,8 +50,9 @@ def encoded(address, shape, dtype, box, swizzle="none", stream=0, like=None):
     launch recorded into a graph keeps the array alive (launch's `owners`). stream: the
     launch's (a capturing one gets the map written on it, module docstring); like: an
     array of the caller's kind, whose allocator then holds the map."""
-    return _placed(_encoded(int(address), tuple(int(s) for s in shape), str(dtype),
-                            tuple(int(b) for b in box), swizzle), stream, like)
+    static = (tuple(int(s) for s in shape), str(dtype), tuple(int(b) for b in box), swizzle)
+    return _noted(_placed(_encoded(int(address), *static), stream, like), address,
+                  ("tiled",) + static)
 
 
 def encoded_im2col(address, shape, dtype, pixels, channels, lower, upper, strides,
@@ -65,10 +66,26 @@ def encoded_im2col(address, shape, dtype, pixels, channels, lower, upper, stride
     (out - 1) * stride - size + 1 - padding for a convolution); strides: the step
     between consecutive pixels per spatial axis (the convolution's stride); stream,
     like: as `encoded`'s."""
-    return _placed(_encoded_im2col(int(address), tuple(int(s) for s in shape), str(dtype),
-                                   int(pixels), int(channels), tuple(int(v) for v in lower),
-                                   tuple(int(v) for v in upper),
-                                   tuple(int(v) for v in strides), swizzle), stream, like)
+    static = (tuple(int(s) for s in shape), str(dtype), int(pixels), int(channels),
+              tuple(int(v) for v in lower), tuple(int(v) for v in upper),
+              tuple(int(v) for v in strides), swizzle)
+    return _noted(_placed(_encoded_im2col(int(address), *static), stream, like), address,
+                  ("im2col",) + static)
+
+
+def map_address(address, kind, *static):
+    """The device address of the map of `kind` ("tiled", "im2col") at `address` with
+    the rest of its encoding (an eager call plan's replay: plan_record.py)."""
+    return _placed(_ENCODERS[kind](address, *static), 0, None)[0]
+
+
+def _noted(placed, address, spec):
+    """placed, its address told to an eager call being recorded for its plan (a replay
+    makes the map for its own tensors' addresses: map_address)."""
+    rec = _recording.__dict__.get("plan")
+    if rec is not None:
+        rec.derive(placed[0], int(address), (map_address,) + spec)
+    return placed
 
 
 @functools.lru_cache(maxsize=1024)
@@ -177,3 +194,6 @@ def _encoded(address, shape, dtype, box, swizzle):
         [drv.cuuint32_t(1)] * rank, *_modes(drv, swizzle))
     return _words(drv, err, tm, f"cuTensorMapEncodeTiled (shape {shape}, box {box}, "
                       f"{dtype}, swizzle {swizzle})")
+
+
+_ENCODERS = {"tiled": _encoded, "im2col": _encoded_im2col}
