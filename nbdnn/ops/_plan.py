@@ -15,7 +15,9 @@ A signature's calls on one thread:
   2nd  runs as usual while its launches and allocations are recorded: every array
        argument of a launch becomes (source, byte offset, count), the source an input
        array or an allocation of the call; an address in neither is a fixed table, kept
-       alive by the plan; the result maps to inputs and allocations by identity;
+       alive by the plan; a number made from an array's address (a TMA map's device
+       address) the rule that makes it again (cuda/runtime/plan_record.py); the
+       result maps to inputs and allocations by identity;
   3rd  is recorded again and must give the same recording, or the signature is never
        planned (host state that changes between calls, e.g. an op reading a counter);
   4th+ replays the plan: one generated function allocates the results, writes the
