@@ -581,6 +581,28 @@ capture)
     timeout ${MODELS_LIMIT_S:-300} python3 perf/suites/torch_models.py --models \
         --configs ${CONFIGS:-bf16-cl} > "$OUT/torch-models.log" 2>&1
     grep -v -i warn "$OUT/torch-models.log" | cut -c1-300 | tail -40 ;;
+capture-probe)
+    # run AX call 2: why the bf16 channels-last ResNet-50 step failed to capture (a
+    # legacy-stream dependency in backward): capture_probe.py three ways at once (ours
+    # alone; native first, parameters shared, as torch_models.py; ours alone with the
+    # eager maps in PyTorch's memory, NBDNN_MAP_WRITER=1), then torch_models.py's steps
+    # in CONFIGS (with NBDNN_MAP_WRITER=1 where only that way captured)
+    P="timeout ${PROBE_LIMIT_S:-240} python3 perf/experiments/capture_probe.py"
+    $P > "$OUT/probe-ours.log" 2>&1 &
+    $P --native-first > "$OUT/probe-native-first.log" 2>&1 &
+    NBDNN_MAP_WRITER=1 $P > "$OUT/probe-writer.log" 2>&1 &
+    wait
+    for f in ours native-first writer; do
+        echo "probe $f: $(grep -E "^(native|nbdnn.torch):" "$OUT/probe-$f.log" | tr '\n' ' ')"
+    done
+    if ! grep -q "^nbdnn.torch: captured" "$OUT/probe-ours.log" && \
+            grep -q "^nbdnn.torch: captured" "$OUT/probe-writer.log"; then
+        export NBDNN_MAP_WRITER=1; echo "steps with NBDNN_MAP_WRITER=1"
+    fi
+    timeout ${MODELS_LIMIT_S:-300} python3 perf/suites/torch_models.py --models \
+        --configs ${CONFIGS:-bf16-cl fp32} > "$OUT/torch-models.log" 2>&1
+    grep -v -i warn "$OUT/torch-models.log" | grep -E "^(ResNet|converted|eval)|Error" | \
+        cut -c1-300 | head -20 ;;
 devices)
     # several GPUs (issue 27) on whatever this machine has: the device plumbing's tests
     # (test_devices.py: the driver's answers on one GPU counted as two), DDP of a

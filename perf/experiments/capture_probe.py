@@ -1,0 +1,111 @@
+"""Why a converted ResNet-50's bf16 channels-last training step failed to capture in
+run AX's first call ("operation would make the legacy stream depend on a capturing
+blocking stream", in backward; the same step's forward and a small tensor-core step
+captured fine). While torch.cuda.graph captures, this logs every GPU-facing thing nbdnn
+and numba do outside the capture stream: nbdnn kernel launches on the legacy stream
+(handle 0), numba host-to-device copies, numba's pending deallocations flushed
+(cuMemFree), each with the first lines of its stack, from any thread (backward runs on
+autograd's device thread).
+
+    PYTHONPATH=. python perf/experiments/capture_probe.py [--native-first] [--separate]
+        [--batch 8]
+
+--native-first: capture native's step first (as torch_models.py does; the two models
+share their parameters unless --separate, which converts a deep copy).
+"""
+import argparse
+import copy
+import os
+import sys
+import threading
+import traceback
+
+import torch
+from numba import cuda
+from numba.cuda.cudadrv import driver as numba_driver
+
+import nbdnn.torch as nt
+from nbdnn.cuda.runtime import launch as _launch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "suites"))
+from resnet50 import torch_graphed  # noqa: E402
+from torch_models import step_fn  # noqa: E402
+
+CAPTURING = threading.Event()
+SEEN = []
+
+
+def note(what):
+    if CAPTURING.is_set() and len(SEEN) < 12:
+        stack = "".join(traceback.format_stack(limit=14)[:-2])
+        SEEN.append(f"--- {what} (thread {threading.current_thread().name})\n{stack}")
+
+
+def instrument():
+    launch = _launch.Kernel.launch
+
+    def watched_launch(self, sig, grid, block, stream, *args, **kw):
+        if not stream:
+            note(f"nbdnn launch of {self.name} on the legacy stream")
+        return launch(self, sig, grid, block, stream, *args, **kw)
+    _launch.Kernel.launch = watched_launch
+    to_device = cuda.to_device
+
+    def watched_to_device(*a, **kw):
+        note("numba cuda.to_device")
+        return to_device(*a, **kw)
+    cuda.to_device = watched_to_device
+    clear = numba_driver._PendingDeallocs.clear
+
+    def watched_clear(self):
+        if len(self) and not self.is_disabled:
+            note(f"numba flushes {len(self)} pending deallocations")
+        return clear(self)
+    numba_driver._PendingDeallocs.clear = watched_clear
+
+
+def capture(name, model, x, labels):
+    fn = step_fn(model, x, labels, True)
+    graph = torch.cuda.CUDAGraph
+    original = graph.capture_begin
+
+    def begin(self, *a, **kw):
+        CAPTURING.set()
+        return original(self, *a, **kw)
+    graph.capture_begin = begin
+    try:
+        replay = torch_graphed(fn)
+        replay()
+        torch.cuda.synchronize()
+        print(f"{name}: captured and replayed", flush=True)
+    except Exception as e:  # (what the capture hit, then what was seen)
+        print(f"{name}: {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
+    finally:
+        CAPTURING.clear()
+        graph.capture_begin = original
+    for s in SEEN:
+        print(s, flush=True)
+    SEEN.clear()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--native-first", action="store_true")
+    p.add_argument("--separate", action="store_true")
+    p.add_argument("--batch", type=int, default=8)
+    args = p.parse_args()
+    import torchvision
+    torch.manual_seed(0)
+    native = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
+    ours, _ = nt.convert(copy.deepcopy(native) if args.separate else native)
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda").contiguous(
+        memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (args.batch,), device="cuda")
+    instrument()
+    if args.native_first:
+        capture("native", native.train(), x, labels)
+    capture("nbdnn.torch", ours.train(), x, labels)
+
+
+if __name__ == "__main__":
+    main()
