@@ -591,8 +591,10 @@ capture-probe)
     $P > "$OUT/probe-ours.log" 2>&1 &
     $P --native-first > "$OUT/probe-native-first.log" 2>&1 &
     NBDNN_MAP_WRITER=1 $P > "$OUT/probe-writer.log" 2>&1 &
+    $P --collect > "$OUT/probe-collect.log" 2>&1 &
     wait
-    for f in ours native-first writer; do
+    grep -h "live graph" "$OUT"/probe-*.log | sort | uniq -c | head -12
+    for f in ours native-first writer collect; do
         echo "probe $f: $(grep -E "^(native|nbdnn.torch):" "$OUT/probe-$f.log" | tr '\n' ' ')"
     done
     if ! grep -q "^nbdnn.torch: captured" "$OUT/probe-ours.log" && \

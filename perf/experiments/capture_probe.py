@@ -8,13 +8,19 @@ and numba do outside the capture stream: nbdnn kernel launches on the legacy str
 autograd's device thread).
 
     PYTHONPATH=. python perf/experiments/capture_probe.py [--native-first] [--separate]
-        [--batch 8]
+        [--collect] [--batch 8]
+
+Before capturing it lists the live tensors still in an autograd graph (PyTorch warned
+that an earlier iteration's AccumulateGrad node was kept alive, which breaks a capture
+when that node's stream is the legacy default stream); --collect runs gc.collect()
+first (a reference cycle keeping the graph alive would then be gone).
 
 --native-first: capture native's step first (as torch_models.py does; the two models
 share their parameters unless --separate, which converts a deep copy).
 """
 import argparse
 import copy
+import gc
 import os
 import sys
 import threading
@@ -28,7 +34,6 @@ import nbdnn.torch as nt
 from nbdnn.cuda.runtime import launch as _launch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "suites"))
-from resnet50 import torch_graphed  # noqa: E402
 from torch_models import step_fn  # noqa: E402
 
 CAPTURING = threading.Event()
@@ -64,7 +69,23 @@ def instrument():
     numba_driver._PendingDeallocs.clear = watched_clear
 
 
-def capture(name, model, x, labels):
+def graph_tensors():
+    """Live tensors that are part of an autograd graph (grad_fn set) after a step: what
+    keeps an earlier iteration's AccumulateGrad nodes (PyTorch's warning) alive, with
+    the types of what refers to them."""
+    found = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and
+             o.grad_fn is not None]
+    for t in found[:6]:
+        refs = [r for r in gc.get_referrers(t) if r is not found][:4]
+        names = [type(r).__name__ + "<" + ",".join(sorted({type(q).__name__ for q in
+                                                          gc.get_referrers(r)})[:5]) + ">"
+                 for r in refs]
+        print(f"  live graph tensor {tuple(t.shape)} {t.dtype} {type(t.grad_fn).__name__} "
+              f"held by {names}", flush=True)
+    return len(found)
+
+
+def capture(name, model, x, labels, collect=False, eager=5):
     fn = step_fn(model, x, labels, True)
     graph = torch.cuda.CUDAGraph
     original = graph.capture_begin
@@ -74,8 +95,23 @@ def capture(name, model, x, labels):
         return original(self, *a, **kw)
     graph.capture_begin = begin
     try:
-        replay = torch_graphed(fn)
-        replay()
+        for _ in range(eager):  # (torch_models.py's eager rows before: nbdnn's plans)
+            fn()
+        torch.cuda.synchronize()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        print(f"{name}: {graph_tensors()} live graph tensors after warm-up", flush=True)
+        if collect:
+            print(f"{name}: gc.collect() freed {gc.collect()} objects; "
+                  f"{graph_tensors()} live graph tensors now", flush=True)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        g.replay()
         torch.cuda.synchronize()
         print(f"{name}: captured and replayed", flush=True)
     except Exception as e:  # (what the capture hit, then what was seen)
@@ -93,6 +129,9 @@ def main():
     p.add_argument("--native-first", action="store_true")
     p.add_argument("--separate", action="store_true")
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--collect", action="store_true", help="gc.collect() before capturing")
+    p.add_argument("--eager", type=int, default=5, help="eager steps on the default stream "
+                   "first (torch_models.py's eager rows)")
     args = p.parse_args()
     import torchvision
     torch.manual_seed(0)
@@ -103,8 +142,8 @@ def main():
     labels = torch.randint(0, 1000, (args.batch,), device="cuda")
     instrument()
     if args.native_first:
-        capture("native", native.train(), x, labels)
-    capture("nbdnn.torch", ours.train(), x, labels)
+        capture("native", native.train(), x, labels, eager=args.eager)
+    capture("nbdnn.torch", ours.train(), x, labels, args.collect, args.eager)
 
 
 if __name__ == "__main__":
