@@ -65,6 +65,7 @@
 #   bash perf/gpu_run.sh capture              # TMA maps inside stream captures (run AX): the
 #                                             # tensor-core tests and torch.cuda.graph ones,
 #                                             # (SAN=1) sanitizer, then CONFIGS' steps
+#   bash perf/gpu_run.sh capture-probe        # capture_probe.py's four ways (run AX call 2)
 #   bash perf/gpu_run.sh devices              # issue 27's tests on this machine's GPUs
 #   bash perf/gpu_run.sh ddp                  # nvidia-h200-x2: those, then perf/suites/ddp.py
 #   bash perf/gpu_run.sh att-all              # every attention test, 8 shards (<= 330 s)
@@ -583,28 +584,19 @@ capture)
     grep -v -i warn "$OUT/torch-models.log" | cut -c1-300 | tail -40 ;;
 capture-probe)
     # run AX call 2: why the bf16 channels-last ResNet-50 step failed to capture (a
-    # legacy-stream dependency in backward): capture_probe.py three ways at once (ours
-    # alone; native first, parameters shared, as torch_models.py; ours alone with the
-    # eager maps in PyTorch's memory, NBDNN_MAP_WRITER=1), then torch_models.py's steps
-    # in CONFIGS (with NBDNN_MAP_WRITER=1 where only that way captured)
+    # legacy-stream dependency in backward): capture_probe.py four ways at once (ours
+    # alone after eager steps; native first, parameters shared, as torch_models.py;
+    # gc.collect() before the capture; no eager steps: the first calls on a side stream)
     P="timeout ${PROBE_LIMIT_S:-240} python3 perf/experiments/capture_probe.py"
     $P > "$OUT/probe-ours.log" 2>&1 &
     $P --native-first > "$OUT/probe-native-first.log" 2>&1 &
-    NBDNN_MAP_WRITER=1 $P > "$OUT/probe-writer.log" 2>&1 &
     $P --collect > "$OUT/probe-collect.log" 2>&1 &
+    $P --eager 0 > "$OUT/probe-noeager.log" 2>&1 &
     wait
     grep -h "live graph" "$OUT"/probe-*.log | sort | uniq -c | head -12
-    for f in ours native-first writer collect; do
+    for f in ours native-first collect noeager; do
         echo "probe $f: $(grep -E "^(native|nbdnn.torch):" "$OUT/probe-$f.log" | tr '\n' ' ')"
-    done
-    if ! grep -q "^nbdnn.torch: captured" "$OUT/probe-ours.log" && \
-            grep -q "^nbdnn.torch: captured" "$OUT/probe-writer.log"; then
-        export NBDNN_MAP_WRITER=1; echo "steps with NBDNN_MAP_WRITER=1"
-    fi
-    timeout ${MODELS_LIMIT_S:-300} python3 perf/suites/torch_models.py --models \
-        --configs ${CONFIGS:-bf16-cl fp32} > "$OUT/torch-models.log" 2>&1
-    grep -v -i warn "$OUT/torch-models.log" | grep -E "^(ResNet|converted|eval)|Error" | \
-        cut -c1-300 | head -20 ;;
+    done ;;
 devices)
     # several GPUs (issue 27) on whatever this machine has: the device plumbing's tests
     # (test_devices.py: the driver's answers on one GPU counted as two), DDP of a

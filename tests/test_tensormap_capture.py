@@ -109,6 +109,33 @@ def test_tensor_core_calls_replay_plans_at_new_addresses(case):
     assert _plan.Plan in [type(p) for p in _plan.plans_of_this_thread().values()]
 
 
+@CUDA
+def test_cold_calls_on_a_side_stream_read_landed_maps_and_tables(monkeypatch):
+    """Calls whose maps and geometry tables are not on the device yet, made on a PyTorch
+    side stream (non-blocking: no ordering with the legacy stream, where they are
+    copied) right after a busy default stream: each equals the same call made later on
+    the default stream. (Run AX's probe: a converted ResNet-50 whose first steps ran on
+    a side stream hit an illegal instruction; the copies now wait until they land.)"""
+    import nbdnn
+    from nbdnn.cuda.conv import wgmma_conv
+    monkeypatch.setattr(tm, "_uploads", type(tm._uploads)())
+    monkeypatch.setattr(wgmma_conv, "_geometry_cache", {})
+    g = torch.Generator(device="cuda").manual_seed(2)
+    side = torch.cuda.Stream()
+    for size in (8, 12, 16, 20):  # (new geometries: new tables; new tensors: new maps)
+        x = torch.randn(4, size, size, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+        w = torch.randn(64, 3, 3, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+        tm._encoded.cache_clear(), tm._encoded_im2col.cache_clear()
+        torch.cuda.synchronize()  # (x and w written; the side stream waits for nothing)
+        torch.cuda._sleep(2_000_000)  # (the legacy stream busy for ~1 ms: a copy there
+        # starts after it, while the side stream's kernel could start at once)
+        with torch.cuda.stream(side):
+            got = nbdnn.conv2d(x, w, padding=(1, 1), layout="NHWC", stream=side.cuda_stream)
+        side.synchronize()
+        want = nbdnn.conv2d.unplanned(x, w, padding=(1, 1), layout="NHWC")
+        assert torch.equal(got, want), size
+
+
 def _step(x, w, wl, q, k):
     """A bf16 step on the tensor cores: channels-last convolution (its filter gradient
     too: 64 channels), a linear layer (the wgmma GEMM) and attention (the flash

@@ -15,6 +15,14 @@ that an earlier iteration's AccumulateGrad node was kept alive, which breaks a c
 when that node's stream is the legacy default stream); --collect runs gc.collect()
 first (a reference cycle keeping the graph alive would then be gone).
 
+Run AX call 2 (H200, batch 8, after the derived-map plans): ours alone, native first
+(shared parameters) and with gc.collect() all captured and replayed, no live graph
+tensors, nothing off the capture stream; with no eager steps (--eager 0: the first
+calls on the side stream) an illegal instruction: maps and tables copied on the legacy
+stream and read on the non-blocking side stream before they landed (arrays.to_device
+and tensormap now wait for the copy). The batch-32 failure of call 1 (before the plans
+change) is not reproduced here; perf/history/2026-12-05-h200-runAX-call2-probe.log.
+
 --native-first: capture native's step first (as torch_models.py does; the two models
 share their parameters unless --separate, which converts a deep copy).
 """

@@ -278,7 +278,17 @@ def to_device(a, stream=0):
         # array of the wrong shape, a 0 one an array numba calls non-contiguous; a
         # new array has the canonical strides)
         a = np.array(a, order="C", copy=True)
-    return cuda.to_device(a, stream=stream or 0)
+    dev = cuda.to_device(a, stream=stream or 0)
+    if not stream and not SIMULATOR:
+        # A synchronous copy from pageable memory returns once the data is staged; the
+        # DMA lands later on the legacy stream. A kernel on the legacy stream (or a
+        # blocking one) is ordered after it, but one on a non-blocking stream (PyTorch's
+        # side streams) is not: run AX's H200 probe, whose first calls ran on such a
+        # stream, hit an illegal instruction (a TMA map or a table read before it
+        # landed). The copy itself waited for the legacy stream's earlier work, so this
+        # waits only for its own DMA (uploads are rare: cached tables, maps, NumPy inputs).
+        cuda.default_stream().synchronize()
+    return dev
 
 
 def _bfloat16_to_torch(a):

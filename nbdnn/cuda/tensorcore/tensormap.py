@@ -21,12 +21,12 @@ would free it on eviction).
 """
 import collections
 import functools
-import os
 
 import numpy as np
 from numba import cuda
 
 from ..runtime.arrays import _recording, empty, ptr, stream_handle
+from ..runtime.simulator import SIMULATOR
 from ..runtime.graph import capturing
 from ..runtime.launch import Kernel
 
@@ -132,10 +132,6 @@ def _words(drv, err, tm, what):
 
 
 UPLOADS = 1024  # device copies cached (128 B each), least recently used dropped
-# Run AX's experiment (perf/experiments/capture_probe.py): eager maps for PyTorch
-# tensors written by the writer kernel into PyTorch's memory, no numba allocation (whose
-# frees, flushed later, may land inside a capture)
-WRITE_EAGER = os.environ.get("NBDNN_MAP_WRITER", "0") == "1"
 _uploads = collections.OrderedDict()  # words -> (address, device array)
 _kept = {}  # words -> (address, device array): used by a capture, never dropped
 
@@ -151,11 +147,11 @@ def _placed(words, stream, like):
             return _written(words, stream, like)
         _kept[words] = _uploads.pop(words)
     elif hit is None:
-        if WRITE_EAGER and like is not None and type(like).__module__.startswith("torch"):
-            hit = _uploads[words] = _written(words, stream, like)
-        else:
-            dev = cuda.to_device(np.array(words, dtype=np.uint64))
-            hit = _uploads[words] = ptr(dev), dev  # (allocations: 256-byte aligned)
+        dev = cuda.to_device(np.array(words, dtype=np.uint64))
+        if not SIMULATOR:  # (landed before any stream's kernel reads it: arrays.to_device;
+            # not that function itself, which would make a recorded call unplannable)
+            cuda.default_stream().synchronize()
+        hit = _uploads[words] = ptr(dev), dev  # (allocations: 256-byte aligned)
         if len(_uploads) > UPLOADS:
             _uploads.popitem(last=False)
     else:
