@@ -18,6 +18,12 @@ kernel (`_write_words`, its 16 words as kernel parameters, which the graph keeps
 every replay writes it again before the kernel that reads it. A map already on the
 device that a capture uses is kept for good (the graph holds its address; the cache
 would free it on eviction).
+
+Eager call plans: a map's device address is a plain integer kernel argument, so the
+encoders tell a recording call how it was made (`_noted`), and a plan's replay makes
+the map for its own tensors (`map_address`; run AX). Eager uploads wait until the copy
+lands: a kernel on a non-blocking stream could otherwise read the map before it does
+(run AX's H200 probe: an illegal instruction).
 """
 import collections
 import functools
