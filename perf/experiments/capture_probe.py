@@ -42,6 +42,7 @@ import nbdnn.torch as nt
 from nbdnn.cuda.runtime import launch as _launch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "suites"))
+from resnet50 import side_stream_warm_up  # noqa: E402
 from torch_models import step_fn  # noqa: E402
 
 CAPTURING = threading.Event()
@@ -106,12 +107,7 @@ def capture(name, model, x, labels, collect=False, eager=5):
         for _ in range(eager):  # (torch_models.py's eager rows before: nbdnn's plans)
             fn()
         torch.cuda.synchronize()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
+        side_stream_warm_up(fn)
         print(f"{name}: {graph_tensors()} live graph tensors after warm-up", flush=True)
         if collect:
             print(f"{name}: gc.collect() freed {gc.collect()} objects; "

@@ -52,14 +52,19 @@ def gpu_ms(fn, reps=20, rounds=15):
     return statistics.median(times)
 
 
-def torch_graphed(fn):
-    """fn() captured in a CUDA graph after warm-up on a side stream; its replay."""
+def side_stream_warm_up(fn, n=3):
+    """fn() n times on a side stream, as PyTorch asks before a capture."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for _ in range(3):
+        for _ in range(n):
             fn()
     torch.cuda.current_stream().wait_stream(s)
+
+
+def torch_graphed(fn):
+    """fn() captured in a CUDA graph after warm-up on a side stream; its replay."""
+    side_stream_warm_up(fn)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()

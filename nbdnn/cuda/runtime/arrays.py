@@ -269,6 +269,13 @@ def to_device(a, stream=0):
     """A C-contiguous device copy of `a` (any NumPy array or view: reversed, strided,
     size-1 axes with any stride)."""
     _host_copy()
+    return landed_copy(a, stream)
+
+
+def landed_copy(a, stream=0):
+    """to_device's copy without telling a recorded call (a caller whose replay makes
+    the copy again itself: tensormap's maps); on the legacy stream it has landed when
+    this returns."""
     a = np.asarray(a)
     if a.dtype.name == "bfloat16" and not SIMULATOR:
         return _bfloat16_to_torch(a)

@@ -5,7 +5,8 @@ A recording is the call's allocations (like which source, shape, dtype), its lau
 (kernel, signature, grid, block, shared bytes, and per argument: a constant, an input
 or allocation with a byte offset and an element count, a fixed table, or a number
 derived from an input's or allocation's address) and how its result maps to inputs
-and allocations.
+and allocations. Two recordings of one signature compare equal when the call did the
+same thing at different addresses.
 
 Derived numbers: a TMA tensor map holds its tensor's address, and a kernel takes the
 map's device address as a plain integer. The code that makes one says so while a call
@@ -13,8 +14,7 @@ is recorded (`derive(value, address, rule)`, value == rule[0](address, *rule[1:]
 replay calls the rule at the new address (tensormap.py: ~1 us, its caches). Before
 run AX such calls were refused plans (the tensor-core convolution, ~20-200 us of host
 time a call more), or, where nothing refused them (the flash attention kernels), a
-plan could replay the recorded maps at new addresses. Two recordings of one signature compare equal
-when the call did the same thing at different addresses.
+plan could replay the recorded maps at new addresses.
 """
 import math
 import threading

@@ -31,8 +31,7 @@ import functools
 import numpy as np
 from numba import cuda
 
-from ..runtime.arrays import _recording, empty, ptr, stream_handle
-from ..runtime.simulator import SIMULATOR
+from ..runtime.arrays import _recording, empty, landed_copy, ptr, stream_handle
 from ..runtime.graph import capturing
 from ..runtime.launch import Kernel
 
@@ -153,10 +152,8 @@ def _placed(words, stream, like):
             return _written(words, stream, like)
         _kept[words] = _uploads.pop(words)
     elif hit is None:
-        dev = cuda.to_device(np.array(words, dtype=np.uint64))
-        if not SIMULATOR:  # (landed before any stream's kernel reads it: arrays.to_device;
-            # not that function itself, which would make a recorded call unplannable)
-            cuda.default_stream().synchronize()
+        dev = landed_copy(np.array(words, dtype=np.uint64))  # (a recorded call stays
+        # plannable: its replay makes the map itself, map_address)
         hit = _uploads[words] = ptr(dev), dev  # (allocations: 256-byte aligned)
         if len(_uploads) > UPLOADS:
             _uploads.popitem(last=False)
