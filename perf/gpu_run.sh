@@ -66,8 +66,9 @@
 #                                             # tensor-core tests and torch.cuda.graph ones,
 #                                             # (SAN=1) sanitizer, then CONFIGS' steps
 #   bash perf/gpu_run.sh capture-probe        # capture_probe.py's four ways (run AX call 2)
-#   bash perf/gpu_run.sh ax-owed              # run AX's owed checks: capture tests, the
-#                                             # batch-32 probe, the ResNet-50 steps
+#   bash perf/gpu_run.sh owed                 # issue 26's owed checks (runs AX, AY): capture
+#                                             # tests, the batch-32 probe, ResNet-50 steps,
+#                                             # host cost
 #   bash perf/gpu_run.sh devices              # issue 27's tests on this machine's GPUs
 #   bash perf/gpu_run.sh ddp                  # nvidia-h200-x2: those, then perf/suites/ddp.py
 #   bash perf/gpu_run.sh att-all              # every attention test, 8 shards (<= 330 s)
@@ -599,22 +600,28 @@ capture-probe)
     for f in ours native-first collect noeager; do
         echo "probe $f: $(grep -E "^(native|nbdnn.torch):" "$OUT/probe-$f.log" | tr '\n' ' ')"
     done ;;
-ax-owed)
-    # run AX's owed checks in one call: the capture file's GPU tests (the captured step's
-    # replay against eager, plans at new addresses, cold calls on a side stream) beside
-    # the batch-32 probe in torch_models.py's order (native first, 20 eager steps), then
-    # torch_models.py's bf16-cl and fp32 steps (eager and graphed)
+owed)
+    # issue 26's owed H200 checks in one call (runs AX, AY): the capture tests (the
+    # captured step's replay against eager, plans at new addresses, cold calls on a side
+    # stream; run AY's no-graph-kept-alive and capture-after-eager-steps) beside the
+    # batch-32 probe in torch_models.py's order (both models' 38 eager steps, then
+    # native's capture, then ours'); then torch_models.py's bf16-cl and fp32 steps
+    # (eager and graphed; <= MODELS_LIMIT_S), then the host-cost rows alone (quiet host)
     timeout ${TEST_LIMIT_S:-240} python3 -m pytest -v -p no:cacheprovider \
-        tests/test_tensormap_capture.py > "$OUT/capture-tests.log" 2>&1 &
-    timeout ${PROBE_LIMIT_S:-240} python3 perf/experiments/capture_probe.py --native-first \
-        --batch 32 --eager 20 > "$OUT/probe-b32.log" 2>&1 &
+        tests/test_tensormap_capture.py tests/test_torch_capture.py \
+        > "$OUT/capture-tests.log" 2>&1 &
+    timeout ${PROBE_LIMIT_S:-240} python3 perf/experiments/capture_probe.py --models \
+        --batch 32 --eager 38 > "$OUT/probe-b32.log" 2>&1 &
     wait
-    grep -E "PASSED|FAILED|^E " "$OUT/capture-tests.log" | head -20
+    grep -E "PASSED|FAILED|SKIPPED|^E " "$OUT/capture-tests.log" | head -24
     grep -E "^(native|nbdnn)|live graph|^---|nbdnn/" "$OUT/probe-b32.log" | head -30
-    timeout ${MODELS_LIMIT_S:-300} python3 perf/suites/torch_models.py --models \
+    timeout ${MODELS_LIMIT_S:-270} python3 perf/suites/torch_models.py --models \
         --configs ${CONFIGS:-bf16-cl fp32} > "$OUT/torch-models.log" 2>&1
     grep -v -i warn "$OUT/torch-models.log" | grep -E "^(ResNet|converted|eval)|Error" | \
-        cut -c1-300 | head -20 ;;
+        cut -c1-300 | head -20
+    timeout ${HOST_LIMIT_S:-70} python3 perf/suites/torch_models.py --host \
+        > "$OUT/torch-host.log" 2>&1
+    grep -v -i warn "$OUT/torch-host.log" | head -12 ;;
 devices)
     # several GPUs (issue 27) on whatever this machine has: the device plumbing's tests
     # (test_devices.py: the driver's answers on one GPU counted as two), DDP of a

@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nt = pytest.importorskip("nbdnn.torch")
 from torch import nn  # noqa: E402
+from torch_graphs import captured_step  # noqa: E402  (tests/torch_graphs.py)
 
 
 class Block(nn.Module):
@@ -312,18 +313,7 @@ def test_converted_training_step_captured_in_cuda_graph():
         loss = nn.functional.cross_entropy(m(x), labels)
         loss.backward()
         return loss
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            step(model)
-            step(twin)
-    torch.cuda.current_stream().wait_stream(s)
-    for p in model.parameters():  # (graph-owned gradients: allocated inside the capture)
-        p.grad = None
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static_loss = step(model)
+    g, static_loss = captured_step(step, model, twin)
     for _ in range(2):
         g.replay()
         want = step(twin)

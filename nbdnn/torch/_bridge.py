@@ -120,6 +120,7 @@ EAGER = {}  # custom op -> the apply of the autograd.Function of its implementat
 TRANSFORMABLE = {}  # custom op -> the same for torch.func's transforms (transformable())
 TRANSFORMED = False  # whether one has been built (run() then unwraps dead wrappers)
 PLAIN = (torch.Tensor, torch.nn.Parameter)
+Tensor = torch.Tensor  # (a module global: ~0.02 us less a lookup than torch.Tensor)
 _TENSOR = torch._C.OptionalType.ofTensor()
 TENSORS = {}  # custom op -> the positions of its Tensor and Optional[Tensor] arguments
 
@@ -299,6 +300,12 @@ def run(fn, like, *args, **kw):
     matrices runs float32 CUDA tensors in math mode "tf32" where PyTorch allows TF32 for
     its products of that kind (PRODUCTS), else in nbdnn's current math mode (the CPU
     reference: always the latter, as PyTorch's CPU kernels ignore the flags)."""
+    return _run(fn, like, args, kw)
+
+
+def _run(fn, like, args, kw):
+    """run()'s body on its arguments as they came (run_as passes its own on, unpacked
+    and packed again no more: ~0.3 us a call, run AY)."""
     if BACKEND == "cpu" or not like.is_cuda:
         args = [arr(a, True) if isinstance(a, torch.Tensor) else a for a in args]
         kw = {k: arr(v, True) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
@@ -307,39 +314,49 @@ def run(fn, like, *args, **kw):
             return tuple(None if o is None else tensor(o, like) for o in out)
         return tensor(out, like)
     # CUDA: torch tensors in, torch tensors out (nbdnn allocates its results through
-    # PyTorch's allocator); no detach: nbdnn reads only their memory, and autograd is
-    # off or below this call. PyTorch's current stream, passed only where it is not the
-    # legacy default stream (handle 0, PyTorch's own default): there nbdnn's eager call
-    # plans replay the call (nbdnn/ops/_plan.py: a call given a stream runs in full,
-    # ~20-200 us of host time more)
-    args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
-    for k, v in kw.items():
-        if isinstance(v, torch.Tensor):
-            kw[k] = v.contiguous()
+    # PyTorch's allocator). Tensors with autograd history go detached (~0.3 us each, on
+    # the autograd path only): nbdnn reads only their memory, and nothing nbdnn keeps
+    # (a plan's recording, a cache, a view it made) may hold an autograd graph alive,
+    # whose AccumulateGrad nodes a later step would reuse on the stream they were made
+    # on (a CUDA graph capture after eager steps on the legacy stream then fails:
+    # PyTorch's "AccumulateGrad node's stream" warning, run AX). PyTorch's current
+    # stream, passed only where it is not the legacy default stream (handle 0,
+    # PyTorch's own default): there nbdnn's eager call plans replay the call
+    # (nbdnn/ops/_plan.py: a call given a stream runs in full, ~20-200 us of host time
+    # more)
     if TRANSFORMED:  # (a torch.func transform has run: its pullbacks, called after it
         # returned, hand over its dead wrappers, which have no storage of their own)
         args = [unwrapped(a) if isinstance(a, torch.Tensor) else a for a in args]
         kw = {k: unwrapped(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    args = [(a.detach() if a.requires_grad else a).contiguous() if isinstance(a, Tensor)
+            else a for a in args]
+    for k, v in kw.items():
+        if isinstance(v, Tensor):
+            kw[k] = (v.detach() if v.requires_grad else v).contiguous()
     stream = _raw_stream(like.get_device())
     if stream:
         kw["stream"] = stream
-    if like.dtype == torch.float32:
-        flag = PRODUCTS.get(fn)
-        if flag is not None and flag():
-            kw["math"] = "tf32"
+    flag = PRODUCTS.get(fn)  # (None for most ops: asked before the dtype)
+    if flag is not None and like.dtype is _FLOAT32 and flag():
+        kw["math"] = "tf32"
     return fn(*args, **kw)
+
+
+_FLOAT32 = torch.float32  # (dtypes are singletons: `is`, no module attribute lookup)
 
 
 def run_as(fn, like, *args, nhwc_layout=False, **kw):
     """run(), but where tensor like is channels-last its 4-d tensor arguments go as NHWC
     views (with layout="NHWC" where nhwc_layout) and 4-d results come back channels-last:
     elementwise ops and batch norm keep a channels-last model's layout without copies."""
-    if not channels_last(like):
-        return run(fn, like, *args, **kw)
+    if like.dim() != 4 or like.is_contiguous() or \
+            not like.is_contiguous(memory_format=torch.channels_last):  # (channels_last()
+        # inline: every elementwise call asks)
+        return _run(fn, like, args, kw)
     args = [nhwc(a) if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args]
     if nhwc_layout:
         kw["layout"] = "NHWC"
-    out = run(fn, like, *args, **kw)
+    out = _run(fn, like, args, kw)
 
     def back(t):
         return nchw(t) if t is not None and t.dim() == 4 else t

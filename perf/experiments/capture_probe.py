@@ -8,7 +8,7 @@ and numba do outside the capture stream: nbdnn kernel launches on the legacy str
 autograd's device thread).
 
     PYTHONPATH=. python perf/experiments/capture_probe.py [--native-first] [--separate]
-        [--collect] [--batch 8]
+        [--collect] [--models] [--eager 5] [--batch 8]
 
 Before capturing it lists the live tensors still in an autograd graph (PyTorch warned
 that an earlier iteration's AccumulateGrad node was kept alive, which breaks a capture
@@ -24,7 +24,15 @@ and tensormap now wait for the copy). The batch-32 failure of call 1 (before the
 change) is not reproduced here; perf/history/2026-12-05-h200-runAX-call2-probe.log.
 
 --native-first: capture native's step first (as torch_models.py does; the two models
-share their parameters unless --separate, which converts a deep copy).
+share their parameters unless --separate, which converts a deep copy). --models:
+torch_models.py's order exactly: native's eager steps, ours', then native's warm-up
+and capture, then ours' (no eager steps between).
+
+Each capture also reports how many parameters' AccumulateGrad nodes outlived the eager
+steps (marked after them, still marked after the side-stream warm-up: something kept
+an eager step's graph alive, and the capture's backward would sync with the legacy
+stream). Run AY: nbdnn.torch now hands nbdnn's ops detached tensors
+(tests/test_torch_capture.py), the suspected holder being something nbdnn keeps.
 """
 import argparse
 import copy
@@ -94,7 +102,27 @@ def graph_tensors():
     return len(found)
 
 
+def mark(params):
+    """Mark each parameter's AccumulateGrad node (made now if none is alive)."""
+    for p in params:
+        p.view_as(p).grad_fn.next_functions[0][0].metadata["probe"] = True
+
+
+def marked(params):
+    """How many parameters' AccumulateGrad nodes still carry mark()'s mark."""
+    return sum("probe" in p.view_as(p).grad_fn.next_functions[0][0].metadata for p in params)
+
+
+def eager_steps(name, model, x, labels, n):
+    fn = step_fn(model, x, labels, True)
+    for _ in range(n):  # (torch_models.py's eager rows before: nbdnn's plans)
+        fn()
+    torch.cuda.synchronize()
+    print(f"{name}: {n} eager steps on the default stream", flush=True)
+
+
 def capture(name, model, x, labels, collect=False, eager=5):
+    params = list(model.parameters())
     fn = step_fn(model, x, labels, True)
     graph = torch.cuda.CUDAGraph
     original = graph.capture_begin
@@ -107,8 +135,11 @@ def capture(name, model, x, labels, collect=False, eager=5):
         for _ in range(eager):  # (torch_models.py's eager rows before: nbdnn's plans)
             fn()
         torch.cuda.synchronize()
+        mark(params)
         side_stream_warm_up(fn)
-        print(f"{name}: {graph_tensors()} live graph tensors after warm-up", flush=True)
+        print(f"{name}: {graph_tensors()} live graph tensors after warm-up; "
+              f"{marked(params)} of {len(params)} AccumulateGrad nodes outlived the "
+              "earlier steps", flush=True)
         if collect:
             print(f"{name}: gc.collect() freed {gc.collect()} objects; "
                   f"{graph_tensors()} live graph tensors now", flush=True)
@@ -131,6 +162,7 @@ def capture(name, model, x, labels, collect=False, eager=5):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--native-first", action="store_true")
+    p.add_argument("--models", action="store_true", help="torch_models.py's order")
     p.add_argument("--separate", action="store_true")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--collect", action="store_true", help="gc.collect() before capturing")
@@ -145,6 +177,12 @@ def main():
         memory_format=torch.channels_last)
     labels = torch.randint(0, 1000, (args.batch,), device="cuda")
     instrument()
+    if args.models:
+        eager_steps("native", native.train(), x, labels, args.eager)
+        eager_steps("nbdnn.torch", ours.train(), x, labels, args.eager)
+        capture("native", native, x, labels, eager=0)
+        capture("nbdnn.torch", ours, x, labels, args.collect, eager=0)
+        return
     if args.native_first:
         capture("native", native.train(), x, labels, eager=args.eager)
     capture("nbdnn.torch", ours.train(), x, labels, args.collect, args.eager)

@@ -1,0 +1,127 @@
+"""nbdnn.torch keeps no autograd graph alive, so PyTorch's CUDA graphs capture a
+converted model after eager steps on the legacy default stream.
+
+Why it matters: a parameter's AccumulateGrad node lives as long as any graph that
+reaches it, and a later step reuses it with the stream it was made on. Run AX's H200
+run captured a converted ResNet-50's bf16 step after eager steps on the default
+stream and failed in backward ("operation would make the legacy stream depend on a
+capturing blocking stream", with PyTorch's warning that an AccumulateGrad node of an
+earlier iteration was kept alive). Tensors reach nbdnn's ops without autograd history
+(`_bridge.run` detaches them), so whatever nbdnn keeps (a plan's recording, a cache)
+cannot hold a graph."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import nbdnn.torch as nt  # noqa: E402
+from nbdnn.torch import _bridge  # noqa: E402
+from torch_graphs import captured_step  # noqa: E402  (tests/torch_graphs.py)
+
+nn = torch.nn
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device for torch")
+
+
+def small_net():
+    """Two 64-channel 3x3 convolutions (the tensor cores' convolution in bf16
+    channels-last on a GPU), batch norm, relu, pooling and a linear layer."""
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.Conv2d(64, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+
+
+def test_cuda_path_hands_nbdnn_tensors_without_autograd_history(monkeypatch):
+    """run()'s CUDA branch (taken here with a stand-in for a CUDA tensor's facts) gives
+    the op tensors that neither require grad nor view one that does, positional and
+    keyword, views included (a channels-last view made inside a forward keeps its base,
+    and with it the base's graph, alive)."""
+    got = []
+
+    def op(*args, **kw):  # (an op that kept its arguments, as a cache could)
+        got.extend(a for a in list(args) + list(kw.values()) if isinstance(a, torch.Tensor))
+        return args[0]
+    like = type("CudaLike", (), {"is_cuda": True, "dtype": torch.float64,
+                                 "get_device": lambda self: 0})()
+    monkeypatch.setattr(_bridge, "_raw_stream", lambda device: 0)
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
+    y = x * 2  # (history: a MulBackward0 node)
+    with torch.no_grad():  # (as inside an autograd.Function's forward)
+        _bridge.run(op, like, y, _bridge.nhwc(y), x[0], 7, w=y.permute(0, 2, 3, 1), b=None)
+    assert len(got) == 4
+    for t in got:
+        assert not t.requires_grad and t.grad_fn is None
+        assert t._base is None or (t._base.grad_fn is None and not t._base.requires_grad)
+        assert t.is_contiguous()
+    assert got[0].data_ptr() == y.data_ptr()  # (no copy of a contiguous tensor)
+
+
+def _tag(params, step):
+    """Mark each parameter's current AccumulateGrad node with `step`."""
+    for p in params:
+        p.view_as(p).grad_fn.next_functions[0][0].metadata["nbdnn_step"] = step
+
+
+def _tagged(params):
+    """The indices of the parameters whose AccumulateGrad node carries a mark: nodes a
+    later step reused because something kept them alive."""
+    return [i for i, p in enumerate(params)
+            if "nbdnn_step" in p.view_as(p).grad_fn.next_functions[0][0].metadata]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("last", [False, True])
+def test_training_steps_leave_no_autograd_graph_alive(device, last):
+    """After a converted model's steps (on CUDA the 4th call of each signature replays
+    its eager plan, so plans are recorded and replayed) no AccumulateGrad node outlives
+    its step: a mark set between steps is gone from the nodes later steps use."""
+    torch.manual_seed(0)
+    fmt = torch.channels_last if last else torch.contiguous_format
+    model, _ = nt.convert(small_net().to(device).to(memory_format=fmt))
+    x = torch.randn(4, 3, 8, 8, device=device).contiguous(memory_format=fmt)
+    labels = torch.randint(0, 10, (4,), device=device)
+    params = list(model.parameters())
+    bf16 = device == "cuda" and last
+
+    def step():
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            loss = nn.functional.cross_entropy(model(x), labels)
+        loss.backward()
+    for _ in range(4):
+        step()
+    _tag(params, 4)
+    for _ in range(3):
+        step()
+    assert _tagged(params) == []
+
+
+@CUDA
+def test_capture_after_eager_steps_on_the_default_stream():
+    """torch_models.py's order: eager bf16 channels-last steps on the legacy default
+    stream (plans learned and replayed), then PyTorch's side-stream warm-up, then
+    torch.cuda.graph captures the step; each replay equals an eager step of a twin."""
+    torch.manual_seed(0)
+    fmt = torch.channels_last
+    model, _ = nt.convert(small_net().cuda().to(memory_format=fmt))
+    twin, _ = nt.convert(small_net().cuda().to(memory_format=fmt))
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(8, 3, 16, 16, device="cuda").contiguous(memory_format=fmt)
+    labels = torch.randint(0, 10, (8,), device="cuda")
+
+    def step(m):
+        for p in m.parameters():
+            p.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            loss = nn.functional.cross_entropy(m(x), labels)
+        loss.backward()
+        return loss
+    for _ in range(6):  # (eager, default stream)
+        step(model)
+        step(twin)
+    g, static_loss = captured_step(step, model, twin, warm_up=3)
+    for _ in range(2):
+        g.replay()
+        want = step(twin)
+        torch.testing.assert_close(static_loss, want, rtol=1e-2, atol=1e-2)
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=2e-2)
