@@ -34,27 +34,32 @@ _GEOMETRIES = {}  # (*stride, *padding, *dilation, groups) -> _geometry's keywor
 
 def _geometry(stride, padding, dilation, groups):
     """nbdnn's convolution keywords (read only: shared between calls), those at nbdnn's
-    defaults left out and symmetric padding given per axis: every keyword, and every
-    nested tuple most of all, is walked by the eager call plan's signature on each
-    call (a 3x3 convolution's full set cost 1.3 us more than padding alone on the CI
-    host, run AY)."""
+    defaults left out, one int where every axis has the same value, symmetric padding
+    per axis: every keyword, and every nested tuple most of all, is walked by the
+    eager call plan's signature on each call (a 3x3 convolution's full set cost 1.3 us
+    more than padding alone on the CI host, run AY)."""
     key = (*stride, *padding, *dilation, groups)
     geo = _GEOMETRIES.get(key)
     if geo is None:
         geo, pads = {}, pairs(padding)
         if any(s != 1 for s in stride):
-            geo["stride"] = tuple(stride)
+            geo["stride"] = _one(stride)
         if any(a != b for a, b in pads):
             geo["padding"] = pads
         elif any(a for a, _ in pads):
-            geo["padding"] = tuple(a for a, _ in pads)
+            geo["padding"] = _one([a for a, _ in pads])
         if any(d != 1 for d in dilation):
-            geo["dilation"] = tuple(dilation)
+            geo["dilation"] = _one(dilation)
         if groups != 1:
             geo["groups"] = groups
         if len(_GEOMETRIES) < 1024:
             _GEOMETRIES[key] = geo
     return geo
+
+
+def _one(values):
+    """values as nbdnn takes them: one int when all are equal, else a tuple."""
+    return values[0] if len(set(values)) == 1 else tuple(values)
 
 
 @custom_op("nbdnn::conv", mutates_args=())

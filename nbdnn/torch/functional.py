@@ -102,7 +102,8 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
 
 
 def linear(input, weight, bias=None):
-    input, weight, bias = _autocast("linear", input, weight, bias)
+    if _any_autocast():  # (asked here: the call's frame saved where it is off, run AY)
+        input, weight, bias = _autocast("linear", input, weight, bias)
     _check("linear", input, weight, bias)
     if input.dim() == 1:
         return call(_linear, input.unsqueeze(0), weight, bias).squeeze(0)
@@ -122,7 +123,8 @@ def _conv_args(fn, nd, input, weight, bias):
     """(input, weight, bias) as autocast has a convolution see them, checked: dtypes,
     weight nd + 2 dimensions, input nd + 2 (batched) or nd + 1 (one sample, as PyTorch
     takes it), channels first."""
-    input, weight, bias = _autocast("conv", input, weight, bias)
+    if _any_autocast():
+        input, weight, bias = _autocast("conv", input, weight, bias)
     _check(fn, input, weight, bias)
     if weight.dim() != nd + 2 or input.dim() not in (nd + 1, nd + 2):
         raise ShapeError(f"nbdnn.torch.{fn}: input must be {nd + 2}-d (batched) or "
@@ -243,15 +245,16 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
 
 def _normalized(fn, input, normalized_shape):
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else \
-        tuple(normalized_shape)
-    if tuple(input.shape[input.dim() - len(shape):]) != shape:
+        normalized_shape if normalized_shape.__class__ is tuple else tuple(normalized_shape)
+    if input.shape[input.dim() - len(shape):] != shape:  # (torch.Size is a tuple)
         raise ShapeError(f"nbdnn.torch.{fn}: normalized_shape {shape} must end the input's "
                          f"shape {tuple(input.shape)}")
     return len(shape)
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
-    input, weight, bias = _autocast("layer_norm", input, weight, bias)
+    if _any_autocast():
+        input, weight, bias = _autocast("layer_norm", input, weight, bias)
     _check("layer_norm", input, weight, bias)
     ndim = _normalized("layer_norm", input, normalized_shape)
     return call(_layer_norm, input, weight, bias, ndim, float(eps))[0]
