@@ -7,8 +7,8 @@ run captured a converted ResNet-50's bf16 step after eager steps on the default
 stream and failed in backward ("operation would make the legacy stream depend on a
 capturing blocking stream", with PyTorch's warning that an AccumulateGrad node of an
 earlier iteration was kept alive). Tensors reach nbdnn's ops without autograd history
-(`_bridge.run` detaches them), so whatever nbdnn keeps (a plan's recording, a cache)
-cannot hold a graph."""
+(`_bridge.run` passes their `.data`), so whatever nbdnn keeps (a plan's recording, a
+cache) cannot hold a graph."""
 import pytest
 
 torch = pytest.importorskip("torch")
