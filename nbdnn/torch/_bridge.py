@@ -45,6 +45,9 @@ def register_autograd(op, grad, setup):
         setup(ctx, inputs, output)
 
     def backward(ctx, *grads):
+        if ctx.nbdnn_backend is BACKEND:  # (the usual case: no context manager, ~0.8 us
+            # a backward call on the CI host, run AY)
+            return grad(ctx, *grads)
         with backend(ctx.nbdnn_backend):
             return grad(ctx, *grads)
     op.register_autograd(backward, setup_context=setup_context)
