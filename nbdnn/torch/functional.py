@@ -136,7 +136,8 @@ def _conv_args(fn, nd, input, weight, bias):
 def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
     input, weight, bias = _conv_args(fn, nd, input, weight, bias)
     try:
-        geometry = _CONV_GEOMETRY.get((nd, stride, padding, dilation))
+        geometry = _CONV_GEOMETRY.get((nd, stride, padding, dilation, stride.__class__,
+                                       padding.__class__, dilation.__class__))
     except TypeError:  # (lists: unhashable)
         geometry = None
     if geometry is None:
@@ -144,15 +145,17 @@ def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
     return _one_sample(nd, conv, input, weight, bias, *geometry, groups)
 
 
-_CONV_GEOMETRY = {}  # (nd, stride, padding, dilation) as given -> _conv_geometry's
-# (read only: shared between calls; ~0.7 us a call less on the CI host, run AY. Values
-# that compare equal give equal ints, so the cache changes no answer; "same" depends
-# on the weight and is not cached)
+_CONV_GEOMETRY = {}  # (nd, stride, padding, dilation as given, their classes) ->
+# _conv_geometry's (read only: shared between calls; ~0.7 us a call less on the CI
+# host, run AY). Equal values of one class give equal ints, so the cache changes no
+# answer (the classes keep a float stride, which _conv_geometry refuses, from an int's
+# entry); "same" depends on the weight and is not cached
 
 
 def _conv_geometry(nd, weight, stride, padding, dilation):
     """(stride, per-side padding, dilation) as lists of ints, the custom op's arguments."""
-    key = (nd, stride, padding, dilation)
+    key = (nd, stride, padding, dilation, stride.__class__, padding.__class__,
+           dilation.__class__)
     stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
     if padding == "valid":
         pads = [0] * (2 * nd)
