@@ -12,8 +12,10 @@ autograd's device thread).
 
 Before capturing it lists the live tensors still in an autograd graph (PyTorch warned
 that an earlier iteration's AccumulateGrad node was kept alive, which breaks a capture
-when that node's stream is the legacy default stream); --collect runs gc.collect()
-first (a reference cycle keeping the graph alive would then be gone).
+when that node's stream is the legacy default stream), each with the chains of what
+holds it up to a module global (run AY: run AX's listing showed the probe's own lists
+and frames); --collect runs gc.collect() first (a reference cycle keeping the graph
+alive would then be gone).
 
 Run AX call 2 (H200, batch 8, after the derived-map plans): ours alone, native first
 (shared parameters) and with gc.collect() all captured and replayed, no live graph
@@ -37,6 +39,7 @@ stream). Run AY: nbdnn.torch now hands nbdnn's ops detached tensors
 import argparse
 import copy
 import gc
+import inspect
 import os
 import sys
 import threading
@@ -87,19 +90,63 @@ def instrument():
 
 
 def graph_tensors():
-    """Live tensors that are part of an autograd graph (grad_fn set) after a step: what
-    keeps an earlier iteration's AccumulateGrad nodes (PyTorch's warning) alive, with
-    the types of what refers to them."""
+    """Live tensors that are part of an autograd graph (grad_fn set, or a view of such a
+    tensor) after a step: what keeps an earlier iteration's AccumulateGrad nodes
+    (PyTorch's warning) alive, each with the chain of what refers to it (holders())."""
     found = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and
-             o.grad_fn is not None]
-    for t in found[:6]:
-        refs = [r for r in gc.get_referrers(t) if r is not found][:4]
-        names = [type(r).__name__ + "<" + ",".join(sorted({type(q).__name__ for q in
-                                                          gc.get_referrers(r)})[:5]) + ">"
-                 for r in refs]
-        print(f"  live graph tensor {tuple(t.shape)} {t.dtype} {type(t.grad_fn).__name__} "
-              f"held by {names}", flush=True)
-    return len(found)
+             (o.grad_fn is not None or (o._base is not None and o._base.grad_fn is not None))]
+    shown = found[:6]
+    for t in shown:
+        print(f"  live graph tensor {tuple(t.shape)} {t.dtype} "
+              f"{type(t.grad_fn or t._base.grad_fn).__name__}", flush=True)
+        for chain in holders(t, skip={id(found), id(shown)}):
+            print("    held by " + " <- ".join(chain), flush=True)
+    n = len(found)
+    del found, shown, t
+    return n
+
+
+def holders(obj, skip, depth=4, width=3):
+    """Chains of what refers to obj, up to `depth` steps, ignoring frames, the probe's
+    own containers (`skip`: ids) and the lists gc hands back: each a list of labels (a
+    type, or the module global or attribute a dict or object is)."""
+    chains, objs, paths = [], [obj], [[]]  # (no tuples holding the objects: they
+    # would be referrers themselves)
+    skip = skip | {id(objs)}
+    for _ in range(depth):
+        nxt_objs, nxt_paths = [], []
+        skip = skip | {id(nxt_objs)}
+        for i in range(len(objs)):  # (no zip: its reused result tuple refers to o)
+            o, chain = objs[i], paths[i]
+            args = (o,)  # (get_referrers' own argument tuple refers to o: skipped)
+            refs = [r for r in gc.get_referrers(*args) if id(r) not in skip and
+                    r is not args and not inspect.isframe(r)]
+            skip = skip | {id(refs)}
+            if not refs and chain:
+                chains.append(chain)
+            for r in refs[:width]:
+                label = _label(r)
+                if label.startswith("module ") or len(chain) + 1 == depth:
+                    chains.append(chain + [label])
+                else:
+                    nxt_objs.append(r)
+                    nxt_paths.append(chain + [label])
+        objs, paths = nxt_objs, nxt_paths
+        skip = skip | {id(objs)}
+    return chains[:8]
+
+
+def _label(r):
+    """What r is: a module-level global's name where one is r (or r's __dict__)."""
+    for name, mod in list(sys.modules.items()):
+        d = getattr(mod, "__dict__", None)
+        if d is r:
+            return f"module {name}"
+        if d is not None:
+            for k, v in d.items():
+                if v is r:
+                    return f"module {name}.{k}"
+    return type(r).__name__
 
 
 def mark(params):
