@@ -6,7 +6,7 @@ argument, never a silent difference; see nbdnn/torch/__init__.py for the list.""
 import torch
 
 from ..errors import ShapeError
-from ._bridge import DTYPES, call, advance as _advance
+from ._bridge import DTYPES, call, advance as _advance, _compiling
 from ._args import _any_autocast, autocast as _autocast, check as _check, \
     ints as _tuple, unsupported as _unsupported, write_result as _inplace
 from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
@@ -135,13 +135,20 @@ def _conv_args(fn, nd, input, weight, bias):
 
 def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
     input, weight, bias = _conv_args(fn, nd, input, weight, bias)
-    try:
-        geometry = _CONV_GEOMETRY.get((nd, stride, padding, dilation, stride.__class__,
-                                       padding.__class__, dilation.__class__))
-    except TypeError:  # (lists: unhashable)
-        geometry = None
-    if geometry is None:
+    if _compiling():  # (traced: dynamo would guard on the cache's keys, and the key this
+        # very call adds fails that guard at once; PyTorch 2.13)
         geometry = _conv_geometry(nd, weight, stride, padding, dilation)
+    else:
+        try:
+            key = (nd, stride, padding, dilation, stride.__class__, padding.__class__,
+                   dilation.__class__)
+            geometry = _CONV_GEOMETRY.get(key)
+        except TypeError:  # (lists: unhashable)
+            key = geometry = None
+        if geometry is None:
+            geometry = _conv_geometry(nd, weight, stride, padding, dilation)
+            if key is not None and padding != "same" and len(_CONV_GEOMETRY) < 1024:
+                _CONV_GEOMETRY[key] = geometry
     return _one_sample(nd, conv, input, weight, bias, *geometry, groups)
 
 
@@ -149,13 +156,11 @@ _CONV_GEOMETRY = {}  # (nd, stride, padding, dilation as given, their classes) -
 # _conv_geometry's (read only: shared between calls; ~0.7 us a call less on the CI
 # host, run AY). Equal values of one class give equal ints, so the cache changes no
 # answer (the classes keep a float stride, which _conv_geometry refuses, from an int's
-# entry); "same" depends on the weight and is not cached
+# entry); "same" depends on the weight and is not cached; eager calls only
 
 
 def _conv_geometry(nd, weight, stride, padding, dilation):
     """(stride, per-side padding, dilation) as lists of ints, the custom op's arguments."""
-    key = (nd, stride, padding, dilation, stride.__class__, padding.__class__,
-           dilation.__class__)
     stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
     if padding == "valid":
         pads = [0] * (2 * nd)
@@ -164,14 +169,8 @@ def _conv_geometry(nd, weight, stride, padding, dilation):
         for R, d in zip(weight.shape[2:], dilation):
             total = d * (R - 1)
             pads += [total // 2, total - total // 2]
-        return stride, pads, dilation
     else:
         pads = [p for v in _tuple(padding, nd) for p in (v, v)]
-    try:
-        if len(_CONV_GEOMETRY) < 1024:
-            _CONV_GEOMETRY[key] = (stride, pads, dilation)
-    except TypeError:
-        pass
     return stride, pads, dilation
 
 
