@@ -614,7 +614,7 @@ owed)
         --batch 32 --eager 38 > "$OUT/probe-b32.log" 2>&1 &
     wait
     grep -E "PASSED|FAILED|SKIPPED|^E " "$OUT/capture-tests.log" | head -24
-    grep -E "^(native|nbdnn)|live graph|^---|nbdnn/" "$OUT/probe-b32.log" | head -30
+    grep -E "^(native|nbdnn)|live graph|held by|^---|nbdnn/" "$OUT/probe-b32.log" | head -40
     timeout ${MODELS_LIMIT_S:-270} python3 perf/suites/torch_models.py --models \
         --configs ${CONFIGS:-bf16-cl fp32} > "$OUT/torch-models.log" 2>&1
     grep -v -i warn "$OUT/torch-models.log" | grep -E "^(ResNet|converted|eval)|Error" | \
