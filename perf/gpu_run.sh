@@ -619,9 +619,9 @@ owed)
         --configs ${CONFIGS:-bf16-cl fp32} > "$OUT/torch-models.log" 2>&1
     grep -v -i warn "$OUT/torch-models.log" | grep -E "^(ResNet|converted|eval)|Error" | \
         cut -c1-300 | head -20
-    timeout ${HOST_LIMIT_S:-70} python3 perf/suites/torch_models.py --host \
+    timeout ${HOST_LIMIT_S:-70} python3 perf/suites/torch_models.py --host --profile \
         > "$OUT/torch-host.log" 2>&1
-    grep -v -i warn "$OUT/torch-host.log" | head -12 ;;
+    grep -v -i warn "$OUT/torch-host.log" | head -8 ;;  # (the profiles: torch-host.log)
 devices)
     # several GPUs (issue 27) on whatever this machine has: the device plumbing's tests
     # (test_devices.py: the driver's answers on one GPU counted as two), DDP of a
