@@ -353,9 +353,7 @@ def run_as(fn, like, *args, nhwc_layout=False, **kw):
     """run(), but where tensor like is channels-last its 4-d tensor arguments go as NHWC
     views (with layout="NHWC" where nhwc_layout) and 4-d results come back channels-last:
     elementwise ops and batch norm keep a channels-last model's layout without copies."""
-    if like.dim() != 4 or like.is_contiguous() or \
-            not like.is_contiguous(memory_format=torch.channels_last):  # (channels_last()
-        # inline: every elementwise call asks)
+    if not channels_last(like):
         return _run(fn, like, args, kw)
     args = [nhwc(a) if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args]
     if nhwc_layout:
