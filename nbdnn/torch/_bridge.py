@@ -53,7 +53,7 @@ def register_autograd(op, grad, setup):
     op.register_autograd(backward, setup_context=setup_context)
     def forward(ctx, *args):  # (forward(ctx, ...): a separate setup_context would have
         # apply() bind every call's arguments to the signature, ~10 us)
-        out = op._init_fn(*args)
+        out = (IMPLS.get(op) or eager_impl(op))(*args)
         setup_context(ctx, args, out)
         return out
     EAGER[op] = _bare_apply(type(op._name, (torch.autograd.Function,), {
@@ -82,6 +82,7 @@ def transformable(op):
     if fn is not None:
         return fn
     TRANSFORMED = True
+    IMPLS.clear()
     setup_context, backward = AUTOGRAD[op]
     save, jvp = JVP[op]
 
@@ -159,7 +160,35 @@ def call(op, *args):
             grad = grad or a.requires_grad
     if grad and torch.is_grad_enabled():
         return EAGER[op](*args)
-    return op._init_fn(*args)
+    return (IMPLS.get(op) or eager_impl(op))(*args)
+
+
+DIRECT = {}  # custom op -> its direct entry (direct())
+IMPLS = {}  # custom op -> what its eager calls run (eager_impl())
+
+
+def direct(op):
+    """Decorator: fn becomes op's direct entry, which eager calls (call(), and the
+    forward of its autograd.Function) run instead of op's implementation. An entry takes
+    op's arguments and writes the common CUDA call out flat: the stream from
+    stream_of(), tensors handed over as _run hands them (`.data` where they require
+    grad, contiguous), nbdnn's op called with the keywords _run would give it; anything
+    else (the CPU reference, an unusual layout) goes to op's implementation. What it
+    saves is run()'s generic walk over the arguments, ~0.5 us a call on the CI host
+    (perf/experiments/torch_wrapper_cost.py; run AZ); tests/test_torch_direct.py checks
+    that each entry hands nbdnn what the implementation does."""
+    def register(fn):
+        DIRECT[op] = fn
+        IMPLS.clear()
+        return fn
+    return register
+
+
+def eager_impl(op):
+    """op's direct entry, else its implementation; the implementation alone once a
+    torch.func transform has run (TRANSFORMED: run() unwraps what it leaves behind)."""
+    fn = IMPLS[op] = op._init_fn if TRANSFORMED else DIRECT.get(op, op._init_fn)
+    return fn
 
 
 def unwrapped(t):
@@ -267,6 +296,15 @@ def tensor(a, like):
     return t if like.is_cpu else t.to(like.device)
 
 
+def stream_of(t):
+    """Where a call on tensor t runs: None for nbdnn's CPU reference (t on the CPU, or
+    reference() in force), else PyTorch's current stream on t's device as its raw
+    handle, 0 for the legacy default stream (given to nbdnn only where it is not 0)."""
+    if BACKEND == "cpu" or not t.is_cuda:
+        return None
+    return _raw_stream(t.get_device())
+
+
 def _public_stream(index):
     return torch.cuda.current_stream(index).cuda_stream
 
@@ -309,7 +347,8 @@ def run(fn, like, *args, **kw):
 def _run(fn, like, args, kw):
     """run()'s body on its arguments as they came (run_as passes its own on, unpacked
     and packed again no more: ~0.3 us a call, run AY)."""
-    if BACKEND == "cpu" or not like.is_cuda:
+    stream = stream_of(like)
+    if stream is None:
         args = [arr(a, True) if isinstance(a, torch.Tensor) else a for a in args]
         kw = {k: arr(v, True) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
         out = fn(*args, backend="cpu", **kw)
@@ -317,17 +356,13 @@ def _run(fn, like, args, kw):
             return tuple(None if o is None else tensor(o, like) for o in out)
         return tensor(out, like)
     # CUDA: torch tensors in, torch tensors out (nbdnn allocates its results through
-    # PyTorch's allocator). Tensors that require grad go as `.data` (detached: ~0.2 us
-    # each, 0.3 for detach(), whose shared version counter nbdnn's raw writes would not
-    # bump anyway; the autograd path only): nbdnn reads only their memory, and nothing
-    # nbdnn keeps (a plan's recording, a cache, a view it made) may hold an autograd
-    # graph alive, whose AccumulateGrad nodes a later step would reuse on the stream
-    # they were made on (a CUDA graph capture after eager steps on the legacy stream
-    # then fails: PyTorch's "AccumulateGrad node's stream" warning, run AX). PyTorch's
-    # current stream, passed only where it is not the legacy default stream (handle 0,
-    # PyTorch's own default): there nbdnn's eager call plans replay the call
-    # (nbdnn/ops/_plan.py: a call given a stream runs in full, ~20-200 us of host time
-    # more)
+    # PyTorch's allocator). Tensors that require grad go as `.data` (~0.2 us each, 0.3
+    # for detach()): nothing nbdnn keeps (a plan's recording, a cache, a view) may hold
+    # an autograd graph alive, whose AccumulateGrad nodes a later step would reuse on
+    # the stream they were made on (a CUDA graph capture after eager steps on the legacy
+    # stream then fails, run AX). The stream is passed only where it is not the legacy
+    # default (0): there nbdnn's eager call plans replay the call (a call given a stream
+    # runs in full, ~20-200 us more: nbdnn/ops/_plan.py)
     if TRANSFORMED:  # (a torch.func transform has run: its pullbacks, called after it
         # returned, hand over its dead wrappers, which have no storage of their own)
         args = [unwrapped(a) if isinstance(a, torch.Tensor) else a for a in args]
@@ -337,7 +372,6 @@ def _run(fn, like, args, kw):
     for k, v in kw.items():
         if isinstance(v, Tensor):
             kw[k] = (v.data if v.requires_grad else v).contiguous()
-    stream = _raw_stream(like.get_device())
     if stream:
         kw["stream"] = stream
     flag = PRODUCTS.get(fn)  # (None for most ops: asked before the dtype)

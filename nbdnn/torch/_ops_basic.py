@@ -8,7 +8,8 @@ import torch
 from torch.library import custom_op
 
 import nbdnn
-from ._bridge import call, channels_last, new, register_autograd, run, run_as
+from ._bridge import call, channels_last, direct, nchw, new, nhwc, register_autograd, run, \
+    run_as, stream_of, _FLOAT32, _MATMUL_TF32
 
 
 @custom_op("nbdnn::activation", mutates_args=())
@@ -21,6 +22,36 @@ def activation(x: torch.Tensor, mode: str, coef: float) -> torch.Tensor:
 def activation_backward(dy: torch.Tensor, x: torch.Tensor, mode: str,
                         coef: float) -> torch.Tensor:
     return run_as(nbdnn.activation_backward, x, dy, x, None, mode, coef=coef)
+
+
+@direct(activation)
+def _(x, mode, coef):
+    s = stream_of(x)
+    if s is None:
+        return activation._init_fn(x, mode, coef)
+    if x.requires_grad:
+        x = x.data
+    if x.is_contiguous():
+        return nbdnn.activation(x, mode, coef=coef, stream=s) if s else \
+            nbdnn.activation(x, mode, coef=coef)
+    if channels_last(x):
+        x = nhwc(x)
+        return nchw(nbdnn.activation(x, mode, coef=coef, stream=s) if s else
+                    nbdnn.activation(x, mode, coef=coef))
+    return activation._init_fn(x, mode, coef)
+
+
+@direct(activation_backward)
+def _(dy, x, mode, coef):
+    s = stream_of(x)
+    if s is None or not (x.is_contiguous() and dy.is_contiguous()):
+        return activation_backward._init_fn(dy, x, mode, coef)
+    if x.requires_grad:
+        x = x.data
+    if dy.requires_grad:
+        dy = dy.data
+    return nbdnn.activation_backward(dy, x, None, mode, coef=coef, stream=s) if s else \
+        nbdnn.activation_backward(dy, x, None, mode, coef=coef)
 
 
 @activation.register_fake
@@ -98,6 +129,23 @@ def linear_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
                       x.reshape(-1, x.shape[-1]) if flat else x, w, trans_b=True,
                       bias=has_bias)
     return dx.reshape(x.shape) if flat else dx, dw, db[0] if has_bias else w.new_empty(0)
+
+
+@direct(linear)
+def _(x, w, b):
+    s = stream_of(x)
+    if s is None or x.dim() != 2:
+        return linear._init_fn(x, w, b)
+    x = (x.data if x.requires_grad else x).contiguous()
+    w = (w.data if w.requires_grad else w).contiguous()
+    if b is not None:
+        b = (b.data if b.requires_grad else b).contiguous()
+    kw = {"trans_b": True, "bias": b}
+    if s:
+        kw["stream"] = s
+    if x.dtype is _FLOAT32 and _MATMUL_TF32():
+        kw["math"] = "tf32"
+    return nbdnn.matmul(x, w, **kw)
 
 
 @linear.register_fake

@@ -11,7 +11,8 @@ from torch.library import custom_op
 
 import nbdnn
 from .._shapes import pool_out_size
-from ._bridge import call, channels_last, nchw, new, nhwc, register_autograd, run
+from ._bridge import call, channels_last, direct, nchw, new, nhwc, register_autograd, \
+    run, stream_of, _CONV_TF32, _FLOAT32
 
 CONVS = {1: nbdnn.conv1d, 2: nbdnn.conv2d, 3: nbdnn.conv3d}
 POOLS = {1: nbdnn.pool1d, 2: nbdnn.pool2d, 3: nbdnn.pool3d}
@@ -94,6 +95,33 @@ def conv_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride: li
         else w.new_empty(0)
     db = run(nbdnn.conv_backward_bias, x, dy) if want_b else w.new_empty(0)
     return dx, dw, db
+
+
+@direct(conv)
+def _(x, w, b, stride, padding, dilation, groups):
+    s = stream_of(x)
+    if s is None:
+        return conv._init_fn(x, w, b, stride, padding, dilation, groups)
+    if x.requires_grad:
+        x = x.data
+    w = w.data if w.requires_grad else w
+    if b is not None:
+        b = (b.data if b.requires_grad else b).contiguous()
+    if x.is_contiguous():
+        fn, last, kw = CONVS[w.dim() - 2], False, {**_geometry(stride, padding, dilation, groups)}
+        w = w.contiguous()
+    elif channels_last(x):
+        fn, last = nbdnn.conv2d, True
+        kw = {"layout": "NHWC", **_geometry(stride, padding, dilation, groups)}
+        x, w = nhwc(x), nhwc(w).contiguous()
+    else:
+        return conv._init_fn(x, w, b, stride, padding, dilation, groups)
+    if s:
+        kw["stream"] = s
+    if x.dtype is _FLOAT32 and _CONV_TF32():
+        kw["math"] = "tf32"
+    y = fn(x, w, b, **kw)
+    return nchw(y) if last else y
 
 
 @conv.register_fake

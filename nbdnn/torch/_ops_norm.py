@@ -11,7 +11,8 @@ import torch
 from torch.library import custom_op
 
 import nbdnn
-from ._bridge import call, arr, channels_last, new, on_cpu, register_autograd, run, run_as, tensor
+from ._bridge import call, arr, channels_last, direct, new, on_cpu, register_autograd, \
+    run, run_as, stream_of, tensor
 
 Tensor = torch.Tensor
 
@@ -154,6 +155,20 @@ def layer_norm_backward(dy: Tensor, x: Tensor, mean: Tensor, invstd: Tensor,
                         eps: float) -> tuple[Tensor, Tensor, Tensor]:
     return _pick(run(nbdnn.layer_norm_backward, x, dy, x, mean, invstd, w, ndim=ndim), w,
                  has_bias)
+
+
+@direct(layer_norm)
+def _(x, w, b, ndim, eps):
+    s = stream_of(x)
+    if s is None:
+        return layer_norm._init_fn(x, w, b, ndim, eps)
+    x = (x.data if x.requires_grad else x).contiguous()
+    if w is not None:
+        w = (w.data if w.requires_grad else w).contiguous()
+    if b is not None:
+        b = (b.data if b.requires_grad else b).contiguous()
+    return nbdnn.layer_norm(x, w, b, ndim=ndim, eps=eps, stream=s) if s else \
+        nbdnn.layer_norm(x, w, b, ndim=ndim, eps=eps)
 
 
 @layer_norm.register_fake

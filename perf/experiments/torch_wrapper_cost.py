@@ -4,18 +4,16 @@ call runs around the nbdnn op on PyTorch's CUDA path, with the op replaced by a 
 A CUDA call's host time is the wrapper (this), the nbdnn op's eager call plan (its
 signature and replay: perf/suites/torch_models.py --host on the GPU) and the launches.
 Without a GPU the wrapper's CUDA branch cannot run as it is (its tensors are on the
-CPU), so this builds it from nbdnn/torch/_bridge.py's own run(): the same source with
-`like.is_cuda` taken as true and PyTorch's current stream as the default (0), given to
-every wrapper; nbdnn's ops become stubs returning a preallocated result (the
-matrix-product stubs stand in PRODUCTS, so the TF32 flag reads are counted). Rows:
-the stub called bare as torch_models.py calls the op, then through nbdnn.torch, then
-with autograd recording; µs a call, the best of 7 repeats of 20 000 calls (timeit).
+CPU), so `stream_of` (which tells run() and the direct entries where a call runs)
+answers PyTorch's default stream (0) for every tensor; nbdnn's ops become stubs
+returning a preallocated result (the matrix-product stubs stand in PRODUCTS, so the
+TF32 flag reads are counted). Rows: the stub called bare as torch_models.py calls the
+op, then through nbdnn.torch, then with autograd recording; µs a call, the best of 7 repeats of 20 000 calls (timeit).
 
     PYTHONPATH=. python perf/experiments/torch_wrapper_cost.py [--profile NAME]
 """
 import argparse
 import cProfile
-import inspect
 import pstats
 import timeit
 import types
@@ -24,23 +22,27 @@ import torch
 
 import nbdnn
 import nbdnn.torch as nt
-from nbdnn.torch import _bridge, _ops_conv
+from nbdnn.torch import _bridge, _ops_basic, _ops_conv, _ops_norm
 
 F = torch.nn.functional
 
 
+STREAM_USERS = (_bridge, _ops_basic, _ops_conv, _ops_norm)  # (modules whose direct entries
+# or run() ask stream_of)
+
+
 def cuda_branch_on_cpu():
-    """_bridge._run's source (run()'s body) with the CUDA branch taken for CPU tensors,
-    stream 0."""
-    src = inspect.getsource(_bridge._run)
-    for old, new in (("def _run(", "def run_as_cuda("),
-                     ('BACKEND == "cpu" or not like.is_cuda', "False"),
-                     ("_raw_stream(", "(lambda device: 0)(")):
-        assert old in src, f"_bridge._run no longer has {old!r}: update this experiment"
-        src = src.replace(old, new)
-    scope = dict(vars(_bridge))
-    exec(src, scope)
-    return scope["run_as_cuda"]
+    """Every module's stream_of answering 0 (the legacy default stream) for any tensor:
+    run() and the direct entries take their CUDA branch for CPU tensors. Returns a
+    function that puts the real one back."""
+    real = _bridge.stream_of
+    for m in STREAM_USERS:
+        m.stream_of = lambda t: 0
+
+    def restore():
+        for m in STREAM_USERS:
+            m.stream_of = real
+    return restore
 
 
 def stub_ops(results):
@@ -64,10 +66,9 @@ def main():
     results = {"activation": torch.empty(1024), "matmul": y, "conv2d": torch.empty(1, 16, 8, 8),
                "layer_norm": ln}
     real, stubs, products = stub_ops(results)
-    body = _bridge._run
     convs = _ops_conv.CONVS
+    restore = cuda_branch_on_cpu()
     try:
-        _bridge._run = cuda_branch_on_cpu()  # (run and run_as call it)
         for n, s in stubs.items():
             setattr(nbdnn, n, s)
         _ops_conv.CONVS = {**convs, 2: stubs["conv2d"]}
@@ -94,7 +95,7 @@ def main():
             prof.runcall(lambda: [f() for _ in range(20000)])
             pstats.Stats(prof).sort_stats("tottime").print_stats(16)
     finally:
-        _bridge._run = body
+        restore()
         for n, f in real.items():
             setattr(nbdnn, n, f)
         _ops_conv.CONVS = convs
