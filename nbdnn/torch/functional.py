@@ -8,7 +8,7 @@ import torch
 from ..errors import ShapeError
 from ._bridge import DTYPES, call, advance as _advance, _compiling
 from ._args import _any_autocast, autocast as _autocast, check as _check, \
-    ints as _tuple, unsupported as _unsupported, write_result as _inplace
+    ints as _tuple, ready as _ready, unsupported as _unsupported, write_result as _inplace
 from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
 from ._ops_conv import conv, conv_transpose as _conv_transpose_op, \
     conv_transpose_shape as _conv_transpose_shape
@@ -102,8 +102,7 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
 
 
 def linear(input, weight, bias=None):
-    input, weight, bias = _autocast("linear", input, weight, bias)
-    _check("linear", input, weight, bias)
+    input, weight, bias = _ready("linear", "linear", input, weight, bias)
     if input.dim() == 1:
         return call(_linear, input.unsqueeze(0), weight, bias).squeeze(0)
     return call(_linear, input, weight, bias)
@@ -122,8 +121,7 @@ def _conv_args(fn, nd, input, weight, bias):
     """(input, weight, bias) as autocast has a convolution see them, checked: dtypes,
     weight nd + 2 dimensions, input nd + 2 (batched) or nd + 1 (one sample, as PyTorch
     takes it), channels first."""
-    input, weight, bias = _autocast("conv", input, weight, bias)
-    _check(fn, input, weight, bias)
+    input, weight, bias = _ready(fn, "conv", input, weight, bias)
     if weight.dim() != nd + 2 or input.dim() not in (nd + 1, nd + 2):
         raise ShapeError(f"nbdnn.torch.{fn}: input must be {nd + 2}-d (batched) or "
                          f"{nd + 1}-d (one sample) and weight {nd + 2}-d, channels first; "
@@ -147,7 +145,9 @@ def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
             geometry = _conv_geometry(nd, weight, stride, padding, dilation)
             if key is not None and padding != "same" and len(_CONV_GEOMETRY) < 1024:
                 _CONV_GEOMETRY[key] = geometry
-    return _one_sample(nd, conv, input, weight, bias, *geometry, groups)
+    if input.dim() == nd + 1:  # (one sample: _one_sample, inline)
+        return call(conv, input.unsqueeze(0), weight, bias, *geometry, groups).squeeze(0)
+    return call(conv, input, weight, bias, *geometry, groups)
 
 
 _CONV_GEOMETRY = {}  # (nd, stride, padding, dilation as given, their classes) ->
@@ -158,7 +158,8 @@ _CONV_GEOMETRY = {}  # (nd, stride, padding, dilation as given, their classes) -
 
 
 def _conv_geometry(nd, weight, stride, padding, dilation):
-    """(stride, per-side padding, dilation) as lists of ints, the custom op's arguments."""
+    """(stride, per-side padding, dilation) as tuples of ints, the custom op's arguments
+    (its int[]: tuples, so its direct entry can know a cached one by identity)."""
     stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
     if padding == "valid":
         pads = [0] * (2 * nd)
@@ -169,7 +170,7 @@ def _conv_geometry(nd, weight, stride, padding, dilation):
             pads += [total // 2, total - total // 2]
     else:
         pads = [p for v in _tuple(padding, nd) for p in (v, v)]
-    return stride, pads, dilation
+    return tuple(stride), tuple(pads), tuple(dilation)
 
 
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -224,8 +225,7 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
                momentum=0.1, eps=1e-5):
-    input, weight, bias = _autocast("batch_norm", input, weight, bias)
-    _check("batch_norm", input, weight, bias)
+    input, weight, bias = _ready("batch_norm", "batch_norm", input, weight, bias)
     if not training and (running_mean is None or running_var is None):
         raise ValueError("nbdnn.torch.batch_norm: running_mean and running_var are needed "
                          "when not training")
@@ -244,24 +244,27 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
 
 
 def _normalized(fn, input, normalized_shape):
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else \
-        normalized_shape if normalized_shape.__class__ is tuple else tuple(normalized_shape)
-    if input.shape[input.dim() - len(shape):] != shape:  # (torch.Size is a tuple)
+    """len(normalized_shape), checked against input's trailing axes (one axis, the usual
+    case, by its size: 0.15 us a call less on the CI host, run AZ)."""
+    shape = normalized_shape if normalized_shape.__class__ is tuple else \
+        (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    n, size = len(shape), input.shape
+    if n == 1 and size and size[-1] == shape[0]:
+        return 1
+    if size[len(size) - n:] != shape:  # (torch.Size is a tuple)
         raise ShapeError(f"nbdnn.torch.{fn}: normalized_shape {shape} must end the input's "
                          f"shape {tuple(input.shape)}")
-    return len(shape)
+    return n
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
-    input, weight, bias = _autocast("layer_norm", input, weight, bias)
-    _check("layer_norm", input, weight, bias)
+    input, weight, bias = _ready("layer_norm", "layer_norm", input, weight, bias)
     ndim = _normalized("layer_norm", input, normalized_shape)
     return call(_layer_norm, input, weight, bias, ndim, float(eps))[0]
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
-    input, weight = _autocast("rms_norm", input, weight)
-    _check("rms_norm", input, weight)
+    input, weight, _ = _ready("rms_norm", "rms_norm", input, weight)
     ndim = _normalized("rms_norm", input, normalized_shape)
     eps = torch.finfo(input.dtype).eps if eps is None else eps  # (PyTorch's default)
     return call(_rms_norm, input, weight, ndim, float(eps))[0]
@@ -271,8 +274,7 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """A channels-last input gives a channels-last result on every device (PyTorch's CUDA
     kernel copies it to contiguous first; its CPU kernel keeps it): the values are
     F.group_norm's, the copy is saved."""
-    input, weight, bias = _autocast("group_norm", input, weight, bias)
-    _check("group_norm", input, weight, bias)
+    input, weight, bias = _ready("group_norm", "group_norm", input, weight, bias)
     if input.shape[1] % num_groups:
         raise ShapeError(f"nbdnn.torch.group_norm: {input.shape[1]} channels do not split "
                          f"into {num_groups} groups")
@@ -283,8 +285,7 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
                   use_input_stats=True, momentum=0.1, eps=1e-5):
     """Each (sample, channel)'s own statistics: group norm with a group a channel. With
     use_input_stats False, the running statistics (batch norm's inference)."""
-    input, weight, bias = _autocast("instance_norm", input, weight, bias)
-    _check("instance_norm", input, weight, bias)
+    input, weight, bias = _ready("instance_norm", "instance_norm", input, weight, bias)
     if not use_input_stats:
         return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
     if running_mean is not None or running_var is not None:

@@ -8,7 +8,8 @@ CPU), so `stream_of` (which tells run() and the direct entries where a call runs
 answers PyTorch's default stream (0) for every tensor; nbdnn's ops become stubs
 returning a preallocated result (the matrix-product stubs stand in PRODUCTS, so the
 TF32 flag reads are counted). Rows: the stub called bare as torch_models.py calls the
-op, then through nbdnn.torch, then with autograd recording; µs a call, the best of 7 repeats of 20 000 calls (timeit).
+op (with the arguments nbdnn.torch gives it), then through nbdnn.torch, then with
+autograd recording; µs a call, the best of 7 repeats of 20 000 calls (timeit).
 
     PYTHONPATH=. python perf/experiments/torch_wrapper_cost.py [--profile NAME]
 """
@@ -60,6 +61,7 @@ def main():
     x = torch.randn(1024)
     xg = x.clone().requires_grad_()
     a, w, b = torch.randn(32, 64), torch.randn(64, 64), torch.randn(64)
+    g = w[0]
     ag, wg, bg = (t.clone().requires_grad_() for t in (a, w, b))
     img, k = torch.randn(1, 16, 8, 8), torch.randn(16, 16, 3, 3)
     y, ln = torch.empty(32, 64), (torch.empty(32, 64), torch.empty(32), torch.empty(32))
@@ -75,13 +77,14 @@ def main():
         _bridge.PRODUCTS.update(products)
         s = types.SimpleNamespace(**stubs)
         cases = {  # name: (bare, wrapped, with autograd)
-            "relu": (lambda: s.activation(x, "relu"), lambda: nt.relu(x), lambda: nt.relu(xg)),
+            "relu": (lambda: s.activation(x, "relu", coef=0.0), lambda: nt.relu(x),
+                     lambda: nt.relu(xg)),
             "linear": (lambda: s.matmul(a, w, trans_b=True, bias=b), lambda: nt.linear(a, w, b),
                        lambda: nt.linear(ag, wg, bg)),
-            "conv2d": (lambda: s.conv2d(img, k, padding=(1, 1)),
+            "conv2d": (lambda: s.conv2d(img, k, None, padding=1),
                        lambda: nt.conv2d(img, k, padding=1), None),
-            "layer_norm": (lambda: s.layer_norm(a, w[0], b),
-                           lambda: nt.layer_norm(a, (64,), w[0], b), None),
+            "layer_norm": (lambda: s.layer_norm(a, g, b, ndim=1, eps=1e-5),
+                           lambda: nt.layer_norm(a, (64,), g, b), None),
         }
         print("us a call   | bare stub | nbdnn.torch | + autograd | added")
         for name, fns in cases.items():
