@@ -69,6 +69,10 @@
 #   bash perf/gpu_run.sh owed                 # issue 26's owed checks (runs AX, AY): capture
 #                                             # tests, the batch-32 probe, ResNet-50 steps,
 #                                             # host cost
+#   bash perf/gpu_run.sh torch-profile        # issue 26: where the converted ResNet-50's
+#                                             # eager step spends its time beside native's
+#                                             # (GPU busy, nbdnn/PyTorch kernels, blocking
+#                                             # calls, numba's driver-layer calls, maps)
 #   bash perf/gpu_run.sh devices              # issue 27's tests on this machine's GPUs
 #   bash perf/gpu_run.sh ddp                  # nvidia-h200-x2: those, then perf/suites/ddp.py
 #   bash perf/gpu_run.sh att-all              # every attention test, 8 shards (<= 330 s)
@@ -622,6 +626,15 @@ owed)
     timeout ${HOST_LIMIT_S:-70} python3 perf/suites/torch_models.py --host --profile \
         > "$OUT/torch-host.log" 2>&1
     grep -v -i warn "$OUT/torch-host.log" | head -8 ;;  # (the profiles: torch-host.log)
+torch-profile)
+    # one profiled eager step of native and converted ResNet-50 per config, after warm-up
+    # (perf/experiments/torch_step_profile.py; run AX: bf16-cl 62.6 ms against native's
+    # 23.8, nbdnn.nn's own step 0.57x of PyTorch's: how much is not the kernels?)
+    for c in ${CONFIGS:-bf16-cl fp32}; do
+        timeout ${PROFILE_LIMIT_S:-240} python3 perf/experiments/torch_step_profile.py \
+            --config $c > "$OUT/torch-profile-$c.log" 2>&1
+        grep -E "^(===|GPU|split|call)" "$OUT/torch-profile-$c.log" | cut -c1-200 | head -30
+    done ;;
 devices)
     # several GPUs (issue 27) on whatever this machine has: the device plumbing's tests
     # (test_devices.py: the driver's answers on one GPU counted as two), DDP of a

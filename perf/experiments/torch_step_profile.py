@@ -15,12 +15,20 @@ warm-up, then per model:
   calls    the runtime and driver calls that block the host or the device (stream,
            context and event synchronizes, synchronous copies, cuMemAlloc and
            cuMemFree) by name and count; and launches by API;
-  top      the largest kernels by summed time.
+  top      the largest kernels by summed time;
+  numba    what nbdnn asked of numba's driver layer in the step, counted in Python (the
+           profiler may not see driver calls): host-to-device and device-to-host copies,
+           stream, event and context synchronizes, allocations, flushes of its pending
+           frees (cuMemFree, which synchronizes), and the TMA maps encoded (each new
+           address: an encode and a copy that waits until it lands). In a steady eager
+           step all of these should be 0: each one stalls the host or the GPU.
 
     PYTHONPATH=. python perf/experiments/torch_step_profile.py [--config bf16-cl]
         [--batch 32] [--top 25] [--device cpu]   (cpu: a dry run of the script)
 """
 import argparse
+import collections
+import contextlib
 import os
 import sys
 import time
@@ -53,6 +61,40 @@ def union_us(intervals):
         elif e > end:
             total, end = total + e - end, e
     return total
+
+
+@contextlib.contextmanager
+def numba_calls():
+    """Counts of numba driver-layer calls (and TMA map encodes) made within."""
+    from numba.cuda.cudadrv import driver as drv
+    from nbdnn.cuda.tensorcore import tensormap
+    counts = collections.Counter()
+    patched = []
+    for where, name in ((None, "host_to_device"), (None, "device_to_host"),
+                        ("Stream", "synchronize"), ("Event", "synchronize"),
+                        ("Context", "synchronize"), ("Context", "memalloc"),
+                        ("_PendingDeallocs", "clear")):
+        owner = drv if where is None else getattr(drv, where, None)
+        real = getattr(owner, name, None)
+        if real is None:  # (numba's simulator: none of these)
+            continue
+
+        def counted(*a, _real=real, _key=f"{getattr(owner, '__name__', '')}.{name}", **k):
+            if _key.endswith("clear") and not a[0]._cons:
+                return _real(*a, **k)  # (an empty queue frees nothing)
+            counts[_key] += 1
+            return _real(*a, **k)
+        setattr(owner, name, counted)
+        patched.append((owner, name, real))
+    encoders = (tensormap._encoded, tensormap._encoded_im2col)
+    misses = [f.cache_info().misses for f in encoders]
+    try:
+        yield counts
+    finally:
+        for owner, name, real in patched:
+            setattr(owner, name, real)
+        counts["tensor maps encoded"] = sum(f.cache_info().misses - m
+                                            for f, m in zip(encoders, misses))
 
 
 def report(name, prof, wall_ms, top, device):
@@ -112,6 +154,13 @@ def main():
             sync()
             print(f"{name} warm-up step {i}: {time.perf_counter() - t0:.2f} s",
                   file=sys.stderr, flush=True)
+        with numba_calls() as counts:
+            t0 = time.perf_counter()
+            step()
+            sync()
+            unprofiled = (time.perf_counter() - t0) * 1e3
+        print(f"=== {name}: unprofiled step {unprofiled:.2f} ms; numba driver-layer calls: "
+              f"{dict(counts) or 'none'}", flush=True)
         with profile(activities=activities) as prof:
             t0 = time.perf_counter()
             step()
