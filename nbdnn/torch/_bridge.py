@@ -173,10 +173,10 @@ def direct(op):
     op's arguments and writes the common CUDA call out flat: the stream from
     stream_of(), tensors handed over as _run hands them (`.data` where they require
     grad, contiguous), nbdnn's op called with the keywords _run would give it; anything
-    else (the CPU reference, an unusual layout) goes to op's implementation. What it
-    saves is run()'s generic walk over the arguments, ~0.5 us a call on the CI host
-    (perf/experiments/torch_wrapper_cost.py; run AZ); tests/test_torch_direct.py checks
-    that each entry hands nbdnn what the implementation does."""
+    else (the CPU reference, an unusual layout) goes to op's implementation. It saves
+    run()'s generic walk over the arguments and two frames (relu's wrapper 1.6 -> 0.7
+    us a call on the CI host, run AZ); tests/test_torch_direct.py checks that each
+    entry hands nbdnn what the implementation does."""
     def register(fn):
         DIRECT[op] = fn
         IMPLS.clear()
