@@ -69,6 +69,7 @@ def facts(v, inputs):
     a copy, by its values), shape, strides and dtype; anything else, its value."""
     if isinstance(v, torch.Tensor):
         assert not v.requires_grad and v.grad_fn is None, "handed over with autograd history"
+        assert v._base is None or not v._base.requires_grad, "a view of a graph's tensor"
         memory = v.data_ptr() if v.data_ptr() in inputs else ("copy", tuple(v.flatten().tolist()))
         return ("tensor", memory, tuple(v.shape), v.stride(), v.dtype)
     if isinstance(v, tuple):
@@ -104,10 +105,12 @@ def tensor(*shape, dtype=torch.float32, grad=False, last=False):
     return t.requires_grad_() if grad else t
 
 
-@pytest.mark.parametrize("case", ["plain", "grad", "channels-last", "strided", "bf16"])
+@pytest.mark.parametrize("case", ["plain", "grad", "channels-last", "channels-last-grad",
+                                  "strided", "bf16"])
 def test_activation_entry_hands_over_as_the_implementation(recorder, case):
     x = {"plain": lambda: tensor(4, 8), "grad": lambda: tensor(4, 8, grad=True),
          "channels-last": lambda: tensor(2, 3, 4, 5, last=True),
+         "channels-last-grad": lambda: tensor(2, 3, 4, 5, last=True, grad=True) * 2,
          "strided": lambda: tensor(8, 4).t(),
          "bf16": lambda: tensor(3, 5, dtype=torch.bfloat16)}[case]()
     direct, impl = both_paths(recorder, _ops_basic.activation, x, "gelu", 0.0)
@@ -159,17 +162,19 @@ CONV_CASES = {  # name: (x shape, w shape, stride, per-side padding, dilation, g
 
 
 @pytest.mark.parametrize("tf32", [False, True])
-@pytest.mark.parametrize("layout", ["nchw", "channels-last", "grad", "strided", "no-bias"])
+@pytest.mark.parametrize("layout", ["nchw", "channels-last", "channels-last-grad", "grad",
+                                    "strided", "no-bias"])
 @pytest.mark.parametrize("name", sorted(CONV_CASES))
 def test_conv_entry_hands_over_as_the_implementation(recorder, tf32_flag, tf32, layout, name):
     tf32_flag(torch.backends.cudnn, tf32)
     xs, ws, stride, padding, dilation, groups = CONV_CASES[name]
-    last = layout == "channels-last" and len(xs) == 4
-    x = tensor(*xs, grad=layout == "grad", last=last)
+    last = layout.startswith("channels-last") and len(xs) == 4
+    grad = layout.endswith("grad")
+    x = tensor(*xs, grad=grad, last=last)
     if layout == "strided":
         x = x.transpose(-1, -2).contiguous().transpose(-1, -2)
-    w = tensor(*ws, grad=layout == "grad", last=last)
-    b = None if layout == "no-bias" else tensor(ws[0], grad=layout == "grad")
+    w = tensor(*ws, grad=grad, last=last)
+    b = None if layout == "no-bias" else tensor(ws[0], grad=grad)
     direct, impl = both_paths(recorder, _ops_conv.conv, x, w, b, stride, padding, dilation,
                               groups)
     assert direct == impl and direct[0]
