@@ -101,8 +101,9 @@ def graph_tensors():
               f"{type(t.grad_fn or t._base.grad_fn).__name__}", flush=True)
         for chain in holders(t, skip={id(found), id(shown)}):
             print("    held by " + " <- ".join(chain), flush=True)
+        del t  # (no reference of the probe's own left behind)
     n = len(found)
-    del found, shown, t
+    del found, shown
     return n
 
 

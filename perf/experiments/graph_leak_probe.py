@@ -1,0 +1,85 @@
+"""Which part of nbdnn.torch's CUDA path keeps a bf16 channels-last step's autograd graph
+alive (run AZ, H100: tests/test_torch_capture.py's small net, 4 + 3 steps, left the
+first convolution weight's AccumulateGrad node alive on CUDA; the CPU reference, with
+and without bf16 autocast, leaves none). The same steps with the direct entries off,
+with eager call plans off, and with both, each on a fresh model; after the default
+run, the live graph tensors and what refers to them (capture_probe.holders()).
+
+    PYTHONPATH=. python perf/experiments/graph_leak_probe.py [cpu]
+"""
+import gc
+import os
+import sys
+
+import torch
+
+import nbdnn.torch as nt
+from nbdnn.ops import _plan
+from nbdnn.torch import _bridge
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "tests")]
+from capture_probe import graph_tensors, holders  # noqa: E402
+from test_torch_capture import _tag, _tagged, small_net  # noqa: E402
+
+
+DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cuda"  # ("cpu": a dry run)
+
+
+def steps(label):
+    torch.manual_seed(0)
+    fmt = torch.channels_last
+    model, _ = nt.convert(small_net().to(DEVICE).to(memory_format=fmt))
+    x = torch.randn(4, 3, 8, 8, device=DEVICE).contiguous(memory_format=fmt)
+    labels = torch.randint(0, 10, (4,), device=DEVICE)
+    params = list(model.parameters())
+
+    def step():
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), labels)
+        loss.backward()
+    for _ in range(4):
+        step()
+    _tag(params, 4)
+    for _ in range(3):
+        step()
+    gc.collect()
+    print(f"{label}: parameters whose step-4 AccumulateGrad node survived: "
+          f"{_tagged(params)} of {[tuple(p.shape) for p in params]}", flush=True)
+    return model
+
+
+def live_contexts():
+    """Live autograd.Function contexts (each is its graph node: alive, it keeps every
+    node it reaches, AccumulateGrad ones included), with what holds them."""
+    found = [o for o in gc.get_objects()
+             if isinstance(o, torch.autograd.function.BackwardCFunction)]
+    for c in found[:6]:
+        print(f"  live context {type(c).__name__}", flush=True)
+        for chain in holders(c, skip={id(found)}):
+            print("    held by " + " <- ".join(chain), flush=True)
+    n = len(found)
+    del found
+    return n
+
+
+def main():
+    model = steps("default")
+    print(f"live graph tensors: {graph_tensors()}", flush=True)
+    print(f"live Function contexts: {live_contexts()}", flush=True)
+    del model
+    direct = dict(_bridge.DIRECT)
+    _bridge.DIRECT.clear()
+    _bridge.IMPLS.clear()
+    steps("direct entries off")
+    _bridge.DIRECT.update(direct)
+    _bridge.IMPLS.clear()
+    _plan.ENABLED = False
+    steps("plans off")
+    _bridge.DIRECT.clear()
+    _bridge.IMPLS.clear()
+    steps("both off")
+
+
+if __name__ == "__main__":
+    main()
