@@ -26,16 +26,19 @@ from test_torch_capture import _tag, _tagged, small_net  # noqa: E402
 DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cuda"  # ("cpu": a dry run)
 
 
-def steps(label):
+def steps(label, bf16=True, channels=3, fmt=torch.channels_last):
+    """The test's 4 + 3 steps on a fresh model (its first convolution taking `channels`
+    channels); the parameters whose step-4 AccumulateGrad node survived."""
     torch.manual_seed(0)
-    fmt = torch.channels_last
-    model, _ = nt.convert(small_net().to(DEVICE).to(memory_format=fmt))
-    x = torch.randn(4, 3, 8, 8, device=DEVICE).contiguous(memory_format=fmt)
+    net = small_net()
+    net[0] = torch.nn.Conv2d(channels, 64, 3, padding=1, bias=False)
+    model, _ = nt.convert(net.to(DEVICE).to(memory_format=fmt))
+    x = torch.randn(4, channels, 8, 8, device=DEVICE).contiguous(memory_format=fmt)
     labels = torch.randint(0, 10, (4,), device=DEVICE)
     params = list(model.parameters())
 
     def step():
-        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=bf16):
             loss = torch.nn.functional.cross_entropy(model(x), labels)
         loss.backward()
     for _ in range(4):
@@ -44,8 +47,9 @@ def steps(label):
     for _ in range(3):
         step()
     gc.collect()
-    print(f"{label}: parameters whose step-4 AccumulateGrad node survived: "
-          f"{_tagged(params)} of {[tuple(p.shape) for p in params]}", flush=True)
+    kept = _tagged(params)
+    print(f"{label}: step-4 AccumulateGrad nodes survived for parameters {kept} "
+          f"{[tuple(params[i].shape) for i in kept]}", flush=True)
     return model
 
 
@@ -64,10 +68,13 @@ def live_contexts():
 
 
 def main():
-    model = steps("default")
+    model = steps("default (bf16 autocast, channels-last, 3 input channels)")
     print(f"live graph tensors: {graph_tensors()}", flush=True)
     print(f"live Function contexts: {live_contexts()}", flush=True)
     del model
+    steps("8 input channels", channels=8)
+    steps("float32 channels-last", bf16=False)
+    steps("bf16 NCHW", fmt=torch.contiguous_format)
     direct = dict(_bridge.DIRECT)
     _bridge.DIRECT.clear()
     _bridge.IMPLS.clear()
