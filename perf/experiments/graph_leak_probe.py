@@ -1,11 +1,14 @@
-"""Which part of nbdnn.torch's CUDA path keeps a bf16 channels-last step's autograd graph
-alive (run AZ, H100: tests/test_torch_capture.py's small net, 4 + 3 steps, left the
-first convolution weight's AccumulateGrad node alive on CUDA; the CPU reference, with
-and without bf16 autocast, leaves none). The same steps with the direct entries off,
-with eager call plans off, and with both, each on a fresh model; after the default
-run, the live graph tensors and what refers to them (capture_probe.holders()).
+"""Which part of nbdnn's CUDA path keeps a bf16 channels-last step's autograd graph alive
+(run AZ, H100: tests/test_torch_capture.py's small net, 4 + 3 steps, left the first
+convolution weight's AccumulateGrad node alive on CUDA; the CPU reference, with and
+without bf16 autocast, leaves none, and so do nbdnn.torch's CUDA branches run on CPU
+tensors with the reference standing in for nbdnn's ops, a CI test now). After the
+default run (bf16 autocast, channels-last, a 3-channel input) the live graph tensors
+and autograd.Function contexts and what refers to them (capture_probe.holders()); then
+the same steps on fresh models: 8 input channels, float32 channels-last, bf16 NCHW,
+autocast's cast cache off; the direct entries off, eager call plans off, both.
 
-    PYTHONPATH=. python perf/experiments/graph_leak_probe.py [cpu]
+    PYTHONPATH=. python perf/experiments/graph_leak_probe.py [cpu]   (cpu: a dry run)
 """
 import gc
 import os
@@ -26,7 +29,7 @@ from test_torch_capture import _tag, _tagged, small_net  # noqa: E402
 DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cuda"  # ("cpu": a dry run)
 
 
-def steps(label, bf16=True, channels=3, fmt=torch.channels_last):
+def steps(label, bf16=True, channels=3, fmt=torch.channels_last, cache=True):
     """The test's 4 + 3 steps on a fresh model (its first convolution taking `channels`
     channels); the parameters whose step-4 AccumulateGrad node survived."""
     torch.manual_seed(0)
@@ -38,7 +41,7 @@ def steps(label, bf16=True, channels=3, fmt=torch.channels_last):
     params = list(model.parameters())
 
     def step():
-        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=bf16, cache_enabled=cache):
             loss = torch.nn.functional.cross_entropy(model(x), labels)
         loss.backward()
     for _ in range(4):
@@ -75,6 +78,7 @@ def main():
     steps("8 input channels", channels=8)
     steps("float32 channels-last", bf16=False)
     steps("bf16 NCHW", fmt=torch.contiguous_format)
+    steps("autocast's cast cache off", cache=False)
     direct = dict(_bridge.DIRECT)
     _bridge.DIRECT.clear()
     _bridge.IMPLS.clear()
