@@ -9,6 +9,7 @@ capturing blocking stream", with PyTorch's warning that an AccumulateGrad node o
 earlier iteration was kept alive). Tensors reach nbdnn's ops without autograd history
 (`_bridge.run` passes their `.data`), so whatever nbdnn keeps (a plan's recording, a
 cache) cannot hold a graph."""
+import gc
 import math
 
 import pytest
@@ -72,30 +73,45 @@ def _tagged(params):
             if "nbdnn_step" in p.view_as(p).grad_fn.next_functions[0][0].metadata]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("last", [False, True])
-def test_training_steps_leave_no_autograd_graph_alive(device, last):
-    """After a converted model's steps (on CUDA the 4th call of each signature replays
-    its eager plan, so plans are recorded and replayed) no AccumulateGrad node outlives
-    its step: a mark set between steps is gone from the nodes later steps use."""
+def kept_nodes(device, bf16, fmt=torch.channels_last, channels=3, cache=True, collect=False):
+    """A converted small_net (its first convolution taking `channels` channels) trained 4
+    steps on `device` (bf16 autocast where bf16, its cast cache as `cache`), a mark set on
+    its parameters' AccumulateGrad nodes, 3 steps more: (the indices of the parameters
+    whose marked node a later step reused, because something kept it alive; the
+    parameters). On CUDA the 4th call of each signature replays its eager plan, so plans
+    are recorded and replayed. collect: gc.collect() before the count (a reference cycle
+    that held a graph is then gone; a capture right after the steps would still meet
+    it)."""
     torch.manual_seed(0)
-    fmt = torch.channels_last if last else torch.contiguous_format
-    model, _ = nt.convert(small_net().to(device).to(memory_format=fmt))
-    x = torch.randn(4, 3, 8, 8, device=device).contiguous(memory_format=fmt)
+    net = small_net()
+    net[0] = nn.Conv2d(channels, 64, 3, padding=1, bias=False)
+    model, _ = nt.convert(net.to(device).to(memory_format=fmt))
+    x = torch.randn(4, channels, 8, 8, device=device).contiguous(memory_format=fmt)
     labels = torch.randint(0, 10, (4,), device=device)
     params = list(model.parameters())
-    bf16 = device == "cuda" and last
 
     def step():
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16, cache_enabled=cache):
             loss = nn.functional.cross_entropy(model(x), labels)
         loss.backward()
+        assert math.isfinite(float(loss.detach()))  # (a float: the loss keeps its graph)
     for _ in range(4):
         step()
     _tag(params, 4)
     for _ in range(3):
         step()
-    assert _tagged(params) == []
+    if collect:
+        gc.collect()
+    return _tagged(params), params
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("last", [False, True])
+def test_training_steps_leave_no_autograd_graph_alive(device, last):
+    """After a converted model's steps no AccumulateGrad node outlives its step: a mark
+    set between steps is gone from the nodes later steps use (kept_nodes)."""
+    fmt = torch.channels_last if last else torch.contiguous_format
+    assert kept_nodes(device, device == "cuda" and last, fmt)[0] == []
 
 
 def _reference_standing_in(monkeypatch):
@@ -134,23 +150,7 @@ def test_cuda_branches_keep_no_graph_with_the_reference_standing_in(monkeypatch,
     the bf16 net's first convolution kept its node; this test keeps nbdnn.torch itself
     out of suspicion in CI, and the holder is on nbdnn's CUDA side.)"""
     _reference_standing_in(monkeypatch)
-    torch.manual_seed(0)
-    fmt = torch.channels_last
-    model, _ = nt.convert(small_net().to(memory_format=fmt))
-    x = torch.randn(4, 3, 8, 8).contiguous(memory_format=fmt)
-    labels = torch.randint(0, 10, (4,))
-    params = list(model.parameters())
-
-    def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = nn.functional.cross_entropy(model(x), labels)
-        loss.backward()
-        return float(loss)  # (not the loss: it would keep its graph, and every node)
-    assert all(math.isfinite(step()) for _ in range(4))
-    _tag(params, 4)
-    for _ in range(3):
-        step()
-    assert _tagged(params) == []
+    assert kept_nodes("cpu", bf16)[0] == []
 
 
 @CUDA

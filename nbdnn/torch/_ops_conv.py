@@ -64,7 +64,9 @@ def _geometry(stride, padding, dilation, groups):
         if len(_GEOMETRIES) < 1024:
             _GEOMETRIES[key] = geo
     if padding.__class__ is tuple and stride.__class__ is tuple and \
-            dilation.__class__ is tuple and len(_SEEN) < 1024:
+            dilation.__class__ is tuple:
+        if len(_SEEN) >= 1024:  # (tuples made anew each call: padding="same", which
+            _SEEN.clear()       # the functions do not cache, or the op called directly)
         _SEEN[id(padding)] = padding, stride, dilation, groups, geo
     return geo
 

@@ -6,7 +6,8 @@ tensors with the reference standing in for nbdnn's ops, a CI test now). After th
 default run (bf16 autocast, channels-last, a 3-channel input) the live graph tensors
 and autograd.Function contexts and what refers to them (capture_probe.holders()); then
 the same steps on fresh models: 8 input channels, float32 channels-last, bf16 NCHW,
-autocast's cast cache off; the direct entries off, eager call plans off, both.
+autocast's cast cache off, gc.collect() before the count; the direct entries off,
+eager call plans off, both (tests/test_torch_capture.py's kept_nodes).
 
     PYTHONPATH=. python perf/experiments/graph_leak_probe.py [cpu]   (cpu: a dry run)
 """
@@ -16,44 +17,23 @@ import sys
 
 import torch
 
-import nbdnn.torch as nt
 from nbdnn.ops import _plan
 from nbdnn.torch import _bridge
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "tests")]
 from capture_probe import graph_tensors, holders  # noqa: E402
-from test_torch_capture import _tag, _tagged, small_net  # noqa: E402
+from test_torch_capture import kept_nodes  # noqa: E402
 
 
 DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cuda"  # ("cpu": a dry run)
 
 
-def steps(label, bf16=True, channels=3, fmt=torch.channels_last, cache=True):
-    """The test's 4 + 3 steps on a fresh model (its first convolution taking `channels`
-    channels); the parameters whose step-4 AccumulateGrad node survived."""
-    torch.manual_seed(0)
-    net = small_net()
-    net[0] = torch.nn.Conv2d(channels, 64, 3, padding=1, bias=False)
-    model, _ = nt.convert(net.to(DEVICE).to(memory_format=fmt))
-    x = torch.randn(4, channels, 8, 8, device=DEVICE).contiguous(memory_format=fmt)
-    labels = torch.randint(0, 10, (4,), device=DEVICE)
-    params = list(model.parameters())
-
-    def step():
-        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=bf16, cache_enabled=cache):
-            loss = torch.nn.functional.cross_entropy(model(x), labels)
-        loss.backward()
-    for _ in range(4):
-        step()
-    _tag(params, 4)
-    for _ in range(3):
-        step()
-    gc.collect()
-    kept = _tagged(params)
+def steps(label, bf16=True, channels=3, fmt=torch.channels_last, cache=True, collect=False):
+    """kept_nodes' steps on a fresh model, the parameters whose node survived printed."""
+    kept, params = kept_nodes(DEVICE, bf16, fmt, channels, cache, collect)
     print(f"{label}: step-4 AccumulateGrad nodes survived for parameters {kept} "
           f"{[tuple(params[i].shape) for i in kept]}", flush=True)
-    return model
 
 
 def live_contexts():
@@ -71,14 +51,14 @@ def live_contexts():
 
 
 def main():
-    model = steps("default (bf16 autocast, channels-last, 3 input channels)")
+    steps("default (bf16 autocast, channels-last, 3 input channels)")
     print(f"live graph tensors: {graph_tensors()}", flush=True)
     print(f"live Function contexts: {live_contexts()}", flush=True)
-    del model
     steps("8 input channels", channels=8)
     steps("float32 channels-last", bf16=False)
     steps("bf16 NCHW", fmt=torch.contiguous_format)
     steps("autocast's cast cache off", cache=False)
+    steps("gc.collect() before the count", collect=True)
     direct = dict(_bridge.DIRECT)
     _bridge.DIRECT.clear()
     _bridge.IMPLS.clear()
