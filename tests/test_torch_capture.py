@@ -73,7 +73,8 @@ def _tagged(params):
             if "nbdnn_step" in p.view_as(p).grad_fn.next_functions[0][0].metadata]
 
 
-def kept_nodes(device, bf16, fmt=torch.channels_last, channels=3, cache=True, collect=False):
+def kept_nodes(device, bf16, fmt=torch.channels_last, channels=3, cache=True, collect=False,
+               watch=None):
     """A converted small_net (its first convolution taking `channels` channels) trained 4
     steps on `device` (bf16 autocast where bf16, its cast cache as `cache`), a mark set on
     its parameters' AccumulateGrad nodes, 3 steps more: (the indices of the parameters
@@ -81,7 +82,7 @@ def kept_nodes(device, bf16, fmt=torch.channels_last, channels=3, cache=True, co
     parameters). On CUDA the 4th call of each signature replays its eager plan, so plans
     are recorded and replayed. collect: gc.collect() before the count (a reference cycle
     that held a graph is then gone; a capture right after the steps would still meet
-    it)."""
+    it). watch: called with the converted model before the steps (a probe's hooks)."""
     torch.manual_seed(0)
     net = small_net()
     net[0] = nn.Conv2d(channels, 64, 3, padding=1, bias=False)
@@ -89,6 +90,8 @@ def kept_nodes(device, bf16, fmt=torch.channels_last, channels=3, cache=True, co
     x = torch.randn(4, channels, 8, 8, device=device).contiguous(memory_format=fmt)
     labels = torch.randint(0, 10, (4,), device=device)
     params = list(model.parameters())
+    if watch is not None:
+        watch(model)
 
     def step():
         with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16, cache_enabled=cache):

@@ -4,8 +4,9 @@ convolution weight's AccumulateGrad node alive on CUDA; the CPU reference, with 
 without bf16 autocast, leaves none, and so do nbdnn.torch's CUDA branches run on CPU
 tensors with the reference standing in for nbdnn's ops, a CI test now). After the
 default run (bf16 autocast, channels-last, a 3-channel input) the live graph tensors
-and autograd.Function contexts and what refers to them (capture_probe.holders()); then
-the same steps on fresh models: 8 input channels, float32 channels-last, bf16 NCHW,
+and autograd.Function contexts and what refers to them (capture_probe.holders()), the
+tensors the eager call plans keep, the first convolution's last input and output watched
+(alive after the steps?); the stem's two narrow-channel paths switched off; then the same steps on fresh models: 8 input channels, float32 channels-last, bf16 NCHW,
 autocast's cast cache off, gc.collect() before the count; the direct entries off,
 eager call plans off, both (tests/test_torch_capture.py's kept_nodes).
 
@@ -14,6 +15,7 @@ eager call plans off, both (tests/test_torch_capture.py's kept_nodes).
 import gc
 import os
 import sys
+import weakref
 
 import torch
 
@@ -36,6 +38,57 @@ def steps(label, bf16=True, channels=3, fmt=torch.channels_last, cache=True, col
           f"{[tuple(params[i].shape) for i in kept]}", flush=True)
 
 
+def watched_first_conv():
+    """The default steps with the first convolution's input and output watched through
+    weak references: whether the last step's outlive it, and what holds them."""
+    seen = {}
+
+    def hook(module, args, out):
+        seen["input"], seen["output"] = weakref.ref(args[0]), weakref.ref(out)
+        seen["node"] = type(out.grad_fn).__name__
+        seen["next"] = [type(f).__name__ for f, _ in out.grad_fn.next_functions]
+    kept, _ = kept_nodes(DEVICE, True, watch=lambda model: model[0].register_forward_hook(hook))
+    print(f"watched: kept {kept}; conv1's node {seen.get('node')} -> {seen.get('next')}",
+          flush=True)
+    for name in ("input", "output"):
+        t = seen[name]()
+        print(f"  conv1's last {name}: {'ALIVE' if t is not None else 'gone'}", flush=True)
+        if t is not None:
+            for chain in holders(t, skip=set()):
+                print("    held by " + " <- ".join(chain), flush=True)
+        del t
+
+
+def plan_graph_refs():
+    """Tensors the eager call plans keep (workspaces, fixed tables) that require grad,
+    have a node or view another tensor: a plan holding a graph."""
+    kept = 0
+    for key, p in _plan.plans_of_this_thread().items():
+        rec = getattr(p, "recording", p)
+        for where in ("workspaces", "fixed"):
+            for o in getattr(rec, where, {}).values():
+                kept += 1
+                if isinstance(o, torch.Tensor) and (o.requires_grad or o._base is not None):
+                    print(f"  a plan of {getattr(key[0], '__name__', key[0])} keeps in {where}"
+                          f" {tuple(o.shape)} {o.dtype} requires_grad={o.requires_grad} "
+                          f"node={type(o.grad_fn).__name__} view={o._base is not None}",
+                          flush=True)
+    print(f"plans: {len(_plan.plans_of_this_thread())} signatures, {kept} arrays kept",
+          flush=True)
+
+
+def switched(label, module, name, value):
+    """steps() with module.name set to value (plans cleared before and after)."""
+    old = getattr(module, name)
+    setattr(module, name, value)
+    _plan.clear()
+    try:
+        steps(label)
+    finally:
+        setattr(module, name, old)
+        _plan.clear()
+
+
 def live_contexts():
     """Live autograd.Function contexts (each is its graph node: alive, it keeps every
     node it reaches, AccumulateGrad ones included), with what holds them."""
@@ -54,6 +107,12 @@ def main():
     steps("default (bf16 autocast, channels-last, 3 input channels)")
     print(f"live graph tensors: {graph_tensors()}", flush=True)
     print(f"live Function contexts: {live_contexts()}", flush=True)
+    plan_graph_refs()
+    watched_first_conv()
+    if DEVICE == "cuda":
+        from nbdnn.cuda.conv import im2col_rows, im2col_words
+        switched("the stem's padded columns off", im2col_words, "PAD_NARROW_CHANNELS", False)
+        switched("the stem's row-staged im2col off", im2col_rows, "ON", False)
     steps("8 input channels", channels=8)
     steps("float32 channels-last", bf16=False)
     steps("bf16 NCHW", fmt=torch.contiguous_format)
