@@ -69,6 +69,8 @@
 #   bash perf/gpu_run.sh owed                 # issue 26's owed checks (runs AX-AZ): the
 #                                             # graph-leak probe, capture tests, the batch-32
 #                                             # probe, host cost
+#   bash perf/gpu_run.sh pack                 # the kernel cache (.kcache/) into $OUT, to
+#                                             # carry to a later machine
 #   bash perf/gpu_run.sh owed-models          # its ResNet-50 rows (CONFIGS, one a call)
 #   bash perf/gpu_run.sh torch-profile        # issue 26: where the converted ResNet-50's
 #                                             # eager step spends its time beside native's
@@ -103,6 +105,10 @@
 # Run from the repository root on the GPU machine (no install: PYTHONPATH=.).
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# compiled kernels kept between processes and calls (nbdnn/cuda/runtime/kernel_cache.py):
+# .kcache/ stays on a warm machine; `pack` sends it back under $OUT, and a later call
+# that carries ".kcache" starts from it (NBDNN_KERNEL_CACHE= : off)
+export NBDNN_KERNEL_CACHE=${NBDNN_KERNEL_CACHE-$PWD/.kcache}
 OUT=${OUT:-/tmp/nbdnn-out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
@@ -605,6 +611,11 @@ capture-probe)
     for f in ours native-first collect noeager; do
         echo "probe $f: $(grep -E "^(native|nbdnn.torch):" "$OUT/probe-$f.log" | tr '\n' ' ')"
     done ;;
+pack)
+    # .kcache/ as $OUT/kcache.tar.aa, .ab ... (15 MB each: 8 files of 16 MiB come back);
+    # here: cat kcache.tar.* | tar -x -C .kcache, then carry ".kcache"
+    du -sh .kcache 2>/dev/null; ls .kcache 2>/dev/null | wc -l
+    tar -C .kcache -cf - . | split -b 15m - "$OUT/kcache.tar." ;;
 owed)
     # issue 26's owed checks, one after another (run AZ's H100 call 1 ran them side by
     # side and the JIT-bound parts ran out of time): graph_leak_probe.py (run AZ: a bf16

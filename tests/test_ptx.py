@@ -118,7 +118,20 @@ for k, sig, cc_list in jobs[shard::nshards]:
     except Exception as e:
         sms = ",".join("sm_" + "".join(map(str, cc)) for cc in cc_list)
         bad.append(f"{k.name} {sig} {sms}: {type(e).__name__}: {str(e)[:400]}")
-print(json.dumps({"compiled": n, "failed": bad}))
+clashes = []  # NBDNN_KERNEL_CACHE's file names: one signature of different code each
+if shard == 0:
+    from nbdnn.cuda.runtime import kernel_cache
+    named = {}
+    for k in _launch.REGISTRY:
+        for sig in k.sigs:
+            try:
+                name = kernel_cache.key(k.pyfunc, sig, k.arch, k.jit_options, (9, 0))
+            except kernel_cache.Uncachable:
+                continue  # (compiled each process, as without the cache)
+            other = named.setdefault(name, k)
+            if other.pyfunc is not k.pyfunc:
+                clashes.append(f"{other.name} and {k.name} {sig}")
+print(json.dumps({"compiled": n, "failed": bad, "clashes": clashes}))
 """
 
 
@@ -151,7 +164,7 @@ def stop():
 
 
 def test_every_kernel_compiles_to_ptx():
-    compiled, failed = 0, []
+    compiled, failed, clashes = 0, [], []
     for p, out, err in start():
         p.wait(timeout=1500)
         out.seek(0), err.seek(0)
@@ -159,5 +172,9 @@ def test_every_kernel_compiles_to_ptx():
         res = json.loads(out.read().strip().splitlines()[-1])
         compiled += res["compiled"]
         failed += res["failed"]
+        clashes += res["clashes"]
     assert compiled > 0
     assert not failed, "\n".join(failed)
+    # every kernel signature's kernel-cache file name (kernel_cache.key) is its own:
+    # two kernels of different code sharing one would load each other's cubin
+    assert not clashes, "\n".join(clashes)

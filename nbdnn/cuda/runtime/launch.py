@@ -32,6 +32,7 @@ from numba import cuda
 
 from .simulator import SIMULATOR
 from .arrays import flat, ptr_size
+from . import kernel_cache
 from .codegen import compile_source
 # this thread's .graph (the nbdnn.cuda.Graph recording it) and .plan (an eager call
 # plan's recorder, ops/_plan.py)
@@ -289,7 +290,7 @@ class Kernel:
         if launcher is None:
             self._check_sig(sig)
             _bind_driver()
-            kern = self.dispatcher.compile(sig)
+            kern = kernel_cache.compiled(self, sig)  # (NBDNN_KERNEL_CACHE: from disk)
             cufunc = kern._codelibrary.get_cufunc()
             handle = _function_handle(int(cufunc.handle))
             if self.shared_bytes > 48 * 1024:  # (8: ..._MAX_DYNAMIC_SHARED_SIZE_BYTES)
