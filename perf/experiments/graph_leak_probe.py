@@ -60,21 +60,21 @@ def watched_first_conv():
 
 
 def plan_graph_refs():
-    """Tensors the eager call plans keep (workspaces, fixed tables) that require grad,
-    have a node or view another tensor: a plan holding a graph."""
-    kept = 0
-    for key, p in _plan.plans_of_this_thread().items():
-        rec = getattr(p, "recording", p)
+    """Tensors the eager call plans of every thread keep (workspaces, fixed tables; the
+    backward's plans live on autograd's device thread) that require grad, have a node
+    or view another tensor: a plan holding a graph."""
+    from nbdnn.cuda.runtime.plan_record import Recording
+    kept, recs = 0, [o for o in gc.get_objects() if isinstance(o, Recording)]
+    for rec in recs:
         for where in ("workspaces", "fixed"):
             for o in getattr(rec, where, {}).values():
                 kept += 1
                 if isinstance(o, torch.Tensor) and (o.requires_grad or o._base is not None):
-                    print(f"  a plan of {getattr(key[0], '__name__', key[0])} keeps in {where}"
-                          f" {tuple(o.shape)} {o.dtype} requires_grad={o.requires_grad} "
-                          f"node={type(o.grad_fn).__name__} view={o._base is not None}",
-                          flush=True)
-    print(f"plans: {len(_plan.plans_of_this_thread())} signatures, {kept} arrays kept",
-          flush=True)
+                    print(f"  a plan keeps in {where} {tuple(o.shape)} {o.dtype} "
+                          f"requires_grad={o.requires_grad} node={type(o.grad_fn).__name__}"
+                          f" view={o._base is not None}", flush=True)
+    print(f"plans: {len(recs)} recordings, {kept} arrays kept", flush=True)
+    del recs
 
 
 def switched(label, module, name, value):
@@ -109,6 +109,10 @@ def main():
     print(f"live Function contexts: {live_contexts()}", flush=True)
     plan_graph_refs()
     watched_first_conv()
+    threads = torch.autograd.is_multithreading_enabled()
+    torch.autograd.set_multithreading_enabled(False)  # (backward on this thread)
+    steps("backward on the calling thread, not autograd's device thread")
+    torch.autograd.set_multithreading_enabled(threads)
     if DEVICE == "cuda":
         from nbdnn.cuda.conv import im2col_rows, im2col_words
         switched("the stem's padded columns off", im2col_words, "PAD_NARROW_CHANNELS", False)
