@@ -71,6 +71,7 @@
 #                                             # probe, host cost
 #   bash perf/gpu_run.sh pack                 # the kernel cache (.kcache/) into $OUT, to
 #                                             # carry to a later machine
+#   bash perf/gpu_run.sh owed-all             # all of issue 26's owed parts side by side
 #   bash perf/gpu_run.sh owed-models          # its ResNet-50 rows (CONFIGS, one a call)
 #   bash perf/gpu_run.sh torch-profile        # issue 26: where the converted ResNet-50's
 #                                             # eager step spends its time beside native's
@@ -637,6 +638,27 @@ owed)
     timeout ${HOST_LIMIT_S:-70} python3 perf/suites/torch_models.py --host --profile \
         > "$OUT/torch-host.log" 2>&1
     grep -v -i warn "$OUT/torch-host.log" | head -8 ;;  # (the profiles: torch-host.log)
+owed-all)
+    # everything issue 26 still owes in one call (run BA: starts were scarce), side by side
+    # on 16 cores: the host rows first (GPU idle while the others compile), the leak probe,
+    # the inductor/DDP/kernel-cache tests, the bf16-cl ResNet-50 rows; then the kernel
+    # cache packed for a later call (`pack`)
+    timeout ${MODELS_LIMIT_S:-500} python3 perf/suites/torch_models.py --models --configs \
+        ${CONFIGS:-bf16-cl} > "$OUT/torch-models.log" 2>&1 &
+    timeout ${LEAK_LIMIT_S:-270} python3 perf/experiments/graph_leak_probe.py \
+        > "$OUT/leak-probe.log" 2>&1 &
+    timeout ${TEST_LIMIT_S:-300} python3 -m pytest -v -p no:cacheprovider --tb=short \
+        tests/test_kernel_cache.py tests/test_torch_ddp.py \
+        tests/test_torch_convert.py::test_converted_model_compiles_with_inductor \
+        > "$OUT/owed-tests.log" 2>&1 &
+    timeout ${HOST_LIMIT_S:-90} python3 perf/suites/torch_models.py --host > "$OUT/torch-host.log" 2>&1
+    grep -v -i warn "$OUT/torch-host.log" | head -8
+    wait
+    grep -v -i warn "$OUT/leak-probe.log" | cut -c1-240 | head -50
+    grep -E "PASSED|FAILED|SKIPPED|ERROR|^E |passed|failed" "$OUT/owed-tests.log" | head -20
+    grep -v -i warn "$OUT/torch-models.log" | grep -E "^(ResNet|converted|eval)|Error|ms" | \
+        cut -c1-300 | head -20
+    bash "$0" pack ;;
 owed-models)
     # torch_models.py's ResNet-50 rows alone (run AZ: bf16-cl did not finish in 300 s of
     # an H100 call, its kernels' JIT included): eager and graphed, native beside
