@@ -11,6 +11,7 @@ earlier iteration was kept alive). Tensors reach nbdnn's ops without autograd hi
 cache) cannot hold a graph."""
 import gc
 import math
+import time
 
 import pytest
 
@@ -74,7 +75,7 @@ def _tagged(params):
 
 
 def kept_nodes(device, bf16, fmt=torch.channels_last, channels=3, cache=True, collect=False,
-               watch=None):
+               watch=None, native=False, settle=0.0):
     """A converted small_net (its first convolution taking `channels` channels) trained 4
     steps on `device` (bf16 autocast where bf16, its cast cache as `cache`), a mark set on
     its parameters' AccumulateGrad nodes, 3 steps more: (the indices of the parameters
@@ -82,11 +83,15 @@ def kept_nodes(device, bf16, fmt=torch.channels_last, channels=3, cache=True, co
     parameters). On CUDA the 4th call of each signature replays its eager plan, so plans
     are recorded and replayed. collect: gc.collect() before the count (a reference cycle
     that held a graph is then gone; a capture right after the steps would still meet
-    it). watch: called with the converted model before the steps (a probe's hooks)."""
+    it). watch: called with the converted model before the steps (a probe's hooks);
+    native: the model left unconverted; settle: seconds slept after each step (the GIL
+    free for autograd's device thread, which may still be dropping the step's graph)."""
     torch.manual_seed(0)
     net = small_net()
     net[0] = nn.Conv2d(channels, 64, 3, padding=1, bias=False)
-    model, _ = nt.convert(net.to(device).to(memory_format=fmt))
+    model = net.to(device).to(memory_format=fmt)
+    if not native:
+        model, _ = nt.convert(model)
     x = torch.randn(4, channels, 8, 8, device=device).contiguous(memory_format=fmt)
     labels = torch.randint(0, 10, (4,), device=device)
     params = list(model.parameters())
@@ -98,6 +103,8 @@ def kept_nodes(device, bf16, fmt=torch.channels_last, channels=3, cache=True, co
             loss = nn.functional.cross_entropy(model(x), labels)
         loss.backward()
         assert math.isfinite(float(loss.detach()))  # (a float: the loss keeps its graph)
+        if settle:
+            time.sleep(settle)
     for _ in range(4):
         step()
     _tag(params, 4)
