@@ -193,3 +193,26 @@ def test_capture_after_eager_steps_on_the_default_stream():
         torch.testing.assert_close(static_loss, want, rtol=1e-2, atol=1e-2)
         for p, q in zip(model.parameters(), twin.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_fresh_accumulators_give_the_next_forward_new_nodes():
+    """nt.fresh_accumulators(model): each parameter forgets its AccumulateGrad node, so
+    the next forward makes new ones (a capture's, on its own stream) even while an old
+    graph holds the old nodes; that graph's backward still sums into .grad, and the
+    parameters keep their storage and values."""
+    torch.manual_seed(0)
+    model, _ = nt.convert(small_net().double())
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    params = list(model.parameters())
+    storage = [p.data_ptr() for p in params]
+    old = model(x).sum()  # (a graph alive: it holds every parameter's node)
+    _tag(params, 1)
+    nt.fresh_accumulators(model)
+    assert _tagged(params) == []
+    assert [p.data_ptr() for p in params] == storage
+    new = model(x).sum()
+    old.backward()
+    once = [p.grad.clone() for p in params]
+    new.backward()
+    for p, g in zip(params, once):
+        torch.testing.assert_close(p.grad, 2 * g)

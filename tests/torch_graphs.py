@@ -2,6 +2,8 @@
 side stream, gradients set to None so the capture allocates them in its pool)."""
 import torch
 
+import nbdnn.torch as nt
+
 
 def captured_step(step, model, twin, warm_up=2):
     """step(model) and step(twin) `warm_up` times on a side stream, then step(model)
@@ -13,6 +15,7 @@ def captured_step(step, model, twin, warm_up=2):
             step(model)
             step(twin)
     torch.cuda.current_stream().wait_stream(s)
+    nt.fresh_accumulators(model)  # (nodes eager steps may have left: nbdnn/torch/capture.py)
     for p in model.parameters():  # (graph-owned gradients: allocated inside the capture)
         p.grad = None
     graph = torch.cuda.CUDAGraph()

@@ -40,6 +40,7 @@ whose tangents are PyTorch's formula of each op at nbdnn's values
 """
 from ._bridge import reference
 from . import functional, modules, _batching, _forward_mode, _second_order
+from .capture import fresh_accumulators
 from .convert import Report, compare, convert
 from .intercept import functional_calls
 
@@ -51,5 +52,5 @@ for _name in functional.__all__:  # (torch.nn.functional's names at the top leve
 del _name
 
 __all__ = ["functional", "modules", "reference", "convert", "compare", "Report",
-           "functional_calls",
+           "functional_calls", "fresh_accumulators",
            *functional.__all__]

@@ -62,9 +62,12 @@ def side_stream_warm_up(fn, n=3):
     torch.cuda.current_stream().wait_stream(s)
 
 
-def torch_graphed(fn):
-    """fn() captured in a CUDA graph after warm-up on a side stream; its replay."""
+def torch_graphed(fn, before_capture=None):
+    """fn() captured in a CUDA graph after warm-up on a side stream; its replay.
+    before_capture(): run between the two (nbdnn.torch.fresh_accumulators)."""
     side_stream_warm_up(fn)
+    if before_capture is not None:
+        before_capture()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()

@@ -136,7 +136,8 @@ def model_rows(batch, configs):
             for m in (native, ours):
                 m.train().to(memory_format=fmt)
                 fn = step_fn(m, xs, labels, bf16)
-                timed = torch_graphed(fn) if mode == "graphed" else fn
+                timed = torch_graphed(fn, lambda: nt.fresh_accumulators(m)) \
+                    if mode == "graphed" else fn  # (eager steps' nodes: nbdnn/torch/capture.py)
                 ms.append(gpu_ms(timed, reps=5, rounds=7))
             print(f"ResNet-50 train step B {batch} {config:7} {mode:7}: native {ms[0]:7.2f} ms "
                   f"| nbdnn.torch {ms[1]:7.2f} ms | {ms[0] / ms[1]:.2f}x native's speed",

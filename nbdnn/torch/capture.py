@@ -1,0 +1,39 @@
+"""Capturing a converted model's training step with torch.cuda.graph after eager steps.
+
+A parameter's AccumulateGrad node (where its gradient is summed into .grad) is made by
+the first forward that uses the parameter and remembered by the parameter for as long
+as any autograd graph holds it; every later forward reuses it, and it keeps the stream
+it was made on. Backward syncs that stream with the one producing the gradient, and a
+CUDA graph capture cannot sync with the legacy default stream ("operation would make
+the legacy stream depend on a capturing blocking stream"). So a node made by eager
+steps on the default stream must be gone before the capture's forward, which PyTorch's
+recipe (warm up on a side stream, then capture) assumes.
+
+With nbdnn.torch it may not be gone (run BA, perf/experiments/graph_leak_race.py): on
+CUDA the backward runs on autograd's device thread, which can drop the last reference
+to a step's graph after loss.backward() has returned; freeing nbdnn's nodes (Python
+autograd Functions) there needs the GIL, which the main thread holds while it runs the
+next forward, and that forward reuses the parameters' nodes still alive, the ones
+nearest the input last. Native PyTorch's nodes are C++ and free without the GIL.
+
+`fresh_accumulators(model)` makes every parameter forget its node, so the next forward
+(the capture's) makes new ones on its own stream; a graph still holding an old node
+stays valid (its backward still sums into .grad). Call it after the warm-up, right
+before `torch.cuda.graph`.
+"""
+import torch
+
+
+def fresh_accumulators(module_or_params):
+    """Make each parameter of a module (or an iterable of tensors) forget its
+    AccumulateGrad node: the next forward makes a new one on the current stream.
+    PyTorch drops a tensor's remembered node when `.data` changes dtype, so `.data`
+    goes to an empty tensor of another dtype and back (no copy, no new storage)."""
+    params = module_or_params.parameters() if isinstance(module_or_params, torch.nn.Module) \
+        else module_or_params
+    for p in params:
+        if p.requires_grad and p.is_leaf:
+            data = p.data
+            p.data = data.new_empty(0, dtype=torch.float64 if data.dtype != torch.float64
+                                    else torch.float32)
+            p.data = data
