@@ -216,3 +216,11 @@ def test_fresh_accumulators_give_the_next_forward_new_nodes():
     new.backward()
     for p, g in zip(params, once):
         torch.testing.assert_close(p.grad, 2 * g)
+
+
+def test_fresh_accumulators_refuse_a_ddp_wrapper():
+    """DDP's reducer hooks the AccumulateGrad nodes: new ones would go unreduced."""
+    class DistributedDataParallel(nn.Module):  # (the name is what is checked: no process
+        pass                                    # group needed)
+    with pytest.raises(nbdnn.NotSupportedError, match="DistributedDataParallel"):
+        nt.fresh_accumulators(DistributedDataParallel())

@@ -19,9 +19,14 @@ nearest the input last. Native PyTorch's nodes are C++ and free without the GIL.
 `fresh_accumulators(model)` makes every parameter forget its node, so the next forward
 (the capture's) makes new ones on its own stream; a graph still holding an old node
 stays valid (its backward still sums into .grad). Call it after the warm-up, right
-before `torch.cuda.graph`.
+before `torch.cuda.graph`. Not under DistributedDataParallel: its reducer hooks the
+nodes themselves (a new node has no hook, and the gradients would go unreduced), so a
+DDP wrapper is refused; hooks registered on the tensors
+(register_post_accumulate_grad_hook) stay.
 """
 import torch
+
+from ..errors import NotSupportedError
 
 
 def fresh_accumulators(module_or_params):
@@ -29,6 +34,11 @@ def fresh_accumulators(module_or_params):
     AccumulateGrad node: the next forward makes a new one on the current stream.
     PyTorch drops a tensor's remembered node when `.data` changes dtype, so `.data`
     goes to an empty tensor of another dtype and back (no copy, no new storage)."""
+    if type(module_or_params).__name__ in ("DistributedDataParallel",
+                                           "FullyShardedDataParallel"):
+        raise NotSupportedError("nbdnn.torch.fresh_accumulators: a DistributedDataParallel "
+                                "(or FSDP) model hooks its parameters' AccumulateGrad nodes; "
+                                "new nodes would leave its gradients unreduced")
     params = module_or_params.parameters() if isinstance(module_or_params, torch.nn.Module) \
         else module_or_params
     for p in params:
