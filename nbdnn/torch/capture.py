@@ -9,12 +9,15 @@ the legacy stream depend on a capturing blocking stream"). So a node made by eag
 steps on the default stream must be gone before the capture's forward, which PyTorch's
 recipe (warm up on a side stream, then capture) assumes.
 
-With nbdnn.torch it may not be gone (run BA, perf/experiments/graph_leak_race.py): on
-CUDA the backward runs on autograd's device thread, which can drop the last reference
-to a step's graph after loss.backward() has returned; freeing nbdnn's nodes (Python
-autograd Functions) there needs the GIL, which the main thread holds while it runs the
-next forward, and that forward reuses the parameters' nodes still alive, the ones
-nearest the input last. Native PyTorch's nodes are C++ and free without the GIL.
+With nbdnn.torch it is sometimes not gone (runs AZ, BA: intermittently on CUDA, the
+parameters nearest the input, never on the CPU; nothing nbdnn keeps was found holding
+it, perf/experiments/graph_leak_probe.py). The likeliest holder, not yet confirmed
+(perf/experiments/graph_leak_race.py counts it): on CUDA the backward runs on
+autograd's device thread, which can drop the last reference to a step's graph after
+loss.backward() has returned; freeing nbdnn's nodes (Python autograd Functions) there
+needs the GIL, which the main thread holds while it runs the next forward, and that
+forward reuses the parameters' nodes still alive, the ones nearest the input freed
+last. Native PyTorch's nodes are C++ and free without the GIL.
 
 `fresh_accumulators(model)` makes every parameter forget its node, so the next forward
 (the capture's) makes new ones on its own stream; a graph still holding an old node
