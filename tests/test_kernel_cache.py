@@ -122,6 +122,13 @@ def test_compiled_stores_then_loads_and_compiles_over_a_bad_file(monkeypatch, tm
     assert kernel_cache.compiled(k, SIG).tag == first.tag
     assert k.dispatcher.compiles == 3 and "ignored" in capsys.readouterr().err
     assert kernel_cache.load(path) is not None  # (written over)
+    os.remove(path)
+
+    def full(path, kern):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(kernel_cache, "store", full)  # (a write that fails: compiled and
+    assert kernel_cache.compiled(k, SIG).tag == first.tag  # used, a warning, no error)
+    assert "not written" in capsys.readouterr().err
 
 
 CHILD = r"""

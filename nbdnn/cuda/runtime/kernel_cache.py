@@ -31,6 +31,7 @@ import os
 import pickle
 import re
 import sys
+import threading
 import types
 import zlib
 
@@ -221,7 +222,7 @@ def store(path, kern):
     finally:
         if kept:
             lib._llvm_strs, lib._ptx_cache = kept
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "wb") as f:
         f.write(blob)
     os.replace(tmp, path)
@@ -236,7 +237,10 @@ def compiled(kernel, sig):
         kern = kernel.dispatcher.compile(sig)
         if path:
             kern._codelibrary.get_cufunc()  # (the cubin, made now, is stored too)
-            store(path, kern)
+            try:
+                store(path, kern)
+            except OSError as e:  # (a full disk or a read-only folder: run uncached)
+                print(f"nbdnn: kernel cache file {path} not written ({e})", file=sys.stderr)
     return kern
 
 
