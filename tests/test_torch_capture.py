@@ -119,7 +119,10 @@ def kept_nodes(device, bf16, fmt=torch.channels_last, channels=3, cache=True, co
 @pytest.mark.parametrize("last", [False, True])
 def test_training_steps_leave_no_autograd_graph_alive(device, last):
     """After a converted model's steps no AccumulateGrad node outlives its step: a mark
-    set between steps is gone from the nodes later steps use (kept_nodes)."""
+    set between steps is gone from the nodes later steps use (kept_nodes). On CUDA it
+    has failed intermittently (runs AZ, BA: a holder outside Python's view, likeliest
+    autograd's device thread; perf/experiments/graph_leak_race.py, nbdnn/torch/capture.py);
+    captures no longer depend on it (fresh_accumulators)."""
     fmt = torch.channels_last if last else torch.contiguous_format
     assert kept_nodes(device, device == "cuda" and last, fmt)[0] == []
 

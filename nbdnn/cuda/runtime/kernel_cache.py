@@ -7,7 +7,8 @@ step (run AZ); a second process pays it all again. With the variable set, `Kerne
 looks in DIR first and stores what it compiled there: numba's own serialised kernel
 (its `_Kernel` with the cubin for this GPU's architecture; the PTX and LLVM IR it came
 from are left out), zlib-compressed, one file a kernel signature, written atomically (several
-processes may share DIR). Unset (the default), nothing is read or written.
+processes may share DIR). Unset (the default), nothing is read or written. The files
+are unpickled: DIR must be a folder only you write to, like any cache of code.
 
 A file is named by a hash of everything the compiled code can depend on (key()):
 - the versions of numba, numba-cuda and nbdnn's own source: every .py file under
