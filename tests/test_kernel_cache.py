@@ -42,6 +42,15 @@ def test_key_follows_the_code_and_values_a_kernel_depends_on():
     assert key(built(), cc=(9, 1)) != base
 
 
+def test_key_follows_a_helpers_default_arguments():
+    keys = set()
+    for default in (1, 2):
+        ns = {}
+        compile_source("helper", f"def helper(v, k={default}):\n    return v * k\n", ns)
+        keys.add(key(compile_source("kern", "def kern(x):\n    x[0] = helper(x[0])\n", ns)))
+    assert len(keys) == 2
+
+
 def test_lambdas_of_one_line_are_told_apart():
     """A factory's lambdas share file, name and line (reduce.py's pre-maps): their
     bytecode tells them apart, in a closure cell or a global."""

@@ -100,6 +100,8 @@ def _code_identity(fn, h, seen):
         if name in globs:
             h.update(name.encode())
             _value(globs[name], h, seen)
+    for v in (fn.__defaults__ or ()) + tuple(sorted((fn.__kwdefaults__ or {}).items())):
+        _value(v, h, seen)  # (a device function's default arguments)
     for cell in fn.__closure__ or ():
         try:
             _value(cell.cell_contents, h, seen)
