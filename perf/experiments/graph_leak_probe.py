@@ -3,12 +3,14 @@
 convolution weight's AccumulateGrad node alive on CUDA; the CPU reference, with and
 without bf16 autocast, leaves none, and so do nbdnn.torch's CUDA branches run on CPU
 tensors with the reference standing in for nbdnn's ops, a CI test now). After the
-default run (bf16 autocast, channels-last, a 3-channel input) the live graph tensors
+default run (bf16 autocast, channels-last, a 3-channel input): the live graph tensors
 and autograd.Function contexts and what refers to them (capture_probe.holders()), the
-tensors the eager call plans keep, the first convolution's last input and output watched
-(alive after the steps?); the stem's two narrow-channel paths switched off; then the same steps on fresh models: 8 input channels, float32 channels-last, bf16 NCHW,
-autocast's cast cache off, gc.collect() before the count; the direct entries off,
-eager call plans off, both (tests/test_torch_capture.py's kept_nodes).
+tensors every thread's eager call plans keep, the first convolution's last input and
+output watched (alive after the steps?); then the same steps on fresh models: backward
+on the calling thread, the stem's two narrow-channel paths off, 8 input channels,
+float32 channels-last, bf16 NCHW, autocast's cast cache off, gc.collect() before the
+count; the direct entries off, eager call plans off, both (kept_nodes). Run BA (H100):
+no holder found, the leak intermittent (graph_leak_race.py counts it).
 
     PYTHONPATH=. python perf/experiments/graph_leak_probe.py [cpu]   (cpu: a dry run)
 """
