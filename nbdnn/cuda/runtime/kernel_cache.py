@@ -17,8 +17,8 @@ A file is named by a hash of everything the compiled code can depend on (key()):
   (cuda/runtime/codegen.py) or its file's bytes; the same for every function, device
   function and generated helper it refers to by a global name or a closure cell,
   recursively (one factory's lambdas differ only in their bytecode);
-- the values it reads as globals or closure cells at compile time (numba freezes them
-  into the code): numbers, strings, tuples, NumPy arrays, and the numbers and strings
+- the values it reads as globals, closure cells or default arguments at compile time
+  (numba freezes them into the code): numbers, strings, tuples, NumPy arrays, and the numbers and strings
   of an nbdnn module it reads attributes from (a switch flipped at run time changes
   the name);
 - the signature, the Kernel's architecture and jit options, the GPU's compute
