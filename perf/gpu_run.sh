@@ -66,9 +66,9 @@
 #                                             # tensor-core tests and torch.cuda.graph ones,
 #                                             # (SAN=1) sanitizer, then CONFIGS' steps
 #   bash perf/gpu_run.sh capture-probe        # capture_probe.py's four ways (run AX call 2)
-#   bash perf/gpu_run.sh owed                 # issue 26's owed checks (runs AX-AZ): the
-#                                             # graph-leak probe, capture tests, the batch-32
-#                                             # probe, host cost
+#   bash perf/gpu_run.sh owed                 # issue 26's owed checks (runs AX-BA): the
+#                                             # graph-leak race counts, capture tests, the
+#                                             # batch-32 probe, host cost
 #   bash perf/gpu_run.sh pack                 # the kernel cache (.kcache/) into $OUT, to
 #                                             # carry to a later machine
 #   bash perf/gpu_run.sh owed-all             # all of issue 26's owed parts side by side
@@ -638,10 +638,9 @@ owed)
     grep -v -i warn "$OUT/torch-host.log" | head -8 ;;  # (the profiles: torch-host.log)
 owed-all)
     # everything issue 26 still owes in one call (run BA: starts were scarce), side by side
-    # on 16 cores: the host rows first (GPU idle while the others compile; contended all
-    # the same in run BA: use `owed` for them), the leak race counts,
-    # the inductor/DDP/kernel-cache tests, the bf16-cl ResNet-50 rows; then the kernel
-    # cache packed for a later call (`pack`)
+    # on 16 cores: the leak race counts, the inductor/DDP/kernel-cache tests, the bf16-cl
+    # ResNet-50 rows (no host rows: beside compiling processes they were contended in
+    # run BA; `owed` runs them alone); then the kernel cache packed for a later call
     timeout ${MODELS_LIMIT_S:-500} python3 perf/suites/torch_models.py --models --configs \
         ${CONFIGS:-bf16-cl} > "$OUT/torch-models.log" 2>&1 &
     timeout ${LEAK_LIMIT_S:-270} python3 perf/experiments/graph_leak_race.py 12 \
@@ -650,8 +649,6 @@ owed-all)
         tests/test_kernel_cache.py tests/test_torch_ddp.py \
         tests/test_torch_convert.py::test_converted_model_compiles_with_inductor \
         > "$OUT/owed-tests.log" 2>&1 &
-    timeout ${HOST_LIMIT_S:-90} python3 perf/suites/torch_models.py --host > "$OUT/torch-host.log" 2>&1
-    grep -v -i warn "$OUT/torch-host.log" | head -8
     wait
     grep -v -i warn "$OUT/leak-race.log" | cut -c1-240 | head -12
     grep -E "PASSED|FAILED|SKIPPED|ERROR|^E |passed|failed" "$OUT/owed-tests.log" | head -20
@@ -667,7 +664,8 @@ owed-models)
             --configs $c > "$OUT/torch-models-$c.log" 2>&1
         grep -v -i warn "$OUT/torch-models-$c.log" | grep -E "^(ResNet|converted|eval)|Error" | \
             cut -c1-300 | head -20
-    done ;;
+    done
+    bash "$0" pack ;;  # (the kernels they compiled, for the next call's carry)
 torch-profile)
     # one profiled eager step of native and converted ResNet-50 per config, after warm-up
     # (perf/experiments/torch_step_profile.py; run AX: bf16-cl 62.6 ms against native's

@@ -161,7 +161,8 @@ def test_cuda_branches_keep_no_graph_with_the_reference_standing_in(monkeypatch,
     nbdnn.torch's CUDA branches (the direct entries included), nbdnn's ops replaced by
     their CPU reference: no AccumulateGrad node outlives its step. (Run AZ, H100: on CUDA
     the bf16 net's first convolution kept its node; this test keeps nbdnn.torch itself
-    out of suspicion in CI, and the holder is on nbdnn's CUDA side.)"""
+    out of suspicion in CI. Run BA found the CUDA leak intermittent with no holder in
+    Python's view: nbdnn/torch/capture.py.)"""
     _reference_standing_in(monkeypatch)
     assert kept_nodes("cpu", bf16)[0] == []
 
@@ -223,7 +224,7 @@ def test_fresh_accumulators_give_the_next_forward_new_nodes():
 
 def test_fresh_accumulators_refuse_a_ddp_wrapper():
     """DDP's reducer hooks the AccumulateGrad nodes: new ones would go unreduced."""
-    class DistributedDataParallel(nn.Module):  # (the name is what is checked: no process
-        pass                                    # group needed)
+    ddp = torch.nn.parallel.DistributedDataParallel
+    wrapper = ddp.__new__(ddp)  # (no process group needed: its class is what is checked)
     with pytest.raises(nbdnn.NotSupportedError, match="DistributedDataParallel"):
-        nt.fresh_accumulators(DistributedDataParallel())
+        nt.fresh_accumulators(wrapper)

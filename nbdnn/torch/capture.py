@@ -37,8 +37,7 @@ def fresh_accumulators(module_or_params):
     AccumulateGrad node: the next forward makes a new one on the current stream.
     PyTorch drops a tensor's remembered node when `.data` changes dtype, so `.data`
     goes to an empty tensor of another dtype and back (no copy, no new storage)."""
-    if type(module_or_params).__name__ in ("DistributedDataParallel",
-                                           "FullyShardedDataParallel"):
+    if isinstance(module_or_params, _hooking_wrappers()):
         raise NotSupportedError("nbdnn.torch.fresh_accumulators: a DistributedDataParallel "
                                 "(or FSDP) model hooks its parameters' AccumulateGrad nodes; "
                                 "new nodes would leave its gradients unreduced")
@@ -50,3 +49,15 @@ def fresh_accumulators(module_or_params):
             p.data = data.new_empty(0, dtype=torch.float64 if data.dtype != torch.float64
                                     else torch.float32)
             p.data = data
+
+
+def _hooking_wrappers():
+    """The wrapper classes whose reducer hooks AccumulateGrad nodes (FSDP where this
+    PyTorch has it)."""
+    wrappers = [torch.nn.parallel.DistributedDataParallel]
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        wrappers.append(FullyShardedDataParallel)
+    except ImportError:  # (a build without torch.distributed)
+        pass
+    return tuple(wrappers)
