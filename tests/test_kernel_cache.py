@@ -3,12 +3,15 @@ everything its compiled code depends on, a stored kernel is loaded instead of co
 a bad file is compiled over; on a GPU a second process launches from the cache with no
 compile and the same results. (tests/test_ptx.py checks that no two kernels of
 different code share a name.)"""
+import ast
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+import nbdnn
 
 from nbdnn.cuda.conv import im2col_rows
 from nbdnn.cuda.runtime import kernel_cache
@@ -82,6 +85,53 @@ def test_an_object_without_a_stable_description_is_uncachable(monkeypatch, tmp_p
         key(kern)
     monkeypatch.setenv("NBDNN_KERNEL_CACHE", str(tmp_path))
     assert kernel_cache.path_for(FakeKernel(kern), SIG, (9, 0)) is None
+
+
+def nbdnn_imports(path, root):
+    """The nbdnn modules a source file imports (dotted, absolute), relative ones resolved."""
+    rel = os.path.relpath(path, os.path.dirname(root))[:-3].split(os.sep)
+    package = rel[:-1]  # (what a relative import starts from, for x.py and __init__.py)
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "nbdnn"}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            mod = base + (node.module.split(".") if node.module else [])
+            if mod and mod[0] == "nbdnn":
+                found.add(".".join(mod))
+                found |= {".".join(mod + [a.name]) for a in node.names}
+    return found
+
+
+def test_nothing_a_kernel_imports_reaches_the_packages_left_out_of_the_tree_hash():
+    """tree_hash() skips nbdnn.torch, nn, bench and testing, so that a change to the
+    front ends keeps the compiled kernels; that is safe only while no module under
+    nbdnn/cuda or nbdnn/cpu (where kernels and what they call live) imports them,
+    directly or through the modules it imports."""
+    root = os.path.dirname(os.path.abspath(nbdnn.__file__))
+    files = {}
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            if n.endswith(".py"):
+                path = os.path.join(dirpath, n)
+                parts = os.path.relpath(path, os.path.dirname(root))[:-3].split(os.sep)
+                files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    todo = [m for m in files if m.split(".")[1:2] in (["cuda"], ["cpu"])]
+    assert len(todo) > 20
+    reached = set(todo)
+    while todo:
+        for imp in nbdnn_imports(files[todo.pop()], root):
+            parts = imp.split(".")  # (the module itself and each package above it)
+            for k in range(1, len(parts) + 1):
+                m = ".".join(parts[:k])
+                if m in files and m not in reached:
+                    reached.add(m)
+                    todo.append(m)
+    outside = {m for m in reached if m.split(".")[1:2] and
+               m.split(".")[1] in kernel_cache.OUTSIDE_KERNELS}
+    assert not outside, outside
+    assert "nbdnn.cuda.runtime.launch" in reached and "nbdnn.errors" in reached
 
 
 class FakeLibrary:

@@ -12,7 +12,10 @@ are unpickled: DIR must be a folder only you write to, like any cache of code.
 
 A file is named by a hash of everything the compiled code can depend on (key()):
 - the versions of numba, numba-cuda and nbdnn's own source: every .py file under
-  nbdnn/, hashed once a process (an edit to any of them starts a fresh set of names);
+  nbdnn/ but the front ends no kernel can import (OUTSIDE_KERNELS: nbdnn.torch, nn,
+  bench, testing; tests/test_kernel_cache.py checks that nothing under cuda/ or cpu/
+  reaches them), hashed once a process (an edit to any other starts a fresh set of
+  names; an edit to nbdnn.torch's wrappers keeps the compiled kernels);
 - the kernel's code: its bytecode, and a generated kernel's text
   (cuda/runtime/codegen.py) or its file's bytes; the same for every function, device
   function and generated helper it refers to by a global name or a closure cell,
@@ -41,6 +44,8 @@ import numpy as np
 _SCALARS = (int, float, bool, str, bytes, complex, type(None))
 _NBDNN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _tree = []  # [hash of nbdnn's .py files], computed on first use
+# nbdnn's packages above the kernels: they call ops, nothing below them imports them
+OUTSIDE_KERNELS = ("torch", "nn", "bench", "testing")
 _files = {}  # path -> hash of the file's bytes
 
 
@@ -68,11 +73,15 @@ def key(pyfunc, sig, arch, jit_options, cc):
 
 
 def tree_hash():
-    """One hash of every .py file under nbdnn/ (names and bytes), once a process."""
+    """One hash of the .py files under nbdnn/ outside OUTSIDE_KERNELS (names and
+    bytes), once a process."""
     if not _tree:
         h = hashlib.sha256()
-        for root, dirs, names in sorted(os.walk(_NBDNN)):
+        for root, dirs, names in os.walk(_NBDNN):
+            if root == _NBDNN:
+                dirs[:] = [d for d in dirs if d not in OUTSIDE_KERNELS]
             dirs.sort()
+            names.sort()
             for n in sorted(names):
                 if n.endswith(".py"):
                     path = os.path.join(root, n)
