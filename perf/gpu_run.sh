@@ -66,13 +66,13 @@
 #                                             # tensor-core tests and torch.cuda.graph ones,
 #                                             # (SAN=1) sanitizer, then CONFIGS' steps
 #   bash perf/gpu_run.sh capture-probe        # capture_probe.py's four ways (run AX call 2)
-#   bash perf/gpu_run.sh owed                 # issue 26's owed checks (runs AX-BA): the
-#                                             # graph-leak race counts, capture tests, the
-#                                             # batch-32 probe, host cost
+#   bash perf/gpu_run.sh owed-all             # issue 26's compiling parts side by side
+#                                             # (the torch tests, the graph-leak race,
+#                                             # ResNet-50 rows), the kernel cache packed
+#   bash perf/gpu_run.sh owed                 # then its timed rows alone: ResNet-50 in
+#                                             # CONFIGS, host cost, torch-profile
 #   bash perf/gpu_run.sh pack                 # the kernel cache (.kcache/) into $OUT, to
 #                                             # carry to a later machine
-#   bash perf/gpu_run.sh owed-all             # all of issue 26's owed parts side by side
-#   bash perf/gpu_run.sh owed-models          # its ResNet-50 rows (CONFIGS, one a call)
 #   bash perf/gpu_run.sh torch-profile        # issue 26: where the converted ResNet-50's
 #                                             # eager step spends its time beside native's
 #                                             # (GPU busy, nbdnn/PyTorch kernels, blocking
@@ -567,7 +567,7 @@ torch)
             > "$OUT/torch-full-$a.log" 2>&1 &
     done
     sharded torch-tests ${SHARDS:-10} ${TEST_LIMIT_S:-300} tests/test_torch_*.py \
-        tests/test_pool_paths.py -k "not full_size"  # (the pool kernels: run AW's ceil-mode
+        tests/test_pool_paths.py ${EXTRA_TESTS:-} -k "not full_size"  # (the pool kernels: run AW's ceil-mode
     # windows past the padded input, simulator-checked only)
     wait
     for a in resnet50 vit_b_16; do
@@ -618,54 +618,37 @@ pack)
     du -sh .kcache 2>/dev/null; ls .kcache 2>/dev/null | wc -l
     tar -C .kcache -cf - . | split -b 15m - "$OUT/kcache.tar." ;;
 owed)
-    # issue 26's owed checks, one after another (run AZ's H100 call 1 ran them side by
-    # side and the JIT-bound parts ran out of time): graph_leak_race.py (run BA: eager
-    # steps' AccumulateGrad nodes outlive them intermittently on CUDA, no holder in
-    # graph_leak_probe.py; is it autograd's device thread?), the capture tests, the
-    # batch-32 probe in torch_models.py's order, then the host-cost rows alone (quiet)
-    timeout ${LEAK_LIMIT_S:-200} python3 perf/experiments/graph_leak_race.py 12 \
-        > "$OUT/leak-race.log" 2>&1  # (run BA: the leak is intermittent; is it the race?)
-    grep -E "leaked|Error" "$OUT/leak-race.log" | cut -c1-240 | head -12
-    timeout ${TEST_LIMIT_S:-150} python3 -m pytest -v -p no:cacheprovider --tb=short \
-        tests/test_tensormap_capture.py tests/test_torch_capture.py \
-        > "$OUT/capture-tests.log" 2>&1
-    grep -E "PASSED|FAILED|SKIPPED|^E " "$OUT/capture-tests.log" | cut -c1-200 | head -24
-    timeout ${PROBE_LIMIT_S:-170} python3 perf/experiments/capture_probe.py --models \
-        --batch 32 --eager 38 > "$OUT/probe-b32.log" 2>&1
-    grep -E "^(native|nbdnn)|live graph|held by|^---|nbdnn/" "$OUT/probe-b32.log" | head -40
-    timeout ${HOST_LIMIT_S:-70} python3 perf/suites/torch_models.py --host --profile \
-        > "$OUT/torch-host.log" 2>&1
-    grep -v -i warn "$OUT/torch-host.log" | head -8 ;;  # (the profiles: torch-host.log)
-owed-all)
-    # everything issue 26 still owes in one call (run BA: starts were scarce), side by side
-    # on 16 cores: the leak race counts, the inductor/DDP/kernel-cache tests, the bf16-cl
-    # ResNet-50 rows (no host rows: beside compiling processes they were contended in
-    # run BA; `owed` runs them alone); then the kernel cache packed for a later call
-    timeout ${MODELS_LIMIT_S:-500} python3 perf/suites/torch_models.py --models --configs \
-        ${CONFIGS:-bf16-cl} > "$OUT/torch-models.log" 2>&1 &
-    timeout ${LEAK_LIMIT_S:-270} python3 perf/experiments/graph_leak_race.py 12 \
-        > "$OUT/leak-race.log" 2>&1 &
-    timeout ${TEST_LIMIT_S:-300} python3 -m pytest -v -p no:cacheprovider --tb=short \
-        tests/test_kernel_cache.py tests/test_torch_ddp.py \
-        tests/test_torch_convert.py::test_converted_model_compiles_with_inductor \
-        > "$OUT/owed-tests.log" 2>&1 &
-    wait
-    grep -v -i warn "$OUT/leak-race.log" | cut -c1-240 | head -12
-    grep -E "PASSED|FAILED|SKIPPED|ERROR|^E |passed|failed" "$OUT/owed-tests.log" | head -20
-    grep -v -i warn "$OUT/torch-models.log" | grep -E "^(ResNet|converted|eval)|Error|ms" | \
-        cut -c1-300 | head -20
-    bash "$0" pack ;;
-owed-models)
-    # torch_models.py's ResNet-50 rows alone (run AZ: bf16-cl did not finish in 300 s of
-    # an H100 call, its kernels' JIT included): eager and graphed, native beside
-    # nbdnn.torch, CONFIGS one after another (<= MODELS_LIMIT_S each)
-    for c in ${CONFIGS:-bf16-cl}; do
-        timeout ${MODELS_LIMIT_S:-540} python3 perf/suites/torch_models.py --models \
+    # issue 26's timed rows, one after another on a quiet machine (start from a warm
+    # .kcache: `owed-all` first, or carry one): torch_models.py's ResNet-50 rows (eager
+    # and graphed, native beside nbdnn.torch) in CONFIGS, the host cost of a wrapped call,
+    # then torch-profile's split of the eager step
+    for c in ${CONFIGS:-bf16-cl fp32}; do
+        timeout ${MODELS_LIMIT_S:-200} python3 perf/suites/torch_models.py --models \
             --configs $c > "$OUT/torch-models-$c.log" 2>&1
         grep -v -i warn "$OUT/torch-models-$c.log" | grep -E "^(ResNet|converted|eval)|Error" | \
             cut -c1-300 | head -20
     done
-    bash "$0" pack ;;  # (the kernels they compiled, for the next call's carry)
+    timeout ${HOST_LIMIT_S:-90} python3 perf/suites/torch_models.py --host --profile \
+        > "$OUT/torch-host.log" 2>&1
+    grep -v -i warn "$OUT/torch-host.log" | head -8  # (the profiles: torch-host.log)
+    PROFILE_LIMIT_S=${PROFILE_LIMIT_S:-120} bash "$0" torch-profile ;;
+owed-all)
+    # everything of issue 26 that compiles, side by side on 16 cores, filling .kcache for
+    # `owed`: the torch tests (`torch`: shards and the full-size models; capture tests and
+    # the tensor maps' captures among them), graph_leak_race.py (run BA: eager steps'
+    # AccumulateGrad nodes outlive them intermittently on CUDA; autograd's device thread,
+    # or a cycle freed by gc mid-forward?), torch_models.py's ResNet-50 rows in CONFIGS
+    # (contended: `owed` times them again); then the kernel cache packed
+    timeout ${MODELS_LIMIT_S:-540} python3 perf/suites/torch_models.py --models --configs \
+        ${CONFIGS:-bf16-cl fp32} > "$OUT/torch-models.log" 2>&1 &
+    timeout ${LEAK_LIMIT_S:-420} python3 perf/experiments/graph_leak_race.py 12 \
+        > "$OUT/leak-race.log" 2>&1 &
+    EXTRA_TESTS=tests/test_tensormap_capture.py bash "$0" torch
+    wait
+    grep -v -i warn "$OUT/leak-race.log" | cut -c1-400 | head -24
+    grep -v -i warn "$OUT/torch-models.log" | grep -E "^(ResNet|converted|eval)|Error" | \
+        cut -c1-300 | head -20
+    bash "$0" pack ;;
 torch-profile)
     # one profiled eager step of native and converted ResNet-50 per config, after warm-up
     # (perf/experiments/torch_step_profile.py; run AX: bf16-cl 62.6 ms against native's

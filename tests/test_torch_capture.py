@@ -11,7 +11,6 @@ earlier iteration was kept alive). Tensors reach nbdnn's ops without autograd hi
 cache) cannot hold a graph."""
 import gc
 import math
-import time
 
 import pytest
 
@@ -75,7 +74,7 @@ def _tagged(params):
 
 
 def kept_nodes(device, bf16, fmt=torch.channels_last, channels=3, cache=True, collect=False,
-               watch=None, native=False, settle=0.0):
+               watch=None, native=False, after_step=None):
     """A converted small_net (its first convolution taking `channels` channels) trained 4
     steps on `device` (bf16 autocast where bf16, its cast cache as `cache`), a mark set on
     its parameters' AccumulateGrad nodes, 3 steps more: (the indices of the parameters
@@ -84,8 +83,8 @@ def kept_nodes(device, bf16, fmt=torch.channels_last, channels=3, cache=True, co
     are recorded and replayed. collect: gc.collect() before the count (a reference cycle
     that held a graph is then gone; a capture right after the steps would still meet
     it). watch: called with the converted model before the steps (a probe's hooks);
-    native: the model left unconverted; settle: seconds slept after each step (the GIL
-    free for autograd's device thread, which may still be dropping the step's graph)."""
+    native: the model left unconverted; after_step: called after each step (a sleep that
+    frees the GIL for autograd's device thread, a gc.collect())."""
     torch.manual_seed(0)
     net = small_net()
     net[0] = nn.Conv2d(channels, 64, 3, padding=1, bias=False)
@@ -103,8 +102,8 @@ def kept_nodes(device, bf16, fmt=torch.channels_last, channels=3, cache=True, co
             loss = nn.functional.cross_entropy(model(x), labels)
         loss.backward()
         assert math.isfinite(float(loss.detach()))  # (a float: the loss keeps its graph)
-        if settle:
-            time.sleep(settle)
+        if after_step is not None:
+            after_step()
     for _ in range(4):
         step()
     _tag(params, 4)
