@@ -10,8 +10,11 @@ warm-up, then per model:
   GPU      kernels' summed time, and busy: the union of kernel and copy intervals over
            the span from the first one's start to the last one's end (busy well below
            the span: the GPU waited for the host, or for a synchronous call);
-  split    kernel time of numba's kernels (nbdnn's: "cudapy" in the mangled name)
-           against PyTorch's (its optimizer, autocast casts, residual adds, loss);
+  split    kernel time of numba's kernels (nbdnn's: numba's "[abi:" tags in the
+           demangled name; run BB: "cudapy" is not in it, every kernel counted as
+           PyTorch's) against PyTorch's (its optimizer, autocast casts, residual adds,
+           loss); the profiler's user ranges on the GPU timeline (record_function:
+           Optimizer.zero_grad...) are left out of kernel time, which they overlap;
   calls    the runtime and driver calls that block the host or the device (stream,
            context and event synchronizes, synchronous copies, cuMemAlloc and
            cuMemFree) by name and count; and launches by API;
@@ -101,11 +104,13 @@ def report(name, prof, wall_ms, top, device):
     kernels, spans, calls, nbdnn_us = {}, [], {}, 0.0
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
+            if getattr(e, "is_user_annotation", False):
+                continue
             us = e.device_time if hasattr(e, "device_time") else e.cuda_time
             n, c = kernels.get(e.name, (0, 0.0))
             kernels[e.name] = (n + 1, c + us)
             spans.append((e.time_range.start, e.time_range.end))
-            if "cudapy" in e.name:
+            if "[abi:" in e.name or "cudapy" in e.name:
                 nbdnn_us += us
         elif blocking(e.name) or e.name in LAUNCHES:
             n, c = calls.get(e.name, (0, 0.0))
