@@ -9,6 +9,11 @@ still alive (the ones nearest the input are freed last). Counts, over TRIALS fre
 small nets each, how often a node survives: converted as usual, converted with the
 backward on the calling thread, converted with a 20 ms sleep after each step (the GIL
 free), and native PyTorch.
+Run BB: every way above kept nothing, but each step ends with the loss read as a float
+(kept_nodes' sync, added after run AZ's failing test, which had none): a host sync,
+which waits for the GPU with the GIL released, so the device thread gets its turn.
+The same ways without it come last ("no host sync"), beside torch.cuda.synchronize()
+(the GIL released too) in its place.
 Second hypothesis (run BB): a reference cycle holds each step's graph until Python's
 cyclic collector runs, and a generation-0 collection that comes mid-forward frees it
 only after the first layers have fetched their nodes again (the nodes nearest the
@@ -99,6 +104,16 @@ def main():
               after_step=lambda: time.sleep(0.02))
         count(f"{name} native", fmt, bf16, native=True)
         count(f"{name} native, collector off", fmt, bf16, native=True, collector=False)
+    for fmt, bf16, name in ((torch.channels_last, True, "bf16 CL"),
+                            (torch.channels_last, False, "fp32 CL")):
+        count(f"{name} converted, no host sync", fmt, bf16, sync=False)
+        count(f"{name} converted, no host sync, backward on the calling thread", fmt, bf16,
+              sync=False, threads=False)
+        count(f"{name} converted, no host sync, 20 ms sleep", fmt, bf16, sync=False,
+              after_step=lambda: time.sleep(0.02))
+        count(f"{name} converted, no host sync, torch.cuda.synchronize()", fmt, bf16,
+              sync=False, after_step=torch.cuda.synchronize if DEVICE == "cuda" else None)
+        count(f"{name} native, no host sync", fmt, bf16, native=True, sync=False)
 
 
 if __name__ == "__main__":
