@@ -9,15 +9,14 @@ the legacy stream depend on a capturing blocking stream"). So a node made by eag
 steps on the default stream must be gone before the capture's forward, which PyTorch's
 recipe (warm up on a side stream, then capture) assumes.
 
-With nbdnn.torch it is sometimes not gone (runs AZ, BA: intermittently on CUDA, the
-parameters nearest the input, never on the CPU; nothing nbdnn keeps was found holding
-it, perf/experiments/graph_leak_probe.py). The likeliest holder, not yet confirmed
-(perf/experiments/graph_leak_race.py counts it): on CUDA the backward runs on
-autograd's device thread, which can drop the last reference to a step's graph after
-loss.backward() has returned; freeing nbdnn's nodes (Python autograd Functions) there
-needs the GIL, which the main thread holds while it runs the next forward, and that
-forward reuses the parameters' nodes still alive, the ones nearest the input freed
-last. Native PyTorch's nodes are C++ and free without the GIL.
+With nbdnn.torch it was sometimes not gone (run AZ: a unit test failed on an H100, the
+first convolution's node; run BA: once, the parameters nearest the input; never on the
+CPU). Nothing nbdnn keeps was found holding it (perf/experiments/graph_leak_probe.py).
+Run BB did not see it again in any of graph_leak_race.py's ways: autograd's device
+thread (backward on the calling thread against not, a sleep, a host sync or none), a
+reference cycle (the collector off, a collect after each step, a census of cycles),
+with and without the kernel cache, nor in 16 fresh processes of the test, so its cause
+is not known. Whatever holds a node, a capture need not depend on it:
 
 `fresh_accumulators(model)` makes every parameter forget its node, so the next forward
 (the capture's) makes new ones on its own stream; a graph still holding an old node

@@ -13,7 +13,10 @@ Run BB: every way above kept nothing, but each step ends with the loss read as a
 (kept_nodes' sync, added after run AZ's failing test, which had none): a host sync,
 which waits for the GPU with the GIL released, so the device thread gets its turn.
 The same ways without it come last ("no host sync"), beside torch.cuda.synchronize()
-(the GIL released too) in its place.
+(the GIL released too) in its place; they kept nothing either (run BB, call 5). Last,
+run AZ's failing steps exactly: no sync and small_net's own draws (kept_nodes now
+redraws the first convolution after the other layers, so its weights and every later
+draw differ from run AZ's).
 Second hypothesis (run BB): a reference cycle holds each step's graph until Python's
 cyclic collector runs, and a generation-0 collection that comes mid-forward frees it
 only after the first layers have fetched their nodes again (the nodes nearest the
@@ -114,6 +117,10 @@ def main():
         count(f"{name} converted, no host sync, torch.cuda.synchronize()", fmt, bf16,
               sync=False, after_step=torch.cuda.synchronize if DEVICE == "cuda" else None)
         count(f"{name} native, no host sync", fmt, bf16, native=True, sync=False)
+        count(f"{name} converted, run AZ's steps (no sync, small_net's own draws)", fmt, bf16,
+              sync=False, redraw=False)
+        count(f"{name} native, run AZ's steps", fmt, bf16, native=True, sync=False,
+              redraw=False)
 
 
 if __name__ == "__main__":
