@@ -1,30 +1,25 @@
-"""Is the graph leak a race with autograd's device thread? (run BA: run AZ's leak of the
-first convolution weight's AccumulateGrad node came and went between runs; the H100's
-probe saw it once in float32 channels-last, params 0-2, and not in a fresh process.)
-Hypothesis: on CUDA the backward runs on autograd's device thread, and the last
-reference to a step's graph can be dropped there after loss.backward() has returned;
-freeing nbdnn's Python autograd nodes needs the GIL, which the main thread holds while
-it runs the next forward, and that forward reuses the parameters' AccumulateGrad nodes
-still alive (the ones nearest the input are freed last). Counts, over TRIALS fresh
-small nets each, how often a node survives: converted as usual, converted with the
-backward on the calling thread, converted with a 20 ms sleep after each step (the GIL
-free), and native PyTorch.
-Run BB: every way above kept nothing, but each step ends with the loss read as a float
-(kept_nodes' sync, added after run AZ's failing test, which had none): a host sync,
-which waits for the GPU with the GIL released, so the device thread gets its turn.
-The same ways without it come last ("no host sync"), beside torch.cuda.synchronize()
-(the GIL released too) in its place; they kept nothing either (run BB, call 5). Last,
-run AZ's failing steps exactly: no sync and small_net's own draws (kept_nodes now
-redraws the first convolution after the other layers, so its weights and every later
-draw differ from run AZ's).
-Second hypothesis (run BB): a reference cycle holds each step's graph until Python's
-cyclic collector runs, and a generation-0 collection that comes mid-forward frees it
-only after the first layers have fetched their nodes again (the nodes nearest the
-input were the ones kept). Counted with the collector off during the steps (a cycle
-then leaks every time) and with gc.collect() after each step (never); and a census
-of what one converted CUDA step leaves to the collector (gc.DEBUG_SAVEALL): object
-types, tensors with autograd history, frames and tracebacks (a stored exception), and
-the module that made each function or frame.
+"""What kept a converted small net's AccumulateGrad nodes alive across CUDA steps? (Run
+AZ: a unit test kept the first convolution weight's node on an H100; run BA's probe saw
+parameters 0-2 kept once, with no holder in Python's view.) Counts, over TRIALS fresh
+small nets each (tests/test_torch_capture.kept_nodes), how often a node survives, in
+ways that tell three hypotheses apart:
+- autograd's device thread (run BA): on CUDA the backward runs there and may drop the
+  last reference to a step's graph after loss.backward() has returned; freeing nbdnn's
+  Python nodes needs the GIL, which the main thread holds while its next forward reuses
+  the nodes still alive. Ways: backward on the calling thread; a 20 ms sleep after
+  each step (the GIL free); native PyTorch (C++ nodes, no GIL).
+- a reference cycle (run BB): a step's graph held until the cyclic collector runs, a
+  generation-0 collection mid-forward freeing it after the first layers fetched their
+  nodes again. Ways: the collector off during the steps (a cycle then leaks every
+  time), gc.collect() after each step (never); and a census of what one converted step
+  leaves to the collector (gc.DEBUG_SAVEALL): types, tensors with autograd history,
+  the code of frames and functions (a stored exception's traceback).
+- the host sync (run BB): since run AZ's review each kept_nodes step reads the loss as
+  a float, which waits for the GPU with the GIL released; run AZ's failing test did
+  not. The ways again without it, and with torch.cuda.synchronize() in its place.
+Last, run AZ's failing steps exactly: no sync and small_net's own draws (kept_nodes
+redraws the first convolution after the other layers, so every weight differs).
+Run BB (H100): 0 leaks in every way but the last, which was written after its calls.
 
     PYTHONPATH=. python perf/experiments/graph_leak_race.py [TRIALS] [cpu]
 """
@@ -63,12 +58,9 @@ def count(label, fmt=torch.channels_last, bf16=True, threads=True, collector=Tru
 
 
 def census(fmt, bf16, native=False):
-    """What one step (after 5 warm ones) leaves to the cyclic collector."""
-    seen = {}
-
-    def watch(model):
-        seen["model"] = model
-    kept_nodes(DEVICE, bf16, fmt, native=native, watch=watch)  # (warm: plans replay)
+    """What a net's steps leave to the cyclic collector (after a first net has warmed
+    the kernels and plans)."""
+    kept_nodes(DEVICE, bf16, fmt, native=native)  # (warm: plans replay)
     gc.collect()
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)
