@@ -635,9 +635,9 @@ owed)
 owed-all)
     # everything of issue 26 that compiles, side by side on 16 cores, filling .kcache for
     # `owed`: the torch tests (`torch`: shards and the full-size models; capture tests and
-    # the tensor maps' captures among them), graph_leak_race.py (run BA: eager steps'
-    # AccumulateGrad nodes outlive them intermittently on CUDA; autograd's device thread,
-    # or a cycle freed by gc mid-forward?), torch_models.py's ResNet-50 rows in CONFIGS
+    # the tensor maps' captures among them), graph_leak_race.py (runs AZ, BA: eager
+    # steps' AccumulateGrad nodes outlived them on CUDA; run BB: in no way, cause
+    # unknown), torch_models.py's ResNet-50 rows in CONFIGS
     # (contended: `owed` times them again); then the kernel cache packed
     timeout ${MODELS_LIMIT_S:-540} python3 perf/suites/torch_models.py --models --configs \
         ${CONFIGS:-bf16-cl fp32} > "$OUT/torch-models.log" 2>&1 &
