@@ -57,6 +57,9 @@ def count(label, fmt=torch.channels_last, bf16=True, threads=True, collector=Tru
           f"({time.perf_counter() - t:.1f} s)", flush=True)
 
 
+types_frame = type(sys._getframe())
+
+
 def census(fmt, bf16, native=False):
     """What a net's steps leave to the cyclic collector (after a first net has warmed
     the kernels and plans)."""
@@ -81,9 +84,6 @@ def census(fmt, bf16, native=False):
     print(f"census {'native' if native else 'converted'} {'bf16' if bf16 else 'fp32'}: "
           f"{len(garbage)} objects in cycles, {history} tensors with history; "
           f"{types.most_common(12)}; frames/functions: {where.most_common(8)}", flush=True)
-
-
-types_frame = type(sys._getframe())
 
 
 def main():

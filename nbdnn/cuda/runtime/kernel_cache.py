@@ -81,7 +81,6 @@ def tree_hash():
             if root == _NBDNN:
                 dirs[:] = [d for d in dirs if d not in OUTSIDE_KERNELS]
             dirs.sort()
-            names.sort()
             for n in sorted(names):
                 if n.endswith(".py"):
                     path = os.path.join(root, n)
