@@ -15,13 +15,24 @@ accumulation and float64 stays IEEE. `math=` on a call wins; otherwise the inner
 `math_mode(...)` block of this thread, otherwise the process default `set_math(...)`.
 The CPU reference applies the same rounding and split, so both backends agree to
 accumulation error, not to TF32 error.
+
+The mode is process state a call reads: an eager call plan's signature carries
+`get_math()` (ops/_plan.py), so a plan learnt in one mode never answers in another.
+This module sits in the lowest layer (errors and _vocab only) so ops/ reads it without
+an import up.
 """
 import contextlib
 import threading
 
 from ._vocab import MATH_MODES
 from .errors import BadParamError, fail
-from .ops._common import choice
+
+
+def _checked(op, name, value, choices=MATH_MODES):
+    """value when it is one of the modes, else a BadParamError naming op and name."""
+    if not isinstance(value, str) or value not in choices:
+        fail(BadParamError, op, name, f"one of {', '.join(map(repr, choices))}", repr(value))
+    return value
 
 _default = ["ieee"]
 _local = threading.local()
@@ -29,7 +40,7 @@ _local = threading.local()
 
 def set_math(mode):
     """Set the process default math mode ("ieee", "tf32" or "3xtf32")."""
-    _default[0] = choice("set_math", "mode", mode, MATH_MODES)
+    _default[0] = _checked("set_math", "mode", mode)
 
 
 def get_math():
@@ -40,7 +51,7 @@ def get_math():
 @contextlib.contextmanager
 def math_mode(mode):
     """`with nbdnn.math_mode("tf32"): ...`: this thread's calls inside use `mode`."""
-    mode = choice("math_mode", "mode", mode, MATH_MODES)
+    mode = _checked("math_mode", "mode", mode)
     outer = getattr(_local, "mode", None)
     _local.mode = mode
     try:
@@ -51,7 +62,7 @@ def math_mode(mode):
 
 def resolve(op, math):
     """The mode a call runs in: its `math=` (checked) or the current default."""
-    return get_math() if math is None else choice(op, "math", math, MATH_MODES)
+    return get_math() if math is None else _checked(op, "math", math)
 
 
 def resolve_for(op, math, dtype, algo, algos):

@@ -2,7 +2,8 @@
 cross-check row each) and every bad-input class, the call either raises an NbdnnError
 whose message names the op, or returns a result on which the CPU reference and the
 CUDA backend (the simulator without a GPU) agree; inputs are never modified (but the
-arguments an op documents as updated in place). A hypothesis property, derandomised
+arguments an op documents as updated in place). The CUDA call is made four times
+(the 4th replays an eager call plan where one is learnt) and must answer alike. A hypothesis property, derandomised
 in CI; the calls are drawn from the row's own maker with a drawn seed, so shapes are
 not the minimal ones."""
 import numpy as np
@@ -155,6 +156,27 @@ def _call(spec, args, kw):
                   else to_host(x) for x in rs]
 
 
+def _cuda_call(spec, fresh, strided, kw, keep):
+    """The bad call on the CUDA backend four times, on new device copies each time (a
+    signature's 4th call replays its eager call plan, ops/_plan.py): all four must give
+    one answer, the replayed one included; the 4th is returned."""
+    outcomes = []
+    for _ in range(4):
+        dev_kw = {k: (_device(v, False) if isinstance(v, np.ndarray) and k not in keep
+                      else v) for k, v in kw.items()}
+        outcomes.append(_call(spec, [_device(a, i in strided) for i, a in enumerate(fresh)],
+                              dev_kw))
+    first, last = outcomes[0], outcomes[-1]
+    assert first[0] == last[0], f"call 1: {first}; call 4 (replayed): {last}"
+    if first[0] == "error":
+        assert (type(first[1]), str(first[1])) == (type(last[1]), str(last[1])), (first, last)
+    else:
+        for a, b in zip(first[1], last[1]):
+            assert np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True), \
+                "call 4 (replayed) differs from call 1"
+    return last
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @settings(max_examples=max(1, settings().max_examples // 3))  # 44 ops x 17 classes
 @pytest.mark.parametrize("kind", CLASSES)
@@ -181,9 +203,7 @@ def test_a_bad_call_is_a_named_error_or_agrees(spec, kind, data):
     if kind == "out_read_only":  # no device array is read-only: the CPU's refusal alone
         assert got["cpu"][0] == "error" and any(op in str(got["cpu"][1]) for op in spec.ops)
         return
-    dev_kw = {k: (_device(v, False) if isinstance(v, np.ndarray) and k not in keep else v)
-              for k, v in kw.items()}
-    got["cuda"] = _call(spec, [_device(a, i in strided) for i, a in enumerate(fresh)], dev_kw)
+    got["cuda"] = _cuda_call(spec, fresh, strided, kw, keep)
     for i, b in before.items():
         assert np.array_equal(args[i], b, equal_nan=True), f"input {i} was modified"
     kinds = {k for k, _ in got.values()}

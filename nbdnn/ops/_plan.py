@@ -4,8 +4,11 @@ marshalling: 10-50 us of host time for a conv, a batch norm or a pool; perf/hist
 run Z).
 
 Like a cuDNN plan, a plan belongs to a call's signature: the op; each array's kind,
-shape, dtype, 16-byte alignment and which arrays share an address; and every other
-argument's type and value. Everything an nbdnn op does on the GPU for a signature is
+shape, dtype, 16-byte alignment and which arrays share an address; every other
+argument's type and value; and the process state a call reads (the math mode,
+nbdnn/_math_mode.py). A replay must answer exactly as the full call would, refusals
+included: arrays that overlap without sharing a start are never planned (the full
+path checks them each time), and neither is anything the signature cannot describe. Everything an nbdnn op does on the GPU for a signature is
 a fixed sequence of kernel launches, allocations of results and workspaces (by
 `cuda.runtime.arrays.empty`) and cached index tables; only the addresses change between
 calls. (The same premise as nbdnn.cuda.Graph, whose capture bakes in all of it.)
@@ -26,7 +29,7 @@ A signature's calls on one thread:
        sit in one buffer a thread that all its plans share (perf/history/runs.md, runs Z
        and AA: host µs a call).
 Not planned: calls inside a Graph capture or given a stream; calls with NumPy
-arrays, strided views or arguments of other types; calls whose inputs overlap at
+arrays, strided views or arguments of other types; calls whose arrays overlap at
 different addresses; calls whose recording copied between host and device or had
 arguments it cannot relocate.
 Plans are per thread (their workspace buffer is the thread's; launches go to the
@@ -41,6 +44,7 @@ import sys
 import numpy as np
 
 from .. import backend as _backend
+from .._math_mode import get_math
 
 _recording = _backend._recording  # thread-local: .graph (a Graph), .plan (a _Recorder)
 _SCALARS = frozenset((int, float, bool, str, complex, type(None)))
@@ -126,10 +130,13 @@ def _signature(fn, args, kw):
                 parts.append(k)
                 _add(v, t, parts, arrays)
     n = len(arrays)
-    if n > 1 and len({f[3] for _, f in arrays}) < n:
-        parts.append(_aliases(arrays))
+    if n > 1:
+        shared = _shared_memory(arrays)
+        if shared is not None:
+            parts.append(shared)
     elif not n:
         raise _NoPlan
+    parts.append(get_math())  # (process state: the math mode steers matmul/conv/attention)
     return tuple(parts), arrays
 
 
@@ -143,10 +150,32 @@ def _on_current_device(key, arrays):
     return key + (here,)
 
 
-def _aliases(arrays):
-    """Each array's first predecessor at the same (nonzero) address, else -1."""
+def _shared_memory(arrays):
+    """None when the arrays' bytes lie apart (the common case); when some start at one
+    address (out= exactly an input), each array's first predecessor at its address,
+    else -1, which then ends the key; _NoPlan when two overlap without sharing a start
+    (out= a shifted view of an input): the full path refuses that call, or handles it,
+    every time, so no plan learnt from arrays apart can answer it. (f: shape, dtype,
+    bytes, address; ~0.3 us for two arrays, sorted spans for more.)"""
+    if len(arrays) == 2:
+        (_, f), (_, g) = arrays
+        if f[3] < g[3] + g[2] and g[3] < f[3] + f[2]:  # (empty arrays never overlap)
+            if f[3] != g[3]:
+                raise _NoPlan
+            return (0, 0)
+        return None
+    reach, shared = (0, 0), False  # (base, end) of the span reaching furthest so far
+    for base, end in sorted((f[3], f[3] + f[2]) for _, f in arrays if f[2]):
+        if base < reach[1]:
+            if base != reach[0]:
+                raise _NoPlan
+            shared = True
+        if end > reach[1]:
+            reach = (base, end)
+    if not shared:
+        return None
     first = {}
-    return tuple(first.setdefault(f[3], j) if f[3] else -1
+    return tuple(first.setdefault(f[3], j) if f[2] else -1
                  for j, (_, f) in enumerate(arrays))
 
 

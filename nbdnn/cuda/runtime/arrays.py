@@ -170,18 +170,36 @@ def facts(x):
 
 
 def _plan_facts_torch(x):
-    """facts() less what a plan's signature does not need (the count; NumPy's dtype):
-    four of torch's C getters instead of six."""
+    """(shape, torch dtype, bytes, address): four of torch's C getters."""
     if x.is_cuda and x.is_contiguous():
-        return x.shape, x.dtype, None, x.data_ptr()
+        return x.shape, x.dtype, x.nbytes, x.data_ptr()
     return None
 
 
+def _plan_facts_numba(x):
+    """(shape, dtype, bytes, address), kept in the array's __dict__ as facts() are."""
+    f = x.__dict__.get("_nbdnn_plan_facts", False)
+    if f is False:
+        g = _numba_facts(x)[0]
+        f = x.__dict__["_nbdnn_plan_facts"] = \
+            None if g is None else (g[0], g[1], g[2] * g[1].itemsize, g[3])
+    return f
+
+
+def _plan_facts_any(x):
+    f = _facts_any(x)
+    return None if f is None else (f[0], f[1], f[2] * f[1].itemsize, f[3])
+
+
+_PLAN_FACTS = {"torch": _plan_facts_torch, "numba": _plan_facts_numba, None: _plan_facts_any}
+_plan_facts_fns = {}
+
+
 def plan_facts(t):
-    """fn(x) -> (shape, dtype, count or None, address), None for a strided array: what
-    an eager call plan's signature (ops/_plan.py) reads from an array of type t."""
-    return _plan_facts_torch if _array_kind(t) == "torch" else \
-        (_facts_fns.get(t) or _chosen(_facts_fns, _FACTS, t))
+    """fn(x) -> (shape, dtype, bytes, address), None for a strided array: what an eager
+    call plan's signature (ops/_plan.py) reads from an array of type t (the bytes tell
+    it which arrays overlap)."""
+    return _plan_facts_fns.get(t) or _chosen(_plan_facts_fns, _PLAN_FACTS, t)
 
 
 _dtype_names = {}

@@ -15,6 +15,7 @@ import itertools
 import linecache
 import os
 import re
+import weakref
 
 _counter = itertools.count()
 _BUILT = {}  # file name -> header + source
@@ -30,11 +31,15 @@ def header(name, about):
     return "\n".join(lines) + "\n"
 
 
-def compile_source(name, source, namespace, about=None, label=None):
+def compile_source(name, source, namespace, about=None, label=None, transient=False):
     """Execute generated `source`, which defines `name` (and maybe helpers), in
     `namespace` (a dict: the names the source uses; it receives the definitions) and
     return namespace[name]. about: {label: text} for the header; label: the name it is
-    shown and dumped under when `name` alone does not tell it apart (module docstring)."""
+    shown and dumped under when `name` alone does not tell it apart (module docstring).
+    transient: the source is kept (linecache, sources()) only while the returned
+    function lives, and the namespace does not hold the function (an eager call plan's
+    replay: one a signature, dropped with its plan; kernels and packers live as long as
+    the process and keep theirs)."""
     label = label or name
     text = header(label, about) + source
     n = next(_counter)
@@ -45,7 +50,16 @@ def compile_source(name, source, namespace, about=None, label=None):
     where = os.environ.get("NBDNN_DUMP_SOURCE")
     if where:
         _dump(where, label, text)
-    return namespace[name]
+    fn = namespace[name]
+    if transient:
+        del namespace[name]  # (fn.__globals__ is namespace: no cycle, freed with fn)
+        weakref.finalize(fn, _forget, filename)
+    return fn
+
+
+def _forget(filename):
+    linecache.cache.pop(filename, None)
+    _BUILT.pop(filename, None)
 
 
 def _dump(where, name, text):

@@ -237,7 +237,7 @@ def replay_function(recording):
         _table_launches(recording, ns, lines)
     lines.append(f"    return {_result(recording.result)}")
     return compile_source("run", "\n".join(lines) + "\n", ns, about={
-        "what": "an eager call plan's replay (ops/_plan.py)"})
+        "what": "an eager call plan's replay (ops/_plan.py)"}, transient=True)
 
 
 def _allocations(recording, ns, lines, address):
