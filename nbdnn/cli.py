@@ -1,7 +1,8 @@
-"""`nbdnn info | check | bench | demo`: versions and the driver/toolkit match; a
+"""`nbdnn info | check | bench | demo | cache`: versions and the driver/toolkit match; a
 cross-check of every op on random inputs; the benchmark table; a small CNN trained on
-the digits (nbdnn/demo.py)."""
+the digits (nbdnn/demo.py); the compiled-kernel cache's folder (info, clear)."""
 import argparse
+import os
 import sys
 import time
 
@@ -121,6 +122,12 @@ def _toolkit():
 
 
 def _progress(i, n, label):
+    """A progress bar on a terminal; nothing when stderr goes to a file or a pipe (its
+    carriage returns would fill a log)."""
+    if not sys.stderr.isatty():
+        if "left out" in label:
+            sys.stderr.write(f"{label}\n")
+        return
     if "left out" in label:  # (bench: a row the dtype rules out, on a line of its own)
         sys.stderr.write(f"\n{label}\n")
         return
@@ -145,8 +152,6 @@ def check(args):
     from nbdnn import testing
     from nbdnn.cuda import SIMULATOR
     print(_header())
-    if args.examples < 1:
-        sys.exit(f"nbdnn check: --examples must be >= 1, got {args.examples}")
     specs = _pick(testing.SPECS, args.ops, "check")
     dtypes = args.dtype or list(testing.DTYPES)
     rng = np.random.default_rng(args.seed)
@@ -200,7 +205,7 @@ def bench(args):
     except BadParamError as e:
         sys.exit(f"nbdnn bench: {e}")
     print(B.format_table(rows))
-    if args.json:
+    if args.json:  # (written atomically: nbdnn/_files.py)
         B.save_json(rows, args.json, {"versions": _versions(), "header": _header(),
                                       "date": time.strftime("%Y-%m-%d")})
     if args.plot:
@@ -208,21 +213,74 @@ def bench(args):
     return 0
 
 
-def main(argv=None):
+def cache(args):
+    """`nbdnn cache info`: the compiled-kernel cache's folder, state and size;
+    `nbdnn cache clear`: remove its entries."""
+    from nbdnn.cuda.runtime import kernel_cache as kc
+    folder = kc.directory()
+    if folder is None:
+        print("kernel cache off (NBDNN_KERNEL_CACHE=0): every process compiles its kernels")
+        return 0
+    if args.action == "clear":
+        n = kc.clear(folder) if os.path.isdir(folder) else 0
+        print(f"removed {n} entries from {folder}")
+        return 0
+    where = "NBDNN_KERNEL_CACHE" if os.environ.get("NBDNN_KERNEL_CACHE") else \
+        "the default; NBDNN_KERNEL_CACHE=DIR moves it, =0 turns it off"
+    print(f"{'folder':<8} {folder} ({where})")
+    if not os.path.isdir(folder):
+        print(f"{'state':<8} on, empty (the folder is made on the first compile)")
+        return 0
+    ok = kc.usable(folder)  # (warns why not)
+    print(f"{'state':<8} {'on' if ok else 'NOT USED: see the warning above'}")
+    found = kc.entries(folder)
+    total = sum(n for _, n, _ in found)
+    print(f"{'entries':<8} {len(found)}, {total / 1e6:.1f} MB of {kc.max_bytes() / 1e6:.0f} MB "
+          "(NBDNN_KERNEL_CACHE_MAX_MB; the least recently used go first)")
+    return 0
+
+
+def _whole(low):
+    """argparse type: an int >= low."""
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {v}")
+        return v
+    return parse
+
+
+def _positive_float(text):
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return v
+
+
+def _parser():
+    import nbdnn
     p = argparse.ArgumentParser(prog="nbdnn", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p.add_argument("--version", action="version", version=f"nbdnn {nbdnn.__version__}")
+    sub = p.add_subparsers(dest="cmd")
     sub.add_parser("info", help="versions, GPU, driver/toolkit match, simulator or hardware")
     c = sub.add_parser("check", help="cross-check every op, CUDA against the CPU reference")
     c.add_argument("--ops", nargs="*", help="op names or families (default: all)")
     c.add_argument("--dtype", nargs="*", choices=BF16_DTYPES)
-    c.add_argument("--examples", type=int, default=3, help="random cases per op and dtype")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--examples", type=_whole(1), default=3,
+                   help="random cases per op and dtype")
+    c.add_argument("--seed", type=_whole(0), default=0)
     b = sub.add_parser("bench", help="time every op: GPU, CPU, PyTorch, %% of copy bandwidth")
     b.add_argument("--ops", nargs="*", help="op names, rows or families (default: all)")
-    b.add_argument("--json")
-    b.add_argument("--plot")
+    b.add_argument("--json", help="write the rows to this JSON file")
+    b.add_argument("--plot", help="draw the rows to this image (needs matplotlib)")
     b.add_argument("--no-cpu", action="store_true", help="skip the (slow) CPU timings")
-    b.add_argument("--size-mb", type=float, default=None,
+    b.add_argument("--size-mb", type=_positive_float, default=None,
                    help="tensor size for the elementwise rows (default 1024 MiB on a GPU)")
     b.add_argument("--graph", action="store_true",
                    help="time nbdnn's calls as CUDA graph replays: GPU time, no host time")
@@ -230,13 +288,43 @@ def main(argv=None):
                    help="the tensors' dtype (rows whose op does not take it are left out)")
     sub.add_parser("demo", add_help=False,
                    help="train a small CNN on the digits dataset (nbdnn demo --help)")
-    argv = sys.argv[1:] if argv is None else list(argv)
+    k = sub.add_parser("cache", help="the compiled-kernel cache: where it is, how big; clear it")
+    k.add_argument("action", choices=("info", "clear"))
+    return p
+
+
+def main(argv=None):
+    try:
+        status = _main(sys.argv[1:] if argv is None else list(argv))
+        sys.stdout.flush()  # (here, where a closed pipe is caught, not at exit)
+        return status
+    except BrokenPipeError:  # (`nbdnn info | head`: the reader left; no traceback)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv):
+    p = _parser()
     if argv[:1] == ["demo"]:
         from .demo import main as demo
         demo(argv[1:])
         return 0
     a = p.parse_args(argv)
-    return {"info": info, "check": check, "bench": bench}[a.cmd](a)
+    if a.cmd is None:
+        p.print_help()
+        return 0
+    if a.cmd == "bench" and a.plot:
+        _need_matplotlib(p, "bench --plot")
+    return {"info": info, "check": check, "bench": bench, "cache": cache}[a.cmd](a)
+
+
+def _need_matplotlib(parser, what):
+    """A usage error now, not after the work: --plot without matplotlib."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        parser.error(f"{what} needs matplotlib (pip install 'nbdnn[bench]')")
 
 
 if __name__ == "__main__":

@@ -21,12 +21,14 @@ bit for bit, a fraction of the host time.
                [--precision fp32|bf16|fp16] [--model cnn|transformer] [--plot loss.png]
 """
 import argparse
+import os
 import sys
 import time
 
 import numpy as np
 
 from . import nn
+from ._files import atomic_write
 
 CLASSES = 10
 
@@ -168,6 +170,11 @@ def main(argv=None):
                          "dynamic loss scaling)")
     ap.add_argument("--plot", help="draw the loss curves to this image (needs matplotlib)")
     args = ap.parse_args(argv)
+    if args.plot:  # (a usage error now, not after training)
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            ap.error("--plot needs matplotlib (pip install 'nbdnn[demo]')")
     devices = ("cpu", "cuda") if args.backend == "both" else (args.backend,)
     modes = ("eager", "graph") if args.mode == "both" else (args.mode,)
     jobs = [(d, m) for d in devices for m in modes if d == "cuda" or m == "eager"]
@@ -203,7 +210,9 @@ def main(argv=None):
         ax.set(xlabel="step", ylabel="training loss", yscale="log",
                title=f"digits {args.model}, nbdnn.nn, same seed")
         ax.legend()
-        fig.savefig(args.plot, dpi=120, bbox_inches="tight")
+        with atomic_write(args.plot) as f:
+            fig.savefig(f, dpi=120, bbox_inches="tight",
+                        format=os.path.splitext(args.plot)[1][1:] or "png")
         print(f"loss curves: {args.plot}")
     return runs
 

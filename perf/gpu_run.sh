@@ -106,9 +106,9 @@
 # Run from the repository root on the GPU machine (no install: PYTHONPATH=.).
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-# compiled kernels kept between processes and calls (nbdnn/cuda/runtime/kernel_cache.py):
+# compiled kernels kept between processes and calls (nbdnn/cuda/runtime/kernel_cache/):
 # .kcache/ stays on a warm machine; `pack` sends it back under $OUT, and a later call
-# that carries ".kcache" starts from it (NBDNN_KERNEL_CACHE= : off)
+# that carries ".kcache" starts from it (NBDNN_KERNEL_CACHE=0: off)
 export NBDNN_KERNEL_CACHE=${NBDNN_KERNEL_CACHE-$PWD/.kcache}
 OUT=${OUT:-/tmp/nbdnn-out}
 mkdir -p "$OUT"

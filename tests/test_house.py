@@ -11,7 +11,8 @@ import pytest
 ROOT = os.path.join(os.path.dirname(__file__), "..", "nbdnn")
 MAX_LINES, MAX_MODULES, MAX_UP = 400, 16, 3
 # layers, lowest first: an import from a module to one of a higher layer is "up"
-LAYERS = [("nbdnn.errors", "nbdnn._vocab", "nbdnn._shapes", "nbdnn._gpu_check", "nbdnn._math_mode"),
+LAYERS = [("nbdnn.errors", "nbdnn._vocab", "nbdnn._shapes", "nbdnn._gpu_check", "nbdnn._math_mode",
+           "nbdnn._files"),
           ("nbdnn.backend",),
           ("nbdnn.cpu", "nbdnn.cuda"), ("nbdnn.ops",), ("nbdnn",),
           ("nbdnn.testing", "nbdnn.bench", "nbdnn.nn"), ("nbdnn.cli", "nbdnn.demo",

@@ -1,12 +1,17 @@
-"""NBDNN_KERNEL_CACHE (nbdnn/cuda/runtime/kernel_cache.py): a kernel's file name follows
-everything its compiled code depends on, a stored kernel is loaded instead of compiled,
-a bad file is compiled over; on a GPU a second process launches from the cache with no
-compile and the same results. (tests/test_ptx.py checks that no two kernels of
+"""The kernel cache (nbdnn/cuda/runtime/kernel_cache/): a kernel's entry name follows
+everything its compiled code depends on; a stored kernel is loaded instead of compiled;
+entries are data (a JSON header and a cubin), in a 0700 folder, never read through a
+symlink, from a FIFO or from a file others can write; a bad entry is compiled over; the
+size cap evicts the least recently used; on a GPU a second process launches from the
+cache with no compile and the same results. (tests/test_ptx.py checks that no two kernels of
 different code share a name.)"""
 import ast
+import json
 import os
+import stat
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -15,6 +20,7 @@ import nbdnn
 
 from nbdnn.cuda.conv import im2col_rows
 from nbdnn.cuda.runtime import kernel_cache
+from nbdnn.cuda.runtime.kernel_cache import store
 from nbdnn.cuda.runtime.codegen import compile_source
 from nbdnn.cuda.runtime.simulator import SIMULATOR
 
@@ -135,15 +141,19 @@ def test_nothing_a_kernel_imports_reaches_the_packages_left_out_of_the_tree_hash
 
 
 class FakeLibrary:
+    """Stands in for numba's code library: a cubin, its entry symbol, a handle."""
+    _setup_functions = _teardown_functions = _linking_files = ()
+    referenced_objects = {}
+
+    def __init__(self, sig):
+        self.cubin = f"cubin of {sig}".encode() * 50
+        self._entry_name = "_ZN5nbdnn4kern"
+
     def get_cufunc(self):
-        return "loaded"
+        return types.SimpleNamespace(handle=1234)
 
-
-class FakeCompiled:
-    """Stands in for numba's _Kernel: picklable, with a code library."""
-
-    def __init__(self, tag):
-        self.tag, self._codelibrary = tag, FakeLibrary()
+    def get_cubin(self):
+        return types.SimpleNamespace(code=self.cubin)
 
 
 class FakeDispatcher:
@@ -152,7 +162,8 @@ class FakeDispatcher:
 
     def compile(self, sig):
         self.compiles += 1
-        return FakeCompiled(f"compiled {sig}")
+        return types.SimpleNamespace(_codelibrary=FakeLibrary(sig),
+                                     argument_types=kernel_cache.argument_types(sig))
 
 
 class FakeKernel:
@@ -163,31 +174,194 @@ class FakeKernel:
         self.dispatcher = FakeDispatcher()
 
 
-def test_compiled_stores_then_loads_and_compiles_over_a_bad_file(monkeypatch, tmp_path,
-                                                                capsys):
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    """A fresh cache folder (NBDNN_KERNEL_CACHE), the GPU's cc and the driver's loading
+    stood in for: _load records what it was given and returns a handle."""
+    folder = tmp_path / "kc"
+    monkeypatch.setenv("NBDNN_KERNEL_CACHE", str(folder))
+    monkeypatch.delenv("NBDNN_KERNEL_CACHE_MAX_MB", raising=False)
     monkeypatch.setattr(kernel_cache, "_cc", lambda: (9, 0))
-    k = FakeKernel(built())
-    monkeypatch.delenv("NBDNN_KERNEL_CACHE", raising=False)
-    kernel_cache.compiled(k, SIG)  # (no folder: compiled, nothing written)
-    assert k.dispatcher.compiles == 1 and not os.listdir(tmp_path)
-    monkeypatch.setenv("NBDNN_KERNEL_CACHE", str(tmp_path))
-    first = kernel_cache.compiled(k, SIG)
-    assert k.dispatcher.compiles == 2 and len(os.listdir(tmp_path)) == 1
-    again = kernel_cache.compiled(k, SIG)
-    assert k.dispatcher.compiles == 2 and again.tag == first.tag == f"compiled {SIG}"
-    (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
-    with open(path, "wb") as f:
-        f.write(b"not a kernel")
-    assert kernel_cache.compiled(k, SIG).tag == first.tag
-    assert k.dispatcher.compiles == 3 and "ignored" in capsys.readouterr().err
-    assert kernel_cache.load(path) is not None  # (written over)
-    os.remove(path)
+    loads = []
+    monkeypatch.setattr(kernel_cache, "_load",
+                        lambda entry, cubin: loads.append((entry, cubin)) or 99)
+    monkeypatch.setattr(store, "_folders", {})
+    return types.SimpleNamespace(folder=folder, loads=loads, kernel=FakeKernel(built()))
 
-    def full(path, kern):
+
+def the_entry(folder):
+    (name,) = [n for n in os.listdir(folder) if not n.startswith(".")]
+    return os.path.join(folder, name)
+
+
+def test_a_compiled_kernel_is_stored_then_loaded(cache):
+    k = cache.kernel
+    assert kernel_cache.compiled(k, SIG) == (1234, kernel_cache.argument_types(SIG))
+    assert k.dispatcher.compiles == 1 and not cache.loads
+    handle, argtypes = kernel_cache.compiled(k, SIG)
+    assert k.dispatcher.compiles == 1 and handle == 99
+    assert argtypes == k.dispatcher.compile(SIG).argument_types
+    assert cache.loads == [("_ZN5nbdnn4kern", FakeLibrary(SIG).cubin)]
+    # the folder is the user's alone; the entry is data, not a pickle
+    assert stat.S_IMODE(os.stat(cache.folder).st_mode) == 0o700
+    with open(the_entry(cache.folder), "rb") as f:
+        data = f.read()
+    assert data.startswith(store.FORMAT) and b"pickle" not in data
+    header = json.loads(data[len(store.FORMAT):data.index(b"\n", len(store.FORMAT))])
+    assert header["sig"] == SIG and header["cc"] == [9, 0] and header["kernel"] == "kern"
+    assert stat.S_IMODE(os.stat(the_entry(cache.folder)).st_mode) == 0o600
+
+
+def test_the_cache_is_on_by_default_in_the_users_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv("NBDNN_KERNEL_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert kernel_cache.directory() == str(tmp_path / "nbdnn" / "kernels")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/path")  # (ignored, as XDG says)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert kernel_cache.directory() == str(tmp_path / "home" / ".cache" / "nbdnn" / "kernels")
+    monkeypatch.setenv("NBDNN_KERNEL_CACHE", "0")
+    assert kernel_cache.directory() is None
+
+
+def test_cache_off_compiles_and_writes_nothing(cache, monkeypatch):
+    monkeypatch.setenv("NBDNN_KERNEL_CACHE", "0")
+    for _ in range(2):
+        assert kernel_cache.compiled(cache.kernel, SIG)[0] == 1234
+    assert cache.kernel.dispatcher.compiles == 2 and not cache.folder.exists()
+
+
+def damage(path, how):
+    with open(path, "rb") as f:
+        data = f.read()
+    end = data.index(b"\n", len(store.FORMAT))
+    header = json.loads(data[len(store.FORMAT):end])
+    if how == "truncated":
+        data = data[:len(data) - 7]
+    elif how == "flipped":  # one bit of the compressed cubin
+        data = data[:end + 20] + bytes([data[end + 20] ^ 1]) + data[end + 21:]
+    elif how == "foreign":
+        data = b"\x80\x04\x95 a pickle, say"
+    elif how == "empty":
+        data = b""
+    elif how in ("sig", "cc", "key", "bytes"):
+        header[how] = {"sig": "void(float64[::1])", "cc": [8, 0], "key": "0" * 64,
+                       "bytes": header["bytes"] + 1}[how]
+        data = store.FORMAT + json.dumps(header).encode() + data[end:]
+    elif how == "huge_header":
+        data = store.FORMAT + b"{" + b" " * 10000 + data[end:]
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped", "foreign", "empty", "sig", "cc",
+                                 "key", "bytes", "huge_header"])
+def test_a_bad_entry_is_compiled_over_with_a_warning(cache, how):
+    k = cache.kernel
+    kernel_cache.compiled(k, SIG)
+    path = the_entry(cache.folder)
+    damage(path, how)
+    with pytest.warns(kernel_cache.KernelCacheWarning, match="ignored"):
+        assert kernel_cache.compiled(k, SIG)[0] == 1234
+    assert k.dispatcher.compiles == 2 and not cache.loads
+    kernel_cache.compiled(k, SIG)  # (written over: sound again)
+    assert k.dispatcher.compiles == 2 and len(cache.loads) == 1
+
+
+def test_an_entry_someone_else_could_write_is_not_loaded(cache):
+    k = cache.kernel
+    kernel_cache.compiled(k, SIG)
+    path = the_entry(cache.folder)
+    os.chmod(path, 0o666)
+    with pytest.warns(kernel_cache.KernelCacheWarning, match="writable by group or others"):
+        kernel_cache.compiled(k, SIG)
+    assert k.dispatcher.compiles == 2 and not cache.loads
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # (replaced by a private one)
+
+
+def test_a_planted_symlink_is_neither_followed_nor_written_through(cache, tmp_path):
+    """A symlink at an entry's (predictable) name: reading refuses it, and the store
+    replaces the link itself; its target is untouched."""
+    k = cache.kernel
+    kernel_cache.compiled(k, SIG)
+    path = the_entry(cache.folder)
+    target = tmp_path / "victim"
+    target.write_bytes(open(path, "rb").read())  # (even a sound entry, elsewhere)
+    os.remove(path)
+    os.symlink(target, path)
+    with pytest.warns(kernel_cache.KernelCacheWarning, match="cannot be opened safely"):
+        kernel_cache.compiled(k, SIG)
+    assert k.dispatcher.compiles == 2 and not cache.loads
+    assert not os.path.islink(path) and target.read_bytes().startswith(store.FORMAT)
+    before = target.read_bytes()
+    kernel_cache.compiled(k, SIG)
+    assert target.read_bytes() == before and len(cache.loads) == 1
+
+
+def test_a_fifo_at_an_entrys_name_is_refused_without_blocking(cache):
+    k = cache.kernel
+    kernel_cache.compiled(k, SIG)
+    path = the_entry(cache.folder)
+    os.remove(path)
+    os.mkfifo(path)
+    with pytest.warns(kernel_cache.KernelCacheWarning, match="not a regular file"):
+        kernel_cache.compiled(k, SIG)
+    assert k.dispatcher.compiles == 2
+
+
+def test_a_folder_others_can_write_is_not_used(cache):
+    os.makedirs(cache.folder)
+    os.chmod(cache.folder, 0o777)
+    with pytest.warns(kernel_cache.KernelCacheWarning, match="folder .* not used"):
+        assert kernel_cache.compiled(cache.kernel, SIG)[0] == 1234
+    assert not os.listdir(cache.folder)
+    kernel_cache.compiled(cache.kernel, SIG)  # (one warning a process; still unused)
+    assert cache.kernel.dispatcher.compiles == 2 and not os.listdir(cache.folder)
+
+
+def test_a_folder_of_another_user_is_not_used(cache, monkeypatch):
+    os.makedirs(cache.folder, mode=0o700)
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(cache.folder).st_uid + 1)
+    with pytest.warns(kernel_cache.KernelCacheWarning, match="belongs to user"):
+        kernel_cache.compiled(cache.kernel, SIG)
+    assert not os.listdir(cache.folder)
+
+
+def test_a_failed_write_warns_and_runs_uncached(cache, monkeypatch):
+    def full(*args):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(kernel_cache, "store", full)  # (a write that fails: compiled and
-    assert kernel_cache.compiled(k, SIG).tag == first.tag  # used, a warning, no error)
-    assert "not written" in capsys.readouterr().err
+    monkeypatch.setattr(kernel_cache, "write", full)
+    with pytest.warns(kernel_cache.KernelCacheWarning, match="not written"):
+        assert kernel_cache.compiled(cache.kernel, SIG)[0] == 1234
+
+
+def test_the_size_cap_evicts_the_least_recently_used(cache, monkeypatch):
+    """Entries past NBDNN_KERNEL_CACHE_MAX_MB go, oldest use first; a load counts as a
+    use."""
+    sigs = [f"void(float32[::1], int64, {'int64, ' * i}int64)" for i in range(6)]
+    for i, sig in enumerate(sigs):
+        kernel_cache.compiled(cache.kernel, sig)
+        path = kernel_cache.path_for(cache.kernel, sig, (9, 0))
+        os.utime(path, (1000 + i, 1000 + i))  # (distinct ages: sig 0 the oldest)
+    kernel_cache.compiled(cache.kernel, sigs[0])  # (a load: sig 0 now the newest)
+    assert len(cache.loads) == 1
+    sizes = {sig: os.path.getsize(kernel_cache.path_for(cache.kernel, sig, (9, 0)))
+             for sig in sigs}
+    limit = sum(sizes.values()) - 1  # (one byte too many: 90% of it kept)
+    removed = kernel_cache.evict(str(cache.folder), limit)
+    left = {sig for sig in sigs if os.path.exists(kernel_cache.path_for(cache.kernel, sig,
+                                                                        (9, 0)))}
+    assert removed >= 1 and sigs[0] in left and sigs[1] not in left
+    assert sum(sizes[s] for s in left) <= 0.9 * limit
+    monkeypatch.setenv("NBDNN_KERNEL_CACHE_MAX_MB", "-3")
+    with pytest.warns(kernel_cache.KernelCacheWarning, match="not a positive number"):
+        assert kernel_cache.max_bytes() == store.DEFAULT_MAX_MB << 20
+
+
+def test_clear_removes_entries_and_stale_temporary_files(cache):
+    kernel_cache.compiled(cache.kernel, SIG)
+    (cache.folder / ".tmp-abc.nbk").write_bytes(b"half written")
+    assert kernel_cache.clear(str(cache.folder)) == 2
+    assert not os.listdir(cache.folder)
 
 
 CHILD = r"""

@@ -15,10 +15,12 @@ import collections
 import dataclasses
 import json
 import math
+import os
 from typing import Optional
 
 import numpy as np
 
+from .._files import atomic_write
 from ..ops.registry import select
 from .timing import (_torch, _torch_f, copy_bandwidth, graph_replay, host_cost,  # noqa: F401
                      host_costs, time_cpu, time_gpu, time_graph, _graph_or_none)
@@ -72,7 +74,10 @@ def format_table(rows):
 
 
 def _finite(v):
-    """JSON has no NaN or infinity: null for an unmeasured or undefined figure."""
+    """JSON has no NaN or infinity: null for an unmeasured or undefined figure; NumPy
+    numbers as Python's."""
+    if isinstance(v, np.generic):
+        v = v.item()
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
@@ -83,9 +88,12 @@ def _finite(v):
 
 
 def save_json(rows, path, meta):
-    with open(path, "w") as f:
-        json.dump(_finite({"meta": meta, "rows": [r.as_dict() for r in rows]}), f, indent=1,
-                  allow_nan=False)
+    """The rows and meta as JSON at path, written atomically (the text is made first: a
+    row that cannot be written leaves the old file as it was)."""
+    text = json.dumps(_finite({"meta": meta, "rows": [r.as_dict() for r in rows]}), indent=1,
+                      allow_nan=False)
+    with atomic_write(path, "w") as f:
+        f.write(text)
 
 
 def plot(rows, path):
@@ -103,7 +111,8 @@ def plot(rows, path):
     ax.invert_yaxis()
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_write(path) as f:
+        fig.savefig(f, dpi=120, format=os.path.splitext(path)[1][1:] or "png")
 
 
 # ---- the suite ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ import numpy as np
 
 import nbdnn
 
+from . import checkpoint
 from .layers import Layer, copy_into, move
 
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -82,49 +83,22 @@ class Sequential(Layer):
         return out
 
     def save(self, path):
-        """Every parameter and buffer to `path` (numpy.savez: ".npz" is added when the
-        name lacks it), keys as state() names them."""
-        np.savez(path, **self.state())
+        """Every parameter and buffer to `path` (".npz" is added when the name lacks
+        it), keys as state() names them; atomic: the previous file stays whole until
+        the new one is complete (nbdnn/nn/checkpoint.py). Returns the path written."""
+        return checkpoint.write(path, self.state())
 
     def load(self, path):
         """Parameters and buffers from save(), copied into the model's own arrays (on
         its device; GraphedSteps' captured graphs keep working). `path` with or without
         ".npz", as save() took it. Atomic: every entry is read and checked (present,
-        the model's shape, a dtype of the model's kind; no key the model lacks) before any is
-        written; a missing, truncated, corrupted or foreign file is an NbdnnError
-        naming the file (and the key)."""
-        import os
-        import zipfile
-        p = os.fspath(path)
-        if not os.path.exists(p) and os.path.exists(p + ".npz"):
-            p = p + ".npz"
+        the model's shape, a dtype of the model's kind; no key the model lacks) before any
+        is written; a missing, truncated, corrupted or foreign file is an NbdnnError
+        naming the file (and the key), found from the zip's and the arrays' headers
+        before their data is read (nbdnn/nn/checkpoint.py)."""
         want = {f"{i}.{kind}.{k}": v for i, m in enumerate(self.layers())
                 for kind, d in (("p", m.params), ("b", m.buffers)) for k, v in d.items()}
-        try:
-            with np.load(p, allow_pickle=False) as f:
-                if not hasattr(f, "files"):
-                    raise nbdnn.BadParamError(f"load: {p} holds one array, not a saved model")
-                arrays = {}
-                for key, v in want.items():
-                    if key not in f.files:
-                        raise nbdnn.BadParamError(f"load: {p} lacks key {key!r}")
-                    a = f[key]
-                    vt = np.dtype(str(v.dtype).rpartition(".")[2])
-                    if a.dtype.kind not in "fiu" or not np.can_cast(a.dtype, vt, "same_kind"):
-                        raise nbdnn.DtypeError(f"load: {p} key {key!r} has dtype {a.dtype}, "
-                                               f"not one that converts to the model's {vt}")
-                    if tuple(a.shape) != tuple(v.shape):
-                        raise nbdnn.ShapeError(f"load: {p} key {key!r} has shape {a.shape}, "
-                                               f"the model's {tuple(v.shape)}")
-                    arrays[key] = a.astype(v.dtype)
-                extra = sorted(set(f.files) - set(want))
-                if extra:
-                    raise nbdnn.BadParamError(f"load: {p} holds keys the model lacks: {extra}")
-        except nbdnn.NbdnnError:
-            raise
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
-            raise nbdnn.BadParamError(f"load: cannot read {p} as a saved model: "
-                                      f"{type(e).__name__}: {e}") from None
+        arrays = checkpoint.read(checkpoint.resolve(path), want)
         for key, v in want.items():  # only now: nothing is written from a bad file
             copy_into(v, arrays[key])
         return self

@@ -77,6 +77,12 @@ def _dump(where, name, text):
         f.write(text)
 
 
+def built_text(filename):
+    """The text (header and source) built under `filename` (a code object's
+    co_filename), or None when it is not one of ours or was freed."""
+    return _BUILT.get(filename)
+
+
 def sources(pattern=""):
     """The generated sources built so far in this process whose name contains
     `pattern` (each with its header), oldest first."""

@@ -290,9 +290,8 @@ class Kernel:
         if launcher is None:
             self._check_sig(sig)
             _bind_driver()
-            kern = kernel_cache.compiled(self, sig)  # (NBDNN_KERNEL_CACHE: from disk)
-            cufunc = kern._codelibrary.get_cufunc()
-            handle = _function_handle(int(cufunc.handle))
+            handle, argtypes = kernel_cache.compiled(self, sig)  # (from disk if cached)
+            handle = _function_handle(handle)
             if self.shared_bytes > 48 * 1024:  # (8: ..._MAX_DYNAMIC_SHARED_SIZE_BYTES)
                 rc = _libcuda.cuFuncSetAttribute(ctypes.c_void_p(handle), 8,
                                                  ctypes.c_int(self.shared_bytes))
@@ -300,7 +299,7 @@ class Kernel:
                     from ...errors import DeviceError
                     raise DeviceError(f"{self.name}: {self.shared_bytes} B of shared memory "
                                       f"refused ({_error_name(rc)})")
-            launcher = _Launcher(handle, kern.argument_types, self.name)
+            launcher = _Launcher(handle, argtypes, self.name)
             self._launchers[sig] = launcher
         return launcher
 
