@@ -125,3 +125,37 @@ def test_cache_info_and_clear(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("NBDNN_KERNEL_CACHE", "0")
     assert main(["cache", "info"]) == 0
     assert "off" in capsys.readouterr().out
+
+
+def test_check_prints_a_failing_case_so_it_can_be_run_again(capsys, monkeypatch):
+    """A failure's lines name the row, dtype, example, the call's shapes and parameters,
+    and a command that draws the same case again (the case's seed depends on --seed,
+    the row, the dtype and the example only)."""
+    from nbdnn import testing
+    seen = []
+    real = testing.crosscheck
+
+    def failing(spec, case, dtype, **kw):
+        seen.append([getattr(a, "shape", a) for a in case.args])
+        r = real(spec, case, dtype, **kw)
+        r.update(ok=False, msg="planted failure")
+        return r
+    monkeypatch.setattr(testing, "crosscheck", failing)
+    assert main(["check", "--ops", "pool", "--dtype", "float32", "--seed", "5",
+                 "--examples", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED pool float32, example 1: planted failure" in out
+    assert "call: pool(array(" in out and "stride=" in out
+    assert "again: nbdnn check --ops pool --dtype float32 --seed 5 --examples 1" in out
+    first = seen[0]
+    seen.clear()
+    main(["check", "--ops", "softmax", "pool", "--dtype", "float32", "--seed", "5",
+          "--examples", "1"])  # (another selection: the pool case is the same)
+    assert first in seen
+
+
+def test_check_reports_the_share_of_tolerance_used(capsys):
+    assert main(["check", "--ops", "activation/relu", "--examples", "1", "--dtype",
+                 "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "err/tol" in out and "max rel" not in out

@@ -114,6 +114,21 @@ def compare(actual, expected, atol, rtol):
     return False, max_abs, max_rel, idx, msg
 
 
+def tolerance_used(actual, expected, atol, rtol):
+    """The largest |a - e| / (atol + rtol |e|) over the finite elements: the share of its
+    allowed error the worst element uses (<= 1 passes). Unlike the largest relative
+    error, it says why a row passes: a relative error of 1 on an element near zero is
+    within an absolute tolerance."""
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    if a.shape != e.shape or not a.size:
+        return 0.0
+    finite = np.isfinite(a) & np.isfinite(e)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        used = np.where(finite, np.abs(a - e) / (atol + rtol * np.abs(e)), 0.0)
+    return float(np.nanmax(used)) if used.size else 0.0
+
+
 def _rounded_overflow(e, dtype):
     """The reference with values past the output dtype's range replaced by the +-inf
     they round to (a float16 sum of 66269 is inf): the only correctly rounded result."""
@@ -177,7 +192,8 @@ def crosscheck(spec, case, dtype, strided=(), blend=None):
     expected = _as_tuple(spec.fn(*ref_args, **ref_kw))
     got = _as_tuple(spec.fn(*dev_args, **kw))
     atol, rtol = spec.tolerance(dtype, case)
-    res = {"ok": True, "max_abs": 0.0, "max_rel": 0.0, "tol": (atol, rtol), "msg": "",
+    res = {"ok": True, "max_abs": 0.0, "max_rel": 0.0, "used": 0.0, "tol": (atol, rtol),
+           "msg": "",
            "shapes": [tuple(a.shape) for a in args if isinstance(a, np.ndarray)]}
     if len(got) != len(expected):
         res.update(ok=False, msg=f"{len(got)} outputs, reference gives {len(expected)}")
@@ -194,8 +210,9 @@ def crosscheck(spec, case, dtype, strided=(), blend=None):
             if np.asarray(g).dtype != np.dtype(want) and k == 0:
                 res.update(ok=False, msg=f"output dtype {np.asarray(g).dtype} != {want}")
                 return res
-            ok, ma, mr, _, msg = compare(g, _rounded_overflow(e, np.asarray(g).dtype), atol,
-                                         rtol)
+            want_e = _rounded_overflow(e, np.asarray(g).dtype)
+            ok, ma, mr, _, msg = compare(g, want_e, atol, rtol)
+            res["used"] = max(res["used"], tolerance_used(g, want_e, atol, rtol))
             msg = f"output {k}: {msg}" if msg else ""
         res["max_abs"], res["max_rel"] = max(res["max_abs"], ma), max(res["max_rel"], mr)
         if not ok and res["ok"]:

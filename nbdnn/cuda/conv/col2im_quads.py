@@ -36,7 +36,7 @@ ON = True
 
 def usable(g, dx_size, dcols_size):
     """2-d (or 1-d) channels-last, one group, C % 4 == 0, 32-bit sizes."""
-    return ON and g.last and g.G == 1 and g.D == 1 and g.T == 1 and g.C % 4 == 0 and \
+    return ON and g.last and g.G == 1 and g.planar and g.C % 4 == 0 and \
         max(dx_size, dcols_size) < 2 ** 31
 
 

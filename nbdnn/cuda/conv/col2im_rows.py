@@ -115,7 +115,7 @@ def usable(g, dtype, dx_size, dcols_size):
     """ON, 2-d (or 1-d) channels-last with one group, C % 4 != 0 (col2im_quads takes
     the rest), R within MAX_ROWS, the staged columns within MAX_SHARED, 32-bit sizes."""
     csize = 8 if dtype == "float64" else 4
-    return ON and g.last and g.G == 1 and g.D == 1 and g.T == 1 and g.C % 4 != 0 and \
+    return ON and g.last and g.G == 1 and g.planar and g.C % 4 != 0 and \
         g.R <= MAX_ROWS and landing_rows(g) * g.PW * g.S * g.C * csize <= MAX_SHARED and \
         max(dx_size, dcols_size) < 2 ** 31
 

@@ -267,14 +267,14 @@ def filter_source(R, S):
 def fwd_spec(g):
     """The generated forward kernel's (R, S, sh) for geometry g, or None."""
     key = (g.R, g.S, g.sh)
-    return key if g.C == g.G and g.T == 1 and g.D == 1 and g.dh == 1 and key in FWD_SPECS \
+    return key if g.C == g.G and g.planar and g.dh == 1 and key in FWD_SPECS \
         else None
 
 
 def tile_spec(g):
     """The tiled forward kernel's (R, S, stride) for geometry g, or None."""
     key = (g.R, g.S, g.sh)
-    return key if g.C == g.G and g.T == 1 and g.D == 1 and g.sh == g.sw and \
+    return key if g.C == g.G and g.planar and g.sh == g.sw and \
         g.dh == g.dw == 1 and key in TILE_SPECS else None
 
 
@@ -319,7 +319,7 @@ def backward_data(table, dy, w, dx, g, alpha, beta, stream):
     when that does not apply."""
     N, C, K, G, D, H, W, T, R, S, PD, PH, PW = g[:13]
     st, dil = (g.sd, g.sh, g.sw), (g.dd, g.dh, g.dw)
-    if not (C == G == K and T == 1 and D == 1 and st == (1, 1, 1) and dil == (1, 1, 1)):
+    if not (C == G == K and g.planar and st == (1, 1, 1) and dil == (1, 1, 1)):
         return False
     qh, qw, flip, last = g.qh, g.qw, g.flip, g.last
     gt = ConvGeometry(N, C, C, C, 1, PH, PW, 1, R, S, 1, H, W, 1, 1, 1, 0, R - 1 - qh,
@@ -332,7 +332,7 @@ def backward_data(table, dy, w, dx, g, alpha, beta, stream):
 def backward_filter(table, dy, x, dwt, g, alpha, beta, stream, sm_count):
     """dw from per-chunk partial sums; False when no generated kernel fits."""
     N, C, K, G, D, H, W, T, R, S, PD, PH, PW = g[:13]
-    if not (C == G and T == 1 and D == 1 and (R, S) in FILTER_SPECS):
+    if not (C == G and g.planar and (R, S) in FILTER_SPECS):
         return False
     npq = N * PH * PW
     if K == 0:

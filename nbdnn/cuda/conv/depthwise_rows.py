@@ -46,7 +46,7 @@ def usable(g, x_size, y_size):
     """Channels-first 1-d/2-d depthwise (C/g == 1) layers, windows of at most 64 taps,
     sizes < 2**31 (32-bit offsets, magic-number divisions)."""
     N, C, K, G, D, H, W, T, R, S = g[:10]
-    return ENABLED and C == G and T == 1 and D == 1 and not g.last and R * S <= 64 and \
+    return ENABLED and C == G and g.planar and not g.last and R * S <= 64 and \
         max(x_size, y_size) < 2 ** 31
 
 

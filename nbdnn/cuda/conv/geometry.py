@@ -31,6 +31,15 @@ class ConvGeometry(NamedTuple):
     flip: int     # 1: mode "convolution" (the filter flipped), 0: cross-correlation
     last: int     # 1: channels last (NHWC), 0: channels first
 
+    @property
+    def planar(self):
+        """The depth axis is trivial, so a kernel that ignores it (2-d and 1-d problems,
+        taking D, T, PD as 1 and qd as 0) computes the call: one input plane, one filter
+        tap and one output plane, read without padding. D == T == 1 alone is not
+        enough: depth padding makes several output planes of the one input plane
+        (PD > 1), or puts the one tap in the padding (qd > 0)."""
+        return self.D == 1 and self.T == 1 and self.PD == 1 and self.qd == 0
+
 
 @functools.lru_cache(maxsize=1024)
 def geometry(x_shape, w_shape, stride, pads, dilation, groups, mode, last):

@@ -100,8 +100,8 @@ MAGIC_INDEX = True
 
 
 def usable(g):
-    """2-d (or 1-d) channels-last with one group (ConvGeometry g)."""
-    return g.last and g.G == 1 and g.D == 1 and g.T == 1
+    """2-d (or 1-d: `planar`) channels-last with one group (ConvGeometry g)."""
+    return g.last and g.G == 1 and g.planar
 
 
 def columns(x, g, row, stream):
@@ -152,10 +152,12 @@ PAD_NARROW_CHANNELS = True
 
 
 def filter_rows(w, row, stream):
-    """w (K, R, S, C) as (1, K, row): each filter's R S C taps-major, zero past them -
-    the im2col of one window covering the whole filter (an R x S image, stride 1)."""
+    """w (K, *spatial, C) channels-last, any spatial rank (1-3), as (1, K, row): each
+    filter's taps-major, zero past them - the im2col of one window covering the whole
+    filter (a K-image batch of the filter's spatial size, stride 1)."""
     from .geometry import geometry
-    K, R, S, C = (int(v) for v in w.shape)
-    gw = geometry((K, R, S, C), (1, R, S, C), (1, 1), ((0, 0), (0, 0)), (1, 1), 1,
+    shape = tuple(int(v) for v in w.shape)
+    C, nd = shape[-1], len(shape) - 2
+    gw = geometry(shape, (1,) + shape[1:-1] + (C,), (1,) * nd, ((0, 0),) * nd, (1,) * nd, 1,
                   "cross_correlation", True)
     return columns(w, gw, row, stream)

@@ -69,7 +69,7 @@ MAX_OFFSET, CORNER = 127, (-128, 127)      # 4-d im2col map limits
 def usable(x, w, y, g, bias, residual, alpha, beta):
     """Whether this kernel takes the call (module docstring); g the ConvGeometry."""
     if dtype_name(x) not in ("float16", "bfloat16") or not g.last or g.G != 1 or \
-            g.D != 1 or g.T != 1:
+            not g.planar:
         return False
     if g.C % 8 or g.K % 8 or any(ptr(a) % 16 for a in (x, w, y)) or \
             (bias is not None and ptr(bias) % 4) or max(g.sh, g.sw) > 8 or \
@@ -87,7 +87,7 @@ def usable(x, w, y, g, bias, residual, alpha, beta):
 def tf32_usable(x, w, y, g, bias, residual, alpha, beta):
     """Whether forward takes a float32 call in math "tf32" (module docstring)."""
     if not TF32_ON_TENSOR_CORES or dtype_name(x) != "float32" or residual is not None or \
-            alpha != 1 or beta != 0 or not g.last or g.G != 1 or g.D != 1 or g.T != 1:
+            alpha != 1 or beta != 0 or not g.last or g.G != 1 or not g.planar:
         return False
     if g.C % 4 or g.K % 4 or any(ptr(a) % 16 for a in (x, w, y)) or max(g.sh, g.sw) > 8 or \
             (bias is not None and ptr(bias) % 4):
@@ -232,7 +232,7 @@ def filter_usable(dy, x, dw, g):
     2-d, C a multiple of 64 (a 64-channel box never spans two taps) under 65536, K of 8,
     16-byte bases, the forward's TMA limits (strides, corners, offsets)."""
     if not FILTER_ON_TENSOR_CORES or dtype_name(x) not in ("float16", "bfloat16") or \
-            not g.last or g.G != 1 or g.D != 1 or g.T != 1 or g.C % 64 or g.K % 8 or \
+            not g.last or g.G != 1 or not g.planar or g.C % 64 or g.K % 8 or \
             g.C >= 1 << 16:  # (a column word's channel: wgmma_im2col.FILTER_COLUMNS)
         return False
     if any(ptr(a) % 16 for a in (dy, x, dw)) or max(g.sh, g.sw) > 8:

@@ -10,7 +10,7 @@ import numpy as np
 import nbdnn
 from nbdnn.testing.specs.matmul import _math, matmul_tol
 from nbdnn.ops.conv import winograd_fits
-from nbdnn._vocab import BF16_DTYPES
+from nbdnn._vocab import BF16_DTYPES, MATH_MODES
 from nbdnn.testing.harness import Case, OpSpec, rand
 
 CONV = {1: nbdnn.conv1d, 2: nbdnn.conv2d, 3: nbdnn.conv3d}
@@ -148,6 +148,45 @@ EDGES = {
     "3-d, stride and padding": ((1, 2, 3, 4, 5), (2, 1, 2, 3, 2), dict(stride=2, padding=1,
                                                                       groups=2)),
 }
+
+
+# (x shape, w shape, keywords), channels-last 1-d and 3-d: the ranks and layout whose
+# kernels take 2-d shortcuts (ConvGeometry.planar); tests/test_conv_ranks.py runs each
+# in every dtype and math mode
+RANKS = {
+    "1-d, narrow channels, padding after": ((2, 5, 3), (2, 2, 3), dict(padding=((0, 1),))),
+    "1-d, 8 channels, stride and dilation":
+        ((1, 9, 8), (4, 3, 8), dict(stride=2, dilation=2, padding=((1, 2),))),
+    "3-d, one plane, depth padding (several output planes)":
+        ((1, 1, 2, 2, 1), (1, 1, 2, 2, 1), dict(padding=((2, 2), (0, 0), (0, 0)))),
+    "3-d, one plane, depth padding before (the tap in the padding)":
+        ((1, 1, 3, 3, 2), (2, 1, 1, 3, 2), dict(stride=(2, 1, 1), dilation=(1, 2, 2),
+                                              padding=((0, 2), (0, 0), (2, 0)))),
+    "3-d, depth 3, stride and padding":
+        ((1, 3, 4, 3, 4), (3, 2, 2, 1, 4), dict(stride=(2, 1, 1), padding=1)),
+}
+
+
+def rank_case(name, which, dtype, mode, algo):
+    """RANKS[name] channels-last, as a Case of the forward, "data" or "filter" row, in
+    float32 math `mode` (operands TF32-exact for "tf32", as the rows draw them)."""
+    xs, ws, kw = RANKS[name]
+    nd = len(xs) - 2
+    kw = dict(kw, layout="NHWC", algo=algo)
+    rng = np.random.default_rng(len(name))
+    x, w = rand(rng, xs, dtype, -1, 1), rand(rng, ws, dtype, -1, 1)
+    y = CONV[nd](x.astype(np.float64), w.astype(np.float64), **kw)
+    dy = rand(rng, y.shape, dtype, -1, 1)
+    draw = lambda lo, hi: MATH_MODES.index(mode)  # noqa: E731  (_math's one draw)
+    taps = math.prod(ws[1:])
+    if which == "forward":
+        kw["math"], (x, w), tol = _math(draw, dtype, [x, w], matmul_tol(dtype, taps + 2))
+        return Case((x, w, rand(rng, (ws[0],), dtype, -1, 1), None), dict(kw, nd=nd), tol=tol)
+    if which == "data":
+        kw["math"], (dy, w), tol = _math(draw, dtype, [dy, w], matmul_tol(dtype, taps * ws[0]))
+        return Case((dy, w, xs), kw, tol=tol)
+    kw["math"], (dy, x), tol = _math(draw, dtype, [dy, x], matmul_tol(dtype, y.size))
+    return Case((dy, x, ws), kw, tol=tol)
 
 
 def _edge(name, which, algo):
