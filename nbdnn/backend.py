@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from .errors import DeviceError, fail, BadParamError
+from .errors import BadParamError, DeviceError, DtypeError, fail
 
 BACKENDS = ("cpu", "cuda")
 _recording = threading.local()  # this thread's .graph (cuda.Graph) and .plan (ops._plan)
@@ -21,15 +21,33 @@ _array_facts = {}  # CUDA array type -> fn(x) -> (shape, dtype, count, address) 
 # by nbdnn.cuda.runtime.arrays.facts (this module does not import numba.cuda)
 
 
+class Refused(Exception):
+    """A describer's refusal of an array, which its caller raises as `cls` naming the op
+    and the parameter (fail(cls, op, name, expected, given))."""
+
+    def __init__(self, cls, expected, given):
+        super().__init__(given)
+        self.cls, self.expected, self.given = cls, expected, given
+
+
 def _describe_numpy(x):
     return x.shape, x.dtype, x.flags.c_contiguous
 
 
+def _refuse_subclass(x):
+    """np.matrix turns * into a matrix product and a masked array's mask would be read by
+    one backend and dropped by the other: neither has nbdnn's meaning, so both are
+    refused, with the one-call fix. (np.memmap, a plain array in a file, is taken.)"""
+    raise Refused(DtypeError, "a plain numpy.ndarray (pass np.asarray(x): subclasses such "
+                  "as np.matrix and masked arrays change what operators and reductions mean)",
+                  f"{type(x).__module__}.{type(x).__name__}")
+
+
 def _describe_torch(x):
     if not x.is_cuda:
-        raise DeviceError(
-            f"a torch tensor on {x.device} is neither a NumPy nor a CUDA array: "
-            "pass tensor.numpy() for the CPU backend or tensor.cuda() for the GPU")
+        raise Refused(DeviceError, "a NumPy array or a CUDA array (pass tensor.numpy() for "
+                      "the CPU backend or tensor.cuda() for the GPU)",
+                      f"a torch tensor on {x.device}")
     d = x.dtype
     return tuple(x.shape), _torch_dtypes.get(d) or _torch_dtype(d), x.is_contiguous()
 
@@ -88,8 +106,10 @@ def _describer(t):
     if f is not None:
         return f
     mod = t.__module__ or ""
-    if issubclass(t, np.ndarray):
+    if t is np.ndarray or issubclass(t, np.memmap):
         f = _describe_numpy
+    elif issubclass(t, np.ndarray):
+        f = _refuse_subclass
     elif mod.startswith("torch"):
         f = _describe_torch
     elif mod.startswith("numba.cuda.simulator") and hasattr(t, "is_c_contiguous"):
@@ -136,7 +156,29 @@ def describe(op, name, x):
     if f is None:
         fail(BadParamError, op, name, "a NumPy array or a CUDA array",
              f"{type(x).__module__}.{type(x).__name__}")
-    return f(x)
+    try:
+        return f(x)
+    except Refused as r:
+        fail(r.cls, op, name, r.expected, r.given)
+
+
+def check_stream(op, stream):
+    """BadParamError naming op unless stream is one the README names: None; a CUstream
+    handle as an int >= 0 (0: the legacy default stream; what torch's
+    `Stream.cuda_stream` gives); a numba, CuPy or PyTorch stream object; or any object
+    with `__cuda_stream__`. (A string, a negative number or an arbitrary object would
+    otherwise reach the driver as a raw handle.)"""
+    if stream is None:
+        return
+    if isinstance(stream, (int, np.integer)) and not isinstance(stream, (bool, np.bool_)):
+        if 0 <= stream < 2 ** 64:
+            return
+    elif hasattr(stream, "__cuda_stream__") or any(
+            hasattr(stream, a) for a in ("cuda_stream", "ptr", "handle")) or \
+            type(stream).__module__.startswith("numba.cuda.simulator"):
+        return
+    fail(BadParamError, op, "stream", "None, a CUDA stream (numba, CuPy, PyTorch, or an "
+         "object with __cuda_stream__) or a stream handle (an int >= 0)", repr(stream))
 
 
 def choose(op, arrays, backend=None):
@@ -163,6 +205,7 @@ def choose(op, arrays, backend=None):
                  f"{type(a).__module__}.{type(a).__name__}")
         kinds.setdefault(k, name)
     if len(kinds) > 1:
+        describe(op, kinds["cuda"], arrays[kinds["cuda"]])  # (a torch CPU tensor: named)
         raise DeviceError(
             f"{op}: {kinds['cpu']} is a NumPy (host) array but {kinds['cuda']} is a CUDA "
             "(device) array; pass both on one side (copy with cuda.to_device / .copy_to_host)")

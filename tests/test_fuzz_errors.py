@@ -6,6 +6,8 @@ arguments an op documents as updated in place). The CUDA call is made four times
 (the 4th replays an eager call plan where one is learnt) and must answer alike. A hypothesis property, derandomised
 in CI; the calls are drawn from the row's own maker with a drawn seed, so shapes are
 not the minimal ones."""
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -18,7 +20,8 @@ from nbdnn.testing.harness import _to_device
 ROWS = list({s.ops[0]: s for s in SPECS}.values())
 CLASSES = ("dtype", "rank", "zero_size", "zero_d", "list", "none", "shape", "nonfinite",
            "strided", "reversed", "read_only", "param", "out_shape", "out_dtype", "out_kind",
-           "out_read_only", "beta_without_out")
+           "out_read_only", "beta_without_out", "subclass", "stream")
+BAD_STREAMS = ("x", -1, 1.5, True, object(), [0], 2 ** 64)
 # arguments an op updates in place (positions in the row's call; kwargs by name)
 IN_PLACE_ARGS = {"set_tensor": {0}, "batch_norm_train": {3, 4}, "dropout": {"offset"},
                  "sgd_update": {0, 2, 3}}
@@ -62,6 +65,9 @@ def _mutate(spec, case, kind, data):
     except nbdnn.NbdnnError:
         pass
     first = first[0] if isinstance(first, tuple) else first
+    if kind == "stream":
+        kw["stream"] = data.draw(st.sampled_from(BAD_STREAMS))
+        return args, kw, strided
     if kind in ("param",):
         names = [k for k, v in kw.items() if k != "nd" and not isinstance(v, bool)]
         if not names:
@@ -134,6 +140,9 @@ def _mutate(spec, case, kind, data):
         v = a.copy()
         v.flags.writeable = False
         args[i] = v
+    elif kind == "subclass":  # (a masked array, an np.matrix: refused on both backends)
+        args[i] = np.ma.masked_array(a) if a.ndim != 2 or data.draw(st.booleans()) else \
+            np.asmatrix(a)
     return args, kw, strided
 
 
@@ -156,12 +165,20 @@ def _call(spec, args, kw):
                   else to_host(x) for x in rs]
 
 
-def _cuda_call(spec, fresh, strided, kw, keep):
+def _cuda_call(spec, fresh, strided, kw, keep, host=False):
     """The bad call on the CUDA backend four times, on new device copies each time (a
     signature's 4th call replays its eager call plan, ops/_plan.py): all four must give
-    one answer, the replayed one included; the 4th is returned."""
+    one answer, the replayed one included; the 4th is returned. host: the arrays stay
+    NumPy (an ndarray subclass, which a device copy would not keep), on backend "cuda"."""
     outcomes = []
     for _ in range(4):
+        if host:  # (NBDNN_BACKEND: every row's wrapper passes no backend= of its own)
+            os.environ["NBDNN_BACKEND"] = "cuda"
+            try:
+                outcomes.append(_call(spec, list(fresh), kw))
+            finally:
+                del os.environ["NBDNN_BACKEND"]
+            continue
         dev_kw = {k: (_device(v, False) if isinstance(v, np.ndarray) and k not in keep
                       else v) for k, v in kw.items()}
         outcomes.append(_call(spec, [_device(a, i in strided) for i, a in enumerate(fresh)],
@@ -203,7 +220,7 @@ def test_a_bad_call_is_a_named_error_or_agrees(spec, kind, data):
     if kind == "out_read_only":  # no device array is read-only: the CPU's refusal alone
         assert got["cpu"][0] == "error" and any(op in str(got["cpu"][1]) for op in spec.ops)
         return
-    got["cuda"] = _cuda_call(spec, fresh, strided, kw, keep)
+    got["cuda"] = _cuda_call(spec, fresh, strided, kw, keep, host=kind == "subclass")
     for i, b in before.items():
         assert np.array_equal(args[i], b, equal_nan=True), f"input {i} was modified"
     kinds = {k for k, _ in got.values()}

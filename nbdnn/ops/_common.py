@@ -38,6 +38,16 @@ _describers = _backend._describers  # type -> describe function, filled by descr
 _kinds = _backend._kinds  # type -> 'cpu' | 'cuda', filled by kind()
 
 
+def _wrong_dtype(op, name, dtypes, dtype):
+    """DtypeError for an array of a dtype the op does not take; a float of the other
+    byte order (big-endian '>f4' prints as float32 too) is said so."""
+    if dtype.byteorder not in "=|" and dtype.newbyteorder("=") in _allowed(dtypes):
+        fail(DtypeError, op, name, f"one of {', '.join(dtypes)} in the machine's byte order "
+             f"(pass x.astype(x.dtype.newbyteorder('=')))",
+             f"{dtype.name} of the other byte order ({dtype.str})")
+    fail(DtypeError, op, name, f"one of {', '.join(dtypes)}", dtype.name)
+
+
 def _allowed(dtypes):
     s = _allowed_sets.get(dtypes)
     if s is None:
@@ -61,6 +71,8 @@ class Call:
         self.op, self.family = op, family
         self.arrays, self.outs = arrays, None
         self.backend, self.copy = _backend.choose(op, arrays, backend)
+        if stream is not None:
+            _backend.check_stream(op, stream)
         if self.copy:  # remember which NumPy input goes over, for capture's error
             self.copy = next((n for n, a in arrays.items() if a is not None), "an input")
         self.strided = None  # ids of CUDA inputs that are strided views
@@ -72,10 +84,14 @@ class Call:
     def array(self, name, x, dtypes=FLOAT_DTYPES):
         """(shape, dtype) of argument `name`, checked against the allowed dtypes."""
         f = _describers.get(type(x))
-        shape, dtype, contig = f(x) if f is not None else _backend.describe(self.op, name, x)
+        try:
+            shape, dtype, contig = f(x) if f is not None else \
+                _backend.describe(self.op, name, x)
+        except _backend.Refused as r:
+            fail(r.cls, self.op, name, r.expected, r.given)
         if dtypes is not None and dtype not in (_FLOATS if dtypes is FLOAT_DTYPES
                                                 else _allowed(dtypes)):
-            fail(DtypeError, self.op, name, f"one of {', '.join(dtypes)}", dtype.name)
+            _wrong_dtype(self.op, name, dtypes, dtype)
         if not contig:
             if self.strided is None:
                 self.strided = set()
@@ -87,8 +103,11 @@ class Call:
         if out is None:
             return None
         f = _describers.get(type(out))
-        oshape, odtype, contig = f(out) if f is not None else \
-            _backend.describe(self.op, name, out)
+        try:
+            oshape, odtype, contig = f(out) if f is not None else \
+                _backend.describe(self.op, name, out)
+        except _backend.Refused as r:
+            fail(r.cls, self.op, name, r.expected, r.given)
         if oshape != shape and tuple(oshape) != tuple(shape):
             fail(ShapeError, self.op, f"{name}.shape", tuple(shape), tuple(oshape))
         if odtype is not dtype and odtype != dtype:

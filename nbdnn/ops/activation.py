@@ -2,6 +2,7 @@
 the modern ones (swish, gelu, gelu_tanh, softplus). The formulas are in
 nbdnn/cpu/activation.py."""
 from .registry import op
+from ..errors import BadParamError, fail
 from ._common import Call, blend_params, choice, same_dtype, same_shape, scalar
 from .._vocab import ACTIVATION_DEFAULT_COEF as DEFAULT_COEF, ACTIVATION_MODES as MODES, \
     BF16_DTYPES
@@ -23,6 +24,17 @@ def _coef(op, mode, coef):
     if mode == "softplus":
         return scalar(op, "coef (softplus beta)", coef, low=0.0, low_open=True)
     return scalar(op, f"coef ({mode})", coef)
+
+
+def fused_coef(op, activation, coef):
+    """The coef of an op's fused activation (conv, matmul, batch norm): 0.0 without one;
+    a coef given without an activation is a BadParamError (it would do nothing)."""
+    if activation is None:
+        if coef is not None:
+            fail(BadParamError, op, "coef", "None without an activation (it is the "
+                 "activation's parameter)", repr(coef))
+        return 0.0
+    return _coef(op, activation, coef)
 
 
 @op("activation", backward="activation_backward")

@@ -99,6 +99,9 @@ def _lengths(op, c, name, lens, B, S):
              f"[{lens.min()}, {lens.max()}]")
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, scale, seed, offset,
               seq_lens_q, seq_lens_k):
     """The checked keywords shared by forward and backward."""
@@ -109,6 +112,9 @@ def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, scale, seed, offset,
         fail(BadParamError, op, "dropout_p", "in [0, 1)", p)
     if scale is not None:
         scale = scalar(op, "scale", scale)
+        if str(dtype) != "float64" and not abs(scale) <= _FLOAT32_MAX:  # (computed in float32)
+            fail(BadParamError, op, "scale", "finite in float32, the compute dtype of "
+                 f"{dtype} (|scale| <= {_FLOAT32_MAX:.4g})", scale)
     _lengths(op, c, "seq_lens_q", seq_lens_q, B, Sq)
     _lengths(op, c, "seq_lens_k", seq_lens_k, B, Sk)
     return p, flag(op, "is_causal", is_causal), scale, _u64(op, "seed", seed), \

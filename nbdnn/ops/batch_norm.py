@@ -9,7 +9,7 @@ from .registry import op
 from .._vocab import BF16_DTYPES
 from ._common import (Call, blend_params, choice, compute_dtype, out_tuple, required,
                       same_dtype, same_shape, scalar)
-from .activation import _coef
+from .activation import fused_coef
 from .norm import _params, _stats
 
 
@@ -41,7 +41,7 @@ def _arrays(c, op, dtype, pshape, params=(), stats=(), like=(), optional_stats=F
 
 
 def _act(op, activation, coef):
-    return (None, 0.0) if activation is None else (activation, _coef(op, activation, coef))
+    return activation, fused_coef(op, activation, coef)
 
 
 @op("batch_norm", backward="batch_norm_backward")

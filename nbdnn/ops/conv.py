@@ -21,7 +21,7 @@ from ..errors import BadParamError, NotSupportedError, ShapeError, fail
 from .registry import op
 from ._common import (Call, blend_params, check_size, choice, int_tuple, is_int, same_dtype,
                       scalar)
-from .activation import _coef
+from .activation import fused_coef
 from .._math_mode import resolve as _math, resolve_for as _math_algo
 from .. import backend as _backend
 from .._shapes import winograd_workspace
@@ -168,7 +168,7 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
         if tuple(r_shape) != yshape:
             fail(ShapeError, op, "residual.shape", f"the output's {yshape}", tuple(r_shape))
         same_dtype(op, ["x", "residual"], [dtype, r_dtype])
-    coef = 0.0 if activation is None else _coef(op, activation, coef)
+    coef = fused_coef(op, activation, coef)
     algo = _algo(op, algo, nd, R, stride, dilation)
     _depthwise(op, algo, C, groups)
     math = _math_algo(op, math, dtype, algo, ("auto", "gemm"))

@@ -7,7 +7,7 @@ from .._vocab import BF16_DTYPES
 from ..errors import ShapeError, fail
 from .registry import op
 from ._common import Call, blend_params, flag, out_tuple, same_dtype
-from .activation import _coef
+from .activation import fused_coef
 from .._math_mode import resolve as _math
 
 
@@ -56,7 +56,7 @@ def matmul(a, b, *, trans_a=False, trans_b=False, bias=None, activation=None, co
         if tuple(bias_shape) != (N,):
             fail(ShapeError, op, "bias.shape", f"(N,) = ({N},)", tuple(bias_shape))
         same_dtype(op, ["a", "bias"], [dtype, bias_dtype])
-    coef = 0.0 if activation is None else _coef(op, activation, coef)
+    coef = fused_coef(op, activation, coef)
     math = _math(op, math)
     alpha, beta = blend_params(op, alpha, beta, out)
     out = c.out(out, batch + (M, N), dtype)

@@ -133,7 +133,9 @@ def _grouped(op, c, x, scale, bias, groups, layout):
              len(shape))
     last = LAYOUTS[layout]
     C = shape[-1] if last else shape[1]
-    if groups is None:
+    if groups is None:  # (instance_norm: a group a channel)
+        if C == 0:
+            fail(ShapeError, op, "x.shape", "at least one channel", shape)
         groups = C
     if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 1 \
             or C % groups:
@@ -150,7 +152,13 @@ def group_norm(x, groups, scale=None, bias=None, *, eps=1e-5, layout="NCHW", out
     """(y, mean, invstd): x (N, C, *S) ("NCHW") or (N, *S, C) ("NHWC") normalised over
     each sample's groups of C/groups channels; scale, bias (C,) or None; mean, invstd
     (N, groups) in the compute dtype."""
-    op = "group_norm"
+    return _group_norm("group_norm", x, groups, scale, bias, eps, layout, out, backend,
+                       stream)
+
+
+def _group_norm(op, x, groups, scale, bias, eps, layout, out, backend, stream):
+    """group_norm's front end for op (group_norm, or instance_norm with groups None: a
+    group a channel), errors naming op."""
     c = Call(op, "norm", backend, stream, x=x, scale=scale, bias=bias, out=out)
     shape, dtype, groups, last = _grouped(op, c, x, scale, bias, groups, layout)
     eps = scalar(op, "eps", eps, low=0.0, low_open=True)
@@ -162,15 +170,20 @@ def group_norm(x, groups, scale=None, bias=None, *, eps=1e-5, layout="NCHW", out
 def instance_norm(x, scale=None, bias=None, *, eps=1e-5, layout="NCHW", out=None,
                   backend=None, stream=None):
     """group_norm with a group a channel: statistics (N, C)."""
-    return group_norm(x, None, scale, bias, eps=eps, layout=layout, out=out, backend=backend,
-                      stream=stream)
+    return _group_norm("instance_norm", x, None, scale, bias, eps, layout, out, backend,
+                       stream)
 
 
 @op("norm")
 def group_norm_backward(dy, x, mean, invstd, scale=None, *, groups, layout="NCHW", out=None,
                         backend=None, stream=None):
     """(dx, dscale, dbias) from the forward's x, mean, invstd and scale."""
-    op = "group_norm_backward"
+    return _group_norm_backward("group_norm_backward", dy, x, mean, invstd, scale, groups,
+                                layout, out, backend, stream)
+
+
+def _group_norm_backward(op, dy, x, mean, invstd, scale, groups, layout, out, backend,
+                         stream):
     outs = out_tuple(op, out, ("dx", "dscale", "dbias"))
     c = Call(op, "norm", backend, stream, dy=dy, x=x, mean=mean, invstd=invstd, scale=scale,
              **{f"out[{i}]": o for i, o in enumerate(outs)})
@@ -191,5 +204,5 @@ def group_norm_backward(dy, x, mean, invstd, scale=None, *, groups, layout="NCHW
 def instance_norm_backward(dy, x, mean, invstd, scale=None, *, layout="NCHW", out=None,
                            backend=None, stream=None):
     """group_norm_backward with a group a channel."""
-    return group_norm_backward(dy, x, mean, invstd, scale, groups=None, layout=layout,
-                               out=out, backend=backend, stream=stream)
+    return _group_norm_backward("instance_norm_backward", dy, x, mean, invstd, scale, None,
+                                layout, out, backend, stream)

@@ -161,6 +161,8 @@ def cast_tensor(x, dtype, *, alpha=1.0, beta=0.0, out=None, backend=None, stream
     op = "cast_tensor"
     k = Call(op, "tensor", backend, stream, x=x, out=out)
     shape, xdtype = k.array("x", x, BF16_DTYPES)
+    if dtype is None:  # (np.dtype(None) is float64: no silent default)
+        fail(BadParamError, op, "dtype", f"one of {', '.join(BF16_DTYPES)}", "None")
     try:  # (a name, a NumPy type, ml_dtypes.bfloat16)
         name = np.dtype(dtype).name
     except TypeError:

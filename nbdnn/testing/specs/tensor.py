@@ -34,12 +34,13 @@ def _add_tensor_make(draw, dtype, big):
 
 
 def _op_tensor_row(op, a, b=None, *, alpha1=1.0, alpha2=1.0, alpha=1.0, beta=0.0,
-                   out=None):
+                   out=None, **kw):
     """op_tensor with the harness's alpha folded into alpha1 (to exercise beta/out); a
-    bad alpha1 (the error fuzz's) reaches op_tensor as it is, to be named there."""
+    bad alpha1 (the error fuzz's) reaches op_tensor as it is, to be named there; other
+    keywords (backend, stream) pass through."""
     if alpha != 1.0:
         alpha1 = alpha1 * alpha
-    return nbdnn.op_tensor(op, a, b, alpha1=alpha1, alpha2=alpha2, beta=beta, out=out)
+    return nbdnn.op_tensor(op, a, b, alpha1=alpha1, alpha2=alpha2, beta=beta, out=out, **kw)
 
 
 def _op_tensor_maker(op):
@@ -151,8 +152,8 @@ SPECS += [OpSpec(f"op_tensor/{op}", _op_tensor_row, _op_tensor_maker(op), **ROW,
 SPECS += [OpSpec(f"reduce_tensor/{op}", nbdnn.reduce_tensor, _reduce_maker(op),
                  **ROW) for op in _t.REDUCE_OPS]
 def _cast_row(to):
-    def cast(x, *, alpha=1.0, beta=0.0, out=None):
-        return nbdnn.cast_tensor(x, to, alpha=alpha, beta=beta, out=out)
+    def cast(x, *, alpha=1.0, beta=0.0, out=None, **kw):
+        return nbdnn.cast_tensor(x, to, alpha=alpha, beta=beta, out=out, **kw)
     return cast
 
 
