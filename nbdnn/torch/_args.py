@@ -3,7 +3,7 @@ inplace=True, int-or-tuple arguments, and the NotSupportedError for what nbdnn c
 compute with PyTorch's meaning."""
 import torch
 
-from ..errors import DtypeError, NotSupportedError
+from ..errors import BadParamError, DtypeError, NotSupportedError
 from ._bridge import DTYPES
 
 
@@ -57,14 +57,39 @@ def unsupported(fn, what):
     raise NotSupportedError(f"nbdnn.torch.{fn}: {what}")
 
 
-def write_result(fn, x, y, inplace):
-    """PyTorch's inplace=True writes the result into x; where autograd needs x intact (it
-    requires grad), the result is returned as a new tensor instead (as under
-    torch.compile's functionalisation)."""
-    if inplace and not (torch.is_grad_enabled() and x.requires_grad):
-        return x.copy_(y)
-    return y
+def in_place(x, compute):
+    """PyTorch's inplace=True: compute(x)'s result written into x and x returned, its
+    version counter bumped and, where autograd records, the write recorded (x.copy_), so
+    every other holder of x sees the new values as with PyTorch's own in-place ops. While
+    autograd records, compute reads a copy of x: the op's saved input must stay as it was
+    for its backward. (A leaf that requires grad is refused by copy_, as by PyTorch.)"""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return x.copy_(compute(x.clone()))
+    return x.copy_(compute(x))
 
 
-def ints(v, nd):
-    return [int(v)] * nd if isinstance(v, int) else [int(i) for i in v]
+def _is_int(v):
+    return (isinstance(v, int) and not isinstance(v, bool)) or isinstance(v, torch.SymInt)
+
+
+def ints(fn, name, v, nd, low=0, empty=None):
+    """v as torch.nn.functional reads an int-or-tuple argument: an int, or a tuple / list
+    of one int (repeated) or nd ints, each >= low, as a list of nd ints; `empty` is what
+    () means where PyTorch takes it (a pool's stride: the kernel), else () is refused.
+    Anything else (a float, a string, another length) is a BadParamError naming the
+    function and the argument, where PyTorch raises too (no truncation: stride 1.5 is
+    not 1)."""
+    if v.__class__ is int and v >= low:  # (the common case)
+        return [v] * nd
+    if isinstance(v, (tuple, list, torch.Size)):
+        items = list(v)
+        if not items and empty is not None:
+            return list(empty)
+        if len(items) in (1, nd) and all(_is_int(i) for i in items):
+            out = [int(i) if isinstance(i, int) else i for i in items] * (nd // len(items))
+            if all(i >= low for i in out):
+                return out
+    elif _is_int(v) and v >= low:
+        return [v] * nd
+    raise BadParamError(f"nbdnn.torch.{fn}: {name} must be an int >= {low} or a tuple of 1 "
+                        f"or {nd} of them (as torch.nn.functional takes it); got {v!r}")

@@ -3,7 +3,7 @@ batched or one sample), each a torch.ops.nbdnn.pool call (adaptive average pooli
 sizes that do not divide the input: two products on torch.ops.nbdnn.linear)."""
 import torch
 
-from ..errors import ShapeError
+from ..errors import BadParamError, ShapeError
 from ._bridge import call, channels_last as _channels_last, _functorch
 from ._args import autocast as _autocast, check as _check, \
     ints as _tuple, unsupported as _unsupported
@@ -25,11 +25,21 @@ def _pool(fn, nd, input, kernel_size, stride, padding, dilation, mode, ceil_mode
     if input.dim() not in (nd + 1, nd + 2):
         raise ShapeError(f"nbdnn.torch.{fn}: input must be {nd + 2}-d (batched) or "
                          f"{nd + 1}-d (one sample), channels first; got {input.dim()}-d")
-    kernel = _tuple(kernel_size, nd)
-    stride = kernel if stride is None or stride == [] else _tuple(stride, nd)
-    pads = [p for v in _tuple(padding, nd) for p in (v, v)]
-    return one_sample(nd, pool, input, kernel, stride, pads, _tuple(dilation, nd), mode,
-                       bool(ceil_mode))
+    if input.dim() == nd + 1 and input.shape[0] == 0:
+        raise ShapeError(f"nbdnn.torch.{fn}: an unbatched input must have channels; got "
+                         f"shape {tuple(input.shape)}")
+    kernel = _tuple(fn, "kernel_size", kernel_size, nd, low=1)
+    stride = kernel if stride is None else _tuple(fn, "stride", stride, nd, low=1,
+                                                  empty=kernel)
+    dilation = _tuple(fn, "dilation", dilation, nd, low=1)
+    padding = _tuple(fn, "padding", padding, nd)
+    for p, k, d in zip(padding, kernel, dilation):
+        if 2 * p > d * (k - 1) + 1:  # (PyTorch: at most half the effective kernel)
+            raise BadParamError(f"nbdnn.torch.{fn}: padding {tuple(padding)} must be at most "
+                                f"half the effective kernel size (kernel_size "
+                                f"{tuple(kernel)}, dilation {tuple(dilation)})")
+    pads = [p for v in padding for p in (v, v)]
+    return one_sample(nd, pool, input, kernel, stride, pads, dilation, mode, bool(ceil_mode))
 
 
 def _max_pool(fn, nd, input, kernel_size, stride, padding, dilation, ceil_mode,

@@ -5,10 +5,10 @@ Where nbdnn cannot give PyTorch's meaning the call is a NotSupportedError naming
 argument, never a silent difference; see nbdnn/torch/__init__.py for the list."""
 import torch
 
-from ..errors import ShapeError
-from ._bridge import DTYPES, call, advance as _advance, _compiling
+from ..errors import BadParamError, ShapeError
+from ._bridge import DTYPES, call, advance as _advance, _compiling, _functorch
 from ._args import _any_autocast, autocast as _autocast, check as _check, \
-    ints as _tuple, ready as _ready, unsupported as _unsupported, write_result as _inplace
+    ints as _tuple, ready as _ready, unsupported as _unsupported, in_place as _in_place
 from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
 from ._ops_conv import conv, conv_transpose as _conv_transpose_op, \
     conv_transpose_shape as _conv_transpose_shape
@@ -25,8 +25,9 @@ def _act(fn, x, mode, coef, inplace=False):
         (x,) = _autocast(fn, x)
     if x.dtype not in DTYPES:
         _check(fn, x)
-    y = call(activation, x, mode, float(coef))
-    return _inplace(fn, x, y, inplace) if inplace else y
+    if inplace:
+        return _in_place(x, lambda t: call(activation, t, mode, float(coef)))
+    return call(activation, x, mode, float(coef))
 
 
 def relu(input, inplace=False):
@@ -103,6 +104,17 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
 
 def linear(input, weight, bias=None):
     input, weight, bias = _ready("linear", "linear", input, weight, bias)
+    if input.dim() == 0 or weight.dim() not in (1, 2) or \
+            input.shape[-1] != weight.shape[-1]:
+        raise ShapeError(f"nbdnn.torch.linear: input (at least 1-d) and weight (1-d or 2-d) "
+                         f"must share their last axis; got {tuple(input.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if weight.dim() == 1:  # (F.linear: one output feature, its axis dropped)
+        y = linear(input, weight.unsqueeze(0)).squeeze(-1)
+        return y if bias is None else y + bias
+    if input.shape[-1] == 0:  # (no input features: the sums are empty, y = bias)
+        y = input.new_zeros(input.shape[:-1] + weight.shape[:1])
+        return y if bias is None else y + bias
     if input.dim() == 1:
         return call(_linear, input.unsqueeze(0), weight, bias).squeeze(0)
     return call(_linear, input, weight, bias)
@@ -133,7 +145,7 @@ def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
     input, weight, bias = _conv_args(fn, nd, input, weight, bias)
     if _compiling():  # (traced: dynamo would guard on the cache's keys, and the key this
         # very call adds fails that guard at once; PyTorch 2.13)
-        geometry = _conv_geometry(nd, weight, stride, padding, dilation)
+        geometry = _conv_geometry(fn, nd, weight, stride, padding, dilation)
     else:
         try:
             key = (nd, stride, padding, dilation, stride.__class__, padding.__class__,
@@ -142,7 +154,7 @@ def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
         except TypeError:  # (lists: unhashable)
             key = geometry = None
         if geometry is None:
-            geometry = _conv_geometry(nd, weight, stride, padding, dilation)
+            geometry = _conv_geometry(fn, nd, weight, stride, padding, dilation)
             if key is not None and padding != "same" and len(_CONV_GEOMETRY) < 1024:
                 _CONV_GEOMETRY[key] = geometry
     if input.dim() == nd + 1:  # (one sample: _one_sample, inline)
@@ -157,10 +169,19 @@ _CONV_GEOMETRY = {}  # (nd, stride, padding, dilation as given, their classes) -
 # entry); "same" depends on the weight and is not cached; eager calls only
 
 
-def _conv_geometry(nd, weight, stride, padding, dilation):
+def _conv_geometry(fn, nd, weight, stride, padding, dilation):
     """(stride, per-side padding, dilation) as tuples of ints, the custom op's arguments
-    (its int[]: tuples, so its direct entry can know a cached one by identity)."""
-    stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
+    (its int[]: tuples, so its direct entry can know a cached one by identity), checked
+    as F.conv<nd>d checks them."""
+    stride = _tuple(fn, "stride", stride, nd, low=1)
+    dilation = _tuple(fn, "dilation", dilation, nd, low=1)
+    if isinstance(padding, str):
+        if padding not in ("valid", "same"):
+            raise BadParamError(f"nbdnn.torch.{fn}: padding must be 'valid', 'same', an int "
+                                f"or a tuple of ints; got {padding!r}")
+        if padding == "same" and any(s != 1 for s in stride):
+            raise BadParamError(f"nbdnn.torch.{fn}: padding 'same' with stride "
+                                f"{tuple(stride)} (as PyTorch: 'same' is for stride 1 only)")
     if padding == "valid":
         pads = [0] * (2 * nd)
     elif padding == "same":  # (PyTorch: total d (R - 1), the odd one after)
@@ -169,7 +190,7 @@ def _conv_geometry(nd, weight, stride, padding, dilation):
             total = d * (R - 1)
             pads += [total // 2, total - total // 2]
     else:
-        pads = [p for v in _tuple(padding, nd) for p in (v, v)]
+        pads = [p for v in _tuple(fn, "padding", padding, nd) for p in (v, v)]
     return tuple(stride), tuple(pads), tuple(dilation)
 
 
@@ -188,19 +209,24 @@ def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 def _conv_transpose(fn, nd, input, weight, bias, stride, padding, output_padding, groups,
                     dilation):
     input, weight, bias = _conv_args(fn, nd, input, weight, bias)
-    stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
-    output_padding = _tuple(output_padding, nd)
+    stride = _tuple(fn, "stride", stride, nd, low=1)
+    dilation = _tuple(fn, "dilation", dilation, nd, low=1)
+    output_padding = _tuple(fn, "output_padding", output_padding, nd)
     if any(op >= max(s, d) for op, s, d in zip(output_padding, stride, dilation)):
-        raise ValueError(f"nbdnn.torch.{fn}: output_padding {output_padding} must be smaller "
-                         f"than stride {stride} or dilation {dilation}")
-    pads = [p for v in _tuple(padding, nd) for p in (v, v)]
+        raise BadParamError(f"nbdnn.torch.{fn}: output_padding {output_padding} must be "
+                            f"smaller than stride {stride} or dilation {dilation}")
+    pads = [p for v in _tuple(fn, "padding", padding, nd) for p in (v, v)]
     size = _conv_transpose_shape(input if input.dim() == nd + 2 else input.unsqueeze(0), weight,
                                  stride, pads, dilation, output_padding, groups)[2:]
     if min(size) < 1:
         raise ShapeError(f"nbdnn.torch.{fn}: the output size {tuple(size)} must be positive "
                          f"(input {tuple(input.shape[-nd:])}, padding {padding})")
-    return _one_sample(nd, _conv_transpose_op, input, weight, bias, stride, pads, dilation,
-                       output_padding, groups)
+    y = _one_sample(nd, _conv_transpose_op, input, weight, bias, stride, pads, dilation,
+                    output_padding, groups)
+    if nd == 2 and input.dim() == 4 and not _functorch() and not input.is_contiguous() \
+            and input.is_contiguous(memory_format=torch.channels_last):
+        y = y.contiguous(memory_format=torch.channels_last)  # (PyTorch keeps the format)
+    return y
 
 
 def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0,
@@ -226,12 +252,23 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
                momentum=0.1, eps=1e-5):
     input, weight, bias = _ready("batch_norm", "batch_norm", input, weight, bias)
+    if momentum is None:  # (F refuses it; the modules' None, a cumulative average, comes
+        # here as the factor 1 / batches seen: modules.py)
+        raise BadParamError("nbdnn.torch.batch_norm: momentum must be a number; got None")
     if not training and (running_mean is None or running_var is None):
-        raise ValueError("nbdnn.torch.batch_norm: running_mean and running_var are needed "
-                         "when not training")
-    if training and input.numel() // input.shape[1] <= 1:
-        raise ValueError("nbdnn.torch.batch_norm: expected more than 1 value per channel "
-                         f"when training, got input size {tuple(input.shape)}")
+        raise BadParamError("nbdnn.torch.batch_norm: running_mean and running_var are "
+                            "needed when not training")
+    if input.numel() == 0:  # (PyTorch: the empty input scaled and shifted by channel 0,
+        # which keeps the graph; the running statistics stay)
+        y = input.clone()
+        y = y if weight is None else y * weight[0]
+        return y if bias is None else y + bias[0]
+    if input.dim() < 2:
+        raise ShapeError(f"nbdnn.torch.batch_norm: input must be at least 2-d (N, C, ...); "
+                         f"got {tuple(input.shape)}")
+    if training and input.numel() // input.shape[1] == 1:
+        raise BadParamError("nbdnn.torch.batch_norm: expected more than 1 value per channel "
+                            f"when training, got input size {tuple(input.shape)}")
     y, _, _, new_mean, new_var = call(
         _batch_norm, input, weight, bias, running_mean, running_var, bool(training),
         0.0 if momentum is None else float(momentum), float(eps))
@@ -275,9 +312,17 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     kernel copies it to contiguous first; its CPU kernel keeps it): the values are
     F.group_norm's, the copy is saved."""
     input, weight, bias = _ready("group_norm", "group_norm", input, weight, bias)
+    if input.dim() < 2:
+        raise ShapeError(f"nbdnn.torch.group_norm: input must be at least 2-d (N, C, ...); "
+                         f"got {tuple(input.shape)}")
+    if not isinstance(num_groups, int) or num_groups < 1:
+        raise BadParamError(f"nbdnn.torch.group_norm: num_groups must be an int >= 1; got "
+                            f"{num_groups!r}")
     if input.shape[1] % num_groups:
         raise ShapeError(f"nbdnn.torch.group_norm: {input.shape[1]} channels do not split "
                          f"into {num_groups} groups")
+    if input.numel() == 0:  # (an empty batch: PyTorch returns it empty)
+        return input.clone()
     return call(_group_norm, input, num_groups, weight, bias, float(eps))[0]
 
 
@@ -305,8 +350,10 @@ def dropout(input, p=0.5, training=True, inplace=False):
     if p == 1.0:
         _unsupported("dropout", "p 1 (nbdnn's dropout keeps p < 1)")
     _check("dropout", input)
-    y = call(_dropout, input, float(p), draw_seed(input))[0]
-    return _inplace("dropout", input, y, inplace)
+    seed = draw_seed(input)
+    if inplace:
+        return _in_place(input, lambda t: call(_dropout, t, float(p), seed)[0])
+    return call(_dropout, input, float(p), seed)[0]
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,

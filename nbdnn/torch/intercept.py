@@ -20,15 +20,31 @@ from . import functional as nf
 F = torch.nn.functional
 # PyTorch's function -> nbdnn.torch's (the same signature); torch.* aliases included
 MAP = {getattr(F, n): getattr(nf, n) for n in nf.__all__ if hasattr(F, n)}
+
+
+def _softmax(input, dim, dtype=None):  # (torch.softmax's and Tensor.softmax's signature:
+    return nf.softmax(input, dim, dtype=dtype)  # dtype third, where F's has _stacklevel)
+
+
+def _log_softmax(input, dim, dtype=None):
+    return nf.log_softmax(input, dim, dtype=dtype)
+
+
 MAP.update({torch.relu: nf.relu, torch.sigmoid: nf.sigmoid, torch.tanh: nf.tanh,
-            torch.softmax: nf.softmax, torch.log_softmax: nf.log_softmax,
+            torch.softmax: _softmax, torch.log_softmax: _log_softmax,
             torch.conv1d: nf.conv1d, torch.conv2d: nf.conv2d, torch.conv3d: nf.conv3d,
-            torch.Tensor.softmax: nf.softmax, torch.Tensor.relu: nf.relu})
+            torch.Tensor.softmax: _softmax, torch.Tensor.log_softmax: _log_softmax,
+            torch.Tensor.relu: nf.relu})
+# torch.nn.functional's other functions: seen and left to PyTorch (the report says so)
+OTHERS = {getattr(F, n) for n in dir(F) if not n.startswith("_") and
+          callable(getattr(F, n)) and getattr(F, n) not in MAP and
+          getattr(getattr(F, n), "__module__", "") == "torch.nn.functional"}
 
 
 class FunctionalCalls(TorchFunctionMode):
     """The mode: .nbdnn counts the calls nbdnn ran by function name, .native the calls it
-    left to PyTorch by (name, reason)."""
+    left to PyTorch by (name, reason): the mapped functions it could not take and the
+    torch.nn.functional functions nbdnn.torch does not have."""
 
     def __init__(self):
         super().__init__()
@@ -46,6 +62,8 @@ class FunctionalCalls(TorchFunctionMode):
             else:
                 self.nbdnn[func.__name__] += 1
                 return out
+        elif func in OTHERS:
+            self.native[(func.__name__, "nbdnn.torch has no such function")] += 1
         return func(*args, **kwargs)
 
     def report(self):
