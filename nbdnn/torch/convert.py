@@ -19,14 +19,20 @@ from ._bridge import BACKENDS_FORCED, backend as _backend
 @dataclasses.dataclass
 class Report:
     """converted: [(qualified name, type name)]; native: [(name, type name, why)] for
-    every leaf module left as it was (containers are not listed)."""
+    every leaf module left as it was (containers are not listed) and every module of a
+    subclass of a replaced type; partly: [(name, type name, which calls)] for converted
+    modules some of whose calls still run PyTorch's forward (MultiheadAttention's
+    need_weights=True, its default)."""
     converted: list
     native: list
+    partly: list = dataclasses.field(default_factory=list)
 
     def __str__(self):
         lines = [f"nbdnn.torch.convert: {len(self.converted)} modules on nbdnn, "
                  f"{len(self.native)} native"]
-        lines += [f"  nbdnn   {n or '(root)'}: {t}" for n, t in self.converted]
+        but = {n: why for n, _, why in self.partly}
+        lines += [f"  nbdnn   {n or '(root)'}: {t}" + (f" (but {but[n]})" if n in but else "")
+                  for n, t in self.converted]
         lines += [f"  native  {n or '(root)'}: {t} ({why})" for n, t, why in self.native]
         return "\n".join(lines)
 
@@ -53,15 +59,21 @@ def convert(module, *, include=None, exclude=None, inplace=False, backend=None):
         raise BadParamError(f"nbdnn.torch.convert: backend must be one of "
                             f"{BACKENDS_FORCED}; got {backend!r}")
     model = module if inplace else copy.deepcopy(module)
-    converted, native, owners = [], [], []  # owners: converted modules that run their
-    # children's parameters themselves (MultiheadAttention's out_proj)
+    # owners: converted modules that run their children's parameters themselves
+    # (MultiheadAttention's out_proj)
+    converted, native, owners, partly = [], [], [], []
     for name, m in model.named_modules():
         if any(o == "" or name.startswith(o + ".") for o in owners):
             continue
         base = type(m)
         sub = modules.REPLACEMENTS.get(base)
         if sub is None:
-            if not list(m.children()) and not isinstance(m, tuple(modules.REPLACEMENTS.values())):
+            if isinstance(m, tuple(modules.REPLACEMENTS.values())):
+                continue  # (converted already: convert of a converted model)
+            known = next((t for t in modules.REPLACEMENTS if isinstance(m, t)), None)
+            if known is not None:  # (timm's BatchNormAct2d, a weight-normed conv)
+                native.append((name, base.__name__, _subclass_reason(m, known)))
+            elif not list(m.children()):
                 native.append((name, base.__name__, "not a module nbdnn replaces"))
             continue
         if include is not None and not _matches(name, m, include):
@@ -75,6 +87,8 @@ def convert(module, *, include=None, exclude=None, inplace=False, backend=None):
             native.append((name, base.__name__, why))
             continue
         m.__class__ = sub
+        if isinstance(m, modules.MultiheadAttention):
+            partly.append((name, base.__name__, modules.MHA_NATIVE_CALLS))
         if backend is not None:
             m.register_forward_pre_hook(_enter(backend))
             m.register_forward_hook(_leave)
@@ -82,7 +96,16 @@ def convert(module, *, include=None, exclude=None, inplace=False, backend=None):
         if list(m.children()):
             owners.append(name)
     converted += _transformer_layers(model, {n for n, _ in converted})
-    return model, Report(converted, native)
+    return model, Report(converted, native, partly)
+
+
+def _subclass_reason(m, known):
+    """Why a module of a subclass of a type nbdnn replaces stays native: its forward is
+    its own (nbdnn replaces exact types)."""
+    if getattr(type(m), "__module__", "") == "torch.nn.utils.parametrize":
+        return f"a parametrized {known.__name__} (torch.nn.utils.parametrize: its weight " \
+               "is computed each call)"
+    return f"a subclass of {known.__name__} (its own forward; nbdnn replaces exact types)"
 
 
 def _transformer_layers(model, done):
@@ -124,13 +147,18 @@ def _leave(m, args, out):
     m._nbdnn_backend.__exit__(None, None, None)
 
 
-def compare(model, inputs, *, backend=None, seed=0, file=None):
+def compare(model, inputs, *, kwargs=None, backend=None, seed=0, file=None):
     """Run model natively and converted (a copy; backend as convert's) on the same inputs
-    (a tensor or a tuple of them), backpropagate the same random cotangent through both,
-    and print, for each converted layer, the largest absolute and relative difference of
-    its output and of the gradient reaching its output, then of each parameter's
-    gradient. Returns the rows: (name, what, max abs, max rel)."""
+    (a tensor or a tuple of them, and keyword inputs `kwargs`, e.g. an attention_mask),
+    backpropagate the same random cotangents through both (one for each floating
+    tensor of the output, which may be a tensor, a tuple, a dict or a transformers
+    ModelOutput), and print, for each converted layer, the largest absolute and relative
+    difference of its outputs and of the gradients reaching them, then of each
+    parameter's gradient. A converted layer that never ran (an attention dropout whose p
+    the fused attention reads, an unused head) gets a "did not run" row. Returns the
+    rows: (name, what, max abs, max rel)."""
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    kwargs = dict(kwargs or {})
     ours, report = convert(model, backend=backend)
     native = copy.deepcopy(model)
     runs = []
@@ -138,33 +166,66 @@ def compare(model, inputs, *, backend=None, seed=0, file=None):
         seen, handles = {}, []
         for name, _ in report.converted:
             handles.append(net.get_submodule(name).register_forward_hook(_capture(name, seen)))
-        x = tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs)
-        y = net(*x)
-        g = torch.Generator(device=y.device).manual_seed(seed)
-        y.backward(torch.randn(y.shape, generator=g, device=y.device, dtype=y.dtype))
-        for h in handles:
-            h.remove()
+        try:
+            out = net(*(_leaf(t) for t in inputs), **{k: _leaf(v) for k, v in kwargs.items()})
+            outs = [t for t in _tensors(out) if t.requires_grad]
+            g = torch.Generator().manual_seed(seed)  # (on the host: the same draws anywhere)
+            grads = [torch.randn(t.shape, generator=g, dtype=t.dtype).to(t.device)
+                     for t in outs]
+            if outs:
+                torch.autograd.backward(outs, grads)
+        finally:
+            for h in handles:
+                h.remove()
         runs.append((seen, dict(net.named_parameters())))
     rows = []
     for name, _ in report.converted:
-        (a, ga), (b, gb) = runs[0][0][name], runs[1][0][name]
-        rows += [(name, "output", *_diff(a, b)), (name, "grad of output", *_diff(ga[0], gb[0]))]
+        a_outs, b_outs = runs[0][0].get(name), runs[1][0].get(name)
+        if a_outs is None or b_outs is None:
+            rows.append((name, "did not run", float("nan"), float("nan")))
+            continue
+        for i, ((a, ga), (b, gb)) in enumerate(zip(a_outs, b_outs)):
+            what = "output" if len(a_outs) == 1 else f"output {i}"
+            rows += [(name, what, *_diff(a, b)), (name, f"grad of {what}", *_diff(ga[0], gb[0]))]
     for pname, p in runs[0][1].items():
         rows.append((pname, "grad", *_diff(p.grad, runs[1][1][pname].grad)))
     width = max(len(r[0]) for r in rows) if rows else 0
     for r in rows:
-        print(f"{r[0]:{width}}  {r[1]:15} max abs {r[2]:.3e}  max rel {r[3]:.3e}", file=file)
+        print(f"{r[0]:{width}}  {r[1]:17} max abs {r[2]:.3e}  max rel {r[3]:.3e}", file=file)
     return rows
+
+
+def _leaf(t):
+    """An input for one run: a tensor detached and copied (floating ones requiring grad);
+    anything else as it is."""
+    if isinstance(t, torch.Tensor):
+        return t.detach().clone().requires_grad_(t.is_floating_point())
+    return t
+
+
+def _tensors(out):
+    """The floating tensors in a module's output: a tensor, or nested tuples, lists and
+    dicts of them (a transformers ModelOutput is a dict), in order."""
+    if isinstance(out, torch.Tensor):
+        return [out] if out.is_floating_point() else []
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _tensors(o)]
+    return []
 
 
 def _capture(name, seen):
     def hook(m, args, out):
-        if out.requires_grad:
+        got = []
+        for t in _tensors(out):
             slot = [None]
-            out.register_hook(lambda g: slot.__setitem__(0, g.detach()))
-        else:
-            slot = [torch.zeros_like(out)]
-        seen[name] = (out.detach().clone(), slot)  # (before a later in-place op)
+            if t.requires_grad:
+                t.register_hook(lambda g, slot=slot: slot.__setitem__(0, g.detach()))
+            else:
+                slot[0] = torch.zeros_like(t)
+            got.append((t.detach().clone(), slot))  # (before a later in-place op)
+        seen[name] = got
     return hook
 
 
@@ -172,5 +233,7 @@ def _diff(a, b):
     if a is None or b is None:
         return (float("nan"),) * 2
     d = (a.double() - b.double()).abs()
+    if not d.numel():
+        return 0.0, 0.0
     scale = b.double().abs().max().clamp_min(torch.finfo(torch.float64).tiny)
     return float(d.max()), float(d.max() / scale)

@@ -201,6 +201,10 @@ class Dropout(nn.Dropout):
         return nf.dropout(input, self.p, self.training, self.inplace)
 
 
+MHA_NATIVE_CALLS = ("calls with need_weights=True (PyTorch's default), unbatched calls and "
+                    "the add_zero_attn / bias_k variants run PyTorch's forward")
+
+
 class MultiheadAttention(nn.MultiheadAttention):
     """Batched calls with need_weights=False (torchvision's ViT, nn.TransformerEncoder's
     fast path) run nbdnn: the in-projection (one linear for self-attention), attention
