@@ -125,6 +125,13 @@ CASES = {
     "adaptive_avg_pool2d-nhwc_uneven": ([_cl(2, 3, 5, 7)], {"output_size": (2, 3)}),
     "softmax-0d": ([_t()], {"dim": 0}),
     "log_softmax-0d": ([_t()], {"dim": -1}),
+    # the vmap rules' boundary (nbdnn/torch/_batching.py): a norm over the whole sample
+    # and a softmax over its first axis mix what folding the batch would keep apart
+    "softmax-dim0": ([_t(3, 5, lo=-9, hi=9)], {"dim": 0}),
+    "layer_norm-whole": ([_t(3, 4, 5)], {"normalized_shape": (3, 4, 5), "weight": _t(3, 4, 5),
+                                         "bias": _t(3, 4, 5)}),
+    "rms_norm-whole": ([_t(4, 5)], {"normalized_shape": (4, 5), "weight": _t(4, 5),
+                                    "eps": 1e-6}),
 }
 
 def _call(fn, args, kw, device, dtype):

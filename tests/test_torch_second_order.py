@@ -169,3 +169,16 @@ def test_gradient_penalty_on_a_converted_model():
             torch.autograd.grad(penalty, params, allow_unused=True), params)])
     for g, g2 in zip(*grads):
         torch.testing.assert_close(g, g2, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("p", [0.25, 0.6])
+def test_dropout_forward_mode_is_its_mask_scaled(p):
+    """Dropout's jvp (nbdnn/torch/_forward_mode.py): the tangent t masked by the same
+    draw as the primal and scaled by 1 / (1 - p), t * mask / (1 - p); the mask read off
+    the primal (y == x * mask / (1 - p), x nonzero)."""
+    x, t = _t(64) + 3.0, _t(64)  # (x away from 0: y != 0 exactly where kept)
+    y, jt = torch.func.jvp(lambda x: nt.dropout(x, p), (x,), (t,))
+    mask = (y != 0).to(x.dtype)
+    assert 0 < mask.sum() < 64
+    torch.testing.assert_close(y, x * mask / (1 - p), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(jt, t * mask / (1 - p), rtol=1e-12, atol=1e-12)

@@ -36,7 +36,8 @@ def _empty(t):
 
 
 def _sum_but_channels(t):
-    """t (N, C, ...) summed over every axis but C: a bias's gradient."""
+    """t (N, C, ...) summed over every axis but C: a bias's gradient (t has at least the
+    two axes N and C, so the list is never empty)."""
     return t.sum(dim=[d for d in range(t.dim()) if d != 1])
 
 
@@ -144,7 +145,10 @@ def batch_norm_infer_backward(dy, x, w, running_mean, running_var, eps, has_bias
 
 
 def _leading_sums(ndim):
-    return lambda dy: dy.sum(dim=list(range(dy.dim() - ndim)))
+    """The bias gradient of a norm over the trailing ndim axes: dy summed over the
+    others; dy itself when there are none (a norm over the whole sample: sum(dim=[])
+    would sum over every axis)."""
+    return lambda dy: dy.sum(dim=list(range(dy.dim() - ndim))) if dy.dim() > ndim else dy
 
 
 def layer_norm_backward(dy, x, mean, invstd, w, ndim, has_bias, eps):
