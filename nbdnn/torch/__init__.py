@@ -17,8 +17,13 @@ hardtanh with min_val other than 0; softplus with a threshold other than 20 (nbd
 softplus is the exact stable form, PyTorch's returns x past the threshold); max_pool's
 return_indices; avg_pool's divisor_override; instance_norm updating running statistics;
 softmax without dim; dropout with p 1; attn_mask together with is_causal (as PyTorch).
-Differences that are not errors: inplace=True writes the result back into the input
-unless autograd needs the input (then the result is a new tensor); a fully masked
+What F refuses is refused too, naming the function and the argument (a float stride,
+a tuple of another length, padding 'same' with a stride, pool padding past half the
+kernel, momentum None; tests/test_torch_refusals.py), and int-or-tuple arguments are
+read as F reads them (one-element tuples, a pool's stride ()). inplace=True writes the
+result into the input as PyTorch does, its version counter bumped and the write
+recorded by autograd (the op itself reads a copy while autograd records).
+Differences that are not errors: a fully masked
 attention row gives 0 (PyTorch's math backend: NaN); a max-pool window holding only
 padding gives -inf, as PyTorch's, and no gradient (PyTorch's CPU kernel sends its
 gradient to a stray element); a float attn_mask's gradient is PyTorch's math form's (its
