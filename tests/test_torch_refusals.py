@@ -62,6 +62,9 @@ CASES = {  # name -> (call(f), whether F raises)
         training=True), True),
     "group_norm 1-d": (lambda f: f.group_norm(_w(4), 2), True),
     "group_norm empty batch": (lambda f: f.group_norm(_w(0, 4, 2), 2), False),
+    "attention, a 3-d query against 4-d keys and values": (
+        lambda f: f.scaled_dot_product_attention(_w(4, 3, 8), _w(4, 4, 6, 8), _w(4, 4, 6, 8),
+                                                 is_causal=True), False),
     "conv_transpose2d 1-tuple padding": (lambda f: f.conv_transpose2d(_x(), _w(3, 2, 3, 3),
                                                                       padding=(1,)), False),
     "conv_transpose2d output_padding past stride": (lambda f: f.conv_transpose2d(

@@ -105,8 +105,13 @@ def adaptive_avg_pool2d(input, output_size):
         raise ShapeError("nbdnn.torch.adaptive_avg_pool2d: input must be 4-d (N, C, H, W) "
                          f"or 3-d (C, H, W); got {input.dim()}-d")
     H, W = input.shape[-2:]
-    OH, OW = (S if O is None else int(O) for S, O in zip(
-        (H, W), (output_size, output_size) if isinstance(output_size, int) else output_size))
+    sizes = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size) \
+        if isinstance(output_size, (tuple, list, torch.Size)) else ()
+    if len(sizes) != 2 or not all(o is None or isinstance(o, int) and not isinstance(o, bool)
+                                  for o in sizes):
+        raise BadParamError("nbdnn.torch.adaptive_avg_pool2d: output_size must be an int or "
+                            f"a pair of ints (or None); got {output_size!r}")
+    OH, OW = (S if O is None else int(O) for S, O in zip((H, W), sizes))
     if OH < 1 or OW < 1:
         raise ShapeError(f"nbdnn.torch.adaptive_avg_pool2d: output_size {output_size} must "
                          "be positive")

@@ -44,8 +44,8 @@ def elu(input, alpha=1.0, inplace=False):
 
 def gelu(input, approximate="none"):
     if approximate not in ("none", "tanh"):
-        raise ValueError(f"nbdnn.torch.gelu: approximate must be 'none' or 'tanh'; "
-                         f"got {approximate!r}")
+        raise BadParamError(f"nbdnn.torch.gelu: approximate must be 'none' or 'tanh'; "
+                            f"got {approximate!r}")
     return _act("gelu", input, "gelu" if approximate == "none" else "gelu_tanh", 0.0)
 
 
@@ -88,8 +88,8 @@ def _softmax_call(fn, input, dim, dtype, log):
     _check(fn, input)
     if input.dim() == 0:  # (a scalar: its one element, dim 0 or -1 as PyTorch takes)
         if dim not in (0, -1):
-            raise IndexError(f"nbdnn.torch.{fn}: dim {dim} out of range for a 0-d input "
-                             "(0 or -1)")
+            raise BadParamError(f"nbdnn.torch.{fn}: dim {dim} out of range for a 0-d input "
+                                "(0 or -1)")
         return call(_softmax, input.reshape(1), 0, log).reshape(())
     return call(_softmax, input, dim, log)
 
@@ -255,6 +255,9 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if momentum is None:  # (F refuses it; the modules' None, a cumulative average, comes
         # here as the factor 1 / batches seen: modules.py)
         raise BadParamError("nbdnn.torch.batch_norm: momentum must be a number; got None")
+    if training and not 0.0 <= momentum <= 1.0:
+        _unsupported("batch_norm", f"momentum {momentum} (nbdnn's running averages take "
+                     "momentum in [0, 1])")
     if not training and (running_mean is None or running_var is None):
         raise BadParamError("nbdnn.torch.batch_norm: running_mean and running_var are "
                             "needed when not training")
@@ -271,13 +274,22 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                             f"when training, got input size {tuple(input.shape)}")
     y, _, _, new_mean, new_var = call(
         _batch_norm, input, weight, bias, running_mean, running_var, bool(training),
-        0.0 if momentum is None else float(momentum), float(eps))
+        float(momentum), _eps("batch_norm", eps))
     if training:  # (the buffers advance in place, as in PyTorch)
         with torch.no_grad():
             for buf, new in ((running_mean, new_mean), (running_var, new_var)):
                 if buf is not None:
                     _advance(buf, new)
     return y
+
+
+def _eps(fn, eps):
+    """eps as a float; NotSupportedError for eps <= 0, which PyTorch takes (a NaN or a
+    division by a negative variance) and nbdnn's norms refuse (cuDNN's rule: eps > 0)."""
+    e = float(eps)
+    if not e > 0:
+        _unsupported(fn, f"eps {eps} (nbdnn's norms take eps > 0)")
+    return e
 
 
 def _normalized(fn, input, normalized_shape):
@@ -297,14 +309,14 @@ def _normalized(fn, input, normalized_shape):
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     input, weight, bias = _ready("layer_norm", "layer_norm", input, weight, bias)
     ndim = _normalized("layer_norm", input, normalized_shape)
-    return call(_layer_norm, input, weight, bias, ndim, float(eps))[0]
+    return call(_layer_norm, input, weight, bias, ndim, _eps("layer_norm", eps))[0]
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     input, weight, _ = _ready("rms_norm", "rms_norm", input, weight)
     ndim = _normalized("rms_norm", input, normalized_shape)
     eps = torch.finfo(input.dtype).eps if eps is None else eps  # (PyTorch's default)
-    return call(_rms_norm, input, weight, ndim, float(eps))[0]
+    return call(_rms_norm, input, weight, ndim, _eps("rms_norm", eps))[0]
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
@@ -323,7 +335,7 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
                          f"into {num_groups} groups")
     if input.numel() == 0:  # (an empty batch: PyTorch returns it empty)
         return input.clone()
-    return call(_group_norm, input, num_groups, weight, bias, float(eps))[0]
+    return call(_group_norm, input, num_groups, weight, bias, _eps("group_norm", eps))[0]
 
 
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,
@@ -336,7 +348,8 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     if running_mean is not None or running_var is not None:
         _unsupported("instance_norm", "running statistics updated from the batch "
                      "(track_running_stats in training)")
-    return call(_group_norm, input, input.shape[1], weight, bias, float(eps))[0]
+    return call(_group_norm, input, input.shape[1], weight, bias,
+                _eps("instance_norm", eps))[0]
 
 
 def dropout(input, p=0.5, training=True, inplace=False):
@@ -344,7 +357,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
     nbdnn's Philox stream, keyed by torch's generators (CUDA tensors: an offset drawn on
     the device, so each replay of a captured CUDA graph drops fresh elements)."""
     if not 0.0 <= p <= 1.0:
-        raise ValueError(f"nbdnn.torch.dropout: p must be in [0, 1]; got {p}")
+        raise BadParamError(f"nbdnn.torch.dropout: p must be in [0, 1]; got {p}")
     if not training or p == 0.0:
         return input
     if p == 1.0:
@@ -368,8 +381,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     _check("scaled_dot_product_attention", query, key, value)
     if attn_mask is not None and is_causal:  # (PyTorch refuses the pair; nbdnn would
         # apply both)
-        raise ValueError("nbdnn.torch.scaled_dot_product_attention: attn_mask and "
+        raise BadParamError("nbdnn.torch.scaled_dot_product_attention: attn_mask and "
                          "is_causal together (as PyTorch, one or the other)")
+    if not enable_gqa and not query.shape[:-2] == key.shape[:-2] == value.shape[:-2]:
+        # (PyTorch broadcasts the batch axes: a 3-d q against 4-d k, v)
+        try:
+            batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+        except RuntimeError:
+            raise ShapeError(f"nbdnn.torch.scaled_dot_product_attention: the batch axes of "
+                             f"query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+                             f"{tuple(value.shape)} do not broadcast") from None
+        if len(batch) in (1, 2):
+            query, key, value = (t.expand(*batch, *t.shape[-2:]) for t in (query, key, value))
     three = query.dim() == 3
     q, k, v = (t.unsqueeze(1) if three else t for t in (query, key, value))
     if attn_mask is not None and three and attn_mask.dim() == 3:
@@ -382,4 +405,4 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
     "torch", "call", "activation", "conv", "lrn", "DTYPES", "draw_seed", "DtypeError",
-    "NotSupportedError", "ShapeError")]
+    "NotSupportedError", "ShapeError", "BadParamError")]
