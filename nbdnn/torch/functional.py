@@ -8,7 +8,8 @@ import torch
 from ..errors import BadParamError, ShapeError
 from ._bridge import DTYPES, call, advance as _advance, _compiling, _functorch
 from ._args import _any_autocast, autocast as _autocast, check as _check, \
-    ints as _tuple, ready as _ready, unsupported as _unsupported, in_place as _in_place
+    conv_geometry as _conv_geometry, positive_eps as _eps, ints as _tuple, normalized as _normalized, \
+    ready as _ready, unsupported as _unsupported, in_place as _in_place
 from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
 from ._ops_conv import conv, conv_transpose as _conv_transpose_op, \
     conv_transpose_shape as _conv_transpose_shape
@@ -169,31 +170,6 @@ _CONV_GEOMETRY = {}  # (nd, stride, padding, dilation as given, their classes) -
 # entry); "same" depends on the weight and is not cached; eager calls only
 
 
-def _conv_geometry(fn, nd, weight, stride, padding, dilation):
-    """(stride, per-side padding, dilation) as tuples of ints, the custom op's arguments
-    (its int[]: tuples, so its direct entry can know a cached one by identity), checked
-    as F.conv<nd>d checks them."""
-    stride = _tuple(fn, "stride", stride, nd, low=1)
-    dilation = _tuple(fn, "dilation", dilation, nd, low=1)
-    if isinstance(padding, str):
-        if padding not in ("valid", "same"):
-            raise BadParamError(f"nbdnn.torch.{fn}: padding must be 'valid', 'same', an int "
-                                f"or a tuple of ints; got {padding!r}")
-        if padding == "same" and any(s != 1 for s in stride):
-            raise BadParamError(f"nbdnn.torch.{fn}: padding 'same' with stride "
-                                f"{tuple(stride)} (as PyTorch: 'same' is for stride 1 only)")
-    if padding == "valid":
-        pads = [0] * (2 * nd)
-    elif padding == "same":  # (PyTorch: total d (R - 1), the odd one after)
-        pads = []
-        for R, d in zip(weight.shape[2:], dilation):
-            total = d * (R - 1)
-            pads += [total // 2, total - total // 2]
-    else:
-        pads = [p for v in _tuple(fn, "padding", padding, nd) for p in (v, v)]
-    return tuple(stride), tuple(pads), tuple(dilation)
-
-
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _conv("conv1d", 1, input, weight, bias, stride, padding, dilation, groups)
 
@@ -281,29 +257,6 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                 if buf is not None:
                     _advance(buf, new)
     return y
-
-
-def _eps(fn, eps):
-    """eps as a float; NotSupportedError for eps <= 0, which PyTorch takes (a NaN or a
-    division by a negative variance) and nbdnn's norms refuse (cuDNN's rule: eps > 0)."""
-    e = float(eps)
-    if not e > 0:
-        _unsupported(fn, f"eps {eps} (nbdnn's norms take eps > 0)")
-    return e
-
-
-def _normalized(fn, input, normalized_shape):
-    """len(normalized_shape), checked against input's trailing axes (one axis, the usual
-    case, by its size: 0.15 us a call less on the CI host, run AZ)."""
-    shape = normalized_shape if normalized_shape.__class__ is tuple else \
-        (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    n, size = len(shape), input.shape
-    if n == 1 and size and size[-1] == shape[0]:
-        return 1
-    if size[len(size) - n:] != shape:  # (torch.Size is a tuple)
-        raise ShapeError(f"nbdnn.torch.{fn}: normalized_shape {shape} must end the input's "
-                         f"shape {tuple(input.shape)}")
-    return n
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
