@@ -143,3 +143,25 @@ def test_conv_transpose_keeps_the_inputs_memory_format_as_pytorch_does(nd):
     assert got.stride() == want.stride()
     assert nd == 3 or got.is_contiguous(memory_format=fmt)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_instance_norm_advances_running_statistics_as_pytorch(dtype):
+    """track_running_stats in training: the result and both running statistics as F's
+    (the batch's average of the instances' means and unbiased variances), functional
+    and converted module alike; eval then reads them."""
+    x = torch.randn(3, 4, 5, 6, dtype=dtype)
+    stats = [[torch.zeros(4, dtype=dtype), torch.ones(4, dtype=dtype)] for _ in range(2)]
+    ys = [f.instance_norm(x, *s, use_input_stats=True, momentum=0.3)
+          for f, s in zip((F, NF), stats)]
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(ys[1], ys[0], rtol=tol, atol=tol)
+    for a, b in zip(*stats):
+        torch.testing.assert_close(b, a, rtol=tol, atol=tol)
+    native = torch.nn.InstanceNorm2d(4, affine=True, track_running_stats=True).to(dtype)
+    ours, report = nt.convert(native)
+    assert [t for _, t in report.converted] == ["InstanceNorm2d"]
+    for mode in ("train", "eval"):
+        native.train(mode == "train"), ours.train(mode == "train")
+        torch.testing.assert_close(ours(x), native(x), rtol=tol, atol=tol)
+        torch.testing.assert_close(ours.running_var, native.running_var, rtol=tol, atol=tol)

@@ -294,15 +294,28 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,
                   use_input_stats=True, momentum=0.1, eps=1e-5):
     """Each (sample, channel)'s own statistics: group norm with a group a channel. With
-    use_input_stats False, the running statistics (batch norm's inference)."""
+    use_input_stats False, the running statistics (batch norm's inference). Running
+    statistics given with use_input_stats advance as PyTorch's do: by momentum towards
+    the batch's average of the instances' means and unbiased variances (the variances
+    from group norm's invstd: 1 / invstd^2 - eps, in the compute dtype)."""
     input, weight, bias = _ready("instance_norm", "instance_norm", input, weight, bias)
+    if (running_mean is None) != (running_var is None):
+        raise BadParamError("nbdnn.torch.instance_norm: running_mean and running_var must "
+                            "both be None or neither")
     if not use_input_stats:
         return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
-    if running_mean is not None or running_var is not None:
-        _unsupported("instance_norm", "running statistics updated from the batch "
-                     "(track_running_stats in training)")
-    return call(_group_norm, input, input.shape[1], weight, bias,
-                _eps("instance_norm", eps))[0]
+    e = _eps("instance_norm", eps)
+    y, mean, invstd = call(_group_norm, input, input.shape[1], weight, bias, e)
+    if running_mean is not None:
+        n = input[0, 0].numel()  # (the elements of one instance)
+        if not 0.0 <= momentum <= 1.0:
+            _unsupported("instance_norm", f"momentum {momentum} (nbdnn's running averages "
+                         "take momentum in [0, 1])")
+        with torch.no_grad():
+            var = (invstd.double() ** -2 - e) * (n / max(n - 1, 1))  # (N, C), unbiased
+            for buf, batch in ((running_mean, mean.double()), (running_var, var)):
+                _advance(buf, (buf * (1.0 - momentum) + batch.mean(0) * momentum).to(buf.dtype))
+    return y
 
 
 def dropout(input, p=0.5, training=True, inplace=False):

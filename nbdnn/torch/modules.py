@@ -111,8 +111,7 @@ class _InstanceNorm:
         if input.dim() == self._get_no_batch_dim():  # (unbatched: as torch, a batch of 1)
             return self.forward(input.unsqueeze(0)).squeeze(0)
         use_input_stats = self.training or not self.track_running_stats
-        return nf.instance_norm(input, None if use_input_stats else self.running_mean,
-                                None if use_input_stats else self.running_var, self.weight,
+        return nf.instance_norm(input, self.running_mean, self.running_var, self.weight,
                                 self.bias, use_input_stats, self.momentum, self.eps)
 
 
@@ -282,8 +281,6 @@ def native_reason(m):
         return "divisor_override"
     if isinstance(m, (nn.Softmax, nn.LogSoftmax)) and m.dim is None:
         return "dim None"
-    if isinstance(m, nn.modules.instancenorm._InstanceNorm) and m.track_running_stats:
-        return "track_running_stats (running statistics from per-instance ones)"
     return None
 
 
