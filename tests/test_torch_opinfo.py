@@ -31,7 +31,7 @@ NOT_SUPPORTED = {
     "max_pool1d": ("return_indices",), "max_pool2d": ("return_indices",),
     "max_pool3d": ("return_indices",), "avg_pool2d": ("divisor_override",),
     "avg_pool3d": ("divisor_override",), "hardtanh": ("min_val",),
-    "softplus": ("threshold",), "instance_norm": ("eps", "momentum"),
+    "instance_norm": ("eps", "momentum"),
     "dropout": ("p 1",), "batch_norm": ("eps", "momentum"), "layer_norm": ("eps",),
     "rms_norm": ("eps",), "group_norm": ("eps",),
 }

@@ -165,3 +165,18 @@ def test_instance_norm_advances_running_statistics_as_pytorch(dtype):
         native.train(mode == "train"), ours.train(mode == "train")
         torch.testing.assert_close(ours(x), native(x), rtol=tol, atol=tol)
         torch.testing.assert_close(ours.running_var, native.running_var, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("threshold", [0.2, 5.0, 20.0])
+def test_softplus_takes_any_threshold_as_pytorch(threshold):
+    """Past beta x > threshold PyTorch returns x (and a gradient of 1): nbdnn.torch too
+    for a threshold other than the default; at the default, nbdnn's exact form is within
+    log1p(exp(-20)) / beta of it."""
+    x = torch.linspace(-8, 30, 77, dtype=torch.float64, requires_grad=True)
+    outs = []
+    for f in (F, NF):
+        y = f.softplus(x, beta=1.5, threshold=threshold)
+        g, = torch.autograd.grad(y.sum(), x)
+        outs.append((y.detach(), g))
+    tol = 1e-12 if threshold != 20.0 else 3e-9
+    torch.testing.assert_close(outs[1], outs[0], rtol=tol, atol=tol)

@@ -63,10 +63,15 @@ def tanh(input):
 
 
 def softplus(input, beta=1.0, threshold=20.0):
-    if threshold != 20.0:  # (nbdnn: the stable exact form everywhere; PyTorch returns x
-        # past beta x > threshold, which differs from it by log1p(exp(-threshold)) / beta)
-        _unsupported("softplus", f"threshold {threshold} (only PyTorch's default 20)")
-    return _act("softplus", input, "softplus", beta)
+    """nbdnn's softplus is the exact stable form everywhere; PyTorch returns x where
+    beta x > threshold. With the default threshold 20 the two differ by at most
+    log1p(exp(-20)) / beta (2e-9 / beta: below float32's rounding of such x), and nbdnn's
+    is returned; another threshold takes x there as PyTorch does (torch.where over
+    nbdnn's softplus: the same values and, through where, the same gradient)."""
+    y = _act("softplus", input, "softplus", beta)
+    if threshold == 20.0:
+        return y
+    return torch.where(input * beta > threshold, input.to(y.dtype), y)
 
 
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):

@@ -273,8 +273,6 @@ def native_reason(m):
         return f"padding_mode {m.padding_mode!r}"
     if isinstance(m, nn.Hardtanh) and not isinstance(m, nn.ReLU6) and m.min_val != 0:
         return f"min_val {m.min_val} (nbdnn clips at 0)"
-    if isinstance(m, nn.Softplus) and m.threshold != 20:
-        return f"threshold {m.threshold}"
     if isinstance(m, nn.modules.pooling._MaxPoolNd) and m.return_indices:
         return "return_indices"
     if isinstance(m, (nn.AvgPool2d, nn.AvgPool3d)) and m.divisor_override is not None:
