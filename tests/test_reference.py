@@ -17,6 +17,8 @@ def _naive(mode, x, c):
         return x if x >= 0 else c * x
     if mode == "clipped_relu":
         return min(max(x, 0.0), c)
+    if mode == "clamp":
+        return min(max(x, -c), c)
     if mode == "elu":
         return x if x > 0 else c * (math.exp(x) - 1)
     if mode == "sigmoid":
@@ -48,9 +50,9 @@ def test_activation_matches_naive_loop(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_activation_backward_matches_finite_differences(mode):
     c = {"leaky_relu": 0.3, "clipped_relu": 2.5, "elu": 0.7, "swish": 1.3,
-         "softplus": 2.0}.get(mode)
-    x = X[np.abs(X) > 1e-3]  # away from the kinks at 0 (and 2.5 for clipped_relu)
-    x = x[np.abs(x - 2.5) > 1e-3]
+         "softplus": 2.0, "clamp": 2.5}.get(mode)
+    x = X[np.abs(X) > 1e-3]  # away from the kinks at 0 (and +-2.5: clipped_relu, clamp)
+    x = x[np.abs(np.abs(x) - 2.5) > 1e-3]
     dy = np.cos(x)
     h = 1e-6
     fd = (nbdnn.activation(x + h, mode, coef=c) - nbdnn.activation(x - h, mode, coef=c)) / (2 * h)

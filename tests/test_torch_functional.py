@@ -39,6 +39,7 @@ CASES = {
     # threshold past which PyTorch returns x, nbdnn the exact value; 1e-10 apart there)
     "hardtanh": ([_t(3, 40, lo=-3, hi=9)], {"min_val": 0.0, "max_val": 4.0}),
     "relu6": ([_t(3, 40, lo=-3, hi=9)], {}),
+    "hardtanh-default": ([_t(3, 40, lo=-3, hi=3)], {}),  # (-1, 1: nbdnn's clamp)
     "softmax": ([_t(2, 5, 7, lo=-9, hi=9)], {"dim": 1}),
     "log_softmax": ([_t(2, 5, 7, lo=-9, hi=9)], {"dim": -1}),
     "linear": ([_t(2, 3, 6), _t(5, 6), _t(5)], {}),

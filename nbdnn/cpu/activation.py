@@ -12,10 +12,12 @@ gelu          x * Phi(x) = x/2 (1 + erf(x/sqrt 2))      Phi(x) + x*phi(x)       
 gelu_tanh     x/2 (1 + tanh(k(x + 0.044715 x^3)))      (see _gelu_tanh_grad)   -
 softplus      log(1 + exp(c*x)) / c                     sigmoid(c*x)            beta (1)
 identity      x                                         1                       -
+clamp         min(max(x, -c), c)                        [-c < x < c]            bound (1)
 
 Stable forms: sigmoid by the sign of x, softplus as (max(z,0) + log1p(exp(-|z|)))/c,
 gelu_tanh's derivative set to its limit (1 or 0) for |x| > 10. NaN propagates through
-f; relu/clipped_relu/leaky_relu pass NaN through as PyTorch does.
+f; relu/clipped_relu/leaky_relu/clamp pass NaN through as PyTorch does. clamp is
+PyTorch's hardtanh(x, -c, c) (its default: c = 1).
 """
 import math
 
@@ -52,6 +54,8 @@ def forward(x, mode, c):
             return np.where(x < 0, x * c, x)
         if mode == "clipped_relu":
             return np.where(x < 0, 0, np.where(x > c, c, x)).astype(x.dtype)
+        if mode == "clamp":
+            return np.where(x < -c, -c, np.where(x > c, c, x)).astype(x.dtype)
         if mode == "elu":
             return np.where(x > 0, x, c * np.expm1(x))
         if mode == "sigmoid":
@@ -81,6 +85,8 @@ def derivative(x, mode, c):
             return np.where(x > 0, 1, c).astype(x.dtype)
         if mode == "clipped_relu":
             return ((x > 0) & (x < c)).astype(x.dtype)
+        if mode == "clamp":
+            return ((x > -c) & (x < c)).astype(x.dtype)
         if mode == "elu":
             return np.where(x > 0, 1, c * np.exp(x)).astype(x.dtype)
         if mode == "sigmoid":

@@ -56,6 +56,8 @@ def _device_functions(t):
                        lambda x, c: one if x > zero else c),
         "clipped_relu": (lambda x, c: zero if x < zero else (c if x > c else x),
                          lambda x, c: one if (x > zero and x < c) else zero),
+        "clamp": (lambda x, c: -c if x < -c else (c if x > c else x),
+                  lambda x, c: one if (x > -c and x < c) else zero),
         "elu": (lambda x, c: x if x > zero else c * math.expm1(x),
                 lambda x, c: one if x > zero else c * math.exp(x)),
         "sigmoid": (lambda x, c: sigmoid(x),

@@ -21,6 +21,8 @@ def _coef(op, mode, coef):
         return DEFAULT_COEF[mode]
     if mode == "clipped_relu":
         return scalar(op, "coef (clipped_relu ceiling)", coef, low=0.0)
+    if mode == "clamp":
+        return scalar(op, "coef (clamp bound)", coef, low=0.0)
     if mode == "softplus":
         return scalar(op, "coef (softplus beta)", coef, low=0.0, low_open=True)
     return scalar(op, f"coef ({mode})", coef)
@@ -41,7 +43,8 @@ def fused_coef(op, activation, coef):
 def activation(x, mode="relu", *, coef=None, alpha=1.0, beta=0.0, out=None,
                backend=None, stream=None):
     """y = alpha * f(x) + beta * out, elementwise; f by `mode`, parameterised by `coef`
-    (leaky_relu slope 0.01, clipped_relu ceiling 6, elu alpha 1, swish/softplus beta 1).
+    (leaky_relu slope 0.01, clipped_relu ceiling 6, elu alpha 1, swish/softplus beta 1,
+    clamp bound 1: min(max(x, -c), c)).
 
     x: any shape, float16/bfloat16/float32/float64. Returns y (or `out`) of x's shape
     and dtype."""

@@ -13,7 +13,7 @@ copied, to check a model against it; `with nbdnn.torch.functional_calls():` send
 torch.nn.functional calls a model makes itself to nbdnn too.
 
 Differences from torch.nn.functional, each an error rather than a silent change:
-hardtanh with min_val other than 0; max_pool's
+hardtanh with bounds other than (0, max) or (-max, max); max_pool's
 return_indices; avg_pool's divisor_override;
 softmax without dim; dropout with p 1; attn_mask together with is_causal (as PyTorch);
 a norm's eps <= 0 and batch norm's momentum outside [0, 1] (PyTorch takes them).

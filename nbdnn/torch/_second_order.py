@@ -53,6 +53,7 @@ ACTIVATIONS = {
     "tanh": lambda x, c: torch.tanh(x),
     "softplus": lambda x, c: F.softplus(x, c),
     "clipped_relu": lambda x, c: F.hardtanh(x, 0.0, c),
+    "clamp": lambda x, c: F.hardtanh(x, -c, c),
 }
 
 

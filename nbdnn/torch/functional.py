@@ -75,10 +75,17 @@ def softplus(input, beta=1.0, threshold=20.0):
 
 
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
-    if min_val != 0.0:
-        _unsupported("hardtanh", f"min_val {min_val} (nbdnn's clipped relu clips at 0: "
-                     "min_val 0 only)")
-    return _act("hardtanh", input, "clipped_relu", max_val, inplace)
+    """nbdnn's clipped_relu where min_val is 0, its clamp where min_val is -max_val (the
+    default, -1 and 1); other bounds are a NotSupportedError."""
+    if min_val > max_val:
+        raise BadParamError(f"nbdnn.torch.hardtanh: max_val {max_val} must be >= min_val "
+                            f"{min_val}")
+    if min_val == 0.0:
+        return _act("hardtanh", input, "clipped_relu", max_val, inplace)
+    if min_val == -max_val:
+        return _act("hardtanh", input, "clamp", max_val, inplace)
+    _unsupported("hardtanh", f"min_val {min_val} with max_val {max_val} (nbdnn's clipped "
+                 "relu and clamp: min_val 0, or -max_val)")
 
 
 def relu6(input, inplace=False):

@@ -271,8 +271,9 @@ def native_reason(m):
         return why
     if isinstance(m, nn.modules.conv._ConvNd) and m.padding_mode != "zeros":
         return f"padding_mode {m.padding_mode!r}"
-    if isinstance(m, nn.Hardtanh) and not isinstance(m, nn.ReLU6) and m.min_val != 0:
-        return f"min_val {m.min_val} (nbdnn clips at 0)"
+    if isinstance(m, nn.Hardtanh) and not isinstance(m, nn.ReLU6) and m.min_val != 0 and \
+            m.min_val != -m.max_val:
+        return f"min_val {m.min_val} with max_val {m.max_val} (nbdnn: min_val 0 or -max_val)"
     if isinstance(m, nn.modules.pooling._MaxPoolNd) and m.return_indices:
         return "return_indices"
     if isinstance(m, (nn.AvgPool2d, nn.AvgPool3d)) and m.divisor_override is not None:

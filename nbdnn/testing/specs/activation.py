@@ -3,7 +3,7 @@ inputs kept a little away from the kinks."""
 import numpy as np
 
 import nbdnn
-from nbdnn._vocab import ACTIVATION_MODES, BF16_DTYPES
+from nbdnn._vocab import ACTIVATION_DEFAULT_COEF, ACTIVATION_MODES, BF16_DTYPES
 from nbdnn.testing.harness import Case, OpSpec, rand, shape_nd
 
 
@@ -17,12 +17,13 @@ def _activation_maker(mode, backward):
         coef = None
         if mode in ("leaky_relu", "elu", "swish"):
             coef = [None, 0.2, 1.5][draw(0, 2)]
-        elif mode == "clipped_relu":
+        elif mode in ("clipped_relu", "clamp"):
             coef = [None, 1.0, 2.5][draw(0, 2)]
         elif mode == "softplus":
             coef = [None, 0.5, 3.0][draw(0, 2)]
-        if mode in ("clipped_relu",) and coef is not None:
-            x[np.abs(x - coef) < 1e-2] += np.asarray(0.05, dtype)
+        if mode in ("clipped_relu", "clamp"):
+            c = coef if coef is not None else ACTIVATION_DEFAULT_COEF[mode]
+            x[np.abs(np.abs(x) - c) < 1e-2] += np.asarray(0.05, dtype)  # (the kinks at +-c)
         if backward:
             dy = rand(rng, shape, dtype)
             return Case((dy, x), {"mode": mode, "coef": coef})
