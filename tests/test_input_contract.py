@@ -53,10 +53,16 @@ def test_a_bad_stream_is_named_on_every_path(stream):
         nbdnn.activation(cuda.to_device(x), "relu", stream=stream)  # (the planned path)
 
 
-@pytest.mark.parametrize("stream", [None, 0, 7, "numba"])
+@pytest.mark.parametrize("stream", [None, 0, "handle", "numba"])
 def test_the_streams_the_readme_names_are_taken(stream):
+    """None and 0 (the legacy default stream), a numba stream, and a stream's raw
+    handle as an int (on a GPU a real one: the driver cannot tell a made-up number)."""
+    from nbdnn.cuda import SIMULATOR
+    from nbdnn.cuda.runtime.arrays import stream_handle
     x = cuda.to_device(np.ones((2, 3), F32))
-    stream = cuda.stream() if stream == "numba" else stream
+    if stream in ("numba", "handle"):
+        s = cuda.stream()
+        stream = s if stream == "numba" else 7 if SIMULATOR else stream_handle(s)
     y = nbdnn.activation(x, "relu", stream=stream)
     np.testing.assert_array_equal(y.copy_to_host(), np.ones((2, 3), F32))
 
