@@ -438,16 +438,16 @@ def test_functional_calls_mode():
     w = _t(4, 3, 3, 3).requires_grad_()
     with nt.functional_calls() as calls:
         y = F.conv2d(F.relu(x), w, padding=1).softmax(1)
-        z = F.hardtanh(x)
+        z = F.hardtanh(x, -0.5, 2.0)  # (bounds nbdnn has no kernel for)
     want = F.conv2d(F.relu(x), w, padding=1).softmax(1)
     torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(z, F.hardtanh(x))
+    torch.testing.assert_close(z, F.hardtanh(x, -0.5, 2.0))
     g, g2 = (torch.autograd.grad(t.square().sum(), (x, w)) for t in (y, want))
     for a, b in zip(g, g2):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert calls.nbdnn == {"relu": 1, "conv2d": 1, "softmax": 1}, calls.nbdnn
-    assert list(calls.native) == [("hardtanh", "min_val -1.0 (nbdnn's clipped relu clips "
-                                   "at 0: min_val 0 only)")]
+    assert list(calls.native) == [("hardtanh", "min_val -0.5 with max_val 2.0 (nbdnn's "
+                                   "clipped relu and clamp: min_val 0, or -max_val)")]
     assert "native hardtanh" in calls.report()
 
 
