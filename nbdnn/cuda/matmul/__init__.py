@@ -73,6 +73,14 @@ FORCE_TILE = None
 # runs mma_gemm on an sm_90 GPU too (its tests), "wgmma" insists on wgmma.
 TENSOR_CORES = True
 TENSOR_CORE_PATH = "auto"
+# 3xtf32 on the wgmma kernel adding each k-tile's product into its accumulators on the
+# CUDA cores (wgmma_gemm's promote): the tensor cores' float32 accumulation truncates
+# toward zero at every wgmma, a bias growing with K that 3xtf32's 3K products made 4.6e-5
+# at 4096^3 on the H100 (IEEE FMA: 3.1e-6; perf/RESULTS.md, "3xtf32's lost accuracy").
+# The promoted kernel compiles to PTX (tests/test_ptx.py) but has not run on a GPU yet:
+# False (the tensor cores accumulate) until tests/test_tf32_accuracy.py, which turns it
+# on, passes there and perf/experiments/tf32_promote_ab.py has timed it.
+PROMOTE_3XTF32 = False
 
 
 def tensor_cores():
@@ -152,7 +160,9 @@ def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream,
     tc = _tc_kernel(dtype, math_mode)
     if tc is not None and _tc.usable(a, b, c, trans_a, trans_b, M, N, K) and \
             (tc is _tc or nb <= MAX_BATCH):
-        return tc.gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream)
+        kw = {"promote": True} if tc is _tc and math_mode == "3xtf32" and PROMOTE_3XTF32 \
+            else {}
+        return tc.gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, **kw)
     if nb > MAX_BATCH:
         raise NotSupportedError(f"matmul: {nb} matrices in a batch exceed the grid limit "
                                 f"{MAX_BATCH}; split the batch")

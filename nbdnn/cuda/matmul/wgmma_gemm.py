@@ -82,6 +82,9 @@ SKINNY_TILE = SKINNY
 # M (all of a's rows) up to which SKINNY_TILE serves. Run AJ (x cuBLAS), 64 -> 128: 128
 # x 4096 x 4096 0.64 -> 0.68, 128 x 256 x 64 0.60 -> 0.65; 256 lost at 256 x 4096 x 8192.
 SKINNY_ROWS = 128
+# 3xtf32's k-tile products added on the CUDA cores (promote): a consumer's columns at most
+# (its two accumulators, 2 x 64 registers at 128: the 256-wide tile's 2 x 128 would spill)
+PROMOTE_COLUMNS = 128
 # split-K's chunks of a 64-row tile reduced in a thread-block cluster through distributed
 # shared memory (cluster_split.py: no workspace, no sum kernel; 2-8 chunks). Run AJ
 # (H200): correct (its tests, memcheck clean), but racecheck reports ~2400 hazards
@@ -133,16 +136,22 @@ TEMPLATE_ADDRESS = 1 << 20   # the templates' base (replaced in the kernel; 16-B
 
 @functools.lru_cache(maxsize=None)
 def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=False,
-           own_maps=False, tile=None, store=False, lean=False, cluster=0, conv=False):
+           own_maps=False, tile=None, store=False, lean=False, cluster=0, conv=False,
+           promote=False):
     """The Kernel for dtype "float16" / "bfloat16" / "float32" (its tf32 modes, operands
     K-major only), the operand majors and the epilogue (built on first use: a variant
     compiles in seconds); partial: split-K's chunk kernel (c a float32 workspace);
     own_maps: the blocks make their tensor maps (OWN_MAPS); tile: (BN, STAGES[, BM]);
     store: C through TMA stores (TMA_STORE); cluster: S, split-K in S-block clusters
     (CLUSTER_SPLIT); conv: a convolution's operands (wgmma_im2col.py; host maps), 2
-    with a convolution's epilogue order (wgmma_source.source)."""
+    with a convolution's epilogue order (wgmma_source.source); promote (float32's
+    3xtf32): a k-tile's product added into the accumulators on the CUDA cores, at most
+    128 columns a consumer (wgmma_source.source)."""
     kind = KINDS[dtype]
     bn, stages, bm = tile = (tuple(tile or TILE) + (BM,))[:3]
+    if promote and (kind != "tf32" or ws.consumer_columns(bn, bm) > PROMOTE_COLUMNS):
+        raise ValueError(f"wgmma GEMM: promote is for tf32 with at most {PROMOTE_COLUMNS} "
+                         f"columns a consumer; got {dtype}, tile {bm}x{bn}")
     shmem = shared_bytes(bn, stages, store, bm, cluster)
     if bn not in (64, 128, 192, 256) or bm not in (64, 128) or shmem > MAX_SHARED or \
             cluster and (partial or store or conv or not 2 <= cluster <= cs.MAX_CLUSTER) or \
@@ -154,7 +163,7 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
                          f"conv with host maps (tf32: the GEMM's epilogue order and a "
                          f"K-major B only)")
     name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store, lean,
-                       cluster, conv)
+                       cluster, conv, promote)
     nw = ws.consumer_columns(bn, bm)
     ns = namespace(kind, nw, a_k, b_k, _act._device_functions(np.float32)[act][0] if act
                    else None)
@@ -198,6 +207,9 @@ def ptx_examples():
     kernel("bfloat16", True, False, store=st, lean=ln, tile=(192, 4), conv=1)  # (a data
     # gradient's filter as stored: B MN-major)
     kernel("float32", True, True, True, "relu", store=f32, lean=ln, conv=1)  # (tf32 conv)
+    kernel("float32", True, True, store=f32, tile=(128, 6), promote=True, **ship)  # (3xtf32)
+    kernel("float32", True, True, partial=True, store=f32, tile=(256, 4, 64), promote=True,
+           **ship)  # (3xtf32 split-K, skinny: 128 columns a consumer)
     kernel("bfloat16", True, False, own_maps=om, store=st, lean=not ln)
     kernel("bfloat16", True, True, partial=True, store=not f32, **ship)
     kernel("bfloat16", True, False, True, "gelu", tile=(256, 4, 64), store=st, **ship)
@@ -208,11 +220,13 @@ def ptx_examples():
         splitk_sum(dtype)
 
 
-def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
+def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, promote=False):
     """c = alpha * act(op(a) @ op(b) + bias) + beta * c on the tensor cores. a, b, c, bias:
     C-contiguous device arrays of one dtype, 16-bit or float32 (tf32: operands already
     rounded, tf32_parts.py); shapes checked by the front end, `usable` true; c (batch...,
-    M, N)."""
+    M, N). promote (float32's 3xtf32): each k-tile's product added into float32
+    accumulators on the CUDA cores (the kernel's promote), on tiles of at most
+    PROMOTE_COLUMNS columns a consumer (the registers of the second accumulator)."""
     from ...backend import _recording
     plan = _recording.__dict__.get("plan")
     if plan is not None and not OWN_MAPS:  # a tensor map holds its tensor's address: a
@@ -233,6 +247,8 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     width = TILE[0] if tile is not TILE else tile_width(-(-rows_a // BM), N, nz)
     tile = tile if width == TILE[0] else (width, 5 if width == 192 else 6)  # (40 KB a
     # stage at 192 wide; 128 and 64: split_k.NARROW)
+    if promote and ws.consumer_columns(tile[0], (tuple(tile) + (BM,))[2]) > PROMOTE_COLUMNS:
+        tile = (PROMOTE_COLUMNS, 6)
     bn, bm = tile[0], (tuple(tile) + (BM,))[2]
     # tensor maps (matrices, rows, contiguous extent), boxes (1, rows, 128 B of k) K-major
     # or (1, 64 k, 64 m/n) MN-major (16-bit only)
@@ -262,7 +278,8 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream):
     shmem = shared_bytes(bn, stages, store, bm, cluster)
     epilogue = (False, None, False) if partial else (bias is not None, act, beta != 0)
     k = kernel(dtype, not trans_a, bool(trans_b), *epilogue, partial=partial,
-               own_maps=OWN_MAPS, tile=tile, store=store, lean=LEAN_SETUP, cluster=cluster)
+               own_maps=OWN_MAPS, tile=tile, store=store, lean=LEAN_SETUP, cluster=cluster,
+               promote=promote)
     if cluster:  # whole clusters, as many as run at once (a cluster's blocks share a GPC)
         grid = min(tiles, k.max_active_clusters(k.sigs[0], cluster, THREADS, shmem) or
                    sm_count() // cluster) * cluster

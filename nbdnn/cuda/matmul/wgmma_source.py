@@ -17,7 +17,7 @@ BK_OF = {"f16": BK, "bf16": BK, "tf32": BK // 2}  # a k-tile is 128 B of K in ev
 
 
 def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=None,
-           store=False, lean=False, cluster=0, conv=False):
+           store=False, lean=False, cluster=0, conv=False, promote=False):
     """(name, source) of the kernel for kind "f16"/"bf16", operand majors (a_k, b_k:
     K-major or not) and the epilogue (bias: add bias[n]; act: an activation mode or
     None; beta: blend the old C; partial: split-K, c is the float32 workspace of the
@@ -34,7 +34,11 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     from a parameter `zin` after c; "_co" in the name), 3 a filter gradient's (dy^T and
     im2col(x), both MN-major; wgmma_im2col.filter_tile_lines; "wgmma_convdw"). With
     conv 1 or 2, b_k False reads B MN-major (a data gradient's filter as stored,
-    wgmma_im2col.load_lines; "_wn")."""
+    wgmma_im2col.load_lines; "_wn"). promote (tf32): each k-tile's product starts a fresh
+    tensor-core accumulator (scale_d 0) and is added into d by the CUDA cores, rounding
+    to nearest (add_acc; "_pr"): the tensor cores' own float32 accumulation truncates
+    toward zero at every wgmma, a bias that grows with K (perf/RESULTS.md, "3xtf32's lost
+    accuracy"); it needs nw / 2 more registers a thread (nw <= 128)."""
     bk, f32 = BK_OF[kind], kind == "tf32"
     cl, tl = cs.setup_lines(cluster) if cluster else ([], [])
     bn, stages, bm = (tuple(tile or TILE) + (BM,))[:3]
@@ -44,6 +48,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
         ("_partial" if partial else "") + ("_om" if own_maps else "") + \
         ("_ts" if store else "") + ("_ls" if lean else "") + (f"_c{cluster}" if cluster else "") + \
         ("_co" if conv == 2 else "") + ("_wn" if conv in (1, 2) and not b_k else "") + \
+        ("_pr" if promote else "") + \
         ("" if (bn, stages, bm) == (256, 4, 128) else
          f"_n{bn}s{stages}" if bm == 128 else f"_m{bm}n{bn}s{stages}")
     maps = ("tmpl_a, tmpl_b, tmpl_c, a, b, slots" if store else "tmpl_a, tmpl_b, a, b, slots") \
@@ -51,7 +56,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     cz = "c, zin" if conv == 2 and beta and not partial else "c"  # (a convolution's z)
     name = f"wgmma_convdw_{kind}{epi}" if conv == 3 else f"wgmma_conv_{kind}{epi}" if conv else \
         f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
-    L = helper_lines(bm, bn, lean, nw) + [
+    L = helper_lines(bm, bn, lean, nw) + (promote_lines(nw) if promote else []) + [
          f"def {name}({maps}, {cz}, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
          ] + cl + [
          "    smem = cuda.shared.array(0, types.uint8)",
@@ -122,7 +127,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
           "            zk, m0, n0 = tile_of(t, tm, tn, group)"] + \
         chunk_lines(" " * 12, lean, matrix=False) + [
           f"            ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}",
-          "            d = zero_acc()",
+          "            d = zero_acc()"] + (["            p = zero_acc()"] if promote else []) + [
           "            for kt in range(ktiles):",
           f"                s = it % {stages}",
           f"                ph = (it // {stages}) & 1",
@@ -131,11 +136,14 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
           ] + ws.operand_lines(bm, bn, sb_bytes) + [
           "                wgmma_fence()"]
     for ks in range(BK // 16):
-        L += [f"                d = mma({ws.descriptor('sa', a_k, ks)}, "
-              f"{ws.descriptor('sb', b_k, ks)}, d, 1)"]
+        acc, scale = ("p", int(ks > 0)) if promote else ("d", 1)
+        L += [f"                {acc} = mma({ws.descriptor('sa', a_k, ks)}, "
+              f"{ws.descriptor('sb', b_k, ks)}, {acc}, {scale})"]
     L += ["                wgmma_commit()",
           "                wgmma_wait(0)",
-          "                if i == 0:", "                    mbarrier_arrive(U32(empty0 + 8 * s))",
+          "                if i == 0:", "                    mbarrier_arrive(U32(empty0 + 8 * s))"] + \
+        (["                d = add_acc(d, p)  # (the stage is free: registers only)"]
+         if promote else []) + [
           "                it += 1"] + ws.place_lines(bm, bn) + [
           "            coff = zk * M * N"]
     zord = bool(beta) if conv == 2 and not partial else None  # (a convolution's order)
@@ -153,3 +161,11 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     L += ["            " + x for x in E] + (staged.final_lines("        ") if store else []) + \
         (cs.final_lines("        ") if cluster else [])
     return name, "\n".join(L) + "\n"
+
+
+def promote_lines(nw):
+    """add_acc(d, p): the nw / 2 float32 accumulators of a consumer's tile added on the
+    CUDA cores (fadd.rn), a device function of its own as zero_acc is."""
+    n = nw // 2
+    return ["@cuda.jit(device=True)", "def add_acc(d, p):",
+            "    return (" + "".join(f"d[{j}] + p[{j}], " for j in range(n)) + ")", "", ""]

@@ -1,0 +1,60 @@
+"""float32's "3xtf32" at float32's accuracy on the GPU, at reduction lengths K >= 4096
+(perf/RESULTS.md, "3xtf32's lost accuracy": the tensor cores' accumulation truncates
+toward zero at every step, so a long product drifts low; the wgmma kernel adds each
+k-tile's product on the CUDA cores instead). Each path against float64, beside the IEEE
+(FMA) result of the same product: its error within a small multiple of IEEE's, and no
+bias ("shrink": the least-squares scale of the result against the exact one, less 1;
+a truncating accumulation gives -8e-6 and worse at K 4096)."""
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn.cuda import SIMULATOR
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(SIMULATOR, reason="the tensor cores")]
+
+
+def _errors(got, exact):
+    got = np.asarray(got, np.float64)
+    err = float(np.abs(got - exact).max() / np.abs(exact).max())
+    shrink = float(((got - exact) * exact).sum() / (exact * exact).sum())
+    return err, shrink
+
+
+@pytest.fixture(autouse=True)
+def _promoted(monkeypatch):
+    """The wgmma kernel's promoted accumulation (nbdnn.cuda.matmul.PROMOTE_3XTF32), on
+    whatever the default."""
+    from nbdnn.cuda import matmul
+    from nbdnn.ops import _plan
+    monkeypatch.setattr(matmul, "PROMOTE_3XTF32", True)
+    _plan.clear()
+
+
+def _check(run, exact):
+    ieee, _ = _errors(run("ieee"), exact)
+    err, shrink = _errors(run("3xtf32"), exact)
+    assert abs(shrink) < 1e-6, f"3xtf32 biased: shrink {shrink:.2e} (ieee error {ieee:.2e})"
+    assert err <= 4 * ieee, f"3xtf32 error {err:.2e} against ieee's {ieee:.2e}"
+
+
+@pytest.mark.parametrize("m,n,k", [(512, 512, 4096), (256, 384, 8192), (64, 512, 6144)])
+def test_matmul_3xtf32_is_float32_class(m, n, k):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(k)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n)))
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    da, db = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+    _check(lambda mode: nbdnn.matmul(da, db, math=mode).cpu().numpy(), exact)
+
+
+def test_conv_3xtf32_is_float32_class():
+    """C * R * S = 4608 taps a sum: the convolution's GEMM path (algo "gemm")."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 512, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((64, 512, 3, 3)).astype(np.float32)
+    exact = nbdnn.conv2d(x.astype(np.float64), w.astype(np.float64), padding=1)
+    dx, dw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
+    _check(lambda mode: nbdnn.conv2d(dx, dw, padding=1, algo="gemm", math=mode).cpu().numpy(),
+           exact)
