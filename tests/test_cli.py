@@ -119,7 +119,7 @@ def test_cache_info_and_clear(capsys, monkeypatch, tmp_path):
     (tmp_path / "kc" / "k-0123.nbk").write_bytes(b"x" * 2000)
     assert main(["cache", "info"]) == 0
     out = capsys.readouterr().out
-    assert str(tmp_path / "kc") in out and "1, 0.0 MB" in out and "on" in out
+    assert str(tmp_path / "kc") in out and "1, 0.0 MB" in out and "state    on\n" in out
     assert main(["cache", "clear"]) == 0
     assert "removed 1" in capsys.readouterr().out and not os_.listdir(tmp_path / "kc")
     monkeypatch.setenv("NBDNN_KERNEL_CACHE", "0")

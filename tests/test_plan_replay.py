@@ -46,21 +46,29 @@ def _device(args):
     return [to_device(a) if isinstance(a, np.ndarray) else a for a in args]
 
 
-def _outcome(fn, args, kw, planned=True):
-    """('ok', results on the host) or ('error', class, message), on fresh device copies
-    of args (in-place ops update their arguments; each call starts from the same)."""
-    dev = _device(args)
-    dkw = {k: to_device(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+def _attempt(call, planned):
+    """('ok', call()'s results as a tuple) or ('error', class, message), with eager call
+    plans on (planned) or off (every call in full)."""
     was, _plan.ENABLED = _plan.ENABLED, planned
     try:
-        r = fn(*dev, **dkw)
+        r = call()
     except nbdnn.NbdnnError as e:
         return ("error", type(e), str(e))
     finally:
         _plan.ENABLED = was
-    rs = r if isinstance(r, tuple) else (r,)
+    return ("ok", r if isinstance(r, tuple) else (r,))
+
+
+def _outcome(fn, args, kw, planned=True):
+    """_attempt of fn on fresh device copies of args (in-place ops update their
+    arguments; each call starts from the same), results on the host."""
+    dev = _device(args)
+    dkw = {k: to_device(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+    r = _attempt(lambda: fn(*dev, **dkw), planned)
+    if r[0] == "error":
+        return r
     return ("ok", [None if x is None else np.asarray(x) if isinstance(x, (float, int))
-                   else to_host(x) for x in rs])
+                   else to_host(x) for x in r[1]])
 
 
 def _same(a, b):
@@ -196,14 +204,8 @@ def test_out_overlapping_an_input_is_refused_planned_or_not(spec):
         dev[big] = buf[:a.size].reshape(a.shape)
         home = buf if overlapping else to_device(np.zeros(a.size + shift + n_out, a.dtype))
         out = home[shift:shift + n_out].reshape(first.shape)
-        was, _plan.ENABLED = _plan.ENABLED, planned
-        try:
-            r = spec.fn(*dev, **kw, out=out)
-        except nbdnn.NbdnnError as e:
-            return ("error", type(e), str(e))
-        finally:
-            _plan.ENABLED = was
-        return ("ok", [to_host(out)])
+        r = _attempt(lambda: spec.fn(*dev, **kw, out=out), planned)
+        return r if r[0] == "error" else ("ok", [to_host(out)])
 
     for _ in range(4):
         r = call(False)
@@ -224,14 +226,8 @@ def test_sgd_velocity_overlapping_the_gradient_is_refused_after_a_plan():
         buf = to_device(np.zeros(2 * n + 4, np.float32))
         grad = buf[:n]
         v = buf[4:4 + n] if overlapping else to_device(np.zeros(2 * n + 4, np.float32))[4:4 + n]
-        was, _plan.ENABLED = _plan.ENABLED, planned
-        try:
-            nbdnn.sgd_update(w, grad, v, lr=0.1, momentum=0.9)
-        except nbdnn.NbdnnError as e:
-            return ("error", type(e), str(e))
-        finally:
-            _plan.ENABLED = was
-        return ("ok", [to_host(w)])
+        r = _attempt(lambda: nbdnn.sgd_update(w, grad, v, lr=0.1, momentum=0.9), planned)
+        return r if r[0] == "error" else ("ok", [to_host(w)])
 
     for _ in range(4):
         assert call(False)[0] == "ok"

@@ -44,7 +44,7 @@ _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 def ready(fn, op, x, w=None, b=None):
     """(x, w, b) as autocast has op see them, their dtypes checked for function fn: the
     common case (no autocast, dtypes nbdnn takes) asked inline, one frame (~0.17 us a
-    call less than autocast() and check() on three tensors, CI host, run AZ)."""
+    call less than autocast() and check() on three tensors, on the CI host)."""
     if _any_autocast():
         x, w, b = autocast(op, x, w, b)
     if x.dtype not in DTYPES or w is not None and w.dtype not in DTYPES or \
@@ -131,7 +131,7 @@ def positive_eps(fn, value):
 
 def normalized(fn, input, normalized_shape):
     """len(normalized_shape), checked against input's trailing axes (one axis, the usual
-    case, by its size: 0.15 us a call less on the CI host, run AZ)."""
+    case, by its size: 0.15 us a call less on the CI host)."""
     shape = normalized_shape if normalized_shape.__class__ is tuple else \
         (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     n, size = len(shape), input.shape

@@ -63,12 +63,8 @@ def compiled(kernel, sig):
     path = expected = None
     if folder:
         cc = _cc()
-        try:
-            full = key(kernel.pyfunc, sig, kernel.arch, kernel.jit_options, cc)
-        except Uncachable:
-            full = None
+        path, full = _entry(folder, kernel, sig, cc)
         if full:
-            path = os.path.join(folder, file_name(kernel.name, full))
             expected = {"key": full, "kernel": kernel.name, "sig": sig, "cc": list(cc)}
             found = read(path, expected)
             if found is not None:
@@ -126,10 +122,14 @@ def path_for(kernel, sig, cc):
     """Where kernel's signature sig lives in the cache folder, or None (cache off, or
     uncachable)."""
     where = directory()
-    if where is None:
-        return None
+    return None if where is None else _entry(where, kernel, sig, cc)[0]
+
+
+def _entry(folder, kernel, sig, cc):
+    """(path, full key) of kernel's signature sig in folder; (None, None) when the
+    kernel is uncachable."""
     try:
         full = key(kernel.pyfunc, sig, kernel.arch, kernel.jit_options, cc)
     except Uncachable:
-        return None
-    return os.path.join(where, file_name(kernel.name, full))
+        return None, None
+    return os.path.join(folder, file_name(kernel.name, full)), full
