@@ -27,6 +27,17 @@ DY = np.ones((1, 2, 2, 2), np.float32)
     (lambda: nbdnn.pool_backward(DY, X, 2, stride=1), ShapeError, "dy.shape"),
     (lambda: nbdnn.pool_backward(DY.astype(np.float64), X, 2), DtypeError, "dy"),
     (lambda: nbdnn.pool_backward(DY, X[0, 0], 2), ShapeError, "x.ndim"),
+    (lambda: nbdnn.pool2d(X, 2, divisor=3), BadParamError, "divisor"),  # (mode max)
+    (lambda: nbdnn.pool2d(X, 2, mode="avg", divisor=0), BadParamError, "divisor"),
+    (lambda: nbdnn.pool2d(X, 2, mode="avg", divisor=2.0), BadParamError, "divisor"),
+    (lambda: nbdnn.pool2d(X, 2, mode="avg", divisor=True), BadParamError, "divisor"),
+    (lambda: nbdnn.pool_backward(DY, X, 2, mode="avg", divisor=0), BadParamError, "divisor"),
+    (lambda: nbdnn.pool_indices(X, 6), ShapeError, "kernel"),
+    (lambda: nbdnn.pool_indices(X[0, 0], 2), ShapeError, "x.ndim"),
+    (lambda: nbdnn.pool_indices(X.astype(np.int32), 2), DtypeError, "x"),
+    (lambda: nbdnn.pool_indices(X, 2, out=np.ones((1, 2, 2, 2), np.float32)), DtypeError,
+     "out.dtype"),
+    (lambda: nbdnn.pool_indices(X, 2, mode="avg"), TypeError, "mode"),  # (max only)
 ])
 def test_bad_pool_calls(call, err, words):
     with pytest.raises(err) as e:

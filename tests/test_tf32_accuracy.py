@@ -23,11 +23,13 @@ def _errors(got, exact):
 
 @pytest.fixture(autouse=True)
 def _promoted(monkeypatch):
-    """The wgmma kernel's promoted accumulation (nbdnn.cuda.matmul.PROMOTE_3XTF32), on
-    whatever the default."""
+    """The promoted accumulations (nbdnn.cuda.matmul.PROMOTE_3XTF32, flash_tf32's
+    PROMOTE_3X), on whatever the defaults."""
     from nbdnn.cuda import matmul
+    from nbdnn.cuda.attention import flash_tf32
     from nbdnn.ops import _plan
     monkeypatch.setattr(matmul, "PROMOTE_3XTF32", True)
+    monkeypatch.setattr(flash_tf32, "PROMOTE_3X", True)
     _plan.clear()
 
 
@@ -58,3 +60,35 @@ def test_conv_3xtf32_is_float32_class():
     dx, dw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
     _check(lambda mode: nbdnn.conv2d(dx, dw, padding=1, algo="gemm", math=mode).cpu().numpy(),
            exact)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_attention_3xtf32_is_float32_class(D):
+    """4096 keys a row: O's sum over the keys (D 64: flash_tf32's mma.sync chain, D 128:
+    gemm.py's P V on the wgmma kernel)."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator(device="cuda").manual_seed(D)
+    q = torch.randn(1, 2, 256, D, device="cuda", generator=g)
+    k, v = (torch.randn(1, 2, 4096, D, device="cuda", generator=g) for _ in range(2))
+    exact = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double(), v.double()).cpu().numpy()
+    _check(lambda mode: nbdnn.scaled_dot_product_attention(q, k, v, math=mode)[0].cpu().numpy(),
+           exact)
+
+
+def test_attention_backward_3xtf32_is_float32_class():
+    """dq sums over 4096 keys, dk and dv over 4096 queries (gemm.py's five products)."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v, do = (torch.randn(1, 1, 4096, 64, device="cuda", generator=g) for _ in range(4))
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    torch.nn.functional.scaled_dot_product_attention(*leaves).backward(do.double())
+    exact = [t.grad.cpu().numpy() for t in leaves]
+    o, lse = nbdnn.scaled_dot_product_attention(q, k, v)
+    grads = {mode: [t.cpu().numpy() for t in nbdnn.scaled_dot_product_attention_backward(
+        do, q, k, v, o, lse, math=mode)] for mode in ("ieee", "3xtf32")}
+    for i, name in enumerate(("dq", "dk", "dv")):
+        ieee, _ = _errors(grads["ieee"][i], exact[i])
+        err, shrink = _errors(grads["3xtf32"][i], exact[i])
+        assert abs(shrink) < 1e-6, f"{name}: 3xtf32 biased: shrink {shrink:.2e}"
+        assert err <= 4 * ieee, f"{name}: 3xtf32 error {err:.2e} against ieee's {ieee:.2e}"

@@ -4,6 +4,8 @@
 over each custom op (schema, fake implementation, autograd registration, AOT dispatch);
 and a small model under torch.compile(fullgraph=True, backend="aot_eager")."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -66,6 +68,10 @@ CASES = {
     "avg_pool2d": ([_t(2, 3, 9, 8)], {"kernel_size": 3, "stride": 2, "padding": 1,
                                       "ceil_mode": True}),
     "avg_pool3d": ([_t(1, 2, 5, 6, 4)], {"kernel_size": (2, 3, 2)}),
+    "avg_pool2d-divisor": ([_t(2, 3, 9, 8)], {"kernel_size": 3, "stride": 2, "padding": 1,
+                                              "ceil_mode": True, "divisor_override": 5}),
+    "avg_pool3d-divisor": ([_t(1, 2, 5, 6, 4)], {"kernel_size": 2, "count_include_pad": False,
+                                                 "padding": 1, "divisor_override": -3}),
     "adaptive_avg_pool2d": ([_t(2, 5, 7, 6)], {"output_size": 1}),
     "layer_norm": ([_t(3, 4, 5)], {"normalized_shape": (4, 5), "weight": _t(4, 5),
                                    "bias": _t(4, 5)}),
@@ -226,7 +232,44 @@ def _recorded_calls():
     case = "dropout"
     with Record():
         _call(lambda x: nt.dropout(x, 0.3), [_t(3, 40)], {}, "cpu", torch.float64)
+    case = "max_pool2d-indices"
+    with Record():
+        _call(lambda x: nt.max_pool2d(x, 3, 2, 1, return_indices=True)[0], [_t(2, 3, 9, 8)], {},
+              "cpu", torch.float64)
     return calls
+
+
+# max_pool's return_indices: (function, input shape, keywords), ties in every draw
+INDEXED_POOLS = [
+    ("max_pool1d", (2, 3, 11), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+    ("max_pool2d", (2, 3, 9, 8), dict(kernel_size=(3, 2), dilation=(1, 2), padding=1)),
+    ("max_pool2d", (3, 9, 8), dict(kernel_size=3, stride=1)),  # (one sample)
+    ("max_pool3d", (1, 2, 5, 6, 4), dict(kernel_size=2, stride=(1, 2, 1), padding=1)),
+]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("fn,shape,kw", INDEXED_POOLS, ids=lambda v: str(v))
+def test_max_pool_indices_are_pytorchs(fn, shape, kw, device):
+    """return_indices: the same (output, indices) as F's on few distinct values (ties:
+    the first maximal element), channels-last kept, and the gradient exactly where the
+    indices point."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device for torch")
+    x = torch.tensor(R.integers(0, 4, shape), dtype=torch.float32, device=device)
+    for t in (x, x.contiguous(memory_format=torch.channels_last)) if x.dim() == 4 else (x,):
+        t = t.detach().requires_grad_()
+        y, i = getattr(nt, fn)(t, return_indices=True, **kw)
+        y0, i0 = getattr(F, fn)(x, return_indices=True, **kw)
+        assert i.dtype == torch.int64 and torch.equal(i, i0) and torch.equal(y, y0)
+        assert i.is_contiguous() == t.is_contiguous()
+        (g,) = torch.autograd.grad(y, t, torch.ones_like(y))
+        lead = x.dim() - int(fn[-2])  # (the (n, c) planes the indices count within)
+        planes = math.prod(x.shape[:lead])
+        want = torch.zeros(planes, math.prod(x.shape[lead:]), device=device).scatter_add_(
+            1, i0.reshape(planes, -1), torch.ones(planes, math.prod(i0.shape[lead:]),
+                                                  device=device))
+        torch.testing.assert_close(g, want.reshape(x.shape), rtol=0, atol=0)
 
 
 CALLS = _recorded_calls()

@@ -16,9 +16,14 @@ Modes (cuDNN's names):
   input elements / the number of its positions inside the padded input (the overhang
   of ceil mode is not counted).
 - "avg_exclude_pad": the sum / the number of input elements (0 for none).
+- either average with a divisor (PyTorch's divisor_override): the sum / the divisor.
 Global average pooling is a window the size of the input.
 
-Backward (dy = dL/dy): avg sends dy[p] / count to each input element of window p;
+Indices (max): each window's first maximal element in window order (the one max
+returns) as its flat index in the (n, c) plane, row-major over the spatial axes; -1
+for a window with no input element.
+
+Backward (dy = dL/dy): avg sends dy[p] / count (or / the divisor) to each input element of window p;
 max sends dy[p] to the first maximal element of window p in window order (row-major
 over the window's axes; with propagation a NaN is maximal), deterministic. Each result
 is blended: alpha * value + beta * out.
@@ -73,7 +78,7 @@ def _window_max(win, valid, propagate):
     return m, hit.argmax(axis=-1), ok.any(axis=-1)
 
 
-def _forward_values(x, K, stride, dilation, pads, P, mode, propagate, ct):
+def _forward_values(x, K, stride, dilation, pads, P, mode, propagate, ct, divisor=0):
     xp, _ = _padded(x.astype(ct), K, stride, dilation, pads, P, 0)
     win = _win(xp, K, stride, dilation, P)
     inside, extent = _masks(x.shape, K, stride, dilation, pads, P)
@@ -81,20 +86,22 @@ def _forward_values(x, K, stride, dilation, pads, P, mode, propagate, ct):
     if mode == "max":
         return _window_max(win, inside, propagate)[0].astype(ct)
     total = np.where(inside, win, 0).sum(axis=axes)
+    if divisor:
+        return (total / divisor).astype(ct)
     count = (inside if mode == "avg_exclude_pad" else extent).sum(axis=axes)
     return np.where(count > 0, total / np.maximum(count, 1), 0).astype(ct)
 
 
 def pool_forward(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *,
-                 alpha, beta, out, stream=None):
+                 alpha, beta, out, stream=None, divisor=0):
     ct = compute_dtype(x.dtype)
     y = _forward_values(_first(np.asarray(x), last), K, stride, dilation, pads, P, mode,
-                        propagate, ct)
+                        propagate, ct, divisor)
     return blend(_last(y, last), out, alpha, beta, x.dtype)
 
 
 def pool_backward(dy, x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *,
-                  alpha, beta, out, stream=None):
+                  alpha, beta, out, stream=None, divisor=0):
     ct = compute_dtype(x.dtype)
     xf, g = _first(np.asarray(x), last).astype(ct), _first(np.asarray(dy), last).astype(ct)
     xp, widths = _padded(xf, K, stride, dilation, pads, P, 0)
@@ -104,6 +111,8 @@ def pool_backward(dy, x, K, stride, pads, dilation, mode, ceil_mode, propagate, 
     if mode == "max":
         _, idx, has = _window_max(_win(xp, K, stride, dilation, P), inside, propagate)
         g = np.where(has, g, 0)
+    elif divisor:
+        g = g / divisor
     else:
         count = (inside if mode == "avg_exclude_pad" else extent).sum(axis=axes)
         g = np.where(count > 0, g / np.maximum(count, 1), 0)
@@ -118,3 +127,23 @@ def pool_backward(dy, x, K, stride, pads, dilation, mode, ceil_mode, propagate, 
     core = (slice(None), slice(None)) + tuple(
         slice(w[0], w[0] + S) for w, S in zip(widths[2:], xf.shape[2:]))
     return blend(_last(dxp[core], last), out, alpha, beta, x.dtype)
+
+
+def pool_indices(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *, out,
+                 stream=None):
+    xf = _first(np.asarray(x), last).astype(compute_dtype(x.dtype))
+    xp, _ = _padded(xf, K, stride, dilation, pads, P, 0)
+    inside, _ = _masks(xf.shape, K, stride, dilation, pads, P)
+    _, tap, has = _window_max(_win(xp, K, stride, dilation, P), inside, propagate)
+    flat = np.zeros(tap.shape, np.int64)
+    taps = np.unravel_index(tap, K)  # each window's tap, per axis
+    for a, (S, k, s, d, (pre, _), p) in enumerate(zip(xf.shape[2:], K, stride, dilation,
+                                                     pads, P)):
+        start = (np.arange(p) * s - pre).reshape((p,) + (1,) * (len(K) - 1 - a))
+        flat = flat * S + start + taps[a] * d  # (input position on axis a)
+    flat = np.where(has, flat, -1)
+    flat = np.ascontiguousarray(_last(flat, last))
+    if out is None:
+        return flat
+    out[...] = flat
+    return out

@@ -13,9 +13,7 @@ copied, to check a model against it; `with nbdnn.torch.functional_calls():` send
 torch.nn.functional calls a model makes itself to nbdnn too.
 
 Differences from torch.nn.functional, each an error rather than a silent change:
-hardtanh with bounds other than (0, max) or (-max, max); max_pool's
-return_indices; avg_pool's divisor_override;
-softmax without dim; dropout with p 1; attn_mask together with is_causal (as PyTorch);
+hardtanh with bounds other than (0, max) or (-max, max); softmax without dim; dropout with p 1; attn_mask together with is_causal (as PyTorch);
 a norm's eps <= 0 and batch norm's momentum outside [0, 1] (PyTorch takes them).
 What F refuses is refused too, naming the function and the argument (a float stride,
 a tuple of another length, padding 'same' with a stride, pool padding past half the
@@ -23,7 +21,9 @@ kernel, momentum None; tests/test_torch_refusals.py), and int-or-tuple arguments
 read as F reads them (one-element tuples, a pool's stride ()). inplace=True writes the
 result into the input as PyTorch does, its version counter bumped and the write
 recorded by autograd (the op itself reads a copy while autograd records).
-Differences that are not errors: a fully masked
+Differences that are not errors: max_pool's return_indices name a window's first NaN
+where it holds several (PyTorch's kernels: the last; the gradient goes where the index
+says either way); a fully masked
 attention row gives 0 (PyTorch's math backend: NaN); a max-pool window holding only
 padding gives -inf, as PyTorch's, and no gradient (PyTorch's CPU kernel sends its
 gradient to a stray element); a float attn_mask's gradient is PyTorch's math form's (its

@@ -78,6 +78,7 @@ RULES = {
     conv.conv_transpose: fold((0,)),
     conv.pool: fold((0,)),
     conv.pool_backward: fold((0, 1)),
+    conv.pool_indices: fold((0,)),
     norm.batch_norm: fold((0,), lambda ndim, x, w, b, rm, rv, training, *rest: not training),
     norm.layer_norm: fold((0,), _trailing),
     norm.rms_norm: fold((0,), _trailing),

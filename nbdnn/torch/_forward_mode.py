@@ -59,6 +59,7 @@ FORWARD = {
     conv.conv: (conv_forward, (0, 1, 2), False),
     conv.conv_transpose: (conv_transpose_forward, (0, 1, 2), False),
     conv.pool: (pool_math, (0,), False),
+    conv.pool_indices: (None, (), False),  # (integers: no tangent)
     norm.batch_norm: (batch_norm_forward, (0, 1, 2), False),
     norm.layer_norm: (lambda x, w, b, ndim, eps: F.layer_norm(x, x.shape[x.dim() - ndim:], w, b,
                                                               eps), (0, 1, 2), False),

@@ -6,9 +6,9 @@ import torch
 from ..errors import BadParamError, ShapeError
 from ._bridge import call, channels_last as _channels_last, _functorch
 from ._args import autocast as _autocast, check as _check, \
-    ints as _tuple, unsupported as _unsupported
+    ints as _tuple
 from ._ops_basic import linear as _linear
-from ._ops_conv import pool
+from ._ops_conv import pool, pool_indices
 
 
 def one_sample(nd, op, input, *args):
@@ -19,7 +19,11 @@ def one_sample(nd, op, input, *args):
     return call(op, input, *args)
 
 
-def _pool(fn, nd, input, kernel_size, stride, padding, dilation, mode, ceil_mode):
+def _pool(fn, nd, input, kernel_size, stride, padding, dilation, mode, ceil_mode,
+          return_indices=False, divisor=None):
+    """The pool's output (and with return_indices, max only, the int64 flat index of
+    each window's first maximal element in its plane, as PyTorch's); divisor: the
+    averages' divisor_override."""
     (input,) = _autocast(fn, input)
     _check(fn, input)
     if input.dim() not in (nd + 1, nd + 2):
@@ -39,15 +43,27 @@ def _pool(fn, nd, input, kernel_size, stride, padding, dilation, mode, ceil_mode
                                 f"half the effective kernel size (kernel_size "
                                 f"{tuple(kernel)}, dilation {tuple(dilation)})")
     pads = [p for v in padding for p in (v, v)]
-    return one_sample(nd, pool, input, kernel, stride, pads, dilation, mode, bool(ceil_mode))
+    if divisor is not None:
+        if isinstance(divisor, bool) or not isinstance(divisor, int) or divisor == 0:
+            raise BadParamError(f"nbdnn.torch.{fn}: divisor_override must be a nonzero int; "
+                                f"got {divisor!r}")
+        y = one_sample(nd, pool, input, kernel, stride, pads, dilation, mode, bool(ceil_mode),
+                       divisor)
+    else:
+        y = one_sample(nd, pool, input, kernel, stride, pads, dilation, mode, bool(ceil_mode))
+    if not return_indices:
+        return y
+    return y, one_sample(nd, pool_indices, input.detach(), kernel, stride, pads, dilation,
+                         bool(ceil_mode))
 
 
 def _max_pool(fn, nd, input, kernel_size, stride, padding, dilation, ceil_mode,
               return_indices):
-    if return_indices:
-        _unsupported(fn, "return_indices (nbdnn's backward finds each window's maximum "
-                     "again; it keeps no indices)")
-    return _pool(fn, nd, input, kernel_size, stride, padding, dilation, "max", ceil_mode)
+    """With return_indices, (output, indices): the indices name the element each output
+    came from and the gradient goes to (the first maximal one of its window; a window
+    with several NaNs names its first, where PyTorch's kernels name the last)."""
+    return _pool(fn, nd, input, kernel_size, stride, padding, dilation, "max", ceil_mode,
+                 bool(return_indices))
 
 
 def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
@@ -70,10 +86,9 @@ def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
 
 def _avg_pool(fn, nd, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
               divisor_override=None):
-    if divisor_override is not None:
-        _unsupported(fn, "divisor_override")
     return _pool(fn, nd, input, kernel_size, stride, padding, 1,
-                 "avg" if count_include_pad else "avg_exclude_pad", ceil_mode)
+                 "avg" if count_include_pad else "avg_exclude_pad", ceil_mode,
+                 divisor=divisor_override)
 
 
 def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False,

@@ -3,7 +3,7 @@ their backwards. Padding travels as per-side pairs flattened, (pre_0, post_0, pr
 so PyTorch's padding="same" (more after than before for an odd total) is exact. The
 convolution's backward keeps x and w (dx from dy and w, dw from dy and x, db from dy);
 max pooling's keeps x (nbdnn finds each window's maximum again, PyTorch's first-maximum
-rule), average pooling's keeps x too (only its shape is read)."""
+rule; pool_indices names it, for return_indices), average pooling's keeps x too (only its shape is read)."""
 from typing import Optional
 
 import torch
@@ -253,16 +253,17 @@ def pool_shape(x, kernel, stride, padding, dilation, ceil_mode):
                             in zip(x.shape[2:], kernel, stride, dilation, pairs(padding))))
 
 
-def _pool_kw(stride, padding, dilation, mode, ceil_mode):
+def _pool_kw(stride, padding, dilation, mode, ceil_mode, divisor=0):
     return dict(stride=tuple(stride), padding=pairs(padding), dilation=tuple(dilation),
-                mode=mode, ceil_mode=ceil_mode)
+                mode=mode, ceil_mode=ceil_mode, divisor=divisor or None)
 
 
 @custom_op("nbdnn::pool", mutates_args=())
 def pool(x: torch.Tensor, kernel: list[int], stride: list[int], padding: list[int],
-         dilation: list[int], mode: str, ceil_mode: bool) -> torch.Tensor:
-    """mode "max", "avg" (padding counted: count_include_pad) or "avg_exclude_pad"."""
-    kw = _pool_kw(stride, padding, dilation, mode, ceil_mode)
+         dilation: list[int], mode: str, ceil_mode: bool, divisor: int = 0) -> torch.Tensor:
+    """mode "max", "avg" (padding counted: count_include_pad) or "avg_exclude_pad";
+    divisor: the averages' (divisor_override), 0 for each window's count."""
+    kw = _pool_kw(stride, padding, dilation, mode, ceil_mode, divisor)
     if channels_last(x):
         return nchw(run(nbdnn.pool2d, x, nhwc(x), tuple(kernel), layout="NHWC", **kw))
     return run(POOLS[len(kernel)], x, x, tuple(kernel), **kw)
@@ -270,9 +271,9 @@ def pool(x: torch.Tensor, kernel: list[int], stride: list[int], padding: list[in
 
 @custom_op("nbdnn::pool_backward", mutates_args=())
 def pool_backward(dy: torch.Tensor, x: torch.Tensor, kernel: list[int], stride: list[int],
-                  padding: list[int], dilation: list[int], mode: str,
-                  ceil_mode: bool) -> torch.Tensor:
-    kw = _pool_kw(stride, padding, dilation, mode, ceil_mode)
+                  padding: list[int], dilation: list[int], mode: str, ceil_mode: bool,
+                  divisor: int = 0) -> torch.Tensor:
+    kw = _pool_kw(stride, padding, dilation, mode, ceil_mode, divisor)
     if channels_last(x):
         return nchw(run(nbdnn.pool_backward, x, nhwc(dy), nhwc(x), tuple(kernel),
                         layout="NHWC", **kw))
@@ -280,12 +281,12 @@ def pool_backward(dy: torch.Tensor, x: torch.Tensor, kernel: list[int], stride: 
 
 
 @pool.register_fake
-def _(x, kernel, stride, padding, dilation, mode, ceil_mode):
+def _(x, kernel, stride, padding, dilation, mode, ceil_mode, divisor=0):
     return new(x, pool_shape(x, kernel, stride, padding, dilation, ceil_mode), channels_last(x))
 
 
 @pool_backward.register_fake
-def _(dy, x, kernel, stride, padding, dilation, mode, ceil_mode):
+def _(dy, x, kernel, stride, padding, dilation, mode, ceil_mode, divisor=0):
     return new(x, x.shape, channels_last(x))
 
 
@@ -296,7 +297,29 @@ def _pool_setup(ctx, inputs, output):
 
 def _pool_grad(ctx, dy):
     (x,) = ctx.saved_tensors
-    return (call(pool_backward, dy, x, *ctx.params),) + (None,) * 6
+    return (call(pool_backward, dy, x, *ctx.params),) + (None,) * len(ctx.params)
 
 
 register_autograd(pool, _pool_grad, _pool_setup)
+
+
+@custom_op("nbdnn::pool_indices", mutates_args=())
+def pool_indices(x: torch.Tensor, kernel: list[int], stride: list[int], padding: list[int],
+                 dilation: list[int], ceil_mode: bool) -> torch.Tensor:
+    """int64: each max window's first maximal element, its flat index in its (n, c)
+    plane (max_pool's return_indices; not differentiable)."""
+    kw = _pool_kw(stride, padding, dilation, "max", ceil_mode)
+    del kw["mode"], kw["divisor"]
+    if channels_last(x):
+        return nchw(run(nbdnn.pool_indices, x, nhwc(x), tuple(kernel), layout="NHWC", **kw))
+    return run(nbdnn.pool_indices, x, x, tuple(kernel), **kw)
+
+
+@pool_indices.register_fake
+def _(x, kernel, stride, padding, dilation, ceil_mode):
+    return new(x, pool_shape(x, kernel, stride, padding, dilation, ceil_mode), channels_last(x),
+               torch.int64)
+
+
+register_autograd(pool_indices, lambda ctx, di: (None,) * 6,  # (integers: no gradient)
+                  lambda ctx, inputs, output: None)

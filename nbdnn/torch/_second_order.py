@@ -108,19 +108,20 @@ def conv_transpose_backward(dy, x, w, stride, padding, dilation, groups, output_
     return dx, dw, _sum_but_channels(dy) if want_b else _empty(w)
 
 
-def pool_math(x, kernel, stride, padding, dilation, mode, ceil_mode):
+def pool_math(x, kernel, stride, padding, dilation, mode, ceil_mode, divisor=0):
     nd = len(kernel)
     pad = padding[0::2]  # (nbdnn.torch's pools pad both sides alike)
     if mode == "max":
         return (F.max_pool1d, F.max_pool2d, F.max_pool3d)[nd - 1](
             x, kernel, stride, pad, dilation, ceil_mode)
+    extra = (divisor or None,) if nd > 1 else ()  # (avg_pool1d takes no divisor: never one)
     return (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[nd - 1](
-        x, kernel, stride, pad, ceil_mode, mode == "avg")
+        x, kernel, stride, pad, ceil_mode, mode == "avg", *extra)
 
 
-def pool_backward(dy, x, kernel, stride, padding, dilation, mode, ceil_mode):
-    return _vjp(lambda x: pool_math(x, kernel, stride, padding, dilation, mode, ceil_mode),
-                (x,), dy)[0]
+def pool_backward(dy, x, kernel, stride, padding, dilation, mode, ceil_mode, divisor=0):
+    return _vjp(lambda x: pool_math(x, kernel, stride, padding, dilation, mode, ceil_mode,
+                                    divisor), (x,), dy)[0]
 
 
 # ---- normalisations: the saved statistics recomputed from x (see above)

@@ -274,10 +274,6 @@ def native_reason(m):
     if isinstance(m, nn.Hardtanh) and not isinstance(m, nn.ReLU6) and m.min_val != 0 and \
             m.min_val != -m.max_val:
         return f"min_val {m.min_val} with max_val {m.max_val} (nbdnn: min_val 0 or -max_val)"
-    if isinstance(m, nn.modules.pooling._MaxPoolNd) and m.return_indices:
-        return "return_indices"
-    if isinstance(m, (nn.AvgPool2d, nn.AvgPool3d)) and m.divisor_override is not None:
-        return "divisor_override"
     if isinstance(m, (nn.Softmax, nn.LogSoftmax)) and m.dim is None:
         return "dim None"
     return None

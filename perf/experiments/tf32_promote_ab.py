@@ -3,7 +3,8 @@ nbdnn.cuda.matmul.PROMOTE_3XTF32) against the tensor cores accumulating (the ker
 before): GPU time by CUDA events (nbdnn.bench's time_gpu: median, the L2 flushed), TFLOP/s, error and
 shrink against float64, beside cuBLAS in the same process (torch.matmul, TF32 off: IEEE
 SGEMM; on: TF32). Also the registers and local memory of the promoted kernels, and
-attention's 3xtf32 over 4096 keys (flash_tf32's mma.sync chain along the keys).
+attention's 3xtf32 over 4096 keys, promoted or not (D 64: flash_tf32's mma.sync chain
+along the keys, nbdnn.cuda.attention.flash_tf32.PROMOTE_3X; D 128: gemm.py's GEMMs).
 
     PYTHONPATH=. python perf/experiments/tf32_promote_ab.py [MxNxK ...]
 """
@@ -13,6 +14,7 @@ import torch
 import nbdnn
 from nbdnn.bench.timing import time_gpu
 from nbdnn.cuda import matmul as cm
+from nbdnn.cuda.attention import flash_tf32 as fa
 from nbdnn.cuda.runtime.launch import REGISTRY
 from nbdnn.ops import _plan
 
@@ -66,10 +68,14 @@ def main():
         kv = torch.randn(2, 4, 4096, D, device="cuda")
         exact = torch.nn.functional.scaled_dot_product_attention(
             q.double(), kv.double(), kv.double()).cpu().numpy()
-        for mode in ("ieee", "3xtf32"):
-            o, _ = nbdnn.scaled_dot_product_attention(q, kv, kv, math=mode)
-            err, shrink = errors(o, exact)
-            print(f"attention D {D}, 4096 keys, {mode:7}: err {err:.2e} shrink {shrink:+.2e}")
+        for mode, promote in (("ieee", True), ("3xtf32", False), ("3xtf32", True)):
+            cm.PROMOTE_3XTF32 = fa.PROMOTE_3X = promote
+            _plan.clear()
+            fn = lambda: nbdnn.scaled_dot_product_attention(q, kv, kv, math=mode)  # noqa: E731
+            err, shrink = errors(fn()[0], exact)
+            label = mode + ("" if mode == "ieee" else " promoted" if promote else " tc-acc")
+            print(f"attention D {D}, 4096 keys, {label:18}: {ms(fn):7.3f} ms "
+                  f"err {err:.2e} shrink {shrink:+.2e}", flush=True)
 
 
 if __name__ == "__main__":

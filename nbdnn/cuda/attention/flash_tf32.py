@@ -77,6 +77,10 @@ KEY_TILES = {}  # (D, P) -> keys a tile, where not config()'s choice (perf/gpu_r
 # att-tf32-tiles sweeps them). 16 keys: half K's and V's shared memory, ptxas 128 registers
 # at D 128 (was 154-168). Run AT, S 4k: tf32 D 64 30.0 -> 33.3, D 128 25.5 -> 29.9; 3xtf32
 # D 128 9.8 -> 14.2 (15.9 with Q raw either way), D 64 20.8 -> 20.8 (18.5 with Q raw)
+PROMOTE_3X = True  # (3xtf32) each key tile's P V from a zero accumulator, added into O on
+# the CUDA cores: the tensor cores' accumulation truncates toward zero at every mma, and
+# O's chain runs the length of the keys, 3 x Sk / 8 mmas (perf/RESULTS.md, "3xtf32's lost
+# accuracy"); a tile's chain is 3 x BK / 8. Costs 4 registers and D / 2 fadds a thread a tile
 MAX_D_3X = 64  # 3xtf32 past this head dim goes to gemm.py where it can: D 128 S 4k 31.4
 # TFLOP/s there against 15.9 here (run AT); here still for calls gemm.py does not take
 BQ, BK, THREADS = 64, 32, 128
@@ -139,7 +143,8 @@ def source(D, P, prefetch=None, masked=False, dropped=False):
                 at += rows * PD
     name = f"attention_flash_tf32_d{D}_{'3x' if P == 3 else '1x'}{'_pf' if prefetch else ''}" \
         f"{'_m' if masked else ''}{'_d' if dropped else ''}" \
-        f"{f'_k{BK}' if BK != 32 else ''}{'_qr' if q_raw else ''}"
+        f"{f'_k{BK}' if BK != 32 else ''}{'_qr' if q_raw else ''}" \
+        f"{'_pr' if P == 3 and PROMOTE_3X else ''}"
 
     def split(val, dst, idx):  # a value into its TF32 head (and tail) in shared memory
         if q_raw and dst == "Q":
@@ -263,14 +268,21 @@ def source(D, P, prefetch=None, masked=False, dropped=False):
                 if dropped:  # (l sums p; P V takes p keep / (1 - p))
                     L += [f"        s{n}_{e} *= keep(e_{r} + U64(kt + {8 * n + e - lo}) + "
                           "U64(2 * c), thr, kscale, off_lo, off_hi, key_lo, key_hi)"]
+    promoted = P == 3 and PROMOTE_3X
     for n in range(NT):  # O += P V, P's k order permuted (module docstring)
+        pa = f"pa{n}" if promoted else "pa"
         L += [f"        pf{x} = round_tf32(s{n}_{e})" for x, e in enumerate((0, 2, 1, 3))]
         if P == 3:
-            L += ["        pal = (" + ", ".join(
+            L += [f"        {pa}l = (" + ", ".join(
                 f"bits(round_tf32(s{n}_{e} - pf{x}))" for x, e in enumerate((0, 2, 1, 3))) + ")"]
-        L += ["        pah = (bits(pf0), bits(pf1), bits(pf2), bits(pf3))"]
-        for dn in range(DT):
+        L += [f"        {pa}h = (bits(pf0), bits(pf1), bits(pf2), bits(pf3))"]
+        for dn in range(DT if not promoted else 0):
             L += products(f"o{dn}", "pa", "vb", "vbase", "V", 8 * n * PD + 8 * dn, PD)
+    for dn in range(DT if promoted else 0):  # the tile's P V from zero, added on the CUDA cores
+        L += [f"        t_{e} = F32(0)" for e in range(4)]
+        for n in range(NT):
+            L += products("t", f"pa{n}", "vb", "vbase", "V", 8 * n * PD + 8 * dn, PD)
+        L += [f"        o{dn}_{e} += t_{e}" for e in range(4)]
     for r, (lo, hi) in (("a", (0, 2)), ("b", (2, 4))):  # the rows' sums, lse, o
         row = "ra" if r == "a" else "rb"
         L += [f"    l_{r} += cuda.shfl_xor_sync(FULL, l_{r}, 1)",
@@ -293,7 +305,7 @@ _KERNELS = {}
 def kernel(D, P, masked=False, dropped=False):
     """The Kernel for head dim D, P products a term, the mask and dropout compiled in or
     out, built on first use."""
-    key = D, P, PREFETCH, masked, dropped, config(D, P)
+    key = D, P, PREFETCH, masked, dropped, config(D, P), PROMOTE_3X
     if key not in _KERNELS:
         name, src = source(D, P, None, masked, dropped)
         fn = compile_source(name, src, dict(

@@ -75,12 +75,11 @@ TENSOR_CORES = True
 TENSOR_CORE_PATH = "auto"
 # 3xtf32 on the wgmma kernel adding each k-tile's product into its accumulators on the
 # CUDA cores (wgmma_gemm's promote): the tensor cores' float32 accumulation truncates
-# toward zero at every wgmma, a bias growing with K that 3xtf32's 3K products made 4.6e-5
-# at 4096^3 on the H100 (IEEE FMA: 3.1e-6; perf/RESULTS.md, "3xtf32's lost accuracy").
-# The promoted kernel compiles to PTX (tests/test_ptx.py) but has not run on a GPU yet:
-# False (the tensor cores accumulate) until tests/test_tf32_accuracy.py, which turns it
-# on, passes there and perf/experiments/tf32_promote_ab.py has timed it.
-PROMOTE_3XTF32 = False
+# toward zero at every wgmma, a bias growing with K that 3xtf32's 3K products made 4.5e-5
+# at 4096^3 on the H100 (perf/RESULTS.md, "3xtf32's lost accuracy"). Promoted: 1.6e-6
+# (cuBLAS's IEEE SGEMM 2.9e-6), 75 against 119 TFLOP/s (1.45x SGEMM's speed, was 2.3x);
+# False trades the accuracy back for that speed.
+PROMOTE_3XTF32 = True
 
 
 def tensor_cores():

@@ -7,6 +7,8 @@ ceil mode, NCHW and NHWC); the formulas are in nbdnn/cpu/pool.py.
   rows of one plane, BX threads along the contiguous axis (pw for NCHW, c for NHWC;
   consecutive threads write consecutive addresses), so the block's indices are divided
   once; a thread scans its window branch-free with unconditional clamped loads.
+- indices (max pooling's return_indices): pool_argmax with its tap placed in the input
+  plane (int64), one thread an output.
 - backward, 1-d and 2-d windows of up to 64 taps: pool/fast_bwd.py (the geometry
   compiled in, as the forward's fast path).
 - backward, the rest: one thread an input element gathers, over the window taps whose
@@ -135,7 +137,7 @@ def _kernels(CT):
         return mx
 
     def pool_fwd(x, y, N, C, D, H, W, KD, KH, KW, PD, PH, PW, sd, sh, sw, qd, qh, qw,
-                 ed, eh, ew, dd, dh, dw, last, mode, propagate, alpha, beta):
+                 ed, eh, ew, dd, dh, dw, last, mode, propagate, div, alpha, beta):
         # a block BY output rows (NCHW: ph; NHWC: pw) of one plane (NCHW: (n, c, pd);
         # NHWC: (n, pd, ph)), BX threads along the contiguous axis (pw; c) looping over
         # it: the block's indices are divided once, not per output
@@ -168,9 +170,10 @@ def _kernels(CT):
                 v = window_fwd(x, n * xn + c * xc, ad, ah, aw, D, H, W, KD, KH, KW, dd, dh,
                                dw, xd, xh, xw, mode, propagate)
                 if mode != 0:
-                    cnt = _window_count(ad, ah, aw, KD, KH, KW, dd, dh, dw, D, H, W, qd, qh,
-                                        qw, ed, eh, ew, mode == 2)
-                    v = v / CT(cnt) if cnt > 0 else ZERO
+                    cnt = div if div != 0 else _window_count(
+                        ad, ah, aw, KD, KH, KW, dd, dh, dw, D, H, W, qd, qh, qw, ed, eh, ew,
+                        mode == 2)
+                    v = v / CT(cnt) if cnt != 0 else ZERO
                 i = ((((n * PD + pd) * PH + ph) * PW + pw) * C + c if last else
                      (((n * C + c) * PD + pd) * PH + ph) * PW + pw)
                 r = alpha * v
@@ -181,20 +184,25 @@ def _kernels(CT):
             b += cuda.gridDim.x
 
     def pool_argmax(x, idx, N, C, D, H, W, KD, KH, KW, PD, PH, PW, sd, sh, sw, qd, qh, qw,
-                    ed, eh, ew, dd, dh, dw, last, mode, propagate):
-        # idx[o] = the first maximal tap of output o's window (-1: none), y's order
+                    ed, eh, ew, dd, dh, dw, last, mode, propagate, div, flat):
+        # idx[o] = the first maximal tap of output o's window (-1: none), y's order; flat:
+        # that element's flat index d H W + h W + w in its (n, c) plane instead (pool_indices)
         xn, xc, xd, xh, xw = strides(C, D, H, W, last)
         total = N * C * PD * PH * PW
         i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         while i < total:
             n, c, pd, ph, pw = split(i, C, PD, PH, PW, last)
-            _, best = window(x, n * xn + c * xc, pd * sd - qd, ph * sh - qh, pw * sw - qw,
-                             D, H, W, KD, KH, KW, dd, dh, dw, xd, xh, xw, 0, propagate)
+            ad, ah, aw = pd * sd - qd, ph * sh - qh, pw * sw - qw
+            _, best = window(x, n * xn + c * xc, ad, ah, aw, D, H, W, KD, KH, KW, dd, dh, dw,
+                             xd, xh, xw, 0, propagate)
+            if flat != 0 and best >= 0:
+                t, rs = best // (KH * KW), best % (KH * KW)
+                best = ((ad + t * dd) * H + ah + rs // KW * dh) * W + aw + rs % KW * dw
             idx[i] = best
             i += cuda.gridDim.x * cuda.blockDim.x
 
     def pool_bwd(dy, idx, dx, N, C, D, H, W, KD, KH, KW, PD, PH, PW, sd, sh, sw, qd, qh,
-                 qw, ed, eh, ew, dd, dh, dw, last, mode, propagate, alpha, beta):
+                 qw, ed, eh, ew, dd, dh, dw, last, mode, propagate, div, alpha, beta):
         # one input element a thread gathers over the windows whose taps land on it: max
         # (mode 0) takes dy where pool_argmax's idx names the tap, the averages dy / count
         yn, yc, yd, yh, yw = strides(C, PD, PH, PW, last)
@@ -212,7 +220,7 @@ def _kernels(CT):
                         if pw >= 0:
                             o = n * yn + c * yc + pd * yd + ph * yh + pw * yw
                             if mode != 0:
-                                acc += widen(dy[o]) / CT(_window_count(
+                                acc += widen(dy[o]) / CT(div if div != 0 else _window_count(
                                     pd * sd - qd, ph * sh - qh, pw * sw - qw, KD, KH, KW, dd,
                                     dh, dw, D, H, W, qd, qh, qw, ed, eh, ew, mode == 2))
                             elif idx[o] == (t * KH + r) * KW + s:
@@ -223,10 +231,10 @@ def _kernels(CT):
             dx[i] = narrow(v, dx)
             i += cuda.gridDim.x * cuda.blockDim.x
 
-    return {"fwd": pool_fwd, "bwd": pool_bwd, "argmax": pool_argmax}
+    return {"fwd": pool_fwd, "bwd": pool_bwd, "argmax": pool_argmax, "indices": pool_argmax}
 
 
-_GEOM = ", ".join(["int64"] * 26)
+_GEOM = ", ".join(["int64"] * 27)
 
 
 def _build():
@@ -237,7 +245,8 @@ def _build():
             a = f"{array_type(t)}[::1]"
             sigs = {"fwd": f"void({a}, {a}, {_GEOM}, {ct_name}, {ct_name})",
                     "bwd": f"void({a}, int32[::1], {a}, {_GEOM}, {ct_name}, {ct_name})",
-                    "argmax": f"void({a}, int32[::1], {_GEOM})"}
+                    "argmax": f"void({a}, int32[::1], {_GEOM}, int64)",
+                    "indices": f"void({a}, int64[::1], {_GEOM}, int64)"}
             for name, sig in sigs.items():
                 table[name, t] = (Kernel(kernels[name], [sig]), sig)
     return table
@@ -247,9 +256,10 @@ _KERNELS = _build()
 
 
 @functools.lru_cache(maxsize=1024)
-def _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate):
-    """The 26 ints the kernels take (3 spatial axes, leading ones of size 1); remembered
-    per call geometry (validated tuples: every eager call asks)."""
+def _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate, divisor=0):
+    """The 27 ints the kernels take (3 spatial axes, leading ones of size 1; the last the
+    averages' divisor, 0 for each window's count); remembered per call geometry
+    (validated tuples: every eager call asks)."""
     nd = len(K)
     N, C = x_shape[0], (x_shape[-1] if last else x_shape[1])
     S = tuple(x_shape[1:-1]) if last else tuple(x_shape[2:])
@@ -259,15 +269,15 @@ def _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate):
     pre = (0,) * lead + tuple(a for a, _ in pads)
     end = S3[:lead] + tuple(s + b for s, (_, b) in zip(S, pads))
     return (N, C) + S3 + K3 + P3 + st + pre + end + dl + (int(last), MODES.index(mode),
-                                                          int(propagate))
+                                                          int(propagate), int(divisor))
 
 
 def pool_forward(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *,
-                 alpha, beta, out, stream):
+                 alpha, beta, out, stream, divisor=0):
     x_shape = tuple(int(s) for s in x.shape)
     y_shape = (x_shape[0],) + tuple(P) + (x_shape[-1],) if last else x_shape[:2] + tuple(P)
     y = out if out is not None else empty(x, y_shape, dtype_name(x))
-    g = _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate)
+    g = _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate, divisor)
     if not math.prod(y_shape):
         return y
     if _pool_fast.usable(len(K), K, math.prod(x_shape), math.prod(y_shape)):
@@ -276,7 +286,7 @@ def pool_forward(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last,
         C, H, W, KH, KW, PH, PW = g[1], g[3], g[4], g[6], g[7], g[9], g[10]
         geometry = (KH, KW, g[12], g[13], g[15], g[16], g[21], g[22])
         _pool_fast.launch(x, y, dtype_name(x), last, geometry, g[24], H, W, C, PH, PW, g[18],
-                          g[19], g[25], alpha, beta, stream)
+                          g[19], g[25], alpha, beta, stream, g[26])
     else:
         (N, C), (PD, PH, PW) = g[:2], g[8:11]
         rows, planes = (PW, N * PD * PH) if last else (PH, N * PD * C)
@@ -287,10 +297,10 @@ def pool_forward(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last,
 
 
 def pool_backward(dy, x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *,
-                  alpha, beta, out, stream):
+                  alpha, beta, out, stream, divisor=0):
     x_shape = tuple(int(s) for s in x.shape)
     dx = out if out is not None else empty(x, x_shape, dtype_name(x))
-    g = _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate)
+    g = _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate, divisor)
     if math.prod(dy.shape) and _pool_fast_bwd.usable(len(K), K, math.prod(x_shape),
                                                      math.prod(dy.shape)):
         return _pool_fast_bwd.backward(dy, x, dx, g, alpha, beta, stream,
@@ -298,7 +308,18 @@ def pool_backward(dy, x, K, stride, pads, dilation, mode, ceil_mode, propagate, 
     max_ = mode == "max" and math.prod(dy.shape)  # (the windows' maxima found once each)
     idx = empty(x, tuple(int(v) for v in dy.shape) if max_ else (1,), "int32")
     if max_:
-        launch(_KERNELS, "argmax", dtype_name(x), math.prod(idx.shape), stream, x, idx, *g)
+        launch(_KERNELS, "argmax", dtype_name(x), math.prod(idx.shape), stream, x, idx, *g, 0)
     launch(_KERNELS, "bwd", dtype_name(x), int(np.prod(x_shape)), stream, dy, idx, dx, *g,
            alpha, beta)
     return dx
+
+
+def pool_indices(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *, out,
+                 stream):
+    x_shape = tuple(int(s) for s in x.shape)
+    y_shape = (x_shape[0],) + tuple(P) + (x_shape[-1],) if last else x_shape[:2] + tuple(P)
+    idx = out if out is not None else empty(x, y_shape, "int64")
+    if math.prod(y_shape):
+        g = _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate)
+        launch(_KERNELS, "indices", dtype_name(x), math.prod(y_shape), stream, x, idx, *g, 1)
+    return idx

@@ -60,8 +60,9 @@ def rows_per_thread(KH, KW, SH, DH, PH):
     return _stencil.rows_per_thread(KH, KW, SH, DH, PH, RPT, MAX_LOADS)
 
 
-def _reduce(taps, mode):
-    """Source lines: v = the window value over taps [(row j, column s)]."""
+def _reduce(taps, mode, divisor=0):
+    """Source lines: v = the window value over taps [(row j, column s)]; the averages
+    divide by divisor where it is not 0, else by the window's count."""
     if mode == 0:
         # outside taps become -inf; fmax skips NaNs, one unordered test per pair finds
         # them; `seen` (a number among the taps) is needed only when NaNs are skipped
@@ -73,6 +74,9 @@ def _reduce(taps, mode):
                                             for j, s in taps),
                  "    v = NAN if propagate != 0 or not seen else mx"]
         return body
+    total = ["sm = ZERO"] + [f"sm += v{j}_{s} if in{j} & jn{s} else ZERO" for j, s in taps]
+    if divisor:
+        return total + [f"v = sm / CT({divisor})"]
     rows, cols = sorted({j for j, _ in taps}), sorted({s for _, s in taps})
     if mode == 2:
         nr = " + ".join(f"(1 if in{j} else 0)" for j in rows)
@@ -80,13 +84,13 @@ def _reduce(taps, mode):
     else:  # taps inside the padded extent [-pad_pre, size + pad_post)
         nr = " + ".join(f"(1 if ih{j} < EH else 0)" for j in rows)
         nc = " + ".join(f"(1 if iw{s} < EW else 0)" for s in cols)
-    return (["sm = ZERO"] + [f"sm += v{j}_{s} if in{j} & jn{s} else ZERO" for j, s in taps] +
-            [f"cnt = ({nr}) * ({nc})", "v = sm / CT(cnt) if cnt > 0 else ZERO"])
+    return total + [f"cnt = ({nr}) * ({nc})", "v = sm / CT(cnt) if cnt > 0 else ZERO"]
 
 
-def source(last, KH, KW, SH, SW, QH, QW, DH, DW, mode, rpt=1):
+def source(last, KH, KW, SH, SW, QH, QW, DH, DW, mode, rpt=1, divisor=0):
     """Kernel source for one geometry; mode 0 max, 1 avg (padding counted), 2 avg
-    excluding padding (nbdnn._vocab.POOL_MODES); rpt outputs a thread (ph, ph + 1, ...)."""
+    excluding padding (nbdnn._vocab.POOL_MODES); rpt outputs a thread (ph, ph + 1, ...);
+    divisor: the averages' (0: each window's count)."""
     ind = "        "
     offs = _stencil.row_offsets(KH, SH, DH, rpt)
     body = _stencil.split_lines(last, rpt) + [
@@ -94,7 +98,7 @@ def source(last, KH, KW, SH, SW, QH, QW, DH, DW, mode, rpt=1):
         _stencil.load_lines(offs, KW, DW)
     for o in range(rpt):
         taps = [(offs.index(o * SH + r * DH), s) for r in range(KH) for s in range(KW)]
-        body += [f"if ph + {o} < PH:"] + ["    " + b for b in _reduce(taps, mode) + [
+        body += [f"if ph + {o} < PH:"] + ["    " + b for b in _reduce(taps, mode, divisor) + [
             "r = alpha * v", f"yi = U(U32(yb + {o} * ys))", "if beta != ZERO:",
             "    r += beta * widen(y[yi])", "y[yi] = narrow(r, y)"]]
     return ("def pool_fwd_fast(x, y, H, W, C, PH, PW, PP, EH, EW, total, m_C, s_C, m_PW, s_PW, "
@@ -112,9 +116,9 @@ _INT = "int64, " * 16
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(dtype, last, geometry, mode, rpt):
+def kernel(dtype, last, geometry, mode, rpt, divisor=0):
     """(Kernel, signature) of pool_fwd_fast for geometry (KH, KW, SH, SW, QH, QW, DH,
-    DW); built once per key."""
+    DW) and the averages' divisor (0: each window's count); built once per key."""
     ct_name = "float64" if dtype == "float64" else "float32"
     CT = float64 if ct_name == "float64" else float32
     fmax = libdevice.fmax if ct_name == "float64" else libdevice.fmaxf
@@ -122,9 +126,10 @@ def kernel(dtype, last, geometry, mode, rpt):
           "ZERO": CT(0), "NEG": CT(-math.inf), "NAN": CT(math.nan),
           "I": _stencil.I64, "U": _stencil.U, "U32": _stencil.U32,
           "W32": _stencil.W32, "widen": widen, "narrow": narrow}
-    compile_source("pool_fwd_fast", source(bool(last), *geometry, mode, rpt), ns, about={
+    compile_source("pool_fwd_fast", source(bool(last), *geometry, mode, rpt, divisor), ns,
+                   about={
         "config": f"{dtype}, {'channels last' if last else 'channels first'}, {mode}, "
-                  f"window geometry {geometry}, {rpt} outputs a thread",
+                  f"window geometry {geometry}, {rpt} outputs a thread, divisor {divisor}",
         "why": "the window geometry compiled in (module docstring): rows shared between "
                "a thread's outputs"})
     a = array_type(dtype)
@@ -147,11 +152,11 @@ def ptx_examples():
 
 
 def launch(x, y, dtype, last, geometry, mode, H, W, C, PH, PW, EH, EW, propagate, alpha,
-           beta, stream):
+           beta, stream, divisor=0):
     rpt = rows_per_thread(geometry[0], geometry[1], geometry[2], geometry[6], PH)
     PP = -(-PH // rpt)
     total = math.prod(int(s) for s in y.shape) // PH * PP  # threads
-    k, sig = kernel(dtype, last, geometry, mode, rpt)
+    k, sig = kernel(dtype, last, geometry, mode, rpt, divisor if mode else 0)
     k.launch(sig, -(-total // BLOCK), BLOCK, stream, x, y, H, W, C, PH, PW, PP, EH, EW, total,
              *_stencil.magic_args(C, PW, PP), propagate, alpha, beta)
 

@@ -89,8 +89,9 @@ def _count_lines(axis, K, S, Q, D, lo, hi):
         for j in range(K)]
 
 
-def bwd_source(last, KH, KW, SH, SW, QH, QW, DH, DW, mode):
-    """mode 0 max (dy and idx), 1 avg counting padding, 2 avg excluding it."""
+def bwd_source(last, KH, KW, SH, SW, QH, QW, DH, DW, mode, divisor=0):
+    """mode 0 max (dy and idx), 1 avg counting padding, 2 avg excluding it; divisor:
+    the averages' (0: each window's count)."""
     ind = "        "
     if last:
         split = [f"q = {DIV.format(a='i', b='C')}", "c = U32(i - q * C)",
@@ -103,7 +104,7 @@ def bwd_source(last, KH, KW, SH, SW, QH, QW, DH, DW, mode):
                  "ob = U32(p * PH * PW)", "os_h, os_w = U32(PW), U32(1)"]
     body = split + _landing_lines("h", KH, SH, QH, DH, "PH") + \
         _landing_lines("w", KW, SW, QW, DW, "PW")
-    if mode:
+    if mode and not divisor:
         hi_h, hi_w = ("EH", "EW") if mode == 1 else ("H", "W")
         body += _count_lines("h", KH, SH, QH, DH, -QH if mode == 1 else 0, hi_h)
         body += _count_lines("w", KW, SW, QW, DW, -QW if mode == 1 else 0, hi_w)
@@ -114,6 +115,8 @@ def bwd_source(last, KH, KW, SH, SW, QH, QW, DH, DW, mode):
                      "g = widen(dy[o])", f"ok = hk{r} & wk{s}"]
             if mode == 0:
                 body.append(f"acc += g if ok & (idx[o] == {r * KW + s}) else ZERO")
+            elif divisor:
+                body.append(f"acc += g / CT({divisor}) if ok else ZERO")
             else:
                 body.append(f"acc += g / CT(hn{r} * wn{s}) if ok else ZERO")
     body += ["v = alpha * acc", "if beta != ZERO:", "    v += beta * widen(dx[i])",
@@ -129,9 +132,10 @@ def _ints(n):
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(kind, dtype, last, geometry, mode=0):
+def kernel(kind, dtype, last, geometry, mode=0, divisor=0):
     """(Kernel, signature) of pool_argmax_fast (kind "argmax") or pool_bwd_fast ("bwd")
-    for geometry (KH, KW, SH, SW, QH, QW, DH, DW); built once per key."""
+    for geometry (KH, KW, SH, SW, QH, QW, DH, DW) and the averages' divisor (0: each
+    window's count); built once per key."""
     ct_name = "float64" if dtype == "float64" else "float32"
     CT = float64 if ct_name == "float64" else float32
     ns = {"cuda": cuda, "CT": CT, "ZERO": CT(0), "NEG": CT(-math.inf),
@@ -145,9 +149,9 @@ def kernel(kind, dtype, last, geometry, mode=0):
         about = {"config": config, "traffic": "x once, idx (int8) once",
                  "why": "the windows' first maxima once, for the gather (module docstring)"}
     else:
-        name, src = "pool_bwd_fast", bwd_source(bool(last), *geometry, mode)
+        name, src = "pool_bwd_fast", bwd_source(bool(last), *geometry, mode, divisor)
         sig = f"void({a}[::1], int8[::1], {a}[::1], {_ints(14)}, {ct_name}, {ct_name})"
-        about = {"config": f"{config}, mode {mode}", "traffic": "dy (and idx) ~k/s times "
+        about = {"config": f"{config}, mode {mode}, divisor {divisor}", "traffic": "dy (and idx) ~k/s times "
                  "an axis from cache, dx once", "why": "module docstring"}
     compile_source(name, src, ns, about=about)
     return Kernel(ns[name], [sig]), sig
@@ -164,7 +168,7 @@ def ptx_examples():
 
 
 def backward(dy, x, dx, g, alpha, beta, stream, scratch):
-    """dx from dy for pool's 26-int geometry g (pool/__init__._geometry; `usable`);
+    """dx from dy for pool's 27-int geometry g (pool/__init__._geometry; `usable`);
     scratch(shape) allocates idx (max)."""
     C, H, W, KH, KW, PH, PW = g[1], g[3], g[4], g[6], g[7], g[9], g[10]
     geometry = (KH, KW, g[12], g[13], g[15], g[16], g[21], g[22])
@@ -175,7 +179,7 @@ def backward(dy, x, dx, g, alpha, beta, stream, scratch):
         k, sig = kernel("argmax", dtype, last, geometry)
         k.launch(sig, -(-y_total // BLOCK), BLOCK, stream, x, idx, H, W, C, PH, PW, PH,
                  y_total, *_stencil.magic_args(C, PW, PH), g[25])
-    k, sig = kernel("bwd", dtype, last, geometry, mode)
+    k, sig = kernel("bwd", dtype, last, geometry, mode, g[26] if mode else 0)
     k.launch(sig, -(-x_total // BLOCK), BLOCK, stream, dy, idx, dx, H, W, C, PH, PW, g[18],
              g[19], x_total, *_stencil.magic_args(C, W, H), alpha, beta)
     return dx

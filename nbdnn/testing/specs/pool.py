@@ -1,7 +1,8 @@
 """OpSpec rows for pooling (imported by nbdnn.testing): random rank (1-3 d), layout,
-window, stride, per-side padding, dilation, ceil mode, every mode, NaN propagation on
-and off with a NaN planted in some inputs. fp16 inputs tie often: the first-maximum
-rule of max backward is exercised on both backends with the same rounded values."""
+window, stride, per-side padding, dilation, ceil mode, every mode (the averages with
+and without a divisor), NaN propagation on and off with a NaN planted in some inputs. fp16 inputs tie often: the first-maximum
+rule of max backward is exercised on both backends with the same rounded values;
+pool_indices draws few distinct values for ties."""
 import math
 
 import numpy as np
@@ -27,6 +28,8 @@ def _problem(draw, big):
     kw = dict(stride=tuple(draw(1, 3) for _ in range(nd)), padding=pads, dilation=dil,
               mode=MODES[draw(0, 2)], ceil_mode=draw(0, 1) == 1,
               nan_propagation=draw(0, 1) == 1, layout="NHWC" if last else "NCHW")
+    if kw["mode"] != "max" and draw(0, 2) == 0:  # (PyTorch's divisor_override)
+        kw["divisor"] = (-2, -1, 1, 2, 3, 7)[draw(0, 5)]
     return nd, xs, K, kw
 
 
@@ -42,6 +45,27 @@ def _make(backward):
         if draw(0, 3) == 0:
             x.flat[draw(0, x.size - 1)] = np.nan
         return Case((x, K), dict(kw, nd=nd))
+    return make
+
+
+def _indices(draw, dtype, big):
+    """Max windows only; half the draws of few distinct values (ties: the first maximal
+    element is the one named), some with a NaN."""
+    rng = np.random.default_rng(draw(0, 2 ** 31))
+    _, xs, K, kw = _problem(draw, big)
+    kw.pop("mode")
+    kw.pop("divisor", None)
+    x = rand(rng, xs, dtype) if draw(0, 1) else rng.integers(0, 3, xs).astype(dtype)
+    if draw(0, 3) == 0:
+        x.flat[draw(0, x.size - 1)] = np.nan
+    return Case((x, K), kw)
+
+
+def _indices_edge(name):
+    def make(dtype):
+        shape, K, kw = EDGES[name]
+        return Case((np.random.default_rng(len(name)).integers(0, 2, shape).astype(dtype), K),
+                    dict(kw))
     return make
 
 
@@ -64,11 +88,16 @@ EDGES = {
     "window as large as the input, channels last":
         ((2, 5, 3, 4, 3), (5, 3, 4), dict(stride=1, layout="NHWC")),
 }
+# the averages' divisor where the counts vary most (ceil mode's clipped windows)
+AVERAGE_EDGES = {"divisor over ceil mode's clipped windows":
+                 ((1, 2, 5, 7), (3, 3), dict(stride=2, padding=1, ceil_mode=True, divisor=5)),
+                 "a negative divisor, 3-d (the general kernels)":
+                 ((1, 2, 3, 4, 5), (2, 2, 2), dict(stride=1, padding=1, divisor=-3))}
 
 
 def _edge(name, mode, backward):
     def make(dtype):
-        shape, K, kw = EDGES[name]
+        shape, K, kw = {**EDGES, **AVERAGE_EDGES}[name]
         nd = len(K)
         kw = dict(kw, mode=mode)
         rng = np.random.default_rng(len(name))
@@ -82,10 +111,15 @@ def _edge(name, mode, backward):
 
 
 def _edges(backward):
-    return {f"{name}, {mode}": _edge(name, mode, backward) for name in EDGES for mode in MODES}
+    edges = {f"{name}, {mode}": _edge(name, mode, backward) for name in EDGES for mode in MODES}
+    return dict(edges, **{f"{name}, {mode}": _edge(name, mode, backward)
+                          for name in AVERAGE_EDGES for mode in MODES[1:]})
 
 
 SPECS = [OpSpec("pool", _pool, _make(False), family="pool", dtypes=BF16_DTYPES,
                 ops=("pool1d", "pool2d", "pool3d"), boundary=_edges(False)),
          OpSpec("pool_backward", nbdnn.pool_backward, _make(True), family="pool",
-                dtypes=BF16_DTYPES, boundary=_edges(True))]
+                dtypes=BF16_DTYPES, boundary=_edges(True)),
+         OpSpec("pool_indices", nbdnn.pool_indices, _indices, family="pool",
+                dtypes=BF16_DTYPES, blend=False,
+                boundary={name: _indices_edge(name) for name in EDGES})]
