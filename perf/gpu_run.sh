@@ -52,7 +52,7 @@
 #   bash perf/gpu_run.sh att-verify           # the attention kernels still off or unsanitised:
 #                                             # tests, (SAN=1) memcheck and racecheck
 #   bash perf/gpu_run.sh att-speed            # decoding (decode.py against decode_split.py),
-#                                             # float32 tiled against exact, D 64's forward
+#                                             # D 64's forward
 #                                             # F3 against F1 persistent
 #   bash perf/gpu_run.sh att-gemm             # attention as GEMMs: tests, (SAN=1) memcheck,
 #                                             # bf16 masked and D 96 rows, float32 3xtf32,
@@ -476,13 +476,12 @@ flash)
         --json "$OUT/flash.json" 2>&1 | grep -v -i warn ;;
 att-verify)
     # the attention kernels not yet fully verified: the whole flash test file (sharded),
-    # the tiled CUDA-core kernels (tiled.ON forced) and the split decode kernel
-    # (decode_split.ON forced) with their reference tests; (SAN=1) memcheck and
+    # the split decode kernel with its reference tests; (SAN=1) memcheck and
     # racecheck over a backward case (run AR's memcheck ran out of time on it), the
     # persistent forward and the split decode
     # (AV_K, AV_SAN_K: other -k selections of the flash tests and of the sanitised ones)
     P="timeout ${TEST_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider"
-    [ -n "${AV_K:-}" ] || $P tests/test_attention_paths.py -k "tiled or decode_split" \
+    [ -n "${AV_K:-}" ] || $P tests/test_attention_paths.py -k "decode_split or forced" \
         > "$OUT/av-paths.log" 2>&1 &
     sanitized av ${SAN_LIMIT_S:-240} tests/test_attention_flash.py tests/test_attention_paths.py \
         -k "${AV_SAN_K:-(backward_matches and 257) or (persistent and 128) or (decode_split and kw0)}"
@@ -494,16 +493,11 @@ att-verify)
     cat "$OUT/av-sass.log"
     summary av-paths av-memcheck av-racecheck ;;
 att-speed)
-    # decoding: decode.py's part kernel against decode_split.py's (forced on), K/V GB/s
-    # beside a copy's and PyTorch's; float32 with the tiled kernels off and on; D 64's
-    # forward both ways (at most 440 s of limits)
-    for on in 0 1; do
+    # decoding: decode.py's part kernel against decode_split.py's, K/V GB/s beside a
+    # copy's and PyTorch's; D 64's forward both ways (at most 320 s of limits)
+    for variant in decode decode_split; do
         timeout 120 python3 perf/suites/attention.py --decode --seqs --no-backward \
-            --set nbdnn.cuda.attention.decode_split.ON=$on 2>&1 | grep -v -i warn
-    done
-    for t in 0 1; do
-        timeout 60 python3 perf/suites/attention.py --dtypes float32 --seqs 1024 --dims 64 \
-            --no-backward --set nbdnn.cuda.attention.tiled.ON=$t 2>&1 | grep -v -i warn
+            --variant $variant 2>&1 | grep -v -i warn
     done
     # D 64's forward: F3 everywhere against F1 persistent everywhere
     S="perf/suites/attention.py --no-backward --seqs 512 2048 16384 --dims 64"
@@ -524,15 +518,14 @@ att-gemm)
     wait
     summary ag-tests ag-flash ag-tf32 ag-memcheck ag-racecheck
     S="perf/suites/attention.py --seqs 1024 4096"
-    H="--set nbdnn.cuda.attention.gemm.HALF=1"  # (16-bit on the GEMM path: off until now)
-    timeout 150 python3 $S --dims 64 128 --masked $H 2>&1 | grep -v -i warn
-    timeout 60 python3 $S --dims 96 $H 2>&1 | grep -v -i warn
+    timeout 150 python3 $S --dims 64 128 --masked 2>&1 | grep -v -i warn
+    timeout 60 python3 $S --dims 96 2>&1 | grep -v -i warn
     timeout 80 python3 $S --dtypes float32 --dims 64 128 \
         --set "nbdnn._math_mode._default=['3xtf32']" 2>&1 | grep -v -i warn
     timeout 100 python3 perf/suites/transformer_step.py --models gpt --precisions fp32 2>&1 \
         | grep -v -i warn ;;
 att-tf32)
-    # flash_tf32.py (float32's forward fused on mma.sync, forced on): its tests, (SAN=1)
+    # flash_tf32.py (float32's forward fused on mma.sync): its tests, (SAN=1)
     # memcheck and racecheck over its D 64 cases, its SASS (HMMA, no LDL/STL); then
     # `att-tf32-speed`
     P="timeout ${TEST_LIMIT_S:-150} python3 -m pytest -q -p no:cacheprovider"
@@ -547,12 +540,12 @@ att-tf32)
     summary at-tests at-memcheck at-racecheck ;;
 att-tf32-speed)
     # float32 forward rows (D 64 and 128, S 1k and 4k) in 3xtf32 and tf32 fused
-    # (flash_tf32.ON=1), and 3xtf32 on gemm.py (ON=0), each against PyTorch's (<= 360 s)
-    for mo in "3xtf32 1" "tf32 1" "3xtf32 0"; do
+    # (flash_tf32), and 3xtf32 on gemm.py, each against PyTorch's (<= 360 s)
+    for mo in "3xtf32 flash_tf32" "tf32 flash_tf32" "3xtf32 gemm"; do
         set -- $mo
         timeout 120 python3 perf/suites/attention.py --dtypes float32 --seqs 1024 4096 \
             --dims 64 128 --no-backward --set "nbdnn._math_mode._default=['$1']" \
-            --set nbdnn.cuda.attention.flash_tf32.ON=$2 2>&1 | grep -v -i warn
+            --variant $2 2>&1 | grep -v -i warn
     done ;;
 torch)
     # nbdnn.torch (issue 26): its tests (CPU reference and CUDA: every function against F,

@@ -54,7 +54,6 @@ def gemm_on(monkeypatch):
     from nbdnn.cuda.attention import gemm
     monkeypatch.setattr(gemm, "MIN_QUERIES", 1)
     monkeypatch.setattr(gemm, "MIN_KEYS", 1)
-    monkeypatch.setattr(gemm, "HALF", True)
     return gemm
 
 
@@ -110,16 +109,14 @@ def test_gemm_backward_matches_reference(dtype, layout, dims, kw, workspace, gem
 
 
 def test_gemm_path_thresholds_and_lengths(monkeypatch):
-    """Few scores, or seq_lens (padding may hold anything), keep the exact kernels;
-    16-bit calls only with HALF."""
+    """Few scores, or seq_lens (padding may hold anything), keep the exact kernels; float32
+    and 16-bit calls only."""
     (q, k, v, _), kw = _case(np.float32, "BHSD", (1, 2, 2, 3, 70, 4, 4), {}, 0)
     with launched() as names:
         nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda", **kw)
     assert "attention_fwd" in names and "attention_rows_fwd" not in names, names
     from nbdnn.cuda.attention import gemm
-    monkeypatch.setattr(gemm, "HALF", False)
-    assert gemm.usable("float32", 64, 64, 0, 0) and not gemm.usable("bfloat16", 64, 64, 0, 0)
-    monkeypatch.setattr(gemm, "HALF", True)
+    assert gemm.usable("float32", 64, 64, 0, 0) and gemm.usable("float16", 64, 64, 0, 0)
     assert gemm.usable("bfloat16", 64, 64, 0, 0) and not gemm.usable("float32", 64, 64, 1, 0) \
         and not gemm.usable("float64", 64, 64, 0, 0) and not gemm.usable("float32", 63, 64, 0, 0)
 
@@ -138,17 +135,15 @@ def test_gemm_path_at_gpu_sizes(dtype, math, workspace, D, kw, monkeypatch):
     from nbdnn.cuda.runtime.simulator import SIMULATOR
     if SIMULATOR:
         pytest.skip("a GPU's size")
-    from nbdnn.cuda.attention import flash_tf32
+    from nbdnn.cuda.attention import forced
     if workspace:
         monkeypatch.setattr(gemm, "WORKSPACE", workspace)
-    monkeypatch.setattr(gemm, "HALF", True)
-    monkeypatch.setattr(flash_tf32, "ON", False)  # (3xtf32 D 64's forward: flash_tf32.py's)
     ml_dtypes = pytest.importorskip("ml_dtypes")
     (q, k, v, do), kw = _case(np.float32, "BHSD", (2, 4, 2, 200, 300, D, D),
                               dict(kw, math=math), 1)
     if dtype == "bfloat16":
         q, k, v, do = (x.astype(ml_dtypes.bfloat16) for x in (q, k, v, do))
-    with launched() as names:
+    with launched() as names, forced("gemm"):  # (3xtf32 D 64's forward: flash_tf32's)
         o, lse = nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda", **kw)
         grads = nbdnn.scaled_dot_product_attention_backward(do, q, k, v, o, lse,
                                                             backend="cuda", **kw)

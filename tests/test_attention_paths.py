@@ -55,13 +55,12 @@ def test_decode_matches_reference(dtype, layout, Sq, kw, monkeypatch):
     (128, 2, 2, 1, "BSHD", {"attn_mask": "float", "is_causal": True}),
 ])
 def test_decode_split_matches_reference(D, Hq, Hk, Sq, layout, kw, monkeypatch):
-    """decode_split.py (forced on: decode_split.ON) in float16: grouped-query rows (R = G
+    """decode_split.py in float16: grouped-query rows (R = G
     Sq up to MAX_ROWS: 8 at D 64, 4 at D 128), a key tail past whole tiles, causal, both
     lengths (a row with no key: o = 0, lse = -inf), both layouts, both mask kinds,
     dropout (nbdnn.dropout's stream); NaN in a key past seq_lens_k takes no part."""
-    from nbdnn.cuda.attention import decode, decode_split
+    from nbdnn.cuda.attention import decode
     monkeypatch.setattr(decode, "MIN_KEYS", 40)
-    monkeypatch.setattr(decode_split, "ON", True)
     rng = np.random.default_rng(D + Sq)
     q, k, v = _inputs(rng, np.float16, layout, 2, Hq, Hk, Sq, 77, D, D)
     if kw.get("attn_mask") == "bool":
@@ -86,15 +85,13 @@ def test_decode_split_matches_reference(D, Hq, Hk, Sq, layout, kw, monkeypatch):
 
 @pytest.mark.parametrize("D,Hq,Hk,Sq,causal", [(128, 16, 4, 1, False), (64, 8, 4, 4, True)])
 def test_decode_split_long_cache(D, Hq, Hk, Sq, causal, monkeypatch):
-    """decode_split.py (forced on) at its real sizes on a GPU, in bfloat16: a 20000-key
+    """decode_split.py at its real sizes on a GPU, in bfloat16: a 20000-key
     cache split into many chunks (B 2, lengths 20000 and 13001: a chunk past the shorter
     one holds no key), R = 4 and 8 rows a kv head, against the float64 reference."""
-    from nbdnn.cuda.attention import decode_split
     from nbdnn.cuda.runtime.simulator import SIMULATOR
     if SIMULATOR:
         pytest.skip("20000 keys: a GPU's size")
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    monkeypatch.setattr(decode_split, "ON", True)
     rng = np.random.default_rng(D)
     q, k, v = (a.astype(ml_dtypes.bfloat16) for a in
                _inputs(rng, np.float32, "BHSD", 2, Hq, Hk, Sq, 20000, D, D))
@@ -116,74 +113,26 @@ def test_exact_path_below_the_decode_threshold():
     assert "attention_fwd" in names and not any("decode" in n for n in names), names
 
 
-# the tiled kernels' cases (dims: B, Hq, Hk, Sq, Sk, D, Dv): two query and key tiles,
-# tails, every mask kind, causal, GQA, lengths, dropout, a math mode, Dv past a bucket
-TILED_CASES = [
-    (np.float32, "BHSD", {}, (1, 2, 2, 40, 37, 20, 20)),
-    (np.float32, "BSHD", {"is_causal": True, "math": "tf32"}, (1, 2, 1, 33, 45, 8, 70)),
-    (np.float16, "BHSD", {"attn_mask": "bool", "seq_lens_q": np.array([30, 3]),
-                          "seq_lens_k": np.array([40, 0])}, (2, 2, 2, 35, 40, 16, 16)),
-    (np.float32, "BHSD", {"attn_mask": "float", "dropout_p": 0.25, "seed": 3, "offset": 7},
-     (1, 2, 2, 34, 33, 12, 8)),
-]
-
-
-@pytest.mark.parametrize("dtype,layout,kw,dims", TILED_CASES)
-def test_tiled_forward_matches_reference(dtype, layout, kw, dims, monkeypatch):
-    """cuda/attention/tiled.py (forced on: tiled.ON): a block a 32-query tile, over its
-    features, against the CPU reference; a NaN in a v row met only through removed pairs
-    (past seq_lens_k, or masked out) stays out."""
-    from nbdnn.cuda.attention import tiled
-    monkeypatch.setattr(tiled, "ON", True)
-    rng = np.random.default_rng(len(kw))
-    B, Hq, Hk, Sq, Sk, D, Dv = dims
-    q, k, v = _inputs(rng, dtype, layout, B, Hq, Hk, Sq, Sk, D, Dv)
-    if kw.get("attn_mask") == "bool":
-        kw = dict(kw, attn_mask=rng.random((1, Hq, Sq, Sk)) > 0.3)
-        v[(0, 0, 39) if layout == "BHSD" else (0, 39, 0)] = np.nan  # (keys past 40: none)
-        v[1] = np.nan  # (batch entry 1 has no live key)
-    elif kw.get("attn_mask") == "float":
-        kw = dict(kw, attn_mask=rng.uniform(-1, 1, (Sq, Sk)).astype(dtype))
-    kw = dict(kw, enable_gqa=True, layout=layout)
+def test_forced_variants():
+    """forced(name) runs that variant where the order would pick another, raises
+    NotSupportedError where its kernels cannot take the call and ValueError for a name
+    no table has; each table's names are unique and documented, and ends in the exact
+    kernels, which take every call."""
+    from nbdnn.cuda import attention as A
+    for table in (A.FORWARD, A.BACKWARD):
+        assert len({v.name for v in table}) == len(table) and all(v.doc for v in table)
+        assert table[-1].name == "simt"
+    rng = np.random.default_rng(1)
+    q, k, v = _inputs(rng, np.float32, "BHSD", 1, 2, 2, 64, 64, 8, 8)
     with launched() as names:
-        o, lse = nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda", **kw)
-    assert names[-1] == f"attention_fwd_tiled_{np.dtype(dtype).name}_v" \
-        f"{next(d for d in tiled.DV_BUCKETS if Dv <= d)}", names
-    ref = {n: a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == "f"
-           else a for n, a in kw.items()}
-    want_o, want_lse = nbdnn.scaled_dot_product_attention(
-        *(a.astype(np.float64) for a in (q, k, v)), backend="cpu", **ref)
-    tol = {np.float32: 1e-5 if "math" not in kw else 1e-3, np.float16: 2e-3}[dtype]  # (tf32: p
-    # is rounded to tf32 before p v, so float32 against float64 p can flip a rounding: 3e-4)
-    np.testing.assert_allclose(np.asarray(o, np.float64), want_o, rtol=tol, atol=tol)
-    np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=tol, atol=tol)
-
-
-@pytest.mark.parametrize("dtype,layout,kw,dims", TILED_CASES)
-def test_tiled_backward_matches_reference(dtype, layout, kw, dims, monkeypatch):
-    """cuda/attention/tiled_bwd.py (forced on: tiled.ON): dq a block a 32-query tile, dk
-    and dv a block a 32-key tile, against the CPU reference's gradients of the same o
-    and lse (the CPU's forward)."""
-    from nbdnn.cuda.attention import tiled
-    monkeypatch.setattr(tiled, "ON", True)
-    rng = np.random.default_rng(len(kw) + 10)
-    B, Hq, Hk, Sq, Sk, D, Dv = dims
-    q, k, v = _inputs(rng, dtype, layout, B, Hq, Hk, Sq, Sk, D, Dv)
-    do = rng.uniform(-1, 1, q.shape[:3] + (Dv,)).astype(dtype)
-    if kw.get("attn_mask") == "bool":
-        kw = dict(kw, attn_mask=rng.random((1, Hq, Sq, Sk)) > 0.3)
-        do[1] = np.nan  # (batch entry 1's rows past 3 are not live, and entry 1 has no key)
-        do[1, :, :3] = 0.5
-    elif kw.get("attn_mask") == "float":
-        kw = dict(kw, attn_mask=rng.uniform(-1, 1, (Sq, Sk)).astype(dtype))
-    kw = dict(kw, enable_gqa=True, layout=layout)
-    o, lse = nbdnn.scaled_dot_product_attention(q, k, v, backend="cpu", **kw)
-    with launched() as names:
-        got = nbdnn.scaled_dot_product_attention_backward(do, q, k, v, o, lse, backend="cuda", **kw)
-    assert any(n.startswith("attention_dq_tiled") for n in names) and \
-        any(n.startswith("attention_dkv_tiled") for n in names), names
-    want = nbdnn.scaled_dot_product_attention_backward(do, q, k, v, o, lse, backend="cpu", **kw)
-    tol = {np.float32: 1e-5 if "math" not in kw else 2e-4, np.float16: 2e-3}[dtype]  # (tf32: 4e-5)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64),
-                                   rtol=tol, atol=tol)
+        nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda")
+    assert any(n.startswith("attention_rows") for n in names), names  # (the order's choice)
+    with A.forced("simt"), launched() as names:
+        o, lse = nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda")
+        nbdnn.scaled_dot_product_attention_backward(o, q, k, v, o, lse, backend="cuda")
+    assert "attention_fwd" in names and not any("attention_rows" in n for n in names), names
+    with A.forced("gemm"), pytest.raises(nbdnn.NotSupportedError, match="gemm"):
+        nbdnn.scaled_dot_product_attention(q, k, v, seq_lens_k=np.array([3]), backend="cuda")
+    with pytest.raises(ValueError, match="tiled"):
+        with A.forced("tiled"):
+            pass

@@ -1,4 +1,4 @@
-"""cuda/attention/flash_tf32.py (forced on: flash_tf32.ON): float32 attention's forward
+"""cuda/attention/flash_tf32.py: float32 attention's forward
 fused on the tensor cores in "tf32" and "3xtf32", every feature, against the CPU
 reference in the same math mode; GPU only (inline PTX: the simulator runs none; CI
 compiles it to PTX)."""
@@ -32,7 +32,6 @@ def test_flash_tf32_matches_reference(D, math, layout, causal, dims, lens, extra
     past a length hold NaN, which takes no part; masks of both kinds (broadcast over
     batch or heads), dropout."""
     from nbdnn.cuda.attention import flash_tf32
-    monkeypatch.setattr(flash_tf32, "ON", True)
     monkeypatch.setattr(flash_tf32, "MAX_D_3X", 128)  # (D 128 3xtf32: gemm.py's otherwise)
     B, Hq, Hk, Sq, Sk = dims
     rng = np.random.default_rng(D + Sq)
@@ -78,7 +77,6 @@ def test_flash_tf32_tile_configs(case, key_tile, q_raw, monkeypatch):
 def test_flash_tf32_only_where_it_fits(monkeypatch):
     """ieee, Dv != D, D past 128 or not a multiple of 8 keep the other paths."""
     from nbdnn.cuda.attention import flash_tf32
-    monkeypatch.setattr(flash_tf32, "ON", True)
     assert flash_tf32.usable("float32", "3xtf32", 64, 64)
     assert flash_tf32.usable("float32", "tf32", 8, 8)
     assert not flash_tf32.usable("float32", "ieee", 64, 64)

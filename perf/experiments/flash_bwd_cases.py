@@ -1,4 +1,4 @@
-"""One case of the tensor-core attention backward (flash_bwd.py, forced on) against the
+"""One case of the tensor-core attention backward (flash_bwd.py) against the
 float64 reference, in its own process (a kernel fault ends the CUDA context: run the
 cases side by side in separate processes to tell which one faults), or the SASS of one
 of its kernels around an offset a sanitizer named.
@@ -53,7 +53,6 @@ if __name__ == "__main__":
     if sys.argv[1] == "--sass":
         sass(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5], 0))
         sys.exit()
-    flash_bwd.ON = True
     dtype, D, causal, B, Hq, Hk, Sq, Sk, layout = sys.argv[1:10]
     spec = (dtype, int(D), causal == "1", int(B), int(Hq), int(Hk), int(Sq), int(Sk), layout)
     try:

@@ -18,12 +18,14 @@ bound by).
 
     PYTHONPATH=. python3 perf/suites/attention.py [--json F] [--dtypes bfloat16 float16]
         [--seqs 512 4096] [--dims 64 128] [--no-backward] [--decode] [--quick] [--masked]
-        [--set MODULE.NAME=VALUE]   (perf/tools/switches.py)
+        [--variant NAME] [--set MODULE.NAME=VALUE]   (perf/tools/switches.py)
 
 --masked times non-causal rows with a boolean key-padding mask instead (B, 1, 1, Sk), its last
 eighth of keys out. nbdnn's forward runs cuda/attention/flash.py at 16-bit D 64 and 128
 without a mask (decode_split.py / decode.py for few queries), its backward flash_bwd.py
-there; float32, masks, and other head dims run gemm.py.
+there; float32, masks, and other head dims run gemm.py. --variant runs nbdnn's calls on
+one of nbdnn.cuda.attention's variants (FORWARD, BACKWARD: decode_split, decode, flash,
+flash_tf32, gemm, simt) wherever it takes them.
 """
 import argparse
 import json
@@ -157,9 +159,18 @@ def main():
     ap.add_argument("--masked", action="store_true",
                     help="rows with a key-padding mask instead (non-causal: torch takes no "
                          "mask with is_causal)")
+    ap.add_argument("--variant", help="nbdnn's calls on this variant (attention.forced)")
     switches.add_argument(ap)
     args = ap.parse_args()
     switches.apply(args.set)
+    if args.variant:
+        from nbdnn.cuda.attention import forced
+        with forced(args.variant):
+            return _run(args)
+    return _run(args)
+
+
+def _run(args):
     seqs, dims = ([512, 2048], [128]) if args.quick else (args.seqs, args.dims)
     rows = []
     for dtype in args.dtypes:

@@ -8,49 +8,75 @@
 - flash_tf32.py: float32's forward in "tf32" / "3xtf32" fused on the tensor cores
   (mma.sync m16n8k8, online softmax; 3xtf32 past D 64 on gemm.py, which is faster there).
 - gemm.py: GEMMs around row kernels, the scores in a workspace (nbdnn.cuda.matmul), for
-  float32 in every math mode; no seq_lens. With gemm.HALF (on since run AT) also
-  the 16-bit calls flash.py does not take (masks, dropout, other head dims:
-  TF32 tensor cores, exact on 16-bit values).
-- tiled.py, tiled_bwd.py: the forward and backward on the CUDA cores in 32 x 32 tiles
-  (float32 compute; off until they have run on a GPU: tiled.ON).
+  float32 in every math mode, and the 16-bit calls flash.py does not take (masks,
+  dropout, other head dims: TF32 tensor cores, exact on 16-bit values); no seq_lens.
 - decode.py: the forward for Sq <= 16 queries against >= decode.MIN_KEYS keys
   (flash-decoding: the keys split over blocks, the chunks combined by log-sum-exp);
   every feature of the exact path. decode_split.py: its part kernel for 16-bit data at
   D 64 and 128, every feature (16-byte loads, a thread a key).
-The launchers below turn the call into the kernels' geometry: each tensor's (batch,
-head, row) strides in its layout, the mask's broadcast strides, the dropout stream."""
-import numpy as np
+geometry.py names a call as the kernels see it (Geometry). FORWARD and BACKWARD below
+declare the variants, the first usable one runs a call; `forced(name)` makes a test or
+a benchmark run one (NotSupportedError where it cannot take the call)."""
+import contextlib
+import dataclasses
+from typing import Callable
 
 from ..runtime.arrays import dtype_name, empty
 from ..runtime.device import sm_count
 from ..runtime.simulator import SIMULATOR
-from ...cpu.dropout import MASK32, keep_threshold
-from . import decode, decode_split, flash, flash_bwd, flash_tf32, gemm, simt, tiled, tiled_bwd
+from ...errors import NotSupportedError
+from . import decode, decode_split, flash, flash_bwd, flash_tf32, gemm, simt
+from .geometry import geometry
 
 BLOCK = 32 if SIMULATOR else 128
-MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}
 
 
-def _strides(shape, layout):
-    """(batch, head, row) element strides of a C-contiguous 4-d tensor in `layout`."""
-    B, a, b, D = (int(s) for s in shape)
-    return (a * b * D, b * D, D) if layout == "BHSD" else (a * b * D, D, b * D)
+@dataclasses.dataclass
+class Call:
+    """One validated call's arrays and geometry, as the variants take it. Forward: o and
+    lse are the outputs; backward: do, dl (the rows' delta) and the gradients too."""
+    q: object
+    k: object
+    v: object
+    o: object
+    lse: object
+    attn_mask: object
+    dropout_p: float
+    layout: str
+    math: str
+    stream: object
+    geo: tuple = None
+    ma: object = None   # the mask as the kernels read it: additive values (ma) or bools (mb)
+    mb: object = None
+    lq: object = None   # int64 sequence lengths (a 1-element stand-in when none)
+    lk: object = None
+    do: object = None
+    dl: object = None
+    grads: tuple = ()   # (dq, dk, dv)
+
+    @property
+    def dtype(self):
+        return dtype_name(self.q)
 
 
-def _mask(ref, attn_mask, full):
-    """(ma, mb, kind, strides): the mask as the kernels read it (kind 0 none, 1 bool in
-    mb, 2 additive in ma), its element strides over (B, Hq, Sq, Sk), 0 on broadcast axes."""
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A way to run a call: usable(call) says whether its kernels take it (their limits
+    and where it is the better choice), run(call) launches them."""
+    name: str
+    usable: Callable
+    run: Callable
+    doc: str
+
+
+def _mask_arrays(ref, attn_mask):
+    """(ma, mb): an additive mask is read from ma, a boolean one from mb; the other is a
+    stand-in the kernels never read."""
     if attn_mask is None:
-        return ref, empty(ref, (1,), "uint8"), 0, (0, 0, 0, 0)
-    ms = (1,) * (4 - len(attn_mask.shape)) + tuple(int(s) for s in attn_mask.shape)
-    st, run = [], 1
-    for n in ms[::-1]:
-        st.append(run if n != 1 else 0)
-        run *= n
-    st = tuple(st[::-1])
+        return ref, empty(ref, (1,), "uint8")
     if dtype_name(attn_mask) == "bool":
-        return ref, attn_mask, 1, st
-    return attn_mask, empty(ref, (1,), "uint8"), 2, st
+        return ref, attn_mask
+    return attn_mask, empty(ref, (1,), "uint8")
 
 
 def _lengths(ref, lens, stream):
@@ -67,26 +93,139 @@ def _lengths(ref, lens, stream):
     return wide, 1
 
 
-def _geometry(q, k, v, o, attn_mask, dropout_p, is_causal, scale, seed, offset, layout,
-              seq_lens_q, seq_lens_k, math, stream):
-    """(mask and length arrays, the geometry scalars: simt.geometry_types)."""
-    B, Hq, Sq, D = (int(s) for s in q.shape) if layout == "BHSD" else \
-        (int(q.shape[0]), int(q.shape[2]), int(q.shape[1]), int(q.shape[3]))
-    Hk = int(k.shape[1] if layout == "BHSD" else k.shape[2])
-    Sk = int(k.shape[2] if layout == "BHSD" else k.shape[1])
-    Dv = int(v.shape[3])
-    ma, mb, kind, ms = _mask(q, attn_mask, (B, Hq, Sq, Sk))
-    lq, has_lq = _lengths(q, seq_lens_q, stream)
-    lk, has_lk = _lengths(q, seq_lens_k, stream)
-    thr = keep_threshold(dropout_p) if dropout_p > 0 else 1 << 32
-    geo = (B, Hq, Hq // Hk, Sq, Sk, D, Dv, *_strides(q.shape, layout),
-           *_strides(k.shape, layout), *_strides(v.shape, layout),
-           *_strides(o.shape, layout), kind, *ms, has_lq, has_lk, int(is_causal),
-           float(1 / np.sqrt(D) if scale is None else scale),  # (a NumPy scalar has a
-           # shape: the simulator's launch would pass it as an array)
-           MODES[math] if dtype_name(q) == "float32" else 0, thr, 1 / (1 - dropout_p),
-           offset & MASK32, offset >> 32, seed & MASK32, seed >> 32)
-    return (ma, mb, lq, lk), geo
+def _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset):
+    """Fill c's geometry, mask and length arrays."""
+    c.ma, c.mb = _mask_arrays(c.q, c.attn_mask)
+    c.lq, has_lq = _lengths(c.q, seq_lens_q, c.stream)
+    c.lk, has_lk = _lengths(c.q, seq_lens_k, c.stream)
+    c.geo = geometry(c.q, c.k, c.v, c.o, c.attn_mask, c.dropout_p, is_causal, scale, seed,
+                     offset, c.layout, has_lq, has_lk, c.math)
+
+
+# ---- the forward's variants, in order of preference
+def _decode_usable(c):
+    return decode.usable(c.geo.Sq, c.geo.Sk, c.geo.G)
+
+
+def _split_usable(c):
+    g = c.geo
+    return _decode_usable(c) and decode_split.usable(c.q, g.G, g.Sq, g.D, g.Dv, c.k, c.v, g)
+
+
+def _decode(c, split):
+    """Flash-decoding: the keys in chunks over blocks (part kernels), each row's chunks
+    combined by their log-sum-exp."""
+    g = c.geo
+    rows = g.B * g.Hq * g.Sq
+    chunks = decode_split.chunking(g.B, g.Hq // g.G, g.Sk, sm_count())[0] if split else \
+        -(-g.Sk // decode.CHUNK)
+    ct = "float64" if c.dtype == "float64" else "float32"
+    ws_o, ws_ml = (empty(c.q, (rows * chunks * n,), ct) for n in (g.Dv, 2))
+    if split:
+        decode_split.forward(c.q, c.k, c.v, (ws_o, ws_ml), c.ma, c.mb, c.lq, c.lk, g, c.stream)
+    else:
+        kern, sig = decode.KERNELS["part", c.dtype]
+        kern.launch(sig, g.B * (g.Hq // g.G) * chunks, decode.CHUNK, c.stream, c.q, c.k, c.v,
+                    ws_o, ws_ml, c.ma, c.mb, c.lq, c.lk, *g)
+    kern, sig = decode.KERNELS["combine", c.dtype]
+    kern.launch(sig, rows, decode.CHUNK, c.stream, ws_o, ws_ml, c.o, c.lse, g.Hq, g.Sq, chunks,
+                g.Dv, *g.o_strides)
+
+
+def _gemm_usable(c):
+    return gemm.usable(c.dtype, c.geo.Sq, c.geo.Sk, *c.geo.lengths)
+
+
+def _simt_forward(c):
+    kern, sig = simt.KERNELS["forward", c.dtype]
+    rows = c.geo.B * c.geo.Hq * c.geo.Sq
+    kern.launch(sig, -(-rows // BLOCK), BLOCK, c.stream, c.q, c.k, c.v, c.o, c.lse, c.ma, c.mb,
+                c.lq, c.lk, *c.geo)
+
+
+FORWARD = (
+    Variant("decode_split", _split_usable, lambda c: _decode(c, True),
+            "decode_split.py: Sq <= 16 queries against >= 1024 keys, 16-bit at D 64 and 128, "
+            "16-byte loads, a thread a key"),
+    Variant("decode", _decode_usable, lambda c: _decode(c, False),
+            "decode.py: Sq <= 16 queries against >= 1024 keys, every dtype and feature"),
+    Variant("flash", lambda c: flash.usable(c.q, c.k, c.v, c.attn_mask, c.dropout_p,
+                                            c.geo.scale, c.geo.Sq, c.geo.D, c.geo.Dv),
+            lambda c: flash.forward(c.q, c.k, c.v, c.o, c.lse, c.lq, c.lk, c.geo, c.layout,
+                                    c.stream),
+            "flash.py: 16-bit at D 64 and 128 without a mask or dropout, wgmma and TMA (sm_90)"),
+    Variant("flash_tf32", lambda c: flash_tf32.usable(c.dtype, c.math, c.geo.D, c.geo.Dv,
+                                                      _gemm_usable(c)),
+            lambda c: flash_tf32.forward(c.q, c.k, c.v, c.o, c.lse, c.ma, c.mb, c.lq, c.lk,
+                                         c.geo, c.math, c.stream),
+            "flash_tf32.py: float32 in tf32 / 3xtf32 fused on mma.sync (3xtf32 past D 64: "
+            "gemm's where it takes the call)"),
+    Variant("gemm", _gemm_usable,
+            lambda c: gemm.forward(c.q, c.k, c.v, c.o, c.lse, c.ma, c.mb, c.geo, c.layout,
+                                   c.math, c.stream),
+            "gemm.py: the scores in a workspace between matmul's GEMMs, no seq_lens, at "
+            "least 64 x 64 scores a head"),
+    Variant("simt", lambda c: True, _simt_forward,
+            "simt.py: the exact kernels, every call (a thread a query row)"),
+)
+
+
+# ---- the backward's variants
+def _simt_backward(c):
+    g = c.geo
+    dq, dk, dv = c.grads
+    rows, keys = g.B * g.Hq * g.Sq, g.B * (g.Hq // g.G) * g.Sk
+    if rows:
+        kern, sig = simt.KERNELS["grad_q", c.dtype]
+        kern.launch(sig, -(-rows // BLOCK), BLOCK, c.stream, c.do, c.q, c.k, c.v, c.lse, c.dl,
+                    dq, c.ma, c.mb, c.lq, c.lk, *g)
+    if keys:
+        kern, sig = simt.KERNELS["grad_kv", c.dtype]
+        kern.launch(sig, -(-keys // BLOCK), BLOCK, c.stream, c.do, c.q, c.k, c.v, c.lse, c.dl,
+                    dk, dv, c.ma, c.mb, c.lq, c.lk, *g)
+
+
+BACKWARD = (
+    Variant("flash", lambda c: flash_bwd.usable(c.q, c.k, c.v, c.attn_mask, c.dropout_p,
+                                                c.geo.scale, c.geo.D, c.geo.Dv, (c.do,)),
+            lambda c: flash_bwd.backward(c.do, c.q, c.k, c.v, c.lse, c.dl, *c.grads, c.lq,
+                                         c.lk, c.geo, c.layout, c.stream),
+            "flash_bwd.py: flash's calls; dK and dV a block of 128 keys, then dQ"),
+    Variant("gemm", _gemm_usable,
+            lambda c: gemm.backward(c.do, c.q, c.k, c.v, c.lse, c.dl, *c.grads, c.ma, c.mb,
+                                    c.geo, c.layout, c.math, c.stream),
+            "gemm.py: five GEMMs around a row kernel, the forward's calls"),
+    Variant("simt", lambda c: True, _simt_backward,
+            "simt.py: the exact kernels (a thread a query row for dq, a key row for dk, dv)"),
+)
+
+_FORCED = []  # the names forced(), innermost last
+
+
+@contextlib.contextmanager
+def forced(name):
+    """Inside: calls run the variant `name` (forward and backward, where each table has
+    one by that name) or raise NotSupportedError where its kernels cannot take a call."""
+    if not any(v.name == name for v in FORWARD + BACKWARD):
+        raise ValueError(f"no attention variant {name!r}: "
+                         f"{sorted({v.name for v in FORWARD + BACKWARD})}")
+    _FORCED.append(name)
+    try:
+        yield
+    finally:
+        _FORCED.pop()
+
+
+def choose(table, c):
+    """The variant of `table` that runs call c."""
+    if _FORCED:
+        want = next((v for v in table if v.name == _FORCED[-1]), None)
+        if want is not None:
+            if not want.usable(c):
+                raise NotSupportedError(f"scaled_dot_product_attention: variant {want.name!r} "
+                                        "(forced) cannot run this call")
+            return want
+    return next(v for v in table if v.usable(c))
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
@@ -94,84 +233,36 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
                                  math="ieee", *, out=None, stream=0):
     """(o, lse) (nbdnn/cpu/attention.py); validated by the front end."""
     dtype = dtype_name(q)
-    Dv = int(v.shape[3])
-    o_shape = tuple(int(s) for s in q.shape[:3]) + (Dv,)
+    o_shape = tuple(int(s) for s in q.shape[:3]) + (int(v.shape[3]),)
     o = out if out is not None else empty(q, o_shape, dtype)
-    (ma, mb, lq, lk), geo = _geometry(q, k, v, o, attn_mask, dropout_p, is_causal, scale,
-                                      seed, offset, layout, seq_lens_q, seq_lens_k, math,
-                                      stream)
-    B, Hq, Sq = geo[0], geo[1], geo[3]
-    lse = empty(q, (B, Hq, Sq), "float64" if dtype == "float64" else "float32")
-    rows = B * Hq * Sq
-    G, Sk, Dv = geo[2], geo[4], geo[6]
-    if rows and decode.usable(Sq, Sk, G):
-        split = decode_split.usable(q, G, Sq, geo[5], Dv, k, v, geo)
-        chunks = decode_split.chunking(B, Hq // G, Sk, sm_count())[0] if split else \
-            -(-Sk // decode.CHUNK)
-        ct = "float64" if dtype == "float64" else "float32"
-        ws_o, ws_ml = empty(q, (rows * chunks * Dv,), ct), empty(q, (rows * chunks * 2,), ct)
-        if split:
-            decode_split.forward(q, k, v, (ws_o, ws_ml), ma, mb, lq, lk, geo, stream)
-        else:
-            kern, sig = decode.KERNELS["part", dtype]
-            kern.launch(sig, B * (Hq // G) * chunks, decode.CHUNK, stream,
-                        q, k, v, ws_o, ws_ml, ma, mb, lq, lk, *geo)
-        kern, sig = decode.KERNELS["combine", dtype]
-        kern.launch(sig, rows, decode.CHUNK, stream, ws_o, ws_ml, o, lse, Hq, Sq, chunks,
-                    Dv, *geo[16:19])
-    elif rows and flash.usable(q, k, v, attn_mask, dropout_p, geo[27], Sq, geo[5], Dv):
-        flash.forward(q, k, v, o, lse, lq, lk, *geo[24:26], geo, layout, stream)
-    elif rows and flash_tf32.usable(dtype, math, geo[5], Dv,
-                                    gemm.usable(dtype, Sq, Sk, *geo[24:26])):
-        flash_tf32.forward(q, k, v, o, lse, ma, mb, lq, lk, geo, math, stream)
-    elif rows and gemm.usable(dtype, Sq, Sk, *geo[24:26]):
-        gemm.forward(q, k, v, o, lse, ma, mb, geo, layout, math, stream)
-    elif rows and tiled.usable(dtype, Dv):
-        tiled.forward(q, k, v, o, lse, ma, mb, lq, lk, geo, stream)
-    elif rows:
-        kern, sig = simt.KERNELS["forward", dtype]
-        kern.launch(sig, -(-rows // BLOCK), BLOCK, stream,
-                    q, k, v, o, lse, ma, mb, lq, lk, *geo)
-    return o, lse
+    c = Call(q, k, v, o, None, attn_mask, dropout_p, layout, math, stream)
+    _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset)
+    g = c.geo
+    c.lse = empty(q, (g.B, g.Hq, g.Sq), "float64" if dtype == "float64" else "float32")
+    if g.B * g.Hq * g.Sq:
+        choose(FORWARD, c).run(c)
+    return o, c.lse
 
 
 def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p,
                                           is_causal, scale, enable_gqa, seed, offset,
                                           layout, seq_lens_q, seq_lens_k, math="ieee", *,
                                           out=None, stream=0):
-    """(dq, dk, dv): delta, then dq a query row a thread, then dk and dv a key row a
-    thread (simt.py)."""
+    """(dq, dk, dv): the rows' delta = rowsum(do o), then the chosen variant."""
     dtype = dtype_name(q)
-    dq, dk, dv = out if out is not None else tuple(
+    grads = out if out is not None else tuple(
         empty(q, tuple(int(s) for s in t.shape), dtype) for t in (q, k, v))
-    (ma, mb, lq, lk), geo = _geometry(q, k, v, o, attn_mask, dropout_p, is_causal, scale,
-                                      seed, offset, layout, seq_lens_q, seq_lens_k, math,
-                                      stream)
-    B, Hq, G, Sq, Sk, D, Dv = geo[:7]
-    ct = "float64" if dtype == "float64" else "float32"
-    rows, keys = B * Hq * Sq, B * (Hq // G) * Sk
-    dl = empty(q, (max(rows, 1),), ct)
+    c = Call(q, k, v, o, lse, attn_mask, dropout_p, layout, math, stream, do=do, grads=grads)
+    _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset)
+    g = c.geo
+    rows, keys = g.B * g.Hq * g.Sq, g.B * (g.Hq // g.G) * g.Sk
+    c.dl = empty(q, (max(rows, 1),), "float64" if dtype == "float64" else "float32")
     if rows:
         kern, sig = simt.KERNELS["delta", dtype]
-        kern.launch(sig, -(-rows // BLOCK), BLOCK, stream, do, o, dl, B, Hq, Sq, Dv,
-                    *geo[16:19])
-    if rows and keys and flash_bwd.usable(q, k, v, attn_mask, dropout_p, geo[27], D, Dv,
-                                          (do,)):
-        flash_bwd.backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, *geo[24:26], geo, layout,
-                           stream)
-        return dq, dk, dv
-    if rows and keys and gemm.usable(dtype, Sq, Sk, *geo[24:26]):
-        gemm.backward(do, q, k, v, lse, dl, dq, dk, dv, ma, mb, geo, layout, math, stream)
-        return dq, dk, dv
-    if rows and keys and tiled_bwd.usable(dtype, D, Dv):
-        tiled_bwd.backward(do, q, k, v, lse, dl, dq, dk, dv, ma, mb, lq, lk, geo, stream)
-        return dq, dk, dv
-    if rows:
-        kern, sig = simt.KERNELS["grad_q", dtype]
-        kern.launch(sig, -(-rows // BLOCK), BLOCK, stream,
-                    do, q, k, v, lse, dl, dq, ma, mb, lq, lk, *geo)
-    if keys:
-        kern, sig = simt.KERNELS["grad_kv", dtype]
-        kern.launch(sig, -(-keys // BLOCK), BLOCK, stream,
-                    do, q, k, v, lse, dl, dk, dv, ma, mb, lq, lk, *geo)
-    return dq, dk, dv
+        kern.launch(sig, -(-rows // BLOCK), BLOCK, stream, do, o, c.dl, g.B, g.Hq, g.Sq, g.Dv,
+                    *g.o_strides)
+    if rows and keys:
+        choose(BACKWARD, c).run(c)
+    elif rows or keys:  # (the gradients of an empty side's partners: zeros)
+        _simt_backward(c)
+    return grads

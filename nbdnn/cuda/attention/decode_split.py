@@ -45,7 +45,6 @@ from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
 from .simt import _device_functions, geometry_types
 
-ON = True
 T = 32 if SIMULATOR else 128    # a block's threads = a tile's keys
 DIMS = (64, 128)
 ROWS = (1, 2, 4, 8)             # R buckets: a kernel a bucket (registers by R) ...
@@ -57,11 +56,11 @@ MIN_CHUNK_TILES = 1             # ... and each chunk's least T-key tiles (its se
 
 
 def usable(q, G, Sq, D, Dv, k, v, geo):
-    """ON, 16-bit data, D = Dv in DIMS, G Sq <= MAX_ROWS[D] rows, and K's and V's rows at
+    """16-bit data, D = Dv in DIMS, G Sq <= MAX_ROWS[D] rows, and K's and V's rows at
     16-byte boundaries (bases and strides: geo's k and v strides)."""
-    return ON and dtype_name(q) in ("float16", "bfloat16") and D == Dv and D in DIMS and \
+    return dtype_name(q) in ("float16", "bfloat16") and D == Dv and D in DIMS and \
         G * Sq <= MAX_ROWS.get(D, 0) and all(ptr(t) % 16 == 0 for t in (k, v)) and \
-        all(s % 8 == 0 for s in geo[10:16])
+        all(s % 8 == 0 for s in (geo.kb, geo.kh, geo.kj, geo.vb, geo.vh, geo.vj))
 
 
 def chunking(B, Hk, Sk, sms):

@@ -11,9 +11,8 @@ past a query tile's last row are never loaded.
 
 Where it runs (`usable`): float16 / bfloat16 q, k, v with head dims D = Dv = 64 or 128,
 no attn_mask, no dropout, a positive scale, Sq > 16 (fewer queries: decode.py), sm_90;
-everything else (and the simulator) runs simt.py's exact kernels (tiled.py's where
-tiled.ON). Causal, grouped-query
-heads, seq_lens_q / seq_lens_k and both layouts run here: BHSD tensors are mapped as (B*H,
+everything else (and the simulator) runs the other variants (attention/__init__.py).
+Causal, grouped-query heads, seq_lens_q / seq_lens_k and both layouts run here: BHSD tensors are mapped as (B*H,
 S, D), BSHD as (B, S, H*D), so neither is transposed.
 """
 import math
@@ -37,7 +36,6 @@ from ..tensorcore.tma import bar_arrive, bar_sync, fence_proxy_tensormap_acquire
 from ..tensorcore.wgmma import wgmma, wgmma_rs
 from . import flash_source as fs
 
-ON = True                 # False: every forward runs the exact kernels (simt.py)
 # The consumer loop's variant by head dim (flash_source._consumer_tile):
 # - F1: each key tile's S = QK^T, its softmax, then its PV, in turn;
 # - F2: tile t's softmax runs while tile t-1's PV is on the tensor cores (FA3's
@@ -125,15 +123,15 @@ def fits(q, k, v, attn_mask, dropout_p, scale, D, Dv):
 
 
 def usable(q, k, v, attn_mask, dropout_p, scale, Sq, D, Dv):
-    """Whether this forward runs the call (module docstring): ON, more than 16 queries."""
-    return ON and Sq > 16 and fits(q, k, v, attn_mask, dropout_p, scale, D, Dv)
+    """Whether this forward runs the call (module docstring): more than 16 queries."""
+    return Sq > 16 and fits(q, k, v, attn_mask, dropout_p, scale, D, Dv)
 
 
-def forward(q, k, v, o, lse, lq, lk, has_lq, has_lk, geo, layout, stream):
-    """Launch the kernel: geo is the launcher's geometry (simt.geometry_types' order)."""
+def forward(q, k, v, o, lse, lq, lk, geo, layout, stream):
+    """Launch the kernel (geo: the call's geometry.Geometry)."""
     B, Hq, G, Sq, Sk, D = geo[:6]
-    ob, oh, orow = geo[16:19]
-    causal, scale = geo[26], geo[27]
+    ob, oh, orow = geo.o_strides
+    causal, scale, (has_lq, has_lk) = geo.causal, geo.scale, geo.lengths
     dtype = dtype_name(q)
     Hk = Hq // G
     bhsd = layout == "BHSD"

@@ -23,7 +23,6 @@ from ..tensorcore.tensormap import encoded
 from ..tensorcore.wgmma import wgmma, wgmma_rs
 from . import flash, flash_bwd_source as fb
 
-ON = True   # False: the backward runs the exact kernels (simt.py)
 STAGES = {64: 4, 128: 3}  # D -> streamed stages (flash_bwd_source.shared_bytes)
 _TAIL = ("int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int64, int64, "
          "float32, float32, int64, int64, int64)")
@@ -57,18 +56,18 @@ def kernel(which, dtype, D):
 
 
 def usable(q, k, v, attn_mask, dropout_p, scale, D, Dv, more):
-    """Whether these kernels run the call: ON, the forward's limits (flash.fits), and
+    """Whether these kernels run the call: the forward's limits (flash.fits), and
     TMA's 16-byte aligned bases for the `more` arrays too (do)."""
-    return ON and flash.fits(q, k, v, attn_mask, dropout_p, scale, D, Dv) and \
+    return flash.fits(q, k, v, attn_mask, dropout_p, scale, D, Dv) and \
         all(ptr(t) % 16 == 0 for t in more)
 
 
-def backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, has_lq, has_lk, geo, layout, stream):
-    """dK, dV then dQ (geo: the launcher's geometry, simt.geometry_types' order; dl the
-    rows' delta, float32 like lse)."""
+def backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, geo, layout, stream):
+    """dK, dV then dQ (geo: the call's geometry.Geometry; dl the rows' delta, float32
+    like lse)."""
     B, Hq, G, Sq, Sk, D = geo[:6]
-    qs, ks = geo[7:10], geo[10:13]
-    causal, scale = geo[26], geo[27]
+    qs, ks = (geo.qb, geo.qh, geo.qi), (geo.kb, geo.kh, geo.kj)
+    causal, scale, (has_lq, has_lk) = geo.causal, geo.scale, geo.lengths
     dtype, Hk, bhsd = dtype_name(q), Hq // G, layout == "BHSD"
     shq, shk = ((B * Hq, Sq, D), (B * Hk, Sk, D)) if bhsd else ((B, Sq, Hq * D), (B, Sk, Hk * D))
     rows = B * Hq * Sq

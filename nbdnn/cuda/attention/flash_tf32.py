@@ -64,7 +64,6 @@ from .simt import _device_functions
 
 _, _keep, _, _bias, _ = _device_functions(types.float32)
 
-ON = True  # (GPU tests, memcheck, racecheck: run AT)
 PREFETCH = False  # True: the next key tile's loads issued before this tile's products, as
 # registers (D / 2 values a thread), rather than after the tile's first barrier. Off: ptxas
 # gives it 255 registers and spills 432 B at D 64 (3.9 KB at D 128): LLVM hoists the
@@ -108,9 +107,9 @@ def lds_bits(typingctx, arr, idx):
 
 
 def usable(dtype, math_mode, D, Dv, gemm_takes_it=False):
-    """ON, float32 in a TF32 mode, D = Dv a multiple of 8 up to 128; 3xtf32 past MAX_D_3X
+    """float32 in a TF32 mode, D = Dv a multiple of 8 up to 128; 3xtf32 past MAX_D_3X
     only where gemm.py does not take the call (gemm_takes_it)."""
-    return ON and not SIMULATOR and dtype == "float32" and math_mode in MODES and D == Dv and D % 8 == 0 and \
+    return not SIMULATOR and dtype == "float32" and math_mode in MODES and D == Dv and D % 8 == 0 and \
         8 <= D <= 128 and not (math_mode == "3xtf32" and D > MAX_D_3X and gemm_takes_it)
 
 
@@ -324,15 +323,15 @@ def kernel(D, P, masked=False, dropped=False):
 
 
 def forward(q, k, v, o, lse, ma, mb, lq, lk, geo, math_mode, stream):
-    """Launch over (batch, head, 64-query tile) blocks; geo: the launcher's geometry
-    (its mask kind and strides, its dropout threshold: simt.geometry_types' order)."""
+    """Launch over (batch, head, 64-query tile) blocks (geo: the call's
+    geometry.Geometry)."""
     B, Hq, G, Sq, Sk, D = geo[:6]
     P = MODES[math_mode]
-    kern = kernel(D, P, geo[19] != 0, geo[29] != 1 << 32)
-    scale2 = float(geo[27] * math.log2(math.e))
+    kern = kernel(D, P, geo.masked, geo.dropped)
+    scale2 = float(geo.scale * math.log2(math.e))
     kern.launch(SIG, B * Hq * -(-Sq // BQ), THREADS, stream, q, k, v, o, lse, lq, lk, Hq, G,
-                Sq, Sk, *geo[7:19], *geo[24:27], scale2, ma, mb, *geo[19:24], *geo[29:35],
-                shmem=shared_bytes(D, P))
+                Sq, Sk, *geo.strides, *geo.lengths, geo.causal, scale2, ma, mb, *geo.mask,
+                *geo.dropout, shmem=shared_bytes(D, P))
 
 
 def ptx_examples():

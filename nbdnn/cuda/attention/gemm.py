@@ -3,8 +3,10 @@ between nbdnn.cuda.matmul's GEMMs and two row kernels, as PyTorch's math backend
 composes it, for what the fused tensor-core kernels (flash.py, flash_bwd.py) do not
 take: float32 in every math mode ("ieee": the SIMT GEMM, 32 TFLOP/s on the H200;
 "tf32" / "3xtf32": the tensor cores; flash_tf32.py takes the forward in both where
-it is faster), and with HALF 16-bit storage with a mask, dropout or a head dim other
-than 64 and 128 (which otherwise runs the exact kernels, under 1 TFLOP/s). 16-bit tensors
+it is faster), and 16-bit storage with a mask, dropout or a head dim other than 64 and
+128 (which otherwise runs the exact kernels, under 1 TFLOP/s: here bf16 S 1k-4k with a
+key-padding mask 16-44 TFLOP/s forward, 0.06-0.11x PyTorch's fused masked kernels; D 96
+11-36, 0.03-0.08x). 16-bit tensors
 are cast to float32 and multiplied in "tf32", which is exact on 16-bit values (8 or 11
 significant bits; TF32 keeps 11): the tensor cores' products with float32 sums, as the
 reference models them, with p' rounded to the storage dtype before P V as it rounds it
@@ -60,10 +62,6 @@ from ..runtime.simulator import SIMULATOR
 from ..tensor import cast_tensor, transform_tensor
 from .simt import _device_functions
 
-ON = True
-HALF = True  # 16-bit calls too (GPU tests, memcheck, racecheck: run AT). bf16 S 1k-4k:
-# a key-padding mask 16-44 TFLOP/s forward (0.06-0.11x PyTorch's fused masked kernels),
-# D 96 11-36 (0.03-0.08x); the exact kernels they replace: under 1
 MIN_KEYS = MIN_QUERIES = 64     # below: the exact kernels' one launch costs less
 WORKSPACE = 1 << 28             # bytes of float32 scores a chunk (256 MB)
 T = 32 if SIMULATOR else 128    # a row kernel's block: one score row
@@ -164,9 +162,8 @@ KERNELS = {which: Kernel(fn, [_signature(which, t) for t in DTYPES])
 
 
 def usable(dtype, Sq, Sk, has_lq, has_lk):
-    """ON, float32 (16-bit: HALF too), no seq_lens, at least MIN_QUERIES x MIN_KEYS
-    scores a head."""
-    return ON and (dtype == "float32" or HALF and dtype in DTYPES) and \
+    """float32 or 16-bit, no seq_lens, at least MIN_QUERIES x MIN_KEYS scores a head."""
+    return dtype in DTYPES and \
         not (has_lq or has_lk) and Sq >= MIN_QUERIES and Sk >= MIN_KEYS
 
 
@@ -240,9 +237,9 @@ def _view(ws, c, M, Sk):
 def _rows(name, flats, lse, dl, ma, mb, like, geo, c, stream):
     """Launch a row kernel over chunk c's score rows (geo: the launcher's geometry)."""
     kern, sig = KERNELS[name], _signature(name, dtype_name(like))
-    G, Sq, Sk = geo[2], geo[3], geo[4]
-    tail = (ma, mb, like, c[0], c[2], c[3] - c[2], geo[1] // G, G, Sq, Sk, geo[19], *geo[20:24],
-            geo[26], geo[27], geo[29], geo[30], *geo[31:35])
+    G, Sq, Sk = geo.G, geo.Sq, geo.Sk
+    tail = (ma, mb, like, c[0], c[2], c[3] - c[2], geo.Hq // G, G, Sq, Sk, *geo.mask,
+            geo.causal, geo.scale, *geo.dropout)
     vecs = (lse,) if dl is None else (lse, dl)
     kern.launch(sig, (c[1] - c[0]) * (c[3] - c[2]), T, stream, *flats, *vecs, *tail)
 
@@ -274,7 +271,7 @@ def forward(q, k, v, o, lse, ma, mb, geo, layout, math_mode, stream):
 def backward(do, q, k, v, lse, dl, dq, dk, dv, ma, mb, geo, layout, math_mode, stream):
     """dq, dk, dv of a call `usable` took; dl: delta (B, Hq, Sq), float32."""
     B, Hq, G, Sq, Sk, D, Dv = geo[:7]
-    Hk, M, scale = Hq // G, G * Sq, geo[27]
+    Hk, M, scale = Hq // G, G * Sq, geo.scale
     mode = math_mode if dtype_name(q) == "float32" else "tf32"
     qs, ks, vs, dos = (_stacked(_bhsd32(x, layout, stream), Hk) for x in (q, k, v, do))
     outs = [_result(g, q, layout) for g in (dq, dk, dv)]

@@ -37,9 +37,9 @@ _MASK, _S32 = np.uint64(0xFFFFFFFF), np.uint64(32)
 
 def geometry_types(ct):
     """The types of the arguments every forward-shaped kernel takes after its tensors:
-    the two length arrays, then the launcher's geometry (attention._geometry: B, Hq, G,
-    Sq, Sk, D, Dv, the strides of q, k, v, o, the mask's kind and strides, the length
-    and causal flags; scale, mode, the dropout's threshold, factor, offset and seed)."""
+    the two length arrays, then the call's geometry (geometry.Geometry: B, Hq, G, Sq, Sk,
+    D, Dv, the strides of q, k, v, o, the mask's kind and strides, the length and causal
+    flags; scale, mode, the dropout's threshold, factor, offset and seed)."""
     return "int64[::1], int64[::1], " + ", ".join(["int64"] * 27) + \
         f", {ct}, int64, uint64, {ct}, uint64, uint64, uint64, uint64"
 
