@@ -1,7 +1,7 @@
 """out= that shares memory with an input never gives a silent wrong answer: every op
 (one row each from the registry's cross-check rows) either computes the right result
-in place (the inputs listed in ops/_common.py's IN_PLACE: elementwise and row-wise
-kernels) or raises BadParamError; an out= that partly overlaps an input is always an
+in place (the inputs its registry record names, OpRecord.in_place: elementwise and
+row-wise kernels) or raises BadParamError; an out= that partly overlaps an input is always an
 error. Both backends, same rule (the simulator on a machine without a GPU)."""
 import numpy as np
 import pytest
@@ -83,3 +83,12 @@ def test_out_aliasing_an_input_is_right_or_refused(spec, backend):
     out = shared[1:1 + exp0.size].reshape(exp0.shape)
     with pytest.raises(nbdnn.BadParamError, match="overlap"):
         spec.fn(*args, **case.kwargs, out=_outs(spec, expected, out))
+
+
+def test_in_place_names_are_the_ops_inputs():
+    """Each record's in_place names parameters of its op (a misspelt name would let
+    nothing through, silently)."""
+    import inspect
+    for rec in OPS.values():
+        params = inspect.signature(rec.fn).parameters
+        assert set(rec.in_place) <= set(params), (rec.name, rec.in_place)

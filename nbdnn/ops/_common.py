@@ -10,6 +10,7 @@ import numpy as np
 from .. import backend as _backend
 from .._vocab import BF16_DTYPES, FLOAT_DTYPES
 from ..errors import BadParamError, DeviceError, DtypeError, ShapeError, fail
+from .registry import OPS
 
 _allowed_sets = {}  # dtype-name tuple -> frozenset of np.dtype (dtype.name is slow)
 _modules = {}
@@ -122,13 +123,14 @@ class Call:
 
     def _apart(self, name, out):
         """BadParamError when `out` shares memory with an input or an earlier output,
-        unless it is exactly an input the op may overwrite (IN_PLACE: elementwise and
-        row-wise ops read each element before they write it; every other kernel would
-        read what it already wrote). Memory is compared as byte ranges, on the GPU as
+        unless it is exactly an input the op may overwrite (its record's in_place:
+        elementwise and row-wise ops read each element before they write it; every other
+        kernel would read what it already wrote). Memory is compared as byte ranges, on the GPU as
         on the CPU (numpy.may_share_memory), so the rule is the same on both backends.
         (On every unplanned call's path: a contiguous CUDA array's range is its
         address and size, ~1 us.)"""
-        same_ok = IN_PLACE.get(self.op, ())
+        rec = OPS.get(self.op)
+        same_ok = rec.in_place if rec is not None else ()
         span = None
         # the inputs, and the outputs checked so far (out= arrays of later results, also
         # among self.arrays, are checked against this one when their turn comes)
@@ -260,13 +262,6 @@ def _back_to_host(res, out):
 # op -> inputs that out= may be exactly (the same array): the kernels read each element
 # of these before writing the element of out at the same place. Any other overlap of
 # out with an input or another output is an error (Call._apart).
-IN_PLACE = {"activation": ("x",), "activation_backward": ("dy", "x", "y"),
-            "scale_tensor": ("x",), "add_tensor": ("a", "c"), "set_tensor": (),
-            "softmax": ("x",), "softmax_backward": ("dy", "y"),
-            "layer_norm": ("x",), "rms_norm": ("x",), "group_norm": ("x",),
-            "instance_norm": ("x",), "batch_norm_infer": ("x", "residual"),
-            "batch_norm_train": ("x",), "dropout": ("x",), "dropout_backward": ("dy",)}
-IN_PLACE["op_tensor"] = ("a", "b")
 
 
 try:

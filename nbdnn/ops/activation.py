@@ -39,7 +39,7 @@ def fused_coef(op, activation, coef):
     return _coef(op, activation, coef)
 
 
-@op("activation", backward="activation_backward")
+@op("activation", backward="activation_backward", in_place=("x",))
 def activation(x, mode="relu", *, coef=None, alpha=1.0, beta=0.0, out=None,
                backend=None, stream=None):
     """y = alpha * f(x) + beta * out, elementwise; f by `mode`, parameterised by `coef`
@@ -57,7 +57,7 @@ def activation(x, mode="relu", *, coef=None, alpha=1.0, beta=0.0, out=None,
     return c.run("activation", x, mode, coef, alpha=alpha, beta=beta, out=out)
 
 
-@op("activation")
+@op("activation", in_place=("dy", "x", "y"))
 def activation_backward(dy, x, y=None, mode="relu", *, coef=None, alpha=1.0, beta=0.0,
                         out=None, backend=None, stream=None):
     """dx = alpha * dy * f'(x) + beta * out.

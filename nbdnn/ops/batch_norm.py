@@ -44,7 +44,7 @@ def _act(op, activation, coef):
     return activation, fused_coef(op, activation, coef)
 
 
-@op("batch_norm", backward="batch_norm_backward")
+@op("batch_norm", backward="batch_norm_backward", in_place=("x",))
 def batch_norm_train(x, scale=None, bias=None, running_mean=None, running_var=None, *,
                      momentum=0.1, eps=1e-5, mode="spatial", layout="NCHW", residual=None,
                      activation=None, coef=None, out=None, backend=None, stream=None):
@@ -75,7 +75,7 @@ def batch_norm_train(x, scale=None, bias=None, running_mean=None, running_var=No
                  inplace=(3, 4))
 
 
-@op("batch_norm")
+@op("batch_norm", in_place=("x", "residual"))
 def batch_norm_infer(x, scale, bias, mean, var, *, eps=1e-5, mode="spatial", layout="NCHW",
                      residual=None, activation=None, coef=None, alpha=1.0, beta=0.0, out=None,
                      backend=None, stream=None):

@@ -24,7 +24,7 @@ def _u64(op, name, v):
     return int(v)
 
 
-@op("dropout", backward="dropout_backward")
+@op("dropout", backward="dropout_backward", in_place=("x",))
 def dropout(x, p, *, seed, offset=0, out=None, backend=None, stream=None):
     """(y, mask): y = x * mask / (1 - p), mask (uint8, x's shape) = 1 where the element
     is kept, with probability 1 - p. seed and offset (ints in [0, 2**64)) select the
@@ -51,7 +51,7 @@ def dropout(x, p, *, seed, offset=0, out=None, backend=None, stream=None):
     return c.run("dropout", x, p, seed, offset, out=out, inplace=(3,) if counter else ())
 
 
-@op("dropout")
+@op("dropout", in_place=("dy",))
 def dropout_backward(dy, mask, p, *, out=None, backend=None, stream=None):
     """dx = dy / (1 - p) where mask is nonzero, exactly 0 where it is 0 (Inf and NaN in
     dy too), given the forward's mask (uint8) and p."""

@@ -59,7 +59,7 @@ def _forward(op, x, scale, bias, ndim, eps, out, backend, stream):
     return c, (x, scale, bias, ndim, eps), c.out(out, shape, dtype)
 
 
-@op("norm", backward="layer_norm_backward")
+@op("norm", backward="layer_norm_backward", in_place=("x",))
 def layer_norm(x, scale=None, bias=None, *, ndim=1, eps=1e-5, out=None, backend=None,
                stream=None):
     """(y, mean, invstd): y = (x - mean) / sqrt(var + eps) * scale + bias over the last
@@ -69,7 +69,7 @@ def layer_norm(x, scale=None, bias=None, *, ndim=1, eps=1e-5, out=None, backend=
     return c.run("layer_norm", *args, out=out)
 
 
-@op("norm", backward="rms_norm_backward")
+@op("norm", backward="rms_norm_backward", in_place=("x",))
 def rms_norm(x, scale=None, bias=None, *, ndim=1, eps=1e-6, out=None, backend=None,
              stream=None):
     """(y, invrms): y = x / sqrt(mean(x^2) + eps) * scale + bias over the last `ndim`
@@ -146,7 +146,7 @@ def _grouped(op, c, x, scale, bias, groups, layout):
     return shape, dtype, int(groups), last
 
 
-@op("norm", backward="group_norm_backward")
+@op("norm", backward="group_norm_backward", in_place=("x",))
 def group_norm(x, groups, scale=None, bias=None, *, eps=1e-5, layout="NCHW", out=None,
                backend=None, stream=None):
     """(y, mean, invstd): x (N, C, *S) ("NCHW") or (N, *S, C) ("NHWC") normalised over
@@ -166,7 +166,7 @@ def _group_norm(op, x, groups, scale, bias, eps, layout, out, backend, stream):
     return c.run("group_norm", x, groups, scale, bias, eps, last, out=out)
 
 
-@op("norm", backward="instance_norm_backward", dispatches="group_norm")
+@op("norm", backward="instance_norm_backward", dispatches="group_norm", in_place=("x",))
 def instance_norm(x, scale=None, bias=None, *, eps=1e-5, layout="NCHW", out=None,
                   backend=None, stream=None):
     """group_norm with a group a channel: statistics (N, C)."""

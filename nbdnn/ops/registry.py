@@ -27,15 +27,19 @@ class OpRecord:
     backward: tuple = ()       # names of the ops that compute its gradients
     dispatches: tuple = ()     # the backend functions it calls: cpu/ and cuda/<family>.<name>
     doc: Optional[str] = None  # one line for `nbdnn check --ops` listings
+    in_place: tuple = ()       # inputs out= may be (the very array): its kernels read each
+    # element before they write it (elementwise and row-wise ops); out= overlapping any
+    # input otherwise is refused (ops/_common.Call._apart)
 
 
 OPS = {}  # name -> OpRecord, in definition order
 
 
-def op(family, *, planned=True, backward=(), dispatches=None):
+def op(family, *, planned=True, backward=(), dispatches=None, in_place=()):
     """Register the decorated function as the public op of its name (returns it
     unchanged: calls inside ops/ stay unplanned). dispatches: the backend functions it
-    runs when they are not named like the op (conv2d runs conv_forward); () for none."""
+    runs when they are not named like the op (conv2d runs conv_forward); () for none.
+    in_place: the inputs its out= may be."""
     backward = (backward,) if isinstance(backward, str) else tuple(backward)
 
     def register(fn):
@@ -44,7 +48,8 @@ def op(family, *, planned=True, backward=(), dispatches=None):
         doc = (fn.__doc__ or "").strip().split("\n")[0] or None
         names = (fn.__name__,) if dispatches is None else \
             (dispatches,) if isinstance(dispatches, str) else tuple(dispatches)
-        OPS[fn.__name__] = OpRecord(fn.__name__, fn, family, planned, backward, names, doc)
+        OPS[fn.__name__] = OpRecord(fn.__name__, fn, family, planned, backward, names, doc,
+                                    tuple(in_place))
         return fn
     return register
 

@@ -23,7 +23,7 @@ def _axis(op, name, axis, shape):
     return normalize_axis(op, "axis", axis, len(shape))
 
 
-@op("softmax", backward="softmax_backward")
+@op("softmax", backward="softmax_backward", in_place=("x",))
 def softmax(x, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
             backend=None, stream=None, _kernel=None):
     """y = alpha * softmax(x, axis) + beta * out.
@@ -42,7 +42,7 @@ def softmax(x, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
     return c.run("softmax", x, axis, algo, alpha=alpha, beta=beta, out=out, _kernel=_kernel)
 
 
-@op("softmax")
+@op("softmax", in_place=("dy", "y"))
 def softmax_backward(dy, y, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
                      backend=None, stream=None, _kernel=None):
     """dx = alpha * dL/dx + beta * out, given y = softmax(x) (log-softmax for "log").

@@ -46,7 +46,7 @@ def broadcast_to(op, small_name, small, big_name, big):
                  tuple(small))
 
 
-@op("tensor")
+@op("tensor", in_place=("a", "c"))
 def add_tensor(a, c, *, alpha=1.0, beta=1.0, out=None, backend=None, stream=None):
     """cudnnAddTensor: result = alpha * A + beta * C, A broadcast to C's shape.
 
@@ -65,7 +65,7 @@ def add_tensor(a, c, *, alpha=1.0, beta=1.0, out=None, backend=None, stream=None
     return k.run("add_tensor", a, c, alpha=alpha, beta=beta, out=out)
 
 
-@op("tensor")
+@op("tensor", in_place=("a", "b"))
 def op_tensor(op, a, b=None, *, alpha1=1.0, alpha2=1.0, beta=0.0, out=None,
               backend=None, stream=None):
     """cudnnOpTensor: out = f(alpha1 * A, alpha2 * B) + beta * out.
@@ -174,7 +174,7 @@ def cast_tensor(x, dtype, *, alpha=1.0, beta=0.0, out=None, backend=None, stream
     return k.run("cast_tensor", x, dtype, alpha=alpha, beta=beta, out=out)
 
 
-@op("tensor")
+@op("tensor", in_place=("x",))
 def scale_tensor(x, alpha, *, out=None, backend=None, stream=None):
     """cudnnScaleTensor: y = alpha * x; in place with out=x."""
     op = "scale_tensor"
