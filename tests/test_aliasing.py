@@ -3,6 +3,8 @@
 in place (the inputs its registry record names, OpRecord.in_place: elementwise and
 row-wise kernels) or raises BadParamError; an out= that partly overlaps an input is always an
 error. Both backends, same rule (the simulator on a machine without a GPU)."""
+import inspect
+
 import numpy as np
 import pytest
 
@@ -61,6 +63,9 @@ def test_out_aliasing_an_input_is_right_or_refused(spec, backend):
             got = spec.fn(*args, **case.kwargs, out=_outs(spec, expected, args[i]))
         except nbdnn.BadParamError as e:
             assert "overlap" in str(e), e
+            name = list(inspect.signature(spec.fn).parameters)[i]
+            assert name not in OPS[spec.ops[0]].in_place, \
+                f"out= as {name}, declared in place, refused: {e}"
             continue
         got0 = got[0] if isinstance(got, tuple) else got
         ok, _, _, _, msg = compare(get(got0), exp0, max(atol, 1e-5), max(rtol, 1e-5))
@@ -88,7 +93,6 @@ def test_out_aliasing_an_input_is_right_or_refused(spec, backend):
 def test_in_place_names_are_the_ops_inputs():
     """Each record's in_place names parameters of its op (a misspelt name would let
     nothing through, silently)."""
-    import inspect
     for rec in OPS.values():
         params = inspect.signature(rec.fn).parameters
         assert set(rec.in_place) <= set(params), (rec.name, rec.in_place)
