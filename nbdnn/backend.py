@@ -15,9 +15,9 @@ import numpy as np
 from .errors import BadParamError, DeviceError, DtypeError, fail
 
 BACKENDS = ("cpu", "cuda")
-_recording = threading.local()  # this thread's .graph (cuda.Graph) and .plan (ops._plan)
-_describers = {}  # type -> fn(x) -> (shape, dtype, c_contiguous); filled on first sight
-_array_facts = {}  # CUDA array type -> fn(x) -> (shape, dtype, count, address) | None; filled
+capture_state = threading.local()  # this thread's .graph (cuda.Graph) and .plan (ops._plan)
+describers = {}  # type -> fn(x) -> (shape, dtype, c_contiguous); filled on first sight
+array_facts = {}  # CUDA array type -> fn(x) -> (shape, dtype, count, address) | None; filled
 # by nbdnn.cuda.runtime.arrays.facts (this module does not import numba.cuda)
 
 
@@ -49,21 +49,21 @@ def _describe_torch(x):
                       "the CPU backend or tensor.cuda() for the GPU)",
                       f"a torch tensor on {x.device}")
     d = x.dtype
-    return tuple(x.shape), _torch_dtypes.get(d) or _torch_dtype(d), x.is_contiguous()
+    return tuple(x.shape), torch_dtypes.get(d) or numpy_dtype_of(d), x.is_contiguous()
 
 
-_torch_dtypes = {}
+torch_dtypes = {}
 
 
-def _torch_dtype(tdt):
-    dt = _torch_dtypes.get(tdt)
+def numpy_dtype_of(tdt):
+    dt = torch_dtypes.get(tdt)
     if dt is None:
         name = str(tdt).replace("torch.", "")
         try:
             dt = np.dtype(name)
         except TypeError:  # bfloat16 and friends: ml_dtypes where installed
             dt = np.dtype(getattr(importlib.import_module("ml_dtypes"), name))
-        _torch_dtypes[tdt] = dt
+        torch_dtypes[tdt] = dt
     return dt
 
 
@@ -102,7 +102,7 @@ def _c_strides(shape, itemsize):
 
 
 def _describer(t):
-    f = _describers.get(t)
+    f = describers.get(t)
     if f is not None:
         return f
     mod = t.__module__ or ""
@@ -124,7 +124,7 @@ def _describer(t):
     else:
         f = None
     if f is not None:
-        _describers[t] = f
+        describers[t] = f
     return f
 
 
@@ -132,13 +132,13 @@ def is_array(x):
     return _describer(type(x)) is not None
 
 
-_kinds = {}  # type -> 'cpu' | 'cuda', filled on first sight
+array_kinds = {}  # type -> 'cpu' | 'cuda', filled on first sight
 
 
 def kind(x):
     """'cpu' for NumPy arrays, 'cuda' for device arrays, None for anything else."""
     t = type(x)
-    k = _kinds.get(t)
+    k = array_kinds.get(t)
     if k is None:
         if issubclass(t, np.ndarray):
             k = "cpu"
@@ -146,7 +146,7 @@ def kind(x):
             k = "cuda"
         else:
             return None
-        _kinds[t] = k
+        array_kinds[t] = k
     return k
 
 
@@ -190,7 +190,7 @@ def choose(op, arrays, backend=None):
         cuda = False
         for a in arrays.values():
             if a is not None:
-                cuda = _kinds.get(type(a)) == "cuda"
+                cuda = array_kinds.get(type(a)) == "cuda"
                 if not cuda:
                     break
         if cuda:
@@ -199,7 +199,7 @@ def choose(op, arrays, backend=None):
     for name, a in arrays.items():
         if a is None:
             continue
-        k = _kinds.get(type(a)) or kind(a)
+        k = array_kinds.get(type(a)) or kind(a)
         if k is None:
             fail(BadParamError, op, name, "a NumPy array or a CUDA array",
                  f"{type(a).__module__}.{type(a).__name__}")

@@ -37,11 +37,11 @@ def test_torch_facts_dtypes_pointers_and_declines():
     from nbdnn.cuda import SIMULATOR
     if SIMULATOR or not torch.cuda.is_available():
         pytest.skip("needs PyTorch with CUDA and a GPU")
-    from nbdnn.backend import _torch_dtypes
+    from nbdnn.backend import torch_dtypes
     from nbdnn.cuda.runtime.arrays import facts
     for dt, want in ((torch.float16, np.float16), (torch.float32, np.float32),
                      (torch.float64, np.float64)):
-        _torch_dtypes.pop(dt, None)  # the cache-miss path too
+        torch_dtypes.pop(dt, None)  # the cache-miss path too
         x = torch.linspace(-1, 1, 6, dtype=dt, device="cuda").reshape(2, 3)
         shape, dtype, n, p = facts(x)
         assert (tuple(shape), dtype, n, p) == ((2, 3), np.dtype(want), 6, x.data_ptr())

@@ -52,8 +52,8 @@ def test_suite_runs_in_a_16_bit_dtype(monkeypatch):
 
     def refuses(d, h):
         raise DtypeError("an op that takes float32 only")
-    real = cases_compute._matmul_cases
-    monkeypatch.setattr(cases_compute, "_matmul_cases", lambda n: real(n) + [
+    real = cases_compute.matmul_cases
+    monkeypatch.setattr(cases_compute, "matmul_cases", lambda n: real(n) + [
         ("refuses/16-bit", "matmul", (1,), "float32", 4, refuses)])
     said = []
     ops = ["activation/relu", "reduce_tensor/add/all", "refuses/16-bit"]

@@ -37,7 +37,7 @@ def two_devices(monkeypatch):
         finally:
             state["current"] = before
     from nbdnn.cuda.runtime import arrays
-    made, alloc = arrays.to_device, arrays._allocate
+    made, alloc = arrays.to_device, arrays.allocate
 
     def tagged(make):  # arrays made while device i is (fakely) current are on device i
         def fn(*args, **kw):
@@ -46,7 +46,7 @@ def two_devices(monkeypatch):
             return a
         return fn
     monkeypatch.setattr(arrays, "to_device", tagged(made))
-    monkeypatch.setattr(arrays, "_allocate", tagged(alloc))
+    monkeypatch.setattr(arrays, "allocate", tagged(alloc))
     monkeypatch.setattr(device, "_count", [2])
     monkeypatch.setattr(device, "current", lambda: state["current"])
     monkeypatch.setattr(device, "of", lambda x: ON.get(id(x), 0))

@@ -15,7 +15,7 @@ from nbdnn.cuda.runtime import launch as _launch
 
 
 def _launcher(monkeypatch, sig):
-    monkeypatch.setattr(_launch, "_driver", types.SimpleNamespace(CUfunction=lambda h: h))
+    monkeypatch.setattr(_launch, "driver", types.SimpleNamespace(CUfunction=lambda h: h))
     argtypes, _ = sigutils.normalize_signature(sig)
     return _launch._Launcher(0xABC0, argtypes, "k")
 

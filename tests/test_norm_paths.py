@@ -11,7 +11,7 @@ import nbdnn
 from nbdnn.cuda.runtime import arrays as _arrays
 from nbdnn.cuda import norm as NM
 from nbdnn.cuda.runtime.launch import launched
-from nbdnn.cuda.softmax import _rows_config
+from nbdnn.cuda.softmax import rows_config
 
 # lengths: 4-lane groups (L=12), a warp a row (300), a block a row (1030: scalar;
 # 1032: 16-byte vectors); "fallback": the block-a-row kernels past the register cache,
@@ -19,12 +19,12 @@ from nbdnn.cuda.softmax import _rows_config
 
 
 def test_paths_by_length():
-    assert _rows_config(12, False, False)[1] == 4
-    assert _rows_config(300, False, False)[1] == 32
-    assert _rows_config(1032, True, False)[1] >= 64
-    assert _rows_config(32768, False, False) is not None
-    assert _rows_config(40000, False, False) is None
-    assert _rows_config(20000, True, False) is None
+    assert rows_config(12, False, False)[1] == 4
+    assert rows_config(300, False, False)[1] == 32
+    assert rows_config(1032, True, False)[1] >= 64
+    assert rows_config(32768, False, False) is not None
+    assert rows_config(40000, False, False) is None
+    assert rows_config(20000, True, False) is None
 
 
 CASES = [(op, L, offset) for op in ("layer_norm", "rms_norm") for L in (12, 300, "fallback")

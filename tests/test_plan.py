@@ -122,14 +122,14 @@ def test_numbers_derived_from_addresses_are_derived_again_on_replay():
     (derive), the 2nd and 3rd recordings agree, and each replay computes it again at
     its own input's address. (Before run AX such a number was a constant: a replay
     passed the recorded one, as the flash attention kernels' maps could have been.)"""
-    from nbdnn.cuda.runtime.arrays import _recording, empty, ptr
+    from nbdnn.cuda.runtime.arrays import capture_state, empty, ptr
     from nbdnn.cuda.runtime.launch import Kernel
     store = Kernel(_store, [STORE_SIG])
 
     def tagged(x, out=None):
         out = empty(x, (1,), "int64")
         value = _tag(ptr(x) + 8, 5)
-        rec = _recording.__dict__.get("plan")
+        rec = capture_state.__dict__.get("plan")
         if rec is not None:
             rec.derive(value, ptr(x) + 8, (_tag, 5))
         store.launch(STORE_SIG, 1, 1, 0, out, value)

@@ -42,7 +42,7 @@ CASES = [  # nd, x shape (N, C, *S), K, R, stride, padding, dilation, groups, mo
 ]
 
 
-def _pads(padding, nd):
+def padding_pairs(padding, nd):
     if isinstance(padding, int):
         return ((padding, padding),) * nd
     return tuple(p if isinstance(p, tuple) else (p, p) for p in padding)
@@ -55,7 +55,7 @@ def test_forward_matches_naive_loops(case, layout):
     x = RNG.standard_normal(xs)
     w = RNG.standard_normal((K, xs[1] // groups) + R)
     ref = _naive(x, w, stride if isinstance(stride, tuple) else (stride,) * nd,
-                 _pads(padding, nd), dilation if isinstance(dilation, tuple) else (dilation,) * nd,
+                 padding_pairs(padding, nd), dilation if isinstance(dilation, tuple) else (dilation,) * nd,
                  groups, mode)
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, mode=mode,
               layout=layout)

@@ -28,7 +28,7 @@ def _positions(S, k, t, d, pre, post, ceil):
         n += 1
 
 
-def _windows(S, K, st, pads, dil, ceil):
+def windows(S, K, st, pads, dil, ceil):
     """For every output position: the list of (input index or None for padding,
     inside the padded extent) over the window in row-major order."""
     P = [_positions(s, k, t, d, a, b, ceil) for s, k, t, d, (a, b) in zip(S, K, st, dil, pads)]
@@ -46,7 +46,7 @@ def naive_pool(x, K, st, pads, dil, mode, ceil, prop):
     """x (N, C, *S) -> (y, argmax index per output or None)."""
     S = x.shape[2:]
     out, arg = {}, {}
-    for p, taps in _windows(S, K, st, pads, dil, ceil):
+    for p, taps in windows(S, K, st, pads, dil, ceil):
         for n, c in itertools.product(range(x.shape[0]), range(x.shape[1])):
             vals = [(i, x[(n, c) + i]) for i, _ in taps if i is not None]
             if mode == "max":
@@ -108,7 +108,7 @@ def test_forward_and_backward_match_naive_loops(K, st, pads, dil, mode, ceil, pr
         if mode == "max" and a is not None:
             dx[(n, c) + a] += dy[(n, c) + p]
         elif mode != "max" and a:
-            for i, _ in next(t for q, t in _windows(x.shape[2:], K, st, pads, dil, ceil)
+            for i, _ in next(t for q, t in windows(x.shape[2:], K, st, pads, dil, ceil)
                              if q == p):
                 if i is not None:
                     dx[(n, c) + i] += dy[(n, c) + p] / a

@@ -35,7 +35,7 @@ def test_path_choice_by_shape():
 def test_sixteen_vector_rows_match_the_reference(monkeypatch, L, algo):
     monkeypatch.setattr(S, "ROWS_V16_MIN", 0)
     monkeypatch.setattr(S, "_CHOICES", {})  # choices made under the real threshold: not here
-    assert S._rows_config(L, False, True) == (16, 64)
+    assert S.rows_config(L, False, True) == (16, 64)
     rng = np.random.default_rng(L)
     x = rng.standard_normal((2, L)).astype(np.float32) * 4
     out = rng.standard_normal((2, L)).astype(np.float32)

@@ -22,8 +22,8 @@ import numpy as np
 
 from .._files import atomic_write
 from ..ops.registry import select
-from .timing import (_torch, _torch_f, copy_bandwidth, graph_replay, host_cost,  # noqa: F401
-                     host_costs, time_cpu, time_gpu, time_graph, _graph_or_none)
+from .timing import (torch_or_none, torch_f, copy_bandwidth, graph_replay, host_cost,  # noqa: F401
+                     host_costs, time_cpu, time_gpu, time_graph, graph_or_none)
 
 
 @dataclasses.dataclass
@@ -125,13 +125,13 @@ def _elementwise_cases(n):
     cases = []
     for mode, tname in (("relu", "relu"), ("gelu", "gelu"), ("sigmoid", "sigmoid")):
         def fwd(d, h, mode=mode, tname=tname):
-            F = _torch_f()
+            F = torch_f()
             return {"gpu": lambda: nbdnn.activation(d["x"], mode, out=d["y"]),
                     "cpu": lambda: nbdnn.activation(h["x"], mode),
                     "torch": F and (lambda: getattr(F, tname)(d["x"]))}
 
         def bwd(d, h, mode=mode):
-            torch = _torch()
+            torch = torch_or_none()
             tb = None
             if torch is not None:
                 aten = torch.ops.aten
@@ -165,12 +165,12 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False,
     if size_mb is None:
         size_mb = 0.01 if SIMULATOR else 1024
     n = max(256, int(size_mb * 2 ** 20) // 4)
-    from .cases_elementwise import _reduce_cases, _softmax_cases
-    from .cases_compute import _conv_cases, _matmul_cases
-    from .cases_norm import _bn_cases, _other_norm_cases, _pool_cases, _row_norm_cases
-    cases = (_elementwise_cases(n) + _reduce_cases(n) + _softmax_cases(n) + _matmul_cases(n)
-             + _conv_cases(n) + _pool_cases(n) + _bn_cases(n) + _row_norm_cases(n)
-             + _other_norm_cases(n))
+    from .cases_elementwise import reduce_cases, softmax_cases
+    from .cases_compute import conv_cases, matmul_cases
+    from .cases_norm import bn_cases, other_norm_cases, pool_cases, row_norm_cases
+    cases = (_elementwise_cases(n) + reduce_cases(n) + softmax_cases(n) + matmul_cases(n)
+             + conv_cases(n) + pool_cases(n) + bn_cases(n) + row_norm_cases(n)
+             + other_norm_cases(n))
     if ops:  # the same choice of names as `nbdnn check` (ops/registry.py select)
         named = [_Named(c[0], c[1], (c[0].split("/")[0],), c) for c in cases]
         cases = [t.case for t in select(named, ops)]
@@ -178,7 +178,7 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False,
     host32 = {"x": rng.standard_normal(n, dtype=np.float32),
               "dy": rng.standard_normal(n, dtype=np.float32)}
     host = {k: v.astype(dtype) for k, v in host32.items()}
-    torch = _torch()
+    torch = torch_or_none()
     if torch is not None:
         tdt = getattr(torch, dtype)
         dev = {k: torch.from_numpy(v).cuda().to(tdt) for k, v in host32.items()}
@@ -195,7 +195,7 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False,
         timer = time_cpu if SIMULATOR else time_gpu
         try:
             fns = make(dev, host)
-            gpu_fn = (_graph_or_none(fns["gpu"]) if graph else None) or fns["gpu"]
+            gpu_fn = (graph_or_none(fns["gpu"]) if graph else None) or fns["gpu"]
             gpu_s = timer(gpu_fn)
         except NbdnnError as e:
             if progress:

@@ -6,11 +6,11 @@ tiny); a case whose tensors do not fit n is left out."""
 import math
 
 import nbdnn
-from .timing import _torch
+from .timing import torch_or_none
 
 
-def _torch_fp32():
-    torch = _torch()
+def torch_fp32():
+    torch = torch_or_none()
     if torch is not None:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -18,14 +18,14 @@ def _torch_fp32():
     return torch
 
 
-def _matmul_cases(n):
+def matmul_cases(n):
     cases = []
     for label, (M, N, K) in (("square", (4096,) * 3), ("skinny", (64, 4096, 4096))):
         scale = min(1.0, math.sqrt(n / (M * K + K * N + M * N)))
         M, N, K = (max(1, int(v * scale)) for v in (M, N, K))
 
         def make(d, h, M=M, N=N, K=K):
-            torch = _torch_fp32()
+            torch = torch_fp32()
             a, b = d["x"][:M * K].reshape(M, K), d["dy"][:K * N].reshape(K, N)
             c = d["y"][:M * N].reshape(M, N)
             ha, hb = h["x"][:M * K].reshape(M, K), h["dy"][:K * N].reshape(K, N)
@@ -37,7 +37,7 @@ def _matmul_cases(n):
     return cases
 
 
-def _conv_cases(n):
+def conv_cases(n):
     cases = []
     # ResNet-50 stage 1 3x3 and a MobileNet depthwise 3x3, batch 32, NCHW
     for label, (B, C, K, H, G) in (("resnet_3x3_64", (32, 64, 64, 56, 1)),
@@ -46,7 +46,7 @@ def _conv_cases(n):
             continue
 
         def make(d, h, B=B, C=C, K=K, H=H, G=G):
-            torch = _torch_fp32()
+            torch = torch_fp32()
             x, y = d["x"][:B * C * H * H].reshape(B, C, H, H), d["y"][:B * K * H * H]
             w = d["dy"][:K * (C // G) * 9].reshape(K, C // G, 3, 3)
             y = y.reshape(B, K, H, H)

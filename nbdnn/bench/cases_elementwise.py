@@ -5,17 +5,17 @@ writes each element once: 8 bytes per float32 element forward; backward reads dy
 y and writes dx: 12 bytes."""
 
 import nbdnn
-from .timing import _torch
+from .timing import torch_or_none
 
 
-def _reduce_cases(n):
+def reduce_cases(n):
     cases = []
     rows = 8192 if n >= 2 * 8192 else max(1, n // 16)  # small budgets: the simulator
     cols = n // rows
     for op, tfn in (("add", "sum"), ("max", "amax"), ("norm2", "norm")):
         for axes, label in ((None, "all"), ((1,), "last")):
             def make(d, h, op=op, tfn=tfn, axes=axes):
-                torch = _torch()
+                torch = torch_or_none()
                 m = rows * cols
                 x2, hx = d["x"][:m].reshape(rows, cols), h["x"][:m].reshape(rows, cols)
                 if torch is None:
@@ -33,13 +33,13 @@ def _reduce_cases(n):
     return cases
 
 
-def _softmax_cases(n):
+def softmax_cases(n):
     cases = []
     for cols in (1024, 2048, 4096, 8192, 16384, 32768, 65536):
         rows = 8192
 
         def make(d, h, cols=cols, rows=rows):
-            torch = _torch()
+            torch = torch_or_none()
             m = rows * cols
             x, y = d["x"][:m].reshape(rows, cols), d["y"][:m].reshape(rows, cols)
             hx = h["x"][:m].reshape(rows, cols)
@@ -48,7 +48,7 @@ def _softmax_cases(n):
                     "torch": torch and (lambda: torch.softmax(x, dim=-1))}
 
         def make_bwd(d, h, cols=cols, rows=rows):
-            torch = _torch()
+            torch = torch_or_none()
             m = rows * cols
             dy, y = d["dy"][:m].reshape(rows, cols), d["x"][:m].reshape(rows, cols)
             dx = d["y"][:m].reshape(rows, cols)

@@ -6,10 +6,10 @@ element budget n is left out (the simulator's budget is tiny)."""
 import numpy as np
 
 import nbdnn
-from .cases_compute import _torch_fp32
+from .cases_compute import torch_fp32
 
 
-def _pool_cases(n):
+def pool_cases(n):
     """ResNet's stem max pool (3x3/2, padding 1, 112x112), the same window averaged, and
     a 2x2/2 max pool on stage-2 maps; batch 32, NCHW; bytes = x read once + y written."""
     cases = []
@@ -21,7 +21,7 @@ def _pool_cases(n):
             continue
 
         def make(d, h, C=C, H=H, k=k, s=s, p=p, mode=mode, P=P, B=B):
-            torch = _torch_fp32()
+            torch = torch_fp32()
             x, y = d["x"][:B * C * H * H].reshape(B, C, H, H), d["y"][:B * C * P * P]
             y = y.reshape(B, C, P, P)
             hx = h["x"][:B * C * H * H].reshape(B, C, H, H)
@@ -44,7 +44,7 @@ def _device(torch, host):
     return to_device(host)
 
 
-def _bn_cases(n):
+def bn_cases(n):
     """Batch norm, 64x256x64x64 NCHW (256 MiB): inference (x, y), training forward
     (x, y; the kernel reads x twice) and backward (dy, x, dx; it reads dy and x twice)."""
     B, C, H = 64, 256, 64
@@ -54,7 +54,7 @@ def _bn_cases(n):
     cases = []
     for label, passes in (("infer", 2), ("train", 2), ("backward", 3)):
         def make(d, h, label=label):
-            torch = _torch_fp32()
+            torch = torch_fp32()
             shape = (B, C, H, H)
             x, y, dy = (d[k][:size].reshape(shape) for k in ("x", "y", "dy"))
             hx, hdy = h["x"][:size].reshape(shape), h["dy"][:size].reshape(shape)
@@ -84,7 +84,7 @@ def _bn_cases(n):
     return cases
 
 
-def _row_norm_cases(n):
+def row_norm_cases(n):
     """layer_norm over rows of 1k, 4k and 16k floats and rms_norm over 4k, 256 MiB."""
     cases = []
     for op, L in (("layer_norm", 1024), ("layer_norm", 4096), ("layer_norm", 16384),
@@ -94,7 +94,7 @@ def _row_norm_cases(n):
             continue
 
         def make(d, h, op=op, L=L, rows=rows):
-            torch = _torch_fp32()
+            torch = torch_fp32()
             x, y = d["x"][:rows * L].reshape(rows, L), d["y"][:rows * L].reshape(rows, L)
             w, b = d["dy"][:L], d["dy"][L:2 * L]
             hx = h["x"][:rows * L].reshape(rows, L)
@@ -120,7 +120,7 @@ def _row_norm_backward_cases(n):
         return []
 
     def make(d, h, op):
-        torch = _torch_fp32()
+        torch = torch_fp32()
         x, dy = d["x"][:rows * L].reshape(rows, L), d["dy"][:rows * L].reshape(rows, L)
         w = d["y"][:L]
         hx, hdy = h["x"][:rows * L].reshape(rows, L), h["dy"][:rows * L].reshape(rows, L)
@@ -142,7 +142,7 @@ def _row_norm_backward_cases(n):
              lambda d, h, op=op: make(d, h, op)) for op in ("layer_norm", "rms_norm")]
 
 
-def _other_norm_cases(n, shape=(64, 256, 64, 64)):
+def other_norm_cases(n, shape=(64, 256, 64, 64)):
     """group_norm (32 groups) and instance_norm forward and backward, LRN (cuDNN's
     defaults) forward and backward, dropout (p = 0.5) forward and backward; NCHW, 256
     MiB. Bytes: forward x in, y out (8 B an element); backward dy and x in, dx out
@@ -153,7 +153,7 @@ def _other_norm_cases(n, shape=(64, 256, 64, 64)):
         return []
 
     def make(d, h, label):
-        torch = _torch_fp32()
+        torch = torch_fp32()
         F = torch.nn.functional if torch else None
         x, y, dy = (d[k][:size].reshape(shape) for k in ("x", "y", "dy"))
         hx = h["x"][:size].reshape(shape)

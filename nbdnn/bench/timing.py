@@ -6,7 +6,7 @@ import statistics
 import time
 
 
-def _torch():
+def torch_or_none():
     try:
         import torch
         return torch if torch.cuda.is_available() else None
@@ -14,8 +14,8 @@ def _torch():
         return None
 
 
-def _torch_f():
-    torch = _torch()
+def torch_f():
+    torch = torch_or_none()
     return torch.nn.functional if torch is not None else None
 
 
@@ -96,7 +96,7 @@ def copy_bandwidth(nbytes):
     if nbytes in _copy_cache:
         return _copy_cache[nbytes]
     n = max(1, nbytes // 4)
-    torch = _torch()
+    torch = torch_or_none()
     if torch is not None:
         a = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
         b = torch.empty_like(a)
@@ -122,7 +122,7 @@ def time_graph(fn, **kw):
     return time_gpu(graph_replay(fn), **kw)
 
 
-def _graph_or_none(fn):
+def graph_or_none(fn):
     from ..errors import NbdnnError
     try:
         return graph_replay(fn)

@@ -42,7 +42,7 @@ import numpy as np
 
 from . import dropout as _dropout
 from ._common import compute_dtype
-from .matmul import _product, tf32
+from .matmul import product, tf32
 
 LAYOUTS = ("BHSD", "BSHD")
 
@@ -94,13 +94,13 @@ def bias(shape, dtype, attn_mask, is_causal, seq_lens_q, seq_lens_k):
 
 def _scores(qc, kc, scale, live, add, math):
     """scale q k^T + add on the live pairs, -inf on the removed ones."""
-    s = _product(qc, np.swapaxes(kc, -1, -2), math) * scale
+    s = product(qc, np.swapaxes(kc, -1, -2), math) * scale
     with np.errstate(invalid="ignore"):
         return np.where(live, s + add, s.dtype.type(-np.inf))
 
 
 def _mul(x, y, math):
-    """x * y elementwise as _product multiplies under float32's math mode."""
+    """x * y elementwise as product multiplies under float32's math mode."""
     if x.dtype != np.float32 or math == "ieee":
         return x * y
     xh, yh = tf32(x), tf32(y)
@@ -115,8 +115,8 @@ def _live_product(a, b, live, math):
     (0 * inf would be NaN). The extra pass runs only for a non-finite b."""
     fin = np.isfinite(b)
     if fin.all():
-        return _product(a, b, math)
-    out = _product(a, np.where(fin, b, 0), math)
+        return product(a, b, math)
+    out = product(a, np.where(fin, b, 0), math)
     with np.errstate(invalid="ignore", over="ignore"):
         odd = _mul(a[..., :, :, None], np.where(fin, 0, b)[..., None, :, :], math)
         return out + np.where(live[..., :, :, None] & ~fin[..., None, :, :], odd, 0).sum(-2)
@@ -200,7 +200,7 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropou
         pd = pd.astype(q.dtype).astype(ct)
     live_t = np.swapaxes(live, -1, -2)
     dv = _group_sum(_live_product(np.swapaxes(pd, -1, -2), doc, live_t, math), Hk)
-    dp = _product(doc, np.swapaxes(vc, -1, -2), math)
+    dp = product(doc, np.swapaxes(vc, -1, -2), math)
     if keep is not None:
         dp = dp * keep
     delta = np.sum(doc * oc, axis=-1, keepdims=True)

@@ -44,23 +44,23 @@ from ._common import blend, compute_dtype
 from .matmul import tf32
 
 
-def _first(x, last):  # channels-last -> channels-first view
+def to_channels_first(x, last):  # channels-last -> channels-first view
     return np.moveaxis(x, -1, 1) if last else x
 
 
-def _last(y, last):
+def to_channels_last(y, last):
     return np.moveaxis(y, 1, -1) if last else y
 
 
 def _filters(w, mode, last, ct):
     """w as (K, C/g, *R) in the compute dtype, flipped for mode "convolution"."""
-    w = _first(w, last).astype(ct, copy=False)
+    w = to_channels_first(w, last).astype(ct, copy=False)
     if mode == "convolution":
         w = np.flip(w, axis=tuple(range(2, w.ndim)))
     return w
 
 
-def _windows(xp, R, stride, dilation):
+def windows(xp, R, stride, dilation):
     """(N, C, *P, *R) view: xp[n, c, p*stride + r*dilation]."""
     nd = len(R)
     ext = tuple((r - 1) * d + 1 for r, d in zip(R, dilation))
@@ -95,14 +95,14 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
                  stream=None):
     """algo: the GPU's choice; every algorithm computes the formula above."""
     ct = compute_dtype(x.dtype)
-    xf = _first(x, last).astype(ct, copy=False)
+    xf = to_channels_first(x, last).astype(ct, copy=False)
     wf = _filters(w, mode, last, ct)
     nd = xf.ndim - 2
     R = wf.shape[2:]
     sp, tap = "pqr"[:nd], "uvw"[:nd]
 
     def product(xf, wf):
-        cols = _grouped(_windows(_pad(xf, pads), R, stride, dilation), groups)
+        cols = _grouped(windows(_pad(xf, pads), R, stride, dilation), groups)
         wg = _grouped(wf.reshape((1,) + wf.shape), groups)[0]      # (g, K/g, C/g, *R)
         return np.einsum(f"ngc{sp}{tap},gkc{tap}->ngk{sp}", cols, wg, optimize=True)
     y = _in_mode(product, xf, wf, math)
@@ -111,20 +111,20 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
         y = y * ct(alpha)
     z = residual if residual is not None else out
     if beta != 0:
-        y = y + ct(beta) * _first(z, last).astype(ct)
+        y = y + ct(beta) * to_channels_first(z, last).astype(ct)
     if bias is not None:
         y = y + bias.astype(ct).reshape((1, -1) + (1,) * nd)
     if activation is not None:
         y = _act.forward(y, activation, ct(coef))
-    return blend(_last(y, last), out, 1.0, 0.0, x.dtype)
+    return blend(to_channels_last(y, last), out, 1.0, 0.0, x.dtype)
 
 
 def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, last,
                        algo="auto", math="ieee", *, alpha, beta, out, stream=None):
     ct = compute_dtype(dy.dtype)
-    g = _first(dy, last).astype(ct, copy=False)                      # (N, K, *P)
+    g = to_channels_first(dy, last).astype(ct, copy=False)                      # (N, K, *P)
     wf = _filters(w, mode, last, ct)                                 # (K, C/g, *R)
-    xs = _first(np.empty(x_shape, dtype=np.bool_), last).shape        # (N, C, *S)
+    xs = to_channels_first(np.empty(x_shape, dtype=np.bool_), last).shape        # (N, C, *S)
     nd = len(xs) - 2
     R, P = wf.shape[2:], g.shape[2:]
     padded = tuple(s + a + b for s, (a, b) in zip(xs[2:], pads))
@@ -144,31 +144,31 @@ def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, las
     dxp = _in_mode(product, g, wf, math)
     crop = tuple(slice(a, a + s) for (a, _), s in zip(pads, xs[2:]))
     dx = dxp[(slice(None), slice(None)) + crop]
-    return blend(_last(dx, last), out, alpha, beta, dy.dtype)
+    return blend(to_channels_last(dx, last), out, alpha, beta, dy.dtype)
 
 
 def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, last,
                          algo="auto", math="ieee", *, alpha, beta, out, stream=None):
     ct = compute_dtype(dy.dtype)
-    g = _first(dy, last).astype(ct, copy=False)
-    xf = _first(x, last).astype(ct, copy=False)
+    g = to_channels_first(dy, last).astype(ct, copy=False)
+    xf = to_channels_first(x, last).astype(ct, copy=False)
     nd = xf.ndim - 2
-    R = _first(np.empty(w_shape, dtype=np.bool_), last).shape[2:]
+    R = to_channels_first(np.empty(w_shape, dtype=np.bool_), last).shape[2:]
     sp, tap = "pqr"[:nd], "uvw"[:nd]
 
     def product(g, xf):
-        cols = _grouped(_windows(_pad(xf, pads), R, stride, dilation), groups)
+        cols = _grouped(windows(_pad(xf, pads), R, stride, dilation), groups)
         return np.einsum(f"ngk{sp},ngc{sp}{tap}->gkc{tap}", _grouped(g, groups), cols,
                          optimize=True)
     dw = _in_mode(product, g, xf, math)
     dw = dw.reshape((-1,) + dw.shape[2:])                            # (K, C/g, *R)
     if mode == "convolution":
         dw = np.flip(dw, axis=tuple(range(2, dw.ndim)))
-    return blend(_last(dw, last), out, alpha, beta, dy.dtype)
+    return blend(to_channels_last(dw, last), out, alpha, beta, dy.dtype)
 
 
 def conv_backward_bias(dy, last, *, alpha, beta, out, stream=None):
     ct = compute_dtype(dy.dtype)
-    g = _first(dy, last).astype(ct, copy=False)
+    g = to_channels_first(dy, last).astype(ct, copy=False)
     db = g.sum(axis=(0,) + tuple(range(2, g.ndim)))
     return blend(db, out, alpha, beta, dy.dtype)

@@ -12,7 +12,7 @@ Defaults as cuDNN's: n = 5, alpha = 1e-4, beta = 0.75, k = 2.
 import numpy as np
 
 from ._common import blend, compute_dtype
-from .conv import _first, _last
+from .conv import to_channels_first, to_channels_last
 
 
 def _window_sum(v, n):
@@ -38,16 +38,16 @@ def _scale(x, n, alpha, k, ct):
 
 def lrn(x, n, alpha, beta, k, last, *, out, stream=None):
     ct = compute_dtype(x.dtype)
-    xf = _first(np.asarray(x), last).astype(ct)
+    xf = to_channels_first(np.asarray(x), last).astype(ct)
     y = xf * _scale(xf, n, alpha, k, ct) ** ct(-beta)
-    return blend(_last(y, last), out, 1.0, 0.0, x.dtype)
+    return blend(to_channels_last(y, last), out, 1.0, 0.0, x.dtype)
 
 
 def lrn_backward(dy, x, n, alpha, beta, k, last, *, out, stream=None):
     ct = compute_dtype(x.dtype)
-    xf = _first(np.asarray(x), last).astype(ct)
-    g = _first(np.asarray(dy), last).astype(ct)
+    xf = to_channels_first(np.asarray(x), last).astype(ct)
+    g = to_channels_first(np.asarray(dy), last).astype(ct)
     s = _scale(xf, n, alpha, k, ct)
     t = _reverse_window_sum(g * xf * s ** ct(-beta - 1), n)
     dx = g * s ** ct(-beta) - ct(2 * alpha * beta / n) * xf * t
-    return blend(_last(dx, last), out, 1.0, 0.0, x.dtype)
+    return blend(to_channels_last(dx, last), out, 1.0, 0.0, x.dtype)

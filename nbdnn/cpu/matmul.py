@@ -44,7 +44,7 @@ def tf32(x):
     return np.where(np.isfinite(x), r, x).astype(np.float32)
 
 
-def _product(x, y, math):
+def product(x, y, math):
     """x @ y under float32's math mode (x, y already in the compute dtype)."""
     if x.dtype != np.float32 or math == "ieee":
         return np.matmul(x, y)
@@ -66,7 +66,7 @@ def _sum_to(g, shape):
 def matmul(a, b, trans_a, trans_b, bias, activation, coef, math="ieee", *, alpha, beta,
            out, stream=None):
     ct = compute_dtype(a.dtype)
-    r = _product(_op(a, trans_a, ct), _op(b, trans_b, ct), math)
+    r = product(_op(a, trans_a, ct), _op(b, trans_b, ct), math)
     if bias is not None:
         r = r + bias.astype(ct)
     if activation is not None:
@@ -80,8 +80,8 @@ def matmul_backward(dc, a, b, trans_a, trans_b, bias, math="ieee", *, alpha, bet
     ct = compute_dtype(a.dtype)
     g = dc.astype(ct, copy=False)
     opa, opb = _op(a, trans_a, ct), _op(b, trans_b, ct)
-    dopa = _product(g, np.swapaxes(opb, -1, -2), math)
-    dopb = _product(np.swapaxes(opa, -1, -2), g, math)
+    dopa = product(g, np.swapaxes(opb, -1, -2), math)
+    dopb = product(np.swapaxes(opa, -1, -2), g, math)
     da = _sum_to(np.swapaxes(dopa, -1, -2) if trans_a else dopa, a.shape)
     db = _sum_to(np.swapaxes(dopb, -1, -2) if trans_b else dopb, b.shape)
     grads = [da, db] + ([g.reshape(-1, g.shape[-1]).sum(axis=0)] if bias else [])

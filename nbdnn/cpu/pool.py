@@ -31,7 +31,7 @@ is blended: alpha * value + beta * out.
 import numpy as np
 
 from ._common import blend, compute_dtype
-from .conv import _first, _last, _windows
+from .conv import to_channels_first, to_channels_last, windows
 
 
 
@@ -47,7 +47,7 @@ def _padded(x, K, stride, dilation, pads, P, fill):
 def _win(xp, K, stride, dilation, P):
     """(N, C, *P, *K) windows; ceil mode's rule can leave fewer outputs than the padded
     length holds."""
-    return _windows(xp, K, stride, dilation)[(slice(None),) * 2 + tuple(slice(p) for p in P)]
+    return windows(xp, K, stride, dilation)[(slice(None),) * 2 + tuple(slice(p) for p in P)]
 
 
 def _masks(x_shape, K, stride, dilation, pads, P):
@@ -95,15 +95,15 @@ def _forward_values(x, K, stride, dilation, pads, P, mode, propagate, ct, diviso
 def pool_forward(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *,
                  alpha, beta, out, stream=None, divisor=0):
     ct = compute_dtype(x.dtype)
-    y = _forward_values(_first(np.asarray(x), last), K, stride, dilation, pads, P, mode,
+    y = _forward_values(to_channels_first(np.asarray(x), last), K, stride, dilation, pads, P, mode,
                         propagate, ct, divisor)
-    return blend(_last(y, last), out, alpha, beta, x.dtype)
+    return blend(to_channels_last(y, last), out, alpha, beta, x.dtype)
 
 
 def pool_backward(dy, x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *,
                   alpha, beta, out, stream=None, divisor=0):
     ct = compute_dtype(x.dtype)
-    xf, g = _first(np.asarray(x), last).astype(ct), _first(np.asarray(dy), last).astype(ct)
+    xf, g = to_channels_first(np.asarray(x), last).astype(ct), to_channels_first(np.asarray(dy), last).astype(ct)
     xp, widths = _padded(xf, K, stride, dilation, pads, P, 0)
     inside, extent = _masks(xf.shape, K, stride, dilation, pads, P)
     nd = len(K)
@@ -126,12 +126,12 @@ def pool_backward(dy, x, K, stride, pads, dilation, mode, ceil_mode, propagate, 
         dxp[sl] += np.where(tap_in, share, 0)
     core = (slice(None), slice(None)) + tuple(
         slice(w[0], w[0] + S) for w, S in zip(widths[2:], xf.shape[2:]))
-    return blend(_last(dxp[core], last), out, alpha, beta, x.dtype)
+    return blend(to_channels_last(dxp[core], last), out, alpha, beta, x.dtype)
 
 
 def pool_indices(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *, out,
                  stream=None):
-    xf = _first(np.asarray(x), last).astype(compute_dtype(x.dtype))
+    xf = to_channels_first(np.asarray(x), last).astype(compute_dtype(x.dtype))
     xp, _ = _padded(xf, K, stride, dilation, pads, P, 0)
     inside, _ = _masks(xf.shape, K, stride, dilation, pads, P)
     _, tap, has = _window_max(_win(xp, K, stride, dilation, P), inside, propagate)
@@ -142,7 +142,7 @@ def pool_indices(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last,
         start = (np.arange(p) * s - pre).reshape((p,) + (1,) * (len(K) - 1 - a))
         flat = flat * S + start + taps[a] * d  # (input position on axis a)
     flat = np.where(has, flat, -1)
-    flat = np.ascontiguousarray(_last(flat, last))
+    flat = np.ascontiguousarray(to_channels_last(flat, last))
     if out is None:
         return flat
     out[...] = flat

@@ -34,7 +34,7 @@ BLOCK = 32 if SIMULATOR else 128  # (the simulator starts an OS thread a CUDA th
 GROUPS = 2  # 4-element vectors per thread, all loaded before the first store
 
 
-def _device_functions(t):
+def device_functions(t):
     """mode -> (forward(x, c), derivative(x, c)) device functions in compute type t."""
     zero, one, half = t(0), t(1), t(0.5)
     inv_sqrt2, inv_sqrt_2pi = t(1 / math.sqrt(2)), t(1 / math.sqrt(2 * math.pi))
@@ -158,7 +158,7 @@ def fused(npt, derivative=False):
     """act_fn(x, mode, coef), or its derivative act_grad(x, mode, coef), as one device
     function: a chain over MODES by index (any other mode returns x). The fused
     activation of the matmul, convolution and batch norm epilogues (mode -1: none)."""
-    fns = _device_functions(npt)
+    fns = device_functions(npt)
     name, prefix, k = ("act_grad", "g_", 1) if derivative else ("act_fn", "f_", 0)
     lines = [f"def {name}(x, mode, coef):"]
     for i, m in enumerate(MODES):
@@ -180,7 +180,7 @@ def _compute_type(dtype):
 def _build():
     fwd, bwd = {}, {}
     for ct_name, ct, npt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
-        fns = _device_functions(npt)
+        fns = device_functions(npt)
         for t in (d for d in DTYPES if _compute_type(d) == ct_name):
             bf16, a = t == "bfloat16", array_type(t)
             fs = f"void({a}[::1], {a}[::1], int64, {ct_name}, {ct_name}, {ct_name}, int64)"

@@ -35,8 +35,8 @@ def compute_dtype(dtype):
     return _COMPUTE.get(dtype) or _COMPUTE[np.dtype(dtype)]
 
 
-_describers = _backend._describers  # type -> describe function, filled by describe()
-_kinds = _backend._kinds  # type -> 'cpu' | 'cuda', filled by kind()
+_describers = _backend.describers  # type -> describe function, filled by describe()
+_kinds = _backend.array_kinds  # type -> 'cpu' | 'cuda', filled by kind()
 
 
 def _wrong_dtype(op, name, dtypes, dtype):

@@ -46,7 +46,7 @@ import numpy as np
 from .. import backend as _backend
 from .._math_mode import get_math
 
-_recording = _backend._recording  # thread-local: .graph (a Graph), .plan (a _Recorder)
+capture_state = _backend.capture_state  # thread-local: .graph (a Graph), .plan (a _Recorder)
 _SCALARS = frozenset((int, float, bool, str, complex, type(None)))
 _NEVER = "never"
 MAX_PLANS = 4096  # signatures a thread remembers (_forget)
@@ -65,9 +65,9 @@ def planned(fn):
 
     @functools.wraps(fn)
     def call(*args, **kw):
-        if args and _backend._kinds.get(type(args[0])) == "cpu":  # NumPy: the reference
+        if args and _backend.array_kinds.get(type(args[0])) == "cpu":  # NumPy: the reference
             return fn(*args, **kw)  # (~1 us less than _signature's _NoPlan)
-        tls = _recording.__dict__
+        tls = capture_state.__dict__
         if tls.get("graph") is not None or tls.get("plan") is not None or \
                 kw.get("stream") is not None or not ENABLED or tls.get("watch") is not None:
             return fn(*args, **kw)
@@ -200,7 +200,7 @@ def _add(v, t, parts, arrays):
             else:
                 _add(e, te, sub, arrays)
         parts.append(tuple(sub))
-    elif t in _facts or (_backend._kinds.get(t) or _backend.kind(v)) == "cuda":
+    elif t in _facts or (_backend.array_kinds.get(t) or _backend.kind(v)) == "cuda":
         facts_of = _facts.get(t)
         if facts_of is None:
             facts_of = _facts[t] = _backend.cuda_runtime("arrays").plan_facts(t)
@@ -255,13 +255,13 @@ class Plan:
 
 def plans_of_this_thread():
     """{signature: Plan | state} of the calling thread (tests, diagnostics)."""
-    return _recording.__dict__.setdefault("plans", {})
+    return capture_state.__dict__.setdefault("plans", {})
 
 
 def clear():
     """Forget this thread's plans (after changing a setting that steers dispatch) and
     release its workspace buffer (what the plans keep goes with them)."""
-    _recording.__dict__.pop("plans", None)
+    capture_state.__dict__.pop("plans", None)
     record = sys.modules.get("nbdnn.cuda.runtime.plan_record")
     if record is not None:
         record.workspace.release()

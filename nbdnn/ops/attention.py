@@ -24,7 +24,7 @@ from .._vocab import BF16_DTYPES
 from ..errors import BadParamError, DtypeError, NotSupportedError, ShapeError, fail
 from .registry import op
 from ._common import Call, choice, flag, out_tuple, same_dtype, scalar
-from .dropout import _u64
+from .dropout import uint64_arg
 from .._math_mode import resolve as _math
 
 LAYOUTS = ("BHSD", "BSHD")
@@ -117,8 +117,8 @@ def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, scale, seed, offset,
                  f"{dtype} (|scale| <= {_FLOAT32_MAX:.4g})", scale)
     _lengths(op, c, "seq_lens_q", seq_lens_q, B, Sq)
     _lengths(op, c, "seq_lens_k", seq_lens_k, B, Sk)
-    return p, flag(op, "is_causal", is_causal), scale, _u64(op, "seed", seed), \
-        _u64(op, "offset", offset)
+    return p, flag(op, "is_causal", is_causal), scale, uint64_arg(op, "seed", seed), \
+        uint64_arg(op, "offset", offset)
 
 
 @op("attention", backward="scaled_dot_product_attention_backward")

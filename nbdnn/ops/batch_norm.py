@@ -10,7 +10,7 @@ from .._vocab import BF16_DTYPES
 from ._common import (Call, blend_params, choice, compute_dtype, out_tuple, required,
                       same_dtype, same_shape, scalar)
 from .activation import fused_coef
-from .norm import _params, _stats
+from .norm import check_params, check_stats
 
 
 
@@ -30,8 +30,8 @@ def _arrays(c, op, dtype, pshape, params=(), stats=(), like=(), optional_stats=F
     """Check scale/bias-like params and statistics (nbdnn.ops.norm's checks, against
     the parameter shape) and arrays shaped like x; None params and like-arrays are
     skipped, None statistics too where optional (the running ones)."""
-    _params(c, op, *zip(*params), pshape, dtype, what="the parameter shape")
-    _stats(c, op, *zip(*stats), pshape, dtype, what="the parameter shape",
+    check_params(c, op, *zip(*params), pshape, dtype, what="the parameter shape")
+    check_stats(c, op, *zip(*stats), pshape, dtype, what="the parameter shape",
            optional=optional_stats)
     for name, (a, shape) in like:
         if a is not None:

@@ -33,7 +33,7 @@ WINOGRAD = {"winograd": 2, "winograd4": 4}  # algo: outputs a tile side
 BACKWARD_ALGOS = ("auto", "direct", "gemm", "depthwise")
 
 
-def _ints(op, name, v, nd, lo):
+def int_args(op, name, v, nd, lo):
     if type(v) is int and v >= lo:  # the common calls first: this is on every call's path
         return (v,) * nd
     if type(v) is tuple and len(v) == nd and all(type(i) is int and i >= lo for i in v):
@@ -45,13 +45,13 @@ def _ints(op, name, v, nd, lo):
     return vals
 
 
-def _pads(op, padding, nd):
+def padding_pairs(op, padding, nd):
     """((pre, post), ...) per spatial axis."""
     if type(padding) is int and padding >= 0:
         return ((padding, padding),) * nd
     want = f"an int >= 0, {nd} of them or {nd} (pre, post) pairs"
     if is_int(padding):
-        return tuple((p, p) for p in _ints(op, "padding", padding, nd, 0))
+        return tuple((p, p) for p in int_args(op, "padding", padding, nd, 0))
     try:
         items = tuple(padding) if not isinstance(padding, (str, bytes)) else None
     except TypeError:
@@ -59,18 +59,18 @@ def _pads(op, padding, nd):
     if items is None or len(items) != nd:
         fail(BadParamError, op, "padding", want, repr(padding))
     if all(is_int(p) for p in items):
-        return tuple((p, p) for p in _ints(op, "padding", items, nd, 0))
+        return tuple((p, p) for p in int_args(op, "padding", items, nd, 0))
     flat = []
     for p in items:
         pair = int_tuple(op, "padding", p, want) if not is_int(p) else ()
         if len(pair) != 2:
             fail(BadParamError, op, "padding", want, repr(padding))
         flat += pair
-    flat = _ints(op, "padding", tuple(flat), 2 * nd, 0)
+    flat = int_args(op, "padding", tuple(flat), 2 * nd, 0)
     return tuple(zip(flat[0::2], flat[1::2]))
 
 
-def _layout(op, layout, nd):
+def layout_arg(op, layout, nd):
     choice(op, "layout", layout, tuple(LAYOUTS))
     if len(layout) not in (4, nd + 2):
         fail(BadParamError, op, "layout", f"a {nd + 2}-letter layout or NCHW/NHWC", layout)
@@ -120,9 +120,9 @@ def out_shape(N, K, P, last):
 
 
 def conv_params(op, nd, stride, padding, dilation, mode, layout):
-    return (_ints(op, "stride", stride, nd, 1), _pads(op, padding, nd),
-            _ints(op, "dilation", dilation, nd, 1), choice(op, "mode", mode, MODES),
-            _layout(op, layout, nd))
+    return (int_args(op, "stride", stride, nd, 1), padding_pairs(op, padding, nd),
+            int_args(op, "dilation", dilation, nd, 1), choice(op, "mode", mode, MODES),
+            layout_arg(op, layout, nd))
 
 
 def winograd_fits(nd, R, stride, dilation):
@@ -315,7 +315,7 @@ def conv_backward_bias(dy, *, layout="NCHW", alpha=1.0, beta=0.0, out=None, back
     c, (dy_shape,), dtype = _backward_call(op, ("dy",), (dy,), backend, stream, out)
     if len(dy_shape) < 3:
         fail(ShapeError, op, "dy.ndim", ">= 3 (N, channels, spatial axes)", len(dy_shape))
-    last = _layout(op, layout, len(dy_shape) - 2)
+    last = layout_arg(op, layout, len(dy_shape) - 2)
     alpha, beta = blend_params(op, alpha, beta, out)
     out = c.out(out, (dy_shape[-1] if last else dy_shape[1],), dtype)
     return c.run("conv_backward_bias", dy, last, alpha=alpha, beta=beta, out=out)

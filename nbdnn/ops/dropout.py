@@ -17,7 +17,7 @@ def _p(op, p):
     return scalar(op, "p", p, low=0.0, high=1.0)
 
 
-def _u64(op, name, v):
+def uint64_arg(op, name, v):
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v < U64:
         fail(BadParamError, op, name, "an int in [0, 2**64)" +
              (" or a 1-element uint64 array" if name == "offset" else ""), repr(v))
@@ -42,11 +42,11 @@ def dropout(x, p, *, seed, offset=0, out=None, backend=None, stream=None):
              **({"offset": offset} if counter else {}))
     shape, dtype = c.array("x", x, BF16_DTYPES)
     p = _p(op, p)
-    seed = _u64(op, "seed", seed)
+    seed = uint64_arg(op, "seed", seed)
     if counter:  # updated in place: c.out checks shape, dtype, contiguity, writeability
         offset = c.out(offset, (1,), np.dtype(np.uint64), "offset")
     else:
-        offset = _u64(op, "offset", offset)
+        offset = uint64_arg(op, "offset", offset)
     out = c.out(out, shape, dtype)
     return c.run("dropout", x, p, seed, offset, out=out, inplace=(3,) if counter else ())
 

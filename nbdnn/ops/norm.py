@@ -21,7 +21,7 @@ def _ndim(op, ndim, shape):
     return int(ndim)
 
 
-def _params(c, op, names, arrays, tail, dtype, what="x's normalised axes"):
+def check_params(c, op, names, arrays, tail, dtype, what="x's normalised axes"):
     """scale/bias-like arrays (None skipped): x's dtype, shape `tail`."""
     for name, a in zip(names, arrays):
         if a is not None:
@@ -31,7 +31,7 @@ def _params(c, op, names, arrays, tail, dtype, what="x's normalised axes"):
             same_dtype(op, ["x", name], [dtype, dt])
 
 
-def _stats(c, op, names, arrays, lead, dtype, what="x's rows", optional=False):
+def check_stats(c, op, names, arrays, lead, dtype, what="x's rows", optional=False):
     """Statistics: the compute dtype (float32 for float16/float32 inputs, float64 for
     float64), shape `lead`; None is an error unless optional (then skipped)."""
     want = compute_dtype(dtype)
@@ -54,7 +54,7 @@ def _forward(op, x, scale, bias, ndim, eps, out, backend, stream):
     shape, dtype = c.array("x", x, BF16_DTYPES)
     shape = tuple(shape)
     ndim = _ndim(op, ndim, shape)
-    _params(c, op, ("scale", "bias"), (scale, bias), shape[len(shape) - ndim:], dtype)
+    check_params(c, op, ("scale", "bias"), (scale, bias), shape[len(shape) - ndim:], dtype)
     eps = scalar(op, "eps", eps, low=0.0, low_open=True)
     return c, (x, scale, bias, ndim, eps), c.out(out, shape, dtype)
 
@@ -90,8 +90,8 @@ def _backward(op, dy, x, stats, names, scale, ndim, out, backend, stream):
     same_dtype(op, ["x", "dy"], [dtype, ddtype])
     ndim = _ndim(op, ndim, shape)
     lead, tail = shape[:len(shape) - ndim], shape[len(shape) - ndim:]
-    _params(c, op, ("scale",), (scale,), tail, dtype)
-    _stats(c, op, names, stats, lead, dtype)
+    check_params(c, op, ("scale",), (scale,), tail, dtype)
+    check_stats(c, op, names, stats, lead, dtype)
     if out is not None:
         outs = tuple(c.out(o, s, dtype, f"out[{i}]") for i, (o, s) in
                      enumerate(zip(outs, (shape, tail, tail))))
@@ -142,7 +142,7 @@ def _grouped(op, c, x, scale, bias, groups, layout):
         fail(ShapeError, op, "groups", f"an int >= 1 dividing C = {C}", repr(groups))
     if math.prod(shape) == 0:
         fail(ShapeError, op, "x.shape", "no empty axis (a mean over no elements)", shape)
-    _params(c, op, ("scale", "bias"), (scale, bias), (C,), dtype)
+    check_params(c, op, ("scale", "bias"), (scale, bias), (C,), dtype)
     return shape, dtype, int(groups), last
 
 
@@ -191,7 +191,7 @@ def _group_norm_backward(op, dy, x, mean, invstd, scale, groups, layout, out, ba
     dshape, ddtype = c.array("dy", dy, BF16_DTYPES)
     same_shape(op, ["x", "dy"], [shape, dshape])
     same_dtype(op, ["x", "dy"], [dtype, ddtype])
-    _stats(c, op, ("mean", "invstd"), (mean, invstd), (shape[0], groups), dtype)
+    check_stats(c, op, ("mean", "invstd"), (mean, invstd), (shape[0], groups), dtype)
     C = shape[-1] if last else shape[1]
     if out is not None:
         outs = tuple(c.out(o, s, dtype, f"out[{i}]") for i, (o, s) in

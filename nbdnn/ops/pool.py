@@ -10,18 +10,18 @@ from ..errors import BadParamError, ShapeError, fail
 from .registry import op
 from .._vocab import BF16_DTYPES
 from ._common import Call, blend_params, check_size, choice, flag, same_dtype
-from .conv import _ints, _layout, _pads
+from .conv import int_args, layout_arg, padding_pairs
 
 
 def _params(op, nd, x_shape, kernel, stride, padding, dilation, mode, ceil_mode,
             nan_propagation, layout):
     """The checked (K, stride, pads, dilation, mode, ceil, propagate, last, P)."""
-    last = _layout(op, layout, nd)
+    last = layout_arg(op, layout, nd)
     if len(x_shape) != nd + 2:
         fail(ShapeError, op, "x.ndim", f"{nd + 2} for {nd}-d pooling", len(x_shape))
-    K = _ints(op, "kernel", kernel, nd, 1)
-    stride = K if stride is None else _ints(op, "stride", stride, nd, 1)
-    pads, dilation = _pads(op, padding, nd), _ints(op, "dilation", dilation, nd, 1)
+    K = int_args(op, "kernel", kernel, nd, 1)
+    stride = K if stride is None else int_args(op, "stride", stride, nd, 1)
+    pads, dilation = padding_pairs(op, padding, nd), int_args(op, "dilation", dilation, nd, 1)
     choice(op, "mode", mode, MODES)
     ceil_mode = flag(op, "ceil_mode", ceil_mode)
     S = tuple(x_shape[1:-1]) if last else tuple(x_shape[2:])

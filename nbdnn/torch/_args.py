@@ -28,7 +28,7 @@ FLOAT32 = {"cuda": {"softmax", "log_softmax", "layer_norm", "group_norm", "softp
 def autocast(op, *tensors):
     """tensors (x first) as autocast has op see them, unchanged outside autocast (asked
     first of all devices at once: ~0.07 us, where a tensor's device type costs ~0.3)."""
-    if not _any_autocast():
+    if not any_autocast():
         return tensors
     device = tensors[0].device.type
     if not torch.is_autocast_enabled(device):
@@ -38,14 +38,14 @@ def autocast(op, *tensors):
     return tuple(t.to(to) if t is not None and t.dtype in DTYPES[:3] else t for t in tensors)
 
 
-_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 
 
 def ready(fn, op, x, w=None, b=None):
     """(x, w, b) as autocast has op see them, their dtypes checked for function fn: the
     common case (no autocast, dtypes nbdnn takes) asked inline, one frame (~0.17 us a
     call less than autocast() and check() on three tensors, on the CI host)."""
-    if _any_autocast():
+    if any_autocast():
         x, w, b = autocast(op, x, w, b)
     if x.dtype not in DTYPES or w is not None and w.dtype not in DTYPES or \
             b is not None and b.dtype not in DTYPES:

@@ -147,9 +147,9 @@ def call(op, *args):
     (~17 us with autograd; 2-core CI host), the autograd.Function ~3 us, a direct call
     well under 1 us. (Only the tensor positions are looked at, no generators: this runs
     every call.)"""
-    if _compiling() or _dispatch_modes():
+    if compiling() or _dispatch_modes():
         return op(*args)
-    if _functorch():
+    if functorch():
         return (TRANSFORMABLE.get(op) or transformable(op))(*args)
     grad = False
     for i in TENSORS.get(op) or tensor_positions(op):
@@ -203,7 +203,7 @@ def advance(buf, new):
     Under a torch.func transform, below it, new's value unwrapped: the transforms refuse
     an in-place write into a tensor they did not wrap, and PyTorch's own batch norm
     writes its statistics there too."""
-    if not _functorch():
+    if not functorch():
         buf.copy_(new)
         return
     new = unwrapped(new)
@@ -215,9 +215,9 @@ def advance(buf, new):
         buf.copy_(new)
 
 
-_compiling = torch.compiler.is_compiling
+compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
-_functorch = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)  # (vmap,
+functorch = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)  # (vmap,
 # torch.func.grad: their wrapped tensors are plain Tensors to Python, with no storage
 # nbdnn could read; the transforms unwrap them for an autograd.Function's forward)
 
@@ -325,12 +325,12 @@ def _flag(name, public):
 # on by default) or cuBLAS's (matmul, attention; torch.backends.cuda.matmul.allow_tf32,
 # off by default, on under torch.set_float32_matmul_precision("high") or "medium"). (The
 # public properties cost 0.4-0.6 us a read; they wrap these getters.)
-_CONV_TF32 = _flag("_get_cudnn_allow_tf32", lambda: torch.backends.cudnn.allow_tf32)
-_MATMUL_TF32 = _flag("_get_cublas_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32)
+CONV_TF32 = _flag("_get_cudnn_allow_tf32", lambda: torch.backends.cudnn.allow_tf32)
+MATMUL_TF32 = _flag("_get_cublas_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32)
 PRODUCTS = {f: flag for flag, fs in (
-    (_CONV_TF32, (nbdnn.conv1d, nbdnn.conv2d, nbdnn.conv3d, nbdnn.conv_backward_data,
+    (CONV_TF32, (nbdnn.conv1d, nbdnn.conv2d, nbdnn.conv3d, nbdnn.conv_backward_data,
                   nbdnn.conv_backward_filter)),
-    (_MATMUL_TF32, (nbdnn.matmul, nbdnn.matmul_backward, nbdnn.scaled_dot_product_attention,
+    (MATMUL_TF32, (nbdnn.matmul, nbdnn.matmul_backward, nbdnn.scaled_dot_product_attention,
                     nbdnn.scaled_dot_product_attention_backward))) for f in fs}
 
 
@@ -375,12 +375,12 @@ def _run(fn, like, args, kw):
     if stream:
         kw["stream"] = stream
     flag = PRODUCTS.get(fn)  # (None for most ops: asked before the dtype)
-    if flag is not None and like.dtype is _FLOAT32 and flag():
+    if flag is not None and like.dtype is FLOAT32 and flag():
         kw["math"] = "tf32"
     return fn(*args, **kw)
 
 
-_FLOAT32 = torch.float32  # (dtypes are singletons: `is`, no module attribute lookup)
+FLOAT32 = torch.float32  # (dtypes are singletons: `is`, no module attribute lookup)
 
 
 def run_as(fn, like, *args, nhwc_layout=False, **kw):

@@ -4,7 +4,7 @@ sizes that do not divide the input: two products on torch.ops.nbdnn.linear)."""
 import torch
 
 from ..errors import BadParamError, ShapeError
-from ._bridge import call, channels_last as _channels_last, _functorch
+from ._bridge import call, channels_last as _channels_last, functorch
 from ._args import autocast as _autocast, check as _check, \
     ints as _tuple
 from ._ops_basic import linear as _linear
@@ -137,7 +137,7 @@ def adaptive_avg_pool2d(input, output_size):
     _check("adaptive_avg_pool2d", input)
     y = call(_linear, input, _averaging(W, OW, input), None)              # (.., H, OW)
     y = call(_linear, y.transpose(-1, -2), _averaging(H, OH, input), None)  # (.., OW, OH)
-    last = not _functorch() and _channels_last(input)  # (vmap cannot ask a batched tensor)
+    last = not functorch() and _channels_last(input)  # (vmap cannot ask a batched tensor)
     return y.transpose(-1, -2).contiguous(
         memory_format=torch.channels_last if last else torch.contiguous_format)
 

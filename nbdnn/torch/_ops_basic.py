@@ -9,7 +9,7 @@ from torch.library import custom_op
 
 import nbdnn
 from ._bridge import call, channels_last, direct, nchw, new, nhwc, register_autograd, run, \
-    run_as, stream_of, _FLOAT32, _MATMUL_TF32
+    run_as, stream_of, FLOAT32, MATMUL_TF32
 
 
 @custom_op("nbdnn::activation", mutates_args=())
@@ -143,7 +143,7 @@ def _(x, w, b):
     kw = {"trans_b": True, "bias": b}
     if s:
         kw["stream"] = s
-    if x.dtype is _FLOAT32 and _MATMUL_TF32():
+    if x.dtype is FLOAT32 and MATMUL_TF32():
         kw["math"] = "tf32"
     return nbdnn.matmul(x, w, **kw)
 

@@ -12,7 +12,7 @@ from torch.library import custom_op
 import nbdnn
 from .._shapes import pool_out_size
 from ._bridge import call, channels_last, direct, nchw, new, nhwc, register_autograd, \
-    run, stream_of, _CONV_TF32, _FLOAT32
+    run, stream_of, CONV_TF32, FLOAT32
 
 CONVS = {1: nbdnn.conv1d, 2: nbdnn.conv2d, 3: nbdnn.conv3d}
 POOLS = {1: nbdnn.pool1d, 2: nbdnn.pool2d, 3: nbdnn.pool3d}
@@ -131,7 +131,7 @@ def _(x, w, b, stride, padding, dilation, groups):
         return conv._init_fn(x, w, b, stride, padding, dilation, groups)
     if s:
         kw["stream"] = s
-    if x.dtype is _FLOAT32 and _CONV_TF32():
+    if x.dtype is FLOAT32 and CONV_TF32():
         kw["math"] = "tf32"
     y = fn(x, w, b, **kw)
     return nchw(y) if last else y

@@ -6,8 +6,8 @@ argument, never a silent difference; see nbdnn/torch/__init__.py for the list.""
 import torch
 
 from ..errors import BadParamError, ShapeError
-from ._bridge import DTYPES, call, advance as _advance, _compiling, _functorch
-from ._args import _any_autocast, autocast as _autocast, check as _check, \
+from ._bridge import DTYPES, call, advance as _advance, compiling, functorch
+from ._args import any_autocast, autocast as _autocast, check as _check, \
     conv_geometry as _conv_geometry, positive_eps as _eps, ints as _tuple, normalized as _normalized, \
     ready as _ready, unsupported as _unsupported, in_place as _in_place
 from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
@@ -22,7 +22,7 @@ from ._ops_norm import batch_norm as _batch_norm, group_norm as _group_norm, \
 
 
 def _act(fn, x, mode, coef, inplace=False):
-    if _any_autocast():  # (the checks inline where they pass: ~0.15 us a call, run AY)
+    if any_autocast():  # (the checks inline where they pass: ~0.15 us a call, run AY)
         (x,) = _autocast(fn, x)
     if x.dtype not in DTYPES:
         _check(fn, x)
@@ -156,7 +156,7 @@ def _conv_args(fn, nd, input, weight, bias):
 
 def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
     input, weight, bias = _conv_args(fn, nd, input, weight, bias)
-    if _compiling():  # (traced: dynamo would guard on the cache's keys, and the key this
+    if compiling():  # (traced: dynamo would guard on the cache's keys, and the key this
         # very call adds fails that guard at once; PyTorch 2.13)
         geometry = _conv_geometry(fn, nd, weight, stride, padding, dilation)
     else:
@@ -211,7 +211,7 @@ def _conv_transpose(fn, nd, input, weight, bias, stride, padding, output_padding
                          f"(input {tuple(input.shape[-nd:])}, padding {padding})")
     y = _one_sample(nd, _conv_transpose_op, input, weight, bias, stride, pads, dilation,
                     output_padding, groups)
-    if nd == 2 and input.dim() == 4 and not _functorch() and not input.is_contiguous() \
+    if nd == 2 and input.dim() == 4 and not functorch() and not input.is_contiguous() \
             and input.is_contiguous(memory_format=torch.channels_last):
         y = y.contiguous(memory_format=torch.channels_last)  # (PyTorch keeps the format)
     return y

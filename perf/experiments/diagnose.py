@@ -99,9 +99,9 @@ def softmax_long_variants(fused=True, lengths=(8192, 16384, 32768, 65536)):
         if G <= 1024:
             for maxreg in (128, 64):
                 k = _launch.Kernel(S._rows_kernel(V, False, ns), [sig], max_registers=maxreg)
-                saved = S._KERNELS["rows_fwd_v8", "float32"], S._rows_config
+                saved = S._KERNELS["rows_fwd_v8", "float32"], S.rows_config
                 S._KERNELS["rows_fwd_v8", "float32"] = (k, sig)
-                S._rows_config = lambda L_, b, blk: (8, G)
+                S.rows_config = lambda L_, b, blk: (8, G)
                 try:
                     nbdnn.softmax(x, -1, out=y, _kernel="rows")
                     ok = torch.allclose(y, ref, atol=1e-6)
@@ -110,7 +110,7 @@ def softmax_long_variants(fused=True, lengths=(8192, 16384, 32768, 65536)):
                           f"ok={ok} {k.resources(sig)}", flush=True)
                 except Exception as e:  # noqa: BLE001
                     print(f"   rows V=16 G={G} maxreg={maxreg}: {type(e).__name__} {str(e)[:80]}")
-                S._KERNELS["rows_fwd_v8", "float32"], S._rows_config = saved
+                S._KERNELS["rows_fwd_v8", "float32"], S.rows_config = saved
         del x, y, dy, dx, ref, dref
         torch.cuda.empty_cache()
 

@@ -164,7 +164,7 @@ def _launch_paths(kern, sig, x, y):
     kern.launch(sig, 1, 256, 0, x, y, 1024, 1.0, 0.0, 0.0, 1)
     lau = kern._launchers[sig]
     f, pa = int(lau.handle), lau.params_address
-    drv = _launch._cuLaunchKernel
+    drv = _launch.cuLaunchKernel
     rows = {"cuda.bindings cuLaunchKernel (pre-packed)": host_cost(
         lambda: drv(lau.function, 1, 1, 1, 256, 1, 1, 0, 0, pa, 0))}
     c = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
@@ -222,7 +222,7 @@ def _front_end_pieces(tx, ty):
     kern, sig = ca._FORWARD["relu", np.dtype("float32")]
     lau = kern._launchers[sig]
     px, py = _arrays.ptr_size(tx), _arrays.ptr_size(ty)
-    from nbdnn.cuda.runtime.launch import _cuLaunchKernel as drv, _launch_record
+    from nbdnn.cuda.runtime.launch import cuLaunchKernel as drv, _launch_record
     dt = np.dtype("float32")
     pieces = {
         "piece: ptr_size(torch)": lambda: _arrays.ptr_size(tx),

@@ -26,7 +26,7 @@ from numba import cuda, float32, float64, uint8
 from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
-from .simt import _device_functions, geometry_types
+from .simt import attention_device_functions, geometry_types
 
 CHUNK = 32 if SIMULATOR else 128  # keys a block (its threads)
 MAX_SQ = 16
@@ -39,7 +39,7 @@ def usable(Sq, Sk, G):
 
 
 def _kernels(CT, NEG_INF):
-    mul, keep, live_keys, bias, dot = _device_functions(CT)
+    mul, keep, live_keys, bias, dot = attention_device_functions(CT)
 
     @cuda.jit(device=True)
     def block_reduce(red, t, x, is_max):

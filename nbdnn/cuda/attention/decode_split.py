@@ -43,7 +43,7 @@ from ..runtime.device import sm_count
 from ..runtime.intrinsics import array_type, load8, widen
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
-from .simt import _device_functions, geometry_types
+from .simt import attention_device_functions, geometry_types
 
 T = 32 if SIMULATOR else 128    # a block's threads = a tile's keys
 DIMS = (64, 128)
@@ -180,7 +180,7 @@ def kernel(dtype, D, R):
             f"{geometry_types('float32')}, int64, int64)"  # (decode.py's part kernel's)
         name, src = source(R, D)
         reductions = device_functions(np.float32)
-        _, keep, live_keys, bias, _ = _device_functions(float32)
+        _, keep, live_keys, bias, _ = attention_device_functions(float32)
         fn = compile_source(name, src, dict(
             cuda=cuda, math=math, F32=float32, U64=np.uint64, NEG=float32(-np.inf), SHM=SHM,
             DROP_NONE=np.uint64(1 << 32), load8=load8, widen=widen, live_keys=live_keys,

@@ -60,9 +60,9 @@ from ..runtime.simulator import SIMULATOR
 from ..tensorcore.asm import element_pointer, instruction
 from ..tensorcore.mma import mma_tf32
 from .flash import ex2
-from .simt import _device_functions
+from .simt import attention_device_functions
 
-_, _keep, _, _bias, _ = _device_functions(types.float32)
+_, _keep, _, _bias, _ = attention_device_functions(types.float32)
 
 PREFETCH = False  # True: the next key tile's loads issued before this tile's products, as
 # registers (D / 2 values a thread), rather than after the tile's first barrier. Off: ptxas

@@ -60,7 +60,7 @@ from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
 from ..tensor import cast_tensor, transform_tensor
-from .simt import _device_functions
+from .simt import attention_device_functions
 
 MIN_KEYS = MIN_QUERIES = 64     # below: the exact kernels' one launch costs less
 WORKSPACE = 1 << 28             # bytes of float32 scores a chunk (256 MB)
@@ -68,7 +68,7 @@ T = 32 if SIMULATOR else 128    # a row kernel's block: one score row
 NEG = float32(-np.inf)
 DROP_NONE = np.uint64(1 << 32)
 
-_, _keep, _, _bias, _ = _device_functions(float32)
+_, _keep, _, _bias, _ = attention_device_functions(float32)
 _red = device_functions(np.float32)
 _update, _pair = _red["update"], _red["grp_pair"]
 

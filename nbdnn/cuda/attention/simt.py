@@ -44,7 +44,7 @@ def geometry_types(ct):
         f", {ct}, int64, uint64, {ct}, uint64, uint64, uint64, uint64"
 
 
-def _device_functions(CT):
+def attention_device_functions(CT):
     """mul (a product under math mode 0 ieee, 1 tf32, 2 3xtf32), keep (the dropout
     factor of score e), live_keys, bias for compute type CT."""
     if CT is float64:
@@ -101,7 +101,7 @@ def _device_functions(CT):
 
 
 def _kernels(CT, NEG_INF):
-    mul, keep, live_keys, bias, dot = _device_functions(CT)
+    mul, keep, live_keys, bias, dot = attention_device_functions(CT)
 
     @cuda.jit(device=True)
     def row_live(lens_q, has_lq, b, i):

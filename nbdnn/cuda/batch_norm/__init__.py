@@ -214,7 +214,7 @@ def _build():
     return table
 
 
-_KERNELS = _build()
+KERNELS = _build()
 
 
 def _ncl(x, mode, last):
@@ -251,18 +251,18 @@ def _apply(x, y, z, co, geo, act, coef, alpha, beta, stream):
     N, C, L, columns = geo
     mode = -1 if act is None else _act.MODES.index(act)
     if _planes(geo, (x, y, z)):
-        k, sig = _KERNELS["apply_planes_vec", dtype_name(x)]
+        k, sig = KERNELS["apply_planes_vec", dtype_name(x)]
         args = _bn_planes.apply_args(N, C, L)
         k.launch(sig, _bn_planes.grid(args[0]), _bn_planes.ABLOCK, stream, x, y, _or(z, x), co,
                  *args, int(z is not None), mode, coef, alpha, beta)
         return y
     if _bn_columns.usable(geo, dtype_name(x), (x, y, z)):
-        k, sig = _KERNELS["apply_columns", dtype_name(x)]
+        k, sig = KERNELS["apply_columns", dtype_name(x)]
         grid, block = _bn_columns.launch_shape(N * L, C)
         k.launch(sig, grid, block, stream, x, y, _or(z, x), co, N * L, C // 8,
                  int(z is not None), mode, coef, alpha, beta)
         return y
-    k, sig = _KERNELS["apply", dtype_name(x)]
+    k, sig = KERNELS["apply", dtype_name(x)]
     vec = _vec(geo, [a for a in (x, y, z) if a is not None])
     k.launch(sig, _grid(N * C * L), BLOCK, stream, x, y, z if z is not None else x, co, *geo,
              int(z is not None), mode, coef, alpha, beta, vec)
@@ -277,13 +277,13 @@ def _partials(kind, x, ins, p_dtype, geo, flags, stream, fast=None):
     if fast is not None:
         grid, block, E, args = _bn_planes.sum_args(N, C, L)
         p1, p2 = empty(x, (grid[1] * C,), p_dtype), empty(x, (grid[1] * C,), p_dtype)
-        k, sig = _KERNELS[f"{kind}_planes_vec", dtype_name(x)]
+        k, sig = KERNELS[f"{kind}_planes_vec", dtype_name(x)]
         k.launch(sig, grid, block, stream, *fast, p1, p2, *args)
         return p1, p2, E
     if _bn_columns.usable(geo, dtype_name(x), ins[:3]):
         grid, block, E, it = _bn_columns.sum_shape(N * L, C, kind, sm_count())
         p1, p2 = empty(x, (grid[1] * C,), p_dtype), empty(x, (grid[1] * C,), p_dtype)
-        k, sig = _KERNELS[f"{kind}_columns8", dtype_name(x)]
+        k, sig = KERNELS[f"{kind}_columns8", dtype_name(x)]
         k.launch(sig, grid, block, stream, *ins, p1, p2, N * L, C // 8, it, *flags)
         return p1, p2, E
     nch = _bn_sums.chunks(N, L, columns)
@@ -291,7 +291,7 @@ def _partials(kind, x, ins, p_dtype, geo, flags, stream, fast=None):
     per = _bn_sums.chunks_a_block(nch, gx, sm_count(), kind)
     groups = -(-nch // per)  # partials a channel, each of `per` chunks
     p1, p2 = empty(x, (groups * C,), p_dtype), empty(x, (groups * C,), p_dtype)
-    k, sig = _KERNELS[f"{kind}_{'columns' if columns else 'planes'}", dtype_name(x)]
+    k, sig = KERNELS[f"{kind}_{'columns' if columns else 'planes'}", dtype_name(x)]
     grid, block = _bn_sums.launch_shape(C, groups, columns)
     k.launch(sig, grid, block, stream, *ins, p1, p2, N, C, L, *flags, per)
     return p1, p2, per * _bn_sums.R * (_bn_sums.CY if columns else _bn_sums.BLOCK)
@@ -319,7 +319,7 @@ def batch_norm_train(x, scale, bias, running_mean, running_var, residual, moment
     p1, p2, E = _partials("stats", x, (x, x, x, x, x, mean, mean), ct, geo,
                           (0, 0, 0, -1, 0.0), stream, (x,) if fast else None)
     co = empty(x, (3 * C,), ct)
-    k, sig = _KERNELS["stats_final", dtype]
+    k, sig = KERNELS["stats_final", dtype]
     k.launch(sig, *_bn_sums.final_shape(C), stream, x, _or(scale, x), _or(bias, x), p1, p2,
              mean, invstd, _or(running_mean, scratch), _or(running_var, scratch), co, *geo, eps,
              momentum, int(has_run), int(scale is not None), int(bias is not None), E)
@@ -336,7 +336,7 @@ def batch_norm_infer(x, scale, bias, mean, var, residual, eps, mode, last, act, 
     if not math.prod(geo[:3]):
         return y
     co = empty(x, (3 * C,), dtype_name(mean))
-    k, sig = _KERNELS["coefs", dtype]
+    k, sig = KERNELS["coefs", dtype]
     k.launch(sig, -(-C // BLOCK), BLOCK, stream, _or(scale, x), _or(bias, x), mean, var, co, C,
              eps, int(scale is not None), int(bias is not None))
     return _apply(x, y, residual, co, geo, act, coef, alpha, beta, stream)
@@ -366,22 +366,22 @@ def batch_norm_backward(dy, x, scale, bias, mean, invstd, residual, mode, last, 
                           has + (int(residual is not None), m, coef), stream,
                           (dy, x, mean, invstd) if fast and act is None else None)
     cb = empty(x, (6 * C,), ct)
-    k, sig = _KERNELS["bwd_final", dtype]
+    k, sig = KERNELS["bwd_final", dtype]
     k.launch(sig, *_bn_sums.final_shape(C), stream, sc, bi, mean, invstd, p1, p2, dscale,
              dbias, cb, *geo, *has, E)
     if _planes(geo, (dy, x, dx, residual, dz if residual is not None else None)):
-        k, sig = _KERNELS["dx_planes_vec", dtype]
+        k, sig = KERNELS["dx_planes_vec", dtype]
         args = _bn_planes.apply_args(N, C, L)
         k.launch(sig, _bn_planes.grid(args[0]), _bn_planes.ABLOCK, stream, dy, x, z, cb, dx,
                  dz, *args, N * L, int(residual is not None), m, coef)
         return tuple(res)
     if _bn_columns.DX_ON and _bn_columns.usable(geo, dtype, (dy, x, dx, residual, dz)):
-        k, sig = _KERNELS["dx_columns", dtype]
+        k, sig = KERNELS["dx_columns", dtype]
         grid, block = _bn_columns.launch_shape(N * L, C)
         k.launch(sig, grid, block, stream, dy, x, z, cb, dx, dz, N * L, C // 8, N * L,
                  int(residual is not None), m, coef)
         return tuple(res)
-    k, sig = _KERNELS["bwd_dx", dtype]
+    k, sig = KERNELS["bwd_dx", dtype]
     vec = _vec(geo, [a for a in (dy, x, dx, residual, dz if residual is not None else None)
                      if a is not None])
     k.launch(sig, _grid(N * C * L), BLOCK, stream, dy, x, z, cb, dx, dz, *geo,

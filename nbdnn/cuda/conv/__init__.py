@@ -58,7 +58,7 @@ import functools
 import numpy as np
 
 from .. import matmul as _mm
-from ..matmul import TILES, _gemm, choose_tile
+from ..matmul import TILES, gemm_call, choose_tile
 from ..runtime.arrays import dtype_name, empty, vector_aligned
 from ..runtime.device import sm_count
 from ..runtime.grid import launch
@@ -136,8 +136,8 @@ def _gemm_in(math, dtype):
     (tf32_parts.py rounds or splits the im2col columns and the filters; sm_90: the
     tensor cores)."""
     if math == "ieee" or dtype != "float32":
-        return _gemm
-    return functools.partial(_gemm, math_mode=math)
+        return gemm_call
+    return functools.partial(gemm_call, math_mode=math)
 
 
 def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, last,
@@ -153,7 +153,7 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
             *g, int(bias is not None), int(residual is not None), act, coef, alpha, beta)
     total = N * K * P[0] * P[1] * P[2]
     gemm = _gemm_in(math, dtype)
-    if gemm is not _gemm:  # (the front end let "auto" or "gemm" through)
+    if gemm is not gemm_call:  # (the front end let "auto" or "gemm" through)
         algo = "gemm"
         if math == "tf32" and total and _mm.TENSOR_CORES and _mm.tensor_cores() and \
                 _wgmma_conv.tf32_usable(x, w, y, g, bias, residual, alpha, beta):
@@ -179,7 +179,7 @@ def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, las
                                beta, stream)
     elif algo in ("winograd", "winograd4"):
         if total:
-            _conv_winograd.forward(_KERNELS, _gemm, x, w, y, bias, residual, g, act, coef,
+            _conv_winograd.forward(_KERNELS, gemm_call, x, w, y, bias, residual, g, act, coef,
                                    alpha, beta, stream, 4 if algo == "winograd4" else 2)
     elif total:
         _implicit_gemm(x, w, y, args, g, total, dtype, stream)
@@ -199,7 +199,7 @@ def _on_tensor_cores(x, w, y, bias, residual, g, dtype, activation, coef, alpha,
     if _words.PAD_NARROW_CHANNELS and C % 8 and _words.usable(g) and \
             (alpha, beta, residual) == (1, 0, None):  # (the stem: im2col_words.py)
         row = -(-(g.R * g.S * C) // 8) * 8
-        _gemm(_words.columns(x, g, row, stream).reshape((M, row)),
+        gemm_call(_words.columns(x, g, row, stream).reshape((M, row)),
               _words.filter_rows(w, row, stream).reshape((K, row)), False, True, bias,
               activation, coef, 1.0, 0.0, y.reshape((M, K)), stream)
         return True
@@ -207,7 +207,7 @@ def _on_tensor_cores(x, w, y, bias, residual, g, dtype, activation, coef, alpha,
         return False
     if g.R * g.S == 1 and (g.sh, g.sw, g.qh, g.qw) == (1, 1, 0, 0) and \
             (g.H, g.W) == (g.PH, g.PW) and (alpha, beta, residual) == (1, 0, None):
-        _gemm(x.reshape((M, C)), w.reshape((K, C)), False, True, bias, activation, coef, 1.0,
+        gemm_call(x.reshape((M, C)), w.reshape((K, C)), False, True, bias, activation, coef, 1.0,
               0.0, y.reshape((M, K)), stream)
         return True
     _wgmma_conv.forward(x, w, y, bias, residual, activation, coef, alpha, beta, g, stream)
@@ -248,7 +248,7 @@ def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, las
     g = geometry(x_shape, tuple(w.shape), stride, pads, dilation, groups, mode, last)
     dx = out if out is not None else empty(dy, x_shape, dtype_name(dy))
     gemm = _gemm_in(math, dtype_name(dy))
-    if gemm is not _gemm:
+    if gemm is not gemm_call:
         algo = "gemm"
     if algo == "auto":
         if DATA_1X1_GEMM and np.prod(x_shape) and \
@@ -323,7 +323,7 @@ def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, l
     g = geometry(tuple(x.shape), w_shape, stride, pads, dilation, groups, mode, last)
     dw = out if out is not None else empty(dy, w_shape, dtype_name(dy))
     gemm = _gemm_in(math, dtype_name(dy))
-    if gemm is not _gemm:
+    if gemm is not gemm_call:
         algo = "gemm"
     if algo == "auto" and FILTER_1X1_GEMM and g.last and g.G == 1 and np.prod(w_shape) and \
             _conv_gemm.backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):

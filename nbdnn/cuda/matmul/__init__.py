@@ -140,7 +140,7 @@ def _build():
 _KERNELS = _build()
 
 
-def _gemm(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream,
+def gemm_call(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream,
           math_mode="ieee"):
     """c = alpha * act(op(a) @ op(b) + bias) + beta * out; shapes already checked;
     math_mode: float32's (tf32_parts.py rewrites the operands for the TF32 modes)."""
@@ -245,7 +245,7 @@ def split_count(blocks, K):
 
 def matmul(a, b, trans_a, trans_b, bias, activation, coef, math_mode="ieee", *, alpha, beta,
            out, stream):
-    return _gemm(a, b, trans_a, trans_b, bias, activation, coef, alpha, beta, out, stream,
+    return gemm_call(a, b, trans_a, trans_b, bias, activation, coef, alpha, beta, out, stream,
                  math_mode)
 
 
@@ -285,14 +285,14 @@ def matmul_backward(dc, a, b, trans_a, trans_b, bias, math_mode="ieee", *, alpha
             rows = math.prod(ash[:-1])
             a2, dc2 = a.reshape((rows, ash[-1])), dc.reshape((rows, int(dc.shape[len(ash) - 1])))
             o2 = o.reshape(bsh[-2:]) if o is not None else None
-            g = _gemm(dc2, a2, True, False, None, None, 0.0, alpha, beta, o2, stream,
+            g = gemm_call(dc2, a2, True, False, None, None, 0.0, alpha, beta, o2, stream,
                       math_mode) if trans_b else \
-                _gemm(a2, dc2, True, False, None, None, 0.0, alpha, beta, o2, stream, math_mode)
+                gemm_call(a2, dc2, True, False, None, None, 0.0, alpha, beta, o2, stream, math_mode)
             grads.append(o if o is not None else g.reshape(shape))
         elif _out_shape(x, y, tx, ty) == shape:  # no broadcast: blend in the epilogue
-            grads.append(_gemm(x, y, tx, ty, None, None, 0.0, alpha, beta, o, stream, math_mode))
+            grads.append(gemm_call(x, y, tx, ty, None, None, 0.0, alpha, beta, o, stream, math_mode))
         else:
-            full = _gemm(x, y, tx, ty, None, None, 0.0, 1.0, 0.0, None, stream, math_mode)
+            full = gemm_call(x, y, tx, ty, None, None, 0.0, 1.0, 0.0, None, stream, math_mode)
             grads.append(_reduced_to(full, shape, alpha, beta, o, stream))
     if bias:
         dsh = tuple(int(s) for s in dc.shape)

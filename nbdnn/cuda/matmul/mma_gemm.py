@@ -170,7 +170,7 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False):
               ldmatrix_x4_trans=ldmatrix_x4_trans, mma=mma_bf16 if bf else mma_f16,
               cvt=cvt_bf16x2 if bf else cvt_f16x2, widen=widen_bf16 if bf else widen_f16,
               unpack=unpack_bf16x2 if bf else unpack_f16x2,
-              act_f=_act._device_functions(np.float32)[act][0] if act else None)
+              act_f=_act.device_functions(np.float32)[act][0] if act else None)
     fn = compile_source(name, src, ns, about={
         "config": f"{dtype}: tile {BM}x{BN}x{BK}, 2 stages, 8 warps of 64x32, mma.m16n8k16, "
                   f"A {'K' if a_k else 'MN'}-major, B {'K' if b_k else 'MN'}-major",

@@ -165,7 +165,7 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
     name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store, lean,
                        cluster, conv, promote)
     nw = ws.consumer_columns(bn, bm)
-    ns = namespace(kind, nw, a_k, b_k, _act._device_functions(np.float32)[act][0] if act
+    ns = namespace(kind, nw, a_k, b_k, _act.device_functions(np.float32)[act][0] if act
                    else None)
     bk = BK_OF[kind]
     fn = compile_source(name, src, ns, about={
@@ -227,8 +227,8 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, promot
     M, N). promote (float32's 3xtf32): each k-tile's product added into float32
     accumulators on the CUDA cores (the kernel's promote), on tiles of at most
     PROMOTE_COLUMNS columns a consumer (the registers of the second accumulator)."""
-    from ...backend import _recording
-    plan = _recording.__dict__.get("plan")
+    from ...backend import capture_state
+    plan = capture_state.__dict__.get("plan")
     if plan is not None and not OWN_MAPS:  # a tensor map holds its tensor's address: a
         plan.impure()                      # replay with other arrays would read those
     dtype = dtype_name(a)

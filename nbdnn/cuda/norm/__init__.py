@@ -23,7 +23,7 @@ import numpy as np
 
 from ..runtime.arrays import dtype_name, empty, vector_aligned
 from ..runtime.device import sm_count
-from ..softmax import ROWS_BLOCK, _rows_config
+from ..softmax import ROWS_BLOCK, rows_config
 from ..tensor import reduce_tensor
 from . import group_planes as _gn
 from . import rows as _rows
@@ -65,7 +65,7 @@ def forward(x, scale, bias, geo, stats_shape, eps, out, stream, centred):
             raise NotSupportedError(f"{rows} rows exceed the grid limit {MAX_GRID}")
         sc, bi = (scale if scale is not None else x), (bias if bias is not None else x)
         flags = (int(centred), int(scale is not None), int(bias is not None))
-        cfg = _rows_config(L, False, False, ct == "float64") if G == 1 and HW == 1 and \
+        cfg = rows_config(L, False, False, ct == "float64") if G == 1 and HW == 1 and \
             not GENERAL_ONLY else None
         if cfg is not None:  # layer/rms norm: the row in registers
             V, Gl = cfg
@@ -90,7 +90,7 @@ def backward(dy, x, st1, st2, scale, geo, param_shape, out, stream, centred):
     dx, dscale, dbias = out if out is not None else (
         empty(x, x.shape, dtype), empty(x, param_shape, dtype), empty(x, param_shape, dtype))
     sc = scale if scale is not None else x
-    cfg = _rows_config(L, True, False, dtype == "float64") if G == 1 and HW == 1 and \
+    cfg = rows_config(L, True, False, dtype == "float64") if G == 1 and HW == 1 and \
         not GENERAL_ONLY else None
     if rows and L and cfg is None and centred and _gn.usable(geo, vector_aligned(dy, x, dx)):
         _gn.backward(dy, x, st1, st2, scale, dx, dscale, dbias, geo, stream)

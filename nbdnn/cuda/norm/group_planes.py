@@ -139,7 +139,7 @@ _KERNELS = _build()
 
 
 def _launch(name, dtype, grid, block, stream, *args):
-    from ..batch_norm import _KERNELS as bn
+    from ..batch_norm import KERNELS as bn
     k, sig = (_KERNELS if name.startswith("gn_") else bn)[name, dtype]
     k.launch(sig, grid, block, stream, *args)
 

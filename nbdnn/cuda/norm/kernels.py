@@ -12,7 +12,7 @@ from ..runtime.intrinsics import array_type, load4, narrow, store4, widen
 from ..._vocab import BF16_DTYPES as DTYPES
 from ..runtime.launch import Kernel
 from ..runtime.block_reduce import SHM, device_functions
-from ..softmax import _row_vs
+from ..softmax import row_vs
 from . import rows as _rows
 
 BLOCK = 32 if SIMULATOR else 256
@@ -229,7 +229,7 @@ def _build():
                 table[name, t] = (Kernel(ks[name], [sig]), sig)
             sig = (f"void({a}, {a}, {a}, {a}, {s}, {s}, int64, int64, int64, {ct}, int64, "
                    "int64, int64, int64)")
-            for V in _row_vs(ct == "float64", False):
+            for V in row_vs(ct == "float64", False):
                 # V = 16 runs blocks of up to 512 lanes: 128 registers (ptxas: 110, no
                 # spills); V <= 8 needs 76 at most, blocks of up to 256 lanes
                 opts = {} if SIMULATOR or V < 16 else {"max_registers": 128}
@@ -237,7 +237,7 @@ def _build():
                                                  **opts), sig)
             sig = (f"void({a}, {a}, {s}, {s}, {a}, {a}, int64, int64, int64, int64, int64, "
                    "int64)")
-            for V in _row_vs(ct == "float64", True):
+            for V in row_vs(ct == "float64", True):
                 # dy and x held: blocks of up to 512 lanes, 128 registers
                 opts = {} if SIMULATOR or V < 4 else {"max_registers": 128}
                 table[f"rows_bwd_v{V}", t] = (Kernel(_rows.row_kernel(V, True, ns), [sig],

@@ -6,7 +6,7 @@ Forward (generated, the layout of softmax kernel 1, softmax/rows.py): G lanes a 
 4*V values a lane as named scalars; mean (layer_norm) and the sum of squared
 deviations come from the registers, so x is read once and y written once: 8 B an
 element (float32) against 16 B for norm.py's three-pass block kernel. Shapes and
-register caps come from softmax's `_rows_config` (rows up to 32768 elements). Backward
+register caps come from softmax's `rows_config` (rows up to 32768 elements). Backward
 dx holds dy and x (softmax backward's shapes, rows up to 16384): 12 B an element.
 
 Backward parameters: dscale[l] = sum_r dy*xhat, dbias[l] = sum_r dy over the rows r.

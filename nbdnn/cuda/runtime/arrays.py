@@ -9,8 +9,8 @@ import numpy as np
 from numba import cuda
 
 from .simulator import SIMULATOR
-from ...backend import _array_facts as _facts_fns, _recording, _torch_dtypes, describe
-from ...backend import _torch_dtype as _np_dtype_of_torch
+from ...backend import array_facts as _facts_fns, capture_state, torch_dtypes, describe
+from ...backend import numpy_dtype_of as _np_dtype_of_torch
 
 
 def _ptr_numba(x):
@@ -144,7 +144,7 @@ def ptr_size(x):
 def _facts_torch(x):
     if x.is_cuda and x.is_contiguous():  # a CPU tensor takes the full path's error
         d = x.dtype
-        return x.shape, _torch_dtypes.get(d) or _np_dtype_of_torch(d), x.numel(), x.data_ptr()
+        return x.shape, torch_dtypes.get(d) or _np_dtype_of_torch(d), x.numel(), x.data_ptr()
     return None
 
 
@@ -239,14 +239,14 @@ def dtype_of(x):
     return nd
 
 
-_to_torch = {}  # a dtype as nbdnn names it (str or np.dtype) -> torch's
+TO_TORCH = {}  # a dtype as nbdnn names it (str or np.dtype) -> torch's
 
 
-def _torch_dtype(dtype):
-    t = _to_torch.get(dtype)
+def torch_dtype(dtype):
+    t = TO_TORCH.get(dtype)
     if t is None:
         import torch
-        t = _to_torch[dtype] = getattr(torch, np.dtype(dtype).name)
+        t = TO_TORCH[dtype] = getattr(torch, np.dtype(dtype).name)
     return t
 
 
@@ -254,20 +254,20 @@ def empty(like, shape, dtype):
     """An uninitialised C-contiguous device array of like's kind (torch's and CuPy's
     caching allocators for their arrays: a few us; numba's allocator: ~40 us)."""
     shape = tuple(int(s) for s in shape)
-    tls = _recording.__dict__
+    tls = capture_state.__dict__
     alloc = tls.get("alloc")  # a reuse.Trace or Arena (graph capture with buffer reuse)
-    a = _allocate(like, shape, dtype) if alloc is None else alloc(like, shape, dtype)
+    a = allocate(like, shape, dtype) if alloc is None else alloc(like, shape, dtype)
     plan = tls.get("plan")
     if plan is not None:  # an eager call being recorded for its plan (ops/_plan.py)
         plan.alloc(like, shape, dtype, a)
     return a
 
 
-def _allocate(like, shape, dtype):
+def allocate(like, shape, dtype):
     mod = type(like).__module__ or ""
     if mod.startswith("torch"):
         import torch
-        return torch.empty(shape, dtype=_to_torch.get(dtype) or _torch_dtype(dtype),
+        return torch.empty(shape, dtype=TO_TORCH.get(dtype) or torch_dtype(dtype),
                            device=like.device)
     if mod.startswith("cupy"):
         import cupy
@@ -276,9 +276,9 @@ def _allocate(like, shape, dtype):
     return cuda.device_array(shape, dtype=dtype)
 
 
-def _host_copy():
+def host_copy():
     """A copy between host and device: an eager call being recorded can't be planned."""
-    plan = _recording.__dict__.get("plan")
+    plan = capture_state.__dict__.get("plan")
     if plan is not None:
         plan.impure()
 
@@ -286,7 +286,7 @@ def _host_copy():
 def to_device(a, stream=0):
     """A C-contiguous device copy of `a` (any NumPy array or view: reversed, strided,
     size-1 axes with any stride)."""
-    _host_copy()
+    host_copy()
     return landed_copy(a, stream)
 
 
@@ -344,12 +344,12 @@ def _c_strides(shape, itemsize):
 
 def to_host(x):
     """A NumPy copy of any device array (synchronises)."""
-    _host_copy()
+    host_copy()
     mod = type(x).__module__ or ""
     if mod.startswith("torch"):
         if str(x.dtype) == "torch.bfloat16":  # (torch has no NumPy bfloat16)
             import ml_dtypes
-            return x.detach().view(_torch_dtype("int16")).cpu().numpy().view(ml_dtypes.bfloat16)
+            return x.detach().view(torch_dtype("int16")).cpu().numpy().view(ml_dtypes.bfloat16)
         return x.detach().cpu().numpy()
     if mod.startswith("cupy"):
         return x.get()

@@ -57,9 +57,9 @@ def capturing(stream):
     no capture uses)."""
     if SIMULATOR or not stream:
         return False
-    _launch._bind_driver()
+    _launch.bind_driver()
     status = ctypes.c_int()
-    rc = _launch._libcuda.cuStreamIsCapturing(ctypes.c_void_p(stream), ctypes.byref(status))
+    rc = _launch.libcuda.cuStreamIsCapturing(ctypes.c_void_p(stream), ctypes.byref(status))
     return rc == 0 and status.value != 0  # (0: CU_STREAM_CAPTURE_STATUS_NONE)
 
 
@@ -130,8 +130,8 @@ class Graph:
             raise NotSupportedError("Graph.capture: this graph is capturing")
         self.reset()
         self._recording, self._arena = True, arena
-        _launch._recording.graph = self
-        _launch._recording.alloc = None if arena is None else arena.allocate
+        _launch.capture_state.graph = self
+        _launch.capture_state.alloc = None if arena is None else arena.allocate
         try:
             yield self
             if arena is not None:
@@ -141,7 +141,7 @@ class Graph:
             self.reset()
             raise
         finally:
-            _launch._recording.graph = _launch._recording.alloc = None
+            _launch.capture_state.graph = _launch.capture_state.alloc = None
             self._recording, self._arena = False, None
         if not SIMULATOR and self._records:
             self._instantiate()
@@ -225,7 +225,7 @@ class Graph:
                     slots = (ctypes.c_void_p * (len(params) // 8))(
                         *range(base, base + len(params), 8))
                     held.append((buf, slots))
-                    _check(f"cuLaunchKernel({name}) in capture", _launch._cuLaunchKernel(
+                    _check(f"cuLaunchKernel({name}) in capture", _launch.cuLaunchKernel(
                         function, *grid, *block, shmem, stream, ctypes.addressof(slots), 0))
             finally:
                 err, graph = d.cuStreamEndCapture(stream)
@@ -241,11 +241,11 @@ class Graph:
 
 
 def _driver():
-    _launch._bind_driver()
-    return _launch._driver
+    _launch.bind_driver()
+    return _launch.driver
 
 
 def _check(what, result):
     rc = int(result[0])
     if rc:
-        raise DeviceError(f"nbdnn.cuda.Graph: {what} failed: {_launch._error_name(rc)}")
+        raise DeviceError(f"nbdnn.cuda.Graph: {what} failed: {_launch.error_name(rc)}")

@@ -36,21 +36,21 @@ from . import kernel_cache
 from .codegen import compile_source
 # this thread's .graph (the nbdnn.cuda.Graph recording it) and .plan (an eager call
 # plan's recorder, ops/_plan.py)
-from ...backend import _recording
+from ...backend import capture_state
 
 REGISTRY = []  # every Kernel with the signatures it is used with (PTX test, warm-up)
 
 
 def recording():
     """The Graph recording this thread's launches, or None."""
-    return getattr(_recording, "graph", None)
+    return getattr(capture_state, "graph", None)
 
 
 def issue(fn):
     """fn(stream): GPU work that is not an nbdnn kernel (an NCCL collective), on the
     legacy default stream in order with nbdnn's kernels; inside a Graph capture also
     recorded, so replays run it (Graph.external)."""
-    g = getattr(_recording, "graph", None)
+    g = getattr(capture_state, "graph", None)
     if g is not None:
         g.external(fn)
     else:
@@ -63,7 +63,7 @@ def launched():
     test sees which variant ran: `with launched() as names: ...`). Blocks nest: an
     enclosing block's list gets the inner block's names too. Eager call plans are not
     replayed meanwhile (a replay launches without Kernel.launch)."""
-    tls = _recording.__dict__
+    tls = capture_state.__dict__
     outer, names = tls.get("watch"), []
     tls["watch"] = names
     try:
@@ -109,7 +109,7 @@ class _Launcher:
         self.params_address = ctypes.addressof(self.params)
         struct.pack_into("<QQ", self.buf, 0, handle, self.params_address)
         self.record = np.frombuffer(self.buf, np.int64, 10)
-        self.function = _driver.CUfunction(handle)
+        self.function = driver.CUfunction(handle)
         self.lock = threading.Lock()
         self.pack = _make_packer(argtypes, packer.pack_into, self.buf)
         self.nslots = nslots
@@ -144,23 +144,23 @@ def _make_packer(argtypes, pack_into, buf):
         "what": "a kernel's argument packer: the parameter buffer cuLaunchKernel reads"})
 
 
-_cuLaunchKernel = None  # cuda.bindings' (graph instantiation; perf/suites/launch_overhead.py)
+cuLaunchKernel = None  # cuda.bindings' (graph instantiation; perf/suites/launch_overhead.py)
 _launch_record = None
-_launch_table = None
-_libcuda = None
-_driver = None
+launch_table = None
+libcuda = None
+driver = None
 
 
-def _bind_driver():
+def bind_driver():
     """The driver entry points: cuda.bindings' module, libcuda through ctypes, and
     `_launch_record(record) -> CUresult`, compiled here once a process (~0.3 s)."""
-    global _cuLaunchKernel, _launch_record, _launch_table, _libcuda, _driver
+    global cuLaunchKernel, _launch_record, launch_table, libcuda, driver
     if _launch_record is None:
-        from cuda.bindings import driver
+        from cuda.bindings import driver as bindings
         from numba import njit
-        _libcuda = ctypes.CDLL("libcuda.so.1")
-        _driver = driver
-        _cuLaunchKernel = driver.cuLaunchKernel
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        driver = bindings
+        cuLaunchKernel = driver.cuLaunchKernel
         launch = ctypes.CDLL("libcuda.so.1").cuLaunchKernel  # own object: own argtypes
         launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
         launch.restype = ctypes.c_int
@@ -183,7 +183,7 @@ def _bind_driver():
                     m[5] = rc
                     return k + 1
             return 0
-        _launch_record, _launch_table = launch_record, launch_table
+        _launch_record, launch_table = launch_record, launch_table
 
 
 class Patch:
@@ -208,7 +208,7 @@ class LaunchTable:
         then each launch's record (10 slots, _Launcher's), parameters, and the
         pointers to its parameters (cuLaunchKernel's void**);
         patches (parameter slot, base, byte offset); launch starts; bases.
-    A replay writes the bases (m[bases + i]) and calls _launch_table(m), which adds
+    A replay writes the bases (m[bases + i]) and calls launch_table(m), which adds
     each patch's offset to its base, launches in order and returns 0, or k for a
     failed k-th launch (its CUresult in m[5]; `failed` raises)."""
 
@@ -246,7 +246,7 @@ class LaunchTable:
         """Raise for launch k (1-based, launch_table's return)."""
         from ...errors import DeviceError
         raise DeviceError(f"cuLaunchKernel({self.names[k - 1]}) failed: "
-                          f"{_error_name(int(self.m[5]))} (replaying an eager call plan)")
+                          f"{error_name(int(self.m[5]))} (replaying an eager call plan)")
 
 
 def _function_handle(kernel_handle):
@@ -254,13 +254,13 @@ def _function_handle(kernel_handle):
     current context: launching a CUkernel makes the driver look the function up on
     every launch; the CUfunction skips that."""
     func = ctypes.c_void_p()
-    rc = _libcuda.cuKernelGetFunction(ctypes.byref(func), ctypes.c_void_p(kernel_handle))
+    rc = libcuda.cuKernelGetFunction(ctypes.byref(func), ctypes.c_void_p(kernel_handle))
     return func.value if rc == 0 and func.value else kernel_handle
 
 
-def _error_name(rc):
+def error_name(rc):
     s = ctypes.c_char_p()
-    _libcuda.cuGetErrorName(rc, ctypes.byref(s))
+    libcuda.cuGetErrorName(rc, ctypes.byref(s))
     return (s.value or b"?").decode() + f" ({rc})"
 
 
@@ -289,16 +289,16 @@ class Kernel:
         launcher = self._launchers.get(sig)
         if launcher is None:
             self._check_sig(sig)
-            _bind_driver()
+            bind_driver()
             handle, argtypes = kernel_cache.compiled(self, sig)  # (from disk if cached)
             handle = _function_handle(handle)
             if self.shared_bytes > 48 * 1024:  # (8: ..._MAX_DYNAMIC_SHARED_SIZE_BYTES)
-                rc = _libcuda.cuFuncSetAttribute(ctypes.c_void_p(handle), 8,
+                rc = libcuda.cuFuncSetAttribute(ctypes.c_void_p(handle), 8,
                                                  ctypes.c_int(self.shared_bytes))
                 if rc:
                     from ...errors import DeviceError
                     raise DeviceError(f"{self.name}: {self.shared_bytes} B of shared memory "
-                                      f"refused ({_error_name(rc)})")
+                                      f"refused ({error_name(rc)})")
             launcher = _Launcher(handle, argtypes, self.name)
             self._launchers[sig] = launcher
         return launcher
@@ -329,11 +329,11 @@ class Kernel:
         key = (sig, size, block, shmem)
         if key not in self._clusters:
             function = self.compile(sig).function  # (binds the driver first)
-            cfg = _driver.CUlaunchConfig()
+            cfg = driver.CUlaunchConfig()
             cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = size, 1, 1  # (one cluster)
             cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block, 1, 1
             cfg.sharedMemBytes = shmem
-            err, n = _driver.cuOccupancyMaxActiveClusters(function, cfg)
+            err, n = driver.cuOccupancyMaxActiveClusters(function, cfg)
             self._clusters[key] = int(n) if int(err) == 0 else 0
         return self._clusters[key]
 
@@ -342,7 +342,7 @@ class Kernel:
         An array may be passed as a (pointer, count) tuple; `owners` then names the
         arrays behind such pointers, which a graph being recorded keeps alive.
         Straight-line on purpose: every eager call of every op runs it."""
-        tls = _recording.__dict__  # this thread's: the graph recording, context ready
+        tls = capture_state.__dict__  # this thread's: the graph recording, context ready
         recorder = tls.get("graph")
         planner = tls.get("plan")
         if planner is not None:
@@ -371,7 +371,7 @@ class Kernel:
                 recorder.record(la, (gx, gy, gz), (bx, by, bz), shmem, la.buf.raw[80:])
         if rc:
             from ...errors import DeviceError
-            raise DeviceError(f"cuLaunchKernel({self.name}) failed: {_error_name(rc)} "
+            raise DeviceError(f"cuLaunchKernel({self.name}) failed: {error_name(rc)} "
                               f"(grid {grid}, block {block}, shared {shmem} B)")
         if recorder is not None:
             recorder.keep(args, owners)

@@ -22,14 +22,14 @@ import threading
 import numpy as np
 
 from .simulator import SIMULATOR
-from .arrays import _allocate, _recording, dtype_of, facts, flat, ptr, ptr_size
+from .arrays import allocate, capture_state, dtype_of, facts, flat, ptr, ptr_size
 from .codegen import compile_source
 from .device import key as device_key
 
 
 class _Recorder:
     """Kernel.launch, _arrays.empty and the host copies report here while a call is
-    recorded (_recording.plan)."""
+    recorded (capture_state.plan)."""
 
     def __init__(self, arrays):
         self.sources = []  # (array, address, bytes, NumPy dtype)
@@ -175,11 +175,11 @@ class Recording:
 def record(fn, args, kw, arrays):
     """Run fn(*args, **kw) recording it: (result, Recording or None if unplannable)."""
     rec = _Recorder(arrays)
-    _recording.plan = rec
+    capture_state.plan = rec
     try:
         r = fn(*args, **kw)
     finally:
-        _recording.plan = None
+        capture_state.plan = None
     res = rec.result(r)
     return r, (Recording(rec, res) if rec.ok else None)
 
@@ -208,7 +208,7 @@ class _Workspace(threading.local):
         buffer, have = self.buffers.get(d, (None, 0))
         if nbytes > have:
             have = max(nbytes, 2 * have)
-            buffer = _allocate(like, (have,), np.uint8)
+            buffer = allocate(like, (have,), np.uint8)
             self.buffers[d] = buffer, have
         return buffer
 
@@ -222,7 +222,7 @@ def replay_function(recording):
     the addresses of `arrays` ([(array, facts)], as ops._plan builds them): it allocates
     the call's results, writes the new addresses into the plan's LaunchTable and
     issues all its launches in one @njit call (the simulator: Kernel.launch each)."""
-    ns = {"empty": _allocate, "ptr": ptr, "_view": _view}  # (no recording in a replay)
+    ns = {"empty": allocate, "ptr": ptr, "_view": _view}  # (no recording in a replay)
     lines = ["def run(ins):"]
     inputs = sorted({a[1] for _, _, _, _, _, args in recording.launches for a in args
                      if a[0] == "i"} | {s[1] for s, _, _, _ in recording.allocs if s[0] == "i"}
@@ -336,8 +336,8 @@ def _packed(recording):
 
 def _launch_table():
     from . import launch as _launch
-    _launch._bind_driver()
-    return _launch._launch_table
+    _launch.bind_driver()
+    return _launch.launch_table
 
 
 def _simulated_launches(recording, ns, lines):

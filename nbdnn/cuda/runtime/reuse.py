@@ -38,7 +38,7 @@ are allocated as usual and kept, as without reuse.
 import bisect
 import heapq
 
-from .arrays import _allocate, ptr, span
+from .arrays import allocate, ptr, span
 from ...errors import NbdnnError
 
 ALIGN = 256  # bytes: an arena offset's alignment (TMA wants 16, vector loads 16)
@@ -105,7 +105,7 @@ class Trace:
 
     # -- the allocator hook (arrays.empty) --
     def allocate(self, like, shape, dtype):
-        a = _allocate(like, shape, dtype)
+        a = allocate(like, shape, dtype)
         nbytes = _nbytes(shape, dtype)
         self.entries.append([tuple(shape), str(dtype), _kind(like), nbytes, self.launches,
                              self.launches - 1])
@@ -118,15 +118,15 @@ class Trace:
         return a
 
     def __enter__(self):
-        from .launch import _recording
-        if _recording.__dict__.get("graph") is not None:
+        from .launch import capture_state
+        if capture_state.__dict__.get("graph") is not None:
             raise NbdnnError("reuse.Trace: this thread is recording a graph already")
-        _recording.graph, _recording.alloc = self, self.allocate
+        capture_state.graph, capture_state.alloc = self, self.allocate
         return self
 
     def __exit__(self, *exc):
-        from .launch import _recording
-        _recording.graph = _recording.alloc = None
+        from .launch import capture_state
+        capture_state.graph = capture_state.alloc = None
 
     def plan(self, keep=()):
         """The Arena for a capture of the same calls; `keep`: the arrays the caller
@@ -200,9 +200,9 @@ class Arena:
                              f"is {tuple(shape)} {dtype}, the traced run's was {want_shape} "
                              f"{want_dtype} (the calls do not repeat; reuse=False)")
         if off is None or _kind(like) != kind:
-            return _allocate(like, shape, dtype)
+            return allocate(like, shape, dtype)
         if self.buffer is None:
-            self.buffer = _allocate(like, (max(self.nbytes, ALIGN),), "uint8")
+            self.buffer = allocate(like, (max(self.nbytes, ALIGN),), "uint8")
         nbytes = _nbytes(shape, dtype)
         view = _view(self.buffer, off, nbytes, shape, dtype)
         base = ptr(self.buffer) + off
@@ -258,8 +258,8 @@ def _view(buf, off, nbytes, shape, dtype):
     """shape-dtype view of nbytes of the uint8 arena buffer at byte offset off."""
     part = buf[off:off + nbytes]
     if _kind(buf) == "torch":
-        from .arrays import _to_torch, _torch_dtype
-        dt = _to_torch.get(dtype) or _torch_dtype(dtype)
+        from .arrays import TO_TORCH, torch_dtype
+        dt = TO_TORCH.get(dtype) or torch_dtype(dtype)
         return part.view(dt).view(tuple(shape))
     import numpy as np
     return part.view(np.dtype(str(dtype))).reshape(tuple(shape))

@@ -11,7 +11,7 @@ import numpy as np
 from numba import cuda
 
 from .simulator import SIMULATOR
-from .arrays import _host_copy, empty, ptr
+from .arrays import host_copy, empty, ptr
 from .launch import Kernel, recording
 from ...errors import NotSupportedError
 
@@ -85,7 +85,7 @@ def contiguous(x, stream=0):
     args = (n, -lo, *[s for s, _ in dims], *[t for _, t in dims])
     sig = _SIGS[dtype.itemsize]
     if SIMULATOR:  # no raw pointers: the kernel reads a copy of the span x covers
-        _host_copy()
+        host_copy()
         src = cuda.to_device(_span(x, shape, strides, hi - lo + 1, dtype))
         graph = recording()
         if graph is not None:  # (a replay copies the span again before the gather)

@@ -9,7 +9,7 @@ Kernels (traffic per element, float32; +4 B when beta != 0 reads out):
    registers (generated source in softmax/rows.py; named scalars, so nothing goes to
    local memory). One read + one write: 8 B forward, 12 B backward (dy, y in, dx
    out). 16-byte `load4`/`store4` when L % 4 == 0 and the bases are aligned; otherwise
-   coalesced scalar accesses. `_rows_config`:
+   coalesced scalar accesses. `rows_config`:
      L <= 128:    V = 1, G = pow2(L/4) <= 32, ROWS_BLOCK/G rows a block (shuffles only)
      L <= 1024:   G = 32 (a warp a row), V = pow2(L/128) in 2..8
      longer:      a block a row, V = 8 (V = 16 forward past ROWS_V16_MIN),
@@ -82,7 +82,7 @@ def _pow2(n):
 
 # ---- building and launching -----------------------------------------------------
 
-def _row_vs(wide, backward):
+def row_vs(wide, backward):
     """The V of kernel 1 for a compute type: float64 stops before it would spill."""
     vmax = (4 if backward else 2) if wide else (8 if backward else 16)
     return [V for V in ROWS_VS if V <= vmax]
@@ -120,7 +120,7 @@ def _build(streaming=True, fused_maxreg=None):
             for bwd in (False, True):
                 arrs = ", ".join([a] * (3 if bwd else 2))
                 sig = f"void({arrs}, int64, int64, int64, int64, {c}, {c}, int64)"
-                for V in _row_vs(ct_name == "float64", bwd):
+                for V in row_vs(ct_name == "float64", bwd):
                     # a block of G lanes must fit 64K registers: 1024 x 64 (V = 4, 8
                     # forward), 512 x 128 (V = 16 forward; V = 4, 8 backward)
                     cap = 128 if bwd or V == 16 else 64
@@ -135,7 +135,7 @@ _ALIGN = {n: vector_alignment(n) for n in (2, 4, 8)}  # itemsize -> bytes
 _NAMES = {np.dtype(d): d for d in DTYPES}  # (np.dtype.name is a slow property)
 
 
-def _rows_config(L, backward, block, wide=False):
+def rows_config(L, backward, block, wide=False):
     """(V, G) for kernel 1, or None when the row does not fit the register cache.
     block=True forces a block per row (G >= 64) even for short rows (tests); wide: the
     compute type is float64 (two registers a value).
@@ -149,7 +149,7 @@ def _rows_config(L, backward, block, wide=False):
     (perf/experiments/softmax_caps.py): V <= 2 forward, V <= 4 backward, rows of up to 8192."""
     if L <= 128 and not block:
         return 1, _pow2(-(-L // 4))
-    vmax = _row_vs(wide, backward)[-1]
+    vmax = row_vs(wide, backward)[-1]
     if not wide and not backward and L <= ROWS_V16_MIN:
         vmax = 8
     if L <= 128 * min(vmax, 8) and not block:  # a warp a row
@@ -194,7 +194,7 @@ def _path(outer, L, inner, backward, force, wide=False):
         return "strided", None
     if force == "fused":
         return "fused", None
-    cfg = None if force == "long" else _rows_config(L, backward, force == "rows_block", wide)
+    cfg = None if force == "long" else rows_config(L, backward, force == "rows_block", wide)
     if cfg is not None:
         return "rows", cfg
     if force is None and L <= FUSED_MAX and 4 * outer >= _target():

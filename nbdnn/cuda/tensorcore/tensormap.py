@@ -31,7 +31,7 @@ import functools
 import numpy as np
 from numba import cuda
 
-from ..runtime.arrays import _recording, empty, landed_copy, ptr, stream_handle
+from ..runtime.arrays import capture_state, empty, landed_copy, ptr, stream_handle
 from ..runtime.graph import capturing
 from ..runtime.launch import Kernel
 
@@ -88,7 +88,7 @@ def map_address(address, kind, *static):
 def _noted(placed, address, spec):
     """placed, its address told to an eager call being recorded for its plan (a replay
     makes the map for its own tensors' addresses: map_address)."""
-    rec = _recording.__dict__.get("plan")
+    rec = capture_state.__dict__.get("plan")
     if rec is not None:
         rec.derive(placed[0], int(address), (map_address,) + spec)
     return placed

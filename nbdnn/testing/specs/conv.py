@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 import nbdnn
-from nbdnn.testing.specs.matmul import _math, matmul_tol
+from nbdnn.testing.specs.matmul import math_modes, matmul_tol
 from nbdnn.ops.conv import winograd_fits
 from nbdnn._vocab import BF16_DTYPES, MATH_MODES
 from nbdnn.testing.harness import Case, OpSpec, rand
@@ -71,10 +71,10 @@ def _make_forward(draw, dtype, big):
 def _tf32(draw, dtype, operands, tol, kw):
     """float32 rows of algo "auto" or "gemm" (the ones that run the TF32 modes) draw a
     math mode, last (the earlier draws stay as they were); the TF32 modes' operands
-    are TF32-exact (matmul's _math)."""
+    are TF32-exact (matmul's math_modes)."""
     if kw["algo"] not in ("auto", "gemm"):
         return "ieee", operands, tol
-    return _math(draw, dtype, operands, tol)
+    return math_modes(draw, dtype, operands, tol)
 
 
 def _make_backward(which):
@@ -177,15 +177,15 @@ def rank_case(name, which, dtype, mode, algo):
     x, w = rand(rng, xs, dtype, -1, 1), rand(rng, ws, dtype, -1, 1)
     y = CONV[nd](x.astype(np.float64), w.astype(np.float64), **kw)
     dy = rand(rng, y.shape, dtype, -1, 1)
-    draw = lambda lo, hi: MATH_MODES.index(mode)  # noqa: E731  (_math's one draw)
+    draw = lambda lo, hi: MATH_MODES.index(mode)  # noqa: E731  (math_modes's one draw)
     taps = math.prod(ws[1:])
     if which == "forward":
-        kw["math"], (x, w), tol = _math(draw, dtype, [x, w], matmul_tol(dtype, taps + 2))
+        kw["math"], (x, w), tol = math_modes(draw, dtype, [x, w], matmul_tol(dtype, taps + 2))
         return Case((x, w, rand(rng, (ws[0],), dtype, -1, 1), None), dict(kw, nd=nd), tol=tol)
     if which == "data":
-        kw["math"], (dy, w), tol = _math(draw, dtype, [dy, w], matmul_tol(dtype, taps * ws[0]))
+        kw["math"], (dy, w), tol = math_modes(draw, dtype, [dy, w], matmul_tol(dtype, taps * ws[0]))
         return Case((dy, w, xs), kw, tol=tol)
-    kw["math"], (dy, x), tol = _math(draw, dtype, [dy, x], matmul_tol(dtype, y.size))
+    kw["math"], (dy, x), tol = math_modes(draw, dtype, [dy, x], matmul_tol(dtype, y.size))
     return Case((dy, x, ws), kw, tol=tol)
 
 

@@ -38,7 +38,7 @@ def _shapes(draw, big):
     return a, b, ta, tb, (np.broadcast_shapes(ab, bb), M, N, K)
 
 
-def _math(draw, dtype, arrays, tol):
+def math_modes(draw, dtype, arrays, tol):
     """float32 rows draw a math mode. "tf32" operands are drawn already TF32-exact, so
     the float64 oracle (which has no mode) sees what the GPU multiplies; "3xtf32" is
     held to twice ieee's tolerance against it (the dropped lo * lo terms)."""
@@ -61,7 +61,7 @@ def _make_forward(draw, dtype, big):
     ash, bsh, ta, tb, (_, _, N, K) = _shapes(draw, big)
     bias = rand(rng, (N,), dtype, -1, 1) if draw(0, 1) else None
     act = ACTIVATIONS[draw(0, len(ACTIVATIONS) - 1)]
-    mode, (a, b), tol = _math(draw, dtype, [rand(rng, ash, dtype, -1, 1),
+    mode, (a, b), tol = math_modes(draw, dtype, [rand(rng, ash, dtype, -1, 1),
                                             rand(rng, bsh, dtype, -1, 1)],
                               matmul_tol(dtype, K + 1))
     return Case((a, b, bias), {"trans_a": ta, "trans_b": tb, "activation": act, "math": mode},
@@ -73,7 +73,7 @@ def _make_backward(draw, dtype, big):
     ash, bsh, ta, tb, (batch, M, N, K) = _shapes(draw, big)
     dc = rand(rng, tuple(batch) + (M, N), dtype, -1, 1)
     length = max(N, M * max(1, math.prod(batch)))  # the longest sum: db, dbias
-    mode, (dc, a, b), tol = _math(draw, dtype, [dc, rand(rng, ash, dtype, -1, 1),
+    mode, (dc, a, b), tol = math_modes(draw, dtype, [dc, rand(rng, ash, dtype, -1, 1),
                                                 rand(rng, bsh, dtype, -1, 1)],
                                   matmul_tol(dtype, length))
     return Case((dc, a, b), {"trans_a": ta, "trans_b": tb, "bias": draw(0, 1) == 1,
