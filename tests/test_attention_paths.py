@@ -136,3 +136,23 @@ def test_forced_variants():
     with pytest.raises(ValueError, match="tiled"):
         with A.forced("tiled"):
             pass
+
+
+def test_forced_variants_are_never_planned():
+    """Eager call plans do not hold the forced variant, so inside forced() calls go
+    unplanned: a plan learnt outside is not replayed (it would skip the forced variant's
+    refusal); after it the order's choice runs again."""
+    from nbdnn.cuda import attention as A
+    from nbdnn.cuda.runtime.arrays import to_device
+    rng = np.random.default_rng(2)
+    q, k, v = (to_device(a) for a in _inputs(rng, np.float32, "BHSD", 1, 2, 2, 64, 64, 8, 8))
+    for _ in range(4):  # (the 4th and later replay a plan)
+        nbdnn.scaled_dot_product_attention(q, k, v)
+    with A.forced("decode"), pytest.raises(nbdnn.NotSupportedError, match="decode"):
+        nbdnn.scaled_dot_product_attention(q, k, v)
+    with A.forced("simt"):
+        for _ in range(5):
+            nbdnn.scaled_dot_product_attention(q, k, v)
+    with launched() as names:
+        nbdnn.scaled_dot_product_attention(q, k, v)
+    assert any(n.startswith("attention_rows") for n in names), names

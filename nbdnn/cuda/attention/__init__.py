@@ -24,6 +24,7 @@ from typing import Callable
 from ..runtime.arrays import dtype_name, empty
 from ..runtime.device import sm_count
 from ..runtime.simulator import SIMULATOR
+from ...backend import capture_state
 from ...errors import NotSupportedError
 from . import decode, decode_split, flash, flash_bwd, flash_tf32, gemm, simt
 from .geometry import geometry
@@ -199,27 +200,30 @@ BACKWARD = (
             "simt.py: the exact kernels (a thread a query row for dq, a key row for dk, dv)"),
 )
 
-_FORCED = []  # the names forced(), innermost last
 
 
 @contextlib.contextmanager
 def forced(name):
-    """Inside: calls run the variant `name` (forward and backward, where each table has
-    one by that name) or raise NotSupportedError where its kernels cannot take a call."""
+    """Inside (this thread): calls run the variant `name` (forward and backward, where
+    each table has one by that name) or raise NotSupportedError where its kernels cannot
+    take a call. Eager call plans neither replay nor record inside (ops/_plan.py): a
+    plan's key does not hold the choice."""
     if not any(v.name == name for v in FORWARD + BACKWARD):
         raise ValueError(f"no attention variant {name!r}: "
                          f"{sorted({v.name for v in FORWARD + BACKWARD})}")
-    _FORCED.append(name)
+    stack = capture_state.__dict__.setdefault("forced", [])
+    stack.append(name)
     try:
         yield
     finally:
-        _FORCED.pop()
+        stack.pop()
 
 
 def choose(table, c):
     """The variant of `table` that runs call c."""
-    if _FORCED:
-        want = next((v for v in table if v.name == _FORCED[-1]), None)
+    stack = capture_state.__dict__.get("forced")
+    if stack:
+        want = next((v for v in table if v.name == stack[-1]), None)
         if want is not None:
             if not want.usable(c):
                 raise NotSupportedError(f"scaled_dot_product_attention: variant {want.name!r} "
