@@ -63,9 +63,7 @@ def pool(nd, x, kernel, *, stride=None, padding=0, dilation=1, mode="max", ceil_
     divisor = _divisor(op, divisor, mode)
     alpha, beta = blend_params(op, alpha, beta, out)
     out = c.out(out, _y_shape(tuple(x_shape), geo[-1], geo[-2]), dtype)
-    if divisor:
-        return c.run("pool_forward", x, *geo, divisor=divisor, alpha=alpha, beta=beta, out=out)
-    return c.run("pool_forward", x, *geo, alpha=alpha, beta=beta, out=out)
+    return c.run("pool_forward", x, *geo, divisor=divisor, alpha=alpha, beta=beta, out=out)
 
 
 @op("pool", backward="pool_backward", dispatches="pool_forward")
@@ -117,10 +115,8 @@ def pool_backward(dy, x, kernel, *, stride=None, padding=0, dilation=1, mode="ma
     divisor = _divisor(op, divisor, mode)
     alpha, beta = blend_params(op, alpha, beta, out)
     out = c.out(out, tuple(x_shape), dtype)
-    if divisor:
-        return c.run("pool_backward", dy, x, *geo, divisor=divisor, alpha=alpha, beta=beta,
-                     out=out)
-    return c.run("pool_backward", dy, x, *geo, alpha=alpha, beta=beta, out=out)
+    return c.run("pool_backward", dy, x, *geo, divisor=divisor, alpha=alpha, beta=beta,
+                 out=out)
 
 
 @op("pool")
