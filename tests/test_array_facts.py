@@ -37,7 +37,7 @@ def test_torch_facts_dtypes_pointers_and_declines():
     from nbdnn.cuda import SIMULATOR
     if SIMULATOR or not torch.cuda.is_available():
         pytest.skip("needs PyTorch with CUDA and a GPU")
-    from nbdnn.backend import torch_dtypes
+    from nbdnn.arrays import torch_dtypes
     from nbdnn.cuda.runtime.arrays import facts
     for dt, want in ((torch.float16, np.float16), (torch.float32, np.float32),
                      (torch.float64, np.float64)):
@@ -64,7 +64,7 @@ def test_numba_facts_is_cached_per_array_and_right_for_views():
     base = int(x.gpu_data.device_pointer)
     assert facts(x) == ((12,), np.dtype(np.float32), 12, base)
     assert facts(x) is facts(x)  # kept on the array
-    from nbdnn.backend import describe
+    from nbdnn.arrays import describe
     assert describe("t", "x", x) == ((12,), np.dtype(np.float32), True)
     assert describe("t", "x", x) is describe("t", "x", x)
     tail = x[4:]

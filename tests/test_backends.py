@@ -1,22 +1,31 @@
-"""The op registry holds every public op, and every backend function an op dispatches
-to exists in both backends under the same name: adding an op means writing it in
-nbdnn/ops, nbdnn/cpu and nbdnn/cuda (and a spec row, tests/test_crosscheck.py)."""
-import importlib
-
+"""The op registry holds every public op, both backends' dispatch tables hold every
+family (nbdnn/cpu/families.py, nbdnn/cuda/families.py), and every backend function an
+op dispatches to exists in both backends under the same name: adding an op means
+writing it in nbdnn/ops, nbdnn/cpu and nbdnn/cuda (and a spec row,
+tests/test_crosscheck.py)."""
 import numpy as np
 import pytest
 
 import nbdnn
+from nbdnn import backend as _backend
 from nbdnn.cuda import SIMULATOR, cuda
 from nbdnn.ops.registry import OPS
 from nbdnn.testing import SPECS
 
 
+@pytest.mark.parametrize("backend", _backend.BACKENDS)
+def test_the_dispatch_tables_hold_every_family_under_its_name(backend):
+    table = _backend.families(backend)
+    assert set(table) == {rec.family for rec in OPS.values()}
+    for family, mod in table.items():
+        assert mod.__name__ == f"nbdnn.{backend}.{family}"
+
+
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_backends_have_every_dispatched_function(name):
     rec = OPS[name]
-    for backend in ("cpu", "cuda"):
-        mod = importlib.import_module(f"nbdnn.{backend}.{rec.family}")
+    for backend in _backend.BACKENDS:
+        mod = _backend.families(backend)[rec.family]
         missing = sorted(n for n in rec.dispatches if not callable(getattr(mod, n, None)))
         assert not missing, f"{name}: nbdnn.{backend}.{rec.family} lacks {missing}"
 
@@ -33,6 +42,15 @@ def test_the_exports_are_the_registry():
         fn = getattr(nbdnn, n)
         assert (getattr(fn, "unplanned", fn) is rec.fn) and (hasattr(fn, "unplanned") ==
                                                               (rec.planned and fn is not rec.fn))
+
+
+def test_the_exports_are_written_out_from_the_registry():
+    """nbdnn/__init__.py names every op explicitly (a reader follows nbdnn.conv2d to
+    ops/conv.py); its block is the one the registry generates (tools/generate.py)."""
+    from nbdnn.ops import registry
+    text = open(nbdnn.__file__).read()
+    assert registry.generated_block(text) == registry.exports_source(registry.load()), \
+        "nbdnn/__init__.py's exports are stale: run python tools/generate.py"
 
 
 def test_every_backward_is_an_op_and_every_op_has_a_row():

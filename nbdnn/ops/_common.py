@@ -7,7 +7,7 @@ import numbers
 import ml_dtypes  # noqa: F401  (registers the dtype name "bfloat16" with NumPy)
 import numpy as np
 
-from .. import backend as _backend
+from .. import arrays as _arrays, backend as _backend
 from .._vocab import BF16_DTYPES, FLOAT_DTYPES
 from ..errors import BadParamError, DeviceError, DtypeError, ShapeError, fail
 from .registry import OPS
@@ -35,8 +35,8 @@ def compute_dtype(dtype):
     return _COMPUTE.get(dtype) or _COMPUTE[np.dtype(dtype)]
 
 
-_describers = _backend.describers  # type -> describe function, filled by describe()
-_kinds = _backend.array_kinds  # type -> 'cpu' | 'cuda', filled by kind()
+_describers = _arrays.describers  # type -> describe function, filled by describe()
+_kinds = _arrays.array_kinds  # type -> 'cpu' | 'cuda', filled by kind()
 
 
 def _wrong_dtype(op, name, dtypes, dtype):
@@ -87,8 +87,8 @@ class Call:
         f = _describers.get(type(x))
         try:
             shape, dtype, contig = f(x) if f is not None else \
-                _backend.describe(self.op, name, x)
-        except _backend.Refused as r:
+                _arrays.describe(self.op, name, x)
+        except _arrays.Refused as r:
             fail(r.cls, self.op, name, r.expected, r.given)
         if dtypes is not None and dtype not in (_FLOATS if dtypes is FLOAT_DTYPES
                                                 else _allowed(dtypes)):
@@ -106,8 +106,8 @@ class Call:
         f = _describers.get(type(out))
         try:
             oshape, odtype, contig = f(out) if f is not None else \
-                _backend.describe(self.op, name, out)
-        except _backend.Refused as r:
+                _arrays.describe(self.op, name, out)
+        except _arrays.Refused as r:
             fail(r.cls, self.op, name, r.expected, r.given)
         if oshape != shape and tuple(oshape) != tuple(shape):
             fail(ShapeError, self.op, f"{name}.shape", tuple(shape), tuple(oshape))

@@ -43,10 +43,10 @@ import sys
 
 import numpy as np
 
-from .. import backend as _backend
+from .. import arrays as _arrays, backend as _backend
 from .._math_mode import get_math
 
-capture_state = _backend.capture_state  # thread-local: .graph (a Graph), .plan (a _Recorder)
+capture_state = _arrays.capture_state  # thread-local: .graph (a Graph), .plan (a _Recorder)
 _SCALARS = frozenset((int, float, bool, str, complex, type(None)))
 _NEVER = "never"
 MAX_PLANS = 4096  # signatures a thread remembers (_forget)
@@ -65,7 +65,7 @@ def planned(fn):
 
     @functools.wraps(fn)
     def call(*args, **kw):
-        if args and _backend.array_kinds.get(type(args[0])) == "cpu":  # NumPy: the reference
+        if args and _arrays.array_kinds.get(type(args[0])) == "cpu":  # NumPy: the reference
             return fn(*args, **kw)  # (~1 us less than _signature's _NoPlan)
         tls = capture_state.__dict__
         if tls.get("graph") is not None or tls.get("plan") is not None or \
@@ -188,7 +188,7 @@ _facts = {}
 def _add(v, t, parts, arrays):
     """An argument the loops did not place: a tuple or list (recursively), a CUDA array
     (of a type not seen yet, or inside a tuple), a NumPy scalar; _NoPlan for anything
-    else. (Scalars and tuples are told apart before backend.kind(), which costs ~1 us
+    else. (Scalars and tuples are told apart before arrays.kind(), which costs ~1 us
     for a type that is no array: a conv's stride, padding and dilation hold eight.)"""
     if t in _SCALARS:
         parts += (t, v)
@@ -201,7 +201,7 @@ def _add(v, t, parts, arrays):
             else:
                 _add(e, te, sub, arrays)
         parts.append(tuple(sub))
-    elif t in _facts or (_backend.array_kinds.get(t) or _backend.kind(v)) == "cuda":
+    elif t in _facts or (_arrays.array_kinds.get(t) or _arrays.kind(v)) == "cuda":
         facts_of = _facts.get(t)
         if facts_of is None:
             facts_of = _facts[t] = _backend.cuda_runtime("arrays").plan_facts(t)

@@ -23,7 +23,7 @@ from ._common import (Call, blend_params, check_size, choice, int_tuple, is_int,
                       scalar)
 from .activation import fused_coef
 from .._math_mode import resolve as _math, resolve_for as _math_algo
-from .. import backend as _backend
+from .. import arrays as _arrays, backend as _backend
 from .._shapes import winograd_workspace
 from .._vocab import BF16_DTYPES, CONV_ALGOS as ALGOS, CONV_MODES as MODES, LAYOUTS as _LAYOUTS, \
     SPATIAL_LAYOUTS
@@ -336,13 +336,13 @@ def find_conv_algorithm(x, w, bias=None, *, reps=5, **kw):
     if not is_int(reps) or reps < 1:
         fail(BadParamError, "find_conv_algorithm", "reps", "an int >= 1", repr(reps))
     for name, a in (("x", x), ("w", w)):
-        _backend.describe("find_conv_algorithm", name, a)  # a list: a named error
+        _arrays.describe("find_conv_algorithm", name, a)  # a list: a named error
     for k in ("algo", "out"):
         if k in kw:
             fail(BadParamError, "find_conv_algorithm", k, "not given (every algorithm is "
                  "tried, each into its own output)", repr(kw[k]))
     nd, results, (sync, launched) = len(tuple(x.shape)) - 2, [], _device(x, w, kw.get("backend"))
-    tf32 = str(_backend.describe("find_conv_algorithm", "x", x)[1]) == "float32" and \
+    tf32 = str(_arrays.describe("find_conv_algorithm", "x", x)[1]) == "float32" and \
         _math("find_conv_algorithm", kw.get("math")) != "ieee"
     _, _, C, _, R, _, stride, dilation, groups = _problem(x, w, kw)
     for algo in ALGOS[1:]:
@@ -382,7 +382,7 @@ def _workspace(algo, x, w, kw):
     if algo not in ("gemm",) + tuple(WINOGRAD):
         return 0
     _, N, C, K, R, P, _, _, groups = _problem(x, w, kw)
-    size = _backend.describe("find_conv_algorithm", "x", x)[1].itemsize
+    size = _arrays.describe("find_conv_algorithm", "x", x)[1].itemsize
     if algo == "gemm":
         return N * math.prod(P) * (C * math.prod(R) + K) * size
     # (winograd4 keeps float16 layers' workspace in float32)
@@ -395,6 +395,6 @@ def _device(x, w, backend):
     in it) on the CUDA backend; no-ops on the CPU's (NumPy arrays: no wait either)."""
     if _backend.choose("find_conv_algorithm", {"x": x, "w": w}, backend)[0] != "cuda":
         return (lambda: None), (lambda: contextlib.nullcontext([]))
-    wait = _backend.cuda_runtime("device").synchronize if _backend.kind(x) == "cuda" else \
+    wait = _backend.cuda_runtime("device").synchronize if _arrays.kind(x) == "cuda" else \
         (lambda: None)
     return wait, _backend.cuda_runtime("launch").launched

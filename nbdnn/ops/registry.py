@@ -63,6 +63,47 @@ def load():
     return OPS
 
 
+BEGIN, END = "# ---- the ops (generated", "# ---- end of the ops"
+
+
+def exports_source(records):
+    """The block of nbdnn/__init__.py that exports the ops of `records` (name ->
+    OpRecord): each family module imported by name, each op bound from it, wrapped in
+    eager call plans where its record says planned. Explicit, so that a reader or an
+    IDE follows nbdnn.conv2d to ops/conv.py; `python tools/generate.py` rewrites the block,
+    tests/test_backends.py checks it."""
+    fams = sorted({r.family for r in records.values()})
+    lines = [BEGIN + " by `python tools/generate.py` from the op registry: each planned op",
+             "# wrapped in eager call plans, ops/_plan.py; `op.unplanned` is the bare op)",
+             *_wrapped("from .ops import (", [f"{f} as _{f}" for f in fams], ")")]
+    for f in fams:
+        for r in records.values():
+            if r.family == f:
+                ref = f"_{f}.{r.name}"
+                lines.append(f"{r.name} = " + (f"_planned({ref})" if r.planned else ref))
+    lines += _wrapped("_OPS = (", [f'"{r.name}"' for f in fams for r in records.values()
+                                   if r.family == f], ")")
+    return "\n".join(lines + [END]) + "\n"
+
+
+def _wrapped(opening, items, closing, width=92):
+    """`opening` items, ... `closing` as lines of at most width characters."""
+    lines, line = [], opening
+    for i, item in enumerate(items):
+        piece = item + (closing if i == len(items) - 1 else ",")
+        if len(line) + len(piece) + 1 > width and line.strip() != opening.strip():
+            lines.append(line.rstrip())
+            line = " " * len(opening) + piece
+        else:
+            line += ("" if line.endswith("(") else " ") + piece
+    return lines + [line]
+
+
+def generated_block(text):
+    """The generated block of nbdnn/__init__.py's text, as exports_source writes it."""
+    return BEGIN + text.split(BEGIN, 1)[1].split(END, 1)[0] + END + "\n"
+
+
 def families():
     """The families that have ops, in registry order."""
     return tuple(dict.fromkeys(r.family for r in OPS.values()))
@@ -92,3 +133,4 @@ def select(items, names):
                                 f"{', '.join(choices)}")
         picked += [t for t in hit if t not in picked]
     return picked
+

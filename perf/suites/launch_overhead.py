@@ -216,7 +216,7 @@ def _interleaved(fns, rounds=40, calls=500):
 
 
 def _front_end_pieces(tx, ty):
-    from nbdnn import backend
+    from nbdnn import arrays, backend
     from nbdnn.cuda import activation as ca
     from nbdnn.cuda.runtime import arrays as _arrays
     kern, sig = ca._FORWARD["relu", np.dtype("float32")]
@@ -263,8 +263,8 @@ def _front_end_pieces(tx, ty):
     rows.update({
         "front end: backend.choose": host_cost(
             lambda: backend.choose("activation", {"x": tx, "out": ty})),
-        "front end: backend.describe (torch)": host_cost(
-            lambda: backend.describe("activation", "x", tx)),
+        "front end: arrays.describe (torch)": host_cost(
+            lambda: arrays.describe("activation", "x", tx)),
         "cuda.activation (no front end), torch": host_cost(
             lambda: ca.activation(tx, "relu", 0.0, alpha=1.0, beta=0.0, out=ty, stream=0)),
     })

@@ -24,7 +24,7 @@ from typing import Callable
 from ..runtime.arrays import dtype_name, empty
 from ..runtime.device import sm_count
 from ..runtime.simulator import SIMULATOR
-from ...backend import capture_state
+from ...arrays import capture_state
 from ...errors import NotSupportedError
 from . import decode, decode_split, flash, flash_bwd, flash_tf32, gemm, simt
 from .geometry import geometry

@@ -227,7 +227,7 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, promot
     M, N). promote (float32's 3xtf32): each k-tile's product added into float32
     accumulators on the CUDA cores (the kernel's promote), on tiles of at most
     PROMOTE_COLUMNS columns a consumer (the registers of the second accumulator)."""
-    from ...backend import capture_state
+    from ...arrays import capture_state
     plan = capture_state.__dict__.get("plan")
     if plan is not None and not OWN_MAPS:  # a tensor map holds its tensor's address: a
         plan.impure()                      # replay with other arrays would read those

@@ -9,8 +9,8 @@ import numpy as np
 from numba import cuda
 
 from .simulator import SIMULATOR
-from ...backend import array_facts as _facts_fns, capture_state, torch_dtypes, describe
-from ...backend import numpy_dtype_of as _np_dtype_of_torch
+from ...arrays import array_facts as _facts_fns, capture_state, torch_dtypes, describe
+from ...arrays import numpy_dtype_of as _np_dtype_of_torch
 
 
 def _ptr_numba(x):
@@ -385,5 +385,5 @@ def stream_handle(stream):
 
 
 def is_device(x):
-    from ...backend import kind
+    from ...arrays import kind
     return kind(x) == "cuda"

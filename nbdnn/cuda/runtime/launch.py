@@ -36,7 +36,7 @@ from . import kernel_cache
 from .codegen import compile_source
 # this thread's .graph (the nbdnn.cuda.Graph recording it) and .plan (an eager call
 # plan's recorder, ops/_plan.py)
-from ...backend import capture_state
+from ...arrays import capture_state
 
 REGISTRY = []  # every Kernel with the signatures it is used with (PTX test, warm-up)
 
