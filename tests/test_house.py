@@ -173,3 +173,14 @@ def test_no_private_name_crosses_a_module():
                 bad.append(f"{mod}:{node.lineno} {node.value.id}.{node.attr} "
                            f"({aliases[node.value.id]})")
     assert not bad, "\n".join(bad)
+
+
+def test_no_run_names_in_library_code():
+    """Comments say why, not when: a measurement is cited by what was measured (GPU,
+    shapes, numbers), never by the name of the run that took it (history lives in git)."""
+    import re
+    run = re.compile(r"\b[Rr]uns? [A-Z]{1,2}\b(?![a-z/])|perf/history")
+    bad = [f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}"
+           for path, _ in MODS.values()
+           for i, line in enumerate(open(path), 1) if run.search(line)]
+    assert not bad, "\n".join(bad)

@@ -2,7 +2,7 @@
 and the element mapping of nbdnn/cpu/dropout.py, so the mask matches the CPU's bit for
 bit. Traffic per float32 element: x read, y and mask written (9 B); backward reads dy
 and mask, writes dx (9 B). Aligned tensors move x, y and dy as 16-byte vectors and the
-mask as 4-byte words (run W measured the scalar form at 36-39% of copy, 0.47x
+mask as 4-byte words (measured the scalar form at 36-39% of copy, 0.47x
 PyTorch's forward; the vector form is the activation kernels' shape, ~95% there). 10 rounds of 2 64-bit multiplies per 4 elements keep it
 memory-bound. Words are held in uint64 (numba's mixed int64/uint64 arithmetic would
 go to float64); a 32-bit word is masked after every add.

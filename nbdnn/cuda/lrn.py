@@ -5,13 +5,13 @@ reads of neighbours, from L1). Backward in two kernels: the first writes each
 element's term t_j = dy_j x_j s_j^(-beta-1) to a workspace (x's size, the compute
 dtype), the second sums the n terms of the channels whose window holds the element
 and forms dx: 2 powers and 2n + 4 reads an element, where one kernel recomputing every
-s_j took n + 1 powers and n^2 reads (5 ms for 256 MiB on the H200, 4% of copy: run W).
+s_j took n + 1 powers and n^2 reads (5 ms for 256 MiB on the H200, 4% of copy).
 Channels are HW apart (NCHW) or adjacent (NHWC); below 2**31 elements the channel is
 split off by multiply-highs (_stencil.magic) instead of 64-bit divisions. Gathers
 only: deterministic.
 
-Verified on the H200 (crosscheck, PyTorch comparisons, determinism; perf/history/runs.md
-runs G-I). Run W measured the forward at 12% of copy (1.97x PyTorch's) and the
+Verified on the H200 (crosscheck, PyTorch comparisons, determinism).
+Measured: the forward at 12% of copy (1.97x PyTorch's) and the
 one-kernel backward at 4%; the two-kernel backward and the multiply-high split are
 not yet measured.
 """

@@ -6,7 +6,7 @@ hold w or grad as stand-ins of the right type).
 Traffic an element: grad (2 or 4 B), w read and written (4 B each), velocity read and
 written (4 B each), param written (2 B): 22 B for a bf16 model with momentum, in one
 launch, where the unfused step (cast grad, momentum, update, cast back) made four
-launches and moved ~36 B. ResNet-50's step has 161 parameter tensors: run AL's profile
+launches and moved ~36 B. ResNet-50's step has 161 parameter tensors: a profile
 had the unfused optimizer's casts alone at 1.76 ms over 324 launches.
 """
 import math

@@ -40,14 +40,14 @@ class CrossEntropyLoss:
 
 # GraphedSteps' captured training step with its buffers sharing one arena where their
 # lifetimes allow (cuda/runtime/reuse.py: the second step runs traced, the third is
-# captured on the plan). Written in run AN after its device time, tested in the
+# captured on the plan). Written without device time, tested in the
 # simulator: off until a GPU run shows the same losses and the memory it saves.
 REUSE_BUFFERS = False
 
 
 # SGD's step through nbdnn.sgd_update (one launch a parameter) where the element-wise
-# ops took four or five (run AL's profile: 324 cast launches, 1.76 ms, besides the
-# momentum and update ops); on since run AM (H200: the fused and element-wise steps
+# ops took four or five (its profile: 324 cast launches, 1.76 ms, besides the
+# momentum and update ops); on (H200: the fused and element-wise steps
 # agree, sanitizer clean, ResNet-50's step 0.39 ms in 161 launches). Off: the
 # element-wise ops, kept as the test's second opinion.
 FUSED_SGD = True

@@ -1,7 +1,6 @@
 """Eager call plans: an nbdnn call on CUDA arrays replayed from a recording of itself,
 without its Python front end (validation, shape inference, algorithm choice, argument
-marshalling: 10-50 us of host time for a conv, a batch norm or a pool; perf/history/runs.md
-run Z).
+marshalling: 10-50 us of host time for a conv, a batch norm or a pool).
 
 Like a cuDNN plan, a plan belongs to a call's signature: the op; each array's kind,
 shape, dtype, 16-byte alignment and which arrays share an address; every other
@@ -26,8 +25,7 @@ A signature's calls on one thread:
   4th+ replays the plan: one generated function allocates the results, writes the
        new addresses into the plan's launch table and issues all its launches from
        one @njit call (cuda.runtime.launch.LaunchTable); workspaces are not allocated: they
-       sit in one buffer a thread that all its plans share (perf/history/runs.md, runs Z
-       and AA: host µs a call).
+       sit in one buffer a thread that all its plans share.
 Not planned: calls inside a Graph capture or given a stream; calls with NumPy
 arrays, strided views or arguments of other types; calls whose arrays overlap at
 different addresses; calls whose recording copied between host and device or had

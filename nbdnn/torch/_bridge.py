@@ -46,7 +46,7 @@ def register_autograd(op, grad, setup):
 
     def backward(ctx, *grads):
         if ctx.nbdnn_backend is BACKEND:  # (the usual case: no context manager, ~0.8 us
-            # a backward call on the CI host, run AY)
+            # a backward call on the CI host)
             return grad(ctx, *grads)
         with backend(ctx.nbdnn_backend):
             return grad(ctx, *grads)
@@ -175,7 +175,7 @@ def direct(op):
     grad, contiguous), nbdnn's op called with the keywords _run would give it; anything
     else (the CPU reference, an unusual layout) goes to op's implementation. It saves
     run()'s generic walk over the arguments and two frames (relu's wrapper 1.6 -> 0.7
-    us a call on the CI host, run AZ); tests/test_torch_direct.py checks that each
+    us a call on the CI host); tests/test_torch_direct.py checks that each
     entry hands nbdnn what the implementation does."""
     def register(fn):
         DIRECT[op] = fn
@@ -346,7 +346,7 @@ def run(fn, like, *args, **kw):
 
 def _run(fn, like, args, kw):
     """run()'s body on its arguments as they came (run_as passes its own on, unpacked
-    and packed again no more: ~0.3 us a call, run AY)."""
+    and packed again no more: ~0.3 us a call)."""
     stream = stream_of(like)
     if stream is None:
         args = [arr(a, True) if isinstance(a, torch.Tensor) else a for a in args]
@@ -360,7 +360,7 @@ def _run(fn, like, args, kw):
     # for detach()): nothing nbdnn keeps (a plan's recording, a cache, a view) may hold
     # an autograd graph alive, whose AccumulateGrad nodes a later step would reuse on
     # the stream they were made on (a CUDA graph capture after eager steps on the legacy
-    # stream then fails, run AX). The stream is passed only where it is not the legacy
+    # stream then fails). The stream is passed only where it is not the legacy
     # default (0): there nbdnn's eager call plans replay the call (a call given a stream
     # runs in full, ~20-200 us more: nbdnn/ops/_plan.py)
     if TRANSFORMED:  # (a torch.func transform has run: its pullbacks, called after it

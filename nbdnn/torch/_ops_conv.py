@@ -34,7 +34,7 @@ _GEOMETRIES = {}  # (*stride, *padding, *dilation, groups) -> _geometry's keywor
 _SEEN = {}  # id(padding) -> (padding, stride, dilation, groups, keywords) for tuples: a
 # tuple of ints never changes and, held here, keeps its id, so the same three objects
 # (nbdnn.torch.functional's cached geometry, every call of a layer) give the same
-# keywords (~0.1 us against 0.27, CI host, run AZ)
+# keywords (~0.1 us against 0.27, CI host)
 
 
 def _geometry(stride, padding, dilation, groups):
@@ -42,7 +42,7 @@ def _geometry(stride, padding, dilation, groups):
     defaults left out, one int where every axis has the same value, symmetric padding
     per axis: every keyword, and every nested tuple most of all, is walked by the
     eager call plan's signature on each call (a 3x3 convolution's full set cost 1.3 us
-    more than padding alone on the CI host, run AY)."""
+    more than padding alone on the CI host)."""
     seen = _SEEN.get(id(padding))
     if seen is not None and seen[0] is padding and seen[1] is stride and \
             seen[2] is dilation and seen[3] == groups:

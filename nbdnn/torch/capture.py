@@ -9,10 +9,10 @@ the legacy stream depend on a capturing blocking stream"). So a node made by eag
 steps on the default stream must be gone before the capture's forward, which PyTorch's
 recipe (warm up on a side stream, then capture) assumes.
 
-With nbdnn.torch it was sometimes not gone (run AZ: a unit test failed on an H100, the
-first convolution's node; run BA: once, the parameters nearest the input; never on the
+With nbdnn.torch it was sometimes not gone (a unit test failed on an H100, the
+first convolution's node: once, the parameters nearest the input; never on the
 CPU). Nothing nbdnn keeps was found holding it (perf/experiments/graph_leak_probe.py).
-Run BB did not see it again in any of graph_leak_race.py's ways: autograd's device
+Later runs did not see it again in any of graph_leak_race.py's ways: autograd's device
 thread (backward on the calling thread against not, a sleep, a host sync or none), a
 reference cycle (the collector off, a collect after each step, a census of cycles),
 with and without the kernel cache, nor in 16 fresh processes of the test, so its cause

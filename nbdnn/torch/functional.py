@@ -22,7 +22,7 @@ from ._ops_norm import batch_norm as _batch_norm, group_norm as _group_norm, \
 
 
 def _act(fn, x, mode, coef, inplace=False):
-    if any_autocast():  # (the checks inline where they pass: ~0.15 us a call, run AY)
+    if any_autocast():  # (the checks inline where they pass: ~0.15 us a call)
         (x,) = _autocast(fn, x)
     if x.dtype not in DTYPES:
         _check(fn, x)
@@ -177,7 +177,7 @@ def _conv(fn, nd, input, weight, bias, stride, padding, dilation, groups):
 
 _CONV_GEOMETRY = {}  # (nd, stride, padding, dilation as given, their classes) ->
 # _conv_geometry's (read only: shared between calls; ~0.7 us a call less on the CI
-# host, run AY). Equal values of one class give equal ints, so the cache changes no
+# host). Equal values of one class give equal ints, so the cache changes no
 # answer (the classes keep a float stride, which _conv_geometry refuses, from an int's
 # entry); "same" depends on the weight and is not cached; eager calls only
 

@@ -26,7 +26,7 @@ flop a byte, so the kernel is bound by DRAM, whose copy rate is the goal. Regist
 o_r (8 R floats), the R scores and running (m, l); the chunk length is chosen so that
 about 16 blocks an SM are in flight (`chunking`).
 
-Run AS (H200, bf16, D 128, Sq 1): 28-76% of a copy's bandwidth (1.0-3.2 TB/s; B 1 at
+Measured (H200, bf16, D 128, Sq 1): 28-76% of a copy's bandwidth (1.0-3.2 TB/s; B 1 at
 8k keys the least, B 64 the most), 3.7-11.5x decode.py's part kernel, 0.42-0.72x
 PyTorch's default (cuDNN / flash-decoding), 1.2-1.3x its flash backend at B 64;
 grouped-query (32 query heads on 8 kv heads, R 4) 38-43% of copy.
@@ -51,7 +51,7 @@ ROWS = (1, 2, 4, 8)             # R buckets: a kernel a bucket (registers by R) 
 MAX_ROWS = {64: 8, 128: 4}      # ... up to these by D (R 8 at D 128: 524 B spilled)
 BLOCKS_PER_SM = 16              # chunking's target ...
 MIN_CHUNK_TILES = 1             # ... and each chunk's least T-key tiles (its setup and
-# tail reduction amortised over more keys; run AS: B 1 at 8k keys, one tile a chunk, 28%
+# tail reduction amortised over more keys: B 1 at 8k keys, one tile a chunk, 28%
 # of copy; gpu_run.sh att-decode sweeps both)
 
 

@@ -2,7 +2,7 @@
 FlashAttention's algorithm on FA3's Hopper machinery; flash_source.py writes the kernel
 and draws its tiles.
 
-Variants F1-F3 (run AQ): one block a (batch, head, 128-query tile), a producer warpgroup
+Variants F1-F3: one block a (batch, head, 128-query tile), a producer warpgroup
 streaming K and V by TMA through STAGES stages, two consumer warpgroups of 64 query rows
 computing S = QK^T and O += PV on wgmma with the softmax between them in registers; P
 never leaves registers (the accumulator's layout is the next product's A operand). Rows
@@ -42,18 +42,18 @@ from . import flash_source as fs
 #   intra-warpgroup pipelining);
 # - F3: F2, and the two consumer warpgroups issue their products in turns (named
 #   barriers), so one's softmax runs under the other's products (FA3's ping-pong).
-# Run AQ (H200, bf16, TFLOP/s at S 512 / 2k / 16k, non-causal): D 64: F1 216 / 333 / 393,
+# Measured (H200, bf16, TFLOP/s at S 512 / 2k / 16k, non-causal): D 64: F1 216 / 333 / 393,
 # F2 202 / 312 / 368, F3 231 / 377 / 443; D 128: F1 316 / 478 / 558, F2 293 / 441 / 511,
 # F3 307 / 454 / 533 (causal alike). A first F2 (its PV in a branch, P packed while the
 # previous PV was in flight) measured 0.7x F1: ptxas serialised its wgmma (C7513).
 VARIANT = {64: "F3", 128: "F1"}
 # a block an SM looping over the (batch, head, query tile) tiles, its producer loading
 # the next tile while the consumers store (flash_source.source's persistent), variant F1:
-# taken by non-causal calls of at most PERSISTENT[D] keys. Run AR (H200, bf16, D 128,
+# taken by non-causal calls of at most PERSISTENT[D] keys. Measured (H200, bf16, D 128,
 # TFLOP/s at S 512 / 2k / 16k): non-causal F1 319 / 485 / 549 -> 354 / 492 / 542
 # persistent; causal 194 / 385 / 546 -> 180 / 383 / 392: a static round of tiles over
 # the SMs leaves the long causal tiles to few SMs (ordering tiles longest-first across
-# heads would lose the K/V reuse in L2 that consecutive tiles of one head give). Run AS,
+# heads would lose the K/V reuse in L2 that consecutive tiles of one head give). Measured,
 # D 64 non-causal: F3 230 / 376 / 442, F1 persistent 277 / 388 / 425: short tiles gain
 # from hiding the store and the next Q load, long ones from F3's overlapped softmax (F3
 # persistent spills 276 B and ptxas serialises its wgmma, C7520)

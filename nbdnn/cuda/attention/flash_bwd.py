@@ -7,7 +7,7 @@ from simt.py's delta kernel.
 Where it runs (`usable`): flash.py's limits (16-bit, D = Dv = 64 or 128, no mask, no
 dropout, positive scale) with ON set; otherwise simt.py's exact kernels.
 
-Run AR (H200): tests/test_attention_flash.py's backward rows pass (every feature, both
+Measured (H200): tests/test_attention_flash.py's backward rows pass (every feature, both
 head dims, bit-identical reruns), racecheck clean; bf16 backward 123-207 TFLOP/s,
 0.48-0.62x cuDNN's (perf/RESULTS.md, "Attention"). CI compiles the kernels for sm_90a.
 """

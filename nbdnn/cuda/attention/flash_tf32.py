@@ -3,7 +3,7 @@ m16n8k8 (sm_80 and later), "tf32" one product a term, "3xtf32" three (hi*lo, lo*
 hi*hi: float32-level accuracy), FlashAttention-2's online softmax between S = QK^T and
 O += PV, no score matrix in memory. PyTorch's float32 SDPA (its memory-efficient CUTLASS
 kernel) is 3xTF32 mma.sync the same way: this is the kernel the float32 goal needs
-(gemm.py's composed path materialises S: 0.3-0.4x PyTorch in run AS).
+(gemm.py's composed path materialises S: 0.3-0.4x PyTorch).
 
 Block: 128 threads = 4 warps, a 64-query tile (16 rows a warp), over key tiles of BK 32.
 Fragments (mma.py's tf32 layout; g = lane >> 2, c = lane & 3):
@@ -38,7 +38,7 @@ path); keys past Sk or the length read as 0.
 ptxas (sm_90): 72 (D 8) to 168 (D 128, 3xtf32, 32 keys a tile) registers, no spills; 127
 at D 64 3xtf32, 153 with a mask and dropout compiled in (192 at D 128); 128 at D 128 with
 16 keys a tile (KEY_TILES).
-Run AT (H200): its GPU tests pass, memcheck and racecheck clean, SASS 192 HMMA, no LDL/STL.
+Measured (H200): its GPU tests pass, memcheck and racecheck clean, SASS 192 HMMA, no LDL/STL.
 Float32 S 4k, TFLOP/s (x PyTorch's float32 SDPA, 3xTF32 too): 3xtf32 D 64 21.6 (0.61x),
 gemm.py's 16.9 (0.48x), causal 19.8 (0.60x) against 9.7; tf32 D 64 33.3 (0.95x), D 128
 29.9 (0.65x). 3xtf32 D 128 stays on gemm.py (MAX_D_3X). What it lacks against PyTorch's:
@@ -70,18 +70,18 @@ PREFETCH = False  # True: the next key tile's loads issued before this tile's pr
 # loop-invariant part of each prefetched element's address out of the key loop
 Q_RAW = True  # (3xtf32) Q kept in shared memory as float32 and split into head and tail at
 # each fragment load, K and V still split once a tile: a third less shared memory (D 128:
-# 135 -> 101 KB, 2 blocks an SM rather than 1) for 3 ALU operations a Q value a tile. Run AT,
+# 135 -> 101 KB, 2 blocks an SM rather than 1) for 3 ALU operations a Q value a tile. At
 # S 4k: D 64 20.8 -> 21.6 TFLOP/s, D 128 9.8 -> 15.9
 KEY_TILES = {}  # (D, P) -> keys a tile, where not config()'s choice (perf/gpu_run.sh
 # att-tf32-tiles sweeps them). 16 keys: half K's and V's shared memory, ptxas 128 registers
-# at D 128 (was 154-168). Run AT, S 4k: tf32 D 64 30.0 -> 33.3, D 128 25.5 -> 29.9; 3xtf32
+# at D 128 (was 154-168). S 4k: tf32 D 64 30.0 -> 33.3, D 128 25.5 -> 29.9; 3xtf32
 # D 128 9.8 -> 14.2 (15.9 with Q raw either way), D 64 20.8 -> 20.8 (18.5 with Q raw)
 PROMOTE_3X = True  # (3xtf32) each key tile's P V from a zero accumulator, added into O on
 # the CUDA cores: the tensor cores' accumulation truncates toward zero at every mma, and
 # O's chain runs the length of the keys, 3 x Sk / 8 mmas (perf/RESULTS.md, "3xtf32's lost
 # accuracy"); a tile's chain is 3 x BK / 8. Costs 4 registers and D / 2 fadds a thread a tile
 MAX_D_3X = 64  # 3xtf32 past this head dim goes to gemm.py where it can: D 128 S 4k 31.4
-# TFLOP/s there against 15.9 here (run AT); here still for calls gemm.py does not take
+# TFLOP/s there against 15.9 here; here still for calls gemm.py does not take
 BQ, BK, THREADS = 64, 32, 128
 MODES = {"tf32": 1, "3xtf32": 3}  # products a term
 SIG = ("void(float32[::1], float32[::1], float32[::1], float32[::1], float32[::1], "

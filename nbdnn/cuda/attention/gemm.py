@@ -34,7 +34,7 @@ it. Backward: S and dP written (8 B), read and rewritten (16 B), read by three G
 kv heads a chunk, or row slices of one when a head's (G Sq) x Sk exceeds it; dK and dV
 accumulate over a head's row slices (the GEMM's beta = 1).
 
-Run AS (H200, float32 "ieee", B S = 16k, 16 heads, S 1k-4k): forward 10.6-17.7 TFLOP/s
+Measured (H200, float32 "ieee", B S = 16k, 16 heads, S 1k-4k): forward 10.6-17.7 TFLOP/s
 at D 64-128 (0.31-0.40x PyTorch's efficient kernel, itself 3xTF32 on the tensor cores;
 the exact kernels: 0.27), causal half that (every score is computed, half of them
 removed); backward 14-23 TFLOP/s (0.44-0.67x); "3xtf32" no faster (7.8 against 7.85

@@ -7,7 +7,7 @@ x is (rows, C), rows = N * L, element (r, c) at r*C + c. The general kernels
 one element of one channel, for the sums), find their channel with a 64-bit `e % C` and
 load the 4 channels' 3 (apply) or 6 (dx) terms: 12-24 scalar loads and a division for
 every 4 elements, with 8-byte (or 2-byte) accesses for 16-bit storage. In ResNet-50's
-bf16 training step (run AM's profile) bn_apply took 1.26 ms, bn_bwd_dx 2.27 ms, the
+bf16 training step (its profile) bn_apply took 1.26 ms, bn_bwd_dx 2.27 ms, the
 statistics' and backward sums' partials 1.51 and 1.15 ms, over 53 calls each.
 
 Here thread (tx, ty) of block (bx, by) owns the channel group cg = bx*TX + tx
@@ -24,7 +24,7 @@ vectors (C = 64: 4 rows of 128 bytes in bf16): every access coalesced.
 Traffic an element (bf16): apply reads x (and z, and y when beta != 0), writes y: 4 B;
 dx reads dy and x (and z), writes dx (and dz): 6 B; statistics read x: 2 B; backward
 sums read dy and x (and z): 4-6 B.
-H200 (run AM, perf/experiments/bn_columns_ab.py, ResNet-50's nine bf16 shapes, graph
+H200 (perf/experiments/bn_columns_ab.py, ResNet-50's nine bf16 shapes, graph
 replay): training (statistics + apply) 1.05-2.11x the general kernels' speed on all
 but the two smallest maps (14x14x256, 7x7x512: 0.74-0.89x), backward (sums + dx)
 0.75-1.56x; the nine shapes' 18 passes 1487 us against 1950 (PyTorch: 1420).
@@ -40,7 +40,7 @@ THREADS = 32 if SIMULATOR else 256
 RPT = 2  # rows a thread an iteration (dx holds 48 terms and 2 x 24 loaded values)
 MAX_GRID_Y = 65535
 # Off: the general kernels (batch_norm/__init__.py's apply and dx, _bn_sums' columns
-# partials). perf/experiments/bn_columns_ab.py times the two. Run AM's profile of
+# partials). perf/experiments/bn_columns_ab.py times the two. A profile of
 # ResNet-50's bf16 training step (53 calls each): apply 1.26 -> 0.89 ms, statistics'
 # partials 1.51 -> 0.73, backward sums 1.15 -> 0.80, but dx 2.27 -> 2.43 ms (128
 # registers: two blocks an SM, two rows of three arrays in flight a thread; the

@@ -13,11 +13,11 @@ are its N planes, vector m of the channel at m + c*L4 + (m // L4) * (C-1)*L4.
   by a fixed tree in shared memory: deterministic, and as robust as the general
   kernel's. Reads x once (4 B an element); backward reads dy and x once (8 B).
   The partials go to _bn_sums' finals with chunk size E.
-- apply / dx: 2 vectors a thread (relu's best shape, perf/history/runs.md), the channel by
+- apply / dx: 2 vectors a thread (relu's best shape), the channel by
   two multiply-highs where the general kernel divides in 64 bits. 8 B an element
   (apply), 12 B (dx).
 Walking apply and dx backwards, to re-read from L2 the last chunks the sums pass
-left there, with last-use loads and streaming stores, measured no faster (run W).
+left there, with last-use loads and streaming stores, measured no faster.
 """
 from numba import cuda, int32
 

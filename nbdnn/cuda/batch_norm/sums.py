@@ -46,11 +46,11 @@ def chunks(N, L, columns):
 
 # A block sums `per` consecutive chunks into one partial (Chan's merge for the
 # statistics, in chunk order: deterministic), so that a large channel has a few hundred
-# partials, not thousands: ResNet-50's bf16 training step (run AL's profile) spent
+# partials, not thousands: ResNet-50's bf16 training step (its profile) spent
 # 1.06 ms in the finals, lane 0 of a channel merging up to 98 chunk partials in a
 # dependent chain (the stem's 401408 rows: 3136 chunks of 128), and launched 6272
 # blocks of one 8 KB chunk each for the stem's statistics. With this on, the partials
-# fill BLOCKS_AN_SM blocks an SM. Run AM's profile (H200, every kind merged): the
+# fill BLOCKS_AN_SM blocks an SM. A profile (H200, every kind merged): the
 # statistics' finals 0.71 -> 0.56 ms and the backward's 0.35 -> under 0.28, the
 # backward's partials unchanged (1.14 ms), but the statistics' partials 1.14 -> 1.51
 # (each merged chunk pays its block reductions and Chan's merge in a dependent chain,
@@ -197,7 +197,7 @@ def kernels(CT, act_grad, apply_coefs, grp_sum):
         """Chan's merge of two (count, mean, M2) triples. An empty side returns the other
         without the two divisions: lane 0 of the finals merges FW lanes in a dependent
         chain, most of them empty when a channel has few chunks (14 us with 31 of
-        them, the H200 profile of run W)."""
+        them, an H200 profile)."""
         if nb == 0:
             return na, mu, m2
         if na == 0:

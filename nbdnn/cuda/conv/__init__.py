@@ -51,7 +51,7 @@ whose spills sit outside the k loop (4 local loads in it, perf/tools/sass_dump.p
 depthwise forward variant 1 3x3 105, 5x5 153, variant 2 (tiles) 3x3 96 (stride 1)
 and 126 (stride 2), 5x5 167, variant 3 (rows; the H200's driver) 3x3/1 48-64, 3x3/2
 72, 5x5/1 100; nothing else spills. Speed against cuDNN:
-perf/history/runs.md ("Convolution").
+ ("Convolution").
 """
 import functools
 
@@ -79,19 +79,19 @@ _conv_depthwise_rows.kernel("float32", "float32", (3, 3, 1, 1, 1, 1, 0), 4)
 
 AUTO_WORKSPACE_LIMIT = 2 ** 31  # bytes of scratch memory "auto" may ask for
 # "auto"'s channels-last 1x1 stride-1 data gradient as one GEMM dx = dy @ W (gemm.py
-# backward_data_1x1) rather than W transposed, then the forward GEMM. Written in run AN;
-# run AO (H200, ResNet-50's nine 1x1 layers, bf16 NHWC, batch 32, graph replay): their
+# backward_data_1x1) rather than W transposed, then the forward GEMM.
+# Measured (H200, ResNet-50's nine 1x1 layers, bf16 NHWC, batch 32, graph replay): their
 # data gradients at 0.55-1.09x cuDNN's speed, where the copy + GEMM ran 0.45-0.96x.
 DATA_1X1_GEMM = True
 # "auto"'s channels-last 1x1 stride-1 filter gradient as the GEMM dW = dy^T @ x (tiled
 # TMA loads of x, the GEMM's own maps and narrow tiles) rather than wgmma_convdw (im2col
-# boxes of x, 256-wide tiles, host maps). Run AO (H200, as DATA_1X1_GEMM): the nine
+# boxes of x, 256-wide tiles, host maps). Measured (H200, as DATA_1X1_GEMM): the nine
 # 0.60-0.80x cuDNN through the GEMM, 0.38-0.78x through wgmma_convdw (after its column
 # words; 0.23-0.64x before).
 FILTER_1X1_GEMM = True
 # A stride-1 16-bit channels-last data gradient of a filter with more than one tap reads
 # the filter as stored on the tensor cores (_data_filter_as_stored: B MN-major, no
-# transposed copy). Run AO (H200, ResNet-50's 3x3 layers, bf16, batch 32): the copy
+# transposed copy). Measured (H200, ResNet-50's 3x3 layers, bf16, batch 32): the copy
 # had taken 3.4-47 us of their data gradients' 24-72; now 0.71-1.0x cuDNN's speed
 # (0.22-0.73x before); tests/test_conv_tc_data.py passed, memcheck and racecheck clean.
 DATA_FILTER_AS_STORED = True
@@ -102,8 +102,8 @@ def _auto_forward(g, dtype="float32"):
     its batched GEMMs have K * tiles >= 24576 outputs, else winograd (fewer, larger
     GEMMs would leave SMs idle), from 32 channels in and out a group (float16: winograd
     from 128), while the workspace fits AUTO_WORKSPACE_LIMIT (ResNet-50's s1 3x3 at
-    batch 256 asks for 0.9 GB). Measured through graphs on the H200 (perf/history/runs.md
-    run V), batch 1-32, 32-512 channels: one of the two beat the implicit GEMM on 17 of
+    batch 256 asks for 0.9 GB). Measured through graphs on the H200
+    (batch 1-32, 32-512 channels: one of the two beat the implicit GEMM on 17 of
     18 layers (1.2-6.3x; 4% behind at 32 channels, batch 8), and this rule picks the
     faster of them on all 18. Else implicit_gemm."""
     N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw = g[:16]

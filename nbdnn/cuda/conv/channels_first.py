@@ -5,7 +5,7 @@ Extra traffic: x, w, residual and y each read and written once more (s1 3x3 of
 ResNet-50 at batch 32: 4 x 12.8 MB), so a layer goes this way only where its GEMM has
 the flops to pay for the copies (`pays`).
 
-Run AP (H200, bf16 NCHW, batch 32, graph replay, perf/suites/conv.py --against):
+Measured (H200, bf16 NCHW, batch 32, graph replay, perf/suites/conv.py --against):
 through the copies, ResNet-50's 1x1 layers of s2-s4 (51-205 GEMM flops a copied byte)
 1.06-2.83x and s1's 3x3 (144; the SIMT implicit GEMM otherwise) 2.41x the speed; s1's
 1x1 layers (16-26 flops a byte) 0.52-0.71x; the 3x3 layers of s2-s4 0.43-0.81x against

@@ -13,7 +13,7 @@ divides by the runtime strides at every tap. Here a thread owns four neighbourin
 channels of one pixel (C % 4 == 0): one index split for four outputs, the splits
 multiply-high by magic numbers (runtime/stencil.py), a tap row's landing found once
 per row (a multiply-high by the stride's magic number and one test), 32-bit offsets
-(fewer than 2**31 elements in dx and in dcols). Run AL's profile (ResNet-50 bf16
+(fewer than 2**31 elements in dx and in dcols). A profile (ResNet-50 bf16
 training step, batch 32, H200) had conv_col2im at 2.95 ms over the 6 stride-2 data
 gradients, 13.6% of the step. Traffic: dcols read once (M x R S C, each element landing
 on one dx element), dx written once (read once more with beta).
@@ -28,7 +28,7 @@ from ..runtime.stencil import I64 as I, U, U32, div, magic_args
 from ..._vocab import BF16_DTYPES
 
 BLOCK = 64 if SIMULATOR else 256
-# On since run AM (H200: tests and sanitizer clean; the training step's six stride-2
+# on (H200: tests and sanitizer clean; the training step's six stride-2
 # data gradients fell out of the profile's top 20, from 2.95 ms). Off: conv_col2im,
 # one element a thread.
 ON = True

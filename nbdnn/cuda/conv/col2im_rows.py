@@ -2,8 +2,8 @@
 stem: 3 channels, 7x7 at stride 2), a block an input row: the "gemm" algorithm's data
 gradient (conv/gemm.py backward_data; col2im_quads.py has the formula) for C % 4 != 0,
 where col2im_quads cannot take four channels a thread and the general conv_col2im
-splits a 64-bit index and divides by the strides at every tap of every element (run
-AO's profile, H200, batch 32: the stem's col2im 1235 us, its SIMT GEMM 849 us, cuDNN's
+splits a 64-bit index and divides by the strides at every tap of every element (a
+profile, H200, batch 32: the stem's col2im 1235 us, its SIMT GEMM 849 us, cuDNN's
 whole data gradient 420 us).
 
 Block (n, ih) finds the filter rows that land on its row (ih + qh = oy sh + r dh: at
@@ -36,7 +36,7 @@ from .col2im_quads import typed_kernels
 BLOCK = 32 if SIMULATOR else 256
 MAX_SHARED = 48 * 1024  # bytes of staged columns (no opt-in to more)
 MAX_ROWS = 32           # filter rows R the landing table holds
-# Written in run AO; on since run AP (H200, ResNet-50's stem, bf16 NHWC, batch 32,
+# on (H200, ResNet-50's stem, bf16 NHWC, batch 32,
 # with im2col_rows: the data gradient 2.03 -> 0.57 ms, 3.58x; the path tests on the GPU).
 ON = True
 

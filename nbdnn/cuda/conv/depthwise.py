@@ -4,7 +4,7 @@ channel multiplier K/g), 1-d and 2-d, generated per filter size so the taps unro
 Depthwise layers do 2*R*S flops per output and read each input ~R*S times from L1:
 memory-bound, and instruction-bound as soon as a kernel spends more than a few
 instructions a tap (the general direct kernel spends ~20: 0.2 TFLOP/s, 11% of cuDNN on
-MobileNet's 3x3 layers; perf/history/runs.md run D).
+MobileNet's 3x3 layers).
 
 - forward, variant 1 `dw_fwd_<R>x<S>s<sh>` (any stride and dilation along W): a
   thread computes VH outputs down a column (fixed n, k, ow). It walks the
@@ -18,18 +18,18 @@ MobileNet's 3x3 layers; perf/history/runs.md run D).
   weights and each loaded value serve up to 16 outputs, with every load
   unconditional, a 32-bit index split, an epilogue of one add an output for plain
   calls and 16-byte stores of aligned rows. 80 instructions an output and 1.6-2.2x
-  cuDNN on the 56x56 and 112x112 layers (perf/history/runs.md run Q).
+  cuDNN on the 56x56 and 112x112 layers.
   Consecutive threads take consecutive ow (NCHW) or consecutive k (NHWC): coalesced.
 - forward, variant 3 `dw_rows` (conv/depthwise_rows.py), the default for every
   channels-first layer with a window of up to 64 taps: lanes along the output row, up
   to 8 vertical outputs a thread, the window geometry compiled in. 1.2-1.6x variant
-  2's speed on every MobileNet layer (perf/history/runs.md, run U). Variants 1 and 2 serve
+  2's speed on every MobileNet layer. Variants 1 and 2 serve
   channels-last layers (and channels-first ones of 2**31 elements or more).
 - tried and removed: a variant staging whole planes in shared memory (a group of
   threads a plane, coalesced loads and stores, for maps up to 56x56) ran 1.7-2x
-  slower than variant 2 at 7x7-56x56 (perf/history/runs.md, run S); one staging many
+  slower than variant 2 at 7x7-56x56; one staging many
   planes a block (one coalesced copy, one output a thread from shared memory) ran
-  1.5-2.4x slower than variant 3 at 7x7-28x28 (run U).
+  1.5-2.4x slower than variant 3 at 7x7-28x28.
 - backward data, stride 1, dilation 1, multiplier 1: the forward kernels (rows or
   tiles, by layout) on dy with the flipped filter and pre-padding R-1-q
   (nbdnn/cpu/conv.py derives it).
@@ -52,7 +52,7 @@ from ..tensor import reduce_tensor
 
 FWD_SPECS = ((3, 3, 1), (3, 3, 2), (5, 5, 1), (5, 5, 2))   # (R, S, stride along H)
 FILTER_SPECS = ((3, 3), (5, 5))
-FILTER_THREADS = 8 if SIMULATOR else 256  # the simulator runs a thread per OS thread (run AH: 16
+FILTER_THREADS = 8 if SIMULATOR else 256  # the simulator runs a thread per OS thread (16
 # held its crosscheck rows at 33-50 s each)
 _GEOM = ("N, C, K, G, D, H, W, T, R_, S_, PD, PH, PW, sd, sh_, sw, qd, qh, qw, dd, dh, dw, "
          "flip, last")

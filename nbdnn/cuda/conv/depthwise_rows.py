@@ -3,8 +3,8 @@ vertically neighbouring outputs of a plane, consecutive lanes on consecutive out
 columns.
 
 Why a third variant: variant 2 (`dw_tile`, a 4x4 block of outputs a thread) puts 4
-threads on a 7x7 plane and 16 on a 14x14 one. Nsight Compute on 1024 channels at 7x7
-(perf/history/runs.md, run R): 1357 instructions a warp in one dependent chain, 5 warps a
+threads on a 7x7 plane and 16 on a 14x14 one. Nsight Compute on 1024 channels at 7x7:
+1357 instructions a warp in one dependent chain, 5 warps a
 scheduler (92 registers), 1.3 waves, DRAM 7% busy: latency-bound at ~1x cuDNN, and a
 warp's lanes spread over 8 planes. Here a thread loads the (rpt - 1) * SH + R rows of
 S taps its outputs' windows share (3x3/1, rpt 8: 30 loads for 8 outputs) and keeps
@@ -12,10 +12,10 @@ S taps its outputs' windows share (3x3/1, rpt 8: 30 loads for 8 outputs) and kee
 32-bit; the split divides by multiplying high with magic numbers computed on the host
 (_stencil.magic: ~3 instructions where a 32-bit division takes ~20 and a zero test),
 and one unsigned compare tests a tap row or column: with the flip compiled in, these
-took the kernel from 7.8 M to 5.0 M instructions at 1024@7 (run U).
+took the kernel from 7.8 M to 5.0 M instructions at 1024@7.
 
 rpt: up to RPT rows (MAX_LOADS taps a thread), fewer while the grid would not fill
-the GPU once (WAVE threads an SM). Measured (run U, fp32, batch 32, GPU time): 3x3/1
+the GPU once (WAVE threads an SM). Measured (fp32, batch 32, GPU time): 3x3/1
 on 112x112 to 28x28 2.6-3.0x cuDNN (rpt 7-8, 2.0-2.6 TB/s), 14x14 1.9x, 7x7 1.65x
 (rpt 4: 159% against 139% at rpt 7); 3x3/2 1.1-1.55x; 5x5/1 at 14x14 2.2x.
 
@@ -122,8 +122,7 @@ def ptx_examples():
 def rpt_for(g, sm_count):
     """Outputs a thread for geometry g: as many as RPT and MAX_LOADS allow (rows of taps
     shared, more bytes in flight a thread), fewer while the grid would not fill the
-    GPU once (1024 channels at 7x7: 4 rows a thread, 158% of cuDNN, against 139% at 7;
-    perf/history/runs.md run U)."""
+    GPU once (1024 channels at 7x7: 4 rows a thread, 158% of cuDNN, against 139% at 7)."""
     N, K, PH, PW = g.N, g.K, g.PH, g.PW
     rpt = _stencil.rows_per_thread(g.R, g.S, g.sh, g.dh, PH, RPT, MAX_LOADS)
     while rpt > 1 and N * K * -(-PH // rpt) * PW < sm_count * WAVE:

@@ -179,7 +179,7 @@ def backward_filter(table, gemm, dy, x, dw, g, alpha, beta, stream):
     of Kr columns that are not 16-byte multiples (a 7x7 stem's 147 = 3 channels x 49
     taps) are padded with zero columns to one: the tensor-core GEMM's TMA needs
     16-byte rows, the SIMT GEMM it fell to took 33 ms for ResNet-50's stem at batch
-    32 (run AK: half the training step); the product's first Kr columns are then
+    32 (half the training step); the product's first Kr columns are then
     blended into dW."""
     N, C, K, G, M, Kg, Kr, *_ = _dims(g)
     dwg = dw.reshape((G, Kg, Kr))

@@ -3,7 +3,7 @@
 (its docstring has the layout), built one output row at a time.
 
 im2col_words moves one word a thread, and with 3 bf16 channels a word is one 2-byte
-element: the stem's 61 M of them, each thread splitting its index five ways (run AO's
+element: the stem's 61 M of them, each thread splitting its index five ways (a
 profile, H200, batch 32: 356 us, where writing the 122 MB of columns takes ~40). Here a
 block owns one output row (n, oy): PW output positions, PW x row column elements,
 contiguous in cols. It stages the R input rows its windows read (rows oy sh - qh + r dh)
@@ -34,7 +34,7 @@ BLOCK = 32 if SIMULATOR else 256
 MAX_SHARED = 48 * 1024  # bytes of staged rows (no opt-in to more)
 TYPES = {2: types.uint16, 4: types.uint32, 8: types.uint64}
 WORDS = {2: "uint16", 4: "uint32", 8: "uint64"}
-# Written in run AO; on since run AP (H200, ResNet-50's stem, C = 3, bf16 NHWC, batch
+# on (H200, ResNet-50's stem, C = 3, bf16 NHWC, batch
 # 32, graph replay, perf/suites/conv.py --against, with col2im_rows: forward 1.48x,
 # filter gradient 1.55x, data gradient 3.58x the speed; the path tests on the GPU).
 ON = True

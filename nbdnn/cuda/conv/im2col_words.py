@@ -9,7 +9,7 @@ The general kernel (gemm.py's conv_im2col) moves one element a thread and splits
 flat index five ways in 64-bit arithmetic. Channels-last, a pixel's C channels are
 contiguous in x and in a column row, so this one moves a word of several channels:
 8 bytes (4 bf16/fp16 channels, 2 float32) when C and the row are multiples of it, else
-4 or 2, each thread's index split once a word. Run AK's profile (ResNet-50 bf16
+4 or 2, each thread's index split once a word. A profile (ResNet-50 bf16
 training step, batch 32, H200) had the element kernel at 10.5 ms over 20 calls, 16%
 of the step; bytes moved a word: its read (cached: neighbouring taps overlap) and its
 write, M x row x itemsize in all.
@@ -92,9 +92,9 @@ _kernel = Kernel(conv_im2col_words, list(_SIGS.values()))
 _SIGS32 = {b: f"void({t}[::1], {t}[::1], {', '.join(['int64'] * 26)})"
            for b, t in WORDS.items()}
 _kernel32 = Kernel(conv_im2col_words32, list(_SIGS32.values()))
-# The 32-bit kernel: run AL's profile had conv_im2col_words at 2.19 ms over 3 calls of
+# The 32-bit kernel: a profile had conv_im2col_words at 2.19 ms over 3 calls of
 # the training step, most of it the stem's 61 M two-byte words, each split with five
-# 64-bit divisions; run AM's (H200, on): conv_im2col_words32 0.71 ms. Off: the 64-bit
+# 64-bit divisions; measured (H200, on): conv_im2col_words32 0.71 ms. Off: the 64-bit
 # kernel (used anyway where an offset passes 2**31).
 MAGIC_INDEX = True
 
@@ -146,7 +146,7 @@ def columns(x, g, row, stream):
 # A 16-bit channels-last forward whose C is no multiple of 8 (ResNet's stem: 3) cannot
 # use TMA (16-byte pixel rows); with this on it runs as explicit columns padded to a
 # 16-byte row and the tensor-core GEMM with its fused epilogue (bias, activation), the
-# filters padded alike (filter_rows). Written in run AK, not yet run on a GPU (the stem
+# filters padded alike (filter_rows). not yet run on a GPU (the stem
 # ran the SIMT implicit GEMM at 0.49x cuDNN, 0.46 ms at batch 32): off until it has.
 PAD_NARROW_CHANNELS = True
 

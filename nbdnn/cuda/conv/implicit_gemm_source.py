@@ -16,7 +16,7 @@ bh, bw). A reduction index kx is a tap: `taps[4*kx:4*kx+4]` (nbdnn.cuda.conv bui
 it on the host, cached per geometry) holds its offset in x and its (d, h, w)
 displacement, so a k-step costs a thread four cached table loads an element instead
 of the six runtime 64-bit divisions that decoded kx in variant 1 (2.8 TFLOP/s on
-ResNet's 3x3 layers, 9% of cuDNN; perf/history/runs.md run D). The bounds test folds each
+ResNet's 3x3 layers, 9% of cuDNN). The bounds test folds each
 coordinate's two sides into one unsigned compare. Channels-last takes consecutive
 reduction indices in consecutive threads (c is contiguous in x); channels-first takes
 consecutive output positions. The k loop is the GEMM's (two stages, one barrier).
@@ -27,7 +27,7 @@ more than 64 taps, with the 64x64 and 32x32 tiles only. Variant 3
 so the bounds test and base address are per tap and an element costs an add, a compare and a select (Nsight Compute on variant 2:
 249 M instructions for 116 M FFMAs on ResNet's s2 3x3, 3.1 of 9.4 cycles a warp
 waiting on the table's L1 loads; variant 3 took ResNet's forward from 30% to 39% of
-cuDNN, its epilogue below to 55%: perf/history/runs.md runs K-L).
+cuDNN, its epilogue below to 55%).
 """
 import numpy as np
 
@@ -206,8 +206,8 @@ def _epilogue(BM, BN, TM, TN, swap):
     channels-last, positions channels-first) each run is one 16-byte store. The two
     store paths each compute their values (the activation is inlined in both): a run's
     four values computed once, each under its own guard, before one `vec` test a run,
-    ran 20-28% slower on 1x1 layers and the fused conv+bias+relu (perf/history/runs.md run
-    Q) for the same NVVM compile time (~35 s for the 128x128 kernels)."""
+    ran 20-28% slower on 1x1 layers and the fused conv+bias+relu
+    for the same NVVM compile time (~35 s for the 128x128 kernels)."""
     pos_n, fil_n = (TN, TM) if swap else (TM, TN)
     pos_x = (lambda a: col_expr(BN, TN, a)) if swap else (lambda a: row_expr(BM, TM, a))
     fil_x = (lambda b: row_expr(BM, TM, b)) if swap else (lambda b: col_expr(BN, TN, b))

@@ -36,7 +36,7 @@ def _build():
                                          ("igemm_chunked_", igemm_chunked_source(*cfg, False)),
                                          ("igemm_chunked_t_", igemm_chunked_source(*cfg, True))):
                 if variant == "igemm_" and size == "large":
-                    continue  # (variant 2 runs C/g < BK: a reduction too short for it)
+                    continue  # (variant 2 skips C/g < BK: a reduction too short for it)
                 kernels[variant + size] = compile_source(name, src, ins, label=f"{name}_{ct_name}",
                                                          about=gemm_about(
                     ct_name, size, cfg, f"implicit GEMM convolution, {IGEMM_WHY[variant]}"))

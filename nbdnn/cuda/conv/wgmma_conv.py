@@ -21,7 +21,7 @@ convolution's, act(alpha acc + beta z + bias) with z the residual or y
 the GEMM's order). Everything else runs the SIMT algorithms. The tensor maps are
 encoded on the host per address (a kernel cannot rewrite an im2col map's address the
 way the GEMM's own maps do): an eager call plan's replay encodes them for its tensors
-(tensormap.map_address, from run AX; before, such calls ran in full every time), and
+(tensormap.map_address; before, such calls ran in full every time), and
 inside a stream capture a new address's map is written on the stream (tensormap.py).
 
 Tile: 128 output positions x BN filters, BN from WIDTHS by waves x (BM + BN) (`plan`:
@@ -48,15 +48,15 @@ from ..runtime.device import key as device_key, sm_count
 from ..tensorcore.tensormap import encoded, encoded_im2col
 from .. import activation as _act
 
-# Run AJ (H200): a 3 x 9 x 11 x 72 input with 96 3x3 filters at stride 2 left y
-# unwritten. Run AK found why (perf/experiments/conv_tc_probe.py, one factor at a time):
+# Measured (H200): a 3 x 9 x 11 x 72 input with 96 3x3 filters at stride 2 left y
+# unwritten. A probe found why (perf/experiments/conv_tc_probe.py, one factor at a time):
 # every call of 64-row tiles 64 wide failed, every other passed; its consumers hold 32
 # columns each, and the staged TMA-store epilogue wrote whole 64-column tiles only, so
 # none (staged_store.usable now sends them to the direct stores). True: only the calls
-# that ran right in run AJ (stride 1, dilation 1, cross-correlation, C a multiple of 64,
+# that ran right (stride 1, dilation 1, cross-correlation, C a multiple of 64,
 # 128-row tiles, no split-K, no alpha or z).
 VERIFIED_ONLY = False
-# Written in run AM; run AN (H200): tests/test_conv_tf32.py passed, memcheck and
+# Measured (H200): tests/test_conv_tf32.py passed, memcheck and
 # racecheck clean, SASS 4 HGMMA and no local memory, and the ResNet-50 NHWC layers at
 # batch 32 took 0.96x cuDNN TF32's time (geomean; "gemm", the im2col + tf32 GEMM path
 # it replaces: 0.22x). False: math "tf32" runs algorithm "gemm".
@@ -185,7 +185,7 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream, w_stored
     epilogue = (False, None, False) if partial else (bias is not None, act, zord)
     k = W.kernel(dtype, True, not w_stored, *epilogue, partial=partial, tile=tile, store=store,
                  lean=W.LEAN_SETUP, conv=2 if alpha != 1 or zord else 1)  # (1: the
-    # GEMM's epilogue order, the kernels run AJ ran; the same result for alpha 1, no z)
+    # GEMM's epilogue order, the kernels that ran right; the same result for alpha 1, no z)
     maps, owners = (ma, mb), [ma[1], mb[1], y, x, w]  # (x, w: read through the maps)
     if store:
         f32 = partial or kind == "tf32"
@@ -212,13 +212,13 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream, w_stored
     return y
 
 
-# The filter gradient on the tensor cores (wgmma_im2col.filter_tile_lines): written in
-# run AK after its device time was spent, checked by the CPU model of the generated
+# The filter gradient on the tensor cores (wgmma_im2col.filter_tile_lines): written
+# without device time, checked by the CPU model of the generated
 # producer and by ptxas; off until it runs right on an H200 (tests/test_conv_tensorcore.py
 # has the GPU test waiting: test_filter_gradient_on_tensor_cores).
 FILTER_ON_TENSOR_CORES = True
 # The filter gradient's BN candidates for 128-row tiles (the forward's rule, `plan`);
-# 64-row tiles (M <= 128 filters) stay 256 wide. Run AO (H200, bf16, batch 32, kernel
+# 64-row tiles (M <= 128 filters) stay 256 wide. Measured (H200, bf16, batch 32, kernel
 # time x cuDNN's) on ResNet-50's 3x3 layers, 256 only -> these: s3 0.54 -> 0.61, s4
 # 0.80 -> 0.78 (same), while 128-wide 64-row tiles lost (s1 0.78 -> 0.74, s2 0.77 ->
 # 0.68) and 64 wide lost more (s3 0.44: a k-tile's producer work, for a quarter of

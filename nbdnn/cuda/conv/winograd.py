@@ -15,8 +15,8 @@ to 5, A^T up to 8, G's 1/6 and 1/24) cost about 4x F(2x2)'s rounding error, so
 "winograd4" keeps float16 layers' workspace and GEMM in float32 (float16 tiles would
 lose ~3 bits); F(2x2) works in the layer's dtype.
 The transforms are written out as straight-line expressions (generated source), each
-coefficient other than +-1 a constant of the compute type. Registers on the H200
-(perf/history/runs.md run V), F(4x4) filter / input / output transforms: 66 / 72 / 56
+coefficient other than +-1 a constant of the compute type. Registers on the H200,
+F(4x4) filter / input / output transforms: 66 / 72 / 56
 (float32), 96 / 96 / 72 (float64), no local memory. Each transform is memory-bound:
 the input transform reads x once and writes 36/16 = 2.25 values an input element
 (F(2x2): 4), the output transform reads 2.25 (4) products an output element.

@@ -23,7 +23,7 @@ float64 for float64. Traffic per block and k-step: (BM + BN)*BK loads, BM*BN*BK 
 Tile configs (TILES): "large" 128x128x8 with 8x8 a thread, "small" 64x64x8 with
 4x4, "tiny" 32x32x8 with 2x2 (256 threads each); float64 uses half the thread tile.
 `choose_tile` picks the tile and the split-K chunks from H200 measurements (perf/suites/sgemm.py,
-perf/history/runs.md: 62-63% of cuBLAS from 2048^2 up, 64-67% at 512-1024, 52-69% on M = 64).
+ 62-63% of cuBLAS from 2048^2 up, 64-67% at 512-1024, 52-69% on M = 64).
 Registers (driver JIT, H200): float32 large 128 under a cap (32 B spilled; 163
 uncapped and slower), small 55, tiny 32; float16 large runs uncapped (the cap spilled
 56 B); float64 large 128, no spills.
@@ -130,7 +130,7 @@ def _build():
                 sig = (f"void({a}, {a}, {a}, {a}, int64[::1], int64, int64, int64, int64, "
                        f"int64, int64, int64, {ct_name}, {ct_name}, {ct_name}, int64)")
                 # capped, the 128x128 tile spills 32 B and two blocks share an SM:
-                # 62-63% of cuBLAS against 58-60% at 163 registers (perf/history/runs.md)
+                # 62-63% of cuBLAS against 58-60% at 163 registers
                 cap = {} if SIMULATOR or (size, t) != ("large", "float32") else \
                     {"max_registers": 128}  # float16's converting loads would spill 56 B
                 table[size, t] = (Kernel(ns[name], [sig], **cap), sig, cfg)
@@ -202,7 +202,7 @@ def _tf32_operands(a, b, trans_a, trans_b, math_mode, stream):
 
 
 def choose_tile(M, N, K, nb, dtype, can_split):
-    """(tile size, split-K chunks), from perf/suites/sgemm.py on the H200 (perf/history/runs.md):
+    """(tile size, split-K chunks), from perf/suites/sgemm.py on the H200:
     "large" when its grid is at least 1.5 waves (62-63% of cuBLAS from 2048^2 up; at
     1024^2 "small" unsplit gives 64% against large's 47% even split three ways);
     else "small", its reduction split into at most MAX_SPLITS chunks of at least
@@ -234,7 +234,7 @@ def choose_tile(M, N, K, nb, dtype, can_split):
 def split_count(blocks, K):
     """Reduction chunks for a grid of `blocks` tiles: none when the grid covers every
     SM; else enough for SPLIT_BLOCKS_PER_SM blocks an SM, each chunk at least MIN_CHUNK
-    long, at most MAX_SPLITS. (Run S, perf/history/runs.md: aiming at one block an SM left
+    long, at most MAX_SPLITS. (Aiming at one block an SM left
     M = 64 at 38-47% of cuBLAS; four, whose latency the SM hides by switching blocks,
     gave 52-67%, and 68% against 55% at 512^3 with chunks of 128.)"""
     sm = sm_count()

@@ -2,7 +2,7 @@
 of one output tile run on the S blocks of one cluster, which add their float32 sums
 through distributed shared memory and store C with the full epilogue. No workspace
 and no second kernel, where the workspace path (split_k.py) writes S float32 copies of
-the tile to global memory and splitk_sum reads them back (run AI: 3.3-10 us of a
+the tile to global memory and splitk_sum reads them back (3.3-10 us of a
 skinny call's 24-58).
 
     cluster of S = 4 blocks, one 64 x 256 tile, K in 4 chunks

@@ -6,7 +6,7 @@ pragma, and a local array indexed by a loop variable goes to local memory).
 Block tile BM x BN, k-step BK, thread tile TM x TN, TX = BN/TN by TY = BM/TM threads.
 Shared tiles are k-major with a padded row: As[k*(BM+4) + m], Bs[k*(BN+4) + n].
 
-Variant 2 (this file; variant 1 is in perf/history/runs.md, run D: 21.5 TFLOP/s, 42% of
+Variant 2 (this file; variant 1 is in: 21.5 TFLOP/s, 42% of
 cuBLAS at 4096^2, shared-memory bound):
 - Fragments of VA = min(4, TM) consecutive rows (VB columns): thread (tx, ty) owns
   rows ty*VA + g*TY*VA + q, q < VA, g < TM/VA (columns likewise). Four consecutive

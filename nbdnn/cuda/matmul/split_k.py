@@ -4,8 +4,8 @@ tiles fill fewer than SPLIT_FILL of the SMs (skinny M, few tiles), its reduction
 into chunks of at least MIN_CHUNK (a multiple of the kernel's BK), the chunk kernel
 writes each chunk's float32 sums to a workspace (splits x M x N x 4 B), and splitk_sum
 adds them in chunk order with the epilogue: the same sum in the same order on every
-run, no atomics. Run AD call 4: M = 64 from 0.23-0.36x cuBLAS to 0.55-0.61x; M = 256,
-K = 8192 from 0.42x to 0.45x (perf/RESULTS.md). Run AH (perf/experiments/skinny_gemm.py,
+run, no atomics. M = 64 from 0.23-0.36x cuBLAS to 0.55-0.61x; M = 256,
+K = 8192 from 0.42x to 0.45x (perf/RESULTS.md). Measured (perf/experiments/skinny_gemm.py,
 kernel times under CUPTI): chunks of at least 1024 rather than 512 beat more, shorter
 ones where they differ (64 x 4096 x 4096: 4 chunks 0.61x, 8 chunks 0.57x; M = 128:
 0.53x against 0.42x): a block pays a fixed ~4 us (one 128 x 256 tile of one k-tile
@@ -26,22 +26,22 @@ SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 1024, 16
 # ... up to WIDE_SPLITS chunks where a long reduction has few tiles (a convolution's
 # filter gradient: 64 x 576 outputs summed over 100352 positions, 3 tiles; 16 chunks
 # kept 48 of 132 SMs busy), while the float32 chunks (128 KB a 128 x 256 tile) stay
-# within SPLIT_BYTES. Written in run AK (the training step's profile).
+# within SPLIT_BYTES.
 WIDE_SPLITS, SPLIT_BYTES = 128, 32 << 20
 # chunks a tile: enough to fill the SMs (False: 32 tiles on 132 SMs take 5, 160 blocks,
 # so 28 SMs run two) or as many as one wave holds (True: 4, 128 blocks, each chunk 5/4
-# as long). Run AJ (H200, bf16, x cuBLAS, perf/experiments/skinny_gemm.py): 256 x 4096
+# as long). Measured (H200, bf16, x cuBLAS, perf/experiments/skinny_gemm.py): 256 x 4096
 # x 8192 0.61 -> 0.81, 64 x 8192 x 8192 0.72 -> 0.82, the other shapes unchanged.
 ONE_WAVE = True
 # The widths a 128-row tile may take (wgmma_gemm.gemm picks by tile_width). A grid a
 # little over one wave of 256-wide tiles leaves SMs idle: 1000 x 3000 has 96 such tiles
-# on 132 SMs, but 128 of 192 columns, one wave of 3/4 the work a tile. Run AJ (x
+# on 132 SMs, but 128 of 192 columns, one wave of 3/4 the work a tile. Measured (x
 # cuBLAS): 1000 x 3000 x 2040 0.64 -> 0.66, 256 x 4096 x 8192 0.61 -> 0.80 (its 44
 # tiles split 3 ways fill 132 SMs), one 128 x 256 x 64 tile 0.60 -> 0.63.
 WIDTHS = (256, 192)
-# ... and for narrow N (a 1x1 convolution's 64-256 filters: run AJ's N = 64 took a
+#... and for narrow N (a 1x1 convolution's 64-256 filters: a N = 64 took a
 # 192-wide tile, 2/3 of it idle, 0.57x cuDNN) 128 and 64 too, ranked by waves x (BM +
-# width): a k-tile's loads (BM + width rows of 128 B) bound the narrow tiles. Run AN
+# width): a k-tile's loads (BM + width rows of 128 B) bound the narrow tiles. Measured
 # (H200, perf/suites/conv.py bf16 NHWC, batch 32, x cuDNN, graph replay): ResNet-50's
 # 1x1 layers 0.62 -> 0.82 (64 -> 64), 0.70 -> 0.89 (256 -> 64), 0.53 -> 0.60 (2048 ->
 # 512), geomean of the nine 0.76 -> 0.81; the tests ran both ways.

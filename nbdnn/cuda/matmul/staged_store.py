@@ -8,9 +8,9 @@ in shared memory, and one thread hands the tile to TMA (cp.async.bulk.tensor, a 
 group), which writes whole 128-byte rows and clips rows >= M and columns >= N itself.
 Two staging tiles a warpgroup alternate chunk by chunk across its tiles (sq, the tile
 next written), so the products of one chunk are written while the previous chunk's
-store still reads the other tile. (Until run AO they alternated within a tile, q % 2:
+store still reads the other tile. (Before they alternated within a tile, q % 2:
 a tile of one or three chunks - 64 or 192 columns a consumer, 16-bit - began on the
-tile its last chunk's store might still be reading. Run AO saw ResNet-50's stem
+tile its last chunk's store might still be reading. A profile saw ResNet-50's stem
 forward (24 tiles a block) and a 64-wide 1x1 data gradient come out wrong, once.)
 
 A staging tile: 64 rows x 128 B (64 columns), TMA's 128-byte swizzle (the 16-byte

@@ -19,9 +19,9 @@ zeros times zeros add nothing to the product.
 A block moves T x T tiles (rows r, k) through shared memory: read along x's contiguous
 axis (k when K-major, r when MN-major), written along k: both coalesced, so the
 transpose costs no more than the copy. Traffic: 4 B read and 4 P written an element
-(tf32: 8 B, 3xtf32: 16 B; 4096^2: 0.13 / 0.27 GB, 35-70 us at 3.8 TB/s). Run AE
+(tf32: 8 B, 3xtf32: 16 B; 4096^2: 0.13 / 0.27 GB, 35-70 us at 3.8 TB/s). Measured
 measured the first version at 0.72 TB/s (a branch around each load: one load in flight
-a thread); run AF the second (unconditional loads, 32 x 32 tiles) at 0.90-0.95 TB/s:
+a thread); the second (unconditional loads, 32 x 32 tiles) at 0.90-0.95 TB/s:
 4 elements a thread behind three int64 divisions that found its tile. This one takes
 its tile from a 3-D grid (no division) and moves 64 x 64 tiles, 16 loads a thread
 issued back to back before any shared store.
@@ -57,7 +57,7 @@ def _make(k_major):
         ty = cuda.threadIdx.y
         # every load unconditional (a tap past the edge reads element 0, then counts
         # as zero) and the loops of constant count: the VPT loads issue back to back
-        # (run AE: a branch around each load, one in flight a thread, 0.72 TB/s)
+        # (a branch around each load, one in flight a thread, 0.72 TB/s)
         vals = cuda.local.array(VPT, float32)
         for j in range(RPT):
             for u in range(CPT):
@@ -100,7 +100,7 @@ def _make(k_major):
 
     def tf32_parts(x, out, nmat, R, K, Kp, P, code):
         # grid (k tiles, r tiles, matrices), the last two looped past 65535: no
-        # division (run AF's version found its tile by three int64 divisions a thread,
+        # division (a version found its tile by three int64 divisions a thread,
         # ~80 instructions each, against its 4 elements: 0.90-0.95 TB/s)
         tile = cuda.shared.array(TILE, float32)   # tile[r][k]
         k0 = cuda.blockIdx.x * T
@@ -110,7 +110,7 @@ def _make(k_major):
     return tf32_parts
 
 
-# Variant 4 (VECTOR; on since run AJ, H200: the pass of both 4096^2 operands 0.192 ->
+# Variant 4 (VECTOR; on, H200: the pass of both 4096^2 operands 0.192 ->
 # 0.088 ms, 8192^2 0.751 -> 0.323; "tf32" with a plain b 0.82 -> 0.92x cuBLAS TF32 at
 # 4096^3, 0.92 -> 0.96 at 8192^3, perf/experiments/tf32_gemm.py):
 # the same 64 x 64 tiles moved 16 bytes at a time, a thread's 4 loads and P stores of

@@ -7,9 +7,9 @@ operand may be K-major (rows of K contiguous: a plain A, a transposed B) or MN-m
 transposed A, a plain B): TMA loads both into 128-byte-swizzled shared memory and
 wgmma reads either major from its descriptors.
 
-Variant T1 (run AD: 0.87-0.99x cuBLAS at 4096 and 8192): K-major operands only, blocks
+Variant T1 (0.87-0.99x cuBLAS at 4096 and 8192): K-major operands only, blocks
 in row order. T2 (this file) adds both majors, batches, the fused epilogue, a grouped
-tile order (GROUP_M; run AD: 0.95 against 0.90x at 8192) and a persistent grid
+tile order (GROUP_M: 0.95 against 0.90x at 8192) and a persistent grid
 (PERSISTENT: the producer fills the next tile's stages during the epilogue). Dropped:
 one wgmma batch left in flight a k-tile (CUTLASS's habit): 4-12% slower. Convolution:
 the same kernel with wgmma_im2col.py's operands (conv=1, or 2: a convolution's epilogue).
@@ -68,25 +68,25 @@ from .wgmma_source import BK_OF, source  # noqa: F401  (tests read W.source)
 from .wgmma_stage import BK, BOX, MAX_SHARED
 
 BM = 128                                  # the tile's rows (64: SKINNY_TILE)
-# (BN, STAGES[, BM]): the tile's width, the pipeline's depth (and rows). Shipped: 256 x 4
-# (run AD); 128 with up to 6 stages gives twice the tiles of a one-wave problem, for
-# perf/experiments/wgmma_tiles.py's sweep (run AG: 256 x 4 best or tied but at one shape)
+# (BN, STAGES[, BM]): the tile's width, the pipeline's depth (and rows). Shipped: 256 x 4;
+# 128 with up to 6 stages gives twice the tiles of a one-wave problem, for
+# perf/experiments/wgmma_tiles.py's sweep (256 x 4 best or tied but at one shape)
 TILE = (256, 4)
 # a 64 x 256 tile for M <= 64 (the consumers split its columns; 40 KB a stage, so one
 # more stage in flight: what a skinny call's bandwidth needs; 4 beside TMA stores).
-# None: TILE everywhere. Run AI (H200, bf16, x cuBLAS): alone it changed nothing (64 x
+# None: TILE everywhere. Measured (H200, bf16, x cuBLAS): alone it changed nothing (64 x
 # 4096^2 0.61 -> 0.60), with TMA_STORE_F32 and LEAN_SETUP it gives their sum and more:
 # 64 x 4096^2 0.61 -> 0.72, 64 x 8192^2 0.60 -> 0.72 (perf/experiments/skinny_gemm.py).
 SKINNY = (256, 5, 64)
 SKINNY_TILE = SKINNY
-# M (all of a's rows) up to which SKINNY_TILE serves. Run AJ (x cuBLAS), 64 -> 128: 128
+# M (all of a's rows) up to which SKINNY_TILE serves. Measured (x cuBLAS), 64 -> 128: 128
 # x 4096 x 4096 0.64 -> 0.68, 128 x 256 x 64 0.60 -> 0.65; 256 lost at 256 x 4096 x 8192.
 SKINNY_ROWS = 128
 # 3xtf32's k-tile products added on the CUDA cores (promote): a consumer's columns at most
 # (its two accumulators, 2 x 64 registers at 128: the 256-wide tile's 2 x 128 would spill)
 PROMOTE_COLUMNS = 128
 # split-K's chunks of a 64-row tile reduced in a thread-block cluster through distributed
-# shared memory (cluster_split.py: no workspace, no sum kernel; 2-8 chunks). Run AJ
+# shared memory (cluster_split.py: no workspace, no sum kernel; 2-8 chunks). Measured
 # (H200): correct (its tests, memcheck clean), but racecheck reports ~2400 hazards
 # between the slice reads (ld.shared::cluster) and the next tile's stores to R, which
 # the ready/free mbarriers (release/acquire.cluster) order; and it pays only at M = 64,
@@ -105,30 +105,29 @@ def shared_bytes(bn, stages, store=False, bm=BM, cluster=0):
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16", "float32": "tf32"}  # (float32: math tf32)
 # the TMA element type of tf32 operands: TFLOAT32 rounds float32 to nearest even on the
-# way in, FLOAT32 lets the tensor cores truncate (perf/experiments/tf32_gemm.py, run AE)
+# way in, FLOAT32 lets the tensor cores truncate (perf/experiments/tf32_gemm.py)
 TF32_MAP = "tfloat32"
 GROUP_M = 8      # tile rows of a group in the block order (1: row order, as T1)
 PERSISTENT = True  # one block an SM looping over tiles (False: a block a tile, as T1)
 # each block makes its two tensor maps from address-free templates (encoded once per
 # geometry) and a's and b's addresses, in a workspace slot: no encode or map upload a
 # new address, and a plan replays the call (False: maps encoded per address on the
-# host, the call never planned). Run AG (H200): a bf16 256^3 call costs the host 10 us
+# host, the call never planned). Measured (H200): a bf16 256^3 call costs the host 10 us
 # planned against 49-54 us with host maps (torch.matmul 11 us), the same GPU time.
 OWN_MAPS = True
 # C leaves through shared memory and TMA stores where it can (staged_store.py: 16-bit C,
-# no beta, not split-K, N % 8 == 0); False: every thread stores 4-byte pairs. Run AH
+# no beta, not split-K, N % 8 == 0); False: every thread stores 4-byte pairs. Measured
 # (H200, bf16, x cuBLAS, direct -> TMA stores): 4096^3 0.87-0.90 -> 0.93-0.94, 4000^3
 # 0.81-0.85 -> 0.91-0.93, 512 x 8192 x 1024 0.66 -> 0.86 (perf/RESULTS.md).
 TMA_STORE = True
 # ... and float32 C the same way (the tf32 kernels' C, split-K's chunks: 64 x 32 float32
-# a staging tile). Run AI (bf16 split-K, x cuBLAS): 128 x 4096^2 0.53 -> 0.64.
+# a staging tile). Measured (bf16 split-K, x cuBLAS): 128 x 4096^2 0.53 -> 0.64.
 TMA_STORE_F32 = True
 # the producer's tile setup in 32 bits, no batch-table read for one matrix
-# (tile_order.py: run AH's timeline put 1.8 us before a block's first TMA copy). Run AI:
-# one 128 x 256 tile 6.3 -> 5.3 us of kernel, 512 x 8192 x 1024 0.85 -> 0.90x cuBLAS.
+# (tile_order.py: a timeline put 1.8 us before a block's first TMA copy). # one 128 x 256 tile 6.3 -> 5.3 us of kernel, 512 x 8192 x 1024 0.85 -> 0.90x cuBLAS.
 LEAN_SETUP = True
 TEMPLATE_ADDRESS = 1 << 20   # the templates' base (replaced in the kernel; 16-B aligned)
-# Tried and removed (run AP): a consumer keeping one k-tile's wgmma group in flight
+# Tried and removed: a consumer keeping one k-tile's wgmma group in flight
 # while it issues the next (wait_group 1, CUTLASS's mainloop) measured 0.97-1.04x, geomean
 # 1.00x, over ResNet-50's 14 bf16 layers in all three directions: the other consumer
 # warpgroup's group already fills the tensor pipe between one's groups.

@@ -92,8 +92,8 @@ def load_lines(indent, bk, b_k=True, bn=256):
 #
 # The producer is one thread in 40 registers (setmaxnreg) and issues a k-tile's loads
 # in series, so its arithmetic a k-tile is the kernel's floor where the tiles are few.
-# Run AK worked each box's tap and offsets out a k-tile (3 runtime divisions and ~10
-# geometry reads a box, 4 boxes): run AO's profile found every filter gradient at ~1.8
+# A first version worked each box's tap and offsets out a k-tile (3 runtime divisions and ~10
+# geometry reads a box, 4 boxes): a profile found every filter gradient at ~1.8
 # us a k-tile whatever its shape (3x the tensor cores' time for a 128 x 256 x 64 step).
 # A box's (channel, offsets) depend on its column only: FILTER_COLUMNS, one word a
 # 64-column block after the geometry, worked out on the host (filter_offsets) and read
@@ -123,7 +123,7 @@ def filter_column_words(geometry, C, blocks):
 def _g(name):
     """A filter-gradient geometry value read where used (from L1) and not held: the
     producer runs in 40 registers (setmaxnreg), which holding the 13 values and 64-bit
-    divisions exceeded (ptxas: 208 B spilled, run AK)."""
+    divisions exceeded (ptxas: 208 B spilled)."""
     return f"U32(offs[{FILTER_GEOMETRY.index(name)}])"
 
 

@@ -15,7 +15,7 @@ group), NCHW or NHWC, addressed through `_row_walk`). All sums deterministic.
   partial rows in order: dy and x read once); other layer/rms rows, chunk partials
   over blocks of rows (8 B more); group norm, chunk partials over samples (channels
   first a block a channel, channels last lanes on 32 channels), summed in order (one
-  thread a channel took 70 ms for 256 MiB on the H200, run W).
+  thread a channel took 70 ms for 256 MiB on the H200).
 """
 import math
 

@@ -9,7 +9,7 @@ elements (what is normalised together); plane p = n*C + c is HW of them.
   plane_coefs writes each plane's (mean, scale*invstd, bias); batch norm's apply over
   (1, N*C, HW). Reads x twice, writes y: 12 B an element against the 8 that must move
   (at most 67% of copy). The general kernel (norm.py, a block a row, three passes)
-  re-read 128 KiB rows from DRAM: 27% of copy, 0.72x PyTorch on the H200 (run X).
+  re-read 128 KiB rows from DRAM: 27% of copy, 0.72x PyTorch on the H200.
 - backward: plane_stats spreads (mean, invstd) to planes; batch norm's sums over
   (1, N*C, HW) give each plane's chunk partials of sum dy and sum dy*xhat; row_terms
   (a warp a row) sums scale * those over the row's planes into each plane's dx record;

@@ -40,7 +40,7 @@ def _row_walk(t, T, row, C, G, HW, last):
     position in its plane (channels first), or D = C/G, a the position and b the
     channel (last). Returns (a, b, dq, dr, D, base, sa, c0); _walk_step advances (a, b)
     by T = dq*D + dr: the divisions happen once a thread, not once an element (64-bit
-    divisions an element held group norm at 13% of copy, run W)."""
+    divisions an element held group norm at 13% of copy)."""
     Cg = C // G
     n, g = row // G, row % G
     D = Cg if last else HW
@@ -243,7 +243,7 @@ def _build():
                 table[f"rows_bwd_v{V}", t] = (Kernel(_rows.row_kernel(V, True, ns), [sig],
                                                      **opts), sig)
             # the fused backward, partials in the compute type for every storage dtype
-            # (16-bit rows had only the unfused kernels: 16% of copy in run AF)
+            # (16-bit rows had only the unfused kernels: 16% of copy)
             psig = sig[:-1] + f", {s}, {s})"
             # float32: 129 registers uncapped (2 blocks of 256 would not fit an SM),
             # 128 capped without spills; float64 180 uncapped

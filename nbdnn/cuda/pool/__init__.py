@@ -16,17 +16,17 @@ ceil mode, NCHW and NHWC); the formulas are in nbdnn/cpu/pool.py.
   first maximal element - no atomics, deterministic. Max finds each window's first
   maximal tap once first (pool_argmax: an int32 a window) and the gather compares taps
   with it: rescanning every window from every input it covers took 4.9 ms in
-  ResNet-50's bf16 training step (run AK's profile, 7.5% of it; a 3x3/2 window covers
+  ResNet-50's bf16 training step (its profile, 7.5% of it; a 3x3/2 window covers
   an input 2.25 times on average, each rescan 9 loads).
 Every kernel here sees 3 spatial axes (1-d and 2-d get leading axes of size 1).
 Traffic: forward reads x once from DRAM and writes y; backward reads dy ~k/s times a
 tap axis and x (max) once a window, and writes dx.
 
-Verified on the H200 (crosscheck, PyTorch comparisons, determinism; perf/history/runs.md
-runs G-I, O, T). The general forward kernel was instruction-bound (Nsight Compute: ~645
+Verified on the H200 (crosscheck, PyTorch comparisons, determinism).
+The general forward kernel was instruction-bound (Nsight Compute: ~645
 instructions an output at 25% occupancy, DRAM 7% busy; 190-205 us on ResNet's pools,
 0.39-0.54x PyTorch); _pool_fast runs them in 39-49 us, 72-90% of copy bandwidth
-(RESULTS.md, run U).
+(perf/RESULTS.md).
 """
 import functools
 import math

@@ -12,13 +12,13 @@ load: all are in flight together) and is masked after (runtime/stencil.py). Max 
 NaNs with fmax and finds them with one unordered test over the window; the rare
 window holding a NaN decides between NaN and the largest number afterwards.
 
-Measured on the H200 (perf/history/runs.md, runs T and U; fp32, batch 32, NCHW), against
-the general kernel in pool.py (run N) and PyTorch/cuDNN in the same run:
+Measured on the H200 (fp32, batch 32, NCHW), against
+the general kernel in pool.py and PyTorch/cuDNN in the same run:
 - max 3x3/2 on 64x112x112: 190 -> 49 us (72% of copy bandwidth; PyTorch 104 us);
 - avg 3x3/2: 200 -> 45 us (78%; PyTorch 91 us);
 - max 2x2/2 on 256x56x56: 205 -> 39 us (90%; PyTorch 81 us).
-A/B (run T): 1 output a thread 83-89 us on the 3x3/2 max, 2: 67, 3: 64, 4: 58, 6:
-65, 8: 59; blocks of 128 beat 256 and 512 by 1-8%. Run U: one unsigned 32-bit test a
+A/B: 1 output a thread 83-89 us on the 3x3/2 max, 2: 67, 3: 64, 4: 58, 6:
+65, 8: 59; blocks of 128 beat 256 and 512 by 1-8%. one unsigned 32-bit test a
 tap row and column (was two signed 64-bit ones) took the 3x3/2 rows from 58/57 to
 52/51 us, the multiply-high split (was two 32-bit divisions, ~20 instructions and a
 zero test each) to 49/45 us. Loading
@@ -28,7 +28,7 @@ Traffic (3x3/2, float32): x read once from DRAM (the rows shared between threads
 come from L2, the columns shared between neighbouring windows from L1), y written
 once. Kernels are built per (dtype, layout, geometry, mode, rows a thread) on first
 use; ResNet's 3x3/2 and 2x2/2 windows in float32 are registered at import (the PTX and
-spill tests compile them; the float16/float64 forms ran on the H200 in run T).
+spill tests compile them; the float16/float64 forms ran on the H200).
 """
 import functools
 import math

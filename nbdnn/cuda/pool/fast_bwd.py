@@ -16,7 +16,7 @@ window geometry (size, stride, leading padding, dilation) and the mode compiled 
 Why: the general kernels (pool/__init__.py) split 64-bit indices five ways and the
 landing arithmetic divides by runtime strides: max pool's backward in ResNet-50's bf16
 training step (3x3/2 over 32 x 112 x 112 x 64) took 1.83 ms against PyTorch's 0.39
-(run AL, CUDA events). Traffic, 3x3/2 max, bf16: argmax reads x (51 MB) and writes
+(CUDA events). Traffic, 3x3/2 max, bf16: argmax reads x (51 MB) and writes
 idx (6.4 MB); the gather reads dy and idx (12.8 + 6.4 MB, each element ~2.25 times,
 from L1/L2) and writes dx (51 MB).
 """

@@ -36,7 +36,7 @@ def _ptr_simulated(x):
 def _is_numba_device_array(t):
     """A real numba DeviceNDArray type. (gpu_data is an instance attribute: testing the
     type for it was False, which sent numba arrays down the __cuda_array_interface__
-    path: 1.6 us an array of the H200 host's time; perf/history/runs.md run Y.)"""
+    path: 1.6 us an array of the H200 host's time.)"""
     mod = t.__module__ or ""
     return mod.startswith("numba.cuda") and not mod.startswith("numba.cuda.simulator") \
         and hasattr(t, "device_ctypes_pointer") and hasattr(t, "is_c_contiguous")
@@ -308,7 +308,7 @@ def landed_copy(a, stream=0):
         # A synchronous copy from pageable memory returns once the data is staged; the
         # DMA lands later on the legacy stream. A kernel on the legacy stream (or a
         # blocking one) is ordered after it, but one on a non-blocking stream (PyTorch's
-        # side streams) is not: run AX's H200 probe, whose first calls ran on such a
+        # side streams) is not: an H200 probe, whose first calls ran on such a
         # stream, hit an illegal instruction (a TMA map or a table read before it
         # landed). The copy itself waited for the legacy stream's earlier work, so this
         # waits only for its own DMA (uploads are rare: cached tables, maps, NumPy inputs).

@@ -96,8 +96,7 @@ class _Launcher:
     @njit function, reads the record and calls the driver's cuLaunchKernel. On the
     H200's host that call costs 3.7-3.9 us against 4.1-4.4 us through cuda.bindings
     (which converts eleven Python arguments) and up to 4.9 us through @njit with the
-    values as arguments (numba types every int; one array's type is a single C check;
-    perf/history/runs.md, run X)."""
+    values as arguments (numba types every int; one array's type is a single C check)."""
 
     def __init__(self, handle, argtypes, name):
         self.handle, self.name = handle, name

@@ -11,8 +11,8 @@ same thing at different addresses.
 Derived numbers: a TMA tensor map holds its tensor's address, and a kernel takes the
 map's device address as a plain integer. The code that makes one says so while a call
 is recorded (`derive(value, address, rule)`, value == rule[0](address, *rule[1:])); a
-replay calls the rule at the new address (tensormap.py: ~1 us, its caches). Before
-run AX such calls were refused plans (the tensor-core convolution, ~20-200 us of host
+replay calls the rule at the new address (tensormap.py: ~1 us, its caches). Before this,
+such calls were refused plans (the tensor-core convolution, ~20-200 us of host
 time a call more), or, where nothing refused them (the flash attention kernels), a
 plan could replay the recorded maps at new addresses.
 """
@@ -312,7 +312,7 @@ def _packed(recording):
     """({workspace: byte offset}, bytes): the call's workspaces in one buffer, first fit;
     two whose uses (first to last launch naming them, in launch order: replays run on
     one stream) do not overlap may share bytes (a call that chunks its work allocates
-    per chunk what the next chunk can reuse: run AS's float32 attention backward in
+    per chunk what the next chunk can reuse: the float32 attention backward in
     3xtf32 asked 43 GB side by side). One that no launch names keeps its own bytes."""
     span, whole = {}, (0, len(recording.launches))
     for i, (*_, args) in enumerate(recording.launches):

@@ -4,7 +4,7 @@ allocator reuses what a backward pass frees.
 
 A Graph keeps every array its kernels touch alive (graph.py), so a captured training
 step holds every activation, gradient and workspace of the step at once (ResNet-50's
-bf16 step at batch 32: ~5 GB in use, run AN, where PyTorch's eager step peaks at 1.7).
+bf16 step at batch 32: ~5 GB in use, where PyTorch's eager step peaks at 1.7).
 What can share: an array allocated by the step whose last kernel has run. When is
 that? Only a run of the same calls can say, so reuse takes two passes over calls that
 allocate and launch the same way each time (a training step after its first, which
@@ -26,8 +26,8 @@ creates the optimizer's state):
 
 What it rests on: a launch names every array its kernel touches, in its arguments or
 its `owners` (launch.Kernel.launch), the arrays read through a tensor map or a raw
-pointer included (run AN added the GEMM's a and b and the convolution's x and w,
-which only their maps named); a graph keeps the same arrays alive.
+pointer included (the GEMM's a and b and the convolution's x and w,
+named as owners: only their maps name them); a graph keeps the same arrays alive.
 
 The arrays a replay leaves readable are `keep`'s; every other array the calls
 allocated shares its memory with others (a layer's saved activation, for one, holds

@@ -21,7 +21,7 @@ U32, U = (int, int) if SIMULATOR else (uint32, uint64)
 I64 = int if SIMULATOR else int64  # signed 64-bit, for coordinates that may be negative
 # {a} // {b} as a multiply-high by the divisor's magic number (kernel arguments m_{b},
 # s_{b} from magic(); {a} < 2**31): 3 instructions where a 32-bit division takes ~20
-# and a zero test (perf/history/runs.md, run U)
+# and a zero test
 DIV = "U32((U(U32({a})) * U(U32(m_{b}))) >> U(s_{b}))"
 
 

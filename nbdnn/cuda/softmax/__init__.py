@@ -64,7 +64,7 @@ ROWS_MAX_G = {False: 1024, True: 512}    # backward caches 2 arrays: half the la
 # kernel 2: fused two-pass rows (measured: perf/experiments/diagnose.py softmax)
 FUSED_MAX = 65536                 # longer rows: kernel 3 (rows past ROWS_MAX: here)
 FUSED_BLOCK = {False: 8, True: 8} if SIMULATOR else {False: 512, True: 1024}  # (simulator: an
-# OS thread a CUDA thread; 32 held softmax's fused crosscheck rows at 15-25 s: run AH)
+# OS thread a CUDA thread; 32 held softmax's fused crosscheck rows at 15-25 s)
 FUSED_MAXREG = None
 # kernel 3: long rows
 LONG_BLOCK = 32 if SIMULATOR else 256

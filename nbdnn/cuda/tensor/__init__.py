@@ -41,7 +41,7 @@ EW_OPS = ("add", "mul", "div", "min", "max", "sqrt", "not", "finite", "copy", "r
 UNARY = ("sqrt", "not", "finite", "copy")
 # transform_into's swaps of two axes (NCHW <-> NHWC, matrices, filters' channels around
 # their taps) through shared-memory tiles (transpose.py); False: the gather kernel.
-# Written in run AN; run AO (H200): its tests passed, memcheck and racecheck clean, and
+# Measured (H200): its tests passed, memcheck and racecheck clean, and
 # it moved 318-475 GB/s where the gather moved 173-211 (1.8-2.3x; NCHW <-> NHWC and
 # ResNet-50's filters, perf/experiments/transpose_ab.py; PyTorch's copy 352-729).
 TILED_TRANSPOSE = True

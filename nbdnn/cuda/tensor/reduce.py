@@ -43,7 +43,7 @@ OPS = {"add": ("id", "add", 0), "avg": ("id", "add", 1), "norm1": ("abs", "add",
        "max": ("id", "max", 0), "amax": ("abs", "max", 0)}
 INDEXED = (("id", "min"), ("id", "max"), ("abs", "max"))
 # threads a row: a warp for short rows, the block for long ones (the simulator: 8 for
-# short rows, a quarter of a warp's OS threads; run AH: reduce_tensor's crosscheck rows
+# short rows, a quarter of a warp's OS threads: reduce_tensor's crosscheck rows
 # and the depthwise filter gradient's partial sums held ~5 minutes of CI)
 TPRS = (8 if SIMULATOR else 32, BLOCK)
 

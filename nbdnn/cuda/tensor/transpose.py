@@ -7,7 +7,7 @@ gradient's flipped filter, conv/__init__._data_as_forward).
 
 The general transform kernel gathers one element a thread in y's order: its writes
 are coalesced, its reads stride by A*M*C elements, so each warp's 32 reads touch 32
-sectors for 2-4 useful bytes each (run AL's training-step profile: 370 filter
+sectors for 2-4 useful bytes each (a training-step profile: 370 filter
 transposes, 2.21 ms). Here a block moves a T x T tile of (A, C) for one (b, m): warp
 rows read T consecutive elements of a C-row of x and write T consecutive elements of
 an A-row of y, both coalesced; the tile lives in shared memory padded to T + 1 columns

@@ -11,7 +11,7 @@ reuses them.
 
 Inside a CUDA stream capture (torch.cuda.graph) an upload is forbidden: cuMemAlloc
 and a synchronous copy break the capture, and PyTorch's graph pool hands out addresses
-the warm-up never saw (run AW, H200: a captured bf16 ResNet-50 step failed here). So a
+the warm-up never saw (H200: a captured bf16 ResNet-50 step failed here). So a
 map for a capturing stream that is not on the device yet is written by a one-thread
 kernel (`_write_words`, its 16 words as kernel parameters, which the graph keeps) into
 16 words from the caller's allocator (PyTorch's graph pool: the graph owns them), and
@@ -21,9 +21,9 @@ would free it on eviction).
 
 Eager call plans: a map's device address is a plain integer kernel argument, so the
 encoders tell a recording call how it was made (`_noted`), and a plan's replay makes
-the map for its own tensors (`map_address`; run AX). Eager uploads wait until the copy
+the map for its own tensors (`map_address`). Eager uploads wait until the copy
 lands: a kernel on a non-blocking stream could otherwise read the map before it does
-(run AX's H200 probe: an illegal instruction).
+(an H200 probe: an illegal instruction).
 """
 import collections
 import functools
@@ -45,9 +45,9 @@ def tensor_map(address, shape, dtype, box, swizzle="none"):
     `shape` (outermost first) and `dtype` name, moved in boxes of `box` elements
     (outermost first); swizzle: "none", "32B", "64B" or "128B" (the box's inner extent
     in bytes must not exceed it). Cached; the device copy lives as long as the cache.
-    Rank 2 or more (the H200's driver refused a rank-1 map through cuda-bindings: run
-    AR); a box's first byte must be 16-byte aligned in global memory (else the load is
-    an illegal instruction: H200, run AR)."""
+    Rank 2 or more (the H200's driver refused a rank-1 map through cuda-bindings); a
+    box's first byte must be 16-byte aligned in global memory (else the load is
+    an illegal instruction: H200)."""
     return encoded(address, shape, dtype, box, swizzle)[0]
 
 
