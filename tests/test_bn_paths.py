@@ -119,7 +119,7 @@ def test_statistics_with_an_infinity(shape, layout, offset, where, monkeypatch):
     """A channel holding +inf has mean +inf (and +inf with -inf: NaN) on every path, as
     in the reference: the kernels shift by the channel's first element (inf - inf was
     NaN) and merge chunks with Chan's formula (d = mb - mu was inf - inf); the H200's
-    error fuzz found it in group_norm (run AF). 16 channels: batch_norm/columns.py."""
+    error fuzz found it in group_norm. 16 channels: batch_norm/columns.py."""
     from nbdnn.cuda.batch_norm import columns
     monkeypatch.setattr(columns, "ON", True)
     x = _inputs(shape, offset, "float32", 7)(loc=3.0)

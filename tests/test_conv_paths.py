@@ -166,7 +166,7 @@ def test_backward_data_1x1(last, G, mode, on, monkeypatch):
 def test_backward_filter_pads_16bit_columns(dtype):
     """A 16-bit filter gradient whose im2col rows are no 16-byte multiple (3 channels
     x 3x3 taps = 27 columns, a 7x7 stem's 147 alike) runs on columns padded with zeros
-    to 32 (the tensor-core GEMM's TMA rows; run AK) and blends the first 27 into dW:
+    to 32 (the tensor-core GEMM's TMA rows) and blends the first 27 into dW:
     alpha, beta, both modes of the strided view's gather."""
     import ml_dtypes
     dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)

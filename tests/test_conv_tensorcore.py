@@ -38,7 +38,7 @@ def test_conv_forward_on_tensor_cores(case, dtype, monkeypatch):
     """The tensor-core forward (im2col kernel, or the GEMM for a stride-1 1x1) against
     the CPU reference on the same rounded operands, with a bias and relu and plain;
     which kernel ran. Every case the kernel's limits allow (VERIFIED_ONLY off; the
-    64 x 64 tiles' direct stores: the stride-2, 72-channel, 90-row case, run AJ's bug)."""
+    64 x 64 tiles' direct stores: the stride-2, 72-channel, 90-row case, an unwritten output)."""
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.conv import wgmma_conv
@@ -188,7 +188,7 @@ def test_channels_first_geometry_is_the_channels_last_one():
 
 
 def test_channels_first_goes_channels_last_where_it_measured_faster():
-    """conv/channels_first.pays on ResNet-50's layers at batch 32 in bf16 NCHW, as run AP measured
+    """conv/channels_first.pays on ResNet-50's layers at batch 32 in bf16 NCHW, as measured
     the copies around the tensor cores against "auto" without them: the 1x1 layers of
     s2-s4 and s1's 3x3 (the SIMT implicit GEMM otherwise) through the copies; s1's 1x1
     layers (too few flops a copied byte) and the 3x3 layers of s2-s4 (winograd) not;
@@ -321,7 +321,7 @@ def test_filter_usable(monkeypatch):
 
 
 def test_narrow_consumers_store_directly():
-    """Run AK's fix of run AJ's unwritten output: a 64 x 64 tile's consumers hold 32
+    """The fix of an unwritten output: a 64 x 64 tile's consumers hold 32
     columns each, less than a 16-bit staging tile's 64, so its epilogue stores directly
     (the staged TMA stores wrote whole 64-column tiles only: none); float32 chunks (32
     columns a staging tile) still stage; the generator refuses the mismatch."""
@@ -469,7 +469,7 @@ FILTER_CASES = [((2, 14, 14, 64), (64, 3, 3, 64), 1, 1, 1, "cross_correlation"),
 @pytest.mark.parametrize("case", FILTER_CASES, ids=lambda c: "x".join(map(str, c[1])))
 def test_filter_gradient_on_tensor_cores(case, widths, monkeypatch):
     """The filter gradient on the tensor cores (wgmma_conv.backward_filter, written in
-    run AK) against the CPU reference on the same bf16 operands, with alpha and beta;
+    measured) against the CPU reference on the same bf16 operands, with alpha and beta;
     split-K over 6272 positions in the last case; 256-wide tiles and the narrow widths
     (FILTER_WIDTHS, for 128-row tiles; 64 filters take 64-row tiles, 256 wide)."""
     torch = pytest.importorskip("torch")
@@ -549,10 +549,10 @@ def test_filter_rows_pad_each_filter():
 @pytest.mark.parametrize("rows", [False, True])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_narrow_channels_through_padded_columns(dtype, rows, monkeypatch):
-    """im2col_words.PAD_NARROW_CHANNELS (written in run AK, on since run AL): a
+    """im2col_words.PAD_NARROW_CHANNELS (on): a
     3-channel 7x7/2 stem with bias and relu as padded columns and filter rows through
     the tensor-core GEMM's fused epilogue, against the CPU reference; the columns by
-    the word gather or (im2col_rows.ON, on since run AP) the staged-row kernel."""
+    the word gather or (im2col_rows.ON, on) the staged-row kernel."""
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.conv import im2col_rows, im2col_words

@@ -1,6 +1,6 @@
 """float32 convolution in math "tf32" on the tensor cores (wgmma_conv.tf32_usable, the
 wgmma kernel's tf32 kind over TFLOAT32 im2col maps; switch TF32_ON_TENSOR_CORES, on
-since the GPU test below passed on an H200 in run AN): its host decisions without a GPU, and on
+since the GPU test below passed on an H200): its host decisions without a GPU, and on
 an sm_90 GPU the forward against the CPU reference in math "tf32" (the same rounded
 operands, float32 sums)."""
 import numpy as np

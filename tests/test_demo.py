@@ -19,7 +19,7 @@ def test_digits_cnn_reaches_97_percent_on_cpu():
 def test_digits_cnn_reaches_97_percent_in_16_bits():
     """Mixed precision: float16 layers with float32 master weights and dynamic loss
     scaling reach the same 97% on the CPU backend (99.2% here, as float32; bfloat16
-    too, 99.2%: `gpu_run.sh conv-tc` runs both on the GPU, CI this one for time)."""
+    too, 99.2%: the GPU suite runs both, CI this one for time)."""
     r = demo.train("cpu", epochs=8, quiet=True, precision="fp16")
     assert r["accuracy"] >= 0.97, r["accuracy"]
     assert r["precision"] == "fp16"

@@ -19,7 +19,7 @@ def _run(engine):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for attempt in range(2):  # once more only when the rendezvous port was taken, or a
         # rank aborted in C++ ("terminate called without an active exception": gloo's
-        # teardown on CI's loaded 2-core host, seen again in run AX after db11537's
+        # teardown on CI's loaded 2-core host, seen again after db11537's
         # barrier; the run passed alone three times in a row)
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env,
                              cwd=ROOT)

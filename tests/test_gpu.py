@@ -145,7 +145,7 @@ def test_softmax_register_rows_do_not_spill():
     """Row kernels hold up to 64 values a lane in named registers under a register
     cap; a spill turns the register cache into local-memory traffic. One measured
     exception: the forward 8-vector kernel at 64 registers spills 8-24 B and is still
-    faster than at any spill-free cap (32 warps an SM; perf/experiments/softmax_caps.py)."""
+    faster than at any spill-free cap (32 warps an SM; docs/decisions.md "softmax_caps")."""
     from nbdnn.cuda import softmax as S
     for (name, dtype), (kernel, sig) in S._KERNELS.items():
         if name.startswith(("rows_", "fused")):
@@ -155,7 +155,7 @@ def test_softmax_register_rows_do_not_spill():
 
 
 # kernel families, one test each: compiling all 63 kernels in one process outgrew a
-# device call (runs O, R, Y); gpu_run.sh suite spreads them over processes
+# device call; perf/run.py's suite spreads them over processes
 _SPILL_FAMILIES = {"gemm": None, "dw_filter": ("dw_filter",), "dw_fwd": ("dw_fwd",),
                    "dw_tile": ("dw_tile",), "igemm_chunked": ("igemm_chunked_l",
                    "igemm_chunked_s", "igemm_chunked_ti"),
@@ -166,7 +166,7 @@ _SPILL_FAMILIES = {"gemm": None, "dw_filter": ("dw_filter",), "dw_fwd": ("dw_fwd
 @pytest.mark.parametrize("family", list(_SPILL_FAMILIES))
 def test_gemm_and_depthwise_kernels_spill_at_most_as_measured(family):
     """The float32 128x128 GEMM tile runs under a 128-register cap and spills 32 B
-    (62-63% of cuBLAS against 58-60% uncapped, perf/history/runs.md); float16 under the same
+    (62-63% of cuBLAS against 58-60% uncapped); float16 under the same
     cap spilled 56 B on the H200, so it runs uncapped. The chunked implicit GEMM's
     128x128 tile (float32 and float16) runs under the same cap with a stack frame of at
     most 200 B (ptxas for sm_90): values live only before and after the k loop, which
@@ -191,7 +191,7 @@ def test_gemm_and_depthwise_kernels_spill_at_most_as_measured(family):
 def test_norm_pool_and_batch_norm_kernels_do_not_spill():
     """The register-cached norm rows (up to 64 values a lane under a 128-register cap)
     and batch norm's register-held chunks must stay in registers, in every dtype. (The
-    fused layer/rms norm backward with 16-bit storage, new in run AF: nvJitLink 13.5 here
+    fused layer/rms norm backward with 16-bit storage, new: nvJitLink 13.5 here
     spills 28 B of it under the 128 cap, but it also reports spills for wgmma kernels
     whose SASS on the H200 has none: this test on the GPU decides.)"""
     from nbdnn.cuda import batch_norm as BN, norm as NM, pool as PL

@@ -76,7 +76,7 @@ def test_kernel_table_has_every_row_variant():
 def test_fused_parameter_gradients_loop_over_rows(op, L, offset, dtype):
     """Block-a-row backward rows sum dscale/dbias inside the dx kernel: more rows than
     blocks (each block loops), both access paths, every dtype (16-bit rows took the
-    unfused kernels until run AF: 16% of copy), against the CPU reference; the fused
+    unfused kernels before: 16% of copy), against the CPU reference; the fused
     path is the one that ran."""
     rng = np.random.default_rng(L + offset)
     from nbdnn.cuda.runtime.device import sm_count

@@ -120,7 +120,7 @@ STORE_SIG = "void(int64[::1], int64)"
 def test_numbers_derived_from_addresses_are_derived_again_on_replay():
     """A launch argument computed from an input's address: the call tells its recording
     (derive), the 2nd and 3rd recordings agree, and each replay computes it again at
-    its own input's address. (Before run AX such a number was a constant: a replay
+    its own input's address. (Before such a number was a constant: a replay
     passed the recorded one, as the flash attention kernels' maps could have been.)"""
     from nbdnn.cuda.runtime.arrays import capture_state, empty, ptr
     from nbdnn.cuda.runtime.launch import Kernel

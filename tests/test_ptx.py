@@ -17,7 +17,7 @@ pytest's own process (conftest.py runs this test last: it only waits), the slow 
 last so that each process gets its share of them (CI's two cores sat one idle for
 minutes).
 
-What is left out is CI's time (two cores; run AG: compiling everything took 2600 s of
+What is left out is CI's time (two cores: compiling everything took 2600 s of
 CPU, 983 compiles, beside ~1150 s for the rest of the suite, 44 minutes of CI):
 - numba's typing and lowering are ~85% of a compile and NVVM the rest, so a signature
   built for sm_80 and sm_90 is lowered once;
@@ -29,7 +29,7 @@ CPU, 983 compiles, beside ~1150 s for the rest of the suite, 44 minutes of CI):
 - float16, bfloat16 and float64 (412 s, 513 s and ~260 s of the rest) compile one
   signature a family: a family's kernels differ from each other in what their float32
   signatures check, and from those in the dtype's loads, stores and arithmetic, which
-  the sampled one checks (run AG's first cuts left 31 minutes of CI on two cores).
+  the sampled one checks (the first cuts left 31 minutes of CI on two cores).
 The GPU suite compiles the rest as it runs them (every op and dtype's crosscheck rows,
 and tests/test_gpu.py's spill tests JIT every GEMM, implicit-GEMM and depthwise tile in
 every dtype)."""
@@ -56,7 +56,7 @@ for m in pkgutil.walk_packages(pkg.__path__, "nbdnn.cuda."):  # sub-packages too
     if hasattr(mod, "ptx_examples"):  # kernels built on demand: one of each code path
         mod.ptx_examples()
 shard, nshards = int(sys.argv[1]), int(sys.argv[2])
-# the largest unrolled tiles (30-85 s of typing and lowering a signature: run AG) compile
+# the largest unrolled tiles (30-85 s of typing and lowering a signature) compile
 # in float32 only; their generators' other dtypes compile through the smaller tiles
 LARGEST = ("128x128", "dw_tile_3x3s2", "dw_tile_5x5", "dw_fwd_3x3s2", "dw_fwd_5x5",
            "dw_filter_5x5")
@@ -101,7 +101,7 @@ if LOWER is None or set(KW) - set(inspect.signature(LOWER).parameters):
     LOWER = None  # (another numba-cuda: compile_ptx per cc)
 def compile_all(k, sig, ccs):
     # PTX of one signature for every cc in ccs. Typing and lowering are ~85% of a
-    # compile and NVVM the rest (run AG), so one lowering at the lowest cc feeds NVVM
+    # compile and NVVM the rest, so one lowering at the lowest cc feeds NVVM
     # for each: numba-cuda's lowering reads the cc only for choices made alike from
     # sm_75 up (tanh's fast path, float64 atomics); the sm_80 PTX is compile_ptx's.
     if LOWER is None or len(ccs) == 1:

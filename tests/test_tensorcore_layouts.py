@@ -106,7 +106,7 @@ def test_staging_tiles_alternate_across_a_blocks_tiles(bn, f32):
     modelled as reading their staging tile until a bulk_wait_read lets them go, and no
     chunk writes a staging tile that a store may still be reading. Consumers of 64 or
     192 columns (16-bit: one or three chunks a tile) began each tile on the tile the
-    last chunk's store was reading until run AO."""
+    last chunk's store was reading before."""
     cols = S.columns(f32)
     if bn % cols:
         pytest.skip("not whole staging tiles (usable() sends these to direct stores)")
@@ -267,7 +267,7 @@ def test_tile_width_takes_the_fewest_waves(monkeypatch):
     width whose waves x width is least on 132 SMs: 1000 x 3000 (96 tiles of 256, one
     wave a quarter empty; 128 of 192, one full wave) takes 192, and two of them too (two
     waves either way); 4096 and 4000 square (4 waves of 256 against 6 of 192) and 512 x
-    8192 (one wave of 256 against two of 192) keep 256; 256 alone (as before run AJ)
+    8192 (one wave of 256 against two of 192) keep 256; 256 alone (as before)
     always 256.
     A 192-wide kernel's source: 3 TMA boxes of an MN-major B, 3 TMA stores for a
     consumer's 192 columns."""
@@ -288,7 +288,7 @@ def test_tile_width_takes_the_fewest_waves(monkeypatch):
 
 
 def test_narrow_widths_for_narrow_n(monkeypatch):
-    """split_k.NARROW (on since run AN): 128 and 64 join the widths, ranked by waves x (128 + width) on
+    """split_k.NARROW (on): 128 and 64 join the widths, ranked by waves x (128 + width) on
     132 SMs: N = 64 over 784 row tiles (a 1x1 convolution's 64 filters at batch 32)
     takes 64 (192 without NARROW), N = 128 over 196 row tiles 128 (2 waves of 128 + 128
     against 3 of 128 + 64), and 4096^2 and 1000 x 3000 keep 256 and 192."""
@@ -305,7 +305,7 @@ def test_split_k_chunks(monkeypatch):
     """split_k.split on 132 SMs: no split for a grid of half the SMs or more, or a K
     under two chunks; otherwise chunks of at least MIN_CHUNK that fill the SMs (64 x
     4096 x 4096's 16 tiles: 4 chunks of 1024, K-bound; 32 tiles of 8192: 5 chunks, 160
-    blocks) or, ONE_WAVE (shipped since run AJ), as many as one wave holds (32 tiles: 4,
+    blocks) or, ONE_WAVE (shipped), as many as one wave holds (32 tiles: 4,
     128 blocks)."""
     from nbdnn.cuda.matmul import split_k
     monkeypatch.setattr(split_k, "sm_count", lambda: 132)

@@ -305,7 +305,7 @@ def test_tile_width_192(shapes, ta, tb, dtype, monkeypatch):
         pytest.skip("wgmma needs sm_90")
     monkeypatch.setattr(split_k, "WIDTHS", (256, 192))
     monkeypatch.setattr(split_k, "NARROW", False)  # (with it, 2 x 504 x 1000 takes 64 wide:
-    (ash, bsh) = shapes                              # run AN, test_narrow_tiles' kind)
+    (ash, bsh) = shapes                              # test_narrow_tiles' kind)
     row_tiles = -(-ash[-2] // 128) * (ash[0] if len(ash) > 2 else 1)
     want = split_k.tile_width(-(-ash[-2] // 128), bsh[-1], ash[0] if len(ash) > 2 else 1)
     with launched() as names:
@@ -332,7 +332,7 @@ def test_narrow_tiles(shapes, ta, tb, dtype, monkeypatch):
     with launched() as names:
         _check_16bit_matmul(dtype, shapes, ta, tb, "wgmma_gemm", 5 + 2 * ta)
     width = split_k.tile_width(-(-ash[-2] // 128), bsh[-1], 1)  # (N = 120 at 47 row
-    want = f"n{width}"  # tiles: 64 wide, one wave of 94 tiles, run AK; 128 on fewer SMs)
+    want = f"n{width}"  # tiles: 64 wide, one wave of 94 tiles; 128 on fewer SMs)
     assert width in (64, 128) and all(want in flags(n) or want in n for n in names), names
 
 

@@ -3,7 +3,7 @@
 tensor-core convolution (forward, filter gradient) and flash attention replaying eager
 call plans at new addresses (a replay makes its own maps: plan_record's derived
 numbers), and those with the GEMM captured by torch.cuda.graph at the graph pool's new
-addresses, replaying to the eager result. Run AW found the capture failing: the maps
+addresses, replaying to the eager result. A captured step failed: the maps
 were uploaded with cuMemAlloc and a synchronous copy, which a capture forbids."""
 import numpy as np
 import pytest
@@ -114,7 +114,7 @@ def test_cold_calls_on_a_side_stream_read_landed_maps_and_tables(monkeypatch):
     """Calls whose maps and geometry tables are not on the device yet, made on a PyTorch
     side stream (non-blocking: no ordering with the legacy stream, where they are
     copied) right after a busy default stream: each equals the same call made later on
-    the default stream. (Run AX's probe: a converted ResNet-50 whose first steps ran on
+    the default stream. (A probe: a converted ResNet-50 whose first steps ran on
     a side stream hit an illegal instruction; the copies now wait until they land.)"""
     import nbdnn
     from nbdnn.cuda.conv import wgmma_conv

@@ -2,7 +2,7 @@
 converted model after eager steps on the legacy default stream.
 
 Why it matters: a parameter's AccumulateGrad node lives as long as any graph that
-reaches it, and a later step reuses it with the stream it was made on. Run AX's H200
+reaches it, and a later step reuses it with the stream it was made on. An H200
 run captured a converted ResNet-50's bf16 step after eager steps on the default
 stream and failed in backward ("operation would make the legacy stream depend on a
 capturing blocking stream", with PyTorch's warning that an AccumulateGrad node of an
@@ -87,7 +87,7 @@ def kept_nodes(device, bf16, fmt=torch.channels_last, channels=3, cache=True, co
     frees the GIL for autograd's device thread, a gc.collect()); sync: the loss read as
     a float after each step (a host sync, which releases the GIL while it waits; run
     AZ's failing test had none); redraw: the first convolution made anew after the other
-    layers (since run AZ's review; False: small_net's own draws, as in run AZ's failing
+    layers (since a review; False: small_net's own draws, as in the failing
     test, which `channels` 3 needs)."""
     torch.manual_seed(0)
     net = small_net()
@@ -125,8 +125,8 @@ def kept_nodes(device, bf16, fmt=torch.channels_last, channels=3, cache=True, co
 def test_training_steps_leave_no_autograd_graph_alive(device, last):
     """After a converted model's steps no AccumulateGrad node outlives its step: a mark
     set between steps is gone from the nodes later steps use (kept_nodes). On CUDA it
-    failed in run AZ (then without the host sync and with other draws, which run BB's
-    graph_leak_race.py keeps as a way), run BA's probe saw a node kept once; run BB
+    failed (then without the host sync and with other draws, which
+    graph_leak_race.py keeps as a way), a probe saw a node kept once; later runs
     found no leak (nbdnn/torch/capture.py). Captures no longer depend on it
     (fresh_accumulators)."""
     fmt = torch.channels_last if last else torch.contiguous_format
@@ -165,9 +165,9 @@ def _reference_standing_in(monkeypatch):
 def test_cuda_branches_keep_no_graph_with_the_reference_standing_in(monkeypatch, bf16):
     """The channels-last steps of test_training_steps_leave_no_autograd_graph_alive through
     nbdnn.torch's CUDA branches (the direct entries included), nbdnn's ops replaced by
-    their CPU reference: no AccumulateGrad node outlives its step. (Run AZ, H100: on CUDA
+    their CPU reference: no AccumulateGrad node outlives its step. (H100: on CUDA
     the bf16 net's first convolution kept its node; this test keeps nbdnn.torch itself
-    out of suspicion in CI. Run BA found the CUDA leak intermittent with no holder in
+    out of suspicion in CI. A probe found the CUDA leak intermittent with no holder in
     Python's view: nbdnn/torch/capture.py.)"""
     _reference_standing_in(monkeypatch)
     assert kept_nodes("cpu", bf16)[0] == []

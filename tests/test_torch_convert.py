@@ -126,7 +126,7 @@ def test_torchvision_resnet18():
     ReLU, MaxPool2d, AdaptiveAvgPool2d and Linear runs on nbdnn; eval forward and two
     training steps match native in float64 (CPU reference). 64 px: at 32 layer 4's batch
     norm sees 2 x 1 x 1 values a channel, and 1/std amplifies each rounding difference
-    (3e-9 in float64, run AU)."""
+    (3e-9 in float64)."""
     tv = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     net = tv.models.resnet18(num_classes=10).double()

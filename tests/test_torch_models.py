@@ -106,7 +106,7 @@ def test_torchvision_full_size_on_cuda(arch):
     from the float64 truth's, stay no further from the truth than twice native's
     distance. (A ReLU network's gradients are discontinuous: a training-mode forward
     that differs by 1e-4, batch norm's 1/std amplifying rounding in layer 4, flips a few
-    ReLU masks; run AU measured ResNet-50's float32 curves 1.7e-3 apart after one step.)"""
+    ReLU masks; ResNet-50's float32 curves 1.7e-3 apart after one step.)"""
     import copy
     tv = pytest.importorskip("torchvision")
     torch.manual_seed(0)

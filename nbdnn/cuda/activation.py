@@ -5,7 +5,7 @@ reads y); backward reads dy and x and writes dx (12 B). A few flops per element,
 both are bound by memory bandwidth (H200: ~4 TB/s copy). Each thread moves GROUPS
 vectors of 4 elements with 16-byte loads/stores (`load4`/`store4`): with one scalar
 per thread a 1 GiB ReLU reached 61% of copy bandwidth, with 4 scalars 92% (NOTES).
-Measured here (H200, relu forward, % of copy, perf/experiments/diagnose.py; run-to-run spread
+Measured here (H200, relu forward, % of copy, docs/decisions.md "diagnose"; run-to-run spread
 ~2 points): GROUPS x BLOCK = 2x128 96%, 2x256 96%, 4x128 95%, 4x256 91-93%, 8x128 96%,
 2x512 90%. Unaligned views (pointer not a multiple of 16 B) and the tail take the
 scalar path inside the same kernel.

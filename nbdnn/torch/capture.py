@@ -11,7 +11,7 @@ recipe (warm up on a side stream, then capture) assumes.
 
 With nbdnn.torch it was sometimes not gone (a unit test failed on an H100, the
 first convolution's node: once, the parameters nearest the input; never on the
-CPU). Nothing nbdnn keeps was found holding it (perf/experiments/graph_leak_probe.py).
+CPU). Nothing nbdnn keeps was found holding it (docs/decisions.md "graph_leak_probe").
 Later runs did not see it again in any of graph_leak_race.py's ways: autograd's device
 thread (backward on the calling thread against not, a sleep, a host sync or none), a
 reference cycle (the collector off, a collect after each step, a census of cycles),

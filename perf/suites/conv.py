@@ -15,7 +15,7 @@ from a captured nbdnn.cuda.Graph, which is the GPU's time alone. cuDNN's eager c
 is one launch whose ~35 us of host time the 256 MiB flush before each run hides, so
 its eager time is its GPU time; an nbdnn call of several launches (winograd: four,
 channels-first implicit GEMM: two) can take longer on the host than the flush, and
-then its eager time carries host time (perf/history/runs.md run V). The ratios and
+then its eager time carries host time. The ratios and
 geometric means are of the graph times; "eager" columns show the other.
 
     PYTHONPATH=. python perf/suites/conv.py [--nhwc] [--dtype bfloat16] [--json F]

@@ -1,7 +1,7 @@
 """Every forward algorithm that applies, against cuDNN, over a grid of 3x3/1 layers
 (batch x channels x map size): the measurements behind `_auto_forward`'s choice
 between the implicit GEMM, winograd (F(2x2)) and winograd4 (F(4x4))
-(perf/history/runs.md run V), and "gemm" (im2col + the GEMM); --dtype / --nhwc for
+(measured through graphs), and "gemm" (im2col + the GEMM); --dtype / --nhwc for
 the 16-bit and channels-last choices ("auto" takes the tensor cores there first).
 C = K, padding 1; nbdnn times are GPU times of a captured nbdnn.cuda.Graph (no host
 time), cuDNN's are eager calls with

@@ -80,7 +80,7 @@ def _planned_rows(name, op, args, kw, theirs, calls=1000):
         rows[f"nbdnn {name}, no plan"] = host_cost(lambda: op.unplanned(*args, **kw),
                                                    calls=calls)
     rows[f"torch {name}"] = host_cost(theirs, calls=calls)
-    # the host's speed drifts within seconds (run Z: relu's median 12.7 us, 8.6 taking
+    # the host's speed drifts within seconds (relu's median 12.7 us, 8.6 taking
     # turns with torch): the pair again, taking turns
     rows.update(_interleaved({f"nbdnn {name}": lambda: op(*args, **kw),
                               f"torch {name}": theirs}, rounds=10, calls=300))
@@ -205,7 +205,7 @@ def loop_cost(fn, n=20000):
 
 def _interleaved(fns, rounds=40, calls=500):
     """Median over rounds of each function's mean host cost, the functions taking turns
-    round by round: the device host's speed drifts by up to 40% within seconds (run X),
+    round by round: the device host's speed drifts by up to 40% within seconds,
     so only costs measured side by side compare."""
     import statistics
     costs = {k: [] for k in fns}

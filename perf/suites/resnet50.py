@@ -167,7 +167,7 @@ def torch_rows(batch, train, rows):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     step()
-    # less what was allocated before the model: run AN's 7873 MiB counted nbdnn's
+    # less what was allocated before the model: one measurement's 7873 MiB counted nbdnn's
     # arrays still alive (they come from torch's allocator when fed torch tensors)
     rows["train_torch_memory_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
     rows[f"train_b{batch}_torch_eager_ms"] = gpu_ms(step, reps=5, rounds=9)

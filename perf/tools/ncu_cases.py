@@ -4,7 +4,7 @@ tile, the stem max pool, MobileNet depthwise 3x3 layers and layer_norm_backward;
 tensor-core GEMM on perf/suites/gemm.py's skinny, ragged and square bf16 shapes with
 cuBLAS's kernel for the same product beside each (tc*), and float32 "tf32" with a
 plain b (the parts pass, tf32nn). Each case launches once (numba compiles before the
-launch); `gpu_run.sh ncu-gemm` profiles the tensor-core cases.
+launch).
 
     ncu --set full -k regex:"conv_igemm|gemm_|pool" -o prof \
         python3 perf/tools/ncu_cases.py igemm3x3 gemm4096 pool

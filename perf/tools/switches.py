@@ -2,7 +2,7 @@
 kernel that is still off by default (written, not yet run on an H200) both ways
 without a commit in between:
 
-    python perf/experiments/resnet50_profile.py --set nbdnn.cuda.conv.col2im_quads.ON=1
+    python perf/suites/resnet50.py --set nbdnn.cuda.conv.DATA_1X1_GEMM=0
 
 Each NAME=VALUE is a module attribute's dotted path and a Python literal
 (1/0/True/False, numbers, strings); the attribute must exist (a typo is an error, not

@@ -1,6 +1,6 @@
 """Every tensor-core GEMM code path once, small, checked against PyTorch in float64: for
 compute-sanitizer (memcheck, racecheck), which slows a kernel down hundreds of times,
-so `nbdnn check`'s many examples do not finish (run AD call 3). Paths: 16-bit in the
+so `nbdnn check`'s many examples do not finish in a device call). Paths: 16-bit in the
 four operand majors (the persistent kernel, no split), with the full epilogue, split-K
 (chunk kernel + ordered sum), float32 math tf32 and 3xtf32 (tf32_parts + the tf32
 kernel), a batch broadcast both ways, the sm_80-89 mma.sync kernel (forced); then the

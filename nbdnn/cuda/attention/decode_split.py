@@ -52,7 +52,7 @@ MAX_ROWS = {64: 8, 128: 4}      # ... up to these by D (R 8 at D 128: 524 B spil
 BLOCKS_PER_SM = 16              # chunking's target ...
 MIN_CHUNK_TILES = 1             # ... and each chunk's least T-key tiles (its setup and
 # tail reduction amortised over more keys: B 1 at 8k keys, one tile a chunk, 28%
-# of copy; gpu_run.sh att-decode sweeps both)
+# of copy; perf/suites/attention.py --decode --set ... sweeps both)
 
 
 def usable(q, G, Sq, D, Dv, k, v, geo):

@@ -72,8 +72,8 @@ Q_RAW = True  # (3xtf32) Q kept in shared memory as float32 and split into head 
 # each fragment load, K and V still split once a tile: a third less shared memory (D 128:
 # 135 -> 101 KB, 2 blocks an SM rather than 1) for 3 ALU operations a Q value a tile. At
 # S 4k: D 64 20.8 -> 21.6 TFLOP/s, D 128 9.8 -> 15.9
-KEY_TILES = {}  # (D, P) -> keys a tile, where not config()'s choice (perf/gpu_run.sh
-# att-tf32-tiles sweeps them). 16 keys: half K's and V's shared memory, ptxas 128 registers
+KEY_TILES = {}  # (D, P) -> keys a tile, where not config()'s choice (perf/suites/
+# attention.py --set sweeps them). 16 keys: half K's and V's shared memory, ptxas 128 registers
 # at D 128 (was 154-168). S 4k: tf32 D 64 30.0 -> 33.3, D 128 25.5 -> 29.9; 3xtf32
 # D 128 9.8 -> 14.2 (15.9 with Q raw either way), D 64 20.8 -> 20.8 (18.5 with Q raw)
 PROMOTE_3X = True  # (3xtf32) each key tile's P V from a zero accumulator, added into O on

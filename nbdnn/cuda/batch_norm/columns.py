@@ -24,7 +24,7 @@ vectors (C = 64: 4 rows of 128 bytes in bf16): every access coalesced.
 Traffic an element (bf16): apply reads x (and z, and y when beta != 0), writes y: 4 B;
 dx reads dy and x (and z), writes dx (and dz): 6 B; statistics read x: 2 B; backward
 sums read dy and x (and z): 4-6 B.
-H200 (perf/experiments/bn_columns_ab.py, ResNet-50's nine bf16 shapes, graph
+H200 (docs/decisions.md "bn_columns_ab", ResNet-50's nine bf16 shapes, graph
 replay): training (statistics + apply) 1.05-2.11x the general kernels' speed on all
 but the two smallest maps (14x14x256, 7x7x512: 0.74-0.89x), backward (sums + dx)
 0.75-1.56x; the nine shapes' 18 passes 1487 us against 1950 (PyTorch: 1420).
@@ -40,7 +40,7 @@ THREADS = 32 if SIMULATOR else 256
 RPT = 2  # rows a thread an iteration (dx holds 48 terms and 2 x 24 loaded values)
 MAX_GRID_Y = 65535
 # Off: the general kernels (batch_norm/__init__.py's apply and dx, _bn_sums' columns
-# partials). perf/experiments/bn_columns_ab.py times the two. A profile of
+# partials). docs/decisions.md "bn_columns_ab" times the two. A profile of
 # ResNet-50's bf16 training step (53 calls each): apply 1.26 -> 0.89 ms, statistics'
 # partials 1.51 -> 0.73, backward sums 1.15 -> 0.80, but dx 2.27 -> 2.43 ms (128
 # registers: two blocks an SM, two rows of three arrays in flight a thread; the

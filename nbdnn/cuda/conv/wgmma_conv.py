@@ -49,7 +49,7 @@ from ..tensorcore.tensormap import encoded, encoded_im2col
 from .. import activation as _act
 
 # Measured (H200): a 3 x 9 x 11 x 72 input with 96 3x3 filters at stride 2 left y
-# unwritten. A probe found why (perf/experiments/conv_tc_probe.py, one factor at a time):
+# unwritten. A probe found why (docs/decisions.md "conv_tc_probe", one factor at a time):
 # every call of 64-row tiles 64 wide failed, every other passed; its consumers hold 32
 # columns each, and the staged TMA-store epilogue wrote whole 64-column tiles only, so
 # none (staged_store.usable now sends them to the direct stores). True: only the calls

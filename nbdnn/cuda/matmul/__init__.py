@@ -189,7 +189,7 @@ def _tf32_operands(a, b, trans_a, trans_b, math_mode, stream):
     """(a, b, trans_a, trans_b) for a TF32 mode: K-major operands, a plain A and a
     transposed B. "tf32" on the tensor cores takes an operand that already is one, K a
     multiple of 4 and 16-byte aligned, as it is: TMA rounds it (a TFLOAT32 map, ties
-    to even, perf/experiments/tf32_gemm.py). Every other operand goes through
+    to even, docs/decisions.md "tf32_gemm"). Every other operand goes through
     tf32_parts: rounded (and split, for 3xtf32) into a K-major copy."""
     ash = tuple(int(s) for s in a.shape)  # (the simulator's shapes take no negative index)
     K = ash[-2] if trans_a else ash[-1]

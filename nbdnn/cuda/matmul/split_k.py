@@ -5,7 +5,7 @@ into chunks of at least MIN_CHUNK (a multiple of the kernel's BK), the chunk ker
 writes each chunk's float32 sums to a workspace (splits x M x N x 4 B), and splitk_sum
 adds them in chunk order with the epilogue: the same sum in the same order on every
 run, no atomics. M = 64 from 0.23-0.36x cuBLAS to 0.55-0.61x; M = 256,
-K = 8192 from 0.42x to 0.45x (perf/RESULTS.md). Measured (perf/experiments/skinny_gemm.py,
+K = 8192 from 0.42x to 0.45x (perf/RESULTS.md). Measured (docs/decisions.md "skinny_gemm",
 kernel times under CUPTI): chunks of at least 1024 rather than 512 beat more, shorter
 ones where they differ (64 x 4096 x 4096: 4 chunks 0.61x, 8 chunks 0.57x; M = 128:
 0.53x against 0.42x): a block pays a fixed ~4 us (one 128 x 256 tile of one k-tile
@@ -30,7 +30,7 @@ SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 1024, 16
 WIDE_SPLITS, SPLIT_BYTES = 128, 32 << 20
 # chunks a tile: enough to fill the SMs (False: 32 tiles on 132 SMs take 5, 160 blocks,
 # so 28 SMs run two) or as many as one wave holds (True: 4, 128 blocks, each chunk 5/4
-# as long). Measured (H200, bf16, x cuBLAS, perf/experiments/skinny_gemm.py): 256 x 4096
+# as long). Measured (H200, bf16, x cuBLAS, docs/decisions.md "skinny_gemm"): 256 x 4096
 # x 8192 0.61 -> 0.81, 64 x 8192 x 8192 0.72 -> 0.82, the other shapes unchanged.
 ONE_WAVE = True
 # The widths a 128-row tile may take (wgmma_gemm.gemm picks by tile_width). A grid a

@@ -112,7 +112,7 @@ def _make(k_major):
 
 # Variant 4 (VECTOR; on, H200: the pass of both 4096^2 operands 0.192 ->
 # 0.088 ms, 8192^2 0.751 -> 0.323; "tf32" with a plain b 0.82 -> 0.92x cuBLAS TF32 at
-# 4096^3, 0.92 -> 0.96 at 8192^3, perf/experiments/tf32_gemm.py):
+# 4096^3, 0.92 -> 0.96 at 8192^3, docs/decisions.md "tf32_gemm"):
 # the same 64 x 64 tiles moved 16 bytes at a time, a thread's 4 loads and P stores of
 # float4 groups a pass (ld/st.global.v4.f32) where variant 3 moves 4 bytes an
 # instruction: a quarter of the memory instructions for the same bytes. Needs x's

@@ -11,7 +11,7 @@ across the columns (a wave of blocks shares fewer B columns in L2).
                  2  5  8 11 |          (group = 3: t runs down a group's rows)
 
 The lean setup (wgmma_gemm.LEAN_SETUP): the producer's first TMA copy waited ~1.8 us
-after the block's prologue (perf/experiments/gemm_timeline.py), behind tile_of's
+after the block's prologue (docs/decisions.md "gemm_timeline"), behind tile_of's
 arithmetic and the batch table's global read (offs[2z], offs[2z + 1]). Lean: no table
 read for one matrix (nz == 1: the table is [0, 0]), and the tile arithmetic in uint32
 (numba keeps uint32 // uint32 in 32 bits: div.u32). The int64 version's PTX already

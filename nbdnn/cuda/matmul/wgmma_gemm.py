@@ -70,13 +70,13 @@ from .wgmma_stage import BK, BOX, MAX_SHARED
 BM = 128                                  # the tile's rows (64: SKINNY_TILE)
 # (BN, STAGES[, BM]): the tile's width, the pipeline's depth (and rows). Shipped: 256 x 4;
 # 128 with up to 6 stages gives twice the tiles of a one-wave problem, for
-# perf/experiments/wgmma_tiles.py's sweep (256 x 4 best or tied but at one shape)
+# docs/decisions.md "wgmma_tiles"'s sweep (256 x 4 best or tied but at one shape)
 TILE = (256, 4)
 # a 64 x 256 tile for M <= 64 (the consumers split its columns; 40 KB a stage, so one
 # more stage in flight: what a skinny call's bandwidth needs; 4 beside TMA stores).
 # None: TILE everywhere. Measured (H200, bf16, x cuBLAS): alone it changed nothing (64 x
 # 4096^2 0.61 -> 0.60), with TMA_STORE_F32 and LEAN_SETUP it gives their sum and more:
-# 64 x 4096^2 0.61 -> 0.72, 64 x 8192^2 0.60 -> 0.72 (perf/experiments/skinny_gemm.py).
+# 64 x 4096^2 0.61 -> 0.72, 64 x 8192^2 0.60 -> 0.72 (docs/decisions.md "skinny_gemm").
 SKINNY = (256, 5, 64)
 SKINNY_TILE = SKINNY
 # M (all of a's rows) up to which SKINNY_TILE serves. Measured (x cuBLAS), 64 -> 128: 128
@@ -105,7 +105,7 @@ def shared_bytes(bn, stages, store=False, bm=BM, cluster=0):
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16", "float32": "tf32"}  # (float32: math tf32)
 # the TMA element type of tf32 operands: TFLOAT32 rounds float32 to nearest even on the
-# way in, FLOAT32 lets the tensor cores truncate (perf/experiments/tf32_gemm.py)
+# way in, FLOAT32 lets the tensor cores truncate (docs/decisions.md "tf32_gemm")
 TF32_MAP = "tfloat32"
 GROUP_M = 8      # tile rows of a group in the block order (1: row order, as T1)
 PERSISTENT = True  # one block an SM looping over tiles (False: a block a tile, as T1)

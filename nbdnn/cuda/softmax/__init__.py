@@ -19,7 +19,7 @@ Kernels (traffic per element, float32; +4 B when beta != 0 reads out):
    SM): a block of FUSED_BLOCK threads a row streams it twice, the second read from L2
    when the resident rows fit there (8 B forward and 12 B backward from DRAM; the write
    pass uses evict-first stores so that it does not push the waiting rows out).
-   Measured 65-72% of copy at 32k-64k (perf/experiments/diagnose.py softmax_long), L2-bound.
+   Measured 65-72% of copy at 32k-64k (docs/decisions.md "diagnose" softmax_long), L2-bound.
 3. long (inner == 1, longer rows or too few rows to fill the GPU; up to 2**31 elements
    a row): each row cut into C chunks, C chosen so that rows * C reaches ~4 blocks per
    SM; pass A reduces each chunk to an online (max, sum) pair (backward: a sum), pass B
@@ -61,7 +61,7 @@ ROWS_V16_MIN = 8192               # forward rows longer than this hold 64 values
 ROWS_BLOCK = 128                  # block size when G <= 32 (ROWS_BLOCK // G rows a block)
 ROWS_MAX = {False: 32768, True: 16384}   # longest cached row: forward, backward
 ROWS_MAX_G = {False: 1024, True: 512}    # backward caches 2 arrays: half the lanes
-# kernel 2: fused two-pass rows (measured: perf/experiments/diagnose.py softmax)
+# kernel 2: fused two-pass rows (measured: docs/decisions.md "diagnose" softmax)
 FUSED_MAX = 65536                 # longer rows: kernel 3 (rows past ROWS_MAX: here)
 FUSED_BLOCK = {False: 8, True: 8} if SIMULATOR else {False: 512, True: 1024}  # (simulator: an
 # OS thread a CUDA thread; 32 held softmax's fused crosscheck rows at 15-25 s)
@@ -90,7 +90,7 @@ def row_vs(wide, backward):
 
 def _build(streaming=True, fused_maxreg=None):
     """kernels[(name, dtype)] -> (Kernel, sig) for every storage dtype. The arguments
-    are the fused kernel's tuning knobs (perf/experiments/diagnose.py varies them)."""
+    are the fused kernel's tuning knobs (docs/decisions.md "diagnose" varies them)."""
     table = {}
     for ct_name, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
         f = device_functions(nt)
@@ -141,12 +141,12 @@ def rows_config(L, backward, block, wide=False):
     compute type is float64 (two registers a value).
 
     Past 128 elements the lanes hold as many values as they can: fewer lanes with more
-    values each won at every length measured (H200, 8192 rows, perf/experiments/diagnose.py;
+    values each won at every length measured (H200, 8192 rows, docs/decisions.md "diagnose";
     RESULTS.md): L = 4096 V = 8 95% of copy; L = 8192 V = 8 95%, V = 16 97%;
     L = 16384 V = 16 (256 lanes, 2 blocks an SM) 95% against 72% with V = 8 (512 lanes);
     L = 32768 V = 16 (512 lanes, 1 block an SM) 75% against 52% with V = 8. Backward
     holds two arrays: V <= 8. float64 stops where its kernels would spill
-    (perf/experiments/softmax_caps.py): V <= 2 forward, V <= 4 backward, rows of up to 8192."""
+    (docs/decisions.md "softmax_caps"): V <= 2 forward, V <= 4 backward, rows of up to 8192."""
     if L <= 128 and not block:
         return 1, _pow2(-(-L // 4))
     vmax = row_vs(wide, backward)[-1]

@@ -43,7 +43,7 @@ UNARY = ("sqrt", "not", "finite", "copy")
 # their taps) through shared-memory tiles (transpose.py); False: the gather kernel.
 # Measured (H200): its tests passed, memcheck and racecheck clean, and
 # it moved 318-475 GB/s where the gather moved 173-211 (1.8-2.3x; NCHW <-> NHWC and
-# ResNet-50's filters, perf/experiments/transpose_ab.py; PyTorch's copy 352-729).
+# ResNet-50's filters, docs/decisions.md "transpose_ab"; PyTorch's copy 352-729).
 TILED_TRANSPOSE = True
 
 
