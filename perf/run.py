@@ -74,7 +74,9 @@ def machine():
     gpu = out(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
     return {"gpu": gpu.split(", ")[0] if gpu else None,
             "driver": gpu.split(", ")[1] if gpu else None,
-            "versions": versions, "commit": out(["git", "rev-parse", "--short", "HEAD"]),
+            "versions": versions,  # (a device copy of the tree has no .git: NBDNN_COMMIT)
+            "commit": os.environ.get("NBDNN_COMMIT") or out(["git", "rev-parse", "--short",
+                                                             "HEAD"]),
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
