@@ -80,16 +80,22 @@ def test_numba_facts_is_cached_per_array_and_right_for_views():
 @pytest.mark.parametrize("shape,axis,kernel", [
     ((3, 5), -1, None), ((4, 8), -1, "rows_block"), ((2, 12), -1, "fused"),
     ((2, 40), -1, "long"), ((3, 4, 2), 1, None), ((0, 4), -1, None)])
-def test_softmax_every_path_repeated(shape, axis, kernel):
+def test_softmax_every_path_repeated(monkeypatch, shape, axis, kernel):
     """Every softmax kernel path called five times (the last two replay a plan), with
-    out= holding stale values."""
+    out= holding stale values. (The path is made the choice, not forced: forced() keeps
+    plans out.)"""
+    from nbdnn.cuda import softmax as S
+    path = S._path  # the module's own chooser, wrapped for this test
+    monkeypatch.setattr(S, "_path", lambda outer, L, inner, backward, force, wide=False:
+                        path(outer, L, inner, backward, kernel, wide))
+    monkeypatch.setattr(S, "_CHOICES", {})
     rng = np.random.default_rng(1)
     h = rng.standard_normal(shape).astype(np.float32)
     want = nbdnn.softmax(h.astype(np.float64), axis, algo="log")
     x = to_device(h)
     for _ in range(5):
         y = to_device(np.full_like(h, 7.0))
-        assert nbdnn.softmax(x, axis, algo="log", out=y, _kernel=kernel) is y
+        assert nbdnn.softmax(x, axis, algo="log", out=y) is y
         np.testing.assert_allclose(y.copy_to_host(), want, rtol=1e-5, atol=1e-5)
 
 

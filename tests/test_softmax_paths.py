@@ -40,6 +40,35 @@ def test_sixteen_vector_rows_match_the_reference(monkeypatch, L, algo):
     x = rng.standard_normal((2, L)).astype(np.float32) * 4
     out = rng.standard_normal((2, L)).astype(np.float32)
     ref = 0.5 * nbdnn.softmax(x, -1, algo=algo) + 0.25 * out
-    got = nbdnn.softmax(x, -1, algo=algo, alpha=0.5, beta=0.25, out=out.copy(),
-                        backend="cuda", _kernel="rows_block")
+    with S.forced("rows_block"):
+        got = nbdnn.softmax(x, -1, algo=algo, alpha=0.5, beta=0.25, out=out.copy(),
+                            backend="cuda")
     np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)
+
+
+def test_forced_runs_the_named_path_and_keeps_plans_out():
+    """forced(name) puts this thread's calls on that path (the names of the kernels
+    launched), with the reference's answer; outside, the choice is the shape's again,
+    and calls inside neither record nor replay eager call plans (ops/_plan.py)."""
+    from nbdnn.cuda.runtime.arrays import to_device
+    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.ops import _plan
+    h = np.random.default_rng(0).standard_normal((2, 65)).astype(np.float32)
+    want, x = nbdnn.softmax(h, -1), to_device(h)
+    kernels = {"fused": ["softmax_fused"], "long": ["softmax_long_stats", "softmax_long_apply"],
+               "strided": ["softmax_strided"]}
+    for path, names in kernels.items():
+        _plan.clear()
+        with S.forced(path):
+            for _ in range(5):  # past the 4th call: a plan would replay here
+                with launched() as got:
+                    y = nbdnn.softmax(x, -1)
+                assert got == names, (path, got)
+                np.testing.assert_allclose(y.copy_to_host(), want, rtol=1e-5, atol=1e-6)
+            assert not _plan.plans_of_this_thread(), path
+    with launched() as got:
+        nbdnn.softmax(x, -1)
+    assert got == ["softmax_rows_fwd_v1"]
+    with pytest.raises(ValueError, match="rows_block"):
+        with S.forced("tiled"):
+            pass

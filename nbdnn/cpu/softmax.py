@@ -43,13 +43,13 @@ def backward(dy, y, axis, algo):
         return y * (dy - (dy * y).sum(axis=axis, keepdims=True))
 
 
-def softmax(x, axis, algo, *, alpha, beta, out, stream=None, _kernel=None):
+def softmax(x, axis, algo, *, alpha, beta, out, stream=None):
     """y = alpha * softmax(x, axis) + beta * out."""
     ct = compute_dtype(x.dtype)
     return blend(forward(x.astype(ct, copy=False), axis, algo), out, alpha, beta, x.dtype)
 
 
-def softmax_backward(dy, y, axis, algo, *, alpha, beta, out, stream=None, _kernel=None):
+def softmax_backward(dy, y, axis, algo, *, alpha, beta, out, stream=None):
     """dx = alpha * softmax'(dy, y) + beta * out."""
     ct = compute_dtype(y.dtype)
     r = backward(dy.astype(ct, copy=False), y.astype(ct, copy=False), axis, algo)

@@ -4,18 +4,12 @@ algo "fast" (CUDNN_SOFTMAX_FAST: exp without max subtraction), "accurate"
 (CUDNN_SOFTMAX_ACCURATE: max-subtracted) and "log" (CUDNN_SOFTMAX_LOG: log-softmax).
 axis=1 on an NCHW tensor is cuDNN's CHANNEL mode; axis=-1 is the row softmax of
 attention and classifiers. The formulas are in nbdnn/cpu/softmax.py.
-
-`_kernel` is private, for tests: on the CUDA backend it forces one kernel path
-("rows", "rows_block", "fused", "long", "strided"; see nbdnn/cuda/softmax/__init__.py) where the shape
-allows it; the CPU backend ignores it.
+The CUDA kernels' paths: nbdnn/cuda/softmax/__init__.py (`forced(name)` runs one).
 """
 from .._vocab import BF16_DTYPES, SOFTMAX_ALGOS as ALGOS
 from ..errors import BadParamError, fail
 from .registry import op
 from ._common import Call, blend_params, choice, normalize_axis, same_dtype, same_shape
-
-KERNELS = (None, "rows", "rows_block", "fused", "long", "strided")
-
 
 def _axis(op, name, axis, shape):
     if len(shape) == 0:
@@ -25,8 +19,9 @@ def _axis(op, name, axis, shape):
 
 @op("softmax", backward="softmax_backward", in_place=("x",))
 def softmax(x, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
-            backend=None, stream=None, _kernel=None):
-    """y = alpha * softmax(x, axis) + beta * out.
+            backend=None, stream=None):
+    """y = alpha * softmax(x, axis) + beta * out. axis 1 by default: cuDNN's CHANNEL
+    mode over NCHW; -1 for rows (attention, classifiers).
 
     fast: exp(x) / sum exp(x); accurate: exp(x - max) / sum exp(x - max);
     log: x - max - log(sum exp(x - max)). x: any shape (ndim >= 1),
@@ -36,15 +31,14 @@ def softmax(x, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
     shape, dtype = c.array("x", x, BF16_DTYPES)
     axis = _axis(op, "x", axis, shape)
     choice(op, "algo", algo, ALGOS)
-    choice(op, "_kernel", _kernel, KERNELS)
     alpha, beta = blend_params(op, alpha, beta, out)
     out = c.out(out, shape, dtype)
-    return c.run("softmax", x, axis, algo, alpha=alpha, beta=beta, out=out, _kernel=_kernel)
+    return c.run("softmax", x, axis, algo, alpha=alpha, beta=beta, out=out)
 
 
 @op("softmax", in_place=("dy", "y"))
 def softmax_backward(dy, y, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
-                     backend=None, stream=None, _kernel=None):
+                     backend=None, stream=None):
     """dx = alpha * dL/dx + beta * out, given y = softmax(x) (log-softmax for "log").
 
     fast/accurate: dx = y * (dy - sum(dy * y, axis)); log: dx = dy - exp(y) * sum(dy,
@@ -57,8 +51,6 @@ def softmax_backward(dy, y, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out
     same_dtype(op, ["y", "dy"], [dtype, ddtype])
     axis = _axis(op, "y", axis, shape)
     choice(op, "algo", algo, ALGOS)
-    choice(op, "_kernel", _kernel, KERNELS)
     alpha, beta = blend_params(op, alpha, beta, out)
     out = c.out(out, shape, dtype)
-    return c.run("softmax_backward", dy, y, axis, algo, alpha=alpha, beta=beta, out=out,
-                 _kernel=_kernel)
+    return c.run("softmax_backward", dy, y, axis, algo, alpha=alpha, beta=beta, out=out)

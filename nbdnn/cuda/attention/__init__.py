@@ -17,14 +17,13 @@
 geometry.py names a call as the kernels see it (Geometry). FORWARD and BACKWARD below
 declare the variants, the first usable one runs a call; `forced(name)` makes a test or
 a benchmark run one (NotSupportedError where it cannot take the call)."""
-import contextlib
 import dataclasses
-from typing import Callable
 
 from ..runtime.arrays import dtype_name, empty
 from ..runtime.device import sm_count
+from ..runtime import variants
+from ..runtime.variants import Variant
 from ..runtime.simulator import SIMULATOR
-from ...arrays import capture_state
 from ...errors import NotSupportedError
 from . import decode, decode_split, flash, flash_bwd, flash_tf32, gemm, simt
 from .geometry import geometry
@@ -58,16 +57,6 @@ class Call:
     @property
     def dtype(self):
         return dtype_name(self.q)
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """A way to run a call: usable(call) says whether its kernels take it (their limits
-    and where it is the better choice), run(call) launches them."""
-    name: str
-    usable: Callable
-    run: Callable
-    doc: str
 
 
 def _mask_arrays(ref, attn_mask):
@@ -202,28 +191,18 @@ BACKWARD = (
 
 
 
-@contextlib.contextmanager
 def forced(name):
     """Inside (this thread): calls run the variant `name` (forward and backward, where
     each table has one by that name) or raise NotSupportedError where its kernels cannot
-    take a call. Eager call plans neither replay nor record inside (ops/_plan.py): a
-    plan's key does not hold the choice."""
-    if not any(v.name == name for v in FORWARD + BACKWARD):
-        raise ValueError(f"no attention variant {name!r}: "
-                         f"{sorted({v.name for v in FORWARD + BACKWARD})}")
-    stack = capture_state.__dict__.setdefault("forced", [])
-    stack.append(name)
-    try:
-        yield
-    finally:
-        stack.pop()
+    take a call (runtime/variants.py)."""
+    return variants.forced("attention", name, {v.name for v in FORWARD + BACKWARD})
 
 
 def choose(table, c):
     """The variant of `table` that runs call c."""
-    stack = capture_state.__dict__.get("forced")
-    if stack:
-        want = next((v for v in table if v.name == stack[-1]), None)
+    name = variants.forced_variant("attention")
+    if name is not None:
+        want = next((v for v in table if v.name == name), None)
         if want is not None:
             if not want.usable(c):
                 raise NotSupportedError(f"scaled_dot_product_attention: variant {want.name!r} "

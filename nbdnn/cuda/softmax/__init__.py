@@ -35,8 +35,9 @@ log-softmax is computed as (x - m) - log(s), so large |x| (1e4) loses nothing to
 rounding m + log(s). Non-finite inputs follow nbdnn/cpu/softmax.py: NaN or +inf in a
 row makes the row NaN (the online kernels force it: their sum stays finite when the max
 is +inf). Under the simulator (no warp shuffles) every reduction goes through shared
-memory, and LONG_*/STRIDED_* sizes shrink to keep thread counts small. The private
-`_kernel` argument ("rows", "rows_block", "fused", "long", "strided") forces a path for tests.
+memory, and LONG_*/STRIDED_* sizes shrink to keep thread counts small. `forced(name)`
+("rows", "rows_block", "fused", "long", "strided") makes this thread's calls take one
+path where the shape allows it (tests, benchmarks; runtime/variants.py).
 """
 import math
 
@@ -47,6 +48,7 @@ from ..runtime.simulator import SIMULATOR
 from ..runtime.arrays import dtype_name, empty, size, vector_aligned
 from ..runtime.intrinsics import array_type, load4, narrow, store4, vector_alignment, widen
 from ..runtime.launch import Kernel
+from ..runtime import variants
 from ..runtime.block_reduce import FAST, LOG, SHM, device_functions
 from .rows import rows_kernel as _rows_kernel
 from .stream import stream_kernels
@@ -269,16 +271,27 @@ def _run(op, arrays, dst, shape, axis, algo, alpha, beta, force, stream):
                  alpha, beta)
 
 
-def softmax(x, axis, algo, *, alpha, beta, out, stream, _kernel=None):
+PATHS = ("rows", "rows_block", "fused", "long", "strided")
+
+
+def forced(name):
+    """Inside (this thread): calls take the path `name` (one of PATHS) where the shape
+    allows it: "rows_block" needs a row configuration (else "long"), "rows"/"fused"/
+    "long" a softmax over the last axis (else "strided")."""
+    return variants.forced("softmax", name, PATHS)
+
+
+def softmax(x, axis, algo, *, alpha, beta, out, stream):
     """y = alpha * softmax(x, axis) + beta * out; x contiguous (ops made it so)."""
     y = out if out is not None else empty(x, x.shape, dtype_name(x))
-    _run("softmax", (x,), y, tuple(x.shape), axis, algo, alpha, beta, _kernel, stream)
+    _run("softmax", (x,), y, tuple(x.shape), axis, algo, alpha, beta,
+         variants.forced_variant("softmax"), stream)
     return y
 
 
-def softmax_backward(dy, y, axis, algo, *, alpha, beta, out, stream, _kernel=None):
+def softmax_backward(dy, y, axis, algo, *, alpha, beta, out, stream):
     """dx = alpha * softmax'(dy, y) + beta * out."""
     dx = out if out is not None else empty(y, y.shape, dtype_name(y))
     _run("softmax_backward", (dy, y), dx, tuple(y.shape), axis, algo, alpha, beta,
-         _kernel, stream)
+         variants.forced_variant("softmax"), stream)
     return dx

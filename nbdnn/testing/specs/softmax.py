@@ -3,10 +3,10 @@
 Each maker draws one of four shape families so that every CUDA kernel is reached:
 any shape and axis; rows with L % 4 == 0 (the 16-byte vector path); NCHW over the
 channels (the strided kernel); long rows (big: past the register cache, kernel 2;
-small: short rows forced onto kernel 2 through the private `_kernel` knob, which the
-CPU reference ignores). `_kernel` is also drawn at random ("rows_block" puts short rows
-on the block-per-row variant, "fused" on the two-pass block-per-row kernel, "strided"
-runs the strided kernel with inner == 1).
+small: short rows forced onto kernel 2: nbdnn.cuda.softmax.forced, around the CUDA call
+alone). A forced path is also drawn at random ("rows_block" puts short rows on the
+block-per-row variant, "fused" on the two-pass block-per-row kernel, "strided" runs the
+strided kernel with inner == 1).
 Backward inputs use a real forward output for y (softmax, or log-softmax for "log").
 """
 import numpy as np
@@ -17,6 +17,17 @@ from nbdnn.testing.harness import Case, OpSpec, rand, reduction_tol, shape_nd
 
 from nbdnn._vocab import BF16_DTYPES, SOFTMAX_ALGOS as ALGOS
 _FORCE = (None, None, None, "rows_block", "fused", "long", "strided")
+
+
+def _forced(path):
+    """The Case's context for the CUDA call: softmax's path `path` forced (None: none)."""
+    if path is None:
+        return None
+
+    def context():
+        from nbdnn.cuda import softmax as cuda_softmax
+        return cuda_softmax.forced(path)
+    return context
 
 
 def _shape_axis(draw, big):
@@ -47,13 +58,13 @@ def _maker(algo, backward):
         shape, axis, force = _shape_axis(draw, big)
         x = rand(rng, shape, dtype)
         L = shape[axis]
-        kw = {"axis": axis, "algo": algo, "_kernel": force}
+        kw = {"axis": axis, "algo": algo}
         tol = reduction_tol(dtype, L)
         if not backward:
-            return Case((x,), kw, tol=tol)
+            return Case((x,), kw, tol=tol, forced=_forced(force))
         y = _forward(x.astype(np.float64), axis, algo).astype(dtype)
         dy = rand(rng, shape, dtype, -1.0, 1.0)
-        return Case((dy, y), kw, tol=tol)
+        return Case((dy, y), kw, tol=tol, forced=_forced(force))
     return make
 
 
@@ -73,12 +84,13 @@ def _edge(name, algo, backward):
         shape, axis, force = EDGES[name]
         rng = np.random.default_rng(len(name))
         x = rand(rng, shape, dtype)
-        kw = {"axis": axis, "algo": algo, "_kernel": force}
+        kw = {"axis": axis, "algo": algo}
         tol = reduction_tol(dtype, shape[axis])
         if not backward:
-            return Case((x,), kw, tol=tol)
+            return Case((x,), kw, tol=tol, forced=_forced(force))
         y = _forward(x.astype(np.float64), axis, algo).astype(dtype)
-        return Case((rand(rng, shape, dtype, -1.0, 1.0), y), kw, tol=tol)
+        return Case((rand(rng, shape, dtype, -1.0, 1.0), y), kw, tol=tol,
+                    forced=_forced(force))
     return make
 
 
