@@ -1,5 +1,5 @@
 """float32's "3xtf32" at float32's accuracy on the GPU, at reduction lengths K >= 4096
-(perf/RESULTS.md, "3xtf32's lost accuracy": the tensor cores' accumulation truncates
+(docs/decisions.md, "tf32_accuracy": the tensor cores' accumulation truncates
 toward zero at every step, so a long product drifts low; the wgmma kernel adds each
 k-tile's product on the CUDA cores instead). Each path against float64, beside the IEEE
 (FMA) result of the same product: its error within a small multiple of IEEE's, and no

@@ -1,30 +1,103 @@
-"""Rewrite every generated block in the tree from its source of truth; the tests that
-check each block (named beside it) fail until this has run.
-- nbdnn/__init__.py's exports, from the op registry (nbdnn/ops/registry.exports_source;
-  tests/test_backends.py).
+"""Rewrite every generated block in the tree from its source of truth; tests/test_docs.py
+and tests/test_backends.py fail until this has run after a change to what a block quotes.
+- nbdnn/__init__.py's exports, from the op registry (registry.exports_source).
+- docs/ops/<family>.md's API section: each op's signature and docstring.
+- README.md's family table: each family's ops (the registry) and the CUDA paths and
+  headline its page states (the page's "**CUDA paths:**" and "**Headline:**" lines).
 
     python tools/generate.py
 """
+import inspect
 import os
-
-from nbdnn.ops import registry
+import re
+import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+from nbdnn.ops import registry  # noqa: E402  (the checkout's nbdnn, not an installed one)
+
+END = "<!-- end generated -->"
 
 
-def replace_block(path, block):
-    """The file at path with its block (from its first line up to and including its
-    last) replaced by `block`."""
-    text = open(path).read()
-    first, last = block.split("\n", 1)[0][:20], block.rstrip("\n").rsplit("\n", 1)[1]
-    head, rest = text.split(first, 1)
-    tail = rest.split(last, 1)[1].split("\n", 1)[1]
-    new = head + block + tail
-    if new != text:
+def page(family):
+    return os.path.join(ROOT, "docs", "ops", f"{family}.md")
+
+
+def api_block(family, records):
+    """docs/ops/<family>.md's API section: each op's signature and docstring."""
+    out = ["<!-- generated: api (tools/generate.py from the op registry) -->", "## API", ""]
+    for r in records.values():
+        if r.family != family:
+            continue
+        out += [f"### `nbdnn.{r.name}{inspect.signature(r.fn)}`", "",
+                inspect.cleandoc(r.fn.__doc__ or "(no docstring)"), ""]
+    return "\n".join(out + [END]) + "\n"
+
+
+def stated(family, label):
+    """The text after `**label:**` on the family's page, its lines joined."""
+    text = open(page(family)).read()
+    m = re.search(rf"^\*\*{label}:\*\* (.*?)(?=\n\*\*|\n\n)", text, re.M | re.S)
+    if m is None:
+        raise SystemExit(f"docs/ops/{family}.md states no **{label}:** line")
+    return " ".join(m.group(1).split())
+
+
+def family_table(records):
+    """README.md's table: a row a family."""
+    out = ["<!-- generated: families (tools/generate.py from the op registry and docs/ops/) -->",
+           "| family | ops | CUDA paths | headline |", "|---|---|---|---|"]
+    for family in sorted({r.family for r in records.values()}):
+        ops = ", ".join(f"`{r.name}`" for r in records.values() if r.family == family)
+        out.append(f"| [{family}](docs/ops/{family}.md) | {ops} | "
+                   f"{stated(family, 'CUDA paths')} | {stated(family, 'Headline')} |")
+    return "\n".join(out + [END]) + "\n"
+
+
+def blocks():
+    """{path: [block, ...]} of every generated block, as it should read now."""
+    records = registry.load()
+    out = {os.path.join(ROOT, "nbdnn", "__init__.py"): [registry.exports_source(records)],
+           os.path.join(ROOT, "README.md"): [family_table(records)]}
+    for family in sorted({r.family for r in records.values()}):
+        out[page(family)] = [api_block(family, records)]
+    return out
+
+
+def current(text, block):
+    """The block of `text` that starts with block's first line (through its last
+    line), or None."""
+    first, last = block.split("\n", 1)[0], block.rstrip("\n").rsplit("\n", 1)[1]
+    key = first[:30]
+    if key not in text:
+        return None
+    rest = key + text.split(key, 1)[1]
+    if last not in rest:
+        return None
+    return rest.split(last, 1)[0] + last + "\n"
+
+
+def stale():
+    """[(path, block)] of the blocks that differ from the tree's."""
+    bad = []
+    for path, bs in blocks().items():
+        text = open(path).read() if os.path.exists(path) else ""
+        bad += [(path, b) for b in bs if current(text, b) != b]
+    return bad
+
+
+def main():
+    for path, block in stale():
+        text = open(path).read()
+        old = current(text, block)
+        if old is None:
+            raise SystemExit(f"{os.path.relpath(path, ROOT)}: no block starting "
+                             f"{block.split(chr(10), 1)[0]!r} to rewrite")
         with open(path, "w") as f:
-            f.write(new)
+            f.write(text.replace(old, block, 1))
         print("rewrote", os.path.relpath(path, ROOT))
 
 
 if __name__ == "__main__":
-    replace_block(os.path.join(ROOT, "nbdnn", "__init__.py"), registry.exports_source(registry.load()))
+    main()

@@ -79,10 +79,11 @@ def pool2d(x, kernel, **kw):
     axis, or (pre, post) pairs), dilation, mode ("max", "avg" counting padding,
     "avg_exclude_pad"), ceil_mode, nan_propagation (max: True gives NaN for a window
     holding one, False skips NaNs), divisor (the averages: a nonzero int dividing every
-    window's sum in place of its count, PyTorch's divisor_override), layout ("NCHW"/"NHWC"), alpha, beta, out. Global
-    average pooling: kernel = the spatial shape, mode "avg". Padding may exceed half the
-    window (PyTorch refuses it): a window of padding alone gives -inf (max), 0 (avg) or
-    0 (avg_exclude_pad, no elements), as cuDNN's kernels do."""
+    window's sum in place of its count, PyTorch's divisor_override), layout
+    ("NCHW"/"NHWC"), alpha, beta, out. Global average pooling: kernel = the spatial
+    shape, mode "avg". Padding may exceed half the window (PyTorch refuses it): a window
+    of padding alone gives -inf (max), 0 (avg) or 0 (avg_exclude_pad, no elements), as
+    cuDNN's kernels do."""
     return pool(2, x, kernel, **kw)
 
 
