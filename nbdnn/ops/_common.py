@@ -59,7 +59,8 @@ def _allowed(dtypes):
 class Call:
     """One op call: the chosen backend and the arrays going to it.
 
-    Typical use in an op:  c = Call(op, family, backend, x=x, out=out);
+    Typical use in an op:  c = Call(op, backend, stream, x=x, out=out) (the family is
+    the op's record's);
     shape, dtype = c.array("x", x); ...checks...; return c.run(fname, x, ..., out=out)
 
     This sits on every eager call's path, so it does the least work it can: one
@@ -68,8 +69,8 @@ class Call:
     __slots__ = ("op", "family", "backend", "copy", "strided", "stream", "arrays", "outs",
                  "device")
 
-    def __init__(self, op, family, backend, stream=None, **arrays):
-        self.op, self.family = op, family
+    def __init__(self, op, backend, stream=None, **arrays):
+        self.op, self.family = op, OPS[op].family
         self.arrays, self.outs = arrays, None
         self.backend, self.copy = _backend.choose(op, arrays, backend)
         if stream is not None:

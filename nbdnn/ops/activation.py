@@ -51,7 +51,7 @@ def activation(x, mode="relu", *, coef=None, alpha=1.0, beta=0.0, out=None,
     op = "activation"
     coef = _coef(op, mode, coef)
     alpha, beta = blend_params(op, alpha, beta, out)
-    c = Call(op, "activation", backend, stream, x=x, out=out)
+    c = Call(op, backend, stream, x=x, out=out)
     shape, dtype = c.array("x", x, BF16_DTYPES)
     out = c.out(out, shape, dtype)
     return c.run("activation", x, mode, coef, alpha=alpha, beta=beta, out=out)
@@ -66,7 +66,7 @@ def activation_backward(dy, x, y=None, mode="relu", *, coef=None, alpha=1.0, bet
     read); y, the forward output, is accepted for cuDNN's argument list and checked
     for shape, but not read."""
     op = "activation_backward"
-    c = Call(op, "activation", backend, stream, dy=dy, x=x, y=y, out=out)
+    c = Call(op, backend, stream, dy=dy, x=x, y=y, out=out)
     dshape, ddtype = c.array("dy", dy, BF16_DTYPES)
     shape, dtype = c.array("x", x, BF16_DTYPES)
     names, shapes, dtypes = ["x", "dy"], [shape, dshape], [dtype, ddtype]

@@ -141,7 +141,7 @@ def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_c
     float16, bfloat16 (float32 inside, p rounded to the dtype before p v), float32
     (math: "ieee", "tf32", "3xtf32"), float64. A fully masked row: o = 0, lse = -inf."""
     op = "scaled_dot_product_attention"
-    c = Call(op, "attention", backend, stream, q=q, k=k, v=v, attn_mask=attn_mask,
+    c = Call(op, backend, stream, q=q, k=k, v=v, attn_mask=attn_mask,
              seq_lens_q=seq_lens_q, seq_lens_k=seq_lens_k, out=out)
     dims = _dims(op, c, q, k, v, layout, enable_gqa)
     B, Hq, Hk, Sq, Sk, D, Dv, dtype = dims
@@ -165,7 +165,7 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, *, attn_mask=None
     the forward's keywords. out: a tuple of the three gradients' buffers."""
     op = "scaled_dot_product_attention_backward"
     outs = out_tuple(op, out, ("dq", "dk", "dv"))
-    c = Call(op, "attention", backend, stream, do=do, q=q, k=k, v=v, o=o, lse=lse,
+    c = Call(op, backend, stream, do=do, q=q, k=k, v=v, o=o, lse=lse,
              attn_mask=attn_mask, seq_lens_q=seq_lens_q, seq_lens_k=seq_lens_k,
              **{f"out[{i}]": t for i, t in enumerate(outs)})
     dims = _dims(op, c, q, k, v, layout, enable_gqa)

@@ -53,7 +53,7 @@ def batch_norm_train(x, scale=None, bias=None, running_mean=None, running_var=No
     compute dtype, C-contiguous) are updated in place with `momentum` (cuDNN's
     exponential average factor; unbiased variance). out: y's buffer."""
     op = "batch_norm_train"
-    c = Call(op, "batch_norm", backend, stream, x=x, scale=scale, bias=bias,
+    c = Call(op, backend, stream, x=x, scale=scale, bias=bias,
              running_mean=running_mean, running_var=running_var, residual=residual, out=out)
     shape, dtype = c.array("x", x, BF16_DTYPES)
     shape = tuple(shape)
@@ -82,7 +82,7 @@ def batch_norm_infer(x, scale, bias, mean, var, *, eps=1e-5, mode="spatial", lay
     """y = alpha * act(scale * (x - mean) / sqrt(var + eps) + bias + residual) + beta *
     out, with given statistics (the running ones; compute dtype)."""
     op = "batch_norm_infer"
-    c = Call(op, "batch_norm", backend, stream, x=x, scale=scale, bias=bias, mean=mean,
+    c = Call(op, backend, stream, x=x, scale=scale, bias=bias, mean=mean,
              var=var, residual=residual, out=out)
     shape, dtype = c.array("x", x, BF16_DTYPES)
     shape = tuple(shape)
@@ -108,7 +108,7 @@ def batch_norm_backward(dy, x, scale, saved_mean, saved_invstd, *, bias=None, re
     required(op, dy=dy)
     outs = out_tuple(op, out, ("dx", "dscale", "dbias") + (("dresidual",) if residual is not
                                                             None else ()))
-    c = Call(op, "batch_norm", backend, stream, dy=dy, x=x, scale=scale, bias=bias,
+    c = Call(op, backend, stream, dy=dy, x=x, scale=scale, bias=bias,
              saved_mean=saved_mean, saved_invstd=saved_invstd, residual=residual,
              **{f"out[{i}]": o for i, o in enumerate(outs)})
     shape, dtype = c.array("x", x, BF16_DTYPES)

@@ -149,7 +149,7 @@ def conv(nd, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
          residual=None, alpha=1.0, beta=0.0, alpha2=1.0, math=None, out=None, backend=None,
          stream=None):
     op = f"conv{nd}d"
-    c = Call(op, "conv", backend, stream, x=x, w=w, bias=bias, residual=residual, out=out)
+    c = Call(op, backend, stream, x=x, w=w, bias=bias, residual=residual, out=out)
     x_shape, dtype = c.array("x", x, BF16_DTYPES)
     w_shape, w_dtype = c.array("w", w, BF16_DTYPES)
     same_dtype(op, ["x", "w"], [dtype, w_dtype])
@@ -231,7 +231,7 @@ def conv3d(x, w, bias=None, **kw):
 
 
 def _backward_call(op, names, arrays, backend, stream, out):
-    c = Call(op, "conv", backend, stream, out=out, **dict(zip(names, arrays)))
+    c = Call(op, backend, stream, out=out, **dict(zip(names, arrays)))
     described = [c.array(n, a, BF16_DTYPES) for n, a in zip(names, arrays)]
     same_dtype(op, list(names), [d for _, d in described])
     return c, [tuple(s) for s, _ in described], described[0][1]

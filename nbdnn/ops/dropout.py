@@ -38,7 +38,7 @@ def dropout(x, p, *, seed, offset=0, out=None, backend=None, stream=None):
     0, n, 2n, ... on every backend. out: y's buffer."""
     op = "dropout"
     counter = hasattr(offset, "shape") and not isinstance(offset, numbers.Integral)
-    c = Call(op, "dropout", backend, stream, x=x, out=out,
+    c = Call(op, backend, stream, x=x, out=out,
              **({"offset": offset} if counter else {}))
     shape, dtype = c.array("x", x, BF16_DTYPES)
     p = _p(op, p)
@@ -56,7 +56,7 @@ def dropout_backward(dy, mask, p, *, out=None, backend=None, stream=None):
     """dx = dy / (1 - p) where mask is nonzero, exactly 0 where it is 0 (Inf and NaN in
     dy too), given the forward's mask (uint8) and p."""
     op = "dropout_backward"
-    c = Call(op, "dropout", backend, stream, dy=dy, mask=mask, out=out)
+    c = Call(op, backend, stream, dy=dy, mask=mask, out=out)
     shape, dtype = c.array("dy", dy, BF16_DTYPES)
     mshape, mdtype = c.array("mask", mask, dtypes=None)
     if mdtype != np.uint8:

@@ -26,7 +26,7 @@ def lrn(x, n=5, alpha=1e-4, beta=0.75, k=2.0, *, layout="NCHW", out=None, backen
     """y = x / (k + alpha/n * sum of x^2 over the channel window)^beta; the window of
     channel c is c - n//2 ... c + (n-1)//2 (symmetric for odd n, as cuDNN's)."""
     op = "lrn"
-    c = Call(op, "lrn", backend, stream, x=x, out=out)
+    c = Call(op, backend, stream, x=x, out=out)
     shape, dtype = c.array("x", x, BF16_DTYPES)
     args = _params(op, tuple(shape), n, alpha, beta, k, layout)
     return c.run("lrn", x, *args, out=c.out(out, tuple(shape), dtype))
@@ -37,7 +37,7 @@ def lrn_backward(dy, x, n=5, alpha=1e-4, beta=0.75, k=2.0, *, layout="NCHW", out
                  backend=None, stream=None):
     """dx for y = lrn(x, n, alpha, beta, k) given dy."""
     op = "lrn_backward"
-    c = Call(op, "lrn", backend, stream, dy=dy, x=x, out=out)
+    c = Call(op, backend, stream, dy=dy, x=x, out=out)
     shape, dtype = c.array("x", x, BF16_DTYPES)
     dshape, ddtype = c.array("dy", dy, BF16_DTYPES)
     same_shape(op, ["x", "dy"], [tuple(shape), tuple(dshape)])

@@ -45,7 +45,7 @@ def matmul(a, b, *, trans_a=False, trans_b=False, bias=None, activation=None, co
     "ieee", "tf32" or "3xtf32" (None: the current default; nbdnn/_math_mode.py).
     Returns c of shape (batch..., M, N) and a's dtype (or `out`)."""
     op = "matmul"
-    c = Call(op, "matmul", backend, stream, a=a, b=b, bias=bias, out=out)
+    c = Call(op, backend, stream, a=a, b=b, bias=bias, out=out)
     a_shape, dtype = c.array("a", a, BF16_DTYPES)
     b_shape, b_dtype = c.array("b", b, BF16_DTYPES)
     same_dtype(op, ["a", "b"], [dtype, b_dtype])
@@ -75,7 +75,7 @@ def matmul_backward(dc, a, b, *, trans_a=False, trans_b=False, bias=False, math=
     op = "matmul_backward"
     bias = flag(op, "bias", bias)
     outs = out_tuple(op, out, ("da", "db") + (("dbias",) if bias else ()))
-    c = Call(op, "matmul", backend, stream, dc=dc, a=a, b=b,
+    c = Call(op, backend, stream, dc=dc, a=a, b=b,
              **{f"out[{i}]": o for i, o in enumerate(outs)})
     dc_shape, dc_dtype = c.array("dc", dc, BF16_DTYPES)
     a_shape, dtype = c.array("a", a, BF16_DTYPES)

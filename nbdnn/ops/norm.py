@@ -50,7 +50,7 @@ def check_stats(c, op, names, arrays, lead, dtype, what="x's rows", optional=Fal
 
 def _forward(op, x, scale, bias, ndim, eps, out, backend, stream):
     """(call, checked arguments) of a forward op."""
-    c = Call(op, "norm", backend, stream, x=x, scale=scale, bias=bias, out=out)
+    c = Call(op, backend, stream, x=x, scale=scale, bias=bias, out=out)
     shape, dtype = c.array("x", x, BF16_DTYPES)
     shape = tuple(shape)
     ndim = _ndim(op, ndim, shape)
@@ -81,7 +81,7 @@ def rms_norm(x, scale=None, bias=None, *, ndim=1, eps=1e-6, out=None, backend=No
 def _backward(op, dy, x, stats, names, scale, ndim, out, backend, stream):
     """(call, checked arguments, out tuple or None) of a backward op."""
     outs = out_tuple(op, out, ("dx", "dscale", "dbias"))
-    c = Call(op, "norm", backend, stream, dy=dy, x=x, scale=scale,
+    c = Call(op, backend, stream, dy=dy, x=x, scale=scale,
              **dict(zip(names, stats)), **{f"out[{i}]": o for i, o in enumerate(outs)})
     shape, dtype = c.array("x", x, BF16_DTYPES)
     dshape, ddtype = c.array("dy", dy, BF16_DTYPES)
@@ -159,7 +159,7 @@ def group_norm(x, groups, scale=None, bias=None, *, eps=1e-5, layout="NCHW", out
 def _group_norm(op, x, groups, scale, bias, eps, layout, out, backend, stream):
     """group_norm's front end for op (group_norm, or instance_norm with groups None: a
     group a channel), errors naming op."""
-    c = Call(op, "norm", backend, stream, x=x, scale=scale, bias=bias, out=out)
+    c = Call(op, backend, stream, x=x, scale=scale, bias=bias, out=out)
     shape, dtype, groups, last = _grouped(op, c, x, scale, bias, groups, layout)
     eps = scalar(op, "eps", eps, low=0.0, low_open=True)
     out = c.out(out, shape, dtype)
@@ -185,7 +185,7 @@ def group_norm_backward(dy, x, mean, invstd, scale=None, *, groups, layout="NCHW
 def _group_norm_backward(op, dy, x, mean, invstd, scale, groups, layout, out, backend,
                          stream):
     outs = out_tuple(op, out, ("dx", "dscale", "dbias"))
-    c = Call(op, "norm", backend, stream, dy=dy, x=x, mean=mean, invstd=invstd, scale=scale,
+    c = Call(op, backend, stream, dy=dy, x=x, mean=mean, invstd=invstd, scale=scale,
              **{f"out[{i}]": o for i, o in enumerate(outs)})
     shape, dtype, groups, last = _grouped(op, c, x, scale, None, groups, layout)
     dshape, ddtype = c.array("dy", dy, BF16_DTYPES)

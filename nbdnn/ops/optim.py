@@ -29,7 +29,7 @@ def sgd_update(w, grad, velocity=None, param=None, inv_scale=None, keep=None, *,
     changes (a skipped step). Every array must be C-contiguous: they are updated in
     place (or read) where they are."""
     name = "sgd_update"
-    c = Call(name, "optim", backend, stream, w=w, grad=grad, velocity=velocity, param=param,
+    c = Call(name, backend, stream, w=w, grad=grad, velocity=velocity, param=param,
              inv_scale=inv_scale, keep=keep)
     shape, wdt = c.array("w", w, ("float32", "float64"))
     gshape, gdt = c.array("grad", grad, BF16_DTYPES)

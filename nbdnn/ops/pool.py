@@ -56,7 +56,7 @@ def pool(nd, x, kernel, *, stride=None, padding=0, dilation=1, mode="max", ceil_
          nan_propagation=True, divisor=None, layout="NCHW", alpha=1.0, beta=0.0, out=None,
          backend=None, stream=None):
     op = f"pool{nd}d"
-    c = Call(op, "pool", backend, stream, x=x, out=out)
+    c = Call(op, backend, stream, x=x, out=out)
     x_shape, dtype = c.array("x", x, BF16_DTYPES)
     geo = _params(op, nd, tuple(x_shape), kernel, stride, padding, dilation, mode, ceil_mode,
                   nan_propagation, layout)
@@ -101,7 +101,7 @@ def pool_backward(dy, x, kernel, *, stride=None, padding=0, dilation=1, mode="ma
     rank follows x). Max sends each dy to the first maximal element of its window in
     window order; overlapping windows are gathered, not scattered: deterministic."""
     op = "pool_backward"
-    c = Call(op, "pool", backend, stream, dy=dy, x=x, out=out)
+    c = Call(op, backend, stream, dy=dy, x=x, out=out)
     x_shape, dtype = c.array("x", x, BF16_DTYPES)
     dy_shape, dy_dtype = c.array("dy", dy, BF16_DTYPES)
     same_dtype(op, ["x", "dy"], [dtype, dy_dtype])
@@ -129,7 +129,7 @@ def pool_indices(x, kernel, *, stride=None, padding=0, dilation=1, ceil_mode=Fal
     (PyTorch's max_pool return_indices: h * W + w for 2-d); -1 for a window holding no
     input element. Keywords as pool2d's, the rank following x."""
     op = "pool_indices"
-    c = Call(op, "pool", backend, stream, x=x, out=out)
+    c = Call(op, backend, stream, x=x, out=out)
     x_shape, dtype = c.array("x", x, BF16_DTYPES)
     nd = len(x_shape) - 2
     if nd not in (1, 2, 3):

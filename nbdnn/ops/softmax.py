@@ -27,7 +27,7 @@ def softmax(x, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out=None,
     log: x - max - log(sum exp(x - max)). x: any shape (ndim >= 1),
     float16/bfloat16/float32/float64. Returns y (or `out`) of x's shape and dtype."""
     op = "softmax"
-    c = Call(op, "softmax", backend, stream, x=x, out=out)
+    c = Call(op, backend, stream, x=x, out=out)
     shape, dtype = c.array("x", x, BF16_DTYPES)
     axis = _axis(op, "x", axis, shape)
     choice(op, "algo", algo, ALGOS)
@@ -44,7 +44,7 @@ def softmax_backward(dy, y, axis=1, *, algo="accurate", alpha=1.0, beta=0.0, out
     fast/accurate: dx = y * (dy - sum(dy * y, axis)); log: dx = dy - exp(y) * sum(dy,
     axis). dy, y: the same shape and dtype."""
     op = "softmax_backward"
-    c = Call(op, "softmax", backend, stream, dy=dy, y=y, out=out)
+    c = Call(op, backend, stream, dy=dy, y=y, out=out)
     dshape, ddtype = c.array("dy", dy, BF16_DTYPES)
     shape, dtype = c.array("y", y, BF16_DTYPES)
     same_shape(op, ["y", "dy"], [shape, dshape])

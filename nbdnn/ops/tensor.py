@@ -54,7 +54,7 @@ def add_tensor(a, c, *, alpha=1.0, beta=1.0, out=None, backend=None, stream=None
     bias (1, C, 1, 1) or (C, 1, 1) for NCHW c). The result goes to `out` (or a new
     array); c is only modified when passed as out=c. With beta == 0, c is not read."""
     op = "add_tensor"
-    k = Call(op, "tensor", backend, stream, a=a, c=c, out=out)
+    k = Call(op, backend, stream, a=a, c=c, out=out)
     ashape, adtype = k.array("a", a, BF16_DTYPES)
     cshape, cdtype = k.array("c", c, BF16_DTYPES)
     same_dtype(op, ["c", "a"], [cdtype, adtype])
@@ -79,7 +79,7 @@ def op_tensor(op, a, b=None, *, alpha1=1.0, alpha2=1.0, beta=0.0, out=None,
     trailing-aligned)."""
     name = "op_tensor"
     choice(name, "op", op, OP_TENSOR_OPS)
-    k = Call(name, "tensor", backend, stream, a=a, b=b, out=out)
+    k = Call(name, backend, stream, a=a, b=b, out=out)
     ashape, adtype = k.array("a", a, BF16_DTYPES)
     _ndim(name, "a", ashape)
     if op in UNARY_OPS:
@@ -131,7 +131,7 @@ def reduce_tensor(x, op="add", axes=None, *, keepdims=True, return_indices=False
     Returns out, or (out, indices)."""
     name = "reduce_tensor"
     choice(name, "op", op, REDUCE_OPS)
-    k = Call(name, "tensor", backend, stream, x=x, out=out)
+    k = Call(name, backend, stream, x=x, out=out)
     shape, dtype = k.array("x", x, BF16_DTYPES)
     _ndim(name, "x", shape)
     axes = reduce_axes(name, axes, len(shape))
@@ -159,7 +159,7 @@ def cast_tensor(x, dtype, *, alpha=1.0, beta=0.0, out=None, backend=None, stream
     Mixed precision's conversions: float32 master weights to 16-bit copies, 16-bit
     gradients to float32 (alpha = 1 / loss scale)."""
     op = "cast_tensor"
-    k = Call(op, "tensor", backend, stream, x=x, out=out)
+    k = Call(op, backend, stream, x=x, out=out)
     shape, xdtype = k.array("x", x, BF16_DTYPES)
     if dtype is None:  # (np.dtype(None) is float64: no silent default)
         fail(BadParamError, op, "dtype", f"one of {', '.join(BF16_DTYPES)}", "None")
@@ -178,7 +178,7 @@ def cast_tensor(x, dtype, *, alpha=1.0, beta=0.0, out=None, backend=None, stream
 def scale_tensor(x, alpha, *, out=None, backend=None, stream=None):
     """cudnnScaleTensor: y = alpha * x; in place with out=x."""
     op = "scale_tensor"
-    k = Call(op, "tensor", backend, stream, x=x, out=out)
+    k = Call(op, backend, stream, x=x, out=out)
     shape, dtype = k.array("x", x, BF16_DTYPES)
     alpha = scalar(op, "alpha", alpha)
     out = k.out(out, shape, dtype)
@@ -192,7 +192,7 @@ def set_tensor(x, value, *, backend=None, stream=None):
     x must be C-contiguous (a strided view is a BadParamError). value may be any real
     number, inf and NaN included; it is rounded to x's dtype."""
     op = "set_tensor"
-    k = Call(op, "tensor", backend, stream, x=x)
+    k = Call(op, backend, stream, x=x)
     shape, dtype = k.array("x", x, BF16_DTYPES)
     value = scalar(op, "value", value, finite=False)
     x = k.out(x, shape, dtype, name="x")
@@ -231,7 +231,7 @@ def transform_tensor(x, layout_from=None, layout_to=None, *, perm=None, alpha=1.
     orderings of the same letters, one letter per dim) or perm=(0, 2, 3, 1): out's
     dim k is x's dim perm[k]. Up to 6 dims."""
     op = "transform_tensor"
-    k = Call(op, "tensor", backend, stream, x=x, out=out)
+    k = Call(op, backend, stream, x=x, out=out)
     shape, dtype = k.array("x", x, BF16_DTYPES)
     if len(shape) > 6:
         fail(ShapeError, op, "x.ndim", "<= 6", len(shape))
