@@ -48,13 +48,14 @@ def test_suite_runs_in_a_16_bit_dtype(monkeypatch):
     """dtype= runs the same cases on 16-bit buffers (half the bytes of float32's) and
     leaves out a case whose op does not take the dtype, saying so."""
     from nbdnn.bench import cases_compute
+    from nbdnn.bench.case import BenchCase
     from nbdnn.errors import DtypeError
 
     def refuses(d, h):
         raise DtypeError("an op that takes float32 only")
     real = cases_compute.matmul_cases
     monkeypatch.setattr(cases_compute, "matmul_cases", lambda n: real(n) + [
-        ("refuses/16-bit", "matmul", (1,), "float32", 4, refuses)])
+        BenchCase("refuses/16-bit", "matmul", (1,), 4, refuses)])
     said = []
     ops = ["activation/relu", "reduce_tensor/add/all", "refuses/16-bit"]
     rows = bench.run_suite(ops, cpu=True, size_mb=0.004, dtype="bfloat16",

@@ -11,7 +11,6 @@ device copy bandwidth measured in the same run on a buffer of the same size (cop
 speed depends on size: 3.7-3.8 TB/s at 256 MiB, 4.1-4.2 TB/s at 1 GiB on an H200)
 and, when PyTorch is installed, against the PyTorch equivalent on the same data.
 """
-import collections
 import dataclasses
 import json
 import math
@@ -22,6 +21,7 @@ import numpy as np
 
 from .._files import atomic_write
 from ..ops.registry import select
+from .case import BenchCase
 from .timing import (torch_or_none, torch_f, copy_bandwidth, graph_replay, host_cost,  # noqa: F401
                      host_costs, time_cpu, time_gpu, time_graph, graph_or_none)
 
@@ -116,9 +116,9 @@ def plot(rows, path):
 
 
 # ---- the suite ------------------------------------------------------------------------
-# A case: (op label, family, shape, dtype, bytes moved, make(arrays) -> dict of
-# callables {"gpu", "cpu", "torch"}). `make` gets device arrays (torch tensors when
-# PyTorch is installed, so the PyTorch row times the very same buffers) and host copies.
+# A case is a BenchCase (bench/case.py). Its `make` gets device arrays (torch tensors
+# when PyTorch is installed, so the PyTorch row times the very same buffers) and host
+# copies.
 
 def _elementwise_cases(n):
     import nbdnn
@@ -142,12 +142,10 @@ def _elementwise_cases(n):
                                                              out=d["y"]),
                     "cpu": lambda: nbdnn.activation_backward(h["dy"], h["x"], mode=mode),
                     "torch": tb}
-        cases.append((f"activation/{mode}", "activation", (n,), "float32", 8 * n, fwd))
-        cases.append((f"activation_backward/{mode}", "activation", (n,), "float32", 12 * n, bwd))
+        cases.append(BenchCase(f"activation/{mode}", "activation", (n,), 8 * n, fwd))
+        cases.append(BenchCase(f"activation_backward/{mode}", "activation_backward", (n,),
+                               12 * n, bwd))
     return cases
-
-
-_Named = collections.namedtuple("_Named", "name family ops case")
 
 
 def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False,
@@ -172,8 +170,7 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False,
              + conv_cases(n) + pool_cases(n) + bn_cases(n) + row_norm_cases(n)
              + other_norm_cases(n))
     if ops:  # the same choice of names as `nbdnn check` (ops/registry.py select)
-        named = [_Named(c[0], c[1], (c[0].split("/")[0],), c) for c in cases]
-        cases = [t.case for t in select(named, ops)]
+        cases = select(cases, ops)
     rng = np.random.default_rng(0)
     host32 = {"x": rng.standard_normal(n, dtype=np.float32),
               "dy": rng.standard_normal(n, dtype=np.float32)}
@@ -188,7 +185,7 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False,
         dev["y"] = _arrays.empty(dev["x"], (n,), dtype)
     scale = np.dtype(dtype).itemsize / 4  # (the cases count float32 bytes)
     rows = []
-    for i, (label, family, shape, _, nbytes, make, *flops) in enumerate(cases):
+    for i, (label, _, shape, nbytes, make, flops) in enumerate(cases):
         if progress:
             progress(i, len(cases), label)
         nbytes = int(nbytes * scale)
@@ -210,7 +207,7 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False,
         cpu_s = time_cpu(fns["cpu"], warmup=0, reps=2, min_time=0) if cpu else None
         bw = copy_bandwidth(max(nbytes // 2, 4)) if not SIMULATOR else float("nan")
         rows.append(Row(label, "x".join(map(str, shape)), dtype, nbytes, gpu_s, bw,
-                        torch_s, cpu_s, flops[0] if flops else 0,
+                        torch_s, cpu_s, flops,
                         "graph" if gpu_fn is not fns["gpu"] else "eager"))
     if progress:
         progress(len(cases), len(cases), "done")

@@ -6,6 +6,7 @@ tiny); a case whose tensors do not fit n is left out."""
 import math
 
 import nbdnn
+from .case import BenchCase
 from .timing import torch_or_none
 
 
@@ -32,8 +33,8 @@ def matmul_cases(n):
             return {"gpu": lambda: nbdnn.matmul(a, b, out=c),
                     "cpu": lambda: nbdnn.matmul(ha, hb),
                     "torch": torch and (lambda: torch.matmul(a, b))}
-        cases.append((f"matmul/{label}", "matmul", (M, N, K), "float32",
-                      4 * (M * K + K * N + M * N), make, 2 * M * N * K))
+        cases.append(BenchCase(f"matmul/{label}", "matmul", (M, N, K),
+                               4 * (M * K + K * N + M * N), make, 2 * M * N * K))
     return cases
 
 
@@ -56,8 +57,8 @@ def conv_cases(n):
             return {"gpu": lambda: nbdnn.conv2d(x, w, padding=1, groups=G, out=y),
                     "cpu": lambda: nbdnn.conv2d(hx, hw, padding=1, groups=G),
                     "torch": F and (lambda: F.conv2d(x, w, padding=1, groups=G))}
-        cases.append((f"conv2d/{label}", "conv", (B, C, H, H, K), "float32",
-                      4 * (B * C * H * H + K * C // G * 9 + B * K * H * H), make,
-                      2 * B * K * H * H * C // G * 9))
+        cases.append(BenchCase(f"conv2d/{label}", "conv2d", (B, C, H, H, K),
+                               4 * (B * C * H * H + K * C // G * 9 + B * K * H * H), make,
+                               2 * B * K * H * H * C // G * 9))
     return cases
 

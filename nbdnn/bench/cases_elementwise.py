@@ -5,6 +5,7 @@ writes each element once: 8 bytes per float32 element forward; backward reads dy
 y and writes dx: 12 bytes."""
 
 import nbdnn
+from .case import BenchCase
 from .timing import torch_or_none
 
 
@@ -28,8 +29,8 @@ def reduce_cases(n):
                     tf = (lambda: f(x2)) if axes is None else (lambda: f(x2, dim=1))
                 return {"gpu": lambda: nbdnn.reduce_tensor(x2, op, axes),
                         "cpu": lambda: nbdnn.reduce_tensor(hx, op, axes), "torch": tf}
-            cases.append((f"reduce_tensor/{op}/{label}", "tensor", (rows, cols), "float32",
-                          4 * rows * cols, make))
+            cases.append(BenchCase(f"reduce_tensor/{op}/{label}", "reduce_tensor",
+                                   (rows, cols), 4 * rows * cols, make))
     return cases
 
 
@@ -58,8 +59,8 @@ def softmax_cases(n):
                     "torch": torch and (lambda: torch.ops.aten._softmax_backward_data(
                         dy, y, 1, y.dtype))}
         if rows * cols <= n:
-            cases.append((f"softmax/accurate/{cols}", "softmax", (rows, cols), "float32",
-                          8 * rows * cols, make))
-            cases.append((f"softmax_backward/accurate/{cols}", "softmax", (rows, cols),
-                          "float32", 12 * rows * cols, make_bwd))
+            cases.append(BenchCase(f"softmax/accurate/{cols}", "softmax", (rows, cols),
+                                   8 * rows * cols, make))
+            cases.append(BenchCase(f"softmax_backward/accurate/{cols}", "softmax_backward",
+                                   (rows, cols), 12 * rows * cols, make_bwd))
     return cases

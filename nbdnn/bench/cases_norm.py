@@ -6,6 +6,7 @@ element budget n is left out (the simulator's budget is tiny)."""
 import numpy as np
 
 import nbdnn
+from .case import BenchCase
 from .cases_compute import torch_fp32
 
 
@@ -31,8 +32,8 @@ def pool_cases(n):
                         (lambda: F.avg_pool2d(x, k, s, p)))
             return {"gpu": lambda: nbdnn.pool2d(x, k, out=y, **kw),
                     "cpu": lambda: nbdnn.pool2d(hx, k, **kw), "torch": tf}
-        cases.append((f"pool2d/{label}", "pool", (B, C, H, H), "float32",
-                      4 * (B * C * H * H + B * C * P * P), make))
+        cases.append(BenchCase(f"pool2d/{label}", "pool2d", (B, C, H, H),
+                               4 * (B * C * H * H + B * C * P * P), make))
     return cases
 
 
@@ -79,8 +80,8 @@ def bn_cases(n):
                 return nbdnn.batch_norm_backward(hdy, hx, hw, *stats)
             return {"gpu": lambda: nbdnn.batch_norm_backward(dy, x, w, m, inv), "cpu": cpu,
                     "torch": None}
-        cases.append((f"batch_norm/{label}", "batch_norm", (B, C, H, H), "float32",
-                      4 * passes * size, make))
+        cases.append(BenchCase(f"batch_norm/{label}", f"batch_norm_{label}", (B, C, H, H),
+                               4 * passes * size, make))
     return cases
 
 
@@ -105,7 +106,7 @@ def row_norm_cases(n):
             return {"gpu": (lambda: fn(x, w, b, out=y)) if op == "layer_norm" else
                     (lambda: fn(x, w, out=y)),
                     "cpu": lambda: fn(hx), "torch": tf}
-        cases.append((f"{op}/{L}", op, (rows, L), "float32", 8 * rows * L, make))
+        cases.append(BenchCase(f"{op}/{L}", op, (rows, L), 8 * rows * L, make))
     cases += _row_norm_backward_cases(n)
     return cases
 
@@ -138,8 +139,8 @@ def _row_norm_backward_cases(n):
             tb = lambda: torch.ops.aten.native_layer_norm_backward(  # noqa: E731
                 dy, x, (L,), m, r, w, None, (True, True, False))
         return {"gpu": lambda: bwd(dy, x, *saved, w), "cpu": cpu, "torch": tb}
-    return [(f"{op}_backward/{L}", op, (rows, L), "float32", 12 * rows * L,
-             lambda d, h, op=op: make(d, h, op)) for op in ("layer_norm", "rms_norm")]
+    return [BenchCase(f"{op}_backward/{L}", f"{op}_backward", (rows, L), 12 * rows * L,
+                      lambda d, h, op=op: make(d, h, op)) for op in ("layer_norm", "rms_norm")]
 
 
 def other_norm_cases(n, shape=(64, 256, 64, 64)):
@@ -189,6 +190,7 @@ def other_norm_cases(n, shape=(64, 256, 64, 64)):
     rows = (("group_norm", 8), ("group_norm_backward", 12), ("instance_norm", 8),
             ("instance_norm_backward", 12), ("lrn", 8), ("lrn_backward", 12), ("dropout", 9),
             ("dropout_backward", 9))
-    return [(f"{label.replace('_backward', '')}/{'backward' if 'backward' in label else 'forward'}",
-             label.replace("_backward", ""), shape, "float32", per * size,
-             lambda d, h, label=label: make(d, h, label)) for label, per in rows]
+    return [BenchCase(f"{label.replace('_backward', '')}/"
+                      f"{'backward' if 'backward' in label else 'forward'}", label, shape,
+                      per * size, lambda d, h, label=label: make(d, h, label))
+            for label, per in rows]
