@@ -187,3 +187,17 @@ def test_every_op_has_its_transform_rules():
     ours = {n for n in co.OPDEFS if n.startswith("nbdnn::")}
     assert {f"{op._namespace}::{op._name}" for op in _bridge.AUTOGRAD} == ours
     assert {f"{op._namespace}::{op._name}" for op in _bridge.JVP} == ours
+
+
+def test_each_op_has_one_record_of_rules():
+    """nbdnn/torch/rules.py holds a record for every torch.ops.nbdnn op: a backward op
+    its second-order formula, a forward op its jvp formula (or no tangent: integers)."""
+    import torch._library.custom_ops as co
+    from nbdnn.torch.rules import RULES
+    ours = {n for n in co.OPDEFS if n.startswith("nbdnn::")}
+    assert {f"{op._namespace}::{op._name}" for op in RULES} == ours
+    for op, r in RULES.items():
+        if op._name.endswith("_backward"):
+            assert r.second is not None and r.jvp is None, op._name
+        else:
+            assert (r.jvp is not None) != r.no_tangent and r.second is None, op._name

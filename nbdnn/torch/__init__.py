@@ -44,14 +44,12 @@ whose tangents are PyTorch's formula of each op at nbdnn's values
 (nbdnn/torch/_bridge.py call()).
 """
 from ._bridge import reference
-from . import functional, modules, _batching, _forward_mode, _second_order
+from . import functional, modules, rules
 from .capture import fresh_accumulators
 from .convert import Report, compare, convert
 from .intercept import functional_calls
 
-_second_order.register()
-_forward_mode.register()
-_batching.register()
+rules.register()
 for _name in functional.__all__:  # (torch.nn.functional's names at the top level too)
     globals()[_name] = getattr(functional, _name)
 del _name

@@ -9,12 +9,9 @@ with a mask shared by the batch, and the backwards that return only an input's
 gradient. For those, vmap's axis is folded into the first one, (B, N, ...) -> (B N,
 ...), the op runs once, and each output's first axis is unfolded. Weights must be
 unbatched (a per-sample weight, or a weight's gradient per sample, needs the loop), and
-so must running statistics and masks."""
+so must running statistics and masks. Which op takes which rule: rules.RULES."""
 import torch
 
-from . import _ops_basic as basic, _ops_conv as conv, _ops_norm as norm, \
-    _ops_random as rnd
-from ._bridge import BATCHED
 
 Tensor = torch.Tensor
 
@@ -53,41 +50,14 @@ def fold(samples, ok=None):
     return rule
 
 
-def _not_first(ndim, *args):  # (softmax over the sample axis would mix samples; dim is
+def not_first(ndim, *args):  # (softmax over the sample axis would mix samples; dim is
     # the first int of softmax's and its backward's arguments)
     return next(a for a in args if isinstance(a, int)) % ndim != 0
 
 
-def _trailing(ndim, x, *rest):  # (layer / RMS norm over every axis would too)
+def trailing(ndim, x, *rest):  # (layer / RMS norm over every axis would too)
     return rest[-2] < ndim
 
 
-def _shared_mask(ndim, q, k, v, attn_mask, *rest):
+def shared_mask(ndim, q, k, v, attn_mask, *rest):
     return attn_mask is None or attn_mask.dim() < 4 or attn_mask.shape[0] == 1
-
-
-RULES = {
-    basic.activation: fold((0,)),
-    basic.activation_backward: fold((0, 1)),
-    basic.softmax: fold((0,), _not_first),
-    basic.softmax_backward: fold((0, 1), _not_first),
-    basic.linear: fold((0,)),
-    basic.lrn: fold((0,)),
-    basic.lrn_backward: fold((0, 1)),
-    conv.conv: fold((0,)),
-    conv.conv_transpose: fold((0,)),
-    conv.pool: fold((0,)),
-    conv.pool_backward: fold((0, 1)),
-    conv.pool_indices: fold((0,)),
-    norm.batch_norm: fold((0,), lambda ndim, x, w, b, rm, rv, training, *rest: not training),
-    norm.layer_norm: fold((0,), _trailing),
-    norm.rms_norm: fold((0,), _trailing),
-    norm.group_norm: fold((0,)),
-    rnd.dropout_backward: fold((0, 1)),
-    rnd.attention: fold((0, 1, 2), _shared_mask),
-}
-
-
-def register():
-    """The rules (once: nbdnn.torch's import calls it)."""
-    BATCHED.update(RULES)

@@ -2,18 +2,16 @@
 rule of each op's torch.func-ready autograd.Function (_bridge.transformable).
 
 As for the second order (nbdnn/torch/_second_order.py), the rule is PyTorch's: each
-forward op written in PyTorch's ops (FORWARD: the torch.nn.functional call it
-replaces) and each backward op as _second_order.FORMULAS writes it, pushed forward by
-torch.func.jvp. The values stay nbdnn's (the Function's forward); the tangents are
+forward op written in PyTorch's ops (the torch.nn.functional call it replaces; each op's
+formula in rules.RULES) and each backward op as its second-order formula writes it,
+pushed forward by torch.func.jvp. The values stay nbdnn's (the Function's forward); the tangents are
 PyTorch's formula at the same inputs. The statistics outputs (mean, invstd, the
 dropout mask, attention's log-sum-exp, the advanced running statistics) get none: the
 forward marks them non-differentiable."""
 import torch
 
-from . import _ops_basic as basic, _ops_conv as conv, _ops_norm as norm, \
-    _ops_random as rnd
-from ._bridge import JVP
-from ._second_order import ACTIVATIONS, FORMULAS, conv_math, pool_math
+from . import _ops_random as rnd
+from ._second_order import conv_math
 
 F = torch.nn.functional
 Tensor = torch.Tensor
@@ -47,33 +45,7 @@ def attention_forward(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gq
     return rnd.attention_math(q, k, v, attn_mask, is_causal, scale, enable_gqa)
 
 
-# forward op -> (its formula: y, the first output, from the op's arguments; the
-# positions of the inputs it is differentiated by; whether it takes the op's outputs too)
-FORWARD = {
-    basic.activation: (lambda x, mode, coef: ACTIVATIONS[mode](x, coef), (0,), False),
-    basic.softmax: (lambda x, dim, log: (F.log_softmax if log else F.softmax)(x, dim), (0,),
-                    False),
-    basic.linear: (lambda x, w, b: F.linear(x, w, b), (0, 1, 2), False),
-    basic.lrn: (lambda x, size, alpha, beta, k: F.local_response_norm(x, size, alpha, beta, k),
-                (0,), False),
-    conv.conv: (conv_forward, (0, 1, 2), False),
-    conv.conv_transpose: (conv_transpose_forward, (0, 1, 2), False),
-    conv.pool: (pool_math, (0,), False),
-    conv.pool_indices: (None, (), False),  # (integers: no tangent)
-    norm.batch_norm: (batch_norm_forward, (0, 1, 2), False),
-    norm.layer_norm: (lambda x, w, b, ndim, eps: F.layer_norm(x, x.shape[x.dim() - ndim:], w, b,
-                                                              eps), (0, 1, 2), False),
-    norm.rms_norm: (lambda x, w, ndim, eps: F.rms_norm(x, x.shape[x.dim() - ndim:], w, eps),
-                    (0, 1), False),
-    norm.group_norm: (lambda x, groups, w, b, eps: F.group_norm(x.contiguous(), groups, w, b,
-                                                                eps),  # (PyTorch 2.13's forward
-                      (0, 2, 3), False),  # mode views a channels-last x wrongly)
-    rnd.dropout: (dropout_forward, (0,), True),
-    rnd.attention: (attention_forward, (0, 1, 2, 3), False),
-}
-
-
-def _rule(op, formula, wrt, with_outputs):
+def rule(op, formula, wrt, with_outputs):
     """(save, jvp) for op: save keeps the tensor inputs (and outputs where the formula
     reads them) for forward mode; jvp pushes the tangents through formula."""
     returns = len(op._opoverload._schema.returns)
@@ -108,10 +80,3 @@ def _rule(op, formula, wrt, with_outputs):
         return out[0] if returns == 1 else out
     return save, jvp
 
-
-def register():
-    """Every op's forward-mode rule (once: nbdnn.torch's import calls it)."""
-    for op, (formula, wrt, with_outputs) in FORWARD.items():
-        JVP[op] = _rule(op, formula, wrt, with_outputs)
-    for op, (formula, wrt) in FORMULAS.items():
-        JVP[op] = _rule(op, formula, wrt, False)

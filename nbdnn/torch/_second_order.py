@@ -3,7 +3,7 @@ backward op, so torch.autograd.grad(..., create_graph=True) (gradient penalties,
 Hessian-vector products, meta-learning) works as with torch.nn.functional.
 
 The forward and the first backward stay nbdnn's ops. A backward op's own derivative is
-PyTorch's: FORMULAS writes each backward op's outputs from its inputs in PyTorch's ops
+PyTorch's: a formula (rules.RULES) writes each backward op's outputs from its inputs in PyTorch's ops
 (most as torch.func.vjp of the torch.nn.functional call the op replaces), and its
 backward is torch.func.vjp of that formula. torch.func's results are differentiable by
 autograd, so third and later orders follow. Only the first backward runs nbdnn's
@@ -18,8 +18,7 @@ attention cannot be differentiated twice: PyTorch's formula cannot draw nbdnn's 
 NotSupportedError); dropout itself is linear in dy (its mask is saved)."""
 import torch
 
-from . import _ops_basic as basic, _ops_conv as conv, _ops_norm as norm, \
-    _ops_random as rnd
+from . import _ops_conv as conv, _ops_random as rnd
 from ._bridge import register_autograd
 
 F = torch.nn.functional
@@ -180,28 +179,8 @@ def attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p, is_causal, sca
                                                    enable_gqa), (q, k, v), do)
 
 
-# backward op -> (its formula, the positions of the inputs it is differentiated by: the
-# gradients and the inputs the forward differentiates; statistics, masks, running
-# statistics and seeds get none)
-FORMULAS = {
-    basic.activation_backward: (activation_backward, (0, 1)),
-    basic.softmax_backward: (softmax_backward, (0, 1)),
-    basic.linear_backward: (linear_backward, (0, 1, 2)),
-    basic.lrn_backward: (lrn_backward, (0, 1)),
-    conv.conv_backward: (conv_backward, (0, 1, 2)),
-    conv.conv_transpose_backward: (conv_transpose_backward, (0, 1, 2)),
-    conv.pool_backward: (pool_backward, (0, 1)),
-    norm.batch_norm_backward: (batch_norm_backward, (0, 1, 2)),
-    norm.batch_norm_infer_backward: (batch_norm_infer_backward, (0, 1, 2)),
-    norm.layer_norm_backward: (layer_norm_backward, (0, 1, 4)),
-    norm.rms_norm_backward: (rms_norm_backward, (0, 1, 3)),
-    norm.group_norm_backward: (group_norm_backward, (0, 1, 4)),
-    rnd.dropout_backward: (dropout_backward, (0,)),
-    rnd.attention_backward: (attention_backward, (0, 1, 2, 3, 6)),
-}
-
-
-def _register(op, formula, wrt):
+def register_second_order(op, formula, wrt):
+    """Autograd for backward op: its gradient is torch.func.vjp of formula at its inputs."""
     def setup(ctx, inputs, output):
         tensors = [i for i, a in enumerate(inputs) if isinstance(a, Tensor)]
         ctx.save_for_backward(*(inputs[i] for i in tensors))
@@ -229,8 +208,3 @@ def _register(op, formula, wrt):
         return tuple(got.get(i) for i in range(len(args)))
     register_autograd(op, grad, setup)
 
-
-def register():
-    """Each backward op's autograd (once: nbdnn.torch's import calls it)."""
-    for op, (formula, wrt) in FORMULAS.items():
-        _register(op, formula, wrt)
