@@ -174,14 +174,13 @@ def test_chunks_a_block_match_reference(shape, layout, act, monkeypatch):
 def test_columns_path_matches_general(dtype, shape, blocks_an_sm, monkeypatch):
     """batch_norm/columns.py (NHWC, C % 8 == 0: 8 channels a thread): training's
     statistics and apply, inference with alpha/beta, the backward's sums (with relu
-    and a residual, and plain) and dx, equal to the general kernels' results. 2 row
-    blocks for apply and dx (their grid-stride loop and masked last rows); float32:
+    and a residual, and plain; dx on the general kernel), equal to the general kernels'
+    results. 2 row blocks for apply (its grid-stride loop and masked last rows); float32:
     one chunk of several iterations (a thread's Chan merges), float16: several chunks."""
     from nbdnn.cuda.batch_norm import columns
     from nbdnn.cuda.runtime.launch import launched
     monkeypatch.setattr(columns, "MAX_GRID_Y", 2)
     monkeypatch.setattr(columns, "BLOCKS_AN_SM", blocks_an_sm)
-    monkeypatch.setattr(columns, "DX_ON", True)
     arr = _inputs(shape, 0, dtype, 5)
     C = shape[-1]
     x, z, dy = arr(loc=3.0), arr(), arr()
@@ -200,9 +199,9 @@ def test_columns_path_matches_general(dtype, shape, blocks_an_sm, monkeypatch):
                                               backend="cuda")
             yi = nbdnn.batch_norm_infer(x, scale, bias, rm, rv, alpha=0.5, beta=2.0,
                                         out=np.array(z), backend="cuda", **kw)
-        assert [names.count(k) for k in ("apply_columns", "dx_columns", "stats_columns8",
+        assert [names.count(k) for k in ("apply_columns", "stats_columns8",
                                          "bwd_act_columns8", "bwd_columns8")] == \
-            ([2, 2, 1, 1, 1] if on else [0] * 5), names
+            ([2, 1, 1, 1] if on else [0] * 4), names
         got[on] = [np.asarray(a, np.float64) for a in (y, mean, invstd, rm, rv, *grads,
                                                        *plain, yi)]
     for a, b in zip(got[True], got[False]):

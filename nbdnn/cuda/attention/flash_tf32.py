@@ -23,9 +23,12 @@ reference's split). D 64: 70 KB (3xtf32), D 128: 135 KB.
 
 Per key tile and warp: 4 x D/8 S products and 4 x D/8 O products, each 16 x 8 x 8 (P of
 them): 2 x 16 x 32 x D x 2 x P flops from 2 x (16 + 32) x D x P shared loads. Variant 1
-(correct first): plain loads after the tile's first barrier (no cp.async; PREFETCH, off,
-issues them a tile ahead), one barrier pair a tile; blocks of other query tiles on the
-SM hide the loads' latency (D 64: 70 KB of shared memory, 3 blocks an SM).
+(correct first): plain loads after the tile's first barrier (no cp.async), one barrier
+pair a tile; blocks of other query tiles on the SM hide the loads' latency (D 64: 70 KB
+of shared memory, 3 blocks an SM). Issuing the next tile's loads into registers before
+this tile's products was tried and dropped: ptxas gave it 255 registers and spilled
+432 B at D 64 (3.9 KB at D 128), LLVM hoisting the loop-invariant part of each
+prefetched element's address out of the key loop.
 
 Features: causal (PyTorch's top-left), grouped-query heads, seq_lens_q / seq_lens_k
 (keys past a length are zero-filled, never read), both layouts (strides), masks (simt.py's
@@ -64,10 +67,6 @@ from .simt import attention_device_functions
 
 _, _keep, _, _bias, _ = attention_device_functions(types.float32)
 
-PREFETCH = False  # True: the next key tile's loads issued before this tile's products, as
-# registers (D / 2 values a thread), rather than after the tile's first barrier. Off: ptxas
-# gives it 255 registers and spills 432 B at D 64 (3.9 KB at D 128): LLVM hoists the
-# loop-invariant part of each prefetched element's address out of the key loop
 Q_RAW = True  # (3xtf32) Q kept in shared memory as float32 and split into head and tail at
 # each fragment load, K and V still split once a tile: a third less shared memory (D 128:
 # 135 -> 101 KB, 2 blocks an SM rather than 1) for 3 ALU operations a Q value a tile. At
@@ -124,11 +123,10 @@ def shared_bytes(D, P):
     return (BQ * (1 if q_raw else parts) + 2 * bk * parts) * (D + 4) * 4
 
 
-def source(D, P, prefetch=None, masked=False, dropped=False):
-    """(name, source) of the kernel for head dim D and P products a term (1 or 3),
-    prefetching the next key tile into registers unless told (PREFETCH), with the mask's
-    bias (masked) and the dropout's keep factors (dropped) compiled in or out."""
-    prefetch = PREFETCH if prefetch is None else prefetch
+def source(D, P, masked=False, dropped=False):
+    """(name, source) of the kernel for head dim D and P products a term (1 or 3), with
+    the mask's bias (masked) and the dropout's keep factors (dropped) compiled in or
+    out."""
     BK, q_raw = config(D, P)
     NT = BK // 8  # key n-tiles of a tile
     PD, DT = D + 4, D // 8
@@ -140,7 +138,7 @@ def source(D, P, prefetch=None, masked=False, dropped=False):
             if not (q_raw and name + part == "Ql"):
                 base[name + part] = at
                 at += rows * PD
-    name = f"attention_flash_tf32_d{D}_{'3x' if P == 3 else '1x'}{'_pf' if prefetch else ''}" \
+    name = f"attention_flash_tf32_d{D}_{'3x' if P == 3 else '1x'}" \
         f"{'_m' if masked else ''}{'_d' if dropped else ''}" \
         f"{f'_k{BK}' if BK != 32 else ''}{'_qr' if q_raw else ''}" \
         f"{'_pr' if P == 3 and PROMOTE_3X else ''}"
@@ -193,39 +191,18 @@ def source(D, P, prefetch=None, masked=False, dropped=False):
           "    if q0 >= nq:", "        kend = 0",
           "    m_a = NEG", "    m_b = NEG", "    l_a = F32(0)", "    l_b = F32(0)"]
     L += [f"    o{dn}_{e} = F32(0)" for dn in range(DT) for e in range(4)]
-    per = BK * D // THREADS  # K and V values a thread moves a tile (BK D a multiple of 128)
-
-    def fetch(ind, tile):  # this thread's values of a key tile into registers kv_i, vv_i
-        out = []
-        for i in range(per):
-            out += [f"{ind}r = (t + {THREADS * i}) // {D}", f"{ind}d = (t + {THREADS * i}) % {D}",
-                    f"{ind}kv{i} = F32(0)", f"{ind}vv{i} = F32(0)",
-                    f"{ind}if {tile} + r < nk:",
-                    f"{ind}    kv{i} = k[b * kb + hk * kh + ({tile} + r) * kj + d]",
-                    f"{ind}    vv{i} = v[b * vb + hk * vh + ({tile} + r) * vj + d]"]
-        return out
-    if prefetch:  # tile kt + BK's loads in flight while tile kt is multiplied
-        L += ["    if kend > 0:"] + fetch("        ", "0")
     L += [f"    for kt in range(0, kend, {BK}):",
           "        cuda.syncthreads()  # (the last tile's reads, or Q's stores, done)"]
-    if prefetch:  # the registers into shared memory, split
-        for i in range(per):
-            L += [f"        r = (t + {THREADS * i}) // {D}",
-                  f"        d = (t + {THREADS * i}) % {D}"]
-            L += ["        " + x for x in split(f"kv{i}", "K", f"r * {PD} + d")]
-            L += ["        " + x for x in split(f"vv{i}", "V", f"r * {PD} + d")]
-    else:  # a loop, not unrolled: unrolled, each element's address stays live (127 -> 255+
-        # registers at D 64)
-        L += [f"        for x in range(t, {BK * D}, {THREADS}):",
-              f"            r = x // {D}", f"            d = x % {D}",
-              "            kv = F32(0)", "            vv = F32(0)", "            if kt + r < nk:",
-              "                kv = k[b * kb + hk * kh + (kt + r) * kj + d]",
-              "                vv = v[b * vb + hk * vh + (kt + r) * vj + d]"]
-        L += ["            " + x for x in split("kv", "K", f"r * {PD} + d")]
-        L += ["            " + x for x in split("vv", "V", f"r * {PD} + d")]
+    # K and V a loop, not unrolled: unrolled, each element's address stays live (127 ->
+    # 255+ registers at D 64)
+    L += [f"        for x in range(t, {BK * D}, {THREADS}):",
+          f"            r = x // {D}", f"            d = x % {D}",
+          "            kv = F32(0)", "            vv = F32(0)", "            if kt + r < nk:",
+          "                kv = k[b * kb + hk * kh + (kt + r) * kj + d]",
+          "                vv = v[b * vb + hk * vh + (kt + r) * vj + d]"]
+    L += ["            " + x for x in split("kv", "K", f"r * {PD} + d")]
+    L += ["            " + x for x in split("vv", "V", f"r * {PD} + d")]
     L += ["        cuda.syncthreads()"]
-    if prefetch:
-        L += [f"        if kt + {BK} < kend:"] + fetch("            ", f"kt + {BK}")
     L += [f"        s{n}_{e} = F32(0)" for n in range(NT) for e in range(4)]
     for kk in range(DT):  # S = Q K^T
         offs = (0, 8 * PD, 4, 8 * PD + 4)
@@ -304,9 +281,9 @@ _KERNELS = {}
 def kernel(D, P, masked=False, dropped=False):
     """The Kernel for head dim D, P products a term, the mask and dropout compiled in or
     out, built on first use."""
-    key = D, P, PREFETCH, masked, dropped, config(D, P), PROMOTE_3X
+    key = D, P, masked, dropped, config(D, P), PROMOTE_3X
     if key not in _KERNELS:
-        name, src = source(D, P, None, masked, dropped)
+        name, src = source(D, P, masked, dropped)
         fn = compile_source(name, src, dict(
             cuda=cuda, math=math, F32=types.float32, NEG=types.float32(-np.inf),
             LN2=types.float32(math.log(2)), FULL=0xFFFFFFFF, fmaxf=libdevice.fmaxf, ex2=ex2,

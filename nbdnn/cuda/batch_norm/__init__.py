@@ -169,7 +169,7 @@ def _kernels(CT, nt):
     ks = _bn_sums.kernels(CT, act_grad, apply_coefs, device_functions(nt)["grp_sum"])
     ks.update(apply=bn_apply, bwd_dx=bn_bwd_dx, coefs=bn_coefs)
     if CT is float32:
-        ks.update(_bn_columns.kernels(CT, out_value, dx_value, act_grad, ks["chan"]))
+        ks.update(_bn_columns.kernels(CT, out_value, act_grad, ks["chan"]))
     ks.update(_bn_planes.kernels(CT, out_value, dx_value, ks.pop("chan")))
     return ks
 
@@ -205,8 +205,6 @@ def _build():
             if ct == "float32":
                 sigs["apply_columns"] = (f"void({a}, {a}, {a}, {s}, int64, int64, int64, int64, "
                                          f"{ct}, {ct}, {ct})")
-                sigs["dx_columns"] = (f"void({a}, {a}, {a}, {s}, {a}, {a}, int64, int64, {ct}, "
-                                      f"int64, int64, {ct})")
                 for kind in _bn_columns.SUM_ROWS:  # (the partials' arguments but `per`)
                     sigs[f"{kind}_columns8"] = part[:part.rindex(",")] + ")"
             for name, sig in sigs.items():
@@ -374,12 +372,6 @@ def batch_norm_backward(dy, x, scale, bias, mean, invstd, residual, mode, last, 
         args = _bn_planes.apply_args(N, C, L)
         k.launch(sig, _bn_planes.grid(args[0]), _bn_planes.ABLOCK, stream, dy, x, z, cb, dx,
                  dz, *args, N * L, int(residual is not None), m, coef)
-        return tuple(res)
-    if _bn_columns.DX_ON and _bn_columns.usable(geo, dtype, (dy, x, dx, residual, dz)):
-        k, sig = KERNELS["dx_columns", dtype]
-        grid, block = _bn_columns.launch_shape(N * L, C)
-        k.launch(sig, grid, block, stream, dy, x, z, cb, dx, dz, N * L, C // 8, N * L,
-                 int(residual is not None), m, coef)
         return tuple(res)
     k, sig = KERNELS["bwd_dx", dtype]
     vec = _vec(geo, [a for a in (dy, x, dx, residual, dz if residual is not None else None)

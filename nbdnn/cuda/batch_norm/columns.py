@@ -1,6 +1,7 @@
 """Batch norm for channels-last tensors (NHWC, ...) whose channels are a multiple of 8,
-every array 16-byte aligned: a thread owns 8 channels and walks rows. Apply, dx and the
-partial sums (statistics; backward sums).
+every array 16-byte aligned: a thread owns 8 channels and walks rows. Apply and the
+partial sums (statistics; backward sums); dx stays on the general kernel, which the
+columns form of it did not beat (docs/decisions.md, "bn_columns_ab").
 
 x is (rows, C), rows = N * L, element (r, c) at r*C + c. The general kernels
 (batch_norm/__init__.py, batch_norm/sums.py) take 4 consecutive elements a thread (or
@@ -44,9 +45,8 @@ MAX_GRID_Y = 65535
 # ResNet-50's bf16 training step (53 calls each): apply 1.26 -> 0.89 ms, statistics'
 # partials 1.51 -> 0.73, backward sums 1.15 -> 0.80, but dx 2.27 -> 2.43 ms (128
 # registers: two blocks an SM, two rows of three arrays in flight a thread; the
-# residual layers store dz too), so dx keeps the general kernel (DX_ON) until it wins.
+# residual layers store dz too): dx keeps the general kernel.
 ON = True
-DX_ON = False
 
 
 def usable(geo, dtype, arrays):
@@ -67,14 +67,10 @@ def launch_shape(rows, C):
     return (-(-C8 // tx), gy, 1), (tx, ty, 1)
 
 
-def _source(dx):
-    """apply_columns (dx False) or dx_columns: the 8 channels' terms once, then rows."""
-    if dx:
-        head = "def dx_columns(dy, x, z, cb, out, dz, rows, C8, M, has_z, act, coef):"
-        nt, loads = 6, ("dy", "x", "z")
-    else:
-        head = "def apply_columns(x, out, z, cb, rows, C8, has_z, act, coef, alpha, beta):"
-        nt, loads = 3, ("x", "z", "out")
+def _source():
+    """apply_columns: the 8 channels' terms once, then rows."""
+    head = "def apply_columns(x, out, z, cb, rows, C8, has_z, act, coef, alpha, beta):"
+    nt, loads = 3, ("x", "z", "out")
     body = ["cg = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
             "if cg < C8:",
             f"    t0 = {8 * nt} * cg"]
@@ -93,20 +89,10 @@ def _source(dx):
             else:
                 loop.append(f"{a}{k} = load8({a}, g{k})")
     for k in range(RPT):
-        if dx:
-            for j in range(8):
-                terms = ", ".join(f"c{j}_{t}" for t in range(6))
-                loop.append(f"d{k}_{j}, e{k}_{j} = dx_value(dy{k}[{j}], x{k}[{j}], z{k}[{j}], "
-                            f"{terms}, M, has_z, act, coef)")
-            loop += [f"if ok{k}:",
-                     f"    store8(out, g{k}, ({', '.join(f'narrow(d{k}_{j}, out)' for j in range(8))}))",
-                     "    if has_z:",
-                     f"        store8(dz, g{k}, ({', '.join(f'narrow(e{k}_{j}, dz)' for j in range(8))}))"]
-        else:
-            vals = ", ".join(f"narrow(out_value(x{k}[{j}], z{k}[{j}], out{k}[{j}], c{j}_0, "
-                             f"c{j}_1, c{j}_2, has_z, act, coef, alpha, beta), out)"
-                             for j in range(8))
-            loop += [f"if ok{k}:", f"    store8(out, g{k}, ({vals}))"]
+        vals = ", ".join(f"narrow(out_value(x{k}[{j}], z{k}[{j}], out{k}[{j}], c{j}_0, "
+                         f"c{j}_1, c{j}_2, has_z, act, coef, alpha, beta), out)"
+                         for j in range(8))
+        loop += [f"if ok{k}:", f"    store8(out, g{k}, ({vals}))"]
     loop.append("r += step")
     body += ["        " + ln for ln in loop]
     return head + "\n" + "\n".join("    " + ln for ln in body) + "\n"
@@ -215,10 +201,10 @@ def _sums_source(kind):
     return head + "\n" + "\n".join("    " + ln for ln in b) + "\n"
 
 
-def kernels(CT, out_value, dx_value, act_grad, chan):
-    """Python kernels apply_columns, dx_columns and the partials {kind}_columns8
-    (out_value, dx_value: batch norm's element formulas; act_grad: the activations'
-    derivatives; chan: _bn_sums' merge of (count, mean, M2) triples)."""
+def kernels(CT, out_value, act_grad, chan):
+    """Python kernels apply_columns and the partials {kind}_columns8 (out_value: batch
+    norm's element formula; act_grad: the activations' derivatives; chan: _bn_sums'
+    merge of (count, mean, M2) triples)."""
     ZERO = CT(0)
 
     @cuda.jit(device=True)
@@ -232,17 +218,13 @@ def kernels(CT, out_value, dx_value, act_grad, chan):
 
     ns = {"cuda": cuda, "CT": CT, "ZERO": ZERO, "ONE": CT(1), "RPT": RPT, "load8": load8,
           "store8": store8, "narrow": narrow, "widen": widen, "out_value": out_value,
-          "dx_value": dx_value, "act_grad": act_grad, "chan": chan, "merge": merge,
+          "act_grad": act_grad, "chan": chan, "merge": merge,
           "int64": int64, "SHM": 8 * THREADS, "THREADS": THREADS}
     out = {}
-    for dx in (False, True):
-        name = "dx_columns" if dx else "apply_columns"
-        out[name] = compile_source(name, _source(dx), ns, about={
-            "what": f"batch norm {'dx' if dx else 'apply'} over channels-last rows, "
-                    "8 channels a thread",
-            "traffic": "dy, x (z) read, dx (dz) written: 6 B an element in bf16" if dx else
-                       "x (z, y) read, y written: 4 B an element in bf16",
-            "config": f"{RPT} rows a thread an iteration, {THREADS} threads a block"})
+    out["apply_columns"] = compile_source("apply_columns", _source(), ns, about={
+        "what": "batch norm apply over channels-last rows, 8 channels a thread",
+        "traffic": "x (z, y) read, y written: 4 B an element in bf16",
+        "config": f"{RPT} rows a thread an iteration, {THREADS} threads a block"})
     for kind, rs in SUM_ROWS.items():
         name = f"{kind}_columns8"
         ns["RS"] = rs
