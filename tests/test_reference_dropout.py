@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cpu.dropout import philox4x32_10
+from nbdnn._philox import philox4x32_10
 
 # Random123 tests/kat_vectors, "philox4x32 10": counter[4] key[2] -> result[4]
 KAT = [((0, 0, 0, 0), (0, 0), (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),

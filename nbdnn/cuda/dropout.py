@@ -14,7 +14,7 @@ from .runtime.simulator import SIMULATOR
 from .runtime.arrays import dtype_name, empty, ptr, size, vector_aligned
 from .runtime.intrinsics import array_type, load4, narrow, store4, widen
 from .runtime.launch import Kernel
-from ..cpu.dropout import M0, M1, MASK32, W0, W1, keep_threshold
+from .._philox import M0, M1, MASK32, W0, W1, keep_threshold
 
 BLOCK = 64 if SIMULATOR else 256
 GROUPS = 2  # backward: 4-element vectors a thread

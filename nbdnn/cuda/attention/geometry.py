@@ -7,7 +7,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..runtime.arrays import dtype_name
-from ...cpu.dropout import MASK32, keep_threshold
+from ..._philox import MASK32, keep_threshold
 
 MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}
 NO_DROPOUT = 1 << 32  # keep_threshold's value for p = 0: every draw kept
