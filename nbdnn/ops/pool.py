@@ -2,6 +2,8 @@
 avg_exclude_pad over windows with stride, per-side padding, dilation and ceil mode;
 pool_indices: where each max window's value comes from (PyTorch's return_indices).
 The formulas are in nbdnn/cpu/pool.py."""
+from typing import NamedTuple
+
 import numpy as np
 
 from .._shapes import pool_out_size as out_size
@@ -13,9 +15,22 @@ from ._common import Call, blend_params, check_size, choice, flag, same_dtype
 from .conv import int_args, layout_arg, padding_pairs
 
 
+class PoolParams(NamedTuple):
+    """A pooling call's checked parameters, in the order the backends take them."""
+    kernel: tuple
+    stride: tuple
+    pads: tuple       # (pre, post) a spatial axis
+    dilation: tuple
+    mode: str
+    ceil_mode: bool
+    nan_propagation: bool
+    last: bool        # channels last (NHWC)
+    out_size: tuple   # the output's spatial shape
+
+
 def _params(op, nd, x_shape, kernel, stride, padding, dilation, mode, ceil_mode,
             nan_propagation, layout):
-    """The checked (K, stride, pads, dilation, mode, ceil, propagate, last, P)."""
+    """The checked PoolParams."""
     last = layout_arg(op, layout, nd)
     if len(x_shape) != nd + 2:
         fail(ShapeError, op, "x.ndim", f"{nd + 2} for {nd}-d pooling", len(x_shape))
@@ -32,11 +47,12 @@ def _params(op, nd, x_shape, kernel, stride, padding, dilation, mode, ceil_mode,
              f"padding {pads} (dilation {dilation}; ceil mode: past it by less than the "
              f"stride {stride})", K)
     check_size(op, "the output", tuple(x_shape[:2]) + P)
-    return (K, stride, pads, dilation, mode, ceil_mode,
-            flag(op, "nan_propagation", nan_propagation), last, P)
+    return PoolParams(K, stride, pads, dilation, mode, ceil_mode,
+                      flag(op, "nan_propagation", nan_propagation), last, P)
 
 
-def _y_shape(x_shape, P, last):
+def _y_shape(x_shape, geo):
+    P, last = geo.out_size, geo.last
     return (x_shape[0],) + P + (x_shape[-1],) if last else tuple(x_shape[:2]) + P
 
 
@@ -62,7 +78,7 @@ def pool(nd, x, kernel, *, stride=None, padding=0, dilation=1, mode="max", ceil_
                   nan_propagation, layout)
     divisor = _divisor(op, divisor, mode)
     alpha, beta = blend_params(op, alpha, beta, out)
-    out = c.out(out, _y_shape(tuple(x_shape), geo[-1], geo[-2]), dtype)
+    out = c.out(out, _y_shape(tuple(x_shape), geo), dtype)
     return c.run("pool_forward", x, *geo, divisor=divisor, alpha=alpha, beta=beta, out=out)
 
 
@@ -110,7 +126,7 @@ def pool_backward(dy, x, kernel, *, stride=None, padding=0, dilation=1, mode="ma
         fail(ShapeError, op, "x.ndim", "3, 4 or 5 (N, C and 1-3 spatial axes)", len(x_shape))
     geo = _params(op, nd, tuple(x_shape), kernel, stride, padding, dilation, mode, ceil_mode,
                   nan_propagation, layout)
-    y_shape = _y_shape(tuple(x_shape), geo[-1], geo[-2])
+    y_shape = _y_shape(tuple(x_shape), geo)
     if tuple(dy_shape) != y_shape:
         fail(ShapeError, op, "dy.shape", f"the output's {y_shape}", tuple(dy_shape))
     divisor = _divisor(op, divisor, mode)
@@ -136,5 +152,5 @@ def pool_indices(x, kernel, *, stride=None, padding=0, dilation=1, ceil_mode=Fal
         fail(ShapeError, op, "x.ndim", "3, 4 or 5 (N, C and 1-3 spatial axes)", len(x_shape))
     geo = _params(op, nd, tuple(x_shape), kernel, stride, padding, dilation, "max", ceil_mode,
                   nan_propagation, layout)
-    out = c.out(out, _y_shape(tuple(x_shape), geo[-1], geo[-2]), np.dtype(np.int64))
+    out = c.out(out, _y_shape(tuple(x_shape), geo), np.dtype(np.int64))
     return c.run("pool_indices", x, *geo, out=out)
