@@ -4,8 +4,11 @@ JSON under --out (default $OUT, else /tmp/nbdnn-out) and prints a summary to std
 device call returns only the last lines of output and a few files). Every JSON result
 carries the machine: GPU, driver, package versions and the commit (`machine()`).
 
-    python3 perf/run.py tests [PYTEST ARGS]      the GPU test suite (default: tests/ but the
-                                                 PTX test), sharded over processes
+    python3 perf/run.py tests [rest|PYTEST ARGS] the GPU test suite in two calls: `tests`
+                                                 (the cross-check and test_gpu.py, split by
+                                                 kernel family, and nbdnn check), `tests rest`
+                                                 (every other file but the PTX and tensor-core
+                                                 tests); or the tests PYTEST ARGS select
     python3 perf/run.py sanitize SCRIPT|-- PYTEST ARGS
                                                  compute-sanitizer memcheck, then racecheck
     python3 perf/run.py check                    nbdnn check, every op and dtype
@@ -35,8 +38,12 @@ SUITE = (
     ("crosscheck-rows", ["tests/test_crosscheck.py", "-k", "softmax or reduce or activation"]),
     ("crosscheck-mm", ["tests/test_crosscheck.py", "-k", "(matmul or conv) and not bfloat16"]),
     ("crosscheck-mm16", ["tests/test_crosscheck.py", "-k", "(matmul or conv) and bfloat16"]),
+    ("crosscheck-pool", ["tests/test_crosscheck.py", "-k", "pool or batch_norm"]),
+    ("crosscheck-norm", ["tests/test_crosscheck.py", "-k",
+                         "(norm or lrn) and not (batch_norm or pool)"]),
     ("crosscheck-rest", ["tests/test_crosscheck.py", "-k",
-                         "not (softmax or reduce or activation or matmul or conv)"]),
+                         "not (softmax or reduce or activation or matmul or conv or pool or "
+                         "norm or lrn)"]),
     ("gpu-bits", ["tests/test_gpu.py", "-k", "bit_identical"]),
     ("gpu-spill", ["tests/test_gpu.py", "-k", "spill_at_most and not igemm and not dw_tile"]),
     ("gpu-spill-dw", ["tests/test_gpu.py", "-k", "spill_at_most and dw_tile"]),
@@ -121,18 +128,17 @@ def _pytest(*args):
 
 
 def tests(args):
-    """No args: the GPU suite (SUITE's selections, the other test files spread over the
-    remaining processes, `nbdnn check` beside them). Else the tests the pytest arguments
-    select, in SHARDS processes of consecutive tests (a file's kernels JIT in one)."""
+    """No args: SUITE's selections and `nbdnn check` beside them (a call's worth: ~7 min
+    of JIT and tests on 16 cores). "rest": the other test files (the second call). Else
+    the tests the pytest arguments select. Those two in SHARDS processes of consecutive
+    tests (a file's kernels JIT in one)."""
     if not args:
         jobs = {name: _pytest(*sel) for name, sel in SUITE}
-        files = sorted(f for f in os.listdir(os.path.join(ROOT, "tests"))
-                       if f.startswith("test_") and f.endswith(".py") and f not in APART)
-        rest = max(1, SHARDS - len(SUITE))
-        for i in range(rest):
-            jobs[f"files-{i}"] = _pytest(*(f"tests/{f}" for f in files[i::rest]))
         jobs["check"] = [sys.executable, "-m", "nbdnn", "check", "--examples", "2"]
         return _parallel(jobs)
+    if args == ["rest"]:
+        args = sorted(f"tests/{f}" for f in os.listdir(os.path.join(ROOT, "tests"))
+                      if f.startswith("test_") and f.endswith(".py") and f not in APART)
     ids = [i for i in subprocess.run(_pytest("--collect-only", *args), capture_output=True,
                                      text=True, cwd=ROOT, env=_env()).stdout.splitlines()
            if "::" in i]

@@ -196,7 +196,7 @@ def test_norm_pool_and_batch_norm_kernels_do_not_spill():
     whose SASS on the H200 has none: this test on the GPU decides.)"""
     from nbdnn.cuda import batch_norm as BN, norm as NM, pool as PL
     from nbdnn.cuda.runtime import launch as _launch
-    for table in (NM._KERNELS, BN._KERNELS, PL._KERNELS):
+    for table in (NM._KERNELS, BN.KERNELS, PL._KERNELS):
         for (name, dtype), (kernel, sig) in table.items():
             assert kernel.resources(sig)["local_bytes"] == 0, (name, dtype)
     for kernel in (k for k in _launch.REGISTRY if k.name == "pool_fwd_fast"):
