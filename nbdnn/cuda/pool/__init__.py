@@ -39,6 +39,7 @@ from ..runtime.grid import MAX_BLOCKS, U, launch, landing, split, strides
 from ..runtime.simulator import SIMULATOR
 from . import fast as _pool_fast
 from . import fast_bwd as _pool_fast_bwd
+from .geometry import PoolGeometry
 from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.launch import Kernel
 from ..._vocab import BF16_DTYPES as DTYPES
@@ -268,8 +269,8 @@ def _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate, divi
     st, dl = (1,) * lead + tuple(stride), (1,) * lead + tuple(dilation)
     pre = (0,) * lead + tuple(a for a, _ in pads)
     end = S3[:lead] + tuple(s + b for s, (_, b) in zip(S, pads))
-    return (N, C) + S3 + K3 + P3 + st + pre + end + dl + (int(last), MODES.index(mode),
-                                                          int(propagate), int(divisor))
+    return PoolGeometry(*(N, C), *S3, *K3, *P3, *st, *pre, *end, *dl, int(last),
+                        MODES.index(mode), int(propagate), int(divisor))
 
 
 def pool_forward(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *,
@@ -281,15 +282,10 @@ def pool_forward(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last,
     if not math.prod(y_shape):
         return y
     if _pool_fast.usable(len(K), K, math.prod(x_shape), math.prod(y_shape)):
-        # _geometry's 3-axis tuple: the H and W axes of C, size, window, output, stride,
-        # leading padding, padded end and dilation; mode, propagate
-        C, H, W, KH, KW, PH, PW = g[1], g[3], g[4], g[6], g[7], g[9], g[10]
-        geometry = (KH, KW, g[12], g[13], g[15], g[16], g[21], g[22])
-        _pool_fast.launch(x, y, dtype_name(x), last, geometry, g[24], H, W, C, PH, PW, g[18],
-                          g[19], g[25], alpha, beta, stream, g[26])
+        _pool_fast.launch(x, y, dtype_name(x), last, g.window2d, g.mode, g.H, g.W, g.C, g.PH,
+                          g.PW, g.eh, g.ew, g.propagate, alpha, beta, stream, g.div)
     else:
-        (N, C), (PD, PH, PW) = g[:2], g[8:11]
-        rows, planes = (PW, N * PD * PH) if last else (PH, N * PD * C)
+        rows, planes = (g.PW, g.N * g.PD * g.PH) if last else (g.PH, g.N * g.PD * g.C)
         k, sig = _KERNELS["fwd", dtype_name(x)]
         k.launch(sig, min(planes * -(-rows // BY), MAX_BLOCKS), BX * BY, stream, x, y, *g,
                  alpha, beta)

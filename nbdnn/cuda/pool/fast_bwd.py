@@ -168,18 +168,18 @@ def ptx_examples():
 
 
 def backward(dy, x, dx, g, alpha, beta, stream, scratch):
-    """dx from dy for pool's 27-int geometry g (pool/__init__._geometry; `usable`);
+    """dx from dy for the call's PoolGeometry g (geometry.py; `usable`);
     scratch(shape) allocates idx (max)."""
-    C, H, W, KH, KW, PH, PW = g[1], g[3], g[4], g[6], g[7], g[9], g[10]
-    geometry = (KH, KW, g[12], g[13], g[15], g[16], g[21], g[22])
-    dtype, last, mode = dtype_name(x), g[23], g[24]
-    y_total, x_total = g[0] * C * PH * PW, g[0] * C * H * W
+    C, H, W, PH, PW = g.C, g.H, g.W, g.PH, g.PW
+    geometry = g.window2d
+    dtype, last, mode = dtype_name(x), g.last, g.mode
+    y_total, x_total = g.N * C * PH * PW, g.N * C * H * W
     idx = scratch(y_total if mode == 0 else 1)  # (the averages read none)
     if mode == 0:
         k, sig = kernel("argmax", dtype, last, geometry)
         k.launch(sig, -(-y_total // BLOCK), BLOCK, stream, x, idx, H, W, C, PH, PW, PH,
-                 y_total, *_stencil.magic_args(C, PW, PH), g[25])
-    k, sig = kernel("bwd", dtype, last, geometry, mode, g[26] if mode else 0)
-    k.launch(sig, -(-x_total // BLOCK), BLOCK, stream, dy, idx, dx, H, W, C, PH, PW, g[18],
-             g[19], x_total, *_stencil.magic_args(C, W, H), alpha, beta)
+                 y_total, *_stencil.magic_args(C, PW, PH), g.propagate)
+    k, sig = kernel("bwd", dtype, last, geometry, mode, g.div if mode else 0)
+    k.launch(sig, -(-x_total // BLOCK), BLOCK, stream, dy, idx, dx, H, W, C, PH, PW, g.eh,
+             g.ew, x_total, *_stencil.magic_args(C, W, H), alpha, beta)
     return dx
