@@ -44,15 +44,6 @@ def test_the_exports_are_the_registry():
                                                               (rec.planned and fn is not rec.fn))
 
 
-def test_the_exports_are_written_out_from_the_registry():
-    """nbdnn/__init__.py names every op explicitly (a reader follows nbdnn.conv2d to
-    ops/conv.py); its block is the one the registry generates (tools/generate.py)."""
-    from nbdnn.ops import registry
-    text = open(nbdnn.__file__).read()
-    assert registry.generated_block(text) == registry.exports_source(registry.load()), \
-        "nbdnn/__init__.py's exports are stale: run python tools/generate.py"
-
-
 def test_every_backward_is_an_op_and_every_op_has_a_row():
     for rec in OPS.values():
         assert all(b in OPS for b in rec.backward), rec

@@ -1,5 +1,5 @@
 """Rewrite every generated block in the tree from its source of truth; tests/test_docs.py
-and tests/test_backends.py fail until this has run after a change to what a block quotes.
+fails until this has run after a change to what a block quotes.
 - nbdnn/__init__.py's exports, from the op registry (registry.exports_source).
 - docs/ops/<family>.md's API section: each op's signature and docstring.
 - README.md's family table: each family's ops (the registry) and the CUDA paths and

@@ -71,7 +71,7 @@ def exports_source(records):
     OpRecord): each family module imported by name, each op bound from it, wrapped in
     eager call plans where its record says planned. Explicit, so that a reader or an
     IDE follows nbdnn.conv2d to ops/conv.py; `python tools/generate.py` rewrites the block,
-    tests/test_backends.py checks it."""
+    tests/test_docs.py checks it is current."""
     fams = sorted({r.family for r in records.values()})
     lines = [BEGIN + " by `python tools/generate.py` from the op registry: each planned op",
              "# wrapped in eager call plans, ops/_plan.py; `op.unplanned` is the bare op)",
@@ -97,11 +97,6 @@ def _wrapped(opening, items, closing, width=92):
         else:
             line += ("" if line.endswith("(") else " ") + piece
     return lines + [line]
-
-
-def generated_block(text):
-    """The generated block of nbdnn/__init__.py's text, as exports_source writes it."""
-    return BEGIN + text.split(BEGIN, 1)[1].split(END, 1)[0] + END + "\n"
 
 
 def families():
