@@ -3,6 +3,8 @@ channels-first fast path (_bn_planes: 16-byte vectors, chunked statistics and su
 the backwards-walking apply and dx of training) and the general kernels (_bn_sums and
 batch_norm's apply: planes not a multiple of 4, misaligned views, channels last),
 forward and backward, every epilogue, against the CPU reference."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -115,13 +117,11 @@ def test_misaligned_residual_gradient_buffer():
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("shape, layout, offset", CASES + [((2, 4, 5, 16), "NHWC", 0)])
 @pytest.mark.parametrize("where", ["first", "later", "both signs"])
-def test_statistics_with_an_infinity(shape, layout, offset, where, monkeypatch):
+def test_statistics_with_an_infinity(shape, layout, offset, where):
     """A channel holding +inf has mean +inf (and +inf with -inf: NaN) on every path, as
     in the reference: the kernels shift by the channel's first element (inf - inf was
     NaN) and merge chunks with Chan's formula (d = mb - mu was inf - inf); the H200's
     error fuzz found it in group_norm. 16 channels: batch_norm/columns.py."""
-    from nbdnn.cuda.batch_norm import columns
-    monkeypatch.setattr(columns, "ON", True)
     x = _inputs(shape, offset, "float32", 7)(loc=3.0)
     C = shape[-1] if layout == "NHWC" else shape[1]
     first = np.zeros(shape, bool)
@@ -188,8 +188,8 @@ def test_columns_path_matches_general(dtype, shape, blocks_an_sm, monkeypatch):
     kw = dict(layout="NHWC", residual=z, activation="relu")
     got = {}
     for on in (False, True):
-        monkeypatch.setattr(columns, "ON", on)
-        with launched() as names:
+        with (contextlib.nullcontext() if on else BN.forced("general")), \
+                launched() as names:
             rm, rv = np.zeros(C, np.float32), np.ones(C, np.float32)
             y, mean, invstd = nbdnn.batch_norm_train(x, scale, bias, rm, rv, backend="cuda",
                                                      **kw)

@@ -6,35 +6,40 @@ position outside the output is no term, so a non-finite weight does not reach th
 inputs it never touches). Each case puts one non-finite value at a corner (where the
 padding matters) or inside, in each input, and wants the same nan / +inf / -inf
 pattern and the same finite values from the GPU kernel (the simulator in CI)."""
+import contextlib
+
 import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda.conv import depthwise_rows as DR
+from nbdnn.cuda import conv as CV
 from nbdnn.cuda.runtime.arrays import to_device, to_host
 
 # (where, value): a corner's value meets the padding (0 * -inf = nan); inside, a nan
 # must reach exactly the outputs whose windows hold it
 POISON = (("corner", -np.inf), ("inside", np.nan))
-# (name, algo, rows kernel on, layout, C, K, groups, H, filter, stride, padding)
-FORWARD = [("direct", "direct", True, "NCHW", 2, 2, 1, 5, 3, 1, 1),
-           ("direct strided", "direct", True, "NHWC", 2, 3, 1, 6, 3, 2, 2),
-           ("implicit gemm", "implicit_gemm", True, "NCHW", 2, 2, 1, 5, 3, 1, 1),
-           ("gemm", "gemm", True, "NCHW", 2, 2, 1, 5, 3, 2, 1),
-           ("winograd", "winograd", True, "NCHW", 2, 2, 1, 6, 3, 1, 1),
-           ("winograd4", "winograd4", True, "NHWC", 2, 2, 1, 6, 3, 1, 1),
-           ("depthwise rows", "depthwise", True, "NCHW", 2, 2, 2, 6, 3, 1, 1),
-           ("depthwise tiles", "depthwise", False, "NCHW", 2, 2, 2, 6, 3, 1, 1),
-           ("depthwise columns", "depthwise", False, "NCHW", 2, 2, 2, 6, 3, (1, 2), 2),
-           ("depthwise tiles nhwc", "depthwise", True, "NHWC", 2, 2, 2, 4, 5, 1, 2)]
-BACKWARD = [("direct", "direct", True, "NCHW", 2, 2, 1, 5, 3, 1, 1),
-            ("direct strided", "direct", True, "NHWC", 2, 3, 1, 6, 3, 2, 2),
-            ("gemm", "gemm", True, "NCHW", 2, 2, 1, 5, 3, 2, 1),
-            ("depthwise rows", "depthwise", True, "NCHW", 2, 2, 2, 6, 3, 1, 1),
-            ("depthwise tiles nhwc", "depthwise", True, "NHWC", 2, 2, 2, 4, 5, 1, 2)]
+# (name, algo, the conv variant forced (None: the choice), layout, C, K, groups, H,
+# filter, stride, padding)
+FORWARD = [("direct", "direct", None, "NCHW", 2, 2, 1, 5, 3, 1, 1),
+           ("direct strided", "direct", None, "NHWC", 2, 3, 1, 6, 3, 2, 2),
+           ("implicit gemm", "implicit_gemm", None, "NCHW", 2, 2, 1, 5, 3, 1, 1),
+           ("gemm", "gemm", None, "NCHW", 2, 2, 1, 5, 3, 2, 1),
+           ("winograd", "winograd", None, "NCHW", 2, 2, 1, 6, 3, 1, 1),
+           ("winograd4", "winograd4", None, "NHWC", 2, 2, 1, 6, 3, 1, 1),
+           ("depthwise rows", "depthwise", None, "NCHW", 2, 2, 2, 6, 3, 1, 1),
+           ("depthwise tiles", "depthwise", "depthwise_tiles", "NCHW", 2, 2, 2, 6, 3, 1, 1),
+           ("depthwise columns", "depthwise", "depthwise_strips", "NCHW", 2, 2, 2, 6, 3, (1, 2),
+            2),
+           ("depthwise tiles nhwc", "depthwise", None, "NHWC", 2, 2, 2, 4, 5, 1, 2)]
+BACKWARD = [("direct", "direct", None, "NCHW", 2, 2, 1, 5, 3, 1, 1),
+            ("direct strided", "direct", None, "NHWC", 2, 3, 1, 6, 3, 2, 2),
+            ("gemm", "gemm", None, "NCHW", 2, 2, 1, 5, 3, 2, 1),
+            ("depthwise rows", "depthwise", None, "NCHW", 2, 2, 2, 6, 3, 1, 1),
+            ("depthwise tiles nhwc", "depthwise", None, "NHWC", 2, 2, 2, 4, 5, 1, 2)]
 # backward data through the forward tile kernel on channels-first maps (the filter
 # gradient has one kernel whatever the forward variant: not repeated)
-BACKWARD_DATA = BACKWARD + [("depthwise tiles", "depthwise", False, "NCHW", 2, 2, 2, 6, 3, 1, 2)]
+BACKWARD_DATA = BACKWARD + [("depthwise tiles", "depthwise", "depthwise_tiles", "NCHW", 2, 2, 2, 6,
+                             3, 1, 2)]
 
 
 def _arrays(case, rng):
@@ -64,8 +69,12 @@ def _same(got, want):
     np.testing.assert_allclose(got[fin], want[fin], rtol=1e-4, atol=1e-4)
 
 
-def _check(monkeypatch, case, op, poisoned, make_args):
-    monkeypatch.setattr(DR, "ENABLED", case[2])
+def _check(case, op, poisoned, make_args):
+    with (CV.forced(case[2]) if case[2] else contextlib.nullcontext()):
+        _check_forced(case, op, poisoned, make_args)
+
+
+def _check_forced(case, op, poisoned, make_args):
     rng = np.random.default_rng(len(case[0]))
     x, w, dy, kw = _arrays(case, rng)
     named = {"x": x, "w": w, "dy": dy}
@@ -89,6 +98,6 @@ CASES = [(p, c, x) for p, (_, _, inputs, cases) in PASSES.items() for c in cases
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("name,case,poisoned", CASES,
                          ids=[f"{p}-{c[0]}-{x}" for p, c, x in CASES])
-def test_nonfinite_like_the_reference(monkeypatch, name, case, poisoned):
+def test_nonfinite_like_the_reference(name, case, poisoned):
     op, make_args, _, _ = PASSES[name]
-    _check(monkeypatch, case, op, poisoned, make_args)
+    _check(case, op, poisoned, make_args)

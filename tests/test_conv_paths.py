@@ -4,6 +4,7 @@ C/groups < BK, variant 3 (taps, then BK-channel chunks) otherwise. The shapes pu
 C/groups below, at, past and well past a chunk (ragged last chunks), both layouts,
 groups, stride, dilation, per-side padding, the flipped mode and the fused epilogue;
 float64 compares to 1e-12, float32 and float16 by their reduction tolerances."""
+import contextlib
 import math
 
 import numpy as np
@@ -81,7 +82,7 @@ def _positions(geom):
 @pytest.mark.parametrize("geom", GEOMS, ids=lambda g: f"C{g[0]}K{g[1]}G{g[2]}")
 def test_backward_data_auto_matches_reference(geom, last):
     """"auto" backward data: a forward convolution of dy (nbdnn.cuda.conv.
-    _data_as_forward) where every stride is 1 and the paddings allow it, else the gemm
+    as_forward) where every stride is 1 and the paddings allow it, else the gemm
     path; with the beta blend."""
     C, K, G, H, W, R, S, stride, dil, pads, mode = geom
     rng = np.random.default_rng(C * 7 + K)
@@ -103,11 +104,10 @@ def test_backward_data_auto_matches_reference(geom, last):
                                                 (True, 1, np.float64, True),
                                                 (True, 2, np.float64, False),
                                                 (False, 1, np.float16, False)])
-def test_backward_filter_1x1_matches_reference(last, G, dtype, direct, monkeypatch):
+def test_backward_filter_1x1_matches_reference(last, G, dtype, direct):
     """1x1, stride 1, no padding: backward filter straight through the GEMM (no
-    im2col) where it applies (`direct`), else the im2col path; the beta blend; with
-    conv.FILTER_1X1_GEMM, the same for channels-last."""
-    from nbdnn.cuda import conv as CV
+    im2col) where it applies (`direct`), else the im2col path; the beta blend;
+    channels-last with the variant gemm_1x1 forced, the same."""
     rng = np.random.default_rng(G)
     C, K, H = 4, 6, 12                                     # P = 144 positions
     xs = (2, H, H, C) if last else (2, C, H, H)
@@ -126,8 +126,7 @@ def test_backward_filter_1x1_matches_reference(last, G, dtype, direct, monkeypat
     assert ("conv_im2col" not in names) == direct, names  # (the GEMM path builds no columns)
     if not (last and G == 1):
         return
-    monkeypatch.setattr(CV, "FILTER_1X1_GEMM", True)  # "auto" asks the GEMM first
-    with launched() as names:
+    with CV.forced("gemm_1x1"), launched() as names:
         got = nbdnn.conv_backward_filter(dy, x, ws, backend="cuda", alpha=0.5, beta=2.0,
                                          out=out.copy(), **kw)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=atol, rtol=rtol)
@@ -137,13 +136,11 @@ def test_backward_filter_1x1_matches_reference(last, G, dtype, direct, monkeypat
 @pytest.mark.parametrize("on", [True, False])
 @pytest.mark.parametrize("last,G,mode", [(True, 1, "convolution"), (True, 2, "cross_correlation"),
                                          (False, 1, "cross_correlation")])
-def test_backward_data_1x1(last, G, mode, on, monkeypatch):
-    """conv.DATA_1X1_GEMM: a channels-last 1x1 data gradient of one group is one GEMM
-    dx = dy @ W (no transposed filter, no forward kernel), the beta blend included;
-    groups and channels-first keep the flipped-filter path; either way the reference's
-    numbers."""
-    from nbdnn.cuda import conv as CV
-    monkeypatch.setattr(CV, "DATA_1X1_GEMM", on)
+def test_backward_data_1x1(last, G, mode, on):
+    """conv's data variant gemm_1x1 (on: "auto"'s choice; off: as_forward forced): a
+    channels-last 1x1 data gradient of one group is one GEMM dx = dy @ W (no transposed
+    filter, no forward kernel), the beta blend included; groups and channels-first keep
+    the flipped-filter path; either way the reference's numbers."""
     rng = np.random.default_rng(G + 3 * last)
     C, K, H = 4, 6, 5
     xs = (2, H, H, C) if last else (2, C, H, H)
@@ -154,7 +151,7 @@ def test_backward_data_1x1(last, G, mode, on, monkeypatch):
     out = rng.uniform(-1, 1, xs)
     want = nbdnn.conv_backward_data(dy, w, xs, backend="cpu", alpha=0.5, beta=2.0,
                                     out=out.copy(), **kw)
-    with launched() as names:
+    with (contextlib.nullcontext() if on else CV.forced("as_forward")), launched() as names:
         got = nbdnn.conv_backward_data(dy, w, xs, backend="cuda", alpha=0.5, beta=2.0,
                                        out=out.copy(), **kw)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
@@ -182,9 +179,7 @@ def test_backward_filter_pads_16bit_columns(dtype):
     with launched() as names:
         got = nbdnn.conv_backward_filter(dy, x, ws, backend="cuda", alpha=0.5, beta=2.0,
                                          out=out.copy(), **kw)
-    from nbdnn.cuda.conv import im2col_rows
-    gather = "conv_im2col_rows" if im2col_rows.ON else "conv_im2col_words"
-    assert names[0].startswith(gather) and "strided_gather" in names, names
+    assert names[0].startswith("conv_im2col_rows") and "strided_gather" in names, names
     atol, rtol = matmul_tol("float16", 2 * 20)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=8 * atol, rtol=8 * rtol)
 
@@ -207,16 +202,17 @@ def test_im2col_words_match_reference(dtype, C, magic, monkeypatch):
     """conv/im2col_words.py (channels-last, one group) through algo "gemm": words of 2,
     4 and 8 bytes (fp16 C = 3: one channel a word, C = 8: four; float32 C = 3: one, C = 2:
     two; float64: one), stride, dilation, per-side padding and the flipped mode; the
-    64-bit kernel and the 32-bit one (MAGIC_INDEX: multiply-high index splits)."""
-    from nbdnn.cuda.conv import im2col_rows, im2col_words
+    64-bit kernel and the 32-bit one (MAGIC_INDEX: multiply-high index splits); the
+    variant im2col_words forced (C = 3 would take im2col_rows)."""
+    from nbdnn.cuda.conv import im2col_words
     monkeypatch.setattr(im2col_words, "MAGIC_INDEX", magic)
-    monkeypatch.setattr(im2col_rows, "ON", False)  # (the words kernel itself: C = 3 would
-    rng = np.random.default_rng(C)                 # take the staged-row kernel)
+    rng = np.random.default_rng(C)
     x = rng.uniform(-1, 1, (2, 7, 6, C)).astype(dtype)
     w = rng.uniform(-1, 1, (4, 3, 2, C)).astype(dtype)
     for kw in (dict(stride=(2, 1), dilation=(1, 2), padding=((1, 0), (2, 1))),
                dict(padding=1, mode="convolution")):
-        want, got, names = _gemm_forward(x, w, kw)
+        with CV.forced("im2col_words"):
+            want, got, names = _gemm_forward(x, w, kw)
         assert names[0] == "conv_im2col_words" + ("32" if magic else ""), names
         tol = {np.float16: 4e-3, np.float32: 1e-5, np.float64: 1e-12}[dtype]
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
@@ -224,13 +220,11 @@ def test_im2col_words_match_reference(dtype, C, magic, monkeypatch):
 
 @pytest.mark.parametrize("dtype,C", [(np.float16, 3), (np.float16, 5), (np.float32, 3),
                                      (np.float32, 1)])
-def test_im2col_rows_match_reference(dtype, C, monkeypatch):
-    """conv/im2col_rows.py (im2col_rows.ON; narrow channels: a block an output row, the
+def test_im2col_rows_match_reference(dtype, C):
+    """conv/im2col_rows.py (narrow channels: a block an output row, the
     window rows staged in shared memory) through algo "gemm"'s forward and filter
     gradient: stride, dilation, per-side padding past the image, the flipped mode,
     rows padded past R S C; each against the CPU reference."""
-    from nbdnn.cuda.conv import im2col_rows
-    monkeypatch.setattr(im2col_rows, "ON", True)
     rng = np.random.default_rng(C + 7)
     x = rng.uniform(-1, 1, (2, 7, 9, C)).astype(dtype)
     w = rng.uniform(-1, 1, (4, 3, 2, C)).astype(dtype)
@@ -253,14 +247,14 @@ def test_im2col_rows_match_reference(dtype, C, monkeypatch):
 
 @pytest.mark.parametrize("dtype,on", [(np.float16, True), (np.float64, True),
                                       (np.float32, False)])
-def test_col2im_quads_match_reference(dtype, on, monkeypatch):
+def test_col2im_quads_match_reference(dtype, on):
     """conv/col2im_quads.py (channels-last, one group, C % 4 == 0: four channels a
     thread) through algo "gemm"'s data gradient: strides 2 and 3, dilation, per-side
-    padding, the flipped mode, alpha and beta; off, the general col2im."""
-    from nbdnn.cuda.conv import col2im_quads
-    monkeypatch.setattr(col2im_quads, "ON", on)
-    _check_col2im(dtype, 8, [((2, 7, 8, 8), (4, 3, 2, 8), kw) for kw in _COL2IM_KW],
-                  "conv_col2im_quads" if on else "conv_col2im")
+    padding, the flipped mode, alpha and beta; off (the variant col2im forced), the
+    general col2im."""
+    with (contextlib.nullcontext() if on else CV.forced("col2im")):
+        _check_col2im(dtype, 8, [((2, 7, 8, 8), (4, 3, 2, 8), kw) for kw in _COL2IM_KW],
+                      "conv_col2im_quads" if on else "conv_col2im")
 
 
 _COL2IM_KW = (dict(stride=(2, 3), dilation=(1, 2), padding=((1, 0), (2, 1))),
@@ -289,13 +283,11 @@ def _check_col2im(dtype, seed, cases, kernel):
 
 @pytest.mark.parametrize("dtype,C", [(np.float16, 3), (np.float32, 3), (np.float64, 3),
                                      (np.float32, 1), (np.float16, 6)])
-def test_col2im_rows_match_reference(dtype, C, monkeypatch):
-    """conv/col2im_rows.py (col2im_rows.ON; narrow channels: a block an input row, the
+def test_col2im_rows_match_reference(dtype, C):
+    """conv/col2im_rows.py (narrow channels: a block an input row, the
     landing rows' columns staged in shared memory; the filter as padded rows) through
     algo "gemm"'s data gradient: strides 2 and 3, dilation, per-side padding, the
     flipped mode, a 7x7/2 stem-like layer, alpha and beta."""
-    from nbdnn.cuda.conv import col2im_rows
-    monkeypatch.setattr(col2im_rows, "ON", True)
     _check_col2im(dtype, 9 + C, [((2, 7, 8, C), (4, 3, 2, C), kw) for kw in _COL2IM_KW] +
                   [((1, 12, 11, C), (5, 7, 7, C), dict(stride=2, padding=3))],
                   "conv_col2im_rows")
@@ -392,12 +384,11 @@ def test_depthwise_variants_match_reference(geom, plain, last, variant, monkeypa
     plain epilogue (one add) and full one (alpha, beta blend, ReLU), the tile kernel's
     16-byte row stores (channels-first, PW % 4 == 0) and scalar ones, channel
     multipliers, the flipped mode, strides and dilation in the row kernel (the rule's
-    rows a thread, partial groups of rows, and 1 row); "other": the row kernel off, so the
-    dilated layer takes variant 1 and the rest variant 2."""
+    rows a thread, partial groups of rows, and 1 row); "other": the next variant the row
+    kernel's layers would take, forced (variant 2, tiles, where stride is square and
+    dilation 1; else variant 1, column strips, where it takes the layer; else direct)."""
     from nbdnn.cuda.conv import depthwise_rows as DR
-    if variant == "other":
-        monkeypatch.setattr(DR, "ENABLED", False)
-    elif last:
+    if variant != "other" and last:
         pytest.skip("the row kernel is channels-first only")
     if variant == "rows_rpt1":
         monkeypatch.setattr(DR, "RPT", 1)
@@ -413,8 +404,16 @@ def test_depthwise_variants_match_reference(geom, plain, last, variant, monkeypa
     out = rng.uniform(-1, 1, nbdnn.conv2d(x, w, backend="cpu", **{
         k: v for k, v in kw.items() if k not in ("activation", "alpha", "beta")}).shape)
     want = nbdnn.conv2d(x, w, bias, backend="cpu", out=out.copy(), **kw)
-    got = nbdnn.conv2d(x, w, bias, backend="cuda", algo="depthwise", out=out.copy(), **kw)
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     g = CV.geometry(x.shape, w.shape, (st, st), pads, (dil, dil), C, mode, last)
-    assert DR.usable(g, x.size, got.size) == (not last and variant != "other")
+    force = contextlib.nullcontext()
+    if variant == "other":
+        dw = CV._conv_depthwise
+        force = CV.forced("depthwise_tiles" if dw.tile_spec(g) else
+                          "depthwise_strips" if dw.fwd_spec(g) else "direct")
+    with force, launched() as names:
+        got = nbdnn.conv2d(x, w, bias, backend="cuda", algo="depthwise", out=out.copy(),
+                           **kw)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert any(n.startswith("dw_rows") for n in names) == (variant != "other"), names
+    assert DR.usable(g, x.size, got.size) == (not last)
     assert (CV._conv_depthwise.tile_spec(g) is None) == (dil > 1)

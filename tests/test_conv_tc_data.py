@@ -1,6 +1,6 @@
 """A stride-1 data gradient on the tensor cores with the filter read as stored
-(conv.DATA_FILTER_AS_STORED, wgmma_conv.forward's w_stored: B MN-major, written in run
-AO): the generated producer's loads multiplied out in Python (no GPU), then the kernel
+(conv's data variant filter_as_stored, wgmma_conv.forward's w_stored: B MN-major): the
+generated producer's loads multiplied out in Python (no GPU), then the kernel
 on an H200 against the CPU reference on the same 16-bit operands."""
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ DATA_CASES = [CASES[0], CASES[2], CASES[3]]
 
 
 def _data_geometry(xs, ws, padding, dilation, mode):
-    """The forward geometry conv._data_filter_as_stored builds: dy read with the
+    """The forward geometry conv's filter_as_stored builds (_as_stored_geometry): dy read with the
     backward paddings d (R - 1) - q through the flipped filter, w's channels swapped."""
     g = _geometry(xs, ws, 1, padding, dilation, mode)
     nd = len(xs) - 2
@@ -86,17 +86,15 @@ def test_generated_producer_reads_the_filter_as_stored(case, bn):
                          ids=["3x3", "per_side_flipped", "dilation2", "36_rows"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_data_gradient_reads_the_filter_as_stored(case, dtype, monkeypatch):
-    """conv.DATA_FILTER_AS_STORED on: a 16-bit channels-last stride-1 data gradient
+    """conv's data variant filter_as_stored ("auto"'s choice): a 16-bit channels-last stride-1 data gradient
     runs one wgmma_conv "_wn" kernel (no transposed copy of w) and matches the CPU
     reference on the same rounded operands, with alpha and beta; the last case's 36
     rows take the 64-row tile (widths of 128 and more)."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda import conv as CV
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
-    monkeypatch.setattr(CV, "DATA_FILTER_AS_STORED", True)
     xs, ws, _, padding, dilation, mode = case
     dys, _ = _data_geometry(xs, ws, padding, dilation, mode)
     rng = np.random.default_rng(sum(ws))

@@ -4,6 +4,8 @@ float64 on the same 16-bit operands, over the geometries its TMA maps must get r
 (strides, paddings per side, dilation, flipped filters, channels not a multiple of 64,
 1-d, tiles across images, split-K); without one, its host decisions and the producer's
 generated coordinate code run against a model of TMA's im2col walk."""
+import contextlib
+
 import numpy as np
 import pytest
 from tensorcore_cases import cc as _cc
@@ -37,15 +39,13 @@ def _reference(xv, wv, bias, stride, padding, dilation, mode, act):
 def test_conv_forward_on_tensor_cores(case, dtype, monkeypatch):
     """The tensor-core forward (im2col kernel, or the GEMM for a stride-1 1x1) against
     the CPU reference on the same rounded operands, with a bias and relu and plain;
-    which kernel ran. Every case the kernel's limits allow (VERIFIED_ONLY off; the
+    which kernel ran. Every case the kernel's limits allow (the
     64 x 64 tiles' direct stores: the stride-2, 72-channel, 90-row case, an unwritten output)."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.conv import wgmma_conv
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
-    monkeypatch.setattr(wgmma_conv, "VERIFIED_ONLY", False)
     xs, ws, stride, padding, dilation, mode = case
     rng = np.random.default_rng(sum(xs) + sum(ws))
     tdt = getattr(torch, dtype)
@@ -74,19 +74,16 @@ def test_conv_forward_on_tensor_cores(case, dtype, monkeypatch):
 @pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
 def test_conv1d_and_fallbacks_on_tensor_cores(monkeypatch):
     """A 1-d channels-last convolution runs the im2col kernel as 2-d with H = 1
-    (VERIFIED_ONLY off); what it cannot take runs the SIMT algorithms, correctly: a
-    residual, beta, C = 3 (pixels of 6 bytes; with the padded columns off:
-    test_narrow_channels_through_padded_columns has them on), two groups;
+    ; what it cannot take runs other algorithms, correctly: a residual, beta, C = 3
+    (pixels of 6 bytes: the padded columns and the GEMM,
+    test_narrow_channels_through_padded_columns), two groups (SIMT);
     find_conv_algorithm's kernel names."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.conv import im2col_words, wgmma_conv
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     rng = np.random.default_rng(7)
-    monkeypatch.setattr(wgmma_conv, "VERIFIED_ONLY", False)
-    monkeypatch.setattr(im2col_words, "PAD_NARROW_CHANNELS", False)
 
     def t(shape, scale=1.0):
         return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32) * scale) \
@@ -106,7 +103,7 @@ def test_conv1d_and_fallbacks_on_tensor_cores(monkeypatch):
         xx, ww = extra.get("x", x), extra.get("w", w)
         with launched() as names:
             y = nbdnn.conv2d(xx, ww, padding=1, layout="NHWC", **kw)
-        assert not any(n.startswith("wgmma") for n in names), (kw, names)
+        assert not any(n.startswith("wgmma_conv") for n in names), (kw, names)
         cpu = {k: (v.double().cpu().numpy() if hasattr(v, "cpu") else v) for k, v in kw.items()}
         ref = nbdnn.conv2d(xx.double().cpu().numpy(), ww.double().cpu().numpy(), padding=1,
                            layout="NHWC", backend="cpu", **cpu)
@@ -132,12 +129,10 @@ def test_conv_epilogue_in_conv_order(shapes, store, monkeypatch):
     1x1 filter with z runs the im2col kernel (the GEMM's epilogue has the other order)."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.conv import wgmma_conv
     from nbdnn.cuda.matmul import wgmma_gemm as W
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
-    monkeypatch.setattr(wgmma_conv, "VERIFIED_ONLY", False)
     monkeypatch.setattr(W, "TMA_STORE", store)
     rng = np.random.default_rng(11)
     xs, ws = shapes
@@ -225,7 +220,6 @@ def test_channels_first_through_channels_last(dtype, monkeypatch):
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     from nbdnn.cuda import tensor
-    monkeypatch.setattr(CF, "ON", True)
     monkeypatch.setattr(CF, "MIN_FLOP_PER_BYTE", 0)  # (small layers: the paths)
     monkeypatch.setattr(tensor, "TILED_TRANSPOSE", True)
     rng = np.random.default_rng(11)
@@ -266,7 +260,6 @@ def test_usable_and_plan(monkeypatch):
     corners TMA gets, the width for K filters (64 for K = 64, 256 for a wave-filling
     K = 512) and split-K for 49 rows."""
     from nbdnn.cuda.conv import wgmma_conv as C
-    monkeypatch.setattr(C, "VERIFIED_ONLY", False)
     monkeypatch.setattr(C, "ptr", lambda a: a)
     monkeypatch.setattr(C, "dtype_name", lambda a: "bfloat16")
     monkeypatch.setattr(C, "sm_count", lambda: 132)
@@ -292,26 +285,15 @@ def test_usable_and_plan(monkeypatch):
     assert C.plan(tail, "bfloat16", can_split=False)[1:3] == (1, red)  # (z, alpha: no split)
     wide = _geometry((64, 28, 28, 128), (512, 1, 1, 128), 1, 0, 1)
     assert C.plan(wide, "bfloat16")[0][0] == 256
-    monkeypatch.setattr(C, "VERIFIED_ONLY", True)  # only what ran right on the H200
-    assert C.usable(256, 512, 1024, g, None, None, 1.0, 0.0)
-    assert not C.usable(256, 512, 1024, g, None, 2048, 1.0, 1.0)
-    assert not any(C.usable(256, 512, 1024, h, None, None, 1.0, 0.0) for h in (
-        s2, tail, _geometry((3, 9, 11, 72), (96, 3, 3, 72), 2, 1, 1),
-        _geometry((4, 16, 16, 64), (64, 3, 3, 64), 1, 2, 2),
-        _geometry((4, 16, 16, 64), (64, 3, 3, 64), 1, 1, 1, "convolution")))
 
 
 def test_filter_usable(monkeypatch):
-    """wgmma_conv.filter_usable without a GPU: never while FILTER_ON_TENSOR_CORES is off;
-    on, 16-bit channels-last single-group 2-d calls with C % 64 ==
+    """wgmma_conv.filter_usable without a GPU: 16-bit channels-last single-group 2-d calls with C % 64 ==
     0, K % 8 == 0, 16-byte bases and the forward's TMA limits."""
     from nbdnn.cuda.conv import wgmma_conv as C
     monkeypatch.setattr(C, "ptr", lambda a: a)
     monkeypatch.setattr(C, "dtype_name", lambda a: "bfloat16")
     g = _geometry((32, 56, 56, 64), (64, 3, 3, 64), 1, 1, 1)
-    monkeypatch.setattr(C, "FILTER_ON_TENSOR_CORES", False)
-    assert not C.filter_usable(256, 512, 1024, g)
-    monkeypatch.setattr(C, "FILTER_ON_TENSOR_CORES", True)
     assert C.filter_usable(256, 512, 1024, g)
     assert C.filter_usable(256, 512, 1024, _geometry((3, 9, 11, 64), (96, 3, 3, 64), 2, 1, 1))
     assert not C.filter_usable(256, 512, 1024, _geometry((2, 9, 9, 72), (8, 3, 3, 72), 1, 1,
@@ -478,7 +460,6 @@ def test_filter_gradient_on_tensor_cores(case, widths, monkeypatch):
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
-    monkeypatch.setattr(wgmma_conv, "FILTER_ON_TENSOR_CORES", True)
     monkeypatch.setattr(wgmma_conv, "FILTER_WIDTHS", widths)
     xs, ws, stride, padding, dilation, mode = case
     g = _geometry(xs, ws, stride, padding, dilation, mode)
@@ -503,17 +484,17 @@ def test_filter_gradient_on_tensor_cores(case, widths, monkeypatch):
 
 @pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
 @pytest.mark.parametrize("on", [False, True])
-def test_filter_gradient_1x1_kernel_choice(on, monkeypatch):
-    """conv.FILTER_1X1_GEMM: a bf16 channels-last 1x1 filter gradient runs the GEMM
-    dW = dy^T @ x (wgmma_gemm, over 8 x 14 x 14 positions) when on, the
-    im2col filter kernel (wgmma_convdw) when off; alpha and beta, the CPU reference."""
+def test_filter_gradient_1x1_kernel_choice(on):
+    """conv's filter variant gemm_1x1 ("auto"'s choice): a bf16 channels-last 1x1 filter
+    gradient runs the GEMM dW = dy^T @ x (wgmma_gemm, over 8 x 14 x 14 positions); the
+    variant tensor_cores forced, the im2col filter kernel (wgmma_convdw); alpha and
+    beta, the CPU reference."""
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda import conv as CV
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
-    monkeypatch.setattr(CV, "FILTER_1X1_GEMM", on)
     rng = np.random.default_rng(3)
 
     def t(shape):
@@ -522,7 +503,8 @@ def test_filter_gradient_1x1_kernel_choice(on, monkeypatch):
 
     x, dy, old, ws = t((8, 14, 14, 128)), t((8, 14, 14, 256)), t((256, 1, 1, 128)), \
         (256, 1, 1, 128)
-    with launched() as names:
+    with (contextlib.nullcontext() if on else CV.forced("tensor_cores")), \
+            launched() as names:
         dw = nbdnn.conv_backward_filter(dy, x, ws, alpha=0.5, beta=2.0, out=old.clone(),
                                         layout="NHWC")
     assert names[0].startswith("wgmma_gemm" if on else "wgmma_convdw"), names
@@ -534,12 +516,13 @@ def test_filter_gradient_1x1_kernel_choice(on, monkeypatch):
 
 
 def test_filter_rows_pad_each_filter():
-    """im2col_words.filter_rows: the filters (K, R, S, C) as rows of R S C values
+    """conv/gemm.py filter_rows: the filters (K, R, S, C) as rows of R S C values
     taps-major, zero-padded to `row` (the stem's 147 to 152), in any backend's run."""
-    from nbdnn.cuda.conv import im2col_words
+    from nbdnn.cuda.conv import gemm
+    from nbdnn.cuda.conv.kernels import KERNELS
     from nbdnn.cuda.runtime.arrays import to_device
     w = np.random.default_rng(2).standard_normal((5, 7, 7, 3)).astype(np.float16)
-    rows = np.asarray(im2col_words.filter_rows(to_device(w), 152, 0).copy_to_host())
+    rows = np.asarray(gemm.filter_rows(KERNELS, to_device(w), 152, 0).copy_to_host())
     want = np.zeros((1, 5, 152), np.float16)
     want[0, :, :147] = w.reshape(5, 147)
     np.testing.assert_array_equal(rows, want)
@@ -548,26 +531,25 @@ def test_filter_rows_pad_each_filter():
 @pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
 @pytest.mark.parametrize("rows", [False, True])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_narrow_channels_through_padded_columns(dtype, rows, monkeypatch):
-    """im2col_words.PAD_NARROW_CHANNELS (on): a
-    3-channel 7x7/2 stem with bias and relu as padded columns and filter rows through
-    the tensor-core GEMM's fused epilogue, against the CPU reference; the columns by
-    the word gather or (im2col_rows.ON, on) the staged-row kernel."""
+def test_narrow_channels_through_padded_columns(dtype, rows):
+    """conv's variant stem_words: a 3-channel 7x7/2 stem with bias and relu as padded
+    columns and filter rows through the tensor-core GEMM's fused epilogue, against the
+    CPU reference; the columns by the staged-row kernel (im2col_rows, the choice) or the
+    word gather (im2col_words forced)."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.conv import im2col_rows, im2col_words
+    from nbdnn.cuda import conv as CV
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
-    monkeypatch.setattr(im2col_words, "PAD_NARROW_CHANNELS", True)
-    monkeypatch.setattr(im2col_rows, "ON", rows)
     rng = np.random.default_rng(9)
     tdt = getattr(torch, dtype)
     x = torch.from_numpy(rng.standard_normal((4, 40, 38, 3), dtype=np.float32)).to(tdt).cuda()
     w = torch.from_numpy(rng.standard_normal((64, 7, 7, 3), dtype=np.float32) / 12).to(tdt).cuda()
     b = torch.from_numpy(rng.standard_normal(64, dtype=np.float32)).to(tdt).cuda()
     kw = dict(stride=2, padding=3, layout="NHWC", activation="relu")
-    with launched() as names:
+    with (contextlib.nullcontext() if rows else CV.forced("im2col_words")), \
+            launched() as names:
         y = nbdnn.conv2d(x, w, b, **kw)
     gather = "conv_im2col_rows" if rows else "conv_im2col_words"
     assert all(n.startswith(gather) for n in names[:2]) and \

@@ -1,6 +1,6 @@
 """float32 convolution in math "tf32" on the tensor cores (wgmma_conv.tf32_usable, the
-wgmma kernel's tf32 kind over TFLOAT32 im2col maps; switch TF32_ON_TENSOR_CORES, on
-since the GPU test below passed on an H200): its host decisions without a GPU, and on
+wgmma kernel's tf32 kind over TFLOAT32 im2col maps; conv's variant tf32_tensor_cores):
+its host decisions without a GPU, and on
 an sm_90 GPU the forward against the CPU reference in math "tf32" (the same rounded
 operands, float32 sums)."""
 import numpy as np
@@ -17,7 +17,7 @@ CASES = [((2, 14, 14, 64), (64, 3, 3, 64), 1, 1), ((3, 9, 11, 40), (96, 3, 3, 40
 
 
 def test_tf32_usable_and_plan(monkeypatch):
-    """Off: never; on: float32, channels-last, one group, C and K multiples of 4,
+    """float32, channels-last, one group, C and K multiples of 4,
     16-byte bases, no residual, alpha 1, beta 0 (the GEMM's epilogue order); the plan's
     reduction counts 32-channel k-tiles."""
     from nbdnn.cuda.conv import wgmma_conv as C
@@ -26,9 +26,6 @@ def test_tf32_usable_and_plan(monkeypatch):
     monkeypatch.setattr(C, "sm_count", lambda: 132)
     monkeypatch.setattr(C.split_k, "sm_count", lambda: 132)
     g = _geometry((32, 56, 56, 64), (64, 3, 3, 64), 1, 1, 1)
-    monkeypatch.setattr(C, "TF32_ON_TENSOR_CORES", False)
-    assert not C.tf32_usable(256, 512, 1024, g, None, None, 1.0, 0.0)
-    monkeypatch.setattr(C, "TF32_ON_TENSOR_CORES", True)
     assert C.tf32_usable(256, 512, 1024, g, 64, None, 1.0, 0.0)
     assert not C.tf32_usable(256, 512, 1024, g, None, 2048, 1.0, 1.0)   # a residual
     assert not C.tf32_usable(256, 512, 1024, g, None, None, 0.5, 0.0)   # alpha
@@ -48,11 +45,9 @@ def test_tf32_forward_on_tensor_cores(case, monkeypatch):
     with a bias and relu and plain, against the CPU reference in math "tf32"."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.conv import wgmma_conv
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
-    monkeypatch.setattr(wgmma_conv, "TF32_ON_TENSOR_CORES", True)
     xs, ws, stride, padding = case
     rng = np.random.default_rng(sum(xs) + sum(ws))
     x = rng.standard_normal(xs, dtype=np.float32)

@@ -77,9 +77,9 @@ def test_lambdas_of_one_line_are_told_apart():
 def test_key_follows_an_nbdnn_module_switch(monkeypatch):
     """A kernel reading an nbdnn module's attribute sees its value at compile time."""
     ns = {"im2col_rows": im2col_rows}
-    kern = compile_source("kern", "def kern(x):\n    x[0] = 1 if im2col_rows.ON else 0\n", ns)
+    kern = compile_source("kern", "def kern(x):\n    x[0] = im2col_rows.MAX_SHARED\n", ns)
     before = key(kern)
-    monkeypatch.setattr(im2col_rows, "ON", not im2col_rows.ON)
+    monkeypatch.setattr(im2col_rows, "MAX_SHARED", im2col_rows.MAX_SHARED + 1)
     assert key(kern) != before
 
 

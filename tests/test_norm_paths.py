@@ -3,6 +3,8 @@ GPU): the register rows (lane groups inside a warp, a warp a row, a block a row;
 16-byte and scalar accesses) and the block-a-row fallback past the register cache,
 forward and backward, against the CPU reference. Shapes are chosen by length, so that
 every path runs whatever random shapes the crosscheck draws."""
+import contextlib
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -35,10 +37,16 @@ CASES += [("layer_norm", 1030, 0), ("layer_norm", 1032, 0), ("layer_norm", 1032,
 
 
 @pytest.mark.parametrize("op, L, offset", CASES)
-def test_forward_and_backward_match_reference(monkeypatch, op, L, offset):
-    if L == "fallback":
-        monkeypatch.setattr(NM, "GENERAL_ONLY", True)
-        L = 300
+def test_forward_and_backward_match_reference(op, L, offset):
+    """"fallback": the variant block_a_row forced (a row of 300 the registers would
+    hold)."""
+    with (NM.forced("block_a_row") if L == "fallback" else contextlib.nullcontext()), \
+            launched() as names:
+        _forward_and_backward(op, 300 if L == "fallback" else L, offset)
+    assert any(n.startswith("norm_rows") for n in names) == (L != "fallback"), names
+
+
+def _forward_and_backward(op, L, offset):
     rng = np.random.default_rng(L + offset)
     rows = 8 if L < 100 else 2
     flat = (rng.standard_normal(rows * L + offset) * 2 + 50).astype(np.float32)

@@ -120,3 +120,30 @@ def test_pool1d_and_float64_and_beta_blend():
     out = _arrays.to_device(y0)
     nbdnn.pool1d(_arrays.to_device(x), 3, stride=2, padding=1, alpha=0.5, beta=2.0, out=out)
     np.testing.assert_allclose(_arrays.to_host(out), ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("layout,mode", [("NCHW", "max"), ("NHWC", "avg")])
+def test_general_kernels_forced_match_the_fast_ones(layout, mode):
+    """pool.forced("general"): a 2-d window the fast kernels take runs the general forward
+    and backward instead (no pool_fast kernel launched), with the reference's numbers;
+    forcing "fast" where it cannot run (a 3-d window) is a NotSupportedError."""
+    from nbdnn.cuda import pool as P
+    from nbdnn.errors import NotSupportedError
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 7, 6, 3) if layout == "NHWC" else (2, 3, 7, 6))
+    kw = dict(stride=2, padding=1, mode=mode, layout=layout)
+    ref = nbdnn.pool2d(x, 3, **kw)
+    dy = rng.standard_normal(ref.shape)
+    dref = nbdnn.pool_backward(dy, x, 3, **kw)
+    with P.forced("general"), launched() as names:
+        got = nbdnn.pool2d(_arrays.to_device(x), 3, **kw)
+        dgot = nbdnn.pool_backward(_arrays.to_device(dy), _arrays.to_device(x), 3, **kw)
+    assert not any("fast" in n for n in names), names
+    np.testing.assert_allclose(_arrays.to_host(got), ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(_arrays.to_host(dgot), dref, rtol=1e-12, atol=1e-12)
+    with launched() as names:
+        nbdnn.pool2d(_arrays.to_device(x), 3, **kw)
+    assert any("fast" in n for n in names), names
+    x3 = _arrays.to_device(rng.standard_normal((1, 2, 3, 4, 4)))
+    with P.forced("fast"), pytest.raises(NotSupportedError, match="variant 'fast'"):
+        nbdnn.pool3d(x3, 2)

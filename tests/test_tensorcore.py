@@ -306,12 +306,13 @@ def test_tf32_modes_on_tensor_cores(shapes, ta, tb, mode):
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("shapes", TC_SHAPES[:2] + TC_SHAPES[3:5], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_matmul_on_mma_sync(dtype, shapes, ta, tb, monkeypatch):
+def test_matmul_on_mma_sync(dtype, shapes, ta, tb):
     """The sm_80-89 tensor-core GEMM (mma_gemm.py: mma.sync + ldmatrix + cp.async), run
-    on any GPU from sm_80 by TENSOR_CORE_PATH = "mma_sync": every operand major, tails,
-    batches, the full epilogue (_check_16bit_matmul)."""
+    on any GPU from sm_80 by forcing matmul's variant mma_sync: every operand major,
+    tails, batches, the full epilogue (_check_16bit_matmul)."""
     from nbdnn.cuda import matmul as mm
     if _cc() < (8, 0):
         pytest.skip("mma.sync needs sm_80")
-    monkeypatch.setattr(mm, "TENSOR_CORE_PATH", "mma_sync")
-    _check_16bit_matmul(dtype, shapes, ta, tb, "mma_gemm", len(shapes[0]) * 5 + ta + 2 * tb)
+    with mm.forced("mma_sync"):
+        _check_16bit_matmul(dtype, shapes, ta, tb, "mma_gemm",
+                            len(shapes[0]) * 5 + ta + 2 * tb)

@@ -214,54 +214,6 @@ def test_each_tile_element_has_one_accumulator():
         assert seen == {(r, c) for r in range(bm) for c in range(256)}
 
 
-def test_cluster_split_reduces_each_accumulator_once():
-    """Split-K in a cluster (wgmma_gemm.CLUSTER_SPLIT, cluster_split.py), from the
-    generated source: the consumers' st.shared.v4 of their accumulators fill the 64 KB
-    reduction buffer once, each warp 512 contiguous bytes; the S ranks' reduction loops
-    cover its entries once between them; and an entry's decoded (row, column) is where
-    the thread that stored it holds those accumulators (wgmma's D fragment)."""
-    S = 4
-    name, src = W.source("bf16", True, False, True, "gelu", True, own_maps=True,
-                         tile=(256, 4, 64), lean=True, cluster=S)
-    assert name == "wgmma_gemm_bf16_km_b_gelu_beta_om_ls_c4_m64n256s4"
-    body = src[src.index(f"def {name}("):].splitlines()
-    assert body[1].strip() == "cluster_dims(4, 1, 1)"
-    assert src.count("mbarrier_arrive_cluster(") == 2 and "_splitk_sum" not in src
-    assert "total = tm * tn * nz  #" in src
-    assert src.count("t = (cuda.blockIdx.x % 4) * total + u") == 2
-    stores = re.findall(r"st_shared_v4_f32\(U32\((.+?)\), d\[(\d+)\]", src)
-    assert len(stores) == 16  # a consumer's 64 accumulators, four at a time
-    owner = {}
-    for w in range(2):
-        for expr, acc in stores:
-            j = int(acc) // 4
-            for warp in range(4):
-                ats = [eval(expr, {"rbase": 0, "w": w, "i": 32 * warp + lane})
-                       for lane in range(32)]
-                assert ats == list(range(ats[0], ats[0] + 512, 16))  # one contiguous 512 B
-                for lane, at in enumerate(ats):
-                    i = 32 * warp + lane
-                    assert at not in owner
-                    owner[at] = (16 * (i // 32) + (i % 32) // 4, w * 128 + 2 * (i % 4) + 8 * j)
-    assert sorted(owner) == list(range(0, 64 * 1024, 16))
-    assert W.shared_bytes(256, 4, False, 64, S) <= W.MAX_SHARED < \
-        W.shared_bytes(256, 5, False, 64, S)
-    lo, hi = re.search(r"for e in range\((.+?), (.+?), 256\):", src).groups()
-    decode = re.findall(r"^ +(ie|je|we|r|cb) = (.+)$", src[src.index("for e in range("):],
-                        re.M)[:5]
-    assert [v for v, _ in decode] == ["ie", "je", "we", "r", "cb"]
-    reduced = []
-    for rank in range(S):
-        for tid in range(128, 384):
-            for e in range(eval(lo, {"rank": rank, "tid": tid}), eval(hi, {"rank": rank}), 256):
-                env = {"e": e, "m0": 0, "n0": 0}
-                for v, expr in decode:
-                    env[v] = eval(expr, env)
-                assert (env["r"], env["cb"]) == owner[16 * e]
-                reduced.append(e)
-    assert sorted(reduced) == list(range(4096))
-
-
 def test_tile_width_takes_the_fewest_waves(monkeypatch):
     """split_k.tile_width: with 192 among the widths, a grid of 128-row tiles takes the
     width whose waves x width is least on 132 SMs: 1000 x 3000 (96 tiles of 256, one
@@ -323,86 +275,6 @@ def test_split_k_chunks(monkeypatch):
     assert split_k.split(8, 100352, 64)[0] == 16  # (8 tiles x 16 chunks = 32 MiB)
 
 
-_WAIT = r"while mbarrier_try_wait_parity_cluster\(U32\((.+?)\), U32\((.+)\)\) == 0"
-
-
-def _cluster_program(S, tiles):
-    """A block's consumer steps in cluster split-K, read off cluster_split's generated
-    lines in order: ("wait", barrier, parity), ("write",), ("arrive", barrier, rank),
-    ("read", rank), ("exit",); ut substituted for each of `tiles` tiles."""
-    from nbdnn.cuda.matmul import cluster_split as cs
-    tile = cs.tile_lines(S, 128, 64, 256, lambda col, rows: [])
-    steps = []
-    for ut in range(tiles):
-        guard = True
-        for line in tile:
-            body = line.strip()
-            if body.startswith("if ut > 0"):
-                guard = ut > 0
-                continue
-            wait = re.match(_WAIT, body)
-            if wait and guard:
-                steps.append(("wait", wait.group(1), eval(wait.group(2), {"ut": ut})))
-            arrive = re.match(r"mbarrier_arrive_cluster\(mapa_shared\(U32\((.+?)\)", body)
-            if arrive:
-                steps += [("arrive", arrive.group(1), p) for p in range(S)]
-            if body.startswith("st_shared_v4_f32") and ("write",) not in steps[-1:]:
-                steps.append(("write",))
-            if body.startswith("s0, s1, s2, s3 = ld_shared_cluster_v4_f32"):
-                steps += [("read", p) for p in range(S)]
-            if not line.startswith(" "):
-                guard = True  # (a guarded block ends at the next unindented line)
-    final = [x.strip() for x in cs.final_lines("")]
-    wait = re.match(_WAIT, final[1])
-    return steps + [("wait", wait.group(1), eval(wait.group(2), {"ut": tiles}))] + [("exit",)]
-
-
-def test_cluster_split_handshake_never_deadlocks_or_reads_a_stale_tile():
-    """The cluster split-K handshake (cluster_split.py), as its generated lines order it,
-    over every interleaving of n blocks doing a few tiles each: mbarriers of n arrivals
-    a phase, a wait on parity P passing once that phase completed (PTX try_wait.parity).
-    No state deadlocks, every read of a peer's buffer finds the tile the reader is on
-    (never the one before or after), and no block exits while a peer may still read
-    it. Dropping the free wait, for one, makes a block overwrite a buffer being read."""
-    for n, tiles in ((2, 3), (3, 2)):
-        prog = _cluster_program(n, tiles)
-        assert [s[0] for s in prog].count("read") == n * tiles
-        start = ((0,) * n, (0,) * 2 * n, (0,) * 2 * n, (-1,) * n, (0,) * n)
-        seen, todo = {start}, [start]
-        while todo:
-            pc, count, phase, version, ut = todo.pop()
-            moves = 0
-            for b in range(n):
-                if pc[b] == len(prog):
-                    continue
-                step = prog[pc[b]]
-                cnt, ph, ver, u = list(count), list(phase), list(version), list(ut)
-                if step[0] == "wait":
-                    k = n * (step[1] != "ready0") + b
-                    if ph[k] & 1 == step[2]:  # (the phase of parity step[2] not complete)
-                        continue
-                elif step[0] == "write":
-                    ver[b] = u[b]
-                elif step[0] == "arrive":
-                    k = n * (step[1] != "ready0") + step[2]
-                    assert pc[step[2]] < len(prog), "arrive on an exited block"
-                    cnt[k] += 1
-                    if cnt[k] == n:
-                        cnt[k], ph[k] = 0, ph[k] + 1
-                    if step[1] != "ready0" and step[2] == n - 1:
-                        u[b] += 1  # (after its last free arrive the block is on its next tile)
-                elif step[0] == "read":
-                    assert pc[step[1]] < len(prog), "read from an exited block"
-                    assert ver[step[1]] == u[b], (n, tiles, b, step, ver, u)
-                moves += 1
-                nxt = (pc[:b] + (pc[b] + 1,) + pc[b + 1:], tuple(cnt), tuple(ph), tuple(ver),
-                       tuple(u))
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-            assert moves or all(p == len(prog) for p in pc), ("deadlock", pc)
-
-
 def test_tf32_parts_vector_variant_matches(monkeypatch):
     """tf32_parts' variant 4 (VECTOR: float4 loads and stores) writes what variant 3
     writes, for both operand layouts, one and three parts (tf32, 3xtf32), ragged tiles
@@ -431,18 +303,14 @@ def test_gemm_plans_its_launches(monkeypatch):
     132 SMs): which kernel variant, grid and shared memory each product gets. 4096^3:
     one persistent wave of 128 x 256 tiles through TMA stores; 64 x 4096 x 4096: the
     64-row tile's split-K chunks, then the ordered sum, and 128 x 4096 x 4096 too (two
-    64-row tiles a column: SKINNY_ROWS 128), 4 chunks (ONE_WAVE); CLUSTER_SPLIT: one
-    launch of 4-block clusters, no sum; WIDTHS (256, 192): 1000 x 3000 in 128 tiles of
-    192."""
+    64-row tiles a column: SKINNY_ROWS 128), 4 chunks (ONE_WAVE); WIDTHS (256, 192):
+    1000 x 3000 in 128 tiles of 192."""
     from nbdnn.cuda.matmul import split_k
     launches = []
 
     class Fake:
         def __init__(self, *args, **kw):
             self.args, self.kw, self.sigs = args, kw, ["sig"]
-
-        def max_active_clusters(self, sig, size, block, shmem):
-            return 30
 
         def launch(self, sig, grid, block, stream, *args, shmem=0, owners=()):
             launches.append((self.kw, grid, shmem))
@@ -459,19 +327,15 @@ def test_gemm_plans_its_launches(monkeypatch):
         launches.clear()
         a, b = np.zeros((M, K), np.float16), np.zeros((K, N), np.float16)
         W.gemm(a, b, np.zeros((M, N), np.float16), False, False, None, None, 0.0, 1.0, 0.0, 0)
-        return [({k: kw.get(k) for k in ("partial", "tile", "store", "cluster", "sum")}, grid)
+        return [({k: kw.get(k) for k in ("partial", "tile", "store", "sum")}, grid)
                 for kw, grid, _ in launches]
 
     assert plan(4096, 4096, 4096) == [({"partial": False, "tile": (256, 4), "store": True,
-                                        "cluster": 0, "sum": None}, 132)]
+                                        "sum": None}, 132)]
     skinny = plan(64, 4096, 4096)
-    assert skinny[0] == ({"partial": True, "tile": (256, 4, 64), "store": True, "cluster": 0,
-                          "sum": None}, 64) and skinny[1][0]["sum"]
+    assert skinny[0] == ({"partial": True, "tile": (256, 4, 64), "store": True, "sum": None},
+                         64) and skinny[1][0]["sum"]
     assert plan(128, 4096, 4096)[0] == ({"partial": True, "tile": (256, 4, 64), "store": True,
-                                         "cluster": 0, "sum": None}, 128)
-    monkeypatch.setattr(W, "CLUSTER_SPLIT", True)
-    assert plan(64, 4096, 4096) == [({"partial": False, "tile": (256, 4, 64), "store": False,
-                                      "cluster": 4, "sum": None}, 64)]
-    assert plan(64, 8192, 8192)[0][1] == 30 * 4  # (32 tiles of 4 chunks: the clusters that fit)
+                                         "sum": None}, 128)
     assert plan(1000, 3000, 2040) == [({"partial": False, "tile": (192, 4), "store": True,
-                                        "cluster": 0, "sum": None}, 128)]
+                                        "sum": None}, 128)]

@@ -20,8 +20,8 @@ geometric means are of the graph times; "eager" columns show the other.
 
     PYTHONPATH=. python perf/suites/conv.py [--nhwc] [--dtype bfloat16] [--json F]
         [--algos auto implicit_gemm direct] [--math tf32 --algos auto]
-        [--set nbdnn.cuda.conv.wgmma_conv.TF32_ON_TENSOR_CORES=1]   (perf/tools/switches.py)
-        [--against nbdnn.cuda.conv.channels_first.ON=1]   (both sides, one run)
+        [--set conv:gemm]   (a forced variant or a module switch: perf/tools/switches.py)
+        [--against conv:as_forward]   (both sides, one run)
 """
 import argparse
 import json
@@ -124,7 +124,8 @@ def main():
     ap.add_argument("--tiles", action="store_true",
                     help="also implicit_gemm with each GEMM tile forced (ResNet layers)")
     switches.add_argument(ap)
-    ap.add_argument("--against", action="append", default=[], metavar="MODULE.NAME=VALUE",
+    ap.add_argument("--against", action="append", default=[],
+                    metavar="FAMILY:VARIANT|MODULE.NAME=VALUE",
                     help="also time each layer's auto forward and gradients with these "
                          "switches, in the same process (repeatable; one set)")
     args = ap.parse_args()

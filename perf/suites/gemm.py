@@ -17,7 +17,7 @@ Square 4096 and 8192, skinny M = 64..512 and ragged sizes; GPU time by CUDA even
 ratio to cuBLAS, the max relative error against cuBLAS's fp32 product.
 
     PYTHONPATH=. python3 perf/suites/gemm.py [--json F] [--quick] [--no-fp32] [--no-mlp]
-        [--shapes 64x4096x4096 ...] [--tc-path auto|wgmma|mma_sync] [--set MODULE.NAME=VALUE]
+        [--shapes 64x4096x4096 ...] [--set matmul:mma_sync] [--set MODULE.NAME=VALUE]
 """
 import argparse
 import json
@@ -90,14 +90,9 @@ def main():
     p.add_argument("--no-fp32", action="store_true", help="only the 16-bit rows")
     p.add_argument("--shapes", nargs="+", help="MxNxK each (default: SHAPES)")
     p.add_argument("--no-mlp", action="store_true")
-    p.add_argument("--tc-path", default="auto", choices=["auto", "wgmma", "mma_sync"],
-                   help="nbdnn.cuda.matmul.TENSOR_CORE_PATH: mma_sync runs the sm_80-89 "
-                        "kernel (mma_gemm.py) on an sm_90 GPU too")
     switches.add_argument(p)
     args = p.parse_args()
     switches.apply(args.set)
-    import nbdnn.cuda.matmul as _mm
-    _mm.TENSOR_CORE_PATH = args.tc_path
     out = []
     print(f"{'shape':>18} {'row':16} {'nbdnn':>8} {'cuBLAS':>8} {'ratio':>6} {'rel err':>8}")
 

@@ -1,12 +1,13 @@
-"""Module switches set from a script's command line, so one device call can measure a
-kernel that is still off by default (written, not yet run on an H200) both ways
-without a commit in between:
+"""Module switches and forced kernel variants set from a script's command line, so one
+device call can measure a kernel both ways without a commit in between:
 
-    python perf/suites/resnet50.py --set nbdnn.cuda.conv.DATA_1X1_GEMM=0
+    python perf/suites/resnet50.py --set conv:as_forward
+    python perf/suites/gemm.py --set nbdnn.cuda.matmul.split_k.NARROW=0
 
-Each NAME=VALUE is a module attribute's dotted path and a Python literal
-(1/0/True/False, numbers, strings); the attribute must exist (a typo is an error, not
-a silent no-op).
+FAMILY:VARIANT forces a family's variant (nbdnn.cuda.FAMILY.forced(VARIANT): its calls
+run that variant, an error where it cannot take one). NAME=VALUE is a module
+attribute's dotted path and a Python literal (1/0/True/False, numbers, strings); the
+attribute must exist (a typo is an error, not a silent no-op).
 """
 import ast
 import contextlib
@@ -18,11 +19,27 @@ def add_argument(parser):
                         help="set a module switch before running (repeatable)")
 
 
+_FORCED = contextlib.ExitStack()  # the variants apply() forces, for the process
+
+
+def _forced(item):
+    """The context forcing "FAMILY:VARIANT" (runtime/variants.py), or None for a switch."""
+    if "=" in item or ":" not in item:
+        return None
+    family, _, name = item.partition(":")
+    return importlib.import_module(f"nbdnn.cuda.{family}").forced(name)
+
+
 def apply(settings, quiet=False):
-    """Set each "module.NAME=VALUE"; returns {path: value} as applied (printed unless
-    quiet)."""
+    """Set each "module.NAME=VALUE" and force each "FAMILY:VARIANT"; returns {item:
+    value} as applied (printed unless quiet)."""
     done = {}
     for item in settings:
+        force = _forced(item)
+        if force is not None:
+            _FORCED.enter_context(force)
+            done[item] = True
+            continue
         path, _, text = item.partition("=")
         module, _, name = path.rpartition(".")
         mod = importlib.import_module(module)
@@ -41,19 +58,24 @@ def apply(settings, quiet=False):
 
 @contextlib.contextmanager
 def applied(settings):
-    """apply(settings) for the block, each attribute's old value restored after it, so
-    one process times both sides of a switch (conv.py --against): one JIT, one warm-up,
-    the peer timed once. Kernels built under a switch stay cached under their own
-    names or keys."""
+    """apply(settings) for the block: the variants forced inside it only, each
+    attribute's old value restored after it, so one process times both sides (conv.py
+    --against): one JIT, one warm-up, the peer timed once. Kernels built under a
+    switch stay cached under their own names or keys."""
+    switches = [item for item in settings if _forced(item) is None]
     old = {}
-    for item in settings:
-        path = item.partition("=")[0]
-        module, _, name = path.rpartition(".")
+    for item in switches:
+        module, _, name = item.partition("=")[0].rpartition(".")
         mod = importlib.import_module(module)
-        old[path] = (mod, name, getattr(mod, name, None))
-    apply(settings, quiet=True)
-    try:
-        yield
-    finally:
-        for mod, name, value in old.values():
-            setattr(mod, name, value)
+        old[item] = (mod, name, getattr(mod, name, None))
+    with contextlib.ExitStack() as stack:
+        for item in settings:
+            force = _forced(item)
+            if force is not None:
+                stack.enter_context(force)
+        apply(switches, quiet=True)
+        try:
+            yield
+        finally:
+            for mod, name, value in old.values():
+                setattr(mod, name, value)

@@ -9,7 +9,7 @@ off: the host encodes them) plain, split-K and batched, and the epilogue both wa
 (wgmma_gemm.TMA_STORE: direct stores, TMA stores, the latter with both kinds of maps;
 then the other side of the switches the default paths ran one way ("[alt]":
 TMA_STORE_F32, SKINNY_TILE, LEAN_SETUP), and the switches written but not yet run
-("[knob]": CLUSTER_SPLIT, split_k.WIDTHS with 192). Prints one line a path and exits 1 on a miss;
+("[knob]": split_k.WIDTHS with 192). Prints one line a path and exits 1 on a miss;
 `--only WORD` runs the paths whose label holds WORD (`--only maps`, `--only store`,
 `--only "[alt]"`, `--only "[knob]"`).
 
@@ -59,11 +59,10 @@ def main():
     oks.append(_case("bf16 split-K", ((64, 2048), (2048, 264)), bf))
     oks.append(_case("bf16 batches broadcast", ((2, 1, 72, 64), (3, 64, 136)), bf))
     from nbdnn.cuda import matmul as mm
-    mm.TENSOR_CORE_PATH = "mma_sync"  # the sm_80-89 kernel (mma_gemm.py), on this GPU
-    for ta, tb in ((False, False), (True, True)):
-        oks.append(_case(f"mma.sync bf16 ta={ta:d} tb={tb:d}", ((200, 136), (136, 264)), bf,
-                         ta, tb, bias=True, activation="relu"))
-    mm.TENSOR_CORE_PATH = "auto"
+    with mm.forced("mma_sync"):  # the sm_80-89 kernel (mma_gemm.py), on this GPU
+        for ta, tb in ((False, False), (True, True)):
+            oks.append(_case(f"mma.sync bf16 ta={ta:d} tb={tb:d}", ((200, 136), (136, 264)),
+                             bf, ta, tb, bias=True, activation="relu"))
     for mode in ("tf32", "3xtf32"):
         oks.append(_case(f"float32 {mode}", ((200, 100), (100, 261)), torch.float32, True,
                          False, 1e-3, math=mode))
@@ -107,16 +106,6 @@ def main():
     oks.append(_case(f"fp16 {kind} split-K [alt]", ((2, 64, 2048), (2, 2048, 264)),
                      torch.float16))
     wgmma_gemm.SKINNY_TILE, wgmma_gemm.LEAN_SETUP = skinny, lean
-    # written, not yet run ("[knob]"): split-K summed in a cluster (CLUSTER_SPLIT)
-    cluster = wgmma_gemm.CLUSTER_SPLIT
-    wgmma_gemm.CLUSTER_SPLIT = True
-    oks.append(_case("bf16 cluster split-K bias+relu [knob]", ((40, 4096), (4096, 520)), bf,
-                     bias=True, activation="relu"))
-    oks.append(_case("fp16 cluster split-K batches ta=1 [knob]", ((2, 64, 2048), (2, 2048, 264)),
-                     torch.float16, True))
-    oks.append(_case("float32 tf32 cluster split-K [knob]", ((64, 3000), (3000, 264)),
-                     torch.float32, False, True, 1e-3, math="tf32"))
-    wgmma_gemm.CLUSTER_SPLIT = cluster
     from nbdnn.cuda.matmul import split_k  # the 192-wide tile where it fits a wave better
     widths, split_k.WIDTHS = split_k.WIDTHS, (256, 192)
     oks.append(_case("bf16 192-wide tile ta=0 tb=1 [knob]", ((1000, 136), (136, 3000)), bf,

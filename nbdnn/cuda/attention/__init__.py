@@ -24,7 +24,6 @@ from ..runtime.device import sm_count
 from ..runtime import variants
 from ..runtime.variants import Variant
 from ..runtime.simulator import SIMULATOR
-from ...errors import NotSupportedError
 from . import decode, decode_split, flash, flash_bwd, flash_tf32, gemm, simt
 from .geometry import geometry
 
@@ -195,20 +194,12 @@ def forced(name):
     """Inside (this thread): calls run the variant `name` (forward and backward, where
     each table has one by that name) or raise NotSupportedError where its kernels cannot
     take a call (runtime/variants.py)."""
-    return variants.forced("attention", name, {v.name for v in FORWARD + BACKWARD})
+    return variants.forced("attention", name, variants.names(FORWARD, BACKWARD))
 
 
 def choose(table, c):
     """The variant of `table` that runs call c."""
-    name = variants.forced_variant("attention")
-    if name is not None:
-        want = next((v for v in table if v.name == name), None)
-        if want is not None:
-            if not want.usable(c):
-                raise NotSupportedError(f"scaled_dot_product_attention: variant {want.name!r} "
-                                        "(forced) cannot run this call")
-            return want
-    return next(v for v in table if v.usable(c))
+    return variants.choose("attention", "scaled_dot_product_attention", table, c)
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,

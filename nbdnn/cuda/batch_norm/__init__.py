@@ -21,11 +21,14 @@ inference 98% of copy, training and backward 61-62% against two-pass ceilings of
 67% and 60%).
 """
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, float32, float64
 
+from ..runtime import variants
 from ..runtime.simulator import SIMULATOR
+from ..runtime.variants import Variant
 from .. import activation as _act
 from . import columns as _bn_columns, planes as _bn_planes, sums as _bn_sums
 from ..runtime.device import sm_count
@@ -215,15 +218,22 @@ def _build():
 KERNELS = _build()
 
 
+class Geometry(NamedTuple):
+    """x as (N, C, L) (the kernels take the four ints in this order)."""
+    N: int
+    C: int
+    L: int
+    columns: int  # 1: a channel's elements are C apart (NHWC, or per_activation)
+
+
 def _ncl(x, mode, last):
-    """(N, C, L, columns): columns when a channel's elements are C apart (NHWC, or
-    per_activation: C = an image's size, L = 1)."""
+    """x's Geometry: per_activation is columns with C = an image's size, L = 1."""
     shape = tuple(int(s) for s in x.shape)
     if mode == "per_activation":
-        return shape[0], math.prod(shape[1:]), 1, 1
+        return Geometry(shape[0], math.prod(shape[1:]), 1, 1)
     C = shape[-1] if last else shape[1]
     L = math.prod(shape) // max(1, shape[0] * C)
-    return shape[0], C, L, int(bool(last) or L == 1)
+    return Geometry(shape[0], C, L, int(bool(last) or L == 1))
 
 
 def _vec(geo, arrays):
@@ -244,55 +254,169 @@ def _planes(geo, arrays):
     return _bn_planes.usable(geo, vector_aligned(*(a for a in arrays if a is not None)))
 
 
-def _apply(x, y, z, co, geo, act, coef, alpha, beta, stream):
+class Apply(NamedTuple):
     """y = alpha * act((x - mean)*k + bias + z) + beta * y; co: the channel terms."""
-    N, C, L, columns = geo
-    mode = -1 if act is None else _act.MODES.index(act)
-    if _planes(geo, (x, y, z)):
-        k, sig = KERNELS["apply_planes_vec", dtype_name(x)]
-        args = _bn_planes.apply_args(N, C, L)
-        k.launch(sig, _bn_planes.grid(args[0]), _bn_planes.ABLOCK, stream, x, y, _or(z, x), co,
-                 *args, int(z is not None), mode, coef, alpha, beta)
-        return y
-    if _bn_columns.usable(geo, dtype_name(x), (x, y, z)):
-        k, sig = KERNELS["apply_columns", dtype_name(x)]
-        grid, block = _bn_columns.launch_shape(N * L, C)
-        k.launch(sig, grid, block, stream, x, y, _or(z, x), co, N * L, C // 8,
-                 int(z is not None), mode, coef, alpha, beta)
-        return y
-    k, sig = KERNELS["apply", dtype_name(x)]
-    vec = _vec(geo, [a for a in (x, y, z) if a is not None])
-    k.launch(sig, _grid(N * C * L), BLOCK, stream, x, y, z if z is not None else x, co, *geo,
-             int(z is not None), mode, coef, alpha, beta, vec)
+    x: object
+    y: object
+    z: object
+    co: object
+    geo: Geometry
+    mode: int
+    coef: float
+    alpha: float
+    beta: float
+    stream: object
+
+
+def _apply_planes(c):
+    N, C, L, columns = c.geo
+    k, sig = KERNELS["apply_planes_vec", dtype_name(c.x)]
+    args = _bn_planes.apply_args(N, C, L)
+    k.launch(sig, _bn_planes.grid(args[0]), _bn_planes.ABLOCK, c.stream, c.x, c.y,
+             _or(c.z, c.x), c.co, *args, int(c.z is not None), c.mode, c.coef, c.alpha, c.beta)
+
+
+def _apply_columns(c):
+    N, C, L, columns = c.geo
+    k, sig = KERNELS["apply_columns", dtype_name(c.x)]
+    grid, block = _bn_columns.launch_shape(N * L, C)
+    k.launch(sig, grid, block, c.stream, c.x, c.y, _or(c.z, c.x), c.co, N * L, C // 8,
+             int(c.z is not None), c.mode, c.coef, c.alpha, c.beta)
+
+
+def _apply_general(c):
+    N, C, L, columns = c.geo
+    k, sig = KERNELS["apply", dtype_name(c.x)]
+    vec = _vec(c.geo, [a for a in (c.x, c.y, c.z) if a is not None])
+    k.launch(sig, _grid(N * C * L), BLOCK, c.stream, c.x, c.y, _or(c.z, c.x), c.co, *c.geo,
+             int(c.z is not None), c.mode, c.coef, c.alpha, c.beta, vec)
+
+
+APPLY = (  # in order of preference
+    Variant("planes", lambda c: _planes(c.geo, (c.x, c.y, c.z)), _apply_planes,
+            "planes.py: channels first, planes of a multiple of 4, 16-byte vectors"),
+    Variant("columns", lambda c: _bn_columns.usable(c.geo, dtype_name(c.x), (c.x, c.y, c.z)),
+            _apply_columns, "columns.py: channels last, 8 channels a thread"),
+    Variant("general", lambda c: True, _apply_general,
+            "4 elements a thread, 16-byte accesses where the layout lets them"),
+)
+
+
+def _apply(x, y, z, co, geo, act, coef, alpha, beta, stream):
+    c = Apply(x, y, z, co, geo, -1 if act is None else _act.MODES.index(act), coef, alpha,
+              beta, stream)
+    variants.choose("batch_norm", "batch_norm", APPLY, c).run(c)
     return y
 
 
-def _partials(kind, x, ins, p_dtype, geo, flags, stream, fast=None):
-    """Per-chunk partials (p1, p2), each (chunks, C) in the compute dtype, and E, the
-    elements a chunk. fast: the channels-first kernel's inputs (_bn_planes), when it
-    applies."""
-    N, C, L, columns = geo
-    if fast is not None:
-        grid, block, E, args = _bn_planes.sum_args(N, C, L)
-        p1, p2 = empty(x, (grid[1] * C,), p_dtype), empty(x, (grid[1] * C,), p_dtype)
-        k, sig = KERNELS[f"{kind}_planes_vec", dtype_name(x)]
-        k.launch(sig, grid, block, stream, *fast, p1, p2, *args)
-        return p1, p2, E
-    if _bn_columns.usable(geo, dtype_name(x), ins[:3]):
-        grid, block, E, it = _bn_columns.sum_shape(N * L, C, kind, sm_count())
-        p1, p2 = empty(x, (grid[1] * C,), p_dtype), empty(x, (grid[1] * C,), p_dtype)
-        k, sig = KERNELS[f"{kind}_columns8", dtype_name(x)]
-        k.launch(sig, grid, block, stream, *ins, p1, p2, N * L, C // 8, it, *flags)
-        return p1, p2, E
+class Partials(NamedTuple):
+    """Per-chunk partials (p1, p2), each (chunks, C) in the compute dtype p_dtype, of
+    `kind`'s sums; fast: the planes kernel's inputs, where its layout holds."""
+    kind: str
+    x: object
+    ins: tuple
+    p_dtype: str
+    geo: tuple
+    flags: tuple
+    stream: object
+    fast: tuple
+
+
+def _partials_planes(c):
+    N, C, L, columns = c.geo
+    grid, block, E, args = _bn_planes.sum_args(N, C, L)
+    p1, p2 = empty(c.x, (grid[1] * C,), c.p_dtype), empty(c.x, (grid[1] * C,), c.p_dtype)
+    k, sig = KERNELS[f"{c.kind}_planes_vec", dtype_name(c.x)]
+    k.launch(sig, grid, block, c.stream, *c.fast, p1, p2, *args)
+    return p1, p2, E
+
+
+def _partials_columns(c):
+    N, C, L, columns = c.geo
+    grid, block, E, it = _bn_columns.sum_shape(N * L, C, c.kind, sm_count())
+    p1, p2 = empty(c.x, (grid[1] * C,), c.p_dtype), empty(c.x, (grid[1] * C,), c.p_dtype)
+    k, sig = KERNELS[f"{c.kind}_columns8", dtype_name(c.x)]
+    k.launch(sig, grid, block, c.stream, *c.ins, p1, p2, N * L, C // 8, it, *c.flags)
+    return p1, p2, E
+
+
+def _partials_general(c):
+    N, C, L, columns = c.geo
     nch = _bn_sums.chunks(N, L, columns)
     gx = _bn_sums.launch_shape(C, nch, columns)[0][0]
-    per = _bn_sums.chunks_a_block(nch, gx, sm_count(), kind)
+    per = _bn_sums.chunks_a_block(nch, gx, sm_count(), c.kind)
     groups = -(-nch // per)  # partials a channel, each of `per` chunks
-    p1, p2 = empty(x, (groups * C,), p_dtype), empty(x, (groups * C,), p_dtype)
-    k, sig = KERNELS[f"{kind}_{'columns' if columns else 'planes'}", dtype_name(x)]
+    p1, p2 = empty(c.x, (groups * C,), c.p_dtype), empty(c.x, (groups * C,), c.p_dtype)
+    k, sig = KERNELS[f"{c.kind}_{'columns' if columns else 'planes'}", dtype_name(c.x)]
     grid, block = _bn_sums.launch_shape(C, groups, columns)
-    k.launch(sig, grid, block, stream, *ins, p1, p2, N, C, L, *flags, per)
+    k.launch(sig, grid, block, c.stream, *c.ins, p1, p2, N, C, L, *c.flags, per)
     return p1, p2, per * _bn_sums.R * (_bn_sums.CY if columns else _bn_sums.BLOCK)
+
+
+PARTIALS = (  # in order of preference; run(c) returns (p1, p2, E: the elements a chunk)
+    Variant("planes", lambda c: c.fast is not None, _partials_planes,
+            "planes.py: channels first, planes of a multiple of 4 (no activation)"),
+    Variant("columns", lambda c: _bn_columns.usable(c.geo, dtype_name(c.x), c.ins[:3]),
+            _partials_columns, "columns.py: channels last, 8 channels a lane"),
+    Variant("general", lambda c: True, _partials_general,
+            "sums.py: chunk partials a block, planes or columns"),
+)
+
+
+def _partials(kind, x, ins, p_dtype, geo, flags, stream, fast=None):
+    """(p1, p2, E): PARTIALS' first usable variant."""
+    c = Partials(kind, x, ins, p_dtype, geo, flags, stream, fast)
+    return variants.choose("batch_norm", "batch_norm", PARTIALS, c).run(c)
+
+
+class Dx(NamedTuple):
+    """The backward's dx (and dz) from the channel terms cb."""
+    dy: object
+    x: object
+    z: object
+    cb: object
+    dx: object
+    dz: object
+    geo: tuple
+    residual: object
+    mode: int
+    coef: float
+    stream: object
+
+    def arrays(self):
+        return (self.dy, self.x, self.dx, self.residual,
+                self.dz if self.residual is not None else None)
+
+
+def _dx_planes(c):
+    N, C, L, columns = c.geo
+    k, sig = KERNELS["dx_planes_vec", dtype_name(c.x)]
+    args = _bn_planes.apply_args(N, C, L)
+    k.launch(sig, _bn_planes.grid(args[0]), _bn_planes.ABLOCK, c.stream, c.dy, c.x, c.z, c.cb,
+             c.dx, c.dz, *args, N * L, int(c.residual is not None), c.mode, c.coef)
+
+
+def _dx_general(c):
+    N, C, L, columns = c.geo
+    k, sig = KERNELS["bwd_dx", dtype_name(c.x)]
+    vec = _vec(c.geo, [a for a in c.arrays() if a is not None])
+    k.launch(sig, _grid(N * C * L), BLOCK, c.stream, c.dy, c.x, c.z, c.cb, c.dx, c.dz, *c.geo,
+             int(c.residual is not None), c.mode, c.coef, vec)
+
+
+DX = (  # in order of preference (columns.py's dx lost: docs/decisions.md "bn_columns_ab")
+    Variant("planes", lambda c: _planes(c.geo, c.arrays()), _dx_planes,
+            "planes.py: channels first, planes of a multiple of 4"),
+    Variant("general", lambda c: True, _dx_general,
+            "4 elements a thread, 16-byte accesses where the layout lets them"),
+)
+
+
+def forced(name):
+    """Inside (this thread): batch norm runs the variant `name` in each step that has one
+    (APPLY, PARTIALS, DX), or raises NotSupportedError where its kernels cannot take a
+    call (runtime/variants.py)."""
+    return variants.forced("batch_norm", name, variants.names(APPLY, PARTIALS, DX))
 
 
 def _or(a, x):
@@ -329,9 +453,9 @@ def batch_norm_infer(x, scale, bias, mean, var, residual, eps, mode, last, act, 
                      alpha, beta, out, stream):
     dtype = dtype_name(x)
     geo = _ncl(x, mode, last)
-    C = geo[1]
+    C = geo.C
     y = out if out is not None else empty(x, x.shape, dtype)
-    if not math.prod(geo[:3]):
+    if not geo.N * geo.C * geo.L:
         return y
     co = empty(x, (3 * C,), dtype_name(mean))
     k, sig = KERNELS["coefs", dtype]
@@ -367,15 +491,6 @@ def batch_norm_backward(dy, x, scale, bias, mean, invstd, residual, mode, last, 
     k, sig = KERNELS["bwd_final", dtype]
     k.launch(sig, *_bn_sums.final_shape(C), stream, sc, bi, mean, invstd, p1, p2, dscale,
              dbias, cb, *geo, *has, E)
-    if _planes(geo, (dy, x, dx, residual, dz if residual is not None else None)):
-        k, sig = KERNELS["dx_planes_vec", dtype]
-        args = _bn_planes.apply_args(N, C, L)
-        k.launch(sig, _bn_planes.grid(args[0]), _bn_planes.ABLOCK, stream, dy, x, z, cb, dx,
-                 dz, *args, N * L, int(residual is not None), m, coef)
-        return tuple(res)
-    k, sig = KERNELS["bwd_dx", dtype]
-    vec = _vec(geo, [a for a in (dy, x, dx, residual, dz if residual is not None else None)
-                     if a is not None])
-    k.launch(sig, _grid(N * C * L), BLOCK, stream, dy, x, z, cb, dx, dz, *geo,
-             int(residual is not None), m, coef, vec)
+    c = Dx(dy, x, z, cb, dx, dz, geo, residual, m, coef, stream)
+    variants.choose("batch_norm", "batch_norm_backward", DX, c).run(c)
     return tuple(res)

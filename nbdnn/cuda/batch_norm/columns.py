@@ -40,13 +40,12 @@ from ..runtime.codegen import compile_source
 THREADS = 32 if SIMULATOR else 256
 RPT = 2  # rows a thread an iteration (dx holds 48 terms and 2 x 24 loaded values)
 MAX_GRID_Y = 65535
-# Off: the general kernels (batch_norm/__init__.py's apply and dx, _bn_sums' columns
-# partials). docs/decisions.md "bn_columns_ab" times the two. A profile of
+# batch norm's variant "columns" (batch_norm/__init__.py's APPLY and PARTIALS; "general"
+# forced runs the others). docs/decisions.md "bn_columns_ab" times the two. A profile of
 # ResNet-50's bf16 training step (53 calls each): apply 1.26 -> 0.89 ms, statistics'
 # partials 1.51 -> 0.73, backward sums 1.15 -> 0.80, but dx 2.27 -> 2.43 ms (128
 # registers: two blocks an SM, two rows of three arrays in flight a thread; the
 # residual layers store dz too): dx keeps the general kernel.
-ON = True
 
 
 def usable(geo, dtype, arrays):
@@ -54,7 +53,7 @@ def usable(geo, dtype, arrays):
     general kernels: 8 channels' terms and values would not fit the registers), every
     array 16-byte aligned."""
     N, C, L, columns = geo
-    return ON and columns and C % 8 == 0 and dtype != "float64" and \
+    return columns and C % 8 == 0 and dtype != "float64" and \
         vector_aligned(*arrays, alignment=16)
 
 

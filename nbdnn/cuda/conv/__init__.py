@@ -27,11 +27,11 @@ rank and layout. A thread's output index is decomposed in the array's memory ord
 - forward: y[n, k, p] gathers C/g * T*R*S products, then the epilogue
   act(alpha * acc + beta * z + bias), z = residual or the previous y.
 - backward data, "auto" with every stride 1 (and paddings <= d*(R-1)): the forward
-  algorithms over dy with the filter's channels swapped and flipped (_data_as_forward;
+  algorithms over dy with the filter's channels swapped and flipped (as_forward;
   16-bit channels-last on sm_90 the tensor cores read the filter as stored,
-  DATA_FILTER_AS_STORED); channels-last 1x1: one GEMM dx = dy @ W (DATA_1X1_GEMM,
-  gemm.backward_data_1x1); the filter's likewise (FILTER_1X1_GEMM: dW = dy^T @ x; other
-  16-bit channels-last filters of one group: wgmma_conv.backward_filter).
+  filter_as_stored); channels-last 1x1: one GEMM dx = dy @ W (gemm_1x1); the filter's
+  likewise (gemm_1x1: dW = dy^T @ x; other 16-bit channels-last filters of one group:
+  tensor_cores, wgmma_conv.backward_filter).
 - backward data and filter, algorithm "gemm" (the default otherwise, unless groups == C): the
   matmul kernel over the output gradient's rows and the im2col columns (split-K for
   the filter's long reduction), col2im for dx (nbdnn/cuda/conv/gemm.py).
@@ -41,6 +41,9 @@ rank and layout. A thread's output index is decomposed in the array's memory ord
 - backward data and filter, "direct": gathers, one thread a dx or dw element, no
   atomics (nbdnn/cuda/conv/direct.py).
 - backward bias: reduce_tensor over every axis but the channels.
+FORWARD, DATA and FILTER below declare these as variants in order of preference (the
+first usable and wanted one runs a call); `forced(name)` makes a test or a benchmark
+run one (runtime/variants.py).
 Per output element the direct forward reads C/g*T*R*S elements of x and of w (from
 L1/L2: neighbouring threads share them): the reference-speed algorithm.
 
@@ -53,15 +56,18 @@ and 126 (stride 2), 5x5 167, variant 3 (rows; the H200's driver) 3x3/1 48-64, 3x
 72, 5x5/1 100; nothing else spills. Speed against cuDNN:
  ("Convolution").
 """
+import dataclasses
 import functools
 
 import numpy as np
 
 from .. import matmul as _mm
 from ..matmul import TILES, gemm_call, choose_tile
-from ..runtime.arrays import dtype_name, empty, vector_aligned
+from ..runtime import variants
+from ..runtime.arrays import dtype_name, empty, size, vector_aligned
 from ..runtime.device import sm_count
 from ..runtime.grid import launch
+from ..runtime.variants import Variant
 from ..tensor import reduce_tensor, scale_tensor, set_tensor, transform_into
 from ..._shapes import winograd_workspace
 from ..._vocab import ACTIVATION_MODES
@@ -78,23 +84,6 @@ _conv_depthwise_rows.kernel("float32", "float32", (3, 3, 1, 1, 1, 1, 0), 4)
 
 
 AUTO_WORKSPACE_LIMIT = 2 ** 31  # bytes of scratch memory "auto" may ask for
-# "auto"'s channels-last 1x1 stride-1 data gradient as one GEMM dx = dy @ W (gemm.py
-# backward_data_1x1) rather than W transposed, then the forward GEMM.
-# Measured (H200, ResNet-50's nine 1x1 layers, bf16 NHWC, batch 32, graph replay): their
-# data gradients at 0.55-1.09x cuDNN's speed, where the copy + GEMM ran 0.45-0.96x.
-DATA_1X1_GEMM = True
-# "auto"'s channels-last 1x1 stride-1 filter gradient as the GEMM dW = dy^T @ x (tiled
-# TMA loads of x, the GEMM's own maps and narrow tiles) rather than wgmma_convdw (im2col
-# boxes of x, 256-wide tiles, host maps). Measured (H200, as DATA_1X1_GEMM): the nine
-# 0.60-0.80x cuDNN through the GEMM, 0.38-0.78x through wgmma_convdw (after its column
-# words; 0.23-0.64x before).
-FILTER_1X1_GEMM = True
-# A stride-1 16-bit channels-last data gradient of a filter with more than one tap reads
-# the filter as stored on the tensor cores (_data_filter_as_stored: B MN-major, no
-# transposed copy). Measured (H200, ResNet-50's 3x3 layers, bf16, batch 32): the copy
-# had taken 3.4-47 us of their data gradients' 24-72; now 0.71-1.0x cuDNN's speed
-# (0.22-0.73x before); tests/test_conv_tc_data.py passed, memcheck and racecheck clean.
-DATA_FILTER_AS_STORED = True
 
 
 def _auto_forward(g, dtype="float32"):
@@ -109,7 +98,7 @@ def _auto_forward(g, dtype="float32"):
     N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw = g[:16]
     if C == G:
         return "depthwise"
-    if (D, T, PD, R, S, sh, sw, g.dh, g.dw) != (1, 1, 1, 3, 3, 1, 1, 1, 1) or \
+    if not _winograd_fits(g) or \
             min(C, K) // G < (128 if dtype in ("float16", "bfloat16") else 32):
         return "implicit_gemm"
     if dtype in ("float16", "bfloat16") or K * N * -(-PH // 4) * -(-PW // 4) < 24576:
@@ -119,6 +108,11 @@ def _auto_forward(g, dtype="float32"):
     fits = winograd_workspace(N, C, K, G, (PH, PW), m) * np.dtype(dtype).itemsize <= \
         AUTO_WORKSPACE_LIMIT
     return algo if fits else "implicit_gemm"
+
+
+def _winograd_fits(g):
+    """The winograd kernels' geometry: 2-d 3x3, stride 1, dilation 1."""
+    return (g.D, g.T, g.PD, g.R, g.S, g.sh, g.sw, g.dh, g.dw) == (1, 1, 1, 3, 3, 1, 1, 1, 1)
 
 
 def _vector_epilogue(y, K, Kg, P, last, variant):
@@ -140,84 +134,224 @@ def _gemm_in(math, dtype):
     return functools.partial(gemm_call, math_mode=math)
 
 
+@dataclasses.dataclass
+class Call:
+    """One validated call as the variants take it. Forward: x, w -> y; data gradient:
+    dy, w -> dx; filter gradient: dy, x -> dw. g: the ConvGeometry; algo: the algorithm
+    asked for ("gemm" in float32's TF32 modes, whatever was asked); pick: the
+    algorithm "auto" resolves to (algo itself when one was named)."""
+    g: object
+    algo: str
+    math: str
+    alpha: float
+    beta: float
+    stream: object
+    x: object = None
+    w: object = None
+    y: object = None
+    dy: object = None
+    dx: object = None
+    dw: object = None
+    bias: object = None
+    residual: object = None
+    activation: str = None
+    coef: float = 0.0
+    pick: str = None
+    args: tuple = ()  # the data gradient's (stride, pads, dilation, groups, mode, last)
+
+    @property
+    def dtype(self):
+        return dtype_name(self.x if self.x is not None else self.dy)
+
+    @property
+    def gemm(self):
+        return _gemm_in(self.math, self.dtype)
+
+    @property
+    def exact(self):
+        """Plain arithmetic: not float32 in a TF32 mode (which runs "gemm" alone)."""
+        return self.gemm is gemm_call
+
+    @property
+    def act(self):
+        return -1 if self.activation is None else ACTIVATION_MODES.index(self.activation)
+
+    @property
+    def plain(self):
+        """The GEMM's own epilogue: alpha 1, no z (a residual, or beta on y)."""
+        return (self.alpha, self.beta, self.residual) == (1, 0, None)
+
+    def tail(self):
+        """The kernels' epilogue arguments after the geometry."""
+        return (int(self.bias is not None), int(self.residual is not None), self.act,
+                self.coef, self.alpha, self.beta)
+
+    def arrays(self):
+        """(x, w, y, bias or y, residual or y): the forward kernels' first arguments."""
+        y = self.y
+        return (self.x, self.w, y, self.bias if self.bias is not None else y,
+                self.residual if self.residual is not None else y)
+
+
+def _algo(c, *names):
+    """c asked for "auto" or one of names."""
+    return c.algo == "auto" or c.algo in names
+
+
+def _tensor_cores():
+    return _mm.tensor_cores()
+
+
+# ---- the forward's variants, in order of preference
+def _tc16(c):
+    """16-bit, "auto" or "implicit_gemm", sm_90's tensor cores."""
+    return c.dtype in ("float16", "bfloat16") and _algo(c, "implicit_gemm") and \
+        _tensor_cores()
+
+
+def _wgmma_usable(c):
+    return _wgmma_conv.usable(c.x, c.w, c.y, c.g, c.bias, c.residual, c.alpha, c.beta)
+
+
+def _one_by_one(g):
+    """A 1x1 filter with stride 1 and no padding: y = x w^T over the positions."""
+    return g.R * g.S == 1 and (g.sh, g.sw, g.qh, g.qw) == (1, 1, 0, 0) and \
+        (g.H, g.W) == (g.PH, g.PW)
+
+
+def _stem_words(c):
+    """Channels not a multiple of 8 (a 3-channel stem): im2col columns padded to 16-byte
+    rows and the GEMM (im2col_words.py)."""
+    g, row = c.g, -(-(c.g.R * c.g.S * c.g.C) // 8) * 8
+    M = g.N * g.PH * g.PW
+    gemm_call(_conv_gemm.columns(_KERNELS, c.x, g, c.stream, row).reshape((M, row)),
+              _conv_gemm.filter_rows(_KERNELS, c.w, row, c.stream).reshape((g.K, row)), False,
+              True, c.bias,
+              c.activation, c.coef, 1.0, 0.0, c.y.reshape((M, g.K)), c.stream)
+
+
+def _gemm_1x1_forward(c):
+    M = c.g.N * c.g.PH * c.g.PW
+    gemm_call(c.x.reshape((M, c.g.C)), c.w.reshape((c.g.K, c.g.C)), False, True, c.bias,
+              c.activation, c.coef, 1.0, 0.0, c.y.reshape((M, c.g.K)), c.stream)
+
+
+def _wgmma_forward(c):
+    _wgmma_conv.forward(c.x, c.w, c.y, c.bias, c.residual, c.activation, c.coef, c.alpha,
+                        c.beta, c.g, c.stream)
+
+
+CHANNELS_LAST_16 = (
+    Variant("stem_words", lambda c: c.g.last and _tc16(c) and c.g.C % 8 != 0 and
+            _words.usable(c.g) and c.plain, _stem_words,
+            "im2col_words.py: narrow channels as padded im2col columns, the GEMM's fused "
+            "epilogue (alpha 1, no z)"),
+    Variant("gemm_1x1", lambda c: c.g.last and _tc16(c) and _wgmma_usable(c) and
+            _one_by_one(c.g) and c.plain, _gemm_1x1_forward,
+            "a 1x1 stride-1 filter is the GEMM y = x w^T (wgmma_gemm.py, own tensor maps: "
+            "plannable), the GEMM's epilogue"),
+    Variant("tensor_cores", lambda c: c.g.last and _tc16(c) and _wgmma_usable(c),
+            _wgmma_forward,
+            "wgmma_conv.py: the tensor-core GEMM, A gathered by TMA's im2col mode"),
+)
+
+
+def _copies_usable(c):
+    g = c.g
+    if g.last or not _tc16(c) or g.G != 1 or (c.beta != 0 and c.residual is None):
+        return False  # (beta only as a residual's weight: z = y would need y copied in)
+    gl = g._replace(last=1)  # (every other field is the layout's own: geometry.py)
+    return _wgmma_conv.usable(c.x, c.w, c.y, gl, c.bias, c.residual, c.alpha, c.beta)
+
+
+def _copies(c):
+    def channels_last(xt, wt, yt, rt, gl):
+        cl = dataclasses.replace(c, x=xt, w=wt, y=yt, residual=rt, g=gl)
+        next(v for v in CHANNELS_LAST_16 if v.usable(cl)).run(cl)
+    _channels_first.forward(c.x, c.w, c.y, c.residual, c.g, c.dtype, c.stream, channels_last)
+
+
+def _depthwise_forward(c):
+    _conv_depthwise.forward(_KERNELS, c.x, c.y, c.w, *c.arrays()[3:], c.g, c.tail(),
+                            c.stream)
+
+
+def _winograd(m):
+    return lambda c: _conv_winograd.forward(_KERNELS, gemm_call, c.x, c.w, c.y, c.bias,
+                                            c.residual, c.g, c.act, c.coef, c.alpha, c.beta,
+                                            c.stream, m)
+
+
+FORWARD = (
+    Variant("tf32_tensor_cores",
+            lambda c: c.math == "tf32" and c.dtype == "float32" and _algo(c, "gemm") and
+            _tensor_cores() and _wgmma_conv.tf32_usable(c.x, c.w, c.y, c.g, c.bias,
+                                                        c.residual, c.alpha, c.beta),
+            _wgmma_forward,
+            "wgmma_conv.py's tf32 kind: float32 in math \"tf32\" on the tensor cores"),
+    Variant("channels_first_copies", _copies_usable, _copies,
+            "channels_first.py: 16-bit NCHW through channels-last copies and the tensor "
+            "cores, where the GEMM's flops pay for the copies",
+            wanted=lambda c: _channels_first.pays(c.g, c.dtype, c.pick)),
+    *CHANNELS_LAST_16,
+    Variant("depthwise", lambda c: c.exact and _algo(c, "depthwise") and
+            _conv_depthwise.forward_usable(c.g, size(c.x), size(c.y)), _depthwise_forward,
+            "depthwise.py, depthwise_rows.py: generated kernels a window geometry",
+            wanted=lambda c: c.pick == "depthwise"),
+    Variant("winograd4", lambda c: c.exact and _algo(c, "winograd4") and _winograd_fits(c.g),
+            _winograd(4), "winograd.py: F(4x4, 3x3) around 36 batched GEMMs",
+            wanted=lambda c: c.pick == "winograd4"),
+    Variant("winograd", lambda c: c.exact and _algo(c, "winograd") and _winograd_fits(c.g),
+            _winograd(2), "winograd.py: F(2x2, 3x3) around 16 batched GEMMs",
+            wanted=lambda c: c.pick == "winograd"),
+    Variant("implicit_gemm", lambda c: c.exact and _algo(c, "implicit_gemm"),
+            lambda c: _implicit_gemm(c),
+            "implicit_gemm_source.py: the GEMM's tiles, A gathered from x on the fly",
+            wanted=lambda c: c.pick == "implicit_gemm"),
+    Variant("gemm", lambda c: _algo(c, "gemm"),
+            lambda c: _conv_gemm.forward(_KERNELS, c.gemm, c.x, c.w, c.y, c.bias, c.residual,
+                                         c.g, c.act, c.coef, c.alpha, c.beta, c.stream),
+            "gemm.py: im2col columns in a workspace, the matmul, an epilogue pass",
+            wanted=lambda c: c.pick == "gemm"),
+    Variant("direct", lambda c: c.exact and _algo(c, "direct", "depthwise"),
+            lambda c: launch(_KERNELS, "fwd", c.dtype, size(c.y), c.stream, *c.arrays(),
+                             *c.g, *c.tail()),
+            "direct.py: a thread an output element (and depthwise filters without a "
+            "generated kernel)",
+            wanted=lambda c: c.pick in ("direct", "depthwise")),
+)
+
+
 def conv_forward(x, w, bias, residual, stride, pads, dilation, groups, mode, last,
                  activation, coef, algo, math="ieee", *, alpha, beta, out, stream):
     g = geometry(tuple(x.shape), tuple(w.shape), stride, pads, dilation, groups, mode, last)
-    N, K, P = g.N, g.K, (g.PD, g.PH, g.PW)
-    shape = (N,) + P[3 - (len(x.shape) - 2):] + (K,) if last else \
-        (N, K) + P[3 - (len(x.shape) - 2):]
+    shape = (g.N,) + (g.PD, g.PH, g.PW)[3 - (len(x.shape) - 2):] + (g.K,) if last else \
+        (g.N, g.K) + (g.PD, g.PH, g.PW)[3 - (len(x.shape) - 2):]
     dtype = dtype_name(x)
     y = out if out is not None else empty(x, shape, dtype)
-    act = -1 if activation is None else ACTIVATION_MODES.index(activation)
-    args = (x, w, y, bias if bias is not None else y, residual if residual is not None else y,
-            *g, int(bias is not None), int(residual is not None), act, coef, alpha, beta)
-    total = N * K * P[0] * P[1] * P[2]
-    gemm = _gemm_in(math, dtype)
-    if gemm is not gemm_call:  # (the front end let "auto" or "gemm" through)
-        algo = "gemm"
-        if math == "tf32" and total and _mm.TENSOR_CORES and _mm.tensor_cores() and \
-                _wgmma_conv.tf32_usable(x, w, y, g, bias, residual, alpha, beta):
-            _wgmma_conv.forward(x, w, y, bias, residual, activation, coef, alpha, beta, g,
-                                stream)
-            return y
-    if algo in ("auto", "implicit_gemm") and total and (_channels_first.forward(
-            x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta, stream, algo,
-            _auto_forward, _on_tensor_cores) if
-            not last else _on_tensor_cores(x, w, y, bias, residual, g, dtype, activation,
-                                           coef, alpha, beta, stream)):
-        return y
-    if algo == "auto":
-        algo = _auto_forward(g, dtype)
-    if algo == "depthwise" and _conv_depthwise.forward(_KERNELS, x, y, w, *args[3:5], g,
-                                                       args[-6:], stream):
-        return y
-    if algo in ("direct", "depthwise"):  # depthwise without a generated kernel
-        launch(_KERNELS, "fwd", dtype, total, stream, *args)
-    elif algo == "gemm":
-        if total:
-            _conv_gemm.forward(_KERNELS, gemm, x, w, y, bias, residual, g, act, coef, alpha,
-                               beta, stream)
-    elif algo in ("winograd", "winograd4"):
-        if total:
-            _conv_winograd.forward(_KERNELS, gemm_call, x, w, y, bias, residual, g, act, coef,
-                                   alpha, beta, stream, 4 if algo == "winograd4" else 2)
-    elif total:
-        _implicit_gemm(x, w, y, args, g, total, dtype, stream)
-    return y
+    c = Call(g, algo, math, alpha, beta, stream, x=x, w=w, y=y, bias=bias, residual=residual,
+             activation=activation, coef=coef)
+    return _run(c, "conv_forward", FORWARD, y, lambda: _auto_forward(g, dtype))
 
 
-def _on_tensor_cores(x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta,
-                     stream):
-    """16-bit channels-last forward on sm_90's tensor cores, "auto" or "implicit_gemm":
-    a 1x1 filter with stride 1 and no padding is the GEMM y = x w^T (wgmma_gemm.py, own
-    tensor maps: plannable) when the epilogue is the GEMM's too (alpha 1, no z); others
-    the im2col kernel (wgmma_conv.py) where it takes them. False, doing nothing,
-    otherwise."""
-    if dtype not in ("float16", "bfloat16") or not (_mm.TENSOR_CORES and _mm.tensor_cores()):
-        return False
-    M, C, K = g.N * g.PH * g.PW, g.C, g.K
-    if _words.PAD_NARROW_CHANNELS and C % 8 and _words.usable(g) and \
-            (alpha, beta, residual) == (1, 0, None):  # (the stem: im2col_words.py)
-        row = -(-(g.R * g.S * C) // 8) * 8
-        gemm_call(_words.columns(x, g, row, stream).reshape((M, row)),
-              _words.filter_rows(w, row, stream).reshape((K, row)), False, True, bias,
-              activation, coef, 1.0, 0.0, y.reshape((M, K)), stream)
-        return True
-    if not _wgmma_conv.usable(x, w, y, g, bias, residual, alpha, beta):
-        return False
-    if g.R * g.S == 1 and (g.sh, g.sw, g.qh, g.qw) == (1, 1, 0, 0) and \
-            (g.H, g.W) == (g.PH, g.PW) and (alpha, beta, residual) == (1, 0, None):
-        gemm_call(x.reshape((M, C)), w.reshape((K, C)), False, True, bias, activation, coef, 1.0,
-              0.0, y.reshape((M, K)), stream)
-        return True
-    _wgmma_conv.forward(x, w, y, bias, residual, activation, coef, alpha, beta, g, stream)
-    return True
+def _run(c, op, table, out, auto):
+    """Run call c through `table` into `out` (nothing for an empty one): c.pick is
+    auto() for "auto" (float32's TF32 modes run "gemm", the front end let "auto" or
+    "gemm" through)."""
+    if not c.exact:
+        c.algo = "gemm"
+    c.pick = auto() if c.algo == "auto" else c.algo
+    if size(out):
+        variants.choose("conv", op, table, c).run(c)
+    return out
 
 
-def _implicit_gemm(x, w, y, args, g, total, dtype, stream):
+def _implicit_gemm(c):
     """Launch the implicit GEMM (nbdnn/cuda/conv/implicit_gemm_source.py): the tile from the GEMM's
     tile choice, variant 3 where C/g fills a k-step and the taps fit its mask ("_t" for
     channels-first), else variant 2 (no 128x128 tile)."""
+    x, w, y, g, dtype, stream = c.x, c.w, c.y, c.g, c.dtype, c.stream
+    total = size(y)
     N, K, groups, last = g.N, g.K, g.G, g.last
     M, Kg, taps = total // K, K // groups, g.T * g.R * g.S
     tiles = TILES["float64" if dtype == "float64" else "float32"]
@@ -225,126 +359,188 @@ def _implicit_gemm(x, w, y, args, g, total, dtype, stream):
     def fits_chunked(size):
         return g.C // groups >= tiles[size][2] and taps <= 64
 
-    size, _ = choose_tile(M, Kg, 0, groups, dtype, False)
-    if size == "large" and (Kg <= TILES["float32"]["small"][1] or not fits_chunked(size)):
-        size = "small"  # 64 filters would leave half of a 128-wide tile idle
-    BM, BN, BK, TM, TN = tiles[size]
-    chunked = fits_chunked(size)
+    size_, _ = choose_tile(M, Kg, 0, groups, dtype, False)
+    if size_ == "large" and (Kg <= TILES["float32"]["small"][1] or not fits_chunked(size_)):
+        size_ = "small"  # 64 filters would leave half of a 128-wide tile idle
+    BM, BN, BK, TM, TN = tiles[size_]
+    chunked = fits_chunked(size_)
     wk = w
     if chunked and not last and taps > 1:  # (K, C/g, TRS) -> (K, TRS, C/g)
         wk = empty(x, tuple(w.shape), dtype)  # like x: torch's caching allocator when x is
         # a torch tensor and w a numba parameter (numba's own allocator: ~30 us a call)
         transform_into(w, (K, g.C // groups, taps), (0, 2, 1), wk, 1.0, 0.0, stream)
     variant = ("igemm_chunked_t_" if not last else "igemm_chunked_") if chunked else "igemm_"
-    k, sig = _KERNELS[variant + size, dtype]
+    k, sig = _KERNELS[variant + size_, dtype]
     PT, FT = (BN, BM) if variant == "igemm_chunked_t_" else (BM, BN)  # positions, filters
     k.launch(sig, (-(-M // PT) * -(-Kg // FT), groups, 1), (BM // TM) * (BN // TN), stream,
-             x, wk, *args[2:5], _igemm.taps_table(g, chunked), *args[5:],
+             x, wk, *c.arrays()[2:], _igemm.taps_table(g, chunked), *g, *c.tail(),
              _vector_epilogue(y, K, Kg, total // (N * K), last, variant))
+
+
+# ---- the data gradient's variants
+def _data_back_pads(c):
+    """The forward paddings that make dx a stride-1 forward convolution of dy
+    (`_as_forward`), or None where a stride is not 1 or a padding exceeds d*(R-1)."""
+    stride, pads, dilation = c.args[:3]
+    ws = tuple(c.w.shape)
+    R = ws[1:-1] if c.g.last else ws[2:]
+    if any(s != 1 for s in stride) or any(max(a, b) > d * (r - 1) for (a, b), d, r in
+                                          zip(pads, dilation, R)):
+        return None
+    return tuple((d * (r - 1) - a, d * (r - 1) - b) for (a, b), d, r in zip(pads, dilation, R))
+
+
+def _flipped(c):
+    return "cross_correlation" if c.args[4] == "convolution" else "convolution"
+
+
+def _as_stored_geometry(c):
+    """The forward geometry that reads dy through w (K, R, S, C) as stored: C and K swap."""
+    ws = tuple(c.w.shape)
+    return geometry(tuple(c.dy.shape), (ws[-1],) + ws[1:-1] + (ws[0],), (1,) * (len(ws) - 2),
+                    _data_back_pads(c), tuple(c.args[2]), 1, _flipped(c), 1)
+
+
+def _as_stored_usable(c):
+    ws = tuple(c.w.shape)
+    if c.algo != "auto" or not c.g.last or c.g.G != 1 or \
+            c.dtype not in ("float16", "bfloat16") or int(np.prod(ws[1:-1])) == 1 or \
+            _data_back_pads(c) is None or not _tensor_cores():
+        return False
+    return _wgmma_conv.usable(c.dy, c.w, c.dx, _as_stored_geometry(c), None, None, c.alpha,
+                              c.beta)
+
+
+def _as_stored(c):
+    _wgmma_conv.forward(c.dy, c.w, c.dx, None, None, None, 0.0, c.alpha, c.beta,
+                        _as_stored_geometry(c), c.stream, w_stored=True)
+
+
+def _as_forward(c):
+    """With stride 1, dx is a forward convolution of dy: dx[i] = sum_r dy[i + q - r*d]
+    w[r] reads dy with pre-padding d*(R-1) - q and post-padding d*(R-1) - q_post
+    through the flipped filter, whose input and output channels swap within each group
+    (w' = (C, K/g, taps), a transposed copy). So the forward algorithms (implicit GEMM,
+    winograd) serve it."""
+    stride, pads, dilation, groups, mode, last = c.args
+    ws = tuple(c.w.shape)
+    R = ws[1:-1] if last else ws[2:]
+    K, Cg, taps = ws[0], ws[-1 if last else 1], int(np.prod(R))
+    Kg = K // groups
+    view, perm = ((groups, Kg, taps, Cg), (0, 3, 2, 1)) if last else \
+        ((groups, Kg, Cg, taps), (0, 2, 1, 3))
+    wt = empty(c.dy, (groups * Cg,) + R + (Kg,) if last else (groups * Cg, Kg) + R,
+               dtype_name(c.w))  # like dy, as _implicit_gemm's wk
+    transform_into(c.w, view, perm, wt, 1.0, 0.0, c.stream)
+    conv_forward(c.dy, wt, None, None, tuple(stride), _data_back_pads(c), tuple(dilation),
+                 groups, _flipped(c), last, None, 0.0, "auto", alpha=c.alpha, beta=c.beta,
+                 out=c.dx, stream=c.stream)
+
+
+DATA = (
+    Variant("gemm_1x1", lambda c: c.algo == "auto" and _conv_gemm.data_1x1_usable(c.g),
+            lambda c: _conv_gemm.backward_data_1x1(c.gemm, c.dy, c.w, c.dx, c.g, c.alpha,
+                                                   c.beta, c.stream),
+            "gemm.py: channels-last 1x1 stride 1, one group: dx = dy @ W, W as stored. "
+            "Measured (H200, ResNet-50's nine 1x1 layers, bf16 NHWC, batch 32, graph "
+            "replay): 0.55-1.09x cuDNN's speed, where as_forward's copy + GEMM ran "
+            "0.45-0.96x"),
+    Variant("filter_as_stored", _as_stored_usable, _as_stored,
+            "wgmma_conv.py (w_stored): 16-bit channels-last stride 1, one group, more "
+            "than one tap: as_forward on the tensor cores reading the filter as stored "
+            "(B MN-major, no transposed copy). Measured (H200, ResNet-50's 3x3 layers, "
+            "bf16, batch 32): 0.71-1.0x cuDNN's speed; the copy had taken 3.4-47 us of "
+            "their 24-72",
+            wanted=lambda c: c.g.C != c.g.G),
+    Variant("as_forward", lambda c: c.algo == "auto" and _data_back_pads(c) is not None,
+            _as_forward,
+            "every stride 1: the forward algorithms over dy, the filter transposed and "
+            "flipped",
+            wanted=lambda c: c.g.C != c.g.G),
+    Variant("depthwise", lambda c: c.exact and _algo(c, "depthwise") and
+            _conv_depthwise.data_usable(c.g),
+            lambda c: _conv_depthwise.backward_data(_KERNELS, c.dy, c.w, c.dx, c.g, c.alpha,
+                                                    c.beta, c.stream),
+            "depthwise.py: the forward kernel over dy (stride 1, dilation 1)",
+            wanted=lambda c: c.pick == "depthwise"),
+    Variant("gemm", lambda c: _algo(c, "gemm"),
+            lambda c: _conv_gemm.backward_data(_KERNELS, c.gemm, c.dy, c.w, c.dx, c.g,
+                                               c.alpha, c.beta, c.stream),
+            "gemm.py: the GEMM dcols = dy W, col2im into dx",
+            wanted=lambda c: c.pick == "gemm"),
+    Variant("direct", lambda c: c.exact and _algo(c, "direct", "depthwise"),
+            lambda c: launch(_KERNELS, "bwd_data", c.dtype, size(c.dx), c.stream, c.dy, c.w,
+                             c.dx, *c.g, c.alpha, c.beta),
+            "direct.py: a thread a dx element, no atomics",
+            wanted=lambda c: c.pick in ("direct", "depthwise")),
+)
 
 
 def conv_backward_data(dy, w, x_shape, stride, pads, dilation, groups, mode, last, algo,
                        math="ieee", *, alpha, beta, out, stream):
     g = geometry(x_shape, tuple(w.shape), stride, pads, dilation, groups, mode, last)
     dx = out if out is not None else empty(dy, x_shape, dtype_name(dy))
-    gemm = _gemm_in(math, dtype_name(dy))
-    if gemm is not gemm_call:
-        algo = "gemm"
-    if algo == "auto":
-        if DATA_1X1_GEMM and np.prod(x_shape) and \
-                _conv_gemm.backward_data_1x1(gemm, dy, w, dx, g, alpha, beta, stream):
-            return dx
-        if g.C != groups and _data_as_forward(dy, w, dx, stride, pads, dilation, groups,
-                                               mode, last, alpha, beta, stream):
-            return dx
-        algo = "depthwise" if g.C == groups else "gemm"
-    if algo == "depthwise":
-        if _conv_depthwise.backward_data(_KERNELS, dy, w, dx, g, alpha, beta, stream):
-            return dx
-        algo = "direct"
-    if algo == "direct":
-        launch(_KERNELS, "bwd_data", dtype_name(dy), int(np.prod(x_shape)), stream, dy, w, dx, *g,
-                alpha, beta)
-    elif np.prod(x_shape):
-        _conv_gemm.backward_data(_KERNELS, gemm, dy, w, dx, g, alpha, beta, stream)
-    return dx
+    c = Call(g, algo, math, alpha, beta, stream, dy=dy, w=w, dx=dx,
+             args=(stride, pads, dilation, groups, mode, last))
+    return _run(c, "conv_backward_data", DATA, dx, lambda: _auto_backward(g))
 
 
-def _data_as_forward(dy, w, dx, stride, pads, dilation, groups, mode, last, alpha, beta,
-                     stream):
-    """With stride 1, dx is a forward convolution of dy: dx[i] = sum_r dy[i + q - r*d]
-    w[r] reads dy with pre-padding d*(R-1) - q and post-padding d*(R-1) - q_post
-    through the flipped filter, whose input and output channels swap within each group
-    (w' = (C, K/g, taps), a transposed copy). So the forward algorithms (implicit GEMM,
-    winograd) serve it. False, doing nothing, when a stride is not 1 or a padding
-    exceeds d*(R-1) (the forward padding would be negative)."""
-    ws = tuple(w.shape)
-    R = ws[1:-1] if last else ws[2:]
-    if any(s != 1 for s in stride) or any(max(a, b) > d * (r - 1) for (a, b), d, r in
-                                          zip(pads, dilation, R)):
-        return False
-    back = tuple((d * (r - 1) - a, d * (r - 1) - b) for (a, b), d, r in zip(pads, dilation, R))
-    flipped = "cross_correlation" if mode == "convolution" else "convolution"
-    if last and groups == 1 and _data_filter_as_stored(dy, w, dx, back, dilation, flipped,
-                                                        alpha, beta, stream):
-        return True
-    K, Cg, taps = ws[0], ws[-1 if last else 1], int(np.prod(R))
-    Kg = K // groups
-    view, perm = ((groups, Kg, taps, Cg), (0, 3, 2, 1)) if last else \
-        ((groups, Kg, Cg, taps), (0, 2, 1, 3))
-    wt = empty(dy, (groups * Cg,) + R + (Kg,) if last else (groups * Cg, Kg) + R,
-               dtype_name(w))  # like dy, as _implicit_gemm's wk
-    transform_into(w, view, perm, wt, 1.0, 0.0, stream)
-    conv_forward(dy, wt, None, None, tuple(stride), back, tuple(dilation), groups, flipped,
-                 last, None, 0.0, "auto", alpha=alpha, beta=beta, out=dx, stream=stream)
-    return True
+def _auto_backward(g):
+    """"auto"'s algorithm for a gradient: depthwise for groups == C, else gemm."""
+    return "depthwise" if g.C == g.G else "gemm"
 
 
-def _data_filter_as_stored(dy, w, dx, back, dilation, flipped, alpha, beta, stream):
-    """_data_as_forward's channels-last, one-group, 16-bit call on the tensor cores with
-    w (K, R, S, C) read as stored (DATA_FILTER_AS_STORED: wgmma_conv.forward's
-    w_stored): no transposed copy. Filters of more than one tap (a 1x1's is the GEMM's,
-    DATA_1X1_GEMM). False, doing nothing, where the kernel would not take the call."""
-    ws = tuple(w.shape)
-    if not DATA_FILTER_AS_STORED or dtype_name(dy) not in ("float16", "bfloat16") or \
-            int(np.prod(ws[1:-1])) == 1 or not (_mm.TENSOR_CORES and _mm.tensor_cores()):
-        return False
-    g = geometry(tuple(dy.shape), (ws[-1],) + ws[1:-1] + (ws[0],), (1,) * len(back), back,
-                 tuple(dilation), 1, flipped, 1)
-    if not _wgmma_conv.usable(dy, w, dx, g, None, None, alpha, beta):
-        return False
-    _wgmma_conv.forward(dy, w, dx, None, None, None, 0.0, alpha, beta, g, stream,
-                        w_stored=True)
-    return True
+# ---- the filter gradient's variants
+FILTER = (
+    Variant("gemm_1x1", lambda c: _algo(c, "gemm") and c.g.last and c.g.G == 1 and
+            _conv_gemm.filter_1x1_usable(c.g, c.dtype),
+            lambda c: _conv_gemm.backward_filter_1x1(c.gemm, c.dy, c.x, c.dw, c.g, c.alpha,
+                                                     c.beta, c.stream),
+            "gemm.py: channels-last 1x1 stride 1, one group: dW = dy^T @ x as stored. "
+            "Measured (H200, ResNet-50's nine 1x1 layers, bf16, batch 32): 0.60-0.80x "
+            "cuDNN's speed, where tensor_cores ran 0.38-0.78x"),
+    Variant("tensor_cores", lambda c: c.algo == "auto" and
+            _wgmma_conv.filter_usable(c.dy, c.x, c.dw, c.g) and _tensor_cores(),
+            lambda c: _wgmma_conv.backward_filter(c.dy, c.x, c.dw, c.g, c.alpha, c.beta,
+                                                  c.stream),
+            "wgmma_conv.py: 16-bit channels-last, one group: dW over the positions on the "
+            "tensor cores, im2col boxes of x"),
+    Variant("depthwise", lambda c: c.exact and _algo(c, "depthwise") and
+            _conv_depthwise.filter_usable(c.g),
+            lambda c: _conv_depthwise.backward_filter(_KERNELS, c.dy, c.x, c.dw, c.g, c.alpha,
+                                                      c.beta, c.stream, sm_count()),
+            "depthwise.py: ordered chunk sums, 3x3 and 5x5",
+            wanted=lambda c: c.pick == "depthwise"),
+    Variant("direct", lambda c: c.exact and _algo(c, "direct"),
+            lambda c: launch(_KERNELS, "bwd_filter", c.dtype, size(c.dw), c.stream, c.dy,
+                             c.x, c.dw, *c.g, c.alpha, c.beta),
+            "direct.py: a thread a dw element, no atomics",
+            wanted=lambda c: c.pick == "direct"),
+    Variant("gemm", lambda c: _algo(c, "gemm", "depthwise"),
+            lambda c: _conv_gemm.backward_filter(_KERNELS, c.gemm, c.dy, c.x, c.dw, c.g,
+                                                 c.alpha, c.beta, c.stream),
+            "gemm.py: the GEMM dW = dy^T cols over the positions (split-K), im2col-free "
+            "for channels-first 1x1 layers",
+            wanted=lambda c: c.pick in ("gemm", "depthwise")),
+)
 
 
 def conv_backward_filter(dy, x, w_shape, stride, pads, dilation, groups, mode, last, algo,
                          math="ieee", *, alpha, beta, out, stream):
     g = geometry(tuple(x.shape), w_shape, stride, pads, dilation, groups, mode, last)
     dw = out if out is not None else empty(dy, w_shape, dtype_name(dy))
-    gemm = _gemm_in(math, dtype_name(dy))
-    if gemm is not gemm_call:
-        algo = "gemm"
-    if algo == "auto" and FILTER_1X1_GEMM and g.last and g.G == 1 and np.prod(w_shape) and \
-            _conv_gemm.backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):
-        return dw
-    if algo == "auto" and np.prod(w_shape) and _wgmma_conv.filter_usable(dy, x, dw, g) and \
-            _mm.TENSOR_CORES and _mm.tensor_cores():
-        return _wgmma_conv.backward_filter(dy, x, dw, g, alpha, beta, stream)
-    if algo == "auto":
-        algo = "depthwise" if g.C == groups else "gemm"
-    if algo == "depthwise":
-        if _conv_depthwise.backward_filter(_KERNELS, dy, x, dw, g, alpha, beta, stream,
-                                           sm_count()):
-            return dw
-        algo = "gemm"
-    if algo == "direct":
-        launch(_KERNELS, "bwd_filter", dtype_name(dy), int(np.prod(w_shape)), stream, dy, x, dw, *g,
-                alpha, beta)
-    elif np.prod(w_shape) and not _conv_gemm.backward_filter_1x1(gemm, dy, x, dw, g, alpha,
-                                                                 beta, stream):
-        _conv_gemm.backward_filter(_KERNELS, gemm, dy, x, dw, g, alpha, beta, stream)
-    return dw
+    c = Call(g, algo, math, alpha, beta, stream, dy=dy, x=x, dw=dw)
+    return _run(c, "conv_backward_filter", FILTER, dw, lambda: _auto_backward(g))
+
+
+def forced(name):
+    """Inside (this thread): convolutions run the variant `name` (of FORWARD, DATA,
+    FILTER, the im2col / col2im steps' COLUMNS and COL2IM in gemm.py, or depthwise.py's
+    FORWARD), or raise
+    NotSupportedError where its kernels cannot take a call (runtime/variants.py)."""
+    return variants.forced("conv", name, variants.names(
+        FORWARD, DATA, FILTER, _conv_gemm.COLUMNS, _conv_gemm.COL2IM,
+        _conv_depthwise.FORWARD))
 
 
 def conv_backward_bias(dy, last, *, alpha, beta, out, stream):

@@ -1,21 +1,18 @@
 """16-bit channels-first (NCHW) forwards on sm_90's tensor cores through channels-last
 copies: x, w and a residual copied channels-last by the tiled transpose
-(tensor/transpose.py), the channels-last path (conv._on_tensor_cores), y copied back.
+(tensor/transpose.py), the channels-last tensor-core variants, y copied back.
 Extra traffic: x, w, residual and y each read and written once more (s1 3x3 of
 ResNet-50 at batch 32: 4 x 12.8 MB), so a layer goes this way only where its GEMM has
 the flops to pay for the copies (`pays`).
 
-Measured (H200, bf16 NCHW, batch 32, graph replay, perf/suites/conv.py --against):
+Measured (H200, bf16 NCHW, batch 32, graph replay, against the SIMT algorithms):
 through the copies, ResNet-50's 1x1 layers of s2-s4 (51-205 GEMM flops a copied byte)
 1.06-2.83x and s1's 3x3 (144; the SIMT implicit GEMM otherwise) 2.41x the speed; s1's
 1x1 layers (16-26 flops a byte) 0.52-0.71x; the 3x3 layers of s2-s4 0.43-0.81x against
 winograd, which "auto" keeps."""
-from .. import matmul as _mm
 from ..runtime.arrays import empty
 from ..tensor import transform_into
-from . import wgmma_conv as _wgmma_conv
 
-ON = True
 MIN_FLOP_PER_BYTE = 40
 
 
@@ -32,20 +29,12 @@ def pays(g, dtype, choice):
     return flops >= MIN_FLOP_PER_BYTE * 2 * (g.C + g.K) * item
 
 
-def forward(x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta, stream, algo,
-            auto, channels_last):
-    """y from channels-first x, w through the copies (ON, `pays`); auto(g, dtype):
-    "auto"'s pick; channels_last(...): conv._on_tensor_cores. One group; beta only as a
-    residual's weight (z = out would need out copied in too). False, doing nothing,
-    where the channels-last call would not run the tensor cores."""
-    if not ON or (beta != 0 and residual is None) or g.G != 1 or \
-            dtype not in ("float16", "bfloat16") or \
-            not pays(g, dtype, auto(g, dtype) if algo == "auto" else "implicit_gemm") or \
-            not (_mm.TENSOR_CORES and _mm.tensor_cores()):  # (every NCHW call asks: cheap first)
-        return False
+def forward(x, w, y, residual, g, dtype, stream, channels_last):
+    """y from channels-first x, w through channels-last copies (conv's variant
+    channels_first_copies says where): channels_last(xt, wt, yt, rt, gl) runs the
+    channels-last call on the copies (rt: the residual's copy or None; gl: g
+    channels-last)."""
     gl = g._replace(last=1)  # (every other field is the layout's own: geometry.py)
-    if not _wgmma_conv.usable(x, w, y, gl, bias, residual, alpha, beta):
-        return False
     nd = len(x.shape) - 2
     to_last, to_first = (0,) + tuple(range(2, nd + 2)) + (1,), (0, nd + 1) + tuple(range(1, nd + 1))
     xl, wl, yl = (tuple(int(a.shape[p]) for p in to_last) for a in (x, w, y))
@@ -56,8 +45,5 @@ def forward(x, w, y, bias, residual, g, dtype, activation, coef, alpha, beta, st
     if residual is not None:
         rt = empty(x, yl, dtype)
         transform_into(residual, tuple(y.shape), to_last, rt, 1.0, 0.0, stream)
-    if not channels_last(xt, wt, yt, bias, rt, gl, dtype, activation, coef, alpha, beta,
-                         stream):  # (beta: the residual's weight; 0 without one)
-        return False  # (usable said yes above; the SIMT kernels then, to be safe)
+    channels_last(xt, wt, yt, rt, gl)  # (beta: the residual's weight; 0 without one)
     transform_into(yt, yl, to_first, y, 1.0, 0.0, stream)
-    return True

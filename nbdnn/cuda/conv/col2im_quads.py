@@ -28,15 +28,13 @@ from ..runtime.stencil import I64 as I, U, U32, div, magic_args
 from ..._vocab import BF16_DTYPES
 
 BLOCK = 64 if SIMULATOR else 256
-# on (H200: tests and sanitizer clean; the training step's six stride-2
-# data gradients fell out of the profile's top 20, from 2.95 ms). Off: conv_col2im,
-# one element a thread.
-ON = True
+# Measured (H200): the training step's six stride-2 data gradients fell out of the
+# profile's top 20, from 2.95 ms through col2im.
 
 
 def usable(g, dx_size, dcols_size):
     """2-d (or 1-d) channels-last, one group, C % 4 == 0, 32-bit sizes."""
-    return ON and g.last and g.G == 1 and g.planar and g.C % 4 == 0 and \
+    return g.last and g.G == 1 and g.planar and g.C % 4 == 0 and \
         max(dx_size, dcols_size) < 2 ** 31
 
 

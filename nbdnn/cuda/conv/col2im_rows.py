@@ -20,7 +20,7 @@ s: col2im_quads' order, no atomics).
                                                                    "convolution")
 
 dcols may be padded to `row` >= R S C columns (the tensor-core GEMM's 16-byte rows:
-conv/gemm.py makes them from im2col_words.filter_rows). Traffic: dcols read once,
+conv/gemm.py makes them from filter_rows). Traffic: dcols read once,
 dx written once (read once more with beta).
 """
 import math
@@ -36,9 +36,8 @@ from .col2im_quads import typed_kernels
 BLOCK = 32 if SIMULATOR else 256
 MAX_SHARED = 48 * 1024  # bytes of staged columns (no opt-in to more)
 MAX_ROWS = 32           # filter rows R the landing table holds
-# on (H200, ResNet-50's stem, bf16 NHWC, batch 32,
-# with im2col_rows: the data gradient 2.03 -> 0.57 ms, 3.58x; the path tests on the GPU).
-ON = True
+# Measured against col2im (H200, ResNet-50's stem, bf16 NHWC, batch 32, with
+# im2col_rows): the data gradient 2.03 -> 0.57 ms, 3.58x.
 
 
 def _kernel(CT):
@@ -112,10 +111,10 @@ def landing_rows(g):
 
 
 def usable(g, dtype, dx_size, dcols_size):
-    """ON, 2-d (or 1-d) channels-last with one group, C % 4 != 0 (col2im_quads takes
+    """2-d (or 1-d) channels-last with one group, C % 4 != 0 (col2im_quads takes
     the rest), R within MAX_ROWS, the staged columns within MAX_SHARED, 32-bit sizes."""
     csize = 8 if dtype == "float64" else 4
-    return ON and g.last and g.G == 1 and g.planar and g.C % 4 != 0 and \
+    return g.last and g.G == 1 and g.planar and g.C % 4 != 0 and \
         g.R <= MAX_ROWS and landing_rows(g) * g.PW * g.S * g.C * csize <= MAX_SHARED and \
         max(dx_size, dcols_size) < 2 ** 31
 

@@ -41,7 +41,11 @@ Other depthwise geometries (3-d, dilated rows, filter sizes not generated) take 
 direct kernels.
 """
 
+from typing import NamedTuple
+
+from ..runtime import variants
 from ..runtime.simulator import SIMULATOR
+from ..runtime.variants import Variant
 from . import depthwise_rows as _conv_depthwise_rows
 from .geometry import ConvGeometry
 from ..runtime.arrays import dtype_name, empty, size, vector_aligned
@@ -278,35 +282,71 @@ def tile_spec(g):
         g.dh == g.dw == 1 and key in TILE_SPECS else None
 
 
+class Depthwise(NamedTuple):
+    """A depthwise forward as FORWARD's variants take it; tail: (has_bias, has_z, act,
+    coef, alpha, beta); exact: 1 for a data gradient through the forward kernel."""
+    table: object
+    x: object
+    y: object
+    w: object
+    bias: object
+    z: object
+    g: object
+    tail: tuple
+    stream: object
+    exact: int
+
+
+def _rows(c):
+    dtype = dtype_name(c.x)
+    _conv_depthwise_rows.launch(c.x, c.y, c.w, c.bias, c.z, c.g, c.tail, dtype,
+                                "float64" if dtype == "float64" else "float32", c.stream,
+                                sm_count(), c.exact)
+
+
+def _generated(tiled):
+    """Variant 2 (tiled) or 1 (column strips)."""
+    def run(c):
+        g = c.g
+        N, K, PH, PW = g.N, g.K, g.PH, g.PW
+        if tiled:
+            spec = tile_spec(g)
+            name = f"dw_tile_{spec[0]}x{spec[1]}s{spec[2]}"
+            VH, VW = TILE_SPECS[spec]
+            total = N * K * -(-PH // VH) * -(-PW // VW)
+        else:
+            spec = fwd_spec(g)
+            name = f"dw_fwd_{spec[0]}x{spec[1]}s{spec[2]}"
+            total = N * K * -(-PH // _vh(spec[2])) * PW
+        if total:
+            k, sig = c.table[name, dtype_name(c.x)]
+            vec = (_vector_rows(c.y, PW, g.last),) if tiled else ()
+            k.launch(sig, min(-(-total // BLOCK), 2 ** 31 - 1), BLOCK, c.stream, c.x, c.w, c.y,
+                     c.bias, c.z, *g, *c.tail, *vec, c.exact)
+    return run
+
+
+FORWARD = (  # in order of preference
+    Variant("depthwise_rows", lambda c: _conv_depthwise_rows.usable(c.g, size(c.x), size(c.y)),
+            _rows, "variant 3, depthwise_rows.py: channels-first windows of up to 64 taps"),
+    Variant("depthwise_tiles", lambda c: tile_spec(c.g) is not None, _generated(True),
+            "variant 2: a tile of outputs a thread (TILE_SPECS)"),
+    Variant("depthwise_strips", lambda c: fwd_spec(c.g) is not None, _generated(False),
+            "variant 1: column strips, any stride and dilation along W (FWD_SPECS)"),
+)
+
+
+def forward_usable(g, x_size, y_size):
+    """Whether a generated kernel takes the depthwise forward (`forward`)."""
+    return _conv_depthwise_rows.usable(g, x_size, y_size) or tile_spec(g) is not None or \
+        fwd_spec(g) is not None
+
+
 def forward(table, x, y, w, bias, z, g, tail, stream, exact=0):
-    """y = epilogue(depthwise conv); g the geometry, tail (has_bias, has_z, act, coef,
-    alpha, beta); False when no generated kernel fits. Variant 3 (rows) on
-    channels-first layers, variant 2 (tiles) where it applies, else variant 1 (column
-    strips; any stride and dilation along W)."""
-    N, K, PH, PW = g.N, g.K, g.PH, g.PW
-    if _conv_depthwise_rows.usable(g, size(x), size(y)):
-        dtype = dtype_name(x)
-        _conv_depthwise_rows.launch(x, y, w, bias, z, g, tail, dtype,
-                                    "float64" if dtype == "float64" else "float32", stream,
-                                    sm_count(), exact)
-        return True
-    spec = tile_spec(g)
-    if spec is not None:
-        name = f"dw_tile_{spec[0]}x{spec[1]}s{spec[2]}"
-        VH, VW = TILE_SPECS[spec]
-        total = N * K * -(-PH // VH) * -(-PW // VW)
-    else:
-        spec = fwd_spec(g)
-        if spec is None:
-            return False
-        name = f"dw_fwd_{spec[0]}x{spec[1]}s{spec[2]}"
-        total = N * K * -(-PH // _vh(spec[2])) * PW
-    if total:
-        k, sig = table[name, dtype_name(x)]
-        vec = (_vector_rows(y, PW, g.last),) if name.startswith("dw_tile") else ()
-        k.launch(sig, min(-(-total // BLOCK), 2 ** 31 - 1), BLOCK, stream, x, w, y, bias, z,
-                 *g, *tail, *vec, exact)
-    return True
+    """y = epilogue(depthwise conv) (`forward_usable`); g the geometry: FORWARD's first
+    usable variant."""
+    c = Depthwise(table, x, y, w, bias, z, g, tail, stream, exact)
+    variants.choose("conv", "depthwise", FORWARD, c).run(c)
 
 
 def _vector_rows(y, PW, last):
@@ -314,29 +354,40 @@ def _vector_rows(y, PW, last):
     return int(not last and PW % 4 == 0 and vector_aligned(y))
 
 
-def backward_data(table, dy, w, dx, g, alpha, beta, stream):
-    """dx as the forward kernel over dy (stride 1, dilation 1, multiplier 1); False
-    when that does not apply."""
+def _data_geometry(g):
+    """The forward geometry over dy that computes dx (stride 1, dilation 1, multiplier
+    1: the filter flipped, the padding mirrored), or None."""
     N, C, K, G, D, H, W, T, R, S, PD, PH, PW = g[:13]
     st, dil = (g.sd, g.sh, g.sw), (g.dd, g.dh, g.dw)
     if not (C == G == K and g.planar and st == (1, 1, 1) and dil == (1, 1, 1)):
-        return False
-    qh, qw, flip, last = g.qh, g.qw, g.flip, g.last
-    gt = ConvGeometry(N, C, C, C, 1, PH, PW, 1, R, S, 1, H, W, 1, 1, 1, 0, R - 1 - qh,
-                      S - 1 - qw, 1, 1, 1, 1 - flip, last)
-    if fwd_spec(gt) is None:
-        return False
-    return forward(table, dy, dx, w, dx, dx, gt, (0, 0, -1, 0.0, alpha, beta), stream, 1)
+        return None
+    gt = ConvGeometry(N, C, C, C, 1, PH, PW, 1, R, S, 1, H, W, 1, 1, 1, 0, R - 1 - g.qh,
+                      S - 1 - g.qw, 1, 1, 1, 1 - g.flip, g.last)
+    return gt if fwd_spec(gt) is not None else None
+
+
+def data_usable(g):
+    """Whether backward_data takes the call."""
+    return _data_geometry(g) is not None
+
+
+def backward_data(table, dy, w, dx, g, alpha, beta, stream):
+    """dx as the forward kernel over dy (`data_usable`)."""
+    forward(table, dy, dx, w, dx, dx, _data_geometry(g), (0, 0, -1, 0.0, alpha, beta),
+            stream, 1)
+
+
+def filter_usable(g):
+    """Whether backward_filter takes the call: depthwise 2-d 3x3 or 5x5."""
+    return g.C == g.G and g.planar and (g.R, g.S) in FILTER_SPECS
 
 
 def backward_filter(table, dy, x, dwt, g, alpha, beta, stream, sm_count):
-    """dw from per-chunk partial sums; False when no generated kernel fits."""
+    """dw from per-chunk partial sums (`filter_usable`)."""
     N, C, K, G, D, H, W, T, R, S, PD, PH, PW = g[:13]
-    if not (C == G and g.planar and (R, S) in FILTER_SPECS):
-        return False
     npq = N * PH * PW
     if K == 0:
-        return True
+        return
     chunks = max(1, min(-(-2 * sm_count // K), -(-npq // (8 * FILTER_THREADS))))
     chunk = -(-npq // chunks)
     dtype = dtype_name(dy)
@@ -345,7 +396,6 @@ def backward_filter(table, dy, x, dwt, g, alpha, beta, stream, sm_count):
     k.launch(sig, (K, chunks, 1), FILTER_THREADS, stream, dy, x, part, *g, chunk)
     reduce_tensor(part, "add", (1,), False, False, alpha=alpha, beta=beta,
                   out=dwt.reshape((K, R * S)), stream=stream)
-    return True
 
 
 def sources():

@@ -36,7 +36,6 @@ from .source_names import namespace
 
 BLOCK = 32 if SIMULATOR else 128
 RPT = 8          # outputs a thread at most (a knob: 1 forces one row a thread)
-ENABLED = True   # the knob that turns this variant off (variants 1 and 2 take its layers)
 MAX_LOADS = 64   # taps a thread loads at most (registers)
 WAVE = 16 if SIMULATOR else 2048  # threads an SM holds (rpt_for)
 _MAGIC = ("PW", "PP", "K", "M")  # the divisors of the index split
@@ -46,7 +45,7 @@ def usable(g, x_size, y_size):
     """Channels-first 1-d/2-d depthwise (C/g == 1) layers, windows of at most 64 taps,
     sizes < 2**31 (32-bit offsets, magic-number divisions)."""
     N, C, K, G, D, H, W, T, R, S = g[:10]
-    return ENABLED and C == G and g.planar and not g.last and R * S <= 64 and \
+    return C == G and g.planar and not g.last and R * S <= 64 and \
         max(x_size, y_size) < 2 ** 31
 
 

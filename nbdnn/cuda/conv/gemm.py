@@ -16,15 +16,20 @@ workspace is G*M*(Kr + K/g) elements: Kr/(C/g) = T*R*S times
 the input and the raw output besides. float16 rounds raw to float16 before the
 epilogue (one rounding more than the fused algorithms).
 """
+import dataclasses
+
 import numpy as np
 from numba import cuda
 
-from ..runtime.arrays import dtype_name, empty
+from ..runtime import variants
+from ..runtime.arrays import dtype_name, empty, size
 from ..runtime.grid import landing, launch, split, strides
 from ..runtime.intrinsics import array_type, narrow, widen
 from ..runtime.strided import contiguous
-from . import col2im_quads as _quads, col2im_rows as _col2im_rows
-from . import im2col_words as _words
+from ..runtime.variants import Variant
+from . import col2im_quads as _quads, col2im_rows as _col2im_rows_kernel
+from . import im2col_rows as _im2col_rows_kernel, im2col_words as _words
+from .geometry import geometry
 from ..tensor import add_tensor, reduce_tensor
 
 
@@ -162,16 +167,52 @@ def _rows(table, dy, g, stream):
     return rows
 
 
-def _cols(table, x, g, stream, row=None):
-    """x's im2col columns (G, M, row), row >= Kr (default Kr) with zero columns past Kr
-    (2-d channels-last, one group: whole words a thread, conv/im2col_words.py)."""
-    N, C, K, G, M, Kg, Kr, *_ = _dims(g)
-    row = row or Kr
-    if _words.usable(g):
-        return _words.columns(x, g, row, stream)
-    cols = empty(x, (G, M, row), dtype_name(x))
-    launch(table, "im2col", dtype_name(x), G * M * row, stream, x, cols, *g, row)
+@dataclasses.dataclass
+class Columns:
+    """An im2col call as COLUMNS' variants take it: x's columns (G, M, row) for
+    ConvGeometry g, row >= Kr with zero columns past Kr."""
+    table: object
+    x: object
+    g: object
+    row: int
+    stream: object
+
+    @property
+    def item(self):
+        dtype = dtype_name(self.x)
+        return 2 if dtype in ("float16", "bfloat16") else np.dtype(dtype).itemsize
+
+
+def _im2col(c):
+    N, C, K, G, M, Kg, Kr, *_ = _dims(c.g)
+    cols = empty(c.x, (G, M, c.row), dtype_name(c.x))
+    launch(c.table, "im2col", dtype_name(c.x), G * M * c.row, c.stream, c.x, cols, *c.g, c.row)
     return cols
+
+
+def _im2col_rows(c):
+    cols = empty(c.x, (1, c.g.N * c.g.PH * c.g.PW, c.row), dtype_name(c.x))
+    _im2col_rows_kernel.columns(c.x, cols, c.g, c.row, c.item, c.stream)
+    return cols
+
+
+COLUMNS = (  # in order of preference; run(c) returns the columns
+    Variant("im2col_rows", lambda c: _words.usable(c.g) and c.g.N * c.g.PH * c.g.PW > 0 and
+            _im2col_rows_kernel.usable(c.g, c.row, c.item), _im2col_rows,
+            "im2col_rows.py: narrow channels (a pixel not a multiple of 8 bytes), a block an "
+            "output row through shared memory"),
+    Variant("im2col_words", lambda c: _words.usable(c.g),
+            lambda c: _words.columns(c.x, c.g, c.row, c.stream),
+            "im2col_words.py: 2-d channels-last of one group, whole words a thread"),
+    Variant("im2col", lambda c: True, _im2col, "one element a thread, every geometry"),
+)
+
+
+def columns(table, x, g, stream, row=None):
+    """x's im2col columns (G, M, row), row >= Kr (default Kr) with zero columns past Kr:
+    the first usable variant of COLUMNS."""
+    c = Columns(table, x, g, row or _dims(g)[6], stream)
+    return variants.choose("conv", "im2col", COLUMNS, c).run(c)
 
 
 def backward_filter(table, gemm, dy, x, dw, g, alpha, beta, stream):
@@ -180,15 +221,18 @@ def backward_filter(table, gemm, dy, x, dw, g, alpha, beta, stream):
     taps) are padded with zero columns to one: the tensor-core GEMM's TMA needs
     16-byte rows, the SIMT GEMM it fell to took 33 ms for ResNet-50's stem at batch
     32 (half the training step); the product's first Kr columns are then
-    blended into dW."""
+    blended into dW. 1x1 filters at stride 1 without padding: backward_filter_1x1 (no
+    im2col) where it takes them."""
+    if filter_1x1_usable(g, dtype_name(dy)):
+        return backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream)
     N, C, K, G, M, Kg, Kr, *_ = _dims(g)
     dwg = dw.reshape((G, Kg, Kr))
     rows = _rows(table, dy, g, stream)
     if dtype_name(x) not in ("float16", "bfloat16") or Kr % 8 == 0:
-        gemm(rows, _cols(table, x, g, stream), True, False, None, None, 0.0, alpha, beta,
+        gemm(rows, columns(table, x, g, stream), True, False, None, None, 0.0, alpha, beta,
              dwg, stream)
         return
-    part = gemm(rows, _cols(table, x, g, stream, -(-Kr // 8) * 8), True, False, None, None,
+    part = gemm(rows, columns(table, x, g, stream, -(-Kr // 8) * 8), True, False, None, None,
                 0.0, alpha, 0.0, None, stream)
     add_tensor(contiguous(part[:, :, :Kr], stream), dwg, alpha=1.0, beta=beta, out=dwg,
                stream=stream)
@@ -201,71 +245,126 @@ def _one_by_one(g):
         not any((g.qd, g.qh, g.qw)) and (g.D, g.H, g.W) == (PD, PH, PW)
 
 
+def data_1x1_usable(g):
+    """backward_data_1x1's calls: channels-last, one group, 1x1 at stride 1, no padding."""
+    return g.last and g.G == 1 and _one_by_one(g)
+
+
 def backward_data_1x1(gemm, dy, w, dx, g, alpha, beta, stream):
-    """Channels-last, one group, 1x1 at stride 1 with no padding: dx = dy @ W over the
-    M = N*P rows as stored, W (K, C) as stored (an MN-major B for the tensor cores),
-    where the stride-1 path (_data_as_forward) copies W transposed first. Mode and
-    dilation do not matter to one tap. False, doing nothing, otherwise."""
-    if not (g.last and g.G == 1 and _one_by_one(g)):
-        return False
+    """dx = dy @ W over the M = N*P rows as stored, W (K, C) as stored (an MN-major B for
+    the tensor cores), where the stride-1 path (conv's as_forward) copies W transposed
+    first. Mode and dilation do not matter to one tap (`data_1x1_usable`)."""
     M = g.N * g.PD * g.PH * g.PW
     gemm(dy.reshape((M, g.K)), w.reshape((g.K, g.C)), False, False, None, None, 0.0, alpha,
          beta, dx.reshape((M, g.C)), stream)
-    return True
+
+
+def filter_1x1_usable(g, dtype):
+    """backward_filter_1x1's calls: a 1x1 filter with stride 1 and no padding;
+    channels-first needs P >= 128 (a shorter reduction leaves the GEMM mostly epilogue
+    and the N*K*C/g partials outweigh it) and float32/float64 (float16 partials would
+    round N times)."""
+    if not _one_by_one(g):
+        return False
+    P = g.PD * g.PH * g.PW
+    return (g.last and g.G == 1) or \
+        (not g.last and P >= 128 and dtype not in ("float16", "bfloat16"))
 
 
 def backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):
-    """A 1x1 filter with stride 1 and no padding needs no im2col: channels-last (one
-    group) dW = dy^T @ x over the M = N*P rows as stored; channels-first dW_g = sum over
-    n of dy[n, g] @ x[n, g]^T, a batched GEMM (N*G products over P) whose products are
-    summed in batch order (deterministic). Channels-first needs P >= 128 (a shorter
-    reduction leaves the GEMM mostly epilogue and the N*K*C/g partials outweigh it)
-    and float32/float64 (float16 partials would round N times).
-    False, doing nothing, otherwise."""
+    """A 1x1 filter with stride 1 and no padding needs no im2col (`filter_1x1_usable`):
+    channels-last (one group) dW = dy^T @ x over the M = N*P rows as stored;
+    channels-first dW_g = sum over n of dy[n, g] @ x[n, g]^T, a batched GEMM (N*G
+    products over P) whose products are summed in batch order (deterministic)."""
     N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
     P = PD * PH * PW
-    if not _one_by_one(g):
-        return False
-    last = g.last
-    if last and G == 1:
+    if g.last and G == 1:
         gemm(dy.reshape((M, K)), x.reshape((M, C)), True, False, None, None, 0.0, alpha, beta,
              dw.reshape((K, C)), stream)
-        return True
-    if last or P < 128 or dtype_name(dy) in ("float16", "bfloat16"):  # (one rounding, not N)
-        return False
+        return
     parts = gemm(dy.reshape((N * G, Kg, P)), x.reshape((N * G, Kr, P)), False, True, None,
                  None, 0.0, 1.0, 0.0, None, stream)
     reduce_tensor(parts.reshape((N, G * Kg, Kr)), "add", (0,), False, False, alpha=alpha,
                   beta=beta, out=dw.reshape((K, Kr)), stream=stream)
-    return True
+
+
+def filter_rows(table, w, row, stream):
+    """w (K, *spatial, C) channels-last, any spatial rank (1-3), as (1, K, row): each
+    filter's taps-major, zero past them - the im2col of one window covering the whole
+    filter (a K-image batch of the filter's spatial size, stride 1)."""
+    shape = tuple(int(v) for v in w.shape)
+    C, nd = shape[-1], len(shape) - 2
+    gw = geometry(shape, (1,) + shape[1:-1] + (C,), (1,) * nd, ((0, 0),) * nd, (1,) * nd, 1,
+                  "cross_correlation", True)
+    return columns(table, w, gw, stream, row)
+
+
+@dataclasses.dataclass
+class Col2im:
+    """The data gradient's GEMM and col2im as COL2IM's variants take them."""
+    table: object
+    gemm: object
+    dy: object
+    w: object
+    dx: object
+    g: object
+    alpha: float
+    beta: float
+    stream: object
+
+    @property
+    def row(self):
+        """A column row's length: Kr, padded to 16 bytes for 16-bit data (the
+        tensor-core GEMM's TMA rows)."""
+        Kr = _dims(self.g)[6]
+        return -(-Kr // 8) * 8 if dtype_name(self.dy) in ("float16", "bfloat16") else Kr
+
+
+def _dcols(c):
+    """dcols_g = rows_g @ W_g (G, M, Kr)."""
+    N, C, K, G, M, Kg, Kr, *_ = _dims(c.g)
+    return c.gemm(_rows(c.table, c.dy, c.g, c.stream), c.w.reshape((G, Kg, Kr)), False, False,
+                  None, None, 0.0, 1.0, 0.0, None, c.stream)
+
+
+def _col2im_rows(c):
+    M, K = _dims(c.g)[4], c.g.K
+    dcols = c.gemm(c.dy.reshape((M, K)),
+                   filter_rows(c.table, c.w, c.row, c.stream).reshape((K, c.row)), False, False,
+                   None, None, 0.0, 1.0, 0.0, None, c.stream)
+    _col2im_rows_kernel.col2im(dcols, c.dx, c.g, c.row, c.alpha, c.beta, c.stream)
+
+
+def _col2im(c):
+    launch(c.table, "col2im", dtype_name(c.dy), size(c.dx), c.stream, _dcols(c), c.dx, *c.g,
+           c.alpha, c.beta)
+
+
+COL2IM = (  # in order of preference
+    Variant("col2im_rows", lambda c: _words.usable(c.g) and _col2im_rows_kernel.usable(
+        c.g, dtype_name(c.dy), size(c.dx), _dims(c.g)[4] * c.row), _col2im_rows,
+            "col2im_rows.py: narrow channels, a block an input row, the filter as rows "
+            "padded to 16 bytes (16-bit GEMMs on the tensor cores)"),
+    Variant("col2im_quads", lambda c: _quads.usable(c.g, size(c.dx),
+                                                    c.g.G * _dims(c.g)[4] * _dims(c.g)[6]),
+            lambda c: _quads.col2im(_dcols(c), c.dx, c.g, c.alpha, c.beta, c.stream),
+            "col2im_quads.py: 2-d channels-last of one group, C % 4 == 0: four channels a "
+            "thread"),
+    Variant("col2im", lambda c: True, _col2im, "one dx element a thread, every geometry"),
+)
 
 
 def backward_data(table, gemm, dy, w, dx, g, alpha, beta, stream):
-    """dcols_g = rows_g @ W_g, then col2im gathers them into dx (four channels a thread
-    where conv/col2im_quads.py takes the geometry; narrow channels a block an input
-    row, conv/col2im_rows.py, with the filter as rows padded to 16 bytes so that
-    16-bit GEMMs run on the tensor cores)."""
-    N, C, K, G, M, Kg, Kr, *_ = _dims(g)
-    dtype = dtype_name(dy)
-    row = -(-Kr // 8) * 8 if dtype in ("float16", "bfloat16") else Kr
-    if _words.usable(g) and _col2im_rows.usable(g, dtype, int(np.prod(dx.shape)), M * row):
-        dcols = gemm(dy.reshape((M, K)), _words.filter_rows(w, row, stream).reshape((K, row)),
-                     False, False, None, None, 0.0, 1.0, 0.0, None, stream)
-        _col2im_rows.col2im(dcols, dx, g, row, alpha, beta, stream)
-        return
-    dcols = gemm(_rows(table, dy, g, stream), w.reshape((G, Kg, Kr)), False, False, None,
-                 None, 0.0, 1.0, 0.0, None, stream)
-    if _quads.usable(g, int(np.prod(dx.shape)), G * M * Kr):
-        _quads.col2im(dcols, dx, g, alpha, beta, stream)
-        return
-    launch(table, "col2im", dtype_name(dy), int(np.prod(dx.shape)), stream, dcols, dx, *g,
-            alpha, beta)
+    """dcols_g = rows_g @ W_g, then col2im gathers them into dx: COL2IM's first usable
+    variant."""
+    c = Col2im(table, gemm, dy, w, dx, g, alpha, beta, stream)
+    variants.choose("conv", "col2im", COL2IM, c).run(c)
 
 
 def forward(table, gemm, x, w, y, bias, residual, g, act, coef, alpha, beta, stream):
     """im2col, GEMM, epilogue; g: the 24 geometry ints; act: a mode index or -1."""
     N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
-    raw = gemm(_cols(table, x, g, stream), w.reshape((G, Kg, Kr)), False, True, None, None,
+    raw = gemm(columns(table, x, g, stream), w.reshape((G, Kg, Kr)), False, True, None, None,
                0.0, 1.0, 0.0, None, stream)
     launch(table, "gemm_epilogue", dtype_name(x), int(np.prod(y.shape)), stream, raw, y,
             bias if bias is not None else y, residual if residual is not None else y, N, K,

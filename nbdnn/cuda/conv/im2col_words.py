@@ -21,7 +21,6 @@ from ..runtime.arrays import dtype_name, empty, ptr, size
 from ..runtime.launch import Kernel
 from ..runtime.simulator import SIMULATOR
 from ..runtime.stencil import I64 as I, U, U32, div, magic_args
-from . import im2col_rows as _rows
 from .im2col_rows import tap_of
 
 
@@ -111,9 +110,6 @@ def columns(x, g, row, stream):
     item = 2 if dtype in ("float16", "bfloat16") else np.dtype(dtype).itemsize
     M = g.N * g.PH * g.PW
     cols = empty(x, (1, M, row), dtype)
-    if M and _rows.usable(g, row, item):  # (narrow channels: a block an output row)
-        _rows.columns(x, cols, g, row, item, stream)
-        return cols
     word = next(b for b in (8, 4, 2) if b == item or b > item and (g.C * item) % b == 0 and
                 (row * item) % b == 0 and (SIMULATOR or ptr(x) % b == 0 and ptr(cols) % b == 0))
     k = word // item  # channels a word
@@ -144,20 +140,8 @@ def columns(x, g, row, stream):
 
 
 # A 16-bit channels-last forward whose C is no multiple of 8 (ResNet's stem: 3) cannot
-# use TMA (16-byte pixel rows); with this on it runs as explicit columns padded to a
-# 16-byte row and the tensor-core GEMM with its fused epilogue (bias, activation), the
-# filters padded alike (filter_rows). not yet run on a GPU (the stem
-# ran the SIMT implicit GEMM at 0.49x cuDNN, 0.46 ms at batch 32): off until it has.
-PAD_NARROW_CHANNELS = True
+# use TMA (16-byte pixel rows): conv's variant stem_words runs it as explicit columns
+# padded to a 16-byte row and the tensor-core GEMM with its fused epilogue (bias,
+# activation), the filters padded alike (gemm.filter_rows). The SIMT implicit GEMM ran the
+# stem at 0.49x cuDNN (0.46 ms at batch 32).
 
-
-def filter_rows(w, row, stream):
-    """w (K, *spatial, C) channels-last, any spatial rank (1-3), as (1, K, row): each
-    filter's taps-major, zero past them - the im2col of one window covering the whole
-    filter (a K-image batch of the filter's spatial size, stride 1)."""
-    from .geometry import geometry
-    shape = tuple(int(v) for v in w.shape)
-    C, nd = shape[-1], len(shape) - 2
-    gw = geometry(shape, (1,) + shape[1:-1] + (C,), (1,) * nd, ((0, 0),) * nd, (1,) * nd, 1,
-                  "cross_correlation", True)
-    return columns(w, gw, row, stream)

@@ -15,7 +15,7 @@ Used (`usable`) when the tensor-core GEMM runs here, the call is channels-last w
 group, 1-d or 2-d, C and K multiples of 8 (TMA's 16-byte strides) and the base
 addresses 16-byte aligned, strides at most 8 (TMA's element strides), the window
 corners' box within TMA's range ([-128, 127] for a 4-d map) and the taps' offsets
-under 128 (VERIFIED_ONLY narrows this further, below). The epilogue is a
+under 128. The epilogue is a
 convolution's, act(alpha acc + beta z + bias) with z the residual or y
 (pair_epilogue.conv_pair_lines), split-K only without alpha and z (its sum applies
 the GEMM's order). Everything else runs the SIMT algorithms. The tensor maps are
@@ -28,7 +28,7 @@ Tile: 128 output positions x BN filters, BN from WIDTHS by waves x (BM + BN) (`p
 K = 64 takes 64 wide, where 256 would compute four times the filters); the 64-row
 tile and split-K as the GEMM picks them.
 
-float32 with math "tf32" (`tf32_usable`, TF32_ON_TENSOR_CORES): the same kernel in
+float32 with math "tf32" (`tf32_usable`; conv's variant tf32_tensor_cores): the same kernel in
 wgmma's tf32 kind, both maps TFLOAT32 (TMA rounds each operand to nearest as it
 loads: the CPU reference's tf32()), k-tiles of 32 channels (128 B), float32 C; the
 GEMM's epilogue order only (alpha 1, no z), the rest through algorithm "gemm".
@@ -52,15 +52,10 @@ from .. import activation as _act
 # unwritten. A probe found why (docs/decisions.md "conv_tc_probe", one factor at a time):
 # every call of 64-row tiles 64 wide failed, every other passed; its consumers hold 32
 # columns each, and the staged TMA-store epilogue wrote whole 64-column tiles only, so
-# none (staged_store.usable now sends them to the direct stores). True: only the calls
-# that ran right (stride 1, dilation 1, cross-correlation, C a multiple of 64,
-# 128-row tiles, no split-K, no alpha or z).
-VERIFIED_ONLY = False
-# Measured (H200): tests/test_conv_tf32.py passed, memcheck and
-# racecheck clean, SASS 4 HGMMA and no local memory, and the ResNet-50 NHWC layers at
-# batch 32 took 0.96x cuDNN TF32's time (geomean; "gemm", the im2col + tf32 GEMM path
-# it replaces: 0.22x). False: math "tf32" runs algorithm "gemm".
-TF32_ON_TENSOR_CORES = True
+# none (staged_store.usable now sends them to the direct stores).
+# The tf32 kind (H200): tests/test_conv_tf32.py passed, memcheck and racecheck clean,
+# SASS 4 HGMMA and no local memory, and the ResNet-50 NHWC layers at batch 32 took 0.96x
+# cuDNN TF32's time (geomean; "gemm", the im2col + tf32 GEMM path: 0.22x).
 WIDTHS = (64, 128, 192, 256)               # BN candidates (split_k.tile_width's rule)
 STAGES = {64: 6, 128: 6, 192: 5, 256: 4}   # pipeline depth a width (shared memory)
 MAX_OFFSET, CORNER = 127, (-128, 127)      # 4-d im2col map limits
@@ -75,18 +70,12 @@ def usable(x, w, y, g, bias, residual, alpha, beta):
             (bias is not None and ptr(bias) % 4) or max(g.sh, g.sw) > 8 or \
             (residual is not None and ptr(residual) % 4):
         return False
-    if VERIFIED_ONLY and (residual is not None or alpha != 1 or beta != 0):
-        return False
-    if not _maps_fit(g):
-        return False
-    return not VERIFIED_ONLY or ((g.sh, g.sw, g.dh, g.dw, g.flip) == (1, 1, 1, 1, 0) and
-                                 g.C % 64 == 0 and g.N * g.PH * g.PW > W.SKINNY_ROWS and
-                                 plan(g, dtype_name(x))[1] == 1)
+    return _maps_fit(g)
 
 
 def tf32_usable(x, w, y, g, bias, residual, alpha, beta):
     """Whether forward takes a float32 call in math "tf32" (module docstring)."""
-    if not TF32_ON_TENSOR_CORES or dtype_name(x) != "float32" or residual is not None or \
+    if dtype_name(x) != "float32" or residual is not None or \
             alpha != 1 or beta != 0 or not g.last or g.G != 1 or not g.planar:
         return False
     if g.C % 4 or g.K % 4 or any(ptr(a) % 16 for a in (x, w, y)) or max(g.sh, g.sw) > 8 or \
@@ -212,11 +201,8 @@ def forward(x, w, y, bias, residual, act, coef, alpha, beta, g, stream, w_stored
     return y
 
 
-# The filter gradient on the tensor cores (wgmma_im2col.filter_tile_lines): written
-# without device time, checked by the CPU model of the generated
-# producer and by ptxas; off until it runs right on an H200 (tests/test_conv_tensorcore.py
-# has the GPU test waiting: test_filter_gradient_on_tensor_cores).
-FILTER_ON_TENSOR_CORES = True
+# The filter gradient on the tensor cores (wgmma_im2col.filter_tile_lines; conv's
+# variant tensor_cores of FILTER).
 # The filter gradient's BN candidates for 128-row tiles (the forward's rule, `plan`);
 # 64-row tiles (M <= 128 filters) stay 256 wide. Measured (H200, bf16, batch 32, kernel
 # time x cuDNN's) on ResNet-50's 3x3 layers, 256 only -> these: s3 0.54 -> 0.61, s4
@@ -231,7 +217,7 @@ def filter_usable(dy, x, dw, g):
     """Whether backward_filter takes the call: 16-bit, channels-last, one group, 1-d or
     2-d, C a multiple of 64 (a 64-channel box never spans two taps) under 65536, K of 8,
     16-byte bases, the forward's TMA limits (strides, corners, offsets)."""
-    if not FILTER_ON_TENSOR_CORES or dtype_name(x) not in ("float16", "bfloat16") or \
+    if dtype_name(x) not in ("float16", "bfloat16") or \
             not g.last or g.G != 1 or not g.planar or g.C % 64 or g.K % 8 or \
             g.C >= 1 << 16:  # (a column word's channel: wgmma_im2col.FILTER_COLUMNS)
         return False

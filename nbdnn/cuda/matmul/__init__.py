@@ -32,11 +32,14 @@ Backward is the same kernel with transposes, summed over broadcast batch axes by
 reduce_tensor (fixed order: deterministic), dbias by reduce_tensor over all rows.
 """
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, float32, float64, uint64
 
+from ..runtime import variants
 from ..runtime.simulator import SIMULATOR
+from ..runtime.variants import Variant
 from .. import activation as _act
 from ..runtime.arrays import dtype_name, empty, ptr
 from .gemm_source import gemm_about, gemm_source
@@ -67,18 +70,12 @@ SPLIT_BLOCKS_PER_SM = 4                # split-K's target: the small tile fits 4
 # obeys it (matmul, conv's gemm, winograd and implicit GEMM); perf/suites/sgemm.py and
 # the path tests set it. Call nbdnn.ops._plan.clear() after changing it.
 FORCE_TILE = None
-# float16 / bfloat16 products run on the tensor cores whenever the kernels' limits
-# allow: wgmma_gemm.py on sm_90, mma_gemm.py on sm_80-89; False sends them all to the
-# SIMT kernel (for comparisons). TENSOR_CORE_PATH "auto" picks by the GPU; "mma_sync"
-# runs mma_gemm on an sm_90 GPU too (its tests), "wgmma" insists on wgmma.
-TENSOR_CORES = True
-TENSOR_CORE_PATH = "auto"
 # 3xtf32 on the wgmma kernel adding each k-tile's product into its accumulators on the
 # CUDA cores (wgmma_gemm's promote): the tensor cores' float32 accumulation truncates
 # toward zero at every wgmma, a bias growing with K that 3xtf32's 3K products made 4.5e-5
-# at 4096^3 on the H100 (perf/RESULTS.md, "3xtf32's lost accuracy"). Promoted: 1.6e-6
+# at 4096^3 on the H100 (docs/decisions.md "tf32_promote_ab"). Promoted: 1.6e-6
 # (cuBLAS's IEEE SGEMM 2.9e-6), 75 against 119 TFLOP/s (1.45x SGEMM's speed, was 2.3x);
-# False trades the accuracy back for that speed.
+# False trades the accuracy back for that speed (a build option of the wgmma kernel).
 PROMOTE_3XTF32 = True
 
 
@@ -93,20 +90,6 @@ def _tc_arch():
         d = describe()
         _cc.append(0 if d is None else 10 * d[1][0] + d[1][1])
     return _cc[0]
-
-
-def _tc_kernel(dtype, math_mode):
-    """The tensor-core module that runs this product here, or None (the SIMT kernel):
-    wgmma_gemm for 16-bit and float32 TF32 modes on sm_90, mma_gemm for 16-bit on
-    sm_80-89 (or where TENSOR_CORE_PATH asks for it)."""
-    if not TENSOR_CORES or dtype not in _tc.KINDS or (dtype == "float32" and
-                                                      math_mode == "ieee"):
-        return None
-    arch = _tc_arch()
-    if dtype != "float32" and (TENSOR_CORE_PATH == "mma_sync" or
-                               (80 <= arch < 90 and TENSOR_CORE_PATH == "auto")):
-        return _mma if arch >= 80 else None
-    return _tc if arch >= 90 else None
 
 
 _cc = []
@@ -156,33 +139,96 @@ def gemm_call(a, b, trans_a, trans_b, bias, act, coef, alpha, beta, out, stream,
     nb = math.prod(batch)
     if nb == 0 or M == 0 or N == 0:
         return c
-    tc = _tc_kernel(dtype, math_mode)
-    if tc is not None and _tc.usable(a, b, c, trans_a, trans_b, M, N, K) and \
-            (tc is _tc or nb <= MAX_BATCH):
-        kw = {"promote": True} if tc is _tc and math_mode == "3xtf32" and PROMOTE_3XTF32 \
-            else {}
-        return tc.gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, **kw)
+    g = Gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, math_mode,
+             M, N, K, batch, dtype)
+    return variants.choose("matmul", "matmul", GEMM, g).run(g)
+
+
+class Gemm(NamedTuple):
+    """One product as the variants take it: c = alpha * act(op(a) @ op(b) + bias) + beta
+    * c over the broadcast batch; math_mode: float32's (the operands already rewritten
+    for a TF32 mode)."""
+    a: object
+    b: object
+    c: object
+    trans_a: bool
+    trans_b: bool
+    bias: object
+    act: str
+    coef: float
+    alpha: float
+    beta: float
+    stream: object
+    math_mode: str
+    M: int
+    N: int
+    K: int
+    batch: tuple
+    dtype: str
+
+    def tensor_cores_take(self):
+        """Both tensor-core kernels' limits (wgmma_gemm.usable: 16-byte rows and bases)."""
+        return _tc.usable(self.a, self.b, self.c, self.trans_a, self.trans_b, self.M, self.N,
+                          self.K)
+
+
+def _wgmma(g):
+    kw = {"promote": True} if g.math_mode == "3xtf32" and PROMOTE_3XTF32 else {}
+    return _tc.gemm(g.a, g.b, g.c, g.trans_a, g.trans_b, g.bias, g.act, g.coef, g.alpha,
+                    g.beta, g.stream, **kw)
+
+
+def _simt(g):
+    a, b, c, M, N, K, dtype = g.a, g.b, g.c, g.M, g.N, g.K, g.dtype
+    nb = math.prod(g.batch)
     if nb > MAX_BATCH:
         raise NotSupportedError(f"matmul: {nb} matrices in a batch exceed the grid limit "
                                 f"{MAX_BATCH}; split the batch")
-    size, splits = choose_tile(M, N, K, nb, dtype, bias is None and act is None and
+    size, splits = choose_tile(M, N, K, nb, dtype, g.bias is None and g.act is None and
                                dtype not in ("float16", "bfloat16"))
     kernel, sig, (BM, BN, BK, TM, TN) = _KERNELS[size, dtype]
-    offs = batch_table(ash[:-2], bsh[:-2], batch, M * K, K * N)
+    ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
+    offs = batch_table(ash[:-2], bsh[:-2], g.batch, M * K, K * N)
     tiles = -(-M // BM) * -(-N // BN)
     chunk = -(-K // (splits * BK)) * BK
     splits = -(-K // chunk) if K else 1
-    dst = c if splits == 1 else empty(a, (splits,) + batch + (M, N), dtype)
-    mode = -1 if act is None else _act.MODES.index(act)
-    kernel.launch(sig, (tiles, nb, splits), (BM // TM) * (BN // TN), stream, a, b, dst,
-                  bias if bias is not None else c, offs, M, N, K, int(trans_a),
-                  int(trans_b), int(bias is not None), mode, coef,
-                  alpha if splits == 1 else 1.0, beta if splits == 1 else 0.0,
+    dst = c if splits == 1 else empty(a, (splits,) + g.batch + (M, N), dtype)
+    mode = -1 if g.act is None else _act.MODES.index(g.act)
+    kernel.launch(sig, (tiles, nb, splits), (BM // TM) * (BN // TN), g.stream, a, b, dst,
+                  g.bias if g.bias is not None else c, offs, M, N, K, int(g.trans_a),
+                  int(g.trans_b), int(g.bias is not None), mode, g.coef,
+                  g.alpha if splits == 1 else 1.0, g.beta if splits == 1 else 0.0,
                   max(chunk, BK))
     if splits > 1:  # the chunks' partial products, summed in chunk order
-        reduce_tensor(dst, "add", (0,), False, False, alpha=alpha, beta=beta,
-                      out=c, stream=stream)
+        reduce_tensor(dst, "add", (0,), False, False, alpha=g.alpha, beta=g.beta,
+                      out=c, stream=g.stream)
     return c
+
+
+GEMM = (  # in order of preference
+    Variant("wgmma", lambda g: _tc_arch() >= 90 and g.dtype in _tc.KINDS and
+            not (g.dtype == "float32" and g.math_mode == "ieee") and g.tensor_cores_take(),
+            _wgmma,
+            "wgmma_gemm.py: TMA + wgmma (sm_90), float16 / bfloat16 and float32's TF32 "
+            "modes; split-K in split_k.py"),
+    Variant("mma_sync", lambda g: _tc_arch() >= 80 and g.dtype in _mma.KINDS and
+            math.prod(g.batch) <= MAX_BATCH and g.tensor_cores_take(),
+            lambda g: _mma.gemm(g.a, g.b, g.c, g.trans_a, g.trans_b, g.bias, g.act, g.coef,
+                                g.alpha, g.beta, g.stream),
+            "mma_gemm.py: mma.sync + ldmatrix + cp.async for float16 / bfloat16 (sm_80-89; "
+            "forced, on sm_90 too)",
+            wanted=lambda g: _tc_arch() < 90),
+    Variant("simt", lambda g: True, _simt,
+            "gemm_source.py: the tiled CUDA-core kernel, every dtype (bfloat16 through its "
+            "bits), batches on grid.y, split-K by choose_tile"),
+)
+
+
+def forced(name):
+    """Inside (this thread): products run the variant `name` of GEMM (matmul, and the
+    GEMMs inside conv and attention), or raise NotSupportedError where its kernel cannot
+    take one (runtime/variants.py)."""
+    return variants.forced("matmul", name, variants.names(GEMM))
 
 
 def _tf32_operands(a, b, trans_a, trans_b, math_mode, stream):
@@ -193,7 +239,7 @@ def _tf32_operands(a, b, trans_a, trans_b, math_mode, stream):
     tf32_parts: rounded (and split, for 3xtf32) into a K-major copy."""
     ash = tuple(int(s) for s in a.shape)  # (the simulator's shapes take no negative index)
     K = ash[-2] if trans_a else ash[-1]
-    direct = math_mode == "tf32" and K % 4 == 0 and TENSOR_CORES and tensor_cores()
+    direct = math_mode == "tf32" and K % 4 == 0 and tensor_cores()
     if not (direct and not trans_a and ptr(a) % 16 == 0):
         a = _tf32_parts.operand(a, not trans_a, 0, math_mode, stream)
     if not (direct and trans_b and ptr(b) % 16 == 0):

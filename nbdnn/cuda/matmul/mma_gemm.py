@@ -22,7 +22,7 @@ limits too: 16-byte rows and bases, N even). Variant M1, correct first:
 
 Traffic a block a k-tile: (128 + 128) x 32 x 2 B = 16 KB in, 2 x 128 x 128 x 32 =
 1 MFLOP: 64 flop a byte of L2. Not yet measured (no sm_80-89 GPU here; on an sm_90
-GPU `nbdnn.cuda.matmul.TENSOR_CORE_PATH = "mma_sync"` runs it, and its GPU test does).
+GPU `nbdnn.cuda.matmul.forced("mma_sync")` runs it, and its GPU test does).
 """
 import functools
 import math

@@ -58,7 +58,6 @@ from ..runtime.device import sm_count
 from ..runtime.launch import Kernel
 from ..tensorcore.tensormap import encoded
 from .batches import table as batch_table
-from . import cluster_split as cs
 from . import staged_store as staged
 from .wgmma_params import namespace, signature, slot_words, \
     usable  # noqa: F401  (the front end asks wgmma_gemm.usable)
@@ -85,21 +84,14 @@ SKINNY_ROWS = 128
 # 3xtf32's k-tile products added on the CUDA cores (promote): a consumer's columns at most
 # (its two accumulators, 2 x 64 registers at 128: the 256-wide tile's 2 x 128 would spill)
 PROMOTE_COLUMNS = 128
-# split-K's chunks of a 64-row tile reduced in a thread-block cluster through distributed
-# shared memory (cluster_split.py: no workspace, no sum kernel; 2-8 chunks). Measured
-# (H200): correct (its tests, memcheck clean), but racecheck reports ~2400 hazards
-# between the slice reads (ld.shared::cluster) and the next tile's stores to R, which
-# the ready/free mbarriers (release/acquire.cluster) order; and it pays only at M = 64,
-# K = 4096 (0.72 -> 0.76x cuBLAS), loses at 64 x 8192 x 8192 beside ONE_WAVE (0.82 ->
-# 0.70) and at M = 128 (0.64 -> 0.51). Off until both are understood.
-CLUSTER_SPLIT = False
+# Tried and removed (docs/decisions.md "cluster_split"): split-K's chunks of a 64-row tile
+# reduced in a thread-block cluster through distributed shared memory.
 
 
-def shared_bytes(bn, stages, store=False, bm=BM, cluster=0):
+def shared_bytes(bn, stages, store=False, bm=BM):
     """Dynamic shared memory of a block (wgmma_stage.shared_bytes; store: TMA stores'
-    staging tiles; cluster: the cluster reduction's buffer)."""
-    return ws.shared_bytes(bn, stages, (staged.STAGING_BYTES if store else 0) + (
-        cs.reduce_bytes(ws.consumer_columns(bn, bm)) if cluster else 0), bm)
+    staging tiles)."""
+    return ws.shared_bytes(bn, stages, staged.STAGING_BYTES if store else 0, bm)
 
 
 THREADS, MAX_REGS = 384, 168
@@ -135,14 +127,12 @@ TEMPLATE_ADDRESS = 1 << 20   # the templates' base (replaced in the kernel; 16-B
 
 @functools.lru_cache(maxsize=None)
 def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=False,
-           own_maps=False, tile=None, store=False, lean=False, cluster=0, conv=False,
-           promote=False):
+           own_maps=False, tile=None, store=False, lean=False, conv=False, promote=False):
     """The Kernel for dtype "float16" / "bfloat16" / "float32" (its tf32 modes, operands
     K-major only), the operand majors and the epilogue (built on first use: a variant
     compiles in seconds); partial: split-K's chunk kernel (c a float32 workspace);
     own_maps: the blocks make their tensor maps (OWN_MAPS); tile: (BN, STAGES[, BM]);
-    store: C through TMA stores (TMA_STORE); cluster: S, split-K in S-block clusters
-    (CLUSTER_SPLIT); conv: a convolution's operands (wgmma_im2col.py; host maps), 2
+    store: C through TMA stores (TMA_STORE); conv: a convolution's operands (wgmma_im2col.py; host maps), 2
     with a convolution's epilogue order (wgmma_source.source); promote (float32's
     3xtf32): a k-tile's product added into the accumulators on the CUDA cores, at most
     128 columns a consumer (wgmma_source.source)."""
@@ -151,18 +141,16 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
     if promote and (kind != "tf32" or ws.consumer_columns(bn, bm) > PROMOTE_COLUMNS):
         raise ValueError(f"wgmma GEMM: promote is for tf32 with at most {PROMOTE_COLUMNS} "
                          f"columns a consumer; got {dtype}, tile {bm}x{bn}")
-    shmem = shared_bytes(bn, stages, store, bm, cluster)
+    shmem = shared_bytes(bn, stages, store, bm)
     if bn not in (64, 128, 192, 256) or bm not in (64, 128) or shmem > MAX_SHARED or \
-            cluster and (partial or store or conv or not 2 <= cluster <= cs.MAX_CLUSTER) or \
             conv and (own_maps or a_k != (conv != 3) or conv == 3 and b_k or
                       kind == "tf32" and (conv != 1 or not b_k)):
-        raise ValueError(f"wgmma GEMM tile {bm}x{bn}, {stages} stages, cluster {cluster}: BN "
+        raise ValueError(f"wgmma GEMM tile {bm}x{bn}, {stages} stages: BN "
                          f"64-256, BM 64 or 128, {shmem} B of shared memory (at most "
-                         f"{MAX_SHARED}), clusters of 2-8 blocks (not partial, not stored), "
-                         f"conv with host maps (tf32: the GEMM's epilogue order and a "
+                         f"{MAX_SHARED}), conv with host maps (tf32: the GEMM's epilogue order and a "
                          f"K-major B only)")
     name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store, lean,
-                       cluster, conv, promote)
+                       conv, promote)
     nw = ws.consumer_columns(bn, bm)
     ns = namespace(kind, nw, a_k, b_k, _act.device_functions(np.float32)[act][0] if act
                    else None)
@@ -188,7 +176,7 @@ def ptx_examples():
     tensor maps (the convolution's im2col operands, a 64-wide tile; a filter gradient's;
     a data gradient's filter as stored),
     the other stores (TMA_STORE_F32), the other tile setup, the skinny tile (a TMA-store
-    epilogue, an MN-major A split-K), split-K in a cluster, and the 192-wide tile."""
+    epilogue, an MN-major A split-K), and the 192-wide tile."""
     om, st, ln = OWN_MAPS, TMA_STORE, LEAN_SETUP  # what gemm() uses; one of each other kind
     f32 = st and TMA_STORE_F32  # (float32 C staged: tf32's C, split-K's chunks)
     ship = dict(own_maps=om, lean=ln)
@@ -213,7 +201,6 @@ def ptx_examples():
     kernel("bfloat16", True, True, partial=True, store=not f32, **ship)
     kernel("bfloat16", True, False, True, "gelu", tile=(256, 4, 64), store=st, **ship)
     kernel("bfloat16", False, True, partial=True, tile=(256, 4, 64), store=f32, **ship)
-    kernel("bfloat16", True, False, True, "gelu", True, tile=(256, 4, 64), cluster=4, **ship)
     kernel("bfloat16", True, False, tile=(192, 4), store=st, **ship)  # (split_k.WIDTHS)
     for dtype in KINDS:
         splitk_sum(dtype)
@@ -265,23 +252,18 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, promot
     bias_arg = (ptr(bias), N) if bias is not None else (ptr(c), 1)
     grid = min(tiles * splits, sm_count()) if PERSISTENT else tiles * splits
     total = nz * rows_a * N
-    cluster = splits if CLUSTER_SPLIT and bm == 64 and 1 < splits <= cs.MAX_CLUSTER else 0
-    partial = splits > 1 and not cluster
+    partial = splits > 1
     out = empty(c, (splits * total,), "float32") if partial else c  # (split-K: the chunks)
-    store = TMA_STORE and not cluster and staged.usable(
+    store = TMA_STORE and staged.usable(
         kind, partial, beta != 0, N, ptr(out), TMA_STORE_F32, ws.consumer_columns(bn, bm))
     stages = tile[1]
-    while shared_bytes(bn, stages, store, bm, cluster) > MAX_SHARED:  # (staging, R beside)
+    while shared_bytes(bn, stages, store, bm) > MAX_SHARED:  # (the staging tiles beside)
         stages -= 1
     tile = (bn, stages) if bm == BM else (bn, stages, bm)
-    shmem = shared_bytes(bn, stages, store, bm, cluster)
+    shmem = shared_bytes(bn, stages, store, bm)
     epilogue = (False, None, False) if partial else (bias is not None, act, beta != 0)
     k = kernel(dtype, not trans_a, bool(trans_b), *epilogue, partial=partial,
-               own_maps=OWN_MAPS, tile=tile, store=store, lean=LEAN_SETUP, cluster=cluster,
-               promote=promote)
-    if cluster:  # whole clusters, as many as run at once (a cluster's blocks share a GPC)
-        grid = min(tiles, k.max_active_clusters(k.sigs[0], cluster, THREADS, shmem) or
-                   sm_count() // cluster) * cluster
+               own_maps=OWN_MAPS, tile=tile, store=store, lean=LEAN_SETUP, promote=promote)
     encs = (ma, mb)
     if store:  # C's map: (matrices [x chunks], rows, N), 64-row x 128-byte boxes
         f32 = kind == "tf32" or partial

@@ -2,9 +2,8 @@
 variants and its switches; wgmma_gemm.kernel compiles what `source` writes). Pieces
 come from wgmma_stage.py (the stage's layout, loads, descriptors), tile_order.py (the
 tile schedule), pair_epilogue.py and staged_store.py (the epilogue's two stores),
-cluster_split.py (split-K summed in a cluster), wgmma_im2col.py (a convolution's
-operands) and wgmma_params.py (the own-maps prologue)."""
-from . import cluster_split as cs
+wgmma_im2col.py (a convolution's operands) and wgmma_params.py (the own-maps
+prologue)."""
 from . import staged_store as staged
 from . import wgmma_im2col as im2col, wgmma_stage as ws
 from .pair_epilogue import conv_pair_lines, pair_lines
@@ -17,7 +16,7 @@ BK_OF = {"f16": BK, "bf16": BK, "tf32": BK // 2}  # a k-tile is 128 B of K in ev
 
 
 def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=None,
-           store=False, lean=False, cluster=0, conv=False, promote=False):
+           store=False, lean=False, conv=False, promote=False):
     """(name, source) of the kernel for kind "f16"/"bf16", operand majors (a_k, b_k:
     K-major or not) and the epilogue (bias: add bias[n]; act: an activation mode or
     None; beta: blend the old C; partial: split-K, c is the float32 workspace of the
@@ -25,9 +24,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     templates and a's and b's addresses (OWN_MAPS). Accumulator j of a thread is a
     literal index in the written-out epilogue, so the 128 stay in registers. tile: (BN,
     STAGES), TILE's default (a name suffix otherwise). store: C through shared memory
-    and TMA stores (staged_store.py). lean: the lean tile setup (tile_order.py).
-    cluster: S > 1, split-K's S chunks of a tile reduced in an S-block cluster
-    (cluster_split.py; c is C, the full epilogue; not with partial or store). conv: A
+    and TMA stores (staged_store.py). lean: the lean tile setup (tile_order.py). conv: A
     and B a convolution's (wgmma_im2col.py: im2col loads, offs its geometry); 1 with
     the GEMM's epilogue (alpha after the activation: the same where alpha is 1 and no z
     is read), 2 in a convolution's order (pair_epilogue.conv_pair_lines; beta: z read
@@ -40,13 +37,12 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     toward zero at every wgmma, a bias that grows with K (perf/RESULTS.md, "3xtf32's lost
     accuracy"); it needs nw / 2 more registers a thread (nw <= 128)."""
     bk, f32 = BK_OF[kind], kind == "tf32"
-    cl, tl = cs.setup_lines(cluster) if cluster else ([], [])
     bn, stages, bm = (tuple(tile or TILE) + (BM,))[:3]
     nw = ws.consumer_columns(bn, bm)
     sb_bytes = ws.stage_bytes(bn, bm)
     epi = ("_b" if bias else "") + (f"_{act}" if act else "") + ("_beta" if beta else "") + \
         ("_partial" if partial else "") + ("_om" if own_maps else "") + \
-        ("_ts" if store else "") + ("_ls" if lean else "") + (f"_c{cluster}" if cluster else "") + \
+        ("_ts" if store else "") + ("_ls" if lean else "") + \
         ("_co" if conv == 2 else "") + ("_wn" if conv in (1, 2) and not b_k else "") + \
         ("_pr" if promote else "") + \
         ("" if (bn, stages, bm) == (256, 4, 128) else
@@ -58,24 +54,17 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
         f"wgmma_gemm_{kind}_{'k' if a_k else 'm'}{'k' if b_k else 'm'}{epi}"
     L = helper_lines(bm, bn, lean, nw) + (promote_lines(nw) if promote else []) + [
          f"def {name}({maps}, {cz}, bias, offs, M, N, K, nz, group, alpha, beta, coef, ksplit):",
-         ] + cl + [
          "    smem = cuda.shared.array(0, types.uint8)",
-         f"    bars = cuda.shared.array({2 * stages + 2 * bool(cluster)}, types.uint64, "
-         "alignment=8)",
+         f"    bars = cuda.shared.array({2 * stages}, types.uint64, alignment=8)",
          "    tid = cuda.threadIdx.x"] + (own_maps_lines(store) if own_maps else []) + [
          "    wg = tid // 128",
          "    base = (I(smem_address(smem, 0)) + 1023) & ~1023  # the swizzle atom's alignment",
-         ] + ([f"    ebase = base + {stages * sb_bytes}  # C's staging tiles"] if store else []) + \
-        ([f"    rbase = base + {stages * sb_bytes}  # the cluster's reduction buffer"] if cluster
-         else []) + [
+         ] + ([f"    ebase = base + {stages * sb_bytes}  # C's staging tiles"] if store else []) + [
          "    full0 = I(smem_address(bars, 0))             # full[s] at +8 s, empty[s] at +8 (S + s)",
-         f"    empty0 = full0 + {8 * stages}"] + \
-        ([f"    ready0 = full0 + {16 * stages}  # the cluster's ready, free at + 8"] if cluster
-         else []) + [
+         f"    empty0 = full0 + {8 * stages}",
          f"    tm = (M + {bm - 1}) // {bm}",
          f"    tn = (N + {bn - 1}) // {bn}",
-         "    total = tm * tn * nz" + ("  # a cluster's chunks: its ranks" if cluster else
-                                     " * ((K + ksplit - 1) // ksplit)  # x split-K chunks"),
+         "    total = tm * tn * nz * ((K + ksplit - 1) // ksplit)  # x split-K chunks",
          "    if tid == 0:"] + map_lines(own_maps, "        ", store) + [
          "        fence_proxy_tensormap_acquire(map_a)",
          "        fence_proxy_tensormap_acquire(map_b)",
@@ -83,8 +72,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          "            mbarrier_init(U32(full0 + 8 * s), 1)",
          "            mbarrier_init(U32(empty0 + 8 * s), 2)",
          "        fence_proxy_async()  # the initialised barriers, visible to TMA",
-         ] + (cs.barrier_lines("        ", cluster) if cluster else []) + [
-         "    cuda.syncthreads()"] + tl + [
+         "    cuda.syncthreads()",
          # one k-tile count `it` runs on across this block's tiles: stage it % S, phase
          # (it // S) & 1 (a persistent block's producer fills the next tile's stages
          # while the consumers run the epilogue)
@@ -92,9 +80,8 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
          "        setmaxnreg_dec(40)",
          "        if tid == 0:"] + map_lines(own_maps, "            ", store) + [
          "            it = 0"] + (im2col.geometry_lines(" " * 12)
-                                 if conv in (1, 2) else []) + (
-            cs.loop_lines(" " * 12, cluster) if cluster else [
-         "            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):"]) + [
+                                 if conv in (1, 2) else []) + [
+         "            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
          "                zk, m0, n0 = tile_of(t, tm, tn, group)"] + \
         chunk_lines(" " * 16, lean) + [
          f"                ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}"] + \
@@ -119,11 +106,10 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
           "        a = F32(alpha)",
           "        bt = F32(beta)",
           "        cf = F32(coef)",
-          "        it = 0"] + (["        ut = 0"] if cluster else []) + (
+          "        it = 0"] + (
             map_lines(own_maps, "        ", store, ("map_c",)) +
-            staged.prologue_lines("        ") if store else []) + \
-        (cs.loop_lines(" " * 8, cluster) if cluster else [
-          "        for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):"]) + [
+            staged.prologue_lines("        ") if store else []) + [
+          "        for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):",
           "            zk, m0, n0 = tile_of(t, tm, tn, group)"] + \
         chunk_lines(" " * 12, lean, matrix=False) + [
           f"            ktiles = (min(K, k0 + ksplit) - k0 + {bk - 1}) // {bk}",
@@ -150,16 +136,12 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     E = staged.tile_lines(nw, bias, act, f32, partial, *(
         ("m0 + w * 64", "n0") if bm == 128 else ("m0", f"n0 + w * {nw}")), conv=zord) \
         if store else []
-    if cluster:
-        E = cs.tile_lines(cluster, nw, bm, bn, lambda col, rows: pair_lines(
-            col, rows, f32, bias, act, beta))
-    for j in range(0 if store or cluster else nw // 8):  # thread i's pair j: rows r, r + 8
+    for j in range(0 if store else nw // 8):  # thread i's pair j: rows r, r + 8
         rows = [("r", f"d[{4 * j}]", f"d[{4 * j + 1}]"),
                 ("(r + 8)", f"d[{4 * j + 2}]", f"d[{4 * j + 3}]")]
         E += conv_pair_lines(f"cb + {8 * j}", rows, bias, act, zord) if zord is not None \
             else pair_lines(f"cb + {8 * j}", rows, f32, bias, act, beta, partial)
-    L += ["            " + x for x in E] + (staged.final_lines("        ") if store else []) + \
-        (cs.final_lines("        ") if cluster else [])
+    L += ["            " + x for x in E] + (staged.final_lines("        ") if store else [])
     return name, "\n".join(L) + "\n"
 
 

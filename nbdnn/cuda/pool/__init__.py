@@ -30,13 +30,15 @@ instructions an output at 25% occupancy, DRAM 7% busy; 190-205 us on ResNet's po
 """
 import functools
 import math
+from typing import NamedTuple
 
-import numpy as np
 from numba import cuda, float32, float64
 
-from ..runtime.arrays import dtype_name, empty
+from ..runtime import variants
+from ..runtime.arrays import dtype_name, empty, size
 from ..runtime.grid import MAX_BLOCKS, U, launch, landing, split, strides
 from ..runtime.simulator import SIMULATOR
+from ..runtime.variants import Variant
 from . import fast as _pool_fast
 from . import fast_bwd as _pool_fast_bwd
 from .geometry import PoolGeometry
@@ -273,22 +275,90 @@ def _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate, divi
                         MODES.index(mode), int(propagate), int(divisor))
 
 
+class Call(NamedTuple):
+    """One call as the variants take it: g the kernels' geometry; forward: x -> y;
+    backward: dy, x -> dx."""
+    x: object
+    g: PoolGeometry
+    alpha: float
+    beta: float
+    stream: object
+    y: object = None
+    dy: object = None
+    dx: object = None
+
+    @property
+    def window(self):
+        """The window's taps along its own axes (1, 2 or 3 of them)."""
+        K = (self.g.KD, self.g.KH, self.g.KW)
+        return K[3 - self.rank:]
+
+    @property
+    def rank(self):
+        return len(self.x.shape) - 2
+
+
+def _fast_forward(c):
+    g = c.g
+    _pool_fast.launch(c.x, c.y, dtype_name(c.x), g.last, g.window2d, g.mode, g.H, g.W, g.C,
+                      g.PH, g.PW, g.eh, g.ew, g.propagate, c.alpha, c.beta, c.stream, g.div)
+
+
+def _general_forward(c):
+    g = c.g
+    rows, planes = (g.PW, g.N * g.PD * g.PH) if g.last else (g.PH, g.N * g.PD * g.C)
+    k, sig = _KERNELS["fwd", dtype_name(c.x)]
+    k.launch(sig, min(planes * -(-rows // BY), MAX_BLOCKS), BX * BY, c.stream, c.x, c.y, *g,
+             c.alpha, c.beta)
+
+
+FORWARD = (  # in order of preference
+    Variant("fast", lambda c: _pool_fast.usable(c.rank, c.window, size(c.x), size(c.y)),
+            _fast_forward,
+            "fast.py: 1-d and 2-d windows of up to 64 taps, the geometry compiled in"),
+    Variant("general", lambda c: True, _general_forward,
+            "a block BY output rows of one plane, every geometry"),
+)
+
+
+def _general_backward(c):
+    g, shape = c.g, tuple(int(v) for v in c.dy.shape)
+    max_ = g.mode == MODES.index("max") and size(c.dy)  # (the windows' maxima found once
+    # each; no windows: no maxima)
+    idx = empty(c.x, shape if max_ else (1,), "int32")
+    if max_:
+        launch(_KERNELS, "argmax", dtype_name(c.x), math.prod(shape), c.stream, c.x, idx, *g,
+               0)
+    launch(_KERNELS, "bwd", dtype_name(c.x), size(c.x), c.stream, c.dy, idx, c.dx, *g,
+           c.alpha, c.beta)
+
+
+BACKWARD = (  # in order of preference
+    Variant("fast", lambda c: _pool_fast_bwd.usable(c.rank, c.window, size(c.x), size(c.dy)),
+            lambda c: _pool_fast_bwd.backward(c.dy, c.x, c.dx, c.g, c.alpha, c.beta, c.stream,
+                                              lambda n: empty(c.x, (n,), "int8")),
+            "fast_bwd.py: 1-d and 2-d windows of up to 64 taps, the geometry compiled in"),
+    Variant("general", lambda c: True, _general_backward,
+            "a thread an input element gathers over the windows on it (max: each window's "
+            "first maximum found once first)"),
+)
+
+
+def forced(name):
+    """Inside (this thread): pooling runs the variant `name` (of FORWARD and BACKWARD), or
+    raises NotSupportedError where its kernels cannot take a call (runtime/variants.py)."""
+    return variants.forced("pool", name, variants.names(FORWARD, BACKWARD))
+
+
 def pool_forward(x, K, stride, pads, dilation, mode, ceil_mode, propagate, last, P, *,
                  alpha, beta, out, stream, divisor=0):
     x_shape = tuple(int(s) for s in x.shape)
     y_shape = (x_shape[0],) + tuple(P) + (x_shape[-1],) if last else x_shape[:2] + tuple(P)
     y = out if out is not None else empty(x, y_shape, dtype_name(x))
-    g = _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate, divisor)
-    if not math.prod(y_shape):
-        return y
-    if _pool_fast.usable(len(K), K, math.prod(x_shape), math.prod(y_shape)):
-        _pool_fast.launch(x, y, dtype_name(x), last, g.window2d, g.mode, g.H, g.W, g.C, g.PH,
-                          g.PW, g.eh, g.ew, g.propagate, alpha, beta, stream, g.div)
-    else:
-        rows, planes = (g.PW, g.N * g.PD * g.PH) if last else (g.PH, g.N * g.PD * g.C)
-        k, sig = _KERNELS["fwd", dtype_name(x)]
-        k.launch(sig, min(planes * -(-rows // BY), MAX_BLOCKS), BX * BY, stream, x, y, *g,
-                 alpha, beta)
+    if math.prod(y_shape):
+        c = Call(x, _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate,
+                              divisor), alpha, beta, stream, y=y)
+        variants.choose("pool", "pool", FORWARD, c).run(c)
     return y
 
 
@@ -296,17 +366,12 @@ def pool_backward(dy, x, K, stride, pads, dilation, mode, ceil_mode, propagate, 
                   alpha, beta, out, stream, divisor=0):
     x_shape = tuple(int(s) for s in x.shape)
     dx = out if out is not None else empty(x, x_shape, dtype_name(x))
-    g = _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate, divisor)
-    if math.prod(dy.shape) and _pool_fast_bwd.usable(len(K), K, math.prod(x_shape),
-                                                     math.prod(dy.shape)):
-        return _pool_fast_bwd.backward(dy, x, dx, g, alpha, beta, stream,
-                                       lambda n: empty(x, (n,), "int8"))
-    max_ = mode == "max" and math.prod(dy.shape)  # (the windows' maxima found once each)
-    idx = empty(x, tuple(int(v) for v in dy.shape) if max_ else (1,), "int32")
-    if max_:
-        launch(_KERNELS, "argmax", dtype_name(x), math.prod(idx.shape), stream, x, idx, *g, 0)
-    launch(_KERNELS, "bwd", dtype_name(x), int(np.prod(x_shape)), stream, dy, idx, dx, *g,
-           alpha, beta)
+    c = Call(x, _geometry(x_shape, K, stride, pads, dilation, last, P, mode, propagate,
+                          divisor), alpha, beta, stream, dy=dy, dx=dx)
+    if size(dy):
+        variants.choose("pool", "pool_backward", BACKWARD, c).run(c)
+    elif size(dx):  # (no windows: dx = beta dx, the general gather of no terms)
+        _general_backward(c)
     return dx
 
 

@@ -280,7 +280,6 @@ class Kernel:
         self.jit_options = jit_options
         self.dispatcher = cuda.jit(**jit_options)(pyfunc)  # lazy: compiles on demand
         self._launchers = {}
-        self._clusters = {}  # (sig, size, block, shmem): max_active_clusters
         REGISTRY.append(self)
 
     def compile(self, sig):
@@ -319,22 +318,6 @@ class Kernel:
         """Registers, local memory (spills) and shared memory of the compiled kernel."""
         attrs = self.dispatcher.compile(sig)._codelibrary.get_cufunc().attrs
         return {"regs": attrs.regs, "local_bytes": attrs.local, "shared_bytes": attrs.shared}
-
-    def max_active_clusters(self, sig, size, block, shmem):
-        """How many clusters of this kernel (its cluster shape, `size` blocks, fixed at
-        compile time) the GPU runs at once with `block` threads and `shmem` bytes a block
-        (cuOccupancyMaxActiveClusters: a cluster's blocks share a GPC, so fewer than
-        SMs / blocks a cluster may fit); 0 if the driver cannot say."""
-        key = (sig, size, block, shmem)
-        if key not in self._clusters:
-            function = self.compile(sig).function  # (binds the driver first)
-            cfg = driver.CUlaunchConfig()
-            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = size, 1, 1  # (one cluster)
-            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block, 1, 1
-            cfg.sharedMemBytes = shmem
-            err, n = driver.cuOccupancyMaxActiveClusters(function, cfg)
-            self._clusters[key] = int(n) if int(err) == 0 else 0
-        return self._clusters[key]
 
     def launch(self, sig, grid, block, stream, *args, shmem=0, owners=()):
         """Run the kernel: grid/block ints or 3-tuples, stream a CUstream handle (int).

@@ -3,7 +3,7 @@ commonest permutations: x viewed as (B, A, M, C) -> y (B, C, M, A), C x's last a
 (after merging the axes the permutation keeps together). It covers NCHW <-> NHWC
 (B = N, A = C, M = 1, C = H*W), a matrix transpose, and a filter's channels swapped
 around its taps ((G, K/g, taps, C/g) -> (G, C/g, taps, K/g): a stride-1 data
-gradient's flipped filter, conv/__init__._data_as_forward).
+gradient's flipped filter, conv's data variant as_forward).
 
 The general transform kernel gathers one element a thread in y's order: its writes
 are coalesced, its reads stride by A*M*C elements, so each warp's 32 reads touch 32

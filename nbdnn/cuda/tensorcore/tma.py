@@ -169,8 +169,7 @@ def st_shared_v2_f32(typingctx, addr, x, y):
 
 @intrinsic
 def st_shared_v4_f32(typingctx, addr, x, y, z, w):
-    """Store four float32 (16 bytes, 16-byte aligned) to .shared address `addr` (split-K's
-    accumulators for the cluster's reduction, matmul/cluster_split.py)."""
+    """Store four float32 (16 bytes, 16-byte aligned) to .shared address `addr`."""
     f = types.float32
     return types.void(u32, f, f, f, f), _emit(_ST_SHARED_V4F, "r,f,f,f,f,~{memory}")
 
