@@ -58,9 +58,9 @@ SUITE = (
 APART = ("test_crosscheck.py", "test_gpu.py", "test_ptx.py", "test_tensorcore.py",
          "test_tensorcore_variants.py")
 SASS = (  # (module, kernel, first argument type): the shipped tensor-core kernels
-    ("nbdnn.cuda.matmul.wgmma_gemm", "wgmma_gemm_bf16_km_om_ts_ls", "uint64"),
-    ("nbdnn.cuda.matmul.wgmma_gemm", "wgmma_gemm_tf32_kk_b_om_ts_ls", "uint64"),
-    ("nbdnn.cuda.matmul.mma_gemm", "mma_gemm_bf16_kk", "uint16"),
+    ("nbdnn.cuda.matmul.tensor_core_gemm.wgmma_gemm", "wgmma_gemm_bf16_km_om_ts_ls", "uint64"),
+    ("nbdnn.cuda.matmul.tensor_core_gemm.wgmma_gemm", "wgmma_gemm_tf32_kk_b_om_ts_ls", "uint64"),
+    ("nbdnn.cuda.matmul.tensor_core_gemm.mma_gemm", "mma_gemm_bf16_kk", "uint16"),
 )
 
 

@@ -37,7 +37,7 @@ def test_generated_producer_reads_the_filter_as_stored(case, bn):
     the CPU reference's dx, the columns past C zero (TMA's out-of-bounds fill)."""
     import nbdnn
     from nbdnn.cuda.conv.wgmma_conv import geometry_values
-    from nbdnn.cuda.matmul import wgmma_im2col as I
+    from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_im2col as I
     xs, ws, _, padding, dilation, mode = case
     dys, g = _data_geometry(xs, ws, padding, dilation, mode)
     rng = np.random.default_rng(5)

@@ -1,5 +1,5 @@
 """Convolution on the tensor cores (nbdnn/cuda/conv/wgmma_conv.py, the im2col operands
-of nbdnn/cuda/matmul/wgmma_im2col.py): on an sm_90 GPU against the CPU reference in
+of nbdnn/cuda/matmul/tensor_core_gemm/wgmma_im2col.py): on an sm_90 GPU against the CPU reference in
 float64 on the same 16-bit operands, over the geometries its TMA maps must get right
 (strides, paddings per side, dilation, flipped filters, channels not a multiple of 64,
 1-d, tiles across images, split-K); without one, its host decisions and the producer's
@@ -129,7 +129,7 @@ def test_conv_epilogue_in_conv_order(shapes, store, monkeypatch):
     1x1 filter with z runs the im2col kernel (the GEMM's epilogue has the other order)."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
@@ -307,7 +307,8 @@ def test_narrow_consumers_store_directly():
     columns each, less than a 16-bit staging tile's 64, so its epilogue stores directly
     (the staged TMA stores wrote whole 64-column tiles only: none); float32 chunks (32
     columns a staging tile) still stage; the generator refuses the mismatch."""
-    from nbdnn.cuda.matmul import staged_store as staged, wgmma_stage as ws
+    from nbdnn.cuda.matmul.tensor_core_gemm.epilogue import staged_store as staged
+    from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_stage as ws
     assert ws.consumer_columns(64, 64) == 32 and ws.consumer_columns(64, 128) == 64
     assert not staged.usable("f16", False, False, 96, 0, width=32)
     assert staged.usable("f16", False, False, 96, 0, width=64)
@@ -346,7 +347,7 @@ def test_generated_producer_walks_the_right_pixels(case):
     test checks that reading)."""
     import nbdnn
     from nbdnn.cuda.conv.wgmma_conv import geometry_values
-    from nbdnn.cuda.matmul import wgmma_im2col as I
+    from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_im2col as I
     xs, ws, stride, padding, dilation, mode = case
     g = _geometry(xs, ws, stride, padding, dilation, mode)
     rng = np.random.default_rng(3)
@@ -396,7 +397,7 @@ def test_generated_filter_producer_gives_the_filter_gradient(case, bn):
     the last tap included), 64-filter A boxes."""
     import nbdnn
     from nbdnn.cuda.conv.wgmma_conv import filter_offsets
-    from nbdnn.cuda.matmul import wgmma_im2col as I
+    from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_im2col as I
     xs, ws, stride, padding, dilation, mode = case
     xs, ws = xs[:3] + (64,), ws[:3] + (64,)
     g = _geometry(xs, ws, stride, padding, dilation, mode)

@@ -156,7 +156,7 @@ def test_sass_has_the_tensor_core_instruction(name, instruction):
 @pytest.mark.parametrize("shapes", TC_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_matmul_on_tensor_cores(dtype, shapes, ta, tb):
-    """The wgmma kernel (variant T2, nbdnn/cuda/matmul/wgmma_gemm.py) for every operand
+    """The wgmma kernel (variant T2, nbdnn/cuda/matmul/tensor_core_gemm/wgmma_gemm.py) for every operand
     major, tails, batches and broadcasts (_check_16bit_matmul)."""
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
@@ -228,7 +228,7 @@ def test_skinny_matmul_splits_k_deterministically(dtype, tb):
     epilogue (wgmma_gemm.split, splitk_sum); bit-identical reruns."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")

@@ -7,7 +7,9 @@ import re
 import numpy as np
 import pytest
 
-from nbdnn.cuda.matmul import staged_store as S, wgmma_gemm as W, wgmma_params as P
+from nbdnn.cuda.matmul.tensor_core_gemm.epilogue import staged_store as S
+from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
+from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_params as P
 
 
 def test_staged_store_writes_each_staging_word_once_without_bank_conflicts():
@@ -162,7 +164,7 @@ def test_lean_tile_schedule_is_the_same_schedule():
     """tile_order.py: the lean tile_of (uint32 arithmetic) and chunk lines, run as
     Python on the generated source, give every tile index the same (zk, m0, n0), matrix
     z and first k as the int64 version, and each tile of each matrix and chunk once."""
-    from nbdnn.cuda.matmul import tile_order as T
+    from nbdnn.cuda.matmul.tensor_core_gemm import tile_order as T
 
     class _Jit:
         @staticmethod
@@ -197,7 +199,7 @@ def test_each_tile_element_has_one_accumulator():
     epilogue's column pairs cb + 8 j (j < columns / 8) and rows r, r + 8: for the
     128 x 256 tile (a warpgroup 64 rows) and the skinny 64 x 256 (128 columns each),
     the 256 threads' pairs cover the tile once."""
-    from nbdnn.cuda.matmul import wgmma_stage as WS
+    from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_stage as WS
     for bm, nw in ((128, 256), (64, 128)):
         lines = WS.place_lines(bm, 256)
         seen = set()
@@ -223,7 +225,7 @@ def test_tile_width_takes_the_fewest_waves(monkeypatch):
     always 256.
     A 192-wide kernel's source: 3 TMA boxes of an MN-major B, 3 TMA stores for a
     consumer's 192 columns."""
-    from nbdnn.cuda.matmul import split_k
+    from nbdnn.cuda.matmul.tensor_core_gemm import split_k
     monkeypatch.setattr(split_k, "sm_count", lambda: 132)
     monkeypatch.setattr(split_k, "NARROW", False)  # (its widths: the test below)
     monkeypatch.setattr(split_k, "WIDTHS", (256,))
@@ -244,7 +246,7 @@ def test_narrow_widths_for_narrow_n(monkeypatch):
     132 SMs: N = 64 over 784 row tiles (a 1x1 convolution's 64 filters at batch 32)
     takes 64 (192 without NARROW), N = 128 over 196 row tiles 128 (2 waves of 128 + 128
     against 3 of 128 + 64), and 4096^2 and 1000 x 3000 keep 256 and 192."""
-    from nbdnn.cuda.matmul import split_k
+    from nbdnn.cuda.matmul.tensor_core_gemm import split_k
     monkeypatch.setattr(split_k, "sm_count", lambda: 132)
     monkeypatch.setattr(split_k, "NARROW", False)
     assert split_k.tile_width(784, 64, 1) == 192
@@ -259,7 +261,7 @@ def test_split_k_chunks(monkeypatch):
     4096 x 4096's 16 tiles: 4 chunks of 1024, K-bound; 32 tiles of 8192: 5 chunks, 160
     blocks) or, ONE_WAVE (shipped), as many as one wave holds (32 tiles: 4,
     128 blocks)."""
-    from nbdnn.cuda.matmul import split_k
+    from nbdnn.cuda.matmul.tensor_core_gemm import split_k
     monkeypatch.setattr(split_k, "sm_count", lambda: 132)
     monkeypatch.setattr(split_k, "ONE_WAVE", False)
     assert split_k.split(66, 8192, 64) == (1, 8192) and split_k.split(8, 2000, 64) == (1, 2048)
@@ -305,7 +307,7 @@ def test_gemm_plans_its_launches(monkeypatch):
     64-row tile's split-K chunks, then the ordered sum, and 128 x 4096 x 4096 too (two
     64-row tiles a column: SKINNY_ROWS 128), 4 chunks (ONE_WAVE); WIDTHS (256, 192):
     1000 x 3000 in 128 tiles of 192."""
-    from nbdnn.cuda.matmul import split_k
+    from nbdnn.cuda.matmul.tensor_core_gemm import split_k
     launches = []
 
     class Fake:

@@ -1,4 +1,4 @@
-"""The tensor-core GEMM's switchable variants on a GPU (nbdnn/cuda/matmul/wgmma_gemm.py):
+"""The tensor-core GEMM's switchable variants on a GPU (nbdnn/cuda/matmul/tensor_core_gemm/wgmma_gemm.py):
 C through TMA stores or direct stores (TMA_STORE), tensor maps made by the blocks or
 encoded on the host (OWN_MAPS), the lean tile setup (LEAN_SETUP), float32 C staged
 (TMA_STORE_F32), the 64-row tile for skinny M (SKINNY_TILE): each side of each switch.
@@ -28,7 +28,7 @@ def test_epilogue_by_tma_stores(dtype, shapes, own, ta, tb, monkeypatch):
     and split-K keep the direct epilogue."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
     from nbdnn.cuda.runtime.launch import launched
     from scipy.special import erf
     if _cc() < (9, 0):
@@ -74,7 +74,7 @@ def test_tensor_maps_own_or_host(shapes, ta, tb, own, monkeypatch):
     (or, host maps, all run eagerly), each right."""
     import torch
     import nbdnn
-    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
     from nbdnn.ops import _plan
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
@@ -104,7 +104,7 @@ def test_lean_tile_setup(shapes, dtype, lean, monkeypatch):
     matrices); and with it off (the 64-bit setup, the table always read)."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
@@ -134,7 +134,7 @@ def test_float32_c_by_tma_stores(shapes, f32, monkeypatch):
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cpu.matmul import tf32
-    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
     from nbdnn.cuda.runtime.launch import launched
     from scipy.special import erf
     if _cc() < (9, 0):
@@ -181,7 +181,7 @@ def test_skinny_tile(shapes, ta, tb, skinny, monkeypatch):
     it. Off: the 128-row tile, half its rows past M."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
@@ -205,7 +205,7 @@ def test_skinny_tile_in_tf32(monkeypatch):
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cpu.matmul import tf32
-    from nbdnn.cuda.matmul import wgmma_gemm as W
+    from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
@@ -230,7 +230,7 @@ def test_tile_width_192(shapes, ta, tb, dtype, monkeypatch):
     256-wide ones takes them (wgmma m64n192, 3 TMA boxes or stores where 256 takes 4):
     the epilogue both ways (beta: direct stores, 5 stages; TMA stores, 4), a batch."""
     pytest.importorskip("torch")
-    from nbdnn.cuda.matmul import split_k
+    from nbdnn.cuda.matmul.tensor_core_gemm import split_k
     from nbdnn.cuda.runtime.device import sm_count
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
@@ -255,7 +255,7 @@ def test_narrow_tiles(shapes, ta, tb, dtype, monkeypatch):
     filters; wgmma m64n64 / m64n128, one TMA box or store a side): the epilogue both
     ways (beta: direct stores; TMA stores), both operand majors."""
     pytest.importorskip("torch")
-    from nbdnn.cuda.matmul import split_k
+    from nbdnn.cuda.matmul.tensor_core_gemm import split_k
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
@@ -275,7 +275,7 @@ def test_narrow_tiles_split_k(dtype, monkeypatch):
     tf32 (K-major operands), against float64."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.matmul import split_k
+    from nbdnn.cuda.matmul.tensor_core_gemm import split_k
     from nbdnn.cuda.runtime.launch import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")

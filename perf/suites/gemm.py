@@ -6,7 +6,7 @@
                                               K-major: no rounding pass, TMA rounds)
     float32 3xtf32    nbdnn.matmul(math=)     cuBLAS fp32 (the accuracy it stands for)
     float16, bfloat16 nbdnn.matmul            cuBLAS (torch.matmul) in the same dtype: on
-                      an sm_90 GPU the tensor-core kernel (nbdnn/cuda/matmul/wgmma_gemm.py)
+                      an sm_90 GPU the tensor-core kernel (nbdnn/cuda/matmul/tensor_core_gemm/wgmma_gemm.py)
     ... nt            the same with b transposed (K-major B: the other operand major)
     mlp bf16          the transformer MLP block x (8192, 4096) @ W1 (4096, 16384) + b1,
                       gelu, @ W2 (16384, 4096) + b2: nbdnn's two calls with bias and gelu

@@ -4,7 +4,7 @@ assembler, with each kernel's registers, barriers and spills (`ptxas -v`). Needs
 on PATH (this development machine has CUDA 13.0's; CI has none). The PTX's `.version`
 (NVVM's, newer than this ptxas may read) is lowered to the assembler's own.
 
-    PYTHONPATH=. python perf/tools/ptxas_check.py nbdnn.cuda.matmul.wgmma_gemm [NAME...]
+    PYTHONPATH=. python perf/tools/ptxas_check.py nbdnn.cuda.matmul.tensor_core_gemm.wgmma_gemm [NAME...]
 
 The kernels the module's ptx_examples() builds (or those named), one line each (sm_90a
 kernels for sm_90a, the others for sm_90): ok or the assembler's first error,

@@ -2,7 +2,7 @@
 device call can measure a kernel both ways without a commit in between:
 
     python perf/suites/resnet50.py --set conv:as_forward
-    python perf/suites/gemm.py --set nbdnn.cuda.matmul.split_k.NARROW=0
+    python perf/suites/gemm.py --set nbdnn.cuda.matmul.tensor_core_gemm.split_k.NARROW=0
 
 FAMILY:VARIANT forces a family's variant (nbdnn.cuda.FAMILY.forced(VARIANT): its calls
 run that variant, an error where it cannot take one). NAME=VALUE is a module

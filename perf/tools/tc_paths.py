@@ -68,7 +68,7 @@ def main():
                          False, 1e-3, math=mode))
         oks.append(_case(f"float32 {mode} split-K", ((64, 2048), (2048, 264)), torch.float32,
                          tol=1e-3, math=mode))
-    from nbdnn.cuda.matmul import wgmma_gemm
+    from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm
     default = wgmma_gemm.OWN_MAPS  # the paths above ran with it; now the other maps
     wgmma_gemm.OWN_MAPS = not default
     other = "own maps" if not default else "host maps"

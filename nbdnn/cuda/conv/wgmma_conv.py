@@ -1,7 +1,7 @@
 """Convolution forward on the tensor cores (sm_90a): float16 / bfloat16, channels-last,
-1-d and 2-d, one group. The wgmma GEMM kernel (nbdnn/cuda/matmul/wgmma_gemm.py) with
+1-d and 2-d, one group. The wgmma GEMM kernel (nbdnn/cuda/matmul/tensor_core_gemm/wgmma_gemm.py) with
 its A operand gathered by TMA's im2col mode and B the filters as stored
-(nbdnn/cuda/matmul/wgmma_im2col.py draws the GEMM view): no im2col workspace, no
+(nbdnn/cuda/matmul/tensor_core_gemm/wgmma_im2col.py draws the GEMM view): no im2col workspace, no
 epilogue pass, float32 accumulation, the fused epilogue from the accumulators.
 
     x (N, H, W, C) -> A: M = N OH OW rows, reduction taps x Cp (Cp = C padded to 64)
@@ -17,7 +17,7 @@ addresses 16-byte aligned, strides at most 8 (TMA's element strides), the window
 corners' box within TMA's range ([-128, 127] for a 4-d map) and the taps' offsets
 under 128. The epilogue is a
 convolution's, act(alpha acc + beta z + bias) with z the residual or y
-(pair_epilogue.conv_pair_lines), split-K only without alpha and z (its sum applies
+(epilogue/pairs.conv_pair_lines), split-K only without alpha and z (its sum applies
 the GEMM's order). Everything else runs the SIMT algorithms. The tensor maps are
 encoded on the host per address (a kernel cannot rewrite an im2col map's address the
 way the GEMM's own maps do): an eager call plan's replay encodes them for its tensors
@@ -41,8 +41,9 @@ B boxes placed by precomputed column words (wgmma_im2col.FILTER_COLUMNS).
 """
 import numpy as np
 
-from ..matmul import staged_store as staged, split_k, wgmma_gemm as W
-from ..matmul.wgmma_im2col import GEOMETRY, filter_column_words
+from ..matmul.tensor_core_gemm import split_k, wgmma_gemm as W
+from ..matmul.tensor_core_gemm.epilogue import staged_store as staged
+from ..matmul.tensor_core_gemm.wgmma_im2col import GEOMETRY, filter_column_words
 from ..runtime.arrays import dtype_name, empty, ptr, to_device
 from ..runtime.device import key as device_key, sm_count
 from ..tensorcore.tensormap import encoded, encoded_im2col

@@ -46,7 +46,7 @@ from .gemm_source import gemm_about, gemm_source
 from . import tf32_parts as _tf32_parts
 from ..runtime.device import describe, sm_count
 from ..runtime.intrinsics import bf16_load, bf16_store
-from . import mma_gemm as _mma, wgmma_gemm as _tc
+from .tensor_core_gemm import mma_gemm as _mma, wgmma_gemm as _tc
 from .batches import table as batch_table
 from ..runtime.codegen import compile_source
 from ..runtime.launch import Kernel

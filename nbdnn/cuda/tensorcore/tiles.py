@@ -173,7 +173,7 @@ def cluster_swap(x, y):
     barrier_cluster_wait()
 
 
-# the names generated tensor-core sources run in (matmul/wgmma_gemm.py adds its own)
+# the names generated tensor-core sources run in (matmul/tensor_core_gemm/wgmma_gemm.py adds its own)
 SOURCE_NAMES = {"cuda": cuda, "types": types, "u16": u16, "f32": f32, "smem_address": smem_address,
        "descriptor": descriptor, "wgmma_fence": wgmma_fence, "wgmma_commit": wgmma_commit,
        "wgmma_wait": wgmma_wait, "fence_proxy_async": fence_proxy_async,

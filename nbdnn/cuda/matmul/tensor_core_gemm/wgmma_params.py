@@ -14,17 +14,17 @@ encoded maps hold addresses, which made those calls unplannable).
 
 from numba import types
 
-from ..runtime.arrays import dtype_name, ptr
-from ..tensorcore import cluster
-from ..tensorcore.asm import gmem_address
-from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2, unpack_bf16x2, unpack_f16x2, \
+from ...runtime.arrays import dtype_name, ptr
+from ...tensorcore import cluster
+from ...tensorcore.asm import gmem_address
+from ...tensorcore.mma import cvt_bf16x2, cvt_f16x2, unpack_bf16x2, unpack_f16x2, \
     widen_bf16, widen_f16
-from ..tensorcore.tiles import SOURCE_NAMES
-from ..tensorcore.tma import bar_sync, bulk_commit, bulk_wait, bulk_wait_read, \
+from ...tensorcore.tiles import SOURCE_NAMES
+from ...tensorcore.tma import bar_sync, bulk_commit, bulk_wait, bulk_wait_read, \
     mbarrier_arrive, setmaxnreg_dec, setmaxnreg_inc, st_shared_u32, st_shared_v2_f32, \
     st_shared_v4_f32, tensormap_copy_release, tensormap_replace_address, tma_load_3d, \
     tma_load_im2col_4d, tma_store_3d
-from ..tensorcore.wgmma import wgmma
+from ...tensorcore.wgmma import wgmma
 
 SIG = ("void(uint64, uint64, uint32[::1], uint16[::1], int32[::1], int64, int64, int64, "
        "int64, int64, float32, float32, float32, int64)")

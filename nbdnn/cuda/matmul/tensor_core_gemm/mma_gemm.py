@@ -30,15 +30,15 @@ import math
 import numpy as np
 from numba import types
 
-from .. import activation as _act
-from ..runtime.arrays import dtype_name, ptr
-from ..runtime.codegen import compile_source
-from ..runtime.launch import Kernel
-from ..tensorcore.copy import cp_async_16_zfill, cp_async_commit, cp_async_wait
-from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2, ldmatrix_x4, ldmatrix_x4_trans, \
+from ... import activation as _act
+from ...runtime.arrays import dtype_name, ptr
+from ...runtime.codegen import compile_source
+from ...runtime.launch import Kernel
+from ...tensorcore.copy import cp_async_16_zfill, cp_async_commit, cp_async_wait
+from ...tensorcore.mma import cvt_bf16x2, cvt_f16x2, ldmatrix_x4, ldmatrix_x4_trans, \
     mma_bf16, mma_f16, unpack_bf16x2, unpack_f16x2, widen_bf16, widen_f16
-from .batches import table as batch_table
-from .pair_epilogue import pair_lines
+from ..batches import table as batch_table
+from .epilogue.pairs import pair_lines
 
 BM, BN, BK, THREADS = 128, 128, 32, 256
 WM, WN = 2, 4                      # warps along m and n

@@ -16,11 +16,11 @@ import inspect
 import numpy as np
 from numba import cuda
 
-from .. import activation as _act
-from ..runtime.codegen import compile_source
-from ..runtime.device import sm_count
-from ..runtime.intrinsics import array_type, narrow, widen
-from ..runtime.launch import Kernel
+from ... import activation as _act
+from ...runtime.codegen import compile_source
+from ...runtime.device import sm_count
+from ...runtime.intrinsics import array_type, narrow, widen
+from ...runtime.launch import Kernel
 
 SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 1024, 16
 # ... up to WIDE_SPLITS chunks where a long reduction has few tiles (a convolution's

@@ -51,14 +51,14 @@ import math
 
 import numpy as np
 
-from .. import activation as _act
-from ..runtime.arrays import dtype_name, empty, ptr
-from ..runtime.codegen import compile_source
-from ..runtime.device import sm_count
-from ..runtime.launch import Kernel
-from ..tensorcore.tensormap import encoded
-from .batches import table as batch_table
-from . import staged_store as staged
+from ... import activation as _act
+from ...runtime.arrays import dtype_name, empty, ptr
+from ...runtime.codegen import compile_source
+from ...runtime.device import sm_count
+from ...runtime.launch import Kernel
+from ...tensorcore.tensormap import encoded
+from ..batches import table as batch_table
+from .epilogue import staged_store as staged
 from .wgmma_params import namespace, signature, slot_words, \
     usable  # noqa: F401  (the front end asks wgmma_gemm.usable)
 from .split_k import split, splitk_sum, tile_width
@@ -213,7 +213,7 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, promot
     M, N). promote (float32's 3xtf32): each k-tile's product added into float32
     accumulators on the CUDA cores (the kernel's promote), on tiles of at most
     PROMOTE_COLUMNS columns a consumer (the registers of the second accumulator)."""
-    from ...arrays import capture_state
+    from ....arrays import capture_state
     plan = capture_state.__dict__.get("plan")
     if plan is not None and not OWN_MAPS:  # a tensor map holds its tensor's address: a
         plan.impure()                      # replay with other arrays would read those

@@ -1,12 +1,12 @@
 """The wgmma GEMM kernel's generated source (wgmma_gemm.py documents the kernel, its
 variants and its switches; wgmma_gemm.kernel compiles what `source` writes). Pieces
 come from wgmma_stage.py (the stage's layout, loads, descriptors), tile_order.py (the
-tile schedule), pair_epilogue.py and staged_store.py (the epilogue's two stores),
+tile schedule), epilogue/pairs.py and epilogue/staged_store.py (the two stores),
 wgmma_im2col.py (a convolution's operands) and wgmma_params.py (the own-maps
 prologue)."""
-from . import staged_store as staged
+from .epilogue import staged_store as staged
 from . import wgmma_im2col as im2col, wgmma_stage as ws
-from .pair_epilogue import conv_pair_lines, pair_lines
+from .epilogue.pairs import conv_pair_lines, pair_lines
 from .tile_order import batch_lines, chunk_lines, helper_lines
 from .wgmma_params import map_lines, own_maps_lines
 from .wgmma_stage import BK
@@ -27,7 +27,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     and TMA stores (staged_store.py). lean: the lean tile setup (tile_order.py). conv: A
     and B a convolution's (wgmma_im2col.py: im2col loads, offs its geometry); 1 with
     the GEMM's epilogue (alpha after the activation: the same where alpha is 1 and no z
-    is read), 2 in a convolution's order (pair_epilogue.conv_pair_lines; beta: z read
+    is read), 2 in a convolution's order (epilogue/pairs.conv_pair_lines; beta: z read
     from a parameter `zin` after c; "_co" in the name), 3 a filter gradient's (dy^T and
     im2col(x), both MN-major; wgmma_im2col.filter_tile_lines; "wgmma_convdw"). With
     conv 1 or 2, b_k False reads B MN-major (a data gradient's filter as stored,

@@ -1,6 +1,6 @@
 """The wgmma GEMM's epilogue through shared memory and TMA stores (wgmma_gemm.TMA_STORE).
 
-The direct epilogue (pair_epilogue.py) has every thread store 4 bytes at a time to C:
+The direct epilogue (pairs.py) has every thread store 4 bytes at a time to C:
 64 st.global a thread for a 64 x 256 half-tile, each warp instruction writing 16 bytes
 of eight rows. Here a consumer warpgroup instead writes its 64 x BN accumulators,
 finished (bias, activation, alpha) and packed to 16 bits, into a 64 x 64 staging tile
@@ -38,7 +38,7 @@ at offset 8 (l % 2), the chunk swizzled as above.
 Used when beta = 0 (no old C to read), N a multiple of 8 (16-bit) or 4 (float32) and
 C 16-byte aligned (TMA's row strides and base); the direct epilogue otherwise.
 """
-from .pair_epilogue import bias_lines, conv_value_lines, value_lines
+from .pairs import bias_lines, conv_value_lines, value_lines
 
 TILE_BYTES = 64 * 128                 # a 64 x 128-byte staging tile (64 16-bit columns,
 #                                       or 32 float32)
@@ -77,7 +77,7 @@ def tile_lines(bn, bias, act, f32=False, partial=False, row0="m0 + w * 64", col0
     pair cb + 8 j, rows r and r + 8, as the direct epilogue), chunk by chunk: bn columns
     from (row0, col0), expressions (the warpgroup's 64 x bn part of C). f32: float32 C;
     partial: split-K's raw chunk sums (float32, no epilogue); conv: a convolution's
-    order (pair_epilogue.conv_value_lines), True reading beta's z from `zin` (each
+    order (pairs.conv_value_lines), True reading beta's z from `zin` (each
     thread its own pairs, before the tile's TMA store), False without z."""
     L, cols = [], columns(f32 or partial)
     if bn % cols:
