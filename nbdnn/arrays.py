@@ -13,7 +13,7 @@ from .errors import BadParamError, DeviceError, DtypeError, fail
 capture_state = threading.local()  # this thread's .graph (cuda.Graph) and .plan (ops._plan)
 describers = {}  # type -> fn(x) -> (shape, dtype, c_contiguous); filled on first sight
 array_facts = {}  # CUDA array type -> fn(x) -> (shape, dtype, count, address) | None; filled
-# by nbdnn.cuda.runtime.arrays.facts (this module does not import numba.cuda)
+# by nbdnn.cuda.runtime.memory.arrays.facts (this module does not import numba.cuda)
 
 
 class Refused(Exception):

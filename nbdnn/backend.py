@@ -116,7 +116,10 @@ def cuda_runtime(name):
     strided), for the front end: ops/ reaches the CUDA backend only through this module."""
     m = _RUNTIME.get(name)
     if m is None:
-        from .cuda.runtime import arrays, device, launch, plan_record, simulator, strided
+        from .cuda.runtime.memory import arrays, strided
+        from .cuda.runtime import device, simulator
+        from .cuda.runtime.launch import kernel as launch
+        from .cuda.runtime.capture import plan_record
         _RUNTIME.update(arrays=arrays, device=device, launch=launch, plan_record=plan_record,
                         simulator=simulator, strided=strided)
         m = _RUNTIME[name]

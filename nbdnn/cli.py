@@ -245,7 +245,7 @@ def bench(args):
 def cache(args):
     """`nbdnn cache info`: the compiled-kernel cache's folder, state and size;
     `nbdnn cache clear`: remove its entries."""
-    from nbdnn.cuda.runtime import kernel_cache as kc
+    from nbdnn.cuda.runtime.launch import kernel_cache as kc
     folder = kc.directory()
     if folder is None:
         print("kernel cache off (NBDNN_KERNEL_CACHE=0): every process compiles its kernels")

@@ -37,7 +37,7 @@ def check_16bit_matmul(dtype, shapes, ta, tb, kernel, seed):
     rounded operands: one rounding of the float32 sum to the output dtype."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     tdt = getattr(torch, dtype)
     rng = np.random.default_rng(seed)
     (ash, bsh) = shapes

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda.runtime.arrays import to_device, to_host
+from nbdnn.cuda.runtime.memory.arrays import to_device, to_host
 from nbdnn.ops.registry import OPS
 from nbdnn.testing import SPECS, compare
 

@@ -5,7 +5,7 @@ import pytest
 
 import nbdnn
 from nbdnn.cuda import SIMULATOR
-from nbdnn.cuda.runtime import arrays as _arrays
+from nbdnn.cuda.runtime.memory import arrays as _arrays
 from numba import cuda
 
 

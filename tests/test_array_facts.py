@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda.runtime.arrays import bfloat16_bits, to_device
+from nbdnn.cuda.runtime.memory.arrays import bfloat16_bits, to_device
 from nbdnn.errors import NbdnnError
 
 CALLS = {"activation": lambda x, **kw: nbdnn.activation(x, "leaky_relu", **kw),
@@ -38,7 +38,7 @@ def test_torch_facts_dtypes_pointers_and_declines():
     if SIMULATOR or not torch.cuda.is_available():
         pytest.skip("needs PyTorch with CUDA and a GPU")
     from nbdnn.arrays import torch_dtypes
-    from nbdnn.cuda.runtime.arrays import facts
+    from nbdnn.cuda.runtime.memory.arrays import facts
     for dt, want in ((torch.float16, np.float16), (torch.float32, np.float32),
                      (torch.float64, np.float64)):
         torch_dtypes.pop(dt, None)  # the cache-miss path too
@@ -58,7 +58,7 @@ def test_numba_facts_is_cached_per_array_and_right_for_views():
     from nbdnn.cuda import SIMULATOR
     if SIMULATOR:
         pytest.skip("real numba device arrays only")
-    from nbdnn.cuda.runtime.arrays import facts, ptr_size
+    from nbdnn.cuda.runtime.memory.arrays import facts, ptr_size
     h = np.linspace(-1, 1, 12).astype(np.float32)
     x = to_device(h)
     base = int(x.gpu_data.device_pointer)
@@ -102,7 +102,7 @@ def test_softmax_every_path_repeated(monkeypatch, shape, axis, kernel):
 def test_numba_facts_logic_on_a_stand_in():
     """_numba_facts on an object shaped like a DeviceNDArray (the real one needs a GPU;
     test_numba_facts_is_cached_per_array_and_right_for_views runs it there)."""
-    from nbdnn.cuda.runtime.arrays import _numba_facts
+    from nbdnn.cuda.runtime.memory.arrays import _numba_facts
 
     class Pointer:
         device_pointer_value = 4096

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import nbdnn
-from nbdnn.cuda.runtime.launch import launched
+from nbdnn.cuda.runtime.launch.kernel import launched
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

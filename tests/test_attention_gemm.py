@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda.runtime.launch import launched
+from nbdnn.cuda.runtime.launch.kernel import launched
 
 # (dtype, layout, (B, Hq, Hk, Sq, Sk, D, Dv), keywords, workspace bytes or None: one chunk)
 CASES = [

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda.runtime.launch import launched
+from nbdnn.cuda.runtime.launch.kernel import launched
 
 
 def _inputs(rng, dtype, layout, B, Hq, Hk, Sq, Sk, D, Dv):
@@ -143,7 +143,7 @@ def test_forced_variants_are_never_planned():
     unplanned: a plan learnt outside is not replayed (it would skip the forced variant's
     refusal); after it the order's choice runs again."""
     from nbdnn.cuda import attention as A
-    from nbdnn.cuda.runtime.arrays import to_device
+    from nbdnn.cuda.runtime.memory.arrays import to_device
     rng = np.random.default_rng(2)
     q, k, v = (to_device(a) for a in _inputs(rng, np.float32, "BHSD", 1, 2, 2, 64, 64, 8, 8))
     for _ in range(4):  # (the 4th and later replay a plan)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda.runtime.launch import launched
+from nbdnn.cuda.runtime.launch.kernel import launched
 from nbdnn.cuda.runtime.simulator import SIMULATOR
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="mma.sync: inline PTX")

@@ -11,7 +11,7 @@ import pytest
 import nbdnn
 from nbdnn.cuda import SIMULATOR, batch_norm as BN
 from nbdnn.cuda.batch_norm import planes as _bn_planes
-from nbdnn.cuda.runtime.arrays import to_device
+from nbdnn.cuda.runtime.memory.arrays import to_device
 
 # (shape, layout, offset): MULTI's channels span several chunks whose last iteration is
 # partly masked (asserted below); 5x5 planes and an offset view take the general
@@ -178,7 +178,7 @@ def test_columns_path_matches_general(dtype, shape, blocks_an_sm, monkeypatch):
     results. 2 row blocks for apply (its grid-stride loop and masked last rows); float32:
     one chunk of several iterations (a thread's Chan merges), float16: several chunks."""
     from nbdnn.cuda.batch_norm import columns
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     monkeypatch.setattr(columns, "MAX_GRID_Y", 2)
     monkeypatch.setattr(columns, "BLOCKS_AN_SM", blocks_an_sm)
     arr = _inputs(shape, 0, dtype, 5)

@@ -13,7 +13,7 @@ import pytest
 
 import nbdnn
 from nbdnn.cuda import conv as CV
-from nbdnn.cuda.runtime.arrays import to_device, to_host
+from nbdnn.cuda.runtime.memory.arrays import to_device, to_host
 
 # (where, value): a corner's value meets the padding (0 * -inf = nan); inside, a nan
 # must reach exactly the outputs whose windows hold it

@@ -14,7 +14,7 @@ import nbdnn
 from nbdnn.cuda import SIMULATOR, conv as CV
 from nbdnn.cuda import matmul as MM
 from nbdnn.cuda.matmul import TILES
-from nbdnn.cuda.runtime.launch import launched
+from nbdnn.cuda.runtime.launch.kernel import launched
 import nbdnn.testing  # noqa: F401  (imports the spec modules in order)
 from nbdnn.testing.specs.matmul import matmul_tol
 

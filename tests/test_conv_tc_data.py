@@ -92,7 +92,7 @@ def test_data_gradient_reads_the_filter_as_stored(case, dtype, monkeypatch):
     rows take the 64-row tile (widths of 128 and more)."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     xs, ws, _, padding, dilation, mode = case

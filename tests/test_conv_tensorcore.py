@@ -43,7 +43,7 @@ def test_conv_forward_on_tensor_cores(case, dtype, monkeypatch):
     64 x 64 tiles' direct stores: the stride-2, 72-channel, 90-row case, an unwritten output)."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     xs, ws, stride, padding, dilation, mode = case
@@ -80,7 +80,7 @@ def test_conv1d_and_fallbacks_on_tensor_cores(monkeypatch):
     find_conv_algorithm's kernel names."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     rng = np.random.default_rng(7)
@@ -130,7 +130,7 @@ def test_conv_epilogue_in_conv_order(shapes, store, monkeypatch):
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     monkeypatch.setattr(W, "TMA_STORE", store)
@@ -216,7 +216,7 @@ def test_channels_first_through_channels_last(dtype, monkeypatch):
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.conv import channels_first as CF
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     from nbdnn.cuda import tensor
@@ -458,7 +458,7 @@ def test_filter_gradient_on_tensor_cores(case, widths, monkeypatch):
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.conv import wgmma_conv
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     monkeypatch.setattr(wgmma_conv, "FILTER_WIDTHS", widths)
@@ -493,7 +493,7 @@ def test_filter_gradient_1x1_kernel_choice(on):
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda import conv as CV
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     rng = np.random.default_rng(3)
@@ -521,7 +521,7 @@ def test_filter_rows_pad_each_filter():
     taps-major, zero-padded to `row` (the stem's 147 to 152), in any backend's run."""
     from nbdnn.cuda.conv import gemm
     from nbdnn.cuda.conv.kernels import KERNELS
-    from nbdnn.cuda.runtime.arrays import to_device
+    from nbdnn.cuda.runtime.memory.arrays import to_device
     w = np.random.default_rng(2).standard_normal((5, 7, 7, 3)).astype(np.float16)
     rows = np.asarray(gemm.filter_rows(KERNELS, to_device(w), 152, 0).copy_to_host())
     want = np.zeros((1, 5, 152), np.float16)
@@ -540,7 +540,7 @@ def test_narrow_channels_through_padded_columns(dtype, rows):
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda import conv as CV
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     rng = np.random.default_rng(9)

@@ -45,7 +45,7 @@ def test_tf32_forward_on_tensor_cores(case, monkeypatch):
     with a bias and relu and plain, against the CPU reference in math "tf32"."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     xs, ws, stride, padding = case

@@ -36,7 +36,7 @@ def two_devices(monkeypatch):
             yield
         finally:
             state["current"] = before
-    from nbdnn.cuda.runtime import arrays
+    from nbdnn.cuda.runtime.memory import arrays
     made, alloc = arrays.to_device, arrays.allocate
 
     def tagged(make):  # arrays made while device i is (fakely) current are on device i
@@ -104,7 +104,7 @@ def test_plans_are_kept_per_device(two_devices):
 
 def test_device_tables_and_workspaces_are_per_device(two_devices):
     from nbdnn.cuda.matmul import batches
-    from nbdnn.cuda.runtime.plan_record import workspace
+    from nbdnn.cuda.runtime.capture.plan_record import workspace
     switches, state = two_devices
     t0 = batches.table((2,), (1,), (2,))
     state["current"] = 1

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import nbdnn
-from nbdnn.cuda.runtime.arrays import to_device, to_host
+from nbdnn.cuda.runtime.memory.arrays import to_device, to_host
 from nbdnn.testing import SPECS, compare
 from nbdnn.testing.harness import _to_device
 

@@ -32,7 +32,7 @@ MODES = ("ieee", "tf32", "3xtf32")
 def _float32_call(op, rng):
     """(function of no arguments) an op on device arrays (what plans replay) whose result
     the math mode changes; its result on the host."""
-    from nbdnn.cuda.runtime.arrays import to_device, to_host
+    from nbdnn.cuda.runtime.memory.arrays import to_device, to_host
     a, b, x, w = (to_device(rng.standard_normal(s).astype(np.float32))
                   for s in ((4, 6), (6, 5), (1, 2, 5, 5), (3, 2, 3, 3)))
     return {"matmul": lambda: to_host(nbdnn.matmul(a, b)),
@@ -159,7 +159,7 @@ def test_the_command_line_never_prints_a_traceback(monkeypatch, tmp_path_factory
 @settings(max_examples=40)
 @given(st.floats(0, 1), st.binary(min_size=1, max_size=16), st.booleans())
 def test_a_damaged_cache_entry_is_compiled_over(tmp_path_factory, where, junk, cut):
-    from nbdnn.cuda.runtime import kernel_cache
+    from nbdnn.cuda.runtime.launch import kernel_cache
     from test_kernel_cache import SIG, FakeKernel, FakeLibrary, built
     folder = tmp_path_factory.mktemp("kc") / "kc"
     loads = []

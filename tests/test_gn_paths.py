@@ -8,10 +8,10 @@ import pytest
 
 import nbdnn
 from nbdnn.cuda import SIMULATOR
-from nbdnn.cuda.runtime import arrays as _arrays
+from nbdnn.cuda.runtime.memory import arrays as _arrays
 from nbdnn.cuda.batch_norm import planes as _bn_planes
 from nbdnn.cuda.norm import group_planes as _gn_planes
-from nbdnn.cuda.runtime.arrays import to_device
+from nbdnn.cuda.runtime.memory.arrays import to_device
 
 TOL = {np.float16: 2e-2, np.float32: 1e-4, np.float64: 1e-9}
 

@@ -15,7 +15,7 @@ def _dev(a):
 
 
 def _host(a):
-    from nbdnn.cuda.runtime import arrays as _arrays
+    from nbdnn.cuda.runtime.memory import arrays as _arrays
     return _arrays.to_host(a)
 
 
@@ -195,7 +195,7 @@ def test_norm_pool_and_batch_norm_kernels_do_not_spill():
     spills 28 B of it under the 128 cap, but it also reports spills for wgmma kernels
     whose SASS on the H200 has none: this test on the GPU decides.)"""
     from nbdnn.cuda import batch_norm as BN, norm as NM, pool as PL
-    from nbdnn.cuda.runtime import launch as _launch
+    from nbdnn.cuda.runtime.launch import kernel as _launch
     for table in (NM._KERNELS, BN.KERNELS, PL._KERNELS):
         for (name, dtype), (kernel, sig) in table.items():
             assert kernel.resources(sig)["local_bytes"] == 0, (name, dtype)

@@ -13,7 +13,7 @@ from nbdnn import nn
 
 cuda_pkg = pytest.importorskip("nbdnn.cuda")
 from nbdnn.cuda import Graph
-from nbdnn.cuda.runtime import launch as _launch  # noqa: E402
+from nbdnn.cuda.runtime.launch import kernel as _launch  # noqa: E402
 from numba import cuda  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Buffer reuse in a captured graph (nbdnn/cuda/runtime/reuse.py): the plan shares
+"""Buffer reuse in a captured graph (nbdnn/cuda/runtime/memory/reuse.py): the plan shares
 memory only between allocations whose traced lifetimes do not meet and never shares
 what the caller keeps; a captured training step on the plan gives the plain step's
 losses and weights bit for bit in less memory; calls that do not repeat their traced
@@ -9,8 +9,8 @@ import pytest
 import nbdnn
 from nbdnn import nn
 from nbdnn.cuda import SIMULATOR, Graph
-from nbdnn.cuda.runtime import reuse
-from nbdnn.cuda.runtime.arrays import to_device
+from nbdnn.cuda.runtime.memory import reuse
+from nbdnn.cuda.runtime.memory.arrays import to_device
 
 
 def _calls(x, chain):

@@ -58,7 +58,7 @@ def test_the_streams_the_readme_names_are_taken(stream):
     """None and 0 (the legacy default stream), a numba stream, and a stream's raw
     handle as an int (on a GPU a real one: the driver cannot tell a made-up number)."""
     from nbdnn.cuda import SIMULATOR
-    from nbdnn.cuda.runtime.arrays import stream_handle
+    from nbdnn.cuda.runtime.memory.arrays import stream_handle
     x = cuda.to_device(np.ones((2, 3), F32))
     if stream in ("numba", "handle"):
         s = cuda.stream()

@@ -1,4 +1,4 @@
-"""The kernel cache (nbdnn/cuda/runtime/kernel_cache/): a kernel's entry name follows
+"""The kernel cache (nbdnn/cuda/runtime/launch/kernel_cache/): a kernel's entry name follows
 everything its compiled code depends on; a stored kernel is loaded instead of compiled;
 entries are data (a JSON header and a cubin), in a 0700 folder, never read through a
 symlink, from a FIFO or from a file others can write; a bad entry is compiled over; the
@@ -19,9 +19,9 @@ import pytest
 import nbdnn
 
 from nbdnn.cuda.conv import im2col_rows
-from nbdnn.cuda.runtime import kernel_cache
-from nbdnn.cuda.runtime.kernel_cache import store
-from nbdnn.cuda.runtime.codegen import compile_source
+from nbdnn.cuda.runtime.launch import kernel_cache
+from nbdnn.cuda.runtime.launch.kernel_cache import store
+from nbdnn.cuda.runtime.launch.codegen import compile_source
 from nbdnn.cuda.runtime.simulator import SIMULATOR
 
 SIG = "void(float32[::1])"
@@ -137,7 +137,7 @@ def test_nothing_a_kernel_imports_reaches_the_packages_left_out_of_the_tree_hash
     outside = {m for m in reached if m.split(".")[1:2] and
                m.split(".")[1] in kernel_cache.OUTSIDE_KERNELS}
     assert not outside, outside
-    assert "nbdnn.cuda.runtime.launch" in reached and "nbdnn.errors" in reached
+    assert "nbdnn.cuda.runtime.launch.kernel" in reached and "nbdnn.errors" in reached
 
 
 class FakeLibrary:

@@ -11,7 +11,7 @@ import types
 import numpy as np
 from numba.core import sigutils
 
-from nbdnn.cuda.runtime import launch as _launch
+from nbdnn.cuda.runtime.launch import kernel as _launch
 
 
 def _launcher(monkeypatch, sig):

@@ -9,7 +9,7 @@ import pytest
 
 import nbdnn
 from nbdnn.cpu.matmul import tf32
-from nbdnn.cuda.runtime.arrays import to_device, to_host
+from nbdnn.cuda.runtime.memory.arrays import to_device, to_host
 
 BACKENDS = ["cpu", "cuda"]
 

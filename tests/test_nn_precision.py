@@ -9,7 +9,7 @@ import pytest
 
 import nbdnn
 from nbdnn import nn
-from nbdnn.cuda.runtime.arrays import to_host
+from nbdnn.cuda.runtime.memory.arrays import to_host
 
 BF16 = ml_dtypes.bfloat16
 

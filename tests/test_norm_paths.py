@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda.runtime import arrays as _arrays
+from nbdnn.cuda.runtime.memory import arrays as _arrays
 from nbdnn.cuda import norm as NM
-from nbdnn.cuda.runtime.launch import launched
+from nbdnn.cuda.runtime.launch.kernel import launched
 from nbdnn.cuda.softmax import rows_config
 
 # lengths: 4-lane groups (L=12), a warp a row (300), a block a row (1030: scalar;

@@ -122,8 +122,8 @@ def test_numbers_derived_from_addresses_are_derived_again_on_replay():
     (derive), the 2nd and 3rd recordings agree, and each replay computes it again at
     its own input's address. (Before such a number was a constant: a replay
     passed the recorded one, as the flash attention kernels' maps could have been.)"""
-    from nbdnn.cuda.runtime.arrays import capture_state, empty, ptr
-    from nbdnn.cuda.runtime.launch import Kernel
+    from nbdnn.cuda.runtime.memory.arrays import capture_state, empty, ptr
+    from nbdnn.cuda.runtime.launch.kernel import Kernel
     store = Kernel(_store, [STORE_SIG])
 
     def tagged(x, out=None):
@@ -230,7 +230,7 @@ def test_plans_share_the_threads_workspace_and_survive_its_growth():
     """Two signatures' workspaces at the same addresses (the thread's buffer), then a
     larger one: the buffer grows, and the first plans still replay right (they keep
     the buffer they were built with)."""
-    from nbdnn.cuda.runtime import plan_record as _plan_record
+    from nbdnn.cuda.runtime.capture import plan_record as _plan_record
     _plan.clear()
     for got, want in _bn_calls(5):
         np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-5, atol=1e-5)
@@ -278,7 +278,7 @@ def test_plan_workspaces_share_bytes_when_their_uses_do_not_overlap():
     """_packed: workspaces 0 and 1 live in launches 0-1 and 2 (apart: one place), 2 in
     launches 1-2 (beside both), 3 in none (its own bytes, after every other)."""
     from types import SimpleNamespace
-    from nbdnn.cuda.runtime.plan_record import _ALIGN, _packed
+    from nbdnn.cuda.runtime.capture.plan_record import _ALIGN, _packed
     f4 = np.dtype(np.float32)
     allocs = [(("i", 0), (1000,), f4, False), (("i", 0), (300,), f4, False),
               (("i", 0), (10,), f4, False), (("i", 0), (5,), f4, False)]

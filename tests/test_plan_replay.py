@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda.runtime.arrays import to_device, to_host
+from nbdnn.cuda.runtime.memory.arrays import to_device, to_host
 from nbdnn.ops import _plan
 from nbdnn.testing import SPECS
 
@@ -242,7 +242,7 @@ def test_replay_sources_are_freed_with_their_plans():
     import gc
     import linecache
 
-    from nbdnn.cuda.runtime import codegen
+    from nbdnn.cuda.runtime.launch import codegen
 
     def replay_files():
         return {f for f in linecache.cache if f.startswith("<nbdnn:run#")}

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda.runtime import arrays as _arrays
+from nbdnn.cuda.runtime.memory import arrays as _arrays
 from nbdnn.cuda.pool import fast as PF
-from nbdnn.cuda.runtime.launch import launched
+from nbdnn.cuda.runtime.launch.kernel import launched
 
 
 def _run(x, nd, kernel, **kw):

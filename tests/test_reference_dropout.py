@@ -74,7 +74,7 @@ def test_cuda_mask_is_the_cpu_mask_bit_for_bit(dtype, p, seed, offset):
 def test_cuda_vector_and_scalar_paths_match_cpu(n, offset):
     """16-byte vectors with 4-byte mask words (aligned, whole vectors), the scalar tail
     (n not a multiple of the vectors a block covers) and misaligned views."""
-    from nbdnn.cuda.runtime.arrays import to_device, to_host
+    from nbdnn.cuda.runtime.memory.arrays import to_device, to_host
     x = np.random.default_rng(n).standard_normal(n + 1).astype(np.float32)
     xd = to_device(x)[offset:offset + n]
     y, m = nbdnn.dropout(x[offset:offset + n], 0.4, seed=9, offset=7)

@@ -285,7 +285,7 @@ def test_cast_tensor_blends_and_rounds_once(backend):
     rounding to 1 + 2^-11 first and then to even would give 1); float16's overflow to
     inf; a bad dtype is a BadParamError."""
     import nbdnn
-    from nbdnn.cuda.runtime.arrays import to_device, to_host
+    from nbdnn.cuda.runtime.memory.arrays import to_device, to_host
     put = (lambda a: a) if backend == "cpu" else to_device
     get = (lambda a: np.asarray(a)) if backend == "cpu" else to_host
     x = np.array([1 + 2 ** -11 + 2 ** -20, 70000.0, -3.0, 0.5], np.float32)

@@ -50,8 +50,8 @@ def test_forced_runs_the_named_path_and_keeps_plans_out():
     """forced(name) puts this thread's calls on that path (the names of the kernels
     launched), with the reference's answer; outside, the choice is the shape's again,
     and calls inside neither record nor replay eager call plans (ops/_plan.py)."""
-    from nbdnn.cuda.runtime.arrays import to_device
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.memory.arrays import to_device
+    from nbdnn.cuda.runtime.launch.kernel import launched
     from nbdnn.ops import _plan
     h = np.random.default_rng(0).standard_normal((2, 65)).astype(np.float32)
     want, x = nbdnn.softmax(h, -1), to_device(h)

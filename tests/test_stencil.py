@@ -1,7 +1,7 @@
-"""The stencil kernels' source helpers (nbdnn/cuda/runtime/stencil.py), on the host."""
+"""The stencil kernels' source helpers (nbdnn/cuda/runtime/device_code/stencil.py), on the host."""
 import numpy as np
 
-from nbdnn.cuda.runtime.stencil import magic, rows_per_thread
+from nbdnn.cuda.runtime.device_code.stencil import magic, rows_per_thread
 
 
 def test_magic_division_is_exact_below_2_31():

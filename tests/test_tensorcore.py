@@ -171,7 +171,7 @@ def test_tensor_core_matmul_is_deterministic_and_backward_runs_there(dtype):
     tensor cores too (a batch of a against one b: db is one stacked GEMM)."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     tdt = getattr(torch, dtype)
@@ -200,7 +200,7 @@ def test_operands_tma_cannot_take_run_the_simt_kernel(dtype):
     kernel runs them, correctly (the documented fallback)."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     tdt = getattr(torch, dtype)
     rng = np.random.default_rng(9)
     cases = [((40, 13), (13, 24)), ((40, 16), (16, 23))]
@@ -229,7 +229,7 @@ def test_skinny_matmul_splits_k_deterministically(dtype, tb):
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     tdt = getattr(torch, dtype)
@@ -271,7 +271,7 @@ def test_tf32_modes_on_tensor_cores(shapes, ta, tb, mode):
     the reference does (ties to even)."""
     torch = pytest.importorskip("torch")
     import nbdnn
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     rng = np.random.default_rng(len(shapes[0]) * 3 + ta + (mode == "tf32"))

@@ -284,7 +284,7 @@ def test_tf32_parts_vector_variant_matches(monkeypatch):
     variant 3 (the kernel names say which ran)."""
     from numba import cuda
     from nbdnn.cuda.matmul import tf32_parts as T
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     rng = np.random.default_rng(29)
     for shape, k_last in (((2, 12, 20), True), ((3, 9, 16), False), ((9, 14), False)):
         x = rng.standard_normal(shape).astype(np.float32)

@@ -29,7 +29,7 @@ def test_epilogue_by_tma_stores(dtype, shapes, own, ta, tb, monkeypatch):
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     from scipy.special import erf
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
@@ -105,7 +105,7 @@ def test_lean_tile_setup(shapes, dtype, lean, monkeypatch):
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     monkeypatch.setattr(W, "LEAN_SETUP", lean)
@@ -135,7 +135,7 @@ def test_float32_c_by_tma_stores(shapes, f32, monkeypatch):
     import nbdnn
     from nbdnn.cpu.matmul import tf32
     from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     from scipy.special import erf
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
@@ -182,7 +182,7 @@ def test_skinny_tile(shapes, ta, tb, skinny, monkeypatch):
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     monkeypatch.setattr(W, "SKINNY_TILE", W.SKINNY if skinny else None)
@@ -206,7 +206,7 @@ def test_skinny_tile_in_tf32(monkeypatch):
     import nbdnn
     from nbdnn.cpu.matmul import tf32
     from nbdnn.cuda.matmul.tensor_core_gemm import wgmma_gemm as W
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     monkeypatch.setattr(W, "SKINNY_TILE", W.SKINNY)
@@ -232,7 +232,7 @@ def test_tile_width_192(shapes, ta, tb, dtype, monkeypatch):
     pytest.importorskip("torch")
     from nbdnn.cuda.matmul.tensor_core_gemm import split_k
     from nbdnn.cuda.runtime.device import sm_count
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     monkeypatch.setattr(split_k, "WIDTHS", (256, 192))
@@ -256,7 +256,7 @@ def test_narrow_tiles(shapes, ta, tb, dtype, monkeypatch):
     ways (beta: direct stores; TMA stores), both operand majors."""
     pytest.importorskip("torch")
     from nbdnn.cuda.matmul.tensor_core_gemm import split_k
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     monkeypatch.setattr(split_k, "NARROW", True)
@@ -276,7 +276,7 @@ def test_narrow_tiles_split_k(dtype, monkeypatch):
     torch = pytest.importorskip("torch")
     import nbdnn
     from nbdnn.cuda.matmul.tensor_core_gemm import split_k
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     if _cc() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     monkeypatch.setattr(split_k, "NARROW", True)

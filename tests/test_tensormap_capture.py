@@ -25,7 +25,7 @@ def fresh_cache(monkeypatch):
 
 def _held(entry):
     """The 16 words a (device address, device array) entry holds, read back."""
-    from nbdnn.cuda.runtime.arrays import ptr
+    from nbdnn.cuda.runtime.memory.arrays import ptr
     address, dev = entry
     assert address == ptr(dev)
     return tuple(int(v) for v in dev.copy_to_host())
@@ -80,7 +80,7 @@ def test_tensor_core_calls_replay_plans_at_new_addresses(case):
     addresses): every result equals the full path's on the same tensors (the same
     kernels, bit for bit), and the signature gets a plan (calls 4-6 replay it)."""
     import nbdnn
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     from nbdnn.ops import _plan
     g = torch.Generator(device="cuda").manual_seed(1)
 
@@ -154,7 +154,7 @@ def test_tensor_core_step_captured_at_new_addresses_replays_the_eager_step():
     pool (addresses the warm-up never saw): the maps for them are written inside the
     graph (the writer kernel runs), and each replay on new data equals an eager step on
     that data; a stale map would read the warm-up's buffers."""
-    from nbdnn.cuda.runtime.launch import launched
+    from nbdnn.cuda.runtime.launch.kernel import launched
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def rand(*shape):

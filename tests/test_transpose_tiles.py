@@ -8,7 +8,7 @@ import pytest
 
 import nbdnn
 from nbdnn.cuda import SIMULATOR
-from nbdnn.cuda.runtime.launch import launched
+from nbdnn.cuda.runtime.launch.kernel import launched
 from nbdnn.cuda.tensor import transpose as TT
 
 DTYPES = ["float16", "float32", "float64"] + ([] if SIMULATOR else ["bfloat16"])

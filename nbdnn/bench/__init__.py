@@ -159,7 +159,7 @@ def run_suite(ops=None, *, cpu=True, size_mb=None, progress=None, graph=False,
     take it (an NbdnnError) is left out, reported through `progress`."""
     from nbdnn.errors import NbdnnError
     from nbdnn.cuda import SIMULATOR
-    from nbdnn.cuda.runtime import arrays as _arrays
+    from nbdnn.cuda.runtime.memory import arrays as _arrays
     if size_mb is None:
         size_mb = 0.01 if SIMULATOR else 1024
     n = max(256, int(size_mb * 2 ** 20) // 4)

@@ -41,7 +41,7 @@ def _device(torch, host):
     """A device copy of a host array, a torch tensor when PyTorch is there."""
     if torch is not None and host.dtype.name != "bfloat16":  # (to_device: bf16 -> torch)
         return torch.from_numpy(host).cuda()
-    from ..cuda.runtime.arrays import to_device
+    from ..cuda.runtime.memory.arrays import to_device
     return to_device(host)
 
 

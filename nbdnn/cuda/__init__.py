@@ -7,4 +7,4 @@ Importing this package prepares numba.cuda first (runtime/simulator.py: the nump
 shim, and numba's CUDA simulator where there is no GPU). `SIMULATOR` says which.
 """
 from .runtime.simulator import DRIVER_STATUS, SIMULATOR, cuda  # noqa: F401
-from .runtime.graph import Graph  # noqa: F401  (nbdnn.cuda.Graph)
+from .runtime.capture.graph import Graph  # noqa: F401  (nbdnn.cuda.Graph)

@@ -24,10 +24,11 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from .runtime.simulator import SIMULATOR
-from .runtime.intrinsics import array_type, load4, narrow, store4, vector_alignment, widen
-from .runtime.launch import Kernel
-from .runtime.arrays import dtype_of, empty, ptr_size
-from .runtime.codegen import compile_source
+from .runtime.device_code.intrinsics import (array_type, load4, narrow, store4, vector_alignment,
+    widen)
+from .runtime.launch.kernel import Kernel
+from .runtime.memory.arrays import dtype_of, empty, ptr_size
+from .runtime.launch.codegen import compile_source
 from .._vocab import ACTIVATION_MODES as MODES, BF16_DTYPES as DTYPES
 
 BLOCK = 32 if SIMULATOR else 128  # (the simulator starts an OS thread a CUDA thread)
@@ -137,7 +138,7 @@ _SOURCES = {d: _kernel_source(d) for d in (False, True)}
 
 def _make_kernel(f, ct, backward, bf16=False):
     # x, y (dy, x, dx): (n,) flat.  y = alpha*f(x) + beta*y;  dx = alpha*dy*f'(x) + beta*dx
-    # loads widen, stores narrow (runtime/intrinsics.py; bfloat16: the arrays hold its
+    # loads widen, stores narrow (runtime/device_code/intrinsics.py; bfloat16: the arrays hold its
     # bits, so its kernels' stored zero is the uint16 0)
     ns = {"cuda": cuda, "load4": load4, "store4": store4, "GROUPS": GROUPS, "BLOCK": BLOCK,
           "f": f, "widen": widen, "narrow": narrow, "zero": np.uint16(0) if bf16 else ct(0),

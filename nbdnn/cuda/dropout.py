@@ -11,9 +11,9 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from .runtime.simulator import SIMULATOR
-from .runtime.arrays import dtype_name, empty, ptr, size, vector_aligned
-from .runtime.intrinsics import array_type, load4, narrow, store4, widen
-from .runtime.launch import Kernel
+from .runtime.memory.arrays import dtype_name, empty, ptr, size, vector_aligned
+from .runtime.device_code.intrinsics import array_type, load4, narrow, store4, widen
+from .runtime.launch.kernel import Kernel
 from .._philox import M0, M1, MASK32, W0, W1, keep_threshold
 
 BLOCK = 64 if SIMULATOR else 256
@@ -37,7 +37,8 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
 
 def _kernels(CT, ZERO):
     """The kernels for compute type CT; ZERO is a stored zero (bfloat16: its bits, the
-    uint16 0; other dtypes CT(0)). Loads widen, stores narrow (runtime/intrinsics.py)."""
+    uint16 0; other dtypes CT(0)). Loads widen, stores narrow
+    (runtime/device_code/intrinsics.py)."""
 
     @cuda.jit(device=True)
     def keep4(w0, w1, w2, w3, thr):

@@ -20,11 +20,11 @@ import math
 import numpy as np
 from numba import cuda, float32, float64
 
-from .runtime.arrays import dtype_name, empty
-from .runtime.grid import launch
-from .runtime.intrinsics import array_type, narrow, widen
-from .runtime.launch import Kernel
-from .runtime.stencil import div, magic_args
+from .runtime.memory.arrays import dtype_name, empty
+from .runtime.launch.grid import launch
+from .runtime.device_code.intrinsics import array_type, narrow, widen
+from .runtime.launch.kernel import Kernel
+from .runtime.device_code.stencil import div, magic_args
 from .._vocab import BF16_DTYPES as DTYPES
 
 

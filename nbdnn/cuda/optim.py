@@ -13,9 +13,9 @@ import math
 
 from numba import cuda, float32, float64
 
-from .runtime.arrays import dtype_name, size
-from .runtime.intrinsics import array_type, narrow, widen
-from .runtime.launch import Kernel
+from .runtime.memory.arrays import dtype_name, size
+from .runtime.device_code.intrinsics import array_type, narrow, widen
+from .runtime.launch.kernel import Kernel
 from .runtime.simulator import SIMULATOR
 
 BLOCK = 32 if SIMULATOR else 256  # (the simulator runs a thread an OS thread)

@@ -199,7 +199,7 @@ _NCCL_TYPES = {"float16": "NCCL_FLOAT16", "bfloat16": "NCCL_BFLOAT16",
 def _nccl(comm, what, a, stream, root=0):
     """comm.allReduce (a sum) or comm.bcast of array a in place on the raw stream."""
     from cupy.cuda import nccl
-    from ..cuda.runtime.arrays import ptr
+    from ..cuda.runtime.memory.arrays import ptr
     kind = getattr(nccl, _NCCL_TYPES[str(a.dtype).rpartition(".")[2]])
     n = int(np.prod(a.shape))
     if what == "bcast":
@@ -209,7 +209,7 @@ def _nccl(comm, what, a, stream, root=0):
 
 
 def _issue(fn):
-    from ..cuda.runtime.launch import issue
+    from ..cuda.runtime.launch.kernel import issue
     issue(fn)
 
 

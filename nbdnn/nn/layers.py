@@ -11,7 +11,7 @@ def move(a, device):
     """a on "cpu" (a NumPy array), "cuda" (a device array: where it already is, else on
     the current device) or "cuda:N" (on device N; from another device through the host);
     arrays already there stay."""
-    from ..cuda.runtime.arrays import to_device, to_host
+    from ..cuda.runtime.memory.arrays import to_device, to_host
     if device == "cpu":
         return a if isinstance(a, np.ndarray) else to_host(a)
     ordinal = cuda_ordinal(device)

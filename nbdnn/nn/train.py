@@ -39,7 +39,7 @@ class CrossEntropyLoss:
 
 
 # GraphedSteps' captured training step with its buffers sharing one arena where their
-# lifetimes allow (cuda/runtime/reuse.py: the second step runs traced, the third is
+# lifetimes allow (cuda/runtime/memory/reuse.py: the second step runs traced, the third is
 # captured on the plan). Written without device time, tested in the
 # simulator: off until a GPU run shows the same losses and the memory it saves.
 REUSE_BUFFERS = False
@@ -220,7 +220,7 @@ class GraphedSteps:
     call. reuse=True (default REUSE_BUFFERS): the second step runs eagerly while its
     allocations and launches are traced, the third is captured with every buffer
     whose last kernel has run shared with later ones (one arena of `arena_bytes`
-    where the traced step allocated `traced_bytes`; cuda/runtime/reuse.py): after a
+    where the traced step allocated `traced_bytes`; cuda/runtime/memory/reuse.py): after a
     replay only the loss is readable, not the activations a layer holds. Results
     (the loss, the logits) are these steps' own buffers, rewritten by the next call:
     copy what you keep. Parameters, running statistics, the optimizer's
@@ -271,7 +271,7 @@ class GraphedSteps:
         elif not self.graph or eager_first:
             self._results[name] = fn()
         elif self.reuse and name == "step" and self._trace is None:
-            from ..cuda.runtime.reuse import Trace  # (a traced eager step: the plan)
+            from ..cuda.runtime.memory.reuse import Trace  # (a traced eager step: the plan)
             trace = Trace()
             with trace:
                 self._results[name] = fn()

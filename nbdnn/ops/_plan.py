@@ -18,7 +18,7 @@ A signature's calls on one thread:
        argument of a launch becomes (source, byte offset, count), the source an input
        array or an allocation of the call; an address in neither is a fixed table, kept
        alive by the plan; a number made from an array's address (a TMA map's device
-       address) the rule that makes it again (cuda/runtime/plan_record.py); the
+       address) the rule that makes it again (cuda/runtime/capture/plan_record.py); the
        result maps to inputs and allocations by identity;
   3rd  is recorded again and must give the same recording, or the signature is never
        planned (host state that changes between calls, e.g. an op reading a counter);
@@ -261,6 +261,6 @@ def clear():
     """Forget this thread's plans (after changing a setting that steers dispatch) and
     release its workspace buffer (what the plans keep goes with them)."""
     capture_state.__dict__.pop("plans", None)
-    record = sys.modules.get("nbdnn.cuda.runtime.plan_record")
+    record = sys.modules.get("nbdnn.cuda.runtime.capture.plan_record")
     if record is not None:
         record.workspace.release()

@@ -154,7 +154,7 @@ def _as_tuple(r):
 def _to_device(a, strided):
     """A device copy of a; with strided=True a non-contiguous view holding a's values
     (every other element of a wider last axis)."""
-    from nbdnn.cuda.runtime import arrays as _arrays
+    from nbdnn.cuda.runtime.memory import arrays as _arrays
     if not strided or a.ndim == 0:
         return _arrays.to_device(a)
     wide = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
@@ -175,7 +175,7 @@ def crosscheck(spec, case, dtype, strided=(), blend=None):
     blend: None, or (alpha, beta, out_seed): pass alpha, beta and an `out=` buffer to
     both backends (with beta == 0 the device buffer holds NaN: it must not be read).
     Returns a dict: ok, max_abs, max_rel, tol, msg, shapes."""
-    from nbdnn.cuda.runtime import arrays as _arrays
+    from nbdnn.cuda.runtime.memory import arrays as _arrays
     args, kw = case.args, dict(case.kwargs)
     ref_args = tuple(a.astype(np.float64) if isinstance(a, np.ndarray) and _floating(a)
                      else a for a in args)

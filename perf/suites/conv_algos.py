@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import nbdnn
 from nbdnn.bench import time_gpu, time_graph
-from nbdnn.cuda.runtime.launch import launched
+from nbdnn.cuda.runtime.launch.kernel import launched
 
 ALGOS = ("implicit_gemm", "winograd", "winograd4", "gemm")
 LAYERS = ("32@56", "64@56", "64@112", "128@28", "256@14", "512@7")

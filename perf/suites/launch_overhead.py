@@ -160,7 +160,7 @@ def _launch_paths(kern, sig, x, y):
     launch record (one array argument)."""
     import ctypes
     from numba import njit
-    from nbdnn.cuda.runtime import launch as _launch
+    from nbdnn.cuda.runtime.launch import kernel as _launch
     kern.launch(sig, 1, 256, 0, x, y, 1024, 1.0, 0.0, 0.0, 1)
     lau = kern._launchers[sig]
     f, pa = int(lau.handle), lau.params_address
@@ -218,11 +218,11 @@ def _interleaved(fns, rounds=40, calls=500):
 def _front_end_pieces(tx, ty):
     from nbdnn import arrays, backend
     from nbdnn.cuda import activation as ca
-    from nbdnn.cuda.runtime import arrays as _arrays
+    from nbdnn.cuda.runtime.memory import arrays as _arrays
     kern, sig = ca._FORWARD["relu", np.dtype("float32")]
     lau = kern._launchers[sig]
     px, py = _arrays.ptr_size(tx), _arrays.ptr_size(ty)
-    from nbdnn.cuda.runtime.launch import cuLaunchKernel as drv, _launch_record
+    from nbdnn.cuda.runtime.launch.kernel import cuLaunchKernel as drv, _launch_record
     dt = np.dtype("float32")
     pieces = {
         "piece: ptr_size(torch)": lambda: _arrays.ptr_size(tx),

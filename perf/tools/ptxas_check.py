@@ -23,7 +23,7 @@ import numba.cuda.dispatcher as _dispatcher
 _dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
 from numba import cuda  # noqa: E402  (after the stand-in device: no GPU here)
 
-from nbdnn.cuda.runtime.launch import REGISTRY  # noqa: E402
+from nbdnn.cuda.runtime.launch.kernel import REGISTRY  # noqa: E402
 
 
 def ptxas_version():

@@ -9,7 +9,7 @@ import re
 import sys
 
 import nbdnn.cuda  # noqa: F401  (numpy shim before numba.cuda)
-from nbdnn.cuda.runtime.launch import REGISTRY
+from nbdnn.cuda.runtime.launch.kernel import REGISTRY
 
 mod, name, dtype = sys.argv[1:4]
 m = importlib.import_module(mod)

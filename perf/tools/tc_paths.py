@@ -20,7 +20,7 @@ import sys
 import torch
 
 import nbdnn
-from nbdnn.cuda.runtime.launch import launched
+from nbdnn.cuda.runtime.launch.kernel import launched
 
 
 def _case(label, shapes, dtype, ta=False, tb=False, tol=2e-2, **kw):

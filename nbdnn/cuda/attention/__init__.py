@@ -19,7 +19,7 @@ declare the variants, the first usable one runs a call; `forced(name)` makes a t
 a benchmark run one (NotSupportedError where it cannot take the call)."""
 import dataclasses
 
-from ..runtime.arrays import dtype_name, empty
+from ..runtime.memory.arrays import dtype_name, empty
 from ..runtime.device import sm_count
 from ..runtime import variants
 from ..runtime.variants import Variant

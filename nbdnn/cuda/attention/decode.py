@@ -23,8 +23,8 @@ import math
 import numpy as np
 from numba import cuda, float32, float64, uint8
 
-from ..runtime.intrinsics import array_type, narrow, widen
-from ..runtime.launch import Kernel
+from ..runtime.device_code.intrinsics import array_type, narrow, widen
+from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
 from .simt import attention_device_functions, geometry_types
 

@@ -36,12 +36,12 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from ..runtime.arrays import dtype_name, ptr
-from ..runtime.block_reduce import SHM, device_functions
-from ..runtime.codegen import compile_source
+from ..runtime.memory.arrays import dtype_name, ptr
+from ..runtime.device_code.block_reduce import SHM, device_functions
+from ..runtime.launch.codegen import compile_source
 from ..runtime.device import sm_count
-from ..runtime.intrinsics import array_type, load8, widen
-from ..runtime.launch import Kernel
+from ..runtime.device_code.intrinsics import array_type, load8, widen
+from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
 from .simt import attention_device_functions, geometry_types
 

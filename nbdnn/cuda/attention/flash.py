@@ -21,10 +21,10 @@ import numpy as np
 from numba import types
 from numba.cuda import libdevice
 
-from ..runtime.arrays import dtype_name, ptr
-from ..runtime.codegen import compile_source
+from ..runtime.memory.arrays import dtype_name, ptr
+from ..runtime.launch.codegen import compile_source
 from ..runtime.device import sm_count
-from ..runtime.launch import Kernel
+from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
 from ..tensorcore.asm import instruction, smem_address
 from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2

@@ -16,9 +16,9 @@ import math
 import numpy as np
 from numba import types
 
-from ..runtime.arrays import dtype_name, ptr
-from ..runtime.codegen import compile_source
-from ..runtime.launch import Kernel
+from ..runtime.memory.arrays import dtype_name, ptr
+from ..runtime.launch.codegen import compile_source
+from ..runtime.launch.kernel import Kernel
 from ..tensorcore.tensormap import encoded
 from ..tensorcore.wgmma import wgmma, wgmma_rs
 from . import flash, flash_bwd_source as fb

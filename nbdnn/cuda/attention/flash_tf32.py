@@ -56,9 +56,9 @@ from numba import cuda, types
 from numba.cuda import libdevice
 from numba.cuda.extending import intrinsic
 
-from ..runtime.codegen import compile_source
-from ..runtime.intrinsics import round_tf32
-from ..runtime.launch import Kernel
+from ..runtime.launch.codegen import compile_source
+from ..runtime.device_code.intrinsics import round_tf32
+from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
 from ..tensorcore.asm import element_pointer, instruction
 from ..tensorcore.mma import mma_tf32

@@ -54,10 +54,10 @@ import numpy as np
 from numba import cuda, float32
 
 from ..matmul import matmul
-from ..runtime.arrays import dtype_name, empty
-from ..runtime.block_reduce import SHM, device_functions
-from ..runtime.intrinsics import array_type, narrow, widen
-from ..runtime.launch import Kernel
+from ..runtime.memory.arrays import dtype_name, empty
+from ..runtime.device_code.block_reduce import SHM, device_functions
+from ..runtime.device_code.intrinsics import array_type, narrow, widen
+from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
 from ..tensor import cast_tensor, transform_tensor
 from .simt import attention_device_functions

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..runtime.arrays import dtype_name
+from ..runtime.memory.arrays import dtype_name
 from ..._philox import MASK32, keep_threshold
 
 MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}

@@ -27,8 +27,8 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from ..dropout import philox4x32_10
-from ..runtime.intrinsics import array_type, narrow, round_tf32, widen
-from ..runtime.launch import Kernel
+from ..runtime.device_code.intrinsics import array_type, narrow, round_tf32, widen
+from ..runtime.launch.kernel import Kernel
 
 MAX_D = 256
 _MASK, _S32 = np.uint64(0xFFFFFFFF), np.uint64(32)

@@ -32,10 +32,10 @@ from ..runtime.variants import Variant
 from .. import activation as _act
 from . import columns as _bn_columns, planes as _bn_planes, sums as _bn_sums
 from ..runtime.device import sm_count
-from ..runtime.arrays import dtype_name, empty, vector_aligned
-from ..runtime.intrinsics import array_type, load4, narrow, narrow4, store4, widen
-from ..runtime.launch import Kernel
-from ..runtime.block_reduce import device_functions
+from ..runtime.memory.arrays import dtype_name, empty, vector_aligned
+from ..runtime.device_code.intrinsics import array_type, load4, narrow, narrow4, store4, widen
+from ..runtime.launch.kernel import Kernel
+from ..runtime.device_code.block_reduce import device_functions
 from ..._vocab import BF16_DTYPES as DTYPES
 
 BLOCK = 32 if SIMULATOR else 256

@@ -33,9 +33,9 @@ but the two smallest maps (14x14x256, 7x7x512: 0.74-0.89x), backward (sums + dx)
 from numba import cuda, int64
 
 from ..runtime.simulator import SIMULATOR
-from ..runtime.arrays import vector_aligned
-from ..runtime.intrinsics import load8, narrow, store8, widen
-from ..runtime.codegen import compile_source
+from ..runtime.memory.arrays import vector_aligned
+from ..runtime.device_code.intrinsics import load8, narrow, store8, widen
+from ..runtime.launch.codegen import compile_source
 
 THREADS = 32 if SIMULATOR else 256
 RPT = 2  # rows a thread an iteration (dx holds 48 terms and 2 x 24 loaded values)

@@ -22,9 +22,9 @@ left there, with last-use loads and streaming stores, measured no faster.
 from numba import cuda, int32
 
 from ..runtime.simulator import SIMULATOR
-from ..runtime.intrinsics import load4, narrow4, store4, widen
-from ..runtime.stencil import DIV, U, U32, div, magic_args
-from ..runtime.codegen import compile_source
+from ..runtime.device_code.intrinsics import load4, narrow4, store4, widen
+from ..runtime.device_code.stencil import DIV, U, U32, div, magic_args
+from ..runtime.launch.codegen import compile_source
 
 BLOCK = 32 if SIMULATOR else 256   # statistics and sums
 ABLOCK = 32 if SIMULATOR else 128  # apply and dx

@@ -29,7 +29,7 @@ import math
 from numba import cuda, int64
 
 from ..runtime.simulator import SIMULATOR
-from ..runtime.intrinsics import narrow, widen
+from ..runtime.device_code.intrinsics import narrow, widen
 
 BLOCK = 32 if SIMULATOR else 256
 CX, CY = (8, 4) if SIMULATOR else (32, 8)

@@ -64,9 +64,9 @@ import numpy as np
 from .. import matmul as _mm
 from ..matmul import TILES, gemm_call, choose_tile
 from ..runtime import variants
-from ..runtime.arrays import dtype_name, empty, size, vector_aligned
+from ..runtime.memory.arrays import dtype_name, empty, size, vector_aligned
 from ..runtime.device import sm_count
-from ..runtime.grid import launch
+from ..runtime.launch.grid import launch
 from ..runtime.variants import Variant
 from ..tensor import reduce_tensor, scale_tensor, set_tensor, transform_into
 from ..._shapes import winograd_workspace

@@ -10,7 +10,7 @@ through the copies, ResNet-50's 1x1 layers of s2-s4 (51-205 GEMM flops a copied 
 1.06-2.83x and s1's 3x3 (144; the SIMT implicit GEMM otherwise) 2.41x the speed; s1's
 1x1 layers (16-26 flops a byte) 0.52-0.71x; the 3x3 layers of s2-s4 0.43-0.81x against
 winograd, which "auto" keeps."""
-from ..runtime.arrays import empty
+from ..runtime.memory.arrays import empty
 from ..tensor import transform_into
 
 MIN_FLOP_PER_BYTE = 40

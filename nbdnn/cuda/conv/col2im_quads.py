@@ -11,7 +11,7 @@ in tap order (no atomics: deterministic). The general kernel (gemm.py's conv_col
 moves one element a thread, splits its flat index five ways in 64-bit arithmetic and
 divides by the runtime strides at every tap. Here a thread owns four neighbouring
 channels of one pixel (C % 4 == 0): one index split for four outputs, the splits
-multiply-high by magic numbers (runtime/stencil.py), a tap row's landing found once
+multiply-high by magic numbers (runtime/device_code/stencil.py), a tap row's landing found once
 per row (a multiply-high by the stride's magic number and one test), 32-bit offsets
 (fewer than 2**31 elements in dx and in dcols). A profile (ResNet-50 bf16
 training step, batch 32, H200) had conv_col2im at 2.95 ms over the 6 stride-2 data
@@ -20,11 +20,11 @@ on one dx element), dx written once (read once more with beta).
 """
 from numba import cuda, float32, float64
 
-from ..runtime.arrays import dtype_name
-from ..runtime.intrinsics import array_type, narrow, widen
-from ..runtime.launch import Kernel
+from ..runtime.memory.arrays import dtype_name
+from ..runtime.device_code.intrinsics import array_type, narrow, widen
+from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
-from ..runtime.stencil import I64 as I, U, U32, div, magic_args
+from ..runtime.device_code.stencil import I64 as I, U, U32, div, magic_args
 from ..._vocab import BF16_DTYPES
 
 BLOCK = 64 if SIMULATOR else 256

@@ -27,10 +27,10 @@ import math
 
 from numba import cuda, int32
 
-from ..runtime.arrays import dtype_name
-from ..runtime.intrinsics import narrow, widen
+from ..runtime.memory.arrays import dtype_name
+from ..runtime.device_code.intrinsics import narrow, widen
 from ..runtime.simulator import SIMULATOR
-from ..runtime.stencil import I64 as I, U, U32, div, magic_args
+from ..runtime.device_code.stencil import I64 as I, U, U32, div, magic_args
 from .col2im_quads import typed_kernels
 
 BLOCK = 32 if SIMULATOR else 256

@@ -48,9 +48,9 @@ from ..runtime.simulator import SIMULATOR
 from ..runtime.variants import Variant
 from . import depthwise_rows as _conv_depthwise_rows
 from .geometry import ConvGeometry
-from ..runtime.arrays import dtype_name, empty, size, vector_aligned
-from ..runtime.grid import BLOCK
-from ..runtime.intrinsics import array_type
+from ..runtime.memory.arrays import dtype_name, empty, size, vector_aligned
+from ..runtime.launch.grid import BLOCK
+from ..runtime.device_code.intrinsics import array_type
 from ..runtime.device import sm_count
 from ..tensor import reduce_tensor
 

@@ -20,18 +20,18 @@ on 112x112 to 28x28 2.6-3.0x cuDNN (rpt 7-8, 2.0-2.6 TB/s), 14x14 1.9x, 7x7 1.65
 (rpt 4: 159% against 139% at rpt 7); 3x3/2 1.1-1.55x; 5x5/1 at 14x14 2.2x.
 
 The kernel is generated per (dtype, window R x S, stride, dilation, flip, rpt), with
-the padding and sizes at run time, on first use (runtime/stencil.py: index split, clamped
-loads); float32 3x3/1 at rpt 4 is registered at import (PTX test). Traffic: x once
+the padding and sizes at run time, on first use (runtime/device_code/stencil.py: index
+split, clamped loads); float32 3x3/1 at rpt 4 is registered at import (PTX test). Traffic: x once
 from DRAM (rows shared between threads from L1/L2), y written once; 2 * R * S flops an
 output.
 """
 import functools
 
 from ..runtime.simulator import SIMULATOR
-from ..runtime import stencil as _stencil
-from ..runtime.intrinsics import array_type
-from ..runtime.launch import Kernel
-from ..runtime.codegen import compile_source
+from ..runtime.device_code import stencil as _stencil
+from ..runtime.device_code.intrinsics import array_type
+from ..runtime.launch.kernel import Kernel
+from ..runtime.launch.codegen import compile_source
 from .source_names import namespace
 
 BLOCK = 32 if SIMULATOR else 128

@@ -1,6 +1,6 @@
 """Convolution algorithm "direct", forward and both backward passes: one thread an
 output element (grid-stride), every geometry and layout through the shared index
-helpers (nbdnn/cuda/runtime/grid.py); the reference-speed algorithm and the fallback
+helpers (nbdnn/cuda/runtime/launch/grid.py); the reference-speed algorithm and the fallback
 of the others (nbdnn/cuda/conv/__init__.py's docstring has their traffic and registers).
 - forward: y[n, k, p] gathers C/g * T*R*S products, then the epilogue
   act(alpha * acc + beta * z + bias), z = residual or the previous y.
@@ -15,8 +15,8 @@ nan, the reference's x_pad); backward data visits only the terms that exist
 from numba import cuda
 
 from . import gemm as _conv_gemm
-from ..runtime.grid import landing as _landing, split as _split, strides as _strides
-from ..runtime.intrinsics import narrow, widen
+from ..runtime.launch.grid import landing as _landing, split as _split, strides as _strides
+from ..runtime.device_code.intrinsics import narrow, widen
 
 
 def kernels(CT, act_fn):

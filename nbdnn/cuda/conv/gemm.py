@@ -22,10 +22,10 @@ import numpy as np
 from numba import cuda
 
 from ..runtime import variants
-from ..runtime.arrays import dtype_name, empty, size
-from ..runtime.grid import landing, launch, split, strides
-from ..runtime.intrinsics import array_type, narrow, widen
-from ..runtime.strided import contiguous
+from ..runtime.memory.arrays import dtype_name, empty, size
+from ..runtime.launch.grid import landing, launch, split, strides
+from ..runtime.device_code.intrinsics import array_type, narrow, widen
+from ..runtime.memory.strided import contiguous
 from ..runtime.variants import Variant
 from . import col2im_quads as _quads, col2im_rows as _col2im_rows_kernel
 from . import im2col_rows as _im2col_rows_kernel, im2col_words as _words

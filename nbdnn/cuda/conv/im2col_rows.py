@@ -25,10 +25,10 @@ import functools
 
 from numba import cuda, types
 
-from ..runtime.arrays import ptr, size
-from ..runtime.launch import Kernel
+from ..runtime.memory.arrays import ptr, size
+from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
-from ..runtime.stencil import I64 as I, U, U32, div, magic_args
+from ..runtime.device_code.stencil import I64 as I, U, U32, div, magic_args
 
 BLOCK = 32 if SIMULATOR else 256
 MAX_SHARED = 48 * 1024  # bytes of staged rows (no opt-in to more)
@@ -41,7 +41,7 @@ WORDS = {2: "uint16", 4: "uint32", 8: "uint64"}
 
 def tap_of(kx, R, S, C, flip, m_C, s_C, m_S, s_S):
     """(r, s, c) of column kx = (r, s, c) taps-major (flipped taps in mode
-    "convolution"), split by multiply-high (runtime/stencil.py); im2col_words' too."""
+    "convolution"), split by multiply-high (runtime/device_code/stencil.py); im2col_words' too."""
     tap = div(kx, m_C, s_C)
     c = U32(kx - tap * C)
     r = div(tap, m_S, s_S)

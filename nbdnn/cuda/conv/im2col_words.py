@@ -17,10 +17,10 @@ write, M x row x itemsize in all.
 import numpy as np
 from numba import cuda
 
-from ..runtime.arrays import dtype_name, empty, ptr, size
-from ..runtime.launch import Kernel
+from ..runtime.memory.arrays import dtype_name, empty, ptr, size
+from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
-from ..runtime.stencil import I64 as I, U, U32, div, magic_args
+from ..runtime.device_code.stencil import I64 as I, U, U32, div, magic_args
 from .im2col_rows import tap_of
 
 
@@ -63,7 +63,7 @@ def conv_im2col_words(x, cols, N, H, W, C, R, S, PH, PW, sh, sw, qh, qw, dh, dw,
 def conv_im2col_words32(x, cols, H, W, C, R, S, PP, PW, sh, sw, qh, qw, dh, dw, flip, row,
                         total, m_row, s_row, m_C, s_C, m_S, s_S, m_PP, s_PP, m_PW, s_PW):
     # conv_im2col_words for fewer than 2**31 words: one thread a word, every index split
-    # a multiply-high by a magic number (runtime/stencil.py: 3 instructions where a
+    # a multiply-high by a magic number (runtime/device_code/stencil.py: 3 instructions where a
     # 64-bit division takes ~70), 32-bit offsets; PP = PH PW
     i = U32(cuda.blockIdx.x) * U32(cuda.blockDim.x) + U32(cuda.threadIdx.x)
     if i < total:

@@ -32,7 +32,7 @@ cuDNN, its epilogue below to 55%).
 import numpy as np
 
 from ..matmul.gemm_source import PAD, block_setup, col_expr, main_loop, row_expr, tile_loads
-from ..runtime.arrays import to_device
+from ..runtime.memory.arrays import to_device
 from ..runtime.device import key as device_key
 
 _GEOM = ("N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd, qh, qw, dd, dh, dw, "

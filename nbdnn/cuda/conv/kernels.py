@@ -5,10 +5,10 @@ kernels are built per window geometry on first use (depthwise_rows.py)."""
 
 from ..matmul import TILES
 from ..matmul.gemm_source import gemm_about
-from ..runtime.codegen import compile_source
-from ..runtime.launch import Kernel
+from ..runtime.launch.codegen import compile_source
+from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
-from ..runtime.intrinsics import array_type
+from ..runtime.device_code.intrinsics import array_type
 from ..._vocab import BF16_DTYPES
 from . import depthwise, direct, gemm, winograd
 from .implicit_gemm_source import igemm_chunked_source, igemm_source

@@ -8,10 +8,10 @@ import numpy as np
 from numba import cuda, float32, float64, int64, uint64
 
 from .. import activation as _act
-from ..runtime.grid import I, U, U32, split, split32, strides
-from ..runtime.intrinsics import narrow, narrow4, store4, widen
+from ..runtime.launch.grid import I, U, U32, split, split32, strides
+from ..runtime.device_code.intrinsics import narrow, narrow4, store4, widen
 from ..runtime.simulator import SIMULATOR
-from ..runtime.stencil import W32
+from ..runtime.device_code.stencil import W32
 from .gemm import make_epilogue
 
 COMPUTE = {"float32": (float32, np.float32), "float64": (float64, np.float64)}

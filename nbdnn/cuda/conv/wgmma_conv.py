@@ -44,7 +44,7 @@ import numpy as np
 from ..matmul.tensor_core_gemm import split_k, wgmma_gemm as W
 from ..matmul.tensor_core_gemm.epilogue import staged_store as staged
 from ..matmul.tensor_core_gemm.wgmma_im2col import GEOMETRY, filter_column_words
-from ..runtime.arrays import dtype_name, empty, ptr, to_device
+from ..runtime.memory.arrays import dtype_name, empty, ptr, to_device
 from ..runtime.device import key as device_key, sm_count
 from ..tensorcore.tensormap import encoded, encoded_im2col
 from .. import activation as _act

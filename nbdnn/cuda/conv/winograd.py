@@ -26,10 +26,10 @@ from fractions import Fraction as Fr
 import numpy as np
 from numba import cuda
 
-from ..runtime.arrays import dtype_name, empty
-from ..runtime.grid import U, launch, split, strides
-from ..runtime.intrinsics import array_type, narrow, widen
-from ..runtime.codegen import compile_source
+from ..runtime.memory.arrays import dtype_name, empty
+from ..runtime.launch.grid import U, launch, split, strides
+from ..runtime.device_code.intrinsics import array_type, narrow, widen
+from ..runtime.launch.codegen import compile_source
 
 _MATRICES = {  # m: (B^T, G, A^T)
     2: (((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)),

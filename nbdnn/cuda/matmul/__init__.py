@@ -41,15 +41,15 @@ from ..runtime import variants
 from ..runtime.simulator import SIMULATOR
 from ..runtime.variants import Variant
 from .. import activation as _act
-from ..runtime.arrays import dtype_name, empty, ptr
+from ..runtime.memory.arrays import dtype_name, empty, ptr
 from .gemm_source import gemm_about, gemm_source
 from . import tf32_parts as _tf32_parts
 from ..runtime.device import describe, sm_count
-from ..runtime.intrinsics import bf16_load, bf16_store
+from ..runtime.device_code.intrinsics import bf16_load, bf16_store
 from .tensor_core_gemm import mma_gemm as _mma, wgmma_gemm as _tc
 from .batches import table as batch_table
-from ..runtime.codegen import compile_source
-from ..runtime.launch import Kernel
+from ..runtime.launch.codegen import compile_source
+from ..runtime.launch.kernel import Kernel
 from ..tensor import reduce_tensor
 from ...errors import NotSupportedError
 from ..._vocab import FLOAT_DTYPES as DTYPES

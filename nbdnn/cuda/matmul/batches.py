@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ..runtime.arrays import to_device
+from ..runtime.memory.arrays import to_device
 from ..runtime.device import key as device_key
 
 _cache = {}

@@ -138,7 +138,7 @@ def main_loop(BM, BN, BK, TM, TN, fetch, stash):
 
 
 def gemm_about(ct_name, size, cfg, what="the tiled GEMM (matmul, conv gemm/winograd)"):
-    """The header of a generated GEMM-family kernel (runtime/codegen.py): its tile and
+    """The header of a generated GEMM-family kernel (runtime/launch/codegen.py): its tile and
     what one block's k-step moves and computes."""
     BM, BN, BK, TM, TN = cfg
     item = 8 if ct_name == "float64" else 4
@@ -156,7 +156,7 @@ def gemm_about(ct_name, size, cfg, what="the tiled GEMM (matmul, conv gemm/winog
 def gemm_source(BM, BN, BK, TM, TN, bf16=False):
     """(name, source) of kernel `gemm_<config>`: c[kz, z] = epilogue(op(a[z]) @ op(b[z]))
     over the reduction chunk kz (grid.z) of length ksplit. bf16: the arrays hold
-    bfloat16 bits, widened by LD and rounded back by ST (runtime/intrinsics.py)."""
+    bfloat16 bits, widened by LD and rounded back by ST (runtime/device_code/intrinsics.py)."""
     ld = "LD" if bf16 else "CT"
     TY, TX = BM // TM, BN // TN
     T = TX * TY

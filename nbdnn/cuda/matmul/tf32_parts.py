@@ -31,9 +31,9 @@ import math
 
 from numba import cuda, float32
 
-from ..runtime.arrays import empty, vector_aligned
-from ..runtime.intrinsics import load4, round_tf32, store4
-from ..runtime.launch import Kernel
+from ..runtime.memory.arrays import empty, vector_aligned
+from ..runtime.device_code.intrinsics import load4, round_tf32, store4
+from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
 
 PARTS = {"tf32": ((1, 0), (1, 0)), "3xtf32": ((3, 0b100), (3, 0b010))}  # (P, code): A, B

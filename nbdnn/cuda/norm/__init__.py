@@ -21,7 +21,7 @@ import dataclasses
 import math
 
 from ..runtime import variants
-from ..runtime.arrays import dtype_name, empty, vector_aligned
+from ..runtime.memory.arrays import dtype_name, empty, vector_aligned
 from ..runtime.device import sm_count
 from ..runtime.variants import Variant
 from ..softmax import ROWS_BLOCK, rows_config

@@ -23,11 +23,11 @@ from numba import cuda, float32, float64
 
 from ..runtime.simulator import SIMULATOR
 from ..batch_norm import planes as _bn_planes, sums as _bn_sums
-from ..runtime.arrays import dtype_name, empty
-from ..runtime.intrinsics import array_type, narrow, widen
-from ..runtime.launch import Kernel
+from ..runtime.memory.arrays import dtype_name, empty
+from ..runtime.device_code.intrinsics import array_type, narrow, widen
+from ..runtime.launch.kernel import Kernel
 from ..._vocab import BF16_DTYPES as DTYPES
-from ..runtime.block_reduce import SHM, device_functions
+from ..runtime.device_code.block_reduce import SHM, device_functions
 
 BLOCK = 32 if SIMULATOR else 256
 

@@ -8,10 +8,10 @@ import numpy as np
 from numba import cuda, float32, float64, uint64
 
 from ..runtime.simulator import SIMULATOR
-from ..runtime.intrinsics import array_type, load4, narrow, store4, widen
+from ..runtime.device_code.intrinsics import array_type, load4, narrow, store4, widen
 from ..._vocab import BF16_DTYPES as DTYPES
-from ..runtime.launch import Kernel
-from ..runtime.block_reduce import SHM, device_functions
+from ..runtime.launch.kernel import Kernel
+from ..runtime.device_code.block_reduce import SHM, device_functions
 from ..softmax import row_vs
 from . import rows as _rows
 

@@ -18,8 +18,8 @@ from numba import cuda
 
 from ..runtime.simulator import SIMULATOR
 from ..softmax.rows import load_lines, prologue, store_lines
-from ..runtime.intrinsics import narrow, widen
-from ..runtime.codegen import compile_source
+from ..runtime.device_code.intrinsics import narrow, widen
+from ..runtime.launch.codegen import compile_source
 
 CX, CY = (8, 4) if SIMULATOR else (32, 8)
 R = 4 if SIMULATOR else 16

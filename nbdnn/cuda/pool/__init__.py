@@ -35,15 +35,15 @@ from typing import NamedTuple
 from numba import cuda, float32, float64
 
 from ..runtime import variants
-from ..runtime.arrays import dtype_name, empty, size
-from ..runtime.grid import MAX_BLOCKS, U, launch, landing, split, strides
+from ..runtime.memory.arrays import dtype_name, empty, size
+from ..runtime.launch.grid import MAX_BLOCKS, U, launch, landing, split, strides
 from ..runtime.simulator import SIMULATOR
 from ..runtime.variants import Variant
 from . import fast as _pool_fast
 from . import fast_bwd as _pool_fast_bwd
 from .geometry import PoolGeometry
-from ..runtime.intrinsics import array_type, narrow, widen
-from ..runtime.launch import Kernel
+from ..runtime.device_code.intrinsics import array_type, narrow, widen
+from ..runtime.launch.kernel import Kernel
 from ..._vocab import BF16_DTYPES as DTYPES
 from ..._vocab import POOL_MODES as MODES
 

@@ -8,7 +8,7 @@ divisions for NCHW, 3 for NHWC; _stencil.magic) and every offset is 32-bit (usab
 checks the sizes), so a load's address is one wide multiply-add. The source is
 generated: each row's and column's offset and validity (one unsigned test) are
 computed once, then every tap loads from a clamped valid address (no branch around a
-load: all are in flight together) and is masked after (runtime/stencil.py). Max skips
+load: all are in flight together) and is masked after (runtime/device_code/stencil.py). Max skips
 NaNs with fmax and finds them with one unordered test over the window; the rare
 window holding a NaN decides between NaN and the largest number afterwards.
 
@@ -37,10 +37,10 @@ from numba import cuda, float32, float64
 from numba.cuda import libdevice
 
 from ..runtime.simulator import SIMULATOR
-from ..runtime import stencil as _stencil
-from ..runtime.intrinsics import array_type, narrow, widen
-from ..runtime.launch import Kernel
-from ..runtime.codegen import compile_source
+from ..runtime.device_code import stencil as _stencil
+from ..runtime.device_code.intrinsics import array_type, narrow, widen
+from ..runtime.launch.kernel import Kernel
+from ..runtime.launch.codegen import compile_source
 
 MAX_TAPS = 64
 BLOCK = 32 if SIMULATOR else 128

@@ -25,12 +25,12 @@ import math
 
 from numba import cuda, float32, float64
 
-from ..runtime.arrays import dtype_name
+from ..runtime.memory.arrays import dtype_name
 from ..runtime.simulator import SIMULATOR
-from ..runtime import stencil as _stencil
-from ..runtime.intrinsics import array_type, narrow, widen
-from ..runtime.launch import Kernel
-from ..runtime.codegen import compile_source
+from ..runtime.device_code import stencil as _stencil
+from ..runtime.device_code.intrinsics import array_type, narrow, widen
+from ..runtime.launch.kernel import Kernel
+from ..runtime.launch.codegen import compile_source
 from .fast import MAX_TAPS
 
 BLOCK = 32 if SIMULATOR else 256

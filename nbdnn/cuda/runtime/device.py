@@ -78,7 +78,7 @@ def _pointer_ordinal(x):
     numba's arrays record the context current when they were made, which for a wrapped
     foreign pointer need not be the one holding it."""
     from cuda.bindings import driver as cu
-    from .arrays import ptr
+    from .memory.arrays import ptr
     err, ordinal = cu.cuPointerGetAttribute(
         cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr(x))
     if err != cu.CUresult.CUDA_SUCCESS:

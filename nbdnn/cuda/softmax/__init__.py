@@ -1,7 +1,7 @@
 """Softmax forward and backward over any axis: x viewed as (outer, L, inner), L the
 softmax axis. Arithmetic in float32 for float16/bfloat16/float32 storage, float64 for
 float64 (one source for every storage dtype: loads widen, stores narrow; bfloat16 as its
-bits, runtime/intrinsics.py).
+bits, runtime/device_code/intrinsics.py).
 algo is a runtime int (FAST 0, ACCURATE 1, LOG 2): uniform per launch, so no divergence.
 
 Kernels (traffic per element, float32; +4 B when beta != 0 reads out):
@@ -45,11 +45,12 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from ..runtime.simulator import SIMULATOR
-from ..runtime.arrays import dtype_name, empty, size, vector_aligned
-from ..runtime.intrinsics import array_type, load4, narrow, store4, vector_alignment, widen
-from ..runtime.launch import Kernel
+from ..runtime.memory.arrays import dtype_name, empty, size, vector_aligned
+from ..runtime.device_code.intrinsics import (array_type, load4, narrow, store4, vector_alignment,
+    widen)
+from ..runtime.launch.kernel import Kernel
 from ..runtime import variants
-from ..runtime.block_reduce import FAST, LOG, SHM, device_functions
+from ..runtime.device_code.block_reduce import FAST, LOG, SHM, device_functions
 from .rows import rows_kernel as _rows_kernel
 from .stream import stream_kernels
 from ...errors import NotSupportedError

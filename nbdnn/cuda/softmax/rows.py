@@ -2,8 +2,8 @@
 the row held in registers, 4*V values a lane as named scalars, so that every slot has
 a compile-time name and nothing goes to local memory. `rows_kernel(V, backward, ns)`
 builds it in `ns` (the device functions and constants the source names) through
-runtime/codegen.py."""
-from ..runtime.codegen import compile_source
+runtime/launch/codegen.py."""
+from ..runtime.launch.codegen import compile_source
 
 
 def _rows_source(V, backward):

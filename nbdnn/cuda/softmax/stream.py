@@ -19,8 +19,8 @@ import math
 
 from numba import cuda
 
-from ..runtime.intrinsics import load4, load4_lu, narrow, store4, store4_cs, widen
-from ..runtime.block_reduce import FAST, LOG
+from ..runtime.device_code.intrinsics import load4, load4_lu, narrow, store4, store4_cs, widen
+from ..runtime.device_code.block_reduce import FAST, LOG
 
 
 def stream_kernels(f, CT, SHM, STRIDED_BLOCK, streaming=True):

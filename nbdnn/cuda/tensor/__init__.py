@@ -25,12 +25,12 @@ import math
 import numpy as np
 from numba import cuda, float32, float64
 
-from ..runtime.arrays import dtype_name, empty, ptr, size
-from ..runtime.intrinsics import array_type, load4, narrow, narrow4, store4, \
-    vector_alignment, widen
-from ..runtime.launch import Kernel
+from ..runtime.memory.arrays import dtype_name, empty, ptr, size
+from ..runtime.device_code.intrinsics import (array_type, load4, narrow, narrow4, store4,
+    vector_alignment, widen)
+from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
-from ..runtime.strided import strided_offset
+from ..runtime.memory.strided import strided_offset
 from . import reduce as _reduce, transpose as _transpose
 from ...errors import NotSupportedError
 
@@ -63,7 +63,7 @@ def _ew_functions(npt):
 
 def _ew_kernel(f, ct, unary, ZS):
     """ZS is a stored zero (bfloat16: its bits, the uint16 0; else ct(0)); loads widen,
-    stores narrow (runtime/intrinsics.py)."""
+    stores narrow (runtime/device_code/intrinsics.py)."""
     zero = ct(0)
 
     # a, y: (n,) flat; b: (n,) when bfull else broadcast through strides t0..t5 of the

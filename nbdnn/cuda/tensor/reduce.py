@@ -28,9 +28,10 @@ import numpy as np
 from numba import cuda, float32, float64, int64
 
 from ..runtime.simulator import SIMULATOR
-from ..runtime.arrays import dtype_name, empty, ptr
-from ..runtime.intrinsics import HAS_WARP, array_type, load4, narrow, vector_alignment, widen
-from ..runtime.launch import Kernel
+from ..runtime.memory.arrays import dtype_name, empty, ptr
+from ..runtime.device_code.intrinsics import (HAS_WARP, array_type, load4, narrow,
+    vector_alignment, widen)
+from ..runtime.launch.kernel import Kernel
 
 BLOCK = 64 if SIMULATOR else 256  # (the simulator starts an OS thread a CUDA thread)
 BIG = np.int64(1 << 62)       # index of "no element yet"

@@ -22,9 +22,9 @@ import math
 
 from numba import cuda, types
 
-from ..runtime.arrays import dtype_name
-from ..runtime.intrinsics import array_type
-from ..runtime.launch import Kernel
+from ..runtime.memory.arrays import dtype_name
+from ..runtime.device_code.intrinsics import array_type
+from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
 
 T, ROWS = (8, 2) if SIMULATOR else (32, 8)  # tile side, warp rows a block (T x ROWS threads)

@@ -5,7 +5,7 @@ cluster-wide barrier; TMA can multicast one load to several of them.
 Launching a cluster needs no new launch path: cluster_dims(x, y, z) in a kernel's body
 fixes its cluster shape at compile time (NVVM's cluster_dim_x/y/z annotations; the
 PTX entry gets `.explicitcluster` and `.reqnctapercluster x, y, z`), and the driver's
-plain cuLaunchKernel (runtime/launch.py, graphs, plans) then launches clusters; the
+plain cuLaunchKernel (runtime/launch/kernel.py, graphs, plans) then launches clusters; the
 grid must be a multiple of the shape. (numba-cuda 0.30's launch_bounds reach only
 cluster_max_blocks; cuLaunchKernelEx's cluster attribute would need a second launch
 record.)

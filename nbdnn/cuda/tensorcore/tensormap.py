@@ -31,9 +31,9 @@ import functools
 import numpy as np
 from numba import cuda
 
-from ..runtime.arrays import capture_state, empty, landed_copy, ptr, stream_handle
-from ..runtime.graph import capturing
-from ..runtime.launch import Kernel
+from ..runtime.memory.arrays import capture_state, empty, landed_copy, ptr, stream_handle
+from ..runtime.capture.graph import capturing
+from ..runtime.launch.kernel import Kernel
 
 DTYPES = {"float16": "FLOAT16", "bfloat16": "BFLOAT16", "float32": "FLOAT32",
           "tfloat32": "TFLOAT32", "uint16": "UINT16", "uint32": "UINT32"}

@@ -20,8 +20,8 @@ kernels build on; none is fast.
 """
 from numba import cuda, types
 
-from ..runtime.codegen import compile_source
-from ..runtime.launch import Kernel
+from ..runtime.launch.codegen import compile_source
+from ..runtime.launch.kernel import Kernel
 from .asm import smem_address
 from .cluster import barrier_cluster_arrive, barrier_cluster_wait, cluster_ctarank, \
     cluster_dims, ld_shared_cluster_f32, mapa_shared

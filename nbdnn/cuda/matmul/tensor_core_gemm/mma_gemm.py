@@ -31,9 +31,9 @@ import numpy as np
 from numba import types
 
 from ... import activation as _act
-from ...runtime.arrays import dtype_name, ptr
-from ...runtime.codegen import compile_source
-from ...runtime.launch import Kernel
+from ...runtime.memory.arrays import dtype_name, ptr
+from ...runtime.launch.codegen import compile_source
+from ...runtime.launch.kernel import Kernel
 from ...tensorcore.copy import cp_async_16_zfill, cp_async_commit, cp_async_wait
 from ...tensorcore.mma import cvt_bf16x2, cvt_f16x2, ldmatrix_x4, ldmatrix_x4_trans, \
     mma_bf16, mma_f16, unpack_bf16x2, unpack_f16x2, widen_bf16, widen_f16

@@ -17,10 +17,10 @@ import numpy as np
 from numba import cuda
 
 from ... import activation as _act
-from ...runtime.codegen import compile_source
+from ...runtime.launch.codegen import compile_source
 from ...runtime.device import sm_count
-from ...runtime.intrinsics import array_type, narrow, widen
-from ...runtime.launch import Kernel
+from ...runtime.device_code.intrinsics import array_type, narrow, widen
+from ...runtime.launch.kernel import Kernel
 
 SPLIT_FILL, MIN_CHUNK, MAX_SPLITS = 0.5, 1024, 16
 # ... up to WIDE_SPLITS chunks where a long reduction has few tiles (a convolution's
@@ -78,7 +78,7 @@ def _splitk_sum(ws, c, bias, splits, total, N, has_bias, act, coef, alpha, beta)
     """c[i] = alpha * act(sum over chunks s of ws[s * total + i] + bias[i % N]) + beta *
     c[i], the chunks added in order (deterministic); c 16-bit or float32 (tf32).
     (Compiled from this source by splitk_sum, whose namespace binds widen / narrow,
-    runtime/intrinsics.py, and act_fn, the fused activation.)"""
+    runtime/device_code/intrinsics.py, and act_fn, the fused activation.)"""
     i = cuda.grid(1)
     if i < total:
         acc = ws[i]

@@ -52,10 +52,10 @@ import math
 import numpy as np
 
 from ... import activation as _act
-from ...runtime.arrays import dtype_name, empty, ptr
-from ...runtime.codegen import compile_source
+from ...runtime.memory.arrays import dtype_name, empty, ptr
+from ...runtime.launch.codegen import compile_source
 from ...runtime.device import sm_count
-from ...runtime.launch import Kernel
+from ...runtime.launch.kernel import Kernel
 from ...tensorcore.tensormap import encoded
 from ..batches import table as batch_table
 from .epilogue import staged_store as staged
@@ -247,7 +247,7 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, promot
     tiles = -(-rows_a // bm) * -(-N // bn) * nz
     splits, chunk = split(tiles, K, bk)
     # the maps, and the arrays the kernel reads through them or through raw pointers: a
-    # graph keeps them alive, and a traced run (runtime/reuse.py) sees their last use
+    # graph keeps them alive, and a traced run (runtime/memory/reuse.py) sees their last use
     owners = (ma[1], mb[1], c, a, b) + ((bias,) if bias is not None else ())
     bias_arg = (ptr(bias), N) if bias is not None else (ptr(c), 1)
     grid = min(tiles * splits, sm_count()) if PERSISTENT else tiles * splits

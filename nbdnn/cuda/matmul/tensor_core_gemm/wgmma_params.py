@@ -14,7 +14,7 @@ encoded maps hold addresses, which made those calls unplannable).
 
 from numba import types
 
-from ...runtime.arrays import dtype_name, ptr
+from ...runtime.memory.arrays import dtype_name, ptr
 from ...tensorcore import cluster
 from ...tensorcore.asm import gmem_address
 from ...tensorcore.mma import cvt_bf16x2, cvt_f16x2, unpack_bf16x2, unpack_f16x2, \

@@ -14,7 +14,7 @@ import functools
 
 from numba import cuda, int64, uint32, uint64
 
-from .simulator import SIMULATOR
+from ..simulator import SIMULATOR
 
 # DIV's casts (the simulator's Python ints need none)
 U32, U = (int, int) if SIMULATOR else (uint32, uint64)

@@ -30,13 +30,13 @@ import threading
 import numpy as np
 from numba import cuda
 
-from .simulator import SIMULATOR
-from .arrays import flat, ptr_size
+from ..simulator import SIMULATOR
+from ..memory.arrays import flat, ptr_size
 from . import kernel_cache
 from .codegen import compile_source
 # this thread's .graph (the nbdnn.cuda.Graph recording it) and .plan (an eager call
 # plan's recorder, ops/_plan.py)
-from ...arrays import capture_state
+from ....arrays import capture_state
 
 REGISTRY = []  # every Kernel with the signatures it is used with (PTX test, warm-up)
 
@@ -243,7 +243,7 @@ class LaunchTable:
 
     def failed(self, k):
         """Raise for launch k (1-based, launch_table's return)."""
-        from ...errors import DeviceError
+        from ....errors import DeviceError
         raise DeviceError(f"cuLaunchKernel({self.names[k - 1]}) failed: "
                           f"{error_name(int(self.m[5]))} (replaying an eager call plan)")
 
@@ -294,7 +294,7 @@ class Kernel:
                 rc = libcuda.cuFuncSetAttribute(ctypes.c_void_p(handle), 8,
                                                  ctypes.c_int(self.shared_bytes))
                 if rc:
-                    from ...errors import DeviceError
+                    from ....errors import DeviceError
                     raise DeviceError(f"{self.name}: {self.shared_bytes} B of shared memory "
                                       f"refused ({error_name(rc)})")
             launcher = _Launcher(handle, argtypes, self.name)
@@ -352,7 +352,7 @@ class Kernel:
             if recorder is not None and not rc:
                 recorder.record(la, (gx, gy, gz), (bx, by, bz), shmem, la.buf.raw[80:])
         if rc:
-            from ...errors import DeviceError
+            from ....errors import DeviceError
             raise DeviceError(f"cuLaunchKernel({self.name}) failed: {error_name(rc)} "
                               f"(grid {grid}, block {block}, shared {shmem} B)")
         if recorder is not None:

@@ -3,7 +3,7 @@ tensors (1-d and 2-d problems get leading spatial axes of size 1), channels firs
 last."""
 from numba import cuda, int64, uint32, uint64
 
-from .simulator import SIMULATOR
+from ..simulator import SIMULATOR
 
 BLOCK = 64 if SIMULATOR else 256
 MAX_BLOCKS = 2 ** 31 - 1

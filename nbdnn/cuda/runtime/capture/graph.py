@@ -45,10 +45,11 @@ tests that use graphs run without a GPU.
 import contextlib
 import ctypes
 
-from .simulator import SIMULATOR
-from . import device as _device, launch as _launch
-from .arrays import stream_handle
-from ...errors import DeviceError, NbdnnError, NotSupportedError
+from ..simulator import SIMULATOR
+from .. import device as _device
+from ..launch import kernel as _launch
+from ..memory.arrays import stream_handle
+from ....errors import DeviceError, NbdnnError, NotSupportedError
 
 
 def capturing(stream):
@@ -122,7 +123,7 @@ class Graph:
     def capture(self, arena=None):
         """Record the nbdnn calls made in the `with` block (they also run, once).
         arena: a reuse.Arena planned from a traced run of the same calls, whose
-        allocations then share its memory (cuda/runtime/reuse.py)."""
+        allocations then share its memory (cuda/runtime/memory/reuse.py)."""
         if _launch.recording() is not None:
             raise NotSupportedError("Graph.capture: this thread is already capturing a "
                                     "graph; captures do not nest")

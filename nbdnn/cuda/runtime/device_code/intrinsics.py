@@ -34,7 +34,7 @@
 - `HAS_WARP`: warp shuffles exist (False under the simulator, which lacks them):
   kernels branch on it to reduce through shared memory instead.
 """
-from .simulator import SIMULATOR
+from ..simulator import SIMULATOR
 
 HAS_WARP = not SIMULATOR
 

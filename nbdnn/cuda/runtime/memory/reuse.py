@@ -39,7 +39,7 @@ import bisect
 import heapq
 
 from .arrays import allocate, ptr, span
-from ...errors import NbdnnError
+from ....errors import NbdnnError
 
 ALIGN = 256  # bytes: an arena offset's alignment (TMA wants 16, vector loads 16)
 
@@ -118,14 +118,14 @@ class Trace:
         return a
 
     def __enter__(self):
-        from .launch import capture_state
+        from ..launch.kernel import capture_state
         if capture_state.__dict__.get("graph") is not None:
             raise NbdnnError("reuse.Trace: this thread is recording a graph already")
         capture_state.graph, capture_state.alloc = self, self.allocate
         return self
 
     def __exit__(self, *exc):
-        from .launch import capture_state
+        from ..launch.kernel import capture_state
         capture_state.graph = capture_state.alloc = None
 
     def plan(self, keep=()):

@@ -21,10 +21,10 @@ import threading
 
 import numpy as np
 
-from .simulator import SIMULATOR
-from .arrays import allocate, capture_state, dtype_of, facts, flat, ptr, ptr_size
-from .codegen import compile_source
-from .device import key as device_key
+from ..simulator import SIMULATOR
+from ..memory.arrays import allocate, capture_state, dtype_of, facts, flat, ptr, ptr_size
+from ..launch.codegen import compile_source
+from ..device import key as device_key
 
 
 class _Recorder:
@@ -262,7 +262,7 @@ def _table_launches(recording, ns, lines):
     """The launches as one LaunchTable: each input or allocation a launch reads gets a
     base slot, which the replay fills (a workspace's here, once: its place in the
     thread's workspace buffer)."""
-    from .launch import LaunchTable, Patch
+    from ..launch.kernel import LaunchTable, Patch
     bases = {}
     for _, _, _, _, _, args in recording.launches:
         for a in args:
@@ -335,7 +335,7 @@ def _packed(recording):
 
 
 def _launch_table():
-    from . import launch as _launch
+    from ..launch import kernel as _launch
     _launch.bind_driver()
     return _launch.launch_table
 

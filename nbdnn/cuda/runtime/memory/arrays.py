@@ -8,9 +8,9 @@ allocation on the host), CuPy gives CuPy, anything else a numba device array.
 import numpy as np
 from numba import cuda
 
-from .simulator import SIMULATOR
-from ...arrays import array_facts as _facts_fns, capture_state, torch_dtypes, describe
-from ...arrays import numpy_dtype_of as _np_dtype_of_torch
+from ..simulator import SIMULATOR
+from ....arrays import array_facts as _facts_fns, capture_state, torch_dtypes, describe
+from ....arrays import numpy_dtype_of as _np_dtype_of_torch
 
 
 def _ptr_numba(x):
@@ -222,7 +222,7 @@ def vector_aligned(*arrays, alignment=None):
     """True when every array's base address suits load4/store4 (their first array's
     itemsize decides the alignment), or is a multiple of `alignment` bytes when given
     (load8/store8: 16); None entries are skipped."""
-    from .intrinsics import vector_alignment
+    from ..device_code.intrinsics import vector_alignment
     a = 0
     for x in arrays:
         if x is not None:
@@ -322,7 +322,7 @@ def _bfloat16_to_torch(a):
     try:
         import torch
     except ImportError:
-        from ...errors import NotSupportedError
+        from ....errors import NotSupportedError
         raise NotSupportedError("bfloat16 arrays on the GPU are PyTorch tensors (numba's "
                                 "device arrays have no bfloat16): install torch") from None
     return torch.from_numpy(bfloat16_bits(a)).cuda().view(torch.bfloat16)
@@ -379,11 +379,11 @@ def stream_handle(stream):
         h = getattr(stream, attr, None)
         if h is not None:
             return int(getattr(h, "value", h) or 0)
-    from ...errors import BadParamError
+    from ....errors import BadParamError
     raise BadParamError(f"stream must be a CUDA stream (numba, CuPy, PyTorch, or an object "
                         f"with __cuda_stream__); got {type(stream).__name__}")
 
 
 def is_device(x):
-    from ...arrays import kind
+    from ....arrays import kind
     return kind(x) == "cuda"

@@ -31,7 +31,7 @@ An entry is named by a hash of everything the compiled code can depend on (key()
   reaches them), hashed once a process (an edit to any other starts a fresh set of
   names; an edit to nbdnn.torch's wrappers keeps the compiled kernels);
 - the kernel's code: its bytecode, and a generated kernel's text
-  (cuda/runtime/codegen.py) or its file's bytes; the same for every function, device
+  (cuda/runtime/launch/codegen.py) or its file's bytes; the same for every function, device
   function and generated helper it refers to by a global name or a closure cell,
   recursively (one factory's lambdas differ only in their bytecode);
 - the values it reads as globals, closure cells or default arguments at compile time
@@ -46,8 +46,8 @@ array) makes the kernel uncachable: it compiles as usual.
 import os
 import re
 
-from .store import (KernelCacheWarning, clear, directory, entries, evict, max_bytes,
-                      read, usable, warn, write)
+from .store import (KernelCacheWarning, clear, directory, entries, evict, max_bytes, read, usable,
+    warn, write)
 from .key import OUTSIDE_KERNELS, Uncachable, key, tree_hash
 
 __all__ = ["KernelCacheWarning", "OUTSIDE_KERNELS", "Uncachable", "argument_types", "clear",

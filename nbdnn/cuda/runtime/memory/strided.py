@@ -10,10 +10,10 @@ import math
 import numpy as np
 from numba import cuda
 
-from .simulator import SIMULATOR
+from ..simulator import SIMULATOR
 from .arrays import host_copy, empty, ptr
-from .launch import Kernel, recording
-from ...errors import NotSupportedError
+from ..launch.kernel import Kernel, recording
+from ....errors import NotSupportedError
 
 MAX_DIMS = 6
 BLOCK = 64 if SIMULATOR else 256  # (the simulator starts an OS thread a CUDA thread)
