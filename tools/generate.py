@@ -4,6 +4,7 @@ fails until this has run after a change to what a block quotes.
 - docs/ops/<family>.md's API section: each op's signature and docstring.
 - README.md's family table: each family's ops (the registry) and the CUDA paths and
   headline its page states (the page's "**CUDA paths:**" and "**Headline:**" lines).
+- perf/RESULTS.md's measured tables, from the results in perf/results/ (perf/report.py).
 
     python tools/generate.py
 """
@@ -16,6 +17,8 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from nbdnn.ops import registry  # noqa: E402  (the checkout's nbdnn, not an installed one)
+sys.path.insert(0, os.path.join(ROOT, "perf"))
+import report  # noqa: E402  (perf/report.py)
 
 END = "<!-- end generated -->"
 
@@ -55,11 +58,18 @@ def family_table(records):
     return "\n".join(out + [END]) + "\n"
 
 
+def results_block():
+    """perf/RESULTS.md's measured tables (perf/report.py)."""
+    return "\n".join(["<!-- generated: results (tools/generate.py from perf/results/) -->",
+                      *report.render(), END]) + "\n"
+
+
 def blocks():
     """{path: [block, ...]} of every generated block, as it should read now."""
     records = registry.load()
     out = {os.path.join(ROOT, "nbdnn", "__init__.py"): [registry.exports_source(records)],
-           os.path.join(ROOT, "README.md"): [family_table(records)]}
+           os.path.join(ROOT, "README.md"): [family_table(records)],
+           os.path.join(ROOT, "perf", "RESULTS.md"): [results_block()]}
     for family in sorted({r.family for r in records.values()}):
         out[page(family)] = [api_block(family, records)]
     return out
