@@ -1,8 +1,11 @@
-"""Every pooling kernel path and every attention variant once, small, each checked
-against the CPU reference: the target compute-sanitizer runs over (memcheck, racecheck)
-when these kernels change. Exits 1 on a mismatch.
+"""Every declared kernel variant forced once, small, each checked against the CPU
+reference: pooling's paths (indices, divisors), attention's variants, and each
+variant of the tables of conv, matmul, norm, batch norm and pool. The target
+compute-sanitizer runs over (memcheck, racecheck) when these kernels change; on a GPU
+of sm_90 every variant must take its case (a NotSupportedError is a failure: the case
+or the table is wrong). Exits 1 on a mismatch.
 
-    python3 perf/run.py sanitize perf/tools/variant_paths.py [pools]
+    python3 perf/run.py sanitize perf/tools/variant_paths.py [pools|attention|tables]
 """
 import contextlib
 import sys
@@ -11,7 +14,11 @@ import ml_dtypes
 import numpy as np
 
 import nbdnn
-from nbdnn.cuda import attention as A
+from nbdnn.cuda import attention as A, batch_norm as BN, conv as CV, matmul as MM, \
+    norm as NM, pool as PL
+from nbdnn.cuda.matmul import tensor_cores
+from nbdnn.cuda.runtime import variants
+from nbdnn.errors import NotSupportedError
 
 rng = np.random.default_rng(0)
 bad = 0
@@ -82,9 +89,176 @@ def attention():
                 close(f"attention bwd {name}", a, b, 5e-2)
 
 
+BF = ml_dtypes.bfloat16
+
+
+def _t(shape, dt, fan_in=1):
+    return (rng.normal(size=shape) / np.sqrt(fan_in)).astype(dt)
+
+
+def _conv(dt, layout, C, K, R, stride=1, groups=1, N=2, H=9, algo="auto"):
+    """(x, w, kw) of a 2-d convolution case."""
+    last = layout == "NHWC"
+    x = _t((N, H, H, C) if last else (N, C, H, H), dt)
+    w = _t((K, R, R, C // groups) if last else (K, C // groups, R, R), dt, R * R * C // groups)
+    return x, w, dict(stride=stride, padding=R // 2, groups=groups, layout=layout, algo=algo)
+
+
+def _f64(a):
+    return np.asarray(a).astype(np.float64)
+
+
+def _forward(x, w, kw, math=None):
+    mode = nbdnn.math_mode(math) if math else contextlib.nullcontext()
+    with mode:
+        got = nbdnn.conv2d(x, w, backend="cuda", **kw)
+    return got, nbdnn.conv2d(_f64(x), _f64(w), backend="cpu", **kw)
+
+
+def _data(x, w, kw):
+    ref = nbdnn.conv2d(_f64(x), _f64(w), backend="cpu", **kw)
+    dy = _t(ref.shape, x.dtype)
+    return (nbdnn.conv_backward_data(dy, w, x.shape, backend="cuda", **kw),
+            nbdnn.conv_backward_data(_f64(dy), _f64(w), x.shape, backend="cpu", **kw))
+
+
+def _filter(x, w, kw):
+    ref = nbdnn.conv2d(_f64(x), _f64(w), backend="cpu", **kw)
+    dy = _t(ref.shape, x.dtype, np.prod(ref.shape[:-1] if kw["layout"] == "NHWC" else
+                                         (ref.shape[0],) + ref.shape[2:]))
+    return (nbdnn.conv_backward_filter(dy, x, w.shape, backend="cuda", **kw),
+            nbdnn.conv_backward_filter(_f64(dy), _f64(x), w.shape, backend="cpu", **kw))
+
+
+def _gemm(dt):
+    a, b = _t((70, 96), dt, 96), _t((96, 136), dt)
+    return nbdnn.matmul(a, b, backend="cuda"), nbdnn.matmul(_f64(a), _f64(b), backend="cpu")
+
+
+def _norm(op, shape, **kw):
+    x = _t(shape, np.float32)
+    got = getattr(nbdnn, op)(x, **kw, backend="cuda")
+    ref = getattr(nbdnn, op)(_f64(x), **kw, backend="cpu")
+    dy = _t(shape, np.float32)
+    stats = [np.asarray(s) for s in ref[1:]]
+    bwd = getattr(nbdnn, op + "_backward")
+    gb = bwd(dy, x, *[s.astype(np.float32) for s in stats], None, backend="cuda", **kw)
+    rb = bwd(_f64(dy), _f64(x), *stats, None, backend="cpu", **kw)
+    return (got[0], gb[0]), (ref[0], rb[0])
+
+
+def _batch_norm(layout, C):
+    shape = (4, 9, 10, C) if layout == "NHWC" else (4, C, 8, 12)
+    x, dy = _t(shape, np.float32), _t(shape, np.float32)
+    scale, bias = _t((C,), np.float32), _t((C,), np.float32)
+    y, mean, invstd = nbdnn.batch_norm_train(x, scale, bias, layout=layout, backend="cuda")
+    yr, mr, ir = nbdnn.batch_norm_train(_f64(x), _f64(scale), _f64(bias), layout=layout,
+                                        backend="cpu")
+    g = nbdnn.batch_norm_backward(dy, x, scale, np.asarray(mr, np.float32),
+                                  np.asarray(ir, np.float32), layout=layout, backend="cuda")
+    r = nbdnn.batch_norm_backward(_f64(dy), _f64(x), _f64(scale), mr, ir, layout=layout,
+                                  backend="cpu")
+    return (y, g[0], g[1]), (yr, r[0], r[1])
+
+
+def _pool(mode):
+    x = _t((2, 3, 9, 11), np.float32)
+    kw = dict(stride=2, padding=1, mode=mode)
+    y = nbdnn.pool2d(x, 3, backend="cuda", **kw)
+    yr = nbdnn.pool2d(_f64(x), 3, backend="cpu", **kw)
+    dy = _t(np.shape(yr), np.float32)
+    return (y, nbdnn.pool_backward(dy, x, 3, backend="cuda", **kw)), \
+        (yr, nbdnn.pool_backward(_f64(dy), _f64(x), 3, backend="cpu", **kw))
+
+
+F32, F16 = np.float32, np.float16
+TC = True  # the case needs sm_90's tensor cores (the simulator runs no inline PTX)
+TABLES = [  # (family module, variant, case: () -> (GPU results, CPU results), tolerance, TC)
+    (CV, "tf32_tensor_cores", lambda: _forward(*_conv(F32, "NHWC", 16, 16, 3), math="tf32"),
+     2e-2, TC),
+    (CV, "channels_first_copies", lambda: _forward(*_conv(BF, "NCHW", 64, 64, 3)), 3e-2, TC),
+    (CV, "stem_words", lambda: _forward(*_conv(BF, "NHWC", 3, 16, 7, stride=2, H=20)), 3e-2,
+     TC),
+    (CV, "gemm_1x1", lambda: _forward(*_conv(BF, "NHWC", 16, 32, 1)), 3e-2, TC),
+    (CV, "tensor_cores", lambda: _forward(*_conv(BF, "NHWC", 16, 32, 3)), 3e-2, TC),
+    (CV, "depthwise", lambda: _forward(*_conv(F32, "NCHW", 6, 6, 3, groups=6)), 1e-5, False),
+    (CV, "winograd4", lambda: _forward(*_conv(F32, "NCHW", 8, 8, 3)), 1e-4, False),
+    (CV, "winograd", lambda: _forward(*_conv(F32, "NHWC", 8, 8, 3)), 1e-4, False),
+    (CV, "implicit_gemm", lambda: _forward(*_conv(F32, "NHWC", 8, 8, 3)), 1e-5, False),
+    (CV, "gemm", lambda: _forward(*_conv(F32, "NCHW", 8, 8, 3, stride=2)), 1e-5, False),
+    (CV, "direct", lambda: _forward(*_conv(F32, "NHWC", 8, 8, 3)), 1e-5, False),
+    (CV, "gemm_1x1", lambda: _data(*_conv(F32, "NHWC", 8, 8, 1)), 1e-5, False),
+    (CV, "filter_as_stored", lambda: _data(*_conv(BF, "NHWC", 16, 16, 3)), 3e-2, TC),
+    (CV, "as_forward", lambda: _data(*_conv(F32, "NCHW", 8, 8, 3)), 1e-5, False),
+    (CV, "depthwise", lambda: _data(*_conv(F32, "NCHW", 6, 6, 3, groups=6)), 1e-5, False),
+    (CV, "gemm", lambda: _data(*_conv(F32, "NCHW", 8, 8, 3, stride=2)), 1e-5, False),
+    (CV, "direct", lambda: _data(*_conv(F32, "NHWC", 8, 8, 3, stride=2)), 1e-5, False),
+    (CV, "gemm_1x1", lambda: _filter(*_conv(BF, "NHWC", 16, 16, 1)), 3e-2, False),
+    (CV, "tensor_cores", lambda: _filter(*_conv(BF, "NHWC", 64, 16, 3)), 3e-2, TC),
+    (CV, "depthwise", lambda: _filter(*_conv(F32, "NCHW", 6, 6, 3, groups=6)), 1e-5, False),
+    (CV, "gemm", lambda: _filter(*_conv(F32, "NCHW", 8, 8, 3, stride=2)), 1e-5, False),
+    (CV, "direct", lambda: _filter(*_conv(F32, "NHWC", 8, 8, 3)), 1e-5, False),
+    (CV, "im2col_rows", lambda: _forward(*_conv(F16, "NHWC", 3, 8, 3, algo="gemm")), 4e-3,
+     False),
+    (CV, "im2col_words", lambda: _filter(*_conv(F16, "NHWC", 8, 8, 3, algo="gemm")), 8e-3,
+     False),
+    (CV, "im2col", lambda: _filter(*_conv(F32, "NCHW", 8, 8, 3, algo="gemm")), 1e-5, False),
+    (CV, "col2im_rows", lambda: _data(*_conv(F32, "NHWC", 3, 8, 3, 2, algo="gemm")), 1e-5,
+     False),
+    (CV, "col2im_quads", lambda: _data(*_conv(F32, "NHWC", 8, 8, 3, 2, algo="gemm")), 1e-5,
+     False),
+    (CV, "col2im", lambda: _data(*_conv(F32, "NCHW", 8, 8, 3, 2, algo="gemm")), 1e-5, False),
+    (CV, "depthwise_rows", lambda: _forward(*_conv(F32, "NCHW", 6, 6, 3, groups=6)), 1e-5,
+     False),
+    (CV, "depthwise_tiles", lambda: _forward(*_conv(F32, "NHWC", 6, 6, 3, groups=6)), 1e-5,
+     False),
+    (CV, "depthwise_strips", lambda: _forward(*_conv(F32, "NCHW", 6, 6, 5, groups=6)), 1e-5,
+     False),
+    (MM, "wgmma", lambda: _gemm(BF), 3e-2, TC),
+    (MM, "mma_sync", lambda: _gemm(F16), 4e-3, TC),
+    (MM, "simt", lambda: _gemm(F32), 1e-5, False),
+    (NM, "rows", lambda: _norm("layer_norm", (6, 40)), 1e-4, False),
+    (NM, "rows_fused", lambda: _norm("layer_norm", (6, 1030)), 1e-4, False),
+    (NM, "block_a_row", lambda: _norm("layer_norm", (6, 40)), 1e-4, False),
+    (NM, "group_planes", lambda: _norm("group_norm", (2, 6, 4, 4), groups=3), 1e-4, False),
+    (BN, "planes", lambda: _batch_norm("NCHW", 5), 1e-4, False),
+    (BN, "columns", lambda: _batch_norm("NHWC", 16), 1e-4, False),
+    (BN, "general", lambda: _batch_norm("NHWC", 16), 1e-4, False),
+    (PL, "fast", lambda: _pool("max"), 1e-6, False),
+    (PL, "general", lambda: _pool("avg"), 1e-6, False),
+]
+
+
+def tables():
+    """Each variant of each table forced on its case (the calls inside the case that
+    its table does not hold run the choice); the variant must have run."""
+    global bad
+    tc = tensor_cores()
+    for module, name, case, tol, needs_tc in TABLES:
+        family = module.__name__.rsplit(".", 1)[1]
+        label = f"{family} {name}"
+        if needs_tc and not tc:
+            print("skipped (no sm_90 tensor cores):", label)
+            continue
+        try:
+            with variants.chosen() as ran, module.forced(name):
+                got, ref = case()
+        except NotSupportedError as e:
+            bad += 1
+            print("NOT USABLE", label, str(e).splitlines()[0][:120])
+            continue
+        if (family, name) not in ran:
+            bad += 1
+            print("NOT RUN", label, sorted(set(ran)))
+        for i, (g, r) in enumerate(zip(got, ref) if isinstance(got, tuple) else [(got, ref)]):
+            close(f"{label} [{i}]", g, r, tol)
+    print(f"tables: {len(TABLES)} forced variants")
+
+
 if __name__ == "__main__":
-    pools()
-    if "pools" not in sys.argv:
-        attention()
+    parts = [p for p in ("pools", "attention", "tables") if p in sys.argv[1:]] or \
+        ["pools", "attention", "tables"]
+    for part in parts:
+        globals()[part]()
     print("variant_paths:", "OK" if not bad else f"{bad} mismatches")
     sys.exit(1 if bad else 0)

@@ -48,6 +48,26 @@ def forced_variant(family):
     return None
 
 
+@contextlib.contextmanager
+def chosen():
+    """Inside (this thread): `with chosen() as got:` appends (family, name) for every
+    variant `choose` runs to the list got (a test's or a tool's check that a forced
+    variant did run, as launch.kernel.launched() lists kernels)."""
+    stack = capture_state.__dict__.setdefault("chosen", [])
+    got = []
+    stack.append(got)
+    try:
+        yield got
+    finally:
+        stack.remove(got)
+
+
+def _record(family, variant):
+    for got in capture_state.__dict__.get("chosen") or ():
+        got.append((family, variant.name))
+    return variant
+
+
 def names(*tables):
     """Every variant name of the tables."""
     return {v.name for table in tables for v in table}
@@ -64,9 +84,9 @@ def choose(family, op, table, call):
             if not want.usable(call):
                 raise NotSupportedError(f"{op}: variant {want.name!r} (forced) cannot run "
                                         "this call")
-            return want
+            return _record(family, want)
     for v in table:
         if v.usable(call) and (v.wanted is None or v.wanted(call)):
-            return v
+            return _record(family, v)
     raise AssertionError(f"{op}: no {family} variant takes this call")  # (a table's last
     # variant takes every call its front end lets through)
