@@ -49,7 +49,7 @@ from numba import cuda
 if not cuda.is_available():
     d.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
 import nbdnn, nbdnn.testing
-from nbdnn.cuda.runtime import launch as _launch
+from nbdnn.cuda.runtime.launch import kernel as _launch
 import importlib, pkgutil, nbdnn.cuda as pkg
 for m in pkgutil.walk_packages(pkg.__path__, "nbdnn.cuda."):  # sub-packages too
     mod = importlib.import_module(m.name)
@@ -123,7 +123,7 @@ for i, (k, sig, cc_list) in enumerate(mine):
     print(f"compiled {i + 1}/{len(mine)}", file=sys.stderr, flush=True)  # (the heartbeat)
 clashes = []  # NBDNN_KERNEL_CACHE's file names: one signature of different code each
 if shard == 0:
-    from nbdnn.cuda.runtime import kernel_cache
+    from nbdnn.cuda.runtime.launch import kernel_cache
     named = {}
     for k in _launch.REGISTRY:
         for sig in k.sigs:

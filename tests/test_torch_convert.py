@@ -57,6 +57,36 @@ def test_report_says_what_converted_and_why_not():
     assert rep.native == [("", "Linear", "weight is torch.complex64")] and not rep.converted
 
 
+def test_third_party_classes_by_their_forward():
+    """nbdnn/torch/third_party.py: a class of a known (module, name) converts where its
+    forward is the one the entry replaces (transformers' Conv1D: weight (in, out), the
+    reference's numbers, state_dict keys kept, convert of the converted model a no-op),
+    and stays native, saying why, where its forward differs or its act is not GELU."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.activations import GELUActivation
+    from transformers.pytorch_utils import Conv1D
+    torch.manual_seed(0)
+    net = nn.Sequential(Conv1D(6, 4), GELUActivation(), GELUActivation()).double()
+    net[2].act = torch.tanh  # (not a GELU)
+    model, report = nt.convert(net)
+    assert report.converted == [("0", "Conv1D"), ("1", "GELUActivation")]
+    assert report.native == [("2", "GELUActivation", f"its act is {torch.tanh!r}, not the "
+                                                     "GELU nbdnn replaces")]
+    x = torch.randn(3, 5, 4, dtype=torch.float64)
+    torch.testing.assert_close(model(x), net(x), rtol=1e-12, atol=1e-12)
+    assert model.state_dict().keys() == net.state_dict().keys()
+    again, rep = nt.convert(model)
+    assert not rep.converted and rep.native == report.native
+
+    class Conv1D(transformers.pytorch_utils.Conv1D):  # (a class of another forward under
+        def forward(self, x):                         # the same module and name)
+            return super().forward(x) * 2
+    Conv1D.__module__ = "transformers.pytorch_utils"
+    _, rep = nt.convert(nn.Sequential(Conv1D(6, 4)))
+    assert rep.native == [("0", "Conv1D", "its forward is not the one nbdnn's entry for "
+                                          "Conv1D replaces")]
+
+
 def test_state_dict_both_ways():
     net = small_resnet()
     model, _ = nt.convert(net)

@@ -222,19 +222,70 @@ def test_architectures_in_torch_nn(arch, device, dtype, tol, loss_tol):
 
 def test_bert_sdpa_under_functional_calls():
     """BERT with transformers' "sdpa" attention under nbdnn.torch.functional_calls():
-    its attention, GELU and tanh calls (functional, not modules) join the converted
-    Linear and LayerNorm modules on nbdnn; the hidden states equal native's (float64)."""
+    its attention calls (functional, not modules) join the converted Linear, LayerNorm
+    and GELUActivation modules on nbdnn; the hidden states equal native's (float64)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
                                      num_attention_heads=4, intermediate_size=128,
                                      max_position_embeddings=32, attn_implementation="sdpa")
     native = transformers.BertModel(config).double().eval()
-    model, _ = nt.convert(native)
+    model, report = nt.convert(native)
     ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = native(ids).last_hidden_state
         with nt.functional_calls() as calls:
             got = model(ids).last_hidden_state
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    assert {"scaled_dot_product_attention", "gelu"} <= set(calls.nbdnn), calls.report()
+    assert "scaled_dot_product_attention" in calls.nbdnn, calls.report()
+    assert {"Linear", "LayerNorm", "GELUActivation"} <= {t for _, t in report.converted}
+
+
+def _decoder(name, device, dtype):
+    """A small decoder from transformers' configs: GPT-2 (Conv1D projections, the tanh
+    GELU, LayerNorm) or Llama (grouped-query heads, RMSNorm, SiLU, rotary)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if name == "gpt2":
+        config = transformers.GPT2Config(vocab_size=128, n_positions=32, n_embd=64, n_layer=2,
+                                         n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
+                                         attn_pdrop=0.0, attn_implementation="sdpa")
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96,
+                                          num_hidden_layers=2, num_attention_heads=4,
+                                          num_key_value_heads=2, max_position_embeddings=32,
+                                          attn_implementation="sdpa")
+        model = transformers.LlamaForCausalLM(config)
+    return model.to(device, dtype)
+
+
+@pytest.mark.parametrize("device,dtype,tol,loss_tol", DEVICES)
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_decoders_convert_their_own_layer_classes(name, device, dtype, tol, loss_tol):
+    """GPT-2's Conv1D projections and NewGELUActivation, Llama's LlamaRMSNorm and
+    SiLUActivation (transformers' own classes, nbdnn/torch/third_party.py) run on nbdnn,
+    beside Linear and LayerNorm: every leaf but the embeddings converted, the logits and
+    the loss curve native's, attention under functional_calls. LlamaRMSNorm computes in
+    float32 whatever the dtype (and so its replacement): float64 Llama agrees to
+    float32's precision."""
+    if name == "llama" and dtype == torch.float64:
+        tol, loss_tol = 1e-6, 1e-6
+    native = _decoder(name, device, dtype)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 128, (2, 16), generator=g).to(device)
+
+    def logits(m, b):
+        with nt.functional_calls():
+            return m(b).logits
+
+    def loss(m, b):
+        with nt.functional_calls():
+            return m(b, labels=b).loss
+
+    report = _check(native, ids, loss, logits, tol, loss_tol, steps=5)
+    kinds = {t for _, t in report.converted}
+    want = {"Conv1D", "NewGELUActivation", "LayerNorm"} if name == "gpt2" else \
+        {"Linear", "LlamaRMSNorm", "SiLUActivation"}
+    assert want <= kinds, report
+    assert {t for _, t, _ in report.native} <= {"Embedding", "LlamaRotaryEmbedding"}, report

@@ -111,36 +111,40 @@ def _softmax_grad(ctx, dy):
 register_autograd(softmax, _softmax_grad, _softmax_setup)
 
 
-# linear: x (..., I) viewed as (M, I), w (O, I), y = x w^T + b: one GEMM of M x O x I
+# linear: x (..., I) viewed as (M, I), w (O, I), y = x w^T + b: one GEMM of M x O x I.
+# w_in_out: w stored (I, O), y = x w + b (transformers' Conv1D, GPT-2's projections):
+# the same GEMM with B read as stored, no transposed copy.
 @custom_op("nbdnn::linear", mutates_args=())
-def linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
+           w_in_out: bool = False) -> torch.Tensor:
     if x.dim() == 2:  # (a reshape costs ~1 us of host time)
-        return run(nbdnn.matmul, x, x, w, trans_b=True, bias=b)
-    y = run(nbdnn.matmul, x, x.reshape(-1, x.shape[-1]), w, trans_b=True, bias=b)
-    return y.reshape(*x.shape[:-1], w.shape[0])
+        return run(nbdnn.matmul, x, x, w, trans_b=not w_in_out, bias=b)
+    y = run(nbdnn.matmul, x, x.reshape(-1, x.shape[-1]), w, trans_b=not w_in_out, bias=b)
+    return y.reshape(*x.shape[:-1], w.shape[1 if w_in_out else 0])
 
 
 @custom_op("nbdnn::linear_backward", mutates_args=())
-def linear_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-                    has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def linear_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, has_bias: bool,
+                    w_in_out: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, db); db empty without a bias."""
     flat = x.dim() != 2
-    dx, dw, *db = run(nbdnn.matmul_backward, x, dy.reshape(-1, w.shape[0]) if flat else dy,
-                      x.reshape(-1, x.shape[-1]) if flat else x, w, trans_b=True,
+    out = w.shape[1 if w_in_out else 0]
+    dx, dw, *db = run(nbdnn.matmul_backward, x, dy.reshape(-1, out) if flat else dy,
+                      x.reshape(-1, x.shape[-1]) if flat else x, w, trans_b=not w_in_out,
                       bias=has_bias)
     return dx.reshape(x.shape) if flat else dx, dw, db[0] if has_bias else w.new_empty(0)
 
 
 @direct(linear)
-def _(x, w, b):
+def _(x, w, b, w_in_out=False):
     s = stream_of(x)
     if s is None or x.dim() != 2:
-        return linear._init_fn(x, w, b)
+        return linear._init_fn(x, w, b, w_in_out)
     x = (x.data if x.requires_grad else x).contiguous()
     w = (w.data if w.requires_grad else w).contiguous()
     if b is not None:
         b = (b.data if b.requires_grad else b).contiguous()
-    kw = {"trans_b": True, "bias": b}
+    kw = {"trans_b": not w_in_out, "bias": b}
     if s:
         kw["stream"] = s
     if x.dtype is FLOAT32 and MATMUL_TF32():
@@ -149,26 +153,27 @@ def _(x, w, b):
 
 
 @linear.register_fake
-def _(x, w, b):
-    return x.new_empty(*x.shape[:-1], w.shape[0])
+def _(x, w, b, w_in_out=False):
+    return x.new_empty(*x.shape[:-1], w.shape[1 if w_in_out else 0])
 
 
 @linear_backward.register_fake
-def _(dy, x, w, has_bias):
+def _(dy, x, w, has_bias, w_in_out=False):
     return (x.new_empty(x.shape), w.new_empty(w.shape),
-            w.new_empty(w.shape[0] if has_bias else 0))
+            w.new_empty(w.shape[1 if w_in_out else 0] if has_bias else 0))
 
 
 def _linear_setup(ctx, inputs, output):
-    x, w, b = inputs
+    x, w, b = inputs[:3]
     ctx.save_for_backward(x, w)
     ctx.has_bias = b is not None
+    ctx.w_in_out = bool(inputs[3]) if len(inputs) > 3 else False
 
 
 def _linear_grad(ctx, dy):
     x, w = ctx.saved_tensors
-    dx, dw, db = call(linear_backward, dy, x, w, ctx.has_bias)
-    return dx, dw, db if ctx.has_bias else None
+    dx, dw, db = call(linear_backward, dy, x, w, ctx.has_bias, ctx.w_in_out)
+    return dx, dw, db if ctx.has_bias else None, None
 
 
 register_autograd(linear, _linear_grad, _linear_setup)

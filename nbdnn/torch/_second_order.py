@@ -68,10 +68,15 @@ def softmax_backward(dy, y, dim, log):
     return y * (dy - (dy * y).sum(dim, keepdim=True))
 
 
-def linear_backward(dy, x, w, has_bias):
+def linear_backward(dy, x, w, has_bias, w_in_out=False):
+    x2 = x.reshape(-1, x.shape[-1])
+    if w_in_out:  # (w (I, O): y = x w + b)
+        dy2 = dy.reshape(-1, w.shape[1])
+        return (dy2 @ w.t()).reshape(x.shape), x2.t() @ dy2, \
+            dy2.sum(0) if has_bias else _empty(w)
     dy2 = dy.reshape(-1, w.shape[0])
     dx = (dy2 @ w).reshape(x.shape)
-    return dx, dy2.t() @ x.reshape(-1, x.shape[-1]), dy2.sum(0) if has_bias else _empty(w)
+    return dx, dy2.t() @ x2, dy2.sum(0) if has_bias else _empty(w)
 
 
 def lrn_backward(dy, x, size, alpha, beta, k):

@@ -2,7 +2,7 @@
 and converted model side by side, layer by layer.
 
 convert swaps each supported module's class for its nbdnn-backed subclass
-(nbdnn/torch/modules.py): the module keeps its parameters, buffers, hooks and
+(nbdnn/torch/modules.py; other libraries' layers: nbdnn/torch/third_party.py): the module keeps its parameters, buffers, hooks and
 state_dict keys, so checkpoints load either way. Modules nbdnn cannot run with
 PyTorch's meaning, and every type it does not know, stay native; the report says which
 and why."""
@@ -12,7 +12,7 @@ import dataclasses
 import torch
 
 from ..errors import BadParamError
-from . import modules
+from . import modules, third_party
 from ._bridge import BACKENDS_FORCED, backend as _backend
 
 
@@ -67,8 +67,14 @@ def convert(module, *, include=None, exclude=None, inplace=False, backend=None):
             continue
         base = type(m)
         sub = modules.REPLACEMENTS.get(base)
+        if sub is None and not isinstance(m, tuple(modules.REPLACEMENTS.values())):
+            sub, why = third_party.replacement(base, m)
+            if why:
+                native.append((name, base.__name__, why))
+                continue
         if sub is None:
-            if isinstance(m, tuple(modules.REPLACEMENTS.values())):
+            if isinstance(m, tuple(modules.REPLACEMENTS.values())) or \
+                    third_party.converted(m):
                 continue  # (converted already: convert of a converted model)
             known = next((t for t in modules.REPLACEMENTS if isinstance(m, t)), None)
             if known is not None:  # (timm's BatchNormAct2d, a weight-normed conv)

@@ -133,6 +133,23 @@ def linear(input, weight, bias=None):
     return call(_linear, input, weight, bias)
 
 
+def linear_in_out(input, weight, bias=None):
+    """input @ weight + bias with weight stored (in_features, out_features): transformers'
+    Conv1D (GPT-2's projections, torch.addmm(bias, x, weight)); one GEMM reading the
+    weight as stored, as linear's reads (out_features, in_features)."""
+    input, weight, bias = _ready("linear_in_out", "linear", input, weight, bias)
+    if input.dim() == 0 or weight.dim() != 2 or input.shape[-1] != weight.shape[0]:
+        raise ShapeError(f"nbdnn.torch.linear_in_out: input (at least 1-d) must end in "
+                         f"weight's first axis (weight 2-d, (in, out)); got "
+                         f"{tuple(input.shape)} and {tuple(weight.shape)}")
+    if input.shape[-1] == 0:  # (no input features: the sums are empty, y = bias)
+        y = input.new_zeros(input.shape[:-1] + weight.shape[1:])
+        return y if bias is None else y + bias
+    if input.dim() == 1:
+        return call(_linear, input.unsqueeze(0), weight, bias, True).squeeze(0)
+    return call(_linear, input, weight, bias, True)
+
+
 def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
     (input,) = _autocast("local_response_norm", input)
     _check("local_response_norm", input)

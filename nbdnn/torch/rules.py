@@ -40,7 +40,9 @@ RULES = {
                               (0,), False), vmap=fold((0,), not_first)),
     basic.softmax_backward: Rules(second=(so.softmax_backward, (0, 1)),
                                   vmap=fold((0, 1), not_first)),
-    basic.linear: Rules(jvp=(lambda x, w, b: F.linear(x, w, b), (0, 1, 2), False),
+    basic.linear: Rules(jvp=(lambda x, w, b, w_in_out=False: F.linear(x, w.t() if w_in_out
+                                                                      else w, b),
+                             (0, 1, 2), False),
                         vmap=fold((0,))),
     basic.linear_backward: Rules(second=(so.linear_backward, (0, 1, 2))),
     basic.lrn: Rules(jvp=(lambda x, size, alpha, beta, k: F.local_response_norm(
