@@ -10,7 +10,8 @@ FLOAT_DTYPES = ("float16", "float32", "float64")
 BF16_DTYPES = FLOAT_DTYPES + ("bfloat16",)
 
 ACTIVATION_MODES = ("relu", "leaky_relu", "clipped_relu", "elu", "sigmoid", "tanh", "swish",
-                    "gelu", "gelu_tanh", "softplus", "identity", "clamp")
+                    "gelu", "gelu_tanh", "softplus", "identity", "clamp", "hardswish",
+                    "hardsigmoid")
 # the coefficient each mode that takes one defaults to (cuDNN's coef / PyTorch's)
 ACTIVATION_DEFAULT_COEF = {"leaky_relu": 0.01, "clipped_relu": 6.0, "elu": 1.0, "swish": 1.0,
                            "softplus": 1.0, "clamp": 1.0}

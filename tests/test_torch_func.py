@@ -12,7 +12,7 @@ F = torch.nn.functional
 nt = pytest.importorskip("nbdnn.torch")
 from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-from test_torch_functional import CASES, R  # noqa: E402
+from test_torch_functional import CASES, LOOSER, R  # noqa: E402
 
 CONSTANT = ("running_mean", "running_var")  # (no gradient, as in the table)
 
@@ -66,7 +66,7 @@ def _compare(case, device, dtype, tol):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_jvp_and_vjp_match_torch_functional(case):
-    _compare(case, "cpu", torch.float64, 1e-9)
+    _compare(case, "cpu", torch.float64, max(1e-9, LOOSER.get(case.split("-")[0], 0)))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device for torch")

@@ -13,11 +13,16 @@ gelu_tanh     x/2 (1 + tanh(k(x + 0.044715 x^3)))      (see _gelu_tanh_grad)   -
 softplus      log(1 + exp(c*x)) / c                     sigmoid(c*x)            beta (1)
 identity      x                                         1                       -
 clamp         min(max(x, -c), c)                        [-c < x < c]            bound (1)
+hardswish     x * min(max(x + 3, 0), 6) / 6             0 to -3, 1 from 3,      -
+                                                        x/3 + 1/2 between
+hardsigmoid   min(max(x + 3, 0), 6) / 6                 1/6 if -3 < x < 3       -
 
 Stable forms: sigmoid by the sign of x, softplus as (max(z,0) + log1p(exp(-|z|)))/c,
 gelu_tanh's derivative set to its limit (1 or 0) for |x| > 10. NaN propagates through
 f; relu/clipped_relu/leaky_relu/clamp pass NaN through as PyTorch does. clamp is
-PyTorch's hardtanh(x, -c, c) (its default: c = 1).
+PyTorch's hardtanh(x, -c, c) (its default: c = 1). hardswish and hardsigmoid are
+PyTorch's (MobileNetV3's), their derivatives at the kinks as its backward takes them:
+hardswish's 0 at -3 and 1 at 3 (x/3 + 1/2 strictly between), hardsigmoid's 0 at +-3.
 """
 import math
 
@@ -71,6 +76,10 @@ def forward(x, mode, c):
         if mode == "softplus":
             z = c * x
             return (np.where(z < 0, 0, z) + np.log1p(np.exp(-np.abs(z)))) / c
+        if mode in ("hardswish", "hardsigmoid"):
+            six = x.dtype.type(6)
+            r6 = np.where(x + 3 < 0, 0, np.where(x + 3 > six, six, x + 3)).astype(x.dtype)
+            return x * r6 / six if mode == "hardswish" else r6 / six
     raise ValueError(mode)
 
 
@@ -104,6 +113,10 @@ def derivative(x, mode, c):
             return _gelu_tanh_grad(x)
         if mode == "softplus":
             return _sigmoid(c * x)
+        if mode == "hardswish":
+            return np.where(x <= -3, 0, np.where(x < 3, x / 3 + 0.5, 1)).astype(x.dtype)
+        if mode == "hardsigmoid":
+            return np.where((x > -3) & (x < 3), 1 / 6, 0).astype(x.dtype)
     raise ValueError(mode)
 
 

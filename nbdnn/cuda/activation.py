@@ -40,8 +40,13 @@ def device_functions(t):
     zero, one, half = t(0), t(1), t(0.5)
     inv_sqrt2, inv_sqrt_2pi = t(1 / math.sqrt(2)), t(1 / math.sqrt(2 * math.pi))
     k_tanh, k_cubic, k_cubic3 = t(math.sqrt(2 / math.pi)), t(0.044715), t(3 * 0.044715)
-    ten = t(10)
+    ten, three, six, sixth, third = t(10), t(3), t(6), t(1 / 6), t(1 / 3)
     dev = cuda.jit(device=True)
+
+    @dev
+    def relu6_shift(x):  # min(max(x + 3, 0), 6), NaN through
+        r = x + three
+        return zero if r < zero else (six if r > six else r)
 
     @dev
     def sigmoid(x):
@@ -77,6 +82,11 @@ def device_functions(t):
         "softplus": (lambda x, c: ((c * x if c * x > zero else zero)
                                    + math.log1p(math.exp(-abs(c * x)))) / c,
                      lambda x, c: sigmoid(c * x)),
+        "hardswish": (lambda x, c: x * relu6_shift(x) / six,
+                      lambda x, c: zero if x <= -three else (x * third + half if x < three
+                                                             else one)),
+        "hardsigmoid": (lambda x, c: relu6_shift(x) / six,
+                        lambda x, c: sixth if (x > -three and x < three) else zero),
     }
     return {m: (dev(f), dev(d)) for m, (f, d) in fns.items()}
 

@@ -53,6 +53,9 @@ ACTIVATIONS = {
     "softplus": lambda x, c: F.softplus(x, c),
     "clipped_relu": lambda x, c: F.hardtanh(x, 0.0, c),
     "clamp": lambda x, c: F.hardtanh(x, -c, c),
+    "hardswish": lambda x, c: F.hardswish(x),
+    "hardsigmoid": lambda x, c: F.relu6(x + 3) / 6,  # (F.hardsigmoid's backward has no
+    # derivative in PyTorch; relu6's has, and its gradient is the same, 1/6 inside)
 }
 
 

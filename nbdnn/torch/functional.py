@@ -92,6 +92,14 @@ def relu6(input, inplace=False):
     return _act("relu6", input, "clipped_relu", 6.0, inplace)
 
 
+def hardswish(input, inplace=False):
+    return _act("hardswish", input, "hardswish", 0.0, inplace)
+
+
+def hardsigmoid(input, inplace=False):
+    return _act("hardsigmoid", input, "hardsigmoid", 0.0, inplace)
+
+
 def _softmax_call(fn, input, dim, dtype, log):
     if dim is None:
         _unsupported(fn, "dim None (PyTorch's deprecated implicit choice): pass dim")

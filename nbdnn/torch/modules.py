@@ -149,6 +149,8 @@ Tanh = _act(nn.Tanh, nf.tanh)
 Softplus = _act(nn.Softplus, nf.softplus, "beta", "threshold")
 Hardtanh = _act(nn.Hardtanh, nf.hardtanh, "min_val", "max_val", "inplace")
 ReLU6 = _act(nn.ReLU6, nf.relu6, "inplace")
+Hardswish = _act(nn.Hardswish, nf.hardswish, "inplace")
+Hardsigmoid = _act(nn.Hardsigmoid, nf.hardsigmoid, "inplace")
 Softmax = _act(nn.Softmax, nf.softmax, "dim")
 LogSoftmax = _act(nn.LogSoftmax, nf.log_softmax, "dim")
 
@@ -284,7 +286,8 @@ REPLACEMENTS = {next(b for b in sub.__mro__[1:] if b.__module__.startswith("torc
                             ConvTranspose3d, Linear, BatchNorm1d, BatchNorm2d,
                             BatchNorm3d, LayerNorm, RMSNorm, GroupNorm, InstanceNorm1d,
                             InstanceNorm2d, InstanceNorm3d, LocalResponseNorm, ReLU, LeakyReLU,
-                            ELU, GELU, SiLU, Sigmoid, Tanh, Softplus, Hardtanh, ReLU6, Softmax,
+                            ELU, GELU, SiLU, Sigmoid, Tanh, Softplus, Hardtanh, ReLU6,
+                            Hardswish, Hardsigmoid, Softmax,
                             LogSoftmax, MaxPool1d, MaxPool2d, MaxPool3d, AvgPool1d, AvgPool2d,
                             AvgPool3d, AdaptiveAvgPool2d, Dropout,
                             MultiheadAttention)}  # torch's class -> ours

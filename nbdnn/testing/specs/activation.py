@@ -24,6 +24,8 @@ def _activation_maker(mode, backward):
         if mode in ("clipped_relu", "clamp"):
             c = coef if coef is not None else ACTIVATION_DEFAULT_COEF[mode]
             x[np.abs(np.abs(x) - c) < 1e-2] += np.asarray(0.05, dtype)  # (the kinks at +-c)
+        if mode in ("hardswish", "hardsigmoid"):
+            x[np.abs(np.abs(x) - 3) < 1e-2] += np.asarray(0.05, dtype)  # (the kinks at +-3)
         if backward:
             dy = rand(rng, shape, dtype)
             return Case((dy, x), {"mode": mode, "coef": coef})
