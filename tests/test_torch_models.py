@@ -289,3 +289,32 @@ def test_decoders_convert_their_own_layer_classes(name, device, dtype, tol, loss
         {"Linear", "LlamaRMSNorm", "SiLUActivation"}
     assert want <= kinds, report
     assert {t for _, t, _ in report.native} <= {"Embedding", "LlamaRotaryEmbedding"}, report
+
+
+@pytest.mark.parametrize("arch,grad_tol", [("mobilenetv3_small_050", 2e-8),
+                                           ("convnext_atto", 1e-9), ("efficientnet_b0", 1e-9)])
+def test_timm_models_convert_their_own_layer_classes(arch, grad_tol):
+    """timm's MobileNetV3 (Hardswish, Hardsigmoid, BatchNormAct2d), ConvNeXt
+    (LayerNorm2d, its LayerNorm and GELU classes) and EfficientNet (BatchNormAct2d with
+    SiLU) convert every layer that computes (nbdnn/torch/third_party.py); the logits
+    equal native's in float64, eval and train, and so do the gradients (MobileNetV3's
+    to 2e-8 of the largest: PyTorch's hardsigmoid backward multiplies by 1/6 rounded to
+    float32, test_torch_functional.LOOSER, through every squeeze-excite gate)."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    native = timm.create_model(arch, pretrained=False, num_classes=10).double()
+    model, report = nt.convert(native)
+    assert {t for _, t, _ in report.native} <= {"Identity", "Flatten"}, report
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(1))
+    for train in (False, True):
+        native.train(train), model.train(train)
+        want, got = native(x), model(x)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+        if train:
+            gw = torch.autograd.grad(want.square().sum(), list(native.parameters()))
+            gg = torch.autograd.grad(got.square().sum(), list(model.parameters()))
+            scale = max(float(b.abs().max()) for b in gw)  # (a batch norm's bias before
+            # another batch norm has a gradient of 0 up to rounding: not relative to itself)
+            for a, b in zip(gg, gw):
+                torch.testing.assert_close(a, b, rtol=grad_tol, atol=grad_tol * scale)

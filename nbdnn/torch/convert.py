@@ -99,7 +99,7 @@ def convert(module, *, include=None, exclude=None, inplace=False, backend=None):
             m.register_forward_pre_hook(_enter(backend))
             m.register_forward_hook(_leave)
         converted.append((name, base.__name__))
-        if list(m.children()):
+        if isinstance(m, modules.MultiheadAttention):  # (its out_proj: run by its forward)
             owners.append(name)
     converted += _transformer_layers(model, {n for n, _ in converted})
     return model, Report(converted, native, partly)

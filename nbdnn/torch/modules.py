@@ -64,19 +64,24 @@ class Linear(nn.Linear):
         return nf.linear(input, self.weight, self.bias)
 
 
+def batch_norm(m, input):
+    """A batch norm module m's forward on nbdnn: torch's _BatchNorm.forward, its
+    statistics logic (the running statistics' factor, which statistics normalise)."""
+    m._check_input_dim(input)
+    factor = 0.0 if m.momentum is None else m.momentum
+    if m.training and m.track_running_stats and m.num_batches_tracked is not None:
+        m.num_batches_tracked.add_(1)
+        factor = 1.0 / float(m.num_batches_tracked) if m.momentum is None else m.momentum
+    use_batch = m.training or (m.running_mean is None and m.running_var is None)
+    keep = not m.training or m.track_running_stats
+    return nf.batch_norm(input, m.running_mean if keep else None,
+                         m.running_var if keep else None, m.weight, m.bias, use_batch,
+                         factor, m.eps)
+
+
 class _BatchNorm:
-    def forward(self, input):  # (torch's _BatchNorm.forward, its statistics logic)
-        self._check_input_dim(input)
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None \
-                else self.momentum
-        use_batch = self.training or (self.running_mean is None and self.running_var is None)
-        keep = not self.training or self.track_running_stats
-        return nf.batch_norm(input, self.running_mean if keep else None,
-                             self.running_var if keep else None, self.weight, self.bias,
-                             use_batch, factor, self.eps)
+    def forward(self, input):
+        return batch_norm(self, input)
 
 
 class BatchNorm1d(_BatchNorm, nn.BatchNorm1d):

@@ -1,9 +1,10 @@
 """Layer classes of other libraries that convert replaces, known by their module and
-class name (their package is not imported here: a model holding one has imported it).
+class name (their packages are not imported here: a model holding one has imported it).
 
-Each entry builds the nbdnn-backed subclass of the class on first sight. A class is
-replaced only where its forward is the one the entry was written for (its source
-compared): a library version that changes it leaves the layer native, saying why.
+Each entry builds the nbdnn-backed subclass of its class on first sight, and only where
+the class's forward is the one the entry was written for: the sha256 of its body as
+ast.unparse writes it (FORMS; transformers 5.25, timm 1.0.31). A library version that
+changes a forward leaves the layer native, and convert's report says why.
 - transformers' Conv1D (GPT-2's projections: addmm(bias, x, weight), weight (in, out)):
   one nbdnn GEMM reading the weight as stored (functional.linear_in_out).
 - transformers' GELU activations: GELUActivation (exact, erf), NewGELUActivation,
@@ -16,82 +17,93 @@ compared): a library version that changes it leaves the layer native, saying why
   same float32 arithmetic, one rounding; float64 x rounded to float32 first, as
   theirs), then the weight's product as theirs. Their float32 sums and nbdnn's add in
   different orders: float64 models agree to float32's precision there, not float64's.
+- timm's BatchNormAct2d (batch norm, then its drop and act children, converted on their
+  own), LayerNorm, LayerNorm2d (over the channels of NCHW, through NHWC views), Linear,
+  and its activation classes GELU, GELUTanh, Swish, HardSwish, HardSigmoid, Sigmoid,
+  Tanh (inplace as theirs).
 """
 import ast
 import functools
+import hashlib
 import inspect
 import textwrap
 
 import torch
 from torch.nn import functional as F
 
-from . import functional as nf
+from . import functional as nf, modules
+from ._args import in_place
 
 
-def _conv1d(base):
-    def forward(self, x):
-        return nf.linear_in_out(x, self.weight, self.bias)
-    return forward
+def _conv1d(self, x):
+    return nf.linear_in_out(x, self.weight, self.bias)
 
 
-def _gelu(approximate):
-    def build(base):
-        def forward(self, input):
-            return nf.gelu(input, approximate)
-        return forward
-    return build
+def _llama_rms_norm(self, hidden_states):
+    dtype = hidden_states.dtype
+    x = hidden_states.float() if dtype == torch.float64 else hidden_states  # (theirs:
+    # float32 arithmetic whatever the dtype; float32 accumulation in nbdnn's below)
+    y = nf.rms_norm(x, (x.shape[-1],), None, self.variance_epsilon)
+    return self.weight * y.to(dtype)
 
 
-def _silu(base):
-    def forward(self, input):
-        return nf.silu(input)
-    return forward
+def _batch_norm_act(self, x):
+    return self.act(self.drop(modules.batch_norm(self, x)))
 
 
-def _llama_rms_norm(base):
-    def forward(self, hidden_states):
-        dtype = hidden_states.dtype
-        x = hidden_states.float() if dtype == torch.float64 else hidden_states  # (theirs:
-        # float32 arithmetic whatever the dtype; float32 accumulation in nbdnn's below)
-        y = nf.rms_norm(x, (x.shape[-1],), None, self.variance_epsilon)
-        return self.weight * y.to(dtype)
-    return forward
+def _layer_norm(self, x):
+    return nf.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
-# the forward bodies the entries were written for (ast.unparse's statements, "; " between)
-_ADDMM = ("size_out = x.size()[:-1] + (self.nf,); x = torch.addmm(self.bias, x.view(-1, "
-          "x.size(-1)), self.weight); x = x.view(size_out); return x")
-_GELU = "return self.act(input)"
-_NEW_GELU = ("return 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + "
-             "0.044715 * torch.pow(input, 3.0))))")
-_FAST_GELU = ("return 0.5 * input * (1.0 + torch.tanh(input * 0.7978845608 * (1.0 + 0.044715 "
-              "* input * input)))")
-_ACCURATE_GELU = ("return 0.5 * input * (1 + torch.tanh(self.precomputed_constant * (input + "
-                  "0.044715 * torch.pow(input, 3))))")
-_SILU = "return nn.functional.silu(input)"
-_LLAMA_RMS = ("input_dtype = hidden_states.dtype; hidden_states = hidden_states.to("
-              "torch.float32); variance = hidden_states.pow(2).mean(-1, keepdim=True); "
-              "hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon); "
-              "return self.weight * hidden_states.to(input_dtype)")
+def _layer_norm_2d(self, x):  # (N, C, H, W): each pixel's C channels
+    return nf.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight,
+                         self.bias, self.eps).permute(0, 3, 1, 2)
 
-_ACT = "transformers.activations"
-ENTRIES = {  # (module, class name) -> (the forward's body, build(base) -> forward)
-    ("transformers.pytorch_utils", "Conv1D"): (_ADDMM, _conv1d),
-    (_ACT, "GELUActivation"): (_GELU, _gelu("none")),
-    (_ACT, "GELUTanh"): (_GELU, _gelu("tanh")),
-    (_ACT, "NewGELUActivation"): (_NEW_GELU, _gelu("tanh")),
-    (_ACT, "FastGELUActivation"): (_FAST_GELU, _gelu("tanh")),
-    (_ACT, "AccurateGELUActivation"): (_ACCURATE_GELU, _gelu("tanh")),
-    (_ACT, "SiLUActivation"): (_SILU, _silu),
-    **{(f"transformers.models.{m}.modeling_{m}", f"{n}RMSNorm"): (_LLAMA_RMS, _llama_rms_norm)
+
+def _linear(self, input):
+    return nf.linear(input, self.weight, self.bias)
+
+
+def _act(fn, inplace=False):
+    """forward(self, x) = fn(x), in place into x where the module's inplace says so
+    (timm's)."""
+    if not inplace:
+        return lambda self, x: fn(x)
+    return lambda self, x: in_place(x, fn) if self.inplace else fn(x)
+
+
+_GELU = functools.partial(nf.gelu, approximate="none")
+_GELU_TANH = functools.partial(nf.gelu, approximate="tanh")
+_T, _A = "transformers", "transformers.activations"
+FORMS = {  # (module, class name) -> (the forward body's sha256[:16], forward)
+    (f"{_T}.pytorch_utils", "Conv1D"): ("42b3c390b404119a", _conv1d),
+    (_A, "GELUActivation"): ("9a5f78801fcb6620", _act(_GELU)),  # return self.act(input)
+    (_A, "GELUTanh"): ("9a5f78801fcb6620", _act(_GELU_TANH)),
+    (_A, "NewGELUActivation"): ("240ee949f6d3f712", _act(_GELU_TANH)),
+    (_A, "FastGELUActivation"): ("4f67f044f1a02e69", _act(_GELU_TANH)),
+    (_A, "AccurateGELUActivation"): ("50fec35fbe3f520f", _act(_GELU_TANH)),
+    (_A, "SiLUActivation"): ("8c57732a60ed97b4", _act(nf.silu)),
+    **{(f"{_T}.models.{m}.modeling_{m}", f"{n}RMSNorm"): ("1fbd6bd12111cde4", _llama_rms_norm)
        for m, n in (("llama", "Llama"), ("mistral", "Mistral"), ("qwen2", "Qwen2"),
                     ("qwen3", "Qwen3"), ("phi3", "Phi3"))},
+    ("timm.layers.norm_act", "BatchNormAct2d"): ("28932fdef5672fa2", _batch_norm_act),
+    ("timm.layers.norm", "LayerNorm"): ("103d61ca1211e174", _layer_norm),
+    ("timm.layers.norm", "LayerNorm2d"): ("d56e723f576594bb", _layer_norm_2d),
+    ("timm.layers.linear", "Linear"): ("d470aa2d6ea58819", _linear),
+    ("timm.layers.activations", "GELU"): ("ec1390e8bcac41eb", _act(_GELU)),
+    ("timm.layers.activations", "GELUTanh"): ("012ca39f61761e43", _act(_GELU_TANH)),
+    ("timm.layers.activations", "Swish"): ("c5d489913ad3be97", _act(nf.silu, True)),
+    ("timm.layers.activations", "HardSwish"): ("d8777d12f00d091f", _act(nf.hardswish, True)),
+    ("timm.layers.activations", "HardSigmoid"): ("728506d03c3940cf",
+                                                 _act(nf.hardsigmoid, True)),
+    ("timm.layers.activations", "Sigmoid"): ("1deb2211f5bb6dff", _act(nf.sigmoid, True)),
+    ("timm.layers.activations", "Tanh"): ("287eecd9c22bfa06", _act(nf.tanh, True)),
 }
 
 
-def _body(fn):
-    """fn's body as ast.unparse writes its statements ("; " between), its docstring
-    left out; None where its source cannot be read."""
+def body_hash(fn):
+    """The sha256[:16] of fn's body as ast.unparse writes its statements ("; " between),
+    its docstring left out; None where its source cannot be read."""
     try:
         f = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
     except (OSError, TypeError, SyntaxError, IndexError):
@@ -100,12 +112,13 @@ def _body(fn):
     if stmts and isinstance(stmts[0], ast.Expr) and isinstance(stmts[0].value, ast.Constant) \
             and isinstance(stmts[0].value.value, str):
         stmts = stmts[1:]
-    return "; ".join(ast.unparse(s) for s in stmts)
+    return hashlib.sha256("; ".join(ast.unparse(s) for s in stmts).encode()).hexdigest()[:16]
 
 
 def _act_is_gelu(m, approximate):
-    """GELUActivation's / GELUTanh's self.act: PyTorch's gelu (with approximate="tanh",
-    as a functools.partial, for GELUTanh) or their Python formula of the same."""
+    """transformers' GELUActivation / GELUTanh: self.act is PyTorch's gelu (with
+    approximate="tanh", a functools.partial, for GELUTanh) or their Python formula of
+    the same."""
     act = getattr(m, "act", None)
     if approximate == "none":
         return act is F.gelu or getattr(act, "__name__", None) == "_gelu_python"
@@ -123,19 +136,20 @@ def converted(m):
 
 
 def replacement(cls, m):
-    """(subclass, None) for module m of a class ENTRIES knows, with its forward as the
+    """(subclass, None) for module m of a class FORMS knows, with its forward as the
     entry was written for; (None, why) for a known class that differs; (None, None)
     for any other class."""
-    entry = ENTRIES.get((cls.__module__, cls.__name__))
-    if entry is None:
+    form = FORMS.get((cls.__module__, cls.__name__))
+    if form is None:
         return None, None
-    body, build = entry
-    if _body(cls.forward) != body:
+    digest, forward = form
+    if body_hash(cls.forward) != digest:
         return None, f"its forward is not the one nbdnn's entry for {cls.__name__} replaces"
-    if body == _GELU and not _act_is_gelu(m, "tanh" if cls.__name__ == "GELUTanh" else "none"):
+    if cls.__module__ == _A and cls.__name__ in ("GELUActivation", "GELUTanh") and \
+            not _act_is_gelu(m, "tanh" if cls.__name__ == "GELUTanh" else "none"):
         return None, f"its act is {getattr(m, 'act', None)!r}, not the GELU nbdnn replaces"
     sub = _BUILT.get(cls)
     if sub is None:
-        sub = _BUILT[cls] = type(cls.__name__, (cls,), {"forward": build(cls),
+        sub = _BUILT[cls] = type(cls.__name__, (cls,), {"forward": forward,
                                                         "__module__": __name__})
     return sub, None
