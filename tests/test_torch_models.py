@@ -266,7 +266,9 @@ def test_decoders_convert_their_own_layer_classes(name, device, dtype, tol, loss
     """GPT-2's Conv1D projections and NewGELUActivation, Llama's LlamaRMSNorm and
     SiLUActivation (transformers' own classes, nbdnn/torch/third_party.py) run on nbdnn,
     beside Linear and LayerNorm: every leaf but the embeddings converted, the logits and
-    the loss curve native's, attention under functional_calls. LlamaRMSNorm computes in
+    the loss curve native's, attention under functional_calls, every counted FLOP of the
+    forward on nbdnn (flop_share; one projection left native: its share and op named).
+    LlamaRMSNorm computes in
     float32 whatever the dtype (and so its replacement): float64 Llama agrees to
     float32's precision."""
     if name == "llama" and dtype == torch.float64:
@@ -284,6 +286,12 @@ def test_decoders_convert_their_own_layer_classes(name, device, dtype, tol, loss
             return m(b, labels=b).loss
 
     report = _check(native, ids, loss, logits, tol, loss_tol, steps=5)
+    model, _ = nt.convert(native)
+    assert nt.flop_share(native, model, ids).on_nbdnn == 1.0
+    if name == "gpt2":  # (one projection left native: its addmm, named, and its share)
+        part, _ = nt.convert(native, exclude=["transformer.h.0.mlp.c_fc"])
+        share = nt.flop_share(native, part, ids)
+        assert set(share.by_op) == {"aten.addmm"} and 0.8 < share.on_nbdnn < 1.0, share
     kinds = {t for _, t in report.converted}
     want = {"Conv1D", "NewGELUActivation", "LayerNorm"} if name == "gpt2" else \
         {"Linear", "LlamaRMSNorm", "SiLUActivation"}

@@ -46,7 +46,7 @@ whose tangents are PyTorch's formula of each op at nbdnn's values
 from ._bridge import reference
 from . import functional, modules, rules
 from .capture import fresh_accumulators
-from .convert import Report, compare, convert
+from .convert import FlopShare, Report, compare, convert, flop_share
 from .intercept import functional_calls
 
 rules.register()
@@ -55,5 +55,6 @@ for _name in functional.__all__:  # (torch.nn.functional's names at the top leve
 del _name
 
 __all__ = ["functional", "modules", "reference", "convert", "compare", "Report",
+           "flop_share", "FlopShare",
            "functional_calls", "fresh_accumulators",
            *functional.__all__]

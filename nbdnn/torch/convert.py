@@ -13,6 +13,7 @@ import torch
 
 from ..errors import BadParamError
 from . import modules, third_party
+from .intercept import functional_calls
 from ._bridge import BACKENDS_FORCED, backend as _backend
 
 
@@ -151,6 +152,42 @@ def _enter(name):
 
 def _leave(m, args, out):
     m._nbdnn_backend.__exit__(None, None, None)
+
+
+@dataclasses.dataclass
+class FlopShare:
+    """flop_share's answer: total, the native model's FLOPs (PyTorch's flop counter:
+    matrix products, convolutions, attention); native, those its converted model still
+    runs on PyTorch's ops (by_op: which ones); on_nbdnn, the share on nbdnn's."""
+    total: int
+    native: int
+    by_op: dict
+
+    @property
+    def on_nbdnn(self):
+        return 1.0 - self.native / self.total if self.total else 1.0
+
+
+def flop_share(native, converted, inputs, *, kwargs=None, functional=True):
+    """How much of a forward's arithmetic the converted model moved onto nbdnn: both run
+    once on inputs (a tensor or a tuple; keyword inputs kwargs) under PyTorch's
+    FlopCounterMode, which counts PyTorch's own ops only (nbdnn's custom ops count
+    nothing); functional: the converted model under functional_calls() (a model's own
+    F.* calls, attention's above all, on nbdnn too)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    kwargs = dict(kwargs or {})
+    counts = []
+    for net, wrap in ((native, False), (converted, functional)):
+        with torch.no_grad(), FlopCounterMode(display=False) as fc:
+            if wrap:
+                with functional_calls():
+                    net(*inputs, **kwargs)
+            else:
+                net(*inputs, **kwargs)
+        counts.append(fc)
+    by_op = {str(op): n for op, n in counts[1].get_flop_counts().get("Global", {}).items() if n}
+    return FlopShare(counts[0].get_total_flops(), counts[1].get_total_flops(), by_op)
 
 
 def compare(model, inputs, *, kwargs=None, backend=None, seed=0, file=None):
