@@ -33,6 +33,10 @@ def _naive(mode, x, c):
         return 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
     if mode == "softplus":
         return math.log(1 + math.exp(c * x)) / c
+    if mode == "hardswish":
+        return x * min(max(x + 3, 0.0), 6.0) / 6
+    if mode == "hardsigmoid":
+        return min(max(x + 3, 0.0), 6.0) / 6
     return x
 
 

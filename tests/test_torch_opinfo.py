@@ -32,6 +32,7 @@ NOT_SUPPORTED = {
     "instance_norm": ("eps", "momentum"),
     "dropout": ("p 1",), "batch_norm": ("eps", "momentum"), "layer_norm": ("eps",),
     "rms_norm": ("eps",), "group_norm": ("eps",),
+    "scaled_dot_product_attention": ("enable_gqa with query, key and value of different ranks",),
 }
 DTYPES = (torch.float64, torch.float32)
 

@@ -14,6 +14,7 @@ torch.nn.functional calls a model makes itself to nbdnn too.
 
 Differences from torch.nn.functional, each an error rather than a silent change:
 hardtanh with bounds other than (0, max) or (-max, max); softmax without dim; dropout with p 1; attn_mask together with is_causal (as PyTorch);
+scaled_dot_product_attention with enable_gqa and query, key, value of different ranks;
 a norm's eps <= 0 and batch norm's momentum outside [0, 1] (PyTorch takes them).
 What F refuses is refused too, naming the function and the argument (a float stride,
 a tuple of another length, padding 'same' with a stride, pool padding past half the

@@ -320,6 +320,9 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     if not isinstance(num_groups, int) or num_groups < 1:
         raise BadParamError(f"nbdnn.torch.group_norm: num_groups must be an int >= 1; got "
                             f"{num_groups!r}")
+    if input.shape[1] == 0 or 0 in input.shape[2:]:  # (as PyTorch refuses them)
+        raise ShapeError(f"nbdnn.torch.group_norm: input must have channels and positions "
+                         f"(N, C > 0, *spatial of size > 0); got {tuple(input.shape)}")
     if input.shape[1] % num_groups:
         raise ShapeError(f"nbdnn.torch.group_norm: {input.shape[1]} channels do not split "
                          f"into {num_groups} groups")
@@ -396,6 +399,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                              f"{tuple(value.shape)} do not broadcast") from None
         if len(batch) in (1, 2):
             query, key, value = (t.expand(*batch, *t.shape[-2:]) for t in (query, key, value))
+    if enable_gqa and not query.dim() == key.dim() == value.dim():
+        _unsupported("scaled_dot_product_attention", "enable_gqa with query, key and value of "
+                     f"different ranks ({query.dim()}, {key.dim()}, {value.dim()}: PyTorch "
+                     "broadcasts their batch axes into the heads)")
     three = query.dim() == 3
     q, k, v = (t.unsqueeze(1) if three else t for t in (query, key, value))
     if attn_mask is not None and three and attn_mask.dim() == 3:
