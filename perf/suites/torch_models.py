@@ -9,18 +9,29 @@ rounds, each timing 50 calls of every one in turn; "added" is the median over ro
 nbdnn.torch's excess over the bare op in the same round (a loaded host's drift cancels).
 The issue's goal: <= 3 us over the bare op. --cpu: the same on CPU tensors (nbdnn's
 reference; the wrappers' own cost there, and a dry run of the script without a GPU).
---models: torchvision's ResNet-50 (random weights), native and nbdnn.torch.convert-ed,
-training step (forward, cross-entropy, backward, SGD) at batch B in each --configs (fp32
-with PyTorch's default TF32 convolutions; bf16 autocast, NCHW or channels-last), eager
-and replayed from a torch.cuda.CUDAGraph, GPU ms by CUDA events (median); first the
-converted eval logits against native's (fp32, TF32 off for the check).
+--models [NAME ...]: the models of the issue's table (random weights, built in code):
+torchvision ResNet-50 (batch 32; float32 NCHW with PyTorch's default TF32 convolutions,
+and bf16 autocast channels-last), torchvision ViT-B/16 (batch 32, bf16), transformers
+GPT-2 124M (batch 8 x 1024 tokens, bf16) and a Llama-style decoder from a LlamaConfig
+(8 layers, 16 query / 4 key-value heads, RMSNorm, rotary; batch 8 x 2048, bf16), each
+native and nbdnn.torch.convert-ed (the language models under functional_calls) in this
+process. Per config: the converted model's first training step (its JIT, or loads from
+the kernel cache), then training step (forward, cross-entropy, backward, SGD with
+momentum) and inference, eager and replayed from a torch.cuda.CUDAGraph, GPU ms by CUDA
+events (median of 5 rounds of 3), and the training step's peak memory; per model the
+forward's FLOP share on nbdnn (flop_share) and the kernels compiled. --profile: cProfile
+of the converted eager step. --size tiny --batch 2 on a machine without a GPU: a dry
+run of the script (wall ms, no graphs).
 
-    PYTHONPATH=. python perf/suites/torch_models.py [--host [--profile] [--cpu]] [--models]
-        [--batch 32]
+    PYTHONPATH=. python perf/suites/torch_models.py [--host [--profile] [--cpu]]
+        [--models [resnet50 vit_b_16 gpt2 llama] [--profile] [--batch B] [--json F]]
 """
 import argparse
+import contextlib
+import json
 import os
 import sys
+import time
 
 import torch
 
@@ -95,69 +106,235 @@ def host_rows(profile=False, dev="cuda"):
                     pstats.Stats(p).sort_stats("tottime").print_stats(12)
 
 
-def step_fn(model, x, labels, bf16):
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+class Model:
+    """A model of the table: build(batch) -> (module on the device, inputs, target);
+    loss(output, target); configs: (bf16 autocast, channels-last) pairs by name;
+    functional: the converted model runs under nbdnn.torch.functional_calls() (its own
+    F.* calls, attention's above all, on nbdnn too)."""
 
-    def step():
-        opt.zero_grad(set_to_none=False)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
-            # (no cast cache: a captured graph must redo the weights' casts each replay)
-            loss = F.cross_entropy(model(x), labels)
-        loss.backward()
-        opt.step()
-    return step
+    def __init__(self, build, loss, batch, configs, functional=False, kwargs=None):
+        self.build, self.loss, self.batch = build, loss, batch
+        self.configs, self.functional, self.kwargs = configs, functional, kwargs or {}
 
 
+def classify(out, labels):
+    return F.cross_entropy(out, labels)
+
+
+def next_token(out, ids):
+    # logits: (B, S, V) -> the next token's cross-entropy, as transformers' own loss
+    logits = out.logits[:, :-1]
+    return F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+
+
+def resnet50(batch, dev):
+    import torchvision
+    return (torchvision.models.resnet50().to(dev), torch.randn(batch, 3, 224, 224, device=dev),
+            torch.randint(0, 1000, (batch,), device=dev))
+
+
+def vit_b_16(batch, dev):
+    import torchvision
+    return (torchvision.models.vit_b_16().to(dev), torch.randn(batch, 3, 224, 224, device=dev),
+            torch.randint(0, 1000, (batch,), device=dev))
+
+
+def language_model(name, config, seq):
+    def build(batch, dev):
+        import transformers
+        cfg = getattr(transformers, name + "Config")(**config)
+        cfg._attn_implementation = "sdpa"  # (F.scaled_dot_product_attention: on nbdnn)
+        cls = getattr(transformers, name + "ForCausalLM" if name != "GPT2" else
+                      "GPT2LMHeadModel")
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=dev)
+        return cls(cfg).to(dev), ids, ids
+    return build
+
+
+SHAPES = {"full": {"gpt2": ({}, 1024),
+                   "llama": (dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                                  num_hidden_layers=8, num_attention_heads=16,
+                                  num_key_value_heads=4, max_position_embeddings=2048), 2048)},
+          "tiny": {"gpt2": (dict(vocab_size=96, n_positions=32, n_embd=32, n_layer=2,
+                                 n_head=2), 16),
+                   "llama": (dict(vocab_size=96, hidden_size=32, intermediate_size=48,
+                                  num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, max_position_embeddings=32), 16)}}
 CONFIGS = {  # name -> (bf16 autocast, channels-last)
     "fp32": (False, False), "bf16": (True, False), "bf16-cl": (True, True)}
 
 
-def model_rows(batch, configs):
-    import torchvision
-    torch.manual_seed(0)
-    native = torchvision.models.resnet50().cuda()
-    ours, report = nt.convert(native)
-    print(f"converted {len(report.converted)}, native {len(report.native)}: "
-          f"{sorted({t for _, t, _ in report.native})}", flush=True)
-    x = torch.randn(batch, 3, 224, 224, device="cuda")
-    labels = torch.randint(0, 1000, (batch,), device="cuda")
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    with torch.no_grad():
-        want, got = native.eval()(x), ours.eval()(x)
-    print(f"eval logits fp32: max rel error {float((got - want).abs().max() / want.abs().max()):.2e}",
-          flush=True)
-    torch.backends.cudnn.allow_tf32 = True  # (PyTorch's default for convolutions)
-    for config in configs:
-        bf16, last = CONFIGS[config]
-        fmt = torch.channels_last if last else torch.contiguous_format
-        xs = x.contiguous(memory_format=fmt)
-        for mode in ("eager", "graphed"):
-            ms = []
-            for m in (native, ours):
-                m.train().to(memory_format=fmt)
-                fn = step_fn(m, xs, labels, bf16)
-                timed = torch_graphed(fn, lambda: nt.fresh_accumulators(m)) \
-                    if mode == "graphed" else fn  # (eager steps' nodes: nbdnn/torch/capture.py)
-                ms.append(gpu_ms(timed, reps=5, rounds=7))
-            print(f"ResNet-50 train step B {batch} {config:7} {mode:7}: native {ms[0]:7.2f} ms "
-                  f"| nbdnn.torch {ms[1]:7.2f} ms | {ms[0] / ms[1]:.2f}x native's speed",
-                  flush=True)
+def models(size):
+    gpt2, llama = SHAPES[size]["gpt2"], SHAPES[size]["llama"]
+    lm = dict(functional=True, kwargs={"use_cache": False})
+    return {  # GPT-2 124M is transformers' default GPT2Config; llama: 8 layers, GQA 16/4
+        "resnet50": Model(resnet50, classify, 32, ("fp32", "bf16-cl")),
+        "vit_b_16": Model(vit_b_16, classify, 32, ("bf16",)),
+        "gpt2": Model(language_model("GPT2", *gpt2), next_token, 8, ("bf16",), **lm),
+        "llama": Model(language_model("Llama", *llama), next_token, 8, ("bf16",), **lm)}
+
+
+class Runner:
+    """One model's forward or training step (forward, loss, backward, SGD with
+    momentum), native or converted, under bf16 autocast or not."""
+
+    def __init__(self, spec, module, x, target, bf16, converted, dev):
+        self.spec, self.m, self.x, self.target = spec, module, x, target
+        self.bf16, self.converted, self.dev = bf16, converted, dev
+        self.opt = torch.optim.SGD(module.parameters(), lr=1e-3, momentum=0.9)
+
+    def _scope(self):
+        return nt.functional_calls() if self.converted and self.spec.functional else \
+            contextlib.nullcontext()
+
+    def forward(self):
+        with self._scope(), torch.autocast(self.dev, dtype=torch.bfloat16, enabled=self.bf16,
+                                           cache_enabled=False):
+            # (no cast cache: a captured graph must redo the weights' casts each replay)
+            return self.m(self.x, **self.spec.kwargs)
+
+    def train_step(self):
+        self.opt.zero_grad(set_to_none=False)
+        with self._scope(), torch.autocast(self.dev, dtype=torch.bfloat16, enabled=self.bf16,
+                                           cache_enabled=False):
+            loss = self.spec.loss(self.m(self.x, **self.spec.kwargs), self.target)
+        loss.backward()
+        self.opt.step()
+        return loss
+
+    def infer(self):
+        with torch.no_grad():
+            return self.forward()
+
+
+def peak_bytes(fn):
+    """The most memory PyTorch's allocator held during fn() beyond what it held before
+    (a steady-state step: parameters, gradients and optimizer state already there)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def model_rows(names, size, batch, profile, rows):
+    """Each model native and converted in this process, each config, each mode: GPU ms by
+    CUDA events (eager: the step's wall time on the GPU's clock, host waits included),
+    the ratio native / nbdnn (>= 1: nbdnn as fast or faster), the training step's peak
+    memory, the forward's FLOP share on nbdnn and the kernels compiled."""
+    from nbdnn.cuda.runtime.launch.kernel import loaded
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    reps, rounds = (3, 5) if dev == "cuda" else (1, 1)
+    zoo = models(size)
+    for name in names:
+        spec = zoo[name]
+        torch.manual_seed(0)
+        native, x, target = spec.build(batch or spec.batch, dev)
+        before = len(loaded())
+        t0 = time.perf_counter()
+        ours, report = nt.convert(native)
+        native_left = sorted({t for _, t, _ in report.native})
+        share = nt.flop_share(native.eval(), ours.eval(), x, kwargs=spec.kwargs,
+                              functional=spec.functional)
+        print(f"{name}: converted {len(report.converted)} modules, native {native_left}; "
+              f"FLOPs on nbdnn {100 * share.on_nbdnn:.2f}% (native ops: "
+              f"{share.by_op or 'none'})", flush=True)
+        row = {"model": name, "flops_on_nbdnn": share.on_nbdnn, "native_ops": share.by_op,
+               "native_modules": native_left, "configs": {}}
+        for config in spec.configs:
+            bf16, last = CONFIGS[config]
+            fmt = torch.channels_last if last else torch.contiguous_format
+            xs = x.contiguous(memory_format=fmt) if x.is_floating_point() else x
+            runners = [Runner(spec, m.train().to(memory_format=fmt), xs, target, bf16, c, dev)
+                       for c, m in ((False, native), (True, ours))]
+            t1 = time.perf_counter()
+            runners[1].train_step()  # (the first step: its kernels' JIT or cache loads)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            first_s = time.perf_counter() - t1
+            got = {"first_step_s": first_s}
+            for mode in ("train", "train-graphed", "infer", "infer-graphed"):
+                ms = []
+                for r, m in zip(runners, (native, ours)):
+                    m.train(mode.startswith("train"))
+                    fn = r.train_step if mode.startswith("train") else r.infer
+                    if mode.endswith("graphed"):
+                        if dev != "cuda":
+                            continue
+                        fn = torch_graphed(fn, lambda: nt.fresh_accumulators(m))
+                    ms.append(gpu_ms(fn, reps, rounds) if dev == "cuda" else wall_ms(fn))
+                if len(ms) == 2:
+                    got[mode] = ms
+                    print(f"  {name} B{batch or spec.batch} {config:7} {mode:13}: native "
+                          f"{ms[0]:8.2f} ms | nbdnn {ms[1]:8.2f} ms | {ms[0] / ms[1]:.2f}x",
+                          flush=True)
+            if dev == "cuda":
+                for r, m in zip(runners, (native, ours)):
+                    m.train()
+                mem = [peak_bytes(r.train_step) for r in runners]
+                got["train_peak_bytes"] = mem
+                print(f"  {name} {config:7} training step's peak memory: native "
+                      f"{mem[0] / 2**30:.2f} GiB | nbdnn {mem[1] / 2**30:.2f} GiB | "
+                      f"{mem[1] / mem[0]:.2f}x", flush=True)
+            if profile:
+                profile_step(runners[1].train_step, f"{name} {config} converted train step")
+            row["configs"][config] = got
+        row["kernels_compiled"] = len(loaded()) - before
+        row["setup_to_last_s"] = time.perf_counter() - t0
+        print(f"  {name}: {row['kernels_compiled']} kernels compiled or loaded", flush=True)
+        rows.append(row)
+        del native, ours, runners
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+
+
+def wall_ms(fn, n=2):
+    fn()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n * 1e3
+
+
+def profile_step(fn, what, n=3):
+    """Where an eager step's host time goes: cProfile over n steps, the functions by
+    their own time and by time under them."""
+    import cProfile
+    import pstats
+    fn()
+    p = cProfile.Profile()
+    p.runcall(lambda: [fn() for _ in range(n)])
+    print(f"--- {what}: {n} steps")
+    st = pstats.Stats(p)
+    st.sort_stats("tottime").print_stats(25)
+    st.sort_stats("cumulative").print_stats(30)
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--host", action="store_true")
-    p.add_argument("--models", action="store_true")
-    p.add_argument("--profile", action="store_true", help="--host: cProfile each wrapped call")
+    p.add_argument("--models", nargs="*", choices=sorted(models("tiny")),
+                   help="the models' rows (none named: all four)")
+    p.add_argument("--profile", action="store_true",
+                   help="cProfile each wrapped call (--host) or converted step (--models)")
     p.add_argument("--cpu", action="store_true", help="--host on CPU tensors (the reference)")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--configs", nargs="+", default=["fp32", "bf16-cl"], choices=sorted(CONFIGS),
-                   help="fp32; bf16 autocast; bf16-cl: autocast, model and input channels-last")
+    p.add_argument("--batch", type=int, help="every model's batch (default: its own)")
+    p.add_argument("--size", choices=sorted(SHAPES), default="full",
+                   help="tiny: the language models shrunk (a dry run on the CPU)")
+    p.add_argument("--json", help="write the model rows here")
     args = p.parse_args()
-    if args.host or not args.models:
+    if args.host or args.models is None:
         host_rows(args.profile, "cpu" if args.cpu else "cuda")
-    if args.models:
-        model_rows(args.batch, args.configs)
+    if args.models is not None:
+        rows = []
+        try:
+            model_rows(args.models or list(models("tiny")), args.size, args.batch,
+                       args.profile, rows)
+        finally:
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -369,6 +369,12 @@ def _param_count(sig):
     return n if body.strip() else 0
 
 
+def loaded():
+    """(kernel name, signature) of every kernel this process has compiled or loaded from
+    the kernel cache: how many specialisations a workload needs."""
+    return [(k.name, sig) for k in REGISTRY for sig in list(k._launchers)]
+
+
 def warm_up(kernels=None):
     """Compile every registered signature now (JIT happens here, not in a timed run)."""
     for k in kernels or REGISTRY:
