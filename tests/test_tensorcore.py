@@ -194,12 +194,56 @@ def test_tensor_core_matmul_is_deterministic_and_backward_runs_there(dtype):
                                atol=1e-5 * np.sqrt(4 * 264))
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_operands_tma_cannot_take_run_the_simt_kernel(dtype):
-    """An odd K (rows not 16-byte multiples), an odd N, a 2-byte-offset view: the SIMT
-    kernel runs them, correctly (the documented fallback)."""
+# (a shape, b shape) whose rows TMA cannot stride over (not 16-byte multiples): K odd
+# (a's rows; a transposed b's), N odd (C an element a store; a plain b's rows), M odd
+# (a transposed a's rows), a batch of a against one b with K odd (stacked rows of the
+# padded pitch), and all three odd past a tile in each
+ODD_SHAPES = [((40, 13), (13, 24)), ((40, 16), (16, 23)), ((37, 24), (24, 40)),
+              ((3, 40, 21), (21, 32)), ((297, 203), (203, 517))]
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("shapes", ODD_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_rows_tma_cannot_stride_run_on_tensor_cores(shapes, ta, tb):
+    """Operands whose rows are not 16-byte multiples run on the tensor cores over padded
+    copies (matmul's variant wgmma_padded: one padded_copy an operand that needs it), C of
+    odd width through the odd epilogue (an element a store; beta's old C read likewise):
+    each operand major, the full epilogue and none."""
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    M, K, N = shapes[0][-2], shapes[0][-1], shapes[1][-1]
+    copies = int((M if ta else K) % 8 != 0) + int((K if tb else N) % 8 != 0)
+    _check_16bit_matmul("bfloat16", shapes, ta, tb, "wgmma_gemm", 11 + ta + 2 * tb,
+                        copies=copies)
+
+
+def test_rows_tma_cannot_stride_in_float16_and_from_an_unaligned_base():
+    """float16 with K and N odd; a 2-byte-offset view (rows of 16 elements, its base 2
+    bytes past 16-aligned) copied too, though its rows are whole."""
     torch = pytest.importorskip("torch")
     import nbdnn
+    from nbdnn.cuda.runtime.launch.kernel import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    _check_16bit_matmul("float16", ((72, 45), (45, 33)), False, False, "wgmma_gemm", 3,
+                        copies=2)
+    rng = np.random.default_rng(9)
+    big, bigv = _torch_pair(rng, (1, 40 * 16 + 1), torch.bfloat16, False)
+    a, av = big[0, 1:].view(40, 16), bigv[0, 1:].reshape(40, 16)
+    b, bv = _torch_pair(rng, (16, 24), torch.bfloat16, False)
+    with launched() as names:
+        c = nbdnn.matmul(a, b)
+    assert names[0] == "padded_copy" and names[1].startswith("wgmma_gemm"), names
+    np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_forced_simt_runs_operands_tma_cannot_take(dtype):
+    """The SIMT kernel, forced, still runs odd K, odd N and an unaligned base correctly
+    (the path every other GPU takes)."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda import matmul as mm
     from nbdnn.cuda.runtime.launch.kernel import launched
     tdt = getattr(torch, dtype)
     rng = np.random.default_rng(9)
@@ -207,17 +251,10 @@ def test_operands_tma_cannot_take_run_the_simt_kernel(dtype):
     for ash, bsh in cases:
         a, av = _torch_pair(rng, ash, tdt, False)
         b, bv = _torch_pair(rng, bsh, tdt, False)
-        with launched() as names:
+        with launched() as names, mm.forced("simt"):
             c = nbdnn.matmul(a, b)
-        assert not any(n.startswith("wgmma_gemm") for n in names), names
+        assert not any(n.startswith(("wgmma_gemm", "padded")) for n in names), names
         np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7, atol=1e-4)
-    big, bigv = _torch_pair(rng, (1, 40 * 16 + 1), tdt, False)
-    a, av = big[0, 1:].view(40, 16), bigv[0, 1:].reshape(40, 16)  # 2 bytes past 16-aligned
-    b, bv = _torch_pair(rng, (16, 24), tdt, False)
-    with launched() as names:
-        c = nbdnn.matmul(a, b)
-    assert not any(n.startswith("wgmma_gemm") for n in names), names
-    np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7, atol=1e-4)
 
 
 @pytest.mark.parametrize("tb", [False, True])

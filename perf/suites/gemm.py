@@ -8,6 +8,10 @@
     float16, bfloat16 nbdnn.matmul            cuBLAS (torch.matmul) in the same dtype: on
                       an sm_90 GPU the tensor-core kernel (nbdnn/cuda/matmul/tensor_core_gemm/wgmma_gemm.py)
     ... nt            the same with b transposed (K-major B: the other operand major)
+    lm head bf16      GPT-2's LM head at 8 x 1024 tokens: logits = x (8192, 768) @ W^T
+                      (W: (50257, 768)), dx = dlogits @ W, dW = dlogits^T @ x: rows of
+                      50,257 elements (not 16-byte multiples: the padded copies and C
+                      stored an element at a time) against torch.matmul
     mlp bf16          the transformer MLP block x (8192, 4096) @ W1 (4096, 16384) + b1,
                       gelu, @ W2 (16384, 4096) + b2: nbdnn's two calls with bias and gelu
                       fused against PyTorch eager (F.linear, F.gelu, F.linear)
@@ -17,7 +21,8 @@ Square 4096 and 8192, skinny M = 64..512 and ragged sizes; GPU time by CUDA even
 ratio to cuBLAS, the max relative error against cuBLAS's fp32 product.
 
     PYTHONPATH=. python3 perf/suites/gemm.py [--json F] [--quick] [--no-fp32] [--no-mlp]
-        [--shapes 64x4096x4096 ...] [--set matmul:mma_sync] [--set MODULE.NAME=VALUE]
+        [--no-lm-head] [--shapes 64x4096x4096 ...] [--set matmul:mma_sync]
+        [--set MODULE.NAME=VALUE]
 """
 import argparse
 import json
@@ -33,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import switches  # noqa: E402  (perf/tools/switches.py)
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (64, 4096, 4096), (512, 8192, 1024),
-          (256, 4096, 8192), (1000, 3000, 2040), (4000, 4000, 4000)]
+          (256, 4096, 8192), (1000, 3000, 2040), (1000, 3000, 1500), (4000, 4000, 4000)]
 QUICK = SHAPES[:2]
 
 
@@ -57,6 +62,29 @@ def _rows(M, N, K, fp32):
                lambda x=x, c=c: torch.matmul(*x, out=c), c, f32, False)
         yield (f"{dt} nt", lambda x=x, bt=bt, c=c: nbdnn.matmul(x[0], bt, trans_b=True, out=c),
                lambda x=x, bt=bt, c=c: torch.matmul(x[0], bt.t(), out=c), c, f32, False)
+
+
+def lm_head():
+    """GPT-2's LM head and its two gradients in bf16 (module docstring), each against
+    torch.matmul on the same tensors."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    T, V, D = 8192, 50257, 768
+    x = torch.randn(T, D, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(V, D, device="cuda", generator=g) / 32).bfloat16()
+    dy = (torch.randn(T, V, device="cuda", generator=g) / 256).bfloat16()
+    cases = {"lm head y": ((T, V, D), lambda: nbdnn.matmul(x, w, trans_b=True),
+                           lambda: torch.matmul(x, w.t())),
+             "lm head dx": ((T, D, V), lambda: nbdnn.matmul(dy, w),
+                            lambda: torch.matmul(dy, w)),
+             "lm head dW": ((V, D, T), lambda: nbdnn.matmul(dy, x, trans_a=True),
+                            lambda: torch.matmul(dy.t(), x))}
+    for label, ((M, N, K), ours, theirs) in cases.items():
+        t, t_ref = time_gpu(ours), time_gpu(theirs)
+        ref = theirs().float()
+        err = float((ours().float() - ref).abs().max() / ref.abs().max())
+        yield {"shape": (M, N, K), "row": label, "tflops": 2 * M * N * K / t / 1e12,
+               "cublas_tflops": 2 * M * N * K / t_ref / 1e12, "ratio": t_ref / t,
+               "rel_err": err}
 
 
 def mlp_block():
@@ -90,6 +118,7 @@ def main():
     p.add_argument("--no-fp32", action="store_true", help="only the 16-bit rows")
     p.add_argument("--shapes", nargs="+", help="MxNxK each (default: SHAPES)")
     p.add_argument("--no-mlp", action="store_true")
+    p.add_argument("--no-lm-head", action="store_true")
     switches.add_argument(p)
     args = p.parse_args()
     switches.apply(args.set)
@@ -116,6 +145,9 @@ def main():
             err = float((c.float() - ref).abs().max() / ref.abs().max())
             show({"shape": (M, N, K), "row": label, "tflops": flops / t / 1e12,
                   "cublas_tflops": flops / t_ref / 1e12, "ratio": t_ref / t, "rel_err": err})
+    if not args.no_lm_head:
+        for row in lm_head():
+            show(row)
     if not args.no_mlp:
         show(mlp_block())
     if args.json:

@@ -130,8 +130,8 @@ def _filter(x, w, kw):
             nbdnn.conv_backward_filter(_f64(dy), _f64(x), w.shape, backend="cpu", **kw))
 
 
-def _gemm(dt):
-    a, b = _t((70, 96), dt, 96), _t((96, 136), dt)
+def _gemm(dt, k=96):
+    a, b = _t((70, k), dt, 96), _t((k, 136), dt)
     return nbdnn.matmul(a, b, backend="cuda"), nbdnn.matmul(_f64(a), _f64(b), backend="cpu")
 
 
@@ -215,6 +215,7 @@ TABLES = [  # (family module, variant, case: () -> (GPU results, CPU results), t
     (CV, "depthwise_strips", lambda: _forward(*_conv(F32, "NCHW", 6, 6, 5, groups=6)), 1e-5,
      False),
     (MM, "wgmma", lambda: _gemm(BF), 3e-2, TC),
+    (MM, "wgmma_padded", lambda: _gemm(BF, 93), 3e-2, TC),
     (MM, "mma_sync", lambda: _gemm(F16), 4e-3, TC),
     (MM, "simt", lambda: _gemm(F32), 1e-5, False),
     (NM, "rows", lambda: _norm("layer_norm", (6, 40)), 1e-4, False),

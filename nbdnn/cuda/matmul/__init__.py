@@ -1,9 +1,10 @@
 """matmul and matmul_backward on the GPU: one tiled GEMM kernel with a fused epilogue,
 and for float16 / bfloat16 and float32's tf32 / 3xtf32 math modes on sm_90 the
 tensor-core kernel (wgmma_gemm.py: TMA + wgmma, split-K in split_k.py) wherever its
-limits hold (wgmma_gemm.usable: 16-byte rows and bases); on sm_80-89 float16 /
-bfloat16 run mma_gemm.py (mma.sync + ldmatrix + cp.async, the same limits); what they
-cannot take runs the SIMT kernel below, bfloat16 through its bits. The TF32 modes multiply K-major
+limits hold (wgmma_gemm.usable: 16-byte rows and bases; 16-bit operands that miss them
+are copied into padded rows first: variant wgmma_padded); on sm_80-89 float16 /
+bfloat16 run mma_gemm.py (mma.sync + ldmatrix + cp.async, the same limits and even N);
+what they cannot take runs the SIMT kernel below, bfloat16 through its bits. The TF32 modes multiply K-major
 operands on either unit: rounded parts from tf32_parts.py, or for "tf32" on the
 tensor cores an input that already is K-major, rounded by TMA (_tf32_operands).
 
@@ -42,6 +43,7 @@ from ..runtime.simulator import SIMULATOR
 from ..runtime.variants import Variant
 from .. import activation as _act
 from ..runtime.memory.arrays import dtype_name, empty, ptr
+from ..runtime.memory.strided import padded_rows
 from .gemm_source import gemm_about, gemm_source
 from . import tf32_parts as _tf32_parts
 from ..runtime.device import describe, sm_count
@@ -166,16 +168,33 @@ class Gemm(NamedTuple):
     batch: tuple
     dtype: str
 
-    def tensor_cores_take(self):
-        """Both tensor-core kernels' limits (wgmma_gemm.usable: 16-byte rows and bases)."""
+    def tensor_cores_take(self, odd=False):
+        """Both tensor-core kernels' limits (wgmma_gemm.usable: 16-byte rows and bases;
+        odd: C of any width, the wgmma kernel's element stores)."""
         return _tc.usable(self.a, self.b, self.c, self.trans_a, self.trans_b, self.M, self.N,
-                          self.K)
+                          self.K, odd)
 
 
 def _wgmma(g):
     kw = {"promote": True} if g.math_mode == "3xtf32" and PROMOTE_3XTF32 else {}
     return _tc.gemm(g.a, g.b, g.c, g.trans_a, g.trans_b, g.bias, g.act, g.coef, g.alpha,
                     g.beta, g.stream, **kw)
+
+
+def _wgmma_padded(g):
+    """Each operand whose rows (its contiguous extent: K, or M / N transposed) are not a
+    multiple of 8 elements or whose base is not 16-byte aligned, copied into rows of the
+    next multiple of 8, zeros after; the product over the copies reads the true M, N, K
+    (dims). A pad in K multiplies zeros; one in M or N makes rows or columns of C that
+    the epilogue never stores."""
+    def fit(x, inner):
+        if inner % 8 == 0 and ptr(x) % 16 == 0:
+            return x
+        return padded_rows(x, -(-inner // 8) * 8, g.stream)
+    a = fit(g.a, g.M if g.trans_a else g.K)
+    b = fit(g.b, g.K if g.trans_b else g.N)
+    return _tc.gemm(a, b, g.c, g.trans_a, g.trans_b, g.bias, g.act, g.coef, g.alpha, g.beta,
+                    g.stream, dims=(g.M, g.N, g.K))
 
 
 def _simt(g):
@@ -207,10 +226,16 @@ def _simt(g):
 
 GEMM = (  # in order of preference
     Variant("wgmma", lambda g: _tc_arch() >= 90 and g.dtype in _tc.KINDS and
-            not (g.dtype == "float32" and g.math_mode == "ieee") and g.tensor_cores_take(),
+            not (g.dtype == "float32" and g.math_mode == "ieee") and g.tensor_cores_take(True),
             _wgmma,
             "wgmma_gemm.py: TMA + wgmma (sm_90), float16 / bfloat16 and float32's TF32 "
-            "modes; split-K in split_k.py"),
+            "modes; split-K in split_k.py; 16-bit C of any width"),
+    Variant("wgmma_padded", lambda g: _tc_arch() >= 90 and g.dtype in _mma.KINDS and g.K > 0,
+            _wgmma_padded,
+            "16-bit operands whose rows are not 16-byte multiples (a GPT-2 LM head's 50,257 "
+            "logits as the gradient's operand): each such operand copied into rows of a "
+            "16-byte pitch, zeros after (memory/strided.padded_rows: 2 x its bytes), then "
+            "wgmma over the copies (aligned operands are not copied)"),
     Variant("mma_sync", lambda g: _tc_arch() >= 80 and g.dtype in _mma.KINDS and
             math.prod(g.batch) <= MAX_BATCH and g.tensor_cores_take(),
             lambda g: _mma.gemm(g.a, g.b, g.c, g.trans_a, g.trans_b, g.bias, g.act, g.coef,

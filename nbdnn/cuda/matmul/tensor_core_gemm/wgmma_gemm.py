@@ -42,9 +42,10 @@ DRAM; neighbouring tiles share A and B through the 60 MB L2).
 
 Tails: TMA fills out-of-bounds box elements with zeros (M, N and K tails cost nothing
 in the main loop); the epilogue skips rows >= M and columns >= N. Limits (`usable`
-checks them; the caller runs the SIMT kernel otherwise): each operand's contiguous
-extent a multiple of 8 and its address 16-byte aligned (TMA's 16-byte strides), N even
-and C 4-byte aligned (pair stores), K > 0.
+checks them): each operand's contiguous extent a multiple of 8 and its address 16-byte
+aligned (TMA's 16-byte strides; matmul's variant wgmma_padded copies an operand that is
+not into rows of a padded pitch, strided.padded_rows, and passes dims), K > 0. 16-bit C
+of odd N, or only 2-byte aligned, is stored an element at a time (odd; pairs.py).
 """
 import functools
 import math
@@ -59,7 +60,7 @@ from ...runtime.launch.kernel import Kernel
 from ...tensorcore.tensormap import encoded
 from ..batches import table as batch_table
 from .epilogue import staged_store as staged
-from .wgmma_params import namespace, signature, slot_words, \
+from .wgmma_params import namespace, pairs_fit, signature, slot_words, \
     usable  # noqa: F401  (the front end asks wgmma_gemm.usable)
 from .split_k import split, splitk_sum, tile_width
 from . import wgmma_stage as ws
@@ -127,7 +128,8 @@ TEMPLATE_ADDRESS = 1 << 20   # the templates' base (replaced in the kernel; 16-B
 
 @functools.lru_cache(maxsize=None)
 def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=False,
-           own_maps=False, tile=None, store=False, lean=False, conv=False, promote=False):
+           own_maps=False, tile=None, store=False, lean=False, conv=False, promote=False,
+           odd=False):
     """The Kernel for dtype "float16" / "bfloat16" / "float32" (its tf32 modes, operands
     K-major only), the operand majors and the epilogue (built on first use: a variant
     compiles in seconds); partial: split-K's chunk kernel (c a float32 workspace);
@@ -135,8 +137,12 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
     store: C through TMA stores (TMA_STORE); conv: a convolution's operands (wgmma_im2col.py; host maps), 2
     with a convolution's epilogue order (wgmma_source.source); promote (float32's
     3xtf32): a k-tile's product added into the accumulators on the CUDA cores, at most
-    128 columns a consumer (wgmma_source.source)."""
+    128 columns a consumer (wgmma_source.source); odd: 16-bit C an element a store (any
+    N; the direct epilogue of a GEMM's finished C only)."""
     kind = KINDS[dtype]
+    if odd and (kind == "tf32" or partial or store or conv):
+        raise ValueError("wgmma GEMM: odd (16-bit C an element a store) is the direct "
+                         "epilogue of a 16-bit GEMM's finished C")
     bn, stages, bm = tile = (tuple(tile or TILE) + (BM,))[:3]
     if promote and (kind != "tf32" or ws.consumer_columns(bn, bm) > PROMOTE_COLUMNS):
         raise ValueError(f"wgmma GEMM: promote is for tf32 with at most {PROMOTE_COLUMNS} "
@@ -150,7 +156,7 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
                          f"{MAX_SHARED}), conv with host maps (tf32: the GEMM's epilogue order and a "
                          f"K-major B only)")
     name, src = source(kind, a_k, b_k, bias, act, beta, partial, own_maps, tile, store, lean,
-                       conv, promote)
+                       conv, promote, odd)
     nw = ws.consumer_columns(bn, bm)
     ns = namespace(kind, nw, a_k, b_k, _act.device_functions(np.float32)[act][0] if act
                    else None)
@@ -163,7 +169,7 @@ def kernel(dtype, a_k=True, b_k=True, bias=False, act=None, beta=False, partial=
         "traffic": f"a k-tile: {ws.stage_bytes(bn, bm)} B in, {2 * bm * bn * bk} flops",
         "why": "variant T2 (module docstring)"})
     return Kernel(fn, [signature(kind, partial, own_maps, store,
-                                 conv == 2 and beta and not partial)],
+                                 conv == 2 and beta and not partial, odd)],
                   arch="sm_90a",
                   shared_bytes=shmem, max_registers=MAX_REGS)
 
@@ -174,7 +180,7 @@ def ptx_examples():
     differ only in names; a kernel costs CI 10-25 s), a full epilogue in 16 bits (beta:
     direct stores) and in tf32, split-K's chunk kernel and every dtype's ordered sum, host
     tensor maps (the convolution's im2col operands, a 64-wide tile; a filter gradient's;
-    a data gradient's filter as stored),
+    a data gradient's filter as stored), 16-bit C of odd width,
     the other stores (TMA_STORE_F32), the other tile setup, the skinny tile (a TMA-store
     epilogue, an MN-major A split-K), and the 192-wide tile."""
     om, st, ln = OWN_MAPS, TMA_STORE, LEAN_SETUP  # what gemm() uses; one of each other kind
@@ -199,6 +205,8 @@ def ptx_examples():
            **ship)  # (3xtf32 split-K, skinny: 128 columns a consumer)
     kernel("bfloat16", True, False, own_maps=om, store=st, lean=not ln)
     kernel("bfloat16", True, True, partial=True, store=not f32, **ship)
+    kernel("bfloat16", True, False, True, "relu", True, odd=True, **ship)  # (odd N: C an
+    # element a store, beta's old C read likewise)
     kernel("bfloat16", True, False, True, "gelu", tile=(256, 4, 64), store=st, **ship)
     kernel("bfloat16", False, True, partial=True, tile=(256, 4, 64), store=f32, **ship)
     kernel("bfloat16", True, False, tile=(192, 4), store=st, **ship)  # (split_k.WIDTHS)
@@ -206,13 +214,18 @@ def ptx_examples():
         splitk_sum(dtype)
 
 
-def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, promote=False):
+def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, promote=False,
+         dims=None):
     """c = alpha * act(op(a) @ op(b) + bias) + beta * c on the tensor cores. a, b, c, bias:
     C-contiguous device arrays of one dtype, 16-bit or float32 (tf32: operands already
     rounded, tf32_parts.py); shapes checked by the front end, `usable` true; c (batch...,
     M, N). promote (float32's 3xtf32): each k-tile's product added into float32
     accumulators on the CUDA cores (the kernel's promote), on tiles of at most
-    PROMOTE_COLUMNS columns a consumer (the registers of the second accumulator)."""
+    PROMOTE_COLUMNS columns a consumer (the registers of the second accumulator).
+    dims: the product's (M, N, K) where an operand's rows are wider than its
+    contiguous extent (padded_rows' copies: the pad is zeros, and the tensor maps
+    stride over the stored rows); 16-bit C of odd N (or 2-byte aligned) is stored an
+    element at a time (kernel's odd)."""
     from ....arrays import capture_state
     plan = capture_state.__dict__.get("plan")
     if plan is not None and not OWN_MAPS:  # a tensor map holds its tensor's address: a
@@ -223,6 +236,8 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, promot
     ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
     M, K = (ash[-1], ash[-2]) if trans_a else (ash[-2], ash[-1])
     N = bsh[-2] if trans_b else bsh[-1]
+    if dims is not None:
+        M, N, K = dims
     na, nb_ = math.prod(ash[:-2]), math.prod(bsh[:-2])
     batch = ash[:-2] if ash[:-2] == bsh[:-2] else tuple(np.broadcast_shapes(ash[:-2], bsh[:-2]))
     nz = math.prod(batch)
@@ -239,9 +254,10 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, promot
     # tensor maps (matrices, rows, contiguous extent), boxes (1, rows, 128 B of k) K-major
     # or (1, 64 k, 64 m/n) MN-major (16-bit only)
     at, bt = (TEMPLATE_ADDRESS, TEMPLATE_ADDRESS) if OWN_MAPS else (ptr(a), ptr(b))
-    ma = encoded(at, (na, K, rows_a) if trans_a else (na, rows_a, K), mdt,
+    # (each map's contiguous extent the stored rows': dims' padded copies)
+    ma = encoded(at, (na, K, ash[-1]) if trans_a else (na, rows_a, ash[-1]), mdt,
                  (1, BK, BOX) if trans_a else (1, bm, bk), "128B", stream, c)
-    mb = encoded(bt, (nb_, N, K) if trans_b else (nb_, K, N), mdt,
+    mb = encoded(bt, (nb_, N, bsh[-1]) if trans_b else (nb_, K, bsh[-1]), mdt,
                  (1, bn, bk) if trans_b else (1, BK, BOX), "128B", stream, c)
     offs = batch_table(a_batch, b_batch, batch, dtype=np.int32)
     tiles = -(-rows_a // bm) * -(-N // bn) * nz
@@ -262,8 +278,10 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, promot
     tile = (bn, stages) if bm == BM else (bn, stages, bm)
     shmem = shared_bytes(bn, stages, store, bm)
     epilogue = (False, None, False) if partial else (bias is not None, act, beta != 0)
+    odd = kind != "tf32" and not partial and not store and not pairs_fit(c, N)
     k = kernel(dtype, not trans_a, bool(trans_b), *epilogue, partial=partial,
-               own_maps=OWN_MAPS, tile=tile, store=store, lean=LEAN_SETUP, promote=promote)
+               own_maps=OWN_MAPS, tile=tile, store=store, lean=LEAN_SETUP, promote=promote,
+               odd=odd)
     encs = (ma, mb)
     if store:  # C's map: (matrices [x chunks], rows, N), 64-row x 128-byte boxes
         f32 = kind == "tf32" or partial
@@ -279,7 +297,7 @@ def gemm(a, b, c, trans_a, trans_b, bias, act, coef, alpha, beta, stream, promot
         owners += (slots,)
     if not partial:
         k.launch(k.sigs[0], grid, THREADS, stream, *maps,
-                 (ptr(c), total if kind == "tf32" else total // 2), bias_arg, offs, rows_a,
+                 (ptr(c), total if kind == "tf32" or odd else total // 2), bias_arg, offs, rows_a,
                  N, K, nz, GROUP_M, alpha, beta, coef, chunk, shmem=shmem, owners=owners)
         return c
     k.launch(k.sigs[0], grid, THREADS, stream, *maps, out, bias_arg, offs, rows_a, N,

@@ -32,13 +32,16 @@ SIG_PARTIAL = SIG.replace("uint32[::1]", "float32[::1]")
 SIG_TF32 = SIG_PARTIAL.replace("uint16[::1]", "float32[::1]")  # (c and bias float32)
 
 
-def signature(kind, partial, own_maps=False, store=False, z=False):
-    """The kernel's one signature: c packed 16-bit pairs (uint32), bias 16-bit bits;
+def signature(kind, partial, own_maps=False, store=False, z=False, odd=False):
+    """The kernel's one signature: c packed 16-bit pairs (uint32; odd: 16-bit elements,
+    uint16), bias 16-bit bits;
     partial (split-K's chunks) and tf32: c float32; tf32: bias float32. store (TMA
     stores of C, staged_store.py): a third map, C's. own_maps: the map addresses become
     the templates, then a, b and the blocks' map slots. z: a convolution's z after c
     (16-bit pairs, as c)."""
     sig = SIG_TF32 if kind == "tf32" else SIG_PARTIAL if partial else SIG
+    if odd:
+        sig = sig.replace("uint32[::1]", "uint16[::1]", 1)
     if z:
         sig = sig.replace("uint32[::1], ", "uint32[::1], uint32[::1], ", 1)
     maps = "uint64, uint64, uint64, " if store else "uint64, uint64, "
@@ -112,13 +115,24 @@ def namespace(kind, nw, a_k, b_k, act_f):
                     "mbarrier_arrive_cluster", "mbarrier_try_wait_parity_cluster")})
 
 
-def usable(a, b, c, trans_a, trans_b, M, N, K):
+def usable(a, b, c, trans_a, trans_b, M, N, K, odd=False):
     """Whether this kernel can run op(a) @ op(b) into c (sm_90 checked by the caller):
     TMA needs 16-byte row strides and 16-byte aligned bases; 16-bit C even N and 4-byte
-    alignment (pair stores); tf32 (float32) both operands K-major."""
+    alignment (pair stores), or odd: any N and C (its elements stored one by one); tf32
+    (float32) both operands K-major."""
     if dtype_name(a) == "float32":
         return K > 0 and not trans_a and trans_b and K % 4 == 0 and ptr(a) % 16 == 0 and \
             ptr(b) % 16 == 0
+    return K > 0 and operands_aligned(a, b, trans_a, trans_b, M, N, K) and \
+        (odd or pairs_fit(c, N))
+
+
+def operands_aligned(a, b, trans_a, trans_b, M, N, K):
+    """Both 16-bit operands' rows 16-byte multiples and bases 16-byte aligned (TMA)."""
     inner_a, inner_b = (M if trans_a else K), (K if trans_b else N)
-    return (K > 0 and N % 2 == 0 and inner_a % 8 == 0 and inner_b % 8 == 0 and
-            ptr(a) % 16 == 0 and ptr(b) % 16 == 0 and ptr(c) % 4 == 0)
+    return inner_a % 8 == 0 and inner_b % 8 == 0 and ptr(a) % 16 == 0 and ptr(b) % 16 == 0
+
+
+def pairs_fit(c, N):
+    """16-bit C can be stored as 4-byte pairs: N even, C 4-byte aligned."""
+    return N % 2 == 0 and ptr(c) % 4 == 0

@@ -16,7 +16,7 @@ BK_OF = {"f16": BK, "bf16": BK, "tf32": BK // 2}  # a k-tile is 128 B of K in ev
 
 
 def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=None,
-           store=False, lean=False, conv=False, promote=False):
+           store=False, lean=False, conv=False, promote=False, odd=False):
     """(name, source) of the kernel for kind "f16"/"bf16", operand majors (a_k, b_k:
     K-major or not) and the epilogue (bias: add bias[n]; act: an activation mode or
     None; beta: blend the old C; partial: split-K, c is the float32 workspace of the
@@ -35,7 +35,8 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
     tensor-core accumulator (scale_d 0) and is added into d by the CUDA cores, rounding
     to nearest (add_acc; "_pr"): the tensor cores' own float32 accumulation truncates
     toward zero at every wgmma, a bias that grows with K (perf/RESULTS.md, "3xtf32's lost
-    accuracy"); it needs nw / 2 more registers a thread (nw <= 128)."""
+    accuracy"); it needs nw / 2 more registers a thread (nw <= 128). odd: 16-bit C stored
+    an element at a time (epilogue/pairs.py; "_odd"): any N, C 2-byte aligned."""
     bk, f32 = BK_OF[kind], kind == "tf32"
     bn, stages, bm = (tuple(tile or TILE) + (BM,))[:3]
     nw = ws.consumer_columns(bn, bm)
@@ -44,7 +45,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
         ("_partial" if partial else "") + ("_om" if own_maps else "") + \
         ("_ts" if store else "") + ("_ls" if lean else "") + \
         ("_co" if conv == 2 else "") + ("_wn" if conv in (1, 2) and not b_k else "") + \
-        ("_pr" if promote else "") + \
+        ("_pr" if promote else "") + ("_odd" if odd else "") + \
         ("" if (bn, stages, bm) == (256, 4, 128) else
          f"_n{bn}s{stages}" if bm == 128 else f"_m{bm}n{bn}s{stages}")
     maps = ("tmpl_a, tmpl_b, tmpl_c, a, b, slots" if store else "tmpl_a, tmpl_b, a, b, slots") \
@@ -140,7 +141,7 @@ def source(kind, a_k, b_k, bias, act, beta, partial=False, own_maps=False, tile=
         rows = [("r", f"d[{4 * j}]", f"d[{4 * j + 1}]"),
                 ("(r + 8)", f"d[{4 * j + 2}]", f"d[{4 * j + 3}]")]
         E += conv_pair_lines(f"cb + {8 * j}", rows, bias, act, zord) if zord is not None \
-            else pair_lines(f"cb + {8 * j}", rows, f32, bias, act, beta, partial)
+            else pair_lines(f"cb + {8 * j}", rows, f32, bias, act, beta, partial, odd)
     L += ["            " + x for x in E] + (staged.final_lines("        ") if store else [])
     return name, "\n".join(L) + "\n"
 

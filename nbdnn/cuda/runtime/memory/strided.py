@@ -4,6 +4,9 @@ Each output element is read once from its strided place and written once contigu
 2 * n * itemsize bytes. Elements are moved as unsigned integers of their itemsize, so
 one kernel per itemsize serves every dtype. Up to MAX_DIMS dims (leading dims padded
 with size 1); negative strides work (the base pointer moves to the lowest address).
+
+padded_rows: rows copied into rows of a wider pitch, the rest zero (the tensor-core GEMM's
+operands whose rows are not 16-byte multiples: TMA strides by 16 bytes).
 """
 import math
 
@@ -11,7 +14,7 @@ import numpy as np
 from numba import cuda
 
 from ..simulator import SIMULATOR
-from .arrays import host_copy, empty, ptr
+from .arrays import dtype_of, empty, flat, host_copy, ptr
 from ..launch.kernel import Kernel, recording
 from ....errors import NotSupportedError
 
@@ -95,6 +98,46 @@ def contiguous(x, stream=0):
         return out
     base = ptr(x) + lo * dtype.itemsize  # the lowest address any element has
     _gather.launch(sig, grid, BLOCK, stream, (base, hi - lo + 1), out, *args, owners=(x,))
+    return out
+
+
+def padded_copy(src, dst, n, width, inner):
+    # dst: (rows, width) C-order, src: (rows, inner): row r of src, then zeros. One thread
+    # an element (2 n itemsize bytes: a warp reads and writes 32 neighbours)
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    step = cuda.gridDim.x * cuda.blockDim.x
+    while i < n:
+        r = i // width
+        col = i - r * width
+        if col < inner:
+            dst[i] = src[r * inner + col]
+        else:
+            dst[i] = 0
+        i += step
+
+
+_PAD_SIGS = {isz: f"void({t}[::1], {t}[::1], int64, int64, int64)" for isz, t in _UINT.items()}
+_padded = Kernel(padded_copy, list(_PAD_SIGS.values()))
+
+
+def padded_rows(x, width, stream=0):
+    """x (..., inner), C-contiguous -> a new (..., width) array of its kind, each row x's
+    then zeros (width >= inner): rows a TMA map can stride over (16-byte row pitch)."""
+    dtype = dtype_of(x)
+    shape = tuple(int(s) for s in x.shape)
+    inner = shape[-1]
+    out = empty(x, shape[:-1] + (width,), dtype)
+    n = math.prod(shape[:-1]) * width
+    if n == 0:
+        return out
+    t = _UINT[dtype.itemsize]
+    grid = min(-(-n // BLOCK), 65535 * 8)
+    if SIMULATOR:
+        _padded.launch(_PAD_SIGS[dtype.itemsize], grid, BLOCK, stream,
+                       flat(x).view(t), flat(out).view(t), n, width, inner)
+        return out
+    _padded.launch(_PAD_SIGS[dtype.itemsize], grid, BLOCK, stream, (ptr(x), math.prod(shape)),
+                   (ptr(out), n), n, width, inner, owners=(x, out))
     return out
 
 

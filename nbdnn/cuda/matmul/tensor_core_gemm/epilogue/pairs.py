@@ -6,8 +6,10 @@ mma.sync's D fragments: c0, c1 / c2, c3 = rows g and g + 8, columns 2t, 2t + 1).
     c[r, col:col+2] = alpha * act(acc + bias[col:col+2]) + beta * c[r, col:col+2]
 
 16-bit C is addressed as uint32 pairs (`cvt` packs two rounded values; N even, so a
-pair never straddles a row); float32 C (tf32) one element a store, the second column
-guarded (N may be odd). `partial` (split-K's chunks): the raw float32 sums, no epilogue.
+pair never straddles a row); with `odd` (N odd, or C not 4-byte aligned: a GPT-2 LM
+head's 50,257 columns) as uint16 elements, the pair's two halves stored apart, the
+second guarded; float32 C (tf32) one element a store, the second column guarded (N
+may be odd). `partial` (split-K's chunks): the raw float32 sums, no epilogue.
 Names the generated kernel must bind: M, N, c, bias, coff (the matrix's first element
 of C), a / bt / cf (alpha, beta, coef as float32), F32, widen, act_f, unpack, cvt.
 
@@ -20,9 +22,10 @@ only with z.
 """
 
 
-def pair_lines(col, rows, f32, bias, act, beta, partial=False):
+def pair_lines(col, rows, f32, bias, act, beta, partial=False, odd=False):
     """Lines storing the pairs of column `col` (an expression) for rows = [(row
-    expression, first value, second value)]: bias loaded once for them all."""
+    expression, first value, second value)]: bias loaded once for them all; odd: 16-bit
+    C as uint16 elements (module docstring)."""
     E = []
     if partial:  # the chunk's float32 sums, to the workspace slice (chunk, matrix)
         for rr, v0, v1 in rows:
@@ -31,9 +34,18 @@ def pair_lines(col, rows, f32, bias, act, beta, partial=False):
                 ([f"    if {col} + 1 < N:", f"        c[at + 1] = {v1}"] if f32 else
                  [f"    c[at + 1] = {v1}"])
         return E
-    E += bias_lines(col, f32) if bias else []
+    E += bias_lines(col, f32 or odd, not f32) if bias else []
     for rr, v0, v1 in rows:
         E += [f"if {rr} < M and {col} < N:"] + ["    " + x for x in value_lines(v0, v1, bias, act)]
+        if odd:  # 16-bit C, one element a store: the pair packed, then split
+            E += [f"    at = coff + {rr} * N + {col}",
+                  f"    v0 = a * v0{' + bt * widen(c[at])' if beta else ''}",
+                  "    v1 = a * v1"] + \
+                ([f"    if {col} + 1 < N:", "        v1 += bt * widen(c[at + 1])"]
+                 if beta else []) + \
+                ["    pk = cvt(v0, v1)", "    c[at] = U16(pk & U32(0xFFFF))",
+                 f"    if {col} + 1 < N:", "        c[at + 1] = U16(pk >> U32(16))"]
+            continue
         if f32:  # float32 C: one element a store
             E += [f"    at = coff + {rr} * N + {col}",
                   f"    c[at] = a * v0{' + bt * c[at]' if beta else ''}",
@@ -50,12 +62,13 @@ def pair_lines(col, rows, f32, bias, act, beta, partial=False):
     return E
 
 
-def bias_lines(col, f32=False):
-    """b0, b1 = bias[col], bias[col + 1] (zeros past N; tf32: N may be odd, so the second
-    column has its own guard)."""
+def bias_lines(col, guard=False, bits=False):
+    """b0, b1 = bias[col], bias[col + 1] (zeros past N). guard: N may be odd (tf32, or
+    16-bit C stored an element at a time), so the second column has its own guard;
+    bits: the guarded bias is 16-bit (widened), not float32."""
+    b1 = f"widen(bias[{col} + 1])" if bits or not guard else f"bias[{col} + 1]"
     return ["b0 = F32(0)", "b1 = F32(0)", f"if {col} < N:", f"    b0 = widen(bias[{col}])"] + \
-        ([f"if {col} + 1 < N:", f"    b1 = bias[{col} + 1]"] if f32 else
-         [f"    b1 = widen(bias[{col} + 1])"])
+        ([f"if {col} + 1 < N:", f"    b1 = {b1}"] if guard else [f"    b1 = {b1}"])
 
 
 def value_lines(v0, v1, bias, act):
