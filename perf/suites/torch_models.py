@@ -218,14 +218,16 @@ def peak_bytes(fn):
     return torch.cuda.max_memory_allocated() - base
 
 
-def model_rows(names, size, batch, profile, rows):
+def model_rows(names, size, batch, profile, rows, compile_only=False, reps=3, rounds=5):
     """Each model native and converted in this process, each config, each mode: GPU ms by
     CUDA events (eager: the step's wall time on the GPU's clock, host waits included),
     the ratio native / nbdnn (>= 1: nbdnn as fast or faster), the training step's peak
-    memory, the forward's FLOP share on nbdnn and the kernels compiled."""
+    memory, the forward's FLOP share on nbdnn and the kernels compiled. compile_only: the
+    converted model's first training step and inference in each config, nothing timed
+    (fills the kernel cache: several processes at once compile different models)."""
     from nbdnn.cuda.runtime.launch.kernel import loaded
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    reps, rounds = (3, 5) if dev == "cuda" else (1, 1)
+    reps, rounds = (reps, rounds) if dev == "cuda" else (1, 1)
     zoo = models(size)
     for name in names:
         spec = zoo[name]
@@ -234,6 +236,18 @@ def model_rows(names, size, batch, profile, rows):
         before = len(loaded())
         t0 = time.perf_counter()
         ours, report = nt.convert(native)
+        if compile_only:
+            for config in spec.configs:
+                bf16, last = CONFIGS[config]
+                fmt = torch.channels_last if last else torch.contiguous_format
+                xs = x.contiguous(memory_format=fmt) if x.is_floating_point() else x
+                r = Runner(spec, ours.train().to(memory_format=fmt), xs, target, bf16, True, dev)
+                r.train_step()
+                ours.eval()
+                r.infer()
+            print(f"{name}: {len(loaded()) - before} kernels compiled or loaded in "
+                  f"{time.perf_counter() - t0:.1f} s", flush=True)
+            continue
         native_left = sorted({t for _, t, _ in report.native})
         share = nt.flop_share(native.eval(), ours.eval(), x, kwargs=spec.kwargs,
                               functional=spec.functional)
@@ -323,6 +337,10 @@ def main():
     p.add_argument("--size", choices=sorted(SHAPES), default="full",
                    help="tiny: the language models shrunk (a dry run on the CPU)")
     p.add_argument("--json", help="write the model rows here")
+    p.add_argument("--compile-only", action="store_true",
+                   help="--models: only the converted models' first steps (the kernel cache)")
+    p.add_argument("--reps", type=int, default=3, help="steps a timed round")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds (the median)")
     args = p.parse_args()
     if args.host or args.models is None:
         host_rows(args.profile, "cpu" if args.cpu else "cuda")
@@ -330,7 +348,7 @@ def main():
         rows = []
         try:
             model_rows(args.models or list(models("tiny")), args.size, args.batch,
-                       args.profile, rows)
+                       args.profile, rows, args.compile_only, args.reps, args.rounds)
         finally:
             if args.json:
                 with open(args.json, "w") as f:
