@@ -87,6 +87,52 @@ def test_third_party_classes_by_their_forward():
                                           "Conv1D replaces")]
 
 
+def test_register_teaches_convert_a_class():
+    """nbdnn.torch.register: modules of exactly the class get the given forward (a
+    subclass of it is not taken), the report lists them, a second register replaces
+    the first, a registered torch.nn class runs the user's forward over nbdnn's own,
+    and what is not a module class or a callable is a BadParamError."""
+    from nbdnn.errors import BadParamError
+    from nbdnn.torch import third_party
+    calls = []
+
+    class Scale(nn.Module):  # (a hand-written layer convert does not know)
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.full((4,), 3.0, dtype=torch.float64))
+
+        def forward(self, x):
+            return x * self.w
+
+    class Sub(Scale):
+        pass
+
+    def mine(self, x):
+        calls.append(type(self).__name__)
+        return nt.linear(x, torch.diag(self.w))
+    try:
+        assert nt.register(Scale, mine) is Scale
+        net = nn.Sequential(Scale(), Sub(), nn.LayerNorm(4, dtype=torch.float64))
+        model, rep = nt.convert(net)
+        assert [t for _, t in rep.converted] == ["Scale", "LayerNorm"], rep
+        assert ("1", "Sub", "not a module nbdnn replaces") in rep.native, rep
+        x = torch.randn(2, 4, dtype=torch.float64)
+        torch.testing.assert_close(model(x), net(x), rtol=1e-12, atol=1e-12)
+        assert calls == ["Scale"]
+        nt.register(Scale, lambda self, x: 2 * mine(self, x))  # (replaces the first)
+        torch.testing.assert_close(nt.convert(nn.Sequential(Scale()))[0](x), 2 * (x * 3))
+        nt.register(nn.LayerNorm, lambda self, x: x + 1)  # (the user's word wins)
+        torch.testing.assert_close(nt.convert(nn.Sequential(nn.LayerNorm(4)))[0](x.float()),
+                                   x.float() + 1)
+        for bad in ((Scale(), mine), (int, mine), (Scale, "forward")):
+            with pytest.raises(BadParamError, match="nbdnn.torch.register"):
+                nt.register(*bad)
+    finally:
+        for cls in (Scale, nn.LayerNorm):
+            third_party.REGISTERED.pop(cls, None)
+            third_party._BUILT.pop(cls, None)
+
+
 def test_state_dict_both_ways():
     net = small_resnet()
     model, _ = nt.convert(net)

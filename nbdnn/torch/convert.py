@@ -67,7 +67,8 @@ def convert(module, *, include=None, exclude=None, inplace=False, backend=None):
         if any(o == "" or name.startswith(o + ".") for o in owners):
             continue
         base = type(m)
-        sub = modules.REPLACEMENTS.get(base)
+        mine = base in third_party.REGISTERED  # (nbdnn.torch.register: the user's word wins)
+        sub = None if mine else modules.REPLACEMENTS.get(base)
         if sub is None and not isinstance(m, tuple(modules.REPLACEMENTS.values())):
             sub, why = third_party.replacement(base, m)
             if why:
@@ -89,7 +90,7 @@ def convert(module, *, include=None, exclude=None, inplace=False, backend=None):
         if exclude is not None and _matches(name, m, exclude):
             native.append((name, base.__name__, "in exclude"))
             continue
-        why = modules.native_reason(m)
+        why = None if mine else modules.native_reason(m)
         if why:
             native.append((name, base.__name__, why))
             continue

@@ -128,6 +128,30 @@ def _act_is_gelu(m, approximate):
 
 
 _BUILT = {}  # third-party class -> its nbdnn subclass
+REGISTERED = {}  # class -> forward: what users taught convert (register)
+
+
+def register(cls, forward):
+    """Teach nbdnn.torch.convert a module class of your own or another library's:
+    modules of exactly cls get forward(self, *args, **kwargs) in place of theirs (write
+    it with nbdnn.torch's functions; it may call self's parameters and children, which
+    convert also visits). A later register of cls replaces the earlier forward; a class
+    nbdnn replaces itself (torch.nn's, FORMS's) can be registered too, and the
+    registration wins. Returns cls, so it also works as a decorator's helper:
+
+        nbdnn.torch.register(MyRMSNorm, lambda self, x: nbdnn.torch.rms_norm(
+            x, (x.shape[-1],), self.weight, self.eps))
+    """
+    from ..errors import BadParamError
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        raise BadParamError(f"nbdnn.torch.register: cls must be a torch.nn.Module class; "
+                            f"got {cls!r}")
+    if not callable(forward):
+        raise BadParamError(f"nbdnn.torch.register: forward must be callable; got "
+                            f"{forward!r}")
+    REGISTERED[cls] = forward
+    _BUILT.pop(cls, None)
+    return cls
 
 
 def converted(m):
@@ -136,9 +160,15 @@ def converted(m):
 
 
 def replacement(cls, m):
-    """(subclass, None) for module m of a class FORMS knows, with its forward as the
-    entry was written for; (None, why) for a known class that differs; (None, None)
-    for any other class."""
+    """(subclass, None) for module m of a class registered, or one FORMS knows with its
+    forward as the entry was written for; (None, why) for a known class that differs;
+    (None, None) for any other class."""
+    if cls in REGISTERED:
+        sub = _BUILT.get(cls)
+        if sub is None:
+            sub = _BUILT[cls] = type(cls.__name__, (cls,), {"forward": REGISTERED[cls],
+                                                            "__module__": __name__})
+        return sub, None
     form = FORMS.get((cls.__module__, cls.__name__))
     if form is None:
         return None, None
