@@ -8,3 +8,4 @@ shim, and numba's CUDA simulator where there is no GPU). `SIMULATOR` says which.
 """
 from .runtime.simulator import DRIVER_STATUS, SIMULATOR, cuda  # noqa: F401
 from .runtime.capture.graph import Graph  # noqa: F401  (nbdnn.cuda.Graph)
+from .runtime.launch.precompile import precompile  # noqa: F401  (nbdnn.cuda.precompile)

@@ -50,6 +50,7 @@ from .capture import fresh_accumulators
 from .convert import FlopShare, Report, compare, convert, flop_share
 from .intercept import functional_calls
 from .third_party import register
+from .precompile import precompile
 
 rules.register()
 for _name in functional.__all__:  # (torch.nn.functional's names at the top level too)
@@ -58,5 +59,5 @@ del _name
 
 __all__ = ["functional", "modules", "reference", "convert", "compare", "Report",
            "flop_share", "FlopShare",
-           "functional_calls", "fresh_accumulators", "register",
+           "functional_calls", "fresh_accumulators", "register", "precompile",
            *functional.__all__]

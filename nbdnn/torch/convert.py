@@ -212,7 +212,7 @@ def compare(model, inputs, *, kwargs=None, backend=None, seed=0, file=None):
             handles.append(net.get_submodule(name).register_forward_hook(_capture(name, seen)))
         try:
             out = net(*(_leaf(t) for t in inputs), **{k: _leaf(v) for k, v in kwargs.items()})
-            outs = [t for t in _tensors(out) if t.requires_grad]
+            outs = [t for t in floating_tensors(out) if t.requires_grad]
             g = torch.Generator().manual_seed(seed)  # (on the host: the same draws anywhere)
             grads = [torch.randn(t.shape, generator=g, dtype=t.dtype).to(t.device)
                      for t in outs]
@@ -247,22 +247,22 @@ def _leaf(t):
     return t
 
 
-def _tensors(out):
+def floating_tensors(out):
     """The floating tensors in a module's output: a tensor, or nested tuples, lists and
     dicts of them (a transformers ModelOutput is a dict), in order."""
     if isinstance(out, torch.Tensor):
         return [out] if out.is_floating_point() else []
     if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _tensors(o)]
+        return [t for o in out for t in floating_tensors(o)]
     if isinstance(out, dict):
-        return [t for o in out.values() for t in _tensors(o)]
+        return [t for o in out.values() for t in floating_tensors(o)]
     return []
 
 
 def _capture(name, seen):
     def hook(m, args, out):
         got = []
-        for t in _tensors(out):
+        for t in floating_tensors(out):
             slot = [None]
             if t.requires_grad:
                 t.register_hook(lambda g, slot=slot: slot.__setitem__(0, g.detach()))

@@ -1,6 +1,8 @@
 """Cold start: seconds from a fresh Python process's start to its first result, native
 PyTorch beside nbdnn.torch with the kernel cache cold (an empty folder) and warm (the
-folder the cold run filled), each in its own process.
+folder the cold run filled), and cold with nbdnn.torch.precompile before the first
+result (its own empty folder: the kernels compiled by forked workers, counted in the
+first result's time), each in its own process.
 
   resnet18-forward    torchvision ResNet-18 (random weights), eval, batch 8, float32:
                       the first forward's logits on the host
@@ -39,6 +41,8 @@ if which == "resnet18-forward":
         model, _ = nt.convert(model)
     x = torch.randn(8, 3, 224, 224, device="cuda")
     t_built = time.perf_counter()
+    if "precompile" in mode:
+        print(nt.precompile(model, x), file=sys.stderr)
     with torch.no_grad():
         out = model(x).cpu()
 else:
@@ -50,6 +54,9 @@ else:
     x = torch.randn(32, 3, 224, 224, device="cuda").contiguous(memory_format=fmt)
     labels = torch.randint(0, 1000, (32,), device="cuda")
     t_built = time.perf_counter()
+    if "precompile" in mode:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            print(nt.precompile(model, x), file=sys.stderr)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = F.cross_entropy(model(x), labels)
     loss.backward()
@@ -68,8 +75,8 @@ def run(which, mode, cache):
     env = dict(os.environ)
     if mode == "native":
         env["NBDNN_KERNEL_CACHE"] = "0"
-    else:
-        env["NBDNN_KERNEL_CACHE"] = cache
+    else:  # (precompile: a fresh folder of its own, so cold too)
+        env["NBDNN_KERNEL_CACHE"] = cache + "-pre" if "precompile" in mode else cache
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", CHILD, which, mode], env=env,
                        capture_output=True, text=True)
@@ -78,6 +85,9 @@ def run(which, mode, cache):
         return {"error": p.stderr[-1500:], "wall_s": wall}
     r = json.loads(p.stdout.strip().splitlines()[-1])
     r["wall_s"] = wall
+    said = [l for l in p.stderr.splitlines() if l.startswith("nbdnn precompile")]
+    if said:
+        r["note"] = f"\n    {said[-1]}"
     return r
 
 
@@ -91,7 +101,7 @@ def main():
     rows = []
     try:
         for which in args.models:
-            for mode in ("native", "nbdnn cold cache", "nbdnn warm cache"):
+            for mode in ("native", "nbdnn cold cache", "nbdnn warm cache", "nbdnn precompile"):
                 r = run(which, mode, cache)
                 rows.append((which, mode, r))
                 if "error" in r:
@@ -100,10 +110,12 @@ def main():
                     continue
                 print(f"{which:<20} {mode:<17} wall {r['wall_s']:7.1f} s | imports "
                       f"{r['imports_s']:5.1f} s, build {r['build_s']:6.1f} s, first result "
-                      f"{r['first_s']:7.1f} s, finite {r['finite']}", flush=True)
+                      f"{r['first_s']:7.1f} s, finite {r['finite']}{r.get('note', '')}",
+                      flush=True)
     finally:
         if not args.cache:
             shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(cache + "-pre", ignore_errors=True)
     print(json.dumps([{"model": w, "mode": m, **r} for w, m, r in rows]))
 
 

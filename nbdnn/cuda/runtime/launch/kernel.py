@@ -263,6 +263,23 @@ def error_name(rc):
     return (s.value or b"?").decode() + f" ({rc})"
 
 
+@contextlib.contextmanager
+def dry_run():
+    """Inside (this thread): no kernel is compiled or launched; each launch is noted,
+    (Kernel, signature) in order, in the yielded list. A workload run inside names the
+    kernels it needs without compiling them (precompile.py compiles them in parallel);
+    what it computes is garbage, and eager call plans stand aside (ops/_plan.py)."""
+    tls = capture_state.__dict__
+    outer, seen = tls.get("dry"), []
+    tls["dry"] = seen
+    try:
+        yield seen
+    finally:
+        tls["dry"] = outer
+        if outer is not None:
+            outer.extend(seen)
+
+
 class Kernel:
     """A numba kernel compiled once per signature and launched on the fast path.
 
@@ -325,6 +342,10 @@ class Kernel:
         arrays behind such pointers, which a graph being recorded keeps alive.
         Straight-line on purpose: every eager call of every op runs it."""
         tls = capture_state.__dict__  # this thread's: the graph recording, context ready
+        dry = tls.get("dry")
+        if dry is not None:  # (dry_run: noted, not compiled or launched)
+            dry.append((self, sig))
+            return
         recorder = tls.get("graph")
         planner = tls.get("plan")
         if planner is not None:
@@ -373,6 +394,11 @@ def loaded():
     """(kernel name, signature) of every kernel this process has compiled or loaded from
     the kernel cache: how many specialisations a workload needs."""
     return [(k.name, sig) for k in REGISTRY for sig in list(k._launchers)]
+
+
+def is_loaded(kernel, sig):
+    """Whether this process has kernel's signature sig compiled or loaded."""
+    return sig in kernel._launchers
 
 
 def warm_up(kernels=None):

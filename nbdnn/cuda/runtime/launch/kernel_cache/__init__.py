@@ -51,7 +51,8 @@ from .store import (KernelCacheWarning, clear, directory, entries, evict, max_by
 from .key import OUTSIDE_KERNELS, Uncachable, key, tree_hash
 
 __all__ = ["KernelCacheWarning", "OUTSIDE_KERNELS", "Uncachable", "argument_types", "clear",
-           "compiled", "directory", "entries", "evict", "file_name", "key", "max_bytes",
+           "compiled", "directory", "entries", "entry", "evict", "file_name", "key",
+           "max_bytes", "storable",
            "path_for", "read", "tree_hash", "usable", "write"]
 
 
@@ -63,7 +64,7 @@ def compiled(kernel, sig):
     path = expected = None
     if folder:
         cc = _cc()
-        path, full = _entry(folder, kernel, sig, cc)
+        path, full = entry(folder, kernel, sig, cc)
         if full:
             expected = {"key": full, "kernel": kernel.name, "sig": sig, "cc": list(cc)}
             found = read(path, expected)
@@ -72,7 +73,7 @@ def compiled(kernel, sig):
     kern = kernel.dispatcher.compile(sig)
     lib = kern._codelibrary
     handle = int(lib.get_cufunc().handle)
-    if path and _storable(lib):
+    if path and storable(lib):
         try:
             write(folder, path, dict(expected, entry=lib._entry_name), _cubin_bytes(lib))
         except OSError as e:  # (a full disk or a read-only folder: run uncached)
@@ -80,7 +81,7 @@ def compiled(kernel, sig):
     return handle, kern.argument_types
 
 
-def _storable(lib):
+def storable(lib):
     """A cubin that loads alone: no module set-up (NRT), no files to link at load, no
     device array's address baked in."""
     return not (lib._setup_functions or lib._teardown_functions or lib._linking_files or
@@ -122,10 +123,10 @@ def path_for(kernel, sig, cc):
     """Where kernel's signature sig lives in the cache folder, or None (cache off, or
     uncachable)."""
     where = directory()
-    return None if where is None else _entry(where, kernel, sig, cc)[0]
+    return None if where is None else entry(where, kernel, sig, cc)[0]
 
 
-def _entry(folder, kernel, sig, cc):
+def entry(folder, kernel, sig, cc):
     """(path, full key) of kernel's signature sig in folder; (None, None) when the
     kernel is uncachable."""
     try:
