@@ -364,17 +364,19 @@ def test_clear_removes_entries_and_stale_temporary_files(cache):
     assert not os.listdir(cache.folder)
 
 
-CHILD = r"""
-import sys, numpy as np
+COUNTING = r"""
 import numba.cuda.dispatcher as d
-from numba import cuda
-import nbdnn
-count = [0]
+count = [0]  # numba's compiles in this process (a kernel cache hit makes none)
 real = d.CUDADispatcher.compile
 def counting(self, sig):
     count[0] += 1
     return real(self, sig)
 d.CUDADispatcher.compile = counting
+"""
+CHILD = COUNTING + r"""
+import sys, numpy as np
+from numba import cuda
+import nbdnn
 x = cuda.to_device(np.linspace(-3, 3, 4099, dtype=np.float32))
 y = nbdnn.activation(nbdnn.softmax(x, axis=0), "gelu")
 print(count[0], float(np.asarray(y.copy_to_host(), np.float64).sum()))

@@ -14,6 +14,7 @@ import nbdnn
 from nbdnn.cuda import SIMULATOR, precompile
 from nbdnn.cuda.runtime.launch.kernel import dry_run, launched
 from nbdnn.cuda.runtime.memory.arrays import to_device, to_host
+from test_kernel_cache import COUNTING
 
 
 def test_a_dry_run_notes_launches_and_runs_none():
@@ -70,17 +71,10 @@ def test_torch_precompile_keeps_the_models_state():
     assert all(p.grad is None for p in model.parameters())
 
 
-CHILD = r"""
-import json, sys, time
-import numba.cuda.dispatcher as d
+CHILD = COUNTING + r"""
+import json, sys
 import torch
 import nbdnn.torch as nt
-count = [0]
-real = d.CUDADispatcher.compile
-def counting(self, sig):
-    count[0] += 1
-    return real(self, sig)
-d.CUDADispatcher.compile = counting
 torch.manual_seed(0)
 net = torch.nn.Sequential(
     torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
