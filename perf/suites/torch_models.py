@@ -27,6 +27,7 @@ run of the script (wall ms, no graphs).
         [--models [resnet50 vit_b_16 gpt2 llama] [--profile] [--batch B] [--json F]]
 """
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -218,13 +219,15 @@ def peak_bytes(fn):
     return torch.cuda.max_memory_allocated() - base
 
 
-def model_rows(names, size, batch, profile, rows, compile_only=False, reps=3, rounds=5):
+def model_rows(names, size, batch, profile, rows, compile_only=False, reps=3, rounds=5,
+               workers=0):
     """Each model native and converted in this process, each config, each mode: GPU ms by
     CUDA events (eager: the step's wall time on the GPU's clock, host waits included),
     the ratio native / nbdnn (>= 1: nbdnn as fast or faster), the training step's peak
     memory, the forward's FLOP share on nbdnn and the kernels compiled. compile_only: the
     converted model's first training step and inference in each config, nothing timed
-    (fills the kernel cache: several processes at once compile different models)."""
+    (fills the kernel cache: several processes at once compile different models);
+    workers: nbdnn.torch.precompile first, in that many processes."""
     from nbdnn.cuda.runtime.launch.kernel import loaded
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     reps, rounds = (reps, rounds) if dev == "cuda" else (1, 1)
@@ -242,11 +245,23 @@ def model_rows(names, size, batch, profile, rows, compile_only=False, reps=3, ro
                 fmt = torch.channels_last if last else torch.contiguous_format
                 xs = x.contiguous(memory_format=fmt) if x.is_floating_point() else x
                 r = Runner(spec, ours.train().to(memory_format=fmt), xs, target, bf16, True, dev)
+                if workers:
+                    t1 = time.perf_counter()
+                    with torch.autocast(dev, dtype=torch.bfloat16, enabled=bf16):
+                        said = nt.precompile(ours, xs,
+                                             kwargs=spec.kwargs, functional=spec.functional,
+                                             workers=workers)
+                    print(f"{name} {config}: {said} ({time.perf_counter() - t1:.1f} s with "
+                          f"the dry run)", flush=True)
                 r.train_step()
                 ours.eval()
                 r.infer()
-            print(f"{name}: {len(loaded()) - before} kernels compiled or loaded in "
-                  f"{time.perf_counter() - t0:.1f} s", flush=True)
+            now = loaded()
+            families = collections.Counter("_".join(n.lstrip("_").split("_")[:2])
+                                           for n, _ in now[before:])
+            print(f"{name}: {len(now) - before} kernels compiled or loaded in "
+                  f"{time.perf_counter() - t0:.1f} s; by family: "
+                  f"{families.most_common(15)}", flush=True)
             continue
         native_left = sorted({t for _, t, _ in report.native})
         share = nt.flop_share(native.eval(), ours.eval(), x, kwargs=spec.kwargs,
@@ -339,6 +354,8 @@ def main():
     p.add_argument("--json", help="write the model rows here")
     p.add_argument("--compile-only", action="store_true",
                    help="--models: only the converted models' first steps (the kernel cache)")
+    p.add_argument("--precompile", type=int, default=0, metavar="WORKERS",
+                   help="--compile-only: nbdnn.torch.precompile first, in WORKERS processes")
     p.add_argument("--reps", type=int, default=3, help="steps a timed round")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds (the median)")
     args = p.parse_args()
@@ -348,7 +365,8 @@ def main():
         rows = []
         try:
             model_rows(args.models or list(models("tiny")), args.size, args.batch,
-                       args.profile, rows, args.compile_only, args.reps, args.rounds)
+                       args.profile, rows, args.compile_only, args.reps, args.rounds,
+                       args.precompile)
         finally:
             if args.json:
                 with open(args.json, "w") as f:
