@@ -236,7 +236,7 @@ def model_rows(names, size, batch, profile, rows, compile_only=False, reps=3, ro
         spec = zoo[name]
         torch.manual_seed(0)
         native, x, target = spec.build(batch or spec.batch, dev)
-        before = len(loaded())
+        before = set(loaded())
         t0 = time.perf_counter()
         ours, report = nt.convert(native)
         if compile_only:
@@ -258,8 +258,8 @@ def model_rows(names, size, batch, profile, rows, compile_only=False, reps=3, ro
                 r.infer()
             now = loaded()
             families = collections.Counter("_".join(n.lstrip("_").split("_")[:2])
-                                           for n, _ in now[before:])
-            print(f"{name}: {len(now) - before} kernels compiled or loaded in "
+                                           for n, _ in set(now) - before)
+            print(f"{name}: {len(set(now) - before)} kernels compiled or loaded in "
                   f"{time.perf_counter() - t0:.1f} s; by family: "
                   f"{families.most_common(15)}", flush=True)
             continue
@@ -309,7 +309,7 @@ def model_rows(names, size, batch, profile, rows, compile_only=False, reps=3, ro
             if profile:
                 profile_step(runners[1].train_step, f"{name} {config} converted train step")
             row["configs"][config] = got
-        row["kernels_compiled"] = len(loaded()) - before
+        row["kernels_compiled"] = len(set(loaded()) - before)
         row["setup_to_last_s"] = time.perf_counter() - t0
         print(f"  {name}: {row['kernels_compiled']} kernels compiled or loaded", flush=True)
         rows.append(row)
