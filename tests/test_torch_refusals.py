@@ -108,6 +108,39 @@ def test_inplace_activations_write_in_place_under_autograd(fn, args):
     torch.testing.assert_close(results[1], results[0], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("last", [False, True])
+def test_relu_keeps_what_pytorchs_relu_keeps(last):
+    """relu saves its output for the backward, as PyTorch's (its input, a batch norm's
+    output in a ResNet, is then free); inplace=True writes x once, keeps x itself and
+    nothing else, bumps the version once, and writing the saved output later is
+    refused as by PyTorch; channels-last alike; under no_grad the write bumps the
+    version too."""
+    for f in (F, NF):
+        for inplace in (False, True):
+            a = torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
+            x = a * 2
+            if last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            saved, version = [], x._version
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t,
+                                                          lambda t: t):
+                y = f.relu(x, inplace=inplace)
+            assert [t.data_ptr() for t in saved] == [y.data_ptr()], (f, inplace)
+            assert (y is x) == inplace and x._version - version == int(inplace)
+            (g,) = torch.autograd.grad((y * torch.arange(y.numel()).view(y.shape)).sum(), a,
+                                       retain_graph=True)
+            torch.testing.assert_close(g, 2 * (x > 0).double() *
+                                       torch.arange(y.numel()).view(y.shape), rtol=0, atol=0)
+            y = f.relu(x * 1, inplace=inplace)  # (no hooks: they turn the check off)
+            y.add_(1)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                y.sum().backward()
+    with torch.no_grad():
+        x = torch.randn(7)
+        version = x._version
+        assert NF.relu(x, inplace=True) is x and x._version == version + 1 and (x >= 0).all()
+
+
 def test_inplace_on_a_leaf_that_requires_grad_is_refused_as_by_pytorch():
     for f in (F, NF):
         with pytest.raises(RuntimeError, match="leaf Variable"):

@@ -222,6 +222,14 @@ functorch = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 # nbdnn could read; the transforms unwrap them for an autograd.Function's forward)
 
 
+def plain_eager(*tensors):
+    """Whether these tensors are in plain eager mode: no compiler tracing, dispatch mode
+    or torch.func transform, no reference backend forced, and each a plain tensor (a
+    path that writes a tensor's memory itself may run)."""
+    return not (compiling() or _dispatch_modes() or functorch()) and BACKEND is None and \
+        all(t.__class__ in PLAIN for t in tensors)
+
+
 def channels_last(t):
     """Whether 4-d t is laid out channels-last (NHWC in memory) and not also plain
     contiguous (C 1 or H W 1 are both: those go as NCHW). Such tensors go to nbdnn as

@@ -1,15 +1,20 @@
 """torch.ops.nbdnn's pointwise and matrix ops: activation, softmax, linear, lrn, each a
 custom op with a fake (shape-only) implementation and its backward, itself a custom op,
 registered for autograd. The tensors a backward keeps are what nbdnn's backward reads:
-activation x (nbdnn computes f'(x) from x), softmax its output, linear x and w, lrn x."""
+activation x (nbdnn computes f'(x) from x) but relu its output, as PyTorch's relu (y >
+0 exactly where x > 0, so the derivative is the same; the input, often a batch norm's
+output, is then free), softmax its output, linear x and w, lrn x. relu's inplace=True
+runs in x's memory as PyTorch's relu_ (activation_in_place)."""
 from typing import Optional
 
 import torch
 from torch.library import custom_op
 
 import nbdnn
-from ._bridge import call, channels_last, direct, nchw, new, nhwc, register_autograd, run, \
-    run_as, stream_of, FLOAT32, MATMUL_TF32
+from ._bridge import call, channels_last, direct, nchw, new, nhwc, plain_eager, \
+    register_autograd, run, run_as, stream_of, DTYPES, FLOAT32, MATMUL_TF32
+
+OUTPUT_MODES = ("relu",)  # modes whose backward reads the output: f'(x) = [y > 0]
 
 
 @custom_op("nbdnn::activation", mutates_args=())
@@ -65,7 +70,7 @@ def _(dy, x, mode, coef):
 
 
 def _activation_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0])
+    ctx.save_for_backward(output if inputs[1] in OUTPUT_MODES else inputs[0])
     ctx.mode, ctx.coef = inputs[1:]
 
 
@@ -75,6 +80,45 @@ def _activation_grad(ctx, dy):
 
 
 register_autograd(activation, _activation_grad, _activation_setup)
+
+
+class _ActivationInPlace(torch.autograd.Function):
+    """An OUTPUT_MODES activation written into x, x marked dirty and saved (it holds the
+    output): PyTorch's relu_ (one pass over x, no copy, nothing more kept)."""
+
+    @staticmethod
+    def forward(ctx, x, mode, coef):
+        _write(x.data, mode, coef)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x)
+        ctx.mode, ctx.coef = mode, coef
+        return x
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return call(activation_backward, dy, y, ctx.mode, ctx.coef), None, None
+
+
+def _write(x, mode, coef):
+    """x = f(x) in x's memory (contiguous or channels-last x)."""
+    t = nhwc(x) if channels_last(x) else x
+    run(nbdnn.activation, t, t, mode, coef=coef, out=t)
+
+
+def activation_in_place(x, mode, coef):
+    """x = f(x) in x's memory, its version bumped, the write recorded where autograd
+    records; or None where this path does not apply (another mode, a leaf that requires
+    grad, a layout nbdnn cannot write, not plain eager mode): the caller's copying path
+    runs (nbdnn.torch._args.in_place)."""
+    if mode not in OUTPUT_MODES or not plain_eager(x) or x.dtype not in DTYPES or \
+            not (x.is_contiguous() or channels_last(x)):
+        return None
+    if x.requires_grad and torch.is_grad_enabled():
+        return None if x.is_leaf else _ActivationInPlace.apply(x, mode, coef)
+    _write(x, mode, coef)
+    torch.autograd.graph.increment_version(x)
+    return x
 
 
 @custom_op("nbdnn::softmax", mutates_args=())

@@ -10,7 +10,8 @@ from ._bridge import DTYPES, call, advance as _advance, compiling, functorch
 from ._args import any_autocast, autocast as _autocast, check as _check, \
     conv_geometry as _conv_geometry, positive_eps as _eps, ints as _tuple, normalized as _normalized, \
     ready as _ready, unsupported as _unsupported, in_place as _in_place
-from ._ops_basic import activation, linear as _linear, lrn, softmax as _softmax
+from ._ops_basic import activation, activation_in_place, linear as _linear, lrn, \
+    softmax as _softmax
 from ._ops_conv import conv, conv_transpose as _conv_transpose_op, \
     conv_transpose_shape as _conv_transpose_shape
 from ._functional_pool import adaptive_avg_pool2d, avg_pool1d, avg_pool2d, avg_pool3d, \
@@ -27,7 +28,9 @@ def _act(fn, x, mode, coef, inplace=False):
     if x.dtype not in DTYPES:
         _check(fn, x)
     if inplace:
-        return _in_place(x, lambda t: call(activation, t, mode, float(coef)))
+        done = activation_in_place(x, mode, float(coef))
+        return done if done is not None else \
+            _in_place(x, lambda t: call(activation, t, mode, float(coef)))
     return call(activation, x, mode, float(coef))
 
 
