@@ -240,6 +240,17 @@ def _recorded_calls():
     case = "dropout"
     with Record():
         _call(lambda x: nt.dropout(x, 0.3), [_t(3, 40)], {}, "cpu", torch.float64)
+    case = "batch_norm_act"  # (no F counterpart: tests/test_torch_fused.py compares it)
+    with Record():
+        _call(lambda x, r: nt.batch_norm_act(x, torch.zeros(3, dtype=x.dtype),
+                                             torch.ones(3, dtype=x.dtype), training=True,
+                                             residual=r), [_t(4, 3, 5, 2), _t(4, 3, 5, 2)],
+              {}, "cpu", torch.float64)
+    case = "batch_norm_act-nhwc_swish"
+    with Record():
+        _call(lambda x, w: nt.batch_norm_act(x, None, None, w, w, training=True,
+                                             activation="swish"),
+              [_cl(4, 3, 5, 2), _t(3)], {}, "cpu", torch.float64)
     case = "max_pool2d-indices"
     with Record():
         _call(lambda x: nt.max_pool2d(x, 3, 2, 1, return_indices=True)[0], [_t(2, 3, 9, 8)], {},

@@ -392,12 +392,14 @@ FLOAT32 = torch.float32  # (dtypes are singletons: `is`, no module attribute loo
 
 
 def run_as(fn, like, *args, nhwc_layout=False, **kw):
-    """run(), but where tensor like is channels-last its 4-d tensor arguments go as NHWC
-    views (with layout="NHWC" where nhwc_layout) and 4-d results come back channels-last:
+    """run(), but where tensor like is channels-last its 4-d tensor arguments (keywords'
+    too) go as NHWC views (with layout="NHWC" where nhwc_layout) and 4-d results come back channels-last:
     elementwise ops and batch norm keep a channels-last model's layout without copies."""
     if not channels_last(like):
         return _run(fn, like, args, kw)
     args = [nhwc(a) if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args]
+    kw = {k: nhwc(a) if isinstance(a, torch.Tensor) and a.dim() == 4 else a
+          for k, a in kw.items()}
     if nhwc_layout:
         kw["layout"] = "NHWC"
     out = _run(fn, like, args, kw)

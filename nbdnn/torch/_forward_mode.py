@@ -35,6 +35,13 @@ def batch_norm_forward(x, w, b, running_mean, running_var, training, momentum, e
                         0.0, eps)
 
 
+def batch_norm_act_forward(x, w, b, running_mean, running_var, residual, training, momentum,
+                           eps, activation, coef):
+    from ._second_order import ACTIVATIONS
+    y = batch_norm_forward(x, w, b, running_mean, running_var, training, momentum, eps)
+    return ACTIVATIONS[activation](y if residual is None else y + residual, coef)
+
+
 def dropout_forward(x, p, seed, outputs):
     """y = x mask / (1 - p), the mask the op drew (its second output)."""
     return x * outputs[1].to(x.dtype) * (1.0 / (1.0 - p))

@@ -48,16 +48,21 @@ def batch_norm(x: Tensor, w: Optional[Tensor], b: Optional[Tensor],
     """(y, mean, invstd, new running mean, new running var): training, the batch's
     statistics, the running ones advanced (empty where not given); otherwise the
     running statistics used, the other four outputs empty."""
+    return _batch_norm_run(x, w, b, running_mean, running_var, training, momentum, eps)
+
+
+def _batch_norm_run(x, w, b, running_mean, running_var, training, momentum, eps, **fused):
+    """batch_norm's outputs; fused: batch_norm_act's residual, activation and coef."""
     if not training:  # (a channels-last x runs as NHWC and y stays channels-last)
         y = run_as(nbdnn.batch_norm_infer, x, x, *_affine(x, w, b),
                    running_mean.to(_stat_dtype(x)), running_var.to(_stat_dtype(x)), eps=eps,
-                   nhwc_layout=True)
+                   nhwc_layout=True, **fused)
         return (y,) + tuple(_stats(x, 0) for _ in range(4))
     cpu = on_cpu(x)
     rm, rv = (arr(r.to(_stat_dtype(x), copy=True), cpu) if r is not None else None
               for r in (running_mean, running_var))
     y, mean, invstd = run_as(nbdnn.batch_norm_train, x, x, w, b, rm, rv, momentum=momentum,
-                             eps=eps, nhwc_layout=True)
+                             eps=eps, nhwc_layout=True, **fused)
     advanced = (tensor(r, x) if r is not None else _stats(x, 0) for r in (rm, rv))
     return (y, mean, invstd, *advanced)
 
@@ -69,10 +74,7 @@ def _affine(x, w, b):
 
 @batch_norm.register_fake
 def _(x, w, b, running_mean, running_var, training, momentum, eps):
-    n = x.shape[1] if training else 0
-    rn = [x.shape[1] if training and r is not None else 0 for r in (running_mean, running_var)]
-    return (new(x, x.shape, channels_last(x)), _stats(x, n), _stats(x, n), _stats(x, rn[0]),
-            _stats(x, rn[1]))
+    return _batch_norm_fake(x, running_mean, running_var, training)
 
 
 @custom_op("nbdnn::batch_norm_backward", mutates_args=())
@@ -140,6 +142,79 @@ def _batch_norm_grad(ctx, dy, *_stat_grads):
 
 
 register_autograd(batch_norm, _batch_norm_grad, _batch_norm_setup)
+
+
+# ---- batch norm, a residual and an activation in one pass (cuDNN's fused batch norm):
+# y = act(bn(x) + residual); its backward one pass too (nbdnn recomputes the
+# pre-activation from x, the statistics, the bias and the residual, so the backward keeps
+# those, not y). Training only has a backward: nbdnn.torch.batch_norm_act composes the
+# unfused ops where an inference-mode call must be differentiated.
+@custom_op("nbdnn::batch_norm_act", mutates_args=())
+def batch_norm_act(x: Tensor, w: Optional[Tensor], b: Optional[Tensor],
+                   running_mean: Optional[Tensor], running_var: Optional[Tensor],
+                   residual: Optional[Tensor], training: bool, momentum: float, eps: float,
+                   activation: str, coef: float) -> tuple[Tensor, Tensor, Tensor, Tensor,
+                                                          Tensor]:
+    """batch_norm's five outputs, y = act(bn(x) + residual) (residual optional)."""
+    return _batch_norm_run(x, w, b, running_mean, running_var, training, momentum, eps,
+                           residual=residual, activation=activation, coef=coef)
+
+
+@batch_norm_act.register_fake
+def _(x, w, b, running_mean, running_var, residual, training, momentum, eps, activation,
+      coef):
+    return _batch_norm_fake(x, running_mean, running_var, training)
+
+
+def _batch_norm_fake(x, running_mean, running_var, training):
+    n = x.shape[1] if training else 0
+    rn = [x.shape[1] if training and r is not None else 0 for r in (running_mean, running_var)]
+    return (new(x, x.shape, channels_last(x)), _stats(x, n), _stats(x, n), _stats(x, rn[0]),
+            _stats(x, rn[1]))
+
+
+@custom_op("nbdnn::batch_norm_act_backward", mutates_args=())
+def batch_norm_act_backward(dy: Tensor, x: Tensor, w: Optional[Tensor], b: Optional[Tensor],
+                            mean: Tensor, invstd: Tensor, residual: Optional[Tensor],
+                            eps: float, activation: str,
+                            coef: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Training mode: (dx, dw, db, dresidual), empty where there is no w, b or residual
+    (eps: for the second order, which recomputes the statistics)."""
+    grads = run_as(nbdnn.batch_norm_backward, x, dy, x, w, mean, invstd, bias=b,
+                   residual=residual, activation=activation, coef=coef, nhwc_layout=True)
+    dx, dw, db = _pick(grads[:3], w, b is not None)
+    return dx, dw, db, grads[3] if residual is not None else dx.new_empty(0)
+
+
+@batch_norm_act_backward.register_fake
+def _(dy, x, w, b, mean, invstd, residual, eps, activation, coef):
+    dx, dw, db = _grads(x, w, b is not None, channels_last(x))
+    return dx, dw, db, new(x, x.shape, channels_last(x)) if residual is not None else \
+        x.new_empty(0)
+
+
+def _batch_norm_act_setup(ctx, inputs, output):
+    x, w, b, rm, rv, residual, training, momentum, eps, activation, coef = inputs
+    if not training:
+        from ..errors import NotSupportedError
+        raise NotSupportedError("nbdnn::batch_norm_act: an inference-mode call has no "
+                                "backward (nbdnn.torch.batch_norm_act composes the unfused "
+                                "ops there)")
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.eps, ctx.activation, ctx.coef = eps, activation, coef
+    ctx.has_w, ctx.has_b, ctx.has_r = w is not None, b is not None, residual is not None
+    ctx.save_for_backward(x, w, b, output[1], output[2], residual)
+
+
+def _batch_norm_act_grad(ctx, dy, *_stat_grads):
+    x, w, b, mean, invstd, residual = ctx.saved_tensors
+    dx, dw, db, dr = call(batch_norm_act_backward, dy, x, w, b, mean, invstd, residual,
+                          ctx.eps, ctx.activation, ctx.coef)
+    return (dx, dw if ctx.has_w else None, db if ctx.has_b else None, None, None,
+            dr if ctx.has_r else None) + (None,) * 5
+
+
+register_autograd(batch_norm_act, _batch_norm_act_grad, _batch_norm_act_setup)
 
 
 # ---- layer norm and RMS norm: over x's last ndim axes (the weight's shape)

@@ -146,6 +146,21 @@ def batch_norm_backward(dy, x, w, mean, invstd, has_bias, eps):
                        dy, x, w, has_bias, _sum_but_channels)
 
 
+def batch_norm_act_backward(dy, x, w, b, mean, invstd, residual, eps, activation, coef):
+    """(dx, dw, db, dresidual) of y = act(batch_norm(x) w + b + residual), the batch's
+    statistics (recomputed from x); empty where there is no w, b or residual."""
+    def f(x, w, b, r):
+        y = F.batch_norm(x, None, None, w, b, True, 0.0, eps)
+        return ACTIVATIONS[activation](y if r is None else y + r, coef)
+    live = [t for t in (x, w, b, residual) if t is not None]
+
+    def g(*ts):
+        it = iter(ts)
+        return f(*(next(it) if t is not None else None for t in (x, w, b, residual)))
+    got = iter(_vjp(g, tuple(live), dy))
+    return tuple(next(got) if t is not None else _empty(x) for t in (x, w, b, residual))
+
+
 def batch_norm_infer_backward(dy, x, w, running_mean, running_var, eps, has_bias):
     return _norm_grads(lambda x, w: F.batch_norm(x, running_mean.to(x.dtype),
                                                  running_var.to(x.dtype), w, None, False,

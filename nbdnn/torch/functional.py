@@ -5,7 +5,9 @@ Where nbdnn cannot give PyTorch's meaning the call is a NotSupportedError naming
 argument, never a silent difference; see nbdnn/torch/__init__.py for the list."""
 import torch
 
+from .._vocab import ACTIVATION_MODES
 from ..errors import BadParamError, ShapeError
+from ..ops.activation import fused_coef
 from ._bridge import DTYPES, call, advance as _advance, compiling, functorch
 from ._args import any_autocast, autocast as _autocast, check as _check, \
     conv_geometry as _conv_geometry, positive_eps as _eps, ints as _tuple, normalized as _normalized, \
@@ -18,8 +20,8 @@ from ._functional_pool import adaptive_avg_pool2d, avg_pool1d, avg_pool2d, avg_p
     max_pool1d, max_pool2d, max_pool3d, one_sample as _one_sample  # noqa: F401 (the
 # pooling functions are this module's too)
 from ._ops_random import attention as _attention, draw_seed, dropout as _dropout
-from ._ops_norm import batch_norm as _batch_norm, group_norm as _group_norm, \
-    layer_norm as _layer_norm, rms_norm as _rms_norm
+from ._ops_norm import batch_norm as _batch_norm, batch_norm_act as _batch_norm_act, \
+    group_norm as _group_norm, layer_norm as _layer_norm, rms_norm as _rms_norm
 
 
 def _act(fn, x, mode, coef, inplace=False):
@@ -268,30 +270,85 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
                momentum=0.1, eps=1e-5):
     input, weight, bias = _ready("batch_norm", "batch_norm", input, weight, bias)
+    empty = _batch_norm_checks("batch_norm", input, running_mean, running_var, weight, bias,
+                               training, momentum)
+    if empty is not None:
+        return empty
+    outs = call(_batch_norm, input, weight, bias, running_mean, running_var, bool(training),
+                float(momentum), _eps("batch_norm", eps))
+    return _advanced(outs, running_mean, running_var, training)
+
+
+def batch_norm_act(input, running_mean, running_var, weight=None, bias=None, training=False,
+                   momentum=0.1, eps=1e-5, residual=None, activation="relu", coef=None):
+    """activation(batch_norm(input, ...) + residual) in one pass (cuDNN's fused batch
+    norm; no torch.nn.functional counterpart): batch_norm's arguments, residual (input's
+    shape and dtype, or None) and one of nbdnn.activation's modes with its coef (None:
+    the mode's default). Its backward is one pass too (in training; an inference-mode
+    call that is differentiated runs the three ops apart)."""
+    input, weight, bias = _ready("batch_norm_act", "batch_norm", input, weight, bias)
+    if residual is not None:
+        if any_autocast():
+            (residual,) = _autocast("batch_norm_act", residual)
+        if residual.shape != input.shape or residual.dtype != input.dtype:
+            raise ShapeError(f"nbdnn.torch.batch_norm_act: residual must have input's shape "
+                             f"{tuple(input.shape)} and dtype {input.dtype}; got "
+                             f"{tuple(residual.shape)}, {residual.dtype}")
+    coef = _fused_coef(activation, coef)
+    grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                            for t in (input, weight, bias, residual))
+    if (not training and grads) or input.numel() == 0:  # (no fused backward there)
+        y = batch_norm(input, running_mean, running_var, weight, bias, training, momentum,
+                       eps)
+        return _act("batch_norm_act", y if residual is None else y + residual, activation,
+                    coef)
+    _batch_norm_checks("batch_norm_act", input, running_mean, running_var, weight, bias,
+                       training, momentum)
+    outs = call(_batch_norm_act, input, weight, bias, running_mean, running_var, residual,
+                bool(training), float(momentum), _eps("batch_norm_act", eps), activation,
+                coef)
+    return _advanced(outs, running_mean, running_var, training)
+
+
+def _fused_coef(activation, coef):
+    if activation not in ACTIVATION_MODES:
+        raise BadParamError(f"nbdnn.torch.batch_norm_act: activation must be one of "
+                            f"{ACTIVATION_MODES}; got {activation!r}")
+    return float(fused_coef("batch_norm_act", activation, coef))
+
+
+def _batch_norm_checks(fn, input, running_mean, running_var, weight, bias, training,
+                       momentum):
+    """PyTorch's refusals of a batch norm call (as F's); the result of an empty input
+    (PyTorch: scaled and shifted by channel 0, which keeps the graph; the running
+    statistics stay), else None."""
     if momentum is None:  # (F refuses it; the modules' None, a cumulative average, comes
         # here as the factor 1 / batches seen: modules.py)
-        raise BadParamError("nbdnn.torch.batch_norm: momentum must be a number; got None")
+        raise BadParamError(f"nbdnn.torch.{fn}: momentum must be a number; got None")
     if training and not 0.0 <= momentum <= 1.0:
-        _unsupported("batch_norm", f"momentum {momentum} (nbdnn's running averages take "
+        _unsupported(fn, f"momentum {momentum} (nbdnn's running averages take "
                      "momentum in [0, 1])")
     if not training and (running_mean is None or running_var is None):
-        raise BadParamError("nbdnn.torch.batch_norm: running_mean and running_var are "
+        raise BadParamError(f"nbdnn.torch.{fn}: running_mean and running_var are "
                             "needed when not training")
-    if input.numel() == 0:  # (PyTorch: the empty input scaled and shifted by channel 0,
-        # which keeps the graph; the running statistics stay)
+    if input.numel() == 0:
         y = input.clone()
         y = y if weight is None else y * weight[0]
         return y if bias is None else y + bias[0]
     if input.dim() < 2:
-        raise ShapeError(f"nbdnn.torch.batch_norm: input must be at least 2-d (N, C, ...); "
+        raise ShapeError(f"nbdnn.torch.{fn}: input must be at least 2-d (N, C, ...); "
                          f"got {tuple(input.shape)}")
     if training and input.numel() // input.shape[1] == 1:
-        raise BadParamError("nbdnn.torch.batch_norm: expected more than 1 value per channel "
+        raise BadParamError(f"nbdnn.torch.{fn}: expected more than 1 value per channel "
                             f"when training, got input size {tuple(input.shape)}")
-    y, _, _, new_mean, new_var = call(
-        _batch_norm, input, weight, bias, running_mean, running_var, bool(training),
-        float(momentum), _eps("batch_norm", eps))
-    if training:  # (the buffers advance in place, as in PyTorch)
+    return None
+
+
+def _advanced(outs, running_mean, running_var, training):
+    """A batch norm op's y, its running statistics advanced into the buffers (in place,
+    as in PyTorch)."""
+    y, _, _, new_mean, new_var = outs
+    if training:
         with torch.no_grad():
             for buf, new in ((running_mean, new_mean), (running_var, new_var)):
                 if buf is not None:
@@ -418,4 +475,5 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
     "torch", "call", "activation", "conv", "lrn", "DTYPES", "draw_seed", "DtypeError",
-    "NotSupportedError", "ShapeError", "BadParamError")]
+    "NotSupportedError", "ShapeError", "BadParamError", "ACTIVATION_MODES", "fused_coef",
+    "activation_in_place")]

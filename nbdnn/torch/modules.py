@@ -64,9 +64,10 @@ class Linear(nn.Linear):
         return nf.linear(input, self.weight, self.bias)
 
 
-def batch_norm(m, input):
+def batch_norm(m, input, residual=None, activation=None):
     """A batch norm module m's forward on nbdnn: torch's _BatchNorm.forward, its
-    statistics logic (the running statistics' factor, which statistics normalise)."""
+    statistics logic (the running statistics' factor, which statistics normalise);
+    with an activation, act(m(input) + residual) in one pass (nf.batch_norm_act)."""
     m._check_input_dim(input)
     factor = 0.0 if m.momentum is None else m.momentum
     if m.training and m.track_running_stats and m.num_batches_tracked is not None:
@@ -74,9 +75,11 @@ def batch_norm(m, input):
         factor = 1.0 / float(m.num_batches_tracked) if m.momentum is None else m.momentum
     use_batch = m.training or (m.running_mean is None and m.running_var is None)
     keep = not m.training or m.track_running_stats
-    return nf.batch_norm(input, m.running_mean if keep else None,
-                         m.running_var if keep else None, m.weight, m.bias, use_batch,
-                         factor, m.eps)
+    stats = (m.running_mean if keep else None, m.running_var if keep else None)
+    if activation is None:
+        return nf.batch_norm(input, *stats, m.weight, m.bias, use_batch, factor, m.eps)
+    return nf.batch_norm_act(input, *stats, m.weight, m.bias, use_batch, factor, m.eps,
+                             residual=residual, activation=activation)
 
 
 class _BatchNorm:

@@ -60,6 +60,10 @@ RULES = {
                            vmap=fold((0,), lambda ndim, x, w, b, rm, rv, training, *rest:
                                      not training)),
     norm.batch_norm_backward: Rules(second=(so.batch_norm_backward, (0, 1, 2))),
+    norm.batch_norm_act: Rules(jvp=(fm.batch_norm_act_forward, (0, 1, 2, 5), False),
+                               vmap=fold((0, 5), lambda ndim, x, w, b, rm, rv, r, training,
+                                         *rest: not training)),
+    norm.batch_norm_act_backward: Rules(second=(so.batch_norm_act_backward, (0, 1, 2, 3, 6))),
     norm.batch_norm_infer_backward: Rules(second=(so.batch_norm_infer_backward, (0, 1, 2))),
     norm.layer_norm: Rules(jvp=(lambda x, w, b, ndim, eps: F.layer_norm(
         x, x.shape[x.dim() - ndim:], w, b, eps), (0, 1, 2), False), vmap=fold((0,), trailing)),

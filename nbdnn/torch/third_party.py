@@ -17,6 +17,11 @@ changes a forward leaves the layer native, and convert's report says why.
   same float32 arithmetic, one rounding; float64 x rounded to float32 first, as
   theirs), then the weight's product as theirs. Their float32 sums and nbdnn's add in
   different orders: float64 models agree to float32's precision there, not float64's.
+- torchvision's ResNet blocks (Bottleneck, BasicBlock): each batch norm and the ReLU
+  after it, and the last one's residual add, as one fused batch norm
+  (functional.batch_norm_act: one pass forward, one backward) where the block holds
+  plain BatchNorm2d and ReLU modules; with a hook on a child, or other children, the
+  block's own forward runs.
 - timm's BatchNormAct2d (batch norm, then its drop and act children, converted on their
   own), LayerNorm, LayerNorm2d (over the channels of NCHW, through NHWC views), Linear,
   and its activation classes GELU, GELUTanh, Swish, HardSwish, HardSigmoid, Sigmoid,
@@ -45,6 +50,39 @@ def _llama_rms_norm(self, hidden_states):
     # float32 arithmetic whatever the dtype; float32 accumulation in nbdnn's below)
     y = nf.rms_norm(x, (x.shape[-1],), None, self.variance_epsilon)
     return self.weight * y.to(dtype)
+
+
+def _fusable(block):
+    """Whether a torchvision ResNet block's children are what the fused forward assumes
+    (exact BatchNorm2d and ReLU, converted or not) and none is hooked (the fused
+    forward does not call them as modules); else its own forward runs."""
+    if torch.nn.modules.module._global_forward_hooks or \
+            torch.nn.modules.module._global_forward_pre_hooks:
+        return False
+    bns = [block.bn1, block.bn2] + ([block.bn3] if hasattr(block, "bn3") else [])
+    return all(type(b) in (torch.nn.BatchNorm2d, modules.BatchNorm2d) and
+               not (b._forward_hooks or b._forward_pre_hooks) for b in bns) and \
+        type(block.relu) in (torch.nn.ReLU, modules.ReLU) and \
+        not (block.relu._forward_hooks or block.relu._forward_pre_hooks)
+
+
+def _bottleneck(self, x):  # (torchvision.models.resnet.Bottleneck's forward, fused)
+    if not _fusable(self):
+        return type(self).__mro__[1].forward(self, x)
+    out = modules.batch_norm(self.bn1, self.conv1(x), activation="relu")
+    out = modules.batch_norm(self.bn2, self.conv2(out), activation="relu")
+    out = self.conv3(out)
+    identity = x if self.downsample is None else self.downsample(x)
+    return modules.batch_norm(self.bn3, out, identity, "relu")
+
+
+def _basic_block(self, x):  # (torchvision.models.resnet.BasicBlock's forward, fused)
+    if not _fusable(self):
+        return type(self).__mro__[1].forward(self, x)
+    out = modules.batch_norm(self.bn1, self.conv1(x), activation="relu")
+    out = self.conv2(out)
+    identity = x if self.downsample is None else self.downsample(x)
+    return modules.batch_norm(self.bn2, out, identity, "relu")
 
 
 def _batch_norm_act(self, x):
@@ -86,6 +124,8 @@ FORMS = {  # (module, class name) -> (the forward body's sha256[:16], forward)
     **{(f"{_T}.models.{m}.modeling_{m}", f"{n}RMSNorm"): ("1fbd6bd12111cde4", _llama_rms_norm)
        for m, n in (("llama", "Llama"), ("mistral", "Mistral"), ("qwen2", "Qwen2"),
                     ("qwen3", "Qwen3"), ("phi3", "Phi3"))},
+    ("torchvision.models.resnet", "Bottleneck"): ("beb00956d9d5ce7e", _bottleneck),
+    ("torchvision.models.resnet", "BasicBlock"): ("97b34fe129794fee", _basic_block),
     ("timm.layers.norm_act", "BatchNormAct2d"): ("28932fdef5672fa2", _batch_norm_act),
     ("timm.layers.norm", "LayerNorm"): ("103d61ca1211e174", _layer_norm),
     ("timm.layers.norm", "LayerNorm2d"): ("d56e723f576594bb", _layer_norm_2d),
