@@ -56,6 +56,34 @@ def test_batch_norm_act_is_the_three_ops(training, last, residual, act):
         torch.testing.assert_close(have, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device for torch")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("last", [False, True])
+def test_batch_norm_act_on_cuda(last, residual, dtype):
+    """nbdnn's CUDA kernels through the fused op (channels-last as NHWC, the residual
+    too): y, running statistics and gradients against PyTorch's ops on the same GPU."""
+    x0, w0, b0, r0, dy = (t.cuda() if t is not None else None for t in _case(last, residual))
+    got = []
+    for fused in (False, True):
+        x, r = x0.to(dtype).requires_grad_(), r0.to(dtype).requires_grad_() if residual \
+            else None
+        w, b = (t.float().requires_grad_() for t in (w0, b0))
+        rm, rv = torch.zeros(6, device="cuda"), torch.ones(6, device="cuda")
+        with torch.autocast("cuda", dtype, enabled=dtype != torch.float32):
+            if fused:
+                y = nt.batch_norm_act(x, rm, rv, w, b, True, 0.1, 1e-5, residual=r)
+            else:
+                y = F.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5)
+                y = F.relu(y if r is None else y + r)
+        grads = torch.autograd.grad(y, [x, w, b] + ([r] if residual else []), dy.to(y.dtype))
+        got.append((y.float(), rm, rv) + tuple(g.float() for g in grads))
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    for want, have in zip(*got):
+        torch.testing.assert_close(have, want, rtol=tol, atol=tol * max(1.0, float(
+            want.abs().max())))
+
+
 def test_batch_norm_act_without_grad_is_the_fused_op_in_both_modes():
     """No gradient wanted: inference-mode calls run the fused op too (one pass)."""
     x, w, b, r, _ = _case(False, True)
