@@ -67,6 +67,27 @@ def _batch_norm_run(x, w, b, running_mean, running_var, training, momentum, eps,
     return (y, mean, invstd, *advanced)
 
 
+@direct(batch_norm)
+def _(x, w, b, running_mean, running_var, training, momentum, eps):
+    return _batch_norm_eager(x, w, b, running_mean, running_var, training, momentum, eps)
+
+
+def _batch_norm_eager(x, w, b, running_mean, running_var, training, momentum, eps, **fused):
+    """An eager call's batch norm: running statistics of the statistics' dtype and
+    contiguous are advanced in place by nbdnn's kernel and returned as the advanced ones
+    (nbdnn.torch.batch_norm then copies nothing); the op itself (the dispatcher's path:
+    torch.compile, opcheck) must not mutate its inputs and copies them."""
+    if not training or any(r is not None and (r.dtype != _stat_dtype(x) or
+                                              not r.is_contiguous())
+                           for r in (running_mean, running_var)):
+        return _batch_norm_run(x, w, b, running_mean, running_var, training, momentum, eps,
+                               **fused)
+    y, mean, invstd = run_as(nbdnn.batch_norm_train, x, x, w, b, running_mean, running_var,
+                             momentum=momentum, eps=eps, nhwc_layout=True, **fused)
+    return (y, mean, invstd, *(r if r is not None else _stats(x, 0)
+                               for r in (running_mean, running_var)))
+
+
 def _affine(x, w, b):
     C = x.shape[1]
     return (w if w is not None else x.new_ones(C), b if b is not None else x.new_zeros(C))
@@ -158,6 +179,13 @@ def batch_norm_act(x: Tensor, w: Optional[Tensor], b: Optional[Tensor],
     """batch_norm's five outputs, y = act(bn(x) + residual) (residual optional)."""
     return _batch_norm_run(x, w, b, running_mean, running_var, training, momentum, eps,
                            residual=residual, activation=activation, coef=coef)
+
+
+@direct(batch_norm_act)
+def _(x, w, b, running_mean, running_var, residual, training, momentum, eps, activation,
+      coef):
+    return _batch_norm_eager(x, w, b, running_mean, running_var, training, momentum, eps,
+                             residual=residual, activation=activation, coef=coef)
 
 
 @batch_norm_act.register_fake

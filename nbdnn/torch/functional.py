@@ -351,7 +351,8 @@ def _advanced(outs, running_mean, running_var, training):
     if training:
         with torch.no_grad():
             for buf, new in ((running_mean, new_mean), (running_var, new_var)):
-                if buf is not None:
+                if buf is not None and new.data_ptr() != buf.data_ptr():  # (an eager call
+                    # advanced the buffer itself: _ops_norm._batch_norm_eager)
                     _advance(buf, new)
     return y
 
