@@ -11,6 +11,8 @@ import numpy as np
 from .errors import BadParamError, DeviceError, DtypeError, fail
 
 capture_state = threading.local()  # this thread's .graph (cuda.Graph) and .plan (ops._plan)
+dry_launches = []  # the lists of the dry runs in progress (cuda/runtime/launch/kernel.py
+# dry_run): while any is, every thread's launches are noted in the last, not made
 describers = {}  # type -> fn(x) -> (shape, dtype, c_contiguous); filled on first sight
 array_facts = {}  # CUDA array type -> fn(x) -> (shape, dtype, count, address) | None; filled
 # by nbdnn.cuda.runtime.memory.arrays.facts (this module does not import numba.cuda)

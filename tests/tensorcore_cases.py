@@ -53,8 +53,11 @@ def check_16bit_matmul(dtype, shapes, ta, tb, kernel, seed, copies=0):
         c = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, bias=bias, activation="gelu",
                          alpha=0.5, beta=0.25, out=old)
         plain = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb)
-    assert names == (["padded_copy"] * copies + [names[copies]]) * 2, names
-    assert names[copies].startswith(kernel), names
+    n = copies + 1  # (each call: its copies, then the product)
+    assert len(names) == 2 * n, names
+    for call in (names[:n], names[n:]):
+        assert call[:copies] == ["padded_copy"] * copies and call[copies].startswith(kernel), \
+            names
     from scipy.special import erf
     r = av @ bv + biasv
     want = 0.5 * (0.5 * r * (1 + erf(r / np.sqrt(2)))) + 0.25 * oldv

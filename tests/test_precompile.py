@@ -40,12 +40,27 @@ def test_a_dry_run_notes_launches_and_runs_none():
     np.testing.assert_array_equal(to_host(y), np.maximum(to_host(x), 0))
 
 
+def test_a_dry_run_notes_every_threads_launches():
+    """PyTorch runs a CUDA backward on its autograd engine's thread: a dry run notes the
+    launches of any thread while it is open, and launches none of them."""
+    import threading
+    x = to_device(np.linspace(-2, 2, 64, dtype=np.float32))
+    y = to_device(np.full(64, 7.0, np.float32))
+    with dry_run() as noted:
+        t = threading.Thread(target=lambda: nbdnn.activation(x, "relu", out=y))
+        t.start()
+        t.join()
+    assert [k.name for k, _ in noted] == ["activation_forward"], noted
+    np.testing.assert_array_equal(to_host(y), 7.0)
+
+
 def test_precompile_of_a_workload_summarises_it():
     """nbdnn.cuda.precompile runs the function dry and counts the distinct signatures
     (under the simulator nothing compiles: all are left as they are)."""
     x = to_device(np.ones(32, np.float32))
     s = precompile(lambda: [nbdnn.activation(x, "gelu") for _ in range(3)])
-    assert s.noted == 1 and s.compiled == 0 and not s.failures
+    assert s.noted == 1 and not s.failures, s
+    assert s.loaded + s.cached + s.compiled + s.left == 1, s
     assert "1 kernel signatures" in str(s)
 
 
@@ -97,7 +112,7 @@ torch.cuda.synchronize()
 print(json.dumps({"summary": None if s is None else vars(s), "compiles_before": compiles_before,
                   "compiles_in_step": count[0] - compiles_before,
                   "out": out.float().cpu().tolist(),
-                  "grad": net[0].weight.grad.float().sum().item()}))
+                  "grad": model[0].weight.grad.float().sum().item()}))
 """
 
 

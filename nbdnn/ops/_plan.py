@@ -68,7 +68,7 @@ def planned(fn):
         tls = capture_state.__dict__
         if tls.get("graph") is not None or tls.get("plan") is not None or \
                 kw.get("stream") is not None or not ENABLED or tls.get("watch") is not None \
-                or tls.get("forced") or tls.get("dry") is not None:  # (a forced kernel
+                or tls.get("forced") or _arrays.dry_launches:  # (a forced kernel
             # variant: state no key holds; a dry run launches nothing to record)
             return fn(*args, **kw)
         try:

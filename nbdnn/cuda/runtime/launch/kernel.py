@@ -36,7 +36,7 @@ from . import kernel_cache
 from .codegen import compile_source
 # this thread's .graph (the nbdnn.cuda.Graph recording it) and .plan (an eager call
 # plan's recorder, ops/_plan.py)
-from ....arrays import capture_state
+from ....arrays import capture_state, dry_launches
 
 REGISTRY = []  # every Kernel with the signatures it is used with (PTX test, warm-up)
 
@@ -57,12 +57,21 @@ def issue(fn):
         fn(0)
 
 
+@contextlib.contextmanager
 def launched():
     """The names of the kernels this thread launches inside the block, in order (how a
     test sees which variant ran: `with launched() as names: ...`). Blocks nest: an
     enclosing block's list gets the inner block's names too. Eager call plans are not
     replayed meanwhile (a replay launches without Kernel.launch)."""
-    return _noting("watch")
+    tls = capture_state.__dict__
+    outer, names = tls.get("watch"), []
+    tls["watch"] = names
+    try:
+        yield names
+    finally:
+        tls["watch"] = outer
+        if outer is not None:
+            outer.extend(names)
 
 
 def _slot_codes(t):
@@ -254,28 +263,22 @@ def error_name(rc):
     return (s.value or b"?").decode() + f" ({rc})"
 
 
-def dry_run():
-    """Inside (this thread): no kernel is compiled or launched; each launch is noted,
-    (Kernel, signature) in order, in the yielded list. A workload run inside names the
-    kernels it needs without compiling them (precompile.py compiles them in parallel);
-    what it computes is garbage, and eager call plans stand aside (ops/_plan.py). Runs
-    nest as launched()'s blocks do."""
-    return _noting("dry")
-
-
 @contextlib.contextmanager
-def _noting(slot):
-    """A fresh list in this thread's capture_state slot for the block; an enclosing
-    block's list gets its items too."""
-    tls = capture_state.__dict__
-    outer, items = tls.get(slot), []
-    tls[slot] = items
+def dry_run():
+    """Inside: no kernel is compiled or launched; each launch is noted, (Kernel,
+    signature) in order, in the yielded list. A workload run inside names the kernels it
+    needs without compiling them (precompile.py compiles them in parallel); what it
+    computes is garbage, and eager call plans stand aside (ops/_plan.py). Every thread's
+    launches are noted while it is open (PyTorch runs a CUDA backward on its autograd
+    engine's own thread); runs nest, an enclosing run's list getting the inner's too."""
+    seen = []
+    dry_launches.append(seen)
     try:
-        yield items
+        yield seen
     finally:
-        tls[slot] = outer
-        if outer is not None:
-            outer.extend(items)
+        dry_launches.remove(seen)
+        if dry_launches:
+            dry_launches[-1].extend(seen)
 
 
 class Kernel:
@@ -339,11 +342,10 @@ class Kernel:
         An array may be passed as a (pointer, count) tuple; `owners` then names the
         arrays behind such pointers, which a graph being recorded keeps alive.
         Straight-line on purpose: every eager call of every op runs it."""
-        tls = capture_state.__dict__  # this thread's: the graph recording, context ready
-        dry = tls.get("dry")
-        if dry is not None:  # (dry_run: noted, not compiled or launched)
-            dry.append((self, sig))
+        if dry_launches:  # (dry_run: noted, not compiled or launched)
+            dry_launches[-1].append((self, sig))
             return
+        tls = capture_state.__dict__  # this thread's: the graph recording, context ready
         recorder = tls.get("graph")
         planner = tls.get("plan")
         if planner is not None:

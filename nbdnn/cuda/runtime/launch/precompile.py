@@ -9,9 +9,10 @@ and the cache folder lacks is compiled at once:
 1. forked worker processes (they inherit the noted Kernel objects, generated source
    included) each turn a share of the signatures into PTX as numba's dispatcher does
    (its _Kernel, its options), the compute capability given, so no worker touches the
-   driver (a process forked from one holding a CUDA context must not);
+   driver (a process forked from one holding a CUDA context must not); where numba
+   links by LTO (nvJitLink, a library) the worker links the cubin itself;
 2. this process links each PTX into a cubin on threads (the driver's linker, as
-   numba's code library links it) and stores it in the cache folder
+   numba's code library links it) and stores every cubin in the cache folder
    (kernel_cache.write: the same entry as Kernel.compile stores).
 
 The workload's real first run then loads every kernel from the folder. Signatures the
@@ -51,8 +52,8 @@ class Summary:
         return (f"nbdnn precompile: {self.noted} kernel signatures: {self.loaded} loaded, "
                 f"{self.cached} cached, {self.compiled} compiled in {self.seconds:.1f} s "
                 f"by {self.workers} processes, {self.left} left to compile on first launch"
-                + (f" ({len(self.failures)} failed: {sorted(self.failures)[:5]})"
-                   if self.failures else ""))
+                + (f" ({len(self.failures)} failed; the first: "
+                   f"{next(iter(self.failures.items()))})" if self.failures else ""))
 
 
 def compile_noted(noted, workers=None):
@@ -69,8 +70,11 @@ def compile_noted(noted, workers=None):
             continue
         seen.add((id(k), sig))
         s.noted += 1
-        if SIMULATOR or is_loaded(k, sig):
-            s.loaded += not SIMULATOR
+        if SIMULATOR:  # (nothing compiles ahead: every kernel as on its first launch)
+            s.left += 1
+            continue
+        if is_loaded(k, sig):
+            s.loaded += 1
             continue
         path, full = kernel_cache.entry(folder, k, sig, cc) if folder else (None, None)
         if path is None:
@@ -123,7 +127,9 @@ def _worker_init(cc):
 
 
 def _to_ptx(i):
-    """(i, (PTX texts, entry name, max registers) or the reason it cannot be stored)."""
+    """(i, (PTX texts, entry name, max registers), or (cubin bytes, entry name, None)
+    where the code library links without the driver (LTO: nvJitLink), or the reason it
+    cannot be stored)."""
     kernel, sig = _JOBS[i]
     try:
         from numba.core import sigutils
@@ -131,8 +137,11 @@ def _to_ptx(i):
         argtypes, _ = sigutils.normalize_signature(sig)
         kern = _Kernel(kernel.pyfunc, argtypes, **kernel.dispatcher.targetoptions)
         lib = kern._codelibrary
-        if lib._lto or not kernel_cache.storable(lib):
-            return i, "not storable alone (linked files, LTO or module set-up)"
+        if not kernel_cache.storable(lib):
+            return i, "not storable alone (linked files or module set-up)"
+        if lib._lto:  # (LTO-IR, linked by nvJitLink: a library, no context needed)
+            obj = lib.get_cubin()
+            return i, (bytes(getattr(obj, "code", obj)), lib._entry_name, None)
         return i, (list(lib.get_asm_strs()), lib._entry_name, lib._max_registers)
     except Exception as e:  # (the first launch compiles it again and raises there)
         return i, f"{type(e).__name__}: {str(e)[:300]}"
@@ -147,12 +156,15 @@ def _link_and_store(folder, job, ptx, cc):
     kernel, sig, path, full = job
     texts, entry, max_registers = ptx
     try:
-        linker = driver._Linker(max_registers=max_registers,
-                                cc=(cc[0], cc[1], "a" if tuple(cc) >= (9, 0) else ""),
-                                lto=False)
-        for text in texts:
-            linker.add_ptx(text.encode())
-        cubin = linker.complete()
+        if isinstance(texts, bytes):  # (linked in the worker)
+            cubin = texts
+        else:
+            linker = driver._Linker(max_registers=max_registers,
+                                    cc=(cc[0], cc[1], "a" if tuple(cc) >= (9, 0) else ""),
+                                    lto=False)
+            for text in texts:
+                linker.add_ptx(text.encode())
+            cubin = linker.complete()
         header = {"key": full, "kernel": kernel.name, "sig": sig, "cc": list(cc),
                   "entry": entry}
         kernel_cache.write(folder, path, header, bytes(getattr(cubin, "code", cubin)))
