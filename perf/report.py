@@ -79,13 +79,39 @@ def _attention(rows):
     return out
 
 
-RENDERERS = {"bench": _bench, "gemm": _gemm, "conv": _conv, "attention": _attention}
+def _torch_models(rows):
+    """perf/suites/torch_models.py --models: each model native and converted in one
+    process, GPU ms by CUDA events (eager: the step's wall time on the GPU's clock), the
+    ratio native / nbdnn (>= 1: as fast or faster), peak memory of the training step."""
+    out = ["| model | config | mode | native ms | nbdnn ms | × native's speed |",
+           "|---|---|---|---|---|---|"]
+    notes = []
+    for r in rows:
+        for config, got in (r.get("configs") or {}).items():
+            for mode in ("train", "train-graphed", "infer", "infer-graphed"):
+                if mode in got:
+                    native, ours = got[mode]
+                    out.append(f"| {r['model']} | {config} | {mode} | {native:.2f} | "
+                               f"{ours:.2f} | {native / ours:.2f}× |")
+            mem = got.get("train_peak_bytes")
+            if mem:
+                notes.append(f"{r['model']} {config}: training step's peak memory "
+                             f"{mem[1] / 2**30:.2f} GiB against native's {mem[0] / 2**30:.2f} "
+                             f"({mem[1] / mem[0]:.2f}×)")
+        notes.append(f"{r['model']}: {100 * r.get('flops_on_nbdnn', 0):.1f}% of the forward's "
+                     f"FLOPs on nbdnn; {r.get('kernels_compiled', '?')} kernels compiled or "
+                     f"loaded")
+    return out + [""] + [f"- {n}" for n in notes]
+
+
+RENDERERS = {"bench": _bench, "gemm": _gemm, "conv": _conv, "attention": _attention,
+             "torch_models": _torch_models}
 
 
 def machine_line(m):
     """The machine a result was measured on, as one line."""
     v = m.get("versions") or {}
-    ver = ", ".join(f"{k} {v[k]}" for k in sorted(v))
+    ver = ", ".join(f"{k} {v[k]}" for k in sorted(v)) or m.get("note") or "versions ?"
     return f"{m.get('gpu') or '?'}, driver {m.get('driver') or '?'}; {ver}; commit " \
            f"{m.get('commit') or '?'}, {m.get('when') or '?'}"
 

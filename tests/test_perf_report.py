@@ -32,6 +32,10 @@ def test_each_suite_renders_its_columns(tmp_path):
                                     "Sq": 4096, "Sk": 4096, "D": 128, "causal": True,
                                     "nbdnn_tflops": 512.3, "x_default": 0.83,
                                     "bwd_x_default": "no flash", "rel_err": 3e-3}])
+    _write(tmp_path, "torch_models", [{"model": "gpt2", "flops_on_nbdnn": 1.0,
+                                       "kernels_compiled": 26, "configs": {"bf16": {
+                                           "train": [70.0, 100.0], "infer": [20.0, 16.0],
+                                           "train_peak_bytes": [2 * 2**30, 3 * 2**30]}}}])
     _write(tmp_path, "latency", [{"anything": 1}])
     text = "\n".join(report.render(str(tmp_path)))
     assert text.index("### attention") < text.index("### bench") < text.index("### conv")
@@ -43,6 +47,10 @@ def test_each_suite_renders_its_columns(tmp_path):
     assert "| geomean, all | | | auto 0.81× | | |" in text
     assert "| bfloat16 | 4 × 16/16 × 4096 × 4096 × 128 | yes | 512 | 0.83× | – | – | " \
            "3.0e-03 |" in text  # (a peer's error message is no number)
+    assert "| gpt2 | bf16 | train | 70.00 | 100.00 | 0.70× |" in text
+    assert "| gpt2 | bf16 | infer | 20.00 | 16.00 | 1.25× |" in text
+    assert "gpt2 bf16: training step's peak memory 3.00 GiB against native's 2.00 (1.50×)" in text
+    assert "gpt2: 100.0% of the forward's FLOPs on nbdnn; 26 kernels" in text
     assert "(no renderer for 'latency' in perf/report.py)" in text
 
 
