@@ -244,7 +244,8 @@ def bench(args):
 
 def cache(args):
     """`nbdnn cache info`: the compiled-kernel cache's folder, state and size;
-    `nbdnn cache clear`: remove its entries."""
+    `nbdnn cache clear`: remove its entries; `nbdnn cache warm`: compile every
+    registered signature (and one of each generated variant) into it in parallel."""
     from nbdnn.cuda.runtime.launch import kernel_cache as kc
     folder = kc.directory()
     if folder is None:
@@ -253,6 +254,10 @@ def cache(args):
     if args.action == "clear":
         n = kc.clear(folder) if os.path.isdir(folder) else 0
         print(f"removed {n} entries from {folder}")
+        return 0
+    if args.action == "warm":
+        from nbdnn.cuda.runtime.launch.precompile import compile_registered
+        print(compile_registered(args.workers))
         return 0
     where = "NBDNN_KERNEL_CACHE" if os.environ.get("NBDNN_KERNEL_CACHE") else \
         "the default; NBDNN_KERNEL_CACHE=DIR moves it, =0 turns it off"
@@ -317,8 +322,12 @@ def _parser():
                    help="the tensors' dtype (rows whose op does not take it are left out)")
     sub.add_parser("demo", add_help=False,
                    help="train a small CNN on the digits dataset (nbdnn demo --help)")
-    k = sub.add_parser("cache", help="the compiled-kernel cache: where it is, how big; clear it")
-    k.add_argument("action", choices=("info", "clear"))
+    k = sub.add_parser("cache", help="the compiled-kernel cache: where it is, how big; clear it; "
+                                     "warm it (every registered kernel signature and one of "
+                                     "each generated variant, compiled by parallel workers)")
+    k.add_argument("action", choices=("info", "clear", "warm"))
+    k.add_argument("--workers", type=_whole(1), default=None,
+                   help="warm: processes compiling at once (default: the cores less one)")
     return p
 
 

@@ -11,6 +11,9 @@ carries the machine: GPU, driver, package versions and the commit (`machine()`).
                                                  tests); or the tests PYTEST ARGS select
     python3 perf/run.py sanitize SCRIPT|-- PYTEST ARGS
                                                  compute-sanitizer memcheck, then racecheck
+    python3 perf/run.py warm                     nbdnn cache warm: every registered kernel
+                                                 compiled into .kcache by parallel workers
+                                                 (before `tests`: the shards then load them)
     python3 perf/run.py check                    nbdnn check, every op and dtype
     python3 perf/run.py bench [BENCH ARGS]       nbdnn bench: every row against PyTorch
     python3 perf/run.py suite NAME [ARGS]        perf/suites/NAME.py --json OUT/NAME.json
@@ -160,6 +163,10 @@ def sanitize(args):
     return ok
 
 
+def warm(args):
+    return _parallel({"warm": [sys.executable, "-m", "nbdnn", "cache", "warm", *args]})
+
+
 def check(args):
     return _parallel({"check": [sys.executable, "-m", "nbdnn", "check", "--examples", "2",
                                 *args]})
@@ -199,8 +206,8 @@ def sass(args):
     return ok
 
 
-JOBS = {"tests": tests, "sanitize": sanitize, "check": check, "bench": bench, "suite": suite,
-        "sass": sass}
+JOBS = {"tests": tests, "sanitize": sanitize, "warm": warm, "check": check, "bench": bench,
+        "suite": suite, "sass": sass}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in JOBS:

@@ -127,6 +127,19 @@ def test_cache_info_and_clear(capsys, monkeypatch, tmp_path):
     assert "off" in capsys.readouterr().out
 
 
+def test_cache_warm_counts_every_registered_signature(capsys):
+    """`nbdnn cache warm` sums up what it compiled ahead (under the simulator nothing:
+    every registered signature is left to its first launch)."""
+    from nbdnn.cuda import SIMULATOR
+    from nbdnn.cuda.runtime.launch.kernel import REGISTRY
+    assert main(["cache", "warm", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    n = sum(len(k.sigs) for k in REGISTRY)
+    assert out.startswith(f"nbdnn precompile: {n} kernel signatures")
+    if SIMULATOR:
+        assert f"{n} left to compile on first launch" in out
+
+
 def test_check_prints_a_failing_case_so_it_can_be_run_again(capsys, monkeypatch):
     """A failure's lines name the row, dtype, example, the call's shapes and parameters,
     and a command that draws the same case again (the case's seed depends on --seed,

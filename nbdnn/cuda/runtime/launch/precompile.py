@@ -181,3 +181,19 @@ def precompile(fn, *args, workers=None, **kwargs):
     with dry_run() as noted:
         fn(*args, **kwargs)
     return compile_noted(noted, workers)
+
+
+def compile_registered(workers=None):
+    """Every nbdnn.cuda module imported and each one's ptx_examples() built (one kernel of
+    each generated variant: what tests/test_ptx.py compiles), then every registered
+    signature compiled into the kernel cache in parallel (compile_noted): a test suite's
+    or a machine's kernels ahead of their first launches. Returns the Summary."""
+    import importlib
+    import pkgutil
+    from ... import __path__ as cuda_path
+    from .kernel import REGISTRY
+    for m in pkgutil.walk_packages(cuda_path, "nbdnn.cuda."):
+        mod = importlib.import_module(m.name)
+        if hasattr(mod, "ptx_examples") and not SIMULATOR:  # (the simulator builds
+            mod.ptx_examples()                                 # no inline PTX)
+    return compile_noted([(k, sig) for k in list(REGISTRY) for sig in k.sigs], workers)
