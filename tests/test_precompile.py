@@ -64,6 +64,19 @@ def test_precompile_of_a_workload_summarises_it():
     assert "1 kernel signatures" in str(s)
 
 
+def test_a_dry_run_that_stops_early_still_compiles_what_it_noted():
+    """Garbage that meets a check ends the dry run: the error is the Summary's
+    `stopped`, not raised, and the launches before it are counted."""
+    x = to_device(np.ones(32, np.float32))
+
+    def workload():
+        nbdnn.activation(x, "tanh")
+        raise ValueError("a check of the garbage")  # (as a model's check of a value)
+    s = precompile(workload)
+    assert s.noted == 1 and s.stopped == "ValueError: a check of the garbage", s
+    assert "stopped early" in str(s)
+
+
 def test_torch_precompile_keeps_the_models_state():
     """nbdnn.torch.precompile runs forward and backward once and puts back what the run
     would change: buffers (a native batch norm's running statistics), the random

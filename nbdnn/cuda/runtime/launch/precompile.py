@@ -38,7 +38,8 @@ class Summary:
     """noted: distinct signatures the dry run launched; loaded: already in this process;
     cached: already in the cache folder; compiled: compiled and stored now; left: to
     compile on first launch (not cachable, or failed: failures, name -> why);
-    seconds: wall time of the compile; workers: processes used."""
+    seconds: wall time of the compile; workers: processes used; stopped: the error that
+    ended the dry run early (its garbage met a check: what was noted still compiles)."""
     noted: int = 0
     loaded: int = 0
     cached: int = 0
@@ -47,13 +48,15 @@ class Summary:
     failures: dict = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
     workers: int = 0
+    stopped: str = ""
 
     def __str__(self):
         return (f"nbdnn precompile: {self.noted} kernel signatures: {self.loaded} loaded, "
                 f"{self.cached} cached, {self.compiled} compiled in {self.seconds:.1f} s "
                 f"by {self.workers} processes, {self.left} left to compile on first launch"
                 + (f" ({len(self.failures)} failed; the first: "
-                   f"{next(iter(self.failures.items()))})" if self.failures else ""))
+                   f"{next(iter(self.failures.items()))})" if self.failures else "")
+                + (f"; the dry run stopped early: {self.stopped}" if self.stopped else ""))
 
 
 def compile_noted(noted, workers=None):
@@ -176,11 +179,20 @@ def _link_and_store(folder, job, ptx, cc):
 def precompile(fn, *args, workers=None, **kwargs):
     """Run fn(*args, **kwargs) as a dry run (its nbdnn launches noted, nothing computed:
     its results are garbage) and compile what it needs into the kernel cache in
-    parallel (compile_noted); returns the Summary. Run the workload for real after."""
+    parallel (compile_noted); returns the Summary. An error the garbage causes (a check
+    of a value, a shape read from one) ends the dry run there and is reported in the
+    Summary (`stopped`), not raised: what was noted compiles. Run the workload for real
+    after."""
     from .kernel import dry_run
+    stopped = ""
     with dry_run() as noted:
-        fn(*args, **kwargs)
-    return compile_noted(noted, workers)
+        try:
+            fn(*args, **kwargs)
+        except Exception as e:  # (garbage met a check: compile what was noted so far)
+            stopped = f"{type(e).__name__}: {str(e)[:200]}"
+    s = compile_noted(noted, workers)
+    s.stopped = stopped
+    return s
 
 
 def compile_registered(workers=None):
