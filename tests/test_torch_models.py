@@ -288,10 +288,12 @@ def test_decoders_convert_their_own_layer_classes(name, device, dtype, tol, loss
     report = _check(native, ids, loss, logits, tol, loss_tol, steps=5)
     model, _ = nt.convert(native)
     assert nt.flop_share(native, model, ids).on_nbdnn == 1.0
-    if name == "gpt2":  # (one projection left native: its addmm, named, and its share)
+    if name == "gpt2":  # (one projection left native: its addmm, named, and its share;
+        # under functional_calls, which takes torch.addmm with a bias, on nbdnn again)
         part, _ = nt.convert(native, exclude=["transformer.h.0.mlp.c_fc"])
-        share = nt.flop_share(native, part, ids)
-        assert set(share.by_op) == {"aten.addmm"} and 0.8 < share.on_nbdnn < 1.0, share
+        assert nt.flop_share(native, part, ids).on_nbdnn == 1.0
+        share = nt.flop_share(native, part, ids, functional=False)
+        assert "aten.addmm" in share.by_op and 0.5 < share.on_nbdnn < 1.0, share
     kinds = {t for _, t in report.converted}
     want = {"Conv1D", "NewGELUActivation", "LayerNorm"} if name == "gpt2" else \
         {"Linear", "LlamaRMSNorm", "SiLUActivation"}

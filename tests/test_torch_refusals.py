@@ -147,6 +147,40 @@ def test_inplace_on_a_leaf_that_requires_grad_is_refused_as_by_pytorch():
             f.relu(torch.ones(3, requires_grad=True), inplace=True)
 
 
+def test_functional_calls_take_products_with_a_weight():
+    """Under functional_calls: x @ W, torch.matmul, Tensor.matmul, torch.addmm(b, x, W)
+    and Tensor.addmm run on nbdnn (one GEMM, W read as stored) with PyTorch's values and
+    gradients; a batched or 1-d other, addmm with beta or alpha, and mixed dtypes run
+    PyTorch's own call, counted native (mixed dtypes raise PyTorch's error)."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
+    cases = [lambda: torch.matmul(x, w), lambda: x @ w, lambda: x.matmul(w),
+             lambda: torch.addmm(b, x[0], w), lambda: b.addmm(x[0], w),
+             lambda: torch.addmm(b[:1], x[0], w),  # (a one-element bias, broadcast)
+             lambda: torch.matmul(x[0, 0], w),  # (a vector times the weight)
+             lambda: torch.matmul(x, x.transpose(1, 2)), lambda: torch.matmul(x, w[:, 0]),
+             lambda: torch.addmm(b, x[0], w, beta=2.0)]
+    for i, case in enumerate(cases):
+        with nt.functional_calls() as calls:
+            got = case()
+        want = case()
+        on_nbdnn = i < 7
+        assert sum(calls.nbdnn.values()) == int(on_nbdnn), (i, calls.report())
+        assert sum(calls.native.values()) == int(not on_nbdnn), (i, calls.report())
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        grads = [torch.autograd.grad(y.square().sum(), (x, w, b), allow_unused=True)
+                 for y in (got, want)]
+        for a, c in zip(*grads):
+            assert (a is None) == (c is None)
+            if a is not None:
+                torch.testing.assert_close(a, c, rtol=1e-12, atol=1e-12)
+    with nt.functional_calls() as calls, pytest.raises(RuntimeError):
+        torch.matmul(x, w.float())
+    assert sum(calls.native.values()) == 1
+
+
 def test_functional_calls_keep_a_positional_dtype_and_report_what_stayed_native():
     x = torch.randn(2, 5)
     with nt.functional_calls() as calls:

@@ -11,8 +11,8 @@ import torch
 from torch.library import custom_op
 
 import nbdnn
-from ._bridge import call, arr, channels_last, direct, new, on_cpu, register_autograd, \
-    run, run_as, stream_of, tensor
+from ._bridge import call, arr, channels_last, direct, new, on_cpu, plain_eager, \
+    register_autograd, run, run_as, stream_of, tensor
 
 Tensor = torch.Tensor
 
@@ -77,9 +77,9 @@ def _batch_norm_eager(x, w, b, running_mean, running_var, training, momentum, ep
     contiguous are advanced in place by nbdnn's kernel and returned as the advanced ones
     (nbdnn.torch.batch_norm then copies nothing); the op itself (the dispatcher's path:
     torch.compile, opcheck) must not mutate its inputs and copies them."""
-    if not training or any(r is not None and (r.dtype != _stat_dtype(x) or
-                                              not r.is_contiguous())
-                           for r in (running_mean, running_var)):
+    if not training or not plain_eager(x) or any(
+            r is not None and (r.dtype != _stat_dtype(x) or not r.is_contiguous() or
+                               not plain_eager(r)) for r in (running_mean, running_var)):
         return _batch_norm_run(x, w, b, running_mean, running_var, training, momentum, eps,
                                **fused)
     y, mean, invstd = run_as(nbdnn.batch_norm_train, x, x, w, b, running_mean, running_var,

@@ -8,7 +8,7 @@ import torch
 from .._vocab import ACTIVATION_MODES
 from ..errors import BadParamError, ShapeError
 from ..ops.activation import fused_coef
-from ._bridge import DTYPES, call, advance as _advance, compiling, functorch
+from ._bridge import DTYPES, call, advance as _advance, compiling, functorch, plain_eager
 from ._args import any_autocast, autocast as _autocast, check as _check, \
     conv_geometry as _conv_geometry, positive_eps as _eps, ints as _tuple, normalized as _normalized, \
     ready as _ready, unsupported as _unsupported, in_place as _in_place
@@ -161,6 +161,41 @@ def linear_in_out(input, weight, bias=None):
     if input.dim() == 1:
         return call(_linear, input.unsqueeze(0), weight, bias, True).squeeze(0)
     return call(_linear, input, weight, bias, True)
+
+
+def matmul(input, other):
+    """torch.matmul where other is a matrix (a layer's weight, (K, N)): input (..., K)
+    @ other as one GEMM reading other as stored (linear_in_out's). A 1-d or batched
+    other is a NotSupportedError: under functional_calls() PyTorch's own matmul runs it,
+    counted native."""
+    if not isinstance(other, torch.Tensor) or other.dim() != 2:
+        _unsupported("matmul", f"other of {getattr(other, 'ndim', '?')} dims (nbdnn.torch's "
+                     "matmul takes a matrix: a layer's weight)")
+    _same_dtype("matmul", input, other)
+    return linear_in_out(input, other)
+
+
+def addmm(input, mat1, mat2, *, beta=1, alpha=1):
+    """torch.addmm as a layer computes it (transformers' Conv1D, GPT-2's projections):
+    mat1 (M, K) @ mat2 (K, N) + input, input a bias of N (or 1) elements, beta and
+    alpha 1: one GEMM with its bias in the epilogue. Anything else is a
+    NotSupportedError (under functional_calls(): PyTorch's addmm, counted native)."""
+    if beta != 1 or alpha != 1 or not isinstance(input, torch.Tensor) or input.dim() > 1 or \
+            mat1.dim() != 2 or mat2.dim() != 2:
+        _unsupported("addmm", "other than a bias of N elements, mat1 and mat2 matrices, "
+                     "beta and alpha 1")
+    _same_dtype("addmm", input, mat1, mat2)
+    bias = input.expand(mat2.shape[1]) if input.numel() == 1 and mat2.shape[1] != 1 else input
+    return linear_in_out(mat1, mat2, bias.contiguous())
+
+
+def _same_dtype(fn, *tensors):
+    """PyTorch's products refuse mixed dtypes outside autocast (their own error, under
+    functional_calls(): nbdnn declines, PyTorch's call raises it)."""
+    if not any_autocast() and len({t.dtype for t in tensors}) > 1:
+        from ..errors import DtypeError
+        raise DtypeError(f"nbdnn.torch.{fn}: operands of one dtype (as PyTorch's); got "
+                         f"{[str(t.dtype) for t in tensors]}")
 
 
 def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
@@ -351,8 +386,9 @@ def _advanced(outs, running_mean, running_var, training):
     if training:
         with torch.no_grad():
             for buf, new in ((running_mean, new_mean), (running_var, new_var)):
-                if buf is not None and new.data_ptr() != buf.data_ptr():  # (an eager call
-                    # advanced the buffer itself: _ops_norm._batch_norm_eager)
+                if buf is not None and not (plain_eager(new) and
+                                            new.data_ptr() == buf.data_ptr()):  # (an eager
+                    # call advanced the buffer itself: _ops_norm._batch_norm_eager)
                     _advance(buf, new)
     return y
 
@@ -477,4 +513,4 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
     "torch", "call", "activation", "conv", "lrn", "DTYPES", "draw_seed", "DtypeError",
     "NotSupportedError", "ShapeError", "BadParamError", "ACTIVATION_MODES", "fused_coef",
-    "activation_in_place")]
+    "activation_in_place", "plain_eager")]

@@ -34,7 +34,11 @@ MAP.update({torch.relu: nf.relu, torch.sigmoid: nf.sigmoid, torch.tanh: nf.tanh,
             torch.softmax: _softmax, torch.log_softmax: _log_softmax,
             torch.conv1d: nf.conv1d, torch.conv2d: nf.conv2d, torch.conv3d: nf.conv3d,
             torch.Tensor.softmax: _softmax, torch.Tensor.log_softmax: _log_softmax,
-            torch.Tensor.relu: nf.relu})
+            torch.Tensor.relu: nf.relu,
+            # products with a layer's weight: x @ W, torch.matmul(x, W), addmm(b, x, W)
+            torch.matmul: nf.matmul, torch.Tensor.matmul: nf.matmul,
+            torch.Tensor.__matmul__: nf.matmul, torch.addmm: nf.addmm,
+            torch.Tensor.addmm: nf.addmm})
 # torch.nn.functional's other functions: seen and left to PyTorch (the report says so)
 OTHERS = {getattr(F, n) for n in dir(F) if not n.startswith("_") and
           callable(getattr(F, n)) and getattr(F, n) not in MAP and

@@ -202,9 +202,9 @@ def compile_registered(workers=None):
     or a machine's kernels ahead of their first launches. Returns the Summary."""
     import importlib
     import pkgutil
-    from ... import __path__ as cuda_path
     from .kernel import REGISTRY
-    for m in pkgutil.walk_packages(cuda_path, "nbdnn.cuda."):
+    cuda_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for m in pkgutil.walk_packages([cuda_dir], "nbdnn.cuda."):
         mod = importlib.import_module(m.name)
         if hasattr(mod, "ptx_examples") and not SIMULATOR:  # (the simulator builds
             mod.ptx_examples()                                 # no inline PTX)
