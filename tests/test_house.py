@@ -3,7 +3,7 @@ functions count, and so does a module importing its own package's __init__):
 no import circles; cpu/ and cuda/ never import ops/, ops/ reaches the backends only
 through nbdnn.backend (their dispatch tables); numba only under cuda/; no import from a
 lower layer up; no private name (a leading underscore) used outside its module
-(docs/DESIGN.md). Files and folders are sized by their ideas, not by counts."""
+(docs/DESIGN.md); every global a function reads exists once its module is imported. Files and folders are sized by their ideas, not by counts."""
 import ast
 import os
 
@@ -184,3 +184,64 @@ def test_no_run_names_in_library_code():
            for path, _ in MODS.values()
            for i, line in enumerate(open(path), 1) if run.search(line)]
     assert not bad, "\n".join(bad)
+
+
+# functions whose globals are bound elsewhere: (module, function) -> why
+BOUND_ELSEWHERE = {
+    ("nbdnn.cuda.matmul.tensor_core_gemm.split_k", "_splitk_sum"):
+        "compiled from its source into a namespace that binds act_fn (splitk_sum)",
+}
+
+
+def test_every_global_a_function_reads_exists():
+    """Each name a function of nbdnn reads as a global (LOAD_GLOBAL) is its module's or a
+    builtin once the module is imported: a helper deleted or renamed while a caller
+    still names it fails here, not at its first call. (The simulator never runs the
+    GPU's launch path: a refactor that dropped kernel.py's launcher passed every CPU
+    test and failed every GPU launch.) The functions checked are the module's own, as
+    imported (functions, classes' methods, and the functions inside them), so a branch
+    the simulator did not define is not read."""
+    import builtins
+    import dis
+    import importlib
+    import inspect
+    import types
+
+    def codes(co):
+        yield co
+        for c in co.co_consts:
+            if isinstance(c, types.CodeType):
+                yield from codes(c)
+
+    def functions(mod):
+        for obj in vars(mod).values():
+            if getattr(obj, "__module__", None) != mod.__name__:
+                continue
+            if inspect.isfunction(obj):
+                yield obj
+            elif inspect.isclass(obj):
+                for attr in vars(obj).values():
+                    f = getattr(attr, "__func__", attr)
+                    f = getattr(f, "fget", f)
+                    if inspect.isfunction(f):
+                        yield f
+    missing = []
+    for name in sorted(_modules()):
+        if name.endswith("__main__"):
+            continue
+        try:
+            mod = importlib.import_module(name)
+        except ImportError as e:  # (an optional peer: torch, matplotlib)
+            if "torch" in str(e) or "matplotlib" in str(e):
+                continue
+            raise
+        known = set(vars(mod)) | set(dir(builtins))
+        for fn in functions(mod):
+            if fn.__code__.co_filename != mod.__file__ or \
+                    (name, fn.__qualname__.split(".")[0]) in BOUND_ELSEWHERE:
+                continue  # (a wrapper's code from elsewhere: contextlib's, namedtuple's)
+            for co in codes(fn.__code__):
+                for ins in dis.get_instructions(co):
+                    if ins.opname == "LOAD_GLOBAL" and ins.argval not in known:
+                        missing.append(f"{name}.{co.co_qualname}: {ins.argval}")
+    assert not missing, missing
