@@ -164,3 +164,42 @@ def test_torchvision_blocks_run_fused(name):
     block.bn1.register_forward_hook(lambda m, a, o: seen.append(o.shape))
     model(x)
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize("act,fused", [("relu", "relu"), ("silu", "swish"),
+                                       ("hard_swish", "hardswish"), ("gelu", None)])
+def test_timm_batch_norm_act_runs_fused(act, fused):
+    """timm's BatchNormAct2d with no drop and a ReLU, SiLU or Hardswish runs as one fused
+    batch norm (others, a drop layer or a hooked activation: batch norm, then the
+    children), with native's outputs, gradients and running statistics in float64."""
+    pytest.importorskip("timm")
+    from timm.layers import BatchNormAct2d
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 5, 5, dtype=torch.float64)
+    for variant in ("plain", "drop", "hooked"):
+        net = BatchNormAct2d(6, act_layer=act, drop_layer=torch.nn.Dropout
+                             if variant == "drop" else None).double()
+        if variant == "drop":
+            net.drop.p = 0.0  # (deterministic: a dropout module all the same)
+        model, _ = nt.convert(net)
+        if variant == "hooked":
+            model.act.register_forward_hook(lambda m, a, o: None)
+        calls = []
+        real = nt.functional.batch_norm_act
+        nt.functional.batch_norm_act = lambda *a, **k: calls.append(k["activation"]) or \
+            real(*a, **k)
+        try:
+            for training in (True, False):
+                net.train(training), model.train(training)
+                xs = [x.clone().requires_grad_() for _ in range(2)]
+                ys = [m(t) for m, t in zip((net, model), xs)]
+                torch.testing.assert_close(ys[1], ys[0], rtol=1e-12, atol=1e-12)
+                gs = [torch.autograd.grad(y.square().sum(), (t, m.weight, m.bias))
+                      for y, t, m in zip(ys, xs, (net, model))]
+                torch.testing.assert_close(gs[1], gs[0], rtol=1e-10, atol=1e-10)
+        finally:
+            nt.functional.batch_norm_act = real
+        torch.testing.assert_close(model.running_var, net.running_var, rtol=1e-12,
+                                   atol=1e-12)
+        want = [fused] * 2 if fused and variant == "plain" else []
+        assert calls == want, (variant, calls)

@@ -64,7 +64,7 @@ class Linear(nn.Linear):
         return nf.linear(input, self.weight, self.bias)
 
 
-def batch_norm(m, input, residual=None, activation=None):
+def batch_norm(m, input, residual=None, activation=None, coef=None):
     """A batch norm module m's forward on nbdnn: torch's _BatchNorm.forward, its
     statistics logic (the running statistics' factor, which statistics normalise);
     with an activation, act(m(input) + residual) in one pass (nf.batch_norm_act)."""
@@ -79,7 +79,7 @@ def batch_norm(m, input, residual=None, activation=None):
     if activation is None:
         return nf.batch_norm(input, *stats, m.weight, m.bias, use_batch, factor, m.eps)
     return nf.batch_norm_act(input, *stats, m.weight, m.bias, use_batch, factor, m.eps,
-                             residual=residual, activation=activation)
+                             residual=residual, activation=activation, coef=coef)
 
 
 class _BatchNorm:

@@ -22,8 +22,9 @@ changes a forward leaves the layer native, and convert's report says why.
   (functional.batch_norm_act: one pass forward, one backward) where the block holds
   plain BatchNorm2d and ReLU modules; with a hook on a child, or other children, the
   block's own forward runs.
-- timm's BatchNormAct2d (batch norm, then its drop and act children, converted on their
-  own), LayerNorm, LayerNorm2d (over the channels of NCHW, through NHWC views), Linear,
+- timm's BatchNormAct2d: with no drop and a ReLU, SiLU or Hardswish, one fused batch
+  norm (functional.batch_norm_act); else batch norm, then its drop and act children,
+  converted on their own, LayerNorm, LayerNorm2d (over the channels of NCHW, through NHWC views), Linear,
   and its activation classes GELU, GELUTanh, Swish, HardSwish, HardSigmoid, Sigmoid,
   Tanh (inplace as theirs).
 """
@@ -85,7 +86,25 @@ def _basic_block(self, x):  # (torchvision.models.resnet.BasicBlock's forward, f
     return modules.batch_norm(self.bn2, out, identity, "relu")
 
 
-def _batch_norm_act(self, x):
+def _fused_mode(act):
+    """(nbdnn's mode, coef) of an activation module batch norm can fuse (exact ReLU,
+    SiLU, Hardswish, converted or not, unhooked), "" for Identity, else None."""
+    if act._forward_hooks or act._forward_pre_hooks:
+        return None
+    t = type(act)
+    base = t.__mro__[1] if t in (modules.ReLU, modules.SiLU, modules.Hardswish) else t
+    return {torch.nn.ReLU: ("relu", None), torch.nn.SiLU: ("swish", 1.0),
+            torch.nn.Hardswish: ("hardswish", None), torch.nn.Identity: ""}.get(base)
+
+
+def _batch_norm_act(self, x):  # (timm's BatchNormAct2d: with no drop and an activation
+    # nbdnn fuses, one fused batch norm forward and backward)
+    mode = _fused_mode(self.act) if type(self.drop) is torch.nn.Identity and not (
+        self.drop._forward_hooks or self.drop._forward_pre_hooks) else None
+    if mode == "":
+        return modules.batch_norm(self, x)
+    if mode is not None and x.dim() == 4:
+        return modules.batch_norm(self, x, activation=mode[0], coef=mode[1])
     return self.act(self.drop(modules.batch_norm(self, x)))
 
 
