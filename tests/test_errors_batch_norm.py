@@ -28,7 +28,7 @@ S = np.ones(3, np.float32)
     (lambda: nbdnn.batch_norm_train(X[:0]), ShapeError, "x.shape"),
     (lambda: nbdnn.batch_norm_train(X, residual=np.ones((2, 3), np.float32)), ShapeError,
      "residual"),
-    (lambda: nbdnn.batch_norm_train(X, activation="softmax"), BadParamError, "mode"),
+    (lambda: nbdnn.batch_norm_train(X, activation="softmax"), BadParamError, "activation"),
     (lambda: nbdnn.batch_norm_infer(X, P, P, S, S.astype(np.float64)), DtypeError, "var.dtype"),
     (lambda: nbdnn.batch_norm_infer(X, P, P, S, np.ones(2, np.float32)), ShapeError,
      "var.shape"),

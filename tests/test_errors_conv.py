@@ -34,7 +34,7 @@ X, W = np.ones((1, 4, 5, 5), F32), np.ones((6, 4, 3, 3), F32)
     (lambda: nbdnn.conv2d(X, W, residual=np.ones((1, 6, 5, 5), F32)), ShapeError,
      "residual.shape"),
     (lambda: nbdnn.conv2d(X, W, beta=1.0), BadParamError, "beta"),
-    (lambda: nbdnn.conv2d(X, W, activation="nope"), BadParamError, "mode"),
+    (lambda: nbdnn.conv2d(X, W, activation="nope"), BadParamError, "activation"),
     (lambda: nbdnn.conv1d(X, W), ShapeError, "x.ndim"),
     (lambda: nbdnn.conv2d(X, W, out=np.ones((1, 6, 5, 5), F32)), ShapeError, "out.shape"),
     (lambda: nbdnn.conv_backward_data(np.ones((1, 6, 3, 3), F32), W, (1, 4, 5)),

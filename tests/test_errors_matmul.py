@@ -24,7 +24,7 @@ A, B = np.ones((3, 4), F32), np.ones((4, 5), F32)
     (lambda: nbdnn.matmul(A.astype(np.int32), B), DtypeError, "a"),
     (lambda: nbdnn.matmul(A, B, bias=np.ones(4, F32)), ShapeError, "bias.shape"),
     (lambda: nbdnn.matmul(A, B, bias=np.ones(5, np.float64)), DtypeError, "bias.dtype"),
-    (lambda: nbdnn.matmul(A, B, activation="swishy"), BadParamError, "mode"),
+    (lambda: nbdnn.matmul(A, B, activation="swishy"), BadParamError, "activation"),
     (lambda: nbdnn.matmul(A, B, trans_a=1), BadParamError, "trans_a"),
     (lambda: nbdnn.matmul(A, B, out=np.ones((3, 4), F32)), ShapeError, "out.shape"),
     (lambda: nbdnn.matmul_backward(np.ones((3, 4), F32), A, B), ShapeError, "dc.shape"),

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 nt = pytest.importorskip("nbdnn.torch")
-from nbdnn.errors import BadParamError, ShapeError  # noqa: E402
+from nbdnn.errors import BadParamError, DtypeError, ShapeError  # noqa: E402
 
 F = torch.nn.functional
 ACTS = {"relu": lambda t: F.relu(t), "swish": lambda t: F.silu(t),
@@ -119,7 +119,7 @@ def test_batch_norm_act_refusals():
     x, w, b, r, _ = _case(False, True)
     with pytest.raises(ShapeError, match="residual"):
         nt.batch_norm_act(x, None, None, w, b, True, residual=r[:, :3])
-    with pytest.raises(ShapeError, match="residual"):
+    with pytest.raises(DtypeError, match="residual"):
         nt.batch_norm_act(x, None, None, w, b, True, residual=r.float())
     with pytest.raises(BadParamError, match="activation"):
         nt.batch_norm_act(x, None, None, w, b, True, activation="nope")

@@ -36,6 +36,7 @@ def fused_coef(op, activation, coef):
             fail(BadParamError, op, "coef", "None without an activation (it is the "
                  "activation's parameter)", repr(coef))
         return 0.0
+    choice(op, "activation", activation, MODES)  # (named as the fusing op names it)
     return _coef(op, activation, coef)
 
 

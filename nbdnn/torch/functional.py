@@ -5,8 +5,7 @@ Where nbdnn cannot give PyTorch's meaning the call is a NotSupportedError naming
 argument, never a silent difference; see nbdnn/torch/__init__.py for the list."""
 import torch
 
-from .._vocab import ACTIVATION_MODES
-from ..errors import BadParamError, ShapeError
+from ..errors import BadParamError, DtypeError, ShapeError
 from ..ops.activation import fused_coef
 from ._bridge import DTYPES, call, advance as _advance, compiling, functorch, plain_eager
 from ._args import any_autocast, autocast as _autocast, check as _check, \
@@ -193,7 +192,6 @@ def _same_dtype(fn, *tensors):
     """PyTorch's products refuse mixed dtypes outside autocast (their own error, under
     functional_calls(): nbdnn declines, PyTorch's call raises it)."""
     if not any_autocast() and len({t.dtype for t in tensors}) > 1:
-        from ..errors import DtypeError
         raise DtypeError(f"nbdnn.torch.{fn}: operands of one dtype (as PyTorch's); got "
                          f"{[str(t.dtype) for t in tensors]}")
 
@@ -322,14 +320,13 @@ def batch_norm_act(input, running_mean, running_var, weight=None, bias=None, tra
     the mode's default). Its backward is one pass too (in training; an inference-mode
     call that is differentiated runs the three ops apart)."""
     input, weight, bias = _ready("batch_norm_act", "batch_norm", input, weight, bias)
-    if residual is not None:
-        if any_autocast():
-            (residual,) = _autocast("batch_norm_act", residual)
-        if residual.shape != input.shape or residual.dtype != input.dtype:
-            raise ShapeError(f"nbdnn.torch.batch_norm_act: residual must have input's shape "
-                             f"{tuple(input.shape)} and dtype {input.dtype}; got "
-                             f"{tuple(residual.shape)}, {residual.dtype}")
-    coef = _fused_coef(activation, coef)
+    if residual is not None and residual.shape != input.shape:
+        raise ShapeError(f"nbdnn.torch.batch_norm_act: residual must have input's shape "
+                         f"{tuple(input.shape)}; got {tuple(residual.shape)}")
+    if residual is not None and residual.dtype != input.dtype:
+        raise DtypeError(f"nbdnn.torch.batch_norm_act: residual must have input's dtype "
+                         f"{input.dtype}; got {residual.dtype}")
+    coef = float(fused_coef("batch_norm_act", activation, coef))
     grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                             for t in (input, weight, bias, residual))
     if (not training and grads) or input.numel() == 0:  # (no fused backward there)
@@ -343,13 +340,6 @@ def batch_norm_act(input, running_mean, running_var, weight=None, bias=None, tra
                 bool(training), float(momentum), _eps("batch_norm_act", eps), activation,
                 coef)
     return _advanced(outs, running_mean, running_var, training)
-
-
-def _fused_coef(activation, coef):
-    if activation not in ACTIVATION_MODES:
-        raise BadParamError(f"nbdnn.torch.batch_norm_act: activation must be one of "
-                            f"{ACTIVATION_MODES}; got {activation!r}")
-    return float(fused_coef("batch_norm_act", activation, coef))
 
 
 def _batch_norm_checks(fn, input, running_mean, running_var, weight, bias, training,
@@ -512,5 +502,5 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
     "torch", "call", "activation", "conv", "lrn", "DTYPES", "draw_seed", "DtypeError",
-    "NotSupportedError", "ShapeError", "BadParamError", "ACTIVATION_MODES", "fused_coef",
+    "NotSupportedError", "ShapeError", "BadParamError", "fused_coef",
     "activation_in_place", "plain_eager")]

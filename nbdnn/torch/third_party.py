@@ -53,18 +53,22 @@ def _llama_rms_norm(self, hidden_states):
     return self.weight * y.to(dtype)
 
 
+def _plain(m, torch_cls):
+    """m is exactly torch_cls or nbdnn's replacement of it, and no hook (its own or a
+    global one) would see it called: a fused forward that does not call m as a module
+    may stand for it."""
+    from torch.nn.modules import module as mm
+    return type(m) in (torch_cls, modules.REPLACEMENTS.get(torch_cls)) and not (
+        m._forward_hooks or m._forward_pre_hooks or mm._global_forward_hooks or
+        mm._global_forward_pre_hooks)
+
+
 def _fusable(block):
-    """Whether a torchvision ResNet block's children are what the fused forward assumes
-    (exact BatchNorm2d and ReLU, converted or not) and none is hooked (the fused
-    forward does not call them as modules); else its own forward runs."""
-    if torch.nn.modules.module._global_forward_hooks or \
-            torch.nn.modules.module._global_forward_pre_hooks:
-        return False
+    """Whether a torchvision ResNet block's batch norms and ReLU are plain (_plain): the
+    fused forward's assumption; else its own forward runs."""
     bns = [block.bn1, block.bn2] + ([block.bn3] if hasattr(block, "bn3") else [])
-    return all(type(b) in (torch.nn.BatchNorm2d, modules.BatchNorm2d) and
-               not (b._forward_hooks or b._forward_pre_hooks) for b in bns) and \
-        type(block.relu) in (torch.nn.ReLU, modules.ReLU) and \
-        not (block.relu._forward_hooks or block.relu._forward_pre_hooks)
+    return all(_plain(b, torch.nn.BatchNorm2d) for b in bns) and \
+        _plain(block.relu, torch.nn.ReLU)
 
 
 def _bottleneck(self, x):  # (torchvision.models.resnet.Bottleneck's forward, fused)
@@ -86,21 +90,21 @@ def _basic_block(self, x):  # (torchvision.models.resnet.BasicBlock's forward, f
     return modules.batch_norm(self.bn2, out, identity, "relu")
 
 
+FUSED = {torch.nn.ReLU: ("relu", None), torch.nn.SiLU: ("swish", 1.0),
+         torch.nn.Hardswish: ("hardswish", None)}  # activations batch norm fuses
+
+
 def _fused_mode(act):
-    """(nbdnn's mode, coef) of an activation module batch norm can fuse (exact ReLU,
-    SiLU, Hardswish, converted or not, unhooked), "" for Identity, else None."""
-    if act._forward_hooks or act._forward_pre_hooks:
-        return None
-    t = type(act)
-    base = t.__mro__[1] if t in (modules.ReLU, modules.SiLU, modules.Hardswish) else t
-    return {torch.nn.ReLU: ("relu", None), torch.nn.SiLU: ("swish", 1.0),
-            torch.nn.Hardswish: ("hardswish", None), torch.nn.Identity: ""}.get(base)
+    """(nbdnn's mode, coef) of a plain (_plain) activation batch norm can fuse, "" for a
+    plain Identity, else None."""
+    if _plain(act, torch.nn.Identity):
+        return ""
+    return next((mode for cls, mode in FUSED.items() if _plain(act, cls)), None)
 
 
 def _batch_norm_act(self, x):  # (timm's BatchNormAct2d: with no drop and an activation
     # nbdnn fuses, one fused batch norm forward and backward)
-    mode = _fused_mode(self.act) if type(self.drop) is torch.nn.Identity and not (
-        self.drop._forward_hooks or self.drop._forward_pre_hooks) else None
+    mode = _fused_mode(self.act) if _plain(self.drop, torch.nn.Identity) else None
     if mode == "":
         return modules.batch_norm(self, x)
     if mode is not None and x.dim() == 4:
@@ -196,7 +200,7 @@ def register(cls, forward):
     it with nbdnn.torch's functions; it may call self's parameters and children, which
     convert also visits). A later register of cls replaces the earlier forward; a class
     nbdnn replaces itself (torch.nn's, FORMS's) can be registered too, and the
-    registration wins. Returns cls, so it also works as a decorator's helper:
+    registration wins. Returns cls.
 
         nbdnn.torch.register(MyRMSNorm, lambda self, x: nbdnn.torch.rms_norm(
             x, (x.shape[-1],), self.weight, self.eps))

@@ -117,6 +117,12 @@ def _cc():
     return cuda.get_current_device().compute_capability
 
 
+def _arch(cc):
+    """cc with numba's arch-specific suffix ("a" from sm_90 on, as its code library adds
+    on the GPU)."""
+    return (cc[0], cc[1], "a" if tuple(cc[:2]) >= (9, 0) else "")
+
+
 def _worker_init(cc):
     """A forked worker's numba asks no device for the compute capability (the
     dispatcher's and the code library's queries answer cc; numba's code library adds
@@ -124,7 +130,7 @@ def _worker_init(cc):
     import types
     import numba.cuda.dispatcher as dispatcher
     from numba.cuda import codegen
-    full = (cc[0], cc[1], "a" if tuple(cc) >= (9, 0) else "")
+    full = _arch(cc)
     dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=cc)
     codegen.CUDACodeLibrary._ensure_cc = lambda self, c: c if c is not None else full
 
@@ -163,14 +169,14 @@ def _link_and_store(folder, job, ptx, cc):
             cubin = texts
         else:
             linker = driver._Linker(max_registers=max_registers,
-                                    cc=(cc[0], cc[1], "a" if tuple(cc) >= (9, 0) else ""),
+                                    cc=_arch(cc),
                                     lto=False)
             for text in texts:
                 linker.add_ptx(text.encode())
             cubin = linker.complete()
-        header = {"key": full, "kernel": kernel.name, "sig": sig, "cc": list(cc),
-                  "entry": entry}
-        kernel_cache.write(folder, path, header, bytes(getattr(cubin, "code", cubin)))
+        kernel_cache.write(folder, path, dict(kernel_cache.header(kernel, sig, cc, full),
+                                              entry=entry),
+                           bytes(getattr(cubin, "code", cubin)))
     except Exception as e:
         return f"link: {type(e).__name__}: {str(e)[:300]}"
     return None

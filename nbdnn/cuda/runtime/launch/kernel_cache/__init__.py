@@ -51,7 +51,7 @@ from .store import (KernelCacheWarning, clear, directory, entries, evict, max_by
 from .key import OUTSIDE_KERNELS, Uncachable, key, tree_hash
 
 __all__ = ["KernelCacheWarning", "OUTSIDE_KERNELS", "Uncachable", "argument_types", "clear",
-           "compiled", "directory", "entries", "entry", "evict", "file_name", "key",
+           "compiled", "directory", "entries", "entry", "evict", "file_name", "header", "key",
            "max_bytes", "storable",
            "path_for", "read", "tree_hash", "usable", "write"]
 
@@ -66,7 +66,7 @@ def compiled(kernel, sig):
         cc = _cc()
         path, full = entry(folder, kernel, sig, cc)
         if full:
-            expected = {"key": full, "kernel": kernel.name, "sig": sig, "cc": list(cc)}
+            expected = header(kernel, sig, cc, full)
             found = read(path, expected)
             if found is not None:
                 return _load(*found), argument_types(sig)
@@ -79,6 +79,12 @@ def compiled(kernel, sig):
         except OSError as e:  # (a full disk or a read-only folder: run uncached)
             warn(f"kernel cache entry {path} not written ({e})")
     return handle, kern.argument_types
+
+
+def header(kernel, sig, cc, full_key):
+    """What an entry's header must say of kernel's signature sig (its entry name beside
+    it when written)."""
+    return {"key": full_key, "kernel": kernel.name, "sig": sig, "cc": list(cc)}
 
 
 def storable(lib):
