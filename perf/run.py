@@ -36,7 +36,8 @@ SHARDS = int(os.environ.get("SHARDS", "14"))  # JIT is CPU-bound: the machine ha
 LIMIT_S = int(os.environ.get("LIMIT_S", "540"))  # each process's wall-clock limit
 # the suite's processes, by test selection: the kernels' JIT dominates, so each holds
 # kernel families apart (a process compiles only its own) and the slow ones are split
-# (test_gpu's spill tests compile 63 GEMM/conv kernels; the tensor-core tests ~270 variants)
+# (test_gpu's spill tests compile ~200 kernels, each family's at once by worker processes;
+# the tensor-core tests ~270 variants)
 SUITE = (
     ("crosscheck-rows", ["tests/test_crosscheck.py", "-k", "softmax or reduce or activation"]),
     ("crosscheck-mm", ["tests/test_crosscheck.py", "-k", "(matmul or conv) and not bfloat16"]),
@@ -54,7 +55,9 @@ SUITE = (
     ("gpu-spill-c", ["tests/test_gpu.py", "-k",
                      "spill_at_most and igemm_chunked and not igemm_chunked_t"]),
     ("gpu-spill-i", ["tests/test_gpu.py", "-k", "spill_at_most and igemm and not igemm_chunked"]),
-    ("gpu-rest", ["tests/test_gpu.py", "-k", "not (bit_identical or spill_at_most)"]),
+    ("gpu-spill-rows", ["tests/test_gpu.py", "-k", "do_not_spill"]),
+    ("gpu-rest", ["tests/test_gpu.py", "-k",
+                  "not (bit_identical or spill_at_most or do_not_spill)"]),
 )
 # apart from the suite: test_ptx (CI compiles for sm_80/90), the tensor-core tests (~270
 # kernel variants, ~30 min of JIT: `tests tests/test_tensorcore*.py` in their own call)

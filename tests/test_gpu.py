@@ -132,13 +132,23 @@ def test_reduce_past_2_31_elements():
     del x
 
 
+def _resources(pairs):
+    """Each (kernel, signature)'s resources, the kernels first compiled at once by
+    worker processes into the kernel cache (precompile.compile_noted): one process
+    compiling a family's ~60 kernels one after another outgrew a device call."""
+    from nbdnn.cuda.runtime.launch.precompile import compile_noted
+    pairs = list(pairs)
+    compile_noted(pairs)
+    return [kernel.resources(sig) for kernel, sig in pairs]
+
+
 def test_hot_kernels_do_not_spill():
     from nbdnn.cuda import activation as A
-    for mode in ("relu", "gelu", "gelu_tanh", "softplus"):
-        for table in (A._FORWARD, A._BACKWARD):
-            kernel, sig = table[mode, np.dtype("float32")]
-            res = kernel.resources(sig)
-            assert res["local_bytes"] == 0, (mode, res)
+    keys = [(mode, table) for mode in ("relu", "gelu", "gelu_tanh", "softplus")
+            for table in (A._FORWARD, A._BACKWARD)]
+    found = _resources(table[mode, np.dtype("float32")] for mode, table in keys)
+    for (mode, _), res in zip(keys, found):
+        assert res["local_bytes"] == 0, (mode, res)
 
 
 def test_softmax_register_rows_do_not_spill():
@@ -147,11 +157,11 @@ def test_softmax_register_rows_do_not_spill():
     exception: the forward 8-vector kernel at 64 registers spills 8-24 B and is still
     faster than at any spill-free cap (32 warps an SM; docs/decisions.md "softmax_caps")."""
     from nbdnn.cuda import softmax as S
-    for (name, dtype), (kernel, sig) in S._KERNELS.items():
-        if name.startswith(("rows_", "fused")):
-            res = kernel.resources(sig)
-            allowed = 32 if name == "rows_fwd_v8" and dtype != "float64" else 0
-            assert res["local_bytes"] <= allowed, (name, dtype, res)
+    rows = [(key, pair) for key, pair in S._KERNELS.items()
+            if key[0].startswith(("rows_", "fused"))]
+    for ((name, dtype), _), res in zip(rows, _resources(pair for _, pair in rows)):
+        allowed = 32 if name == "rows_fwd_v8" and dtype != "float64" else 0
+        assert res["local_bytes"] <= allowed, (name, dtype, res)
 
 
 # kernel families, one test each: compiling all 63 kernels in one process outgrew a
@@ -174,18 +184,18 @@ def test_gemm_and_depthwise_kernels_spill_at_most_as_measured(family):
     from nbdnn.cuda import conv as CV, matmul as MM
     prefixes = _SPILL_FAMILIES[family]
     if prefixes is None:
-        for (size, dtype), (kernel, sig, _) in MM._KERNELS.items():
+        keys = list(MM._KERNELS)
+        found = _resources(MM._KERNELS[key][:2] for key in keys)
+        for (size, dtype), res in zip(keys, found):
             allowed = 32 if size == "large" and dtype != "float64" else 0
-            assert kernel.resources(sig)["local_bytes"] <= allowed, (size, dtype)
+            assert res["local_bytes"] <= allowed, (size, dtype)
         return
     names = [(n, d) for (n, d) in CV._KERNELS if n.startswith(prefixes)]
     assert names
-    for name, dtype in names:
-        kernel, sig = CV._KERNELS[name, dtype]
+    for (name, dtype), res in zip(names, _resources(CV._KERNELS[key] for key in names)):
         capped = name.startswith("igemm_chunked") and name.endswith("_large") and \
             dtype != "float64"
-        assert kernel.resources(sig)["local_bytes"] <= (200 if capped else 0), \
-            (name, dtype)
+        assert res["local_bytes"] <= (200 if capped else 0), (name, dtype)
 
 
 def test_norm_pool_and_batch_norm_kernels_do_not_spill():
@@ -196,23 +206,26 @@ def test_norm_pool_and_batch_norm_kernels_do_not_spill():
     whose SASS on the H200 has none: this test on the GPU decides.)"""
     from nbdnn.cuda import batch_norm as BN, norm as NM, pool as PL
     from nbdnn.cuda.runtime.launch import kernel as _launch
-    for table in (NM._KERNELS, BN.KERNELS, PL._KERNELS):
-        for (name, dtype), (kernel, sig) in table.items():
-            assert kernel.resources(sig)["local_bytes"] == 0, (name, dtype)
-    for kernel in (k for k in _launch.REGISTRY if k.name == "pool_fwd_fast"):
-        assert kernel.resources(kernel.sigs[0])["local_bytes"] == 0, kernel.sigs[0]
+    keys = [key for table in (NM._KERNELS, BN.KERNELS, PL._KERNELS) for key in table]
+    pairs = [pair for table in (NM._KERNELS, BN.KERNELS, PL._KERNELS)
+             for pair in table.values()]
+    pairs += [(k, k.sigs[0]) for k in _launch.REGISTRY if k.name == "pool_fwd_fast"]
+    keys += [("pool_fwd_fast", sig) for _, sig in pairs[len(keys):]]
+    for key, res in zip(keys, _resources(pairs)):
+        assert res["local_bytes"] == 0, key
 
 
 def test_depthwise_row_kernels_do_not_spill():
     """The depthwise row kernel at its largest register use (most rows a thread, every
     dtype) holds its loads in registers."""
     from nbdnn.cuda.conv import depthwise_rows as DR
-    for dtype in ("float16", "float32", "float64"):
-        ct = "float64" if dtype == "float64" else "float32"
-        for geometry, rpt in (((3, 3, 1, 1, 1, 1, 0), 8), ((3, 3, 2, 2, 1, 1, 1), 7),
-                              ((5, 5, 1, 1, 1, 1, 0), 7)):
-            kernel, sig = DR.kernel(dtype, ct, geometry, rpt)
-            assert kernel.resources(sig)["local_bytes"] == 0, (dtype, geometry, rpt)
+    keys = [(dtype, geometry, rpt) for dtype in ("float16", "float32", "float64")
+            for geometry, rpt in (((3, 3, 1, 1, 1, 1, 0), 8), ((3, 3, 2, 2, 1, 1, 1), 7),
+                                  ((5, 5, 1, 1, 1, 1, 0), 7))]
+    found = _resources(DR.kernel(d, "float64" if d == "float64" else "float32", g, r)
+                       for d, g, r in keys)
+    for key, res in zip(keys, found):
+        assert res["local_bytes"] == 0, key
 
 
 @pytest.mark.parametrize("shape", [(-1, 1), (2, 1, -1)])

@@ -333,9 +333,23 @@ class Kernel:
                                f"its signature {sig!r} has {_param_count(sig)}")
 
     def resources(self, sig):
-        """Registers, local memory (spills) and shared memory of the compiled kernel."""
-        attrs = self.dispatcher.compile(sig)._codelibrary.get_cufunc().attrs
-        return {"regs": attrs.regs, "local_bytes": attrs.local, "shared_bytes": attrs.shared}
+        """Registers, local memory (spills) and static shared memory of the compiled
+        kernel, as the driver reports them for the function `launch` runs (loaded from
+        the kernel cache when it is there: a spill test over a family's kernels costs
+        no JIT after `nbdnn cache warm`)."""
+        handle = ctypes.c_void_p(self.compile(sig).handle)
+        value = ctypes.c_int()
+
+        def attribute(code):  # CUfunction_attribute
+            rc = libcuda.cuFuncGetAttribute(ctypes.byref(value), code, handle)
+            if rc:
+                from ....errors import DeviceError
+                raise DeviceError(f"{self.name}: cuFuncGetAttribute({code}) failed: "
+                                  f"{error_name(rc)}")
+            return value.value
+        # 4: NUM_REGS, 3: LOCAL_SIZE_BYTES, 1: SHARED_SIZE_BYTES
+        return {"regs": attribute(4), "local_bytes": attribute(3),
+                "shared_bytes": attribute(1)}
 
     def launch(self, sig, grid, block, stream, *args, shmem=0, owners=()):
         """Run the kernel: grid/block ints or 3-tuples, stream a CUstream handle (int).
