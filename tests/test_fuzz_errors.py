@@ -135,6 +135,9 @@ def _mutate(spec, case, kind, data):
     elif kind == "reversed":
         if not a.ndim:
             return None
+        if i in IN_PLACE_ARGS.get(spec.ops[0], ()):
+            strided.add(i)  # (updated in place: a device copy would hide the view, so
+            # the CUDA call gets a strided view too, and both refuse it)
         args[i] = a[..., ::-1]
     elif kind == "read_only":
         v = a.copy()

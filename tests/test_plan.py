@@ -250,6 +250,21 @@ def test_plans_share_the_threads_workspace_and_survive_its_growth():
     assert sum(type(s) is Plan for s in _states()) == 2
 
 
+def test_a_call_whose_workspaces_are_empty_replays():
+    """A zero-row rms_norm allocates zero-byte workspaces: its plan still gets a buffer
+    (an address to bake in) and replays the full call's empty answer."""
+    from nbdnn.cuda.runtime.capture import plan_record as _plan_record
+    _plan.clear()
+    x = np.zeros((0, 8), np.float32)
+    scale = np.ones(8, np.float32)
+    want = nbdnn.rms_norm(x, scale)[0]  # (y, the rows' inverse rms)
+    for _ in range(5):
+        got = nbdnn.rms_norm(cuda.to_device(x), cuda.to_device(scale))[0]
+        assert got.copy_to_host().shape == want.shape == (0, 8)
+    assert sum(type(s) is Plan for s in _states()) == 1
+    assert _plan_record.workspace.get(cuda.to_device(x), 0) is not None
+
+
 def test_torch_tensors_replay_with_new_outputs():
     """torch tensors in: a plan allocates each new output with new_empty (x's dtype)
     or torch.empty (another dtype: dropout's uint8 mask), on x's device."""

@@ -206,8 +206,9 @@ class _Workspace(threading.local):
     def get(self, like, nbytes):
         d = device_key()
         buffer, have = self.buffers.get(d, (None, 0))
-        if nbytes > have:
-            have = max(nbytes, 2 * have)
+        if nbytes > have or buffer is None:  # (a call whose workspaces are all empty,
+            # a zero-row norm's, still gets a buffer: its address is baked in)
+            have = max(nbytes, 2 * have, _ALIGN)
             buffer = allocate(like, (have,), np.uint8)
             self.buffers[d] = buffer, have
         return buffer
