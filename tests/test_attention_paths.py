@@ -156,3 +156,26 @@ def test_forced_variants_are_never_planned():
     with launched() as names:
         nbdnn.scaled_dot_product_attention(q, k, v)
     assert any(n.startswith("attention_rows") for n in names), names
+
+
+def test_flash_takes_boolean_masks_and_dropout_over_whole_key_groups():
+    """flash.takes (the tensor-core kernels' features; the GPU decides the rest): no mask
+    or a boolean one, not an additive one; dropout only where Sk % 4 == 0 (a Philox
+    call's 4 words are 4 adjacent keys of one row); 16-bit, D = Dv in 64, 128."""
+    import ml_dtypes
+    from nbdnn.cuda.attention import flash
+    from nbdnn.cuda.attention.geometry import geometry
+
+    def geo(Sk=256, D=64, Dv=64, mask=None, p=0.0, dtype=ml_dtypes.bfloat16):
+        q = np.zeros((1, 2, 32, D), dtype)
+        k, v = np.zeros((1, 2, Sk, D), dtype), np.zeros((1, 2, Sk, Dv), dtype)
+        m = None if mask is None else np.zeros((1, 1, 32, Sk), mask)
+        return flash.takes(np.dtype(dtype).name, geometry(
+            q, k, v, np.zeros((1, 2, 32, Dv), dtype), m, p, False, None, 7, 0, "BHSD", 0, 0,
+            "ieee"))
+    assert geo() and geo(mask=bool) and geo(p=0.1) and geo(mask=bool, p=0.5, D=128, Dv=128)
+    assert not geo(mask=ml_dtypes.bfloat16)     # additive: gemm.py
+    assert not geo(mask=np.float32)
+    assert geo(Sk=255) and not geo(Sk=255, p=0.1) and not geo(Sk=254, p=0.1)
+    assert not geo(D=32, Dv=32) and not geo(Dv=128)
+    assert not geo(dtype=np.float32)

@@ -20,6 +20,25 @@ def test_philox_known_answers(ctr, key, expect):
     assert tuple(int(w) for w in philox4x32_10(*ctr, *key)) == expect
 
 
+@pytest.mark.parametrize("ctr, key, expect", KAT)
+def test_device_philox_in_32_bit_words_gives_the_known_answers(ctr, key, expect):
+    """nbdnn.cuda.dropout.philox4x32_10_u32 (the flash attention kernels' generator)."""
+    from nbdnn.cuda import cuda
+    from nbdnn.cuda.dropout import philox4x32_10_u32
+    from numba import types
+
+    @cuda.jit
+    def draw(args, out):
+        u = types.uint32
+        w = philox4x32_10_u32(u(args[0]), u(args[1]), u(args[2]), u(args[3]), u(args[4]),
+                              u(args[5]))
+        for i in range(4):
+            out[i] = w[i]
+    out = cuda.to_device(np.zeros(4, np.uint32))
+    draw[1, 1](cuda.to_device(np.array(ctr + key, np.uint32)), out)
+    assert tuple(int(w) for w in out.copy_to_host()) == expect
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_keep_rate_is_binomial(p):
     n = 1 << 18

@@ -8,7 +8,7 @@ memory-bound. Words are held in uint64 (numba's mixed int64/uint64 arithmetic wo
 go to float64); a 32-bit word is masked after every add.
 """
 import numpy as np
-from numba import cuda, float32, float64
+from numba import cuda, float32, float64, types
 
 from .runtime.simulator import SIMULATOR
 from .runtime.memory.arrays import dtype_name, empty, ptr, size, vector_aligned
@@ -32,6 +32,26 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
         p0 = _M0 * c0
         p1 = _M1 * c2
         c0, c1, c2, c3 = (p1 >> _S32) ^ c1 ^ k0, p1 & _MASK, (p0 >> _S32) ^ c3 ^ k1, p0 & _MASK
+    return c0, c1, c2, c3
+
+
+_U32, _U64 = types.uint32, types.uint64
+_W0_32, _W1_32 = np.uint32(W0), np.uint32(W1)
+
+
+@cuda.jit(device=True)
+def philox4x32_10_u32(c0, c1, c2, c3, k0, k1):
+    """philox4x32_10 in 32-bit words (uint32 in, uint32 out): each round's two products
+    are one 32 x 32 -> 64-bit multiply each (IMAD.WIDE.U32), the state 6 registers, not
+    12: for kernels that draw inside a register-bound loop (the flash attention ones)."""
+    for r in range(10):
+        if r > 0:
+            k0 = _U32(k0 + _W0_32)
+            k1 = _U32(k1 + _W1_32)
+        p0 = _M0 * _U64(c0)
+        p1 = _M1 * _U64(c2)
+        c0, c1, c2, c3 = _U32(_U32(p1 >> _S32) ^ c1 ^ k0), _U32(p1), \
+            _U32(_U32(p0 >> _S32) ^ c3 ^ k1), _U32(p0)
     return c0, c1, c2, c3
 
 

@@ -10,15 +10,18 @@ and keys past the tensor are TMA's zeros, masked where they would count; causal 
 past a query tile's last row are never loaded.
 
 Where it runs (`usable`): float16 / bfloat16 q, k, v with head dims D = Dv = 64 or 128,
-no attn_mask, no dropout, a positive scale, Sq > 16 (fewer queries: decode.py), sm_90;
-everything else (and the simulator) runs the other variants (attention/__init__.py).
+no mask or a boolean one (an additive mask: gemm.py), dropout where Sk % 4 == 0 (a
+Philox call's 4 words on 4 adjacent keys: flash_source.py), a positive scale, Sq > 16
+(fewer queries: decode.py), sm_90; everything else (and the simulator) runs the other
+variants (attention/__init__.py). A boolean mask and dropout are compiled into their own
+kernels (flash_source.source's masked, dropped), so a call without them pays nothing.
 Causal, grouped-query heads, seq_lens_q / seq_lens_k and both layouts run here: BHSD tensors are mapped as (B*H,
 S, D), BSHD as (B, S, H*D), so neither is transposed.
 """
 import math
 
 import numpy as np
-from numba import types
+from numba import cuda, types
 from numba.cuda import libdevice
 
 from ..runtime.memory.arrays import dtype_name, ptr
@@ -26,6 +29,7 @@ from ..runtime.launch.codegen import compile_source
 from ..runtime.device import sm_count
 from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
+from ..dropout import philox4x32_10_u32
 from ..tensorcore.asm import instruction, smem_address
 from ..tensorcore.mma import cvt_bf16x2, cvt_f16x2
 from ..tensorcore.tensormap import encoded
@@ -61,13 +65,77 @@ PERSISTENT = {64: 4096, 128: 1 << 62}
 TILES = {64: (128, 4), 128: (128, 2)}  # D -> (BN keys a tile, K/V stages)
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16"}
+# (3 tensor maps, o's 16-bit pairs, lse, the lengths, Hq .. total; the boolean mask's
+# bytes and strides, the dropout's threshold, factor, offset and seed: read only by the
+# masked / dropped kernels)
 SIG = ("void(uint64, uint64, uint64, uint32[::1], float32[::1], int64[::1], int64[::1], "
        "int64, int64, int64, int64, int64, int64, int64, int64, float32, int64, int64, int64, "
-       "int64)")
+       "int64, uint8[::1], int64, int64, int64, int64, uint64, float32, uint64, uint64, uint64, "
+       "uint64)")
 
 
 ex2 = instruction("ex2.approx.ftz.f32 $0, $1;", types.float32, types.float32,
                   "2^x, one MUFU instruction (2 ulp; -inf -> +0, flushes denormals).")
+
+
+_NEG = types.float32(-np.inf)
+_S32, _TWO = np.uint64(32), np.uint64(2)
+_U32, _I32 = types.uint32, types.int32
+
+
+# The features' per-score work as device functions: inlined by NVVM, but one call in the
+# generated source instead of a branch a score (numba's control-flow analysis of a
+# kernel with thousands of branches exceeds Python's recursion limit).
+@cuda.jit(device=True)
+def masked_score(s, inside, mb, at):
+    """s where the score is inside the live keys and its mask byte attends, else -inf."""
+    if inside and mb[at] != 0:
+        return s
+    return _NEG
+
+
+@cuda.jit(device=True)
+def _draw(g, off_lo, off_hi, key_lo, key_hi):
+    """The 4 words of Philox call g (a uint64 counter) of the dropout's stream."""
+    return philox4x32_10_u32(_U32(g), _U32(g >> _S32), _U32(off_lo), _U32(off_hi),
+                             _U32(key_lo), _U32(key_hi))
+
+
+@cuda.jit(device=True)
+def pair_keep(g, ev, thr, kscale, off_lo, off_hi, key_lo, key_hi):
+    """The keep factors (kscale or 0) of a lane's 2 columns on rows r0 and r1 (f0, f1;
+    f2, f3) from Philox call g, this lane's row (r0 if ev, else r1): the lane pair
+    swaps the words of the other's row (flash_source.py's module docstring)."""
+    w0, w1, w2, w3 = _draw(g, off_lo, off_hi, key_lo, key_hi)
+    t0 = _U32(cuda.shfl_xor_sync(0xFFFFFFFF, _I32(w2 if ev else w0), 1))
+    t1 = _U32(cuda.shfl_xor_sync(0xFFFFFFFF, _I32(w3 if ev else w1), 1))
+    z = types.float32(0)
+    return (kscale if (w0 if ev else t0) < thr else z, kscale if (w1 if ev else t1) < thr else z,
+            kscale if (t0 if ev else w2) < thr else z, kscale if (t1 if ev else w3) < thr else z)
+
+
+@cuda.jit(device=True)
+def pick(w0, w1, w2, w3, n):
+    """w_n of four values (n a lane's own: selects, no local array)."""
+    return w0 if n == 0 else (w1 if n == 1 else (w2 if n == 2 else w3))
+
+
+@cuda.jit(device=True)
+def quad_keep(g, kl, src1, src2, src3, thr, kscale, off_lo, off_hi, key_lo, key_hi):
+    """The keep factors of a dkv lane's 4 pairs (query e, key row rr) = (x % 2, x // 2),
+    x = 0..3, from the 4 lanes of its key group, lane kl's Philox call g being pair kl's
+    (flash_bwd_source.py's module docstring): in round t this lane reads word kl of the
+    call of lane (kl + t) % 4 (src_t), which sends word (its kl - t) % 4."""
+    w0, w1, w2, w3 = _draw(g, off_lo, off_hi, key_lo, key_hi)
+    v0 = pick(w0, w1, w2, w3, kl)
+    v1 = _U32(cuda.shfl_sync(0xFFFFFFFF, _I32(pick(w0, w1, w2, w3, (kl - 1) & 3)), src1))
+    v2 = _U32(cuda.shfl_sync(0xFFFFFFFF, _I32(pick(w0, w1, w2, w3, (kl - 2) & 3)), src2))
+    v3 = _U32(cuda.shfl_sync(0xFFFFFFFF, _I32(pick(w0, w1, w2, w3, (kl - 3) & 3)), src3))
+    z = types.float32(0)
+    return (kscale if pick(v0, v1, v2, v3, (0 - kl) & 3) < thr else z,
+            kscale if pick(v0, v1, v2, v3, (1 - kl) & 3) < thr else z,
+            kscale if pick(v0, v1, v2, v3, (2 - kl) & 3) < thr else z,
+            kscale if pick(v0, v1, v2, v3, (3 - kl) & 3) < thr else z)
 
 
 def namespace(kind):
@@ -76,6 +144,8 @@ def namespace(kind):
     return dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
                 F32=types.float32, NEG=types.float32(-np.inf), LN2=types.float32(math.log(2)),
                 FULL=0xFFFFFFFF, math=math, fmaxf=libdevice.fmaxf, ex2=ex2,
+                U64=types.uint64, TWO=_TWO, masked_score=masked_score,
+                pair_keep=pair_keep, quad_keep=quad_keep,
                 cvt=cvt_bf16x2 if kind == "bf16" else cvt_f16x2,
                 mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
                 setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
@@ -86,15 +156,16 @@ def namespace(kind):
                 mbarrier_try_wait_parity=mbarrier_try_wait_parity)
 
 
-def kernel(dtype, D, variant=None, persistent=False):
+def kernel(dtype, D, variant=None, persistent=False, masked=False, dropped=False):
     """The forward Kernel for dtype, head dim D (TILES), variant (VARIANT[D] unless
-    given) and persistence, built on first use."""
+    given), persistence, a boolean mask and dropout, built on first use."""
     variant = variant or VARIANT[D]
-    key = dtype, D, variant, persistent
+    key = dtype, D, variant, persistent, masked, dropped
     if key not in _KERNELS:
         kind = KINDS[dtype]
         BN, stages = TILES[D]
-        name, src = fs.source(kind, D, BN, stages, variant != "F1", variant == "F3", persistent)
+        name, src = fs.source(kind, D, BN, stages, variant != "F1", variant == "F3", persistent,
+                              masked, dropped)
         ns = dict(namespace(kind), mma_qk=wgmma(BN, kind), mma_pv=wgmma_rs(D, kind, 1))
         shmem = fs.shared_bytes(D, BN, stages)
         fn = compile_source(name, src, ns, about={
@@ -102,8 +173,9 @@ def kernel(dtype, D, variant=None, persistent=False):
                       f"stages, 1 producer + 2 consumer warpgroups, wgmma m64n{BN}k16 (S) "
                       f"and m64n{D}k16 with P in registers (O)",
             "traffic": f"a key tile: {4 * BN * D} B in, {4 * fs.BM * BN * D} flops",
-            "why": f"variant {variant}{', persistent' if persistent else ''} (flash.py: "
-                   "VARIANT, PERSISTENT)"})
+            "why": f"variant {variant}{', persistent' if persistent else ''}"
+                   f"{', a boolean mask' if masked else ''}{', dropout' if dropped else ''} "
+                   "(flash.py: VARIANT, PERSISTENT)"})
         _KERNELS[key] = Kernel(fn, [SIG], arch="sm_90a", shared_bytes=shmem,
                                     max_registers=MAX_REGS)
     return _KERNELS[key]
@@ -112,23 +184,36 @@ def kernel(dtype, D, variant=None, persistent=False):
 _KERNELS = {}
 
 
-def fits(q, k, v, attn_mask, dropout_p, scale, D, Dv):
-    """Whether the tensor-core kernels (this forward, flash_bwd's) can run the call: 16-bit
-    data, D = Dv in TILES, no mask, no dropout, a positive scale, sm_90, TMA's 16-byte
-    aligned bases (row strides are D * 2 bytes)."""
+def takes(dtype, geo):
+    """Whether the kernels' features cover the call (geo: geometry.Geometry): 16-bit
+    data, D = Dv in TILES, no mask or a boolean one, dropout only where Sk % 4 == 0, a
+    positive scale."""
+    return dtype in KINDS and geo.D == geo.Dv and geo.D in TILES and \
+        geo.mask_kind in (0, 1) and (not geo.dropped or geo.Sk % 4 == 0) and geo.scale > 0
+
+
+def fits(q, k, v, geo):
+    """Whether the tensor-core kernels (this forward, flash_bwd's) can run the call: takes,
+    on sm_90, with TMA's 16-byte aligned bases (row strides are D * 2 bytes)."""
     from ..matmul import tensor_cores
-    return not SIMULATOR and dtype_name(q) in KINDS and D == Dv and D in TILES and \
-        attn_mask is None and dropout_p == 0 and scale > 0 and tensor_cores() and \
+    return not SIMULATOR and takes(dtype_name(q), geo) and tensor_cores() and \
         all(ptr(t) % 16 == 0 for t in (q, k, v))
 
 
-def usable(q, k, v, attn_mask, dropout_p, scale, Sq, D, Dv):
+def usable(q, k, v, geo):
     """Whether this forward runs the call (module docstring): more than 16 queries."""
-    return Sq > 16 and fits(q, k, v, attn_mask, dropout_p, scale, D, Dv)
+    return geo.Sq > 16 and fits(q, k, v, geo)
 
 
-def forward(q, k, v, o, lse, lq, lk, geo, layout, stream):
-    """Launch the kernel (geo: the call's geometry.Geometry)."""
+def features(geo, mb):
+    """(masked, dropped) of the call and the kernels' trailing arguments: the boolean
+    mask (mb; a stand-in without one) and its strides, the dropout's stream."""
+    return (geo.masked, geo.dropped), (mb, *geo.mask[1:], *geo.dropout)
+
+
+def forward(q, k, v, o, lse, lq, lk, mb, geo, layout, stream):
+    """Launch the kernel (geo: the call's geometry.Geometry; mb: the boolean mask's
+    bytes, or a stand-in the kernel does not read)."""
     B, Hq, G, Sq, Sk, D = geo[:6]
     ob, oh, orow = geo.o_strides
     causal, scale, (has_lq, has_lk) = geo.causal, geo.scale, geo.lengths
@@ -139,19 +224,21 @@ def forward(q, k, v, o, lse, lq, lk, geo, layout, stream):
     BN = TILES[D][0]
     maps = [encoded(ptr(t), shp, dtype, (1, rows, 64), "128B", stream, t)
             for t, shp, rows in ((q, shapes[0], fs.BM), (k, shapes[1], BN), (v, shapes[1], BN))]
-    persistent = not causal and Sk <= PERSISTENT[D]
-    kern = kernel(dtype, D, "F1" if persistent else None, persistent)
+    persistent = not causal and Sk <= PERSISTENT[D] and not geo.dropped  # (a persistent
+    # tile loop with dropout's draws spills 150-230 B; the plain loop 16-28 B)
+    feat, tail = features(geo, mb)
+    kern = kernel(dtype, D, "F1" if persistent else None, persistent, *feat)
     total = B * Hq * -(-Sq // fs.BM)
     grid = min(total, sm_count()) if persistent else total  # (one block an SM fits)
     kern.launch(SIG, grid, THREADS, stream, *(m[0] for m in maps),
                 (ptr(o), B * Hq * Sq * D // 2), lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk,
-                causal, int(bhsd), float(scale * math.log2(math.e)), ob, oh, orow, total,
+                causal, int(bhsd), float(scale * math.log2(math.e)), ob, oh, orow, total, *tail,
                 shmem=kern.shared_bytes, owners=tuple(m[1] for m in maps) + (o,))
 
 
 def ptx_examples():
-    """Both head dims in bfloat16, the three variants, and both head dims persistent
-    (tests/test_ptx.py compiles them for sm_90a; float16's kernels differ only
+    """Both head dims in bfloat16, the three variants, both head dims persistent, and a
+    boolean mask with dropout in two of them (tests/test_ptx.py compiles them for sm_90a; float16's kernels differ only
     in their conversions' names, and a compile costs CI 20-40 s)."""
     for D in (64, 128):
         kernel("bfloat16", D)
@@ -159,3 +246,5 @@ def ptx_examples():
         kernel("bfloat16", 128, variant)
     for D in (64, 128):
         kernel("bfloat16", D, "F1", True)
+    kernel("bfloat16", 64, None, False, True, True)  # (F3 with both features: the most
+    kernel("bfloat16", 128, None, True, True, False)  # registers; F1 persistent, masked)

@@ -4,8 +4,9 @@ recomputing P from the forward's lse (FlashAttention-2's algorithm; dQ by a seco
 rather than atomics, so reruns are bit-identical). delta = rowsum(dO o) comes first,
 from simt.py's delta kernel.
 
-Where it runs (`usable`): flash.py's limits (16-bit, D = Dv = 64 or 128, no mask, no
-dropout, positive scale) with ON set; otherwise simt.py's exact kernels.
+Where it runs (`usable`): flash.py's limits (16-bit, D = Dv = 64 or 128, no mask or a
+boolean one, dropout where Sk % 4 == 0, positive scale); otherwise gemm.py's or
+simt.py's kernels.
 
 Measured (H200): tests/test_attention_flash.py's backward rows pass (every feature, both
 head dims, bit-identical reruns), racecheck clean; bf16 backward 123-207 TFLOP/s,
@@ -25,21 +26,25 @@ from . import flash, flash_bwd_source as fb
 
 STAGES = {64: 4, 128: 3}  # D -> streamed stages (flash_bwd_source.shared_bytes)
 _TAIL = ("int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int64, int64, "
-         "float32, float32, int64, int64, int64)")
-# (4 tensor maps, lse and delta, the gradients' 16-bit pairs: dk and dv, or dq, then _TAIL)
+         "float32, float32, int64, int64, int64, uint8[::1], int64, int64, int64, int64, uint64, "
+         "float32, uint64, uint64, uint64, uint64)")
+# (4 tensor maps, lse and delta, the gradients' 16-bit pairs: dk and dv, or dq, then _TAIL:
+# the lengths .. the strides of the gradient, the boolean mask and dropout as flash.SIG's)
 SIG_DKV = "void(uint64, uint64, uint64, uint64, float32[::1], float32[::1], uint32[::1], " \
     "uint32[::1], " + _TAIL
 SIG_DQ = "void(uint64, uint64, uint64, uint64, float32[::1], float32[::1], uint32[::1], " + _TAIL
 _KERNELS = {}
 
 
-def kernel(which, dtype, D):
-    """The "dkv" or "dq" Kernel for dtype and head dim D, built on first use."""
-    key = which, dtype, D
+def kernel(which, dtype, D, masked=False, dropped=False):
+    """The "dkv" or "dq" Kernel for dtype and head dim D, with a boolean mask and
+    dropout compiled in or not, built on first use."""
+    key = which, dtype, D, masked, dropped
     if key not in _KERNELS:
         kind = flash.KINDS[dtype]
-        stages, st = STAGES[D], fb.step_of(which, D)
-        name, src = (fb.dkv_source if which == "dkv" else fb.dq_source)(kind, D, stages)
+        stages, st = STAGES[D], fb.step_of(which, D, dropped)
+        name, src = (fb.dkv_source if which == "dkv" else fb.dq_source)(kind, D, stages,
+                                                                         (masked, dropped))
         ns = dict(flash.namespace(kind), mma_s=wgmma(st, kind),
                   mma_rs=wgmma_rs(D, kind, 1),
                   LOG2E=types.float32(math.log2(math.e)), INF=types.float32(np.inf))
@@ -55,45 +60,47 @@ def kernel(which, dtype, D):
     return _KERNELS[key]
 
 
-def usable(q, k, v, attn_mask, dropout_p, scale, D, Dv, more):
+def usable(q, k, v, geo, more):
     """Whether these kernels run the call: the forward's limits (flash.fits), and
     TMA's 16-byte aligned bases for the `more` arrays too (do)."""
-    return flash.fits(q, k, v, attn_mask, dropout_p, scale, D, Dv) and \
-        all(ptr(t) % 16 == 0 for t in more)
+    return flash.fits(q, k, v, geo) and all(ptr(t) % 16 == 0 for t in more)
 
 
-def backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, geo, layout, stream):
+def backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, mb, geo, layout, stream):
     """dK, dV then dQ (geo: the call's geometry.Geometry; dl the rows' delta, float32
-    like lse)."""
+    like lse; mb the boolean mask's bytes, or a stand-in the kernels do not read)."""
     B, Hq, G, Sq, Sk, D = geo[:6]
     qs, ks = (geo.qb, geo.qh, geo.qi), (geo.kb, geo.kh, geo.kj)
     causal, scale, (has_lq, has_lk) = geo.causal, geo.scale, geo.lengths
     dtype, Hk, bhsd = dtype_name(q), Hq // G, layout == "BHSD"
     shq, shk = ((B * Hq, Sq, D), (B * Hk, Sk, D)) if bhsd else ((B, Sq, Hq * D), (B, Sk, Hk * D))
     rows = B * Hq * Sq
-    st = fb.step_of("dkv", D)
+    st = fb.step_of("dkv", D, geo.dropped)
 
     def maps(tensors):
         return [encoded(ptr(t), shp, dtype, (1, r, 64), "128B", stream, t)
                 for t, shp, r in tensors]
     common = (lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, causal, int(bhsd),
               float(scale * math.log2(math.e)), float(scale))
+    feat, tail = flash.features(geo, mb)
     m = maps(((k, shk, fb.BLOCK), (v, shk, fb.BLOCK), (q, shq, st), (do, shq, st)))
-    kern = kernel("dkv", dtype, D)
+    kern = kernel("dkv", dtype, D, *feat)
     kern.launch(SIG_DKV, B * Hk * -(-Sk // fb.BLOCK), flash.THREADS, stream, *(x[0] for x in m),
                 lse, dl, (ptr(dk), B * Hk * Sk * D // 2), (ptr(dv), B * Hk * Sk * D // 2),
-                *common, *ks,
+                *common, *ks, *tail,
                 shmem=kern.shared_bytes, owners=tuple(x[1] for x in m) + (dk, dv))
     m = maps(((q, shq, fb.BLOCK), (do, shq, fb.BLOCK), (k, shk, fb.STEP), (v, shk, fb.STEP)))
-    kern = kernel("dq", dtype, D)
+    kern = kernel("dq", dtype, D, *feat)
     kern.launch(SIG_DQ, B * Hq * -(-Sq // fb.BLOCK), flash.THREADS, stream, *(x[0] for x in m),
-                lse, dl, (ptr(dq), rows * D // 2), *common, *qs,
+                lse, dl, (ptr(dq), rows * D // 2), *common, *qs, *tail,
                 shmem=kern.shared_bytes, owners=tuple(x[1] for x in m) + (dq,))
 
 
 def ptx_examples():
     """Both kernels at both head dims in bfloat16 (float16's differ only in the names of
-    their conversions; a compile costs CI 20-40 s)."""
+    their conversions; a compile costs CI 20-40 s), and both at D 128 with a boolean mask
+    and dropout."""
     for which in ("dkv", "dq"):
         for D in (64, 128):
             kernel(which, "bfloat16", D)
+        kernel(which, "bfloat16", 128, True, True)

@@ -30,6 +30,16 @@ The producer warpgroup's one thread loads the resident tiles once and streams th
 consumers release a stage after their last product that reads it. Masked pairs (key
 past seq_lens_k, query past seq_lens_q, causal) get P = dS = 0 by selection.
 
+A boolean mask and dropout (flash_source.py) are compiled in where a call has them
+(`masked`, `dropped`): a False mask byte is one more masked pair; with dropout
+(Sk % 4 == 0) dV takes P' = P keep / (1 - p) and dS = P (dP keep / (1 - p) - delta), the
+keep factors drawn as the forward drew them. In dq a lane pair shares a Philox call's
+4 adjacent keys as in the forward; in dkv, whose lanes hold 2 queries of a key, the 4
+lanes of keys 4a .. 4a + 3 (lanes c + 4 kl, kl = 0..3) each make one call a column
+group j, for the 4 (query, key row) pairs (e, rr) = (kl % 2, kl // 2), and pass each
+lane its word by 3 shuffles (in round t lane kl reads from lane (kl + t) % 4 the word kl
+of that lane's call): st / 8 calls a thread a step, none wasted.
+
 Traffic (dkv, D 128, a step of st = 32 queries): 2 x 32 x 128 x 2 B + 256 B in, 4
 products of 2 x 64 x 32 x 128 flops per warpgroup: 4.2 MFLOP a block for 16.6 KB.
 """
@@ -38,12 +48,16 @@ from .flash_source import REGS
 BLOCK = 128   # the resident tile's rows (keys in dkv, queries in dq): 2 warpgroups of 64
 STEP = 64     # the streamed tile's rows (queries in dkv, keys in dq) ...
 STEP_DKV = {64: 64, 128: 32}  # ... but dkv's at D 128: 64 would spill (140 B: dK, dV
-#                               and a 64 x 64 S^T, dP^T in 240 registers)
+#                               and a 64 x 64 S^T, dP^T in 240 registers), and with
+#                               dropout at D 64 (its draws: 64 B at 64, none at 32)
 
 
-def step_of(which, D):
-    """The streamed tile's rows of kernel "dkv" or "dq" at head dim D."""
-    return STEP_DKV[D] if which == "dkv" else STEP
+def step_of(which, D, dropped=False):
+    """The streamed tile's rows of kernel "dkv" or "dq" at head dim D (dropped: with
+    dropout)."""
+    if which == "dq":
+        return STEP
+    return 32 if dropped else STEP_DKV[D]
 
 
 def shared_bytes(D, stages, st=STEP):
@@ -88,22 +102,50 @@ def _rs_lines(pairs, ind, st):
     return L
 
 
-def _grad_lines(ind, masked, L_of, dl_of, pack_p, st):
+def _grad_lines(ind, masked, L_of, dl_of, pack_p, st, feat=(False, False), keep=None):
     """sv, dp (m64n64 accumulators: S and dP) -> p = exp2(s sl - L), dS = p (dp - delta), zeros where
-    masked(k) holds (masked tiles only), packed into ap (P, if pack_p) and ad (dS)."""
-    n = st // 2
-    L = [f"{ind}if need:"]
-    for k in range(n):
-        L += [f"{ind}    z{k} = {masked(k)}",
-              f"{ind}    p{k} = F32(0) if z{k} else ex2(cuda.fma(sv[{k}], sl, -{L_of(k)}))",
-              f"{ind}    d{k} = F32(0) if z{k} else p{k} * (dp[{k}] - {dl_of(k)})"]
-    L += [f"{ind}else:"]
-    for k in range(n):
-        L += [f"{ind}    p{k} = ex2(cuda.fma(sv[{k}], sl, -{L_of(k)}))",
-              f"{ind}    d{k} = p{k} * (dp[{k}] - {dl_of(k)})"]
-    if pack_p:
-        L += [f"{ind}ap{k} = cvt(p{2 * k}, p{2 * k + 1})" for k in range(n // 2)]
-    return L + [f"{ind}ad{k} = cvt(d{2 * k}, d{2 * k + 1})" for k in range(n // 2)]
+    masked(k) holds (masked tiles only; every tile with a boolean mask), packed into ap
+    (P, if pack_p) and ad (dS); dropped: times the keep factors f{k} that keep(j, ind)'s
+    lines make for pairs 4j .. 4j + 3 (_keep_lines). A column group j at a time: its
+    factors, scores and packed pairs, so few values are live at once."""
+    boolean, dropped = feat
+    f = (lambda k: f" * f{k}") if dropped else (lambda k: "")
+
+    def body(sub, check):
+        L = []
+        for j in range(st // 8):
+            L += keep(j, sub) if dropped else []
+            for k in range(4 * j, 4 * j + 4):
+                if check:
+                    L += [f"{sub}z{k} = {masked(k)}",
+                          f"{sub}p{k} = F32(0) if z{k} else ex2(cuda.fma(sv[{k}], sl, -{L_of(k)}))",
+                          f"{sub}d{k} = F32(0) if z{k} else p{k} * (dp[{k}]{f(k)} - {dl_of(k)})"]
+                else:
+                    L += [f"{sub}p{k} = ex2(cuda.fma(sv[{k}], sl, -{L_of(k)}))",
+                          f"{sub}d{k} = p{k} * (dp[{k}]{f(k)} - {dl_of(k)})"]
+            for k in (2 * j, 2 * j + 1):
+                if pack_p:
+                    L += [f"{sub}ap{k} = cvt(p{2 * k}{f(2 * k)}, p{2 * k + 1}{f(2 * k + 1)})"]
+                L += [f"{sub}ad{k} = cvt(d{2 * k}, d{2 * k + 1})"]
+        return L
+    if boolean:
+        return body(ind, True)
+    return [f"{ind}if need:"] + body(ind + "    ", True) + [f"{ind}else:"] + \
+        body(ind + "    ", False)
+
+
+def _keep_lines(which, j, ind):
+    """The keep factors f{4j} .. f{4j + 3} (kscale or 0) of a thread's pairs in column
+    group j of the step (module docstring): "dq" as the forward (row r0 on even lanes,
+    r1 on odd ones, two words swapped); "dkv" by the 4 lanes of a key group, 3 shuffles
+    a call."""
+    fs = ", ".join(f"f{4 * j + x}" for x in range(4))
+    if which == "dq":
+        return [f"{ind}{fs} = pair_keep((eb + U64(n0 + {8 * j})) >> TWO, ev, thr, kscale, "
+                "off_lo, off_hi, key_lo, key_hi)"]
+    # this lane's call: query cl + 8 j + kl % 2, keys from kg (its key row's group)
+    return [f"{ind}{fs} = quad_keep((U64(rb + cl + {8 * j} + kl % 2) * U64(Sk) + U64(kg)) >> "
+            "TWO, kl, src1, src2, src3, thr, kscale, off_lo, off_hi, key_lo, key_hi)"]
 
 
 def _store_lines(acc, D, rows, word, scale, dead):
@@ -180,13 +222,20 @@ def _release():
             "                mbarrier_arrive(U32(empty0 + 8 * s))"]
 
 
-def dkv_source(kind, D, stages):
+_FEATURES = "mb, ms0, ms1, ms2, ms3, thr, kscale, off_lo, off_hi, key_lo, key_hi"
+
+
+def _suffix(feat):
+    return ("_m" if feat[0] else "") + ("_d" if feat[1] else "")
+
+
+def dkv_source(kind, D, stages, feat=(False, False)):
     """(name, source) of the dK/dV kernel (module docstring) for kind "f16"/"bf16", head
-    dim D (64 or 128), `stages` Q/dO stages."""
-    st = step_of("dkv", D)
-    name = f"attention_flash_dkv_{kind}_d{D}_m{st}s{stages}"
+    dim D (64 or 128), `stages` Q/dO stages; feat: (a boolean mask, dropout)."""
+    st = step_of("dkv", D, feat[1])
+    name = f"attention_flash_dkv_{kind}_d{D}_m{st}s{stages}" + _suffix(feat)
     args = ("map_a, map_b, map_c, map_d, lse, dl, dk_out, dv_out, lq, lk, Hq, G, Sq, Sk, "
-            "has_lq, has_lk, causal, bhsd, scale_log2, scale, kb, kh, krow")
+            "has_lq, has_lk, causal, bhsd, scale_log2, scale, kb, kh, krow, " + _FEATURES)
     start, setup = _start(name, args, ("map_a", "map_b", "map_c", "map_d"), D, stages, st)
     geo = ["    Hk = Hq // G",
            f"    ktiles = (Sk + {BLOCK - 1}) // {BLOCK}",
@@ -212,8 +261,13 @@ def dkv_source(kind, D, stages):
         "        r0 = n0 + w * 64 + 16 * (i // 32) + lane // 4  # this thread's keys r0, r0 + 8",
         "        r1 = r0 + 8",
         "        dk = zero_acc()", "        dv = zero_acc()",
-        "        sv = zero_s()", "        dp = zero_s()",
-        "        for u in range(nsteps):"] + ["            " + x for x in tile] + [
+        "        sv = zero_s()", "        dp = zero_s()"]
+    if feat[1]:  # (r0 % 4 = kl: the key group of row r0 + 8 (kl // 2) starts at kg)
+        L += ["        kl = (lane // 4) % 4",
+              "        kg = r0 + 8 * (kl // 2) - kl"]
+        L += [f"        src{t} = lane % 4 + 4 * ((kl + {t}) % 4) + 16 * (lane // 16)"
+              for t in (1, 2, 3)]
+    L += ["        for u in range(nsteps):"] + ["            " + x for x in tile] + [
         "            cl = i0 + cb  # this thread's query columns cl + 8 j + {0, 1}",
         "            rb = (b * Hq + h) * Sq"]
     for j in range(st // 8):  # their L and delta, loaded before the stage's wait (in flight
@@ -233,9 +287,11 @@ def dkv_source(kind, D, stages):
 
     def masked(k):
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
-        return f"cl + {co} >= lqb or r{rr} >= lkb or (causal != 0 and r{rr} > cl + {co})"
+        return f"cl + {co} >= lqb or r{rr} >= lkb or (causal != 0 and r{rr} > cl + {co})" + \
+            (f" or mb[b * ms0 + h * ms1 + (cl + {co}) * ms2 + r{rr} * ms3] == 0" if feat[0] else "")
     L += _grad_lines(" " * 12, masked, lambda k: f"L{2 * (k // 4) + k % 2}",
-                     lambda k: f"dl{2 * (k // 4) + k % 2}", True, st)
+                     lambda k: f"dl{2 * (k // 4) + k % 2}", True, st, feat,
+                     lambda j, ind: _keep_lines("dkv", j, ind))
     L += ["            wgmma_fence()"] + _rs_lines((("dv", "ap", f"sa + {st * D * 2}"),
                                                     ("dk", "ad", "sa")), " " * 12, st) + _release()
     L += _store_lines("dk", D, "Sk", "b * kb + hk * kh + rw * krow + cb", "sc", "rw >= lkb") + \
@@ -244,12 +300,12 @@ def dkv_source(kind, D, stages):
     return name, "\n".join(L) + "\n"
 
 
-def dq_source(kind, D, stages):
-    """(name, source) of the dQ kernel (module docstring)."""
+def dq_source(kind, D, stages, feat=(False, False)):
+    """(name, source) of the dQ kernel (module docstring); feat as dkv_source's."""
     st = step_of("dq", D)
-    name = f"attention_flash_dq_{kind}_d{D}_s{stages}"
+    name = f"attention_flash_dq_{kind}_d{D}_s{stages}" + _suffix(feat)
     args = ("map_a, map_b, map_c, map_d, lse, dl, dq_out, lq, lk, Hq, G, Sq, Sk, has_lq, "
-            "has_lk, causal, bhsd, scale_log2, scale, qb, qh, qrow")
+            "has_lk, causal, bhsd, scale_log2, scale, qb, qh, qrow, " + _FEATURES)
     start, setup = _start(name, args, ("map_a", "map_b", "map_c", "map_d"), D, stages, st)
     geo = [f"    tiles = (Sq + {BLOCK - 1}) // {BLOCK}",
            "    bh = cuda.blockIdx.x // tiles  # b Hq + h",
@@ -280,8 +336,14 @@ def dq_source(kind, D, stages):
               f"        dl{rr} = dl[bh * Sq + r{rr}] if r{rr} < Sq else F32(0)"]
     L += ["        lim0 = lkb", "        lim1 = lkb", "        if causal != 0:",
           "            lim0 = min(lkb, r0 + 1)", "            lim1 = min(lkb, r1 + 1)",
-          "        dq = zero_acc()", "        sv = zero_s()", "        dp = zero_s()",
-          "        for u in range(nsteps):", f"            n0 = u * {st}"] + \
+          "        dq = zero_acc()", "        sv = zero_s()", "        dp = zero_s()"]
+    if feat[0]:  # (rows past Sq read row Sq - 1: in bounds, never stored)
+        L += [f"        mq{rr} = b * ms0 + h * ms1 + min(r{rr}, Sq - 1) * ms2" for rr in (0, 1)]
+    if feat[1]:
+        L += ["        eb = U64(bh * Sq + (r0 if lane % 2 == 0 else r1)) * U64(Sk) "
+              "+ U64(4 * ((lane % 4) // 2))",
+              "        ev = lane % 2 == 0"]
+    L += ["        for u in range(nsteps):", f"            n0 = u * {st}"] + \
         _step_wait(D, stages, st) + _kmajor_lines(D, (("sv", "base", BLOCK, "sa", st),
                                                   ("dp", "res2", BLOCK, f"sa + {st * D * 2}", st)),
                                               " " * 12) + [
@@ -291,9 +353,11 @@ def dq_source(kind, D, stages):
 
     def masked(k):
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
-        return f"cl + {co} >= lim{rr}"
+        return f"cl + {co} >= lim{rr}" + \
+            (f" or mb[mq{rr} + (cl + {co}) * ms3] == 0" if feat[0] else "")
     L += _grad_lines(" " * 12, masked, lambda k: f"L{(k % 4) // 2}",
-                     lambda k: f"dl{(k % 4) // 2}", False, st)
+                     lambda k: f"dl{(k % 4) // 2}", False, st, feat,
+                     lambda j, ind: _keep_lines("dq", j, ind))
     L += ["            wgmma_fence()"] + _rs_lines((("dq", "ad", "sa"),), " " * 12, st) + _release()
     L += _store_lines("dq", D, "Sq", "b * qb + h * qh + rw * qrow + cb", "sc", "rw >= lqb")
     return name, "\n".join(L) + "\n"

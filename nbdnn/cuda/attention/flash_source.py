@@ -25,6 +25,18 @@ Traffic a key tile: 2 BN D 2 bytes in (K and V), 4 BM BN D flops (two products):
 BN = 128, D = 128, 64 KB for 8.4 MFLOP, 128 flop/byte, so the loads hide behind the
 tensor cores once a head's K and V sit in L2 (the block order keeps a head's query
 tiles together).
+
+Two features are compiled in only where a call has them (`masked`, `dropped`):
+- a boolean mask (True attends): each score reads its byte (mask strides ms0..ms3 over
+  (B, Hq, Sq, Sk), 0 where broadcast) and a False one is -inf, as past seq_lens_k; a
+  tile's BM x BN bytes come from L2 (a (B, 1, S, S) causal mask: S^2 B a batch entry);
+- dropout, nbdnn.dropout's stream over the (B, Hq, Sq, Sk) scores in C order (score e
+  is word e % 4 of Philox4x32-10 call e // 4; cpu/dropout.py), so P V takes P' = P keep
+  / (1 - p) while the row sums l take P (the reference's o = (softmax keep / (1 - p)) V).
+  With Sk % 4 == 0 a call's 4 words are 4 adjacent keys of one row: lanes 2c and 2c + 1
+  (columns 8j + 4c .. 8j + 4c + 3 together) each make one call a column group, for row r
+  and row r + 8 respectively, and trade the two words the other needs by two shuffles:
+  BN / 8 calls a thread a tile, none wasted.
 """
 
 BM = 128           # query rows a block (two consumer warpgroups of 64)
@@ -100,21 +112,39 @@ def _tile_lines(D, BN, ind):
 
 
 
-def _pack_lines(BN, ind):
-    """P's probabilities p -> the 16-bit pairs a of PV's A operand."""
-    return [f"{ind}a{k} = cvt(p{2 * k}, p{2 * k + 1})" for k in range(BN // 4)]
+def _pack_lines(BN, ind, dropped=False):
+    """P's probabilities p -> the 16-bit pairs a of PV's A operand; dropped: each times
+    its keep factor, kscale or 0 (module docstring: a lane's call per column group j
+    covers row r0 on even lanes, r1 on odd ones; the shuffles swap the other row's pair)."""
+    if not dropped:
+        return [f"{ind}a{k} = cvt(p{2 * k}, p{2 * k + 1})" for k in range(BN // 4)]
+    L = []
+    for j in range(BN // 8):
+        L += [f"{ind}f0, f1, f2, f3 = pair_keep((eb + U64(n0 + {8 * j})) >> TWO, ev, thr, "
+              "kscale, off_lo, off_hi, key_lo, key_hi)",
+              f"{ind}a{2 * j} = cvt(p{4 * j} * f0, p{4 * j + 1} * f1)",
+              f"{ind}a{2 * j + 1} = cvt(p{4 * j + 2} * f2, p{4 * j + 3} * f3)"]
+    return L
 
 
-def _softmax_lines(BN, D, ind, pack=True):
+def _softmax_lines(BN, D, ind, pack=True, feat=(False, False)):
     """Scores s -> masked x, the rows' running max m_, sum l_, probabilities p (packed
-    into a unless pack is False)."""
+    into a unless pack is False). feat: (masked: every score reads its mask byte,
+    dropped: the packed p take their keep factors)."""
+    masked, dropped = feat
     n = BN // 2
     row = [(k % 4) // 2 for k in range(n)]          # 0: row r, 1: row r + 8
     col = [8 * (k // 4) + k % 2 for k in range(n)]  # column offset past n0 + cb
-    L = [f"{ind}need = n0 + {BN} > lkb or (causal != 0 and n0 + {BN - 1} > wrow)",
-         f"{ind}if need:", f"{ind}    cl = n0 + cb"]
-    L += [f"{ind}    x{k} = sc[{k}] if cl + {col[k]} < lim{row[k]} else NEG" for k in range(n)]
-    L += [f"{ind}else:"] + [f"{ind}    x{k} = sc[{k}]" for k in range(n)]
+    if masked:
+        L = [f"{ind}cl = n0 + cb"] + [
+            f"{ind}x{k} = masked_score(sc[{k}], cl + {col[k]} < lim{row[k]}, mb, "
+            f"mr{row[k]} + (cl + {col[k]}) * ms3)" for k in range(n)]
+    else:
+        L = [f"{ind}need = n0 + {BN} > lkb or (causal != 0 and n0 + {BN - 1} > wrow)",
+             f"{ind}if need:", f"{ind}    cl = n0 + cb"]
+        L += [f"{ind}    x{k} = sc[{k}] if cl + {col[k]} < lim{row[k]} else NEG"
+              for k in range(n)]
+        L += [f"{ind}else:"] + [f"{ind}    x{k} = sc[{k}]" for k in range(n)]
     for rr in (0, 1):
         xs = [f"x{k}" for k in range(n) if row[k] == rr]
         L += [f"{ind}mx{rr} = {_tree('fmaxf', xs)}",
@@ -129,7 +159,7 @@ def _softmax_lines(BN, D, ind, pack=True):
     for rr in (0, 1):
         L += [f"{ind}l_{rr} = l_{rr} * al{rr} + " +
               _sum([f"p{k}" for k in range(n) if row[k] == rr])]
-    return L + (_pack_lines(BN, ind) if pack else [])
+    return L + (_pack_lines(BN, ind, dropped) if pack else [])
 
 
 def _pv_lines(D, BN, ind, stage, parity):
@@ -142,14 +172,14 @@ def _pv_lines(D, BN, ind, stage, parity):
                 for kk in range(BN // 16)] + [f"{ind}wgmma_commit()"]
 
 
-def _consumer_lines(D, BN, stages, overlap, pingpong, persistent):
+def _consumer_lines(D, BN, stages, overlap, pingpong, persistent, feat):
     """A consumer warpgroup: its constants, then its tiles (_tile_lines), one each
-    unless persistent."""
+    unless persistent. feat: (masked, dropped)."""
     setup = ["    else:", f"        setmaxnreg_inc({REGS[1]})", "        w = wg - 1",
              "        i = tid % 128", "        lane = i % 32", "        cb = 2 * (lane % 4)",
              "        qa = qs + w * 8192  # (64 rows of 128 B into each Q box)",
              "        sl = F32(scale_log2)", "        it = 0", "        jt = 0"]
-    L = _consumer_tile(D, BN, stages, overlap, pingpong)
+    L = _consumer_tile(D, BN, stages, overlap, pingpong, feat)
     if persistent:  # (this tile's Q is free once its products are done: before the stores)
         at = L.index("        l_0 += cuda.shfl_xor_sync(FULL, l_0, 1)")
         L[at:at] = ["        if i == 0:", "            mbarrier_arrive(U32(qempty))"]
@@ -157,12 +187,13 @@ def _consumer_lines(D, BN, stages, overlap, pingpong, persistent):
     return setup + (_persistent(L, "        ", D, BN) if persistent else L)
 
 
-def _consumer_tile(D, BN, stages, overlap, pingpong=False):
+def _consumer_tile(D, BN, stages, overlap, pingpong=False, feat=(False, False)):
     """A consumer warpgroup's loop over the key tiles. overlap (variant F2, FA3's
     intra-warpgroup pipelining): tile t's S = QK^T and tile t-1's O += PV are issued
     together, and the softmax of S_t runs while PV_{t-1} is on the tensor cores; O is
     rescaled once PV_{t-1} is done, the last tile's PV after the loop. Without it (F1):
     S_t, wait, softmax, PV_t, wait."""
+    masked, dropped = feat
     kv_bytes = BN * D * 2
     ind = " " * 12
     L = ["        wrow = m0 + w * 64",
@@ -173,7 +204,14 @@ def _consumer_tile(D, BN, stages, overlap, pingpong=False):
          "        if causal != 0:",
          "            lim0 = min(lkb, r0 + 1)", "            lim1 = min(lkb, r1 + 1)",
          "        o = zero_o()",
-         "        sc = zero_s()",
+         "        sc = zero_s()"]
+    if masked:  # (rows past Sq read row Sq - 1: in bounds, never stored)
+        L += [f"        mr{rr} = b * ms0 + h * ms1 + min(r{rr}, Sq - 1) * ms2" for rr in (0, 1)]
+    if dropped:  # score (row, n0 + 8 j + 4 (c // 2)): this lane's call's first word
+        L += ["        eb = U64((b * Hq + h) * Sq + (r0 if lane % 2 == 0 else r1)) * U64(Sk) "
+              "+ U64(4 * ((lane % 4) // 2))",
+              "        ev = lane % 2 == 0"]
+    L += [
          "        while mbarrier_try_wait_parity(U32(qfull), U32(jt & 1)) == 0:",
          "            pass"]
     head = [f"s = (it + t) % {stages}", f"ph = ((it + t) // {stages}) & 1",
@@ -191,7 +229,8 @@ def _consumer_tile(D, BN, stages, overlap, pingpong=False):
     release = ["if i == 0:", "    mbarrier_arrive(U32(empty0 + 8 * s))"]
     if not overlap:
         L += ["        for t in range(ntiles):"] + [ind + x for x in tile + ["wgmma_wait(0)"]] + \
-            _softmax_lines(BN, D, ind) + [ind + "o = rescale(o, al0, al1)", ind + "wgmma_fence()"] + \
+            _softmax_lines(BN, D, ind, True, feat) + [ind + "o = rescale(o, al0, al1)",
+                                                       ind + "wgmma_fence()"] + \
             _pv_lines(D, BN, ind, "s", "ph") + [ind + x for x in ["wgmma_wait(0)"] + release]
         return L + _epilogue_lines(D)
     # F3 (pingpong): each warpgroup issues its products between bar_sync on its named
@@ -207,17 +246,17 @@ def _consumer_tile(D, BN, stages, overlap, pingpong=False):
     # flight, make ptxas serialise every wgmma (its advisory C7513)
     L += ["        if ntiles > 0:", ind + "t = 0"] + [
         ind + x for x in head + turn + qk + done + ["wgmma_wait(0)"]] + \
-        _softmax_lines(BN, D, ind) + [
+        _softmax_lines(BN, D, ind, True, feat) + [
          "            for t in range(1, ntiles):",
          f"                sp = (it + t - 1) % {stages}  # the previous tile's stage, parity",
          f"                php = ((it + t - 1) // {stages}) & 1"] + \
         [" " * 16 + x for x in head + turn + qk] + \
         _pv_lines(D, BN, " " * 16, "sp", "php") + [" " * 16 + x for x in done] + [
-         "                wgmma_wait(1)"] + _softmax_lines(BN, D, " " * 16, False) + [
+         "                wgmma_wait(1)"] + _softmax_lines(BN, D, " " * 16, False, feat) + [
          "                wgmma_wait(0)  # (P's registers are PV's inputs until here)",
          "                if i == 0:",
          "                    mbarrier_arrive(U32(empty0 + 8 * sp))",
-         "                o = rescale(o, al0, al1)"] + _pack_lines(BN, " " * 16) + [
+         "                o = rescale(o, al0, al1)"] + _pack_lines(BN, " " * 16, dropped) + [
          f"            s = (it + ntiles - 1) % {stages}",
          f"            ph = ((it + ntiles - 1) // {stages}) & 1",
          "            wgmma_fence()"] + _pv_lines(D, BN, ind, "s", "ph") + [
@@ -262,19 +301,23 @@ def _helper_lines(D, BN):
             ",)", "", ""]
 
 
-def source(kind, D, BN, stages, overlap=True, pingpong=False, persistent=False):
+def source(kind, D, BN, stages, overlap=True, pingpong=False, persistent=False,
+           masked=False, dropped=False):
     """(name, source) of the forward kernel for kind "f16"/"bf16", head dim D (64 or 128),
     BN keys a tile, `stages` K/V stages; overlap: variant F2 (_consumer_tile), else F1;
     pingpong (with overlap): F3, the warpgroups' products in turns; persistent: a block
     loops over tiles (total of them, the grid one block an SM), its producer loading the
     next tile's Q once the consumers' products are done with the last (barrier qempty)
-    and its K and V meanwhile."""
+    and its K and V meanwhile; masked, dropped: a boolean mask, dropout (module
+    docstring)."""
     q_bytes, kv_bytes = BM * D * 2, BN * D * 2
     name = f"attention_flash_fwd_{kind}_d{D}_n{BN}s{stages}" + \
-        ("_pp" if overlap and pingpong else "" if overlap else "_f1") + ("_p" if persistent else "")
+        ("_pp" if overlap and pingpong else "" if overlap else "_f1") + \
+        ("_p" if persistent else "") + ("_m" if masked else "") + ("_d" if dropped else "")
     L = _helper_lines(D, BN) + [
          f"def {name}(map_q, map_k, map_v, out, lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, "
-         "causal, bhsd, scale_log2, ob, oh, orow, total):",
+         "causal, bhsd, scale_log2, ob, oh, orow, total, mb, ms0, ms1, ms2, ms3, thr, kscale, "
+         "off_lo, off_hi, key_lo, key_hi):",
          "    smem = cuda.shared.array(0, types.uint8)",
          f"    bars = cuda.shared.array({2 + 3 * stages}, types.uint64, alignment=8)",
          "    tid = cuda.threadIdx.x",
@@ -301,5 +344,6 @@ def source(kind, D, BN, stages, overlap=True, pingpong=False, persistent=False):
          "        fence_proxy_async()  # the initialised barriers, visible to TMA",
          "    cuda.syncthreads()"]
     L += _producer_lines(D, BN, stages, persistent) + \
-        _consumer_lines(D, BN, stages, overlap, pingpong and overlap, persistent)
+        _consumer_lines(D, BN, stages, overlap, pingpong and overlap, persistent,
+                        (masked, dropped))
     return name, "\n".join(L) + "\n"
