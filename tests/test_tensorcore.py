@@ -237,6 +237,27 @@ def test_rows_tma_cannot_stride_in_float16_and_from_an_unaligned_base():
     np.testing.assert_allclose(c.double().cpu().numpy(), av @ bv, rtol=2 ** -7, atol=1e-4)
 
 
+def test_a_gradient_both_products_pad_is_copied_once():
+    """matmul_backward with dc's rows odd (an LM head's logits): dA = dc B^T and
+    dB = A^T dc both read dc through the same padded copy (one padded_copy of dc, one of
+    B, whose rows are odd too), and both gradients match NumPy."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.runtime.launch.kernel import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    rng = np.random.default_rng(12)
+    a, av = _torch_pair(rng, (64, 24), torch.bfloat16, False)
+    b, bv = _torch_pair(rng, (24, 37), torch.bfloat16, False)
+    dc, dcv = _torch_pair(rng, (64, 37), torch.bfloat16, False)
+    with launched() as names:
+        da, db = nbdnn.matmul_backward(dc, a, b)
+    assert names.count("padded_copy") == 2, names
+    assert sum(n.startswith("wgmma_gemm") for n in names) == 2, names
+    np.testing.assert_allclose(da.double().cpu().numpy(), dcv @ bv.T, rtol=2 ** -7, atol=1e-3)
+    np.testing.assert_allclose(db.double().cpu().numpy(), av.T @ dcv, rtol=2 ** -7, atol=1e-3)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_forced_simt_runs_operands_tma_cannot_take(dtype):
     """The SIMT kernel, forced, still runs odd K, odd N and an unaligned base correctly

@@ -33,6 +33,7 @@ Backward is the same kernel with transposes, summed over broadcast batch axes by
 reduce_tensor (fixed order: deterministic), dbias by reduce_tensor over all rows.
 """
 import math
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -181,6 +182,12 @@ def _wgmma(g):
                     g.beta, g.stream, **kw)
 
 
+# .copies: {(address, shape, pitch): padded copy} while one matmul_backward runs (its
+# two products read dc alike: an LM head's 8192 x 50,257 gradient is padded once, not
+# twice); None otherwise
+_padded = threading.local()
+
+
 def _wgmma_padded(g):
     """Each operand whose rows (its contiguous extent: K, or M / N transposed) are not a
     multiple of 8 elements or whose base is not 16-byte aligned, copied into rows of the
@@ -190,7 +197,14 @@ def _wgmma_padded(g):
     def fit(x, inner):
         if inner % 8 == 0 and ptr(x) % 16 == 0:
             return x
-        return padded_rows(x, -(-inner // 8) * 8, g.stream)
+        pitch = -(-inner // 8) * 8
+        copies = getattr(_padded, "copies", None)
+        if copies is None:
+            return padded_rows(x, pitch, g.stream)
+        key = ptr(x), tuple(int(s) for s in x.shape), pitch
+        if key not in copies:
+            copies[key] = padded_rows(x, pitch, g.stream)
+        return copies[key]
     a = fit(g.a, g.M if g.trans_a else g.K)
     b = fit(g.b, g.K if g.trans_b else g.N)
     return _tc.gemm(a, b, g.c, g.trans_a, g.trans_b, g.bias, g.act, g.coef, g.alpha, g.beta,
@@ -342,6 +356,15 @@ def _out_shape(x, y, tx, ty):
 def matmul_backward(dc, a, b, trans_a, trans_b, bias, math_mode="ieee", *, alpha, beta, out,
                     stream):
     outs = out if out is not None else (None,) * (3 if bias else 2)
+    _padded.copies = {}  # (an operand both products pad: one copy)
+    try:
+        return _backward(dc, a, b, trans_a, trans_b, bias, math_mode, alpha, beta, outs,
+                         stream)
+    finally:
+        _padded.copies = None
+
+
+def _backward(dc, a, b, trans_a, trans_b, bias, math_mode, alpha, beta, outs, stream):
     grads = []
     ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
     # d op(a) = dc @ op(b)^T, stored transposed when trans_a; d op(b) = op(a)^T @ dc
