@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import nbdnn
+from nbdnn.cuda import cuda
 from nbdnn.cuda.runtime.launch.kernel import launched
 
 
@@ -179,3 +180,103 @@ def test_flash_takes_boolean_masks_and_dropout_over_whole_key_groups():
     assert geo(Sk=255) and not geo(Sk=255, p=0.1) and not geo(Sk=254, p=0.1)
     assert not geo(D=32, Dv=32) and not geo(Dv=128)
     assert not geo(dtype=np.float32)
+
+
+# the lanes' test below: one batch entry and head of many, an offset past 32 bits,
+# 16 rows r0, r0 + 8 from ROW0 and 64 columns from COL0
+_B, _HQ, _SQ, _SK, _BI, _HI = 2, 3, 56, 72, 1, 2
+_P, _SEED, _OFFSET = 0.5, 77, 2 ** 33 + 5
+_ROW0, _COL0, _COLS = 16, 8, 64
+
+
+def _rows_lanes(out, thr, kscale):
+    """The forward's (and dQ's) lanes: rows r0, r1 (queries), columns n0 + 8 j + cb + {0, 1}."""
+    from nbdnn.cuda.attention import flash
+    lane = cuda.threadIdx.x
+    r0 = _ROW0 + lane // 4
+    r1 = r0 + 8
+    cb = 2 * (lane % 4)
+    eb = np.uint64((_BI * _HQ + _HI) * _SQ + (r0 if lane % 2 == 0 else r1)) * \
+        np.uint64(_SK) + np.uint64(4 * ((lane % 4) // 2))
+    ev = lane % 2 == 0
+    n0 = _COL0
+    for j in range(_COLS // 8):
+        f0, f1, f2, f3 = flash.pair_keep((eb + np.uint64(n0 + 8 * j)) >> np.uint64(2), ev, thr,
+                                         kscale, np.uint64(_OFFSET & 0xFFFFFFFF),
+                                         np.uint64(_OFFSET >> 32), np.uint64(_SEED),
+                                         np.uint64(0))
+        c = n0 + 8 * j + cb - _COL0
+        out[r0 - _ROW0, c] = f0
+        out[r0 - _ROW0, c + 1] = f1
+        out[r1 - _ROW0, c] = f2
+        out[r1 - _ROW0, c + 1] = f3
+
+
+def _keys_lanes(out, thr, kscale):
+    """dK/dV's lanes: keys r0, r1 (the warp's 16 from n0), queries cl + 8 j + {0, 1}."""
+    from nbdnn.cuda.attention import flash
+    lane = cuda.threadIdx.x
+    n0 = _COL0
+    r0 = n0 + lane // 4
+    cb = 2 * (lane % 4)
+    kl = (lane // 4) % 4
+    kg = r0 + 8 * (kl // 2) - kl
+    src1 = lane % 4 + 4 * ((kl + 1) % 4) + 16 * (lane // 16)
+    src2 = lane % 4 + 4 * ((kl + 2) % 4) + 16 * (lane // 16)
+    src3 = lane % 4 + 4 * ((kl + 3) % 4) + 16 * (lane // 16)
+    rb = (_BI * _HQ + _HI) * _SQ
+    cl = _ROW0 + cb
+    for j in range(4):
+        f = flash.quad_keep((np.uint64(rb + cl + 8 * j + kl % 2) * np.uint64(_SK) +
+                             np.uint64(kg)) >> np.uint64(2), kl, src1, src2, src3, thr, kscale,
+                            np.uint64(_OFFSET & 0xFFFFFFFF), np.uint64(_OFFSET >> 32),
+                            np.uint64(_SEED), np.uint64(0))
+        for x in range(4):  # pair x: query cl + 8 j + x % 2, key r0 + 8 (x // 2)
+            out[cl + 8 * j + x % 2 - _ROW0, r0 + 8 * (x // 2) - n0] = f[x]
+
+
+@pytest.fixture
+def warp_shuffles(monkeypatch):
+    """Under the simulator (which has no warp shuffles: a thread a Python thread), a
+    warp's shfl_sync / shfl_xor_sync by a barrier over its 32 threads; on a GPU, nothing."""
+    from nbdnn.cuda import SIMULATOR
+    if not SIMULATOR:
+        return
+    import threading
+    from numba.cuda.simulator.kernelapi import FakeCUDAModule
+    values, barrier = [None] * 32, threading.Barrier(32)
+
+    def exchange(module, value, src):
+        lane = module.threadIdx.x % 32
+        values[lane] = value
+        barrier.wait()
+        got = values[src % 32]
+        barrier.wait()
+        return got
+    monkeypatch.setattr(FakeCUDAModule, "shfl_sync",
+                        lambda self, mask, value, src: exchange(self, value, src), raising=False)
+    monkeypatch.setattr(FakeCUDAModule, "shfl_xor_sync",
+                        lambda self, mask, value, xor: exchange(
+                            self, value, (self.threadIdx.x % 32) ^ xor), raising=False)
+
+
+@pytest.mark.parametrize("scheme", ["rows", "keys"])
+def test_flash_dropout_lanes_draw_nbdnn_dropouts_mask(scheme, warp_shuffles):
+    """The flash kernels' keep factors (flash.pair_keep: the forward and dQ, a lane pair
+    sharing a Philox call's 4 adjacent keys; flash.quad_keep: dK/dV, a key group's 4 lanes
+    sharing 4 calls) on one warp, its lanes set up as the generated kernels set them
+    (flash_source.py, flash_bwd_source.py), against nbdnn.dropout's mask of the same
+    (seed, offset) over (B, Hq, Sq, Sk): every score's factor is its element's."""
+    from nbdnn.cpu.dropout import mask
+    from nbdnn._philox import keep_threshold
+    thr, kscale = np.uint64(keep_threshold(_P)), np.float32(1 / (1 - _P))
+    keep = mask(_B * _HQ * _SQ * _SK, _P, _SEED, _OFFSET).reshape(_B, _HQ, _SQ, _SK)[_BI, _HI]
+    if scheme == "rows":
+        got = cuda.to_device(np.full((16, _COLS), -1, np.float32))
+        cuda.jit(_rows_lanes)[1, 32](got, thr, kscale)
+        want = keep[_ROW0:_ROW0 + 16, _COL0:_COL0 + _COLS] * kscale
+    else:
+        got = cuda.to_device(np.full((32, 16), -1, np.float32))
+        cuda.jit(_keys_lanes)[1, 32](got, thr, kscale)
+        want = keep[_ROW0:_ROW0 + 32, _COL0:_COL0 + 16] * kscale
+    np.testing.assert_array_equal(got.copy_to_host(), want)

@@ -36,7 +36,6 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
 
 
 _U32, _U64 = types.uint32, types.uint64
-_W0_32, _W1_32 = np.uint32(W0), np.uint32(W1)
 
 
 @cuda.jit(device=True)
@@ -45,9 +44,9 @@ def philox4x32_10_u32(c0, c1, c2, c3, k0, k1):
     are one 32 x 32 -> 64-bit multiply each (IMAD.WIDE.U32), the state 6 registers, not
     12: for kernels that draw inside a register-bound loop (the flash attention ones)."""
     for r in range(10):
-        if r > 0:
-            k0 = _U32(k0 + _W0_32)
-            k1 = _U32(k1 + _W1_32)
+        if r > 0:  # (64-bit sums truncated: one 32-bit add each, no overflow to trap)
+            k0 = _U32(_U64(k0) + _W0)
+            k1 = _U32(_U64(k1) + _W1)
         p0 = _M0 * _U64(c0)
         p1 = _M1 * _U64(c2)
         c0, c1, c2, c3 = _U32(_U32(p1 >> _S32) ^ c1 ^ k0), _U32(p1), \
