@@ -88,7 +88,8 @@ def _torch_models(rows):
     notes = []
     for r in rows:
         for config, got in (r.get("configs") or {}).items():
-            for mode in ("train", "train-graphed", "infer", "infer-graphed"):
+            for mode in ("train", "train-graphed", "train-compiled", "infer", "infer-graphed",
+                         "infer-compiled"):
                 if mode in got:
                     native, ours = got[mode]
                     out.append(f"| {r['model']} | {config} | {mode} | {native:.2f} | "

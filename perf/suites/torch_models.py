@@ -20,8 +20,10 @@ the kernel cache), then training step (forward, cross-entropy, backward, SGD wit
 momentum) and inference, eager and replayed from a torch.cuda.CUDAGraph, GPU ms by CUDA
 events (median of 5 rounds of 3), and the training step's peak memory; per model the
 forward's FLOP share on nbdnn (flop_share) and the kernels compiled. --profile: cProfile
-of the converted eager step. --size tiny --batch 2 on a machine without a GPU: a dry
-run of the script (wall ms, no graphs).
+of the converted eager step. --compiled: also each step around torch.compile(module,
+mode="reduce-overhead") (train-compiled, infer-compiled; their compiles untimed).
+--size tiny --batch 2 on a machine without a GPU: a dry run of the script (wall ms, no
+graphs).
 
     PYTHONPATH=. python perf/suites/torch_models.py [--host [--profile] [--cpu]]
         [--models [resnet50 vit_b_16 gpt2 llama] [--profile] [--batch B] [--json F]]
@@ -220,14 +222,16 @@ def peak_bytes(fn):
 
 
 def model_rows(names, size, batch, profile, rows, compile_only=False, reps=3, rounds=5,
-               workers=0):
+               workers=0, compiled=False):
     """Each model native and converted in this process, each config, each mode: GPU ms by
     CUDA events (eager: the step's wall time on the GPU's clock, host waits included),
     the ratio native / nbdnn (>= 1: nbdnn as fast or faster), the training step's peak
     memory, the forward's FLOP share on nbdnn and the kernels compiled. compile_only: the
     converted model's first training step and inference in each config, nothing timed
     (fills the kernel cache: several processes at once compile different models);
-    workers: nbdnn.torch.precompile first, in that many processes."""
+    workers: nbdnn.torch.precompile first, in that many processes; compiled: also the
+    modes train-compiled and infer-compiled, the step around torch.compile(module,
+    mode="reduce-overhead") (inductor, CUDA-graph trees), its compile untimed."""
     from nbdnn.cuda.runtime.launch.kernel import loaded
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     reps, rounds = (reps, rounds) if dev == "cuda" else (1, 1)
@@ -283,7 +287,9 @@ def model_rows(names, size, batch, profile, rows, compile_only=False, reps=3, ro
                 torch.cuda.synchronize()
             first_s = time.perf_counter() - t1
             got = {"first_step_s": first_s}
-            for mode in ("train", "train-graphed", "infer", "infer-graphed"):
+            modes = ("train", "train-graphed", "infer", "infer-graphed") + \
+                (("train-compiled", "infer-compiled") if compiled else ())
+            for mode in modes:
                 ms = []
                 for r, m in zip(runners, (native, ours)):
                     m.train(mode.startswith("train"))
@@ -292,6 +298,10 @@ def model_rows(names, size, batch, profile, rows, compile_only=False, reps=3, ro
                         if dev != "cuda":
                             continue
                         fn = torch_graphed(fn, lambda: nt.fresh_accumulators(m))
+                    elif mode.endswith("compiled"):
+                        if dev != "cuda":
+                            continue
+                        fn = reduce_overhead(spec, m, r, mode.startswith("train"))
                     ms.append(gpu_ms(fn, reps, rounds) if dev == "cuda" else wall_ms(fn))
                 if len(ms) == 2:
                     got[mode] = ms
@@ -316,6 +326,26 @@ def model_rows(names, size, batch, profile, rows, compile_only=False, reps=3, ro
         del native, ours, runners
         if dev == "cuda":
             torch.cuda.empty_cache()
+
+
+def reduce_overhead(spec, module, runner, train):
+    """A step of runner's kind over torch.compile(module, mode="reduce-overhead"), its
+    compile and CUDA-graph recording done here (three warm-up steps)."""
+    torch._dynamo.reset()
+    r = Runner(spec, torch.compile(module, mode="reduce-overhead"), runner.x, runner.target,
+               runner.bf16, runner.converted, runner.dev)
+    r.opt = runner.opt  # (the module's own optimizer state)
+    step = r.train_step if train else r.infer
+
+    def fn():
+        torch.compiler.cudagraph_mark_step_begin()
+        return step()
+    t = time.perf_counter()
+    for _ in range(3):
+        fn()
+    print(f"    torch.compile (reduce-overhead) of the {'converted' if runner.converted else 'native'}"
+          f" model and its first steps: {time.perf_counter() - t:.1f} s", flush=True)
+    return fn
 
 
 def wall_ms(fn, n=2):
@@ -358,6 +388,8 @@ def main():
                    help="--compile-only: nbdnn.torch.precompile first, in WORKERS processes")
     p.add_argument("--reps", type=int, default=3, help="steps a timed round")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds (the median)")
+    p.add_argument("--compiled", action="store_true",
+                   help="--models: also under torch.compile(mode=\"reduce-overhead\")")
     args = p.parse_args()
     if args.host or args.models is None:
         host_rows(args.profile, "cpu" if args.cpu else "cuda")
@@ -366,7 +398,7 @@ def main():
         try:
             model_rows(args.models or list(models("tiny")), args.size, args.batch,
                        args.profile, rows, args.compile_only, args.reps, args.rounds,
-                       args.precompile)
+                       args.precompile, args.compiled)
         finally:
             if args.json:
                 with open(args.json, "w") as f:
