@@ -203,12 +203,18 @@ def test_flash_forward_random_shapes(D, data):
     np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
 
 
-def _mask(rng, kind, B, Hq, Sq, Sk):
+def _mask(rng, kind, B, Hq, Sq, Sk, dtype="bfloat16"):
     """A boolean mask (True attends): "causal" (B, 1, Sq, Sk), transformers' causal
     mask under graph capture, with holes and one row that attends to nothing;
-    "heads": (1, Hq, 1, Sk), broadcast over batch entries and rows."""
+    "heads": (1, Hq, 1, Sk), broadcast over batch entries and rows. "additive":
+    (B, 1, Sq, Sk) values in [-2, 2] of the dtype, -inf in the causal mask's holes
+    (transformers' older float masks), one row all -inf."""
     if kind is None:
         return None
+    if kind == "additive":
+        m = rng.uniform(-2, 2, (B, 1, Sq, Sk))
+        m[~_mask(rng, "causal", B, Hq, Sq, Sk)] = -np.inf
+        return m.astype(DTYPES[dtype])
     if kind == "causal":
         m = np.tril(np.ones((Sq, Sk), bool), Sk - Sq)[None, None] & \
             (rng.random((B, 1, Sq, Sk)) > 0.1)
@@ -223,25 +229,28 @@ def _mask(rng, kind, B, Hq, Sq, Sk):
     ("bfloat16", 128, "BHSD", True, 2, 2, 2, 260, 332, None, 0.1),
     ("float16", 64, "BSHD", False, 1, 2, 1, 129, 640, "causal", 0.2),
     ("bfloat16", 128, "BHSD", False, 1, 2, 2, 64, 1024, "heads", 0.5),
+    ("bfloat16", 64, "BSHD", False, 2, 2, 1, 150, 200, "additive", 0.0),
+    ("float16", 128, "BHSD", False, 1, 2, 2, 130, 256, "additive", 0.1),
 ])
-def test_flash_boolean_mask_and_dropout_match_reference(dtype, D, layout, causal, B, Hq,
-                                                        Hk, Sq, Sk, mask, p):
+def test_flash_masks_and_dropout_match_reference(dtype, D, layout, causal, B, Hq, Hk, Sq,
+                                                 Sk, mask, p):
     """The masked / dropped kernels (forward, dK/dV, dQ) against the float64 reference
     with the same mask and the same Philox stream (seed, offset): a dropped pair, a
-    False mask byte, a row that attends to nothing (o = 0, lse = -inf)."""
+    False mask byte or an additive value (-inf too), a row that attends to nothing
+    (o = 0, lse = -inf)."""
     rng = np.random.default_rng(Sq + Sk)
     q, k, v = _inputs(rng, dtype, layout, B, Hq, Hk, Sq, Sk, D)
     do = rng.normal(0, 1, q.shape).astype(DTYPES[dtype])
     kw = dict(is_causal=causal, enable_gqa=Hq != Hk, layout=layout, dropout_p=p,
-              seed=1234, offset=5 * Sk, attn_mask=_mask(rng, mask, B, Hq, Sq, Sk))
+              seed=1234, offset=5 * Sk, attn_mask=_mask(rng, mask, B, Hq, Sq, Sk, dtype))
     with launched() as names:
         o, lse = _run(q, k, v, **kw)
-    suffix = ("_m" if mask else "") + ("_d" if p else "")
+    suffix = {None: "", "additive": "_a"}.get(mask, "_m") + ("_d" if p else "")
     assert any(n.startswith("attention_flash_fwd") and n.endswith(suffix) for n in names)
     want_o, want_lse = _reference(q, k, v, **kw)
     np.testing.assert_allclose(o, want_o, atol=2 * TOL[dtype], rtol=2 * TOL[dtype])
     np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
-    if mask == "causal":
+    if mask in ("causal", "additive"):
         assert np.all(o[0, Sq // 2] == 0 if layout == "BSHD" else o[0, :, Sq // 2] == 0)
     got, names = _grads(q, k, v, do, "cuda", **kw)
     for which in ("dkv", "dq"):

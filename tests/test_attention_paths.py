@@ -159,10 +159,10 @@ def test_forced_variants_are_never_planned():
     assert any(n.startswith("attention_rows") for n in names), names
 
 
-def test_flash_takes_boolean_masks_and_dropout_over_whole_key_groups():
-    """flash.takes (the tensor-core kernels' features; the GPU decides the rest): no mask
-    or a boolean one, not an additive one; dropout only where Sk % 4 == 0 (a Philox
-    call's 4 words are 4 adjacent keys of one row); 16-bit, D = Dv in 64, 128."""
+def test_flash_takes_masks_and_dropout_over_whole_key_groups():
+    """flash.takes (the tensor-core kernels' features; the GPU decides the rest): no mask,
+    a boolean or an additive one; dropout only where Sk % 4 == 0 (a Philox call's 4
+    words are 4 adjacent keys of one row); 16-bit, D = Dv in 64, 128."""
     import ml_dtypes
     from nbdnn.cuda.attention import flash
     from nbdnn.cuda.attention.geometry import geometry
@@ -175,8 +175,7 @@ def test_flash_takes_boolean_masks_and_dropout_over_whole_key_groups():
             q, k, v, np.zeros((1, 2, 32, Dv), dtype), m, p, False, None, 7, 0, "BHSD", 0, 0,
             "ieee"))
     assert geo() and geo(mask=bool) and geo(p=0.1) and geo(mask=bool, p=0.5, D=128, Dv=128)
-    assert not geo(mask=ml_dtypes.bfloat16)     # additive: gemm.py
-    assert not geo(mask=np.float32)
+    assert geo(mask=ml_dtypes.bfloat16) and geo(mask=np.float16, dtype=np.float16, p=0.2)
     assert geo(Sk=255) and not geo(Sk=255, p=0.1) and not geo(Sk=254, p=0.1)
     assert not geo(D=32, Dv=32) and not geo(Dv=128)
     assert not geo(dtype=np.float32)
@@ -280,3 +279,22 @@ def test_flash_dropout_lanes_draw_nbdnn_dropouts_mask(scheme, warp_shuffles):
         cuda.jit(_keys_lanes)[1, 32](got, thr, kscale)
         want = keep[_ROW0:_ROW0 + 32, _COL0:_COL0 + 16] * kscale
     np.testing.assert_array_equal(got.copy_to_host(), want)
+
+
+def _mask_terms(ms, out, isc):
+    from nbdnn.cuda.attention import flash
+    i = cuda.threadIdx.x
+    out[i] = flash.mask_term(ms[i], isc)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")  # (the simulator's float32)
+def test_an_additive_mask_joins_the_raw_score_over_scale_and_never_overflows():
+    """flash.mask_term (the tensor-core kernels' additive mask, m / scale beside the raw
+    score): -inf stays -inf, a finite value whose quotient would overflow float32
+    (bfloat16's lowest, a padding mask's) is held at -1e30 (a row of them averages, as
+    PyTorch's float32 kernels), the rest divided exactly."""
+    ms = np.array([-np.inf, -3.3895314e38, -2.0, 0.0, 3.0, -1e29], np.float32)
+    out = cuda.to_device(np.zeros(len(ms), np.float32))
+    cuda.jit(_mask_terms)[1, len(ms)](cuda.to_device(ms), out, np.float32(8))
+    np.testing.assert_array_equal(out.copy_to_host(),
+                                  np.array([-np.inf, -1e30, -16, 0, 24, -8e29], np.float32))

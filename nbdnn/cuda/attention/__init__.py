@@ -3,14 +3,14 @@
   masks, causal, grouped-query heads, dropout, variable lengths; the simulator runs
   it): a thread a query row (forward, dq), a thread a key row (dk, dv).
 - flash.py (flash_source.py): the tensor-core forward for 16-bit q, k, v at head dims
-  64 and 128, no mask or a boolean one, dropout where Sk % 4 == 0 (wgmma, TMA; sm_90); flash_bwd.py
+  64 and 128, any mask, dropout where Sk % 4 == 0 (wgmma, TMA; sm_90); flash_bwd.py
   (flash_bwd_source.py): its backward (dK and dV, then dQ by a second pass: deterministic).
 - flash_tf32.py: float32's forward in "tf32" / "3xtf32" fused on the tensor cores
   (mma.sync m16n8k8, online softmax; 3xtf32 past D 64 on gemm.py, which is faster there).
 - gemm.py: GEMMs around row kernels, the scores in a workspace (nbdnn.cuda.matmul), for
-  float32 in every math mode, and the 16-bit calls flash.py does not take (additive
-  masks, dropout with Sk % 4 != 0, other head dims: TF32 tensor cores, exact on 16-bit
-  values); no seq_lens.
+  float32 in every math mode, and the 16-bit calls flash.py does not take (dropout
+  with Sk % 4 != 0, other head dims: TF32 tensor cores, exact on 16-bit values); no
+  seq_lens.
 - decode.py: the forward for Sq <= 16 queries against >= decode.MIN_KEYS keys
   (flash-decoding: the keys split over blocks, the chunks combined by log-sum-exp);
   every feature of the exact path. decode_split.py: its part kernel for 16-bit data at
@@ -140,10 +140,10 @@ FORWARD = (
     Variant("decode", _decode_usable, lambda c: _decode(c, False),
             "decode.py: Sq <= 16 queries against >= 1024 keys, every dtype and feature"),
     Variant("flash", lambda c: flash.usable(c.q, c.k, c.v, c.geo),
-            lambda c: flash.forward(c.q, c.k, c.v, c.o, c.lse, c.lq, c.lk, c.mb, c.geo,
-                                    c.layout, c.stream),
-            "flash.py: 16-bit at D 64 and 128, no mask or a boolean one, dropout where "
-            "Sk % 4 == 0, wgmma and TMA (sm_90)"),
+            lambda c: flash.forward(c.q, c.k, c.v, c.o, c.lse, c.lq, c.lk, c.mb, c.ma,
+                                    c.geo, c.layout, c.stream),
+            "flash.py: 16-bit at D 64 and 128, any mask, dropout where Sk % 4 == 0, wgmma "
+            "and TMA (sm_90)"),
     Variant("flash_tf32", lambda c: flash_tf32.usable(c.dtype, c.math, c.geo.D, c.geo.Dv,
                                                       _gemm_usable(c)),
             lambda c: flash_tf32.forward(c.q, c.k, c.v, c.o, c.lse, c.ma, c.mb, c.lq, c.lk,
@@ -178,7 +178,7 @@ def _simt_backward(c):
 BACKWARD = (
     Variant("flash", lambda c: flash_bwd.usable(c.q, c.k, c.v, c.geo, (c.do,)),
             lambda c: flash_bwd.backward(c.do, c.q, c.k, c.v, c.lse, c.dl, *c.grads, c.lq,
-                                         c.lk, c.mb, c.geo, c.layout, c.stream),
+                                         c.lk, c.mb, c.ma, c.geo, c.layout, c.stream),
             "flash_bwd.py: flash's calls; dK and dV a block of 128 keys, then dQ"),
     Variant("gemm", _gemm_usable,
             lambda c: gemm.backward(c.do, c.q, c.k, c.v, c.lse, c.dl, *c.grads, c.ma, c.mb,

@@ -10,11 +10,11 @@ and keys past the tensor are TMA's zeros, masked where they would count; causal 
 past a query tile's last row are never loaded.
 
 Where it runs (`usable`): float16 / bfloat16 q, k, v with head dims D = Dv = 64 or 128,
-no mask or a boolean one (an additive mask: gemm.py), dropout where Sk % 4 == 0 (a
-Philox call's 4 words on 4 adjacent keys: flash_source.py), a positive scale, Sq > 16
-(fewer queries: decode.py), sm_90; everything else (and the simulator) runs the other
-variants (attention/__init__.py). A boolean mask and dropout are compiled into their own
-kernels (flash_source.source's masked, dropped), so a call without them pays nothing.
+any mask (boolean, or additive in q's dtype), dropout where Sk % 4 == 0 (a Philox
+call's 4 words are 4 adjacent keys: flash_source.py), a positive scale, Sq > 16 (fewer
+queries: decode.py), sm_90; everything else (and the simulator) runs the other variants
+(attention/__init__.py). A mask and dropout are compiled into kernels of their own
+(flash_source.source's masked, dropped), so a call without them pays nothing.
 Causal, grouped-query heads, seq_lens_q / seq_lens_k and both layouts run here: BHSD tensors are mapped as (B*H,
 S, D), BSHD as (B, S, H*D), so neither is transposed.
 """
@@ -25,6 +25,7 @@ from numba import cuda, types
 from numba.cuda import libdevice
 
 from ..runtime.memory.arrays import dtype_name, ptr
+from ..runtime.device_code.intrinsics import array_type, widen
 from ..runtime.launch.codegen import compile_source
 from ..runtime.device import sm_count
 from ..runtime.launch.kernel import Kernel
@@ -65,13 +66,21 @@ PERSISTENT = {64: 4096, 128: 1 << 62}
 TILES = {64: (128, 4), 128: (128, 2)}  # D -> (BN keys a tile, K/V stages)
 THREADS, MAX_REGS = 384, 168
 KINDS = {"float16": "f16", "bfloat16": "bf16"}
-# (3 tensor maps, o's 16-bit pairs, lse, the lengths, Hq .. total; the boolean mask's
-# bytes and strides, the dropout's threshold, factor, offset and seed: read only by the
-# masked / dropped kernels)
-SIG = ("void(uint64, uint64, uint64, uint32[::1], float32[::1], int64[::1], int64[::1], "
-       "int64, int64, int64, int64, int64, int64, int64, int64, float32, int64, int64, int64, "
-       "int64, uint8[::1], int64, int64, int64, int64, uint64, float32, uint64, uint64, uint64, "
-       "uint64)")
+
+
+def sig(dtype):
+    """The forward's signature for 16-bit dtype: 3 tensor maps, o's 16-bit pairs, lse, the
+    lengths, Hq .. total; then a boolean mask's bytes, an additive mask (dtype), their
+    strides, the dropout's threshold, factor, offset and seed (read only by the masked /
+    dropped kernels)."""
+    return ("void(uint64, uint64, uint64, uint32[::1], float32[::1], int64[::1], int64[::1], "
+            "int64, int64, int64, int64, int64, int64, int64, int64, float32, int64, int64, "
+            f"int64, int64, {FEATURE_TYPES.format(array_type(dtype))})")
+
+
+# the features' parameters, every flash kernel's last (flash_bwd's too)
+FEATURE_TYPES = "uint8[::1], {}[::1], int64, int64, int64, int64, uint64, float32, uint64, " \
+    "uint64, uint64, uint64"
 
 
 ex2 = instruction("ex2.approx.ftz.f32 $0, $1;", types.float32, types.float32,
@@ -99,6 +108,26 @@ def _draw(g, off_lo, off_hi, key_lo, key_hi):
     """The 4 words of Philox call g (a uint64 counter) of the dropout's stream."""
     return philox4x32_10_u32(_U32(g), _U32(g >> _S32), _U32(off_lo), _U32(off_hi),
                              _U32(key_lo), _U32(key_hi))
+
+
+@cuda.jit(device=True)
+def mask_term(m, isc):
+    """An additive mask's value m as the term m / scale (isc) its raw score takes: -inf
+    stays -inf; a finite m whose quotient would overflow float32 (bfloat16's lowest, a
+    padding mask's) is held at -1e30, so a row of only such values averages its values
+    as PyTorch's float32 kernels (and the float64 reference) do instead of vanishing."""
+    if m == _NEG:
+        return _NEG
+    return max(m * isc, types.float32(-1e30))
+
+
+@cuda.jit(device=True)
+def added_score(s, inside, ma, at, isc):
+    """s + m / scale (m: the additive mask's value) where the score is inside the live
+    keys, else -inf."""
+    if inside:
+        return s + mask_term(widen(ma[at]), isc)
+    return _NEG
 
 
 @cuda.jit(device=True)
@@ -145,7 +174,9 @@ def namespace(kind):
                 F32=types.float32, NEG=types.float32(-np.inf), LN2=types.float32(math.log(2)),
                 FULL=0xFFFFFFFF, math=math, fmaxf=libdevice.fmaxf, ex2=ex2,
                 U64=types.uint64, TWO=_TWO, masked_score=masked_score,
-                pair_keep=pair_keep, quad_keep=quad_keep,
+                added_score=added_score, mask_term=mask_term, pair_keep=pair_keep,
+                quad_keep=quad_keep, widen=widen,
+                LOG2E=types.float32(math.log2(math.e)),
                 cvt=cvt_bf16x2 if kind == "bf16" else cvt_f16x2,
                 mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,
                 setmaxnreg_dec=setmaxnreg_dec, setmaxnreg_inc=setmaxnreg_inc,
@@ -156,9 +187,10 @@ def namespace(kind):
                 mbarrier_try_wait_parity=mbarrier_try_wait_parity)
 
 
-def kernel(dtype, D, variant=None, persistent=False, masked=False, dropped=False):
+def kernel(dtype, D, variant=None, persistent=False, masked=0, dropped=False):
     """The forward Kernel for dtype, head dim D (TILES), variant (VARIANT[D] unless
-    given), persistence, a boolean mask and dropout, built on first use."""
+    given), persistence, the mask's kind (0 none, 1 boolean, 2 additive) and dropout,
+    built on first use."""
     variant = variant or VARIANT[D]
     key = dtype, D, variant, persistent, masked, dropped
     if key not in _KERNELS:
@@ -174,9 +206,10 @@ def kernel(dtype, D, variant=None, persistent=False, masked=False, dropped=False
                       f"and m64n{D}k16 with P in registers (O)",
             "traffic": f"a key tile: {4 * BN * D} B in, {4 * fs.BM * BN * D} flops",
             "why": f"variant {variant}{', persistent' if persistent else ''}"
-                   f"{', a boolean mask' if masked else ''}{', dropout' if dropped else ''} "
+                   f"{('', ', a boolean mask', ', an additive mask')[masked]}"
+                   f"{', dropout' if dropped else ''} "
                    "(flash.py: VARIANT, PERSISTENT)"})
-        _KERNELS[key] = Kernel(fn, [SIG], arch="sm_90a", shared_bytes=shmem,
+        _KERNELS[key] = Kernel(fn, [sig(dtype)], arch="sm_90a", shared_bytes=shmem,
                                     max_registers=MAX_REGS)
     return _KERNELS[key]
 
@@ -186,10 +219,9 @@ _KERNELS = {}
 
 def takes(dtype, geo):
     """Whether the kernels' features cover the call (geo: geometry.Geometry): 16-bit
-    data, D = Dv in TILES, no mask or a boolean one, dropout only where Sk % 4 == 0, a
-    positive scale."""
+    data, D = Dv in TILES, any mask, dropout only where Sk % 4 == 0, a positive scale."""
     return dtype in KINDS and geo.D == geo.Dv and geo.D in TILES and \
-        geo.mask_kind in (0, 1) and (not geo.dropped or geo.Sk % 4 == 0) and geo.scale > 0
+        (not geo.dropped or geo.Sk % 4 == 0) and geo.scale > 0
 
 
 def fits(q, k, v, geo):
@@ -205,15 +237,16 @@ def usable(q, k, v, geo):
     return geo.Sq > 16 and fits(q, k, v, geo)
 
 
-def features(geo, mb):
-    """(masked, dropped) of the call and the kernels' trailing arguments: the boolean
-    mask (mb; a stand-in without one) and its strides, the dropout's stream."""
-    return (geo.masked, geo.dropped), (mb, *geo.mask[1:], *geo.dropout)
+def features(geo, mb, ma):
+    """(the mask's kind, dropped) of the call and the kernels' trailing arguments: the
+    boolean mask (mb) and the additive one (ma; stand-ins where absent), their strides,
+    the dropout's stream."""
+    return (geo.mask_kind, geo.dropped), (mb, ma, *geo.mask[1:], *geo.dropout)
 
 
-def forward(q, k, v, o, lse, lq, lk, mb, geo, layout, stream):
-    """Launch the kernel (geo: the call's geometry.Geometry; mb: the boolean mask's
-    bytes, or a stand-in the kernel does not read)."""
+def forward(q, k, v, o, lse, lq, lk, mb, ma, geo, layout, stream):
+    """Launch the kernel (geo: the call's geometry.Geometry; mb, ma: the boolean and the
+    additive mask, or stand-ins the kernel does not read)."""
     B, Hq, G, Sq, Sk, D = geo[:6]
     ob, oh, orow = geo.o_strides
     causal, scale, (has_lq, has_lk) = geo.causal, geo.scale, geo.lengths
@@ -226,11 +259,11 @@ def forward(q, k, v, o, lse, lq, lk, mb, geo, layout, stream):
             for t, shp, rows in ((q, shapes[0], fs.BM), (k, shapes[1], BN), (v, shapes[1], BN))]
     persistent = not causal and Sk <= PERSISTENT[D] and not geo.dropped  # (a persistent
     # tile loop with dropout's draws spills 150-230 B; the plain loop 16-28 B)
-    feat, tail = features(geo, mb)
+    feat, tail = features(geo, mb, ma)
     kern = kernel(dtype, D, "F1" if persistent else None, persistent, *feat)
     total = B * Hq * -(-Sq // fs.BM)
     grid = min(total, sm_count()) if persistent else total  # (one block an SM fits)
-    kern.launch(SIG, grid, THREADS, stream, *(m[0] for m in maps),
+    kern.launch(kern.sigs[0], grid, THREADS, stream, *(m[0] for m in maps),
                 (ptr(o), B * Hq * Sq * D // 2), lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk,
                 causal, int(bhsd), float(scale * math.log2(math.e)), ob, oh, orow, total, *tail,
                 shmem=kern.shared_bytes, owners=tuple(m[1] for m in maps) + (o,))
@@ -246,5 +279,5 @@ def ptx_examples():
         kernel("bfloat16", 128, variant)
     for D in (64, 128):
         kernel("bfloat16", D, "F1", True)
-    kernel("bfloat16", 64, None, False, True, True)  # (F3 with both features: the most
-    kernel("bfloat16", 128, None, True, True, False)  # registers; F1 persistent, masked)
+    kernel("bfloat16", 64, None, False, 1, True)  # (F3 with both features: the most
+    kernel("bfloat16", 128, None, True, 2, False)  # registers; F1 persistent, additive)

@@ -30,8 +30,9 @@ The producer warpgroup's one thread loads the resident tiles once and streams th
 consumers release a stage after their last product that reads it. Masked pairs (key
 past seq_lens_k, query past seq_lens_q, causal) get P = dS = 0 by selection.
 
-A boolean mask and dropout (flash_source.py) are compiled in where a call has them
-(`masked`, `dropped`): a False mask byte is one more masked pair; with dropout
+A mask and dropout (flash_source.py) are compiled in where a call has them (`masked`:
+its kind, `dropped`): a False boolean byte is one more masked pair, an additive value m
+joins its score as m / scale before P is recomputed; with dropout
 (Sk % 4 == 0) dV takes P' = P keep / (1 - p) and dS = P (dP keep / (1 - p) - delta), the
 keep factors drawn as the forward drew them. In dq a lane pair shares a Philox call's
 4 adjacent keys as in the forward; in dkv, whose lanes hold 2 queries of a key, the 4
@@ -102,13 +103,17 @@ def _rs_lines(pairs, ind, st):
     return L
 
 
-def _grad_lines(ind, masked, L_of, dl_of, pack_p, st, feat=(False, False), keep=None):
+def _grad_lines(ind, masked, L_of, dl_of, pack_p, st, feat=(0, False), keep=None,
+                added=None):
     """sv, dp (m64n64 accumulators: S and dP) -> p = exp2(s sl - L), dS = p (dp - delta), zeros where
     masked(k) holds (masked tiles only; every tile with a boolean mask), packed into ap
     (P, if pack_p) and ad (dS); dropped: times the keep factors f{k} that keep(j, ind)'s
-    lines make for pairs 4j .. 4j + 3 (_keep_lines). A column group j at a time: its
-    factors, scores and packed pairs, so few values are live at once."""
-    boolean, dropped = feat
+    lines make for pairs 4j .. 4j + 3 (_keep_lines); an additive mask: score k is
+    sv[k] + added(k) (its value / scale). A column group j at a time: its factors, scores
+    and packed pairs, so few values are live at once."""
+    mask_kind, dropped = feat
+    boolean = mask_kind != 0  # (every tile reads its mask: no unmasked branch)
+    s_of = (lambda k: f"(sv[{k}] + {added(k)})") if mask_kind == 2 else (lambda k: f"sv[{k}]")
     f = (lambda k: f" * f{k}") if dropped else (lambda k: "")
 
     def body(sub, check):
@@ -118,7 +123,8 @@ def _grad_lines(ind, masked, L_of, dl_of, pack_p, st, feat=(False, False), keep=
             for k in range(4 * j, 4 * j + 4):
                 if check:
                     L += [f"{sub}z{k} = {masked(k)}",
-                          f"{sub}p{k} = F32(0) if z{k} else ex2(cuda.fma(sv[{k}], sl, -{L_of(k)}))",
+                          f"{sub}p{k} = F32(0) if z{k} else ex2(cuda.fma({s_of(k)}, sl, "
+                          f"-{L_of(k)}))",
                           f"{sub}d{k} = F32(0) if z{k} else p{k} * (dp[{k}]{f(k)} - {dl_of(k)})"]
                 else:
                     L += [f"{sub}p{k} = ex2(cuda.fma(sv[{k}], sl, -{L_of(k)}))",
@@ -207,6 +213,7 @@ def _consumer_head(D, stages):
     return ["    else:", f"        setmaxnreg_inc({REGS[1]})", "        w = wg - 1",
             "        i = tid % 128", "        lane = i % 32", "        woff = w * 8192",
             "        cb = 2 * (lane % 4)", "        sl = F32(scale_log2)",
+            "        isc = F32(1) / F32(scale)  # (an additive mask's value joins S over scale)",
             "        while mbarrier_try_wait_parity(U32(rfull), U32(0)) == 0:", "            pass"]
 
 
@@ -222,16 +229,17 @@ def _release():
             "                mbarrier_arrive(U32(empty0 + 8 * s))"]
 
 
-_FEATURES = "mb, ms0, ms1, ms2, ms3, thr, kscale, off_lo, off_hi, key_lo, key_hi"
+_FEATURES = "mb, ma, ms0, ms1, ms2, ms3, thr, kscale, off_lo, off_hi, key_lo, key_hi"
 
 
 def _suffix(feat):
-    return ("_m" if feat[0] else "") + ("_d" if feat[1] else "")
+    return ("", "_m", "_a")[feat[0]] + ("_d" if feat[1] else "")
 
 
 def dkv_source(kind, D, stages, feat=(False, False)):
     """(name, source) of the dK/dV kernel (module docstring) for kind "f16"/"bf16", head
-    dim D (64 or 128), `stages` Q/dO stages; feat: (a boolean mask, dropout)."""
+    dim D (64 or 128), `stages` Q/dO stages; feat: (the mask's kind: 0 none, 1 boolean,
+    2 additive; dropout)."""
     st = step_of("dkv", D, feat[1])
     name = f"attention_flash_dkv_{kind}_d{D}_m{st}s{stages}" + _suffix(feat)
     args = ("map_a, map_b, map_c, map_d, lse, dl, dk_out, dv_out, lq, lk, Hq, G, Sq, Sk, "
@@ -288,10 +296,15 @@ def dkv_source(kind, D, stages, feat=(False, False)):
     def masked(k):
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
         return f"cl + {co} >= lqb or r{rr} >= lkb or (causal != 0 and r{rr} > cl + {co})" + \
-            (f" or mb[b * ms0 + h * ms1 + (cl + {co}) * ms2 + r{rr} * ms3] == 0" if feat[0] else "")
+            (f" or mb[b * ms0 + h * ms1 + (cl + {co}) * ms2 + r{rr} * ms3] == 0"
+             if feat[0] == 1 else "")
+
+    def added(k):
+        co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
+        return f"mask_term(widen(ma[b * ms0 + h * ms1 + (cl + {co}) * ms2 + r{rr} * ms3]), isc)"
     L += _grad_lines(" " * 12, masked, lambda k: f"L{2 * (k // 4) + k % 2}",
                      lambda k: f"dl{2 * (k // 4) + k % 2}", True, st, feat,
-                     lambda j, ind: _keep_lines("dkv", j, ind))
+                     lambda j, ind: _keep_lines("dkv", j, ind), added)
     L += ["            wgmma_fence()"] + _rs_lines((("dv", "ap", f"sa + {st * D * 2}"),
                                                     ("dk", "ad", "sa")), " " * 12, st) + _release()
     L += _store_lines("dk", D, "Sk", "b * kb + hk * kh + rw * krow + cb", "sc", "rw >= lkb") + \
@@ -354,10 +367,14 @@ def dq_source(kind, D, stages, feat=(False, False)):
     def masked(k):
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
         return f"cl + {co} >= lim{rr}" + \
-            (f" or mb[mq{rr} + (cl + {co}) * ms3] == 0" if feat[0] else "")
+            (f" or mb[mq{rr} + (cl + {co}) * ms3] == 0" if feat[0] == 1 else "")
+
+    def added(k):
+        co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
+        return f"mask_term(widen(ma[mq{rr} + (cl + {co}) * ms3]), isc)"
     L += _grad_lines(" " * 12, masked, lambda k: f"L{(k % 4) // 2}",
                      lambda k: f"dl{(k % 4) // 2}", False, st, feat,
-                     lambda j, ind: _keep_lines("dq", j, ind))
+                     lambda j, ind: _keep_lines("dq", j, ind), added)
     L += ["            wgmma_fence()"] + _rs_lines((("dq", "ad", "sa"),), " " * 12, st) + _release()
     L += _store_lines("dq", D, "Sq", "b * qb + h * qh + rw * qrow + cb", "sc", "rw >= lqb")
     return name, "\n".join(L) + "\n"

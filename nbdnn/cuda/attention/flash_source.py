@@ -26,10 +26,13 @@ BN = 128, D = 128, 64 KB for 8.4 MFLOP, 128 flop/byte, so the loads hide behind 
 tensor cores once a head's K and V sit in L2 (the block order keeps a head's query
 tiles together).
 
-Two features are compiled in only where a call has them (`masked`, `dropped`):
-- a boolean mask (True attends): each score reads its byte (mask strides ms0..ms3 over
-  (B, Hq, Sq, Sk), 0 where broadcast) and a False one is -inf, as past seq_lens_k; a
-  tile's BM x BN bytes come from L2 (a (B, 1, S, S) causal mask: S^2 B a batch entry);
+Two features are compiled in only where a call has them (`masked`: the mask's kind,
+`dropped`):
+- a mask (strides ms0..ms3 over (B, Hq, Sq, Sk), 0 where broadcast): boolean (True
+  attends), each score reads its byte and a False one is -inf, as past seq_lens_k; or
+  additive (q's dtype), each score takes its value m / scale before the scale (in the
+  log2 domain: s sl + m log2(e)); a tile's BM x BN values come from L2 (a (B, 1, S, S)
+  causal mask: S^2 values a batch entry);
 - dropout, nbdnn.dropout's stream over the (B, Hq, Sq, Sk) scores in C order (score e
   is word e % 4 of Philox4x32-10 call e // 4; cpu/dropout.py), so P V takes P' = P keep
   / (1 - p) while the row sums l take P (the reference's o = (softmax keep / (1 - p)) V).
@@ -129,16 +132,18 @@ def _pack_lines(BN, ind, dropped=False):
 
 def _softmax_lines(BN, D, ind, pack=True, feat=(False, False)):
     """Scores s -> masked x, the rows' running max m_, sum l_, probabilities p (packed
-    into a unless pack is False). feat: (masked: every score reads its mask byte,
-    dropped: the packed p take their keep factors)."""
+    into a unless pack is False). feat: (masked: the mask's kind, 1 boolean, 2 additive:
+    every score reads its mask value; dropped: the packed p take their keep factors)."""
     masked, dropped = feat
     n = BN // 2
     row = [(k % 4) // 2 for k in range(n)]          # 0: row r, 1: row r + 8
     col = [8 * (k // 4) + k % 2 for k in range(n)]  # column offset past n0 + cb
     if masked:
-        L = [f"{ind}cl = n0 + cb"] + [
-            f"{ind}x{k} = masked_score(sc[{k}], cl + {col[k]} < lim{row[k]}, mb, "
-            f"mr{row[k]} + (cl + {col[k]}) * ms3)" for k in range(n)]
+        score = "masked_score(sc[{k}], cl + {c} < lim{r}, mb, mr{r} + (cl + {c}) * ms3)" \
+            if masked == 1 else \
+            "added_score(sc[{k}], cl + {c} < lim{r}, ma, mr{r} + (cl + {c}) * ms3, isc)"
+        L = [f"{ind}cl = n0 + cb"] + [f"{ind}x{k} = " + score.format(k=k, c=col[k], r=row[k])
+                                      for k in range(n)]
     else:
         L = [f"{ind}need = n0 + {BN} > lkb or (causal != 0 and n0 + {BN - 1} > wrow)",
              f"{ind}if need:", f"{ind}    cl = n0 + cb"]
@@ -207,6 +212,7 @@ def _consumer_tile(D, BN, stages, overlap, pingpong=False, feat=(False, False)):
          "        sc = zero_s()"]
     if masked:  # (rows past Sq read row Sq - 1: in bounds, never stored)
         L += [f"        mr{rr} = b * ms0 + h * ms1 + min(r{rr}, Sq - 1) * ms2" for rr in (0, 1)]
+        L += ["        isc = F32(LOG2E) / sl  # 1 / scale: m / scale joins the raw scores"]
     if dropped:  # score (row, n0 + 8 j + 4 (c // 2)): this lane's call's first word
         L += ["        eb = U64((b * Hq + h) * Sq + (r0 if lane % 2 == 0 else r1)) * U64(Sk) "
               "+ U64(4 * ((lane % 4) // 2))",
@@ -308,15 +314,15 @@ def source(kind, D, BN, stages, overlap=True, pingpong=False, persistent=False,
     pingpong (with overlap): F3, the warpgroups' products in turns; persistent: a block
     loops over tiles (total of them, the grid one block an SM), its producer loading the
     next tile's Q once the consumers' products are done with the last (barrier qempty)
-    and its K and V meanwhile; masked, dropped: a boolean mask, dropout (module
-    docstring)."""
+    and its K and V meanwhile; masked: the mask's kind (0 none, 1 boolean, 2 additive),
+    dropped: dropout (module docstring)."""
     q_bytes, kv_bytes = BM * D * 2, BN * D * 2
     name = f"attention_flash_fwd_{kind}_d{D}_n{BN}s{stages}" + \
         ("_pp" if overlap and pingpong else "" if overlap else "_f1") + \
-        ("_p" if persistent else "") + ("_m" if masked else "") + ("_d" if dropped else "")
+        ("_p" if persistent else "") + ("", "_m", "_a")[masked] + ("_d" if dropped else "")
     L = _helper_lines(D, BN) + [
          f"def {name}(map_q, map_k, map_v, out, lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, "
-         "causal, bhsd, scale_log2, ob, oh, orow, total, mb, ms0, ms1, ms2, ms3, thr, kscale, "
+         "causal, bhsd, scale_log2, ob, oh, orow, total, mb, ma, ms0, ms1, ms2, ms3, thr, kscale, "
          "off_lo, off_hi, key_lo, key_hi):",
          "    smem = cuda.shared.array(0, types.uint8)",
          f"    bars = cuda.shared.array({2 + 3 * stages}, types.uint64, alignment=8)",
