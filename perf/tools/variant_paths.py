@@ -62,31 +62,39 @@ def pools():
 
 
 def attention():
-    """Each forward variant forced (and the backward's flash and gemm), causal."""
+    """Each forward variant forced (and the backward's flash and gemm), causal; flash
+    also with a boolean mask and dropout, and with an additive mask (their kernels)."""
     bf = ml_dtypes.bfloat16
-    cases = [("flash", bf, 64, 1, 70, 90, None), ("flash", np.float16, 128, 1, 33, 200, None),
-             ("flash_tf32", np.float32, 64, 1, 40, 100, "tf32"),
-             ("decode_split", bf, 64, 2, 3, 1500, None),
-             ("gemm", np.float32, 96, 1, 64, 130, "3xtf32")]
-    for name, dt, D, B, Sq, Sk, math in cases:
+    cases = [("flash", bf, 64, 1, 70, 90, None, None, 0.0),
+             ("flash", np.float16, 128, 1, 33, 200, None, None, 0.0),
+             ("flash", bf, 64, 1, 40, 132, None, "bool", 0.2),
+             ("flash", np.float16, 128, 1, 70, 96, None, "additive", 0.0),
+             ("flash_tf32", np.float32, 64, 1, 40, 100, "tf32", None, 0.0),
+             ("decode_split", bf, 64, 2, 3, 1500, None, None, 0.0),
+             ("gemm", np.float32, 96, 1, 64, 130, "3xtf32", None, 0.0)]
+    for name, dt, D, B, Sq, Sk, math, masked, p in cases:
         q, k, v = (rng.normal(size=(B, 2, S, D)).astype(dt) for S in (Sq, Sk, Sk))
+        mask = None if masked is None else rng.random((B, 1, Sq, Sk)) > 0.2
+        if masked == "additive":
+            mask = np.where(mask, rng.uniform(-1, 1, mask.shape), -np.inf).astype(dt)
+        kw = dict(is_causal=masked is None, attn_mask=mask, dropout_p=p, seed=4, offset=8)
+        kw64 = dict(kw, attn_mask=mask.astype(np.float64) if masked == "additive" else mask)
         mode = (lambda: nbdnn.math_mode(math)) if math else contextlib.nullcontext
         with mode(), A.forced(name):
-            o, lse = nbdnn.scaled_dot_product_attention(q, k, v, is_causal=True, backend="cuda")
+            o, lse = nbdnn.scaled_dot_product_attention(q, k, v, backend="cuda", **kw)
         q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
-        o_r, lse_r = nbdnn.scaled_dot_product_attention(q64, k64, v64, is_causal=True,
-                                                        backend="cpu")
-        close(f"attention {name}", o, o_r, 2e-2)
+        o_r, lse_r = nbdnn.scaled_dot_product_attention(q64, k64, v64, backend="cpu", **kw64)
+        close(f"attention {name} {masked} {p}", o, o_r, 2e-2)
         if name in ("flash", "gemm"):
             do = rng.normal(size=o_r.shape).astype(dt)
             with mode(), A.forced(name):
                 g = nbdnn.scaled_dot_product_attention_backward(do, q, k, v, o, lse,
-                                                                is_causal=True, backend="cuda")
+                                                                backend="cuda", **kw)
             r = nbdnn.scaled_dot_product_attention_backward(do.astype(np.float64), q64, k64,
-                                                            v64, o_r, lse_r, is_causal=True,
-                                                            backend="cpu")
+                                                            v64, o_r, lse_r, backend="cpu",
+                                                            **kw64)
             for a, b in zip(g, r):
-                close(f"attention bwd {name}", a, b, 5e-2)
+                close(f"attention bwd {name} {masked} {p}", a, b, 5e-2)
 
 
 BF = ml_dtypes.bfloat16
