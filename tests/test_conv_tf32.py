@@ -63,3 +63,59 @@ def test_tf32_forward_on_tensor_cores(case, monkeypatch):
         want = nbdnn.conv2d(*args, activation="relu" if len(args) == 3 else None,
                             backend="cpu", **kw)
         np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_tf32_channels_first_goes_through_copies_where_a_filter_has_taps(monkeypatch):
+    """conv's variant tf32_channels_first_copies: float32 NCHW in math "tf32" that the tf32
+    kernel takes channels-last, wanted where the filter has more than one tap (a 1x1
+    keeps the GEMM path: no im2col to save); never a channels-last call
+    (tf32_tensor_cores takes those), another math mode, groups, or C not a multiple of 4."""
+    from nbdnn.cuda import conv as CV
+    from nbdnn.cuda.conv import wgmma_conv as C
+    from nbdnn.cuda.conv.geometry import geometry
+    monkeypatch.setattr(C, "ptr", lambda a: a)
+    monkeypatch.setattr(C, "dtype_name", lambda a: "float32")
+    monkeypatch.setattr(CV, "dtype_name", lambda a: "float32")
+    monkeypatch.setattr(C, "sm_count", lambda: 132)
+    monkeypatch.setattr(C.split_k, "sm_count", lambda: 132)
+    monkeypatch.setattr(CV, "_tensor_cores", lambda: True)
+    v = next(v for v in CV.FORWARD if v.name == "tf32_channels_first_copies")
+
+    def call(xs, ws, pad=1, last=0, math="tf32", groups=1):
+        g = geometry(xs, ws, (1, 1), ((pad, pad),) * 2, (1, 1), groups, "cross_correlation",
+                     last)
+        return CV.Call(g, "gemm", math, 1.0, 0.0, 0, x=256, w=512, y=1024)
+    c = call((32, 64, 56, 56), (64, 64, 3, 3))
+    assert v.usable(c) and v.wanted(c)
+    c = call((32, 64, 56, 56), (256, 64, 1, 1), pad=0)
+    assert v.usable(c) and not v.wanted(c)
+    assert not v.usable(call((32, 56, 56, 64), (64, 3, 3, 64), last=1))
+    assert not v.usable(call((32, 64, 56, 56), (64, 64, 3, 3), math="ieee"))
+    assert not v.usable(call((32, 64, 56, 56), (64, 64, 3, 3), math="3xtf32"))
+    assert not v.usable(call((32, 64, 56, 56), (64, 32, 3, 3), groups=2))
+    assert not v.usable(call((2, 6, 9, 9), (8, 6, 3, 3)))
+
+
+@pytest.mark.skipif(SIMULATOR, reason="inline PTX needs a GPU")
+@pytest.mark.parametrize("case", CASES[:2], ids=lambda c: "x".join(map(str, c[1])))
+def test_tf32_forward_channels_first_through_copies(case):
+    """conv2d(math="tf32") on float32 NCHW: x and w copied channels-last, the tf32 wgmma
+    kernel (which ran), y copied back; with a bias and relu, against the CPU reference."""
+    torch = pytest.importorskip("torch")
+    import nbdnn
+    from nbdnn.cuda.runtime.launch.kernel import launched
+    if _cc() < (9, 0):
+        pytest.skip("wgmma needs sm_90")
+    xs, ws, stride, padding = case
+    xs, ws = (xs[0], xs[3], xs[1], xs[2]), (ws[0], ws[3], ws[1], ws[2])  # NCHW, KCRS
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x = rng.standard_normal(xs, dtype=np.float32)
+    w = (rng.standard_normal(ws, dtype=np.float32) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+    b = rng.standard_normal(ws[0], dtype=np.float32)
+    kw = dict(stride=stride, padding=padding, math="tf32")
+    with launched() as names:
+        y = nbdnn.conv2d(*(torch.from_numpy(a).cuda() for a in (x, w, b)), activation="relu",
+                         **kw)
+    assert sum(n.startswith("wgmma_conv_tf32") for n in names) == 1, names
+    want = nbdnn.conv2d(x, w, b, activation="relu", backend="cpu", **kw)
+    np.testing.assert_allclose(y.cpu().numpy(), want, rtol=1e-4, atol=1e-4)

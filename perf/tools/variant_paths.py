@@ -184,6 +184,8 @@ TC = True  # the case needs sm_90's tensor cores (the simulator runs no inline P
 TABLES = [  # (family module, variant, case: () -> (GPU results, CPU results), tolerance, TC)
     (CV, "tf32_tensor_cores", lambda: _forward(*_conv(F32, "NHWC", 16, 16, 3), math="tf32"),
      2e-2, TC),
+    (CV, "tf32_channels_first_copies",
+     lambda: _forward(*_conv(F32, "NCHW", 16, 16, 3), math="tf32"), 2e-2, TC),
     (CV, "channels_first_copies", lambda: _forward(*_conv(BF, "NCHW", 64, 64, 3)), 3e-2, TC),
     (CV, "stem_words", lambda: _forward(*_conv(BF, "NHWC", 3, 16, 7, stride=2, H=20)), 3e-2,
      TC),

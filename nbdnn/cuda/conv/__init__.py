@@ -282,13 +282,34 @@ def _winograd(m):
                                             c.stream, m)
 
 
+def _tf32_usable(c):
+    """float32 in math "tf32" ("auto" and "gemm" both arrive as "gemm": _run) that the
+    tf32 wgmma kernel takes (channels-last, no residual, alpha 1, beta 0)."""
+    return c.math == "tf32" and c.dtype == "float32" and _algo(c, "gemm") and \
+        _tensor_cores() and _wgmma_conv.tf32_usable(c.x, c.w, c.y, c.g, c.bias, c.residual,
+                                                    c.alpha, c.beta)
+
+
+def _tf32_copies_usable(c):
+    """A channels-first float32 call the tf32 kernel would take channels-last."""
+    return not c.g.last and c.g.G == 1 and \
+        _tf32_usable(dataclasses.replace(c, g=c.g._replace(last=1)))
+
+
+def _tf32_copies(c):
+    def channels_last(xt, wt, yt, rt, gl):
+        _wgmma_forward(dataclasses.replace(c, x=xt, w=wt, y=yt, residual=rt, g=gl))
+    _channels_first.forward(c.x, c.w, c.y, c.residual, c.g, c.dtype, c.stream, channels_last)
+
+
 FORWARD = (
-    Variant("tf32_tensor_cores",
-            lambda c: c.math == "tf32" and c.dtype == "float32" and _algo(c, "gemm") and
-            _tensor_cores() and _wgmma_conv.tf32_usable(c.x, c.w, c.y, c.g, c.bias,
-                                                        c.residual, c.alpha, c.beta),
-            _wgmma_forward,
+    Variant("tf32_tensor_cores", _tf32_usable, _wgmma_forward,
             "wgmma_conv.py's tf32 kind: float32 in math \"tf32\" on the tensor cores"),
+    Variant("tf32_channels_first_copies", _tf32_copies_usable, _tf32_copies,
+            "channels_first.py: float32 NCHW in math \"tf32\" through channels-last copies "
+            "and the tf32 kernel, where a filter has more than one tap (the GEMM path's "
+            "im2col columns move R S T times x's items; the copies 2 (C + K) a position)",
+            wanted=lambda c: c.g.T * c.g.R * c.g.S > 1),
     Variant("channels_first_copies", _copies_usable, _copies,
             "channels_first.py: 16-bit NCHW through channels-last copies and the tensor "
             "cores, where the GEMM's flops pay for the copies",

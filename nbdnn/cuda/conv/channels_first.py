@@ -1,9 +1,14 @@
-"""16-bit channels-first (NCHW) forwards on sm_90's tensor cores through channels-last
-copies: x, w and a residual copied channels-last by the tiled transpose
-(tensor/transpose.py), the channels-last tensor-core variants, y copied back.
+"""Channels-first (NCHW) forwards on sm_90's tensor cores through channels-last copies
+(16-bit, and float32 in math "tf32"): x, w and a residual copied channels-last by the
+tiled transpose (tensor/transpose.py), the channels-last tensor-core variants, y copied
+back.
 Extra traffic: x, w, residual and y each read and written once more (s1 3x3 of
 ResNet-50 at batch 32: 4 x 12.8 MB), so a layer goes this way only where its GEMM has
 the flops to pay for the copies (`pays`).
+
+float32 in "tf32" goes this way wherever a filter has more than one tap: its other path
+is im2col's columns (R S T times x's items written and read) and the TF32 GEMM (not yet
+measured against it).
 
 Measured (H200, bf16 NCHW, batch 32, graph replay, against the SIMT algorithms):
 through the copies, ResNet-50's 1x1 layers of s2-s4 (51-205 GEMM flops a copied byte)
