@@ -293,15 +293,17 @@ def dkv_source(kind, D, stages, feat=(False, False)):
         f"            need = i0 + {st} > lqb or n0 + w * 64 + 64 > lkb or "
         "(causal != 0 and n0 + w * 64 + 63 > i0)"]
 
+    def at(k):  # pair k's mask element: query cl + co, key r_rr
+        co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
+        return f"b * ms0 + h * ms1 + (cl + {co}) * ms2 + r{rr} * ms3"
+
     def masked(k):
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
         return f"cl + {co} >= lqb or r{rr} >= lkb or (causal != 0 and r{rr} > cl + {co})" + \
-            (f" or mb[b * ms0 + h * ms1 + (cl + {co}) * ms2 + r{rr} * ms3] == 0"
-             if feat[0] == 1 else "")
+            (f" or mb[{at(k)}] == 0" if feat[0] == 1 else "")
 
     def added(k):
-        co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
-        return f"mask_term(widen(ma[b * ms0 + h * ms1 + (cl + {co}) * ms2 + r{rr} * ms3]), isc)"
+        return f"mask_term(widen(ma[{at(k)}]), isc)"
     L += _grad_lines(" " * 12, masked, lambda k: f"L{2 * (k // 4) + k % 2}",
                      lambda k: f"dl{2 * (k // 4) + k % 2}", True, st, feat,
                      lambda j, ind: _keep_lines("dkv", j, ind), added)
@@ -364,14 +366,16 @@ def dq_source(kind, D, stages, feat=(False, False)):
         f"            need = n0 + {st} > lkb or (causal != 0 and n0 + {st - 1} > wrow)",
         "            cl = n0 + cb"]
 
+    def at(k):  # pair k's mask element: query r_rr (its row offset mq), key cl + co
+        co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
+        return f"mq{rr} + (cl + {co}) * ms3"
+
     def masked(k):
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
-        return f"cl + {co} >= lim{rr}" + \
-            (f" or mb[mq{rr} + (cl + {co}) * ms3] == 0" if feat[0] == 1 else "")
+        return f"cl + {co} >= lim{rr}" + (f" or mb[{at(k)}] == 0" if feat[0] == 1 else "")
 
     def added(k):
-        co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
-        return f"mask_term(widen(ma[mq{rr} + (cl + {co}) * ms3]), isc)"
+        return f"mask_term(widen(ma[{at(k)}]), isc)"
     L += _grad_lines(" " * 12, masked, lambda k: f"L{(k % 4) // 2}",
                      lambda k: f"dl{(k % 4) // 2}", False, st, feat,
                      lambda j, ind: _keep_lines("dq", j, ind), added)

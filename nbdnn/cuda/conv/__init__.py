@@ -264,11 +264,16 @@ def _copies_usable(c):
     return _wgmma_conv.usable(c.x, c.w, c.y, gl, c.bias, c.residual, c.alpha, c.beta)
 
 
-def _copies(c):
-    def channels_last(xt, wt, yt, rt, gl):
-        cl = dataclasses.replace(c, x=xt, w=wt, y=yt, residual=rt, g=gl)
-        next(v for v in CHANNELS_LAST_16 if v.usable(cl)).run(cl)
-    _channels_first.forward(c.x, c.w, c.y, c.residual, c.g, c.dtype, c.stream, channels_last)
+def _through_copies(table):
+    """run(c) for a channels-first call: through channels-last copies, the first variant of
+    `table` that takes the channels-last call running on them (channels_first.py)."""
+    def run(c):
+        def channels_last(xt, wt, yt, rt, gl):
+            cl = dataclasses.replace(c, x=xt, w=wt, y=yt, residual=rt, g=gl)
+            next(v for v in table if v.usable(cl)).run(cl)
+        _channels_first.forward(c.x, c.w, c.y, c.residual, c.g, c.dtype, c.stream,
+                                channels_last)
+    return run
 
 
 def _depthwise_forward(c):
@@ -296,21 +301,20 @@ def _tf32_copies_usable(c):
         _tf32_usable(dataclasses.replace(c, g=c.g._replace(last=1)))
 
 
-def _tf32_copies(c):
-    def channels_last(xt, wt, yt, rt, gl):
-        _wgmma_forward(dataclasses.replace(c, x=xt, w=wt, y=yt, residual=rt, g=gl))
-    _channels_first.forward(c.x, c.w, c.y, c.residual, c.g, c.dtype, c.stream, channels_last)
+TF32_TENSOR_CORES = Variant(
+    "tf32_tensor_cores", _tf32_usable, _wgmma_forward,
+    "wgmma_conv.py's tf32 kind: float32 in math \"tf32\" on the tensor cores")
 
 
 FORWARD = (
-    Variant("tf32_tensor_cores", _tf32_usable, _wgmma_forward,
-            "wgmma_conv.py's tf32 kind: float32 in math \"tf32\" on the tensor cores"),
-    Variant("tf32_channels_first_copies", _tf32_copies_usable, _tf32_copies,
+    TF32_TENSOR_CORES,
+    Variant("tf32_channels_first_copies", _tf32_copies_usable,
+            _through_copies((TF32_TENSOR_CORES,)),
             "channels_first.py: float32 NCHW in math \"tf32\" through channels-last copies "
             "and the tf32 kernel, where a filter has more than one tap (the GEMM path's "
             "im2col columns move R S T times x's items; the copies 2 (C + K) a position)",
             wanted=lambda c: c.g.T * c.g.R * c.g.S > 1),
-    Variant("channels_first_copies", _copies_usable, _copies,
+    Variant("channels_first_copies", _copies_usable, _through_copies(CHANNELS_LAST_16),
             "channels_first.py: 16-bit NCHW through channels-last copies and the tensor "
             "cores, where the GEMM's flops pay for the copies",
             wanted=lambda c: _channels_first.pays(c.g, c.dtype, c.pick)),

@@ -7,8 +7,9 @@ ResNet-50 at batch 32: 4 x 12.8 MB), so a layer goes this way only where its GEM
 the flops to pay for the copies (`pays`).
 
 float32 in "tf32" goes this way wherever a filter has more than one tap: its other path
-is im2col's columns (R S T times x's items written and read) and the TF32 GEMM (not yet
-measured against it).
+is im2col's columns (R S T times x's items written and read) and the TF32 GEMM, against
+which the copies' 2 (C + K) items a position are the smaller traffic (a rule by count:
+no timing of the two decides it).
 
 Measured (H200, bf16 NCHW, batch 32, graph replay, against the SIMT algorithms):
 through the copies, ResNet-50's 1x1 layers of s2-s4 (51-205 GEMM flops a copied byte)
