@@ -44,9 +44,18 @@ def _run(q, k, v, **kw):
     return np.asarray(o, np.float64), np.asarray(lse, np.float64)
 
 
+def _in_float64(kw):
+    """The call's keywords for the float64 reference: an additive mask in float64 too
+    (the op takes a mask in q's dtype or bool)."""
+    m = kw.get("attn_mask")
+    if m is None or m.dtype == bool:
+        return kw
+    return {**kw, "attn_mask": np.asarray(m, np.float64)}
+
+
 def _reference(q, k, v, **kw):
     o, lse = nbdnn.scaled_dot_product_attention(
-        *(np.asarray(a, np.float64) for a in (q, k, v)), backend="cpu", **kw)
+        *(np.asarray(a, np.float64) for a in (q, k, v)), backend="cpu", **_in_float64(kw))
     return np.asarray(o), np.asarray(lse)
 
 
@@ -154,7 +163,8 @@ def test_flash_backward_matches_reference(dtype, D, layout, causal, B, Hq, Hk, S
     got, names = _grads(q, k, v, do, "cuda", **kw)
     assert any(n.startswith("attention_flash_dkv") for n in names) and \
         any(n.startswith("attention_flash_dq") for n in names), names
-    want, _ = _grads(*(np.asarray(a, np.float64) for a in (q, k, v, do)), "cpu", **kw)
+    want, _ = _grads(*(np.asarray(a, np.float64) for a in (q, k, v, do)), "cpu",
+                     **_in_float64(kw))
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         scale = max(np.abs(w).max(), 1e-6)
         assert np.abs(g - w).max() <= 2 * TOL[dtype] * scale, (name, np.abs(g - w).max(), scale)
@@ -256,7 +266,8 @@ def test_flash_masks_and_dropout_match_reference(dtype, D, layout, causal, B, Hq
     for which in ("dkv", "dq"):
         assert any(n.startswith(f"attention_flash_{which}") and n.endswith(suffix)
                    for n in names), names
-    want, _ = _grads(*(np.asarray(a, np.float64) for a in (q, k, v, do)), "cpu", **kw)
+    want, _ = _grads(*(np.asarray(a, np.float64) for a in (q, k, v, do)), "cpu",
+                     **_in_float64(kw))
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         scale = max(np.abs(w).max(), 1e-6)
         assert np.abs(g - w).max() <= 2 * TOL[dtype] * scale, (name, np.abs(g - w).max(), scale)

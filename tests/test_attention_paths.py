@@ -6,6 +6,7 @@ import pytest
 
 import nbdnn
 from nbdnn.cuda import cuda
+from nbdnn.cuda.attention import flash
 from nbdnn.cuda.runtime.launch.kernel import launched
 
 
@@ -164,7 +165,6 @@ def test_flash_takes_masks_and_dropout_over_whole_key_groups():
     a boolean or an additive one; dropout only where Sk % 4 == 0 (a Philox call's 4
     words are 4 adjacent keys of one row); 16-bit, D = Dv in 64, 128."""
     import ml_dtypes
-    from nbdnn.cuda.attention import flash
     from nbdnn.cuda.attention.geometry import geometry
 
     def geo(Sk=256, D=64, Dv=64, mask=None, p=0.0, dtype=ml_dtypes.bfloat16):
@@ -190,7 +190,6 @@ _ROW0, _COL0, _COLS = 16, 8, 64
 
 def _rows_lanes(out, thr, kscale):
     """The forward's (and dQ's) lanes: rows r0, r1 (queries), columns n0 + 8 j + cb + {0, 1}."""
-    from nbdnn.cuda.attention import flash
     lane = cuda.threadIdx.x
     r0 = _ROW0 + lane // 4
     r1 = r0 + 8
@@ -213,7 +212,6 @@ def _rows_lanes(out, thr, kscale):
 
 def _keys_lanes(out, thr, kscale):
     """dK/dV's lanes: keys r0, r1 (the warp's 16 from n0), queries cl + 8 j + {0, 1}."""
-    from nbdnn.cuda.attention import flash
     lane = cuda.threadIdx.x
     n0 = _COL0
     r0 = n0 + lane // 4
@@ -282,7 +280,6 @@ def test_flash_dropout_lanes_draw_nbdnn_dropouts_mask(scheme, warp_shuffles):
 
 
 def _mask_terms(ms, out, isc):
-    from nbdnn.cuda.attention import flash
     i = cuda.threadIdx.x
     out[i] = flash.mask_term(ms[i], isc)
 
