@@ -99,6 +99,10 @@ def _torch_models(rows):
                 notes.append(f"{r['model']} {config}: training step's peak memory "
                              f"{mem[1] / 2**30:.2f} GiB against native's {mem[0] / 2**30:.2f} "
                              f"({mem[1] / mem[0]:.2f}×)")
+            if "first_step_s" in got:  # (the converted model's, after native ran its own)
+                notes.append(f"{r['model']} {config}: the converted model's first training "
+                             f"step {got['first_step_s']:.1f} s (its kernels' JIT or cache "
+                             f"loads)")
         notes.append(f"{r['model']}: {100 * r.get('flops_on_nbdnn', 0):.1f}% of the forward's "
                      f"FLOPs on nbdnn; {r.get('kernels_compiled', '?')} kernels compiled or "
                      f"loaded")
