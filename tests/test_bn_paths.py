@@ -206,3 +206,49 @@ def test_columns_path_matches_general(dtype, shape, blocks_an_sm, monkeypatch):
                                                        *plain, yi)]
     for a, b in zip(got[True], got[False]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 if dtype == "float32" else 1e-3)
+
+
+@pytest.mark.parametrize("shape, layout", [(MULTI, "NCHW"), ((2, 3, 5, 5), "NCHW"),
+                                           ((2, 3, 4, 8), "NHWC"), ((2, 4, 4, 3), "NHWC")])
+@pytest.mark.parametrize("act", [None, "relu"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_float32_parameters_beside_16_bit_x(shape, layout, act, dtype):
+    """float32 scale and bias beside 16-bit x (cuDNN's float scale-bias descriptor; a
+    PyTorch batch norm under autocast): the kernels built for them (PARAMS_READ: the
+    statistics' and the backward's finals, inference's coefficients, the backward's
+    sums, which read them with an activation) on every path (planes, general, columns),
+    against the reference; dscale and dbias come back float32; and the same values as
+    16-bit parameters (exactly representable: halves) give the same results (dscale
+    and dbias: rounded to x's dtype). Only
+    scale (bias None) and only bias take the float32 kernels too."""
+    import ml_dtypes
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    arr = _inputs(shape, 0, dt, sum(shape))
+    C = shape[-1] if layout == "NHWC" else shape[1]
+    x, z, dy = arr(loc=3.0), arr(), arr()
+    rng = np.random.default_rng(C)
+    scale, bias = (np.round(rng.standard_normal(C) * 2) / 2).astype(np.float32), \
+        (np.round(rng.standard_normal(C) * 2) / 2).astype(np.float32)
+    kw = dict(layout=layout, residual=z, activation=act)
+
+    def run(be, sc, bi):
+        rm, rv = np.zeros(C, np.float32), np.ones(C, np.float32)
+        y, mean, invstd = nbdnn.batch_norm_train(x, sc, bi, rm, rv, backend=be, **kw)
+        grads = nbdnn.batch_norm_backward(dy, x, sc, mean, invstd, bias=bi, backend=be, **kw)
+        yi = nbdnn.batch_norm_infer(x, sc, bi, rm, rv, backend=be, **kw)
+        return [np.asarray(a) for a in (y, mean, invstd, rm, rv, *grads, yi)]
+
+    got = run("cuda", scale, bias)
+    assert got[6].dtype == got[7].dtype == np.float32  # dscale, dbias
+    assert got[0].dtype == got[5].dtype == got[8].dtype == np.dtype(dt)  # y, dx, dz
+    for g, w in zip(got, run("cpu", scale, bias)):
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=3e-2,
+                                   atol=3e-2)
+    for i, (g, w) in enumerate(zip(got, run("cuda", scale.astype(dt), bias.astype(dt)))):
+        if i in (6, 7):  # (the same float32 sums, there rounded to x's dtype)
+            g = g.astype(dt)
+        np.testing.assert_array_equal(g.astype(np.float64), w.astype(np.float64))
+    for sc, bi in ((scale, None), (None, bias)):
+        one = nbdnn.batch_norm_backward(dy, x, sc, got[1], got[2], bias=bi, backend="cuda",
+                                        **kw)
+        assert one[1].dtype == np.float32

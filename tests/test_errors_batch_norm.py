@@ -9,6 +9,7 @@ from nbdnn import BadParamError, DtypeError, ShapeError
 X = np.ones((2, 3, 4), np.float32)
 P = np.ones(3, np.float32)
 S = np.ones(3, np.float32)
+X16 = X.astype(np.float16)
 
 
 @pytest.mark.parametrize("call, err, words", [
@@ -35,6 +36,16 @@ S = np.ones(3, np.float32)
     (lambda: nbdnn.batch_norm_backward(X, X, P, S, S, out=(X,)), BadParamError, "out"),
     (lambda: nbdnn.batch_norm_backward(X[:1], X, P, S, S), ShapeError, "dy"),
     (lambda: nbdnn.batch_norm_train(X, P, P, mode="per_activation"), ShapeError, "scale.shape"),
+    # parameters: x's dtype, or float32 beside 16-bit x, one dtype for both
+    (lambda: nbdnn.batch_norm_train(X, P.astype(np.float16)), DtypeError, "float32 like x"),
+    (lambda: nbdnn.batch_norm_train(X16, P.astype(np.float64)), DtypeError,
+     "float16 like x or float32"),
+    (lambda: nbdnn.batch_norm_train(X16, P, P.astype(np.float16)), DtypeError, "bias.dtype"),
+    (lambda: nbdnn.batch_norm_infer(X16, None, P.astype(np.float16) * 0, S, S, out=X16[:1]),
+     ShapeError, "out"),
+    (lambda: nbdnn.batch_norm_backward(X16, X16, P, S, S, out=(X16.copy(),
+                                                               P.astype(np.float16), P.copy())),
+     DtypeError, "out[1]"),
 ])
 def test_bad_batch_norm_calls(call, err, words):
     with pytest.raises(err) as e:

@@ -309,10 +309,10 @@ def test_multihead_attention(batch_first, masks):
 def test_autocast_bfloat16(device):
     """Under torch.autocast(bfloat16) the converted network casts as PyTorch does
     (convolutions and linears in bfloat16, batch norm in x's dtype with float32
-    statistics, log_softmax in float32 on CUDA, in bfloat16 on the CPU): its output and the weights' gradients are
+    weights and statistics, log_softmax in float32 on CUDA, in bfloat16 on the CPU): its output and the weights' gradients are
     native's within bfloat16's rounding (largest error over largest value: output 2e-2,
     gradients 6e-2: roundings of bfloat16 activations compound through the layers, and
-    nbdnn's weight gradients are bfloat16 where PyTorch's are float32)."""
+    nbdnn's convolution weight gradients are bfloat16 where PyTorch's are float32)."""
     net = nn.Sequential(small_resnet(), nn.LogSoftmax(dim=1)).to(device)
     model, _ = nt.convert(net)
     x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(2)).to(device)
@@ -325,6 +325,29 @@ def test_autocast_bfloat16(device):
     assert y.dtype == y2.dtype == (torch.float32 if device == "cuda" else torch.bfloat16)
     for (a, b), tol in [((y, y2), 2e-2)] + [(g, 6e-2) for g in zip(gs, gs2)]:
         assert float((a.float() - b.float()).abs().max() / b.float().abs().max()) <= tol
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device for torch"))])
+def test_autocast_batch_norm_keeps_float32_weights(device):
+    """Under torch.autocast(bfloat16) a converted BatchNorm2d takes its float32 weight
+    and bias beside bfloat16 x as PyTorch's does: no cast node between them and the op
+    (their AccumulateGrad feeds it directly, as native's), and their gradients float32
+    sums of the same terms as native's (a bfloat16 round trip was 7e-4 off)."""
+    bn = nn.BatchNorm2d(3).to(device)
+    model, _ = nt.convert(bn)
+    x = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(4)).to(device)
+    runs = []
+    for m in (model, bn):
+        with torch.autocast(device, dtype=torch.bfloat16):
+            xb = x.to(torch.bfloat16).requires_grad_()
+            y = m.train()(xb)
+        feeds = [type(f).__name__ for f, _ in y.grad_fn.next_functions if f is not None]
+        assert feeds == ["AccumulateGrad"] * 3, feeds
+        runs.append(torch.autograd.grad(y.float().square().sum(), [xb, m.weight, m.bias]))
+    for a, b in zip(*runs):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-4, atol=1e-4)
 
 
 def test_conv_transpose_module_with_output_size():

@@ -15,7 +15,8 @@ Training (cuDNN's BatchNormalizationForwardTraining, with BN_ADD_ACTIVATION fuse
     running_var  = (1 - momentum) * running_var + momentum * var * M / (M - 1)
 with M = N*L the count a statistic averages (for M = 1 the biased var, 0, is used).
 Statistics and running statistics are kept in the compute dtype (float32 for float16
-and float32 inputs, float64 for float64), as layer_norm's are.
+and float32 inputs, float64 for float64), as layer_norm's are. scale and bias have x's
+dtype or, beside 16-bit x, float32 (cuDNN's); dscale and dbias come back in theirs.
 Inference: the same y with mean and var given (running statistics).
 Backward, with dyh = dy * act'(scale * xhat + bias + z):
     dbias = sum(dyh), dscale = sum(dyh * xhat)
@@ -109,7 +110,10 @@ def batch_norm_backward(dy, x, scale, bias, mean, invstd, residual, mode, last, 
     dx = k * (ct(M) * dyh - dbias[:, None] - xhat * dscale[:, None])
     pshape = tuple(x.shape[1:]) if mode == "per_activation" else (C,)
     res = [back(dx), dscale.reshape(pshape), dbias.reshape(pshape)]
+    pdt = next((np.asarray(p).dtype for p in (scale, bias) if p is not None), x.dtype)
+    dtypes = [x.dtype, pdt, pdt]
     if residual is not None:
         res.append(back(dyh))
+        dtypes.append(x.dtype)
     outs = out or (None,) * len(res)
-    return tuple(blend(r, o, 1.0, 0.0, x.dtype) for r, o in zip(res, outs))
+    return tuple(blend(r, o, 1.0, 0.0, d) for r, o, d in zip(res, outs, dtypes))

@@ -1,17 +1,20 @@
 """batch_norm_train / batch_norm_infer / batch_norm_backward: modes spatial and
 per_activation, NCHW/NHWC (any rank >= 2), fused residual add and activation (cuDNN's
-BN_ADD_ACTIVATION). The formulas are in nbdnn/cpu/batch_norm.py."""
+BN_ADD_ACTIVATION). The formulas are in nbdnn/cpu/batch_norm.py.
+
+scale and bias have x's dtype or, beside float16 / bfloat16 x, float32 (cuDNN's
+scale-bias descriptor is float for half inputs; PyTorch's batch norm under autocast
+keeps its float32 weights): one dtype for both, which dscale and dbias come back in."""
 import math
 
 from .._vocab import BATCH_NORM_MODES as MODES
-from ..errors import ShapeError, fail
+from ..errors import DtypeError, ShapeError, fail
 from .registry import op
 from .._vocab import BF16_DTYPES
 from ._common import (Call, blend_params, choice, compute_dtype, out_tuple, required,
                       same_dtype, same_shape, scalar)
 from .activation import fused_coef
 from .norm import check_params, check_stats
-
 
 
 def _geometry(op, x_shape, mode, layout):
@@ -27,10 +30,12 @@ def _geometry(op, x_shape, mode, layout):
 
 
 def _arrays(c, op, dtype, pshape, params=(), stats=(), like=(), optional_stats=False):
-    """Check scale/bias-like params and statistics (nbdnn.ops.norm's checks, against
-    the parameter shape) and arrays shaped like x; None params and like-arrays are
-    skipped, None statistics too where optional (the running ones)."""
-    check_params(c, op, *zip(*params), pshape, dtype, what="the parameter shape")
+    """Check scale/bias-like params (`_param_dtype`) and statistics (nbdnn.ops.norm's
+    checks, against the parameter shape) and arrays shaped like x; None params and
+    like-arrays are skipped, None statistics too where optional (the running ones).
+    Returns the parameters' dtype."""
+    pdt = _param_dtype(c, op, dtype, params)
+    check_params(c, op, *zip(*params), pshape, pdt, what="the parameter shape")
     check_stats(c, op, *zip(*stats), pshape, dtype, what="the parameter shape",
            optional=optional_stats)
     for name, (a, shape) in like:
@@ -38,6 +43,20 @@ def _arrays(c, op, dtype, pshape, params=(), stats=(), like=(), optional_stats=F
             s, dt = c.array(name, a, BF16_DTYPES)
             same_shape(op, ["x", name], [shape, tuple(s)])
             same_dtype(op, ["x", name], [dtype, dt])
+    return pdt
+
+
+def _param_dtype(c, op, dtype, params):
+    """The dtype scale and bias share: x's, or float32 beside 16-bit x (module
+    docstring); x's where neither is given."""
+    given = [(name, c.array(name, a, BF16_DTYPES)[1]) for name, a in params if a is not None]
+    if not given:
+        return dtype
+    name, pdt = given[0]
+    if pdt != dtype and not (pdt == compute_dtype(dtype) and dtype.itemsize == 2):
+        fail(DtypeError, op, f"{name}.dtype", f"{dtype.name} like x" +
+             (" or float32" if dtype.itemsize == 2 else ""), pdt.name)
+    return pdt
 
 
 def _act(op, activation, coef):
@@ -101,7 +120,8 @@ def batch_norm_backward(dy, x, scale, saved_mean, saved_invstd, *, bias=None, re
                         activation=None, coef=None, mode="spatial", layout="NCHW", out=None,
                         backend=None, stream=None):
     """(dx, dscale, dbias), and dresidual when the forward added a residual; dy is the
-    gradient of the forward's y. With an activation, bias and residual must be the
+    gradient of the forward's y; dscale and dbias in the parameters' dtype (scale's, or
+    bias's where scale is None; x's where neither is given). With an activation, bias and residual must be the
     forward's (the pre-activation is recomputed). out: None or a tuple of the results'
     buffers."""
     op = "batch_norm_backward"
@@ -114,12 +134,12 @@ def batch_norm_backward(dy, x, scale, saved_mean, saved_invstd, *, bias=None, re
     shape, dtype = c.array("x", x, BF16_DTYPES)
     shape = tuple(shape)
     pshape, last = _geometry(op, shape, mode, layout)
-    _arrays(c, op, dtype, pshape, (("scale", scale), ("bias", bias)),
-            (("saved_mean", saved_mean), ("saved_invstd", saved_invstd)),
-            (("dy", (dy, shape)), ("residual", (residual, shape))))
+    pdt = _arrays(c, op, dtype, pshape, (("scale", scale), ("bias", bias)),
+                  (("saved_mean", saved_mean), ("saved_invstd", saved_invstd)),
+                  (("dy", (dy, shape)), ("residual", (residual, shape))))
     act, coef = _act(op, activation, coef)
     if out is not None:
-        outs = tuple(c.out(o, s, dtype, f"out[{i}]")
-                     for i, (o, s) in enumerate(zip(outs, (shape, pshape, pshape, shape))))
+        outs = tuple(c.out(o, s, d, f"out[{i}]") for i, (o, s, d) in enumerate(
+            zip(outs, (shape, pshape, pshape, shape), (dtype, pdt, pdt, dtype))))
     return c.run("batch_norm_backward", dy, x, scale, bias, saved_mean, saved_invstd,
                  residual, mode, last, act, coef, out=outs or None)

@@ -23,6 +23,10 @@ LOWER = {"conv", "linear", "scaled_dot_product_attention"}
 FLOAT32 = {"cuda": {"softmax", "log_softmax", "layer_norm", "group_norm", "softplus",
                     "local_response_norm"},
            "cpu": {"avg_pool3d", "max_pool3d", "local_response_norm"}}
+# ...but batch norm keeps float32 weights beside 16-bit x, as PyTorch's (cuDNN's batch
+# norm takes float scale and bias for half inputs, and so does nbdnn's): no cast, and
+# their gradients float32
+FLOAT32_PARAMS = {"batch_norm"}
 
 
 def autocast(op, *tensors):
@@ -35,7 +39,9 @@ def autocast(op, *tensors):
         return tensors
     to = torch.get_autocast_dtype(device) if op in LOWER else torch.float32 \
         if op in FLOAT32.get(device, ()) else tensors[0].dtype
-    return tuple(t.to(to) if t is not None and t.dtype in DTYPES[:3] else t for t in tensors)
+    keep = torch.float32 if op in FLOAT32_PARAMS and to in DTYPES[:2] else None
+    return tuple(t.to(to) if t is not None and t.dtype in DTYPES[:3] and
+                 (i == 0 or t.dtype != keep) else t for i, t in enumerate(tensors))
 
 
 any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)

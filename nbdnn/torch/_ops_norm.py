@@ -2,9 +2,10 @@
 statistics nbdnn's backward reads (mean and invstd, or invrms: float32, float64 for
 float64 x), which are not differentiable; the backward keeps x, the weight and those
 statistics, so nothing is recomputed. Weights and biases have x's dtype, as nbdnn's
-norms take them; gradients come back in it. Batch norm's running statistics are
-advanced as PyTorch advances them (momentum, unbiased variance), in float32 while nbdnn
-runs, and copied into the buffers by nbdnn.torch.batch_norm."""
+norms take them, or for batch norm float32 beside 16-bit x (_args.FLOAT32_PARAMS);
+gradients come back in theirs. Batch norm's running statistics are advanced as PyTorch
+advances them (momentum, unbiased variance), in float32 while nbdnn runs, and copied
+into the buffers by nbdnn.torch.batch_norm."""
 from typing import Optional
 
 import torch
@@ -25,12 +26,15 @@ def _stats(x, shape):
     return x.new_empty(shape, dtype=_stat_dtype(x))
 
 
-def _grads(x, w, has_b, last=False):
-    """The fake (dx, dw, db) of a norm: dw and db empty where there is no weight / bias;
-    dx channels-last where last (batch and group norm of a channels-last x; layer and RMS
-    norm make x contiguous, as PyTorch's)."""
+def _grads(x, w, has_b, last=False, params=None):
+    """The fake (dx, dw, db) of a norm: dw and db empty where there is no weight / bias,
+    in the parameters' dtype (`params`'s, else w's, else x's: batch norm's may be
+    float32 beside 16-bit x); dx channels-last where last (batch and group norm of a
+    channels-last x; layer and RMS norm make x contiguous, as PyTorch's)."""
     n = w.shape if w is not None else (0,)
-    return new(x, x.shape, last), x.new_empty(n), x.new_empty(n if has_b else (0,))
+    pdt = (params if params is not None else w if w is not None else x).dtype
+    return new(x, x.shape, last), x.new_empty(n, dtype=pdt), \
+        x.new_empty(n if has_b else (0,), dtype=pdt)
 
 
 def _pick(grads, w, has_b):
@@ -89,8 +93,10 @@ def _batch_norm_eager(x, w, b, running_mean, running_var, training, momentum, ep
 
 
 def _affine(x, w, b):
-    C = x.shape[1]
-    return (w if w is not None else x.new_ones(C), b if b is not None else x.new_zeros(C))
+    """(w, b), a missing one ones / zeros of the other's dtype (nbdnn takes one)."""
+    C, like = x.shape[1], w if w is not None else b if b is not None else x
+    return (w if w is not None else like.new_ones(C),
+            b if b is not None else like.new_zeros(C))
 
 
 @batch_norm.register_fake
@@ -116,16 +122,17 @@ def batch_norm_infer_backward(dy: Tensor, x: Tensor, w: Optional[Tensor],
     (batch_norm_infer of dy, mean 0, bias 0); db = sum dy, dw = sum dy xhat over all
     axes but C (conv_backward_bias, xhat = batch_norm_infer of x with w 1, b 0)."""
     C = x.shape[1]
+    pdt = w.dtype if w is not None else x.dtype
     zeros, mean, var = (x.new_zeros(C), running_mean.to(_stat_dtype(x)),
                         running_var.to(_stat_dtype(x)))
-    dx = run_as(nbdnn.batch_norm_infer, x, dy, _affine(x, w, None)[0], zeros,
-                mean.new_zeros(C), var, eps=eps, nhwc_layout=True)
-    db = _channel_sums(x, dy) if has_bias else dx.new_empty(0)
-    dw = dx.new_empty(0)
+    dx = run_as(nbdnn.batch_norm_infer, x, dy, _affine(x, w, None)[0],
+                zeros.to(pdt), mean.new_zeros(C), var, eps=eps, nhwc_layout=True)
+    db = _channel_sums(x, dy).to(pdt) if has_bias else dx.new_empty(0, dtype=pdt)
+    dw = dx.new_empty(0, dtype=pdt)
     if w is not None:
         xhat = run_as(nbdnn.batch_norm_infer, x, x, x.new_ones(C), zeros, mean, var, eps=eps,
                       nhwc_layout=True)
-        dw = _channel_sums(x, run_as(nbdnn.op_tensor, x, "mul", dy, xhat))
+        dw = _channel_sums(x, run_as(nbdnn.op_tensor, x, "mul", dy, xhat)).to(pdt)
     return dx, dw, db
 
 
@@ -216,7 +223,7 @@ def batch_norm_act_backward(dy: Tensor, x: Tensor, w: Optional[Tensor], b: Optio
 
 @batch_norm_act_backward.register_fake
 def _(dy, x, w, b, mean, invstd, residual, eps, activation, coef):
-    dx, dw, db = _grads(x, w, b is not None, channels_last(x))
+    dx, dw, db = _grads(x, w, b is not None, channels_last(x), w if w is not None else b)
     return dx, dw, db, new(x, x.shape, channels_last(x)) if residual is not None else \
         x.new_empty(0)
 

@@ -177,42 +177,68 @@ def _kernels(CT, nt):
     return ks
 
 
+# the kernels that read scale and bias (and write dscale, dbias), built for x's dtype
+# (key (name, dtype)) and, beside 16-bit x, for float32 parameters (key (name, dtype,
+# "float32"): cuDNN's float scale-bias descriptor, PyTorch's weights under autocast)
+PARAMS_READ = ("stats_final", "coefs", "bwd_final", "bwd_planes", "bwd_columns",
+               "bwd_act_planes", "bwd_act_columns", "bwd_columns8", "bwd_act_columns8")
+
+
+def _signatures(t, ct, p):
+    """{name: signature} of x's dtype t, compute dtype ct, parameters' dtype p."""
+    a, s, pa = f"{array_type(t)}[::1]", f"{ct}[::1]", f"{array_type(p)}[::1]"
+    geo = "int64, int64, int64, int64"  # N, C, L, columns
+    flags = "int64, int64, int64, int64"  # has_scale, has_bias, has_z, act
+    six, seven = ", ".join(["int64"] * 6), ", ".join(["int64"] * 7)
+    part = (f"void({a}, {a}, {a}, {pa}, {pa}, {s}, {s}, {s}, {s}, int64, int64, int64, "
+            f"{flags}, {ct}, int64)")  # (x, dy, z, scale, bias, ..., coef, chunks a block)
+    sigs = {"stats_planes": part, "stats_columns": part, "bwd_planes": part,
+            "bwd_columns": part, "bwd_act_planes": part, "bwd_act_columns": part,
+            "stats_final": f"void({a}, {pa}, {pa}, {s}, {s}, {s}, {s}, {s}, {s}, {s}, "
+                           f"{geo}, {ct}, {ct}, int64, int64, int64, int64)",
+            "bwd_final": f"void({pa}, {pa}, {s}, {s}, {s}, {s}, {pa}, {pa}, {s}, {geo}, "
+                         "int64, int64, int64)",
+            "stats_planes_vec": f"void({a}, {s}, {s}, {six})",
+            "bwd_planes_vec": f"void({a}, {a}, {s}, {s}, {s}, {s}, {six})",
+            "coefs": f"void({pa}, {pa}, {s}, {s}, {s}, int64, {ct}, int64, int64)",
+            "apply": f"void({a}, {a}, {a}, {s}, {geo}, int64, int64, {ct}, {ct}, "
+                     f"{ct}, int64)",
+            "bwd_dx": f"void({a}, {a}, {a}, {s}, {a}, {a}, {geo}, int64, int64, {ct}, "
+                      "int64)",
+            "apply_planes_vec": f"void({a}, {a}, {a}, {s}, {seven}, int64, int64, {ct}, "
+                                f"{ct}, {ct})",
+            "dx_planes_vec": f"void({a}, {a}, {a}, {s}, {a}, {a}, {seven}, {ct}, int64, "
+                             f"int64, {ct})"}
+    if ct == "float32":
+        sigs["apply_columns"] = (f"void({a}, {a}, {a}, {s}, int64, int64, int64, int64, "
+                                 f"{ct}, {ct}, {ct})")
+        for kind in _bn_columns.SUM_ROWS:  # (the partials' arguments but `per`)
+            sigs[f"{kind}_columns8"] = part[:part.rindex(",")] + ")"
+    return sigs
+
+
 def _build():
     table = {}
     for ct, CT, nt in (("float32", float32, np.float32), ("float64", float64, np.float64)):
         ks = _kernels(CT, nt)
         for t in (d for d in DTYPES if (d == "float64") == (ct == "float64")):
-            a, s = f"{array_type(t)}[::1]", f"{ct}[::1]"
-            geo = "int64, int64, int64, int64"  # N, C, L, columns
-            flags = "int64, int64, int64, int64"  # has_scale, has_bias, has_z, act
-            six, seven = ", ".join(["int64"] * 6), ", ".join(["int64"] * 7)
-            part = (f"void({a}, {a}, {a}, {a}, {a}, {s}, {s}, {s}, {s}, int64, int64, int64, "
-                    f"{flags}, {ct}, int64)")  # (..., coef, chunks a block)
-            sigs = {"stats_planes": part, "stats_columns": part, "bwd_planes": part,
-                    "bwd_columns": part, "bwd_act_planes": part, "bwd_act_columns": part,
-                    "stats_final": f"void({a}, {a}, {a}, {s}, {s}, {s}, {s}, {s}, {s}, {s}, "
-                                   f"{geo}, {ct}, {ct}, int64, int64, int64, int64)",
-                    "bwd_final": f"void({a}, {a}, {s}, {s}, {s}, {s}, {a}, {a}, {s}, {geo}, "
-                                 "int64, int64, int64)",
-                    "stats_planes_vec": f"void({a}, {s}, {s}, {six})",
-                    "bwd_planes_vec": f"void({a}, {a}, {s}, {s}, {s}, {s}, {six})",
-                    "coefs": f"void({a}, {a}, {s}, {s}, {s}, int64, {ct}, int64, int64)",
-                    "apply": f"void({a}, {a}, {a}, {s}, {geo}, int64, int64, {ct}, {ct}, "
-                             f"{ct}, int64)",
-                    "bwd_dx": f"void({a}, {a}, {a}, {s}, {a}, {a}, {geo}, int64, int64, {ct}, "
-                              "int64)"}
-            sigs["apply_planes_vec"] = (f"void({a}, {a}, {a}, {s}, {seven}, int64, int64, "
-                                        f"{ct}, {ct}, {ct})")
-            sigs["dx_planes_vec"] = (f"void({a}, {a}, {a}, {s}, {a}, {a}, {seven}, {ct}, "
-                                     f"int64, int64, {ct})")
-            if ct == "float32":
-                sigs["apply_columns"] = (f"void({a}, {a}, {a}, {s}, int64, int64, int64, int64, "
-                                         f"{ct}, {ct}, {ct})")
-                for kind in _bn_columns.SUM_ROWS:  # (the partials' arguments but `per`)
-                    sigs[f"{kind}_columns8"] = part[:part.rindex(",")] + ")"
-            for name, sig in sigs.items():
+            for name, sig in _signatures(t, ct, t).items():
                 table[name, t] = (Kernel(ks[name], [sig]), sig)
+            if t in ("float16", "bfloat16"):
+                sigs = _signatures(t, ct, "float32")
+                for name in PARAMS_READ:
+                    table[name, t, "float32"] = (Kernel(ks[name], [sigs[name]]), sigs[name])
     return table
+
+
+def _params(x, scale, bias):
+    """(the key's tail, scale or a stand-in, bias or a stand-in) for the PARAMS_READ
+    kernels: x's dtype, or float32 parameters beside 16-bit x (a stand-in is never
+    read: its has_ flag is 0)."""
+    given = scale if scale is not None else bias
+    if given is None or dtype_name(given) == dtype_name(x):
+        return (), _or(scale, x), _or(bias, x)
+    return (dtype_name(given),), _or(scale, given), _or(bias, given)
 
 
 KERNELS = _build()
@@ -320,6 +346,7 @@ class Partials(NamedTuple):
     flags: tuple
     stream: object
     fast: tuple
+    params: tuple = ()  # the kernels' key tail (`_params`)
 
 
 def _partials_planes(c):
@@ -335,7 +362,7 @@ def _partials_columns(c):
     N, C, L, columns = c.geo
     grid, block, E, it = _bn_columns.sum_shape(N * L, C, c.kind, sm_count())
     p1, p2 = empty(c.x, (grid[1] * C,), c.p_dtype), empty(c.x, (grid[1] * C,), c.p_dtype)
-    k, sig = KERNELS[f"{c.kind}_columns8", dtype_name(c.x)]
+    k, sig = KERNELS[(f"{c.kind}_columns8", dtype_name(c.x)) + c.params]
     k.launch(sig, grid, block, c.stream, *c.ins, p1, p2, N * L, C // 8, it, *c.flags)
     return p1, p2, E
 
@@ -347,7 +374,8 @@ def _partials_general(c):
     per = _bn_sums.chunks_a_block(nch, gx, sm_count(), c.kind)
     groups = -(-nch // per)  # partials a channel, each of `per` chunks
     p1, p2 = empty(c.x, (groups * C,), c.p_dtype), empty(c.x, (groups * C,), c.p_dtype)
-    k, sig = KERNELS[f"{c.kind}_{'columns' if columns else 'planes'}", dtype_name(c.x)]
+    k, sig = KERNELS[(f"{c.kind}_{'columns' if columns else 'planes'}", dtype_name(c.x)) +
+                     c.params]
     grid, block = _bn_sums.launch_shape(C, groups, columns)
     k.launch(sig, grid, block, c.stream, *c.ins, p1, p2, N, C, L, *c.flags, per)
     return p1, p2, per * _bn_sums.R * (_bn_sums.CY if columns else _bn_sums.BLOCK)
@@ -363,9 +391,9 @@ PARTIALS = (  # in order of preference; run(c) returns (p1, p2, E: the elements 
 )
 
 
-def _partials(kind, x, ins, p_dtype, geo, flags, stream, fast=None):
+def _partials(kind, x, ins, p_dtype, geo, flags, stream, fast=None, params=()):
     """(p1, p2, E): PARTIALS' first usable variant."""
-    c = Partials(kind, x, ins, p_dtype, geo, flags, stream, fast)
+    c = Partials(kind, x, ins, p_dtype, geo, flags, stream, fast, params)
     return variants.choose("batch_norm", "batch_norm", PARTIALS, c).run(c)
 
 
@@ -441,8 +469,9 @@ def batch_norm_train(x, scale, bias, running_mean, running_var, residual, moment
     p1, p2, E = _partials("stats", x, (x, x, x, x, x, mean, mean), ct, geo,
                           (0, 0, 0, -1, 0.0), stream, (x,) if fast else None)
     co = empty(x, (3 * C,), ct)
-    k, sig = KERNELS["stats_final", dtype]
-    k.launch(sig, *_bn_sums.final_shape(C), stream, x, _or(scale, x), _or(bias, x), p1, p2,
+    tail, sc, bi = _params(x, scale, bias)
+    k, sig = KERNELS[("stats_final", dtype) + tail]
+    k.launch(sig, *_bn_sums.final_shape(C), stream, x, sc, bi, p1, p2,
              mean, invstd, _or(running_mean, scratch), _or(running_var, scratch), co, *geo, eps,
              momentum, int(has_run), int(scale is not None), int(bias is not None), E)
     _apply(x, y, residual, co, geo, act, coef, 1.0, 0.0, stream)
@@ -458,8 +487,9 @@ def batch_norm_infer(x, scale, bias, mean, var, residual, eps, mode, last, act, 
     if not geo.N * geo.C * geo.L:
         return y
     co = empty(x, (3 * C,), dtype_name(mean))
-    k, sig = KERNELS["coefs", dtype]
-    k.launch(sig, -(-C // BLOCK), BLOCK, stream, _or(scale, x), _or(bias, x), mean, var, co, C,
+    tail, sc, bi = _params(x, scale, bias)
+    k, sig = KERNELS[("coefs", dtype) + tail]
+    k.launch(sig, -(-C // BLOCK), BLOCK, stream, sc, bi, mean, var, co, C,
              eps, int(scale is not None), int(bias is not None))
     return _apply(x, y, residual, co, geo, act, coef, alpha, beta, stream)
 
@@ -472,7 +502,9 @@ def batch_norm_backward(dy, x, scale, bias, mean, invstd, residual, mode, last, 
     pshape = tuple(int(s) for s in x.shape[1:]) if mode == "per_activation" else (C,)
     shapes = (tuple(x.shape), pshape, pshape) + ((tuple(x.shape),) if residual is not None
                                                   else ())
-    res = out if out is not None else tuple(empty(x, s, dtype) for s in shapes)
+    tail, sc, bi = _params(x, scale, bias)
+    dtypes = (dtype, dtype_name(sc), dtype_name(sc), dtype)
+    res = out if out is not None else tuple(empty(x, s, d) for s, d in zip(shapes, dtypes))
     dx, dscale, dbias = res[:3]
     dz = res[3] if residual is not None else dx
     if not N * C * L:
@@ -480,15 +512,14 @@ def batch_norm_backward(dy, x, scale, bias, mean, invstd, residual, mode, last, 
     m = -1 if act is None else _act.MODES.index(act)
     has = (int(scale is not None), int(bias is not None))
     z = _or(residual, x)
-    sc, bi = _or(scale, x), _or(bias, x)
     ct = dtype_name(mean)
     fast = _planes(geo, (dy, x))
     p1, p2, E = _partials("bwd_act" if act is not None else "bwd", x,
                           (x, dy, z, sc, bi, mean, invstd), ct, geo,
                           has + (int(residual is not None), m, coef), stream,
-                          (dy, x, mean, invstd) if fast and act is None else None)
+                          (dy, x, mean, invstd) if fast and act is None else None, tail)
     cb = empty(x, (6 * C,), ct)
-    k, sig = KERNELS["bwd_final", dtype]
+    k, sig = KERNELS[("bwd_final", dtype) + tail]
     k.launch(sig, *_bn_sums.final_shape(C), stream, sc, bi, mean, invstd, p1, p2, dscale,
              dbias, cb, *geo, *has, E)
     c = Dx(dy, x, z, cb, dx, dz, geo, residual, m, coef, stream)

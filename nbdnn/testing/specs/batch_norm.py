@@ -1,5 +1,5 @@
 """OpSpec rows for batch normalisation (imported by nbdnn.testing): random rank (2-5),
-both modes and layouts, optional scale/bias/residual/activation; training compares y
+both modes and layouts, optional scale/bias (float32 or x's dtype beside 16-bit x)/residual/activation; training compares y
 and the saved statistics, inference blends with alpha/beta/out, backward compares dx,
 dscale, dbias (and dresidual). Inputs sit at an offset of up to 100 (the two-pass
 variance must not lose it)."""
@@ -20,8 +20,9 @@ def _problem(draw, dtype, big):
     C = shape[-1] if layout == "NHWC" else shape[1]
     ps = tuple(shape[1:]) if mode == "per_activation" else (C,)
     x = rand(rng, shape, dtype) + np.asarray((0, 1, 100)[draw(0, 2)], dtype)
-    scale = rand(rng, ps, dtype) if draw(0, 3) else None
-    bias = rand(rng, ps, dtype) if draw(0, 3) else None
+    pdt = np.float32 if dtype in ("float16", "bfloat16") and draw(0, 1) else dtype
+    scale = rand(rng, ps, pdt) if draw(0, 3) else None  # (float32 beside 16-bit x: cuDNN's)
+    bias = rand(rng, ps, pdt) if draw(0, 3) else None
     residual = rand(rng, shape, dtype) if draw(0, 2) == 0 else None
     kw = dict(mode=mode, layout=layout, activation=ACTS[draw(0, len(ACTS) - 1)])
     return rng, x, scale, bias, residual, ps, kw
