@@ -25,6 +25,7 @@ activation = _planned(_activation.activation)
 activation_backward = _planned(_activation.activation_backward)
 scaled_dot_product_attention = _planned(_attention.scaled_dot_product_attention)
 scaled_dot_product_attention_backward = _planned(_attention.scaled_dot_product_attention_backward)
+paged_attention = _planned(_attention.paged_attention)
 batch_norm_train = _planned(_batch_norm.batch_norm_train)
 batch_norm_infer = _planned(_batch_norm.batch_norm_infer)
 batch_norm_backward = _planned(_batch_norm.batch_norm_backward)
@@ -65,15 +66,16 @@ scale_tensor = _planned(_tensor.scale_tensor)
 set_tensor = _planned(_tensor.set_tensor)
 transform_tensor = _planned(_tensor.transform_tensor)
 _OPS = ("activation", "activation_backward", "scaled_dot_product_attention",
-        "scaled_dot_product_attention_backward", "batch_norm_train", "batch_norm_infer",
-        "batch_norm_backward", "conv1d", "conv2d", "conv3d", "conv_backward_data",
-        "conv_backward_filter", "conv_backward_bias", "find_conv_algorithm", "dropout",
-        "dropout_backward", "lrn", "lrn_backward", "matmul", "matmul_backward",
-        "layer_norm", "rms_norm", "layer_norm_backward", "rms_norm_backward", "group_norm",
-        "instance_norm", "group_norm_backward", "instance_norm_backward", "sgd_update",
-        "pool1d", "pool2d", "pool3d", "pool_backward", "pool_indices", "softmax",
-        "softmax_backward", "add_tensor", "op_tensor", "reduce_tensor", "cast_tensor",
-        "scale_tensor", "set_tensor", "transform_tensor")
+        "scaled_dot_product_attention_backward", "paged_attention", "batch_norm_train",
+        "batch_norm_infer", "batch_norm_backward", "conv1d", "conv2d", "conv3d",
+        "conv_backward_data", "conv_backward_filter", "conv_backward_bias",
+        "find_conv_algorithm", "dropout", "dropout_backward", "lrn", "lrn_backward",
+        "matmul", "matmul_backward", "layer_norm", "rms_norm", "layer_norm_backward",
+        "rms_norm_backward", "group_norm", "instance_norm", "group_norm_backward",
+        "instance_norm_backward", "sgd_update", "pool1d", "pool2d", "pool3d",
+        "pool_backward", "pool_indices", "softmax", "softmax_backward", "add_tensor",
+        "op_tensor", "reduce_tensor", "cast_tensor", "scale_tensor", "set_tensor",
+        "transform_tensor")
 # ---- end of the ops
 
 __all__ = ["BadParamError", "DeviceError", "DtypeError", "NbdnnError", "NotSupportedError",

@@ -35,8 +35,10 @@ def _case(spec):
 def _outs(spec, result, alias):
     """out= for a call whose result is `result`: alias in the first place, fresh arrays
     (of the backend's kind) in the others. Forward ops take out= for their first result
-    alone (their statistics and masks are always new); backward ops one per result."""
-    if not isinstance(result, tuple) or OPS[spec.ops[0]].backward:
+    alone (their statistics and masks are always new); backward ops (an op's declared
+    backward) one per result."""
+    if not isinstance(result, tuple) or not any(spec.ops[0] in r.backward
+                                                for r in OPS.values()):
         return alias
     fresh = [np.zeros(r.shape, r.dtype) for r in result[1:]]
     if not isinstance(alias, np.ndarray):

@@ -251,6 +251,9 @@ def _recorded_calls():
         _call(lambda x, w: nt.batch_norm_act(x, None, None, w, w, training=True,
                                              activation="swish"),
               [_cl(4, 3, 5, 2), _t(3)], {}, "cpu", torch.float64)
+    case = "paged_attention"  # (inference: no gradient; compared in its own test)
+    with Record(), torch.no_grad():
+        nt.paged_attention(*_paged_inputs("cpu", torch.float64), causal=True)
     case = "max_pool2d-indices"
     with Record():
         _call(lambda x: nt.max_pool2d(x, 3, 2, 1, return_indices=True)[0], [_t(2, 3, 9, 8)], {},
@@ -291,6 +294,16 @@ def test_max_pool_indices_are_pytorchs(fn, shape, kw, device):
         torch.testing.assert_close(g, want.reshape(x.shape), rtol=0, atol=0)
 
 
+def _paged_inputs(device, dtype):
+    """q (2, 3, 4, 8), caches of 5 pages of 4 rows and 2 kv heads (Dv 6), a table whose
+    unused entry is -1, int32 lengths 7 and 2."""
+    g = torch.Generator().manual_seed(5)
+    q, kc, vc = (torch.randn(*s, generator=g, dtype=torch.float64).to(device, dtype)
+                 for s in ((2, 3, 4, 8), (5, 4, 2, 8), (5, 4, 2, 6)))
+    table = torch.tensor([[4, 0], [2, -1]], dtype=torch.int32, device=device)
+    return q, kc, vc, table, torch.tensor([7, 2], dtype=torch.int32, device=device)
+
+
 CALLS = _recorded_calls()
 
 
@@ -308,7 +321,8 @@ def test_opcheck(call):
     Every op's floating inputs require grad: a forward's backward is exercised, and a
     backward op's own (the second order, nbdnn/torch/_second_order.py)."""
     func, args, kw = CALLS[call]
-    grad = not str(func.name()).endswith("_backward") or TORCH_2_13  # (PyTorch 2.11's AOT
+    grad = (not str(func.name()).endswith("_backward") or TORCH_2_13) and \
+        "paged_attention" not in call  # (inference only; PyTorch 2.11's AOT
     # tracing fails on the torch.func.vjp inside a backward op's own autograd: "Attempting
     # to use FunctionalTensor on its own"; 2.13 traces it)
 
@@ -536,3 +550,29 @@ def test_16_bit_tensors(case, dtype):
     for got, w in [(y, want)] + list(zip(grads, want_grads)):
         err = float((got.float() - w).abs().max() / w.abs().max().clamp_min(1e-6))
         assert err <= (2e-2 if dtype == torch.bfloat16 else 4e-3), (err, got.shape)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device for torch"))])
+@pytest.mark.parametrize("causal", [False, True])
+def test_paged_attention_is_sdpa_over_the_gathered_pages(device, causal):
+    """nt.paged_attention (flash_attn_with_kvcache's conventions) against PyTorch's SDPA
+    over each sequence's keys gathered from its pages, the causal rows aligned
+    bottom-right (torch.ones(Sq, L).tril(L - Sq)); a gradient is refused."""
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    q, kc, vc, table, lens = _paged_inputs(device, dtype)
+    o = nt.paged_attention(q, kc, vc, table, lens, causal=causal)
+    assert o.shape == (2, 3, 4, 6) and o.dtype == dtype
+    for b in range(2):
+        L = int(lens[b])
+        pages = table[b, :-(-L // 4)].long()
+        k, v = (c[pages].reshape(-1, 2, c.shape[3])[:L].transpose(0, 1) for c in (kc, vc))
+        mask = torch.ones(3, L, dtype=torch.bool, device=device).tril(L - 3) if causal else None
+        want = F.scaled_dot_product_attention(q[b].transpose(0, 1), k, v, attn_mask=mask,
+                                              enable_gqa=True).transpose(0, 1)
+        if causal:  # (a row before every key: PyTorch NaN, nbdnn 0)
+            want = torch.nan_to_num(want, nan=0.0)
+        torch.testing.assert_close(o[b], want, rtol=1e-5 if device == "cuda" else 1e-12,
+                                   atol=1e-5 if device == "cuda" else 1e-12)
+    with pytest.raises(nbdnn.NotSupportedError, match="inference only"):
+        nt.paged_attention(q.requires_grad_(), kc, vc, table, lens)

@@ -174,6 +174,44 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
     return o, lse.astype(lse_dtype)
 
 
+def gather_pages(cache, table, length):
+    """The first `length` keys of one sequence from a paged cache (pages, P, H, D)
+    through its block-table row: (H, length, D)."""
+    P = cache.shape[1]
+    used = np.asarray(table)[:-(-length // P)].astype(np.int64)
+    rows = cache[used].reshape((-1,) + cache.shape[2:])[:length]
+    return np.swapaxes(rows, 0, 1)
+
+
+def paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, scale, layout,
+                    *, out=None, stream=None):
+    """(o, lse) of attention against a paged key / value cache: batch entry b's keys
+    0 .. L_b - 1 (L_b = seq_lens_k[b]) gathered through its block-table row (key j:
+    page block_table[b, j // P], row j % P of k_cache (pages, P, Hk, D) and v_cache),
+    then scaled_dot_product_attention's meaning with grouped-query heads; is_causal
+    aligns the Sq query rows bottom-right (they are the sequence's last Sq: row i
+    attends keys j <= L_b - Sq + i). The front end checked that every page a key lives
+    in is in the cache."""
+    qb = _bhsd(q, layout)
+    B, Hq, Sq, D = qb.shape
+    Dv = v_cache.shape[3]
+    ct = compute_dtype(q.dtype)
+    o = np.zeros((B, Hq, Sq, Dv), ct)
+    lse = np.full((B, Hq, Sq), -np.inf, ct)
+    for b in range(B):
+        L = int(seq_lens_k[b])
+        k, v = (gather_pages(c, block_table[b], L)[None] for c in (k_cache, v_cache))
+        mask = np.tril(np.ones((Sq, L), bool), L - Sq) if is_causal else None
+        ob, lb, *_ = _forward(qb[b:b + 1], k, v, mask, 0.0, False, scale, 0, 0, None, None,
+                              "ieee")
+        o[b], lse[b] = ob[0], lb[0]
+    o = np.ascontiguousarray(_bhsd(o, layout)).astype(q.dtype)
+    if out is not None:
+        out[...] = o
+        o = out
+    return o, lse.astype(np.float64 if q.dtype == np.float64 else np.float32)
+
+
 def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p,
                                           is_causal, scale, enable_gqa, seed, offset,
                                           layout, seq_lens_q, seq_lens_k, math="ieee", *,

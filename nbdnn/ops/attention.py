@@ -1,7 +1,8 @@
 """scaled_dot_product_attention / scaled_dot_product_attention_backward:
 torch.nn.functional.scaled_dot_product_attention's meaning (cuDNN's SDPA graphs), plus
 the log-sum-exp a flash kernel keeps, variable lengths without a mask, and dropout
-from nbdnn.dropout's Philox stream. The formulas are in nbdnn/cpu/attention.py.
+from nbdnn.dropout's Philox stream; paged_attention: decoding against a paged key /
+value cache (a block table a sequence). The formulas are in nbdnn/cpu/attention.py.
 
 Where nbdnn differs from PyTorch, it says so: a fully masked query row gives o = 0 and
 lse = -inf (PyTorch's math backend gives NaN); an attn_mask together with is_causal
@@ -23,7 +24,7 @@ import numpy as np
 from .._vocab import BF16_DTYPES
 from ..errors import BadParamError, DtypeError, NotSupportedError, ShapeError, fail
 from .registry import op
-from ._common import Call, choice, flag, out_tuple, same_dtype, scalar
+from ._common import Call, choice, flag, out_tuple, required, same_dtype, scalar
 from .dropout import uint64_arg
 from .._math_mode import resolve as _math
 
@@ -188,3 +189,88 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, *, attn_mask=None
     return c.run("scaled_dot_product_attention_backward", do, q, k, v, o, lse, attn_mask, p,
                  causal, scale, enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k,
                  math, out=outs or None)
+
+
+def _pages(op, c, q, k_cache, v_cache, block_table, seq_lens_k, layout):
+    """(B, Hq, Hk, Sq, D, Dv, dtype, P, W) of a checked paged call; on the CPU, every
+    page a key lives in is checked to be in the cache."""
+    choice(op, "layout", layout, LAYOUTS)
+    (qs, dtype), (ks, kd), (vs, vd) = (c.array(n, t, BF16_DTYPES) for n, t in (
+        ("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
+    same_dtype(op, ["q", "k_cache", "v_cache"], [dtype, kd, vd])
+    B, Hq, Sq, D = _bhsd(op, "q", qs, layout)
+    for name, shape in (("k_cache", ks), ("v_cache", vs)):
+        if len(shape) != 4:
+            fail(ShapeError, op, f"{name}.ndim", "4 (pages, page size, kv heads, head dim)",
+                 len(shape))
+    pages, P, Hk, Dk = (int(s) for s in ks)
+    if Dk != D:
+        fail(ShapeError, op, "k_cache.shape", f"q's head dim {D} as its last axis", tuple(ks))
+    if tuple(int(s) for s in vs[:3]) != (pages, P, Hk):
+        fail(ShapeError, op, "v_cache.shape", f"k_cache's (pages, page size, kv heads) = "
+             f"{(pages, P, Hk)} first", tuple(vs))
+    Dv = int(vs[3])
+    if pages == 0 or P == 0:
+        fail(ShapeError, op, "k_cache.shape", "at least one page of at least one row",
+             tuple(ks))
+    if Hk == 0 or Hq % Hk:
+        fail(ShapeError, op, "k_cache heads", f"a divisor of q's {Hq} heads (grouped-query "
+             "attention)", Hk)
+    for name, d in (("q", D), ("v_cache", Dv)):
+        if not 1 <= d <= MAX_HEAD_DIM:
+            fail(NotSupportedError, op, f"{name} head dim", f"1 to {MAX_HEAD_DIM}", d)
+    ts, tdt = c.array("block_table", block_table, dtypes=None)
+    if tdt.name not in _INTS:
+        fail(DtypeError, op, "block_table.dtype", "int32 or int64", tdt.name)
+    if len(ts) != 2 or int(ts[0]) != B or int(ts[1]) == 0:
+        fail(ShapeError, op, "block_table.shape", f"(B, W) = ({B}, W >= 1): a row of page "
+             "numbers a batch entry", tuple(ts))
+    W = int(ts[1])
+    required(op, seq_lens_k=seq_lens_k)
+    _lengths(op, c, "seq_lens_k", seq_lens_k, B, W * P)
+    if isinstance(block_table, np.ndarray) and isinstance(seq_lens_k, np.ndarray):
+        used = np.arange(W)[None, :] < -(-seq_lens_k.reshape(B, 1) // P)
+        bad = used & ((block_table < 0) | (block_table >= pages))
+        if bad.any():
+            b, w = (int(i) for i in np.argwhere(bad)[0])
+            fail(BadParamError, op, "block_table", f"page numbers in [0, {pages}) where a "
+                 f"sequence's keys live", f"block_table[{b}, {w}] = {block_table[b, w]}")
+    return B, Hq, Hk, Sq, D, Dv, dtype, P, W
+
+
+@op("attention")
+def paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, *, is_causal=False,
+                    scale=None, layout="BSHD", out=None, backend=None, stream=None):
+    """(o, lse): attention of q against key and value caches held in pages (vLLM's and
+    FlashAttention's paged KV cache), decoding's shape: a few query rows a sequence.
+
+    q (B, Sq, Hq, D) in layout "BSHD" (the default here; "BHSD": (B, Hq, Sq, D)).
+    k_cache (pages, P, Hk, D), v_cache (pages, P, Hk, Dv): page p holds P consecutive
+    keys of every kv head. block_table (B, W) int32 / int64: batch entry b's key j lives
+    in page block_table[b, j // P], row j % P. seq_lens_k (B,) int: b's keys are
+    0 .. L_b - 1, L_b <= W P; entries of a row past its ceil(L_b / P) pages are never
+    read (any value), the others must name pages of the cache: the CPU backend raises
+    BadParamError otherwise, the GPU kernels, which read the table and the lengths on
+    the device only (one call captured in a CUDA graph serves every length), take the
+    keys of such a page as absent and read none of it. Hk divides Hq (grouped-query
+    heads). is_causal: the Sq rows are the sequence's last (bottom-right: row i attends
+    keys j <= L_b - Sq + i; several tokens decoded at once). scale: 1 / sqrt(D) unless
+    given. o in q's layout, lse (B, Hq, Sq) float32 (float64 for float64). A row without
+    keys: o = 0, lse = -inf. float16, bfloat16 (float32 inside), float32, float64.
+    Forward only (inference: no backward)."""
+    op = "paged_attention"
+    c = Call(op, backend, stream, q=q, k_cache=k_cache, v_cache=v_cache,
+             block_table=block_table, seq_lens_k=seq_lens_k, out=out)
+    B, Hq, Hk, Sq, D, Dv, dtype, P, W = _pages(op, c, q, k_cache, v_cache, block_table,
+                                               seq_lens_k, layout)
+    causal = flag(op, "is_causal", is_causal)
+    if scale is not None:
+        scale = scalar(op, "scale", scale)
+        if str(dtype) != "float64" and not abs(scale) <= _FLOAT32_MAX:
+            fail(BadParamError, op, "scale", "finite in float32, the compute dtype of "
+                 f"{dtype} (|scale| <= {_FLOAT32_MAX:.4g})", scale)
+    scale = 1 / np.sqrt(D) if scale is None else scale
+    o_shape = (B, Hq, Sq, Dv) if layout == "BHSD" else (B, Sq, Hq, Dv)
+    out = c.out(out, o_shape, dtype)
+    return c.run("paged_attention", q, k_cache, v_cache, block_table, seq_lens_k, causal,
+                 float(scale), layout, out=out)

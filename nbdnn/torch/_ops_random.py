@@ -1,5 +1,6 @@
 """torch.ops.nbdnn's dropout and scaled_dot_product_attention (its dropout on the
-attention probabilities), with their backwards. Their randomness is nbdnn's Philox
+attention probabilities), with their backwards; paged_attention (inference, beside its
+attention). Their randomness is nbdnn's Philox
 stream (the CPU reference and the GPU drop the same elements), keyed by a value that
 nbdnn.torch draws from torch's generators on every call, so torch.manual_seed governs it:
 - CPU tensors, and attention everywhere: a seed from torch's CPU generator, an int64 CPU
@@ -110,6 +111,23 @@ def _(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
 @attention_backward.register_fake
 def _(do, q, k, v, o, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+@custom_op("nbdnn::paged_attention", mutates_args=())
+def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
+                    seq_lens_k: Tensor, is_causal: bool,
+                    scale: Optional[float]) -> tuple[Tensor, Tensor]:
+    """(o, lse) of nbdnn.paged_attention, q (B, Sq, Hq, D); no backward (inference)."""
+    return run(nbdnn.paged_attention, q, q, k_cache, v_cache, block_table, seq_lens_k,
+               is_causal=is_causal, scale=scale, layout="BSHD")
+
+
+@paged_attention.register_fake
+def _(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, scale):
+    B, Sq, Hq, _ = q.shape
+    lse = q.new_empty((B, Hq, Sq), dtype=torch.float64 if q.dtype == torch.float64
+                      else torch.float32)
+    return q.new_empty((B, Sq, Hq, v_cache.shape[3])), lse
 
 
 def attention_math(q, k, v, attn_mask, is_causal, scale, enable_gqa):

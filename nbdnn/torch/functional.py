@@ -18,7 +18,8 @@ from ._ops_conv import conv, conv_transpose as _conv_transpose_op, \
 from ._functional_pool import adaptive_avg_pool2d, avg_pool1d, avg_pool2d, avg_pool3d, \
     max_pool1d, max_pool2d, max_pool3d, one_sample as _one_sample  # noqa: F401 (the
 # pooling functions are this module's too)
-from ._ops_random import attention as _attention, draw_seed, dropout as _dropout
+from ._ops_random import attention as _attention, draw_seed, dropout as _dropout, \
+    paged_attention as _paged_attention
 from ._ops_norm import batch_norm as _batch_norm, batch_norm_act as _batch_norm_act, \
     group_norm as _group_norm, layer_norm as _layer_norm, rms_norm as _rms_norm
 
@@ -498,6 +499,24 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     o = call(_attention, q, k, v, attn_mask, float(dropout_p), bool(is_causal),
              None if scale is None else float(scale), bool(enable_gqa), seed)[0]
     return o.squeeze(1) if three else o
+
+
+def paged_attention(q, k_cache, v_cache, block_table, cache_seqlens, scale=None,
+                    causal=False):
+    """Decoding against a paged KV cache (nbdnn.paged_attention), in FlashAttention's
+    flash_attn_with_kvcache conventions: q (B, Sq, Hq, D); k_cache (pages, P, Hk, D) and
+    v_cache (pages, P, Hk, Dv); block_table (B, W) int32 page numbers; cache_seqlens (B,)
+    int32 lengths; causal aligns the Sq rows bottom-right (the sequence's last). Returns
+    o (B, Sq, Hq, Dv). Inference: no gradient (NotSupportedError where one is asked
+    for). The table and the lengths are read on the device only: a call inside a
+    torch.cuda.graph capture replays with whatever they hold at replay."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
+        _unsupported("paged_attention", "a gradient (inference only: call it under "
+                     "torch.no_grad() or on tensors that do not require grad)")
+    q, k_cache, v_cache = _autocast("scaled_dot_product_attention", q, k_cache, v_cache)
+    _check("paged_attention", q, k_cache, v_cache)
+    return call(_paged_attention, q, k_cache, v_cache, block_table, cache_seqlens,
+                bool(causal), None if scale is None else float(scale))[0]
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (

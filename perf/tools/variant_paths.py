@@ -63,7 +63,8 @@ def pools():
 
 def attention():
     """Each forward variant forced (and the backward's flash and gemm), causal; flash
-    also with a boolean mask and dropout, and with an additive mask (their kernels)."""
+    also with a boolean mask and dropout, and with an additive mask (their kernels);
+    paged_attention's two part kernels."""
     bf = ml_dtypes.bfloat16
     cases = [("flash", bf, 64, 1, 70, 90, None, None, 0.0),
              ("flash", np.float16, 128, 1, 33, 200, None, None, 0.0),
@@ -95,6 +96,27 @@ def attention():
                                                             **kw64)
             for a, b in zip(g, r):
                 close(f"attention bwd {name} {masked} {p}", a, b, 5e-2)
+
+
+    # paged_attention, each part kernel forced: keys through a shuffled block table
+    # (page size 16), bottom-right causal rows, a sequence without keys, GQA R = 8
+    for name, dt, D, Sq in (("decode_split", bf, 64, 2), ("decode", np.float32, 40, 3)):
+        B, Hq, Hk, P, W = 3, 8, 2, 16, 100
+        lens = np.array([1500, 0, 777])
+        pages = int(sum(-(-lens // P))) + 2
+        used = np.arange(W)[None, :] < -(-lens[:, None] // P)
+        order = iter(rng.permutation(pages))
+        table = np.where(used, 0, -1).astype(np.int32)
+        for b, w in zip(*np.nonzero(used)):
+            table[b, w] = next(order)
+        q = rng.normal(size=(B, Sq, Hq, D)).astype(dt)
+        kc, vc = (rng.normal(size=(pages, P, Hk, D)).astype(dt) for _ in range(2))
+        with A.forced(name):
+            o, lse = nbdnn.paged_attention(q, kc, vc, table, lens, is_causal=True,
+                                           backend="cuda")
+        o_r, lse_r = nbdnn.paged_attention(*(a.astype(np.float64) for a in (q, kc, vc)),
+                                           table, lens, is_causal=True, backend="cpu")
+        close(f"paged_attention {name}", o, o_r, 2e-2)
 
 
 BF = ml_dtypes.bfloat16
@@ -155,17 +177,19 @@ def _norm(op, shape, **kw):
     return (got[0], gb[0]), (ref[0], rb[0])
 
 
-def _batch_norm(layout, C):
+def _batch_norm(layout, C, dt=np.float32):
+    """float32 x and parameters, or 16-bit x (dt) beside float32 parameters, with a relu
+    (the backward's sums then read the parameters)."""
     shape = (4, 9, 10, C) if layout == "NHWC" else (4, C, 8, 12)
-    x, dy = _t(shape, np.float32), _t(shape, np.float32)
+    x, dy = _t(shape, dt), _t(shape, dt)
     scale, bias = _t((C,), np.float32), _t((C,), np.float32)
-    y, mean, invstd = nbdnn.batch_norm_train(x, scale, bias, layout=layout, backend="cuda")
-    yr, mr, ir = nbdnn.batch_norm_train(_f64(x), _f64(scale), _f64(bias), layout=layout,
-                                        backend="cpu")
+    kw = dict(layout=layout, activation="relu")
+    y, mean, invstd = nbdnn.batch_norm_train(x, scale, bias, backend="cuda", **kw)
+    yr, mr, ir = nbdnn.batch_norm_train(_f64(x), _f64(scale), _f64(bias), backend="cpu", **kw)
     g = nbdnn.batch_norm_backward(dy, x, scale, np.asarray(mr, np.float32),
-                                  np.asarray(ir, np.float32), layout=layout, backend="cuda")
-    r = nbdnn.batch_norm_backward(_f64(dy), _f64(x), _f64(scale), mr, ir, layout=layout,
-                                  backend="cpu")
+                                  np.asarray(ir, np.float32), bias=bias, backend="cuda", **kw)
+    r = nbdnn.batch_norm_backward(_f64(dy), _f64(x), _f64(scale), mr, ir, bias=_f64(bias),
+                                  backend="cpu", **kw)
     return (y, g[0], g[1]), (yr, r[0], r[1])
 
 
@@ -235,6 +259,8 @@ TABLES = [  # (family module, variant, case: () -> (GPU results, CPU results), t
     (BN, "planes", lambda: _batch_norm("NCHW", 5), 1e-4, False),
     (BN, "columns", lambda: _batch_norm("NHWC", 16), 1e-4, False),
     (BN, "general", lambda: _batch_norm("NHWC", 16), 1e-4, False),
+    (BN, "columns", lambda: _batch_norm("NHWC", 16, BF), 3e-2, False),  # (float32 params)
+    (BN, "planes", lambda: _batch_norm("NCHW", 8, np.float16), 3e-2, False),
     (PL, "fast", lambda: _pool("max"), 1e-6, False),
     (PL, "general", lambda: _pool("avg"), 1e-6, False),
 ]

@@ -15,6 +15,8 @@
   (flash-decoding: the keys split over blocks, the chunks combined by log-sum-exp);
   every feature of the exact path. decode_split.py: its part kernel for 16-bit data at
   D 64 and 128, every feature (16-byte loads, a thread a key).
+- paged.py: paged_attention, both part kernels reading a paged cache through its block
+  table (PAGED: decode_split where it takes the call, else decode).
 geometry.py names a call as the kernels see it (Geometry). FORWARD and BACKWARD below
 declare the variants, the first usable one runs a call; `forced(name)` makes a test or
 a benchmark run one (NotSupportedError where it cannot take the call)."""
@@ -25,7 +27,7 @@ from ..runtime.device import sm_count
 from ..runtime import variants
 from ..runtime.variants import Variant
 from ..runtime.simulator import SIMULATOR
-from . import decode, decode_split, flash, flash_bwd, flash_tf32, gemm, simt
+from . import decode, decode_split, flash, flash_bwd, flash_tf32, gemm, paged, simt
 from .geometry import geometry
 
 BLOCK = 32 if SIMULATOR else 128
@@ -116,7 +118,7 @@ def _decode(c, split):
     else:
         kern, sig = decode.KERNELS["part", c.dtype]
         kern.launch(sig, g.B * (g.Hq // g.G) * chunks, decode.CHUNK, c.stream, c.q, c.k, c.v,
-                    ws_o, ws_ml, c.ma, c.mb, c.lq, c.lk, *g)
+                    ws_o, ws_ml, c.ma, c.mb, c.lq, c.lk, *g, c.lk, 1, 1, 0)  # (no pages)
     kern, sig = decode.KERNELS["combine", c.dtype]
     kern.launch(sig, rows, decode.CHUNK, c.stream, ws_o, ws_ml, c.o, c.lse, g.Hq, g.Sq, chunks,
                 g.Dv, *g.o_strides)
@@ -194,7 +196,8 @@ def forced(name):
     """Inside (this thread): calls run the variant `name` (forward and backward, where
     each table has one by that name) or raise NotSupportedError where its kernels cannot
     take a call (runtime/variants.py)."""
-    return variants.forced("attention", name, variants.names(FORWARD, BACKWARD))
+    return variants.forced("attention", name, variants.names(FORWARD, BACKWARD,
+                                                            paged.PAGED))
 
 
 def choose(table, c):
@@ -240,3 +243,17 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropou
     elif rows or keys:  # (the gradients of an empty side's partners: zeros)
         _simt_backward(c)
     return grads
+
+
+def paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, scale, layout,
+                    *, out=None, stream=0):
+    """(o, lse) (nbdnn/cpu/attention.py); validated by the front end. The block table and
+    the lengths widened to int64 on the device (no host read: graph-safe)."""
+    B, W = (int(s) for s in block_table.shape)
+    if B == 0:
+        return paged.paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, is_causal,
+                                     scale, layout, out=out, stream=stream)
+    table, _ = _lengths(q, block_table.reshape((B * W,)), stream)
+    lens, _ = _lengths(q, seq_lens_k, stream)
+    return paged.paged_attention(q, k_cache, v_cache, table.reshape((B, W)), lens, is_causal,
+                                 scale, layout, out=out, stream=stream)

@@ -17,11 +17,15 @@ query row, threads over d:
 Traffic: K and V once (2 Sk (D + Dv) items a kv head) plus the workspace (R Sk / CHUNK
 (Dv + 2) floats, written and read once); flops 2 R Sk (D + Dv). The probabilities stay
 in float32 (the exact path rounds 16-bit p before p v, as the tensor cores will).
+
+The paged part kernel (key "paged_part", paged.py's paged_attention) is the same with
+each key's K and V rows found through a block table (row_at), once a block: a key in a
+page outside the cache takes no part and is never read.
 """
 import math
 
 import numpy as np
-from numba import cuda, float32, float64, uint8
+from numba import cuda, float32, float64, int64, uint8
 
 from ..runtime.device_code.intrinsics import array_type, narrow, widen
 from ..runtime.launch.kernel import Kernel
@@ -38,8 +42,20 @@ def usable(Sq, Sk, G):
     return Sq <= MAX_SQ and G * Sq <= MAX_ROWS and Sk >= MIN_KEYS
 
 
-def _kernels(CT, NEG_INF):
+def _kernels(CT, NEG_INF, PAGED):
     mul, keep, live_keys, bias, dot = attention_device_functions(CT)
+
+    @cuda.jit(device=True)
+    def row_at(b, j, sb, sj, table, P, W, npages):
+        """The element offset of key j's row of batch entry b (the caller adds its head's):
+        b sb + j sj, or, PAGED (paged.py), page table[b, j // P]'s row j % P with sb the
+        page stride; -1 for a page outside [0, npages) (never read)."""
+        if not PAGED:
+            return b * sb + j * sj
+        pg = table[b * W + j // P]
+        if pg < 0 or pg >= npages:
+            return -1
+        return pg * sb + (j % P) * sj
 
     @cuda.jit(device=True)
     def block_reduce(red, t, x, is_max):
@@ -63,10 +79,12 @@ def _kernels(CT, NEG_INF):
     def attention_decode_part(q, k, v, ws_o, ws_ml, ma, mb, lens_q, lens_k, B, Hq, G, Sq,
                               Sk, D, Dv, qb, qh, qi, kb, kh, kj, vb, vh, vj, ob, oh, oi,
                               mkind, m0, m1, m2, m3, has_lq, has_lk, causal, scale, mode,
-                              thr, kscale, off_lo, off_hi, key_lo, key_hi):
+                              thr, kscale, off_lo, off_hi, key_lo, key_hi, table, P, W,
+                              npages):
         e = cuda.shared.array(CHUNK, CT)   # this chunk's e_t
         on = cuda.shared.array(CHUNK, uint8)  # 1: the key takes part (not removed)
         red = cuda.shared.array(CHUNK, CT)
+        vr = cuda.shared.array(CHUNK, int64)  # the chunk's V rows (row_at)
         t = cuda.threadIdx.x
         chunks = (Sk + CHUNK - 1) // CHUNK
         c = cuda.blockIdx.x % chunks
@@ -74,18 +92,20 @@ def _kernels(CT, NEG_INF):
         b = cuda.blockIdx.x // (chunks * (Hq // G))
         j = c * CHUNK + t
         n0 = min(CHUNK, Sk - c * CHUNK)  # keys in this chunk
+        kr = row_at(b, j, kb, kj, table, P, W, npages) if t < n0 else -1
+        vr[t] = row_at(b, j, vb, vj, table, P, W, npages) if t < n0 else -1
         for r in range(G * Sq):
             h, i = hk * G + r // Sq, r % Sq
             row = (b * Hq + h) * Sq + i
             x = NEG_INF
             live = False
-            if t < n0 and (has_lq == 0 or i < lens_q[b]) and \
-                    j < live_keys(lens_k, has_lk, b, i, Sk, causal):
+            if kr >= 0 and (has_lq == 0 or i < lens_q[b]) and \
+                    j < live_keys(lens_k, has_lk, b, i, Sq, Sk, causal):
                 ok, add = bias(ma, mb, mkind, b * m0 + h * m1 + i * m2 + j * m3)
                 if ok:
                     live = True
-                    x = scale * dot(q, b * qb + h * qh + i * qi, k, b * kb + hk * kh + j * kj,
-                                    D, mode) + add
+                    x = scale * dot(q, b * qb + h * qh + i * qi, k, kr + hk * kh, D,
+                                    mode) + add
             m = block_reduce(red, t, x, True)
             p = CT(0)
             if live and m != NEG_INF:
@@ -100,8 +120,7 @@ def _kernels(CT, NEG_INF):
                 acc = CT(0)
                 for u in range(n0):
                     if on[u] != 0:  # (removed keys take no part: their V stays unread)
-                        acc += mul(e[u], widen(v[b * vb + hk * vh + (c * CHUNK + u) * vj + d]),
-                                   mode)
+                        acc += mul(e[u], widen(v[vr[u] + hk * vh + d]), mode)
                 ws_o[w + d] = acc
             if t == 0:
                 ws_ml[2 * (row * chunks + c)] = m
@@ -139,6 +158,9 @@ def _kernels(CT, NEG_INF):
         if t == 0:
             lse[row] = top + math.log(total)
 
+    if PAGED:  # (its own name: launched(), the kernel cache's files, profiles)
+        attention_decode_part.__name__ = attention_decode_part.__qualname__ = \
+            "attention_paged_part"
     return attention_decode_part, attention_decode_combine
 
 
@@ -147,11 +169,13 @@ def _build():
     for t in ("float16", "bfloat16", "float32", "float64"):
         CT = float64 if t == "float64" else float32
         a, ct = f"{array_type(t)}[::1]", "float64" if t == "float64" else "float32"
-        part, combine = _kernels(CT, CT(-np.inf))
         tail = geometry_types(ct)
-        sp = f"void({a}, {a}, {a}, {ct}[::1], {ct}[::1], {a}, uint8[::1], {tail})"
+        sp = f"void({a}, {a}, {a}, {ct}[::1], {ct}[::1], {a}, uint8[::1], {tail}, " \
+            "int64[::1], int64, int64, int64)"  # (..., the block table, P, W, pages)
         sc = f"void({ct}[::1], {ct}[::1], {a}, {ct}[::1], " + ", ".join(["int64"] * 7) + ")"
-        table["part", t] = (Kernel(part, [sp]), sp)
+        for paged in (False, True):
+            part, combine = _kernels(CT, CT(-np.inf), paged)
+            table["paged_part" if paged else "part", t] = (Kernel(part, [sp]), sp)
         table["combine", t] = (Kernel(combine, [sc]), sc)
     return table
 

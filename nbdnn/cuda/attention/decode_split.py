@@ -21,6 +21,10 @@ A block (T = 128 threads, NW = 4 warps) walks its chunk in tiles of T keys:
 After the chunk: l_r summed over the block, o_r over the KS key subsets (shared memory),
 written to decode.py's workspace: (m, l) and the unnormalised o of (row, chunk).
 
+Paged (paged.py): the same kernel with each key's K row found through the block table
+by its thread in A, which hands the V row to C through shared memory (vrows: C's
+threads read other keys' rows; the table is read once a key a tile).
+
 Traffic: K and V once, 2 Sk D 2 bytes a kv head, against 4 R Sk D flops: at R = 1 one
 flop a byte, so the kernel is bound by DRAM, whose copy rate is the goal. Registers:
 o_r (8 R floats), the R scores and running (m, l); the chunk length is chosen so that
@@ -34,7 +38,7 @@ grouped-query (32 query heads on 8 kv heads, R 4) 38-43% of copy.
 import math
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, int64
 
 from ..runtime.memory.arrays import dtype_name, ptr
 from ..runtime.device_code.block_reduce import SHM, device_functions
@@ -72,8 +76,10 @@ def chunking(B, Hk, Sk, sms):
     return -(-tiles // per), per * T
 
 
-def source(R, D):
-    """(name, source) of the part kernel for R rows and head dim D, unrolled: the rows'
+def source(R, D, paged=False):
+    """(name, source) of the part kernel for R rows and head dim D (paged: each key's K
+    and V rows through paged.py's block table, a key in a page outside the cache removed
+    and its loads sent to page 0's rows), unrolled: the rows'
     scores s_r, maxima mx_r (m0 .. m3 are the mask's strides), sums l_r and o_r (8 dims
     a thread) are scalars (a row's mask and dropout indices are recomputed where used:
     held, they cost R 8 at D 64 236 B of spills), and each thread issues all D/8 of its
@@ -83,17 +89,20 @@ def source(R, D):
     DG, NW = D // 8, max(1, T // 32)
     KS = T // DG
     rows = range(R)
-    name = f"attention_splitkv_d{D}_r{R}"  # (its own family for tests/test_ptx.py)
+    name = f"attention_splitkv{'_paged' if paged else ''}_d{D}_r{R}"  # (its own family for
+    # tests/test_ptx.py)
     L = [f"def {name}(q, k, v, ws_o, ws_ml, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D_, Dv_, "
          "qb, qh, qi, kb, kh, kj, vb, vh, vj, ob_, oh_, oi_, mkind, m0, m1, m2, m3, has_lq, "
          "has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi, nchunks, "
-         "chunk):",
+         f"chunk{', table, P, W, npages' if paged else ''}):",
          f"    qs = cuda.shared.array({R * D}, F32)  # the rows' q, times scale",
          f"    ps = cuda.shared.array({R * T}, F32)  # the tile's p",
          f"    wm = cuda.shared.array({R * NW}, F32)  # the warps' maxima, then sums",
          f"    ob = cuda.shared.array({KS * D}, F32)  # one row's o over the key subsets",
-         "    red = cuda.shared.array(SHM, F32)  # grp_max's slots (the simulator's)",
-         "    t = cuda.threadIdx.x", "    w, lane = t // 32, t % 32",
+         "    red = cuda.shared.array(SHM, F32)  # grp_max's slots (the simulator's)"]
+    if paged:  # (each key's V row, found by its thread in A: C reads it here, not the table)
+        L += [f"    vrows = cuda.shared.array({T}, I64)"]
+    L += ["    t = cuda.threadIdx.x", "    w, lane = t // 32, t % 32",
          f"    dg, ks = t % {DG}, t // {DG}",
          "    c = cuda.blockIdx.x % nchunks", "    bh = cuda.blockIdx.x // nchunks  # b Hk + hk",
          "    Hk = Hq // G", "    b, hk = bh // Hk, bh % Hk", "    rows = G * Sq",
@@ -104,13 +113,21 @@ def source(R, D):
     for r in rows:
         L += [f"    h, i = hk * G + {r} // Sq, {r} % Sq", f"    lim{r} = 0",
               f"    if {r} < rows and (has_lq == 0 or i < lens_q[b]):",
-              f"        lim{r} = live_keys(lens_k, has_lk, b, i, Sk, causal)",
+              f"        lim{r} = live_keys(lens_k, has_lk, b, i, Sq, Sk, causal)",
               f"    mx{r} = NEG", f"    l{r} = F32(0)"] + \
             [f"    o{r}_{e} = F32(0)" for e in range(8)]
     L += ["    cuda.syncthreads()", "    k0 = c * chunk", "    kend = min(Sk, k0 + chunk)",
           "    vrow = (b * vb + hk * vh) // 8 + dg", "    vstep = vj // 8",
           f"    for t0 in range(k0, kend, {T}):",  # A: s_r = scale q_r . k_j
-          "        j = t0 + t", "        kr = (b * kb + hk * kh + min(j, kend - 1) * kj) // 8"]
+          "        j = t0 + t"]
+    if paged:
+        L += ["        jj = min(j, kend - 1)", "        pg = table[b * W + jj // P]",
+              "        inside = pg >= 0 and pg < npages",
+              "        kr = ((pg if inside else 0) * kb + hk * kh + (jj % P) * kj) // 8",
+              "        vr = ((pg if inside else 0) * vb + hk * vh + (jj % P) * vj) // 8"]
+    else:
+        L += ["        kr = (b * kb + hk * kh + min(j, kend - 1) * kj) // 8"]
+    live = "j < kend and j < lim{r}" + (" and inside" if paged else "")
     L += [f"        s{r} = F32(0)" for r in rows]
     for g in range(DG):
         if g == 0:
@@ -119,7 +136,7 @@ def source(R, D):
             L += [f"        kx = widen(k{g}[{e}])"] + \
                 [f"        s{r} += qs[{r * D + 8 * g + e}] * kx" for r in rows]
     for r in rows:  # B: the tile's max of each row (the mask's bias or removal first)
-        L += [f"        if not (j < kend and j < lim{r}):", f"            s{r} = NEG",
+        L += [f"        if not ({live.format(r=r)}):", f"            s{r} = NEG",
               "        elif mkind != 0:",
               f"            ok, add = bias(ma, mb, mkind, b * m0 + (hk * G + {r} // Sq) * m1 + "
               f"({r} % Sq) * m2 + j * m3)",
@@ -127,6 +144,8 @@ def source(R, D):
               f"        top = grp_max(s{r}, 32, red)", "        if lane == 0:",
               f"            wm[{r * NW} + w] = top"]
     L += ["        cuda.syncthreads()"]
+    if paged:  # (after the barrier, as ps: every thread is past the last tile's C)
+        L += ["        vrows[t] = vr"]
     for r in rows:
         L += [f"        top = mx{r}"]
         for x in range(NW):
@@ -140,7 +159,9 @@ def source(R, D):
             [f"        o{r}_{e} *= alpha" for e in range(8)]
     L += ["        cuda.syncthreads()"]  # C: o_r += p_r,u v_u
     for uu in range(DG):
-        if uu == 0:
+        if uu == 0 and paged:  # (a removed key's p is -1: its row's values are not used)
+            L += [f"        v{x} = load8(v, vrows[ks + {x * KS}] + dg)" for x in range(DG)]
+        elif uu == 0:
             L += [f"        v{x} = load8(v, vrow + min(t0 + ks + {x * KS}, kend - 1) * vstep)"
                   for x in range(DG)]
         L += [f"        f{e} = widen(v{uu}[{e}])" for e in range(8)]
@@ -170,19 +191,22 @@ def source(R, D):
 _KERNELS = {}
 
 
-def kernel(dtype, D, R):
-    """The Kernel for dtype, head dim D and R rows a kv head (rounded up to ROWS)."""
+def kernel(dtype, D, R, paged=False):
+    """The Kernel for dtype, head dim D and R rows a kv head (rounded up to ROWS); paged:
+    with the block table's arguments last (paged.py)."""
     R = next(x for x in ROWS if R <= x)
-    key = dtype, D, R
+    key = dtype, D, R, paged
     if key not in _KERNELS:
         a = f"{array_type(dtype)}[::1]"
         sig = f"void({a}, {a}, {a}, float32[::1], float32[::1], {a}, uint8[::1], " \
-            f"{geometry_types('float32')}, int64, int64)"  # (decode.py's part kernel's)
-        name, src = source(R, D)
+            f"{geometry_types('float32')}, int64, int64" + \
+            (", int64[::1], int64, int64, int64)" if paged else ")")  # (decode.py's part
+        # kernel's, then the chunks and their length)
+        name, src = source(R, D, paged)
         reductions = device_functions(np.float32)
         _, keep, live_keys, bias, _ = attention_device_functions(float32)
         fn = compile_source(name, src, dict(
-            cuda=cuda, math=math, F32=float32, U64=np.uint64, NEG=float32(-np.inf), SHM=SHM,
+            cuda=cuda, math=math, F32=float32, I64=int64, U64=np.uint64, NEG=float32(-np.inf), SHM=SHM,
             DROP_NONE=np.uint64(1 << 32), load8=load8, widen=widen, live_keys=live_keys,
             bias=bias, keep=keep,
             grp_max=reductions["grp_max"], grp_sum=reductions["grp_sum"]), about={
@@ -193,14 +217,15 @@ def kernel(dtype, D, R):
     return _KERNELS[key]
 
 
-def forward(q, k, v, ws, ma, mb, lq, lk, geo, stream):
+def forward(q, k, v, ws, ma, mb, lq, lk, geo, stream, pages=None):
     """Launch the part kernel over (batch, kv head, chunk) into the workspace ws =
-    (ws_o, ws_ml) sized by `chunking`; decode.py's combine kernel then merges."""
+    (ws_o, ws_ml) sized by `chunking`; decode.py's combine kernel then merges. pages:
+    (block table, P, W, number of pages) of a paged cache (paged.py)."""
     B, Hq, G, Sq, Sk, D = geo[:6]
     nchunks, chunk = chunking(B, Hq // G, Sk, sm_count())
-    kern, sig = kernel(dtype_name(q), D, G * Sq)
+    kern, sig = kernel(dtype_name(q), D, G * Sq, pages is not None)
     kern.launch(sig, B * (Hq // G) * nchunks, T, stream, q, k, v, *ws, ma, mb, lq, lk, *geo,
-                nchunks, chunk)
+                nchunks, chunk, *(pages or ()))
 
 
 def ptx_examples():
@@ -210,3 +235,5 @@ def ptx_examples():
     for dtype, D, R in (("bfloat16", 128, 1), ("float16", 64, 2), ("bfloat16", 128, 4),
                         ("float16", 64, 8)):
         kernel(dtype, D, R)
+    for dtype, D, R in (("float16", 128, 1), ("bfloat16", 64, 8)):
+        kernel(dtype, D, R, paged=True)

@@ -72,13 +72,18 @@ def attention_device_functions(CT):
         return kscale if w < thr else CT(0)
 
     @cuda.jit(device=True)
-    def live_keys(lens_k, has_lk, b, i, Sk, causal):
-        """Keys 0 .. n - 1 may attend to row i."""
+    def live_keys(lens_k, has_lk, b, i, Sq, Sk, causal):
+        """Keys 0 .. n - 1 may attend to row i (of Sq): causal 1 aligns the rows top-left
+        (PyTorch's is_causal: key j <= i), 2 bottom-right (paged_attention's: the rows
+        are the sequence's last Sq, key j <= n - Sq + i for its n keys; forward-shaped
+        kernels only)."""
         n = Sk
         if has_lk != 0:
             n = min(max(lens_k[b], 0), Sk)
-        if causal != 0:
+        if causal == 1:
             n = min(n, i + 1)
+        elif causal == 2:
+            n = max(min(n, n - Sq + i + 1), 0)
         return n
 
     @cuda.jit(device=True)
@@ -120,7 +125,7 @@ def _kernels(CT, NEG_INF):
         qo = b * qb + h * qh + i * qi
         oo = b * ob + h * oh + i * oi
         mo = b * m0 + h * m1 + i * m2
-        n = live_keys(lens_k, has_lk, b, i, Sk, causal) if row_live(lens_q, has_lq, b, i) \
+        n = live_keys(lens_k, has_lk, b, i, Sq, Sk, causal) if row_live(lens_q, has_lq, b, i) \
             else 0
         top = NEG_INF
         for j in range(n):
@@ -183,7 +188,7 @@ def _kernels(CT, NEG_INF):
         for d in range(D):
             acc[d] = CT(0)
         ls = lse[r]
-        n = live_keys(lens_k, has_lk, b, i, Sk, causal) if row_live(lens_q, has_lq, b, i) and \
+        n = live_keys(lens_k, has_lk, b, i, Sq, Sk, causal) if row_live(lens_q, has_lq, b, i) and \
             ls > NEG_INF else 0  # (a NaN lse: no live row, as the reference)
         e0 = np.uint64(r) * np.uint64(Sk)
         for j in range(n):

@@ -8,6 +8,11 @@ or additive, of every broadcast rank; a boolean mask can leave a row fully maske
 offset), variable lengths (int32 or int64, zero included), a given scale, and float32's
 math modes. The backward takes the float64 reference's o and lse, rounded as a
 forward would store them.
+
+paged_attention's row draws page sizes of 1 up, block tables of a shuffled page order
+with unused entries of -1, lengths of 0 up to the table's capacity (int32 or int64),
+grouped-query heads, bottom-right causal rows, both layouts and a given scale; its
+decode boundary is a 1100-key sequence in pages of 16.
 """
 import math
 
@@ -165,6 +170,50 @@ EDGES = {"causal, grouped heads": {"is_causal": True},
          "every row fully masked": {"attn_mask": np.zeros((1, 1), bool)},
          "no live keys (lengths 0)": {"seq_lens_k": np.zeros(1, np.int64)}}
 
+def _paged_call(rng, dtype, B, Hk, G, Sq, D, Dv, P, lens, extra_w, layout):
+    """(q, k_cache, v_cache, block_table, seq_lens_k): the used pages a shuffled order
+    of the cache's, the unused table entries -1 (never read)."""
+    W = max(1, -(-max(lens) // P)) + extra_w
+    need = [-(-L // P) for L in lens]
+    pages = max(1, sum(need) + 1)
+    order, at = rng.permutation(pages), 0
+    table = np.full((B, W), -1, np.int64)
+    for b, n in enumerate(need):
+        table[b, :n] = order[at:at + n]
+        at += n
+    Hq = Hk * G
+    q = rand(rng, (B, Sq, Hq, D) if layout == "BSHD" else (B, Hq, Sq, D), dtype, -1, 1)
+    kc, vc = (rand(rng, (pages, P, Hk, d), dtype, -1, 1) for d in (D, Dv))
+    return q, kc, vc, table, np.asarray(lens)
+
+
+def _make_paged(draw, dtype, big):
+    rng = np.random.default_rng(draw(0, 2 ** 31))
+    B, Hk, G = draw(1, 3), draw(1, 3 if big else 2), draw(1, 4 if big else 2)
+    Sq = draw(1, 16 if big else 4)
+    D = (64, 128, draw(1, 40))[draw(0, 2)] if big else draw(1, 9)
+    Dv = D if draw(0, 1) else draw(1, 70 if big else 9)
+    P = (1, 16, draw(2, 64 if big else 8))[draw(0, 2)]
+    lens = [draw(0, 600 if big else 40) for _ in range(B)]
+    layout = ("BHSD", "BSHD")[draw(0, 1)]
+    args = _paged_call(rng, dtype, B, Hk, G, Sq, D, Dv, P, lens, draw(0, 2), layout)
+    idx = np.int32 if draw(0, 1) else np.int64
+    args = args[:3] + tuple(a.astype(idx) for a in args[3:])
+    kw = {"layout": layout, "is_causal": draw(0, 1) == 1}
+    if draw(0, 3) == 0:
+        kw["scale"] = (0.05, 0.3, 1.0)[draw(0, 2)]
+    return Case(args, kw, tol=attention_tol(dtype, max(lens) * G + Sq + D + Dv))
+
+
+def _paged_decode(dtype):
+    """Two sequences of 1100 and 700 keys in pages of 16 (the split kernel's tiles and
+    chunks at 16-bit D 64; the generic one's otherwise), two query rows each, causal."""
+    rng = np.random.default_rng(12)
+    args = _paged_call(rng, dtype, 2, 2, 2, 2, 64, 64, 16, [1100, 700], 1, "BSHD")
+    return Case(args, {"layout": "BSHD", "is_causal": True},
+                tol=attention_tol(dtype, 1100 * 2 + 2 + 128))
+
+
 SPECS = [OpSpec("scaled_dot_product_attention", _forward, _make_forward, family="attention",
                 ops=("scaled_dot_product_attention",), blend=False, dtypes=BF16_DTYPES,
                 boundary=dict({n: _edge(False, **o) for n, o in EDGES.items()},
@@ -173,4 +222,6 @@ SPECS = [OpSpec("scaled_dot_product_attention", _forward, _make_forward, family=
                 family="attention", ops=("scaled_dot_product_attention_backward",),
                 blend=False, dtypes=BF16_DTYPES,
                 boundary=dict({n: _edge(True, **o) for n, o in EDGES.items()},
-                              decode=_decode(True)))]
+                              decode=_decode(True))),
+         OpSpec("paged_attention", nbdnn.paged_attention, _make_paged, family="attention",
+                blend=False, dtypes=BF16_DTYPES, boundary={"decode": _paged_decode})]
