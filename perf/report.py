@@ -69,13 +69,28 @@ def _attention(rows):
     SDPA; decoding rows as K/V bandwidth."""
     out = ["| dtype | B × Hq/Hk × Sq × Sk × D | causal | nbdnn TFLOP/s | × torch | "
            "backward × torch | K/V GB/s | rel. error |", "|---|---|---|---|---|---|---|---|"]
+    paged = [r for r in rows if "paged" in r]
     for r in rows:
+        if "paged" in r:
+            continue
         geo = f"{r['B']} × {r['Hq']}/{r['Hk']} × {r['Sq']} × {r['Sk']} × {r['D']}"
         out.append(f"| {r['dtype']} | {geo} | {'yes' if r.get('causal') else 'no'} | "
                    f"{_num(r.get('nbdnn_tflops'), '{:.0f}')} | "
                    f"{_num(r.get('x_default'), '{:.2f}×')} | "
                    f"{_num(r.get('bwd_x_default'), '{:.2f}×')} | "
                    f"{_num(r.get('kv_gbs'), '{:.0f}')} | {_num(r.get('rel_err'), '{:.1e}')} |")
+    if paged:  # (--paged: K/V GB/s graphed, beside a copy and the contiguous caches)
+        out += ["", "| dtype | page | B × Hq/Hk × Sq × Sk × D | paged GB/s (of copy) | "
+                "nbdnn contiguous | torch contiguous | rel. error |",
+                "|---|---|---|---|---|---|---|"]
+        for r in paged:
+            geo = f"{r['B']} × {r['Hq']}/{r['Hk']} × {r['Sq']} × {r['Sk']} × {r['D']}"
+            got = r.get("paged_graph_gbs") or r["paged_gbs"]
+            out.append(f"| {r['dtype']} | {r['paged']} | {geo} | {got:.0f} "
+                       f"({got / r['copy_gbs']:.0%}) | "
+                       f"{_num(r.get('nbdnn_contiguous_graph_gbs'), '{:.0f}')} | "
+                       f"{_num(r.get('default_graph_gbs'), '{:.0f}')} | "
+                       f"{_num(r.get('rel_err'), '{:.1e}')} |")
     return out
 
 

@@ -14,10 +14,13 @@ bf16 (and fp16, float32 with --dtypes); the backward's error against torch's flo
 8): GB/s over the K/V cache read, beside a device copy's GB/s (read + write) and torch's
 default in the same run, eagerly and replayed from captured graphs (nbdnn.cuda.Graph,
 torch.cuda.CUDAGraph: the GPU's time without the host's, which a short cache's call is
-bound by).
+bound by). Paged (--paged): nbdnn.paged_attention over a shuffled block table (pages of
+16 to 256 keys) at the decode rows' sizes and 4 tokens at once, beside nbdnn's and
+torch's attention over the same keys stored contiguously (torch has no paged SDPA).
 
     PYTHONPATH=. python3 perf/suites/attention.py [--json F] [--dtypes bfloat16 float16]
-        [--seqs 512 4096] [--dims 64 128] [--no-backward] [--decode] [--quick] [--masked]
+        [--seqs 512 4096] [--dims 64 128] [--no-backward] [--decode] [--paged] [--quick]
+        [--masked]
         [--variant NAME] [--set MODULE.NAME=VALUE]   (perf/tools/switches.py)
 
 --masked times non-causal rows with a boolean key-padding mask instead (B, 1, 1, Sk), its last
@@ -65,6 +68,15 @@ def _peer(q, k, v, causal, backend, mask=None):
     return forced
 
 
+def _copy_gbs(nbytes):
+    """A device copy's GB/s (read + write) of min(nbytes, 4 GiB): a copy's rate holds
+    past L2, and the largest cache is 68 GB."""
+    n = min(nbytes, 2 ** 32) // 2
+    src = torch.empty(n, device="cuda", dtype=torch.int16)
+    dst = torch.empty_like(src)
+    return 4 * n / time_gpu(lambda: dst.copy_(src)) / 1e9
+
+
 def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS, masked=False):
     B = B or max(1, TOKENS // S)
     Sk = Sk or S
@@ -96,11 +108,7 @@ def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS, mas
     if S == 1:  # decoding: bandwidth over the K/V cache, beside a copy of as many bytes
         kv = 2 * B * Hk * Sk * D * q.element_size()
         row["kv_gbs"] = kv / t / 1e9
-        n = min(kv, 2 ** 32) // 2  # (a copy's rate holds past L2; the largest cache is 68 GB)
-        src = torch.empty(n, device="cuda", dtype=torch.int16)
-        dst = torch.empty_like(src)
-        row["copy_gbs"] = 4 * n / time_gpu(lambda: dst.copy_(src)) / 1e9  # (read + write)
-        del src, dst
+        row["copy_gbs"] = _copy_gbs(kv)
         row["default_gbs"] = kv / time_gpu(_peer(q, k, v, causal, None, mask)) / 1e9
         try:  # the GPU's time alone, both captured (a short cache's call is host-bound)
             row["graph_gbs"] = kv / time_graph(
@@ -129,6 +137,60 @@ def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS, mas
     return row
 
 
+def _paged_row(dtype, B, Sk, Hq, Hk, D, P, Sq=1):
+    """paged_attention over a shuffled page order (pages of P keys, every sequence Sk
+    long; Sq > 1: that many tokens decoded at once, bottom-right causal): GB/s over the
+    K/V pages read, beside a device copy, nbdnn's own decode over the same keys stored
+    contiguously, and torch's default SDPA on those (whose causal alignment is top-left:
+    it runs non-causal there, the same bytes), eager and graphed."""
+    tdt = getattr(torch, dtype)
+    W = -(-Sk // P)
+    pages = B * W
+    table = torch.randperm(pages, device="cuda", dtype=torch.int32).reshape(B, W)
+    lens = torch.full((B,), Sk, device="cuda", dtype=torch.int32)
+    kc, vc = (torch.randn(pages, P, Hk, D, device="cuda", dtype=tdt) for _ in range(2))
+    q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=tdt)
+    causal = Sq > 1
+    o, _ = nbdnn.paged_attention(q, kc, vc, table, lens, is_causal=causal)
+    # the same keys contiguous (B, Hk, Sk, D): each sequence's pages in table order
+    k, v = (c[table.long()].reshape(B, W * P, Hk, D)[:, :Sk].transpose(1, 2).contiguous()
+            for c in (kc, vc))
+    qb = q.transpose(1, 2).contiguous()
+    mask = torch.ones(Sq, Sk, device="cuda", dtype=torch.bool).tril(Sk - Sq) if causal else None
+    ref = F.scaled_dot_product_attention(qb[:1].float(), k[:1].float(), v[:1].float(),
+                                         attn_mask=mask, enable_gqa=Hq != Hk)
+    row = {"dtype": dtype, "paged": P, "B": B, "Hq": Hq, "Hk": Hk, "Sq": Sq, "Sk": Sk, "D": D,
+           "causal": causal, "rel_err": float((o[:1].transpose(1, 2).float() - ref).abs().max()
+                                               / ref.abs().max())}
+    kv = 2 * B * Hk * Sk * D * q.element_size()
+    row["copy_gbs"] = _copy_gbs(kv)
+    calls = {"paged": lambda: nbdnn.paged_attention(q, kc, vc, table, lens, is_causal=causal,
+                                                    out=o),
+             "nbdnn_contiguous": lambda: nbdnn.scaled_dot_product_attention(
+                 qb, k, v, attn_mask=mask, enable_gqa=Hq != Hk),
+             "default": _peer(qb, k, v, False, None)}
+    for name, fn in calls.items():
+        row[f"{name}_gbs"] = kv / time_gpu(fn) / 1e9
+        try:
+            graphed = time_graph(fn) if name != "default" else time_gpu(torch_graphed(fn))
+            row[f"{name}_graph_gbs"] = kv / graphed / 1e9
+        except Exception as e:  # (report, keep the row)
+            row[f"{name}_graph_gbs"] = None
+            print(f"  ({name} graph timing failed: {str(e).splitlines()[0][:80]})", flush=True)
+    return row
+
+
+def _show_paged(r):
+    def rate(name):
+        g = r.get(f"{name}_graph_gbs")
+        return f"{r[f'{name}_gbs']:.0f}" + (f" / {g:.0f} ({g / r['copy_gbs']:.0%})" if g else "")
+    print(f"{r['dtype']:8} paged P {r['paged']:3} B {r['B']:3} H {r['Hq']}/{r['Hk']} Sq {r['Sq']} "
+          f"Sk {r['Sk']:6} D {r['D']}: K/V GB/s eager / graphed (of a copy's "
+          f"{r['copy_gbs']:.0f}): paged {rate('paged')} | nbdnn contiguous "
+          f"{rate('nbdnn_contiguous')} | torch default {rate('default')} "
+          f"(err {r['rel_err']:.0e})", flush=True)
+
+
 def _show(r):
     peer = " | ".join(f"{n} {r[f'{n}_tflops']:.0f} ({r[f'x_{n}']:.2f}x)" if r[f"{n}_tflops"]
                       else f"{n} -" for n in ("default", "flash"))
@@ -155,6 +217,8 @@ def main():
     ap.add_argument("--dims", nargs="+", type=int, default=[64, 128])
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--decode", action="store_true")
+    ap.add_argument("--paged", action="store_true",
+                    help="paged_attention's rows (a shuffled block table; Sq 4: bottom-right)")
     ap.add_argument("--quick", action="store_true", help="S 512 and 2048, D 128 only")
     ap.add_argument("--masked", action="store_true",
                     help="rows with a key-padding mask instead (non-causal: torch takes no "
@@ -188,6 +252,12 @@ def _run(args):
             for Sk in (32768, 131072):  # grouped-query heads: 4 query rows a kv head
                 rows.append(_row(dtype, 1, 128, False, False, B=8, Sk=Sk, Hq=32, Hk=8))
                 _show(rows[-1])
+        if args.paged:  # issue's decode rows through a paged cache, and multi-token decode
+            for B, Sk, Hq, Hk, P, Sq in ((16, 8192, 32, 32, 16, 1), (16, 32768, 32, 8, 16, 1),
+                                         (1, 131072, 32, 8, 256, 1), (64, 4096, 32, 8, 16, 1),
+                                         (16, 32768, 32, 8, 128, 1), (16, 8192, 32, 8, 16, 4)):
+                rows.append(_paged_row(dtype, B, Sk, Hq, Hk, 128, P, Sq))
+                _show_paged(rows[-1])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -5,7 +5,7 @@ compute-sanitizer runs over (memcheck, racecheck) when these kernels change; on 
 of sm_90 every variant must take its case (a NotSupportedError is a failure: the case
 or the table is wrong). Exits 1 on a mismatch.
 
-    python3 perf/run.py sanitize perf/tools/variant_paths.py [pools|attention|tables]
+    python3 perf/run.py sanitize perf/tools/variant_paths.py [pools|attention|paged|tables]
 """
 import contextlib
 import sys
@@ -63,8 +63,7 @@ def pools():
 
 def attention():
     """Each forward variant forced (and the backward's flash and gemm), causal; flash
-    also with a boolean mask and dropout, and with an additive mask (their kernels);
-    paged_attention's two part kernels."""
+    also with a boolean mask and dropout, and with an additive mask (their kernels)."""
     bf = ml_dtypes.bfloat16
     cases = [("flash", bf, 64, 1, 70, 90, None, None, 0.0),
              ("flash", np.float16, 128, 1, 33, 200, None, None, 0.0),
@@ -98,8 +97,12 @@ def attention():
                 close(f"attention bwd {name} {masked} {p}", a, b, 5e-2)
 
 
-    # paged_attention, each part kernel forced: keys through a shuffled block table
-    # (page size 16), bottom-right causal rows, a sequence without keys, GQA R = 8
+
+
+def paged():
+    """paged_attention, each part kernel forced: keys through a shuffled block table
+    (page size 16), bottom-right causal rows, a sequence without keys, GQA R = 8."""
+    bf = ml_dtypes.bfloat16
     for name, dt, D, Sq in (("decode_split", bf, 64, 2), ("decode", np.float32, 40, 3)):
         B, Hq, Hk, P, W = 3, 8, 2, 16, 100
         lens = np.array([1500, 0, 777])
@@ -293,8 +296,8 @@ def tables():
 
 
 if __name__ == "__main__":
-    parts = [p for p in ("pools", "attention", "tables") if p in sys.argv[1:]] or \
-        ["pools", "attention", "tables"]
+    parts = [p for p in ("pools", "attention", "paged", "tables") if p in sys.argv[1:]] or \
+        ["pools", "attention", "paged", "tables"]
     for part in parts:
         globals()[part]()
     print("variant_paths:", "OK" if not bad else f"{bad} mismatches")
