@@ -119,3 +119,43 @@ def test_tf32_forward_channels_first_through_copies(case):
     assert sum(n.startswith("wgmma_conv_tf32") for n in names) == 1, names
     want = nbdnn.conv2d(x, w, b, activation="relu", backend="cpu", **kw)
     np.testing.assert_allclose(y.cpu().numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout,xs,ws,pad,dil", [
+    ("NCHW", (2, 8, 7, 6), (4, 8, 3, 3), 1, 1),
+    ("NHWC", (2, 6, 7, 8), (4, 3, 3, 8), (2, 0), (2, 1)),
+])
+def test_tf32_data_gradient_as_a_forward(layout, xs, ws, pad, dil):
+    """conv's data-gradient variant tf32_as_forward (float32 in math "tf32", stride 1,
+    more than one tap): the transposed, flipped filter and the forward over dy in math
+    "tf32" (the tf32 kernel on an sm_90 GPU, channels-first through copies; the GEMM in
+    the simulator), against the CPU reference in math "tf32"; it ran, and "auto" takes it
+    only where the tensor cores are (else the GEMM path, as before)."""
+    import nbdnn
+    from nbdnn.cuda import conv as CV
+    from nbdnn.cuda.runtime import variants
+    from nbdnn.cuda.runtime.memory.arrays import to_device
+    rng = np.random.default_rng(sum(xs))
+    last = layout == "NHWC"
+    K = ws[0]
+    x_shape = xs
+    y_sp = [(n + 2 * p - d * (r - 1) - 1) + 1 for n, p, d, r in zip(
+        xs[1:3] if last else xs[2:], (pad, pad) if isinstance(pad, int) else pad,
+        (dil, dil) if isinstance(dil, int) else dil, ws[1:3] if last else ws[2:])]
+    dys = (xs[0], *y_sp, K) if last else (xs[0], K, *y_sp)
+    dy = rng.standard_normal(dys).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    kw = dict(stride=1, padding=pad, dilation=dil, layout=layout, math="tf32")
+    from nbdnn.cuda.runtime.launch.kernel import launched
+    with variants.chosen() as ran, CV.forced("tf32_as_forward"), launched() as names:
+        got = nbdnn.conv_backward_data(to_device(dy), to_device(w), x_shape, backend="cuda",
+                                       **kw)
+    assert ("conv", "tf32_as_forward") in ran, ran
+    if not SIMULATOR and _cc() >= (9, 0):  # (the forward on the tf32 kernel)
+        assert sum(n.startswith("wgmma_conv_tf32") for n in names) == 1, names
+    want = nbdnn.conv_backward_data(dy, w, x_shape, backend="cpu", **kw)
+    np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-5, atol=1e-5)
+    exact = nbdnn.conv_backward_data(dy, w, x_shape, backend="cpu", **dict(kw, math="ieee"))
+    assert np.abs(exact - want).max() > 1e-4  # (the tolerance tells tf32 from ieee)
+    v = next(v for v in CV.DATA if v.name == "tf32_as_forward")
+    assert v.wanted(None) == CV._tensor_cores()

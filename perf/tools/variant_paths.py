@@ -148,11 +148,13 @@ def _forward(x, w, kw, math=None):
     return got, nbdnn.conv2d(_f64(x), _f64(w), backend="cpu", **kw)
 
 
-def _data(x, w, kw):
+def _data(x, w, kw, math=None):
     ref = nbdnn.conv2d(_f64(x), _f64(w), backend="cpu", **kw)
     dy = _t(ref.shape, x.dtype)
-    return (nbdnn.conv_backward_data(dy, w, x.shape, backend="cuda", **kw),
-            nbdnn.conv_backward_data(_f64(dy), _f64(w), x.shape, backend="cpu", **kw))
+    mode = nbdnn.math_mode(math) if math else contextlib.nullcontext()
+    with mode:
+        got = nbdnn.conv_backward_data(dy, w, x.shape, backend="cuda", **kw)
+    return got, nbdnn.conv_backward_data(_f64(dy), _f64(w), x.shape, backend="cpu", **kw)
 
 
 def _filter(x, w, kw):
@@ -227,6 +229,8 @@ TABLES = [  # (family module, variant, case: () -> (GPU results, CPU results), t
     (CV, "gemm_1x1", lambda: _data(*_conv(F32, "NHWC", 8, 8, 1)), 1e-5, False),
     (CV, "filter_as_stored", lambda: _data(*_conv(BF, "NHWC", 16, 16, 3)), 3e-2, TC),
     (CV, "as_forward", lambda: _data(*_conv(F32, "NCHW", 8, 8, 3)), 1e-5, False),
+    (CV, "tf32_as_forward", lambda: _data(*_conv(F32, "NCHW", 8, 8, 3), math="tf32"), 3e-3,
+     False),
     (CV, "depthwise", lambda: _data(*_conv(F32, "NCHW", 6, 6, 3, groups=6)), 1e-5, False),
     (CV, "gemm", lambda: _data(*_conv(F32, "NCHW", 8, 8, 3, stride=2)), 1e-5, False),
     (CV, "direct", lambda: _data(*_conv(F32, "NHWC", 8, 8, 3, stride=2)), 1e-5, False),

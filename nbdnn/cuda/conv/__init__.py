@@ -32,6 +32,9 @@ rank and layout. A thread's output index is decomposed in the array's memory ord
   filter_as_stored); channels-last 1x1: one GEMM dx = dy @ W (gemm_1x1); the filter's
   likewise (gemm_1x1: dW = dy^T @ x; other 16-bit channels-last filters of one group:
   tensor_cores, wgmma_conv.backward_filter).
+- backward data, float32 in math "tf32" ("auto") with every stride 1 and more than one tap
+  on sm_90: as_forward in math "tf32" (the tf32 kernel; channels-first through
+  channels-last copies: tf32_as_forward); channels-last 1x1: gemm_1x1 in tf32 too.
 - backward data and filter, algorithm "gemm" (the default otherwise, unless groups == C): the
   matmul kernel over the output gradient's rows and the im2col columns (split-K for
   the filter's long reduction), col2im for dx (nbdnn/cuda/conv/gemm.py).
@@ -158,6 +161,7 @@ class Call:
     coef: float = 0.0
     pick: str = None
     args: tuple = ()  # the data gradient's (stride, pads, dilation, groups, mode, last)
+    asked: str = None  # the algorithm as asked (algo: "gemm" for every TF32-mode call)
 
     @property
     def dtype(self):
@@ -363,6 +367,7 @@ def _run(c, op, table, out, auto):
     """Run call c through `table` into `out` (nothing for an empty one): c.pick is
     auto() for "auto" (float32's TF32 modes run "gemm", the front end let "auto" or
     "gemm" through)."""
+    c.asked = c.algo
     if not c.exact:
         c.algo = "gemm"
     c.pick = auto() if c.algo == "auto" else c.algo
@@ -458,12 +463,32 @@ def _as_forward(c):
                dtype_name(c.w))  # like dy, as _implicit_gemm's wk
     transform_into(c.w, view, perm, wt, 1.0, 0.0, c.stream)
     conv_forward(c.dy, wt, None, None, tuple(stride), _data_back_pads(c), tuple(dilation),
-                 groups, _flipped(c), last, None, 0.0, "auto", alpha=c.alpha, beta=c.beta,
-                 out=c.dx, stream=c.stream)
+                 groups, _flipped(c), last, None, 0.0, "auto", c.math, alpha=c.alpha,
+                 beta=c.beta, out=c.dx, stream=c.stream)
+
+
+def _tf32_as_forward_usable(c):
+    """float32 in math "tf32" with "auto" asked, every stride 1, one group, more than
+    one tap, alpha 1, beta 0: as_forward, whose forward the tf32 kernel takes (its
+    channels-last geometry: the forward over dy, the channels swapped)."""
+    if c.asked != "auto" or c.math != "tf32" or c.dtype != "float32" or c.g.G != 1 or \
+            c.g.T * c.g.R * c.g.S == 1 or (c.alpha, c.beta) != (1, 0) or \
+            _data_back_pads(c) is None:
+        return False
+    stride, pads, dilation, groups, mode, last = c.args
+    ws = tuple(c.w.shape)
+    R = ws[1:-1] if last else ws[2:]
+    K, C = ws[0], ws[-1 if last else 1]
+    dys = tuple(c.dy.shape)
+    dy_last = dys if last else (dys[0],) + dys[2:] + (dys[1],)
+    gl = geometry(dy_last, (C,) + R + (K,), (1,) * len(R), _data_back_pads(c),
+                  tuple(dilation), 1, _flipped(c), 1)
+    return _wgmma_conv.tf32_usable(c.dy, c.dy, c.dx, gl, None, None, 1.0, 0.0)  # (dy for
+    # the flipped filter's copy: fresh memory, aligned as dy is)
 
 
 DATA = (
-    Variant("gemm_1x1", lambda c: c.algo == "auto" and _conv_gemm.data_1x1_usable(c.g),
+    Variant("gemm_1x1", lambda c: c.asked == "auto" and _conv_gemm.data_1x1_usable(c.g),
             lambda c: _conv_gemm.backward_data_1x1(c.gemm, c.dy, c.w, c.dx, c.g, c.alpha,
                                                    c.beta, c.stream),
             "gemm.py: channels-last 1x1 stride 1, one group: dx = dy @ W, W as stored. "
@@ -482,6 +507,12 @@ DATA = (
             "every stride 1: the forward algorithms over dy, the filter transposed and "
             "flipped",
             wanted=lambda c: c.g.C != c.g.G),
+    Variant("tf32_as_forward", _tf32_as_forward_usable, _as_forward,
+            "float32 in math \"tf32\", every stride 1, more than one tap: as_forward's "
+            "transposed, flipped filter and the tf32 kernel's forward over dy (channels-first "
+            "through channels-last copies), where the GEMM path's columns and col2im move "
+            "R S T times dx's items",
+            wanted=lambda c: _tensor_cores()),
     Variant("depthwise", lambda c: c.exact and _algo(c, "depthwise") and
             _conv_depthwise.data_usable(c.g),
             lambda c: _conv_depthwise.backward_data(_KERNELS, c.dy, c.w, c.dx, c.g, c.alpha,
