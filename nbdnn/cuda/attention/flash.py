@@ -167,6 +167,19 @@ def quad_keep(g, kl, src1, src2, src3, thr, kscale, off_lo, off_hi, key_lo, key_
             kscale if pick(v0, v1, v2, v3, (3 - kl) & 3) < thr else z)
 
 
+@cuda.jit(device=True)
+def sel(c, a, b):
+    """a where c holds, else b: the generated kernels' conditional expressions whose arms
+    are safe to evaluate both, as a call (NVVM inlines it: a select). numba's IR makes
+    each conditional expression two blocks and a phi variable, and its SSA
+    reconstruction and liveness passes cost blocks times variables: per-score ones made
+    numba's share of the JIT (a 2-core host, compile_ptx) 27-37 s for the D 64 forward,
+    11-36 s for the backward kernels; as calls 5-10 s, with the loops' PTX unchanged in
+    the forward, fewer branches in the backward's, and ptxas's registers and spills as
+    they were."""
+    return a if c else b
+
+
 def namespace(kind):
     """The names the generated attention kernels bind (this forward's and flash_bwd's),
     but their wgmma shapes."""
@@ -175,7 +188,7 @@ def namespace(kind):
                 FULL=0xFFFFFFFF, math=math, fmaxf=libdevice.fmaxf, ex2=ex2,
                 U64=types.uint64, TWO=_TWO, masked_score=masked_score,
                 added_score=added_score, mask_term=mask_term, pair_keep=pair_keep,
-                quad_keep=quad_keep, widen=widen,
+                quad_keep=quad_keep, widen=widen, sel=sel,
                 LOG2E=types.float32(math.log2(math.e)),
                 cvt=cvt_bf16x2 if kind == "bf16" else cvt_f16x2,
                 mbarrier_arrive=mbarrier_arrive, tma_load_3d=tma_load_3d,

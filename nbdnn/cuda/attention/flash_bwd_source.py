@@ -123,9 +123,9 @@ def _grad_lines(ind, masked, L_of, dl_of, pack_p, st, feat=(0, False), keep=None
             for k in range(4 * j, 4 * j + 4):
                 if check:
                     L += [f"{sub}z{k} = {masked(k)}",
-                          f"{sub}p{k} = F32(0) if z{k} else ex2(cuda.fma({s_of(k)}, sl, "
-                          f"-{L_of(k)}))",
-                          f"{sub}d{k} = F32(0) if z{k} else p{k} * (dp[{k}]{f(k)} - {dl_of(k)})"]
+                          f"{sub}p{k} = sel(z{k}, F32(0), ex2(cuda.fma({s_of(k)}, sl, "
+                          f"-{L_of(k)})))",
+                          f"{sub}d{k} = sel(z{k}, F32(0), p{k} * (dp[{k}]{f(k)} - {dl_of(k)}))"]
                 else:
                     L += [f"{sub}p{k} = ex2(cuda.fma(sv[{k}], sl, -{L_of(k)}))",
                           f"{sub}d{k} = p{k} * (dp[{k}]{f(k)} - {dl_of(k)})"]
@@ -163,8 +163,8 @@ def _store_lines(acc, D, rows, word, scale, dead):
               f"            dz = {dead}", f"            wo = ({word}) // 2"]
         for j in range(D // 8):
             k = 4 * j + 2 * rr
-            L += [f"            {acc}_out[wo + {4 * j}] = cvt(F32(0) if dz else {acc}[{k}] * "
-                  f"{scale}, F32(0) if dz else {acc}[{k + 1}] * {scale})"]
+            L += [f"            {acc}_out[wo + {4 * j}] = cvt(sel(dz, F32(0), {acc}[{k}] * "
+                  f"{scale}), sel(dz, F32(0), {acc}[{k + 1}] * {scale}))"]
     return L
 
 
@@ -283,9 +283,10 @@ def dkv_source(kind, D, stages, feat=(False, False)):
         # (b Hq + h) Sq 4 bytes is not when Sq % 4 != 0, an illegal instruction on the H200)
         for e in (0, 1):
             c, k = 8 * j + e, 2 * j + e
-            L += [f"            lv = lse[rb + cl + {c}] if cl + {c} < Sq else NEG",
-                  f"            L{k} = lv * LOG2E if lv > NEG else INF",
-                  f"            dl{k} = dl[rb + cl + {c}] if cl + {c} < Sq else F32(0)"]
+            L += [f"            inq = cl + {c} < Sq  # (past Sq: row Sq - 1 read, unused)",
+                  f"            lv = sel(inq, lse[rb + min(cl + {c}, Sq - 1)], NEG)",
+                  f"            L{k} = sel(lv > NEG, lv * LOG2E, INF)",
+                  f"            dl{k} = sel(inq, dl[rb + min(cl + {c}, Sq - 1)], F32(0))"]
     L += _step_wait(D, stages, st) + _kmajor_lines(D, (("sv", "base", BLOCK, "sa", st),
                                                   ("dp", "res2", BLOCK, f"sa + {st * D * 2}", st)),
                                               " " * 12) + [
@@ -299,8 +300,9 @@ def dkv_source(kind, D, stages, feat=(False, False)):
 
     def masked(k):
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
-        return f"cl + {co} >= lqb or r{rr} >= lkb or (causal != 0 and r{rr} > cl + {co})" + \
-            (f" or mb[{at(k)}] == 0" if feat[0] == 1 else "")
+        safe = f"(cl + {co} >= lqb) | (r{rr} >= lkb) | ((causal != 0) & (r{rr} > cl + {co}))"
+        return safe + (f" or mb[{at(k)}] == 0" if feat[0] == 1 else "")  # (bitwise: no
+        # branches in numba's IR; the mask's read stays behind the pair's bounds)
 
     def added(k):
         return f"mask_term(widen(ma[{at(k)}]), isc)"

@@ -147,7 +147,7 @@ def _softmax_lines(BN, D, ind, pack=True, feat=(False, False)):
     else:
         L = [f"{ind}need = n0 + {BN} > lkb or (causal != 0 and n0 + {BN - 1} > wrow)",
              f"{ind}if need:", f"{ind}    cl = n0 + cb"]
-        L += [f"{ind}    x{k} = sc[{k}] if cl + {col[k]} < lim{row[k]} else NEG"
+        L += [f"{ind}    x{k} = sel(cl + {col[k]} < lim{row[k]}, sc[{k}], NEG)"
               for k in range(n)]
         L += [f"{ind}else:"] + [f"{ind}    x{k} = sc[{k}]" for k in range(n)]
     for rr in (0, 1):
@@ -156,7 +156,7 @@ def _softmax_lines(BN, D, ind, pack=True, feat=(False, False)):
               f"{ind}mx{rr} = fmaxf(mx{rr}, cuda.shfl_xor_sync(FULL, mx{rr}, 1))",
               f"{ind}mx{rr} = fmaxf(mx{rr}, cuda.shfl_xor_sync(FULL, mx{rr}, 2))",
               f"{ind}mn{rr} = fmaxf(m_{rr}, mx{rr} * sl)",
-              f"{ind}mu{rr} = F32(0) if mn{rr} == NEG else mn{rr}  # (a row masked so far)",
+              f"{ind}mu{rr} = sel(mn{rr} == NEG, F32(0), mn{rr})  # (a row masked so far)",
               f"{ind}al{rr} = ex2(m_{rr} - mu{rr})",
               f"{ind}m_{rr} = mn{rr}",
               f"{ind}nmu{rr} = -mu{rr}"]
@@ -281,15 +281,15 @@ def _epilogue_lines(D):
         L += [f"        l_{rr} += cuda.shfl_xor_sync(FULL, l_{rr}, 1)",
               f"        l_{rr} += cuda.shfl_xor_sync(FULL, l_{rr}, 2)",
               f"        dead{rr} = r{rr} >= lqb",
-              f"        inv{rr} = F32(1) / l_{rr} if l_{rr} != 0 else F32(0)",
-              f"        e{rr} = (m_{rr} + math.log2(l_{rr})) * LN2 if l_{rr} != 0 and not "
-              f"dead{rr} else NEG",
+              f"        inv{rr} = sel(l_{rr} != 0, F32(1) / l_{rr}, F32(0))",
+              f"        e{rr} = sel(l_{rr} != 0, sel(dead{rr}, NEG, (m_{rr} + "
+              f"math.log2(l_{rr})) * LN2), NEG)",
               f"        if r{rr} < Sq:",
               f"            wo = (b * ob + h * oh + r{rr} * orow + cb) // 2"]
         for j in range(D // 8):
             k = 4 * j + 2 * rr
-            L += [f"            out[wo + {4 * j}] = cvt(F32(0) if dead{rr} else o[{k}] * inv{rr}, "
-                  f"F32(0) if dead{rr} else o[{k + 1}] * inv{rr})"]
+            L += [f"            out[wo + {4 * j}] = cvt(sel(dead{rr}, F32(0), o[{k}] * inv{rr}), "
+                  f"sel(dead{rr}, F32(0), o[{k + 1}] * inv{rr}))"]
         L += ["            if lane % 4 == 0:",
               f"                lse[(b * Hq + h) * Sq + r{rr}] = e{rr}"]
     return L
