@@ -106,6 +106,12 @@ def source(R, D, paged=False):
          f"    dg, ks = t % {DG}, t // {DG}",
          "    c = cuda.blockIdx.x % nchunks", "    bh = cuda.blockIdx.x // nchunks  # b Hk + hk",
          "    Hk = Hq // G", "    b, hk = bh // Hk, bh % Hk", "    rows = G * Sq",
+         # the tiles past the batch entry's length are never loaded (a cache longer
+         # than its sequence: seq_lens_k, a paged table's capacity): the tile loop stops
+         # there (kstop; kend stays the chunk's end for the loads' clamp: R 8 at D 64,
+         # at 255 registers, spilled with kend or a bound of the rows' limits instead)
+         "    k0 = c * chunk", "    kend = min(Sk, k0 + chunk)",
+         "    kstop = min(kend, min(max(lens_k[b], 0), Sk) if has_lk != 0 else Sk)",
          f"    for x in range(t, {R * D}, {T}):", f"        r = x // {D}", "        val = F32(0)",
          "        if r < rows:", "            h, i = hk * G + r // Sq, r % Sq",
          f"            val = widen(q[b * qb + h * qh + i * qi + x % {D}]) * scale",
@@ -116,9 +122,9 @@ def source(R, D, paged=False):
               f"        lim{r} = live_keys(lens_k, has_lk, b, i, Sq, Sk, causal)",
               f"    mx{r} = NEG", f"    l{r} = F32(0)"] + \
             [f"    o{r}_{e} = F32(0)" for e in range(8)]
-    L += ["    cuda.syncthreads()", "    k0 = c * chunk", "    kend = min(Sk, k0 + chunk)",
+    L += ["    cuda.syncthreads()",
           "    vrow = (b * vb + hk * vh) // 8 + dg", "    vstep = vj // 8",
-          f"    for t0 in range(k0, kend, {T}):",  # A: s_r = scale q_r . k_j
+          f"    for t0 in range(k0, kstop, {T}):",  # A: s_r = scale q_r . k_j
           "        j = t0 + t"]
     if paged:
         L += ["        jj = min(j, kend - 1)", "        pg = table[b * W + jj // P]",

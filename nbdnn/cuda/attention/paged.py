@@ -15,9 +15,10 @@ chunks over blocks, each key's rows through the table once a tile), its combine 
 - decode_split (decode_split.py, paged): 16-bit, D = Dv in 64 and 128, up to
   MAX_ROWS[D] query rows a kv head, 16-byte loads;
 - decode (decode.py's "paged_part"): every other call, a thread a key.
-Traffic: what the unpaged kernels move, plus one table entry (8 bytes) a key a tile, and
-the keys of a sequence's last page past its length read as removed. Bottom-right
-causal rows (is_causal) take simt.live_keys' mode 2."""
+Traffic: what the unpaged kernels move, plus one table entry (8 bytes) a key a tile;
+decode_split stops each chunk at its sequence's length (no tile past it is loaded), so
+a table's spare capacity costs blocks that exit early, not bytes. Bottom-right causal
+rows (is_causal) take simt.live_keys' mode 2."""
 import dataclasses
 
 from ..runtime import variants
