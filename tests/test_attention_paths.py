@@ -304,7 +304,8 @@ def test_flash_sources_keep_per_score_branches_out():
     variable, and its SSA and liveness passes cost blocks times variables (64 per-score
     conditional expressions made the D 64 forward's JIT 27 s, the dK/dV kernel's 36;
     as calls 10 and 7, the same PTX in the loop). What remains is per tile or per row;
-    a boolean mask's read stays behind its pair's bounds (one short-circuit a score)."""
+    a boolean mask's read stays behind its pair's bounds (one short-circuit a score).
+    docs/decisions.md "flash_jit_branches"."""
     import ast
     from nbdnn.cuda.attention import flash_bwd, flash_bwd_source as fb, flash_source as fs
     for D in (64, 128):
