@@ -251,7 +251,7 @@ def _recorded_calls():
         _call(lambda x, w: nt.batch_norm_act(x, None, None, w, w, training=True,
                                              activation="swish"),
               [_cl(4, 3, 5, 2), _t(3)], {}, "cpu", torch.float64)
-    case = "paged_attention"  # (inference: no gradient; compared in its own test)
+    case = "paged_attention"  # (compared with SDPA in its own test)
     with Record(), torch.no_grad():
         nt.paged_attention(*_paged_inputs("cpu", torch.float64), causal=True)
     case = "max_pool2d-indices"
@@ -321,8 +321,7 @@ def test_opcheck(call):
     Every op's floating inputs require grad: a forward's backward is exercised, and a
     backward op's own (the second order, nbdnn/torch/_second_order.py)."""
     func, args, kw = CALLS[call]
-    grad = (not str(func.name()).endswith("_backward") or TORCH_2_13) and \
-        "paged_attention" not in call  # (inference only; PyTorch 2.11's AOT
+    grad = not str(func.name()).endswith("_backward") or TORCH_2_13  # (PyTorch 2.11's AOT
     # tracing fails on the torch.func.vjp inside a backward op's own autograd: "Attempting
     # to use FunctionalTensor on its own"; 2.13 traces it)
 
@@ -558,21 +557,29 @@ def test_16_bit_tensors(case, dtype):
 def test_paged_attention_is_sdpa_over_the_gathered_pages(device, causal):
     """nt.paged_attention (flash_attn_with_kvcache's conventions) against PyTorch's SDPA
     over each sequence's keys gathered from its pages, the causal rows aligned
-    bottom-right (torch.ones(Sq, L).tril(L - Sq)); a gradient is refused."""
+    bottom-right (torch.ones(Sq, L).tril(L - Sq)), outputs and gradients (q's and the
+    caches': its math form's)."""
     dtype = torch.float64 if device == "cpu" else torch.float32
     q, kc, vc, table, lens = _paged_inputs(device, dtype)
-    o = nt.paged_attention(q, kc, vc, table, lens, causal=causal)
+    leaves = [t.clone().requires_grad_() for t in (q, kc, vc)]
+    o = nt.paged_attention(*leaves, table, lens, causal=causal)
     assert o.shape == (2, 3, 4, 6) and o.dtype == dtype
+    g = torch.randn(o.shape, generator=torch.Generator().manual_seed(6),
+                    dtype=torch.float64).to(device, dtype)
+    got = torch.autograd.grad(o, leaves, g)
+    ref = [t.clone().requires_grad_() for t in (q, kc, vc)]
+    want = []
     for b in range(2):
         L = int(lens[b])
         pages = table[b, :-(-L // 4)].long()
-        k, v = (c[pages].reshape(-1, 2, c.shape[3])[:L].transpose(0, 1) for c in (kc, vc))
+        k, v = (c[pages].reshape(-1, 2, c.shape[3])[:L].transpose(0, 1) for c in ref[1:])
         mask = torch.ones(3, L, dtype=torch.bool, device=device).tril(L - 3) if causal else None
-        want = F.scaled_dot_product_attention(q[b].transpose(0, 1), k, v, attn_mask=mask,
-                                              enable_gqa=True).transpose(0, 1)
-        if causal:  # (a row before every key: PyTorch NaN, nbdnn 0)
-            want = torch.nan_to_num(want, nan=0.0)
-        torch.testing.assert_close(o[b], want, rtol=1e-5 if device == "cuda" else 1e-12,
-                                   atol=1e-5 if device == "cuda" else 1e-12)
-    with pytest.raises(nbdnn.NotSupportedError, match="inference only"):
-        nt.paged_attention(q.requires_grad_(), kc, vc, table, lens)
+        w = F.scaled_dot_product_attention(ref[0][b].transpose(0, 1), k, v, attn_mask=mask,
+                                           enable_gqa=True).transpose(0, 1)
+        want.append(torch.nan_to_num(w, nan=0.0))  # (a row before every key: PyTorch NaN,
+        # nbdnn 0)
+    want = torch.stack(want)
+    tol = dict(rtol=1e-5, atol=1e-5) if device == "cuda" else dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(o, want, **tol)
+    for a, b in zip(got, torch.autograd.grad(want, ref, g)):
+        torch.testing.assert_close(a, b, **tol)

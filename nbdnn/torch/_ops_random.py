@@ -1,6 +1,6 @@
 """torch.ops.nbdnn's dropout and scaled_dot_product_attention (its dropout on the
-attention probabilities), with their backwards; paged_attention (inference, beside its
-attention). Their randomness is nbdnn's Philox
+attention probabilities), with their backwards; paged_attention (decoding, beside its
+attention; its gradients from PyTorch's formula of it, paged_attention_math). Their randomness is nbdnn's Philox
 stream (the CPU reference and the GPU drop the same elements), keyed by a value that
 nbdnn.torch draws from torch's generators on every call, so torch.manual_seed governs it:
 - CPU tensors, and attention everywhere: a seed from torch's CPU generator, an int64 CPU
@@ -128,6 +128,45 @@ def _(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, scale):
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float64 if q.dtype == torch.float64
                       else torch.float32)
     return q.new_empty((B, Sq, Hq, v_cache.shape[3])), lse
+
+
+def paged_attention_math(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, scale):
+    """paged_attention's o in PyTorch's ops, on the device without a host read: every
+    table entry's page gathered into (B, W P) keys (entries outside the cache read page 0,
+    removed), a boolean mask of the live keys (length, bottom-right causal rows, pages in
+    the cache), attention_math. What its gradients and forward-mode derivatives
+    differentiate (decoding rarely asks: gradients through the gathered caches)."""
+    B, Sq, Hq, D = q.shape
+    pages, P, Hk, _ = k_cache.shape
+    W = block_table.shape[1]
+    t = block_table.long()
+    inside = (t >= 0) & (t < pages)
+    k, v = (c[t.clamp(0, pages - 1)].reshape(B, W * P, Hk, c.shape[3]).transpose(1, 2)
+            for c in (k_cache, v_cache))
+    j = torch.arange(W * P, device=q.device)
+    n = seq_lens_k.long().clamp(0, W * P)[:, None, None]  # (B, 1, 1)
+    live = (j < n) & inside.repeat_interleave(P, 1)[:, None, :]
+    if is_causal:  # row i attends keys j <= n - Sq + i
+        live = live & (j <= n - Sq + torch.arange(Sq, device=q.device)[:, None])
+    o = attention_math(q.transpose(1, 2), k, v, live[:, None], False, scale, Hk != Hq)
+    return o.transpose(1, 2)
+
+
+def _paged_setup(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(*inputs[:5])
+    ctx.params = inputs[5:]
+
+
+def _paged_grad(ctx, do, _dlse):
+    """(dq, dk_cache, dv_cache) from the math form's vector-Jacobian product."""
+    q, kc, vc, table, lens = ctx.saved_tensors
+    _, vjp = torch.func.vjp(lambda q, kc, vc: paged_attention_math(q, kc, vc, table, lens,
+                                                                   *ctx.params), q, kc, vc)
+    return vjp(do) + (None,) * 4
+
+
+register_autograd(paged_attention, _paged_grad, _paged_setup)
 
 
 def attention_math(q, k, v, attn_mask, is_causal, scale, enable_gqa):

@@ -507,12 +507,10 @@ def paged_attention(q, k_cache, v_cache, block_table, cache_seqlens, scale=None,
     flash_attn_with_kvcache conventions: q (B, Sq, Hq, D); k_cache (pages, P, Hk, D) and
     v_cache (pages, P, Hk, Dv); block_table (B, W) int32 page numbers; cache_seqlens (B,)
     int32 lengths; causal aligns the Sq rows bottom-right (the sequence's last). Returns
-    o (B, Sq, Hq, Dv). Inference: no gradient (NotSupportedError where one is asked
-    for). The table and the lengths are read on the device only: a call inside a
-    torch.cuda.graph capture replays with whatever they hold at replay."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
-        _unsupported("paged_attention", "a gradient (inference only: call it under "
-                     "torch.no_grad() or on tensors that do not require grad)")
+    o (B, Sq, Hq, Dv). The table and the lengths are read on the device only: a call
+    inside a torch.cuda.graph capture replays with whatever they hold at replay.
+    Gradients (decoding rarely asks) come from PyTorch's formula of it over the gathered
+    pages (nbdnn/torch/_ops_random.py: paged_attention_math)."""
     q, k_cache, v_cache = _autocast("scaled_dot_product_attention", q, k_cache, v_cache)
     _check("paged_attention", q, k_cache, v_cache)
     return call(_paged_attention, q, k_cache, v_cache, block_table, cache_seqlens,

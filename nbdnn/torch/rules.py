@@ -80,6 +80,7 @@ RULES = {
     rnd.attention: Rules(jvp=(fm.attention_forward, (0, 1, 2, 3), False),
                          vmap=fold((0, 1, 2), shared_mask)),
     rnd.attention_backward: Rules(second=(so.attention_backward, (0, 1, 2, 3, 6))),
+    rnd.paged_attention: Rules(jvp=(rnd.paged_attention_math, (0, 1, 2), False)),
 }
 
 
