@@ -62,10 +62,26 @@ def _dims(op, c, q, k, v, layout, enable_gqa):
         fail(ShapeError, op, "k heads", f"q's {Hq} heads" + (
             " or a divisor of them (grouped-query attention)" if gqa else
             " (enable_gqa=True for grouped-query attention: a divisor of them)"), Hk)
-    for name, d in (("q", D), ("v", Dv)):
+    _head_dims(op, (("q", D), ("v", Dv)))
+    return B, Hq, Hk, Sq, Sk, D, Dv, dtype
+
+
+def _head_dims(op, dims):
+    """(name, head dim) pairs within the kernels' 1 .. MAX_HEAD_DIM."""
+    for name, d in dims:
         if not 1 <= d <= MAX_HEAD_DIM:
             fail(NotSupportedError, op, f"{name} head dim", f"1 to {MAX_HEAD_DIM}", d)
-    return B, Hq, Hk, Sq, Sk, D, Dv, dtype
+
+
+def _scale(op, scale, dtype):
+    """A given scale, finite in the compute dtype; None stays None."""
+    if scale is None:
+        return None
+    scale = scalar(op, "scale", scale)
+    if str(dtype) != "float64" and not abs(scale) <= _FLOAT32_MAX:  # (computed in float32)
+        fail(BadParamError, op, "scale", "finite in float32, the compute dtype of "
+             f"{dtype} (|scale| <= {_FLOAT32_MAX:.4g})", scale)
+    return scale
 
 
 def _mask(op, c, attn_mask, dtype, B, Hq, Sq, Sk):
@@ -111,11 +127,7 @@ def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, scale, seed, offset,
     p = scalar(op, "dropout_p", dropout_p, low=0.0, high=1.0)
     if p >= 1:
         fail(BadParamError, op, "dropout_p", "in [0, 1)", p)
-    if scale is not None:
-        scale = scalar(op, "scale", scale)
-        if str(dtype) != "float64" and not abs(scale) <= _FLOAT32_MAX:  # (computed in float32)
-            fail(BadParamError, op, "scale", "finite in float32, the compute dtype of "
-                 f"{dtype} (|scale| <= {_FLOAT32_MAX:.4g})", scale)
+    scale = _scale(op, scale, dtype)
     _lengths(op, c, "seq_lens_q", seq_lens_q, B, Sq)
     _lengths(op, c, "seq_lens_k", seq_lens_k, B, Sk)
     return p, flag(op, "is_causal", is_causal), scale, uint64_arg(op, "seed", seed), \
@@ -216,9 +228,7 @@ def _pages(op, c, q, k_cache, v_cache, block_table, seq_lens_k, layout):
     if Hk == 0 or Hq % Hk:
         fail(ShapeError, op, "k_cache heads", f"a divisor of q's {Hq} heads (grouped-query "
              "attention)", Hk)
-    for name, d in (("q", D), ("v_cache", Dv)):
-        if not 1 <= d <= MAX_HEAD_DIM:
-            fail(NotSupportedError, op, f"{name} head dim", f"1 to {MAX_HEAD_DIM}", d)
+    _head_dims(op, (("q", D), ("v_cache", Dv)))
     ts, tdt = c.array("block_table", block_table, dtypes=None)
     if tdt.name not in _INTS:
         fail(DtypeError, op, "block_table.dtype", "int32 or int64", tdt.name)
@@ -264,11 +274,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, *, is_causal=F
     B, Hq, Hk, Sq, D, Dv, dtype, P, W = _pages(op, c, q, k_cache, v_cache, block_table,
                                                seq_lens_k, layout)
     causal = flag(op, "is_causal", is_causal)
-    if scale is not None:
-        scale = scalar(op, "scale", scale)
-        if str(dtype) != "float64" and not abs(scale) <= _FLOAT32_MAX:
-            fail(BadParamError, op, "scale", "finite in float32, the compute dtype of "
-                 f"{dtype} (|scale| <= {_FLOAT32_MAX:.4g})", scale)
+    scale = _scale(op, scale, dtype)
     scale = 1 / np.sqrt(D) if scale is None else scale
     o_shape = (B, Hq, Sq, Dv) if layout == "BHSD" else (B, Sq, Hq, Dv)
     out = c.out(out, o_shape, dtype)
