@@ -111,10 +111,12 @@ def nbdnn_imports(path, root):
 
 
 def test_nothing_a_kernel_imports_reaches_the_packages_left_out_of_the_tree_hash():
-    """tree_hash() skips nbdnn.torch, nn, bench and testing, so that a change to the
+    """tree_hash() skips nbdnn.ops, torch, nn, bench and testing, so that a change to the
     front ends keeps the compiled kernels; that is safe only while no module under
     nbdnn/cuda or nbdnn/cpu (where kernels and what they call live) imports them,
-    directly or through the modules it imports."""
+    directly or through the modules it imports. The package nbdnn itself is not
+    followed: importing a submodule runs its __init__, which exports the front ends,
+    but no kernel reads a name from it."""
     root = os.path.dirname(os.path.abspath(nbdnn.__file__))
     files = {}
     for dirpath, _dirs, names in os.walk(root):
@@ -129,15 +131,39 @@ def test_nothing_a_kernel_imports_reaches_the_packages_left_out_of_the_tree_hash
     while todo:
         for imp in nbdnn_imports(files[todo.pop()], root):
             parts = imp.split(".")  # (the module itself and each package above it)
-            for k in range(1, len(parts) + 1):
+            for k in range(2, len(parts) + 1):
                 m = ".".join(parts[:k])
                 if m in files and m not in reached:
                     reached.add(m)
                     todo.append(m)
-    outside = {m for m in reached if m.split(".")[1:2] and
-               m.split(".")[1] in kernel_cache.OUTSIDE_KERNELS}
+    outside = {m for m in reached if m.split(".")[1] in kernel_cache.OUTSIDE_KERNELS}
     assert not outside, outside
     assert "nbdnn.cuda.runtime.launch.kernel" in reached and "nbdnn.errors" in reached
+    assert "ops" in kernel_cache.OUTSIDE_KERNELS and "torch" in kernel_cache.OUTSIDE_KERNELS
+
+
+def test_tree_hash_follows_kernel_sources_and_skips_front_ends(tmp_path, monkeypatch):
+    """An edit under cuda/ or cpu/ or to a root module changes tree_hash(); one under
+    ops/ or torch/ does not (the compiled kernels stay)."""
+    key_module = sys.modules["nbdnn.cuda.runtime.launch.kernel_cache.key"]
+    tree = tmp_path / "nbdnn"
+    for rel in ("cuda/conv/geometry.py", "cpu/conv.py", "errors.py", "ops/conv.py",
+                "torch/functional.py"):
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(f"# {rel}\n")
+    monkeypatch.setattr(key_module, "_NBDNN", str(tree))
+
+    def hashed():
+        monkeypatch.setattr(key_module, "_tree", [])
+        return key_module.tree_hash()
+    base = hashed()
+    for rel, changes in (("ops/conv.py", False), ("torch/functional.py", False),
+                         ("cuda/conv/geometry.py", True), ("cpu/conv.py", True),
+                         ("errors.py", True)):
+        before = hashed()
+        (tree / rel).write_text((tree / rel).read_text() + "X = 1\n")
+        assert (hashed() != before) == changes, rel
+    assert hashed() != base
 
 
 class FakeLibrary:

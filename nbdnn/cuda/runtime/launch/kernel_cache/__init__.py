@@ -26,10 +26,11 @@ loads as numba does its own. Nothing is unpickled. Safe in a shared or hostile p
 
 An entry is named by a hash of everything the compiled code can depend on (key()):
 - the versions of numba, numba-cuda and nbdnn's own source: every .py file under
-  nbdnn/ but the front ends no kernel can import (OUTSIDE_KERNELS: nbdnn.torch, nn,
-  bench, testing; tests/test_kernel_cache.py checks that nothing under cuda/ or cpu/
-  reaches them), hashed once a process (an edit to any other starts a fresh set of
-  names; an edit to nbdnn.torch's wrappers keeps the compiled kernels);
+  nbdnn/ but the front ends no kernel can import (OUTSIDE_KERNELS: nbdnn.ops, torch,
+  nn, bench, testing; tests/test_kernel_cache.py checks that nothing under cuda/ or
+  cpu/ reaches them), hashed once a process (an edit to any other starts a fresh set of
+  names; an edit to an op's checks or nbdnn.torch's wrappers keeps the compiled
+  kernels);
 - the kernel's code: its bytecode, and a generated kernel's text
   (cuda/runtime/launch/codegen.py) or its file's bytes; the same for every function, device
   function and generated helper it refers to by a global name or a closure cell,
