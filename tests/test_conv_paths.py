@@ -159,6 +159,65 @@ def test_backward_data_1x1(last, G, mode, on):
     assert (not any("transform" in n or "transpose" in n for n in names)) == one_gemm, names
 
 
+@pytest.mark.parametrize("case", ["plain", "groups", "3d", "beta", "tf32", "bias", "stride",
+                                  "pad", "last", "ieee-auto"])
+def test_channels_first_1x1_as_one_gemm(case):
+    """A channels-first 1x1 filter at stride 1 without padding runs forward and data
+    gradient as one batched GEMM over the positions as stored (variant
+    gemm_1x1_channels_first: no im2col columns, epilogue, rows or col2im) where the
+    gemm algorithm runs it, alpha and beta included; a bias, a stride, a padding, the
+    channels-last layout or "auto" in ieee math (the implicit GEMM; as_forward for the
+    data gradient) keep their paths; float32 in math "tf32" takes it under "auto". Either
+    way the reference's numbers."""
+    rng = np.random.default_rng(len(case))
+    N, C, K, G, H = 2, 4, 6, 1, 5
+    kw = dict(algo="gemm")
+    if case == "tf32":
+        kw = dict(algo="auto", math="tf32")
+    if case == "groups":
+        G, kw["groups"] = 2, 2
+    if case == "stride":
+        kw["stride"] = 2
+    if case == "pad":
+        kw["padding"] = 1
+    if case == "ieee-auto":
+        kw["algo"] = "auto"
+    last = case == "last"
+    kw["layout"] = "NHWC" if last else "NCHW"
+    spatial = (3, H, H) if case == "3d" else (H, H)
+    conv = nbdnn.conv3d if case == "3d" else nbdnn.conv2d
+    kw["layout"] = ("NDHWC" if last else "NCDHW") if case == "3d" else kw["layout"]
+    xs = (N,) + spatial + (C,) if last else (N, C) + spatial
+    ws = (K,) + (1,) * len(spatial) + (C // G,) if last else (K, C // G) + (1,) * len(spatial)
+    dt = np.float32 if case == "tf32" else np.float64
+    tol = 1e-5 if case == "tf32" else 1e-12
+    x, w = rng.uniform(-1, 1, xs).astype(dt), rng.uniform(-1, 1, ws).astype(dt)
+    bias = rng.uniform(-1, 1, K) if case == "bias" else None
+    ab = dict(alpha=0.5, beta=2.0) if case == "beta" else {}
+    y0 = conv(x, w, backend="cpu", **{k: v for k, v in kw.items() if k != "algo"})
+    out = rng.uniform(-1, 1, y0.shape).astype(dt)
+    fkw = {k: v for k, v in kw.items() if k != "algo"}
+    want = conv(x, w, bias, backend="cpu", out=out.copy(), **fkw, **ab)
+    with launched() as names:
+        got = conv(x, w, bias, backend="cuda", out=out.copy(), **kw, **ab)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    one_gemm = case in ("plain", "groups", "3d", "beta", "tf32")
+    columns = any("im2col" in n or "epilogue" in n for n in names)
+    assert columns != one_gemm or case in ("last", "ieee-auto"), names
+    if one_gemm:
+        assert any("gemm" in n for n in names), names
+    dy = rng.uniform(-1, 1, y0.shape).astype(dt)
+    dkw = dict(ab) if ab else dict(alpha=1.0, beta=0.0)
+    dx0 = rng.uniform(-1, 1, xs).astype(dt)
+    want = nbdnn.conv_backward_data(dy, w, xs, backend="cpu", out=dx0.copy(), **fkw, **dkw)
+    with launched() as names:
+        got = nbdnn.conv_backward_data(dy, w, xs, backend="cuda", out=dx0.copy(), **kw, **dkw)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    gathers = any("col2im" in n or "rows" in n or "transform" in n for n in names)
+    one_gemm = case in ("plain", "groups", "3d", "beta", "bias", "tf32")
+    assert gathers != one_gemm or case == "last", names
+
+
 @pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
 def test_backward_filter_pads_16bit_columns(dtype):
     """A 16-bit filter gradient whose im2col rows are no 16-byte multiple (3 channels

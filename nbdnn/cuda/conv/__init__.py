@@ -337,6 +337,15 @@ FORWARD = (
             lambda c: _implicit_gemm(c),
             "implicit_gemm_source.py: the GEMM's tiles, A gathered from x on the fly",
             wanted=lambda c: c.pick == "implicit_gemm"),
+    Variant("gemm_1x1_channels_first", lambda c: _algo(c, "gemm") and
+            _conv_gemm.forward_1x1_usable(c.g) and c.bias is None and c.residual is None and
+            c.activation is None,
+            lambda c: _conv_gemm.forward_1x1(c.gemm, c.x, c.w, c.y, c.g, c.alpha, c.beta,
+                                             c.stream),
+            "gemm.py: channels-first 1x1 at stride 1, no bias, residual or activation: "
+            "y[n] = W x[n], a batched GEMM over the positions as stored (no im2col "
+            "columns, no epilogue pass); float32's TF32 modes run here",
+            wanted=lambda c: c.pick == "gemm"),
     Variant("gemm", lambda c: _algo(c, "gemm"),
             lambda c: _conv_gemm.forward(_KERNELS, c.gemm, c.x, c.w, c.y, c.bias, c.residual,
                                          c.g, c.act, c.coef, c.alpha, c.beta, c.stream),
@@ -519,6 +528,14 @@ DATA = (
                                                     c.beta, c.stream),
             "depthwise.py: the forward kernel over dy (stride 1, dilation 1)",
             wanted=lambda c: c.pick == "depthwise"),
+    Variant("gemm_1x1_channels_first", lambda c: _algo(c, "gemm") and
+            _conv_gemm.forward_1x1_usable(c.g),
+            lambda c: _conv_gemm.backward_data_1x1_channels_first(
+                c.gemm, c.dy, c.w, c.dx, c.g, c.alpha, c.beta, c.stream),
+            "gemm.py: channels-first 1x1 at stride 1: dx[n] = W^T dy[n], a batched GEMM "
+            "over the positions as stored (no rows copy, no col2im); float32's TF32 modes "
+            "run here",
+            wanted=lambda c: c.pick == "gemm"),
     Variant("gemm", lambda c: _algo(c, "gemm"),
             lambda c: _conv_gemm.backward_data(_KERNELS, c.gemm, c.dy, c.w, c.dx, c.g,
                                                c.alpha, c.beta, c.stream),

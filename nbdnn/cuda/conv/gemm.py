@@ -215,6 +215,24 @@ def columns(table, x, g, stream, row=None):
     return variants.choose("conv", "im2col", COLUMNS, c).run(c)
 
 
+def forward_1x1_usable(g):
+    """forward_1x1's calls: channels-first, a 1x1 filter at stride 1 without padding."""
+    return not g.last and _one_by_one(g)
+
+
+def forward_1x1(gemm, x, w, y, g, alpha, beta, stream):
+    """Channels-first 1x1 at stride 1 without padding: y[n, g] = alpha W_g @ x[n, g] +
+    beta y[n, g] over the P positions as stored, a batched GEMM (N*G products of
+    (K/g, C/g) @ (C/g, P), W_g broadcast over n) that writes y in place. The columns
+    path moves x twice (im2col's transpose), then the raw product twice more (its
+    epilogue's transpose back to NCHW); this reads x and writes y once (float32's TF32
+    modes: tf32_parts rounds x into a K-major copy first, one transpose)."""
+    N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
+    P = PD * PH * PW
+    gemm(w.reshape((G, Kg, Kr)), x.reshape((N, G, Kr, P)), False, False, None, None, 0.0,
+         alpha, beta, y.reshape((N, G, Kg, P)), stream)
+
+
 def backward_filter(table, gemm, dy, x, dw, g, alpha, beta, stream):
     """dW_g = rows_g^T @ cols_g: a GEMM over the M = N*P output positions. 16-bit rows
     of Kr columns that are not 16-byte multiples (a 7x7 stem's 147 = 3 channels x 49
@@ -257,6 +275,16 @@ def backward_data_1x1(gemm, dy, w, dx, g, alpha, beta, stream):
     M = g.N * g.PD * g.PH * g.PW
     gemm(dy.reshape((M, g.K)), w.reshape((g.K, g.C)), False, False, None, None, 0.0, alpha,
          beta, dx.reshape((M, g.C)), stream)
+
+
+def backward_data_1x1_channels_first(gemm, dy, w, dx, g, alpha, beta, stream):
+    """forward_1x1's data gradient (`forward_1x1_usable`): dx[n, g] = alpha W_g^T @
+    dy[n, g] + beta dx[n, g], a batched GEMM over the P positions as stored (the columns
+    path copies dy into rows and gathers dx back by col2im)."""
+    N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
+    P = PD * PH * PW
+    gemm(w.reshape((G, Kg, Kr)), dy.reshape((N, G, Kg, P)), True, False, None, None, 0.0,
+         alpha, beta, dx.reshape((N, G, Kr, P)), stream)
 
 
 def filter_1x1_usable(g, dtype):
