@@ -218,6 +218,54 @@ def test_channels_first_1x1_as_one_gemm(case):
     assert gathers != one_gemm or case == "last", names
 
 
+@pytest.mark.parametrize("case", ["3x3", "stride-pad", "groups", "3d", "blend", "few",
+                                  "1x1", "ieee", "last"])
+def test_filter_gradient_over_positions(case):
+    """float32 channels-first filter gradients in math "tf32" with more than one tap, a
+    stride or a padding and P >= 128 positions an image run as per-image products over
+    transposed columns (variant gemm_positions: conv_im2col_t, no rows copy, no
+    transposed operand copies), alpha and beta blended; P < 128 ("few"), 1x1 at stride
+    1, ieee math and channels-last keep their paths. Either way the reference's
+    numbers in the same math."""
+    rng = np.random.default_rng(len(case) + 7)
+    N, C, K, G, H, R = 2, 4, 6, 1, 12, 3
+    kw = dict(padding=1, math="tf32")
+    if case == "stride-pad":
+        kw.update(stride=2, padding=2)
+        H = 24
+    if case == "groups":
+        G = kw["groups"] = 2
+        kw["mode"] = "convolution"
+    if case == "few":
+        H = 8
+    if case == "1x1":
+        R, kw["padding"] = 1, 0
+    if case == "ieee":
+        kw["math"] = "ieee"
+    last = case == "last"
+    nd = 3 if case == "3d" else 2
+    if nd == 3:
+        C, H = 2, 8                                        # P = 2 x 8 x 8 = 128
+    spatial = ((2,) if nd == 3 else ()) + (H, H)
+    kw["layout"] = ("NDHWC" if last else "NCDHW") if nd == 3 else ("NHWC" if last else "NCHW")
+    conv = nbdnn.conv3d if nd == 3 else nbdnn.conv2d
+    xs = (N,) + spatial + (C,) if last else (N, C) + spatial
+    ws = (K,) + (R,) * nd + (C // G,) if last else (K, C // G) + (R,) * nd
+    x = rng.uniform(-1, 1, xs).astype(np.float32)
+    dy = rng.uniform(-1, 1, conv(x, np.zeros(ws, np.float32), backend="cpu",
+                                 **kw).shape).astype(np.float32)
+    ab = dict(alpha=0.5, beta=2.0) if case == "blend" else dict(alpha=1.0, beta=0.0)
+    out = rng.uniform(-1, 1, ws).astype(np.float32)
+    want = nbdnn.conv_backward_filter(dy, x, ws, backend="cpu", out=out.copy(), **kw, **ab)
+    with launched() as names:
+        got = nbdnn.conv_backward_filter(dy, x, ws, backend="cuda", out=out.copy(), **kw, **ab)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    positions = case in ("3x3", "stride-pad", "groups", "3d", "blend")
+    assert ("conv_im2col_t" in names) == positions, names
+    assert ("conv_y_to_rows" in names) == (not positions and case not in ("1x1", "last")), \
+        names
+
+
 @pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
 def test_backward_filter_pads_16bit_columns(dtype):
     """A 16-bit filter gradient whose im2col rows are no 16-byte multiple (3 channels

@@ -157,12 +157,14 @@ def _data(x, w, kw, math=None):
     return got, nbdnn.conv_backward_data(_f64(dy), _f64(w), x.shape, backend="cpu", **kw)
 
 
-def _filter(x, w, kw):
+def _filter(x, w, kw, math=None):
     ref = nbdnn.conv2d(_f64(x), _f64(w), backend="cpu", **kw)
     dy = _t(ref.shape, x.dtype, np.prod(ref.shape[:-1] if kw["layout"] == "NHWC" else
                                          (ref.shape[0],) + ref.shape[2:]))
-    return (nbdnn.conv_backward_filter(dy, x, w.shape, backend="cuda", **kw),
-            nbdnn.conv_backward_filter(_f64(dy), _f64(x), w.shape, backend="cpu", **kw))
+    mode = nbdnn.math_mode(math) if math else contextlib.nullcontext()
+    with mode:
+        got = nbdnn.conv_backward_filter(dy, x, w.shape, backend="cuda", **kw)
+    return got, nbdnn.conv_backward_filter(_f64(dy), _f64(x), w.shape, backend="cpu", **kw)
 
 
 def _gemm(dt, k=96):
@@ -241,6 +243,9 @@ TABLES = [  # (family module, variant, case: () -> (GPU results, CPU results), t
     (CV, "gemm_1x1", lambda: _filter(*_conv(BF, "NHWC", 16, 16, 1)), 3e-2, False),
     (CV, "tensor_cores", lambda: _filter(*_conv(BF, "NHWC", 64, 16, 3)), 3e-2, TC),
     (CV, "depthwise", lambda: _filter(*_conv(F32, "NCHW", 6, 6, 3, groups=6)), 1e-5, False),
+    (CV, "gemm_positions",
+     lambda: _filter(*_conv(F32, "NCHW", 8, 16, 3, stride=2, H=24), math="tf32"), 3e-3,
+     False),
     (CV, "gemm", lambda: _filter(*_conv(F32, "NCHW", 8, 8, 3, stride=2)), 1e-5, False),
     (CV, "direct", lambda: _filter(*_conv(F32, "NHWC", 8, 8, 3)), 1e-5, False),
     (CV, "im2col_rows", lambda: _forward(*_conv(F16, "NHWC", 3, 8, 3, algo="gemm")), 4e-3,

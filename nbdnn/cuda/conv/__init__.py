@@ -589,6 +589,15 @@ FILTER = (
                              c.x, c.dw, *c.g, c.alpha, c.beta),
             "direct.py: a thread a dw element, no atomics",
             wanted=lambda c: c.pick == "direct"),
+    Variant("gemm_positions", lambda c: not c.exact and
+            _conv_gemm.filter_positions_usable(c.g, c.dtype),
+            lambda c: _conv_gemm.backward_filter_positions(_KERNELS, c.gemm, c.dy, c.x, c.dw,
+                                                           c.g, c.alpha, c.beta, c.stream),
+            "gemm.py: float32 channels-first in a TF32 mode (more than one tap, a stride or "
+            "a padding; P >= 128 positions): dW = sum over n of dy[n] cols[n]^T, each "
+            "image's columns transposed so both operands are K-major over the positions "
+            "(the gemm variant's rows and columns would each be copied transposed for "
+            "the tensor cores)"),
     Variant("gemm", lambda c: _algo(c, "gemm", "depthwise"),
             lambda c: _conv_gemm.backward_filter(_KERNELS, c.gemm, c.dy, c.x, c.dw, c.g,
                                                  c.alpha, c.beta, c.stream),

@@ -82,6 +82,28 @@ def kernels(CT, act_fn):
             cols[i] = narrow(v, cols)
             i += cuda.gridDim.x * cuda.blockDim.x
 
+    def conv_im2col_t(x, cols, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd,
+                      qh, qw, dd, dh, dw, flip, last):
+        # cols (N, G, Kr, P): each image's columns transposed, its P positions contiguous
+        # (channels-first x read along its rows; a K-major operand over the positions)
+        Cg = C // G
+        P, Kr = PD * PH * PW, Cg * T * R * S
+        total = N * G * Kr * P
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while i < total:
+            ng, _, _, kx, p = split(i, 1, 1, Kr, P, False)
+            _, _, pd, ph, pw = split(p, 1, PD, PH, PW, False)
+            _, c, t, r, s = split(kx, Cg, T, R, S, False)
+            if flip:
+                t, r, s = T - 1 - t, R - 1 - r, S - 1 - s
+            n, g = ng // G, ng % G
+            idd, ih, iw = pd * sd + t * dd - qd, ph * sh + r * dh - qh, pw * sw + s * dw - qw
+            v = ZERO
+            if 0 <= idd < D and 0 <= ih < H and 0 <= iw < W:
+                v = widen(x[(((n * C + g * Cg + c) * D + idd) * H + ih) * W + iw])
+            cols[i] = narrow(v, cols)
+            i += cuda.gridDim.x * cuda.blockDim.x
+
     def conv_gemm_epilogue(raw, y, bias, z, N, K, G, PD, PH, PW, last, has_bias, has_z, act,
                            coef, alpha, beta):
         Kg, M = K // G, N * PD * PH * PW
@@ -136,13 +158,15 @@ def kernels(CT, act_fn):
             dx[i] = narrow(v, dx)
             i += cuda.gridDim.x * cuda.blockDim.x
 
-    return {"im2col": conv_im2col, "gemm_epilogue": conv_gemm_epilogue,
+    return {"im2col": conv_im2col, "im2col_t": conv_im2col_t,
+            "gemm_epilogue": conv_gemm_epilogue,
             "y_to_rows": conv_y_to_rows, "col2im": conv_col2im}
 
 
 def signatures(t, ct, geom):
     a = f"{array_type(t)}[::1]"
     return {"im2col": f"void({a}, {a}, {geom}, int64)",
+            "im2col_t": f"void({a}, {a}, {geom})",
             "gemm_epilogue": f"void({a}, {a}, {a}, {a}, int64, int64, int64, int64, int64, "
                              f"int64, int64, int64, int64, int64, {ct}, {ct}, {ct})",
             "y_to_rows": f"void({a}, {a}, int64, int64, int64, int64, int64, int64, int64)",
@@ -312,6 +336,32 @@ def backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):
         return
     parts = gemm(dy.reshape((N * G, Kg, P)), x.reshape((N * G, Kr, P)), False, True, None,
                  None, 0.0, 1.0, 0.0, None, stream)
+    reduce_tensor(parts.reshape((N, G * Kg, Kr)), "add", (0,), False, False, alpha=alpha,
+                  beta=beta, out=dw.reshape((K, Kr)), stream=stream)
+
+
+def filter_positions_usable(g, dtype):
+    """backward_filter_positions' calls: channels-first float32 with more than one tap
+    or a stride or padding (1x1 at stride 1 needs no columns: backward_filter_1x1),
+    P >= 128 positions an image (the per-image products' reduction)."""
+    return not g.last and dtype == "float32" and not _one_by_one(g) and \
+        g.PD * g.PH * g.PW >= 128
+
+
+def backward_filter_positions(table, gemm, dy, x, dw, g, alpha, beta, stream):
+    """dW_g = sum over n of dy[n, g] @ cols[n, g]^T, where cols[n, g] (Kr, P) are image n's
+    im2col columns transposed (im2col_t: its positions contiguous, as dy[n, g]'s are
+    in channels-first): a batched GEMM whose operands are both K-major over the
+    positions as written (TF32 modes take them without tf32_parts' transposed copies;
+    the columns path's rows and columns are MN-major there: both copied), the N
+    products summed in batch order (deterministic). Traffic: the columns once written
+    and read, N K Kr partials."""
+    N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
+    P = PD * PH * PW
+    cols = empty(x, (N * G, Kr, P), dtype_name(x))
+    launch(table, "im2col_t", dtype_name(x), N * G * Kr * P, stream, x, cols, *g)
+    parts = gemm(dy.reshape((N * G, Kg, P)), cols, False, True, None, None, 0.0, 1.0, 0.0,
+                 None, stream)
     reduce_tensor(parts.reshape((N, G * Kg, Kr)), "add", (0,), False, False, alpha=alpha,
                   beta=beta, out=dw.reshape((K, Kr)), stream=stream)
 
