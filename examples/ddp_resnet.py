@@ -1,5 +1,5 @@
-"""Data-parallel ResNet-50 training, one process a GPU, gradients averaged by NCCL
-(issue 27). Random images, no downloads.
+"""Data-parallel ResNet-50 training, one process a GPU, gradients averaged by NCCL.
+Random images, no downloads.
 
     torchrun --nproc_per_node=2 examples/ddp_resnet.py --engine nbdnn.nn
     torchrun --nproc_per_node=2 examples/ddp_resnet.py --engine nbdnn.torch

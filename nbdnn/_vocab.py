@@ -5,8 +5,7 @@ CUDA kernel shares), and testing/ draws from them."""
 
 # storage dtypes every op takes; float16 computes in float32, float64 in float64
 FLOAT_DTYPES = ("float16", "float32", "float64")
-# bfloat16 (ml_dtypes.bfloat16 on the CPU, its bits on the GPU; float32 compute) joins
-# op by op: every op takes it now (convolution on the CUDA cores until issue 24)
+# bfloat16: ml_dtypes.bfloat16 on the CPU, its bits on the GPU, float32 compute
 BF16_DTYPES = FLOAT_DTYPES + ("bfloat16",)
 
 ACTIVATION_MODES = ("relu", "leaky_relu", "clipped_relu", "elu", "sigmoid", "tanh", "swish",

@@ -102,7 +102,7 @@ _SEVERAL = []  # [whether more than one CUDA device is visible], asked on the fi
 
 
 def several_devices():
-    """Whether calls must find their arrays' device (issue 27): more than one visible."""
+    """Whether calls must find their arrays' device: more than one visible."""
     if not _SEVERAL:
         _SEVERAL.append(cuda_runtime("device").count() > 1)
     return _SEVERAL[0]

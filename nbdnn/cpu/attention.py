@@ -1,4 +1,4 @@
-"""Scaled dot-product attention, the reference for issue 25's
+"""Scaled dot-product attention, the reference for
 nbdnn.scaled_dot_product_attention: torch.nn.functional.scaled_dot_product_attention's
 meaning, plus the log-sum-exp a flash kernel keeps, variable lengths, and dropout from
 nbdnn.dropout's Philox stream.

@@ -1,4 +1,4 @@
-"""Data-parallel training of nbdnn.nn models (issue 27): one process a GPU, each its
+"""Data-parallel training of nbdnn.nn models: one process a GPU, each its
 shard of the batch, gradients averaged over the processes by an existing engine: NCCL
 through torch.distributed (gloo for the CPU backend's NumPy arrays), or NCCL through
 cupy.cuda.nccl (a communicator: `nccl_communicator()`). nbdnn has no collectives of

@@ -1,4 +1,4 @@
-"""Transformer layers for nbdnn.nn (re-exported there; issue 25): LayerNorm,
+"""Transformer layers for nbdnn.nn (re-exported there): LayerNorm,
 MultiheadAttention (self-attention with a fused QKV projection, causal or not),
 TransformerBlock (pre-norm: attention and a GELU MLP, each with its residual),
 PositionalEmbedding (learned) and SequenceMean (the mean over the sequence, for a

@@ -29,7 +29,7 @@ from .dropout import uint64_arg
 from .._math_mode import resolve as _math
 
 LAYOUTS = ("BHSD", "BSHD")
-MAX_HEAD_DIM = 256  # (the kernels' register and shared-memory tiles; issue 25: 16-256)
+MAX_HEAD_DIM = 256  # (the kernels' register and shared-memory tiles)
 _INTS = ("int32", "int64")
 
 

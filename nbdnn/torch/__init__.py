@@ -1,4 +1,4 @@
-"""nbdnn inside PyTorch (issue 26): torch.nn.functional's names backed by nbdnn's ops.
+"""nbdnn inside PyTorch: torch.nn.functional's names backed by nbdnn's ops.
 
     import nbdnn.torch as nt
     y = nt.conv2d(x, w, b, padding=1)        # differentiable; x on CUDA: nbdnn's kernels

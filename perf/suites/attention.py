@@ -1,4 +1,4 @@
-"""Attention speed against PyTorch in the same run (issue 25's table): nbdnn's
+"""Attention speed against PyTorch in the same run: nbdnn's
 scaled_dot_product_attention forward and backward beside torch's SDPA with its default
 backend choice (cuDNN's fused attention on the H200) and with the flash backend alone.
 

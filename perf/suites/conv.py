@@ -113,7 +113,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nhwc", action="store_true")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
-                    help="16-bit channels-last runs the tensor cores (issue 24)")
+                    help="16-bit channels-last runs the tensor cores")
     ap.add_argument("--json")
     ap.add_argument("--algos", nargs="*", default=["auto", "implicit_gemm"])
     ap.add_argument("--layers", nargs="*", default=[],

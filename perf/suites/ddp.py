@@ -1,4 +1,4 @@
-"""Data-parallel scaling (issue 27): ResNet-50's bf16 training step at batch B a GPU, on
+"""Data-parallel scaling: ResNet-50's bf16 training step at batch B a GPU, on
 one GPU and on every GPU of the machine, for nbdnn.nn (GradientAllReduce, graphed),
 nbdnn.torch (a converted torchvision ResNet-50 under DDP) and PyTorch's own DDP, each a
 `torchrun` of examples/ddp_resnet.py, run in turn on the same machine. The goal:

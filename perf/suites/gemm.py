@@ -1,5 +1,5 @@
 """GEMM speed for every dtype and float32 math mode against cuBLAS in the same run
-(issue 23's table). Rows:
+(the GEMM table). Rows:
 
     float32 ieee      nbdnn.matmul            cuBLAS fp32 (allow_tf32 off)
     float32 tf32      nbdnn.matmul(math=)     cuBLAS with allow_tf32 on (nt: b transposed,

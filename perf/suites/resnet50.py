@@ -1,4 +1,4 @@
-"""ResNet-50 end to end in 16 bits (issue 24): nbdnn.nn.resnet50 channels-last against
+"""ResNet-50 end to end in 16 bits: nbdnn.nn.resnet50 channels-last against
 torchvision's resnet50 in channels_last, same GPU, same run.
 
 Inference (eval, batch 32 and 1): nbdnn with batch norm folded into the convolutions

@@ -1,4 +1,4 @@
-"""nbdnn inside PyTorch (issue 26): what nbdnn.torch costs and gives.
+"""nbdnn inside PyTorch: what nbdnn.torch costs and gives.
 
 --host: host cost of one call on small CUDA tensors: the bare nbdnn op (torch tensors on
 PyTorch's default stream, replayed by nbdnn's eager call plans: "planned" lists the

@@ -1,4 +1,4 @@
-"""A transformer's training step (issue 25): nbdnn.nn's model graphed (Sequential.plan:
+"""A transformer's training step: nbdnn.nn's model graphed (Sequential.plan:
 GraphedSteps) and eager against the same architecture in PyTorch eager, same GPU, same
 run.
 

@@ -1,4 +1,4 @@
-"""scaled_dot_product_attention on the GPU (issue 25). Kernels, one module each:
+"""scaled_dot_product_attention on the GPU. Kernels, one module each:
 - simt.py: the exact path on the CUDA cores (every dtype and math mode, both layouts,
   masks, causal, grouped-query heads, dropout, variable lengths; the simulator runs
   it): a thread a query row (forward, dq), a thread a key row (dk, dv).

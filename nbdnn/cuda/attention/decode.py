@@ -1,4 +1,4 @@
-"""Attention for decoding (issue 25: Sq <= 16 queries against a long key cache):
+"""Attention for decoding (Sq <= 16 queries against a long key cache):
 flash-decoding. The keys are cut into chunks of CHUNK, one block a (batch, kv head,
 chunk), so one query row spreads over B Hk Sk / CHUNK blocks instead of one thread; a
 combine kernel merges each row's chunks by their log-sum-exp.

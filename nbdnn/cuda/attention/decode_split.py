@@ -1,4 +1,4 @@
-"""Decoding at the speed of a copy (issue 25: Sq <= 16 queries against a long key
+"""Decoding at the speed of a copy (Sq <= 16 queries against a long key
 cache): decode.py's split of the keys into chunks, a block a (batch, kv head, chunk),
 the chunks merged by decode.py's combine kernel, but with 16-byte loads and a thread a
 key, for the common case: 16-bit q, k, v, head dims D = Dv of 64 or 128, R = G Sq <= 8

@@ -1,4 +1,4 @@
-"""Attention on the CUDA cores, the exact path (issue 25: float32's "ieee" / "tf32" /
+"""Attention on the CUDA cores, the exact path (float32's "ieee" / "tf32" /
 "3xtf32" and float64 exactly, 16-bit storage in float32; the simulator runs it): a
 thread a query row forward and for dq, a thread a key row for dk and dv. Deterministic:
 every sum in one thread, in index order; no atomics.

@@ -1,4 +1,4 @@
-"""Facts about the GPUs in use and which one a call runs on (issue 27).
+"""Facts about the GPUs in use and which one a call runs on.
 
 - SM count (grid sizing: split-K, persistent row kernels), name and compute capability
   (`nbdnn info`), synchronisation for callers above the backend that must not import

@@ -1,5 +1,5 @@
 """OpSpec rows for scaled_dot_product_attention and its backward (imported by
-nbdnn.testing; issue 25's hypothesis rows).
+nbdnn.testing; its hypothesis rows).
 
 A call draws both layouts, grouped-query heads (Hq a multiple of Hk), head dims that
 differ for v, sequences of 1 up (query and key lengths apart), a mask (none, boolean
