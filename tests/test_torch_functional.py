@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 nt = pytest.importorskip("nbdnn.torch")
 import nbdnn  # noqa: E402
+from nbdnn.errors import BadParamError, ShapeError  # noqa: E402
 
 R = np.random.default_rng(0)
 TORCH_2_13 = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 13)
@@ -583,3 +584,49 @@ def test_paged_attention_is_sdpa_over_the_gathered_pages(device, causal):
     torch.testing.assert_close(o, want, **tol)
     for a, b in zip(got, torch.autograd.grad(want, ref, g)):
         torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device for torch"))])
+@pytest.mark.parametrize("variant", ["upper_left", "lower_right"])
+@pytest.mark.parametrize("Sq,Sk", [(3, 7), (5, 5), (7, 3)])
+def test_sdpa_takes_pytorchs_causal_bias_objects(device, variant, Sq, Sk):
+    """torch.nn.attention.bias.causal_upper_left / causal_lower_right as attn_mask (a
+    tensor subclass whose elements are not the mask): upper-left is is_causal, lower-right
+    row i attends keys j <= i + Sk - Sq; directly and under functional_calls, outputs
+    and gradients as PyTorch's (a row left without keys: PyTorch NaN, nbdnn 0)."""
+    from torch.nn.attention import bias as attn_bias
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    gen = torch.Generator().manual_seed(Sq * 10 + Sk)
+    q, k, v = (torch.randn(2, 3, S, 8, generator=gen, dtype=torch.float64).to(device, dtype)
+               for S in (Sq, Sk, Sk))
+    make = getattr(attn_bias, "causal_" + variant)
+    g = torch.randn(2, 3, Sq, 8, generator=gen, dtype=torch.float64).to(device, dtype)
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    shift = Sk - Sq if variant == "lower_right" else 0
+    mask = torch.ones(Sq, Sk, dtype=torch.bool, device=device).tril(shift)
+    want = torch.nan_to_num(F.scaled_dot_product_attention(*ref, attn_mask=mask), nan=0.0)
+    want_grads = torch.autograd.grad(want, ref, g)
+    tol = dict(rtol=1e-5, atol=1e-5) if device == "cuda" else dict(rtol=1e-12, atol=1e-12)
+    for functional in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        if functional:
+            with nt.functional_calls() as calls:
+                o = F.scaled_dot_product_attention(*leaves, attn_mask=make(Sq, Sk))
+            assert calls.nbdnn["scaled_dot_product_attention"] == 1, calls.report()
+        else:
+            o = nt.scaled_dot_product_attention(*leaves, attn_mask=make(Sq, Sk))
+        torch.testing.assert_close(o, want, **tol)
+        for a, b in zip(torch.autograd.grad(o, leaves, g), want_grads):
+            torch.testing.assert_close(a, b, **tol)
+
+
+def test_sdpa_refuses_a_causal_bias_of_other_lengths_or_with_is_causal():
+    from torch.nn.attention.bias import causal_lower_right
+    q, k = torch.randn(1, 2, 3, 8, dtype=torch.float64), torch.randn(1, 2, 5, 8,
+                                                                     dtype=torch.float64)
+    with pytest.raises(ShapeError, match="CausalBias is for 3 queries and 6 keys"):
+        nt.scaled_dot_product_attention(q, k, k, attn_mask=causal_lower_right(3, 6))
+    with pytest.raises(BadParamError, match="CausalBias attn_mask with is_causal=True"):
+        nt.scaled_dot_product_attention(q, k, k, attn_mask=causal_lower_right(3, 5),
+                                        is_causal=True)

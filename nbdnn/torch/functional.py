@@ -463,13 +463,41 @@ def dropout(input, p=0.5, training=True, inplace=False):
     return call(_dropout, input, float(p), seed)[0]
 
 
+def _causal_bias(attn_mask, is_causal, query, key):
+    """(attn_mask, is_causal) for PyTorch's CausalBias masks
+    (torch.nn.attention.bias.causal_upper_left / causal_lower_right: a tensor subclass
+    whose elements are not the mask): upper-left is is_causal, lower-right (row i
+    attends keys j <= i + Sk - Sq) its boolean mask. Any other mask as given."""
+    try:
+        from torch.nn.attention.bias import CausalBias, CausalVariant
+    except ImportError:  # (a PyTorch without them)
+        return attn_mask, is_causal
+    if not isinstance(attn_mask, CausalBias):
+        return attn_mask, is_causal
+    op = "nbdnn.torch.scaled_dot_product_attention"
+    if is_causal:
+        raise BadParamError(f"{op}: a CausalBias attn_mask with is_causal=True (as PyTorch, "
+                            "one or the other)")
+    Sq, Sk = int(query.shape[-2]), int(key.shape[-2])
+    if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (Sq, Sk):
+        raise ShapeError(f"{op}: the CausalBias is for {attn_mask.seq_len_q} queries and "
+                         f"{attn_mask.seq_len_kv} keys; query and key have {Sq} and {Sk}")
+    if attn_mask.variant == CausalVariant.UPPER_LEFT or Sq == Sk:
+        return None, True
+    if attn_mask.variant != CausalVariant.LOWER_RIGHT:
+        raise BadParamError(f"{op}: CausalBias variant {attn_mask.variant!r} unknown")
+    return torch.ones(Sq, Sk, dtype=torch.bool, device=query.device).tril(Sk - Sq), False
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
     """PyTorch's SDPA on nbdnn's attention (flash kernels on the tensor cores for 16-bit
     q, k, v at head dims 64 and 128). q (N, H, L, E) or (N, L, E); a fully masked query
     row gives 0 (PyTorch's math backend: NaN); a float attn_mask that requires grad gets
-    its gradient from PyTorch's math form (nbdnn/torch/_ops_random.py)."""
+    its gradient from PyTorch's math form (nbdnn/torch/_ops_random.py); PyTorch's
+    CausalBias masks (causal_upper_left / causal_lower_right) as `_causal_bias` says."""
     query, key, value = _autocast("scaled_dot_product_attention", query, key, value)
+    attn_mask, is_causal = _causal_bias(attn_mask, is_causal, query, key)
     if attn_mask is not None and attn_mask.is_floating_point():
         attn_mask = attn_mask.to(query.dtype)
     _check("scaled_dot_product_attention", query, key, value)
