@@ -198,6 +198,30 @@ def test_functional_calls_keep_a_positional_dtype_and_report_what_stayed_native(
     assert "native embedding (nbdnn.torch has no such function): 1" in report
 
 
+@pytest.mark.parametrize("layout", ["jagged", "strided"])
+def test_functional_calls_leave_nested_tensors_to_pytorch(layout):
+    """A call with a nested tensor (either layout) runs natively under functional_calls
+    and the report says why; a dense call beside it still runs on nbdnn."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (PyTorch's prototype warning for nested tensors)
+        x = torch.nested.nested_tensor([torch.randn(3, 8, dtype=torch.float64),
+                                        torch.randn(5, 8, dtype=torch.float64)],
+                                       layout=getattr(torch, layout))
+        w = torch.randn(4, 8, dtype=torch.float64)
+        want = [F.linear(x, w), F.relu(x)]
+        with nt.functional_calls() as calls:
+            got = [F.linear(x, w), F.relu(x)]
+            dense = F.relu(w)
+    for g, r in zip(got, want):
+        for a, b in zip(g.unbind(), r.unbind()):
+            torch.testing.assert_close(a, b)
+    torch.testing.assert_close(dense, w.relu())
+    report = calls.report()
+    assert "native linear (nested tensors): 1" in report, report
+    assert "native relu (nested tensors): 1" in report and "nbdnn relu: 1" in report, report
+
+
 @pytest.mark.parametrize("nd", [2, 3])
 def test_conv_transpose_keeps_the_inputs_memory_format_as_pytorch_does(nd):
     """2-d: a channels-last input gives a channels-last result; 3-d (PyTorch's CPU

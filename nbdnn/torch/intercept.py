@@ -45,6 +45,13 @@ OTHERS = {getattr(F, n) for n in dir(F) if not n.startswith("_") and
           getattr(getattr(F, n), "__module__", "") == "torch.nn.functional"}
 
 
+def _nested(args, kwargs):
+    """Whether a call's tensors include a nested one (nbdnn's ops take dense tensors;
+    PyTorch runs such calls natively)."""
+    return any(isinstance(a, torch.Tensor) and a.is_nested
+               for a in (*args, *kwargs.values()))
+
+
 class FunctionalCalls(TorchFunctionMode):
     """The mode: .nbdnn counts the calls nbdnn ran by function name, .native the calls it
     left to PyTorch by (name, reason): the mapped functions it could not take and the
@@ -57,7 +64,9 @@ class FunctionalCalls(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         ours = MAP.get(func)
-        if ours is not None:
+        if ours is not None and _nested(args, kwargs):
+            self.native[(func.__name__, "nested tensors")] += 1
+        elif ours is not None:
             try:
                 out = ours(*args, **kwargs)
             except (NbdnnError, TypeError) as e:  # (TypeError: an argument nbdnn.torch's
