@@ -5,7 +5,6 @@ symlink, from a FIFO or from a file others can write; a bad entry is compiled ov
 size cap evicts the least recently used; on a GPU a second process launches from the
 cache with no compile and the same results. (tests/test_ptx.py checks that no two kernels of
 different code share a name.)"""
-import ast
 import json
 import os
 import stat
@@ -93,77 +92,57 @@ def test_an_object_without_a_stable_description_is_uncachable(monkeypatch, tmp_p
     assert kernel_cache.path_for(FakeKernel(kern), SIG, (9, 0)) is None
 
 
-def nbdnn_imports(path, root):
-    """The nbdnn modules a source file imports (dotted, absolute), relative ones resolved."""
-    rel = os.path.relpath(path, os.path.dirname(root))[:-3].split(os.sep)
-    package = rel[:-1]  # (what a relative import starts from, for x.py and __init__.py)
-    found = set()
-    for node in ast.walk(ast.parse(open(path).read())):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.split(".")[0] == "nbdnn"}
-        elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
-            mod = base + (node.module.split(".") if node.module else [])
-            if mod and mod[0] == "nbdnn":
-                found.add(".".join(mod))
-                found |= {".".join(mod + [a.name]) for a in node.names}
-    return found
+def _nbdnn_path(rel):
+    return os.path.join(os.path.dirname(os.path.abspath(nbdnn.__file__)), *rel.split("/"))
 
 
-def test_nothing_a_kernel_imports_reaches_the_packages_left_out_of_the_tree_hash():
-    """tree_hash() skips nbdnn.ops, torch, nn, bench and testing, so that a change to the
-    front ends keeps the compiled kernels; that is safe only while no module under
-    nbdnn/cuda or nbdnn/cpu (where kernels and what they call live) imports them,
-    directly or through the modules it imports. The package nbdnn itself is not
-    followed: importing a submodule runs its __init__, which exports the front ends,
-    but no kernel reads a name from it."""
-    root = os.path.dirname(os.path.abspath(nbdnn.__file__))
-    files = {}
-    for dirpath, _dirs, names in os.walk(root):
-        for n in names:
-            if n.endswith(".py"):
-                path = os.path.join(dirpath, n)
-                parts = os.path.relpath(path, os.path.dirname(root))[:-3].split(os.sep)
-                files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    todo = [m for m in files if m.split(".")[1:2] in (["cuda"], ["cpu"])]
-    assert len(todo) > 20
-    reached = set(todo)
-    while todo:
-        for imp in nbdnn_imports(files[todo.pop()], root):
-            parts = imp.split(".")  # (the module itself and each package above it)
-            for k in range(2, len(parts) + 1):
-                m = ".".join(parts[:k])
-                if m in files and m not in reached:
-                    reached.add(m)
-                    todo.append(m)
-    outside = {m for m in reached if m.split(".")[1] in kernel_cache.OUTSIDE_KERNELS}
-    assert not outside, outside
-    assert "nbdnn.cuda.runtime.launch.kernel" in reached and "nbdnn.errors" in reached
-    assert "ops" in kernel_cache.OUTSIDE_KERNELS and "torch" in kernel_cache.OUTSIDE_KERNELS
-
-
-def test_tree_hash_follows_kernel_sources_and_skips_front_ends(tmp_path, monkeypatch):
-    """An edit under cuda/ or cpu/ or to a root module changes tree_hash(); one under
-    ops/ or torch/ does not (the compiled kernels stay)."""
+def test_a_kernels_name_covers_the_files_its_code_can_reach(monkeypatch):
+    """A kernel's name hashes every nbdnn file its code's modules import, transitively:
+    an edit to its own file, to a helper it calls or to a module only imported on the
+    way changes the name; one to another family's kernels, an op's checks or
+    nbdnn.torch keeps it (their compiled kernels stay valid)."""
     key_module = sys.modules["nbdnn.cuda.runtime.launch.kernel_cache.key"]
-    tree = tmp_path / "nbdnn"
-    for rel in ("cuda/conv/geometry.py", "cpu/conv.py", "errors.py", "ops/conv.py",
-                "torch/functional.py"):
-        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tree / rel).write_text(f"# {rel}\n")
-    monkeypatch.setattr(key_module, "_NBDNN", str(tree))
+    k = next(k for k in _launch_registry() if k.name == "conv_im2col_t")
+    sig = k.sigs[0]
 
-    def hashed():
-        monkeypatch.setattr(key_module, "_tree", [])
-        return key_module.tree_hash()
-    base = hashed()
-    for rel, changes in (("ops/conv.py", False), ("torch/functional.py", False),
-                         ("cuda/conv/geometry.py", True), ("cpu/conv.py", True),
-                         ("errors.py", True)):
-        before = hashed()
-        (tree / rel).write_text((tree / rel).read_text() + "X = 1\n")
-        assert (hashed() != before) == changes, rel
-    assert hashed() != base
+    def name():
+        return kernel_cache.key(k.pyfunc, sig, k.arch, k.jit_options, (9, 0))
+    base = name()
+    own = _nbdnn_path("cuda/conv/gemm.py")
+    reach = key_module.closure({own})
+    assert _nbdnn_path("errors.py") in reach  # (through the modules gemm.py imports)
+    for rel, changes in (("cuda/conv/gemm.py", True), ("cuda/runtime/launch/grid.py", True),
+                         ("errors.py", True), ("cuda/attention/flash_source.py", False),
+                         ("ops/conv.py", False), ("torch/functional.py", False)):
+        path = _nbdnn_path(rel)
+        assert (path in reach) == changes, rel
+        with monkeypatch.context() as m:
+            m.setitem(key_module._files, path, b"an edited file's digest")
+            m.setattr(key_module, "_digests", {})
+            assert (name() != base) == changes, rel
+    assert name() == base
+
+
+def test_a_module_read_by_attribute_brings_its_imports(monkeypatch):
+    """Code that reads a function through an nbdnn module object (module.f) depends on
+    that module's file and what it imports, though no name links the function."""
+    from nbdnn.cuda.runtime.launch import grid
+    key_module = sys.modules["nbdnn.cuda.runtime.launch.kernel_cache.key"]
+
+    def kernel_reading_a_module(x):
+        return grid.split(x, 1, 1, 1, 1, False)
+    path = _nbdnn_path("cuda/runtime/launch/grid.py")
+    base = kernel_cache.key(kernel_reading_a_module, "void(int64)", "", {}, (9, 0))
+    monkeypatch.setitem(key_module._files, path, b"an edited file's digest")
+    monkeypatch.setattr(key_module, "_digests", {})
+    assert kernel_cache.key(kernel_reading_a_module, "void(int64)", "", {}, (9, 0)) != base
+
+
+def _launch_registry():
+    from nbdnn.cuda import conv
+    from nbdnn.cuda.runtime.launch import kernel as launch_kernel
+    assert conv.FORWARD  # (the conv kernels registered)
+    return launch_kernel.REGISTRY
 
 
 class FakeLibrary:

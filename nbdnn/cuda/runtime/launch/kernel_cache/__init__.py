@@ -25,16 +25,15 @@ loads as numba does its own. Nothing is unpickled. Safe in a shared or hostile p
   the least recently used entries go (a load marks its entry used).
 
 An entry is named by a hash of everything the compiled code can depend on (key()):
-- the versions of numba, numba-cuda and nbdnn's own source: every .py file under
-  nbdnn/ but the front ends no kernel can import (OUTSIDE_KERNELS: nbdnn.ops, torch,
-  nn, bench, testing; tests/test_kernel_cache.py checks that nothing under cuda/ or
-  cpu/ reaches them), hashed once a process (an edit to any other starts a fresh set of
-  names; an edit to an op's checks or nbdnn.torch's wrappers keeps the compiled
-  kernels);
+- the versions of numba, numba-cuda;
 - the kernel's code: its bytecode, and a generated kernel's text
   (cuda/runtime/launch/codegen.py) or its file's bytes; the same for every function, device
   function and generated helper it refers to by a global name or a closure cell,
   recursively (one factory's lambdas differ only in their bytecode);
+- every nbdnn source file those functions' modules (and the nbdnn modules the code
+  reads attributes of) import, transitively: whatever the code can reach is in one of
+  them. An edit to another family's kernels, to an op's checks in nbdnn/ops or to
+  nbdnn.torch keeps a kernel's name; one to a file it can reach gives a new name;
 - the values it reads as globals, closure cells or default arguments at compile time
   (numba freezes them into the code): numbers, strings, tuples, NumPy arrays, and the
   numbers and strings of an nbdnn module it reads attributes from (a switch flipped at
@@ -49,12 +48,12 @@ import re
 
 from .store import (KernelCacheWarning, clear, directory, entries, evict, max_bytes, read, usable,
     warn, write)
-from .key import OUTSIDE_KERNELS, Uncachable, key, tree_hash
+from .key import Uncachable, key
 
-__all__ = ["KernelCacheWarning", "OUTSIDE_KERNELS", "Uncachable", "argument_types", "clear",
+__all__ = ["KernelCacheWarning", "Uncachable", "argument_types", "clear",
            "compiled", "directory", "entries", "entry", "evict", "file_name", "header", "key",
            "max_bytes", "storable",
-           "path_for", "read", "tree_hash", "usable", "write"]
+           "path_for", "read", "usable", "write"]
 
 
 def compiled(kernel, sig):
