@@ -147,7 +147,8 @@ def render(results=RESULTS):
     for name in names:
         result = json.load(open(os.path.join(results, f"{name}.json")))
         out += [f"### {name}", "", machine_line(result.get("machine") or {}), ""]
-        render_rows = RENDERERS.get(name)
+        render_rows = RENDERERS.get(name.split("-", 1)[0])  # (NAME-PART: a later run of
+        # some of a suite's rows)
         out += render_rows(result.get("rows", [])) if render_rows else \
             [f"(no renderer for {name!r} in perf/report.py)"]
         out.append("")

@@ -266,6 +266,42 @@ def test_filter_gradient_over_positions(case):
         names
 
 
+@pytest.mark.parametrize("case", ["stem", "strided-1x1", "groups", "blend", "bias", "ieee",
+                                  "last"])
+def test_forward_over_positions(case):
+    """float32 channels-first forwards in math "tf32" that the tf32 kernel's copies do
+    not take (a 3-channel stem, a strided 1x1) and carry no bias, residual or
+    activation run as per-image products over transposed columns writing y as stored
+    (variant gemm_positions: conv_im2col_t, no epilogue pass), alpha and beta
+    blended; a bias, ieee math and channels-last keep their paths. Either way the
+    reference's numbers in the same math."""
+    rng = np.random.default_rng(len(case) + 11)
+    N, C, K, G, H, R = 2, 3, 8, 1, 12, 5
+    kw = dict(stride=2, padding=2, math="tf32")
+    if case == "strided-1x1":
+        C, R, kw["padding"] = 8, 1, 0
+    if case == "groups":
+        C, G, kw["groups"], kw["mode"] = 4, 2, 2, "convolution"
+    if case == "ieee":
+        kw["math"] = "ieee"
+    last = case == "last"
+    kw["layout"] = "NHWC" if last else "NCHW"
+    xs = (N, H, H, C) if last else (N, C, H, H)
+    ws = (K, R, R, C // G) if last else (K, C // G, R, R)
+    x, w = (rng.uniform(-1, 1, s).astype(np.float32) for s in (xs, ws))
+    bias = rng.uniform(-1, 1, K).astype(np.float32) if case == "bias" else None
+    ab = dict(alpha=0.5, beta=2.0) if case == "blend" else {}
+    y0 = nbdnn.conv2d(x, w, backend="cpu", **kw)
+    out = rng.uniform(-1, 1, y0.shape).astype(np.float32)
+    want = nbdnn.conv2d(x, w, bias, backend="cpu", out=out.copy(), **kw, **ab)
+    with launched() as names:
+        got = nbdnn.conv2d(x, w, bias, backend="cuda", out=out.copy(), **kw, **ab)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    positions = case in ("stem", "strided-1x1", "groups", "blend")
+    assert ("conv_im2col_t" in names) == positions, names
+    assert ("conv_gemm_epilogue" in names) == (case == "bias") or last, names
+
+
 @pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
 def test_backward_filter_pads_16bit_columns(dtype):
     """A 16-bit filter gradient whose im2col rows are no 16-byte multiple (3 channels

@@ -346,6 +346,15 @@ FORWARD = (
             "y[n] = W x[n], a batched GEMM over the positions as stored (no im2col "
             "columns, no epilogue pass); float32's TF32 modes run here",
             wanted=lambda c: c.pick == "gemm"),
+    Variant("gemm_positions", lambda c: not c.exact and c.bias is None and
+            c.residual is None and c.activation is None and
+            _conv_gemm.forward_positions_usable(c.g, c.dtype),
+            lambda c: _conv_gemm.forward_positions(_KERNELS, c.gemm, c.x, c.w, c.y, c.g,
+                                                   c.alpha, c.beta, c.stream),
+            "gemm.py: float32 channels-first in a TF32 mode without bias, residual or "
+            "activation (the stem, strided 1x1 layers; 3x3 layers run the tf32 kernel "
+            "through copies first): y[n] = W cols[n], each image's columns transposed, "
+            "a batched GEMM writing y as stored (no raw product, no transposing epilogue)"),
     Variant("gemm", lambda c: _algo(c, "gemm"),
             lambda c: _conv_gemm.forward(_KERNELS, c.gemm, c.x, c.w, c.y, c.bias, c.residual,
                                          c.g, c.act, c.coef, c.alpha, c.beta, c.stream),

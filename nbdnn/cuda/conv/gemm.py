@@ -23,9 +23,10 @@ from numba import cuda
 
 from ..runtime import variants
 from ..runtime.memory.arrays import dtype_name, empty, size
-from ..runtime.launch.grid import landing, launch, split, strides
+from ..runtime.launch.grid import landing, launch, split, split32, strides
 from ..runtime.device_code.intrinsics import array_type, narrow, widen
 from ..runtime.memory.strided import contiguous
+from ..runtime.simulator import SIMULATOR
 from ..runtime.variants import Variant
 from . import col2im_quads as _quads, col2im_rows as _col2im_rows_kernel
 from . import im2col_rows as _im2col_rows_kernel, im2col_words as _words
@@ -85,24 +86,28 @@ def kernels(CT, act_fn):
     def conv_im2col_t(x, cols, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd,
                       qh, qw, dd, dh, dw, flip, last):
         # cols (N, G, Kr, P): each image's columns transposed, its P positions contiguous
-        # (channels-first x read along its rows; a K-major operand over the positions)
+        # (channels-first x read along its rows; a K-major operand over the positions).
+        # Grid (position blocks, Kr, N*G): a block's row (image, group, tap, channel) is
+        # split once a thread; a position's (d, h, w) by 32-bit divisions (an element
+        # split by 64-bit ones a time ran ~10x slower: compute-bound on the divisions)
         Cg = C // G
         P, Kr = PD * PH * PW, Cg * T * R * S
-        total = N * G * Kr * P
-        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        while i < total:
-            ng, _, _, kx, p = split(i, 1, 1, Kr, P, False)
-            _, _, pd, ph, pw = split(p, 1, PD, PH, PW, False)
-            _, c, t, r, s = split(kx, Cg, T, R, S, False)
-            if flip:
-                t, r, s = T - 1 - t, R - 1 - r, S - 1 - s
-            n, g = ng // G, ng % G
+        kx, ng = cuda.blockIdx.y, cuda.blockIdx.z
+        n, g = ng // G, ng % G
+        _, c, t, r, s = split(kx, Cg, T, R, S, False)
+        if flip:
+            t, r, s = T - 1 - t, R - 1 - r, S - 1 - s
+        plane = (n * C + g * Cg + c) * D
+        row = (ng * Kr + kx) * P
+        p = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while p < P:
+            _, _, pd, ph, pw = split32(p, 1, PD, PH, PW, False)
             idd, ih, iw = pd * sd + t * dd - qd, ph * sh + r * dh - qh, pw * sw + s * dw - qw
             v = ZERO
             if 0 <= idd < D and 0 <= ih < H and 0 <= iw < W:
-                v = widen(x[(((n * C + g * Cg + c) * D + idd) * H + ih) * W + iw])
-            cols[i] = narrow(v, cols)
-            i += cuda.gridDim.x * cuda.blockDim.x
+                v = widen(x[((plane + idd) * H + ih) * W + iw])
+            cols[row + p] = narrow(v, cols)
+            p += cuda.gridDim.x * cuda.blockDim.x
 
     def conv_gemm_epilogue(raw, y, bias, z, N, K, G, PD, PH, PW, last, has_bias, has_z, act,
                            coef, alpha, beta):
@@ -239,6 +244,11 @@ def columns(table, x, g, stream, row=None):
     return variants.choose("conv", "im2col", COLUMNS, c).run(c)
 
 
+COLUMN_BLOCK = 32 if SIMULATOR else 256  # im2col_t's threads a block (one column row's
+# positions; the simulator runs a thread an OS thread)
+MAX_GRID_YZ = 65535  # a grid's y and z extents: im2col_t's Kr rows and N*G images
+
+
 def forward_1x1_usable(g):
     """forward_1x1's calls: channels-first, a 1x1 filter at stride 1 without padding."""
     return not g.last and _one_by_one(g)
@@ -344,8 +354,40 @@ def filter_positions_usable(g, dtype):
     """backward_filter_positions' calls: channels-first float32 with more than one tap
     or a stride or padding (1x1 at stride 1 needs no columns: backward_filter_1x1),
     P >= 128 positions an image (the per-image products' reduction)."""
+    return forward_positions_usable(g, dtype) and g.PD * g.PH * g.PW >= 128
+
+
+def columns_t(table, x, g, stream):
+    """x's im2col columns of each image transposed, (N*G, Kr, P): position-contiguous
+    rows (im2col_t; `filter_positions_usable`'s grid limits)."""
+    N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
+    P = PD * PH * PW
+    cols = empty(x, (N * G, Kr, P), dtype_name(x))
+    k, sig = table["im2col_t", dtype_name(x)]
+    k.launch(sig, (min(-(-P // COLUMN_BLOCK), 1024), Kr, N * G), COLUMN_BLOCK, stream, x, cols,
+             *g)
+    return cols
+
+
+def forward_positions_usable(g, dtype):
+    """forward_positions' calls: channels-first float32 with more than one tap, a stride
+    or a padding (1x1 at stride 1: forward_1x1, no columns), within im2col_t's grid."""
+    N, C, K, G, M, Kg, Kr, *_ = _dims(g)
     return not g.last and dtype == "float32" and not _one_by_one(g) and \
-        g.PD * g.PH * g.PW >= 128
+        Kr <= MAX_GRID_YZ and N * G <= MAX_GRID_YZ
+
+
+def forward_positions(table, gemm, x, w, y, g, alpha, beta, stream):
+    """y[n, g] = alpha W_g @ cols[n, g] + beta y[n, g] over image n's transposed columns
+    (Kr, P): a batched GEMM that writes y in place, channels-first (the columns path's
+    raw product and its transposing epilogue pass are not needed). Where the filters
+    take few channels (a 3-channel stem, a strided 1x1) the columns are x's few items
+    moved once more; TF32 modes copy them K-major (tf32_parts) as they did the
+    columns path's."""
+    N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
+    cols = columns_t(table, x, g, stream)
+    gemm(w.reshape((G, Kg, Kr)), cols.reshape((N, G, Kr, PD * PH * PW)), False, False, None,
+         None, 0.0, alpha, beta, y.reshape((N, G, Kg, PD * PH * PW)), stream)
 
 
 def backward_filter_positions(table, gemm, dy, x, dw, g, alpha, beta, stream):
@@ -358,8 +400,7 @@ def backward_filter_positions(table, gemm, dy, x, dw, g, alpha, beta, stream):
     and read, N K Kr partials."""
     N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
     P = PD * PH * PW
-    cols = empty(x, (N * G, Kr, P), dtype_name(x))
-    launch(table, "im2col_t", dtype_name(x), N * G * Kr * P, stream, x, cols, *g)
+    cols = columns_t(table, x, g, stream)
     parts = gemm(dy.reshape((N * G, Kg, P)), cols, False, True, None, None, 0.0, 1.0, 0.0,
                  None, stream)
     reduce_tensor(parts.reshape((N, G * Kg, Kr)), "add", (0,), False, False, alpha=alpha,
