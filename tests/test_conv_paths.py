@@ -302,6 +302,50 @@ def test_forward_over_positions(case):
     assert ("conv_gemm_epilogue" in names) == (case == "bias") or last, names
 
 
+@pytest.mark.parametrize("case", ["3x3-s2", "1x1-s2", "groups", "dilated", "3d", "blend",
+                                  "stride-1", "ieee", "last"])
+def test_data_gradient_over_positions(case):
+    """float32 channels-first data gradients in math "tf32" that tf32_as_forward does not
+    take (a stride; alpha or beta) run as per-image products W^T dy[n] into transposed
+    columns gathered back by col2im_t (variant gemm_positions: no rows copy, no
+    col2im), alpha and beta blended; stride 1 (tf32_as_forward), ieee math and
+    channels-last keep their paths. Either way the reference's numbers in the same
+    math."""
+    rng = np.random.default_rng(len(case) + 5)
+    N, C, K, G, H, R = 2, 4, 6, 1, 9, 3
+    kw = dict(stride=2, padding=1, math="tf32")
+    if case == "1x1-s2":
+        R, kw["padding"] = 1, 0
+    if case == "groups":
+        G, kw["groups"], kw["mode"] = 2, 2, "convolution"
+    if case == "dilated":
+        kw.update(dilation=2, padding=2, stride=(2, 3))
+    if case == "stride-1":
+        kw["stride"] = 1
+    if case == "ieee":
+        kw["math"] = "ieee"
+    last = case == "last"
+    nd = 3 if case == "3d" else 2
+    spatial = ((3,) if nd == 3 else ()) + (H, H)
+    conv = nbdnn.conv3d if nd == 3 else nbdnn.conv2d
+    kw["layout"] = ("NDHWC" if last else "NCDHW") if nd == 3 else ("NHWC" if last else "NCHW")
+    xs = (N,) + spatial + (C,) if last else (N, C) + spatial
+    ws = (K,) + (R,) * nd + (C // G,) if last else (K, C // G) + (R,) * nd
+    w = rng.uniform(-1, 1, ws).astype(np.float32)
+    dy = rng.uniform(-1, 1, conv(np.zeros(xs, np.float32), w, backend="cpu",
+                                 **kw).shape).astype(np.float32)
+    ab = dict(alpha=0.5, beta=2.0) if case == "blend" else dict(alpha=1.0, beta=0.0)
+    out = rng.uniform(-1, 1, xs).astype(np.float32)
+    want = nbdnn.conv_backward_data(dy, w, xs, backend="cpu", out=out.copy(), **kw, **ab)
+    with launched() as names:
+        got = nbdnn.conv_backward_data(dy, w, xs, backend="cuda", out=out.copy(), **kw, **ab)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    positions = case in ("3x3-s2", "1x1-s2", "groups", "dilated", "3d", "blend") or \
+        (case == "stride-1" and not MM.tensor_cores())  # (tf32_as_forward: sm_90's)
+    assert ("conv_col2im_t" in names) == positions, names
+    assert "conv_y_to_rows" not in names or not positions, names
+
+
 @pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
 def test_backward_filter_pads_16bit_columns(dtype):
     """A 16-bit filter gradient whose im2col rows are no 16-byte multiple (3 channels

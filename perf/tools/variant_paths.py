@@ -241,6 +241,8 @@ TABLES = [  # (family module, variant, case: () -> (GPU results, CPU results), t
     (CV, "depthwise", lambda: _data(*_conv(F32, "NCHW", 6, 6, 3, groups=6)), 1e-5, False),
     (CV, "gemm_1x1_channels_first",
      lambda: _data(*_conv(F32, "NCHW", 24, 16, 1, groups=2), math="tf32"), 3e-3, False),
+    (CV, "gemm_positions",
+     lambda: _data(*_conv(F32, "NCHW", 8, 16, 3, stride=2, H=17), math="tf32"), 3e-3, False),
     (CV, "gemm", lambda: _data(*_conv(F32, "NCHW", 8, 8, 3, stride=2)), 1e-5, False),
     (CV, "direct", lambda: _data(*_conv(F32, "NHWC", 8, 8, 3, stride=2)), 1e-5, False),
     (CV, "gemm_1x1", lambda: _filter(*_conv(BF, "NHWC", 16, 16, 1)), 3e-2, False),

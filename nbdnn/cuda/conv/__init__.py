@@ -545,6 +545,13 @@ DATA = (
             "over the positions as stored (no rows copy, no col2im); float32's TF32 modes "
             "run here",
             wanted=lambda c: c.pick == "gemm"),
+    Variant("gemm_positions", lambda c: not c.exact and
+            _conv_gemm.data_positions_usable(c.g, c.dtype),
+            lambda c: _conv_gemm.backward_data_positions(_KERNELS, c.gemm, c.dy, c.w, c.dx,
+                                                         c.g, c.alpha, c.beta, c.stream),
+            "gemm.py: float32 channels-first in a TF32 mode that tf32_as_forward does not "
+            "take (a stride, alpha or beta): dcols[n] = W^T dy[n] over dy as stored, each "
+            "image's columns transposed, gathered into dx (col2im_t)"),
     Variant("gemm", lambda c: _algo(c, "gemm"),
             lambda c: _conv_gemm.backward_data(_KERNELS, c.gemm, c.dy, c.w, c.dx, c.g,
                                                c.alpha, c.beta, c.stream),

@@ -23,7 +23,7 @@ from numba import cuda
 
 from ..runtime import variants
 from ..runtime.memory.arrays import dtype_name, empty, size
-from ..runtime.launch.grid import landing, launch, split, split32, strides
+from ..runtime.launch.grid import landing, landing32, launch, split, split32, strides
 from ..runtime.device_code.intrinsics import array_type, narrow, widen
 from ..runtime.memory.strided import contiguous
 from ..runtime.simulator import SIMULATOR
@@ -109,6 +109,37 @@ def kernels(CT, act_fn):
             cols[row + p] = narrow(v, cols)
             p += cuda.gridDim.x * cuda.blockDim.x
 
+    def conv_col2im_t(dcols, dx, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd,
+                      qh, qw, dd, dh, dw, flip, last, alpha, beta):
+        # dx[n, g Cg + c, s] = alpha sum over the taps landing on s of dcols[n, g, (c, tap),
+        # p] + beta dx: im2col_t's columns (N, G, Kr, P) gathered back, in a fixed order
+        # (no atomics). Grid (position blocks of one plane, Cg, N*G) as im2col_t's
+        Cg = C // G
+        P, Kr = PD * PH * PW, Cg * T * R * S
+        c, ng = cuda.blockIdx.y, cuda.blockIdx.z
+        n, g = ng // G, ng % G
+        plane = ((n * C + g * Cg + c) * D) * H * W
+        rows = (ng * Kr + c * T * R * S) * P
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while i < D * H * W:
+            _, _, idd, ih, iw = split32(i, 1, D, H, W, False)
+            acc = ZERO
+            for t in range(T):
+                pd = landing32(idd, qd, t, dd, sd, PD)
+                for r in range(R if pd >= 0 else 0):
+                    ph = landing32(ih, qh, r, dh, sh, PH)
+                    for s in range(S if ph >= 0 else 0):
+                        pw = landing32(iw, qw, s, dw, sw, PW)
+                        if pw >= 0:
+                            ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) if flip else (t, r, s)
+                            acc += widen(dcols[rows + ((ft * R + fr) * S + fs) * P +
+                                               (pd * PH + ph) * PW + pw])
+            v = alpha * acc
+            if beta != ZERO:
+                v += beta * widen(dx[plane + i])
+            dx[plane + i] = narrow(v, dx)
+            i += cuda.gridDim.x * cuda.blockDim.x
+
     def conv_gemm_epilogue(raw, y, bias, z, N, K, G, PD, PH, PW, last, has_bias, has_z, act,
                            coef, alpha, beta):
         Kg, M = K // G, N * PD * PH * PW
@@ -163,7 +194,7 @@ def kernels(CT, act_fn):
             dx[i] = narrow(v, dx)
             i += cuda.gridDim.x * cuda.blockDim.x
 
-    return {"im2col": conv_im2col, "im2col_t": conv_im2col_t,
+    return {"im2col": conv_im2col, "im2col_t": conv_im2col_t, "col2im_t": conv_col2im_t,
             "gemm_epilogue": conv_gemm_epilogue,
             "y_to_rows": conv_y_to_rows, "col2im": conv_col2im}
 
@@ -172,6 +203,7 @@ def signatures(t, ct, geom):
     a = f"{array_type(t)}[::1]"
     return {"im2col": f"void({a}, {a}, {geom}, int64)",
             "im2col_t": f"void({a}, {a}, {geom})",
+            "col2im_t": f"void({a}, {a}, {geom}, {ct}, {ct})",
             "gemm_epilogue": f"void({a}, {a}, {a}, {a}, int64, int64, int64, int64, int64, "
                              f"int64, int64, int64, int64, int64, {ct}, {ct}, {ct})",
             "y_to_rows": f"void({a}, {a}, int64, int64, int64, int64, int64, int64, int64)",
@@ -348,6 +380,26 @@ def backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):
                  None, 0.0, 1.0, 0.0, None, stream)
     reduce_tensor(parts.reshape((N, G * Kg, Kr)), "add", (0,), False, False, alpha=alpha,
                   beta=beta, out=dw.reshape((K, Kr)), stream=stream)
+
+
+def data_positions_usable(g, dtype):
+    """backward_data_positions' calls: forward_positions' (channels-first float32, more
+    than one tap, a stride or a padding), C/g and the planes within col2im_t's grid."""
+    return forward_positions_usable(g, dtype) and g.C // g.G <= MAX_GRID_YZ and \
+        g.D * g.H * g.W < 2 ** 31
+
+
+def backward_data_positions(table, gemm, dy, w, dx, g, alpha, beta, stream):
+    """dcols[n, g] = W_g^T @ dy[n, g] (Kr, P), image n's columns transposed, a batched
+    GEMM over dy as stored; col2im_t gathers them into dx (the columns path copies dy
+    into rows first and its col2im reads the columns across their rows)."""
+    N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
+    P = PD * PH * PW
+    dcols = gemm(w.reshape((G, Kg, Kr)), dy.reshape((N, G, Kg, P)), True, False, None, None,
+                 0.0, 1.0, 0.0, None, stream)
+    k, sig = table["col2im_t", dtype_name(dx)]
+    k.launch(sig, (min(-(-(g.D * g.H * g.W) // COLUMN_BLOCK), 1024), C // G, N * G),
+             COLUMN_BLOCK, stream, dcols, dx, *g, alpha, beta)
 
 
 def filter_positions_usable(g, dtype):
