@@ -218,6 +218,18 @@ def test_channels_first_1x1_as_one_gemm(case):
     assert gathers != one_gemm or case == "last", names
 
 
+def _both_backends(fn, args, out_shape, case, kw, rng):
+    """fn(*args, **kw) on both backends into one random out (alpha 0.5 and beta 2 in the
+    "blend" case), compared at TF32's tolerance; the kernels the GPU call launched."""
+    ab = dict(alpha=0.5, beta=2.0) if case == "blend" else dict(alpha=1.0, beta=0.0)
+    out = rng.uniform(-1, 1, out_shape).astype(np.float32)
+    want = fn(*args, backend="cpu", out=out.copy(), **kw, **ab)
+    with launched() as names:
+        got = fn(*args, backend="cuda", out=out.copy(), **kw, **ab)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    return names
+
+
 @pytest.mark.parametrize("case", ["3x3", "stride-pad", "groups", "3d", "blend", "few",
                                   "1x1", "ieee", "last"])
 def test_filter_gradient_over_positions(case):
@@ -254,12 +266,7 @@ def test_filter_gradient_over_positions(case):
     x = rng.uniform(-1, 1, xs).astype(np.float32)
     dy = rng.uniform(-1, 1, conv(x, np.zeros(ws, np.float32), backend="cpu",
                                  **kw).shape).astype(np.float32)
-    ab = dict(alpha=0.5, beta=2.0) if case == "blend" else dict(alpha=1.0, beta=0.0)
-    out = rng.uniform(-1, 1, ws).astype(np.float32)
-    want = nbdnn.conv_backward_filter(dy, x, ws, backend="cpu", out=out.copy(), **kw, **ab)
-    with launched() as names:
-        got = nbdnn.conv_backward_filter(dy, x, ws, backend="cuda", out=out.copy(), **kw, **ab)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    names = _both_backends(nbdnn.conv_backward_filter, (dy, x, ws), ws, case, kw, rng)
     positions = case in ("3x3", "stride-pad", "groups", "3d", "blend")
     assert ("conv_im2col_t" in names) == positions, names
     assert ("conv_y_to_rows" in names) == (not positions and case not in ("1x1", "last")), \
@@ -334,12 +341,7 @@ def test_data_gradient_over_positions(case):
     w = rng.uniform(-1, 1, ws).astype(np.float32)
     dy = rng.uniform(-1, 1, conv(np.zeros(xs, np.float32), w, backend="cpu",
                                  **kw).shape).astype(np.float32)
-    ab = dict(alpha=0.5, beta=2.0) if case == "blend" else dict(alpha=1.0, beta=0.0)
-    out = rng.uniform(-1, 1, xs).astype(np.float32)
-    want = nbdnn.conv_backward_data(dy, w, xs, backend="cpu", out=out.copy(), **kw, **ab)
-    with launched() as names:
-        got = nbdnn.conv_backward_data(dy, w, xs, backend="cuda", out=out.copy(), **kw, **ab)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    names = _both_backends(nbdnn.conv_backward_data, (dy, w, xs), xs, case, kw, rng)
     positions = case in ("3x3-s2", "1x1-s2", "groups", "dilated", "3d", "blend") or \
         (case == "stride-1" and not MM.tensor_cores())  # (tf32_as_forward: sm_90's)
     assert ("conv_col2im_t" in names) == positions, names
