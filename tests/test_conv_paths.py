@@ -231,14 +231,14 @@ def _both_backends(fn, args, out_shape, case, kw, rng):
 
 
 @pytest.mark.parametrize("case", ["3x3", "stride-pad", "groups", "3d", "blend", "few",
-                                  "1x1", "ieee", "last"])
+                                  "joint", "1x1-few", "1x1", "ieee", "last"])
 def test_filter_gradient_over_positions(case):
-    """float32 channels-first filter gradients in math "tf32" with more than one tap, a
-    stride or a padding and P >= 128 positions an image run as per-image products over
+    """float32 channels-first filter gradients in math "tf32" run as products over
     transposed columns (variant gemm_positions: conv_im2col_t, no rows copy, no
-    transposed operand copies), alpha and beta blended; P < 128 ("few"), 1x1 at stride
-    1, ieee math and channels-last keep their paths. Either way the reference's
-    numbers in the same math."""
+    transposed operand copies), alpha and beta blended: per image, or over all images
+    at once where dy's copy is smaller than the partials ("joint": few positions, many
+    columns); 1x1 at stride 1 over P >= 128 positions, ieee math and channels-last keep
+    their paths. Either way the reference's numbers in the same math."""
     rng = np.random.default_rng(len(case) + 7)
     N, C, K, G, H, R = 2, 4, 6, 1, 12, 3
     kw = dict(padding=1, math="tf32")
@@ -248,9 +248,11 @@ def test_filter_gradient_over_positions(case):
     if case == "groups":
         G = kw["groups"] = 2
         kw["mode"] = "convolution"
-    if case == "few":
+    if case in ("few", "1x1-few"):
         H = 8
-    if case == "1x1":
+    if case == "joint":
+        C, H = 8, 4                                        # Kr 72 columns, P 16
+    if case in ("1x1", "1x1-few"):
         R, kw["padding"] = 1, 0
     if case == "ieee":
         kw["math"] = "ieee"
@@ -267,8 +269,11 @@ def test_filter_gradient_over_positions(case):
     dy = rng.uniform(-1, 1, conv(x, np.zeros(ws, np.float32), backend="cpu",
                                  **kw).shape).astype(np.float32)
     names = _both_backends(nbdnn.conv_backward_filter, (dy, x, ws), ws, case, kw, rng)
-    positions = case in ("3x3", "stride-pad", "groups", "3d", "blend")
+    positions = case in ("3x3", "stride-pad", "groups", "3d", "blend", "few", "joint",
+                         "1x1-few")
     assert ("conv_im2col_t" in names) == positions, names
+    assert any("transpose" in n or "transform" in n for n in names) == (case == "joint"), \
+        names
     assert ("conv_y_to_rows" in names) == (not positions and case not in ("1x1", "last")), \
         names
 

@@ -251,6 +251,9 @@ TABLES = [  # (family module, variant, case: () -> (GPU results, CPU results), t
     (CV, "gemm_positions",
      lambda: _filter(*_conv(F32, "NCHW", 8, 16, 3, stride=2, H=24), math="tf32"), 3e-3,
      False),
+    (CV, "gemm_positions",  # (the joint form: few positions, many columns)
+     lambda: _filter(*_conv(F32, "NCHW", 32, 16, 3, stride=2, H=8), math="tf32"), 3e-3,
+     False),
     (CV, "gemm", lambda: _filter(*_conv(F32, "NCHW", 8, 8, 3, stride=2)), 1e-5, False),
     (CV, "direct", lambda: _filter(*_conv(F32, "NHWC", 8, 8, 3)), 1e-5, False),
     (CV, "im2col_rows", lambda: _forward(*_conv(F16, "NHWC", 3, 8, 3, algo="gemm")), 4e-3,

@@ -609,11 +609,12 @@ FILTER = (
             _conv_gemm.filter_positions_usable(c.g, c.dtype),
             lambda c: _conv_gemm.backward_filter_positions(_KERNELS, c.gemm, c.dy, c.x, c.dw,
                                                            c.g, c.alpha, c.beta, c.stream),
-            "gemm.py: float32 channels-first in a TF32 mode (more than one tap, a stride or "
-            "a padding; P >= 128 positions): dW = sum over n of dy[n] cols[n]^T, each "
-            "image's columns transposed so both operands are K-major over the positions "
-            "(the gemm variant's rows and columns would each be copied transposed for "
-            "the tensor cores)"),
+            "gemm.py: float32 channels-first in a TF32 mode (but 1x1 at stride 1 over "
+            "P >= 128 positions): dW = sum over n of dy[n] cols[n]^T, the columns "
+            "transposed so both operands are K-major over the positions (the gemm "
+            "variant's rows and columns would each be copied transposed for the tensor "
+            "cores); per image with partials, or over all images at once where dy's "
+            "copy is smaller than the partials"),
     Variant("gemm", lambda c: _algo(c, "gemm", "depthwise"),
             lambda c: _conv_gemm.backward_filter(_KERNELS, c.gemm, c.dy, c.x, c.dw, c.g,
                                                  c.alpha, c.beta, c.stream),

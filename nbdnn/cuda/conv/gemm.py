@@ -31,7 +31,7 @@ from ..runtime.variants import Variant
 from . import col2im_quads as _quads, col2im_rows as _col2im_rows_kernel
 from . import im2col_rows as _im2col_rows_kernel, im2col_words as _words
 from .geometry import geometry
-from ..tensor import add_tensor, reduce_tensor
+from ..tensor import add_tensor, reduce_tensor, transform_into
 
 
 def make_epilogue(CT, act_fn):
@@ -84,9 +84,10 @@ def kernels(CT, act_fn):
             i += cuda.gridDim.x * cuda.blockDim.x
 
     def conv_im2col_t(x, cols, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd,
-                      qh, qw, dd, dh, dw, flip, last):
+                      qh, qw, dd, dh, dw, flip, last, joint):
         # cols (N, G, Kr, P): each image's columns transposed, its P positions contiguous
-        # (channels-first x read along its rows; a K-major operand over the positions).
+        # (channels-first x read along its rows; a K-major operand over the positions);
+        # joint: (G, Kr, N, P), every image's positions of a column in one row.
         # Grid (position blocks, Kr, N*G): a block's row (image, group, tap, channel) is
         # split once a thread; a position's (d, h, w) by 32-bit divisions (an element
         # split by 64-bit ones a time ran ~10x slower: compute-bound on the divisions)
@@ -98,7 +99,7 @@ def kernels(CT, act_fn):
         if flip:
             t, r, s = T - 1 - t, R - 1 - r, S - 1 - s
         plane = (n * C + g * Cg + c) * D
-        row = (ng * Kr + kx) * P
+        row = ((g * Kr + kx) * N + n) * P if joint else (ng * Kr + kx) * P
         p = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         while p < P:
             _, _, pd, ph, pw = split32(p, 1, PD, PH, PW, False)
@@ -202,7 +203,7 @@ def kernels(CT, act_fn):
 def signatures(t, ct, geom):
     a = f"{array_type(t)}[::1]"
     return {"im2col": f"void({a}, {a}, {geom}, int64)",
-            "im2col_t": f"void({a}, {a}, {geom})",
+            "im2col_t": f"void({a}, {a}, {geom}, int64)",
             "col2im_t": f"void({a}, {a}, {geom}, {ct}, {ct})",
             "gemm_epilogue": f"void({a}, {a}, {a}, {a}, int64, int64, int64, int64, int64, "
                              f"int64, int64, int64, int64, int64, {ct}, {ct}, {ct})",
@@ -382,42 +383,16 @@ def backward_filter_1x1(gemm, dy, x, dw, g, alpha, beta, stream):
                   beta=beta, out=dw.reshape((K, Kr)), stream=stream)
 
 
-def data_positions_usable(g, dtype):
-    """backward_data_positions' calls: forward_positions' (channels-first float32, more
-    than one tap, a stride or a padding), C/g and the planes within col2im_t's grid."""
-    return forward_positions_usable(g, dtype) and g.C // g.G <= MAX_GRID_YZ and \
-        g.D * g.H * g.W < 2 ** 31
-
-
-def backward_data_positions(table, gemm, dy, w, dx, g, alpha, beta, stream):
-    """dcols[n, g] = W_g^T @ dy[n, g] (Kr, P), image n's columns transposed, a batched
-    GEMM over dy as stored; col2im_t gathers them into dx (the columns path copies dy
-    into rows first and its col2im reads the columns across their rows)."""
+def columns_t(table, x, g, stream, joint=False):
+    """x's im2col columns of each image transposed, (N*G, Kr, P), position-contiguous
+    rows (im2col_t; `forward_positions_usable`'s grid limits); joint: (G, Kr, N*P),
+    a column's positions in every image in one row."""
     N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
     P = PD * PH * PW
-    dcols = gemm(w.reshape((G, Kg, Kr)), dy.reshape((N, G, Kg, P)), True, False, None, None,
-                 0.0, 1.0, 0.0, None, stream)
-    k, sig = table["col2im_t", dtype_name(dx)]
-    k.launch(sig, (min(-(-(g.D * g.H * g.W) // COLUMN_BLOCK), 1024), C // G, N * G),
-             COLUMN_BLOCK, stream, dcols, dx, *g, alpha, beta)
-
-
-def filter_positions_usable(g, dtype):
-    """backward_filter_positions' calls: channels-first float32 with more than one tap
-    or a stride or padding (1x1 at stride 1 needs no columns: backward_filter_1x1),
-    P >= 128 positions an image (the per-image products' reduction)."""
-    return forward_positions_usable(g, dtype) and g.PD * g.PH * g.PW >= 128
-
-
-def columns_t(table, x, g, stream):
-    """x's im2col columns of each image transposed, (N*G, Kr, P): position-contiguous
-    rows (im2col_t; `filter_positions_usable`'s grid limits)."""
-    N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
-    P = PD * PH * PW
-    cols = empty(x, (N * G, Kr, P), dtype_name(x))
+    cols = empty(x, (G, Kr, N * P) if joint else (N * G, Kr, P), dtype_name(x))
     k, sig = table["im2col_t", dtype_name(x)]
     k.launch(sig, (min(-(-P // COLUMN_BLOCK), 1024), Kr, N * G), COLUMN_BLOCK, stream, x, cols,
-             *g)
+             *g, int(joint))
     return cols
 
 
@@ -442,21 +417,60 @@ def forward_positions(table, gemm, x, w, y, g, alpha, beta, stream):
          None, 0.0, alpha, beta, y.reshape((N, G, Kg, PD * PH * PW)), stream)
 
 
-def backward_filter_positions(table, gemm, dy, x, dw, g, alpha, beta, stream):
-    """dW_g = sum over n of dy[n, g] @ cols[n, g]^T, where cols[n, g] (Kr, P) are image n's
-    im2col columns transposed (im2col_t: its positions contiguous, as dy[n, g]'s are
-    in channels-first): a batched GEMM whose operands are both K-major over the
-    positions as written (TF32 modes take them without tf32_parts' transposed copies;
-    the columns path's rows and columns are MN-major there: both copied), the N
-    products summed in batch order (deterministic). Traffic: the columns once written
-    and read, N K Kr partials."""
+def data_positions_usable(g, dtype):
+    """backward_data_positions' calls: forward_positions' (channels-first float32, more
+    than one tap, a stride or a padding), C/g and the planes within col2im_t's grid."""
+    return forward_positions_usable(g, dtype) and g.C // g.G <= MAX_GRID_YZ and \
+        g.D * g.H * g.W < 2 ** 31
+
+
+def backward_data_positions(table, gemm, dy, w, dx, g, alpha, beta, stream):
+    """dcols[n, g] = W_g^T @ dy[n, g] (Kr, P), image n's columns transposed, a batched
+    GEMM over dy as stored; col2im_t gathers them into dx (the columns path copies dy
+    into rows first and its col2im reads the columns across their rows)."""
     N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
     P = PD * PH * PW
-    cols = columns_t(table, x, g, stream)
-    parts = gemm(dy.reshape((N * G, Kg, P)), cols, False, True, None, None, 0.0, 1.0, 0.0,
-                 None, stream)
-    reduce_tensor(parts.reshape((N, G * Kg, Kr)), "add", (0,), False, False, alpha=alpha,
-                  beta=beta, out=dw.reshape((K, Kr)), stream=stream)
+    dcols = gemm(w.reshape((G, Kg, Kr)), dy.reshape((N, G, Kg, P)), True, False, None, None,
+                 0.0, 1.0, 0.0, None, stream)
+    k, sig = table["col2im_t", dtype_name(dx)]
+    k.launch(sig, (min(-(-(g.D * g.H * g.W) // COLUMN_BLOCK), 1024), C // G, N * G),
+             COLUMN_BLOCK, stream, dcols, dx, *g, alpha, beta)
+
+
+def filter_positions_usable(g, dtype):
+    """backward_filter_positions' calls: channels-first float32 within im2col_t's grid,
+    but 1x1 filters at stride 1 over P >= 128 positions (backward_filter_1x1 takes them
+    with x as stored, no columns)."""
+    N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
+    if g.last or dtype != "float32" or Kr > MAX_GRID_YZ or N * G > MAX_GRID_YZ:
+        return False
+    return not _one_by_one(g) or PD * PH * PW < 128
+
+
+def backward_filter_positions(table, gemm, dy, x, dw, g, alpha, beta, stream):
+    """dW_g = sum over n of dy[n, g] @ cols[n, g]^T over the transposed columns
+    (im2col_t: positions contiguous, as dy's are in channels-first), both operands
+    K-major over the positions as written (TF32 modes take them without tf32_parts'
+    transposed copies; the columns path's rows and columns are MN-major there), in one
+    of two forms, whichever moves fewer extra items:
+    - per image: a batched GEMM, the N products (N K Kr partials) summed in batch order;
+    - joint (few positions, many columns: ResNet's 7x7 layers): dy copied to (G, K/g,
+      N P) and the columns written (G, Kr, N P), one GEMM over all N P positions (the
+      copy's N K P items, no partials).
+    Deterministic either way."""
+    N, C, K, G, M, Kg, Kr, PD, PH, PW = _dims(g)
+    P = PD * PH * PW
+    if N * Kg * Kr <= K * N * P:
+        cols = columns_t(table, x, g, stream)
+        parts = gemm(dy.reshape((N * G, Kg, P)), cols, False, True, None, None, 0.0, 1.0, 0.0,
+                     None, stream)
+        reduce_tensor(parts.reshape((N, G * Kg, Kr)), "add", (0,), False, False, alpha=alpha,
+                      beta=beta, out=dw.reshape((K, Kr)), stream=stream)
+        return
+    cols = columns_t(table, x, g, stream, joint=True)
+    rows = empty(dy, (G, Kg, N * P), dtype_name(dy))
+    transform_into(dy, (N, G, Kg, P), (1, 2, 0, 3), rows, 1.0, 0.0, stream)
+    gemm(rows, cols, False, True, None, None, 0.0, alpha, beta, dw.reshape((G, Kg, Kr)), stream)
 
 
 def filter_rows(table, w, row, stream):
