@@ -122,6 +122,15 @@ def mask_term(m, isc):
 
 
 @cuda.jit(device=True)
+def added_term(ma, at, inside, isc):
+    """The additive mask's term m / scale of a score inside the live keys, else 0 (the
+    element is not read: a key or row past the mask's ends)."""
+    if inside:
+        return mask_term(widen(ma[at]), isc)
+    return types.float32(0)
+
+
+@cuda.jit(device=True)
 def added_score(s, inside, ma, at, isc):
     """s + m / scale (m: the additive mask's value) where the score is inside the live
     keys, else -inf."""
@@ -187,7 +196,8 @@ def namespace(kind):
                 F32=types.float32, NEG=types.float32(-np.inf), LN2=types.float32(math.log(2)),
                 FULL=0xFFFFFFFF, math=math, fmaxf=libdevice.fmaxf, ex2=ex2,
                 U64=types.uint64, TWO=_TWO, masked_score=masked_score,
-                added_score=added_score, mask_term=mask_term, pair_keep=pair_keep,
+                added_score=added_score, added_term=added_term, mask_term=mask_term,
+                pair_keep=pair_keep,
                 quad_keep=quad_keep, widen=widen, sel=sel,
                 LOG2E=types.float32(math.log2(math.e)),
                 cvt=cvt_bf16x2 if kind == "bf16" else cvt_f16x2,

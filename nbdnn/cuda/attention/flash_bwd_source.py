@@ -304,8 +304,11 @@ def dkv_source(kind, D, stages, feat=(False, False)):
         return safe + (f" or mb[{at(k)}] == 0" if feat[0] == 1 else "")  # (bitwise: no
         # branches in numba's IR; the mask's read stays behind the pair's bounds)
 
-    def added(k):
-        return f"mask_term(widen(ma[{at(k)}]), isc)"
+    def added(k):  # (read for every pair: a pair past Sq or Sk reads the last row or
+        # key's value, in bounds, and masked() drops it)
+        co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
+        return (f"mask_term(widen(ma[b * ms0 + h * ms1 + min(cl + {co}, Sq - 1) * ms2 + "
+                f"min(r{rr}, Sk - 1) * ms3]), isc)")
     L += _grad_lines(" " * 12, masked, lambda k: f"L{2 * (k // 4) + k % 2}",
                      lambda k: f"dl{2 * (k // 4) + k % 2}", True, st, feat,
                      lambda j, ind: _keep_lines("dkv", j, ind), added)
@@ -376,8 +379,9 @@ def dq_source(kind, D, stages, feat=(False, False)):
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
         return f"cl + {co} >= lim{rr}" + (f" or mb[{at(k)}] == 0" if feat[0] == 1 else "")
 
-    def added(k):
-        return f"mask_term(widen(ma[{at(k)}]), isc)"
+    def added(k):  # (a key past Sk is not read; masked() drops its pair)
+        co = 8 * (k // 4) + k % 2
+        return f"added_term(ma, {at(k)}, cl + {co} < Sk, isc)"
     L += _grad_lines(" " * 12, masked, lambda k: f"L{(k % 4) // 2}",
                      lambda k: f"dl{(k % 4) // 2}", False, st, feat,
                      lambda j, ind: _keep_lines("dq", j, ind), added)
