@@ -184,13 +184,14 @@ def _norm(op, shape, **kw):
     return (got[0], gb[0]), (ref[0], rb[0])
 
 
-def _batch_norm(layout, C, dt=np.float32):
+def _batch_norm(layout, C, dt=np.float32, act="relu"):
     """float32 x and parameters, or 16-bit x (dt) beside float32 parameters, with a relu
-    (the backward's sums then read the parameters)."""
+    (the backward's sums then read the parameters) unless act is None (the planes
+    variant's partials take no activation)."""
     shape = (4, 9, 10, C) if layout == "NHWC" else (4, C, 8, 12)
     x, dy = _t(shape, dt), _t(shape, dt)
     scale, bias = _t((C,), np.float32), _t((C,), np.float32)
-    kw = dict(layout=layout, activation="relu")
+    kw = dict(layout=layout, activation=act)
     y, mean, invstd = nbdnn.batch_norm_train(x, scale, bias, backend="cuda", **kw)
     yr, mr, ir = nbdnn.batch_norm_train(_f64(x), _f64(scale), _f64(bias), backend="cpu", **kw)
     g = nbdnn.batch_norm_backward(dy, x, scale, np.asarray(mr, np.float32),
@@ -280,11 +281,11 @@ TABLES = [  # (family module, variant, case: () -> (GPU results, CPU results), t
     (NM, "rows_fused", lambda: _norm("layer_norm", (6, 1030)), 1e-4, False),
     (NM, "block_a_row", lambda: _norm("layer_norm", (6, 40)), 1e-4, False),
     (NM, "group_planes", lambda: _norm("group_norm", (2, 6, 4, 4), groups=3), 1e-4, False),
-    (BN, "planes", lambda: _batch_norm("NCHW", 5), 1e-4, False),
+    (BN, "planes", lambda: _batch_norm("NCHW", 5, act=None), 1e-4, False),
     (BN, "columns", lambda: _batch_norm("NHWC", 16), 1e-4, False),
     (BN, "general", lambda: _batch_norm("NHWC", 16), 1e-4, False),
     (BN, "columns", lambda: _batch_norm("NHWC", 16, BF), 3e-2, False),  # (float32 params)
-    (BN, "planes", lambda: _batch_norm("NCHW", 8, np.float16), 3e-2, False),
+    (BN, "planes", lambda: _batch_norm("NCHW", 8, np.float16, act=None), 3e-2, False),
     (PL, "fast", lambda: _pool("max"), 1e-6, False),
     (PL, "general", lambda: _pool("avg"), 1e-6, False),
 ]
