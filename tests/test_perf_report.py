@@ -56,3 +56,13 @@ def test_each_suite_renders_its_columns(tmp_path):
 
 def test_no_results_says_how_to_record_them(tmp_path):
     assert "perf/run.py bench" in report.render(str(tmp_path / "none"))[0]
+
+
+def test_a_later_run_of_some_rows_renders_as_its_suite(tmp_path):
+    """NAME-PART.json (a later run of some of a suite's rows, its own machine line)
+    renders with NAME's renderer under its own heading."""
+    _write(tmp_path, "torch_models-resnet50", [{"model": "resnet50", "configs": {
+        "fp32": {"infer-graphed": [5.6, 8.0]}}}])
+    text = "\n".join(report.render(str(tmp_path)))
+    assert "### torch_models-resnet50" in text and "commit abc1234" in text
+    assert "| resnet50 | fp32 | infer-graphed | 5.60 | 8.00 | 0.70× |" in text

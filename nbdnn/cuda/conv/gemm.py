@@ -23,7 +23,7 @@ from numba import cuda
 
 from ..runtime import variants
 from ..runtime.memory.arrays import dtype_name, empty, size
-from ..runtime.launch.grid import landing, landing32, launch, split, split32, strides
+from ..runtime.launch.grid import landing, launch, split, split32, strides
 from ..runtime.device_code.intrinsics import array_type, narrow, widen
 from ..runtime.memory.strided import contiguous
 from ..runtime.simulator import SIMULATOR
@@ -126,11 +126,11 @@ def kernels(CT, act_fn):
             _, _, idd, ih, iw = split32(i, 1, D, H, W, False)
             acc = ZERO
             for t in range(T):
-                pd = landing32(idd, qd, t, dd, sd, PD)
+                pd = landing(idd, qd, t, dd, sd, PD)
                 for r in range(R if pd >= 0 else 0):
-                    ph = landing32(ih, qh, r, dh, sh, PH)
+                    ph = landing(ih, qh, r, dh, sh, PH)
                     for s in range(S if ph >= 0 else 0):
-                        pw = landing32(iw, qw, s, dw, sw, PW)
+                        pw = landing(iw, qw, s, dw, sw, PW)
                         if pw >= 0:
                             ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) if flip else (t, r, s)
                             acc += widen(dcols[rows + ((ft * R + fr) * S + fs) * P +

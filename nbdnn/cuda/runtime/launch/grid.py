@@ -72,9 +72,11 @@ def split32(i, C, D, H, W, last):
 
 
 @cuda.jit(device=True)
-def landing32(ix, pad, tap, dil, stride, P):
-    """landing for an index below 2**31: one 32-bit division (a 64-bit one is a
-    ~70-instruction subroutine)."""
+def landing(ix, pad, tap, dil, stride, P):
+    """The output position p whose tap `tap` reads padded input index ix + pad
+    (p*stride + tap*dil == ix + pad), or -1 when there is none. One 32-bit division
+    (an axis' index is below 2**31; a 64-bit division is a ~70-instruction
+    subroutine)."""
     u = ix + pad - tap * dil
     if u < 0:
         return -1
@@ -82,13 +84,3 @@ def landing32(ix, pad, tap, dil, stride, P):
     if U32(u) - q * U32(stride) != U32(0) or I(q) >= P:
         return -1
     return I(q)
-
-
-@cuda.jit(device=True)
-def landing(ix, pad, tap, dil, stride, P):
-    """The output position p whose tap `tap` reads padded input index ix + pad
-    (p*stride + tap*dil == ix + pad), or -1 when there is none."""
-    u = ix + pad - tap * dil
-    if u >= 0 and u % stride == 0 and u // stride < P:
-        return u // stride
-    return -1
