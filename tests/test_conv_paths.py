@@ -230,6 +230,52 @@ def _both_backends(fn, args, out_shape, case, kw, rng):
     return names
 
 
+def _columns_t_reference(x, R, stride, pads, dilation, groups, flip):
+    """x's im2col columns of each image transposed, (N, G, Cg*T*R*S, P), NumPy."""
+    N, C = x.shape[:2]
+    nd = x.ndim - 2
+    xp = np.pad(x, ((0, 0), (0, 0)) + tuple(pads))
+    P = [(x.shape[2 + a] + sum(pads[a]) - dilation[a] * (R[a] - 1) - 1) // stride[a] + 1
+         for a in range(nd)]
+    taps = []
+    for tap in np.ndindex(*R):
+        src = tuple(R[a] - 1 - tap[a] if flip else tap[a] for a in range(nd))
+        taps.append(xp[(slice(None), slice(None)) + tuple(
+            slice(src[a] * dilation[a], src[a] * dilation[a] + (P[a] - 1) * stride[a] + 1,
+                  stride[a]) for a in range(nd))].reshape(N, C, -1))
+    cols = np.stack(taps, axis=2)  # (N, C, taps, P)
+    return cols.reshape(N, groups, (C // groups) * len(taps), -1)
+
+
+@pytest.mark.parametrize("case", ["small-plane", "two-blocks", "3d", "joint-flip"])
+def test_columns_t_match_reference(case):
+    """im2col_t's transposed columns, element for element: a thread splits its first
+    position and steps by the grid's stride with carries across rows and planes (7x7
+    below a block; 13x11 over two position blocks, the stride carrying rows; a 3-d
+    stride carrying planes), groups, a flipped filter and the joint (G, Kr, N, P) layout."""
+    from nbdnn.cuda.conv.gemm import columns_t
+    from nbdnn.cuda.conv.geometry import geometry
+    from nbdnn.cuda.conv.kernels import KERNELS
+    from nbdnn.cuda.runtime.memory.arrays import to_device, to_host
+    N, C, G, flip, joint = 2, 3, 1, False, False
+    spatial, R, stride, dil, pads = (7, 7), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))
+    if case == "two-blocks":
+        spatial, R, pads = (15, 11), (3, 2), ((0, 0), (1, 0))
+    if case == "3d":
+        spatial, R, stride, dil = (5, 9, 9), (2, 3, 3), (2, 2, 1), (1, 2, 1)
+        pads = ((0, 1), (1, 1), (0, 0))
+    if case == "joint-flip":
+        C, G, flip, joint, stride = 4, 2, True, True, (2, 1)
+    x = np.random.default_rng(len(case)).uniform(-1, 1, (N, C) + spatial).astype(np.float32)
+    g = geometry(x.shape, (6, C // G) + R, stride, pads, dil, G,
+                 "convolution" if flip else "cross_correlation", False)
+    want = _columns_t_reference(x, R, stride, pads, dil, G, flip)
+    if joint:  # (G, Kr, N, P)
+        want = want.transpose(1, 2, 0, 3)
+    got = to_host(columns_t(KERNELS, to_device(x), g, 0, joint=joint)).reshape(want.shape)
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("case", ["3x3", "stride-pad", "groups", "3d", "blend", "few",
                                   "joint", "1x1-few", "1x1", "ieee", "last"])
 def test_filter_gradient_over_positions(case):
@@ -324,7 +370,7 @@ def test_data_gradient_over_positions(case):
     channels-last keep their paths. Either way the reference's numbers in the same
     math."""
     rng = np.random.default_rng(len(case) + 5)
-    N, C, K, G, H, R = 2, 4, 6, 1, 9, 3
+    N, C, K, G, H, R = 2, 4, 8, 1, 9, 3  # (C, K multiples of 4: the tf32 kernel's rows)
     kw = dict(stride=2, padding=1, math="tf32")
     if case == "1x1-s2":
         R, kw["padding"] = 1, 0

@@ -38,6 +38,10 @@ BAD_PARAMS = (float("nan"), float("inf"), -1, 1.5, "nosuch", None, 10 ** 12)
 # one backend, +-inf on the other. A NaN in any input, an Inf in v, do, o or the mask,
 # and the forward's own Infs stay fuzzed (the forward's row).
 ILL_POSED = {("scaled_dot_product_attention_backward", "nonfinite")}
+# (op, argument) pairs the GPU reads on the device only, where the CPU checks values: a
+# paged call's block table (graph-safe: no host read; a page outside the cache is absent
+# there, test_paged_attention's test_a_page_outside_the_cache_is_absent_on_the_gpu).
+DEVICE_READ = {("paged_attention", "block_table")}
 
 
 def _case(spec, seed):
@@ -228,6 +232,10 @@ def test_a_bad_call_is_a_named_error_or_agrees(spec, kind, data):
         assert np.array_equal(args[i], b, equal_nan=True), f"input {i} was modified"
     kinds = {k for k, _ in got.values()}
     if "error" in kinds:
+        if got["cuda"][0] == "ok" and isinstance(got["cpu"][1], nbdnn.BadParamError) and any(
+                op == spec.ops[0] and f"{name}[" in str(got["cpu"][1])
+                for op, name in DEVICE_READ):
+            return  # (a value only the device reads: DEVICE_READ)
         assert kinds == {"error"}, f"one backend raised, the other answered: {got}"
         for backend, (_, e) in got.items():
             assert any(op in str(e) for op in spec.ops), f"{backend}: {e!r} names no op"

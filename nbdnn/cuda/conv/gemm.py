@@ -23,7 +23,7 @@ from numba import cuda
 
 from ..runtime import variants
 from ..runtime.memory.arrays import dtype_name, empty, size
-from ..runtime.launch.grid import landing, launch, split, split32, strides
+from ..runtime.launch.grid import I, U32, advance, landing, launch, split, split32, strides
 from ..runtime.device_code.intrinsics import array_type, narrow, widen
 from ..runtime.memory.strided import contiguous
 from ..runtime.simulator import SIMULATOR
@@ -88,42 +88,57 @@ def kernels(CT, act_fn):
         # cols (N, G, Kr, P): each image's columns transposed, its P positions contiguous
         # (channels-first x read along its rows; a K-major operand over the positions);
         # joint: (G, Kr, N, P), every image's positions of a column in one row.
-        # Grid (position blocks, Kr, N*G): a block's row (image, group, tap, channel) is
-        # split once a thread; a position's (d, h, w) by 32-bit divisions (an element
-        # split by 64-bit ones a time ran ~10x slower: compute-bound on the divisions)
-        Cg = C // G
+        # Grid (position blocks, Kr, N*G), a few positions a thread (columns_t's grid).
+        # Integer division bounds this kernel, not memory: a thread splits its row
+        # (image, group, tap, channel), its first position and its grid stride once, by
+        # 32-bit divisions (div.u32, ~20 instructions; a 64-bit one is a ~70-instruction
+        # subroutine), then steps (d, h, w) by the stride's parts (advance).
+        # An element split by 64-bit divisions ran ~10x slower; a thread's row split by
+        # them and an element split by 32-bit ones, still ~25x under the copy's bandwidth
+        # (ResNet-50's filter gradients, float32, an H100).
+        Cg = I(U32(C) // U32(G))
         P, Kr = PD * PH * PW, Cg * T * R * S
         kx, ng = cuda.blockIdx.y, cuda.blockIdx.z
-        n, g = ng // G, ng % G
-        _, c, t, r, s = split(kx, Cg, T, R, S, False)
+        n = I(U32(ng) // U32(G))
+        g = ng - n * G
+        _, c, t, r, s = split32(kx, Cg, T, R, S, False)
         if flip:
             t, r, s = T - 1 - t, R - 1 - r, S - 1 - s
         plane = (n * C + g * Cg + c) * D
         row = ((g * Kr + kx) * N + n) * P if joint else (ng * Kr + kx) * P
         p = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        step = cuda.gridDim.x * cuda.blockDim.x
+        _, _, pd, ph, pw = split32(p, 1, PD, PH, PW, False)
+        _, _, step_d, step_h, step_w = split32(step, 1, 1 << 30, PH, PW, False)
+        # (step_d: the stride's whole planes, unbounded; step_h < PH, step_w < PW)
+        ld, lh, lw = t * dd - qd, r * dh - qh, s * dw - qw  # the tap's offsets
         while p < P:
-            _, _, pd, ph, pw = split32(p, 1, PD, PH, PW, False)
-            idd, ih, iw = pd * sd + t * dd - qd, ph * sh + r * dh - qh, pw * sw + s * dw - qw
+            idd, ih, iw = pd * sd + ld, ph * sh + lh, pw * sw + lw
             v = ZERO
             if 0 <= idd < D and 0 <= ih < H and 0 <= iw < W:
                 v = widen(x[((plane + idd) * H + ih) * W + iw])
             cols[row + p] = narrow(v, cols)
-            p += cuda.gridDim.x * cuda.blockDim.x
+            p += step
+            pd, ph, pw = advance(pd, ph, pw, step_d, step_h, step_w, PH, PW)
 
     def conv_col2im_t(dcols, dx, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd,
                       qh, qw, dd, dh, dw, flip, last, alpha, beta):
         # dx[n, g Cg + c, s] = alpha sum over the taps landing on s of dcols[n, g, (c, tap),
         # p] + beta dx: im2col_t's columns (N, G, Kr, P) gathered back, in a fixed order
-        # (no atomics). Grid (position blocks of one plane, Cg, N*G) as im2col_t's
-        Cg = C // G
+        # (no atomics). Grid (position blocks of one plane, Cg, N*G), a few positions a
+        # thread, split and stepped as im2col_t's (its comment: divisions bound these)
+        Cg = I(U32(C) // U32(G))
         P, Kr = PD * PH * PW, Cg * T * R * S
         c, ng = cuda.blockIdx.y, cuda.blockIdx.z
-        n, g = ng // G, ng % G
+        n = I(U32(ng) // U32(G))
+        g = ng - n * G
         plane = ((n * C + g * Cg + c) * D) * H * W
         rows = (ng * Kr + c * T * R * S) * P
         i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        step = cuda.gridDim.x * cuda.blockDim.x
+        _, _, idd, ih, iw = split32(i, 1, D, H, W, False)
+        _, _, step_d, step_h, step_w = split32(step, 1, 1 << 30, H, W, False)
         while i < D * H * W:
-            _, _, idd, ih, iw = split32(i, 1, D, H, W, False)
             acc = ZERO
             for t in range(T):
                 pd = landing(idd, qd, t, dd, sd, PD)
@@ -139,7 +154,8 @@ def kernels(CT, act_fn):
             if beta != ZERO:
                 v += beta * widen(dx[plane + i])
             dx[plane + i] = narrow(v, dx)
-            i += cuda.gridDim.x * cuda.blockDim.x
+            i += step
+            idd, ih, iw = advance(idd, ih, iw, step_d, step_h, step_w, H, W)
 
     def conv_gemm_epilogue(raw, y, bias, z, N, K, G, PD, PH, PW, last, has_bias, has_z, act,
                            coef, alpha, beta):
@@ -279,6 +295,8 @@ def columns(table, x, g, stream, row=None):
 
 COLUMN_BLOCK = 32 if SIMULATOR else 256  # im2col_t's threads a block (one column row's
 # positions; the simulator runs a thread an OS thread)
+COLUMN_ITEMS = 4  # im2col_t's positions a thread: its row's split and its stride's
+# parts amortised over them (the divisions bound the kernel)
 MAX_GRID_YZ = 65535  # a grid's y and z extents: im2col_t's Kr rows and N*G images
 
 
@@ -391,8 +409,9 @@ def columns_t(table, x, g, stream, joint=False):
     P = PD * PH * PW
     cols = empty(x, (G, Kr, N * P) if joint else (N * G, Kr, P), dtype_name(x))
     k, sig = table["im2col_t", dtype_name(x)]
-    k.launch(sig, (min(-(-P // COLUMN_BLOCK), 1024), Kr, N * G), COLUMN_BLOCK, stream, x, cols,
-             *g, int(joint))
+    block = min(COLUMN_BLOCK, -(-P // 32) * 32)  # (7x7 planes: 64 threads, not 256)
+    k.launch(sig, (min(-(-P // (block * COLUMN_ITEMS)), 1024), Kr, N * G), block, stream,
+             x, cols, *g, int(joint))
     return cols
 
 
@@ -433,8 +452,10 @@ def backward_data_positions(table, gemm, dy, w, dx, g, alpha, beta, stream):
     dcols = gemm(w.reshape((G, Kg, Kr)), dy.reshape((N, G, Kg, P)), True, False, None, None,
                  0.0, 1.0, 0.0, None, stream)
     k, sig = table["col2im_t", dtype_name(dx)]
-    k.launch(sig, (min(-(-(g.D * g.H * g.W) // COLUMN_BLOCK), 1024), C // G, N * G),
-             COLUMN_BLOCK, stream, dcols, dx, *g, alpha, beta)
+    plane = g.D * g.H * g.W
+    block = min(COLUMN_BLOCK, -(-plane // 32) * 32)
+    k.launch(sig, (min(-(-plane // (block * COLUMN_ITEMS)), 1024), C // G, N * G), block,
+             stream, dcols, dx, *g, alpha, beta)
 
 
 def filter_positions_usable(g, dtype):
