@@ -4,11 +4,14 @@ JSON under --out (default $OUT, else /tmp/nbdnn-out) and prints a summary to std
 device call returns only the last lines of output and a few files). Every JSON result
 carries the machine: GPU, driver, package versions and the commit (`machine()`).
 
-    python3 perf/run.py tests [rest|PYTEST ARGS] the GPU test suite in two calls: `tests`
+    python3 perf/run.py tests [rest [I/N]|PYTEST ARGS]
+                                                 the GPU test suite in three calls: `tests`
                                                  (the cross-check and test_gpu.py, split by
-                                                 kernel family, and nbdnn check), `tests rest`
-                                                 (every other file but the PTX and tensor-core
-                                                 tests); or the tests PYTEST ARGS select
+                                                 kernel family, and nbdnn check), `tests rest
+                                                 1/2` and `tests rest 2/2` (every other file
+                                                 but the PTX and tensor-core tests, in halves:
+                                                 all at once ran past a call's 10 minutes on
+                                                 an H100); or the tests PYTEST ARGS select
     python3 perf/run.py sanitize SCRIPT|-- PYTEST ARGS
                                                  compute-sanitizer memcheck, then racecheck
     python3 perf/run.py warm                     nbdnn cache warm: every registered kernel
@@ -142,12 +145,16 @@ def tests(args):
         jobs = {name: _pytest(*sel) for name, sel in SUITE}
         jobs["check"] = [sys.executable, "-m", "nbdnn", "check", "--examples", "2"]
         return _parallel(jobs)
-    if args == ["rest"]:
+    part, parts = 1, 1
+    if args[:1] == ["rest"]:
+        if args[1:]:  # "rest 2/3": the second of three consecutive thirds of the tests
+            part, parts = (int(v) for v in args[1].split("/"))
         args = sorted(f"tests/{f}" for f in os.listdir(os.path.join(ROOT, "tests"))
                       if f.startswith("test_") and f.endswith(".py") and f not in APART)
     ids = [i for i in subprocess.run(_pytest("--collect-only", *args), capture_output=True,
                                      text=True, cwd=ROOT, env=_env()).stdout.splitlines()
            if "::" in i]
+    ids = ids[(part - 1) * len(ids) // parts:part * len(ids) // parts]
     n = min(SHARDS, len(ids))
     if not n:
         print("no tests collected:", " ".join(args))
