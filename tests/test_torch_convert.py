@@ -334,13 +334,14 @@ def test_autocast_batch_norm_keeps_float32_weights(device):
     and bias beside bfloat16 x as PyTorch's does: no cast node between them and the op
     (their AccumulateGrad feeds it directly, as native's), their gradients float32 sums
     of the same terms as native's (a bfloat16 round trip was 7e-4 off), and dx, bfloat16
-    on both, within one rounding of the float64 gradient (the GPU's sums run in another
-    order than native's: the two may round apart)."""
+    on both, native's within bfloat16's resolution at dx's scale (the GPU's sums run in
+    another order than native's; on an H100 either side's dx was up to 0.007 from the
+    float64 gradient at a scale of 3, so elements near 0 round apart)."""
+    gen = torch.Generator().manual_seed(4)
     bn = nn.BatchNorm2d(3).to(device)
     with torch.no_grad():
-        bn.weight.uniform_(0.5, 2.0)
+        bn.weight.copy_(torch.rand(3, generator=gen) * 1.5 + 0.5)
     model, _ = nt.convert(bn)
-    gen = torch.Generator().manual_seed(4)
     x, dy = (torch.randn(2, 3, 4, 4, generator=gen).to(device) for _ in range(2))
     dy = dy.to(torch.bfloat16)
     runs = []
@@ -351,17 +352,13 @@ def test_autocast_batch_norm_keeps_float32_weights(device):
         feeds = [type(f).__name__ for f, _ in y.grad_fn.next_functions if f is not None]
         assert feeds == ["AccumulateGrad"] * 3, feeds
         runs.append(torch.autograd.grad(y, [xb, m.weight, m.bias], dy))
-    exact = nn.BatchNorm2d(3).to(device).double().train()
-    with torch.no_grad():
-        exact.weight.copy_(bn.weight)
-    x64 = x.to(torch.bfloat16).double().requires_grad_()
-    (dx64,) = torch.autograd.grad(exact(x64), [x64], dy.double())
-    for (dx, *params), label in zip(runs, ("nbdnn", "native")):
-        assert dx.dtype == torch.bfloat16 and all(p.dtype == torch.float32 for p in params)
-        err = (dx.double() - dx64).abs()
-        assert bool((err <= 2 ** -8 * dx64.abs() + 1e-5 * dx64.abs().max()).all()), \
-            (label, float(err.max()))
-    for a, b in zip(runs[0][1:], runs[1][1:]):
+    (dx, *params), (dx_native, *params_native) = runs
+    assert dx.dtype == dx_native.dtype == torch.bfloat16
+    scale = float(dx_native.float().abs().max())
+    torch.testing.assert_close(dx.float(), dx_native.float(), rtol=2 ** -7,
+                               atol=2 ** -7 * scale)
+    for a, b in zip(params, params_native):
+        assert a.dtype == b.dtype == torch.float32
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
