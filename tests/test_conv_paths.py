@@ -247,20 +247,22 @@ def _columns_t_reference(x, R, stride, pads, dilation, groups, flip):
     return cols.reshape(N, groups, (C // groups) * len(taps), -1)
 
 
-@pytest.mark.parametrize("case", ["small-plane", "two-blocks", "3d", "joint-flip"])
+@pytest.mark.parametrize("case", ["small-plane", "wide", "tall", "3d", "joint-flip"])
 def test_columns_t_match_reference(case):
-    """im2col_t's transposed columns, element for element: a thread splits its first
-    position and steps by the grid's stride with carries across rows and planes (7x7
-    below a block; 13x11 over two position blocks, the stride carrying rows; a 3-d
-    stride carrying planes), groups, a flipped filter and the joint (G, Kr, N, P) layout."""
-    from nbdnn.cuda.conv.gemm import columns_t
+    """im2col_t's transposed columns, element for element: a block's threads over a
+    plane's w and rows, each looping over its rows and planes (7x7: rows past a block's;
+    a plane wider than a block's threads; rows over several row blocks; 3-d planes),
+    groups, a flipped filter and the joint (G, Kr, N, P) layout."""
+    from nbdnn.cuda.conv.gemm import COLUMN_BLOCK, columns_t
     from nbdnn.cuda.conv.geometry import geometry
     from nbdnn.cuda.conv.kernels import KERNELS
     from nbdnn.cuda.runtime.memory.arrays import to_device, to_host
     N, C, G, flip, joint = 2, 3, 1, False, False
     spatial, R, stride, dil, pads = (7, 7), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))
-    if case == "two-blocks":
-        spatial, R, pads = (15, 11), (3, 2), ((0, 0), (1, 0))
+    if case == "wide":  # (w past the block's threads: their loop)
+        spatial, R, pads = (3, COLUMN_BLOCK + 13), (1, 3), ((0, 0), (1, 1))
+    if case == "tall":  # (3 x 10 threads a block, 4 rows each: three row blocks)
+        spatial, R, pads = (90, 5), (3, 3), ((0, 0), (0, 0))
     if case == "3d":
         spatial, R, stride, dil = (5, 9, 9), (2, 3, 3), (2, 2, 1), (1, 2, 1)
         pads = ((0, 1), (1, 1), (0, 0))
@@ -361,7 +363,7 @@ def test_forward_over_positions(case):
 
 
 @pytest.mark.parametrize("case", ["3x3-s2", "1x1-s2", "groups", "dilated", "3d", "blend",
-                                  "stride-1", "ieee", "last"])
+                                  "wide", "stride-1", "ieee", "last"])
 def test_data_gradient_over_positions(case):
     """float32 channels-first data gradients in math "tf32" that tf32_as_forward does not
     take (a stride; alpha or beta) run as per-image products W^T dy[n] into transposed
@@ -384,7 +386,8 @@ def test_data_gradient_over_positions(case):
         kw["math"] = "ieee"
     last = case == "last"
     nd = 3 if case == "3d" else 2
-    spatial = ((3,) if nd == 3 else ()) + (H, H)
+    spatial = ((3,) if nd == 3 else ()) + ((3, 70) if case == "wide" else (H, H))
+    # ("wide": dx's rows past the simulator's 32 threads a block along w, col2im_t's loop)
     conv = nbdnn.conv3d if nd == 3 else nbdnn.conv2d
     kw["layout"] = ("NDHWC" if last else "NCDHW") if nd == 3 else ("NHWC" if last else "NCHW")
     xs = (N,) + spatial + (C,) if last else (N, C) + spatial
@@ -393,7 +396,7 @@ def test_data_gradient_over_positions(case):
     dy = rng.uniform(-1, 1, conv(np.zeros(xs, np.float32), w, backend="cpu",
                                  **kw).shape).astype(np.float32)
     names = _both_backends(nbdnn.conv_backward_data, (dy, w, xs), xs, case, kw, rng)
-    positions = case in ("3x3-s2", "1x1-s2", "groups", "dilated", "3d", "blend") or \
+    positions = case in ("3x3-s2", "1x1-s2", "groups", "dilated", "3d", "blend", "wide") or \
         (case == "stride-1" and not MM.tensor_cores())  # (tf32_as_forward: sm_90's)
     assert ("conv_col2im_t" in names) == positions, names
     assert "conv_y_to_rows" not in names or not positions, names

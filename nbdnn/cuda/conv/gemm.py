@@ -23,7 +23,7 @@ from numba import cuda
 
 from ..runtime import variants
 from ..runtime.memory.arrays import dtype_name, empty, size
-from ..runtime.launch.grid import I, U32, advance, landing, launch, split, split32, strides
+from ..runtime.launch.grid import I, U32, landing, launch, split, split32, strides
 from ..runtime.device_code.intrinsics import array_type, narrow, widen
 from ..runtime.memory.strided import contiguous
 from ..runtime.simulator import SIMULATOR
@@ -54,6 +54,25 @@ def make_epilogue(CT, act_fn):
 def kernels(CT, act_fn):
     ZERO = CT(0)
     epilogue = make_epilogue(CT, act_fn)
+
+    @cuda.jit(device=True)
+    def gathered(dcols, base, tap_stride, pos_stride, idd, ih, iw, T, R, S, PD, PH, PW, sd,
+                 sh, sw, qd, qh, qw, dd, dh, dw, flip):
+        # the sum, in a fixed order, of the columns' elements whose tap lands on input
+        # position (idd, ih, iw): dcols[base + tap tap_stride + position pos_stride], tap
+        # (t, r, s) flattened as stored (flipped for a convolution), position (pd, ph, pw)
+        acc = ZERO
+        for t in range(T):
+            pd = landing(idd, qd, t, dd, sd, PD)
+            for r in range(R if pd >= 0 else 0):
+                ph = landing(ih, qh, r, dh, sh, PH)
+                for s in range(S if ph >= 0 else 0):
+                    pw = landing(iw, qw, s, dw, sw, PW)
+                    if pw >= 0:
+                        ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) if flip else (t, r, s)
+                        acc += widen(dcols[base + ((ft * R + fr) * S + fs) * tap_stride +
+                                           ((pd * PH + ph) * PW + pw) * pos_stride])
+        return acc
 
     def conv_im2col(x, cols, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd, qh,
                     qw, dd, dh, dw, flip, last, row):
@@ -88,14 +107,14 @@ def kernels(CT, act_fn):
         # cols (N, G, Kr, P): each image's columns transposed, its P positions contiguous
         # (channels-first x read along its rows; a K-major operand over the positions);
         # joint: (G, Kr, N, P), every image's positions of a column in one row.
-        # Grid (position blocks, Kr, N*G), a few positions a thread (columns_t's grid).
-        # Integer division bounds this kernel, not memory: a thread splits its row
-        # (image, group, tap, channel), its first position and its grid stride once, by
-        # 32-bit divisions (div.u32, ~20 instructions; a 64-bit one is a ~70-instruction
-        # subroutine), then steps (d, h, w) by the stride's parts (advance).
-        # An element split by 64-bit divisions ran ~10x slower; a thread's row split by
-        # them and an element split by 32-bit ones, still ~25x under the copy's bandwidth
-        # (ResNet-50's filter gradients, float32, an H100).
+        # Block (BX, BY): threads over a plane's w and rows h, so a warp's lanes hold
+        # consecutive positions (coalesced stores; loads along x's rows) and no lane
+        # divides; grid (row blocks, Kr, N*G): a block's column row (image, group,
+        # channel, tap) is split once, on the block's uniform values; a thread loops over
+        # its rows' pd and the grid's row stride. (A thread an element split by 64-bit
+        # divisions, then a thread's first position split by 32-bit ones and stepped,
+        # bound this kernel on integer division: 16.1, then 8.1 ms of ResNet-50's float32
+        # training step on an H100, ~300 GB/s.)
         Cg = I(U32(C) // U32(G))
         P, Kr = PD * PH * PW, Cg * T * R * S
         kx, ng = cuda.blockIdx.y, cuda.blockIdx.z
@@ -106,27 +125,31 @@ def kernels(CT, act_fn):
             t, r, s = T - 1 - t, R - 1 - r, S - 1 - s
         plane = (n * C + g * Cg + c) * D
         row = ((g * Kr + kx) * N + n) * P if joint else (ng * Kr + kx) * P
-        p = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        step = cuda.gridDim.x * cuda.blockDim.x
-        _, _, pd, ph, pw = split32(p, 1, PD, PH, PW, False)
-        _, _, step_d, step_h, step_w = split32(step, 1, 1 << 30, PH, PW, False)
-        # (step_d: the stride's whole planes, unbounded; step_h < PH, step_w < PW)
         ld, lh, lw = t * dd - qd, r * dh - qh, s * dw - qw  # the tap's offsets
-        while p < P:
-            idd, ih, iw = pd * sd + ld, ph * sh + lh, pw * sw + lw
-            v = ZERO
-            if 0 <= idd < D and 0 <= ih < H and 0 <= iw < W:
-                v = widen(x[((plane + idd) * H + ih) * W + iw])
-            cols[row + p] = narrow(v, cols)
-            p += step
-            pd, ph, pw = advance(pd, ph, pw, step_d, step_h, step_w, PH, PW)
+        for pd in range(PD):
+            idd = pd * sd + ld
+            ph = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+            while ph < PH:
+                ih = ph * sh + lh
+                inside = 0 <= idd < D and 0 <= ih < H
+                at = ((plane + idd) * H + ih) * W
+                out = row + (pd * PH + ph) * PW
+                pw = cuda.threadIdx.x
+                while pw < PW:
+                    iw = pw * sw + lw
+                    v = ZERO
+                    if inside and 0 <= iw < W:
+                        v = widen(x[at + iw])
+                    cols[out + pw] = narrow(v, cols)
+                    pw += cuda.blockDim.x
+                ph += cuda.gridDim.x * cuda.blockDim.y
 
     def conv_col2im_t(dcols, dx, N, C, K, G, D, H, W, T, R, S, PD, PH, PW, sd, sh, sw, qd,
                       qh, qw, dd, dh, dw, flip, last, alpha, beta):
         # dx[n, g Cg + c, s] = alpha sum over the taps landing on s of dcols[n, g, (c, tap),
         # p] + beta dx: im2col_t's columns (N, G, Kr, P) gathered back, in a fixed order
-        # (no atomics). Grid (position blocks of one plane, Cg, N*G), a few positions a
-        # thread, split and stepped as im2col_t's (its comment: divisions bound these)
+        # (no atomics). Block and grid over dx's plane as im2col_t's over the columns'
+        # (row blocks, Cg, N*G): no lane divides (landing: strides 1 and 2 without one)
         Cg = I(U32(C) // U32(G))
         P, Kr = PD * PH * PW, Cg * T * R * S
         c, ng = cuda.blockIdx.y, cuda.blockIdx.z
@@ -134,28 +157,20 @@ def kernels(CT, act_fn):
         g = ng - n * G
         plane = ((n * C + g * Cg + c) * D) * H * W
         rows = (ng * Kr + c * T * R * S) * P
-        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        step = cuda.gridDim.x * cuda.blockDim.x
-        _, _, idd, ih, iw = split32(i, 1, D, H, W, False)
-        _, _, step_d, step_h, step_w = split32(step, 1, 1 << 30, H, W, False)
-        while i < D * H * W:
-            acc = ZERO
-            for t in range(T):
-                pd = landing(idd, qd, t, dd, sd, PD)
-                for r in range(R if pd >= 0 else 0):
-                    ph = landing(ih, qh, r, dh, sh, PH)
-                    for s in range(S if ph >= 0 else 0):
-                        pw = landing(iw, qw, s, dw, sw, PW)
-                        if pw >= 0:
-                            ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) if flip else (t, r, s)
-                            acc += widen(dcols[rows + ((ft * R + fr) * S + fs) * P +
-                                               (pd * PH + ph) * PW + pw])
-            v = alpha * acc
-            if beta != ZERO:
-                v += beta * widen(dx[plane + i])
-            dx[plane + i] = narrow(v, dx)
-            i += step
-            idd, ih, iw = advance(idd, ih, iw, step_d, step_h, step_w, H, W)
+        for idd in range(D):
+            ih = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+            while ih < H:
+                iw = cuda.threadIdx.x
+                while iw < W:
+                    acc = gathered(dcols, rows, P, 1, idd, ih, iw, T, R, S, PD, PH, PW, sd,
+                                   sh, sw, qd, qh, qw, dd, dh, dw, flip)
+                    o = plane + (idd * H + ih) * W + iw
+                    v = alpha * acc
+                    if beta != ZERO:
+                        v += beta * widen(dx[o])
+                    dx[o] = narrow(v, dx)
+                    iw += cuda.blockDim.x
+                ih += cuda.gridDim.x * cuda.blockDim.y
 
     def conv_gemm_epilogue(raw, y, bias, z, N, K, G, PD, PH, PW, last, has_bias, has_z, act,
                            coef, alpha, beta):
@@ -192,19 +207,10 @@ def kernels(CT, act_fn):
         while i < total:
             n, c, idd, ih, iw = split(i, C, D, H, W, last)
             g, cl = c // Cg, c % Cg
-            acc = ZERO
-            for t in range(T):
-                pd = landing(idd, qd, t, dd, sd, PD)
-                for r in range(R if pd >= 0 else 0):
-                    ph = landing(ih, qh, r, dh, sh, PH)
-                    for s in range(S if ph >= 0 else 0):
-                        pw = landing(iw, qw, s, dw, sw, PW)
-                        if pw >= 0:
-                            ft, fr, fs = (T - 1 - t, R - 1 - r, S - 1 - s) if flip else (t, r, s)
-                            kx = ((ft * R + fr) * S + fs) * Cg + cl if last else \
-                                ((cl * T + ft) * R + fr) * S + fs
-                            m = ((n * PD + pd) * PH + ph) * PW + pw
-                            acc += widen(dcols[(g * M + m) * Kr + kx])
+            # kx: (tap, channel) channels-last, (channel, tap) channels-first
+            acc = gathered(dcols, (g * M + n * PD * PH * PW) * Kr + (cl if last else
+                           cl * T * R * S), Cg if last else 1, Kr, idd, ih, iw, T, R, S, PD,
+                           PH, PW, sd, sh, sw, qd, qh, qw, dd, dh, dw, flip)
             v = alpha * acc
             if beta != ZERO:
                 v += beta * widen(dx[i])
@@ -293,10 +299,18 @@ def columns(table, x, g, stream, row=None):
     return variants.choose("conv", "im2col", COLUMNS, c).run(c)
 
 
-COLUMN_BLOCK = 32 if SIMULATOR else 256  # im2col_t's threads a block (one column row's
-# positions; the simulator runs a thread an OS thread)
-COLUMN_ITEMS = 4  # im2col_t's positions a thread: its row's split and its stride's
-# parts amortised over them (the divisions bound the kernel)
+COLUMN_BLOCK = 32 if SIMULATOR else 256  # im2col_t's and col2im_t's threads a block at
+# most (the simulator runs a thread an OS thread)
+COLUMN_ROWS = 4  # their rows a thread at most (a block's column row split, amortised)
+
+
+def _plane_blocks(H, W):
+    """((row blocks,), (BX, BY, 1)): im2col_t's and col2im_t's block over an H x W plane,
+    BX threads along w (a loop past COLUMN_BLOCK), BY rows of them (a 7x7 plane: one
+    block of 49 threads; 56x56: 56 x 4, each thread 4 rows of 14 blocks)."""
+    bx = max(1, min(W, COLUMN_BLOCK))
+    by = max(1, min(H, COLUMN_BLOCK // bx))
+    return (max(1, -(-H // (by * COLUMN_ROWS))),), (bx, by, 1)
 MAX_GRID_YZ = 65535  # a grid's y and z extents: im2col_t's Kr rows and N*G images
 
 
@@ -409,9 +423,8 @@ def columns_t(table, x, g, stream, joint=False):
     P = PD * PH * PW
     cols = empty(x, (G, Kr, N * P) if joint else (N * G, Kr, P), dtype_name(x))
     k, sig = table["im2col_t", dtype_name(x)]
-    block = min(COLUMN_BLOCK, -(-P // 32) * 32)  # (7x7 planes: 64 threads, not 256)
-    k.launch(sig, (min(-(-P // (block * COLUMN_ITEMS)), 1024), Kr, N * G), block, stream,
-             x, cols, *g, int(joint))
+    grid, block = _plane_blocks(PH, PW)
+    k.launch(sig, grid + (Kr, N * G), block, stream, x, cols, *g, int(joint))
     return cols
 
 
@@ -452,10 +465,8 @@ def backward_data_positions(table, gemm, dy, w, dx, g, alpha, beta, stream):
     dcols = gemm(w.reshape((G, Kg, Kr)), dy.reshape((N, G, Kg, P)), True, False, None, None,
                  0.0, 1.0, 0.0, None, stream)
     k, sig = table["col2im_t", dtype_name(dx)]
-    plane = g.D * g.H * g.W
-    block = min(COLUMN_BLOCK, -(-plane // 32) * 32)
-    k.launch(sig, (min(-(-plane // (block * COLUMN_ITEMS)), 1024), C // G, N * G), block,
-             stream, dcols, dx, *g, alpha, beta)
+    grid, block = _plane_blocks(g.H, g.W)
+    k.launch(sig, grid + (C // G, N * G), block, stream, dcols, dx, *g, alpha, beta)
 
 
 def filter_positions_usable(g, dtype):

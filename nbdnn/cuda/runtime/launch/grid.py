@@ -72,22 +72,6 @@ def split32(i, C, D, H, W, last):
 
 
 @cuda.jit(device=True)
-def advance(d, h, w, step_d, step_h, step_w, H, W):
-    """(d, h, w) moved on by a grid stride split into its parts (split32(step, 1, 1 << 30,
-    H, W, False)): one carry an axis, for h < H, w < W, step_h < H and step_w < W (a
-    grid-stride loop's position stepped without dividing)."""
-    w += step_w
-    if w >= W:
-        w -= W
-        h += 1
-    h += step_h
-    if h >= H:
-        h -= H
-        d += 1
-    return d + step_d, h, w
-
-
-@cuda.jit(device=True)
 def landing(ix, pad, tap, dil, stride, P):
     """The output position p whose tap `tap` reads padded input index ix + pad
     (p*stride + tap*dil == ix + pad), or -1 when there is none. Strides 1 and 2 (nearly
