@@ -164,14 +164,16 @@ SHAPES = {"full": {"gpt2": ({}, 1024),
                                   num_hidden_layers=2, num_attention_heads=4,
                                   num_key_value_heads=2, max_position_embeddings=32), 16)}}
 CONFIGS = {  # name -> (bf16 autocast, channels-last)
-    "fp32": (False, False), "bf16": (True, False), "bf16-cl": (True, True)}
+    "fp32": (False, False), "fp32-cl": (False, True), "bf16": (True, False),
+    "bf16-cl": (True, True)}
 
 
 def models(size):
     gpt2, llama = SHAPES[size]["gpt2"], SHAPES[size]["llama"]
     lm = dict(functional=True, kwargs={"use_cache": False})
     return {  # GPT-2 124M is transformers' default GPT2Config; llama: 8 layers, GQA 16/4
-        "resnet50": Model(resnet50, classify, 32, ("fp32", "bf16-cl")),
+        "resnet50": Model(resnet50, classify, 32, ("fp32", "fp32-cl", "bf16-cl")),
+        # (fp32-cl: whether float32's channels-first copies are the float32 gap)
         "vit_b_16": Model(vit_b_16, classify, 32, ("bf16",)),
         "gpt2": Model(language_model("GPT2", *gpt2), next_token, 8, ("bf16",), **lm),
         "llama": Model(language_model("Llama", *llama), next_token, 8, ("bf16",), **lm)}
