@@ -44,3 +44,28 @@ def test_forced_tile_matches_numpy(monkeypatch, size, splits, trans):
     got = nbdnn.matmul(a, b, trans_a=ta, trans_b=tb, alpha=0.5, beta=2.0, out=out.copy(),
                        backend="cuda")
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_split_k_with_bias_and_activation(monkeypatch, dtype, splits):
+    """A float32 product with a bias and an activation splits its reduction too: the
+    chunks summed in order by split_k's sum, then bias, activation, alpha and beta in
+    the GEMM's order (alpha act(a b + bias) + beta c); float64's stays whole (that sum
+    is float32's). Against the CPU reference, a broadcast batch."""
+    from nbdnn.cuda.runtime.launch.kernel import launched
+    monkeypatch.setattr(MM, "MIN_CHUNK", 1)
+    monkeypatch.setattr(MM, "FORCE_TILE", ("small", splits))
+    rng = np.random.default_rng(7)
+    M, N, K = 9, 7, 19
+    a, b = rng.uniform(-1, 1, (2, M, K)), rng.uniform(-1, 1, (1, K, N))
+    bias, out = rng.uniform(-1, 1, N), rng.uniform(-1, 1, (2, M, N))
+    a, b, bias, out = (t.astype(dtype) for t in (a, b, bias, out))
+    kw = dict(bias=bias, activation="elu", alpha=0.5, beta=2.0)
+    want = nbdnn.matmul(a, b, out=out.copy(), backend="cpu", math="ieee", **kw)
+    with launched() as names:
+        got = nbdnn.matmul(a, b, out=out.copy(), backend="cuda", math="ieee", **kw)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    assert any("splitk_sum" in n for n in names) == (splits > 1 and dtype == "float32"), names

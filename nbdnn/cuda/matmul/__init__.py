@@ -43,13 +43,14 @@ from ..runtime import variants
 from ..runtime.simulator import SIMULATOR
 from ..runtime.variants import Variant
 from .. import activation as _act
-from ..runtime.memory.arrays import dtype_name, empty, ptr
+from ..runtime.memory.arrays import dtype_name, empty, ptr, size as size_of
 from ..runtime.memory.strided import padded_rows
 from .gemm_source import gemm_about, gemm_source
 from . import tf32_parts as _tf32_parts
 from ..runtime.device import describe, sm_count
 from ..runtime.device_code.intrinsics import bf16_load, bf16_store
 from .tensor_core_gemm import mma_gemm as _mma, wgmma_gemm as _tc
+from .tensor_core_gemm.split_k import splitk_sum
 from .batches import table as batch_table
 from ..runtime.launch.codegen import compile_source
 from ..runtime.launch.kernel import Kernel
@@ -217,8 +218,12 @@ def _simt(g):
     if nb > MAX_BATCH:
         raise NotSupportedError(f"matmul: {nb} matrices in a batch exceed the grid limit "
                                 f"{MAX_BATCH}; split the batch")
-    size, splits = choose_tile(M, N, K, nb, dtype, g.bias is None and g.act is None and
-                               dtype not in ("float16", "bfloat16"))
+    fused = g.bias is not None or g.act is not None
+    # split-K's chunks are summed in order by reduce_tensor, or with a bias or activation
+    # by split_k's float32 sum and epilogue (a small-batch Linear: ResNet-50's classifier,
+    # 32 x 1000 over K 2048, had run unsplit on 32 blocks of the H100's 132 SMs, 0.13 ms)
+    size, splits = choose_tile(M, N, K, nb, dtype, dtype == "float32" or
+                               (dtype == "float64" and not fused))
     kernel, sig, (BM, BN, BK, TM, TN) = _KERNELS[size, dtype]
     ash, bsh = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
     offs = batch_table(ash[:-2], bsh[:-2], g.batch, M * K, K * N)
@@ -227,14 +232,23 @@ def _simt(g):
     splits = -(-K // chunk) if K else 1
     dst = c if splits == 1 else empty(a, (splits,) + g.batch + (M, N), dtype)
     mode = -1 if g.act is None else _act.MODES.index(g.act)
+    whole = splits == 1
     kernel.launch(sig, (tiles, nb, splits), (BM // TM) * (BN // TN), g.stream, a, b, dst,
                   g.bias if g.bias is not None else c, offs, M, N, K, int(g.trans_a),
-                  int(g.trans_b), int(g.bias is not None), mode, g.coef,
-                  g.alpha if splits == 1 else 1.0, g.beta if splits == 1 else 0.0,
+                  int(g.trans_b), int(g.bias is not None and whole), mode if whole else -1,
+                  g.coef, g.alpha if whole else 1.0, g.beta if whole else 0.0,
                   max(chunk, BK))
-    if splits > 1:  # the chunks' partial products, summed in chunk order
-        reduce_tensor(dst, "add", (0,), False, False, alpha=g.alpha, beta=g.beta,
-                      out=c, stream=g.stream)
+    if whole:
+        return c
+    if fused:  # the chunks summed in chunk order, then bias, activation, alpha and beta
+        total = size_of(c)
+        ks, ks_sig = splitk_sum(dtype)
+        ks.launch(ks_sig, -(-total // 256), 256, g.stream, dst.reshape((splits * total,)),
+                  c.reshape((total,)), g.bias if g.bias is not None else c.reshape((total,)),
+                  splits, total, N, int(g.bias is not None), mode, g.coef, g.alpha, g.beta)
+        return c
+    reduce_tensor(dst, "add", (0,), False, False, alpha=g.alpha, beta=g.beta, out=c,
+                  stream=g.stream)  # (the chunks' partial products, summed in chunk order)
     return c
 
 
@@ -292,9 +306,9 @@ def choose_tile(M, N, K, nb, dtype, can_split):
     1024^2 "small" unsplit gives 64% against large's 47% even split three ways);
     else "small", its reduction split into at most MAX_SPLITS chunks of at least
     MIN_CHUNK until about SPLIT_BLOCKS_PER_SM blocks an SM, while that reaches half a
-    wave; else "tiny", split likewise. Splitting needs float32/float64 output and no
-    epilogue (the partial sums are stored in the output dtype and summed by
-    reduce_tensor in chunk order: deterministic)."""
+    wave; else "tiny", split likewise. can_split: the caller's (the SIMT GEMM's: float32,
+    or float64 without an epilogue; the partial sums are stored in the output dtype and
+    summed in chunk order: deterministic)."""
     tiles = TILES["float64" if dtype == "float64" else "float32"]
     sm = sm_count()
 
