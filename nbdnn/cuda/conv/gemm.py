@@ -302,6 +302,7 @@ def columns(table, x, g, stream, row=None):
 COLUMN_BLOCK = 32 if SIMULATOR else 256  # im2col_t's and col2im_t's threads a block at
 # most (the simulator runs a thread an OS thread)
 COLUMN_ROWS = 4  # their rows a thread at most (a block's column row split, amortised)
+MAX_GRID_YZ = 65535  # a grid's y and z extents: im2col_t's Kr rows and N*G images
 
 
 def _plane_blocks(H, W):
@@ -311,7 +312,6 @@ def _plane_blocks(H, W):
     bx = max(1, min(W, COLUMN_BLOCK))
     by = max(1, min(H, COLUMN_BLOCK // bx))
     return (max(1, -(-H // (by * COLUMN_ROWS))),), (bx, by, 1)
-MAX_GRID_YZ = 65535  # a grid's y and z extents: im2col_t's Kr rows and N*G images
 
 
 def forward_1x1_usable(g):

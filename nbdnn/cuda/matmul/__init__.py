@@ -220,8 +220,9 @@ def _simt(g):
                                 f"{MAX_BATCH}; split the batch")
     fused = g.bias is not None or g.act is not None
     # split-K's chunks are summed in order by reduce_tensor, or with a bias or activation
-    # by split_k's float32 sum and epilogue (a small-batch Linear: ResNet-50's classifier,
-    # 32 x 1000 over K 2048, had run unsplit on 32 blocks of the H100's 132 SMs, 0.13 ms)
+    # by split_k's float32 sum and epilogue: a small-batch Linear splits too (ResNet-50's
+    # float32 inference profile on an H100 had one unsplit 32x32-tile SIMT GEMM, 0.13 ms:
+    # its classifier's shape, 32 x 1000 over K 2048, fills 32 blocks of 132 SMs unsplit)
     size, splits = choose_tile(M, N, K, nb, dtype, dtype == "float32" or
                                (dtype == "float64" and not fused))
     kernel, sig, (BM, BN, BK, TM, TN) = _KERNELS[size, dtype]
