@@ -24,6 +24,7 @@ Under numba's simulator `Kernel.launch` uses the plain `kernel[grid, block]` cal
 """
 import contextlib
 import ctypes
+import os
 import struct
 import threading
 
@@ -32,11 +33,14 @@ from numba import cuda
 
 from ..simulator import SIMULATOR
 from ..memory.arrays import flat, ptr_size
-from . import kernel_cache
+from . import compile_passes, kernel_cache
 from .codegen import compile_source
 # this thread's .graph (the nbdnn.cuda.Graph recording it) and .plan (an eager call
 # plan's recorder, ops/_plan.py)
 from ....arrays import capture_state, dry_launches
+
+if os.environ.get("NBDNN_NUMBA_PASSES") != "numba":
+    compile_passes.install()  # (two of numba's passes in linear time: the same IR)
 
 REGISTRY = []  # every Kernel with the signatures it is used with (PTX test, warm-up)
 
