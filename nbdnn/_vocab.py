@@ -34,3 +34,9 @@ SPATIAL_LAYOUTS = tuple(n for n in LAYOUTS if n != "NC")  # conv, pool, lrn: ran
 # allow_tf32): IEEE FMA; operands rounded to TF32; each operand split into two TF32
 # parts and three products summed (float32 accuracy from TF32 tensor cores)
 MATH_MODES = ("ieee", "tf32", "3xtf32")
+
+# where attention's causal diagonal sits when Sq != Sk: top-left (PyTorch's is_causal:
+# key j <= query i) or bottom-right (the rows are the sequence's last: j <= i + Sk - Sq,
+# decoding after a prefix); a causal call's code in the kernels is its position + 1
+# (0: not causal)
+ATTENTION_ALIGNMENTS = ("top_left", "bottom_right")

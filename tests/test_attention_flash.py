@@ -70,17 +70,23 @@ def _reference(q, k, v, **kw):
 def test_flash_forward_matches_reference(dtype, D, layout, causal, B, Hq, Hk, Sq, Sk, lens):
     rng = np.random.default_rng(Sq + Sk)
     q, k, v = _inputs(rng, dtype, layout, B, Hq, Hk, Sq, Sk, D)
-    kw = dict(is_causal=causal, enable_gqa=Hq != Hk, layout=layout)
+    _check_forward(q, k, v, dtype, lens, is_causal=causal, enable_gqa=Hq != Hk, layout=layout)
+
+
+def _check_forward(q, k, v, dtype, lens, **kw):
+    """The forward on flash against the reference; lens: (seq_lens_q, seq_lens_k) or
+    None (with them some rows attend to nothing: o = 0, lse = -inf, exactly)."""
     if lens:
         kw.update(seq_lens_q=np.array(lens[0]), seq_lens_k=np.array(lens[1]))
     o, lse = _run(q, k, v, **kw)
     want_o, want_lse = _reference(q, k, v, **kw)
     np.testing.assert_allclose(o, want_o, atol=TOL[dtype], rtol=TOL[dtype])
     np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
-    if lens:  # (rows nothing attends: o = 0, lse = -inf, exactly)
+    if lens:
         dead = np.isneginf(want_lse)
-        bhsd = o if layout == "BHSD" else o.transpose(0, 2, 1, 3)
+        bhsd = o if kw.get("layout", "BHSD") == "BHSD" else o.transpose(0, 2, 1, 3)
         assert dead.any() and np.isneginf(lse[dead]).all() and (bhsd[dead] == 0).all()
+    return kw
 
 
 def test_flash_reruns_are_bit_identical():
@@ -165,6 +171,30 @@ def test_flash_backward_matches_reference(dtype, D, layout, causal, B, Hq, Hk, S
         any(n.startswith("attention_flash_dq") for n in names), names
     want, _ = _grads(*(np.asarray(a, np.float64) for a in (q, k, v, do)), "cpu",
                      **_in_float64(kw))
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        scale = max(np.abs(w).max(), 1e-6)
+        assert np.abs(g - w).max() <= 2 * TOL[dtype] * scale, (name, np.abs(g - w).max(), scale)
+
+
+@pytest.mark.parametrize("dtype,D,layout,Sq,Sk,lens", [
+    ("bfloat16", 64, "BHSD", 200, 450, None),
+    ("float16", 128, "BSHD", 500, 130, None),
+    ("bfloat16", 128, "BHSD", 300, 700, ([300, 129], [650, 100])),
+])
+def test_flash_bottom_right_matches_reference(dtype, D, layout, Sq, Sk, lens):
+    """alignment="bottom_right" (the diagonal at key i + Lk - Lq) forward and backward:
+    a shorter query side (its first tile starts past the keys' first tiles), a longer one
+    (its first Sq - Sk rows see no key: o = 0, lse = -inf), lengths whose offsets differ
+    by entry (129 rows over 100 keys, and 300 over 650), grouped-query heads."""
+    rng = np.random.default_rng(Sq + 3 * Sk)
+    q, k, v = _inputs(rng, dtype, layout, 2, 4, 2, Sq, Sk, D)
+    do = rng.normal(0, 1, q.shape).astype(DTYPES[dtype])
+    kw = _check_forward(q, k, v, dtype, lens, is_causal=True, alignment="bottom_right",
+                        enable_gqa=True, layout=layout)
+    got, names = _grads(q, k, v, do, "cuda", **kw)
+    assert any(n.startswith("attention_flash_dkv") for n in names) and \
+        any(n.startswith("attention_flash_dq") for n in names), names
+    want, _ = _grads(*(np.asarray(a, np.float64) for a in (q, k, v, do)), "cpu", **kw)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         scale = max(np.abs(w).max(), 1e-6)
         assert np.abs(g - w).max() <= 2 * TOL[dtype] * scale, (name, np.abs(g - w).max(), scale)

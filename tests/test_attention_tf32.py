@@ -11,7 +11,8 @@ from nbdnn.cuda.runtime.simulator import SIMULATOR
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="mma.sync: inline PTX")
 
-# (D, math, layout, causal, (B, Hq, Hk, Sq, Sk), (seq_lens_q, seq_lens_k) or None, extra)
+# (D, math, layout, causal (True: top-left, or the alignment), (B, Hq, Hk, Sq, Sk),
+# (seq_lens_q, seq_lens_k) or None, extra)
 CASES = [
     (64, "3xtf32", "BHSD", False, (2, 4, 2, 100, 77), None, {}),
     (128, "3xtf32", "BSHD", True, (1, 2, 1, 130, 130), None, {}),
@@ -21,13 +22,16 @@ CASES = [
     (64, "3xtf32", "BHSD", False, (2, 2, 1, 70, 100), None,
      {"attn_mask": "bool", "dropout_p": 0.25, "seed": 7, "offset": 3}),
     (32, "3xtf32", "BSHD", True, (1, 2, 2, 80, 64), None, {"attn_mask": "float"}),
+    (64, "tf32", "BHSD", "bottom_right", (2, 2, 1, 100, 77), ([100, 40], [77, 60]), {}),
+    (40, "3xtf32", "BSHD", "bottom_right", (1, 2, 2, 65, 150), None, {}),
 ]
 
 
 @pytest.mark.parametrize("D,math,layout,causal,dims,lens,extra", CASES)
 def test_flash_tf32_matches_reference(D, math, layout, causal, dims, lens, extra,
                                       monkeypatch):
-    """Query and key tails, causal, grouped-query heads, lengths (a batch entry with no
+    """Query and key tails, causal (top-left, and bottom-right: the diagonal at each
+    entry's Lk - Lq, the first rows of a longer query side seeing no key), grouped-query heads, lengths (a batch entry with no
     key: o = 0, lse = -inf; rows past a query length: the same), both layouts; keys
     past a length hold NaN, which takes no part; masks of both kinds (broadcast over
     batch or heads), dropout."""
@@ -40,7 +44,8 @@ def test_flash_tf32_matches_reference(D, math, layout, causal, dims, lens, extra
         return rng.uniform(-1, 1, (B, H, S, D) if layout == "BHSD" else (B, S, H, D)) \
             .astype(np.float32)
     q, k, v = t(Hq, Sq), t(Hk, Sk), t(Hk, Sk)
-    kw = dict(extra, is_causal=causal, enable_gqa=Hq != Hk, layout=layout, math=math)
+    kw = dict(extra, is_causal=bool(causal), enable_gqa=Hq != Hk, layout=layout, math=math,
+              alignment=causal if isinstance(causal, str) else "top_left")
     if extra.get("attn_mask") == "bool":  # (a row of head 0 fully masked: o 0, lse -inf)
         m = rng.random((1, Hq, Sq, Sk)) > 0.3
         m[0, 0, 5] = False

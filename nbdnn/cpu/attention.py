@@ -12,8 +12,11 @@ Shapes (layout "BHSD"; "BSHD" swaps the head and sequence axes of q, k, v, o, do
     s[b, h, i, j] = scale q[b, h, i] . k[b, h', j] + bias[b, h, i, j]
         scale: 1 / sqrt(D) unless given
         bias: a float mask added, a boolean mask's False -> -inf (either broadcast
-        to (B, Hq, Sq, Sk)); -inf where j > i (is_causal: PyTorch's top-left
-        alignment, torch.ones(Sq, Sk).tril()); -inf where j >= seq_lens_k[b] and
+        to (B, Hq, Sq, Sk)); -inf where j > i + d_b (is_causal; the diagonal's
+        offset d_b is 0 aligned top-left, PyTorch's torch.ones(Sq, Sk).tril(), and
+        Lk_b - Lq_b aligned bottom-right, the rows being the sequence's last: Lq_b
+        and Lk_b the batch entry's query and key lengths, seq_lens_q[b] and
+        seq_lens_k[b] where given, else Sq and Sk); -inf where j >= seq_lens_k[b] and
         on every row i >= seq_lens_q[b] (variable lengths in a padded batch)
     lse[b, h, i] = log sum_j exp s[b, h, i, j]
     p = exp(s - lse)                             each row's softmax
@@ -41,6 +44,7 @@ recomputation: p from lse, no stored probabilities):
 import numpy as np
 
 from . import dropout as _dropout
+from .._vocab import ATTENTION_ALIGNMENTS
 from ._common import compute_dtype
 from .matmul import product, tf32
 
@@ -62,16 +66,26 @@ def _group_sum(g, Hk):
     return g.reshape(B, Hk, Hq // Hk, S, D).sum(axis=2) if Hq != Hk else g
 
 
+BOTTOM_RIGHT = ATTENTION_ALIGNMENTS.index("bottom_right") + 1  # (its causal code)
+
+
 def pairs(shape, attn_mask, is_causal, seq_lens_q, seq_lens_k):
     """(B, Hq, Sq, Sk) bool: the (query, key) pairs that no boolean mask, causal rule or
-    length removes. A removed pair's score is never formed and its products are
-    skipped, as the kernels skip it: a NaN or Inf in a k, v, q or do row met only
-    through removed pairs does not reach the outputs."""
+    length removes (is_causal: 0 or False none, 1 or True top-left, 2 bottom-right).
+    A removed pair's score is never formed and its products are skipped, as the
+    kernels skip it: a NaN or Inf in a k, v, q or do row met only through removed pairs
+    does not reach the outputs."""
     B, Hq, Sq, Sk = shape
     out = np.ones((1, 1, Sq, Sk), bool)
     if attn_mask is not None and np.asarray(attn_mask).dtype == np.bool_:
         out = out & np.asarray(attn_mask)
-    if is_causal:
+    if is_causal == BOTTOM_RIGHT:  # j <= i + Lk_b - Lq_b, a batch entry each
+        lq = np.full(B, Sq) if seq_lens_q is None else np.asarray(seq_lens_q).reshape(B)
+        lk = np.full(B, Sk) if seq_lens_k is None else np.asarray(seq_lens_k).reshape(B)
+        d = (lk.astype(np.int64) - lq.astype(np.int64)).reshape(B, 1, 1, 1)
+        out = out & (np.arange(Sk)[None, None, None, :] <=
+                     np.arange(Sq)[None, None, :, None] + d)
+    elif is_causal:
         out = out & np.tril(np.ones((Sq, Sk), bool))
     if seq_lens_k is not None:
         keys = np.arange(Sk)[None, :] < np.asarray(seq_lens_k).reshape(B, 1)

@@ -21,7 +21,7 @@ Keep padding rows finite (the GEMM path leaves calls with seq_lens to the exact
 kernels); the CPU reference skips removed pairs."""
 import numpy as np
 
-from .._vocab import BF16_DTYPES
+from .._vocab import ATTENTION_ALIGNMENTS as ALIGNMENTS, BF16_DTYPES
 from ..errors import BadParamError, DtypeError, NotSupportedError, ShapeError, fail
 from .registry import op
 from ._common import Call, choice, flag, out_tuple, required, same_dtype, scalar
@@ -119,9 +119,18 @@ def _lengths(op, c, name, lens, B, S):
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, scale, seed, offset,
+def _causal(op, is_causal, alignment):
+    """The backends' causal code: 0 not causal, else alignment's position + 1 (1
+    top-left, 2 bottom-right)."""
+    causal = flag(op, "is_causal", is_causal)
+    choice(op, "alignment", alignment, ALIGNMENTS)
+    return ALIGNMENTS.index(alignment) + 1 if causal else 0
+
+
+def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, alignment, scale, seed, offset,
               seq_lens_q, seq_lens_k):
-    """The checked keywords shared by forward and backward."""
+    """The checked keywords shared by forward and backward (is_causal as _causal's
+    code)."""
     B, Hq, Hk, Sq, Sk, D, Dv, dtype = dims
     _mask(op, c, attn_mask, dtype, B, Hq, Sq, Sk)
     p = scalar(op, "dropout_p", dropout_p, low=0.0, high=1.0)
@@ -130,7 +139,7 @@ def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, scale, seed, offset,
     scale = _scale(op, scale, dtype)
     _lengths(op, c, "seq_lens_q", seq_lens_q, B, Sq)
     _lengths(op, c, "seq_lens_k", seq_lens_k, B, Sk)
-    return p, flag(op, "is_causal", is_causal), scale, uint64_arg(op, "seed", seed), \
+    return p, _causal(op, is_causal, alignment), scale, uint64_arg(op, "seed", seed), \
         uint64_arg(op, "offset", offset)
 
 
@@ -138,7 +147,7 @@ def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, scale, seed, offset,
 def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False, seed=0, offset=0,
                                  layout="BHSD", seq_lens_q=None, seq_lens_k=None, math=None,
-                                 out=None, backend=None, stream=None):
+                                 alignment="top_left", out=None, backend=None, stream=None):
     """(o, lse): o = softmax(scale q k^T + mask) v per head, lse the float32 (float64
     for float64) log-sum-exp of each query row's scaled, masked scores.
 
@@ -146,7 +155,10 @@ def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_c
     the sequence before the heads); o (B, Hq, Sq, Dv) in q's layout, lse (B, Hq, Sq).
     scale: 1 / sqrt(D) unless given. attn_mask: bool (True attends) or additive of q's
     dtype, broadcastable to (B, Hq, Sq, Sk) whatever the layout. is_causal: key j > query
-    i masked (PyTorch's top-left alignment). enable_gqa: Hk may divide Hq (each k/v head
+    i + d masked, the diagonal's offset d by alignment: "top_left" (PyTorch's is_causal)
+    0, "bottom_right" Lk - Lq (the rows are the sequence's last, as after a cached
+    prefix; Lq, Lk: the entry's seq_lens_q / seq_lens_k where given, else Sq, Sk; rows
+    with no key left give o = 0, lse = -inf). enable_gqa: Hk may divide Hq (each k/v head
     serves Hq / Hk query heads). dropout_p in [0, 1): the probabilities dropped by
     nbdnn.dropout's mask over the (B, Hq, Sq, Sk) scores in C order for (seed, offset),
     the kept ones scaled by 1 / (1 - p). seq_lens_q / seq_lens_k: (B,) int lengths of a
@@ -159,7 +171,8 @@ def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_c
     dims = _dims(op, c, q, k, v, layout, enable_gqa)
     B, Hq, Hk, Sq, Sk, D, Dv, dtype = dims
     p, causal, scale, seed, offset = _keywords(op, c, dims, attn_mask, dropout_p, is_causal,
-                                               scale, seed, offset, seq_lens_q, seq_lens_k)
+                                               alignment, scale, seed, offset, seq_lens_q,
+                                               seq_lens_k)
     math = _math(op, math)
     o_shape = (B, Hq, Sq, Dv) if layout == "BHSD" else (B, Sq, Hq, Dv)
     out = c.out(out, o_shape, dtype)
@@ -172,7 +185,8 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, *, attn_mask=None
                                           dropout_p=0.0, is_causal=False, scale=None,
                                           enable_gqa=False, seed=0, offset=0, layout="BHSD",
                                           seq_lens_q=None, seq_lens_k=None, math=None,
-                                          out=None, backend=None, stream=None):
+                                          alignment="top_left", out=None, backend=None,
+                                          stream=None):
     """(dq, dk, dv) of scaled_dot_product_attention given do = dL/do and the forward's
     o and lse (the probabilities are recomputed from lse, FlashAttention-2's way), with
     the forward's keywords. out: a tuple of the three gradients' buffers."""
@@ -193,7 +207,8 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, *, attn_mask=None
     if tuple(lshape) != (B, Hq, Sq):
         fail(ShapeError, op, "lse.shape", f"(B, Hq, Sq) = {(B, Hq, Sq)}", tuple(lshape))
     p, causal, scale, seed, offset = _keywords(op, c, dims, attn_mask, dropout_p, is_causal,
-                                               scale, seed, offset, seq_lens_q, seq_lens_k)
+                                               alignment, scale, seed, offset, seq_lens_q,
+                                               seq_lens_k)
     math = _math(op, math)
     if out is not None:
         outs = tuple(c.out(t, tuple(int(s) for s in ref.shape), dtype, f"out[{i}]")

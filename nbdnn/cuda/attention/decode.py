@@ -43,7 +43,7 @@ def usable(Sq, Sk, G):
 
 
 def _kernels(CT, NEG_INF, PAGED):
-    mul, keep, live_keys, bias, dot = attention_device_functions(CT)
+    mul, keep, live_keys, _, bias, dot = attention_device_functions(CT)
 
     @cuda.jit(device=True)
     def row_at(b, j, sb, sj, table, P, W, npages):
@@ -100,7 +100,7 @@ def _kernels(CT, NEG_INF, PAGED):
             x = NEG_INF
             live = False
             if kr >= 0 and (has_lq == 0 or i < lens_q[b]) and \
-                    j < live_keys(lens_k, has_lk, b, i, Sq, Sk, causal):
+                    j < live_keys(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal):
                 ok, add = bias(ma, mb, mkind, b * m0 + h * m1 + i * m2 + j * m3)
                 if ok:
                     live = True

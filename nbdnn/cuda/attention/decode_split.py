@@ -119,7 +119,7 @@ def source(R, D, paged=False):
     for r in rows:
         L += [f"    h, i = hk * G + {r} // Sq, {r} % Sq", f"    lim{r} = 0",
               f"    if {r} < rows and (has_lq == 0 or i < lens_q[b]):",
-              f"        lim{r} = live_keys(lens_k, has_lk, b, i, Sq, Sk, causal)",
+              f"        lim{r} = live_keys(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal)",
               f"    mx{r} = NEG", f"    l{r} = F32(0)"] + \
             [f"    o{r}_{e} = F32(0)" for e in range(8)]
     L += ["    cuda.syncthreads()",
@@ -210,7 +210,7 @@ def kernel(dtype, D, R, paged=False):
         # kernel's, then the chunks and their length)
         name, src = source(R, D, paged)
         reductions = device_functions(np.float32)
-        _, keep, live_keys, bias, _ = attention_device_functions(float32)
+        _, keep, live_keys, _, bias, _ = attention_device_functions(float32)
         fn = compile_source(name, src, dict(
             cuda=cuda, math=math, F32=float32, I64=int64, U64=np.uint64, NEG=float32(-np.inf), SHM=SHM,
             DROP_NONE=np.uint64(1 << 32), load8=load8, widen=widen, live_keys=live_keys,

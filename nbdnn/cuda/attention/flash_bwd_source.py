@@ -252,7 +252,9 @@ def dkv_source(kind, D, stages, feat=(False, False)):
            "    b = bh // Hk", "    hk = bh % Hk",
            "    lqb = lq[b] if has_lq != 0 else Sq",
            "    lkb = lk[b] if has_lk != 0 else Sk",
-           f"    mt0 = n0 // {st} if causal != 0 else 0  # (earlier queries see none of these keys)",
+           "    dg = (min(max(lkb, 0), Sk) - min(max(lqb, 0), Sq)) if causal == 2 else 0",
+           f"    mt0 = max(n0 - dg, 0) // {st} if causal != 0 else 0  # (earlier queries see "
+           "none of these keys)",
            f"    nq = max((lqb + {st - 1}) // {st} - mt0, 0)",
            "    nsteps = G * nq if n0 < lkb else 0",
            "    zk = bh if bhsd != 0 else b",
@@ -292,7 +294,7 @@ def dkv_source(kind, D, stages, feat=(False, False)):
                                               " " * 12) + [
         "            wgmma_commit()", "            wgmma_wait(0)",
         f"            need = i0 + {st} > lqb or n0 + w * 64 + 64 > lkb or "
-        "(causal != 0 and n0 + w * 64 + 63 > i0)"]
+        "(causal != 0 and n0 + w * 64 + 63 > i0 + dg)"]
 
     def at(k):  # pair k's mask element: query cl + co, key r_rr
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
@@ -300,7 +302,7 @@ def dkv_source(kind, D, stages, feat=(False, False)):
 
     def masked(k):
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
-        safe = f"(cl + {co} >= lqb) | (r{rr} >= lkb) | ((causal != 0) & (r{rr} > cl + {co}))"
+        safe = f"(cl + {co} >= lqb) | (r{rr} >= lkb) | ((causal != 0) & (r{rr} > cl + {co} + dg))"
         return safe + (f" or mb[{at(k)}] == 0" if feat[0] == 1 else "")  # (bitwise: no
         # branches in numba's IR; the mask's read stays behind the pair's bounds)
 
@@ -336,7 +338,9 @@ def dq_source(kind, D, stages, feat=(False, False)):
            "    lqb = lq[b] if has_lq != 0 else Sq",
            "    lkb = lk[b] if has_lk != 0 else Sk",
            "    kend = lkb",
-           f"    if causal != 0 and m0 + {BLOCK} < kend:", f"        kend = m0 + {BLOCK}",
+           "    dg = (min(max(lkb, 0), Sk) - min(max(lqb, 0), Sq)) if causal == 2 else 0",
+           f"    if causal != 0 and m0 + {BLOCK} + dg < kend:",
+           f"        kend = max(m0 + {BLOCK} + dg, 0)",
            "    if m0 >= lqb:", "        kend = 0",
            f"    nsteps = (kend + {st - 1}) // {st}",
            "    zq = bh if bhsd != 0 else b", f"    xq = 0 if bhsd != 0 else h * {D}",
@@ -355,7 +359,7 @@ def dq_source(kind, D, stages, feat=(False, False)):
               f"        L{rr} = ls * LOG2E if ls > NEG else INF  # (no live pair: P = 0)",
               f"        dl{rr} = dl[bh * Sq + r{rr}] if r{rr} < Sq else F32(0)"]
     L += ["        lim0 = lkb", "        lim1 = lkb", "        if causal != 0:",
-          "            lim0 = min(lkb, r0 + 1)", "            lim1 = min(lkb, r1 + 1)",
+          "            lim0 = min(lkb, r0 + 1 + dg)", "            lim1 = min(lkb, r1 + 1 + dg)",
           "        dq = zero_acc()", "        sv = zero_s()", "        dp = zero_s()"]
     if feat[0]:  # (rows past Sq read row Sq - 1: in bounds, never stored)
         L += [f"        mq{rr} = b * ms0 + h * ms1 + min(r{rr}, Sq - 1) * ms2" for rr in (0, 1)]
@@ -368,7 +372,7 @@ def dq_source(kind, D, stages, feat=(False, False)):
                                                   ("dp", "res2", BLOCK, f"sa + {st * D * 2}", st)),
                                               " " * 12) + [
         "            wgmma_commit()", "            wgmma_wait(0)",
-        f"            need = n0 + {st} > lkb or (causal != 0 and n0 + {st - 1} > wrow)",
+        f"            need = n0 + {st} > lkb or (causal != 0 and n0 + {st - 1} > wrow + dg)",
         "            cl = n0 + cb"]
 
     def at(k):  # pair k's mask element: query r_rr (its row offset mq), key cl + co

@@ -102,13 +102,15 @@ def _persistent(L, ind, D, BN):
 def _tile_lines(D, BN, ind):
     """Tile `tile` -> its geometry: one block a (batch, head, query tile), a head's tiles
     consecutive (its K and V stay in L2 while they run); causal: a head's longest rows
-    first; the maps' coordinates (BHSD: (B*H, S, D) maps, BSHD: (B, S, H*D) maps)."""
+    first, the diagonal at key i + dg for query i (dg: 0 top-left, Lk - Lq
+    bottom-right); the maps' coordinates (BHSD: (B*H, S, D) maps, BSHD: (B, S, H*D) maps)."""
     return [ind + x for x in [
         f"tiles = (Sq + {BM - 1}) // {BM}", "bh = tile // tiles", "mt = tile % tiles",
         "if causal != 0:", "    mt = tiles - 1 - mt", "b = bh // Hq", "h = bh % Hq",
         "hk = h // G", f"m0 = mt * {BM}", "lqb = lq[b] if has_lq != 0 else Sq",
         "lkb = lk[b] if has_lk != 0 else Sk", "kend = lkb",
-        f"if causal != 0 and m0 + {BM} < kend:", f"    kend = m0 + {BM}",
+        "dg = (min(max(lkb, 0), Sk) - min(max(lqb, 0), Sq)) if causal == 2 else 0  # (bottom-right: the diagonal's offset)",
+        f"if causal != 0 and m0 + {BM} + dg < kend:", f"    kend = max(m0 + {BM} + dg, 0)",
         "if m0 >= lqb:", "    kend = 0", f"ntiles = (kend + {BN - 1}) // {BN}",
         "zq = bh if bhsd != 0 else b", f"xq = 0 if bhsd != 0 else h * {D}",
         "zk = b * (Hq // G) + hk if bhsd != 0 else b", f"xk = 0 if bhsd != 0 else hk * {D}"]]
@@ -145,7 +147,7 @@ def _softmax_lines(BN, D, ind, pack=True, feat=(False, False)):
         L = [f"{ind}cl = n0 + cb"] + [f"{ind}x{k} = " + score.format(k=k, c=col[k], r=row[k])
                                       for k in range(n)]
     else:
-        L = [f"{ind}need = n0 + {BN} > lkb or (causal != 0 and n0 + {BN - 1} > wrow)",
+        L = [f"{ind}need = n0 + {BN} > lkb or (causal != 0 and n0 + {BN - 1} > wrow + dg)",
              f"{ind}if need:", f"{ind}    cl = n0 + cb"]
         L += [f"{ind}    x{k} = sel(cl + {col[k]} < lim{row[k]}, sc[{k}], NEG)"
               for k in range(n)]
@@ -207,7 +209,7 @@ def _consumer_tile(D, BN, stages, overlap, pingpong=False, feat=(False, False)):
          "        m_0 = NEG", "        m_1 = NEG", "        l_0 = F32(0)", "        l_1 = F32(0)",
          "        lim0 = lkb", "        lim1 = lkb",
          "        if causal != 0:",
-         "            lim0 = min(lkb, r0 + 1)", "            lim1 = min(lkb, r1 + 1)",
+         "            lim0 = min(lkb, r0 + 1 + dg)", "            lim1 = min(lkb, r1 + 1 + dg)",
          "        o = zero_o()",
          "        sc = zero_s()"]
     if masked:  # (rows past Sq read row Sq - 1: in bounds, never stored)

@@ -30,7 +30,7 @@ this tile's products was tried and dropped: ptxas gave it 255 registers and spil
 432 B at D 64 (3.9 KB at D 128), LLVM hoisting the loop-invariant part of each
 prefetched element's address out of the key loop.
 
-Features: causal (PyTorch's top-left), grouped-query heads, seq_lens_q / seq_lens_k
+Features: causal (top-left, PyTorch's, or bottom-right), grouped-query heads, seq_lens_q / seq_lens_k
 (keys past a length are zero-filled, never read), both layouts (strides), masks (simt.py's
 bias, the additive term scaled into exp2's units) and dropout (simt.py's keep: nbdnn's
 Philox stream; l sums p, P V takes p keep / (1 - p)), each compiled in only for a call
@@ -65,7 +65,7 @@ from ..tensorcore.mma import mma_tf32
 from .flash import ex2
 from .simt import attention_device_functions
 
-_, _keep, _, _bias, _ = attention_device_functions(types.float32)
+_, _keep, _, _, _bias, _ = attention_device_functions(types.float32)
 
 Q_RAW = True  # (3xtf32) Q kept in shared memory as float32 and split into head and tail at
 # each fragment load, K and V still split once a tile: a third less shared memory (D 128:
@@ -181,13 +181,14 @@ def source(D, P, masked=False, dropped=False):
     L += ["    ra = q0 + 16 * w + g", "    rb = ra + 8",
           f"    qbase = (16 * w + g) * {PD} + c  # (each fragment load: a base + a constant)",
           f"    kbase = g * {PD} + c", f"    vbase = 2 * c * {PD} + g",
-          "    lim_a = (min(nk, ra + 1) if causal != 0 else nk) if ra < nq else 0",
-          "    lim_b = (min(nk, rb + 1) if causal != 0 else nk) if rb < nq else 0",
+          "    dg = nk - nq if causal == 2 else 0  # (bottom-right: the diagonal's offset)",
+          "    lim_a = (max(min(nk, ra + 1 + dg), 0) if causal != 0 else nk) if ra < nq else 0",
+          "    lim_b = (max(min(nk, rb + 1 + dg), 0) if causal != 0 else nk) if rb < nq else 0",
           "    mo_a = b * m0 + h * m1 + ra * m2  # (the mask's rows: its broadcast strides)",
           "    mo_b = mo_a + 8 * m2",
           "    e_a = U64((b * Hq + h) * Sq + ra) * U64(Sk)  # (the dropout's element of key 0)",
           "    e_b = U64((b * Hq + h) * Sq + rb) * U64(Sk)",
-          f"    kend = min(nk, q0 + {BQ}) if causal != 0 else nk",
+          f"    kend = max(min(nk, q0 + {BQ} + dg), 0) if causal != 0 else nk",
           "    if q0 >= nq:", "        kend = 0",
           "    m_a = NEG", "    m_b = NEG", "    l_a = F32(0)", "    l_b = F32(0)"]
     L += [f"    o{dn}_{e} = F32(0)" for dn in range(DT) for e in range(4)]

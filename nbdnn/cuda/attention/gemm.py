@@ -68,7 +68,7 @@ T = 32 if SIMULATOR else 128    # a row kernel's block: one score row
 NEG = float32(-np.inf)
 DROP_NONE = np.uint64(1 << 32)
 
-_, _keep, _, _bias, _ = attention_device_functions(float32)
+_, _keep, _, _, _bias, _ = attention_device_functions(float32)
 _red = device_functions(np.float32)
 _update, _pair = _red["update"], _red["grp_pair"]
 
@@ -82,6 +82,17 @@ def _row(bh0, r0, nr, Hk, G, Sq):
     return bh // Hk, (bh % Hk) * G + r // Sq, r % Sq
 
 
+@cuda.jit(device=True)
+def _live_keys(i, Sq, Sk, causal):
+    """Keys 0 .. n - 1 of row i (no seq_lens here): causal 1 top-left (j <= i), 2
+    bottom-right (j <= i + Sk - Sq; none for the first Sq - Sk rows of Sq > Sk)."""
+    if causal == 1:
+        return min(Sk, i + 1)
+    if causal == 2:
+        return max(min(Sk, i + 1 + Sk - Sq), 0)
+    return Sk
+
+
 def attention_rows_fwd(s, lse, ma, mb, like, bh0, r0, nr, Hk, G, Sq, Sk, mkind, m0, m1, m2,
                        m3, causal, scale, thr, kscale, off_lo, off_hi, key_lo, key_hi):
     """A block a score row: s (chunk rows, Sk) in, P' out (rounded to like's dtype, the
@@ -91,7 +102,7 @@ def attention_rows_fwd(s, lse, ma, mb, like, bh0, r0, nr, Hk, G, Sq, Sk, mkind, 
     t = cuda.threadIdx.x
     b, h, i = _row(bh0, r0, nr, Hk, G, Sq)
     at = cuda.blockIdx.x * Sk  # (int64: a chunk holds up to 2**26 scores)
-    n = min(Sk, i + 1) if causal != 0 else Sk
+    n = _live_keys(i, Sq, Sk, causal)
     mo = b * m0 + h * m1 + i * m2
     m, l = NEG, float32(0)
     for j in range(t, n, T):
@@ -128,7 +139,7 @@ def attention_rows_bwd(s, dp, lse, dl, ma, mb, like, bh0, r0, nr, Hk, G, Sq, Sk,
     t = cuda.threadIdx.x
     b, h, i = _row(bh0, r0, nr, Hk, G, Sq)
     at = cuda.blockIdx.x * Sk
-    n = min(Sk, i + 1) if causal != 0 else Sk
+    n = _live_keys(i, Sq, Sk, causal)
     mo = b * m0 + h * m1 + i * m2
     gr = (b * Hk * G + h) * Sq + i
     ls, delta = lse[gr], dl[gr]

@@ -46,7 +46,7 @@ def geometry_types(ct):
 
 def attention_device_functions(CT):
     """mul (a product under math mode 0 ieee, 1 tf32, 2 3xtf32), keep (the dropout
-    factor of score e), live_keys, bias for compute type CT."""
+    factor of score e), live_keys, first_row, bias, dot for compute type CT."""
     if CT is float64:
         @cuda.jit(device=True)
         def mul(x, y, mode):
@@ -72,19 +72,31 @@ def attention_device_functions(CT):
         return kscale if w < thr else CT(0)
 
     @cuda.jit(device=True)
-    def live_keys(lens_k, has_lk, b, i, Sq, Sk, causal):
+    def live_keys(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal):
         """Keys 0 .. n - 1 may attend to row i (of Sq): causal 1 aligns the rows top-left
-        (PyTorch's is_causal: key j <= i), 2 bottom-right (paged_attention's: the rows
-        are the sequence's last Sq, key j <= n - Sq + i for its n keys; forward-shaped
-        kernels only)."""
+        (PyTorch's is_causal: key j <= i), 2 bottom-right (the rows are the sequence's
+        last Lq of its n keys: key j <= n - Lq + i, Lq its query length)."""
         n = Sk
         if has_lk != 0:
             n = min(max(lens_k[b], 0), Sk)
         if causal == 1:
             n = min(n, i + 1)
         elif causal == 2:
-            n = max(min(n, n - Sq + i + 1), 0)
+            lq = min(max(lens_q[b], 0), Sq) if has_lq != 0 else Sq
+            n = max(min(n, n - lq + i + 1), 0)
         return n
+
+    @cuda.jit(device=True)
+    def first_row(lens_q, lens_k, has_lq, has_lk, b, j, Sq, Sk, causal):
+        """The first query row key j attends to (live_keys' rule seen from the key):
+        causal 1: j; 2: j - (n - Lq); else 0."""
+        if causal == 1:
+            return j
+        if causal == 2:
+            n = min(max(lens_k[b], 0), Sk) if has_lk != 0 else Sk
+            lq = min(max(lens_q[b], 0), Sq) if has_lq != 0 else Sq
+            return max(j - n + lq, 0)
+        return 0
 
     @cuda.jit(device=True)
     def bias(ma, mb, mkind, at):
@@ -102,11 +114,11 @@ def attention_device_functions(CT):
             s += mul(widen(x[xo + d]), widen(y[yo + d]), mode)
         return s
 
-    return mul, keep, live_keys, bias, dot
+    return mul, keep, live_keys, first_row, bias, dot
 
 
 def _kernels(CT, NEG_INF):
-    mul, keep, live_keys, bias, dot = attention_device_functions(CT)
+    mul, keep, live_keys, first_row, bias, dot = attention_device_functions(CT)
 
     @cuda.jit(device=True)
     def row_live(lens_q, has_lq, b, i):
@@ -125,7 +137,7 @@ def _kernels(CT, NEG_INF):
         qo = b * qb + h * qh + i * qi
         oo = b * ob + h * oh + i * oi
         mo = b * m0 + h * m1 + i * m2
-        n = live_keys(lens_k, has_lk, b, i, Sq, Sk, causal) if row_live(lens_q, has_lq, b, i) \
+        n = live_keys(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal) if row_live(lens_q, has_lq, b, i) \
             else 0
         top = NEG_INF
         for j in range(n):
@@ -188,7 +200,7 @@ def _kernels(CT, NEG_INF):
         for d in range(D):
             acc[d] = CT(0)
         ls = lse[r]
-        n = live_keys(lens_k, has_lk, b, i, Sq, Sk, causal) if row_live(lens_q, has_lq, b, i) and \
+        n = live_keys(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal) if row_live(lens_q, has_lq, b, i) and \
             ls > NEG_INF else 0  # (a NaN lse: no live row, as the reference)
         e0 = np.uint64(r) * np.uint64(Sk)
         for j in range(n):
@@ -225,7 +237,8 @@ def _kernels(CT, NEG_INF):
         if has_lq != 0:
             rows = min(rows, max(lens_q[b], 0))
         for h in range(hk * G, hk * G + G):
-            for i in range(j if causal != 0 else 0, rows):
+            for i in range(first_row(lens_q, lens_k, has_lq, has_lk, b, j, Sq, Sk, causal),
+                           rows):
                 row = (b * Hq + h) * Sq + i
                 ls = lse[row]
                 ok, add = bias(ma, mb, mkind, b * m0 + h * m1 + i * m2 + j * m3)

@@ -1,0 +1,146 @@
+"""Causal attention aligned bottom-right (alignment="bottom_right": the query rows are
+the sequence's last, as when decoding or prefilling after a cached prefix): the CPU
+reference against constructions that do not use it (the tail rows of a top-left causal
+call over the whole sequence; each batch entry alone at its own lengths), and every CUDA
+path against the reference, forward and backward: the exact kernels, the GEMM path and
+flash-decoding in the simulator; the tensor-core kernels (tests/test_attention_flash.py,
+tests/test_attention_tf32.py) on a GPU."""
+import numpy as np
+import pytest
+
+import nbdnn
+from nbdnn.cuda.runtime.launch.kernel import launched
+
+BR = dict(is_causal=True, alignment="bottom_right")
+
+
+def _t(rng, *shape):
+    return rng.uniform(-1, 1, shape)
+
+
+def _sdpa(q, k, v, backend="cpu", **kw):
+    return nbdnn.scaled_dot_product_attention(q, k, v, backend=backend, **kw)
+
+
+def _grads(q, k, v, do, backend="cpu", **kw):
+    o, lse = _sdpa(q, k, v, backend, **kw)
+    return nbdnn.scaled_dot_product_attention_backward(do, q, k, v, o, lse, backend=backend,
+                                                       **kw)
+
+
+@pytest.mark.parametrize("Sq,Sk", [(1, 9), (4, 9), (9, 9)])
+def test_reference_is_the_tail_of_a_causal_call_over_the_whole_sequence(Sq, Sk):
+    """Row i of Sq bottom-right = row Sk - Sq + i of a top-left causal call whose Sk
+    query rows end in q: forward, lse, and the gradients (do zero on the other rows)."""
+    rng = np.random.default_rng(Sq)
+    B, H, D = 2, 3, 5
+    q, k, v, do = _t(rng, B, H, Sq, D), _t(rng, B, H, Sk, D), _t(rng, B, H, Sk, D), \
+        _t(rng, B, H, Sq, D)
+    full = np.concatenate([_t(rng, B, H, Sk - Sq, D), q], axis=2)
+    o, lse = _sdpa(q, k, v, **BR)
+    fo, flse = _sdpa(full, k, v, is_causal=True)
+    np.testing.assert_allclose(o, fo[:, :, Sk - Sq:], rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(lse, flse[:, :, Sk - Sq:], rtol=1e-13, atol=1e-13)
+    fdo = np.concatenate([np.zeros((B, H, Sk - Sq, D)), do], axis=2)
+    dq, dk, dv = _grads(q, k, v, do, **BR)
+    fdq, fdk, fdv = _grads(full, k, v, fdo, is_causal=True)
+    for g, w in ((dq, fdq[:, :, Sk - Sq:]), (dk, fdk), (dv, fdv)):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13)
+
+
+def test_reference_with_lengths_aligns_each_entry_at_its_own():
+    """seq_lens_q / seq_lens_k: entry b's rows end at its own Lk_b (the diagonal at
+    Lk_b - Lq_b), as the entry alone, cut to its lengths; rows past Lq_b and rows with
+    no key left (Lq_b > Lk_b) give o = 0, lse = -inf."""
+    rng = np.random.default_rng(7)
+    B, H, Sq, Sk, D = 3, 2, 5, 8, 4
+    q, k, v = _t(rng, B, H, Sq, D), _t(rng, B, H, Sk, D), _t(rng, B, H, Sk, D)
+    lq, lk = np.array([5, 2, 4]), np.array([8, 6, 2])
+    o, lse = _sdpa(q, k, v, seq_lens_q=lq, seq_lens_k=lk, **BR)
+    for b in range(B):
+        ob, lb = _sdpa(q[b:b + 1, :, :lq[b]], k[b:b + 1, :, :lk[b]], v[b:b + 1, :, :lk[b]],
+                       **BR)
+        np.testing.assert_allclose(o[b, :, :lq[b]], ob[0], rtol=1e-13, atol=1e-13)
+        np.testing.assert_allclose(lse[b, :, :lq[b]], lb[0], rtol=1e-13, atol=1e-13)
+        assert (o[b, :, lq[b]:] == 0).all() and (lse[b, :, lq[b]:] == -np.inf).all()
+    assert (lse[2, :, :2] == -np.inf).all() and np.isfinite(lse[2, :, 2:4]).all()  # (4 > 2)
+
+
+def test_alignment_matters_only_off_the_square_and_only_when_causal():
+    rng = np.random.default_rng(3)
+    q, k, v = _t(rng, 1, 2, 6, 4), _t(rng, 1, 2, 6, 4), _t(rng, 1, 2, 6, 4)
+    for a, b in ((_sdpa(q, k, v, **BR), _sdpa(q, k, v, is_causal=True)),
+                 (_sdpa(q[:, :, :4], k, v, alignment="bottom_right"),
+                  _sdpa(q[:, :, :4], k, v))):
+        np.testing.assert_array_equal(a[0], b[0])
+    top, bottom = _sdpa(q[:, :, :4], k, v, is_causal=True), _sdpa(q[:, :, :4], k, v, **BR)
+    assert np.abs(top[0] - bottom[0]).max() > 0.01
+
+
+@pytest.mark.parametrize("op", ["forward", "backward"])
+def test_alignment_is_checked(op):
+    rng = np.random.default_rng(0)
+    q = _t(rng, 1, 1, 2, 4)
+    call = (lambda **kw: _sdpa(q, q, q, **kw)) if op == "forward" else \
+        (lambda **kw: nbdnn.scaled_dot_product_attention_backward(
+            q, q, q, q, q, np.zeros((1, 1, 2)), backend="cpu", **kw))
+    for bad in ("bottom-right", "BOTTOM_RIGHT", None, 2):
+        with pytest.raises(nbdnn.BadParamError, match="alignment"):
+            call(is_causal=True, alignment=bad)
+
+
+def _check_path(variant, names_have, dtype, B, Hq, Hk, Sq, Sk, D, kw, backward, monkeypatch,
+                tol):
+    from nbdnn.cuda import attention as A
+    from nbdnn.cuda.attention import decode
+    monkeypatch.setattr(decode, "MIN_KEYS", 40)  # (simulator-sized decoding)
+    rng = np.random.default_rng(Sq * 31 + Sk)
+    q, k, v = (_t(rng, B, H, S, D).astype(dtype) for H, S in ((Hq, Sq), (Hk, Sk), (Hk, Sk)))
+    do = _t(rng, B, Hq, Sq, D).astype(dtype)
+    kw = dict(kw, enable_gqa=Hq != Hk, **BR)
+    wide = [a.astype(np.float64) for a in (q, k, v, do)]
+    with A.forced(variant), launched() as names:
+        o, lse = _sdpa(q, k, v, "cuda", **kw)
+        grads = nbdnn.scaled_dot_product_attention_backward(
+            do, q, k, v, o, lse, backend="cuda", **kw) if backward else ()
+    assert any(n.startswith(names_have) for n in names), names
+    want_o, want_lse = _sdpa(*wide[:3], **kw)
+    np.testing.assert_allclose(np.asarray(o, np.float64), want_o, rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=tol, atol=tol)
+    if backward:
+        want = nbdnn.scaled_dot_product_attention_backward(
+            wide[3], *wide[:3], want_o, want_lse, backend="cpu", **kw)
+        for g, w in zip(grads, want):
+            np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=tol, atol=tol)
+
+
+LENS = {"seq_lens_q": np.array([3, 1]), "seq_lens_k": np.array([4, 7])}
+
+
+@pytest.mark.parametrize("Sq,Sk,kw", [(3, 7, {}), (7, 3, {}), (3, 7, LENS),
+                                      (3, 7, {"attn_mask": "bool"})],
+                         ids=["short-q", "long-q", "lengths", "mask"])
+def test_exact_kernels(Sq, Sk, kw, monkeypatch):
+    if kw.get("attn_mask") == "bool":
+        kw = dict(kw, attn_mask=np.random.default_rng(1).random((Sq, Sk)) > 0.3)
+    _check_path("simt", "attention_fwd", np.float64, 2, 4, 2, Sq, Sk, 6, kw, True,
+                monkeypatch, 1e-12)
+
+
+@pytest.mark.parametrize("Sq,Sk", [(64, 96), (96, 64)])
+def test_gemm_path(Sq, Sk, monkeypatch):
+    _check_path("gemm", "attention_rows", np.float32, 1, 2, 1, Sq, Sk, 8, {}, True,
+                monkeypatch, 1e-5)
+
+
+@pytest.mark.parametrize("variant,prefix,dtype,D,kw", [
+    ("decode", "attention_decode_part", np.float64, 6, {}),
+    ("decode", "attention_decode_part", np.float64, 6, LENS),
+    ("decode_split", "attention_splitkv_d", np.float16, 64, {}),
+    ("decode_split", "attention_splitkv_d", np.float16, 64, LENS),
+])
+def test_decoding(variant, prefix, dtype, D, kw, monkeypatch):
+    """A few rows against 77 keys (the entry with lengths: 4 and 7 of them, fewer
+    than its rows: its first rows see no key)."""
+    _check_path(variant, prefix, dtype, 2, 4, 2, 3, 77, D, kw, False, monkeypatch,
+                1e-12 if dtype == np.float64 else 2e-3)
