@@ -621,6 +621,50 @@ def test_sdpa_takes_pytorchs_causal_bias_objects(device, variant, Sq, Sk):
             torch.testing.assert_close(a, b, **tol)
 
 
+def test_sdpa_lower_right_causal_bias_is_bottom_right_alignment_not_a_mask(monkeypatch):
+    """causal_lower_right reaches nbdnn's attention as is_causal with alignment
+    "bottom_right" (the kernels' own diagonal: no (Sq, Sk) mask built and read per
+    score), forward and backward; upper-left as plain is_causal."""
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+    seen = []
+    for name in ("scaled_dot_product_attention", "scaled_dot_product_attention_backward"):
+        def spy(*args, _real=getattr(nbdnn, name), **kw):
+            seen.append(kw)
+            return _real(*args, **kw)
+        monkeypatch.setattr(nbdnn, name, spy)
+    q, k = (torch.randn(1, 2, S, 8, dtype=torch.float64, requires_grad=True) for S in (3, 5))
+    o = nt.scaled_dot_product_attention(q, k, k, attn_mask=causal_lower_right(3, 5))
+    o.sum().backward()
+    nt.scaled_dot_product_attention(q, k, k, attn_mask=causal_upper_left(3, 5))
+    assert [(kw["attn_mask"], kw["is_causal"], kw["alignment"]) for kw in seen] == \
+        [(None, True, "bottom_right")] * 2 + [(None, True, "top_left")]
+
+
+def test_sdpa_lower_right_causal_bias_higher_derivatives():
+    """Forward mode (jvp) and a second derivative through causal_lower_right, which
+    PyTorch's formula of the op computes (nbdnn/torch/_ops_random.attention_math): its
+    diagonal bottom-right too, against the math form with the explicit mask."""
+    from torch.nn.attention.bias import causal_lower_right
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, tq, tk, tv = (torch.randn(1, 2, S, 8, generator=gen, dtype=torch.float64)
+                           for S in (3, 5, 5, 3, 5, 5))
+    mask = torch.ones(3, 5, dtype=torch.bool).tril(2)
+
+    def ours(q, k, v):
+        return nt.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(3, 5))
+
+    def native(q, k, v):  # (the math form: F's CPU kernels have no forward mode)
+        s = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(~mask, float("-inf"))
+        return torch.softmax(s, -1) @ v
+    for f in (ours, native):
+        f.jvp = torch.func.jvp(f, (q, k, v), (tq, tk, tv))[1]
+        qq = q.clone().requires_grad_()
+        (dq,) = torch.autograd.grad((f(qq, k, v) ** 2).sum(), qq, create_graph=True)
+        f.second = torch.autograd.grad(dq.sum(), qq)[0]
+    torch.testing.assert_close(ours.jvp, native.jvp, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(ours.second, native.second, rtol=1e-10, atol=1e-12)
+
+
 def test_sdpa_refuses_a_causal_bias_of_other_lengths_or_with_is_causal():
     from torch.nn.attention.bias import causal_lower_right
     q, k = torch.randn(1, 2, 3, 8, dtype=torch.float64), torch.randn(1, 2, 5, 8,

@@ -47,9 +47,9 @@ def dropout_forward(x, p, seed, outputs):
     return x * outputs[1].to(x.dtype) * (1.0 / (1.0 - p))
 
 
-def attention_forward(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+def attention_forward(q, k, v, attn_mask, dropout_p, causal, scale, enable_gqa, seed):
     rnd.no_dropout(dropout_p, "forward-mode derivatives")
-    return rnd.attention_math(q, k, v, attn_mask, is_causal, scale, enable_gqa)
+    return rnd.attention_math(q, k, v, attn_mask, causal, scale, enable_gqa)
 
 
 def rule(op, formula, wrt, with_outputs):

@@ -20,6 +20,7 @@ import torch
 from torch.library import custom_op
 
 import nbdnn
+from .._vocab import ATTENTION_ALIGNMENTS
 from ..errors import NotSupportedError
 from ._bridge import call, channels_last, new, register_autograd, run, run_as
 
@@ -77,39 +78,41 @@ register_autograd(dropout, _dropout_grad, _dropout_setup)
 
 
 # attention: q (B, Hq, Sq, D), k (B, Hk, Sk, D), v (B, Hk, Sk, Dv); o (B, Hq, Sq, Dv),
-# lse (B, Hq, Sq) float32 (float64 for float64 q)
-def _attention_kw(attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
-    return dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+# lse (B, Hq, Sq) float32 (float64 for float64 q); causal: 0 none, 1 top-left (PyTorch's
+# is_causal), 2 bottom-right (CausalBias lower-right): ATTENTION_ALIGNMENTS' code
+def _attention_kw(attn_mask, dropout_p, causal, scale, enable_gqa, seed):
+    return dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal != 0,
+                alignment=ATTENTION_ALIGNMENTS[max(causal, 1) - 1], scale=scale,
                 enable_gqa=enable_gqa, seed=int(seed))
 
 
 @custom_op("nbdnn::scaled_dot_product_attention", mutates_args=())
 def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
-              is_causal: bool, scale: Optional[float], enable_gqa: bool,
+              causal: int, scale: Optional[float], enable_gqa: bool,
               seed: Tensor) -> tuple[Tensor, Tensor]:
     """(o, lse)."""
     return run(nbdnn.scaled_dot_product_attention, q, q, k, v,
-               **_attention_kw(attn_mask, dropout_p, is_causal, scale, enable_gqa, seed))
+               **_attention_kw(attn_mask, dropout_p, causal, scale, enable_gqa, seed))
 
 
 @custom_op("nbdnn::scaled_dot_product_attention_backward", mutates_args=())
 def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
-                       attn_mask: Optional[Tensor], dropout_p: float, is_causal: bool,
+                       attn_mask: Optional[Tensor], dropout_p: float, causal: int,
                        scale: Optional[float], enable_gqa: bool,
                        seed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return run(nbdnn.scaled_dot_product_attention_backward, q, do, q, k, v, o, lse,
-               **_attention_kw(attn_mask, dropout_p, is_causal, scale, enable_gqa, seed))
+               **_attention_kw(attn_mask, dropout_p, causal, scale, enable_gqa, seed))
 
 
 @attention.register_fake
-def _(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+def _(q, k, v, attn_mask, dropout_p, causal, scale, enable_gqa, seed):
     lse = q.new_empty(q.shape[:3], dtype=torch.float64 if q.dtype == torch.float64
                       else torch.float32)
     return q.new_empty((*q.shape[:3], v.shape[3])), lse
 
 
 @attention_backward.register_fake
-def _(do, q, k, v, o, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+def _(do, q, k, v, o, lse, attn_mask, dropout_p, causal, scale, enable_gqa, seed):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -169,17 +172,20 @@ def _paged_grad(ctx, do, _dlse):
 register_autograd(paged_attention, _paged_grad, _paged_setup)
 
 
-def attention_math(q, k, v, attn_mask, is_causal, scale, enable_gqa):
+def attention_math(q, k, v, attn_mask, causal, scale, enable_gqa):
     """PyTorch's math form of scaled_dot_product_attention without dropout, in
     PyTorch's ops, with nbdnn's rule that a fully masked query row gives 0: what a float
     attn_mask's gradient and the higher derivatives (_second_order.py, _forward_mode.py)
     differentiate. q (B, H, L, E), k (B, Hk, S, E), v (B, Hk, S, Ev); materialises the
-    (B, H, L, S) scores, as PyTorch's math backend does."""
+    (B, H, L, S) scores, as PyTorch's math backend does. causal: the attention op's
+    code (1 top-left, 2 bottom-right: key j <= i + S - L)."""
     if enable_gqa and k.shape[1] != q.shape[1]:
         k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
     s = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    if is_causal:  # (top-left aligned, as PyTorch's)
-        attn_mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+    if causal:
+        L, S = s.shape[-2:]
+        attn_mask = torch.ones(L, S, dtype=torch.bool, device=s.device).tril(
+            S - L if causal == 2 else 0)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         s = s.masked_fill(~attn_mask, float("-inf"))
     elif attn_mask is not None:
@@ -211,9 +217,9 @@ def _attention_grad(ctx, do, _dlse):
     grads = call(attention_backward, do, q, k, v, o, lse, attn_mask, *ctx.params, seed)
     dmask = None
     if ctx.needs_input_grad[3] and attn_mask is not None and attn_mask.is_floating_point():
-        dropout_p, is_causal, scale, enable_gqa = ctx.params
+        dropout_p, causal, scale, enable_gqa = ctx.params
         no_dropout(dropout_p, "the gradient of a float attn_mask")
-        dmask = torch.func.vjp(lambda m: attention_math(q, k, v, m, is_causal, scale,
+        dmask = torch.func.vjp(lambda m: attention_math(q, k, v, m, causal, scale,
                                                         enable_gqa), attn_mask)[1](do)[0]
     return grads + (dmask,) + (None,) * 5
 

@@ -195,10 +195,10 @@ def dropout_backward(dy, mask, p):
     return dy * mask.to(dy.dtype) * (1.0 / (1.0 - p))
 
 
-def attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p, is_causal, scale,
+def attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p, causal, scale,
                        enable_gqa, seed):
     rnd.no_dropout(dropout_p, "second-order gradients")
-    return _vjp(lambda q, k, v: rnd.attention_math(q, k, v, attn_mask, is_causal, scale,
+    return _vjp(lambda q, k, v: rnd.attention_math(q, k, v, attn_mask, causal, scale,
                                                    enable_gqa), (q, k, v), do)
 
 

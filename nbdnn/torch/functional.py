@@ -464,16 +464,17 @@ def dropout(input, p=0.5, training=True, inplace=False):
 
 
 def _causal_bias(attn_mask, is_causal, query, key):
-    """(attn_mask, is_causal) for PyTorch's CausalBias masks
+    """(attn_mask, the attention op's causal code) for PyTorch's CausalBias masks
     (torch.nn.attention.bias.causal_upper_left / causal_lower_right: a tensor subclass
-    whose elements are not the mask): upper-left is is_causal, lower-right (row i
-    attends keys j <= i + Sk - Sq) its boolean mask. Any other mask as given."""
+    whose elements are not the mask): upper-left is is_causal (code 1), lower-right (row
+    i attends keys j <= i + Sk - Sq) the bottom-right alignment (code 2). Any other mask
+    as given, with is_causal's code."""
     try:
         from torch.nn.attention.bias import CausalBias, CausalVariant
     except ImportError:  # (a PyTorch without them)
-        return attn_mask, is_causal
+        return attn_mask, int(bool(is_causal))
     if not isinstance(attn_mask, CausalBias):
-        return attn_mask, is_causal
+        return attn_mask, int(bool(is_causal))
     op = "nbdnn.torch.scaled_dot_product_attention"
     if is_causal:
         raise BadParamError(f"{op}: a CausalBias attn_mask with is_causal=True (as PyTorch, "
@@ -483,10 +484,10 @@ def _causal_bias(attn_mask, is_causal, query, key):
         raise ShapeError(f"{op}: the CausalBias is for {attn_mask.seq_len_q} queries and "
                          f"{attn_mask.seq_len_kv} keys; query and key have {Sq} and {Sk}")
     if attn_mask.variant == CausalVariant.UPPER_LEFT or Sq == Sk:
-        return None, True
+        return None, 1
     if attn_mask.variant != CausalVariant.LOWER_RIGHT:
         raise BadParamError(f"{op}: CausalBias variant {attn_mask.variant!r} unknown")
-    return torch.ones(Sq, Sk, dtype=torch.bool, device=query.device).tril(Sk - Sq), False
+    return None, 2
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -497,11 +498,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     its gradient from PyTorch's math form (nbdnn/torch/_ops_random.py); PyTorch's
     CausalBias masks (causal_upper_left / causal_lower_right) as `_causal_bias` says."""
     query, key, value = _autocast("scaled_dot_product_attention", query, key, value)
-    attn_mask, is_causal = _causal_bias(attn_mask, is_causal, query, key)
+    attn_mask, causal = _causal_bias(attn_mask, is_causal, query, key)
     if attn_mask is not None and attn_mask.is_floating_point():
         attn_mask = attn_mask.to(query.dtype)
     _check("scaled_dot_product_attention", query, key, value)
-    if attn_mask is not None and is_causal:  # (PyTorch refuses the pair; nbdnn would
+    if attn_mask is not None and causal:  # (PyTorch refuses the pair; nbdnn would
         # apply both)
         raise BadParamError("nbdnn.torch.scaled_dot_product_attention: attn_mask and "
                          "is_causal together (as PyTorch, one or the other)")
@@ -524,7 +525,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None and three and attn_mask.dim() == 3:
         attn_mask = attn_mask.unsqueeze(1)
     seed = draw_seed() if dropout_p > 0 else torch.zeros((), dtype=torch.int64)
-    o = call(_attention, q, k, v, attn_mask, float(dropout_p), bool(is_causal),
+    o = call(_attention, q, k, v, attn_mask, float(dropout_p), causal,
              None if scale is None else float(scale), bool(enable_gqa), seed)[0]
     return o.squeeze(1) if three else o
 
