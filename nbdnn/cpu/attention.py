@@ -16,8 +16,10 @@ Shapes (layout "BHSD"; "BSHD" swaps the head and sequence axes of q, k, v, o, do
         offset d_b is 0 aligned top-left, PyTorch's torch.ones(Sq, Sk).tril(), and
         Lk_b - Lq_b aligned bottom-right, the rows being the sequence's last: Lq_b
         and Lk_b the batch entry's query and key lengths, seq_lens_q[b] and
-        seq_lens_k[b] where given, else Sq and Sk); -inf where j >= seq_lens_k[b] and
-        on every row i >= seq_lens_q[b] (variable lengths in a padded batch)
+        seq_lens_k[b] where given, else Sq and Sk); with a sliding window (left,
+        right), -inf outside i + d - left <= j <= i + d + right (is_causal: right 0);
+        -inf where j >= seq_lens_k[b] and on every row i >= seq_lens_q[b] (variable
+        lengths in a padded batch)
     lse[b, h, i] = log sum_j exp s[b, h, i, j]
     p = exp(s - lse)                             each row's softmax
     p' = p keep / (1 - dropout_p)                keep: nbdnn.dropout's mask over the
@@ -69,24 +71,29 @@ def _group_sum(g, Hk):
 BOTTOM_RIGHT = ATTENTION_ALIGNMENTS.index("bottom_right") + 1  # (its causal code)
 
 
-def pairs(shape, attn_mask, is_causal, seq_lens_q, seq_lens_k):
-    """(B, Hq, Sq, Sk) bool: the (query, key) pairs that no boolean mask, causal rule or
-    length removes (is_causal: 0 or False none, 1 or True top-left, 2 bottom-right).
-    A removed pair's score is never formed and its products are skipped, as the
-    kernels skip it: a NaN or Inf in a k, v, q or do row met only through removed pairs
-    does not reach the outputs."""
+def pairs(shape, attn_mask, is_causal, seq_lens_q, seq_lens_k, window=None):
+    """(B, Hq, Sq, Sk) bool: the (query, key) pairs that no boolean mask, causal band or
+    length removes. is_causal: 0 or False none, 1 or True the diagonal top-left, 2
+    bottom-right; the band about it: window (lo, hi), lo <= j - i - d <= hi (None: an
+    open side), plain causal (None, 0). A removed pair's score is never formed and its
+    products are skipped, as the kernels skip it: a NaN or Inf in a k, v, q or do row
+    met only through removed pairs does not reach the outputs."""
     B, Hq, Sq, Sk = shape
     out = np.ones((1, 1, Sq, Sk), bool)
     if attn_mask is not None and np.asarray(attn_mask).dtype == np.bool_:
         out = out & np.asarray(attn_mask)
-    if is_causal == BOTTOM_RIGHT:  # j <= i + Lk_b - Lq_b, a batch entry each
-        lq = np.full(B, Sq) if seq_lens_q is None else np.asarray(seq_lens_q).reshape(B)
-        lk = np.full(B, Sk) if seq_lens_k is None else np.asarray(seq_lens_k).reshape(B)
-        d = (lk.astype(np.int64) - lq.astype(np.int64)).reshape(B, 1, 1, 1)
-        out = out & (np.arange(Sk)[None, None, None, :] <=
-                     np.arange(Sq)[None, None, :, None] + d)
-    elif is_causal:
-        out = out & np.tril(np.ones((Sq, Sk), bool))
+    if is_causal:
+        d = np.zeros((B, 1, 1, 1), np.int64)
+        if is_causal == BOTTOM_RIGHT:  # Lk_b - Lq_b, a batch entry each
+            lq = np.full(B, Sq) if seq_lens_q is None else np.asarray(seq_lens_q).reshape(B)
+            lk = np.full(B, Sk) if seq_lens_k is None else np.asarray(seq_lens_k).reshape(B)
+            d = (lk.astype(np.int64) - lq.astype(np.int64)).reshape(B, 1, 1, 1)
+        off = np.arange(Sk)[None, None, None, :] - np.arange(Sq)[None, None, :, None] - d
+        lo, hi = window if window is not None else (None, 0)
+        if lo is not None:
+            out = out & (off >= lo)
+        if hi is not None:
+            out = out & (off <= hi)
     if seq_lens_k is not None:
         keys = np.arange(Sk)[None, :] < np.asarray(seq_lens_k).reshape(B, 1)
         out = out & keys[:, None, None, :]
@@ -146,14 +153,14 @@ def _keep(shape, dropout_p, seed, offset, ct):
 
 
 def _forward(q, k, v, attn_mask, dropout_p, is_causal, scale, seed, offset, seq_lens_q,
-             seq_lens_k, math):
+             seq_lens_k, math, window=None):
     """(o, lse, p, keep, parts) in the compute dtype, q, k, v in BHSD."""
     ct = compute_dtype(q.dtype)
     B, Hq, Sq, D = q.shape
     Sk = k.shape[2]
     scale = ct(1 / np.sqrt(D) if scale is None else scale)
     qc, kc, vc = (t.astype(ct) for t in (q, _heads(k, Hq), _heads(v, Hq)))
-    live = pairs((B, Hq, Sq, Sk), attn_mask, is_causal, seq_lens_q, seq_lens_k)
+    live = pairs((B, Hq, Sq, Sk), attn_mask, is_causal, seq_lens_q, seq_lens_k, window)
     add = bias((B, Hq, Sq, Sk), ct, attn_mask, False, None, None)
     s = _scores(qc, kc, scale, live, add, math)
     top = np.max(s, axis=-1, keepdims=True) if Sk else np.full(s.shape[:-1] + (1,), -np.inf, ct)
@@ -175,11 +182,11 @@ def _forward(q, k, v, attn_mask, dropout_p, is_causal, scale, seed, offset, seq_
 
 def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
                                  enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k,
-                                 math="ieee", *, out=None, stream=None):
+                                 math="ieee", window=None, *, out=None, stream=None):
     """(o, lse) (module docstring); q, k, v validated by the front end."""
     qb, kb, vb = (_bhsd(t, layout) for t in (q, k, v))
     o, lse, *_ = _forward(qb, kb, vb, attn_mask, dropout_p, is_causal, scale, seed,
-                          offset, seq_lens_q, seq_lens_k, math)
+                          offset, seq_lens_q, seq_lens_k, math, window)
     o = np.ascontiguousarray(_bhsd(o, layout)).astype(q.dtype)
     if out is not None:
         out[...] = o
@@ -228,8 +235,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, sca
 
 def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p,
                                           is_causal, scale, enable_gqa, seed, offset,
-                                          layout, seq_lens_q, seq_lens_k, math="ieee", *,
-                                          out=None, stream=None):
+                                          layout, seq_lens_q, seq_lens_k, math="ieee",
+                                          window=None, *, out=None, stream=None):
     """(dq, dk, dv) (module docstring) from the forward's o and lse: p recomputed from
     lse, as the flash kernels do."""
     qb, kb, vb, ob, dob = (_bhsd(t, layout) for t in (q, k, v, o, do))
@@ -240,7 +247,8 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropou
     qc, kc, vc = (t.astype(ct) for t in (qb, _heads(kb, Hq), _heads(vb, Hq)))
     lse_c = np.asarray(lse).astype(ct)[..., None]
     rows = lse_c > -np.inf  # (NaN: no live row either; the kernels skip it too)
-    live = pairs((B, Hq, Sq, Sk), attn_mask, is_causal, seq_lens_q, seq_lens_k) & rows
+    live = pairs((B, Hq, Sq, Sk), attn_mask, is_causal, seq_lens_q, seq_lens_k,
+                 window) & rows
     s = _scores(qc, kc, sc, live, bias((B, Hq, Sq, Sk), ct, attn_mask, False, None, None),
                 math)
     with np.errstate(invalid="ignore", over="ignore"):

@@ -24,7 +24,7 @@ import numpy as np
 from .._vocab import ATTENTION_ALIGNMENTS as ALIGNMENTS, BF16_DTYPES
 from ..errors import BadParamError, DtypeError, NotSupportedError, ShapeError, fail
 from .registry import op
-from ._common import Call, choice, flag, out_tuple, required, same_dtype, scalar
+from ._common import Call, choice, flag, is_int, out_tuple, required, same_dtype, scalar
 from .dropout import uint64_arg
 from .._math_mode import resolve as _math
 
@@ -119,18 +119,41 @@ def _lengths(op, c, name, lens, B, S):
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def _causal(op, is_causal, alignment):
-    """The backends' causal code: 0 not causal, else alignment's position + 1 (1
-    top-left, 2 bottom-right)."""
+def _window(op, window):
+    """window: None or (left, right), each None (open) or an int >= 0."""
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2 or any(
+            w is not None and (not is_int(w) or w < 0) for w in window):
+        fail(BadParamError, op, "window", "None or (left, right), each None or an int >= 0",
+             window)
+    return tuple(None if w is None else int(w) for w in window)
+
+
+def _band(op, is_causal, alignment, window):
+    """(the backends' causal code, their window): code 0 without a band, else the
+    alignment's position + 1 (1 top-left, 2 bottom-right); window (lo, hi) about the
+    diagonal, lo <= j - i - d <= hi, None on an open side, or None for plain causal
+    (None, 0)."""
     causal = flag(op, "is_causal", is_causal)
     choice(op, "alignment", alignment, ALIGNMENTS)
-    return ALIGNMENTS.index(alignment) + 1 if causal else 0
+    window = _window(op, window)
+    if window is None and not causal:
+        return 0, None
+    left, right = window if window is not None else (None, None)
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    if left is None and right is None:  # (an open window: no band)
+        return 0, None
+    code = ALIGNMENTS.index(alignment) + 1
+    band = (None if left is None else -left, right)
+    return code, None if band == (None, 0) else band
 
 
-def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, alignment, scale, seed, offset,
-              seq_lens_q, seq_lens_k):
-    """The checked keywords shared by forward and backward (is_causal as _causal's
-    code)."""
+def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, alignment, window, scale, seed,
+              offset, seq_lens_q, seq_lens_k):
+    """The checked keywords shared by forward and backward (is_causal and window as
+    _band's)."""
     B, Hq, Hk, Sq, Sk, D, Dv, dtype = dims
     _mask(op, c, attn_mask, dtype, B, Hq, Sq, Sk)
     p = scalar(op, "dropout_p", dropout_p, low=0.0, high=1.0)
@@ -139,7 +162,7 @@ def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, alignment, scale, se
     scale = _scale(op, scale, dtype)
     _lengths(op, c, "seq_lens_q", seq_lens_q, B, Sq)
     _lengths(op, c, "seq_lens_k", seq_lens_k, B, Sk)
-    return p, _causal(op, is_causal, alignment), scale, uint64_arg(op, "seed", seed), \
+    return p, _band(op, is_causal, alignment, window), scale, uint64_arg(op, "seed", seed), \
         uint64_arg(op, "offset", offset)
 
 
@@ -147,7 +170,8 @@ def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, alignment, scale, se
 def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False, seed=0, offset=0,
                                  layout="BHSD", seq_lens_q=None, seq_lens_k=None, math=None,
-                                 alignment="top_left", out=None, backend=None, stream=None):
+                                 alignment="top_left", window=None, out=None, backend=None,
+                                 stream=None):
     """(o, lse): o = softmax(scale q k^T + mask) v per head, lse the float32 (float64
     for float64) log-sum-exp of each query row's scaled, masked scores.
 
@@ -158,7 +182,10 @@ def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_c
     i + d masked, the diagonal's offset d by alignment: "top_left" (PyTorch's is_causal)
     0, "bottom_right" Lk - Lq (the rows are the sequence's last, as after a cached
     prefix; Lq, Lk: the entry's seq_lens_q / seq_lens_k where given, else Sq, Sk; rows
-    with no key left give o = 0, lse = -inf). enable_gqa: Hk may divide Hq (each k/v head
+    with no key left give o = 0, lse = -inf). window: a sliding window (left, right),
+    each None (open) or an int >= 0: query i attends keys i + d - left .. i + d + right
+    (FlashAttention's window_size, None for its -1; is_causal caps right at 0). enable_gqa:
+    Hk may divide Hq (each k/v head
     serves Hq / Hk query heads). dropout_p in [0, 1): the probabilities dropped by
     nbdnn.dropout's mask over the (B, Hq, Sq, Sk) scores in C order for (seed, offset),
     the kept ones scaled by 1 / (1 - p). seq_lens_q / seq_lens_k: (B,) int lengths of a
@@ -170,14 +197,15 @@ def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_c
              seq_lens_q=seq_lens_q, seq_lens_k=seq_lens_k, out=out)
     dims = _dims(op, c, q, k, v, layout, enable_gqa)
     B, Hq, Hk, Sq, Sk, D, Dv, dtype = dims
-    p, causal, scale, seed, offset = _keywords(op, c, dims, attn_mask, dropout_p, is_causal,
-                                               alignment, scale, seed, offset, seq_lens_q,
-                                               seq_lens_k)
+    p, (causal, band), scale, seed, offset = _keywords(
+        op, c, dims, attn_mask, dropout_p, is_causal, alignment, window, scale, seed, offset,
+        seq_lens_q, seq_lens_k)
     math = _math(op, math)
     o_shape = (B, Hq, Sq, Dv) if layout == "BHSD" else (B, Sq, Hq, Dv)
     out = c.out(out, o_shape, dtype)
     return c.run("scaled_dot_product_attention", q, k, v, attn_mask, p, causal, scale,
-                 enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k, math, out=out)
+                 enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k, math, band,
+                 out=out)
 
 
 @op("attention")
@@ -185,8 +213,8 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, *, attn_mask=None
                                           dropout_p=0.0, is_causal=False, scale=None,
                                           enable_gqa=False, seed=0, offset=0, layout="BHSD",
                                           seq_lens_q=None, seq_lens_k=None, math=None,
-                                          alignment="top_left", out=None, backend=None,
-                                          stream=None):
+                                          alignment="top_left", window=None, out=None,
+                                          backend=None, stream=None):
     """(dq, dk, dv) of scaled_dot_product_attention given do = dL/do and the forward's
     o and lse (the probabilities are recomputed from lse, FlashAttention-2's way), with
     the forward's keywords. out: a tuple of the three gradients' buffers."""
@@ -206,16 +234,16 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, *, attn_mask=None
     lshape, ldt = c.array("lse", lse, ("float64",) if dtype == np.float64 else ("float32",))
     if tuple(lshape) != (B, Hq, Sq):
         fail(ShapeError, op, "lse.shape", f"(B, Hq, Sq) = {(B, Hq, Sq)}", tuple(lshape))
-    p, causal, scale, seed, offset = _keywords(op, c, dims, attn_mask, dropout_p, is_causal,
-                                               alignment, scale, seed, offset, seq_lens_q,
-                                               seq_lens_k)
+    p, (causal, band), scale, seed, offset = _keywords(
+        op, c, dims, attn_mask, dropout_p, is_causal, alignment, window, scale, seed, offset,
+        seq_lens_q, seq_lens_k)
     math = _math(op, math)
     if out is not None:
         outs = tuple(c.out(t, tuple(int(s) for s in ref.shape), dtype, f"out[{i}]")
                      for i, (t, ref) in enumerate(zip(outs, (q, k, v))))
     return c.run("scaled_dot_product_attention_backward", do, q, k, v, o, lse, attn_mask, p,
                  causal, scale, enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k,
-                 math, out=outs or None)
+                 math, band, out=outs or None)
 
 
 def _pages(op, c, q, k_cache, v_cache, block_table, seq_lens_k, layout):

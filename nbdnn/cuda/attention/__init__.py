@@ -85,13 +85,13 @@ def _lengths(ref, lens, stream):
     return wide, 1
 
 
-def _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset):
+def _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset, window):
     """Fill c's geometry, mask and length arrays."""
     c.ma, c.mb = _mask_arrays(c.q, c.attn_mask)
     c.lq, has_lq = _lengths(c.q, seq_lens_q, c.stream)
     c.lk, has_lk = _lengths(c.q, seq_lens_k, c.stream)
     c.geo = geometry(c.q, c.k, c.v, c.o, c.attn_mask, c.dropout_p, is_causal, scale, seed,
-                     offset, c.layout, has_lq, has_lk, c.math)
+                     offset, c.layout, has_lq, has_lk, c.math, window)
 
 
 # ---- the forward's variants, in order of preference
@@ -147,7 +147,7 @@ FORWARD = (
             "flash.py: 16-bit at D 64 and 128, any mask, dropout where Sk % 4 == 0, wgmma "
             "and TMA (sm_90)"),
     Variant("flash_tf32", lambda c: flash_tf32.usable(c.dtype, c.math, c.geo.D, c.geo.Dv,
-                                                      _gemm_usable(c)),
+                                                      _gemm_usable(c)) and not c.geo.windowed,
             lambda c: flash_tf32.forward(c.q, c.k, c.v, c.o, c.lse, c.ma, c.mb, c.lq, c.lk,
                                          c.geo, c.math, c.stream),
             "flash_tf32.py: float32 in tf32 / 3xtf32 fused on mma.sync (3xtf32 past D 64: "
@@ -207,13 +207,13 @@ def choose(table, c):
 
 def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
                                  enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k,
-                                 math="ieee", *, out=None, stream=0):
+                                 math="ieee", window=None, *, out=None, stream=0):
     """(o, lse) (nbdnn/cpu/attention.py); validated by the front end."""
     dtype = dtype_name(q)
     o_shape = tuple(int(s) for s in q.shape[:3]) + (int(v.shape[3]),)
     o = out if out is not None else empty(q, o_shape, dtype)
     c = Call(q, k, v, o, None, attn_mask, dropout_p, layout, math, stream)
-    _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset)
+    _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset, window)
     g = c.geo
     c.lse = empty(q, (g.B, g.Hq, g.Sq), "float64" if dtype == "float64" else "float32")
     if g.B * g.Hq * g.Sq:
@@ -223,14 +223,14 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
 
 def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p,
                                           is_causal, scale, enable_gqa, seed, offset,
-                                          layout, seq_lens_q, seq_lens_k, math="ieee", *,
-                                          out=None, stream=0):
+                                          layout, seq_lens_q, seq_lens_k, math="ieee",
+                                          window=None, *, out=None, stream=0):
     """(dq, dk, dv): the rows' delta = rowsum(do o), then the chosen variant."""
     dtype = dtype_name(q)
     grads = out if out is not None else tuple(
         empty(q, tuple(int(s) for s in t.shape), dtype) for t in (q, k, v))
     c = Call(q, k, v, o, lse, attn_mask, dropout_p, layout, math, stream, do=do, grads=grads)
-    _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset)
+    _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset, window)
     g = c.geo
     rows, keys = g.B * g.Hq * g.Sq, g.B * (g.Hq // g.G) * g.Sk
     c.dl = empty(q, (max(rows, 1),), "float64" if dtype == "float64" else "float32")

@@ -43,7 +43,7 @@ def usable(Sq, Sk, G):
 
 
 def _kernels(CT, NEG_INF, PAGED):
-    mul, keep, live_keys, _, bias, dot = attention_device_functions(CT)
+    mul, keep, key_range, _, bias, dot = attention_device_functions(CT)
 
     @cuda.jit(device=True)
     def row_at(b, j, sb, sj, table, P, W, npages):
@@ -79,8 +79,8 @@ def _kernels(CT, NEG_INF, PAGED):
     def attention_decode_part(q, k, v, ws_o, ws_ml, ma, mb, lens_q, lens_k, B, Hq, G, Sq,
                               Sk, D, Dv, qb, qh, qi, kb, kh, kj, vb, vh, vj, ob, oh, oi,
                               mkind, m0, m1, m2, m3, has_lq, has_lk, causal, scale, mode,
-                              thr, kscale, off_lo, off_hi, key_lo, key_hi, table, P, W,
-                              npages):
+                              thr, kscale, off_lo, off_hi, key_lo, key_hi, win_lo, win_hi,
+                              table, P, W, npages):
         e = cuda.shared.array(CHUNK, CT)   # this chunk's e_t
         on = cuda.shared.array(CHUNK, uint8)  # 1: the key takes part (not removed)
         red = cuda.shared.array(CHUNK, CT)
@@ -99,8 +99,9 @@ def _kernels(CT, NEG_INF, PAGED):
             row = (b * Hq + h) * Sq + i
             x = NEG_INF
             live = False
-            if kr >= 0 and (has_lq == 0 or i < lens_q[b]) and \
-                    j < live_keys(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal):
+            j0, j1 = key_range(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal, win_lo,
+                               win_hi)
+            if kr >= 0 and (has_lq == 0 or i < lens_q[b]) and j0 <= j < j1:
                 ok, add = bias(ma, mb, mkind, b * m0 + h * m1 + i * m2 + j * m3)
                 if ok:
                     live = True

@@ -3,7 +3,7 @@ cache): decode.py's split of the keys into chunks, a block a (batch, kv head, ch
 the chunks merged by decode.py's combine kernel, but with 16-byte loads and a thread a
 key, for the common case: 16-bit q, k, v, head dims D = Dv of 64 or 128, R = G Sq <= 8
 (D 64) or 4 (D 128) query rows a kv head (decode.py runs the rest); masks, dropout,
-causal and both lengths as on the exact path (simt.py's bias, keep and live_keys).
+causal and both lengths as on the exact path (simt.py's bias, keep and key_range).
 
 A block (T = 128 threads, NW = 4 warps) walks its chunk in tiles of T keys:
   A  thread t, key j = tile + t: its K row by D/8 16-byte loads (32 rows a warp; the
@@ -60,11 +60,13 @@ MIN_CHUNK_TILES = 1             # ... and each chunk's least T-key tiles (its se
 
 
 def usable(q, G, Sq, D, Dv, k, v, geo):
-    """16-bit data, D = Dv in DIMS, G Sq <= MAX_ROWS[D] rows, and K's and V's rows at
-    16-byte boundaries (bases and strides: geo's k and v strides)."""
+    """16-bit data, D = Dv in DIMS, G Sq <= MAX_ROWS[D] rows, K's and V's rows at
+    16-byte boundaries (bases and strides: geo's k and v strides), no sliding window (a
+    row's keys start at 0 here)."""
     return dtype_name(q) in ("float16", "bfloat16") and D == Dv and D in DIMS and \
         G * Sq <= MAX_ROWS.get(D, 0) and all(ptr(t) % 16 == 0 for t in (k, v)) and \
-        all(s % 8 == 0 for s in (geo.kb, geo.kh, geo.kj, geo.vb, geo.vh, geo.vj))
+        all(s % 8 == 0 for s in (geo.kb, geo.kh, geo.kj, geo.vb, geo.vh, geo.vj)) and \
+        not geo.windowed
 
 
 def chunking(B, Hk, Sk, sms):
@@ -93,7 +95,8 @@ def source(R, D, paged=False):
     # tests/test_ptx.py)
     L = [f"def {name}(q, k, v, ws_o, ws_ml, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D_, Dv_, "
          "qb, qh, qi, kb, kh, kj, vb, vh, vj, ob_, oh_, oi_, mkind, m0, m1, m2, m3, has_lq, "
-         "has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi, nchunks, "
+         "has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi, win_lo, "
+         "win_hi, nchunks, "
          f"chunk{', table, P, W, npages' if paged else ''}):",
          f"    qs = cuda.shared.array({R * D}, F32)  # the rows' q, times scale",
          f"    ps = cuda.shared.array({R * T}, F32)  # the tile's p",
@@ -119,7 +122,8 @@ def source(R, D, paged=False):
     for r in rows:
         L += [f"    h, i = hk * G + {r} // Sq, {r} % Sq", f"    lim{r} = 0",
               f"    if {r} < rows and (has_lq == 0 or i < lens_q[b]):",
-              f"        lim{r} = live_keys(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal)",
+              f"        lim{r} = key_range(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal, "
+              "win_lo, win_hi)[1]  # (from key 0: usable() takes no window)",
               f"    mx{r} = NEG", f"    l{r} = F32(0)"] + \
             [f"    o{r}_{e} = F32(0)" for e in range(8)]
     L += ["    cuda.syncthreads()",
@@ -210,10 +214,10 @@ def kernel(dtype, D, R, paged=False):
         # kernel's, then the chunks and their length)
         name, src = source(R, D, paged)
         reductions = device_functions(np.float32)
-        _, keep, live_keys, _, bias, _ = attention_device_functions(float32)
+        _, keep, key_range, _, bias, _ = attention_device_functions(float32)
         fn = compile_source(name, src, dict(
             cuda=cuda, math=math, F32=float32, I64=int64, U64=np.uint64, NEG=float32(-np.inf), SHM=SHM,
-            DROP_NONE=np.uint64(1 << 32), load8=load8, widen=widen, live_keys=live_keys,
+            DROP_NONE=np.uint64(1 << 32), load8=load8, widen=widen, key_range=key_range,
             bias=bias, keep=keep,
             grp_max=reductions["grp_max"], grp_sum=reductions["grp_sum"]), about={
             "config": f"{dtype}, D {D}, {R} rows a kv head, {T} threads = keys a tile",

@@ -242,9 +242,10 @@ _KERNELS = {}
 
 def takes(dtype, geo):
     """Whether the kernels' features cover the call (geo: geometry.Geometry): 16-bit
-    data, D = Dv in TILES, any mask, dropout only where Sk % 4 == 0, a positive scale."""
+    data, D = Dv in TILES, any mask, dropout only where Sk % 4 == 0, a positive scale,
+    causal aligned either way but no sliding window."""
     return dtype in KINDS and geo.D == geo.Dv and geo.D in TILES and \
-        (not geo.dropped or geo.Sk % 4 == 0) and geo.scale > 0
+        (not geo.dropped or geo.Sk % 4 == 0) and geo.scale > 0 and not geo.windowed
 
 
 def fits(q, k, v, geo):

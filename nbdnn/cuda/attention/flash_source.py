@@ -109,7 +109,7 @@ def _tile_lines(D, BN, ind):
         "if causal != 0:", "    mt = tiles - 1 - mt", "b = bh // Hq", "h = bh % Hq",
         "hk = h // G", f"m0 = mt * {BM}", "lqb = lq[b] if has_lq != 0 else Sq",
         "lkb = lk[b] if has_lk != 0 else Sk", "kend = lkb",
-        "dg = (min(max(lkb, 0), Sk) - min(max(lqb, 0), Sq)) if causal == 2 else 0  # (bottom-right: the diagonal's offset)",
+        "dg = (min(max(lkb, 0), Sk) - min(max(lqb, 0), Sq)) if causal == 2 else 0",
         f"if causal != 0 and m0 + {BM} + dg < kend:", f"    kend = max(m0 + {BM} + dg, 0)",
         "if m0 >= lqb:", "    kend = 0", f"ntiles = (kend + {BN - 1}) // {BN}",
         "zq = bh if bhsd != 0 else b", f"xq = 0 if bhsd != 0 else h * {D}",

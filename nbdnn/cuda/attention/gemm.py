@@ -83,18 +83,20 @@ def _row(bh0, r0, nr, Hk, G, Sq):
 
 
 @cuda.jit(device=True)
-def _live_keys(i, Sq, Sk, causal):
-    """Keys 0 .. n - 1 of row i (no seq_lens here): causal 1 top-left (j <= i), 2
-    bottom-right (j <= i + Sk - Sq; none for the first Sq - Sk rows of Sq > Sk)."""
-    if causal == 1:
-        return min(Sk, i + 1)
-    if causal == 2:
-        return max(min(Sk, i + 1 + Sk - Sq), 0)
-    return Sk
+def _key_range(i, Sq, Sk, causal, lo, hi):
+    """Keys j0 .. j1 - 1 of row i (no seq_lens here): with causal != 0 the band lo <=
+    j - i - d <= hi about the diagonal, d 0 top-left (1), Sk - Sq bottom-right (2);
+    simt.key_range's rule."""
+    if causal == 0:
+        return 0, Sk
+    d = Sk - Sq if causal == 2 else 0
+    j0 = min(max(i + d + lo, 0), Sk)
+    return j0, max(min(i + d + hi + 1, Sk), j0)
 
 
 def attention_rows_fwd(s, lse, ma, mb, like, bh0, r0, nr, Hk, G, Sq, Sk, mkind, m0, m1, m2,
-                       m3, causal, scale, thr, kscale, off_lo, off_hi, key_lo, key_hi):
+                       m3, causal, win_lo, win_hi, scale, thr, kscale, off_lo, off_hi, key_lo,
+                       key_hi):
     """A block a score row: s (chunk rows, Sk) in, P' out (rounded to like's dtype, the
     storage's, as the reference rounds it before P V); lse (B, Hq, Sq)."""
     rm = cuda.shared.array(SHM, float32)
@@ -102,10 +104,10 @@ def attention_rows_fwd(s, lse, ma, mb, like, bh0, r0, nr, Hk, G, Sq, Sk, mkind, 
     t = cuda.threadIdx.x
     b, h, i = _row(bh0, r0, nr, Hk, G, Sq)
     at = cuda.blockIdx.x * Sk  # (int64: a chunk holds up to 2**26 scores)
-    n = _live_keys(i, Sq, Sk, causal)
+    j0, j1 = _key_range(i, Sq, Sk, causal, win_lo, win_hi)
     mo = b * m0 + h * m1 + i * m2
     m, l = NEG, float32(0)
-    for j in range(t, n, T):
+    for j in range(j0 + t, j1, T):
         ok, add = _bias(ma, mb, mkind, mo + j * m3)
         if ok:
             m, l = _update(m, l, s[at + j] * scale + add, False)
@@ -122,7 +124,7 @@ def attention_rows_fwd(s, lse, ma, mb, like, bh0, r0, nr, Hk, G, Sq, Sk, mkind, 
     e0 = np.uint64(gr) * np.uint64(Sk)
     for j in range(t, Sk, T):
         p = float32(0)
-        if j < n and ls != NEG:
+        if j0 <= j < j1 and ls != NEG:
             ok, add = _bias(ma, mb, mkind, mo + j * m3)
             if ok:
                 p = math.exp(s[at + j] * scale + add - ls)
@@ -133,22 +135,23 @@ def attention_rows_fwd(s, lse, ma, mb, like, bh0, r0, nr, Hk, G, Sq, Sk, mkind, 
 
 
 def attention_rows_bwd(s, dp, lse, dl, ma, mb, like, bh0, r0, nr, Hk, G, Sq, Sk, mkind, m0,
-                       m1, m2, m3, causal, scale, thr, kscale, off_lo, off_hi, key_lo, key_hi):
+                       m1, m2, m3, causal, win_lo, win_hi, scale, thr, kscale, off_lo, off_hi,
+                       key_lo, key_hi):
     """A block a score row: s and dP in, P' = p keep (rounded as forward) into s, dS =
     p (dP keep - delta) into dp (removed pairs and rows with lse -inf or NaN: 0)."""
     t = cuda.threadIdx.x
     b, h, i = _row(bh0, r0, nr, Hk, G, Sq)
     at = cuda.blockIdx.x * Sk
-    n = _live_keys(i, Sq, Sk, causal)
+    j0, j1 = _key_range(i, Sq, Sk, causal, win_lo, win_hi)
     mo = b * m0 + h * m1 + i * m2
     gr = (b * Hk * G + h) * Sq + i
     ls, delta = lse[gr], dl[gr]
     if not ls > NEG:
-        n = 0
+        j1 = j0
     e0 = np.uint64(gr) * np.uint64(Sk)
     for j in range(t, Sk, T):
         pk, ds = float32(0), float32(0)
-        if j < n:
+        if j0 <= j < j1:
             ok, add = _bias(ma, mb, mkind, mo + j * m3)
             if ok:
                 p = math.exp(s[at + j] * scale + add - ls)
@@ -163,7 +166,7 @@ def _signature(which, dtype):
     """(s[, dp], lse[, delta]: float32; the mask pair and `like` in the storage dtype)."""
     a = f"{array_type(dtype)}[::1]"
     f32 = ", ".join(["float32[::1]"] * (2 if which == "fwd" else 4))
-    return f"void({f32}, {a}, uint8[::1], {a}, " + ", ".join(["int64"] * 13) + \
+    return f"void({f32}, {a}, uint8[::1], {a}, " + ", ".join(["int64"] * 15) + \
         ", float32, uint64, float32, uint64, uint64, uint64, uint64)"
 
 
@@ -250,7 +253,7 @@ def _rows(name, flats, lse, dl, ma, mb, like, geo, c, stream):
     kern, sig = KERNELS[name], _signature(name, dtype_name(like))
     G, Sq, Sk = geo.G, geo.Sq, geo.Sk
     tail = (ma, mb, like, c[0], c[2], c[3] - c[2], geo.Hq // G, G, Sq, Sk, *geo.mask,
-            geo.causal, geo.scale, *geo.dropout)
+            geo.causal, geo.win_lo, geo.win_hi, geo.scale, *geo.dropout)
     vecs = (lse,) if dl is None else (lse, dl)
     kern.launch(sig, (c[1] - c[0]) * (c[3] - c[2]), T, stream, *flats, *vecs, *tail)
 

@@ -1,7 +1,12 @@
 """One attention call as its kernels see it: the sizes, each tensor's strides in its
-layout, the mask, the lengths, the causal flag, the scale, the math mode and the
+layout, the mask, the lengths, the causal band, the scale, the math mode and the
 dropout stream, named, in the order every forward-shaped kernel takes them after its
-tensors (simt.geometry_types: `*geo` passes them on)."""
+tensors (simt.geometry_types: `*geo` passes them on).
+
+The band: with causal != 0 (1: the diagonal top-left, 2: bottom-right, at key i + d for
+query i, d = Lk - Lq), query i attends keys j with win_lo <= j - i - d <= win_hi; plain
+causal is (-NO_BOUND, 0), a sliding window's sides are finite. The tensor-core kernels
+take plain causal only (`windowed` calls go elsewhere)."""
 from typing import NamedTuple
 
 import numpy as np
@@ -11,6 +16,7 @@ from ..._philox import MASK32, keep_threshold
 
 MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}
 NO_DROPOUT = 1 << 32  # keep_threshold's value for p = 0: every draw kept
+NO_BOUND = 1 << 40  # a band side without a limit (past any sequence; int64 sums stay exact)
 
 
 class Geometry(NamedTuple):
@@ -49,6 +55,8 @@ class Geometry(NamedTuple):
     offset_hi: int
     seed_lo: int
     seed_hi: int
+    win_lo: int     # the band's sides about the diagonal (causal != 0; module docstring)
+    win_hi: int
 
     @property
     def strides(self):
@@ -82,6 +90,11 @@ class Geometry(NamedTuple):
     def dropped(self):
         return self.threshold != NO_DROPOUT
 
+    @property
+    def windowed(self):
+        """A band other than plain causal (a sliding window)."""
+        return self.causal != 0 and (self.win_lo != -NO_BOUND or self.win_hi != 0)
+
 
 def strides(shape, layout):
     """(batch, head, row) element strides of a C-contiguous 4-d tensor in `layout`."""
@@ -101,8 +114,17 @@ def mask_strides(attn_mask):
     return (1 if dtype_name(attn_mask) == "bool" else 2), tuple(st[::-1])
 
 
+def band(is_causal, window):
+    """(win_lo, win_hi) of the causal code and the front end's window: (lo, hi), None
+    on an open side; None: plain causal."""
+    if not is_causal:
+        return -NO_BOUND, NO_BOUND
+    lo, hi = window if window is not None else (None, 0)
+    return -NO_BOUND if lo is None else lo, NO_BOUND if hi is None else hi
+
+
 def geometry(q, k, v, o, attn_mask, dropout_p, is_causal, scale, seed, offset, layout,
-             has_lq, has_lk, math):
+             has_lq, has_lk, math, window=None):
     """The Geometry of a validated call (o: the output or an array of its shape)."""
     B, Hq, Sq, D = (int(s) for s in q.shape) if layout == "BHSD" else \
         (int(q.shape[0]), int(q.shape[2]), int(q.shape[1]), int(q.shape[3]))
@@ -117,4 +139,4 @@ def geometry(q, k, v, o, attn_mask, dropout_p, is_causal, scale, seed, offset, l
         # the simulator's launch would pass it as an array)
         MODES[math] if dtype_name(q) == "float32" else 0,
         keep_threshold(dropout_p) if dropout_p > 0 else NO_DROPOUT, 1 / (1 - dropout_p),
-        offset & MASK32, offset >> 32, seed & MASK32, seed >> 32)
+        offset & MASK32, offset >> 32, seed & MASK32, seed >> 32, *band(is_causal, window))

@@ -18,7 +18,7 @@ chunks over blocks, each key's rows through the table once a tile), its combine 
 Traffic: what the unpaged kernels move, plus one table entry (8 bytes) a key a tile;
 decode_split stops each chunk at its sequence's length (no tile past it is loaded), so
 a table's spare capacity costs blocks that exit early, not bytes. Bottom-right causal
-rows (is_causal) take simt.live_keys' mode 2."""
+rows (is_causal) take simt.key_range's mode 2."""
 import dataclasses
 
 from ..runtime import variants
@@ -26,7 +26,7 @@ from ..runtime.device import sm_count
 from ..runtime.memory.arrays import dtype_name, empty
 from ..runtime.variants import Variant
 from . import decode, decode_split
-from .geometry import MODES, NO_DROPOUT, Geometry, strides
+from .geometry import MODES, NO_DROPOUT, Geometry, band, strides
 
 
 @dataclasses.dataclass
@@ -112,7 +112,8 @@ def paged_attention(q, k_cache, v_cache, table, lens, is_causal, scale, layout, 
     geo = Geometry(B, Hq, Hq // Hk, Sq, W * P, D, Dv, *strides(q.shape, layout),
                    *strides(k_cache.shape, "BSHD"), *strides(v_cache.shape, "BSHD"),
                    *strides(o_shape, layout), 0, 0, 0, 0, 0, 0, 1, 2 if is_causal else 0,
-                   float(scale), MODES["ieee"], NO_DROPOUT, 1.0, 0, 0, 0, 0)
+                   float(scale), MODES["ieee"], NO_DROPOUT, 1.0, 0, 0, 0, 0,
+                   *band(2 if is_causal else 0, None))
     c = Call(q, k_cache, v_cache, table.reshape((B * W,)), lens, geo, P, W, pages, stream)
     (ws_o, ws_ml), chunks = variants.choose("attention", "paged_attention", PAGED, c).run(c)
     kern, sig = decode.KERNELS["combine", dtype]

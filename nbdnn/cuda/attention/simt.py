@@ -39,14 +39,15 @@ def geometry_types(ct):
     """The types of the arguments every forward-shaped kernel takes after its tensors:
     the two length arrays, then the call's geometry (geometry.Geometry: B, Hq, G, Sq, Sk,
     D, Dv, the strides of q, k, v, o, the mask's kind and strides, the length and causal
-    flags; scale, mode, the dropout's threshold, factor, offset and seed)."""
+    flags; scale, mode, the dropout's threshold, factor, offset and seed; the causal
+    band's sides)."""
     return "int64[::1], int64[::1], " + ", ".join(["int64"] * 27) + \
-        f", {ct}, int64, uint64, {ct}, uint64, uint64, uint64, uint64"
+        f", {ct}, int64, uint64, {ct}, uint64, uint64, uint64, uint64, int64, int64"
 
 
 def attention_device_functions(CT):
     """mul (a product under math mode 0 ieee, 1 tf32, 2 3xtf32), keep (the dropout
-    factor of score e), live_keys, first_row, bias, dot for compute type CT."""
+    factor of score e), key_range, row_range, bias, dot for compute type CT."""
     if CT is float64:
         @cuda.jit(device=True)
         def mul(x, y, mode):
@@ -72,31 +73,34 @@ def attention_device_functions(CT):
         return kscale if w < thr else CT(0)
 
     @cuda.jit(device=True)
-    def live_keys(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal):
-        """Keys 0 .. n - 1 may attend to row i (of Sq): causal 1 aligns the rows top-left
-        (PyTorch's is_causal: key j <= i), 2 bottom-right (the rows are the sequence's
-        last Lq of its n keys: key j <= n - Lq + i, Lq its query length)."""
+    def key_range(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal, lo, hi):
+        """Keys j0 .. j1 - 1 may attend to row i (of Sq): the entry's n keys, and with
+        causal != 0 the band lo <= j - i - d <= hi about the diagonal (d: 0 for causal 1,
+        top-left, PyTorch's is_causal; n - Lq for 2, bottom-right: the rows are the
+        sequence's last Lq of its n keys; geometry.py)."""
         n = Sk
         if has_lk != 0:
             n = min(max(lens_k[b], 0), Sk)
-        if causal == 1:
-            n = min(n, i + 1)
-        elif causal == 2:
-            lq = min(max(lens_q[b], 0), Sq) if has_lq != 0 else Sq
-            n = max(min(n, n - lq + i + 1), 0)
-        return n
+        if causal == 0:
+            return 0, n
+        d = 0
+        if causal == 2:
+            d = n - (min(max(lens_q[b], 0), Sq) if has_lq != 0 else Sq)
+        j0 = min(max(i + d + lo, 0), n)
+        return j0, max(min(i + d + hi + 1, n), j0)
 
     @cuda.jit(device=True)
-    def first_row(lens_q, lens_k, has_lq, has_lk, b, j, Sq, Sk, causal):
-        """The first query row key j attends to (live_keys' rule seen from the key):
-        causal 1: j; 2: j - (n - Lq); else 0."""
-        if causal == 1:
-            return j
+    def row_range(lens_q, lens_k, has_lq, has_lk, b, j, Sq, Sk, causal, lo, hi, rows):
+        """The query rows i0 .. i1 - 1 (of the entry's `rows`) key j attends to:
+        key_range's band seen from the key."""
+        if causal == 0:
+            return 0, rows
+        d = 0
         if causal == 2:
             n = min(max(lens_k[b], 0), Sk) if has_lk != 0 else Sk
-            lq = min(max(lens_q[b], 0), Sq) if has_lq != 0 else Sq
-            return max(j - n + lq, 0)
-        return 0
+            d = n - (min(max(lens_q[b], 0), Sq) if has_lq != 0 else Sq)
+        i0 = min(max(j - d - hi, 0), rows)
+        return i0, max(min(j - d - lo + 1, rows), i0)
 
     @cuda.jit(device=True)
     def bias(ma, mb, mkind, at):
@@ -114,11 +118,11 @@ def attention_device_functions(CT):
             s += mul(widen(x[xo + d]), widen(y[yo + d]), mode)
         return s
 
-    return mul, keep, live_keys, first_row, bias, dot
+    return mul, keep, key_range, row_range, bias, dot
 
 
 def _kernels(CT, NEG_INF):
-    mul, keep, live_keys, first_row, bias, dot = attention_device_functions(CT)
+    mul, keep, key_range, row_range, bias, dot = attention_device_functions(CT)
 
     @cuda.jit(device=True)
     def row_live(lens_q, has_lq, b, i):
@@ -126,7 +130,8 @@ def _kernels(CT, NEG_INF):
 
     def attention_fwd(q, k, v, o, lse, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D, Dv, qb, qh,
                 qi, kb, kh, kj, vb, vh, vj, ob, oh, oi, mkind, m0, m1, m2, m3, has_lq,
-                has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi):
+                has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi, win_lo,
+                win_hi):
         r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if r >= B * Hq * Sq:
             return
@@ -137,10 +142,12 @@ def _kernels(CT, NEG_INF):
         qo = b * qb + h * qh + i * qi
         oo = b * ob + h * oh + i * oi
         mo = b * m0 + h * m1 + i * m2
-        n = live_keys(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal) if row_live(lens_q, has_lq, b, i) \
-            else 0
+        j0, j1 = key_range(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal, win_lo,
+                           win_hi)
+        if not row_live(lens_q, has_lq, b, i):
+            j1 = j0
         top = NEG_INF
-        for j in range(n):
+        for j in range(j0, j1):
             ok, add = bias(ma, mb, mkind, mo + j * m3)
             if ok:  # (NaN propagates: a NaN score makes a NaN row, as the reference)
                 x = scale * dot(q, qo, k, b * kb + hk * kh + j * kj, D, mode) + add
@@ -155,7 +162,7 @@ def _kernels(CT, NEG_INF):
                 o[oo + d] = narrow(CT(0), o)
             return
         total = CT(0)
-        for j in range(n):
+        for j in range(j0, j1):
             ok, add = bias(ma, mb, mkind, mo + j * m3)
             if ok:
                 total += math.exp(scale * dot(q, qo, k, b * kb + hk * kh + j * kj, D, mode) +
@@ -163,7 +170,7 @@ def _kernels(CT, NEG_INF):
         ls = top + math.log(total)
         lse[r] = ls
         e0 = np.uint64(r) * np.uint64(Sk)
-        for j in range(n):
+        for j in range(j0, j1):
             ok, add = bias(ma, mb, mkind, mo + j * m3)
             if ok:
                 p = math.exp(scale * dot(q, qo, k, b * kb + hk * kh + j * kj, D, mode) +
@@ -189,7 +196,8 @@ def _kernels(CT, NEG_INF):
 
     def attention_dq(do, q, k, v, lse, dl, dq, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D, Dv,
                qb, qh, qi, kb, kh, kj, vb, vh, vj, ob, oh, oi, mkind, m0, m1, m2, m3, has_lq,
-               has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi):
+               has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi, win_lo,
+                win_hi):
         r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if r >= B * Hq * Sq:
             return
@@ -200,10 +208,12 @@ def _kernels(CT, NEG_INF):
         for d in range(D):
             acc[d] = CT(0)
         ls = lse[r]
-        n = live_keys(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal) if row_live(lens_q, has_lq, b, i) and \
-            ls > NEG_INF else 0  # (a NaN lse: no live row, as the reference)
+        j0, j1 = key_range(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal, win_lo,
+                           win_hi)
+        if not (row_live(lens_q, has_lq, b, i) and ls > NEG_INF):  # (a NaN lse: no live
+            j1 = j0                                                  # row, as the reference)
         e0 = np.uint64(r) * np.uint64(Sk)
-        for j in range(n):
+        for j in range(j0, j1):
             ok, add = bias(ma, mb, mkind, mo + j * m3)
             if ok:
                 ko, vo = b * kb + hk * kh + j * kj, b * vb + hk * vh + j * vj
@@ -219,7 +229,7 @@ def _kernels(CT, NEG_INF):
     def attention_dkv(do, q, k, v, lse, dl, dk, dv, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D,
                 Dv, qb, qh, qi, kb, kh, kj, vb, vh, vj, ob, oh, oi, mkind, m0, m1, m2, m3,
                 has_lq, has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo,
-                key_hi):
+                key_hi, win_lo, win_hi):
         r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         Hk = Hq // G
         if r >= B * Hk * Sk:
@@ -237,8 +247,9 @@ def _kernels(CT, NEG_INF):
         if has_lq != 0:
             rows = min(rows, max(lens_q[b], 0))
         for h in range(hk * G, hk * G + G):
-            for i in range(first_row(lens_q, lens_k, has_lq, has_lk, b, j, Sq, Sk, causal),
-                           rows):
+            i0, i1 = row_range(lens_q, lens_k, has_lq, has_lk, b, j, Sq, Sk, causal, win_lo,
+                               win_hi, rows)
+            for i in range(i0, i1):
                 row = (b * Hq + h) * Sq + i
                 ls = lse[row]
                 ok, add = bias(ma, mb, mkind, b * m0 + h * m1 + i * m2 + j * m3)

@@ -4,10 +4,10 @@ nbdnn.testing; its hypothesis rows).
 A call draws both layouts, grouped-query heads (Hq a multiple of Hk), head dims that
 differ for v, sequences of 1 up (query and key lengths apart), a mask (none, boolean
 or additive, of every broadcast rank; a boolean mask can leave a row fully masked: o
-= 0, lse = -inf), causal (top-left or bottom-right), dropout (the Philox stream of
-nbdnn.dropout, any seed and offset), variable lengths (int32 or int64, zero included),
-a given scale, and float32's math modes. The backward takes the float64 reference's o and lse, rounded as a
-forward would store them.
+= 0, lse = -inf), causal (top-left or bottom-right), sliding windows, dropout (the
+Philox stream of nbdnn.dropout, any seed and offset), variable lengths (int32 or int64,
+zero included), a given scale, and float32's math modes. The backward takes the float64
+reference's o and lse, rounded as a forward would store them.
 
 paged_attention's row draws page sizes of 1 up, block tables of a shuffled page order
 with unused entries of -1, lengths of 0 up to the table's capacity (int32 or int64),
@@ -78,6 +78,9 @@ def _call(draw, dtype, big):
         "seq_lens_q": _lens(draw, rng, B, Sq), "seq_lens_k": _lens(draw, rng, B, Sk)}
     if kw["is_causal"] and draw(0, 1):  # (the diagonal at each entry's Lk - Lq)
         kw["alignment"] = "bottom_right"
+    if draw(0, 3) == 0:  # a sliding window: one side open, or both sides set
+        kw["window"] = ((None, draw(0, 3)), (draw(0, 3), None), (draw(0, 3), draw(0, 3)))[
+            draw(0, 2)]
     if draw(0, 2) == 0:
         kw.update(dropout_p=(0.1, 0.5, 0.9)[draw(0, 2)], seed=draw(0, 2 ** 31) << draw(0, 32),
                   offset=draw(0, 2 ** 31))
@@ -170,6 +173,7 @@ def _decode(backward):
 
 EDGES = {"causal, grouped heads": {"is_causal": True},
          "causal bottom-right": {"is_causal": True, "alignment": "bottom_right"},
+         "sliding window": {"is_causal": True, "window": (2, None)},
          "every row fully masked": {"attn_mask": np.zeros((1, 1), bool)},
          "no live keys (lengths 0)": {"seq_lens_k": np.zeros(1, np.int64)}}
 

@@ -1,10 +1,12 @@
-"""Causal attention aligned bottom-right (alignment="bottom_right": the query rows are
-the sequence's last, as when decoding or prefilling after a cached prefix): the CPU
-reference against constructions that do not use it (the tail rows of a top-left causal
-call over the whole sequence; each batch entry alone at its own lengths), and every CUDA
-path against the reference, forward and backward: the exact kernels, the GEMM path and
-flash-decoding in the simulator; the tensor-core kernels (tests/test_attention_flash.py,
-tests/test_attention_tf32.py) on a GPU."""
+"""Attention's causal band: the diagonal aligned bottom-right (alignment="bottom_right":
+the query rows are the sequence's last, as when decoding or prefilling after a cached
+prefix) and sliding windows (window=(left, right) about it). The CPU reference against
+constructions that do not use them (the tail rows of a top-left causal call over the
+whole sequence; each batch entry alone at its own lengths; an explicit boolean mask of
+the band), and every CUDA path against the reference, forward and backward: the exact
+kernels, the GEMM path and flash-decoding in the simulator; the tensor-core kernels
+(tests/test_attention_flash.py, tests/test_attention_tf32.py) on a GPU, which take plain
+causal calls of either alignment and leave windows to the others."""
 import numpy as np
 import pytest
 
@@ -97,7 +99,7 @@ def _check_path(variant, names_have, dtype, B, Hq, Hk, Sq, Sk, D, kw, backward, 
     rng = np.random.default_rng(Sq * 31 + Sk)
     q, k, v = (_t(rng, B, H, S, D).astype(dtype) for H, S in ((Hq, Sq), (Hk, Sk), (Hk, Sk)))
     do = _t(rng, B, Hq, Sq, D).astype(dtype)
-    kw = dict(kw, enable_gqa=Hq != Hk, **BR)
+    kw = {**BR, **kw, "enable_gqa": Hq != Hk}
     wide = [a.astype(np.float64) for a in (q, k, v, do)]
     with A.forced(variant), launched() as names:
         o, lse = _sdpa(q, k, v, "cuda", **kw)
@@ -144,3 +146,100 @@ def test_decoding(variant, prefix, dtype, D, kw, monkeypatch):
     than its rows: its first rows see no key)."""
     _check_path(variant, prefix, dtype, 2, 4, 2, 3, 77, D, kw, False, monkeypatch,
                 1e-12 if dtype == np.float64 else 2e-3)
+
+
+def _band_mask(B, Sq, Sk, left, right, bottom_right, lq=None, lk=None):
+    """The band as an explicit (B, 1, Sq, Sk) boolean mask, entry by entry."""
+    m = np.zeros((B, 1, Sq, Sk), bool)
+    for b in range(B):
+        d = ((Sk if lk is None else lk[b]) - (Sq if lq is None else lq[b])) \
+            if bottom_right else 0
+        for i in range(Sq):
+            for j in range(Sk):
+                m[b, 0, i, j] = (left is None or j >= i + d - left) and \
+                    (right is None or j <= i + d + right)
+    return m
+
+
+@pytest.mark.parametrize("window,causal,alignment,lens", [
+    ((2, None), False, "top_left", False), ((None, 1), False, "top_left", False),
+    ((1, 2), False, "bottom_right", False), ((3, 5), True, "top_left", False),
+    ((2, 0), True, "bottom_right", True), ((0, 0), False, "bottom_right", True),
+])
+def test_reference_window_is_the_band_mask(window, causal, alignment, lens):
+    """A window equals its band written out as a boolean mask (is_causal caps its right
+    side at 0), forward and backward, lengths moving each entry's diagonal."""
+    rng = np.random.default_rng(11)
+    B, H, Sq, Sk, D = 2, 2, 5, 9, 4
+    q, k, v, do = _t(rng, B, H, Sq, D), _t(rng, B, H, Sk, D), _t(rng, B, H, Sk, D), \
+        _t(rng, B, H, Sq, D)
+    kw = dict(seq_lens_q=np.array([5, 3]), seq_lens_k=np.array([9, 4])) if lens else {}
+    right = min(window[1], 0) if causal and window[1] is not None else (0 if causal else
+                                                                        window[1])
+    mask = _band_mask(B, Sq, Sk, window[0], right, alignment == "bottom_right",
+                      kw.get("seq_lens_q"), kw.get("seq_lens_k"))
+    got = _sdpa(q, k, v, window=window, is_causal=causal, alignment=alignment, **kw)
+    want = _sdpa(q, k, v, attn_mask=mask, **kw)
+    for g, w in zip(got + _grads(q, k, v, do, window=window, is_causal=causal,
+                                 alignment=alignment, **kw),
+                    want + _grads(q, k, v, do, attn_mask=mask, **kw)):
+        np.testing.assert_allclose(g, w, rtol=1e-13, atol=1e-13)
+
+
+def test_open_and_causal_windows_are_the_plain_calls():
+    rng = np.random.default_rng(5)
+    q, k, v = _t(rng, 1, 2, 4, 3), _t(rng, 1, 2, 7, 3), _t(rng, 1, 2, 7, 3)
+    for a, b in ((_sdpa(q, k, v, window=(None, None)), _sdpa(q, k, v)),
+                 (_sdpa(q, k, v, window=(None, 0)), _sdpa(q, k, v, is_causal=True)),
+                 (_sdpa(q, k, v, window=(None, 0), alignment="bottom_right"),
+                  _sdpa(q, k, v, **BR))):
+        np.testing.assert_array_equal(a[0], b[0])
+
+
+@pytest.mark.parametrize("bad", [(-1, 0), (0, -2), (1,), (1, 2, 3), "12", (1.5, 0), 3])
+def test_window_is_checked(bad):
+    rng = np.random.default_rng(0)
+    q = _t(rng, 1, 1, 2, 4)
+    with pytest.raises(nbdnn.BadParamError, match="window"):
+        _sdpa(q, q, q, window=bad)
+
+
+WINDOWS = [dict(window=(2, 1), is_causal=False, alignment="top_left"),
+           dict(window=(3, None), is_causal=True, alignment="bottom_right"),
+           dict(window=(None, 2), is_causal=False, alignment="bottom_right", **LENS)]
+
+
+@pytest.mark.parametrize("kw", WINDOWS, ids=["both-sides", "causal-left", "right-lengths"])
+def test_exact_kernels_windows(kw, monkeypatch):
+    _check_path("simt", "attention_fwd", np.float64, 2, 4, 2, 3, 7, 6, kw, True,
+                monkeypatch, 1e-12)
+
+
+@pytest.mark.parametrize("kw", WINDOWS[:2], ids=["both-sides", "causal-left"])
+def test_gemm_path_windows(kw, monkeypatch):
+    _check_path("gemm", "attention_rows", np.float32, 1, 2, 1, 64, 80, 8,
+                dict(kw, window=(17, kw["window"][1])), True, monkeypatch, 1e-5)
+
+
+@pytest.mark.parametrize("kw", WINDOWS, ids=["both-sides", "causal-left", "right-lengths"])
+def test_decoding_windows(kw, monkeypatch):
+    _check_path("decode", "attention_decode_part", np.float64, 2, 4, 2, 3, 77, 6,
+                dict(kw, window=(40, kw["window"][1])), False, monkeypatch, 1e-12)
+
+
+def test_the_tensor_core_kernels_take_plain_causal_only():
+    """flash.takes (the tensor-core forward and backward) and decode_split refuse a
+    window (their rows' keys start at 0), so a windowed call runs elsewhere; either
+    alignment of plain causal stays theirs."""
+    import ml_dtypes
+    from nbdnn.cuda.attention import flash
+    from nbdnn.cuda.attention.geometry import geometry
+    q = np.zeros((1, 2, 32, 64), ml_dtypes.bfloat16)
+
+    def geo(code, window):
+        return geometry(q, q, q, q, None, 0.0, code, None, 0, 0, "BHSD", 0, 0, "ieee",
+                        window)
+    for code, window in ((1, None), (2, None), (0, None)):
+        assert flash.takes("bfloat16", geo(code, window)) and not geo(code, window).windowed
+    for code, window in ((1, (-3, 0)), (2, (None, 2)), (1, (0, 0))):
+        assert geo(code, window).windowed and not flash.takes("bfloat16", geo(code, window))
