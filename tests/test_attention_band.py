@@ -243,3 +243,20 @@ def test_the_tensor_core_kernels_take_plain_causal_only():
         assert flash.takes("bfloat16", geo(code, window)) and not geo(code, window).windowed
     for code, window in ((1, (-3, 0)), (2, (None, 2)), (1, (0, 0))):
         assert geo(code, window).windowed and not flash.takes("bfloat16", geo(code, window))
+
+
+def test_eager_plans_replay_each_band_as_its_own():
+    """An eager call plan is a signature's (ops/_plan.py): a replayed window, alignment
+    or causal flag answers as the full call, and a call that differs in one of them
+    alone gets its own plan, not the replay of another's."""
+    from nbdnn.cuda.runtime.memory.arrays import to_device
+    rng = np.random.default_rng(9)
+    host = [_t(rng, 1, 2, S, 4) for S in (3, 6, 6)]
+    dev = [to_device(a) for a in host]
+    for kw in (dict(window=(2, 1)), dict(window=(1, 1)), dict(window=(1, 1), **BR),
+               dict(**BR), dict(is_causal=True), dict(window=(None, 0))):
+        want = _sdpa(*host, **kw)
+        for _ in range(5):  # (the 4th and 5th replay this signature's plan)
+            o, lse = nbdnn.scaled_dot_product_attention(*dev, **kw)
+            np.testing.assert_allclose(np.asarray(o.copy_to_host()), want[0], rtol=1e-12,
+                                       atol=1e-12)
