@@ -1,9 +1,11 @@
 """scaled_dot_product_attention on the GPU. Kernels, one module each:
 - simt.py: the exact path on the CUDA cores (every dtype and math mode, both layouts,
-  masks, causal, grouped-query heads, dropout, variable lengths; the simulator runs
-  it): a thread a query row (forward, dq), a thread a key row (dk, dv).
+  masks, causal bands of either alignment and sliding windows, grouped-query heads,
+  dropout, variable lengths; the simulator runs it): a thread a query row (forward,
+  dq), a thread a key row (dk, dv).
 - flash.py (flash_source.py): the tensor-core forward for 16-bit q, k, v at head dims
-  64 and 128, any mask, dropout where Sk % 4 == 0 (wgmma, TMA; sm_90); flash_bwd.py
+  64 and 128, any mask, dropout where Sk % 4 == 0, causal of either alignment but no
+  sliding window (wgmma, TMA; sm_90); flash_bwd.py
   (flash_bwd_source.py): its backward (dK and dV, then dQ by a second pass: deterministic).
 - flash_tf32.py: float32's forward in "tf32" / "3xtf32" fused on the tensor cores
   (mma.sync m16n8k8, online softmax; 3xtf32 past D 64 on gemm.py, which is faster there).
@@ -14,7 +16,7 @@
 - decode.py: the forward for Sq <= 16 queries against >= decode.MIN_KEYS keys
   (flash-decoding: the keys split over blocks, the chunks combined by log-sum-exp);
   every feature of the exact path. decode_split.py: its part kernel for 16-bit data at
-  D 64 and 128, every feature (16-byte loads, a thread a key).
+  D 64 and 128, every feature but sliding windows (16-byte loads, a thread a key).
 - paged.py: paged_attention, both part kernels reading a paged cache through its block
   table (PAGED: decode_split where it takes the call, else decode).
 geometry.py names a call as the kernels see it (Geometry). FORWARD and BACKWARD below

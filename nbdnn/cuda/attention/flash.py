@@ -7,7 +7,8 @@ streaming K and V by TMA through STAGES stages, two consumer warpgroups of 64 qu
 computing S = QK^T and O += PV on wgmma with the softmax between them in registers; P
 never leaves registers (the accumulator's layout is the next product's A operand). Rows
 and keys past the tensor are TMA's zeros, masked where they would count; causal tiles
-past a query tile's last row are never loaded.
+past a query tile's last row (its diagonal: top-left, or bottom-right at Lk - Lq) are
+never loaded.
 
 Where it runs (`usable`): float16 / bfloat16 q, k, v with head dims D = Dv = 64 or 128,
 any mask (boolean, or additive in q's dtype), dropout where Sk % 4 == 0 (a Philox
@@ -15,8 +16,9 @@ call's 4 words are 4 adjacent keys: flash_source.py), a positive scale, Sq > 16 
 queries: decode.py), sm_90; everything else (and the simulator) runs the other variants
 (attention/__init__.py). A mask and dropout are compiled into kernels of their own
 (flash_source.source's masked, dropped), so a call without them pays nothing.
-Causal, grouped-query heads, seq_lens_q / seq_lens_k and both layouts run here: BHSD tensors are mapped as (B*H,
-S, D), BSHD as (B, S, H*D), so neither is transposed.
+Causal of either alignment (no sliding window: geometry.Geometry.windowed), grouped-query
+heads, seq_lens_q / seq_lens_k and both layouts run here: BHSD tensors are mapped as
+(B*H, S, D), BSHD as (B, S, H*D), so neither is transposed.
 """
 import math
 
