@@ -33,9 +33,10 @@ def _problem(rng, dtype, B, Sq, Hq, Hk, D, Dv, P, pages, W, lens, layout="BSHD")
     return q, kc, vc, table, np.asarray(lens)
 
 
-def _oracle(q, kc, vc, table, lens, causal, layout, scale=None):
+def _oracle(q, kc, vc, table, lens, causal, layout, scale=None, window=None):
     """(o, lse) in float64: the pages gathered into (B, W P) keys, a boolean mask for
-    the lengths, the bottom-right causal rule and pages outside the cache."""
+    the lengths, the bottom-right causal rule, a sliding window (left, right) about its
+    diagonal and pages outside the cache."""
     pages, P, Hk, D = kc.shape
     B, W = table.shape
     Sq = q.shape[1] if layout == "BSHD" else q.shape[2]
@@ -53,6 +54,12 @@ def _oracle(q, kc, vc, table, lens, causal, layout, scale=None):
         live[b, 0, :, L:] = False
         if causal:
             live[b, 0] &= np.tril(np.ones((Sq, W * P), bool), L - Sq)
+        if window is not None:  # key j of row i: L - Sq + i - left <= j <= ... + right
+            off = np.arange(W * P)[None, :] - np.arange(Sq)[:, None] - (L - Sq)
+            if window[0] is not None:
+                live[b, 0] &= off >= -window[0]
+            if window[1] is not None:
+                live[b, 0] &= off <= window[1]
     qq = q.astype(np.float64)
     if layout == "BHSD":
         K, V = K.transpose(0, 2, 1, 3), V.transpose(0, 2, 1, 3)
@@ -63,22 +70,36 @@ def _oracle(q, kc, vc, table, lens, causal, layout, scale=None):
 TOL = {np.float64: 1e-12, np.float32: 2e-5, np.float16: 3e-3}
 
 
+def _band_kw(causal):
+    """(paged_attention's keywords, _oracle's) of a case's causal column: a bool, or a
+    window (left, right), causal where right is None."""
+    if isinstance(causal, tuple):
+        right_open = causal[1] is None
+        return dict(is_causal=right_open, window=causal), \
+            dict(causal=right_open, window=causal)
+    return dict(is_causal=causal), dict(causal=causal)
+
+
 @pytest.mark.parametrize("dtype,B,Sq,Hq,Hk,D,Dv,P,W,lens,causal,layout", [
     (np.float64, 3, 1, 4, 2, 8, 6, 4, 5, [5, 0, 20], False, "BSHD"),
     (np.float64, 2, 3, 2, 2, 8, 8, 1, 9, [9, 2], True, "BHSD"),   # rows before any key
     (np.float32, 2, 2, 6, 3, 16, 16, 3, 4, [7, 12], True, "BSHD"),
     (np.float32, 1, 1, 2, 1, 4, 4, 16, 2, [17], False, "BHSD"),
+    (np.float64, 2, 3, 2, 1, 8, 8, 4, 5, [19, 2], (5, None), "BSHD"),  # windowed, causal
+    (np.float64, 2, 2, 2, 2, 8, 8, 3, 4, [11, 7], (None, 1), "BHSD"),  # right side only
 ])
 def test_reference_matches_the_oracle(dtype, B, Sq, Hq, Hk, D, Dv, P, W, lens, causal,
                                       layout):
+    """causal: True, False, or a window (left, right) (causal too when right is None)."""
     rng = np.random.default_rng(sum(lens) + P)
     pages = sum(-(-L // P) for L in lens) + 2
     q, kc, vc, table, ln = _problem(rng, dtype, B, Sq, Hq, Hk, D, Dv, P, pages, W, lens,
                                     layout)
+    kw, ref = _band_kw(causal)
     for tdt in (np.int32, np.int64):
         o, lse = nbdnn.paged_attention(q, kc, vc, table.astype(tdt), ln.astype(tdt),
-                                       is_causal=causal, layout=layout)
-        want_o, want_lse = _oracle(q, kc, vc, table, ln, causal, layout)
+                                       layout=layout, **kw)
+        want_o, want_lse = _oracle(q, kc, vc, table, ln, layout=layout, **ref)
         assert o.dtype == dtype and lse.dtype == (np.float64 if dtype == np.float64 else
                                                   np.float32)
         np.testing.assert_allclose(o, want_o, rtol=TOL[dtype], atol=TOL[dtype])
@@ -93,8 +114,8 @@ def _run_cuda(q, kc, vc, table, ln, causal, layout, on_device=False):
     if on_device:  # (the front end cannot read device arrays: the kernels' own guard)
         args = tuple(cuda.to_device(a) for a in args)
     with launched() as names:
-        o, lse = nbdnn.paged_attention(*args, is_causal=causal, layout=layout,
-                                       backend="cuda")
+        o, lse = nbdnn.paged_attention(*args, layout=layout, backend="cuda",
+                                       **_band_kw(causal)[0])
     return np.asarray(o if not on_device else o.copy_to_host(), np.float64), \
         np.asarray(lse if not on_device else lse.copy_to_host()), names
 
@@ -103,9 +124,12 @@ def _run_cuda(q, kc, vc, table, ln, causal, layout, on_device=False):
     (np.float64, 1, 4, 2, 8, 4, [37, 0, 70], False, "BSHD"),
     (np.float32, 3, 2, 1, 12, 5, [66, 2, 49], True, "BHSD"),
     (np.float16, 2, 4, 4, 8, 16, [80, 33, 1], True, "BSHD"),
+    (np.float64, 3, 2, 1, 8, 4, [70, 5, 41], (40, None), "BHSD"),  # a window across chunks
+    (np.float16, 2, 4, 2, 64, 16, [80, 33, 1], (7, 0), "BSHD"),  # (decode_split's shape)
 ])
 def test_generic_kernel_matches_the_oracle(dtype, Sq, Hq, Hk, D, P, lens, causal, layout):
-    """decode.py's paged_part (3 chunks of 32 keys in the simulator), then combine."""
+    """decode.py's paged_part (3 chunks of 32 keys in the simulator), then combine;
+    windowed calls too (decode_split leaves them to it, 16-bit D 64 included)."""
     rng = np.random.default_rng(P)
     W = -(-max(lens) // P) + 1
     pages = sum(-(-L // P) for L in lens) + 3
@@ -113,7 +137,7 @@ def test_generic_kernel_matches_the_oracle(dtype, Sq, Hq, Hk, D, P, lens, causal
                                     layout)
     o, lse, names = _run_cuda(q, kc, vc, table.astype(np.int32), ln, causal, layout)
     assert names[-2:] == ["attention_paged_part", "attention_decode_combine"], names
-    want_o, want_lse = _oracle(q, kc, vc, table, ln, causal, layout)
+    want_o, want_lse = _oracle(q, kc, vc, table, ln, layout=layout, **_band_kw(causal)[1])
     np.testing.assert_allclose(o, want_o, rtol=TOL[dtype], atol=TOL[dtype])
     np.testing.assert_allclose(lse, want_lse, rtol=TOL[dtype], atol=TOL[dtype])
 

@@ -552,18 +552,26 @@ def test_16_bit_tensors(case, dtype):
         assert err <= (2e-2 if dtype == torch.bfloat16 else 4e-3), (err, got.shape)
 
 
+def test_paged_attention_refuses_a_bad_window_size():
+    q, kc, vc, table, lens = _paged_inputs("cpu", torch.float64)
+    for bad in ((-2, 0), (1,), (0.5, 1), "ab", (True, 0), None):
+        with pytest.raises(BadParamError, match="window_size"):
+            nt.paged_attention(q, kc, vc, table, lens, window_size=bad)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device for torch"))])
-@pytest.mark.parametrize("causal", [False, True])
-def test_paged_attention_is_sdpa_over_the_gathered_pages(device, causal):
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)),
+                                           (True, (2, -1)), (False, (1, 1))])
+def test_paged_attention_is_sdpa_over_the_gathered_pages(device, causal, window):
     """nt.paged_attention (flash_attn_with_kvcache's conventions) against PyTorch's SDPA
     over each sequence's keys gathered from its pages, the causal rows aligned
-    bottom-right (torch.ones(Sq, L).tril(L - Sq)), outputs and gradients (q's and the
-    caches': its math form's)."""
+    bottom-right (torch.ones(Sq, L).tril(L - Sq)), a window_size about that diagonal
+    (-1: open), outputs and gradients (q's and the caches': its math form's)."""
     dtype = torch.float64 if device == "cpu" else torch.float32
     q, kc, vc, table, lens = _paged_inputs(device, dtype)
     leaves = [t.clone().requires_grad_() for t in (q, kc, vc)]
-    o = nt.paged_attention(*leaves, table, lens, causal=causal)
+    o = nt.paged_attention(*leaves, table, lens, causal=causal, window_size=window)
     assert o.shape == (2, 3, 4, 6) and o.dtype == dtype
     g = torch.randn(o.shape, generator=torch.Generator().manual_seed(6),
                     dtype=torch.float64).to(device, dtype)
@@ -574,7 +582,12 @@ def test_paged_attention_is_sdpa_over_the_gathered_pages(device, causal):
         L = int(lens[b])
         pages = table[b, :-(-L // 4)].long()
         k, v = (c[pages].reshape(-1, 2, c.shape[3])[:L].transpose(0, 1) for c in ref[1:])
-        mask = torch.ones(3, L, dtype=torch.bool, device=device).tril(L - 3) if causal else None
+        off = torch.arange(L, device=device)[None, :] - torch.arange(3, device=device)[:, None] \
+            - (L - 3)  # (key j - row i's diagonal)
+        mask = torch.ones(3, L, dtype=torch.bool, device=device)
+        for keep, on in ((off <= 0, causal), (off >= -window[0], window[0] >= 0),
+                         (off <= window[1], window[1] >= 0)):
+            mask = mask & keep if on else mask
         w = F.scaled_dot_product_attention(ref[0][b].transpose(0, 1), k, v, attn_mask=mask,
                                            enable_gqa=True).transpose(0, 1)
         want.append(torch.nan_to_num(w, nan=0.0))  # (a row before every key: PyTorch NaN,

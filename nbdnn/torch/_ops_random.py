@@ -118,27 +118,33 @@ def _(do, q, k, v, o, lse, attn_mask, dropout_p, causal, scale, enable_gqa, seed
 
 @custom_op("nbdnn::paged_attention", mutates_args=())
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
-                    seq_lens_k: Tensor, is_causal: bool,
-                    scale: Optional[float]) -> tuple[Tensor, Tensor]:
-    """(o, lse) of nbdnn.paged_attention, q (B, Sq, Hq, D); no backward (inference)."""
+                    seq_lens_k: Tensor, is_causal: bool, scale: Optional[float],
+                    window_left: int = -1, window_right: int = -1) -> tuple[Tensor, Tensor]:
+    """(o, lse) of nbdnn.paged_attention, q (B, Sq, Hq, D); a window side of -1 is open
+    (flash_attn_with_kvcache's window_size)."""
+    window = None if window_left < 0 and window_right < 0 else \
+        tuple(None if w < 0 else w for w in (window_left, window_right))
     return run(nbdnn.paged_attention, q, q, k_cache, v_cache, block_table, seq_lens_k,
-               is_causal=is_causal, scale=scale, layout="BSHD")
+               is_causal=is_causal, scale=scale, layout="BSHD", window=window)
 
 
 @paged_attention.register_fake
-def _(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, scale):
+def _(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, scale, window_left=-1,
+      window_right=-1):
     B, Sq, Hq, _ = q.shape
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float64 if q.dtype == torch.float64
                       else torch.float32)
     return q.new_empty((B, Sq, Hq, v_cache.shape[3])), lse
 
 
-def paged_attention_math(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, scale):
+def paged_attention_math(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, scale,
+                         window_left=-1, window_right=-1):
     """paged_attention's o in PyTorch's ops, on the device without a host read: every
     table entry's page gathered into (B, W P) keys (entries outside the cache read page 0,
-    removed), a boolean mask of the live keys (length, bottom-right causal rows, pages in
-    the cache), attention_math. What its gradients and forward-mode derivatives
-    differentiate (decoding rarely asks: gradients through the gathered caches)."""
+    removed), a boolean mask of the live keys (length, bottom-right causal rows, the
+    window's sides that are not -1, pages in the cache), attention_math. What its
+    gradients and forward-mode derivatives differentiate (decoding rarely asks:
+    gradients through the gathered caches)."""
     B, Sq, Hq, D = q.shape
     pages, P, Hk, _ = k_cache.shape
     W = block_table.shape[1]
@@ -149,8 +155,13 @@ def paged_attention_math(q, k_cache, v_cache, block_table, seq_lens_k, is_causal
     j = torch.arange(W * P, device=q.device)
     n = seq_lens_k.long().clamp(0, W * P)[:, None, None]  # (B, 1, 1)
     live = (j < n) & inside.repeat_interleave(P, 1)[:, None, :]
+    diag = n - Sq + torch.arange(Sq, device=q.device)[:, None]  # (B, Sq, 1): row i's
     if is_causal:  # row i attends keys j <= n - Sq + i
-        live = live & (j <= n - Sq + torch.arange(Sq, device=q.device)[:, None])
+        live = live & (j <= diag)
+    if window_left >= 0:
+        live = live & (j >= diag - window_left)
+    if window_right >= 0:
+        live = live & (j <= diag + window_right)
     o = attention_math(q.transpose(1, 2), k, v, live[:, None], False, scale, Hk != Hq)
     return o.transpose(1, 2)
 
@@ -166,7 +177,7 @@ def _paged_grad(ctx, do, _dlse):
     q, kc, vc, table, lens = ctx.saved_tensors
     _, vjp = torch.func.vjp(lambda q, kc, vc: paged_attention_math(q, kc, vc, table, lens,
                                                                    *ctx.params), q, kc, vc)
-    return vjp(do) + (None,) * 4
+    return vjp(do) + (None,) * 6
 
 
 register_autograd(paged_attention, _paged_grad, _paged_setup)

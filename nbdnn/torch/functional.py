@@ -531,19 +531,24 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 def paged_attention(q, k_cache, v_cache, block_table, cache_seqlens, scale=None,
-                    causal=False):
+                    causal=False, window_size=(-1, -1)):
     """Decoding against a paged KV cache (nbdnn.paged_attention), in FlashAttention's
     flash_attn_with_kvcache conventions: q (B, Sq, Hq, D); k_cache (pages, P, Hk, D) and
     v_cache (pages, P, Hk, Dv); block_table (B, W) int32 page numbers; cache_seqlens (B,)
-    int32 lengths; causal aligns the Sq rows bottom-right (the sequence's last). Returns
+    int32 lengths; causal aligns the Sq rows bottom-right (the sequence's last);
+    window_size (left, right): a sliding window about that diagonal, -1 an open side. Returns
     o (B, Sq, Hq, Dv). The table and the lengths are read on the device only: a call
     inside a torch.cuda.graph capture replays with whatever they hold at replay.
     Gradients (decoding rarely asks) come from PyTorch's formula of it over the gathered
     pages (nbdnn/torch/_ops_random.py: paged_attention_math)."""
     q, k_cache, v_cache = _autocast("scaled_dot_product_attention", q, k_cache, v_cache)
     _check("paged_attention", q, k_cache, v_cache)
+    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2 and all(
+            isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size)):
+        raise BadParamError(f"nbdnn.torch.paged_attention: window_size must be (left, "
+                            f"right), ints >= -1 (-1: open); got {window_size!r}")
     return call(_paged_attention, q, k_cache, v_cache, block_table, cache_seqlens,
-                bool(causal), None if scale is None else float(scale))[0]
+                bool(causal), None if scale is None else float(scale), *window_size)[0]
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (

@@ -11,8 +11,8 @@ reference's o and lse, rounded as a forward would store them.
 
 paged_attention's row draws page sizes of 1 up, block tables of a shuffled page order
 with unused entries of -1, lengths of 0 up to the table's capacity (int32 or int64),
-grouped-query heads, bottom-right causal rows, both layouts and a given scale; its
-decode boundary is a 1100-key sequence in pages of 16.
+grouped-query heads, bottom-right causal rows, sliding windows, both layouts and a given
+scale; its decode boundary is a 1100-key sequence in pages of 16.
 """
 import math
 
@@ -209,6 +209,8 @@ def _make_paged(draw, dtype, big):
     kw = {"layout": layout, "is_causal": draw(0, 1) == 1}
     if draw(0, 3) == 0:
         kw["scale"] = (0.05, 0.3, 1.0)[draw(0, 2)]
+    if draw(0, 3) == 0:  # a sliding window about the bottom-right diagonal
+        kw["window"] = (draw(0, 8), None if draw(0, 1) else draw(0, 4))
     return Case(args, kw, tol=attention_tol(dtype, max(lens) * G + Sq + D + Dv))
 
 
