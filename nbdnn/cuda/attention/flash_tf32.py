@@ -30,13 +30,13 @@ this tile's products was tried and dropped: ptxas gave it 255 registers and spil
 432 B at D 64 (3.9 KB at D 128), LLVM hoisting the loop-invariant part of each
 prefetched element's address out of the key loop.
 
-Features: causal (top-left, PyTorch's, or bottom-right), grouped-query heads, seq_lens_q / seq_lens_k
-(keys past a length are zero-filled, never read), both layouts (strides), masks (simt.py's
-bias, the additive term scaled into exp2's units) and dropout (simt.py's keep: nbdnn's
-Philox stream; l sums p, P V takes p keep / (1 - p)), each compiled in only for a call
-that has it; D = Dv a multiple of 8 up to 128. A removed pair's p is
-0 in P V (a NaN in a removed key's v row would reach the row: as on every tensor-core
-path); keys past Sk or the length read as 0.
+Features: causal (top-left, PyTorch's, or bottom-right), grouped-query heads,
+seq_lens_q / seq_lens_k (keys past a length are zero-filled, never read), both layouts
+(strides), masks (simt.py's bias, the additive term scaled into exp2's units) and
+dropout (simt.py's keep: nbdnn's Philox stream; l sums p, P V takes p keep / (1 - p)),
+each compiled in only for a call that has it; D = Dv a multiple of 8 up to 128. A
+removed pair's p is 0 in P V (a NaN in a removed key's v row would reach the row: as on
+every tensor-core path); keys past Sk or the length read as 0.
 
 ptxas (sm_90): 72 (D 8) to 168 (D 128, 3xtf32, 32 keys a tile) registers, no spills; 127
 at D 64 3xtf32, 153 with a mask and dropout compiled in (192 at D 128); 128 at D 128 with

@@ -60,7 +60,7 @@ from ..runtime.device_code.intrinsics import array_type, narrow, widen
 from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
 from ..tensor import cast_tensor, transform_tensor
-from .simt import attention_device_functions
+from .simt import attention_device_functions, band_range
 
 MIN_KEYS = MIN_QUERIES = 64     # below: the exact kernels' one launch costs less
 WORKSPACE = 1 << 28             # bytes of float32 scores a chunk (256 MB)
@@ -84,14 +84,11 @@ def _row(bh0, r0, nr, Hk, G, Sq):
 
 @cuda.jit(device=True)
 def _key_range(i, Sq, Sk, causal, lo, hi):
-    """Keys j0 .. j1 - 1 of row i (no seq_lens here): with causal != 0 the band lo <=
-    j - i - d <= hi about the diagonal, d 0 top-left (1), Sk - Sq bottom-right (2);
-    simt.key_range's rule."""
+    """Keys j0 .. j1 - 1 of row i (no seq_lens here: the diagonal's offset 0 top-left,
+    Sk - Sq bottom-right): simt.key_range's rule."""
     if causal == 0:
         return 0, Sk
-    d = Sk - Sq if causal == 2 else 0
-    j0 = min(max(i + d + lo, 0), Sk)
-    return j0, max(min(i + d + hi + 1, Sk), j0)
+    return band_range(i, Sk - Sq if causal == 2 else 0, lo, hi, Sk)
 
 
 def attention_rows_fwd(s, lse, ma, mb, like, bh0, r0, nr, Hk, G, Sq, Sk, mkind, m0, m1, m2,

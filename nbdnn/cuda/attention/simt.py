@@ -35,6 +35,24 @@ _MASK, _S32 = np.uint64(0xFFFFFFFF), np.uint64(32)
 
 
 
+@cuda.jit(device=True)
+def diagonal(lens_q, has_lq, b, Sq, n, causal):
+    """The causal diagonal's offset d of an entry with n keys (query i's diagonal key is
+    i + d): 0 top-left (causal 1, PyTorch's is_causal), n - Lq bottom-right (2: the rows
+    are the sequence's last Lq; Lq its query length)."""
+    if causal == 2:
+        return n - (min(max(lens_q[b], 0), Sq) if has_lq != 0 else Sq)
+    return 0
+
+
+@cuda.jit(device=True)
+def band_range(i, d, lo, hi, n):
+    """The band lo <= j - i - d <= hi of row i within 0 .. n - 1: (j0, j1), empty as j0 =
+    j1 (geometry.py: the band's sides; NO_BOUND an open one)."""
+    j0 = min(max(i + d + lo, 0), n)
+    return j0, max(min(i + d + hi + 1, n), j0)
+
+
 def geometry_types(ct):
     """The types of the arguments every forward-shaped kernel takes after its tensors:
     the two length arrays, then the call's geometry (geometry.Geometry: B, Hq, G, Sq, Sk,
@@ -74,33 +92,24 @@ def attention_device_functions(CT):
 
     @cuda.jit(device=True)
     def key_range(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal, lo, hi):
-        """Keys j0 .. j1 - 1 may attend to row i (of Sq): the entry's n keys, and with
-        causal != 0 the band lo <= j - i - d <= hi about the diagonal (d: 0 for causal 1,
-        top-left, PyTorch's is_causal; n - Lq for 2, bottom-right: the rows are the
-        sequence's last Lq of its n keys; geometry.py)."""
+        """Keys j0 .. j1 - 1 may attend to row i (of Sq): the entry's n keys, cut by the
+        causal band (band_range) where causal != 0."""
         n = Sk
         if has_lk != 0:
             n = min(max(lens_k[b], 0), Sk)
         if causal == 0:
             return 0, n
-        d = 0
-        if causal == 2:
-            d = n - (min(max(lens_q[b], 0), Sq) if has_lq != 0 else Sq)
-        j0 = min(max(i + d + lo, 0), n)
-        return j0, max(min(i + d + hi + 1, n), j0)
+        return band_range(i, diagonal(lens_q, has_lq, b, Sq, n, causal), lo, hi, n)
 
     @cuda.jit(device=True)
     def row_range(lens_q, lens_k, has_lq, has_lk, b, j, Sq, Sk, causal, lo, hi, rows):
         """The query rows i0 .. i1 - 1 (of the entry's `rows`) key j attends to:
-        key_range's band seen from the key."""
+        key_range's band seen from the key (row i's keys i + d + lo .. i + d + hi hold j
+        for i in j - d - hi .. j - d - lo)."""
         if causal == 0:
             return 0, rows
-        d = 0
-        if causal == 2:
-            n = min(max(lens_k[b], 0), Sk) if has_lk != 0 else Sk
-            d = n - (min(max(lens_q[b], 0), Sq) if has_lq != 0 else Sq)
-        i0 = min(max(j - d - hi, 0), rows)
-        return i0, max(min(j - d - lo + 1, rows), i0)
+        n = min(max(lens_k[b], 0), Sk) if has_lk != 0 else Sk
+        return band_range(j, -diagonal(lens_q, has_lq, b, Sq, n, causal), -hi, -lo, rows)
 
     @cuda.jit(device=True)
     def bias(ma, mb, mkind, at):

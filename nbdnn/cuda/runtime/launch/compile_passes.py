@@ -123,10 +123,12 @@ def _sha(fn):
     return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
 
 
-# what each replacement was written against: numba-cuda 0.30's functions' sources
+# what each replacement was written against: numba-cuda 0.30's functions' sources (the
+# ones run_ssa stands in for and the ones _rewrite repeats, the lowering's scan)
 NUMBA_SOURCES = {
     "ssa._run_ssa": "aa09fda773d906df", "ssa._fix_ssa_vars": "d4d0d649d9bdf4c3",
     "ssa._fresh_vars": "ffe311064a72b11f", "ssa._run_block_rewrite": "66a25c0bc90d6ed1",
+    "ssa._run_ssa_block_pass": "3b7500b76333165d",
     "lowering.Lower._find_singly_assigned_variable": "c3b499f765172885"}
 
 
