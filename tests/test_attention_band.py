@@ -5,8 +5,7 @@ constructions that do not use them (the tail rows of a top-left causal call over
 whole sequence; each batch entry alone at its own lengths; an explicit boolean mask of
 the band), and every CUDA path against the reference, forward and backward: the exact
 kernels, the GEMM path and flash-decoding in the simulator; the tensor-core kernels
-(tests/test_attention_flash.py, tests/test_attention_tf32.py) on a GPU, which take plain
-causal calls of either alignment and leave windows to the others."""
+(tests/test_attention_flash.py, tests/test_attention_tf32.py) on a GPU."""
 import numpy as np
 import pytest
 
@@ -227,10 +226,10 @@ def test_decoding_windows(kw, monkeypatch):
                 dict(kw, window=(40, kw["window"][1])), False, monkeypatch, 1e-12)
 
 
-def test_the_tensor_core_kernels_take_plain_causal_only():
-    """flash.takes (the tensor-core forward and backward) and decode_split refuse a
-    window (their rows' keys start at 0), so a windowed call runs elsewhere; either
-    alignment of plain causal stays theirs."""
+def test_the_tensor_core_kernels_take_every_band():
+    """flash.takes (the tensor-core forward and backward) takes either alignment of plain
+    causal and sliding windows; `windowed` tells the windows (which decode_split leaves
+    to the other paths) from plain causal."""
     import ml_dtypes
     from nbdnn.cuda.attention import flash
     from nbdnn.cuda.attention.geometry import geometry
@@ -242,7 +241,7 @@ def test_the_tensor_core_kernels_take_plain_causal_only():
     for code, window in ((1, None), (2, None), (0, None)):
         assert flash.takes("bfloat16", geo(code, window)) and not geo(code, window).windowed
     for code, window in ((1, (-3, 0)), (2, (None, 2)), (1, (0, 0))):
-        assert geo(code, window).windowed and not flash.takes("bfloat16", geo(code, window))
+        assert geo(code, window).windowed and flash.takes("bfloat16", geo(code, window))
 
 
 def test_eager_plans_replay_each_band_as_its_own():

@@ -200,6 +200,48 @@ def test_flash_bottom_right_matches_reference(dtype, D, layout, Sq, Sk, lens):
         assert np.abs(g - w).max() <= 2 * TOL[dtype] * scale, (name, np.abs(g - w).max(), scale)
 
 
+@pytest.mark.parametrize("dtype,D,layout,Sq,Sk,window,causal,alignment,lens,extra", [
+    ("bfloat16", 64, "BHSD", 600, 600, (100, 0), True, "top_left", None, {}),
+    ("float16", 128, "BSHD", 300, 700, (129, None), False, "bottom_right",
+     ([300, 129], [650, 100]), {}),
+    ("bfloat16", 128, "BHSD", 500, 450, (0, 37), False, "top_left", None, {}),
+    ("float16", 64, "BHSD", 257, 1000, (5, 3), False, "bottom_right", None, {}),
+    ("bfloat16", 64, "BSHD", 333, 400, (70, 0), True, "bottom_right", None,
+     dict(dropout_p=0.2, seed=7, attn_mask="heads")),
+    ("float16", 128, "BHSD", 200, 256, (None, 64), False, "top_left", None,
+     dict(attn_mask="additive")),
+])
+def test_flash_windows_match_reference(dtype, D, layout, Sq, Sk, window, causal, alignment,
+                                       lens, extra):
+    """Sliding windows (window=(left, right) about either alignment's diagonal) forward
+    and backward: a left side that spans tiles (a block's first key tile past key 0), a
+    right side past the diagonal without causal, both sides narrow (most key tiles of a
+    block skipped; rows of the longer query side that no key reaches), entries whose
+    lengths move the diagonal, and a window with a mask and dropout."""
+    rng = np.random.default_rng(Sq + 7 * Sk)
+    q, k, v = _inputs(rng, dtype, layout, 2, 4, 2, Sq, Sk, D)
+    do = rng.normal(0, 1, q.shape).astype(DTYPES[dtype])
+    kw = dict(window=window, is_causal=causal, alignment=alignment, enable_gqa=True,
+              layout=layout, **extra)
+    if "attn_mask" in kw:
+        kw["attn_mask"] = _mask(rng, kw["attn_mask"], 2, 4, Sq, Sk, dtype)
+    tol = 2 * TOL[dtype] if extra else TOL[dtype]
+    if lens:
+        kw.update(seq_lens_q=np.array(lens[0]), seq_lens_k=np.array(lens[1]))
+    o, lse = _run(q, k, v, **kw)
+    want_o, want_lse = _reference(q, k, v, **kw)
+    np.testing.assert_allclose(o, want_o, atol=tol, rtol=tol)
+    np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
+    got, names = _grads(q, k, v, do, "cuda", **kw)
+    assert any(n.startswith("attention_flash_dkv") for n in names) and \
+        any(n.startswith("attention_flash_dq") for n in names), names
+    want, _ = _grads(*(np.asarray(a, np.float64) for a in (q, k, v, do)), "cpu",
+                     **_in_float64(kw))
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        scale = max(np.abs(w).max(), 1e-6)
+        assert np.abs(g - w).max() <= 2 * tol * scale, (name, np.abs(g - w).max(), scale)
+
+
 def test_flash_backward_reruns_are_bit_identical(monkeypatch):
     rng = np.random.default_rng(5)
     q, k, v = _inputs(rng, "bfloat16", "BHSD", 1, 4, 2, 320, 500, 128)

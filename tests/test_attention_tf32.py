@@ -24,6 +24,10 @@ CASES = [
     (32, "3xtf32", "BSHD", True, (1, 2, 2, 80, 64), None, {"attn_mask": "float"}),
     (64, "tf32", "BHSD", "bottom_right", (2, 2, 1, 100, 77), ([100, 40], [77, 60]), {}),
     (40, "3xtf32", "BSHD", "bottom_right", (1, 2, 2, 65, 150), None, {}),
+    (64, "tf32", "BHSD", True, (2, 2, 1, 150, 150), None, {"window": (40, None)}),
+    (32, "3xtf32", "BSHD", False, (1, 2, 2, 70, 200), ([70], [180]), {"window": (9, 20)}),
+    (64, "3xtf32", "BHSD", "bottom_right", (1, 2, 1, 40, 300), None,
+     {"window": (50, 0), "attn_mask": "bool"}),
 ]
 
 
@@ -31,7 +35,9 @@ CASES = [
 def test_flash_tf32_matches_reference(D, math, layout, causal, dims, lens, extra,
                                       monkeypatch):
     """Query and key tails, causal (top-left, and bottom-right: the diagonal at each
-    entry's Lk - Lq, the first rows of a longer query side seeing no key), grouped-query heads, lengths (a batch entry with no
+    entry's Lk - Lq, the first rows of a longer query side seeing no key), sliding
+    windows (a left side that skips a block's first key tiles, a right side past the
+    diagonal, one with a mask), grouped-query heads, lengths (a batch entry with no
     key: o = 0, lse = -inf; rows past a query length: the same), both layouts; keys
     past a length hold NaN, which takes no part; masks of both kinds (broadcast over
     batch or heads), dropout."""
@@ -67,11 +73,11 @@ def test_flash_tf32_matches_reference(D, math, layout, causal, dims, lens, extra
 
 
 @pytest.mark.parametrize("key_tile,q_raw", [(16, False), (32, True), (16, True)])
-@pytest.mark.parametrize("case", [0, 1, 5])
+@pytest.mark.parametrize("case", [0, 1, 5, 9])
 def test_flash_tf32_tile_configs(case, key_tile, q_raw, monkeypatch):
     """The other shapes of the block: 16 keys a tile (KEY_TILES), Q kept raw and split
-    at each fragment load (Q_RAW), on the plain, the causal D 128, and the masked and
-    dropped cases."""
+    at each fragment load (Q_RAW), on the plain, the causal D 128, the masked and
+    dropped, and a windowed case (its first key tile a multiple of the tile's keys)."""
     from nbdnn.cuda.attention import flash_tf32
     D, math = CASES[case][:2]
     monkeypatch.setattr(flash_tf32, "KEY_TILES", {(D, flash_tf32.MODES[math]): key_tile})

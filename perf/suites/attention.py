@@ -20,11 +20,13 @@ torch's attention over the same keys stored contiguously (torch has no paged SDP
 
     PYTHONPATH=. python3 perf/suites/attention.py [--json F] [--dtypes bfloat16 float16]
         [--seqs 512 4096] [--dims 64 128] [--no-backward] [--decode] [--paged] [--quick]
-        [--masked]
+        [--masked] [--window W]
         [--variant NAME] [--set MODULE.NAME=VALUE]   (perf/tools/switches.py)
 
---masked times non-causal rows with a boolean key-padding mask instead (B, 1, 1, Sk), its last
-eighth of keys out. nbdnn's forward runs cuda/attention/flash.py at 16-bit D 64 and 128
+--window W times causal rows with a sliding window of W keys (window=(W, 0)) instead,
+torch's SDPA taking the band as a boolean mask (it has no window), FLOPs over the band's
+pairs. --masked times non-causal rows with a boolean key-padding mask instead
+(B, 1, 1, Sk), its last eighth of keys out. nbdnn's forward runs cuda/attention/flash.py at 16-bit D 64 and 128
 without a mask (decode_split.py / decode.py for few queries), its backward flash_bwd.py
 there; float32, masks, and other head dims run gemm.py. --variant runs nbdnn's calls on
 one of nbdnn.cuda.attention's variants (FORWARD, BACKWARD: decode_split, decode, flash,
@@ -77,7 +79,8 @@ def _copy_gbs(nbytes):
     return 4 * n / time_gpu(lambda: dst.copy_(src)) / 1e9
 
 
-def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS, masked=False):
+def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS, masked=False,
+         window=None):
     B = B or max(1, TOKENS // S)
     Sk = Sk or S
     tdt = getattr(torch, dtype)
@@ -90,12 +93,19 @@ def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS, mas
     v = torch.randn(B, Hk, Sk, D, device="cuda", dtype=tdt)
     flops = _flops(B, Hq, S, Sk, D, causal)
     row = {"dtype": dtype, "B": B, "Hq": Hq, "Hk": Hk, "Sq": S, "Sk": Sk, "D": D,
-           "causal": causal, "masked": masked}
+           "causal": causal, "masked": masked, "window": window}
     gqa = dict(is_causal=causal, enable_gqa=Hq != Hk, attn_mask=mask)
+    peer = gqa  # (torch's keywords: SDPA has no window, so its band goes as a mask)
+    if window is not None:  # causal, key j in i - window .. i: FLOPs over those pairs
+        flops = 4 * B * Hq * D * sum(min(i + 1, window + 1) for i in range(S))
+        mask = torch.ones(S, Sk, device="cuda", dtype=torch.bool).tril()
+        mask &= ~torch.ones_like(mask).tril(-window - 1)
+        gqa, peer = dict(gqa, window=(window, 0)), dict(gqa, is_causal=False, attn_mask=mask)
+        causal = False
     o, lse = nbdnn.scaled_dot_product_attention(q, k, v, **gqa)
     hi = torch.float64 if dtype == "float32" else torch.float32
     n = 1 if S == 1 else B  # (decoding: batch entry 0's error; a 64 x 128k cache is 68 GB)
-    ref = F.scaled_dot_product_attention(q[:n].to(hi), k[:n].to(hi), v[:n].to(hi), **gqa)
+    ref = F.scaled_dot_product_attention(q[:n].to(hi), k[:n].to(hi), v[:n].to(hi), **peer)
     row["rel_err"] = float((o[:n].to(hi) - ref).abs().max() / ref.abs().max())
     t = time_gpu(lambda: nbdnn.scaled_dot_product_attention(q, k, v, **gqa, out=o))
     row["nbdnn_tflops"] = flops / t / 1e12
@@ -124,13 +134,13 @@ def _row(dtype, S, D, causal, backward, B=None, Sk=None, Hq=HEADS, Hk=HEADS, mas
         tb = time_gpu(lambda: nbdnn.scaled_dot_product_attention_backward(
             do, q, k, v, o, lse, **gqa))
         qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
-        out = F.scaled_dot_product_attention(qr, kr, vr, **gqa)
+        out = F.scaled_dot_product_attention(qr, kr, vr, **peer)
         tpb = time_gpu(lambda: torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True))
         row["bwd_nbdnn_tflops"] = 2.5 * flops / tb / 1e12
         row["bwd_default_tflops"], row["bwd_x_default"] = 2.5 * flops / tpb / 1e12, tpb / tb
         if B * HEADS * S * Sk <= 2 ** 28:  # (the reference's S x S float32 matrices: 1 GB each)
             hr = [x.detach().to(hi).requires_grad_() for x in (q, k, v)]
-            want = torch.autograd.grad(F.scaled_dot_product_attention(*hr, **gqa), hr,
+            want = torch.autograd.grad(F.scaled_dot_product_attention(*hr, **peer), hr,
                                        do.to(hi))
             row["bwd_rel_err"] = max(float((g.to(hi) - w).abs().max() / w.abs().max())
                                      for g, w in zip(grads, want))
@@ -191,6 +201,12 @@ def _show_paged(r):
           f"(err {r['rel_err']:.0e})", flush=True)
 
 
+def _band(r):
+    if r.get("window") is not None:
+        return f"window {r['window']}"
+    return "causal" if r["causal"] else "masked" if r.get("masked") else "      "
+
+
 def _show(r):
     peer = " | ".join(f"{n} {r[f'{n}_tflops']:.0f} ({r[f'x_{n}']:.2f}x)" if r[f"{n}_tflops"]
                       else f"{n} -" for n in ("default", "flash"))
@@ -205,7 +221,7 @@ def _show(r):
                    f"default {r['default_graph_gbs']:.0f}"
     heads = f" H {r['Hq']}/{r['Hk']}" if r["Hq"] != r["Hk"] else ""
     print(f"{r['dtype']:8} B {r['B']:3}{heads} S {r['Sq']:5}x{r['Sk']:<6} D {r['D']:3} "
-          f"{'causal' if r['causal'] else 'masked' if r.get('masked') else '      '}: nbdnn {r['nbdnn_tflops']:7.2f} TFLOP/s | "
+          f"{_band(r)}: nbdnn {r['nbdnn_tflops']:7.2f} TFLOP/s | "
           f"{peer}{bwd} (err {r['rel_err']:.0e})", flush=True)
 
 
@@ -223,6 +239,8 @@ def main():
     ap.add_argument("--masked", action="store_true",
                     help="rows with a key-padding mask instead (non-causal: torch takes no "
                          "mask with is_causal)")
+    ap.add_argument("--window", type=int, help="causal rows with a sliding window of this "
+                    "many keys left of the diagonal (torch: the band as a boolean mask)")
     ap.add_argument("--variant", help="nbdnn's calls on this variant (attention.forced)")
     switches.add_argument(ap)
     args = ap.parse_args()
@@ -240,6 +258,11 @@ def _run(args):
     for dtype in args.dtypes:
         for D in dims:
             for S in seqs:
+                if args.window is not None:
+                    rows.append(_row(dtype, S, D, True, not args.no_backward,
+                                     window=args.window))
+                    _show(rows[-1])
+                    continue
                 for causal, masked in ((False, True),) if args.masked else \
                         ((False, False), (True, False)):
                     rows.append(_row(dtype, S, D, causal, not args.no_backward, masked=masked))

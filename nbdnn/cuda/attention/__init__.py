@@ -149,7 +149,7 @@ FORWARD = (
             "flash.py: 16-bit at D 64 and 128, any mask, dropout where Sk % 4 == 0, wgmma "
             "and TMA (sm_90)"),
     Variant("flash_tf32", lambda c: flash_tf32.usable(c.dtype, c.math, c.geo.D, c.geo.Dv,
-                                                      _gemm_usable(c)) and not c.geo.windowed,
+                                                      _gemm_usable(c)),
             lambda c: flash_tf32.forward(c.q, c.k, c.v, c.o, c.lse, c.ma, c.mb, c.lq, c.lk,
                                          c.geo, c.math, c.stream),
             "flash_tf32.py: float32 in tf32 / 3xtf32 fused on mma.sync (3xtf32 past D 64: "

@@ -8,7 +8,7 @@ computing S = QK^T and O += PV on wgmma with the softmax between them in registe
 never leaves registers (the accumulator's layout is the next product's A operand). Rows
 and keys past the tensor are TMA's zeros, masked where they would count; causal tiles
 past a query tile's last row (its diagonal: top-left, or bottom-right at Lk - Lq) are
-never loaded.
+never loaded (nor, with a sliding window, those before its first row's band).
 
 Where it runs (`usable`): float16 / bfloat16 q, k, v with head dims D = Dv = 64 or 128,
 any mask (boolean, or additive in q's dtype), dropout where Sk % 4 == 0 (a Philox
@@ -16,7 +16,8 @@ call's 4 words are 4 adjacent keys: flash_source.py), a positive scale, Sq > 16 
 queries: decode.py), sm_90; everything else (and the simulator) runs the other variants
 (attention/__init__.py). A mask and dropout are compiled into kernels of their own
 (flash_source.source's masked, dropped), so a call without them pays nothing.
-Causal of either alignment (no sliding window: geometry.Geometry.windowed), grouped-query
+Causal of either alignment and sliding windows (geometry.py's band: a block loads only
+the key tiles its rows' bands meet, and masks the tiles its bands cut), grouped-query
 heads, seq_lens_q / seq_lens_k and both layouts run here: BHSD tensors are mapped as
 (B*H, S, D), BSHD as (B, S, H*D), so neither is transposed.
 """
@@ -72,12 +73,12 @@ KINDS = {"float16": "f16", "bfloat16": "bf16"}
 
 def sig(dtype):
     """The forward's signature for 16-bit dtype: 3 tensor maps, o's 16-bit pairs, lse, the
-    lengths, Hq .. total; then a boolean mask's bytes, an additive mask (dtype), their
+    lengths, Hq .. total (the band's sides after causal); then a boolean mask's bytes, an additive mask (dtype), their
     strides, the dropout's threshold, factor, offset and seed (read only by the masked /
     dropped kernels)."""
     return ("void(uint64, uint64, uint64, uint32[::1], float32[::1], int64[::1], int64[::1], "
-            "int64, int64, int64, int64, int64, int64, int64, int64, float32, int64, int64, "
-            f"int64, int64, {FEATURE_TYPES.format(array_type(dtype))})")
+            "int64, int64, int64, int64, int64, int64, int64, int64, int64, int64, float32, "
+            f"int64, int64, int64, int64, {FEATURE_TYPES.format(array_type(dtype))})")
 
 
 # the features' parameters, every flash kernel's last (flash_bwd's too)
@@ -244,10 +245,10 @@ _KERNELS = {}
 
 def takes(dtype, geo):
     """Whether the kernels' features cover the call (geo: geometry.Geometry): 16-bit
-    data, D = Dv in TILES, any mask, dropout only where Sk % 4 == 0, a positive scale,
-    causal aligned either way but no sliding window."""
+    data, D = Dv in TILES, any mask, dropout only where Sk % 4 == 0, a positive scale;
+    any band (causal of either alignment, sliding windows)."""
     return dtype in KINDS and geo.D == geo.Dv and geo.D in TILES and \
-        (not geo.dropped or geo.Sk % 4 == 0) and geo.scale > 0 and not geo.windowed
+        (not geo.dropped or geo.Sk % 4 == 0) and geo.scale > 0
 
 
 def fits(q, k, v, geo):
@@ -291,7 +292,7 @@ def forward(q, k, v, o, lse, lq, lk, mb, ma, geo, layout, stream):
     grid = min(total, sm_count()) if persistent else total  # (one block an SM fits)
     kern.launch(kern.sigs[0], grid, THREADS, stream, *(m[0] for m in maps),
                 (ptr(o), B * Hq * Sq * D // 2), lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk,
-                causal, int(bhsd), float(scale * math.log2(math.e)), ob, oh, orow, total, *tail,
+                causal, geo.win_lo, geo.win_hi, int(bhsd), float(scale * math.log2(math.e)), ob, oh, orow, total, *tail,
                 shmem=kern.shared_bytes, owners=tuple(m[1] for m in maps) + (o,))
 
 

@@ -5,7 +5,7 @@ rather than atomics, so reruns are bit-identical). delta = rowsum(dO o) comes fi
 from simt.py's delta kernel.
 
 Where it runs (`usable`): flash.py's limits (16-bit, D = Dv = 64 or 128, any mask,
-dropout where Sk % 4 == 0, positive scale); otherwise gemm.py's or simt.py's kernels.
+dropout where Sk % 4 == 0, positive scale, any band); otherwise gemm.py's or simt.py's kernels.
 
 Measured (H200): tests/test_attention_flash.py's backward rows pass (every feature, both
 head dims, bit-identical reruns), racecheck clean; bf16 backward 123-207 TFLOP/s,
@@ -26,12 +26,12 @@ from . import flash, flash_bwd_source as fb
 
 STAGES = {64: 4, 128: 3}  # D -> streamed stages (flash_bwd_source.shared_bytes)
 _TAIL = ("int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int64, int64, "
-         "float32, float32, int64, int64, int64, ")
+         "int64, int64, float32, float32, int64, int64, int64, ")
 
 
 def sig(which, dtype):
     """4 tensor maps, lse and delta, the gradients' 16-bit pairs (dk and dv, or dq), the
-    lengths .. the gradient's strides, then the masks and dropout as flash.sig's."""
+    lengths .. the gradient's strides (the band's sides after causal), then the masks and dropout as flash.sig's."""
     grads = "uint32[::1], uint32[::1], " if which == "dkv" else "uint32[::1], "
     return "void(uint64, uint64, uint64, uint64, float32[::1], float32[::1], " + grads + \
         _TAIL + flash.FEATURE_TYPES.format(array_type(dtype)) + ")"
@@ -85,7 +85,7 @@ def backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, mb, ma, geo, layout, stre
     def maps(tensors):
         return [encoded(ptr(t), shp, dtype, (1, r, 64), "128B", stream, t)
                 for t, shp, r in tensors]
-    common = (lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, causal, int(bhsd),
+    common = (lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, causal, geo.win_lo, geo.win_hi, int(bhsd),
               float(scale * math.log2(math.e)), float(scale))
     feat, tail = flash.features(geo, mb, ma)
     m = maps(((k, shk, fb.BLOCK), (v, shk, fb.BLOCK), (q, shq, st), (do, shq, st)))

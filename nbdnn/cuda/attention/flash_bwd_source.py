@@ -44,7 +44,7 @@ of that lane's call): st / 8 calls a thread a step, none wasted.
 Traffic (dkv, D 128, a step of st = 32 queries): 2 x 32 x 128 x 2 B + 256 B in, 4
 products of 2 x 64 x 32 x 128 flops per warpgroup: 4.2 MFLOP a block for 16.6 KB.
 """
-from .flash_source import REGS
+from .flash_source import REGS, live_lines
 
 BLOCK = 128   # the resident tile's rows (keys in dkv, queries in dq): 2 warpgroups of 64
 STEP = 64     # the streamed tile's rows (queries in dkv, keys in dq) ...
@@ -243,7 +243,8 @@ def dkv_source(kind, D, stages, feat=(False, False)):
     st = step_of("dkv", D, feat[1])
     name = f"attention_flash_dkv_{kind}_d{D}_m{st}s{stages}" + _suffix(feat)
     args = ("map_a, map_b, map_c, map_d, lse, dl, dk_out, dv_out, lq, lk, Hq, G, Sq, Sk, "
-            "has_lq, has_lk, causal, bhsd, scale_log2, scale, kb, kh, krow, " + _FEATURES)
+            "has_lq, has_lk, causal, win_lo, win_hi, bhsd, scale_log2, scale, kb, kh, krow, " +
+            _FEATURES)
     start, setup = _start(name, args, ("map_a", "map_b", "map_c", "map_d"), D, stages, st)
     geo = ["    Hk = Hq // G",
            f"    ktiles = (Sk + {BLOCK - 1}) // {BLOCK}",
@@ -253,9 +254,13 @@ def dkv_source(kind, D, stages, feat=(False, False)):
            "    lqb = lq[b] if has_lq != 0 else Sq",
            "    lkb = lk[b] if has_lk != 0 else Sk",
            "    dg = (min(max(lkb, 0), Sk) - min(max(lqb, 0), Sq)) if causal == 2 else 0",
-           f"    mt0 = max(n0 - dg, 0) // {st} if causal != 0 else 0  # (earlier queries see "
-           "none of these keys)",
-           f"    nq = max((lqb + {st - 1}) // {st} - mt0, 0)",
+           f"    mt1 = (lqb + {st - 1}) // {st}",
+           "    mt0 = 0",
+           "    if causal != 0:  # (the query tiles whose bands meet these keys: query i sees"
+           " key j where j - dg - win_hi <= i <= j - dg - win_lo)",
+           f"        mt0 = max(n0 - dg - win_hi, 0) // {st}",
+           f"        mt1 = min(mt1, max(n0 + {BLOCK - 1} - dg - win_lo, -1) // {st} + 1)",
+           "    nq = max(mt1 - mt0, 0)",
            "    nsteps = G * nq if n0 < lkb else 0",
            "    zk = bh if bhsd != 0 else b",
            f"    xk = 0 if bhsd != 0 else hk * {D}"]
@@ -270,6 +275,7 @@ def dkv_source(kind, D, stages, feat=(False, False)):
         _producer(D, stages, resident, step, 2 * st * D * 2, st) + _consumer_head(D, stages) + [
         "        r0 = n0 + w * 64 + 16 * (i // 32) + lane // 4  # this thread's keys r0, r0 + 8",
         "        r1 = r0 + 8",
+        "        wband = U64(win_hi - win_lo)  # (win_lo <= 0 <= win_hi)",
         "        dk = zero_acc()", "        dv = zero_acc()",
         "        sv = zero_s()", "        dp = zero_s()"]
     if feat[1]:  # (r0 % 4 = kl: the key group of row r0 + 8 (kl // 2) starts at kg)
@@ -293,8 +299,10 @@ def dkv_source(kind, D, stages, feat=(False, False)):
                                                   ("dp", "res2", BLOCK, f"sa + {st * D * 2}", st)),
                                               " " * 12) + [
         "            wgmma_commit()", "            wgmma_wait(0)",
-        f"            need = i0 + {st} > lqb or n0 + w * 64 + 64 > lkb or "
-        "(causal != 0 and n0 + w * 64 + 63 > i0 + dg)"]
+        f"            need = i0 + {st} > lqb or n0 + w * 64 + 64 > lkb or (causal != 0 and "
+        f"(n0 + w * 64 + 63 - i0 - dg > win_hi or n0 + w * 64 - i0 - {st - 1} - dg < win_lo))",
+        "            rq0 = r0 - cl - dg - win_lo  # (pair (cl + c, r) is in the band where",
+        "            rq1 = r1 - cl - dg - win_lo  # U64(rq - c) <= wband, one unsigned compare)"]
 
     def at(k):  # pair k's mask element: query cl + co, key r_rr
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
@@ -302,7 +310,8 @@ def dkv_source(kind, D, stages, feat=(False, False)):
 
     def masked(k):
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
-        safe = f"(cl + {co} >= lqb) | (r{rr} >= lkb) | ((causal != 0) & (r{rr} > cl + {co} + dg))"
+        safe = f"(cl + {co} >= lqb) | (r{rr} >= lkb) | ((causal != 0) & (U64(rq{rr} - {co}) > " \
+            "wband))"
         return safe + (f" or mb[{at(k)}] == 0" if feat[0] == 1 else "")  # (bitwise: no
         # branches in numba's IR; the mask's read stays behind the pair's bounds)
 
@@ -327,7 +336,8 @@ def dq_source(kind, D, stages, feat=(False, False)):
     st = step_of("dq", D)
     name = f"attention_flash_dq_{kind}_d{D}_s{stages}" + _suffix(feat)
     args = ("map_a, map_b, map_c, map_d, lse, dl, dq_out, lq, lk, Hq, G, Sq, Sk, has_lq, "
-            "has_lk, causal, bhsd, scale_log2, scale, qb, qh, qrow, " + _FEATURES)
+            "has_lk, causal, win_lo, win_hi, bhsd, scale_log2, scale, qb, qh, qrow, " +
+            _FEATURES)
     start, setup = _start(name, args, ("map_a", "map_b", "map_c", "map_d"), D, stages, st)
     geo = [f"    tiles = (Sq + {BLOCK - 1}) // {BLOCK}",
            "    bh = cuda.blockIdx.x // tiles  # b Hq + h",
@@ -339,15 +349,18 @@ def dq_source(kind, D, stages, feat=(False, False)):
            "    lkb = lk[b] if has_lk != 0 else Sk",
            "    kend = lkb",
            "    dg = (min(max(lkb, 0), Sk) - min(max(lqb, 0), Sq)) if causal == 2 else 0",
-           f"    if causal != 0 and m0 + {BLOCK} + dg < kend:",
-           f"        kend = max(m0 + {BLOCK} + dg, 0)",
+           f"    if causal != 0 and m0 + {BLOCK} + dg + win_hi < kend:",
+           f"        kend = max(m0 + {BLOCK} + dg + win_hi, 0)",
            "    if m0 >= lqb:", "        kend = 0",
-           f"    nsteps = (kend + {st - 1}) // {st}",
+           f"    u1 = (kend + {st - 1}) // {st}",
+           f"    u0 = min(max(m0 + dg + win_lo, 0) // {st}, u1) if causal != 0 else 0",
+           "    nsteps = u1 - u0  # (key steps u0 .. u1 - 1: those the block's bands meet)",
            "    zq = bh if bhsd != 0 else b", f"    xq = 0 if bhsd != 0 else h * {D}",
            "    zk = b * (Hq // G) + hk if bhsd != 0 else b", f"    xk = 0 if bhsd != 0 else hk * {D}"]
     resident = _boxes("base", "map_a", "xq", "m0", "zq", BLOCK, D, "rfull") + \
         _boxes("res2", "map_b", "xq", "m0", "zq", BLOCK, D, "rfull")
-    step = [f"n0 = u * {st}"] + _boxes("sa", "map_c", "xk", "n0", "zk", st, D, "full0 + 8 * s") + \
+    step = [f"n0 = (u0 + u) * {st}"] + \
+        _boxes("sa", "map_c", "xk", "n0", "zk", st, D, "full0 + 8 * s") + \
         _boxes(f"sa + {st * D * 2}", "map_d", "xk", "n0", "zk", st, D, "full0 + 8 * s")
     L = _helpers(D, st) + start + geo + setup + \
         _producer(D, stages, resident, step, 2 * st * D * 2, st) + _consumer_head(D, stages) + [
@@ -358,8 +371,7 @@ def dq_source(kind, D, stages, feat=(False, False)):
         L += [f"        ls = lse[bh * Sq + r{rr}] if r{rr} < Sq else NEG",
               f"        L{rr} = ls * LOG2E if ls > NEG else INF  # (no live pair: P = 0)",
               f"        dl{rr} = dl[bh * Sq + r{rr}] if r{rr} < Sq else F32(0)"]
-    L += ["        lim0 = lkb", "        lim1 = lkb", "        if causal != 0:",
-          "            lim0 = min(lkb, r0 + 1 + dg)", "            lim1 = min(lkb, r1 + 1 + dg)",
+    L += live_lines("        ") + [
           "        dq = zero_acc()", "        sv = zero_s()", "        dp = zero_s()"]
     if feat[0]:  # (rows past Sq read row Sq - 1: in bounds, never stored)
         L += [f"        mq{rr} = b * ms0 + h * ms1 + min(r{rr}, Sq - 1) * ms2" for rr in (0, 1)]
@@ -367,13 +379,14 @@ def dq_source(kind, D, stages, feat=(False, False)):
         L += ["        eb = U64(bh * Sq + (r0 if lane % 2 == 0 else r1)) * U64(Sk) "
               "+ U64(4 * ((lane % 4) // 2))",
               "        ev = lane % 2 == 0"]
-    L += ["        for u in range(nsteps):", f"            n0 = u * {st}"] + \
+    L += ["        for u in range(nsteps):", f"            n0 = (u0 + u) * {st}"] + \
         _step_wait(D, stages, st) + _kmajor_lines(D, (("sv", "base", BLOCK, "sa", st),
                                                   ("dp", "res2", BLOCK, f"sa + {st * D * 2}", st)),
                                               " " * 12) + [
         "            wgmma_commit()", "            wgmma_wait(0)",
-        f"            need = n0 + {st} > lkb or (causal != 0 and n0 + {st - 1} > wrow + dg)",
-        "            cl = n0 + cb"]
+        f"            need = n0 + {st} > lkb or (causal != 0 and (n0 + {st - 1} > wrow + dg + "
+        "win_hi or n0 < wrow + 63 + dg + win_lo))",
+        "            cl = n0 + cb", "            ck0 = U64(cl - lo0)", "            ck1 = U64(cl - lo1)"]
 
     def at(k):  # pair k's mask element: query r_rr (its row offset mq), key cl + co
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
@@ -381,7 +394,7 @@ def dq_source(kind, D, stages, feat=(False, False)):
 
     def masked(k):
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
-        return f"cl + {co} >= lim{rr}" + (f" or mb[{at(k)}] == 0" if feat[0] == 1 else "")
+        return f"ck{rr} + U64({co}) >= wd{rr}" + (f" or mb[{at(k)}] == 0" if feat[0] == 1 else "")
 
     def added(k):  # (a key past Sk is not read; masked() drops its pair)
         co = 8 * (k // 4) + k % 2

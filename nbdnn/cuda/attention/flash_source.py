@@ -81,7 +81,7 @@ def _producer_lines(D, BN, stages, persistent):
           "                while mbarrier_try_wait_parity(U32(empty0 + 8 * s), U32(ph ^ 1)) == 0:",
           "                    pass",
           f"                ka = ks0 + s * {2 * kv_bytes}",
-          f"                n0 = t * {BN}"]
+          f"                n0 = (kt0 + t) * {BN}"]
     for bar, mp, off in (("kfull0", "map_k", 0), ("vfull0", "map_v", kv_bytes)):
         L += [f"                mbarrier_arrive_expect_tx(U32({bar} + 8 * s), {kv_bytes})"]
         L += [f"                tma_load_3d(U32(ka + {off + c * BN * 128}), {mp}, "
@@ -103,18 +103,35 @@ def _tile_lines(D, BN, ind):
     """Tile `tile` -> its geometry: one block a (batch, head, query tile), a head's tiles
     consecutive (its K and V stay in L2 while they run); causal: a head's longest rows
     first, the diagonal at key i + dg for query i (dg: 0 top-left, Lk - Lq
-    bottom-right); the maps' coordinates (BHSD: (B*H, S, D) maps, BSHD: (B, S, H*D) maps)."""
+    bottom-right), the band win_lo <= j - i - dg <= win_hi about it (geometry.py), so the
+    key tiles kt0 .. kt1 - 1 that meet the block's band (ntiles of them); the maps'
+    coordinates (BHSD: (B*H, S, D) maps, BSHD: (B, S, H*D) maps)."""
     return [ind + x for x in [
         f"tiles = (Sq + {BM - 1}) // {BM}", "bh = tile // tiles", "mt = tile % tiles",
         "if causal != 0:", "    mt = tiles - 1 - mt", "b = bh // Hq", "h = bh % Hq",
         "hk = h // G", f"m0 = mt * {BM}", "lqb = lq[b] if has_lq != 0 else Sq",
         "lkb = lk[b] if has_lk != 0 else Sk", "kend = lkb",
         "dg = (min(max(lkb, 0), Sk) - min(max(lqb, 0), Sq)) if causal == 2 else 0",
-        f"if causal != 0 and m0 + {BM} + dg < kend:", f"    kend = max(m0 + {BM} + dg, 0)",
-        "if m0 >= lqb:", "    kend = 0", f"ntiles = (kend + {BN - 1}) // {BN}",
+        f"if causal != 0 and m0 + {BM} + dg + win_hi < kend:",
+        f"    kend = max(m0 + {BM} + dg + win_hi, 0)",
+        "if m0 >= lqb:", "    kend = 0", f"kt1 = (kend + {BN - 1}) // {BN}",
+        f"kt0 = min(max(m0 + dg + win_lo, 0) // {BN}, kt1) if causal != 0 else 0",
+        "ntiles = kt1 - kt0",
         "zq = bh if bhsd != 0 else b", f"xq = 0 if bhsd != 0 else h * {D}",
         "zk = b * (Hq // G) + hk if bhsd != 0 else b", f"xk = 0 if bhsd != 0 else hk * {D}"]]
 
+
+
+def live_lines(ind, rows=("r0", "r1")):
+    """Rows r0, r1's live keys lo .. lim - 1: before seq_lens_k, inside the band; held as
+    lo and the unsigned width wd, so that one unsigned compare, U64(key - lo) < wd, tells
+    a key inside from one on either side."""
+    L = [f"{ind}lo0 = 0", f"{ind}lo1 = 0", f"{ind}lim0 = lkb", f"{ind}lim1 = lkb",
+         f"{ind}if causal != 0:"]
+    for rr, r in enumerate(rows):
+        L += [f"{ind}    lim{rr} = min(lkb, {r} + 1 + dg + win_hi)",
+              f"{ind}    lo{rr} = max({r} + dg + win_lo, 0)"]
+    return L + [f"{ind}wd{rr} = U64(max(lim{rr} - lo{rr}, 0))" for rr in (0, 1)]
 
 
 def _pack_lines(BN, ind, dropped=False):
@@ -140,16 +157,19 @@ def _softmax_lines(BN, D, ind, pack=True, feat=(False, False)):
     n = BN // 2
     row = [(k % 4) // 2 for k in range(n)]          # 0: row r, 1: row r + 8
     col = [8 * (k // 4) + k % 2 for k in range(n)]  # column offset past n0 + cb
+    inside = "ck{r} + U64({c}) < wd{r}"  # (key cl + c in row r's live keys lo .. lim - 1)
     if masked:
-        score = "masked_score(sc[{k}], cl + {c} < lim{r}, mb, mr{r} + (cl + {c}) * ms3)" \
+        score = f"masked_score(sc[{{k}}], {inside}, mb, mr{{r}} + (cl + {{c}}) * ms3)" \
             if masked == 1 else \
-            "added_score(sc[{k}], cl + {c} < lim{r}, ma, mr{r} + (cl + {c}) * ms3, isc)"
-        L = [f"{ind}cl = n0 + cb"] + [f"{ind}x{k} = " + score.format(k=k, c=col[k], r=row[k])
-                                      for k in range(n)]
+            f"added_score(sc[{{k}}], {inside}, ma, mr{{r}} + (cl + {{c}}) * ms3, isc)"
+        L = [f"{ind}cl = n0 + cb", f"{ind}ck0 = U64(cl - lo0)", f"{ind}ck1 = U64(cl - lo1)"]
+        L += [f"{ind}x{k} = " + score.format(k=k, c=col[k], r=row[k]) for k in range(n)]
     else:
-        L = [f"{ind}need = n0 + {BN} > lkb or (causal != 0 and n0 + {BN - 1} > wrow + dg)",
-             f"{ind}if need:", f"{ind}    cl = n0 + cb"]
-        L += [f"{ind}    x{k} = sel(cl + {col[k]} < lim{row[k]}, sc[{k}], NEG)"
+        L = [f"{ind}need = n0 + {BN} > lkb or (causal != 0 and (n0 + {BN - 1} > wrow + dg + "
+             f"win_hi or n0 < wrow + 63 + dg + win_lo))",
+             f"{ind}if need:", f"{ind}    ck0 = U64(n0 + cb - lo0)",
+             f"{ind}    ck1 = U64(n0 + cb - lo1)"]
+        L += [f"{ind}    x{k} = sel({inside.format(c=col[k], r=row[k])}, sc[{k}], NEG)"
               for k in range(n)]
         L += [f"{ind}else:"] + [f"{ind}    x{k} = sc[{k}]" for k in range(n)]
     for rr in (0, 1):
@@ -206,12 +226,8 @@ def _consumer_tile(D, BN, stages, overlap, pingpong=False, feat=(False, False)):
     L = ["        wrow = m0 + w * 64",
          "        r0 = wrow + 16 * (i // 32) + lane // 4",
          "        r1 = r0 + 8",
-         "        m_0 = NEG", "        m_1 = NEG", "        l_0 = F32(0)", "        l_1 = F32(0)",
-         "        lim0 = lkb", "        lim1 = lkb",
-         "        if causal != 0:",
-         "            lim0 = min(lkb, r0 + 1 + dg)", "            lim1 = min(lkb, r1 + 1 + dg)",
-         "        o = zero_o()",
-         "        sc = zero_s()"]
+         "        m_0 = NEG", "        m_1 = NEG", "        l_0 = F32(0)", "        l_1 = F32(0)"]
+    L += live_lines("        ") + ["        o = zero_o()", "        sc = zero_s()"]
     if masked:  # (rows past Sq read row Sq - 1: in bounds, never stored)
         L += [f"        mr{rr} = b * ms0 + h * ms1 + min(r{rr}, Sq - 1) * ms2" for rr in (0, 1)]
         L += ["        isc = F32(LOG2E) / sl  # 1 / scale: m / scale joins the raw scores"]
@@ -224,7 +240,8 @@ def _consumer_tile(D, BN, stages, overlap, pingpong=False, feat=(False, False)):
          "            pass"]
     head = [f"s = (it + t) % {stages}", f"ph = ((it + t) // {stages}) & 1",
             f"ka = ks0 + s * {2 * kv_bytes}",
-            f"n0 = t * {BN}", "while mbarrier_try_wait_parity(U32(kfull0 + 8 * s), U32(ph)) == 0:",
+            f"n0 = (kt0 + t) * {BN}",
+            "while mbarrier_try_wait_parity(U32(kfull0 + 8 * s), U32(ph)) == 0:",
             "    pass"]
     qk = ["wgmma_fence()"]  # (S = Q K^T of tile t, issued)
     for kk in range(D // 16):
@@ -324,7 +341,7 @@ def source(kind, D, BN, stages, overlap=True, pingpong=False, persistent=False,
         ("_p" if persistent else "") + ("", "_m", "_a")[masked] + ("_d" if dropped else "")
     L = _helper_lines(D, BN) + [
          f"def {name}(map_q, map_k, map_v, out, lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, "
-         "causal, bhsd, scale_log2, ob, oh, orow, total, mb, ma, ms0, ms1, ms2, ms3, thr, kscale, "
+         "causal, win_lo, win_hi, bhsd, scale_log2, ob, oh, orow, total, mb, ma, ms0, ms1, ms2, ms3, thr, kscale, "
          "off_lo, off_hi, key_lo, key_hi):",
          "    smem = cuda.shared.array(0, types.uint8)",
          f"    bars = cuda.shared.array({2 + 3 * stages}, types.uint64, alignment=8)",

@@ -30,7 +30,9 @@ this tile's products was tried and dropped: ptxas gave it 255 registers and spil
 432 B at D 64 (3.9 KB at D 128), LLVM hoisting the loop-invariant part of each
 prefetched element's address out of the key loop.
 
-Features: causal (top-left, PyTorch's, or bottom-right), grouped-query heads,
+Features: causal (top-left, PyTorch's, or bottom-right) and sliding windows about its
+diagonal (geometry.py's band: the key tiles before and past a block's bands are
+skipped), grouped-query heads,
 seq_lens_q / seq_lens_k (keys past a length are zero-filled, never read), both layouts
 (strides), masks (simt.py's bias, the additive term scaled into exp2's units) and
 dropout (simt.py's keep: nbdnn's Philox stream; l sums p, P V takes p keep / (1 - p)),
@@ -84,7 +86,7 @@ MAX_D_3X = 64  # 3xtf32 past this head dim goes to gemm.py where it can: D 128 S
 BQ, BK, THREADS = 64, 32, 128
 MODES = {"tf32": 1, "3xtf32": 3}  # products a term
 SIG = ("void(float32[::1], float32[::1], float32[::1], float32[::1], float32[::1], "
-       "int64[::1], int64[::1], " + ", ".join(["int64"] * 19) + ", float32, "
+       "int64[::1], int64[::1], " + ", ".join(["int64"] * 21) + ", float32, "
        "float32[::1], uint8[::1], int64, int64, int64, int64, int64, "  # the mask
        "uint64, float32, uint64, uint64, uint64, uint64)")  # the dropout (simt.py's keep)
 
@@ -163,7 +165,7 @@ def source(D, P, masked=False, dropped=False):
         return out + [f"        {c4} = mma_tf32({a}{pa}, {b}{pb}, ({c4}))" for pa, pb in terms]
 
     L = [f"def {name}(q, k, v, o, lse, lens_q, lens_k, Hq, G, Sq, Sk, qb, qh, qi, kb, kh, kj, "
-         "vb, vh, vj, ob, oh, oi, has_lq, has_lk, causal, scale2, ma, mb, mkind, m0, m1, m2, "
+         "vb, vh, vj, ob, oh, oi, has_lq, has_lk, causal, win_lo, win_hi, scale2, ma, mb, mkind, m0, m1, m2, "
          "m3, thr, kscale, off_lo, off_hi, key_lo, key_hi):",
          "    sm = cuda.shared.array(0, F32)",
          "    t = cuda.threadIdx.x", "    lane = t % 32", "    w = t // 32",
@@ -182,17 +184,24 @@ def source(D, P, masked=False, dropped=False):
           f"    qbase = (16 * w + g) * {PD} + c  # (each fragment load: a base + a constant)",
           f"    kbase = g * {PD} + c", f"    vbase = 2 * c * {PD} + g",
           "    dg = nk - nq if causal == 2 else 0  # (bottom-right: the diagonal's offset)",
-          "    lim_a = (max(min(nk, ra + 1 + dg), 0) if causal != 0 else nk) if ra < nq else 0",
-          "    lim_b = (max(min(nk, rb + 1 + dg), 0) if causal != 0 else nk) if rb < nq else 0",
+          "    lim_a = (max(min(nk, ra + 1 + dg + win_hi), 0) if causal != 0 else nk) "
+          "if ra < nq else 0",
+          "    lim_b = (max(min(nk, rb + 1 + dg + win_hi), 0) if causal != 0 else nk) "
+          "if rb < nq else 0",
+          "    lo_a = max(ra + dg + win_lo, 0) if causal != 0 else 0  # (the band's first key)",
+          "    lo_b = max(rb + dg + win_lo, 0) if causal != 0 else 0",
+          "    wd_a = U64(max(lim_a - lo_a, 0))  # (key j is live where U64(j - lo) < wd)",
+          "    wd_b = U64(max(lim_b - lo_b, 0))",
           "    mo_a = b * m0 + h * m1 + ra * m2  # (the mask's rows: its broadcast strides)",
           "    mo_b = mo_a + 8 * m2",
           "    e_a = U64((b * Hq + h) * Sq + ra) * U64(Sk)  # (the dropout's element of key 0)",
           "    e_b = U64((b * Hq + h) * Sq + rb) * U64(Sk)",
-          f"    kend = max(min(nk, q0 + {BQ} + dg), 0) if causal != 0 else nk",
+          f"    kend = max(min(nk, q0 + {BQ} + dg + win_hi), 0) if causal != 0 else nk",
           "    if q0 >= nq:", "        kend = 0",
+          f"    kbeg = max(q0 + dg + win_lo, 0) // {BK} * {BK} if causal != 0 else 0",
           "    m_a = NEG", "    m_b = NEG", "    l_a = F32(0)", "    l_b = F32(0)"]
     L += [f"    o{dn}_{e} = F32(0)" for dn in range(DT) for e in range(4)]
-    L += [f"    for kt in range(0, kend, {BK}):",
+    L += [f"    for kt in range(kbeg, kend, {BK}):",
           "        cuda.syncthreads()  # (the last tile's reads, or Q's stores, done)"]
     # K and V a loop, not unrolled: unrolled, each element's address stays live (127 ->
     # 255+ registers at D 64)
@@ -226,12 +235,13 @@ def source(D, P, masked=False, dropped=False):
             for e in range(lo, hi):
                 L += [f"        j = kt + {8 * n} + 2 * c + {e - lo}"]
                 if masked:  # (the additive term in exp2's units too)
-                    L += [f"        if j < lim_{r}:",
+                    L += [f"        if U64(j - lo_{r}) < wd_{r}:",
                           f"            ok, add = bias(ma, mb, mkind, mo_{r} + j * m3)",
                           f"            s{n}_{e} = s{n}_{e} * scale2 + add * LOG2E if ok else NEG",
                           "        else:", f"            s{n}_{e} = NEG"]
                 else:
-                    L += [f"        s{n}_{e} = s{n}_{e} * scale2 if j < lim_{r} else NEG"]
+                    L += [f"        s{n}_{e} = s{n}_{e} * scale2 if U64(j - lo_{r}) < wd_{r} "
+                          "else NEG"]
                 L += [f"        top = fmaxf(top, s{n}_{e})"]
         L += ["        top = fmaxf(top, cuda.shfl_xor_sync(FULL, top, 1))",
               "        top = fmaxf(top, cuda.shfl_xor_sync(FULL, top, 2))",
@@ -308,7 +318,7 @@ def forward(q, k, v, o, lse, ma, mb, lq, lk, geo, math_mode, stream):
     kern = kernel(D, P, geo.masked, geo.dropped)
     scale2 = float(geo.scale * math.log2(math.e))
     kern.launch(SIG, B * Hq * -(-Sq // BQ), THREADS, stream, q, k, v, o, lse, lq, lk, Hq, G,
-                Sq, Sk, *geo.strides, *geo.lengths, geo.causal, scale2, ma, mb, *geo.mask,
+                Sq, Sk, *geo.strides, *geo.lengths, geo.causal, geo.win_lo, geo.win_hi, scale2, ma, mb, *geo.mask,
                 *geo.dropout, shmem=shared_bytes(D, P))
 
 

@@ -5,8 +5,8 @@ tensors (simt.geometry_types: `*geo` passes them on).
 
 The band: with causal != 0 (1: the diagonal top-left, 2: bottom-right, at key i + d for
 query i, d = Lk - Lq), query i attends keys j with win_lo <= j - i - d <= win_hi; plain
-causal is (-NO_BOUND, 0), a sliding window's sides are finite. The tensor-core kernels
-take plain causal only (`windowed` calls go elsewhere)."""
+causal is (-NO_BOUND, 0), a sliding window's sides are finite (split-key decoding
+leaves `windowed` calls to the other paths)."""
 from typing import NamedTuple
 
 import numpy as np
