@@ -149,6 +149,21 @@ def _grads(q, k, v, do, backend, **kw):
     return [np.asarray(g, np.float64) for g in grads], names
 
 
+def _check_backward(q, k, v, do, tol, suffix="", **kw):
+    """The backward on flash_bwd's kernels (names ending in suffix) against the float64
+    reference's gradients of the same 16-bit inputs: each gradient's largest error
+    within 2 tol of its largest value."""
+    got, names = _grads(q, k, v, do, "cuda", **kw)
+    for which in ("dkv", "dq"):
+        assert any(n.startswith(f"attention_flash_{which}") and n.endswith(suffix)
+                   for n in names), names
+    want, _ = _grads(*(np.asarray(a, np.float64) for a in (q, k, v, do)), "cpu",
+                     **_in_float64(kw))
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        scale = max(np.abs(w).max(), 1e-6)
+        assert np.abs(g - w).max() <= 2 * tol * scale, (name, np.abs(g - w).max(), scale)
+
+
 @pytest.mark.parametrize("dtype,D,layout,causal,B,Hq,Hk,Sq,Sk,lens", [
     ("bfloat16", 128, "BHSD", False, 2, 2, 2, 300, 333, None),
     ("float16", 64, "BSHD", True, 1, 4, 2, 257, 257, None),
@@ -166,14 +181,7 @@ def test_flash_backward_matches_reference(dtype, D, layout, causal, B, Hq, Hk, S
     kw = dict(is_causal=causal, enable_gqa=Hq != Hk, layout=layout)
     if lens:
         kw.update(seq_lens_q=np.array(lens[0]), seq_lens_k=np.array(lens[1]))
-    got, names = _grads(q, k, v, do, "cuda", **kw)
-    assert any(n.startswith("attention_flash_dkv") for n in names) and \
-        any(n.startswith("attention_flash_dq") for n in names), names
-    want, _ = _grads(*(np.asarray(a, np.float64) for a in (q, k, v, do)), "cpu",
-                     **_in_float64(kw))
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        scale = max(np.abs(w).max(), 1e-6)
-        assert np.abs(g - w).max() <= 2 * TOL[dtype] * scale, (name, np.abs(g - w).max(), scale)
+    _check_backward(q, k, v, do, TOL[dtype], **kw)
 
 
 @pytest.mark.parametrize("dtype,D,layout,Sq,Sk,lens", [
@@ -191,13 +199,7 @@ def test_flash_bottom_right_matches_reference(dtype, D, layout, Sq, Sk, lens):
     do = rng.normal(0, 1, q.shape).astype(DTYPES[dtype])
     kw = _check_forward(q, k, v, dtype, lens, is_causal=True, alignment="bottom_right",
                         enable_gqa=True, layout=layout)
-    got, names = _grads(q, k, v, do, "cuda", **kw)
-    assert any(n.startswith("attention_flash_dkv") for n in names) and \
-        any(n.startswith("attention_flash_dq") for n in names), names
-    want, _ = _grads(*(np.asarray(a, np.float64) for a in (q, k, v, do)), "cpu", **kw)
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        scale = max(np.abs(w).max(), 1e-6)
-        assert np.abs(g - w).max() <= 2 * TOL[dtype] * scale, (name, np.abs(g - w).max(), scale)
+    _check_backward(q, k, v, do, TOL[dtype], **kw)
 
 
 @pytest.mark.parametrize("dtype,D,layout,Sq,Sk,window,causal,alignment,lens,extra", [
@@ -232,14 +234,7 @@ def test_flash_windows_match_reference(dtype, D, layout, Sq, Sk, window, causal,
     want_o, want_lse = _reference(q, k, v, **kw)
     np.testing.assert_allclose(o, want_o, atol=tol, rtol=tol)
     np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
-    got, names = _grads(q, k, v, do, "cuda", **kw)
-    assert any(n.startswith("attention_flash_dkv") for n in names) and \
-        any(n.startswith("attention_flash_dq") for n in names), names
-    want, _ = _grads(*(np.asarray(a, np.float64) for a in (q, k, v, do)), "cpu",
-                     **_in_float64(kw))
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        scale = max(np.abs(w).max(), 1e-6)
-        assert np.abs(g - w).max() <= 2 * tol * scale, (name, np.abs(g - w).max(), scale)
+    _check_backward(q, k, v, do, tol, **kw)
 
 
 def test_flash_backward_reruns_are_bit_identical(monkeypatch):
@@ -334,12 +329,4 @@ def test_flash_masks_and_dropout_match_reference(dtype, D, layout, causal, B, Hq
     np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
     if mask in ("causal", "additive"):
         assert np.all(o[0, Sq // 2] == 0 if layout == "BSHD" else o[0, :, Sq // 2] == 0)
-    got, names = _grads(q, k, v, do, "cuda", **kw)
-    for which in ("dkv", "dq"):
-        assert any(n.startswith(f"attention_flash_{which}") and n.endswith(suffix)
-                   for n in names), names
-    want, _ = _grads(*(np.asarray(a, np.float64) for a in (q, k, v, do)), "cpu",
-                     **_in_float64(kw))
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        scale = max(np.abs(w).max(), 1e-6)
-        assert np.abs(g - w).max() <= 2 * TOL[dtype] * scale, (name, np.abs(g - w).max(), scale)
+    _check_backward(q, k, v, do, TOL[dtype], suffix, **kw)
