@@ -26,9 +26,9 @@ torch's attention over the same keys stored contiguously (torch has no paged SDP
 --window W times causal rows with a sliding window of W keys (window=(W, 0)) instead,
 torch's SDPA taking the band as a boolean mask (it has no window), FLOPs over the band's
 pairs. --masked times non-causal rows with a boolean key-padding mask instead
-(B, 1, 1, Sk), its last eighth of keys out. nbdnn's forward runs cuda/attention/flash.py at 16-bit D 64 and 128
-without a mask (decode_split.py / decode.py for few queries), its backward flash_bwd.py
-there; float32, masks, and other head dims run gemm.py. --variant runs nbdnn's calls on
+(B, 1, 1, Sk), its last eighth of keys out. nbdnn's forward runs cuda/attention/flash.py
+at 16-bit D 64 and 128 without a mask (decode_split.py / decode.py for few queries), its
+backward flash_bwd.py there; float32, masks, and other head dims run gemm.py. --variant runs nbdnn's calls on
 one of nbdnn.cuda.attention's variants (FORWARD, BACKWARD: decode_split, decode, flash,
 flash_tf32, gemm, simt) wherever it takes them.
 """

@@ -73,8 +73,8 @@ KINDS = {"float16": "f16", "bfloat16": "bf16"}
 
 def sig(dtype):
     """The forward's signature for 16-bit dtype: 3 tensor maps, o's 16-bit pairs, lse, the
-    lengths, Hq .. total (the band's sides after causal); then a boolean mask's bytes, an additive mask (dtype), their
-    strides, the dropout's threshold, factor, offset and seed (read only by the masked /
+    lengths, Hq .. total (the band's sides after causal); then a boolean mask's bytes, an
+    additive mask (dtype), their strides, the dropout's threshold, factor, offset and seed (read only by the masked /
     dropped kernels)."""
     return ("void(uint64, uint64, uint64, uint32[::1], float32[::1], int64[::1], int64[::1], "
             "int64, int64, int64, int64, int64, int64, int64, int64, int64, int64, float32, "
@@ -292,7 +292,8 @@ def forward(q, k, v, o, lse, lq, lk, mb, ma, geo, layout, stream):
     grid = min(total, sm_count()) if persistent else total  # (one block an SM fits)
     kern.launch(kern.sigs[0], grid, THREADS, stream, *(m[0] for m in maps),
                 (ptr(o), B * Hq * Sq * D // 2), lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk,
-                causal, geo.win_lo, geo.win_hi, int(bhsd), float(scale * math.log2(math.e)), ob, oh, orow, total, *tail,
+                causal, geo.win_lo, geo.win_hi, int(bhsd), float(scale * math.log2(math.e)), ob,
+                oh, orow, total, *tail,
                 shmem=kern.shared_bytes, owners=tuple(m[1] for m in maps) + (o,))
 
 

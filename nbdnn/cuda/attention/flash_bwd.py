@@ -31,7 +31,8 @@ _TAIL = ("int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int6
 
 def sig(which, dtype):
     """4 tensor maps, lse and delta, the gradients' 16-bit pairs (dk and dv, or dq), the
-    lengths .. the gradient's strides (the band's sides after causal), then the masks and dropout as flash.sig's."""
+    lengths .. the gradient's strides (the band's sides after causal), then the masks and
+    dropout as flash.sig's."""
     grads = "uint32[::1], uint32[::1], " if which == "dkv" else "uint32[::1], "
     return "void(uint64, uint64, uint64, uint64, float32[::1], float32[::1], " + grads + \
         _TAIL + flash.FEATURE_TYPES.format(array_type(dtype)) + ")"

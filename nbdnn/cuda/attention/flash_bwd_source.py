@@ -386,7 +386,8 @@ def dq_source(kind, D, stages, feat=(False, False)):
         "            wgmma_commit()", "            wgmma_wait(0)",
         f"            need = n0 + {st} > lkb or (causal != 0 and (n0 + {st - 1} > wrow + dg + "
         "win_hi or n0 < wrow + 63 + dg + win_lo))",
-        "            cl = n0 + cb", "            ck0 = U64(cl - lo0)", "            ck1 = U64(cl - lo1)"]
+        "            cl = n0 + cb",
+        "            ck0 = U64(cl - lo0)", "            ck1 = U64(cl - lo1)"]
 
     def at(k):  # pair k's mask element: query r_rr (its row offset mq), key cl + co
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2

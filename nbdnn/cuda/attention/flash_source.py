@@ -341,8 +341,8 @@ def source(kind, D, BN, stages, overlap=True, pingpong=False, persistent=False,
         ("_p" if persistent else "") + ("", "_m", "_a")[masked] + ("_d" if dropped else "")
     L = _helper_lines(D, BN) + [
          f"def {name}(map_q, map_k, map_v, out, lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, "
-         "causal, win_lo, win_hi, bhsd, scale_log2, ob, oh, orow, total, mb, ma, ms0, ms1, ms2, ms3, thr, kscale, "
-         "off_lo, off_hi, key_lo, key_hi):",
+         "causal, win_lo, win_hi, bhsd, scale_log2, ob, oh, orow, total, mb, ma, ms0, ms1, ms2, "
+         "ms3, thr, kscale, off_lo, off_hi, key_lo, key_hi):",
          "    smem = cuda.shared.array(0, types.uint8)",
          f"    bars = cuda.shared.array({2 + 3 * stages}, types.uint64, alignment=8)",
          "    tid = cuda.threadIdx.x",

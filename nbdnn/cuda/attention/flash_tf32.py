@@ -165,8 +165,8 @@ def source(D, P, masked=False, dropped=False):
         return out + [f"        {c4} = mma_tf32({a}{pa}, {b}{pb}, ({c4}))" for pa, pb in terms]
 
     L = [f"def {name}(q, k, v, o, lse, lens_q, lens_k, Hq, G, Sq, Sk, qb, qh, qi, kb, kh, kj, "
-         "vb, vh, vj, ob, oh, oi, has_lq, has_lk, causal, win_lo, win_hi, scale2, ma, mb, mkind, m0, m1, m2, "
-         "m3, thr, kscale, off_lo, off_hi, key_lo, key_hi):",
+         "vb, vh, vj, ob, oh, oi, has_lq, has_lk, causal, win_lo, win_hi, scale2, ma, mb, mkind, "
+         "m0, m1, m2, m3, thr, kscale, off_lo, off_hi, key_lo, key_hi):",
          "    sm = cuda.shared.array(0, F32)",
          "    t = cuda.threadIdx.x", "    lane = t % 32", "    w = t // 32",
          "    g = lane // 4", "    c = lane % 4",
@@ -318,8 +318,8 @@ def forward(q, k, v, o, lse, ma, mb, lq, lk, geo, math_mode, stream):
     kern = kernel(D, P, geo.masked, geo.dropped)
     scale2 = float(geo.scale * math.log2(math.e))
     kern.launch(SIG, B * Hq * -(-Sq // BQ), THREADS, stream, q, k, v, o, lse, lq, lk, Hq, G,
-                Sq, Sk, *geo.strides, *geo.lengths, geo.causal, geo.win_lo, geo.win_hi, scale2, ma, mb, *geo.mask,
-                *geo.dropout, shmem=shared_bytes(D, P))
+                Sq, Sk, *geo.strides, *geo.lengths, geo.causal, geo.win_lo, geo.win_hi, scale2,
+                ma, mb, *geo.mask, *geo.dropout, shmem=shared_bytes(D, P))
 
 
 def ptx_examples():
