@@ -10,23 +10,8 @@ import numpy as np
 import pytest
 
 import nbdnn
-from nbdnn.cuda.runtime.launch.kernel import launched
-
-BR = dict(is_causal=True, alignment="bottom_right")
-
-
-def _t(rng, *shape):
-    return rng.uniform(-1, 1, shape)
-
-
-def _sdpa(q, k, v, backend="cpu", **kw):
-    return nbdnn.scaled_dot_product_attention(q, k, v, backend=backend, **kw)
-
-
-def _grads(q, k, v, do, backend="cpu", **kw):
-    o, lse = _sdpa(q, k, v, backend, **kw)
-    return nbdnn.scaled_dot_product_attention_backward(do, q, k, v, o, lse, backend=backend,
-                                                       **kw)
+from attention_cases import BR, check_path as _check_path, grads as _grads, rand as _t, \
+    sdpa as _sdpa
 
 
 @pytest.mark.parametrize("Sq,Sk", [(1, 9), (4, 9), (9, 9)])
@@ -88,31 +73,6 @@ def test_alignment_is_checked(op):
     for bad in ("bottom-right", "BOTTOM_RIGHT", None, 2):
         with pytest.raises(nbdnn.BadParamError, match="alignment"):
             call(is_causal=True, alignment=bad)
-
-
-def _check_path(variant, names_have, dtype, B, Hq, Hk, Sq, Sk, D, kw, backward, monkeypatch,
-                tol):
-    from nbdnn.cuda import attention as A
-    from nbdnn.cuda.attention import decode
-    monkeypatch.setattr(decode, "MIN_KEYS", 40)  # (simulator-sized decoding)
-    rng = np.random.default_rng(Sq * 31 + Sk)
-    q, k, v = (_t(rng, B, H, S, D).astype(dtype) for H, S in ((Hq, Sq), (Hk, Sk), (Hk, Sk)))
-    do = _t(rng, B, Hq, Sq, D).astype(dtype)
-    kw = {**BR, **kw, "enable_gqa": Hq != Hk}
-    wide = [a.astype(np.float64) for a in (q, k, v, do)]
-    with A.forced(variant), launched() as names:
-        o, lse = _sdpa(q, k, v, "cuda", **kw)
-        grads = nbdnn.scaled_dot_product_attention_backward(
-            do, q, k, v, o, lse, backend="cuda", **kw) if backward else ()
-    assert any(n.startswith(names_have) for n in names), names
-    want_o, want_lse = _sdpa(*wide[:3], **kw)
-    np.testing.assert_allclose(np.asarray(o, np.float64), want_o, rtol=tol, atol=tol)
-    np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=tol, atol=tol)
-    if backward:
-        want = nbdnn.scaled_dot_product_attention_backward(
-            wide[3], *wide[:3], want_o, want_lse, backend="cpu", **kw)
-        for g, w in zip(grads, want):
-            np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=tol, atol=tol)
 
 
 LENS = {"seq_lens_q": np.array([3, 1]), "seq_lens_k": np.array([4, 7])}

@@ -1,9 +1,10 @@
 """The tensor-core attention forward (cuda/attention/flash.py) and backward (flash_bwd.py,
 forced on) on an sm_90 GPU against the float64 CPU reference of the same 16-bit inputs:
-their features (causal, grouped-query heads, variable lengths, both layouts, tails of both
-sequences), the forward's defined rows (nothing attends: o = 0, lse = -inf; a NaN score:
-a NaN row), the variants, bit-identical reruns and a 16k-long sequence. Skipped without
-such a GPU (CI compiles the kernels: tests/test_ptx.py)."""
+their features (causal, sliding windows, logit caps, masks, dropout, grouped-query heads,
+variable lengths, both layouts, tails of both sequences), the forward's defined rows
+(nothing attends: o = 0, lse = -inf; a NaN score: a NaN row), the variants,
+bit-identical reruns and a 16k-long sequence. Skipped without such a GPU (CI compiles
+the kernels: tests/test_ptx.py)."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -235,6 +236,35 @@ def test_flash_windows_match_reference(dtype, D, layout, Sq, Sk, window, causal,
     np.testing.assert_allclose(o, want_o, atol=tol, rtol=tol)
     np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
     _check_backward(q, k, v, do, tol, **kw)
+
+
+@pytest.mark.parametrize("dtype,D,layout,cap,kw", [
+    ("bfloat16", 128, "BHSD", 2.0, dict()),
+    ("float16", 64, "BSHD", 0.5, dict(is_causal=True, window=(90, 0))),
+    ("bfloat16", 64, "BHSD", 30.0, dict(attn_mask="additive", dropout_p=0.1, seed=3)),
+    ("float16", 128, "BHSD", 1.0, dict(is_causal=True, alignment="bottom_right",
+                                       attn_mask="heads")),
+])
+def test_flash_softcap_matches_reference(dtype, D, layout, cap, kw):
+    """Logit caps (softcap) on the tensor cores, forward and backward, against the float64
+    reference: a cap that bites (scores past it in both directions), a loose one (Gemma
+    2's 50-like) with an additive mask and dropout, with a window, with a boolean mask
+    and bottom-right causal rows."""
+    Sq, Sk = 300, 264
+    rng = np.random.default_rng(int(cap * 10) + D)
+    q, k, v = _inputs(rng, dtype, layout, 2, 4, 2, Sq, Sk, D)
+    q = (3 * np.asarray(q, np.float32)).astype(DTYPES[dtype])  # (scores past the caps)
+    do = rng.normal(0, 1, q.shape).astype(DTYPES[dtype])
+    kw = dict(kw, softcap=cap, enable_gqa=True, layout=layout)
+    if "attn_mask" in kw:
+        kw["attn_mask"] = _mask(rng, kw["attn_mask"], 2, 4, Sq, Sk, dtype)
+    with launched() as names:
+        o, lse = _run(q, k, v, **kw)
+    assert any(n.startswith("attention_flash_fwd") and n.endswith("_c") for n in names), names
+    want_o, want_lse = _reference(q, k, v, **kw)
+    np.testing.assert_allclose(o, want_o, atol=2 * TOL[dtype], rtol=2 * TOL[dtype])
+    np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
+    _check_backward(q, k, v, do, TOL[dtype], "_c", **kw)
 
 
 def test_flash_backward_reruns_are_bit_identical(monkeypatch):

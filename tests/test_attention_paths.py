@@ -298,26 +298,28 @@ def test_an_additive_mask_joins_the_raw_score_over_scale_and_never_overflows():
 
 
 def test_flash_sources_keep_per_score_branches_out():
-    """The generated flash kernels (forward, dK/dV, dQ; every head dim, mask kind and
-    dropout) write their per-score selections as sel() calls and bitwise conditions:
+    """The generated flash kernels (forward, dK/dV, dQ; every head dim, mask kind,
+    dropout and logit cap) write their per-score selections as sel() calls and bitwise conditions:
     numba's IR makes each conditional expression or short-circuit two blocks and a phi
     variable, and its SSA and liveness passes cost blocks times variables (64 per-score
     conditional expressions made the D 64 forward's JIT 27 s, the dK/dV kernel's 36;
     as calls 10 and 7, the same PTX in the loop). What remains is per tile or per row;
-    a boolean mask's read stays behind its pair's bounds (one short-circuit a score).
+    a boolean mask's read stays behind its pair's bounds (one short-circuit a score);
+    a logit cap adds none.
     docs/decisions.md "flash_jit_branches"."""
     import ast
+    import itertools
     from nbdnn.cuda.attention import flash_bwd, flash_bwd_source as fb, flash_source as fs
-    for D in (64, 128):
-        for masked in (0, 1, 2):
-            for dropped in (False, True):
-                srcs = [fs.source(flash.KINDS["bfloat16"], D, *flash.TILES[D], True, False,
-                                  False, masked, dropped)[1]]
-                srcs += [f(flash.KINDS["bfloat16"], D, flash_bwd.STAGES[D],
-                           (masked, dropped))[1] for f in (fb.dkv_source, fb.dq_source)]
-                for src in srcs:
-                    nodes = list(ast.walk(ast.parse(src)))
-                    ifexp = sum(isinstance(n, ast.IfExp) for n in nodes)
-                    boolop = sum(isinstance(n, ast.BoolOp) for n in nodes)
-                    assert ifexp <= 16, (D, masked, dropped, ifexp)
-                    assert boolop <= (40 if masked == 1 else 6), (D, masked, dropped, boolop)
+    for D, masked, dropped, capped in itertools.product((64, 128), (0, 1, 2), (False, True),
+                                                        (False, True)):
+        feat = masked, dropped, capped
+        srcs = [fs.source(flash.KINDS["bfloat16"], D, *flash.TILES[D], True, False, False,
+                          *feat)[1]]
+        srcs += [f(flash.KINDS["bfloat16"], D, flash_bwd.STAGES[D], feat)[1]
+                 for f in (fb.dkv_source, fb.dq_source)]
+        for src in srcs:
+            nodes = list(ast.walk(ast.parse(src)))
+            ifexp = sum(isinstance(n, ast.IfExp) for n in nodes)
+            boolop = sum(isinstance(n, ast.BoolOp) for n in nodes)
+            assert ifexp <= 16, (feat, ifexp)
+            assert boolop <= (40 if masked == 1 else 6), (feat, boolop)

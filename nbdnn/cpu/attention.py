@@ -9,8 +9,9 @@ Shapes (layout "BHSD"; "BSHD" swaps the head and sequence axes of q, k, v, o, do
 
     h' = h // (Hq / Hk)                          grouped-query heads (enable_gqa;
                                                  Hq == Hk otherwise)
-    s[b, h, i, j] = scale q[b, h, i] . k[b, h', j] + bias[b, h, i, j]
-        scale: 1 / sqrt(D) unless given
+    s[b, h, i, j] = cap(scale q[b, h, i] . k[b, h', j]) + bias[b, h, i, j]
+        scale: 1 / sqrt(D) unless given; cap(x) = softcap tanh(x / softcap) where a
+        softcap is given (logit softcapping), else x
         bias: a float mask added, a boolean mask's False -> -inf (either broadcast
         to (B, Hq, Sq, Sk)); -inf where j > i + d_b (is_causal; the diagonal's
         offset d_b is 0 aligned top-left, PyTorch's torch.ones(Sq, Sk).tril(), and
@@ -40,7 +41,8 @@ recomputation: p from lse, no stored probabilities):
     dv[b, h'] = sum over the group's heads h of p'^T @ do
     dp = (do @ v^T) keep / (1 - dropout_p)
     delta_i = sum_d do[i, d] o[i, d]             (= sum_j p'_ij dp'_ij)
-    ds = p (dp - delta)
+    ds = p (dp - delta) cap'(x)                 cap'(x) = 1 - tanh(x / softcap)^2 (1
+                                                 without a cap), x the scaled product
     dq = scale ds @ k,   dk[b, h'] = scale sum over h of ds^T @ q
 """
 import numpy as np
@@ -113,11 +115,17 @@ def bias(shape, dtype, attn_mask, is_causal, seq_lens_q, seq_lens_k):
                     dtype(-np.inf))
 
 
-def _scores(qc, kc, scale, live, add, math):
-    """scale q k^T + add on the live pairs, -inf on the removed ones."""
+def _scores(qc, kc, scale, live, add, math, softcap=0.0):
+    """(s, t): cap(scale q k^T) + add on the live pairs, -inf on the removed ones, and t =
+    tanh(scale q k^T / softcap) (None without a cap: cap is the identity)."""
     s = product(qc, np.swapaxes(kc, -1, -2), math) * scale
+    t = None
+    if softcap:
+        cap = s.dtype.type(softcap)
+        t = np.tanh(s / cap)
+        s = cap * t
     with np.errstate(invalid="ignore"):
-        return np.where(live, s + add, s.dtype.type(-np.inf))
+        return np.where(live, s + add, s.dtype.type(-np.inf)), t
 
 
 def _mul(x, y, math):
@@ -153,7 +161,7 @@ def _keep(shape, dropout_p, seed, offset, ct):
 
 
 def _forward(q, k, v, attn_mask, dropout_p, is_causal, scale, seed, offset, seq_lens_q,
-             seq_lens_k, math, window=None):
+             seq_lens_k, math, window=None, softcap=0.0):
     """(o, lse, p, keep, parts) in the compute dtype, q, k, v in BHSD."""
     ct = compute_dtype(q.dtype)
     B, Hq, Sq, D = q.shape
@@ -162,7 +170,7 @@ def _forward(q, k, v, attn_mask, dropout_p, is_causal, scale, seed, offset, seq_
     qc, kc, vc = (t.astype(ct) for t in (q, _heads(k, Hq), _heads(v, Hq)))
     live = pairs((B, Hq, Sq, Sk), attn_mask, is_causal, seq_lens_q, seq_lens_k, window)
     add = bias((B, Hq, Sq, Sk), ct, attn_mask, False, None, None)
-    s = _scores(qc, kc, scale, live, add, math)
+    s, _ = _scores(qc, kc, scale, live, add, math, softcap)
     top = np.max(s, axis=-1, keepdims=True) if Sk else np.full(s.shape[:-1] + (1,), -np.inf, ct)
     rows = top != -np.inf  # rows with a score left (NaN scores: a NaN row)
     top = np.where(rows, top, ct(0))
@@ -182,11 +190,12 @@ def _forward(q, k, v, attn_mask, dropout_p, is_causal, scale, seed, offset, seq_
 
 def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
                                  enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k,
-                                 math="ieee", window=None, *, out=None, stream=None):
+                                 math="ieee", window=None, softcap=0.0, *, out=None,
+                                 stream=None):
     """(o, lse) (module docstring); q, k, v validated by the front end."""
     qb, kb, vb = (_bhsd(t, layout) for t in (q, k, v))
     o, lse, *_ = _forward(qb, kb, vb, attn_mask, dropout_p, is_causal, scale, seed,
-                          offset, seq_lens_q, seq_lens_k, math, window)
+                          offset, seq_lens_q, seq_lens_k, math, window, softcap)
     o = np.ascontiguousarray(_bhsd(o, layout)).astype(q.dtype)
     if out is not None:
         out[...] = o
@@ -235,7 +244,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, sca
 def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p,
                                           is_causal, scale, enable_gqa, seed, offset,
                                           layout, seq_lens_q, seq_lens_k, math="ieee",
-                                          window=None, *, out=None, stream=None):
+                                          window=None, softcap=0.0, *, out=None, stream=None):
     """(dq, dk, dv) (module docstring) from the forward's o and lse: p recomputed from
     lse, as the flash kernels do."""
     qb, kb, vb, ob, dob = (_bhsd(t, layout) for t in (q, k, v, o, do))
@@ -248,8 +257,8 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropou
     rows = lse_c > -np.inf  # (NaN: no live row either; the kernels skip it too)
     live = pairs((B, Hq, Sq, Sk), attn_mask, is_causal, seq_lens_q, seq_lens_k,
                  window) & rows
-    s = _scores(qc, kc, sc, live, bias((B, Hq, Sq, Sk), ct, attn_mask, False, None, None),
-                math)
+    s, t = _scores(qc, kc, sc, live, bias((B, Hq, Sq, Sk), ct, attn_mask, False, None, None),
+                   math, softcap)
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.where(live, np.exp(s - np.where(rows, lse_c, ct(0))), ct(0))
     keep = _keep(p.shape, dropout_p, seed, offset, ct)
@@ -264,7 +273,7 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropou
         dp = dp * keep
     delta = np.sum(doc * oc, axis=-1, keepdims=True)
     with np.errstate(invalid="ignore"):
-        ds = np.where(live, p * (dp - delta), ct(0))
+        ds = np.where(live, p * (dp - delta) * (1 if t is None else 1 - t * t), ct(0))
     dq = _live_product(ds, kc, live, math) * sc
     dk = _group_sum(_live_product(np.swapaxes(ds, -1, -2), qc, live_t, math) * sc, Hk)
     grads = tuple(np.ascontiguousarray(_bhsd(g, layout)).astype(t.dtype)

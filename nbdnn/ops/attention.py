@@ -84,6 +84,17 @@ def _scale(op, scale, dtype):
     return scale
 
 
+def _softcap(op, softcap, dtype):
+    """A logit cap: None (0.0 to the backends: none) or a positive number, finite in the
+    compute dtype."""
+    if softcap is None:
+        return 0.0
+    cap = scalar(op, "softcap", softcap, low=0.0, low_open=True)
+    if str(dtype) != "float64" and not cap <= _FLOAT32_MAX:
+        fail(BadParamError, op, "softcap", f"finite in float32 (<= {_FLOAT32_MAX:.4g})", cap)
+    return cap
+
+
 def _mask(op, c, attn_mask, dtype, B, Hq, Sq, Sk):
     """A boolean mask (True: attend) or an additive one of q's dtype, broadcastable
     to (B, Hq, Sq, Sk)."""
@@ -151,9 +162,9 @@ def _band(op, is_causal, alignment, window):
 
 
 def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, alignment, window, scale, seed,
-              offset, seq_lens_q, seq_lens_k):
+              offset, seq_lens_q, seq_lens_k, softcap):
     """The checked keywords shared by forward and backward (is_causal and window as
-    _band's)."""
+    _band's, softcap as _softcap's)."""
     B, Hq, Hk, Sq, Sk, D, Dv, dtype = dims
     _mask(op, c, attn_mask, dtype, B, Hq, Sq, Sk)
     p = scalar(op, "dropout_p", dropout_p, low=0.0, high=1.0)
@@ -163,15 +174,15 @@ def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, alignment, window, s
     _lengths(op, c, "seq_lens_q", seq_lens_q, B, Sq)
     _lengths(op, c, "seq_lens_k", seq_lens_k, B, Sk)
     return p, _band(op, is_causal, alignment, window), scale, uint64_arg(op, "seed", seed), \
-        uint64_arg(op, "offset", offset)
+        uint64_arg(op, "offset", offset), _softcap(op, softcap, dtype)
 
 
 @op("attention", backward="scaled_dot_product_attention_backward")
 def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False, seed=0, offset=0,
                                  layout="BHSD", seq_lens_q=None, seq_lens_k=None, math=None,
-                                 alignment="top_left", window=None, out=None, backend=None,
-                                 stream=None):
+                                 alignment="top_left", window=None, softcap=None, out=None,
+                                 backend=None, stream=None):
     """(o, lse): o = softmax(scale q k^T + mask) v per head, lse the float32 (float64
     for float64) log-sum-exp of each query row's scaled, masked scores.
 
@@ -184,7 +195,9 @@ def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_c
     prefix; Lq, Lk: the entry's seq_lens_q / seq_lens_k where given, else Sq, Sk; rows
     with no key left give o = 0, lse = -inf). window: a sliding window (left, right),
     each None (open) or an int >= 0: query i attends keys i + d - left .. i + d + right
-    (FlashAttention's window_size, None for its -1; is_causal caps right at 0). enable_gqa:
+    (FlashAttention's window_size, None for its -1; is_causal caps right at 0). softcap:
+    the scaled scores capped as softcap tanh(s / softcap) before the mask (Gemma 2's and
+    FlashAttention's logit softcapping; None: none). enable_gqa:
     Hk may divide Hq (each k/v head
     serves Hq / Hk query heads). dropout_p in [0, 1): the probabilities dropped by
     nbdnn.dropout's mask over the (B, Hq, Sq, Sk) scores in C order for (seed, offset),
@@ -197,14 +210,14 @@ def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_c
              seq_lens_q=seq_lens_q, seq_lens_k=seq_lens_k, out=out)
     dims = _dims(op, c, q, k, v, layout, enable_gqa)
     B, Hq, Hk, Sq, Sk, D, Dv, dtype = dims
-    p, (causal, band), scale, seed, offset = _keywords(
+    p, (causal, band), scale, seed, offset, cap = _keywords(
         op, c, dims, attn_mask, dropout_p, is_causal, alignment, window, scale, seed, offset,
-        seq_lens_q, seq_lens_k)
+        seq_lens_q, seq_lens_k, softcap)
     math = _math(op, math)
     o_shape = (B, Hq, Sq, Dv) if layout == "BHSD" else (B, Sq, Hq, Dv)
     out = c.out(out, o_shape, dtype)
     return c.run("scaled_dot_product_attention", q, k, v, attn_mask, p, causal, scale,
-                 enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k, math, band,
+                 enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k, math, band, cap,
                  out=out)
 
 
@@ -213,8 +226,8 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, *, attn_mask=None
                                           dropout_p=0.0, is_causal=False, scale=None,
                                           enable_gqa=False, seed=0, offset=0, layout="BHSD",
                                           seq_lens_q=None, seq_lens_k=None, math=None,
-                                          alignment="top_left", window=None, out=None,
-                                          backend=None, stream=None):
+                                          alignment="top_left", window=None, softcap=None,
+                                          out=None, backend=None, stream=None):
     """(dq, dk, dv) of scaled_dot_product_attention given do = dL/do and the forward's
     o and lse (the probabilities are recomputed from lse, FlashAttention-2's way), with
     the forward's keywords. out: a tuple of the three gradients' buffers."""
@@ -234,16 +247,16 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, *, attn_mask=None
     lshape, ldt = c.array("lse", lse, ("float64",) if dtype == np.float64 else ("float32",))
     if tuple(lshape) != (B, Hq, Sq):
         fail(ShapeError, op, "lse.shape", f"(B, Hq, Sq) = {(B, Hq, Sq)}", tuple(lshape))
-    p, (causal, band), scale, seed, offset = _keywords(
+    p, (causal, band), scale, seed, offset, cap = _keywords(
         op, c, dims, attn_mask, dropout_p, is_causal, alignment, window, scale, seed, offset,
-        seq_lens_q, seq_lens_k)
+        seq_lens_q, seq_lens_k, softcap)
     math = _math(op, math)
     if out is not None:
         outs = tuple(c.out(t, tuple(int(s) for s in ref.shape), dtype, f"out[{i}]")
                      for i, (t, ref) in enumerate(zip(outs, (q, k, v))))
     return c.run("scaled_dot_product_attention_backward", do, q, k, v, o, lse, attn_mask, p,
                  causal, scale, enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k,
-                 math, band, out=outs or None)
+                 math, band, cap, out=outs or None)
 
 
 def _pages(op, c, q, k_cache, v_cache, block_table, seq_lens_k, layout):

@@ -43,7 +43,7 @@ def usable(Sq, Sk, G):
 
 
 def _kernels(CT, NEG_INF, PAGED):
-    mul, keep, key_range, _, bias, dot = attention_device_functions(CT)
+    mul, keep, key_range, _, bias, dot, capped, _ = attention_device_functions(CT)
 
     @cuda.jit(device=True)
     def row_at(b, j, sb, sj, table, P, W, npages):
@@ -80,7 +80,7 @@ def _kernels(CT, NEG_INF, PAGED):
                               Sk, D, Dv, qb, qh, qi, kb, kh, kj, vb, vh, vj, ob, oh, oi,
                               mkind, m0, m1, m2, m3, has_lq, has_lk, causal, scale, mode,
                               thr, kscale, off_lo, off_hi, key_lo, key_hi, win_lo, win_hi,
-                              table, P, W, npages):
+                              softcap, table, P, W, npages):
         e = cuda.shared.array(CHUNK, CT)   # this chunk's e_t
         on = cuda.shared.array(CHUNK, uint8)  # 1: the key takes part (not removed)
         red = cuda.shared.array(CHUNK, CT)
@@ -105,8 +105,8 @@ def _kernels(CT, NEG_INF, PAGED):
                 ok, add = bias(ma, mb, mkind, b * m0 + h * m1 + i * m2 + j * m3)
                 if ok:
                     live = True
-                    x = scale * dot(q, b * qb + h * qh + i * qi, k, kr + hk * kh, D,
-                                    mode) + add
+                    x = capped(scale * dot(q, b * qb + h * qh + i * qi, k, kr + hk * kh, D,
+                                           mode), softcap) + add
             m = block_reduce(red, t, x, True)
             p = CT(0)
             if live and m != NEG_INF:

@@ -11,11 +11,12 @@ past a query tile's last row (its diagonal: top-left, or bottom-right at Lk - Lq
 never loaded (nor, with a sliding window, those before its first row's band).
 
 Where it runs (`usable`): float16 / bfloat16 q, k, v with head dims D = Dv = 64 or 128,
-any mask (boolean, or additive in q's dtype), dropout where Sk % 4 == 0 (a Philox
-call's 4 words are 4 adjacent keys: flash_source.py), a positive scale, Sq > 16 (fewer
-queries: decode.py), sm_90; everything else (and the simulator) runs the other variants
-(attention/__init__.py). A mask and dropout are compiled into kernels of their own
-(flash_source.source's masked, dropped), so a call without them pays nothing.
+any mask (boolean, or additive in q's dtype), logit caps, dropout where Sk % 4 == 0 (a
+Philox call's 4 words are 4 adjacent keys: flash_source.py), a positive scale, Sq > 16
+(fewer queries: decode.py), sm_90; everything else (and the simulator) runs the other
+variants (attention/__init__.py). A mask, dropout and a cap are compiled into kernels of
+their own (flash_source.source's masked, dropped, capped), so a call without them pays
+nothing.
 Causal of either alignment and sliding windows (geometry.py's band: a block loads only
 the key tiles its rows' bands meet, and masks the tiles its bands cut), grouped-query
 heads, seq_lens_q / seq_lens_k and both layouts run here: BHSD tensors are mapped as
@@ -74,8 +75,8 @@ KINDS = {"float16": "f16", "bfloat16": "bf16"}
 def sig(dtype):
     """The forward's signature for 16-bit dtype: 3 tensor maps, o's 16-bit pairs, lse, the
     lengths, Hq .. total (the band's sides after causal); then a boolean mask's bytes, an
-    additive mask (dtype), their strides, the dropout's threshold, factor, offset and seed (read only by the masked /
-    dropped kernels)."""
+    additive mask (dtype), their strides, the dropout's threshold, factor, offset and
+    seed, the logit cap (read only by the masked / dropped / capped kernels)."""
     return ("void(uint64, uint64, uint64, uint32[::1], float32[::1], int64[::1], int64[::1], "
             "int64, int64, int64, int64, int64, int64, int64, int64, int64, int64, float32, "
             f"int64, int64, int64, int64, {FEATURE_TYPES.format(array_type(dtype))})")
@@ -83,11 +84,13 @@ def sig(dtype):
 
 # the features' parameters, every flash kernel's last (flash_bwd's too)
 FEATURE_TYPES = "uint8[::1], {}[::1], int64, int64, int64, int64, uint64, float32, uint64, " \
-    "uint64, uint64, uint64"
+    "uint64, uint64, uint64, float32"
 
 
 ex2 = instruction("ex2.approx.ftz.f32 $0, $1;", types.float32, types.float32,
                   "2^x, one MUFU instruction (2 ulp; -inf -> +0, flushes denormals).")
+rcp = instruction("rcp.approx.ftz.f32 $0, $1;", types.float32, types.float32,
+                  "1 / x, one MUFU instruction (1 ulp; inf -> +0).")
 
 
 _NEG = types.float32(-np.inf)
@@ -180,6 +183,14 @@ def quad_keep(g, kl, src1, src2, src3, thr, kscale, off_lo, off_hi, key_lo, key_
 
 
 @cuda.jit(device=True)
+def capped(s, c2, cs, cs2):
+    """Raw score s capped in its own units: cs tanh(y), y = s c2 / (2 log2(e)), as
+    cs - cs2 / (1 + 2^(s c2)) (cs2 = 2 cs; flash_source.cap_lines): -cs .. cs, NaN
+    stays NaN."""
+    return cs - cs2 * rcp(types.float32(1) + ex2(s * c2))
+
+
+@cuda.jit(device=True)
 def sel(c, a, b):
     """a where c holds, else b: the generated kernels' conditional expressions whose arms
     are safe to evaluate both, as a call (NVVM inlines it: a select). numba's IR makes
@@ -197,7 +208,8 @@ def namespace(kind):
     but their wgmma shapes."""
     return dict(SOURCE_NAMES, I=types.int64, I32=types.int32, U32=types.uint32,
                 F32=types.float32, NEG=types.float32(-np.inf), LN2=types.float32(math.log(2)),
-                FULL=0xFFFFFFFF, math=math, fmaxf=libdevice.fmaxf, ex2=ex2,
+                FULL=0xFFFFFFFF, math=math, fmaxf=libdevice.fmaxf, ex2=ex2, rcp=rcp,
+                capped=capped,
                 U64=types.uint64, TWO=_TWO, masked_score=masked_score,
                 added_score=added_score, added_term=added_term, mask_term=mask_term,
                 pair_keep=pair_keep,
@@ -213,17 +225,17 @@ def namespace(kind):
                 mbarrier_try_wait_parity=mbarrier_try_wait_parity)
 
 
-def kernel(dtype, D, variant=None, persistent=False, masked=0, dropped=False):
+def kernel(dtype, D, variant=None, persistent=False, masked=0, dropped=False, capped=False):
     """The forward Kernel for dtype, head dim D (TILES), variant (VARIANT[D] unless
-    given), persistence, the mask's kind (0 none, 1 boolean, 2 additive) and dropout,
-    built on first use."""
+    given), persistence, the mask's kind (0 none, 1 boolean, 2 additive), dropout and
+    the logit cap, built on first use."""
     variant = variant or VARIANT[D]
-    key = dtype, D, variant, persistent, masked, dropped
+    key = dtype, D, variant, persistent, masked, dropped, capped
     if key not in _KERNELS:
         kind = KINDS[dtype]
         BN, stages = TILES[D]
         name, src = fs.source(kind, D, BN, stages, variant != "F1", variant == "F3", persistent,
-                              masked, dropped)
+                              masked, dropped, capped)
         ns = dict(namespace(kind), mma_qk=wgmma(BN, kind), mma_pv=wgmma_rs(D, kind, 1))
         shmem = fs.shared_bytes(D, BN, stages)
         fn = compile_source(name, src, ns, about={
@@ -233,7 +245,7 @@ def kernel(dtype, D, variant=None, persistent=False, masked=0, dropped=False):
             "traffic": f"a key tile: {4 * BN * D} B in, {4 * fs.BM * BN * D} flops",
             "why": f"variant {variant}{', persistent' if persistent else ''}"
                    f"{('', ', a boolean mask', ', an additive mask')[masked]}"
-                   f"{', dropout' if dropped else ''} "
+                   f"{', dropout' if dropped else ''}{', a logit cap' if capped else ''} "
                    "(flash.py: VARIANT, PERSISTENT)"})
         _KERNELS[key] = Kernel(fn, [sig(dtype)], arch="sm_90a", shared_bytes=shmem,
                                     max_registers=MAX_REGS)
@@ -246,7 +258,7 @@ _KERNELS = {}
 def takes(dtype, geo):
     """Whether the kernels' features cover the call (geo: geometry.Geometry): 16-bit
     data, D = Dv in TILES, any mask, dropout only where Sk % 4 == 0, a positive scale;
-    any band (causal of either alignment, sliding windows)."""
+    any band (causal of either alignment, sliding windows), a logit cap."""
     return dtype in KINDS and geo.D == geo.Dv and geo.D in TILES and \
         (not geo.dropped or geo.Sk % 4 == 0) and geo.scale > 0
 
@@ -265,10 +277,11 @@ def usable(q, k, v, geo):
 
 
 def features(geo, mb, ma):
-    """(the mask's kind, dropped) of the call and the kernels' trailing arguments: the
-    boolean mask (mb) and the additive one (ma; stand-ins where absent), their strides,
-    the dropout's stream."""
-    return (geo.mask_kind, geo.dropped), (mb, ma, *geo.mask[1:], *geo.dropout)
+    """(the mask's kind, dropped, capped) of the call and the kernels' trailing
+    arguments: the boolean mask (mb) and the additive one (ma; stand-ins where absent),
+    their strides, the dropout's stream, the logit cap."""
+    return (geo.mask_kind, geo.dropped, geo.softcap > 0), \
+        (mb, ma, *geo.mask[1:], *geo.dropout, float(geo.softcap))
 
 
 def forward(q, k, v, o, lse, lq, lk, mb, ma, geo, layout, stream):
@@ -298,14 +311,15 @@ def forward(q, k, v, o, lse, lq, lk, mb, ma, geo, layout, stream):
 
 
 def ptx_examples():
-    """Both head dims in bfloat16, the three variants, both head dims persistent, and a
-    boolean mask with dropout in two of them (tests/test_ptx.py compiles them for sm_90a; float16's kernels differ only
-    in their conversions' names, and a compile costs CI 20-40 s)."""
+    """Both head dims in bfloat16, the three variants, both head dims persistent, a
+    boolean mask with dropout (F3) and an additive mask with a logit cap (F1 persistent)
+    (tests/test_ptx.py compiles them for sm_90a; float16's kernels differ only in their
+    conversions' names, and a compile costs CI 20-40 s)."""
     for D in (64, 128):
         kernel("bfloat16", D)
     for variant in ("F1", "F2", "F3"):
         kernel("bfloat16", 128, variant)
     for D in (64, 128):
         kernel("bfloat16", D, "F1", True)
-    kernel("bfloat16", 64, None, False, 1, True)  # (F3 with both features: the most
-    kernel("bfloat16", 128, None, True, 2, False)  # registers; F1 persistent, additive)
+    kernel("bfloat16", 64, None, False, 1, True)  # (the most registers)
+    kernel("bfloat16", 128, None, True, 2, False, True)

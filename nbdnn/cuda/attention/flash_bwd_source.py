@@ -30,9 +30,10 @@ The producer warpgroup's one thread loads the resident tiles once and streams th
 consumers release a stage after their last product that reads it. Masked pairs (key
 past seq_lens_k, query past seq_lens_q, causal) get P = dS = 0 by selection.
 
-A mask and dropout (flash_source.py) are compiled in where a call has them (`masked`:
-its kind, `dropped`): a False boolean byte is one more masked pair, an additive value m
-joins its score as m / scale before P is recomputed; with dropout
+A mask, dropout and a logit cap (flash_source.py) are compiled in where a call has them
+(`masked`: its kind, `dropped`, `capped`): a False boolean byte is one more masked pair,
+an additive value m joins its score as m / scale before P is recomputed; a capped score
+is recomputed capped and dS takes the cap's slope 1 - tanh^2; with dropout
 (Sk % 4 == 0) dV takes P' = P keep / (1 - p) and dS = P (dP keep / (1 - p) - delta), the
 keep factors drawn as the forward drew them. In dq a lane pair shares a Philox call's
 4 adjacent keys as in the forward; in dkv, whose lanes hold 2 queries of a key, the 4
@@ -44,7 +45,7 @@ of that lane's call): st / 8 calls a thread a step, none wasted.
 Traffic (dkv, D 128, a step of st = 32 queries): 2 x 32 x 128 x 2 B + 256 B in, 4
 products of 2 x 64 x 32 x 128 flops per warpgroup: 4.2 MFLOP a block for 16.6 KB.
 """
-from .flash_source import REGS, live_lines
+from .flash_source import REGS, cap_lines, live_lines
 
 BLOCK = 128   # the resident tile's rows (keys in dkv, queries in dq): 2 warpgroups of 64
 STEP = 64     # the streamed tile's rows (queries in dkv, keys in dq) ...
@@ -103,32 +104,40 @@ def _rs_lines(pairs, ind, st):
     return L
 
 
-def _grad_lines(ind, masked, L_of, dl_of, pack_p, st, feat=(0, False), keep=None,
+def _grad_lines(ind, masked, L_of, dl_of, pack_p, st, feat=(0, False, False), keep=None,
                 added=None):
     """sv, dp (m64n64 accumulators: S and dP) -> p = exp2(s sl - L), dS = p (dp - delta), zeros where
     masked(k) holds (masked tiles only; every tile with a boolean mask), packed into ap
     (P, if pack_p) and ad (dS); dropped: times the keep factors f{k} that keep(j, ind)'s
     lines make for pairs 4j .. 4j + 3 (_keep_lines); an additive mask: score k is
-    sv[k] + added(k) (its value / scale). A column group j at a time: its factors, scores
-    and packed pairs, so few values are live at once."""
-    mask_kind, dropped = feat
+    sv[k] + added(k) (its value / scale); capped: score k is sv[k] capped (flash.capped,
+    its 1 / (1 + 2^(s c2)) kept as rc{k}) and dS takes the cap's slope 1 - tanh^2 =
+    4 rc (1 - rc). A column group j at a time: its factors, scores and packed pairs, so
+    few values are live at once."""
+    mask_kind, dropped, capped = feat
     boolean = mask_kind != 0  # (every tile reads its mask: no unmasked branch)
-    s_of = (lambda k: f"(sv[{k}] + {added(k)})") if mask_kind == 2 else (lambda k: f"sv[{k}]")
+    raw = (lambda k: f"(ccs - ccs2 * rc{k})") if capped else (lambda k: f"sv[{k}]")
+    s_of = (lambda k: f"({raw(k)} + {added(k)})") if mask_kind == 2 else raw
     f = (lambda k: f" * f{k}") if dropped else (lambda k: "")
+    slope = (lambda k: f" * (F32(4) * rc{k} * (F32(1) - rc{k}))") if capped else \
+        (lambda k: "")
 
     def body(sub, check):
         L = []
         for j in range(st // 8):
             L += keep(j, sub) if dropped else []
             for k in range(4 * j, 4 * j + 4):
+                if capped:
+                    L += [f"{sub}rc{k} = rcp(F32(1) + ex2(sv[{k}] * cc2))"]
                 if check:
                     L += [f"{sub}z{k} = {masked(k)}",
                           f"{sub}p{k} = sel(z{k}, F32(0), ex2(cuda.fma({s_of(k)}, sl, "
                           f"-{L_of(k)})))",
-                          f"{sub}d{k} = sel(z{k}, F32(0), p{k} * (dp[{k}]{f(k)} - {dl_of(k)}))"]
+                          f"{sub}d{k} = sel(z{k}, F32(0), p{k} * (dp[{k}]{f(k)} - {dl_of(k)})"
+                          f"{slope(k)})"]
                 else:
-                    L += [f"{sub}p{k} = ex2(cuda.fma(sv[{k}], sl, -{L_of(k)}))",
-                          f"{sub}d{k} = p{k} * (dp[{k}]{f(k)} - {dl_of(k)})"]
+                    L += [f"{sub}p{k} = ex2(cuda.fma({raw(k)}, sl, -{L_of(k)}))",
+                          f"{sub}d{k} = p{k} * (dp[{k}]{f(k)} - {dl_of(k)}){slope(k)}"]
             for k in (2 * j, 2 * j + 1):
                 if pack_p:
                     L += [f"{sub}ap{k} = cvt(p{2 * k}{f(2 * k)}, p{2 * k + 1}{f(2 * k + 1)})"]
@@ -209,11 +218,12 @@ def _producer(D, stages, resident, step, step_bytes, st):
     return L + ["                " + x for x in step]
 
 
-def _consumer_head(D, stages):
+def _consumer_head(D, stages, capped):
     return ["    else:", f"        setmaxnreg_inc({REGS[1]})", "        w = wg - 1",
             "        i = tid % 128", "        lane = i % 32", "        woff = w * 8192",
             "        cb = 2 * (lane % 4)", "        sl = F32(scale_log2)",
-            "        isc = F32(1) / F32(scale)  # (an additive mask's value joins S over scale)",
+            "        isc = F32(1) / F32(scale)  # (an additive mask's value joins S over scale)"
+            ] + (cap_lines("        ") if capped else []) + [
             "        while mbarrier_try_wait_parity(U32(rfull), U32(0)) == 0:", "            pass"]
 
 
@@ -229,17 +239,17 @@ def _release():
             "                mbarrier_arrive(U32(empty0 + 8 * s))"]
 
 
-_FEATURES = "mb, ma, ms0, ms1, ms2, ms3, thr, kscale, off_lo, off_hi, key_lo, key_hi"
+_FEATURES = "mb, ma, ms0, ms1, ms2, ms3, thr, kscale, off_lo, off_hi, key_lo, key_hi, softcap"
 
 
 def _suffix(feat):
-    return ("", "_m", "_a")[feat[0]] + ("_d" if feat[1] else "")
+    return ("", "_m", "_a")[feat[0]] + ("_d" if feat[1] else "") + ("_c" if feat[2] else "")
 
 
-def dkv_source(kind, D, stages, feat=(False, False)):
+def dkv_source(kind, D, stages, feat=(False, False, False)):
     """(name, source) of the dK/dV kernel (module docstring) for kind "f16"/"bf16", head
     dim D (64 or 128), `stages` Q/dO stages; feat: (the mask's kind: 0 none, 1 boolean,
-    2 additive; dropout)."""
+    2 additive; dropout; the logit cap)."""
     st = step_of("dkv", D, feat[1])
     name = f"attention_flash_dkv_{kind}_d{D}_m{st}s{stages}" + _suffix(feat)
     args = ("map_a, map_b, map_c, map_d, lse, dl, dk_out, dv_out, lq, lk, Hq, G, Sq, Sk, "
@@ -272,7 +282,8 @@ def dkv_source(kind, D, stages, feat=(False, False)):
     step = tile + _boxes("sa", "map_c", "xq", "i0", "zq", st, D, "full0 + 8 * s") + \
         _boxes(f"sa + {st * D * 2}", "map_d", "xq", "i0", "zq", st, D, "full0 + 8 * s")
     L = _helpers(D, st) + start + geo + setup + \
-        _producer(D, stages, resident, step, 2 * st * D * 2, st) + _consumer_head(D, stages) + [
+        _producer(D, stages, resident, step, 2 * st * D * 2, st) + \
+        _consumer_head(D, stages, feat[2]) + [
         "        r0 = n0 + w * 64 + 16 * (i // 32) + lane // 4  # this thread's keys r0, r0 + 8",
         "        r1 = r0 + 8",
         "        wband = U64(win_hi - win_lo)  # (win_lo <= 0 <= win_hi)",
@@ -299,8 +310,9 @@ def dkv_source(kind, D, stages, feat=(False, False)):
                                                   ("dp", "res2", BLOCK, f"sa + {st * D * 2}", st)),
                                               " " * 12) + [
         "            wgmma_commit()", "            wgmma_wait(0)",
-        f"            need = i0 + {st} > lqb or n0 + w * 64 + 64 > lkb or (causal != 0 and "
-        f"(n0 + w * 64 + 63 - i0 - dg > win_hi or n0 + w * 64 - i0 - {st - 1} - dg < win_lo))",
+        f"            need = (i0 + {st} > lqb) | (n0 + w * 64 + 64 > lkb) | ((causal != 0) & "
+        f"((n0 + w * 64 + 63 - i0 - dg > win_hi) | (n0 + w * 64 - i0 - {st - 1} - dg < "
+        "win_lo)))",
         "            rq0 = r0 - cl - dg - win_lo  # (pair (cl + c, r) is in the band where",
         "            rq1 = r1 - cl - dg - win_lo  # U64(rq - c) <= wband, one unsigned compare)"]
 
@@ -331,7 +343,7 @@ def dkv_source(kind, D, stages, feat=(False, False)):
     return name, "\n".join(L) + "\n"
 
 
-def dq_source(kind, D, stages, feat=(False, False)):
+def dq_source(kind, D, stages, feat=(False, False, False)):
     """(name, source) of the dQ kernel (module docstring); feat as dkv_source's."""
     st = step_of("dq", D)
     name = f"attention_flash_dq_{kind}_d{D}_s{stages}" + _suffix(feat)
@@ -363,7 +375,8 @@ def dq_source(kind, D, stages, feat=(False, False)):
         _boxes("sa", "map_c", "xk", "n0", "zk", st, D, "full0 + 8 * s") + \
         _boxes(f"sa + {st * D * 2}", "map_d", "xk", "n0", "zk", st, D, "full0 + 8 * s")
     L = _helpers(D, st) + start + geo + setup + \
-        _producer(D, stages, resident, step, 2 * st * D * 2, st) + _consumer_head(D, stages) + [
+        _producer(D, stages, resident, step, 2 * st * D * 2, st) + \
+        _consumer_head(D, stages, feat[2]) + [
         "        wrow = m0 + w * 64",
         "        r0 = wrow + 16 * (i // 32) + lane // 4  # this thread's queries r0, r0 + 8",
         "        r1 = r0 + 8", "        sc = F32(scale)"]
@@ -384,8 +397,8 @@ def dq_source(kind, D, stages, feat=(False, False)):
                                                   ("dp", "res2", BLOCK, f"sa + {st * D * 2}", st)),
                                               " " * 12) + [
         "            wgmma_commit()", "            wgmma_wait(0)",
-        f"            need = n0 + {st} > lkb or (causal != 0 and (n0 + {st - 1} > wrow + dg + "
-        "win_hi or n0 < wrow + 63 + dg + win_lo))",
+        f"            need = (n0 + {st} > lkb) | ((causal != 0) & ((n0 + {st - 1} > wrow + dg + "
+        "win_hi) | (n0 < wrow + 63 + dg + win_lo)))",
         "            cl = n0 + cb",
         "            ck0 = U64(cl - lo0)", "            ck1 = U64(cl - lo1)"]
 

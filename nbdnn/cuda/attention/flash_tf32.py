@@ -67,7 +67,7 @@ from ..tensorcore.mma import mma_tf32
 from .flash import ex2
 from .simt import attention_device_functions
 
-_, _keep, _, _, _bias, _ = attention_device_functions(types.float32)
+_, _keep, _, _, _bias, *_ = attention_device_functions(types.float32)
 
 Q_RAW = True  # (3xtf32) Q kept in shared memory as float32 and split into head and tail at
 # each fragment load, K and V still split once a tile: a third less shared memory (D 128:

@@ -68,7 +68,7 @@ T = 32 if SIMULATOR else 128    # a row kernel's block: one score row
 NEG = float32(-np.inf)
 DROP_NONE = np.uint64(1 << 32)
 
-_, _keep, _, _, _bias, _ = attention_device_functions(float32)
+_, _keep, _, _, _bias, *_ = attention_device_functions(float32)
 _red = device_functions(np.float32)
 _update, _pair = _red["update"], _red["grp_pair"]
 

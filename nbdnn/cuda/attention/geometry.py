@@ -57,6 +57,7 @@ class Geometry(NamedTuple):
     seed_hi: int
     win_lo: int     # the band's sides about the diagonal (causal != 0; module docstring)
     win_hi: int
+    softcap: float  # scores capped to softcap tanh(s / softcap); 0: none
 
     @property
     def strides(self):
@@ -124,7 +125,7 @@ def band(is_causal, window):
 
 
 def geometry(q, k, v, o, attn_mask, dropout_p, is_causal, scale, seed, offset, layout,
-             has_lq, has_lk, math, window=None):
+             has_lq, has_lk, math, window=None, softcap=0.0):
     """The Geometry of a validated call (o: the output or an array of its shape)."""
     B, Hq, Sq, D = (int(s) for s in q.shape) if layout == "BHSD" else \
         (int(q.shape[0]), int(q.shape[2]), int(q.shape[1]), int(q.shape[3]))
@@ -139,4 +140,5 @@ def geometry(q, k, v, o, attn_mask, dropout_p, is_causal, scale, seed, offset, l
         # the simulator's launch would pass it as an array)
         MODES[math] if dtype_name(q) == "float32" else 0,
         keep_threshold(dropout_p) if dropout_p > 0 else NO_DROPOUT, 1 / (1 - dropout_p),
-        offset & MASK32, offset >> 32, seed & MASK32, seed >> 32, *band(is_causal, window))
+        offset & MASK32, offset >> 32, seed & MASK32, seed >> 32, *band(is_causal, window),
+        float(softcap))

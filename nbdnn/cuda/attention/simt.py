@@ -58,14 +58,15 @@ def geometry_types(ct):
     the two length arrays, then the call's geometry (geometry.Geometry: B, Hq, G, Sq, Sk,
     D, Dv, the strides of q, k, v, o, the mask's kind and strides, the length and causal
     flags; scale, mode, the dropout's threshold, factor, offset and seed; the causal
-    band's sides)."""
+    band's sides; the logit cap)."""
     return "int64[::1], int64[::1], " + ", ".join(["int64"] * 27) + \
-        f", {ct}, int64, uint64, {ct}, uint64, uint64, uint64, uint64, int64, int64"
+        f", {ct}, int64, uint64, {ct}, uint64, uint64, uint64, uint64, int64, int64, {ct}"
 
 
 def attention_device_functions(CT):
     """mul (a product under math mode 0 ieee, 1 tf32, 2 3xtf32), keep (the dropout
-    factor of score e), key_range, row_range, bias, dot for compute type CT."""
+    factor of score e), key_range, row_range, bias, dot, capped and capped_slope (the
+    logit cap and its derivative) for compute type CT."""
     if CT is float64:
         @cuda.jit(device=True)
         def mul(x, y, mode):
@@ -127,11 +128,27 @@ def attention_device_functions(CT):
             s += mul(widen(x[xo + d]), widen(y[yo + d]), mode)
         return s
 
-    return mul, keep, key_range, row_range, bias, dot
+    @cuda.jit(device=True)
+    def capped(x, cap):
+        """The scaled product x as its score: cap tanh(x / cap), x where cap is 0."""
+        if cap > 0:
+            return cap * math.tanh(x / cap)
+        return x
+
+    @cuda.jit(device=True)
+    def capped_slope(x, cap):
+        """capped's derivative at x: 1 - tanh(x / cap)^2, 1 where cap is 0."""
+        if cap > 0:
+            t = math.tanh(x / cap)
+            return CT(1) - t * t
+        return CT(1)
+
+    return mul, keep, key_range, row_range, bias, dot, capped, capped_slope
 
 
 def _kernels(CT, NEG_INF):
-    mul, keep, key_range, row_range, bias, dot = attention_device_functions(CT)
+    mul, keep, key_range, row_range, bias, dot, capped, capped_slope = \
+        attention_device_functions(CT)
 
     @cuda.jit(device=True)
     def row_live(lens_q, has_lq, b, i):
@@ -140,7 +157,7 @@ def _kernels(CT, NEG_INF):
     def attention_fwd(q, k, v, o, lse, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D, Dv, qb, qh,
                 qi, kb, kh, kj, vb, vh, vj, ob, oh, oi, mkind, m0, m1, m2, m3, has_lq,
                 has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi, win_lo,
-                win_hi):
+                win_hi, softcap):
         r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if r >= B * Hq * Sq:
             return
@@ -159,7 +176,8 @@ def _kernels(CT, NEG_INF):
         for j in range(j0, j1):
             ok, add = bias(ma, mb, mkind, mo + j * m3)
             if ok:  # (NaN propagates: a NaN score makes a NaN row, as the reference)
-                x = scale * dot(q, qo, k, b * kb + hk * kh + j * kj, D, mode) + add
+                x = capped(scale * dot(q, qo, k, b * kb + hk * kh + j * kj, D, mode),
+                           softcap) + add
                 if x > top or x != x:
                     top = x
         acc = cuda.local.array(MAX_D, CT)
@@ -174,16 +192,16 @@ def _kernels(CT, NEG_INF):
         for j in range(j0, j1):
             ok, add = bias(ma, mb, mkind, mo + j * m3)
             if ok:
-                total += math.exp(scale * dot(q, qo, k, b * kb + hk * kh + j * kj, D, mode) +
-                                  add - top)
+                total += math.exp(capped(scale * dot(q, qo, k, b * kb + hk * kh + j * kj, D,
+                                                     mode), softcap) + add - top)
         ls = top + math.log(total)
         lse[r] = ls
         e0 = np.uint64(r) * np.uint64(Sk)
         for j in range(j0, j1):
             ok, add = bias(ma, mb, mkind, mo + j * m3)
             if ok:
-                p = math.exp(scale * dot(q, qo, k, b * kb + hk * kh + j * kj, D, mode) +
-                             add - ls)
+                p = math.exp(capped(scale * dot(q, qo, k, b * kb + hk * kh + j * kj, D, mode),
+                                    softcap) + add - ls)
                 p = widen(narrow(CT(p * keep(e0 + np.uint64(j), thr, kscale, off_lo, off_hi,
                                              key_lo, key_hi)), o))  # (p' in o's dtype)
                 vo = b * vb + hk * vh + j * vj
@@ -206,7 +224,7 @@ def _kernels(CT, NEG_INF):
     def attention_dq(do, q, k, v, lse, dl, dq, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D, Dv,
                qb, qh, qi, kb, kh, kj, vb, vh, vj, ob, oh, oi, mkind, m0, m1, m2, m3, has_lq,
                has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi, win_lo,
-                win_hi):
+                win_hi, softcap):
         r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if r >= B * Hq * Sq:
             return
@@ -226,10 +244,11 @@ def _kernels(CT, NEG_INF):
             ok, add = bias(ma, mb, mkind, mo + j * m3)
             if ok:
                 ko, vo = b * kb + hk * kh + j * kj, b * vb + hk * vh + j * vj
-                p = math.exp(scale * dot(q, qo, k, ko, D, mode) + add - ls)
+                x = scale * dot(q, qo, k, ko, D, mode)
+                p = math.exp(capped(x, softcap) + add - ls)
                 dp = dot(do, oo, v, vo, Dv, mode) * keep(e0 + np.uint64(j), thr, kscale, off_lo,
                                                          off_hi, key_lo, key_hi)
-                ds = p * (dp - dl[r])
+                ds = p * (dp - dl[r]) * capped_slope(x, softcap)
                 for d in range(D):
                     acc[d] += mul(ds, widen(k[ko + d]), mode)
         for d in range(D):
@@ -238,7 +257,7 @@ def _kernels(CT, NEG_INF):
     def attention_dkv(do, q, k, v, lse, dl, dk, dv, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D,
                 Dv, qb, qh, qi, kb, kh, kj, vb, vh, vj, ob, oh, oi, mkind, m0, m1, m2, m3,
                 has_lq, has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo,
-                key_hi, win_lo, win_hi):
+                key_hi, win_lo, win_hi, softcap):
         r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         Hk = Hq // G
         if r >= B * Hk * Sk:
@@ -264,13 +283,15 @@ def _kernels(CT, NEG_INF):
                 ok, add = bias(ma, mb, mkind, b * m0 + h * m1 + i * m2 + j * m3)
                 if ok and ls > NEG_INF:
                     qo, oo = b * qb + h * qh + i * qi, b * ob + h * oh + i * oi
-                    p = math.exp(scale * dot(q, qo, k, ko, D, mode) + add - ls)
+                    x = scale * dot(q, qo, k, ko, D, mode)
+                    p = math.exp(capped(x, softcap) + add - ls)
                     kp = keep(np.uint64(row) * np.uint64(Sk) + np.uint64(j), thr, kscale,
                               off_lo, off_hi, key_lo, key_hi)
                     pd = widen(narrow(CT(p * kp), dv))
                     for d in range(Dv):
                         av[d] += mul(pd, widen(do[oo + d]), mode)
-                    ds = p * (dot(do, oo, v, vo, Dv, mode) * kp - dl[row])
+                    ds = p * (dot(do, oo, v, vo, Dv, mode) * kp - dl[row]) * \
+                        capped_slope(x, softcap)
                     for d in range(D):
                         ak[d] += mul(ds, widen(q[qo + d]), mode)
         for d in range(D):

@@ -4,7 +4,8 @@ nbdnn.testing; its hypothesis rows).
 A call draws both layouts, grouped-query heads (Hq a multiple of Hk), head dims that
 differ for v, sequences of 1 up (query and key lengths apart), a mask (none, boolean
 or additive, of every broadcast rank; a boolean mask can leave a row fully masked: o
-= 0, lse = -inf), causal (top-left or bottom-right), sliding windows, dropout (the
+= 0, lse = -inf), causal (top-left or bottom-right), sliding windows, logit caps
+(softcap), dropout (the
 Philox stream of nbdnn.dropout, any seed and offset), variable lengths (int32 or int64,
 zero included), a given scale, and float32's math modes. The backward takes the float64
 reference's o and lse, rounded as a forward would store them.
@@ -81,6 +82,8 @@ def _call(draw, dtype, big):
     if draw(0, 3) == 0:  # a sliding window: one side open, or both sides set
         kw["window"] = ((None, draw(0, 3)), (draw(0, 3), None), (draw(0, 3), draw(0, 3)))[
             draw(0, 2)]
+    if draw(0, 4) == 0:  # a cap that bites (scores reach ~D scale), or a loose one
+        kw["softcap"] = (0.5, 2.0, 30.0)[draw(0, 2)]
     if draw(0, 2) == 0:
         kw.update(dropout_p=(0.1, 0.5, 0.9)[draw(0, 2)], seed=draw(0, 2 ** 31) << draw(0, 32),
                   offset=draw(0, 2 ** 31))
@@ -174,6 +177,7 @@ def _decode(backward):
 EDGES = {"causal, grouped heads": {"is_causal": True},
          "causal bottom-right": {"is_causal": True, "alignment": "bottom_right"},
          "sliding window": {"is_causal": True, "window": (2, None)},
+         "logit cap": {"softcap": 0.5},
          "every row fully masked": {"attn_mask": np.zeros((1, 1), bool)},
          "no live keys (lengths 0)": {"seq_lens_k": np.zeros(1, np.int64)}}
 
