@@ -28,6 +28,9 @@ CASES = [
     (32, "3xtf32", "BSHD", False, (1, 2, 2, 70, 200), ([70], [180]), {"window": (9, 20)}),
     (64, "3xtf32", "BHSD", "bottom_right", (1, 2, 1, 40, 300), None,
      {"window": (50, 0), "attn_mask": "bool"}),
+    (64, "3xtf32", "BSHD", False, (2, 2, 1, 70, 90), None, {"softcap": 0.3}),
+    (32, "tf32", "BHSD", True, (1, 2, 2, 65, 100), ([60], [90]),
+     {"softcap": 2.0, "attn_mask": "float"}),
 ]
 
 
@@ -37,7 +40,8 @@ def test_flash_tf32_matches_reference(D, math, layout, causal, dims, lens, extra
     """Query and key tails, causal (top-left, and bottom-right: the diagonal at each
     entry's Lk - Lq, the first rows of a longer query side seeing no key), sliding
     windows (a left side that skips a block's first key tiles, a right side past the
-    diagonal, one with a mask), grouped-query heads, lengths (a batch entry with no
+    diagonal, one with a mask), logit caps (one that bites, one with an additive
+    mask), grouped-query heads, lengths (a batch entry with no
     key: o = 0, lse = -inf; rows past a query length: the same), both layouts; keys
     past a length hold NaN, which takes no part; masks of both kinds (broadcast over
     batch or heads), dropout."""

@@ -8,7 +8,8 @@
   TMA; sm_90); flash_bwd.py
   (flash_bwd_source.py): its backward (dK and dV, then dQ by a second pass: deterministic).
 - flash_tf32.py: float32's forward in "tf32" / "3xtf32" fused on the tensor cores
-  (mma.sync m16n8k8, online softmax; 3xtf32 past D 64 on gemm.py, which is faster there).
+  (mma.sync m16n8k8, online softmax; every feature of flash.py; 3xtf32 past D 64 on
+  gemm.py, which is faster there).
 - gemm.py: GEMMs around row kernels, the scores in a workspace (nbdnn.cuda.matmul), for
   float32 in every math mode, and the 16-bit calls flash.py does not take (dropout
   with Sk % 4 != 0, other head dims: TF32 tensor cores, exact on 16-bit values); no
@@ -150,7 +151,7 @@ FORWARD = (
             "flash.py: 16-bit at D 64 and 128, any mask, dropout where Sk % 4 == 0, wgmma "
             "and TMA (sm_90)"),
     Variant("flash_tf32", lambda c: flash_tf32.usable(c.dtype, c.math, c.geo.D, c.geo.Dv,
-                                                      _gemm_usable(c)) and not c.geo.softcap,
+                                                      _gemm_usable(c)),
             lambda c: flash_tf32.forward(c.q, c.k, c.v, c.o, c.lse, c.ma, c.mb, c.lq, c.lk,
                                          c.geo, c.math, c.stream),
             "flash_tf32.py: float32 in tf32 / 3xtf32 fused on mma.sync (3xtf32 past D 64: "

@@ -30,9 +30,9 @@ this tile's products was tried and dropped: ptxas gave it 255 registers and spil
 432 B at D 64 (3.9 KB at D 128), LLVM hoisting the loop-invariant part of each
 prefetched element's address out of the key loop.
 
-Features: causal (top-left, PyTorch's, or bottom-right) and sliding windows about its
-diagonal (geometry.py's band: the key tiles before and past a block's bands are
-skipped), grouped-query heads,
+Features: logit caps, causal (top-left, PyTorch's, or bottom-right) and sliding windows
+about its diagonal (geometry.py's band: the key tiles before and past a block's bands
+are skipped), grouped-query heads,
 seq_lens_q / seq_lens_k (keys past a length are zero-filled, never read), both layouts
 (strides), masks (simt.py's bias, the additive term scaled into exp2's units) and
 dropout (simt.py's keep: nbdnn's Philox stream; l sums p, P V takes p keep / (1 - p)),
@@ -64,7 +64,7 @@ from ..runtime.launch.kernel import Kernel
 from ..runtime.simulator import SIMULATOR
 from ..tensorcore.asm import element_pointer, instruction
 from ..tensorcore.mma import mma_tf32
-from .flash import ex2
+from . import flash
 from .simt import attention_device_functions
 
 _, _keep, _, _, _bias, *_ = attention_device_functions(types.float32)
@@ -88,7 +88,8 @@ MODES = {"tf32": 1, "3xtf32": 3}  # products a term
 SIG = ("void(float32[::1], float32[::1], float32[::1], float32[::1], float32[::1], "
        "int64[::1], int64[::1], " + ", ".join(["int64"] * 21) + ", float32, "
        "float32[::1], uint8[::1], int64, int64, int64, int64, int64, "  # the mask
-       "uint64, float32, uint64, uint64, uint64, uint64)")  # the dropout (simt.py's keep)
+       "uint64, float32, uint64, uint64, uint64, uint64, "  # the dropout (simt.py's keep)
+       "float32)")  # the logit cap
 
 bits = instruction("mov.b32 $0, $1;", types.uint32, types.float32,
                    "a float32's bits (a value already rounded to TF32) as mma_tf32 takes them")
@@ -125,10 +126,11 @@ def shared_bytes(D, P):
     return (BQ * (1 if q_raw else parts) + 2 * bk * parts) * (D + 4) * 4
 
 
-def source(D, P, masked=False, dropped=False):
+def source(D, P, masked=False, dropped=False, capped=False):
     """(name, source) of the kernel for head dim D and P products a term (1 or 3), with
-    the mask's bias (masked) and the dropout's keep factors (dropped) compiled in or
-    out."""
+    the mask's bias (masked), the dropout's keep factors (dropped) and the logit cap
+    (capped: flash.capped in exp2's units, cap log2(e) tanh(s scale / cap)) compiled in
+    or out."""
     BK, q_raw = config(D, P)
     NT = BK // 8  # key n-tiles of a tile
     PD, DT = D + 4, D // 8
@@ -141,9 +143,12 @@ def source(D, P, masked=False, dropped=False):
                 base[name + part] = at
                 at += rows * PD
     name = f"attention_flash_tf32_d{D}_{'3x' if P == 3 else '1x'}" \
-        f"{'_m' if masked else ''}{'_d' if dropped else ''}" \
+        f"{'_m' if masked else ''}{'_d' if dropped else ''}{'_c' if capped else ''}" \
         f"{f'_k{BK}' if BK != 32 else ''}{'_qr' if q_raw else ''}" \
         f"{'_pr' if P == 3 and PROMOTE_3X else ''}"
+
+    def score(n, e):  # accumulator s{n}_{e} as its score in exp2's units
+        return f"capped(s{n}_{e}, cc2, ccs, ccs2)" if capped else f"s{n}_{e} * scale2"
 
     def split(val, dst, idx):  # a value into its TF32 head (and tail) in shared memory
         if q_raw and dst == "Q":
@@ -166,7 +171,7 @@ def source(D, P, masked=False, dropped=False):
 
     L = [f"def {name}(q, k, v, o, lse, lens_q, lens_k, Hq, G, Sq, Sk, qb, qh, qi, kb, kh, kj, "
          "vb, vh, vj, ob, oh, oi, has_lq, has_lk, causal, win_lo, win_hi, scale2, ma, mb, mkind, "
-         "m0, m1, m2, m3, thr, kscale, off_lo, off_hi, key_lo, key_hi):",
+         "m0, m1, m2, m3, thr, kscale, off_lo, off_hi, key_lo, key_hi, softcap):",
          "    sm = cuda.shared.array(0, F32)",
          "    t = cuda.threadIdx.x", "    lane = t % 32", "    w = t // 32",
          "    g = lane // 4", "    c = lane % 4",
@@ -192,6 +197,9 @@ def source(D, P, masked=False, dropped=False):
           "    lo_b = max(rb + dg + win_lo, 0) if causal != 0 else 0",
           "    wd_a = U64(max(lim_a - lo_a, 0))  # (key j is live where U64(j - lo) < wd)",
           "    wd_b = U64(max(lim_b - lo_b, 0))",
+          "    cc2 = F32(2) * scale2 / softcap if softcap > 0 else F32(0)  # (capped's "
+          "constants)",
+          "    ccs = softcap * LOG2E", "    ccs2 = F32(2) * ccs",
           "    mo_a = b * m0 + h * m1 + ra * m2  # (the mask's rows: its broadcast strides)",
           "    mo_b = mo_a + 8 * m2",
           "    e_a = U64((b * Hq + h) * Sq + ra) * U64(Sk)  # (the dropout's element of key 0)",
@@ -237,10 +245,10 @@ def source(D, P, masked=False, dropped=False):
                 if masked:  # (the additive term in exp2's units too)
                     L += [f"        if U64(j - lo_{r}) < wd_{r}:",
                           f"            ok, add = bias(ma, mb, mkind, mo_{r} + j * m3)",
-                          f"            s{n}_{e} = s{n}_{e} * scale2 + add * LOG2E if ok else NEG",
+                          f"            s{n}_{e} = {score(n, e)} + add * LOG2E if ok else NEG",
                           "        else:", f"            s{n}_{e} = NEG"]
                 else:
-                    L += [f"        s{n}_{e} = s{n}_{e} * scale2 if U64(j - lo_{r}) < wd_{r} "
+                    L += [f"        s{n}_{e} = {score(n, e)} if U64(j - lo_{r}) < wd_{r} "
                           "else NEG"]
                 L += [f"        top = fmaxf(top, s{n}_{e})"]
         L += ["        top = fmaxf(top, cuda.shfl_xor_sync(FULL, top, 1))",
@@ -289,17 +297,18 @@ def source(D, P, masked=False, dropped=False):
 _KERNELS = {}
 
 
-def kernel(D, P, masked=False, dropped=False):
-    """The Kernel for head dim D, P products a term, the mask and dropout compiled in or
-    out, built on first use."""
-    key = D, P, masked, dropped, config(D, P), PROMOTE_3X
+def kernel(D, P, masked=False, dropped=False, capped=False):
+    """The Kernel for head dim D, P products a term, the mask, dropout and the logit cap
+    compiled in or out, built on first use."""
+    key = D, P, masked, dropped, capped, config(D, P), PROMOTE_3X
     if key not in _KERNELS:
-        name, src = source(D, P, masked, dropped)
+        name, src = source(D, P, masked, dropped, capped)
         fn = compile_source(name, src, dict(
             cuda=cuda, math=math, F32=types.float32, NEG=types.float32(-np.inf),
-            LN2=types.float32(math.log(2)), FULL=0xFFFFFFFF, fmaxf=libdevice.fmaxf, ex2=ex2,
+            LN2=types.float32(math.log(2)), FULL=0xFFFFFFFF, fmaxf=libdevice.fmaxf, ex2=flash.ex2,
             bits=bits, as_f32=as_f32, lds_bits=lds_bits, round_tf32=round_tf32, mma_tf32=mma_tf32,
-            U64=np.uint64, LOG2E=types.float32(math.log2(math.e)), bias=_bias, keep=_keep),
+            U64=np.uint64, LOG2E=types.float32(math.log2(math.e)), bias=_bias, keep=_keep,
+            capped=flash.capped),
             about={
             "config": f"D {D}, {BQ} queries x {config(D, P)[0]} keys a tile, 4 warps, "
                       f"mma.sync m16n8k8 tf32, {P} product(s) a term, Q raw {config(D, P)[1]}",
@@ -315,11 +324,11 @@ def forward(q, k, v, o, lse, ma, mb, lq, lk, geo, math_mode, stream):
     geometry.Geometry)."""
     B, Hq, G, Sq, Sk, D = geo[:6]
     P = MODES[math_mode]
-    kern = kernel(D, P, geo.masked, geo.dropped)
+    kern = kernel(D, P, geo.masked, geo.dropped, geo.softcap > 0)
     scale2 = float(geo.scale * math.log2(math.e))
     kern.launch(SIG, B * Hq * -(-Sq // BQ), THREADS, stream, q, k, v, o, lse, lq, lk, Hq, G,
                 Sq, Sk, *geo.strides, *geo.lengths, geo.causal, geo.win_lo, geo.win_hi, scale2,
-                ma, mb, *geo.mask, *geo.dropout, shmem=shared_bytes(D, P))
+                ma, mb, *geo.mask, *geo.dropout, float(geo.softcap), shmem=shared_bytes(D, P))
 
 
 def ptx_examples():
