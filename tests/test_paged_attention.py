@@ -33,10 +33,10 @@ def _problem(rng, dtype, B, Sq, Hq, Hk, D, Dv, P, pages, W, lens, layout="BSHD")
     return q, kc, vc, table, np.asarray(lens)
 
 
-def _oracle(q, kc, vc, table, lens, causal, layout, scale=None, window=None):
+def _oracle(q, kc, vc, table, lens, causal, layout, scale=None, window=None, softcap=None):
     """(o, lse) in float64: the pages gathered into (B, W P) keys, a boolean mask for
     the lengths, the bottom-right causal rule, a sliding window (left, right) about its
-    diagonal and pages outside the cache."""
+    diagonal and pages outside the cache; softcap as scaled_dot_product_attention's."""
     pages, P, Hk, D = kc.shape
     B, W = table.shape
     Sq = q.shape[1] if layout == "BSHD" else q.shape[2]
@@ -64,7 +64,8 @@ def _oracle(q, kc, vc, table, lens, causal, layout, scale=None, window=None):
     if layout == "BHSD":
         K, V = K.transpose(0, 2, 1, 3), V.transpose(0, 2, 1, 3)
     return nbdnn.scaled_dot_product_attention(qq, K, V, attn_mask=live, enable_gqa=True,
-                                              scale=scale, layout=layout, backend="cpu")
+                                              scale=scale, layout=layout, softcap=softcap,
+                                              backend="cpu")
 
 
 TOL = {np.float64: 1e-12, np.float32: 2e-5, np.float16: 3e-3}
@@ -140,6 +141,32 @@ def test_generic_kernel_matches_the_oracle(dtype, Sq, Hq, Hk, D, P, lens, causal
     want_o, want_lse = _oracle(q, kc, vc, table, ln, layout=layout, **_band_kw(causal)[1])
     np.testing.assert_allclose(o, want_o, rtol=TOL[dtype], atol=TOL[dtype])
     np.testing.assert_allclose(lse, want_lse, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("backend,dtype,D,causal", [
+    ("cpu", np.float64, 8, False), ("cuda", np.float64, 8, True),
+    ("cuda", np.float16, 64, (9, 0))])
+def test_softcap_is_sdpas_over_the_gathered_pages(backend, dtype, D, causal):
+    """A logit cap (softcap) on the reference and decode.py's paged part (which split-key
+    decoding leaves capped calls to, its 16-bit D 64 shape included) against the
+    gathered pages' scaled_dot_product_attention with the same cap."""
+    rng = np.random.default_rng(D)
+    lens = [37, 5, 70]
+    W = -(-max(lens) // 8) + 1
+    q, kc, vc, table, ln = _problem(rng, dtype, 3, 2, 4, 2, D, D, 8,
+                                    sum(-(-L // 8) for L in lens) + 2, W, lens, "BSHD")
+    q = (4 * q.astype(np.float64)).astype(dtype)  # (scores past the cap)
+    kw, ref = _band_kw(causal)
+    with launched() as names:
+        o, lse = nbdnn.paged_attention(q, kc, vc, table, ln, softcap=0.7, backend=backend,
+                                       **kw)
+    assert backend == "cpu" or "attention_paged_part" in names, names
+    want_o, want_lse = _oracle(q, kc, vc, table, ln, layout="BSHD", softcap=0.7, **ref)
+    np.testing.assert_allclose(np.asarray(o, np.float64), want_o, rtol=TOL[dtype],
+                               atol=TOL[dtype])
+    np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=TOL[dtype], atol=TOL[dtype])
+    plain, _ = _oracle(q, kc, vc, table, ln, layout="BSHD", **ref)
+    assert np.abs(plain - want_o).max() > 1e-2  # (the cap bites)
 
 
 @pytest.mark.parametrize("D,Sq,Hq,Hk,P,causal,layout", [

@@ -552,6 +552,38 @@ def test_16_bit_tensors(case, dtype):
         assert err <= (2e-2 if dtype == torch.bfloat16 else 4e-3), (err, got.shape)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device for torch"))])
+def test_paged_attention_softcap_is_the_capped_formula(device):
+    """nt.paged_attention(softcap=c) (flash_attn_with_kvcache's) against the formula in
+    PyTorch's ops over each sequence's gathered keys (c tanh(s / c) of the scaled
+    scores, bottom-right causal rows): outputs and gradients."""
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    q, kc, vc, table, lens = _paged_inputs(device, dtype)
+    leaves = [(3 * t).clone().requires_grad_() for t in (q, kc, vc)]
+    o = nt.paged_attention(*leaves, table, lens, causal=True, softcap=1.5)
+    g = torch.randn(o.shape, generator=torch.Generator().manual_seed(2),
+                    dtype=torch.float64).to(device, dtype)
+    got = torch.autograd.grad(o, leaves, g)
+    ref = [(3 * t).clone().requires_grad_() for t in (q, kc, vc)]
+    want = []
+    for b in range(2):
+        L = int(lens[b])
+        pages = table[b, :-(-L // 4)].long()
+        k, v = (c[pages].reshape(-1, 2, c.shape[3])[:L].transpose(0, 1) for c in ref[1:])
+        k, v = k.repeat_interleave(2, 0), v.repeat_interleave(2, 0)
+        s = ref[0][b].transpose(0, 1) @ k.transpose(1, 2) / 8 ** 0.5
+        s = 1.5 * torch.tanh(s / 1.5)
+        mask = torch.ones(3, L, dtype=torch.bool, device=device).tril(L - 3)
+        p = torch.softmax(s.masked_fill(~mask, -torch.inf), -1)  # (a row before every
+        want.append((torch.nan_to_num(p, nan=0.0) @ v).transpose(0, 1))  # key: NaN -> 0)
+    want = torch.stack(want)
+    tol = dict(rtol=1e-5, atol=1e-5) if device == "cuda" else dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(o, want, **tol)
+    for a, b in zip(got, torch.autograd.grad(want, ref, g)):
+        torch.testing.assert_close(a, b, **tol)
+
+
 def test_paged_attention_refuses_a_bad_window_size():
     q, kc, vc, table, lens = _paged_inputs("cpu", torch.float64)
     for bad in ((-2, 0), (1,), (0.5, 1), "ab", (True, 0), None):

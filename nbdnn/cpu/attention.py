@@ -214,14 +214,14 @@ def gather_pages(cache, table, length):
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, scale, layout,
-                    window=None, *, out=None, stream=None):
+                    window=None, softcap=0.0, *, out=None, stream=None):
     """(o, lse) of attention against a paged key / value cache: batch entry b's keys
     0 .. L_b - 1 (L_b = seq_lens_k[b]) gathered through its block-table row (key j:
     page block_table[b, j // P], row j % P of k_cache (pages, P, Hk, D) and v_cache),
     then scaled_dot_product_attention's meaning with grouped-query heads; is_causal
     aligns the Sq query rows bottom-right (they are the sequence's last Sq: row i
-    attends keys j <= L_b - Sq + i), and a window (lo, hi) about that diagonal (pairs'
-    band). The front end checked that every page a key lives in is in the cache."""
+    attends keys j <= L_b - Sq + i), a window (lo, hi) about that diagonal (pairs'
+    band) and the logit cap. The front end checked that every page a key lives in is in the cache."""
     qb = _bhsd(q, layout)
     B, Hq, Sq, D = qb.shape
     Dv = v_cache.shape[3]
@@ -232,7 +232,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, sca
         L = int(seq_lens_k[b])
         k, v = (gather_pages(c, block_table[b], L)[None] for c in (k_cache, v_cache))
         ob, lb, *_ = _forward(qb[b:b + 1], k, v, None, 0.0, BOTTOM_RIGHT if is_causal else 0,
-                              scale, 0, 0, None, None, "ieee", window)
+                              scale, 0, 0, None, None, "ieee", window, softcap)
         o[b], lse[b] = ob[0], lb[0]
     o = np.ascontiguousarray(_bhsd(o, layout)).astype(q.dtype)
     if out is not None:

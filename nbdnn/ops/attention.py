@@ -306,8 +306,8 @@ def _pages(op, c, q, k_cache, v_cache, block_table, seq_lens_k, layout):
 
 @op("attention")
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, *, is_causal=False,
-                    scale=None, layout="BSHD", window=None, out=None, backend=None,
-                    stream=None):
+                    scale=None, layout="BSHD", window=None, softcap=None, out=None,
+                    backend=None, stream=None):
     """(o, lse): attention of q against key and value caches held in pages (vLLM's and
     FlashAttention's paged KV cache), decoding's shape: a few query rows a sequence.
 
@@ -324,7 +324,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, *, is_causal=F
     keys j <= L_b - Sq + i; several tokens decoded at once). window: a sliding window
     (left, right) about that diagonal, each None (open) or an int >= 0 (row i attends
     keys L_b - Sq + i - left .. L_b - Sq + i + right; is_causal caps right at 0).
-    scale: 1 / sqrt(D) unless given. o in q's layout, lse (B, Hq, Sq) float32 (float64
+    softcap: scaled scores capped as softcap tanh(s / softcap) (None: none). scale:
+    1 / sqrt(D) unless given. o in q's layout, lse (B, Hq, Sq) float32 (float64
     for float64). A row without keys: o = 0, lse = -inf. float16, bfloat16 (float32
     inside), float32, float64. Forward only (inference: no backward)."""
     op = "paged_attention"
@@ -335,7 +336,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, *, is_causal=F
     causal, band = _band(op, is_causal, "bottom_right", window)
     scale = _scale(op, scale, dtype)
     scale = 1 / np.sqrt(D) if scale is None else scale
+    cap = _softcap(op, softcap, dtype)
     o_shape = (B, Hq, Sq, Dv) if layout == "BHSD" else (B, Sq, Hq, Dv)
     out = c.out(out, o_shape, dtype)
     return c.run("paged_attention", q, k_cache, v_cache, block_table, seq_lens_k, causal,
-                 float(scale), layout, band, out=out)
+                 float(scale), layout, band, cap, out=out)

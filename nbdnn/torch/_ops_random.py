@@ -119,18 +119,20 @@ def _(do, q, k, v, o, lse, attn_mask, dropout_p, causal, scale, enable_gqa, seed
 @custom_op("nbdnn::paged_attention", mutates_args=())
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
                     seq_lens_k: Tensor, is_causal: bool, scale: Optional[float],
-                    window_left: int = -1, window_right: int = -1) -> tuple[Tensor, Tensor]:
+                    window_left: int = -1, window_right: int = -1,
+                    softcap: float = 0.0) -> tuple[Tensor, Tensor]:
     """(o, lse) of nbdnn.paged_attention, q (B, Sq, Hq, D); a window side of -1 is open
-    (flash_attn_with_kvcache's window_size)."""
+    and a softcap of 0 none (flash_attn_with_kvcache's window_size and softcap)."""
     window = None if window_left < 0 and window_right < 0 else \
         tuple(None if w < 0 else w for w in (window_left, window_right))
     return run(nbdnn.paged_attention, q, q, k_cache, v_cache, block_table, seq_lens_k,
-               is_causal=is_causal, scale=scale, layout="BSHD", window=window)
+               is_causal=is_causal, scale=scale, layout="BSHD", window=window,
+               softcap=softcap or None)
 
 
 @paged_attention.register_fake
 def _(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, scale, window_left=-1,
-      window_right=-1):
+      window_right=-1, softcap=0.0):
     B, Sq, Hq, _ = q.shape
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float64 if q.dtype == torch.float64
                       else torch.float32)
@@ -138,11 +140,12 @@ def _(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, scale, window_lef
 
 
 def paged_attention_math(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, scale,
-                         window_left=-1, window_right=-1):
+                         window_left=-1, window_right=-1, softcap=0.0):
     """paged_attention's o in PyTorch's ops, on the device without a host read: every
     table entry's page gathered into (B, W P) keys (entries outside the cache read page 0,
     removed), a boolean mask of the live keys (length, bottom-right causal rows, the
-    window's sides that are not -1, pages in the cache), attention_math. What its
+    window's sides that are not -1, pages in the cache), attention_math (with the logit
+    cap, softcap > 0). What its
     gradients and forward-mode derivatives differentiate (decoding rarely asks:
     gradients through the gathered caches)."""
     B, Sq, Hq, D = q.shape
@@ -162,7 +165,8 @@ def paged_attention_math(q, k_cache, v_cache, block_table, seq_lens_k, is_causal
         live = live & (j >= diag - window_left)
     if window_right >= 0:
         live = live & (j <= diag + window_right)
-    o = attention_math(q.transpose(1, 2), k, v, live[:, None], False, scale, Hk != Hq)
+    o = attention_math(q.transpose(1, 2), k, v, live[:, None], False, scale, Hk != Hq,
+                       softcap)
     return o.transpose(1, 2)
 
 
@@ -177,22 +181,25 @@ def _paged_grad(ctx, do, _dlse):
     q, kc, vc, table, lens = ctx.saved_tensors
     _, vjp = torch.func.vjp(lambda q, kc, vc: paged_attention_math(q, kc, vc, table, lens,
                                                                    *ctx.params), q, kc, vc)
-    return vjp(do) + (None,) * 6
+    return vjp(do) + (None,) * (2 + len(ctx.params))  # (table, lengths, the keywords)
 
 
 register_autograd(paged_attention, _paged_grad, _paged_setup)
 
 
-def attention_math(q, k, v, attn_mask, causal, scale, enable_gqa):
+def attention_math(q, k, v, attn_mask, causal, scale, enable_gqa, softcap=0.0):
     """PyTorch's math form of scaled_dot_product_attention without dropout, in
     PyTorch's ops, with nbdnn's rule that a fully masked query row gives 0: what a float
     attn_mask's gradient and the higher derivatives (_second_order.py, _forward_mode.py)
     differentiate. q (B, H, L, E), k (B, Hk, S, E), v (B, Hk, S, Ev); materialises the
     (B, H, L, S) scores, as PyTorch's math backend does. causal: the attention op's
-    code (1 top-left, 2 bottom-right: key j <= i + S - L)."""
+    code (1 top-left, 2 bottom-right: key j <= i + S - L); softcap > 0: the scaled
+    scores capped as softcap tanh(s / softcap) before the mask."""
     if enable_gqa and k.shape[1] != q.shape[1]:
         k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
     s = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
     if causal:
         L, S = s.shape[-2:]
         attn_mask = torch.ones(L, S, dtype=torch.bool, device=s.device).tril(

@@ -531,12 +531,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 def paged_attention(q, k_cache, v_cache, block_table, cache_seqlens, scale=None,
-                    causal=False, window_size=(-1, -1)):
+                    causal=False, window_size=(-1, -1), softcap=0.0):
     """Decoding against a paged KV cache (nbdnn.paged_attention), in FlashAttention's
     flash_attn_with_kvcache conventions: q (B, Sq, Hq, D); k_cache (pages, P, Hk, D) and
     v_cache (pages, P, Hk, Dv); block_table (B, W) int32 page numbers; cache_seqlens (B,)
     int32 lengths; causal aligns the Sq rows bottom-right (the sequence's last);
-    window_size (left, right): a sliding window about that diagonal, -1 an open side. Returns
+    window_size (left, right): a sliding window about that diagonal, -1 an open side;
+    softcap > 0: scores capped as softcap tanh(s / softcap) (0: none). Returns
     o (B, Sq, Hq, Dv). The table and the lengths are read on the device only: a call
     inside a torch.cuda.graph capture replays with whatever they hold at replay.
     Gradients (decoding rarely asks) come from PyTorch's formula of it over the gathered
@@ -548,7 +549,8 @@ def paged_attention(q, k_cache, v_cache, block_table, cache_seqlens, scale=None,
         raise BadParamError(f"nbdnn.torch.paged_attention: window_size must be (left, "
                             f"right), ints >= -1 (-1: open); got {window_size!r}")
     return call(_paged_attention, q, k_cache, v_cache, block_table, cache_seqlens,
-                bool(causal), None if scale is None else float(scale), *window_size)[0]
+                bool(causal), None if scale is None else float(scale), *window_size,
+                float(softcap))[0]
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (

@@ -251,14 +251,14 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropou
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, scale, layout,
-                    window=None, *, out=None, stream=0):
+                    window=None, softcap=0.0, *, out=None, stream=0):
     """(o, lse) (nbdnn/cpu/attention.py); validated by the front end. The block table and
     the lengths widened to int64 on the device (no host read: graph-safe)."""
     B, W = (int(s) for s in block_table.shape)
     if B == 0:
         return paged.paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, is_causal,
-                                     scale, layout, window, out=out, stream=stream)
+                                     scale, layout, window, softcap, out=out, stream=stream)
     table, _ = _lengths(q, block_table.reshape((B * W,)), stream)
     lens, _ = _lengths(q, seq_lens_k, stream)
     return paged.paged_attention(q, k_cache, v_cache, table.reshape((B, W)), lens, is_causal,
-                                 scale, layout, window, out=out, stream=stream)
+                                 scale, layout, window, softcap, out=out, stream=stream)

@@ -96,7 +96,7 @@ PAGED = (  # in order of preference; run(c) launches a part kernel: (workspaces,
 
 
 def paged_attention(q, k_cache, v_cache, table, lens, is_causal, scale, layout, window=None,
-                    *, out, stream):
+                    softcap=0.0, *, out, stream):
     """(o, lse), validated by the front end; table (B, W) and lens (B,) int64 (the
     backend's entry widens int32 ones on the device)."""
     dtype = dtype_name(q)
@@ -113,7 +113,7 @@ def paged_attention(q, k_cache, v_cache, table, lens, is_causal, scale, layout, 
                    *strides(k_cache.shape, "BSHD"), *strides(v_cache.shape, "BSHD"),
                    *strides(o_shape, layout), 0, 0, 0, 0, 0, 0, 1, 2 if is_causal else 0,
                    float(scale), MODES["ieee"], NO_DROPOUT, 1.0, 0, 0, 0, 0,
-                   *band(2 if is_causal else 0, window), 0.0)
+                   *band(2 if is_causal else 0, window), float(softcap))
     c = Call(q, k_cache, v_cache, table.reshape((B * W,)), lens, geo, P, W, pages, stream)
     (ws_o, ws_ml), chunks = variants.choose("attention", "paged_attention", PAGED, c).run(c)
     kern, sig = decode.KERNELS["combine", dtype]
