@@ -244,9 +244,9 @@ def _consumer_tile(D, BN, stages, overlap, pingpong=False, feat=(False, False, F
     L += live_lines("        ") + ["        o = zero_o()", "        sc = zero_s()"]
     if masked:  # (rows past Sq read row Sq - 1: in bounds, never stored)
         L += [f"        mr{rr} = b * ms0 + h * ms1 + min(r{rr}, Sq - 1) * ms2" for rr in (0, 1)]
+        L += ["        isc = F32(LOG2E) / sl  # 1 / scale: m / scale joins the raw scores"]
     if capped:
         L += cap_lines("        ")
-        L += ["        isc = F32(LOG2E) / sl  # 1 / scale: m / scale joins the raw scores"]
     if dropped:  # score (row, n0 + 8 j + 4 (c // 2)): this lane's call's first word
         L += ["        eb = U64((b * Hq + h) * Sq + (r0 if lane % 2 == 0 else r1)) * U64(Sk) "
               "+ U64(4 * ((lane % 4) // 2))",
