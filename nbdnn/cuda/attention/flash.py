@@ -312,14 +312,15 @@ def forward(q, k, v, o, lse, lq, lk, mb, ma, geo, layout, stream):
 
 def ptx_examples():
     """Both head dims in bfloat16, the three variants, both head dims persistent, a
-    boolean mask with dropout (F3) and an additive mask with a logit cap (F1 persistent)
-    (tests/test_ptx.py compiles them for sm_90a; float16's kernels differ only in their
-    conversions' names, and a compile costs CI 20-40 s)."""
+    boolean mask with dropout and a logit cap (F3), an additive mask (F1 persistent):
+    every feature's lines, each feature apart from another once (tests/test_ptx.py
+    compiles them for sm_90a; float16's kernels differ only in their conversions' names,
+    and a compile costs CI 20-40 s)."""
     for D in (64, 128):
         kernel("bfloat16", D)
     for variant in ("F1", "F2", "F3"):
         kernel("bfloat16", 128, variant)
     for D in (64, 128):
         kernel("bfloat16", D, "F1", True)
-    kernel("bfloat16", 64, None, False, 1, True)  # (the most registers)
-    kernel("bfloat16", 128, None, True, 2, False, True)
+    kernel("bfloat16", 64, None, False, 1, True, True)  # (the most registers)
+    kernel("bfloat16", 128, None, True, 2, False)
