@@ -719,3 +719,55 @@ def test_sdpa_refuses_a_causal_bias_of_other_lengths_or_with_is_causal():
     with pytest.raises(BadParamError, match="CausalBias attn_mask with is_causal=True"):
         nt.scaled_dot_product_attention(q, k, k, attn_mask=causal_lower_right(3, 5),
                                         is_causal=True)
+
+
+def _dispatched(fn):
+    """The aten ops fn dispatches (TorchDispatchMode: the autograd engine's own calls
+    included)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+    with Record() as r:
+        fn()
+    return r.ops
+
+
+def test_ops_of_several_outputs_make_no_zero_gradients():
+    """A converted conv, batch norm, ReLU and layer norm's backward makes no zeros for the
+    gradients of the statistics autograd leaves undefined (a fill kernel each on the
+    GPU: 4 a batch norm), and its gradients are native's."""
+    torch.manual_seed(0)
+    native = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                                 torch.nn.ReLU(), torch.nn.LayerNorm(6)).double()
+    ours, _ = nt.convert(native)
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    loss = ours(x).square().sum()
+    ops = _dispatched(loss.backward)
+    assert not [o for o in ops if "zero" in o or "fill" in o], ops
+    native.zero_grad()
+    native(x).square().sum().backward()
+    for a, b in zip(ours.parameters(), native.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_an_undefined_first_gradient_is_zeros_of_its_layout(layout):
+    """Where autograd hands an op of several outputs no gradient at all, its backward
+    takes zeros in the first output's shape and strides: what it gives for them."""
+    x = torch.randn(2, 4, 5, 5, dtype=torch.float64).to(memory_format=layout)
+    x.requires_grad_()
+    w, b = (torch.randn(4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    y = nt.functional.batch_norm(x, torch.zeros(4, dtype=torch.float64),
+                                 torch.ones(4, dtype=torch.float64), w, b, training=True)
+    n = 5  # (y and the batch norm's four statistics)
+    got = y.grad_fn.apply(*(None,) * n)
+    want = y.grad_fn.apply(torch.zeros_like(y), *(None,) * (n - 1))
+    for g, z in zip(got, want):
+        assert (g is None and z is None) or (torch.equal(g, z) and g.stride() == z.stride())
