@@ -1,6 +1,7 @@
 """What the attention tests share: random inputs, the reference's calls, and one CUDA
 variant of nbdnn.cuda.attention forced and checked against the float64 reference."""
 import numpy as np
+import pytest
 
 import nbdnn
 from nbdnn.cuda.runtime.launch.kernel import launched
@@ -48,3 +49,24 @@ def check_path(variant, names_have, dtype, B, Hq, Hk, Sq, Sk, D, kw, backward, m
             wide[3], *wide[:3], want_o, want_lse, backend="cpu", **kw)
         for g, w in zip(got, want):
             np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=tol, atol=tol)
+
+
+def with_mask(kw, Sq, Sk):
+    """kw with attn_mask="bool" made a (Sq, Sk) boolean mask (about 30% removed)."""
+    if kw.get("attn_mask") == "bool":
+        kw = dict(kw, attn_mask=np.random.default_rng(2).random((Sq, Sk)) > 0.3)
+    return kw
+
+
+def check_refusal(variant, dtype, Sq, Sk, D, monkeypatch, **kw):
+    """Variant `variant` forced runs a plain (1, 2, Sq, Sk, D) call and raises
+    NotSupportedError for the same call with keywords kw (a feature it lacks)."""
+    from nbdnn.cuda import attention as A
+    from nbdnn.cuda.attention import decode
+    monkeypatch.setattr(decode, "MIN_KEYS", 40)
+    rng = np.random.default_rng(1)
+    q, k, v = (rand(rng, 1, 2, S, D).astype(dtype) for S in (Sq, Sk, Sk))
+    with A.forced(variant):
+        sdpa(q, k, v, "cuda")
+        with pytest.raises(nbdnn.NotSupportedError):
+            sdpa(q, k, v, "cuda", **kw)

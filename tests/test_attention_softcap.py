@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import nbdnn
-from attention_cases import BR, check_path, grads, rand, sdpa
+from attention_cases import BR, check_path, check_refusal, grads, rand, sdpa, with_mask
 
 torch = pytest.importorskip("torch")
 
@@ -74,24 +74,18 @@ CAPS = [dict(softcap=0.8, is_causal=False),
         dict(softcap=0.5, attn_mask="bool", dropout_p=0.3, seed=4)]
 
 
-def _kw(kw, Sq, Sk):
-    if kw.get("attn_mask") == "bool":
-        kw = dict(kw, attn_mask=np.random.default_rng(2).random((Sq, Sk)) > 0.3)
-    return kw
-
-
 @pytest.mark.parametrize("kw", CAPS, ids=["plain", "causal-window", "mask-dropout"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_exact_kernels_cap(kw, dtype, monkeypatch):
     tol = 1e-12 if dtype == np.float64 else 2e-5
-    check_path("simt", "attention_fwd", dtype, 2, 4, 2, 3, 7, 6, _kw(kw, 3, 7), True,
+    check_path("simt", "attention_fwd", dtype, 2, 4, 2, 3, 7, 6, with_mask(kw, 3, 7), True,
                monkeypatch, tol)
 
 
 @pytest.mark.parametrize("kw", CAPS[:2], ids=["plain", "causal-window"])
 def test_decoding_caps(kw, monkeypatch):
     check_path("decode", "attention_decode_part", np.float64, 2, 4, 2, 3, 77, 6,
-               _kw(kw, 3, 77), False, monkeypatch, 1e-12)
+               with_mask(kw, 3, 77), False, monkeypatch, 1e-12)
 
 
 @pytest.mark.parametrize("variant,dtype,Sq,Sk,D", [
@@ -99,15 +93,7 @@ def test_decoding_caps(kw, monkeypatch):
 def test_variants_without_the_cap_refuse_it(variant, dtype, Sq, Sk, D, monkeypatch):
     """The GEMM path and split-key decoding do not cap: forced onto a capped call they
     raise NotSupportedError (unforced, such a call runs elsewhere), and take it uncapped."""
-    from nbdnn.cuda import attention as A
-    from nbdnn.cuda.attention import decode
-    monkeypatch.setattr(decode, "MIN_KEYS", 40)
-    rng = np.random.default_rng(1)
-    q, k, v = (rand(rng, 1, 2, S, D).astype(dtype) for S in (Sq, Sk, Sk))
-    with A.forced(variant):
-        sdpa(q, k, v, "cuda")
-        with pytest.raises(nbdnn.NotSupportedError):
-            sdpa(q, k, v, "cuda", softcap=2.0)
+    check_refusal(variant, dtype, Sq, Sk, D, monkeypatch, softcap=2.0)
 
 
 def test_eager_plans_replay_each_cap_as_its_own():

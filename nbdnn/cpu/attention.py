@@ -9,9 +9,11 @@ Shapes (layout "BHSD"; "BSHD" swaps the head and sequence axes of q, k, v, o, do
 
     h' = h // (Hq / Hk)                          grouped-query heads (enable_gqa;
                                                  Hq == Hk otherwise)
-    s[b, h, i, j] = cap(scale q[b, h, i] . k[b, h', j]) + bias[b, h, i, j]
+    s[b, h, i, j] = cap(scale q[b, h, i] . k[b, h', j]) - slope[b, h] |i + d_b - j|
+                    + bias[b, h, i, j]
         scale: 1 / sqrt(D) unless given; cap(x) = softcap tanh(x / softcap) where a
-        softcap is given (logit softcapping), else x
+        softcap is given (logit softcapping), else x; slope: alibi_slopes (ALiBi) where
+        given, else 0, about the alignment's diagonal d_b (below)
         bias: a float mask added, a boolean mask's False -> -inf (either broadcast
         to (B, Hq, Sq, Sk)); -inf where j > i + d_b (is_causal; the diagonal's
         offset d_b is 0 aligned top-left, PyTorch's torch.ones(Sq, Sk).tril(), and
@@ -73,6 +75,28 @@ def _group_sum(g, Hk):
 BOTTOM_RIGHT = ATTENTION_ALIGNMENTS.index("bottom_right") + 1  # (its causal code)
 
 
+def diagonals(B, Sq, Sk, code, seq_lens_q, seq_lens_k):
+    """(B, 1, 1, 1) int64: each batch entry's diagonal offset d_b for code 1 (top-left:
+    0) or 2 (bottom-right: Lk_b - Lq_b)."""
+    if code != BOTTOM_RIGHT:
+        return np.zeros((B, 1, 1, 1), np.int64)
+    lq = np.full(B, Sq) if seq_lens_q is None else np.asarray(seq_lens_q).reshape(B)
+    lk = np.full(B, Sk) if seq_lens_k is None else np.asarray(seq_lens_k).reshape(B)
+    return (lk.astype(np.int64) - lq.astype(np.int64)).reshape(B, 1, 1, 1)
+
+
+def alibi(shape, ct, slopes, code, seq_lens_q, seq_lens_k):
+    """-slope |i + d_b - j| over (B, Hq, Sq, Sk) in ct (0 without slopes; code: the
+    diagonal's, diagonals')."""
+    if slopes is None:
+        return ct(0)
+    B, Hq, Sq, Sk = shape
+    d = diagonals(B, Sq, Sk, code, seq_lens_q, seq_lens_k)
+    dist = np.abs(np.arange(Sq)[None, None, :, None] + d - np.arange(Sk)[None, None, None, :])
+    sl = np.asarray(slopes).astype(ct).reshape((-1, Hq, 1, 1))
+    return -sl * dist.astype(ct)
+
+
 def pairs(shape, attn_mask, is_causal, seq_lens_q, seq_lens_k, window=None):
     """(B, Hq, Sq, Sk) bool: the (query, key) pairs that no boolean mask, causal band or
     length removes. is_causal: 0 or False none, 1 or True the diagonal top-left, 2
@@ -85,11 +109,7 @@ def pairs(shape, attn_mask, is_causal, seq_lens_q, seq_lens_k, window=None):
     if attn_mask is not None and np.asarray(attn_mask).dtype == np.bool_:
         out = out & np.asarray(attn_mask)
     if is_causal:
-        d = np.zeros((B, 1, 1, 1), np.int64)
-        if is_causal == BOTTOM_RIGHT:  # Lk_b - Lq_b, a batch entry each
-            lq = np.full(B, Sq) if seq_lens_q is None else np.asarray(seq_lens_q).reshape(B)
-            lk = np.full(B, Sk) if seq_lens_k is None else np.asarray(seq_lens_k).reshape(B)
-            d = (lk.astype(np.int64) - lq.astype(np.int64)).reshape(B, 1, 1, 1)
+        d = diagonals(B, Sq, Sk, is_causal, seq_lens_q, seq_lens_k)
         off = np.arange(Sk)[None, None, None, :] - np.arange(Sq)[None, None, :, None] - d
         lo, hi = window if window is not None else (None, 0)
         if lo is not None:
@@ -161,7 +181,7 @@ def _keep(shape, dropout_p, seed, offset, ct):
 
 
 def _forward(q, k, v, attn_mask, dropout_p, is_causal, scale, seed, offset, seq_lens_q,
-             seq_lens_k, math, window=None, softcap=0.0):
+             seq_lens_k, math, window=None, softcap=0.0, slopes=None, alibi_code=0):
     """(o, lse, p, keep, parts) in the compute dtype, q, k, v in BHSD."""
     ct = compute_dtype(q.dtype)
     B, Hq, Sq, D = q.shape
@@ -169,7 +189,8 @@ def _forward(q, k, v, attn_mask, dropout_p, is_causal, scale, seed, offset, seq_
     scale = ct(1 / np.sqrt(D) if scale is None else scale)
     qc, kc, vc = (t.astype(ct) for t in (q, _heads(k, Hq), _heads(v, Hq)))
     live = pairs((B, Hq, Sq, Sk), attn_mask, is_causal, seq_lens_q, seq_lens_k, window)
-    add = bias((B, Hq, Sq, Sk), ct, attn_mask, False, None, None)
+    add = bias((B, Hq, Sq, Sk), ct, attn_mask, False, None, None) + \
+        alibi((B, Hq, Sq, Sk), ct, slopes, alibi_code, seq_lens_q, seq_lens_k)
     s, _ = _scores(qc, kc, scale, live, add, math, softcap)
     top = np.max(s, axis=-1, keepdims=True) if Sk else np.full(s.shape[:-1] + (1,), -np.inf, ct)
     rows = top != -np.inf  # rows with a score left (NaN scores: a NaN row)
@@ -190,12 +211,13 @@ def _forward(q, k, v, attn_mask, dropout_p, is_causal, scale, seed, offset, seq_
 
 def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
                                  enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k,
-                                 math="ieee", window=None, softcap=0.0, *, out=None,
-                                 stream=None):
+                                 math="ieee", window=None, softcap=0.0, alibi_slopes=None,
+                                 alibi_code=0, *, out=None, stream=None):
     """(o, lse) (module docstring); q, k, v validated by the front end."""
     qb, kb, vb = (_bhsd(t, layout) for t in (q, k, v))
     o, lse, *_ = _forward(qb, kb, vb, attn_mask, dropout_p, is_causal, scale, seed,
-                          offset, seq_lens_q, seq_lens_k, math, window, softcap)
+                          offset, seq_lens_q, seq_lens_k, math, window, softcap,
+                          alibi_slopes, alibi_code)
     o = np.ascontiguousarray(_bhsd(o, layout)).astype(q.dtype)
     if out is not None:
         out[...] = o
@@ -221,7 +243,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, sca
     then scaled_dot_product_attention's meaning with grouped-query heads; is_causal
     aligns the Sq query rows bottom-right (they are the sequence's last Sq: row i
     attends keys j <= L_b - Sq + i), a window (lo, hi) about that diagonal (pairs'
-    band) and the logit cap. The front end checked that every page a key lives in is in the cache."""
+    band) and the logit cap. The front end checked that every page a key lives in is in
+    the cache."""
     qb = _bhsd(q, layout)
     B, Hq, Sq, D = qb.shape
     Dv = v_cache.shape[3]
@@ -244,7 +267,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens_k, is_causal, sca
 def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p,
                                           is_causal, scale, enable_gqa, seed, offset,
                                           layout, seq_lens_q, seq_lens_k, math="ieee",
-                                          window=None, softcap=0.0, *, out=None, stream=None):
+                                          window=None, softcap=0.0, alibi_slopes=None,
+                                          alibi_code=0, *, out=None, stream=None):
     """(dq, dk, dv) (module docstring) from the forward's o and lse: p recomputed from
     lse, as the flash kernels do."""
     qb, kb, vb, ob, dob = (_bhsd(t, layout) for t in (q, k, v, o, do))
@@ -257,8 +281,9 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropou
     rows = lse_c > -np.inf  # (NaN: no live row either; the kernels skip it too)
     live = pairs((B, Hq, Sq, Sk), attn_mask, is_causal, seq_lens_q, seq_lens_k,
                  window) & rows
-    s, t = _scores(qc, kc, sc, live, bias((B, Hq, Sq, Sk), ct, attn_mask, False, None, None),
-                   math, softcap)
+    add = bias((B, Hq, Sq, Sk), ct, attn_mask, False, None, None) + \
+        alibi((B, Hq, Sq, Sk), ct, alibi_slopes, alibi_code, seq_lens_q, seq_lens_k)
+    s, t = _scores(qc, kc, sc, live, add, math, softcap)
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.where(live, np.exp(s - np.where(rows, lse_c, ct(0))), ct(0))
     keep = _keep(p.shape, dropout_p, seed, offset, ct)

@@ -127,6 +127,21 @@ def _lengths(op, c, name, lens, B, S):
              f"[{lens.min()}, {lens.max()}]")
 
 
+def _slopes(op, c, alibi_slopes, B, Hq):
+    """alibi_slopes: None, or float32 (Hq,) or (B, Hq): a head's (a batch entry's head's)
+    slope."""
+    if alibi_slopes is None:
+        return
+    shape, dtype = c.array("alibi_slopes", alibi_slopes, dtypes=None)
+    if dtype.name != "float32":
+        fail(DtypeError, op, "alibi_slopes.dtype", "float32", dtype.name)
+    if tuple(shape) not in ((Hq,), (B, Hq)):
+        fail(ShapeError, op, "alibi_slopes.shape", f"(Hq,) = ({Hq},) or (B, Hq) = "
+             f"({B}, {Hq})", tuple(shape))
+    if isinstance(alibi_slopes, np.ndarray) and not np.isfinite(alibi_slopes).all():
+        fail(BadParamError, op, "alibi_slopes", "finite", "a non-finite slope")
+
+
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -162,27 +177,31 @@ def _band(op, is_causal, alignment, window):
 
 
 def _keywords(op, c, dims, attn_mask, dropout_p, is_causal, alignment, window, scale, seed,
-              offset, seq_lens_q, seq_lens_k, softcap):
+              offset, seq_lens_q, seq_lens_k, softcap, alibi_slopes):
     """The checked keywords shared by forward and backward (is_causal and window as
-    _band's, softcap as _softcap's)."""
+    _band's, softcap as _softcap's); the last: the ALiBi diagonal's code (0 without
+    slopes, else the alignment's: 1 top-left, 2 bottom-right)."""
     B, Hq, Hk, Sq, Sk, D, Dv, dtype = dims
     _mask(op, c, attn_mask, dtype, B, Hq, Sq, Sk)
+    _slopes(op, c, alibi_slopes, B, Hq)
     p = scalar(op, "dropout_p", dropout_p, low=0.0, high=1.0)
     if p >= 1:
         fail(BadParamError, op, "dropout_p", "in [0, 1)", p)
     scale = _scale(op, scale, dtype)
     _lengths(op, c, "seq_lens_q", seq_lens_q, B, Sq)
     _lengths(op, c, "seq_lens_k", seq_lens_k, B, Sk)
-    return p, _band(op, is_causal, alignment, window), scale, uint64_arg(op, "seed", seed), \
-        uint64_arg(op, "offset", offset), _softcap(op, softcap, dtype)
+    band = _band(op, is_causal, alignment, window)  # (checks alignment)
+    return p, band, scale, uint64_arg(op, "seed", seed), uint64_arg(op, "offset", offset), \
+        _softcap(op, softcap, dtype), \
+        0 if alibi_slopes is None else ALIGNMENTS.index(alignment) + 1
 
 
 @op("attention", backward="scaled_dot_product_attention_backward")
 def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False, seed=0, offset=0,
                                  layout="BHSD", seq_lens_q=None, seq_lens_k=None, math=None,
-                                 alignment="top_left", window=None, softcap=None, out=None,
-                                 backend=None, stream=None):
+                                 alignment="top_left", window=None, softcap=None,
+                                 alibi_slopes=None, out=None, backend=None, stream=None):
     """(o, lse): o = softmax(scale q k^T + mask) v per head, lse the float32 (float64
     for float64) log-sum-exp of each query row's scaled, masked scores.
 
@@ -197,7 +216,10 @@ def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_c
     each None (open) or an int >= 0: query i attends keys i + d - left .. i + d + right
     (FlashAttention's window_size, None for its -1; is_causal caps right at 0). softcap:
     the scaled scores capped as softcap tanh(s / softcap) before the mask (Gemma 2's and
-    FlashAttention's logit softcapping; None: none). enable_gqa:
+    FlashAttention's logit softcapping; None: none). alibi_slopes: float32 (Hq,) or
+    (B, Hq): ALiBi, each score takes -slope |i + d - j| after the cap (d: the alignment's
+    diagonal offset, as for is_causal, causal or not; FlashAttention's alibi_slopes,
+    whose diagonal is bottom-right). enable_gqa:
     Hk may divide Hq (each k/v head
     serves Hq / Hk query heads). dropout_p in [0, 1): the probabilities dropped by
     nbdnn.dropout's mask over the (B, Hq, Sq, Sk) scores in C order for (seed, offset),
@@ -207,18 +229,18 @@ def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_c
     (math: "ieee", "tf32", "3xtf32"), float64. A fully masked row: o = 0, lse = -inf."""
     op = "scaled_dot_product_attention"
     c = Call(op, backend, stream, q=q, k=k, v=v, attn_mask=attn_mask,
-             seq_lens_q=seq_lens_q, seq_lens_k=seq_lens_k, out=out)
+             seq_lens_q=seq_lens_q, seq_lens_k=seq_lens_k, alibi_slopes=alibi_slopes, out=out)
     dims = _dims(op, c, q, k, v, layout, enable_gqa)
     B, Hq, Hk, Sq, Sk, D, Dv, dtype = dims
-    p, (causal, band), scale, seed, offset, cap = _keywords(
+    p, (causal, band), scale, seed, offset, cap, alibi = _keywords(
         op, c, dims, attn_mask, dropout_p, is_causal, alignment, window, scale, seed, offset,
-        seq_lens_q, seq_lens_k, softcap)
+        seq_lens_q, seq_lens_k, softcap, alibi_slopes)
     math = _math(op, math)
     o_shape = (B, Hq, Sq, Dv) if layout == "BHSD" else (B, Sq, Hq, Dv)
     out = c.out(out, o_shape, dtype)
     return c.run("scaled_dot_product_attention", q, k, v, attn_mask, p, causal, scale,
                  enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k, math, band, cap,
-                 out=out)
+                 alibi_slopes, alibi, out=out)
 
 
 @op("attention")
@@ -227,7 +249,8 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, *, attn_mask=None
                                           enable_gqa=False, seed=0, offset=0, layout="BHSD",
                                           seq_lens_q=None, seq_lens_k=None, math=None,
                                           alignment="top_left", window=None, softcap=None,
-                                          out=None, backend=None, stream=None):
+                                          alibi_slopes=None, out=None, backend=None,
+                                          stream=None):
     """(dq, dk, dv) of scaled_dot_product_attention given do = dL/do and the forward's
     o and lse (the probabilities are recomputed from lse, FlashAttention-2's way), with
     the forward's keywords. out: a tuple of the three gradients' buffers."""
@@ -235,6 +258,7 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, *, attn_mask=None
     outs = out_tuple(op, out, ("dq", "dk", "dv"))
     c = Call(op, backend, stream, do=do, q=q, k=k, v=v, o=o, lse=lse,
              attn_mask=attn_mask, seq_lens_q=seq_lens_q, seq_lens_k=seq_lens_k,
+             alibi_slopes=alibi_slopes,
              **{f"out[{i}]": t for i, t in enumerate(outs)})
     dims = _dims(op, c, q, k, v, layout, enable_gqa)
     B, Hq, Hk, Sq, Sk, D, Dv, dtype = dims
@@ -247,16 +271,16 @@ def scaled_dot_product_attention_backward(do, q, k, v, o, lse, *, attn_mask=None
     lshape, ldt = c.array("lse", lse, ("float64",) if dtype == np.float64 else ("float32",))
     if tuple(lshape) != (B, Hq, Sq):
         fail(ShapeError, op, "lse.shape", f"(B, Hq, Sq) = {(B, Hq, Sq)}", tuple(lshape))
-    p, (causal, band), scale, seed, offset, cap = _keywords(
+    p, (causal, band), scale, seed, offset, cap, alibi = _keywords(
         op, c, dims, attn_mask, dropout_p, is_causal, alignment, window, scale, seed, offset,
-        seq_lens_q, seq_lens_k, softcap)
+        seq_lens_q, seq_lens_k, softcap, alibi_slopes)
     math = _math(op, math)
     if out is not None:
         outs = tuple(c.out(t, tuple(int(s) for s in ref.shape), dtype, f"out[{i}]")
                      for i, (t, ref) in enumerate(zip(outs, (q, k, v))))
     return c.run("scaled_dot_product_attention_backward", do, q, k, v, o, lse, attn_mask, p,
                  causal, scale, enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k,
-                 math, band, cap, out=outs or None)
+                 math, band, cap, alibi_slopes, alibi, out=outs or None)
 
 
 def _pages(op, c, q, k_cache, v_cache, block_table, seq_lens_k, layout):

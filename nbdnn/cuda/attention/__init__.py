@@ -1,24 +1,24 @@
 """scaled_dot_product_attention on the GPU. Kernels, one module each:
 - simt.py: the exact path on the CUDA cores (every dtype and math mode, both layouts,
-  masks, causal bands of either alignment and sliding windows, logit caps,
+  masks, causal bands of either alignment and sliding windows, logit caps, ALiBi,
   grouped-query heads, dropout, variable lengths; the simulator runs it): a thread a
   query row (forward, dq), a thread a key row (dk, dv).
 - flash.py (flash_source.py): the tensor-core forward for 16-bit q, k, v at head dims
   64 and 128, any mask, dropout where Sk % 4 == 0, any causal band, logit caps (wgmma,
-  TMA; sm_90); flash_bwd.py
+  TMA; sm_90), no ALiBi; flash_bwd.py
   (flash_bwd_source.py): its backward (dK and dV, then dQ by a second pass: deterministic).
 - flash_tf32.py: float32's forward in "tf32" / "3xtf32" fused on the tensor cores
-  (mma.sync m16n8k8, online softmax; every feature of flash.py; 3xtf32 past D 64 on
+  (mma.sync m16n8k8, online softmax; flash.py's features; 3xtf32 past D 64 on
   gemm.py, which is faster there).
 - gemm.py: GEMMs around row kernels, the scores in a workspace (nbdnn.cuda.matmul), for
   float32 in every math mode, and the 16-bit calls flash.py does not take (dropout
   with Sk % 4 != 0, other head dims: TF32 tensor cores, exact on 16-bit values); no
-  seq_lens, no logit cap.
+  seq_lens, no logit cap, no ALiBi.
 - decode.py: the forward for Sq <= 16 queries against >= decode.MIN_KEYS keys
   (flash-decoding: the keys split over blocks, the chunks combined by log-sum-exp);
   every feature of the exact path. decode_split.py: its part kernel for 16-bit data at
-  D 64 and 128, every feature but sliding windows and logit caps (16-byte loads, a
-  thread a key).
+  D 64 and 128, every feature but sliding windows, logit caps and ALiBi (16-byte loads,
+  a thread a key).
 - paged.py: paged_attention, both part kernels reading a paged cache through its block
   table (PAGED: decode_split where it takes the call, else decode).
 geometry.py names a call as the kernels see it (Geometry). FORWARD and BACKWARD below
@@ -89,13 +89,14 @@ def _lengths(ref, lens, stream):
     return wide, 1
 
 
-def _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset, window, softcap):
+def _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset, window, softcap,
+             slopes, alibi):
     """Fill c's geometry, mask and length arrays."""
     c.ma, c.mb = _mask_arrays(c.q, c.attn_mask)
     c.lq, has_lq = _lengths(c.q, seq_lens_q, c.stream)
     c.lk, has_lk = _lengths(c.q, seq_lens_k, c.stream)
     c.geo = geometry(c.q, c.k, c.v, c.o, c.attn_mask, c.dropout_p, is_causal, scale, seed,
-                     offset, c.layout, has_lq, has_lk, c.math, window, softcap)
+                     offset, c.layout, has_lq, has_lk, c.math, window, softcap, slopes, alibi)
 
 
 # ---- the forward's variants, in order of preference
@@ -129,7 +130,8 @@ def _decode(c, split):
 
 
 def _gemm_usable(c):
-    return gemm.usable(c.dtype, c.geo.Sq, c.geo.Sk, *c.geo.lengths) and not c.geo.softcap
+    return gemm.usable(c.dtype, c.geo.Sq, c.geo.Sk, *c.geo.lengths) and not c.geo.softcap and \
+        not c.geo.alibi
 
 
 def _simt_forward(c):
@@ -151,7 +153,7 @@ FORWARD = (
             "flash.py: 16-bit at D 64 and 128, any mask, dropout where Sk % 4 == 0, wgmma "
             "and TMA (sm_90)"),
     Variant("flash_tf32", lambda c: flash_tf32.usable(c.dtype, c.math, c.geo.D, c.geo.Dv,
-                                                      _gemm_usable(c)),
+                                                      _gemm_usable(c)) and not c.geo.alibi,
             lambda c: flash_tf32.forward(c.q, c.k, c.v, c.o, c.lse, c.ma, c.mb, c.lq, c.lk,
                                          c.geo, c.math, c.stream),
             "flash_tf32.py: float32 in tf32 / 3xtf32 fused on mma.sync (3xtf32 past D 64: "
@@ -211,14 +213,15 @@ def choose(table, c):
 
 def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
                                  enable_gqa, seed, offset, layout, seq_lens_q, seq_lens_k,
-                                 math="ieee", window=None, softcap=0.0, *, out=None,
-                                 stream=0):
+                                 math="ieee", window=None, softcap=0.0, alibi_slopes=None,
+                                 alibi_code=0, *, out=None, stream=0):
     """(o, lse) (nbdnn/cpu/attention.py); validated by the front end."""
     dtype = dtype_name(q)
     o_shape = tuple(int(s) for s in q.shape[:3]) + (int(v.shape[3]),)
     o = out if out is not None else empty(q, o_shape, dtype)
     c = Call(q, k, v, o, None, attn_mask, dropout_p, layout, math, stream)
-    _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset, window, softcap)
+    _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset, window, softcap,
+             alibi_slopes, alibi_code)
     g = c.geo
     c.lse = empty(q, (g.B, g.Hq, g.Sq), "float64" if dtype == "float64" else "float32")
     if g.B * g.Hq * g.Sq:
@@ -229,13 +232,15 @@ def scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale
 def scaled_dot_product_attention_backward(do, q, k, v, o, lse, attn_mask, dropout_p,
                                           is_causal, scale, enable_gqa, seed, offset,
                                           layout, seq_lens_q, seq_lens_k, math="ieee",
-                                          window=None, softcap=0.0, *, out=None, stream=0):
+                                          window=None, softcap=0.0, alibi_slopes=None,
+                                          alibi_code=0, *, out=None, stream=0):
     """(dq, dk, dv): the rows' delta = rowsum(do o), then the chosen variant."""
     dtype = dtype_name(q)
     grads = out if out is not None else tuple(
         empty(q, tuple(int(s) for s in t.shape), dtype) for t in (q, k, v))
     c = Call(q, k, v, o, lse, attn_mask, dropout_p, layout, math, stream, do=do, grads=grads)
-    _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset, window, softcap)
+    _prepare(c, seq_lens_q, seq_lens_k, is_causal, scale, seed, offset, window, softcap,
+             alibi_slopes, alibi_code)
     g = c.geo
     rows, keys = g.B * g.Hq * g.Sq, g.B * (g.Hq // g.G) * g.Sk
     c.dl = empty(q, (max(rows, 1),), "float64" if dtype == "float64" else "float32")

@@ -43,7 +43,7 @@ def usable(Sq, Sk, G):
 
 
 def _kernels(CT, NEG_INF, PAGED):
-    mul, keep, key_range, _, bias, dot, capped, _ = attention_device_functions(CT)
+    mul, keep, key_range, _, bias, dot, capped, _, alibi_slope = attention_device_functions(CT)
 
     @cuda.jit(device=True)
     def row_at(b, j, sb, sj, table, P, W, npages):
@@ -80,7 +80,7 @@ def _kernels(CT, NEG_INF, PAGED):
                               Sk, D, Dv, qb, qh, qi, kb, kh, kj, vb, vh, vj, ob, oh, oi,
                               mkind, m0, m1, m2, m3, has_lq, has_lk, causal, scale, mode,
                               thr, kscale, off_lo, off_hi, key_lo, key_hi, win_lo, win_hi,
-                              softcap, table, P, W, npages):
+                              softcap, alibi, slope_b, slopes, table, P, W, npages):
         e = cuda.shared.array(CHUNK, CT)   # this chunk's e_t
         on = cuda.shared.array(CHUNK, uint8)  # 1: the key takes part (not removed)
         red = cuda.shared.array(CHUNK, CT)
@@ -101,12 +101,14 @@ def _kernels(CT, NEG_INF, PAGED):
             live = False
             j0, j1 = key_range(lens_q, lens_k, has_lq, has_lk, b, i, Sq, Sk, causal, win_lo,
                                win_hi)
+            asl, adg = alibi_slope(slopes, alibi, slope_b, lens_q, lens_k, has_lq, has_lk, b,
+                                   h, Sq, Sk)
             if kr >= 0 and (has_lq == 0 or i < lens_q[b]) and j0 <= j < j1:
                 ok, add = bias(ma, mb, mkind, b * m0 + h * m1 + i * m2 + j * m3)
                 if ok:
                     live = True
                     x = capped(scale * dot(q, b * qb + h * qh + i * qi, k, kr + hk * kh, D,
-                                           mode), softcap) + add
+                                           mode), softcap) + add - asl * CT(abs(i + adg - j))
             m = block_reduce(red, t, x, True)
             p = CT(0)
             if live and m != NEG_INF:

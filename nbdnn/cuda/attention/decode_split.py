@@ -62,11 +62,11 @@ MIN_CHUNK_TILES = 1             # ... and each chunk's least T-key tiles (its se
 def usable(q, G, Sq, D, Dv, k, v, geo):
     """16-bit data, D = Dv in DIMS, G Sq <= MAX_ROWS[D] rows, K's and V's rows at
     16-byte boundaries (bases and strides: geo's k and v strides), no sliding window (a
-    row's keys start at 0 here), no logit cap."""
+    row's keys start at 0 here), no logit cap, no ALiBi."""
     return dtype_name(q) in ("float16", "bfloat16") and D == Dv and D in DIMS and \
         G * Sq <= MAX_ROWS.get(D, 0) and all(ptr(t) % 16 == 0 for t in (k, v)) and \
         all(s % 8 == 0 for s in (geo.kb, geo.kh, geo.kj, geo.vb, geo.vh, geo.vj)) and \
-        not geo.windowed and not geo.softcap
+        not geo.windowed and not geo.softcap and not geo.alibi
 
 
 def chunking(B, Hk, Sk, sms):
@@ -96,7 +96,7 @@ def source(R, D, paged=False):
     L = [f"def {name}(q, k, v, ws_o, ws_ml, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D_, Dv_, "
          "qb, qh, qi, kb, kh, kj, vb, vh, vj, ob_, oh_, oi_, mkind, m0, m1, m2, m3, has_lq, "
          "has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi, win_lo, "
-         "win_hi, softcap, nchunks, "
+         "win_hi, softcap, alibi, slope_b, slopes, nchunks, "
          f"chunk{', table, P, W, npages' if paged else ''}):",
          f"    qs = cuda.shared.array({R * D}, F32)  # the rows' q, times scale",
          f"    ps = cuda.shared.array({R * T}, F32)  # the tile's p",

@@ -258,9 +258,9 @@ _KERNELS = {}
 def takes(dtype, geo):
     """Whether the kernels' features cover the call (geo: geometry.Geometry): 16-bit
     data, D = Dv in TILES, any mask, dropout only where Sk % 4 == 0, a positive scale;
-    any band (causal of either alignment, sliding windows), a logit cap."""
+    any band (causal of either alignment, sliding windows), a logit cap; no ALiBi."""
     return dtype in KINDS and geo.D == geo.Dv and geo.D in TILES and \
-        (not geo.dropped or geo.Sk % 4 == 0) and geo.scale > 0
+        (not geo.dropped or geo.Sk % 4 == 0) and geo.scale > 0 and not geo.alibi
 
 
 def fits(q, k, v, geo):

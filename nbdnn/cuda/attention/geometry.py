@@ -6,12 +6,13 @@ tensors (simt.geometry_types: `*geo` passes them on).
 The band: with causal != 0 (1: the diagonal top-left, 2: bottom-right, at key i + d for
 query i, d = Lk - Lq), query i attends keys j with win_lo <= j - i - d <= win_hi; plain
 causal is (-NO_BOUND, 0), a sliding window's sides are finite (split-key decoding
-leaves `windowed` calls to the other paths)."""
+leaves `windowed` calls to the other paths). ALiBi's distances |i + d - j| are about the
+diagonal of its own code (the call's alignment, causal or not)."""
 from typing import NamedTuple
 
 import numpy as np
 
-from ..runtime.memory.arrays import dtype_name
+from ..runtime.memory.arrays import dtype_name, empty
 from ..._philox import MASK32, keep_threshold
 
 MODES = {"ieee": 0, "tf32": 1, "3xtf32": 2}
@@ -58,6 +59,10 @@ class Geometry(NamedTuple):
     win_lo: int     # the band's sides about the diagonal (causal != 0; module docstring)
     win_hi: int
     softcap: float  # scores capped to softcap tanh(s / softcap); 0: none
+    alibi: int      # ALiBi: 0 none, else its diagonal's code (1 top-left, 2 bottom-right)
+    slope_b: int    # slopes[b slope_b + h]: Hq for (B, Hq) slopes, 0 for (Hq,)
+    slopes: object  # the float32 slopes on the device (a stand-in without ALiBi), last:
+    #                 the kernels' only array among these
 
     @property
     def strides(self):
@@ -82,6 +87,11 @@ class Geometry(NamedTuple):
     def dropout(self):
         """(threshold, keep_scale, offset and seed halves): the keep factors' stream."""
         return self[29:35]
+
+    @property
+    def scalars(self):
+        """Every field but the slopes array."""
+        return self[:-1]
 
     @property
     def masked(self):
@@ -125,7 +135,7 @@ def band(is_causal, window):
 
 
 def geometry(q, k, v, o, attn_mask, dropout_p, is_causal, scale, seed, offset, layout,
-             has_lq, has_lk, math, window=None, softcap=0.0):
+             has_lq, has_lk, math, window=None, softcap=0.0, slopes=None, alibi=0):
     """The Geometry of a validated call (o: the output or an array of its shape)."""
     B, Hq, Sq, D = (int(s) for s in q.shape) if layout == "BHSD" else \
         (int(q.shape[0]), int(q.shape[2]), int(q.shape[1]), int(q.shape[3]))
@@ -141,4 +151,11 @@ def geometry(q, k, v, o, attn_mask, dropout_p, is_causal, scale, seed, offset, l
         MODES[math] if dtype_name(q) == "float32" else 0,
         keep_threshold(dropout_p) if dropout_p > 0 else NO_DROPOUT, 1 / (1 - dropout_p),
         offset & MASK32, offset >> 32, seed & MASK32, seed >> 32, *band(is_causal, window),
-        float(softcap))
+        float(softcap), *alibi_fields(q, slopes, alibi, Hq))
+
+
+def alibi_fields(ref, slopes, alibi, Hq):
+    """(alibi, slope_b, slopes) of Geometry: a 1-element stand-in without slopes."""
+    if slopes is None:
+        return 0, 0, empty(ref, (1,), "float32")
+    return alibi, Hq if len(slopes.shape) == 2 else 0, slopes

@@ -26,7 +26,7 @@ from ..runtime.device import sm_count
 from ..runtime.memory.arrays import dtype_name, empty
 from ..runtime.variants import Variant
 from . import decode, decode_split
-from .geometry import MODES, NO_DROPOUT, Geometry, band, strides
+from .geometry import MODES, NO_DROPOUT, Geometry, alibi_fields, band, strides
 
 
 @dataclasses.dataclass
@@ -113,7 +113,8 @@ def paged_attention(q, k_cache, v_cache, table, lens, is_causal, scale, layout, 
                    *strides(k_cache.shape, "BSHD"), *strides(v_cache.shape, "BSHD"),
                    *strides(o_shape, layout), 0, 0, 0, 0, 0, 0, 1, 2 if is_causal else 0,
                    float(scale), MODES["ieee"], NO_DROPOUT, 1.0, 0, 0, 0, 0,
-                   *band(2 if is_causal else 0, window), float(softcap))
+                   *band(2 if is_causal else 0, window), float(softcap),
+                   *alibi_fields(q, None, 0, Hq))
     c = Call(q, k_cache, v_cache, table.reshape((B * W,)), lens, geo, P, W, pages, stream)
     (ws_o, ws_ml), chunks = variants.choose("attention", "paged_attention", PAGED, c).run(c)
     kern, sig = decode.KERNELS["combine", dtype]

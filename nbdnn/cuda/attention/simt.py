@@ -58,15 +58,17 @@ def geometry_types(ct):
     the two length arrays, then the call's geometry (geometry.Geometry: B, Hq, G, Sq, Sk,
     D, Dv, the strides of q, k, v, o, the mask's kind and strides, the length and causal
     flags; scale, mode, the dropout's threshold, factor, offset and seed; the causal
-    band's sides; the logit cap)."""
+    band's sides; the logit cap; ALiBi's code, slope stride and slopes)."""
     return "int64[::1], int64[::1], " + ", ".join(["int64"] * 27) + \
-        f", {ct}, int64, uint64, {ct}, uint64, uint64, uint64, uint64, int64, int64, {ct}"
+        f", {ct}, int64, uint64, {ct}, uint64, uint64, uint64, uint64, int64, int64, {ct}, " \
+        "int64, int64, float32[::1]"
 
 
 def attention_device_functions(CT):
     """mul (a product under math mode 0 ieee, 1 tf32, 2 3xtf32), keep (the dropout
     factor of score e), key_range, row_range, bias, dot, capped and capped_slope (the
-    logit cap and its derivative) for compute type CT."""
+    logit cap and its derivative), alibi_slope (ALiBi's slope and diagonal for a row)
+    for compute type CT."""
     if CT is float64:
         @cuda.jit(device=True)
         def mul(x, y, mode):
@@ -143,11 +145,20 @@ def attention_device_functions(CT):
             return CT(1) - t * t
         return CT(1)
 
-    return mul, keep, key_range, row_range, bias, dot, capped, capped_slope
+    @cuda.jit(device=True)
+    def alibi_slope(slopes, alibi, slope_b, lens_q, lens_k, has_lq, has_lk, b, h, Sq, Sk):
+        """(slope, d) of batch entry b's head h: score (i, j) takes -slope |i + d - j|
+        ((0, 0) without ALiBi: alibi 0)."""
+        if alibi == 0:
+            return CT(0), 0
+        n = min(max(lens_k[b], 0), Sk) if has_lk != 0 else Sk
+        return CT(slopes[b * slope_b + h]), diagonal(lens_q, has_lq, b, Sq, n, alibi)
+
+    return mul, keep, key_range, row_range, bias, dot, capped, capped_slope, alibi_slope
 
 
 def _kernels(CT, NEG_INF):
-    mul, keep, key_range, row_range, bias, dot, capped, capped_slope = \
+    mul, keep, key_range, row_range, bias, dot, capped, capped_slope, alibi_slope = \
         attention_device_functions(CT)
 
     @cuda.jit(device=True)
@@ -157,7 +168,7 @@ def _kernels(CT, NEG_INF):
     def attention_fwd(q, k, v, o, lse, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D, Dv, qb, qh,
                 qi, kb, kh, kj, vb, vh, vj, ob, oh, oi, mkind, m0, m1, m2, m3, has_lq,
                 has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi, win_lo,
-                win_hi, softcap):
+                win_hi, softcap, alibi, slope_b, slopes):
         r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if r >= B * Hq * Sq:
             return
@@ -172,12 +183,15 @@ def _kernels(CT, NEG_INF):
                            win_hi)
         if not row_live(lens_q, has_lq, b, i):
             j1 = j0
+        asl, adg = alibi_slope(slopes, alibi, slope_b, lens_q, lens_k, has_lq, has_lk, b, h,
+                               Sq, Sk)
+        ai = i + adg  # (score (i, j) takes -asl |ai - j|)
         top = NEG_INF
         for j in range(j0, j1):
             ok, add = bias(ma, mb, mkind, mo + j * m3)
             if ok:  # (NaN propagates: a NaN score makes a NaN row, as the reference)
                 x = capped(scale * dot(q, qo, k, b * kb + hk * kh + j * kj, D, mode),
-                           softcap) + add
+                           softcap) + add - asl * CT(abs(ai - j))
                 if x > top or x != x:
                     top = x
         acc = cuda.local.array(MAX_D, CT)
@@ -193,7 +207,8 @@ def _kernels(CT, NEG_INF):
             ok, add = bias(ma, mb, mkind, mo + j * m3)
             if ok:
                 total += math.exp(capped(scale * dot(q, qo, k, b * kb + hk * kh + j * kj, D,
-                                                     mode), softcap) + add - top)
+                                                     mode), softcap) + add -
+                                  asl * CT(abs(ai - j)) - top)
         ls = top + math.log(total)
         lse[r] = ls
         e0 = np.uint64(r) * np.uint64(Sk)
@@ -201,7 +216,7 @@ def _kernels(CT, NEG_INF):
             ok, add = bias(ma, mb, mkind, mo + j * m3)
             if ok:
                 p = math.exp(capped(scale * dot(q, qo, k, b * kb + hk * kh + j * kj, D, mode),
-                                    softcap) + add - ls)
+                                    softcap) + add - asl * CT(abs(ai - j)) - ls)
                 p = widen(narrow(CT(p * keep(e0 + np.uint64(j), thr, kscale, off_lo, off_hi,
                                              key_lo, key_hi)), o))  # (p' in o's dtype)
                 vo = b * vb + hk * vh + j * vj
@@ -224,7 +239,7 @@ def _kernels(CT, NEG_INF):
     def attention_dq(do, q, k, v, lse, dl, dq, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D, Dv,
                qb, qh, qi, kb, kh, kj, vb, vh, vj, ob, oh, oi, mkind, m0, m1, m2, m3, has_lq,
                has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo, key_hi, win_lo,
-                win_hi, softcap):
+                win_hi, softcap, alibi, slope_b, slopes):
         r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if r >= B * Hq * Sq:
             return
@@ -240,12 +255,14 @@ def _kernels(CT, NEG_INF):
         if not (row_live(lens_q, has_lq, b, i) and ls > NEG_INF):  # (a NaN lse: no live
             j1 = j0                                                  # row, as the reference)
         e0 = np.uint64(r) * np.uint64(Sk)
+        asl, adg = alibi_slope(slopes, alibi, slope_b, lens_q, lens_k, has_lq, has_lk, b, h,
+                               Sq, Sk)
         for j in range(j0, j1):
             ok, add = bias(ma, mb, mkind, mo + j * m3)
             if ok:
                 ko, vo = b * kb + hk * kh + j * kj, b * vb + hk * vh + j * vj
                 x = scale * dot(q, qo, k, ko, D, mode)
-                p = math.exp(capped(x, softcap) + add - ls)
+                p = math.exp(capped(x, softcap) + add - asl * CT(abs(i + adg - j)) - ls)
                 dp = dot(do, oo, v, vo, Dv, mode) * keep(e0 + np.uint64(j), thr, kscale, off_lo,
                                                          off_hi, key_lo, key_hi)
                 ds = p * (dp - dl[r]) * capped_slope(x, softcap)
@@ -257,7 +274,7 @@ def _kernels(CT, NEG_INF):
     def attention_dkv(do, q, k, v, lse, dl, dk, dv, ma, mb, lens_q, lens_k, B, Hq, G, Sq, Sk, D,
                 Dv, qb, qh, qi, kb, kh, kj, vb, vh, vj, ob, oh, oi, mkind, m0, m1, m2, m3,
                 has_lq, has_lk, causal, scale, mode, thr, kscale, off_lo, off_hi, key_lo,
-                key_hi, win_lo, win_hi, softcap):
+                key_hi, win_lo, win_hi, softcap, alibi, slope_b, slopes):
         r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         Hk = Hq // G
         if r >= B * Hk * Sk:
@@ -277,6 +294,8 @@ def _kernels(CT, NEG_INF):
         for h in range(hk * G, hk * G + G):
             i0, i1 = row_range(lens_q, lens_k, has_lq, has_lk, b, j, Sq, Sk, causal, win_lo,
                                win_hi, rows)
+            asl, adg = alibi_slope(slopes, alibi, slope_b, lens_q, lens_k, has_lq, has_lk, b,
+                                   h, Sq, Sk)
             for i in range(i0, i1):
                 row = (b * Hq + h) * Sq + i
                 ls = lse[row]
@@ -284,7 +303,7 @@ def _kernels(CT, NEG_INF):
                 if ok and ls > NEG_INF:
                     qo, oo = b * qb + h * qh + i * qi, b * ob + h * oh + i * oi
                     x = scale * dot(q, qo, k, ko, D, mode)
-                    p = math.exp(capped(x, softcap) + add - ls)
+                    p = math.exp(capped(x, softcap) + add - asl * CT(abs(i + adg - j)) - ls)
                     kp = keep(np.uint64(row) * np.uint64(Sk) + np.uint64(j), thr, kscale,
                               off_lo, off_hi, key_lo, key_hi)
                     pd = widen(narrow(CT(p * kp), dv))
