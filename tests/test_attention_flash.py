@@ -1,6 +1,6 @@
 """The tensor-core attention forward (cuda/attention/flash.py) and backward (flash_bwd.py,
 forced on) on an sm_90 GPU against the float64 CPU reference of the same 16-bit inputs:
-their features (causal, sliding windows, logit caps, masks, dropout, grouped-query heads,
+their features (causal, sliding windows, logit caps, ALiBi, masks, dropout, grouped-query heads,
 variable lengths, both layouts, tails of both sequences), the forward's defined rows
 (nothing attends: o = 0, lse = -inf; a NaN score: a NaN row), the variants,
 bit-identical reruns and a 16k-long sequence. Skipped without such a GPU (CI compiles
@@ -265,6 +265,37 @@ def test_flash_softcap_matches_reference(dtype, D, layout, cap, kw):
     np.testing.assert_allclose(o, want_o, atol=2 * TOL[dtype], rtol=2 * TOL[dtype])
     np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
     _check_backward(q, k, v, do, TOL[dtype], "_c", **kw)
+
+
+@pytest.mark.parametrize("dtype,D,layout,per_entry,kw", [
+    ("bfloat16", 128, "BHSD", False, dict()),
+    ("float16", 64, "BSHD", True, dict(is_causal=True, alignment="bottom_right",
+                                       seq_lens_q=np.array([300, 129]),
+                                       seq_lens_k=np.array([250, 264]))),
+    ("bfloat16", 64, "BHSD", False, dict(softcap=2.0, attn_mask="additive", window=(70, 0),
+                                         is_causal=True)),
+    ("float16", 128, "BHSD", True, dict(alignment="bottom_right", dropout_p=0.1, seed=5)),
+])
+def test_flash_alibi_matches_reference(dtype, D, layout, per_entry, kw):
+    """ALiBi on the tensor cores, forward and backward, against the float64 reference:
+    per-head and per-(entry, head) slopes, either diagonal (lengths that move the
+    bottom-right one by entry), with a cap, an additive mask and a window, with
+    dropout."""
+    Sq, Sk = 300, 264
+    rng = np.random.default_rng(D + 7 * int(per_entry))
+    q, k, v = _inputs(rng, dtype, layout, 2, 4, 2, Sq, Sk, D)
+    do = rng.normal(0, 1, q.shape).astype(DTYPES[dtype])
+    slopes = rng.uniform(0.01, 0.5, (2, 4) if per_entry else (4,)).astype(np.float32)
+    kw = dict(kw, alibi_slopes=slopes, enable_gqa=True, layout=layout)
+    if "attn_mask" in kw:
+        kw["attn_mask"] = _mask(rng, kw["attn_mask"], 2, 4, Sq, Sk, dtype)
+    with launched() as names:
+        o, lse = _run(q, k, v, **kw)
+    assert any(n.startswith("attention_flash_fwd") and n.endswith("_l") for n in names), names
+    want_o, want_lse = _reference(q, k, v, **kw)
+    np.testing.assert_allclose(o, want_o, atol=2 * TOL[dtype], rtol=2 * TOL[dtype])
+    np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
+    _check_backward(q, k, v, do, TOL[dtype], "_l", **kw)
 
 
 def test_flash_backward_reruns_are_bit_identical(monkeypatch):

@@ -299,20 +299,20 @@ def test_an_additive_mask_joins_the_raw_score_over_scale_and_never_overflows():
 
 def test_flash_sources_keep_per_score_branches_out():
     """The generated flash kernels (forward, dK/dV, dQ; every head dim, mask kind,
-    dropout and logit cap) write their per-score selections as sel() calls and bitwise conditions:
+    dropout, logit cap and ALiBi) write their per-score selections as sel() calls and bitwise conditions:
     numba's IR makes each conditional expression or short-circuit two blocks and a phi
     variable, and its SSA and liveness passes cost blocks times variables (64 per-score
     conditional expressions made the D 64 forward's JIT 27 s, the dK/dV kernel's 36;
     as calls 10 and 7, the same PTX in the loop). What remains is per tile or per row;
     a boolean mask's read stays behind its pair's bounds (one short-circuit a score);
-    a logit cap adds none.
+    a logit cap and ALiBi add none.
     docs/decisions.md "flash_jit_branches"."""
     import ast
     import itertools
     from nbdnn.cuda.attention import flash_bwd, flash_bwd_source as fb, flash_source as fs
-    for D, masked, dropped, capped in itertools.product((64, 128), (0, 1, 2), (False, True),
-                                                        (False, True)):
-        feat = masked, dropped, capped
+    for D, masked, dropped, capped, alibi in itertools.product(
+            (64, 128), (0, 1, 2), (False, True), (False, True), (False, True)):
+        feat = masked, dropped, capped, alibi
         srcs = [fs.source(flash.KINDS["bfloat16"], D, *flash.TILES[D], True, False, False,
                           *feat)[1]]
         srcs += [f(flash.KINDS["bfloat16"], D, flash_bwd.STAGES[D], feat)[1]

@@ -31,6 +31,10 @@ CASES = [
     (64, "3xtf32", "BSHD", False, (2, 2, 1, 70, 90), None, {"softcap": 0.3}),
     (32, "tf32", "BHSD", True, (1, 2, 2, 65, 100), ([60], [90]),
      {"softcap": 2.0, "attn_mask": "float"}),
+    (64, "3xtf32", "BSHD", "bottom_right", (2, 2, 1, 70, 90), ([70, 33], [90, 60]),
+     {"alibi_slopes": np.float32([[0.3, 0.1], [0.05, 0.8]])}),
+    (32, "tf32", "BHSD", False, (1, 4, 2, 65, 100), None,
+     {"alibi_slopes": np.float32([0.5, 0.25, 0.125, 0.0625]), "softcap": 1.0}),
 ]
 
 
@@ -41,7 +45,8 @@ def test_flash_tf32_matches_reference(D, math, layout, causal, dims, lens, extra
     entry's Lk - Lq, the first rows of a longer query side seeing no key), sliding
     windows (a left side that skips a block's first key tiles, a right side past the
     diagonal, one with a mask), logit caps (one that bites, one with an additive
-    mask), grouped-query heads, lengths (a batch entry with no
+    mask), ALiBi (per (entry, head) slopes about moving bottom-right diagonals, per head
+    with a cap), grouped-query heads, lengths (a batch entry with no
     key: o = 0, lse = -inf; rows past a query length: the same), both layouts; keys
     past a length hold NaN, which takes no part; masks of both kinds (broadcast over
     batch or heads), dropout."""

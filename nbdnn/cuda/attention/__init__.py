@@ -5,7 +5,7 @@
   query row (forward, dq), a thread a key row (dk, dv).
 - flash.py (flash_source.py): the tensor-core forward for 16-bit q, k, v at head dims
   64 and 128, any mask, dropout where Sk % 4 == 0, any causal band, logit caps (wgmma,
-  TMA; sm_90), no ALiBi; flash_bwd.py
+  TMA; sm_90), ALiBi; flash_bwd.py
   (flash_bwd_source.py): its backward (dK and dV, then dQ by a second pass: deterministic).
 - flash_tf32.py: float32's forward in "tf32" / "3xtf32" fused on the tensor cores
   (mma.sync m16n8k8, online softmax; flash.py's features; 3xtf32 past D 64 on
@@ -153,7 +153,7 @@ FORWARD = (
             "flash.py: 16-bit at D 64 and 128, any mask, dropout where Sk % 4 == 0, wgmma "
             "and TMA (sm_90)"),
     Variant("flash_tf32", lambda c: flash_tf32.usable(c.dtype, c.math, c.geo.D, c.geo.Dv,
-                                                      _gemm_usable(c)) and not c.geo.alibi,
+                                                      _gemm_usable(c)),
             lambda c: flash_tf32.forward(c.q, c.k, c.v, c.o, c.lse, c.ma, c.mb, c.lq, c.lk,
                                          c.geo, c.math, c.stream),
             "flash_tf32.py: float32 in tf32 / 3xtf32 fused on mma.sync (3xtf32 past D 64: "

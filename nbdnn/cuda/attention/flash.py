@@ -11,12 +11,12 @@ past a query tile's last row (its diagonal: top-left, or bottom-right at Lk - Lq
 never loaded (nor, with a sliding window, those before its first row's band).
 
 Where it runs (`usable`): float16 / bfloat16 q, k, v with head dims D = Dv = 64 or 128,
-any mask (boolean, or additive in q's dtype), logit caps, dropout where Sk % 4 == 0 (a
-Philox call's 4 words are 4 adjacent keys: flash_source.py), a positive scale, Sq > 16
-(fewer queries: decode.py), sm_90; everything else (and the simulator) runs the other
-variants (attention/__init__.py). A mask, dropout and a cap are compiled into kernels of
-their own (flash_source.source's masked, dropped, capped), so a call without them pays
-nothing.
+any mask (boolean, or additive in q's dtype), logit caps, ALiBi, dropout where
+Sk % 4 == 0 (a Philox call's 4 words are 4 adjacent keys: flash_source.py), a positive
+scale, Sq > 16 (fewer queries: decode.py), sm_90; everything else (and the simulator)
+runs the other variants (attention/__init__.py). A mask, dropout, a cap and ALiBi are
+compiled into kernels of their own (flash_source.source's masked, dropped, capped,
+alibi), so a call without them pays nothing.
 Causal of either alignment and sliding windows (geometry.py's band: a block loads only
 the key tiles its rows' bands meet, and masks the tiles its bands cut), grouped-query
 heads, seq_lens_q / seq_lens_k and both layouts run here: BHSD tensors are mapped as
@@ -76,7 +76,8 @@ def sig(dtype):
     """The forward's signature for 16-bit dtype: 3 tensor maps, o's 16-bit pairs, lse, the
     lengths, Hq .. total (the band's sides after causal); then a boolean mask's bytes, an
     additive mask (dtype), their strides, the dropout's threshold, factor, offset and
-    seed, the logit cap (read only by the masked / dropped / capped kernels)."""
+    seed, the logit cap, ALiBi's code, slope stride and slopes (read only by the kernels
+    of those features)."""
     return ("void(uint64, uint64, uint64, uint32[::1], float32[::1], int64[::1], int64[::1], "
             "int64, int64, int64, int64, int64, int64, int64, int64, int64, int64, float32, "
             f"int64, int64, int64, int64, {FEATURE_TYPES.format(array_type(dtype))})")
@@ -84,7 +85,7 @@ def sig(dtype):
 
 # the features' parameters, every flash kernel's last (flash_bwd's too)
 FEATURE_TYPES = "uint8[::1], {}[::1], int64, int64, int64, int64, uint64, float32, uint64, " \
-    "uint64, uint64, uint64, float32"
+    "uint64, uint64, uint64, float32, int64, int64, float32[::1]"
 
 
 ex2 = instruction("ex2.approx.ftz.f32 $0, $1;", types.float32, types.float32,
@@ -225,17 +226,18 @@ def namespace(kind):
                 mbarrier_try_wait_parity=mbarrier_try_wait_parity)
 
 
-def kernel(dtype, D, variant=None, persistent=False, masked=0, dropped=False, capped=False):
+def kernel(dtype, D, variant=None, persistent=False, masked=0, dropped=False, capped=False,
+           alibi=False):
     """The forward Kernel for dtype, head dim D (TILES), variant (VARIANT[D] unless
-    given), persistence, the mask's kind (0 none, 1 boolean, 2 additive), dropout and
-    the logit cap, built on first use."""
+    given), persistence, the mask's kind (0 none, 1 boolean, 2 additive), dropout, the
+    logit cap and ALiBi, built on first use."""
     variant = variant or VARIANT[D]
-    key = dtype, D, variant, persistent, masked, dropped, capped
+    key = dtype, D, variant, persistent, masked, dropped, capped, alibi
     if key not in _KERNELS:
         kind = KINDS[dtype]
         BN, stages = TILES[D]
         name, src = fs.source(kind, D, BN, stages, variant != "F1", variant == "F3", persistent,
-                              masked, dropped, capped)
+                              masked, dropped, capped, alibi)
         ns = dict(namespace(kind), mma_qk=wgmma(BN, kind), mma_pv=wgmma_rs(D, kind, 1))
         shmem = fs.shared_bytes(D, BN, stages)
         fn = compile_source(name, src, ns, about={
@@ -245,7 +247,8 @@ def kernel(dtype, D, variant=None, persistent=False, masked=0, dropped=False, ca
             "traffic": f"a key tile: {4 * BN * D} B in, {4 * fs.BM * BN * D} flops",
             "why": f"variant {variant}{', persistent' if persistent else ''}"
                    f"{('', ', a boolean mask', ', an additive mask')[masked]}"
-                   f"{', dropout' if dropped else ''}{', a logit cap' if capped else ''} "
+                   f"{', dropout' if dropped else ''}{', a logit cap' if capped else ''}"
+                   f"{', ALiBi' if alibi else ''} "
                    "(flash.py: VARIANT, PERSISTENT)"})
         _KERNELS[key] = Kernel(fn, [sig(dtype)], arch="sm_90a", shared_bytes=shmem,
                                     max_registers=MAX_REGS)
@@ -258,9 +261,9 @@ _KERNELS = {}
 def takes(dtype, geo):
     """Whether the kernels' features cover the call (geo: geometry.Geometry): 16-bit
     data, D = Dv in TILES, any mask, dropout only where Sk % 4 == 0, a positive scale;
-    any band (causal of either alignment, sliding windows), a logit cap; no ALiBi."""
+    any band (causal of either alignment, sliding windows), a logit cap, ALiBi."""
     return dtype in KINDS and geo.D == geo.Dv and geo.D in TILES and \
-        (not geo.dropped or geo.Sk % 4 == 0) and geo.scale > 0 and not geo.alibi
+        (not geo.dropped or geo.Sk % 4 == 0) and geo.scale > 0
 
 
 def fits(q, k, v, geo):
@@ -277,11 +280,12 @@ def usable(q, k, v, geo):
 
 
 def features(geo, mb, ma):
-    """(the mask's kind, dropped, capped) of the call and the kernels' trailing
+    """(the mask's kind, dropped, capped, alibi) of the call and the kernels' trailing
     arguments: the boolean mask (mb) and the additive one (ma; stand-ins where absent),
-    their strides, the dropout's stream, the logit cap."""
-    return (geo.mask_kind, geo.dropped, geo.softcap > 0), \
-        (mb, ma, *geo.mask[1:], *geo.dropout, float(geo.softcap))
+    their strides, the dropout's stream, the logit cap, ALiBi's code, stride, slopes."""
+    return (geo.mask_kind, geo.dropped, geo.softcap > 0, geo.alibi != 0), \
+        (mb, ma, *geo.mask[1:], *geo.dropout, float(geo.softcap), geo.alibi, geo.slope_b,
+         geo.slopes)
 
 
 def forward(q, k, v, o, lse, lq, lk, mb, ma, geo, layout, stream):
@@ -312,7 +316,8 @@ def forward(q, k, v, o, lse, lq, lk, mb, ma, geo, layout, stream):
 
 def ptx_examples():
     """Both head dims in bfloat16, the three variants, both head dims persistent, a
-    boolean mask with dropout and a logit cap (F3), an additive mask (F1 persistent):
+    boolean mask with dropout and a logit cap (F3), an additive mask with ALiBi (F1
+    persistent):
     every feature's lines, each feature apart from another once (tests/test_ptx.py
     compiles them for sm_90a; float16's kernels differ only in their conversions' names,
     and a compile costs CI 20-40 s)."""
@@ -323,4 +328,4 @@ def ptx_examples():
     for D in (64, 128):
         kernel("bfloat16", D, "F1", True)
     kernel("bfloat16", 64, None, False, 1, True, True)  # (the most registers)
-    kernel("bfloat16", 128, None, True, 2, False)
+    kernel("bfloat16", 128, None, True, 2, False, False, True)

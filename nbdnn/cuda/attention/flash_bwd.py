@@ -41,17 +41,17 @@ def sig(which, dtype):
 _KERNELS = {}
 
 
-def kernel(which, dtype, D, masked=0, dropped=False, capped=False):
+def kernel(which, dtype, D, masked=0, dropped=False, capped=False, alibi=False):
     """The "dkv" or "dq" Kernel for dtype and head dim D, with the mask's kind (0 none,
-    1 boolean, 2 additive), dropout and the logit cap compiled in or not, built on first
-    use."""
-    key = which, dtype, D, masked, dropped, capped
+    1 boolean, 2 additive), dropout, the logit cap and ALiBi compiled in or not, built on
+    first use."""
+    key = which, dtype, D, masked, dropped, capped, alibi
     if key not in _KERNELS:
         kind = flash.KINDS[dtype]
         stages, st = STAGES[D], fb.step_of(which, D, dropped)
         name, src = (fb.dkv_source if which == "dkv" else fb.dq_source)(kind, D, stages,
                                                                          (masked, dropped,
-                                                                          capped))
+                                                                          capped, alibi))
         ns = dict(flash.namespace(kind), mma_s=wgmma(st, kind),
                   mma_rs=wgmma_rs(D, kind, 1),
                   LOG2E=types.float32(math.log2(math.e)), INF=types.float32(np.inf))
@@ -107,9 +107,9 @@ def backward(do, q, k, v, lse, dl, dq, dk, dv, lq, lk, mb, ma, geo, layout, stre
 def ptx_examples():
     """Both kernels at both head dims in bfloat16 (float16's differ only in the names of
     their conversions; a compile costs CI 20-40 s), and both at D 128 with a boolean mask
-    and dropout and a logit cap, and with an additive mask."""
+    and dropout and a logit cap, and with an additive mask and ALiBi."""
     for which in ("dkv", "dq"):
         for D in (64, 128):
             kernel(which, "bfloat16", D)
         kernel(which, "bfloat16", 128, 1, True, True)
-        kernel(which, "bfloat16", 128, 2, False)
+        kernel(which, "bfloat16", 128, 2, False, False, True)

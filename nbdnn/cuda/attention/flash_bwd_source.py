@@ -30,10 +30,11 @@ The producer warpgroup's one thread loads the resident tiles once and streams th
 consumers release a stage after their last product that reads it. Masked pairs (key
 past seq_lens_k, query past seq_lens_q, causal) get P = dS = 0 by selection.
 
-A mask, dropout and a logit cap (flash_source.py) are compiled in where a call has them
-(`masked`: its kind, `dropped`, `capped`): a False boolean byte is one more masked pair,
-an additive value m joins its score as m / scale before P is recomputed; a capped score
-is recomputed capped and dS takes the cap's slope 1 - tanh^2; with dropout
+A mask, dropout, a logit cap and ALiBi (flash_source.py) are compiled in where a call
+has them (`masked`: its kind, `dropped`, `capped`, `alibi`): a False boolean byte is one
+more masked pair, an additive value m joins its score as m / scale before P is
+recomputed; a capped score is recomputed capped and dS takes the cap's slope
+1 - tanh^2; ALiBi's term joins the (capped) score as in the forward; with dropout
 (Sk % 4 == 0) dV takes P' = P keep / (1 - p) and dS = P (dP keep / (1 - p) - delta), the
 keep factors drawn as the forward drew them. In dq a lane pair shares a Philox call's
 4 adjacent keys as in the forward; in dkv, whose lanes hold 2 queries of a key, the 4
@@ -45,7 +46,7 @@ of that lane's call): st / 8 calls a thread a step, none wasted.
 Traffic (dkv, D 128, a step of st = 32 queries): 2 x 32 x 128 x 2 B + 256 B in, 4
 products of 2 x 64 x 32 x 128 flops per warpgroup: 4.2 MFLOP a block for 16.6 KB.
 """
-from .flash_source import REGS, cap_lines, live_lines
+from .flash_source import REGS, alibi_lines, cap_lines, live_lines
 
 BLOCK = 128   # the resident tile's rows (keys in dkv, queries in dq): 2 warpgroups of 64
 STEP = 64     # the streamed tile's rows (queries in dkv, keys in dq) ...
@@ -104,19 +105,21 @@ def _rs_lines(pairs, ind, st):
     return L
 
 
-def _grad_lines(ind, masked, L_of, dl_of, pack_p, st, feat=(0, False, False), keep=None,
-                added=None):
+def _grad_lines(ind, masked, L_of, dl_of, pack_p, st, feat=(0, False, False, False),
+                keep=None, added=None, alibi_of=None):
     """sv, dp (m64n64 accumulators: S and dP) -> p = exp2(s sl - L), dS = p (dp - delta), zeros where
     masked(k) holds (masked tiles only; every tile with a boolean mask), packed into ap
     (P, if pack_p) and ad (dS); dropped: times the keep factors f{k} that keep(j, ind)'s
     lines make for pairs 4j .. 4j + 3 (_keep_lines); an additive mask: score k is
     sv[k] + added(k) (its value / scale); capped: score k is sv[k] capped (flash.capped,
     its 1 / (1 + 2^(s c2)) kept as rc{k}) and dS takes the cap's slope 1 - tanh^2 =
-    4 rc (1 - rc). A column group j at a time: its factors, scores and packed pairs, so
-    few values are live at once."""
-    mask_kind, dropped, capped = feat
+    4 rc (1 - rc); alibi: score k then takes alibi_of(k), ALiBi's term in raw units. A
+    column group j at a time: its factors, scores and packed pairs, so few values are
+    live at once."""
+    mask_kind, dropped, capped, alibi = feat
     boolean = mask_kind != 0  # (every tile reads its mask: no unmasked branch)
-    raw = (lambda k: f"(ccs - ccs2 * rc{k})") if capped else (lambda k: f"sv[{k}]")
+    base = (lambda k: f"(ccs - ccs2 * rc{k})") if capped else (lambda k: f"sv[{k}]")
+    raw = (lambda k: f"({base(k)} + {alibi_of(k)})") if alibi else base
     s_of = (lambda k: f"({raw(k)} + {added(k)})") if mask_kind == 2 else raw
     f = (lambda k: f" * f{k}") if dropped else (lambda k: "")
     slope = (lambda k: f" * (F32(4) * rc{k} * (F32(1) - rc{k}))") if capped else \
@@ -239,17 +242,19 @@ def _release():
             "                mbarrier_arrive(U32(empty0 + 8 * s))"]
 
 
-_FEATURES = "mb, ma, ms0, ms1, ms2, ms3, thr, kscale, off_lo, off_hi, key_lo, key_hi, softcap"
+_FEATURES = "mb, ma, ms0, ms1, ms2, ms3, thr, kscale, off_lo, off_hi, key_lo, key_hi, softcap, " \
+    "alibi, slope_b, slopes"
 
 
 def _suffix(feat):
-    return ("", "_m", "_a")[feat[0]] + ("_d" if feat[1] else "") + ("_c" if feat[2] else "")
+    return ("", "_m", "_a")[feat[0]] + ("_d" if feat[1] else "") + ("_c" if feat[2] else "") + \
+        ("_l" if feat[3] else "")
 
 
-def dkv_source(kind, D, stages, feat=(False, False, False)):
+def dkv_source(kind, D, stages, feat=(False, False, False, False)):
     """(name, source) of the dK/dV kernel (module docstring) for kind "f16"/"bf16", head
     dim D (64 or 128), `stages` Q/dO stages; feat: (the mask's kind: 0 none, 1 boolean,
-    2 additive; dropout; the logit cap)."""
+    2 additive; dropout; the logit cap; ALiBi)."""
     st = step_of("dkv", D, feat[1])
     name = f"attention_flash_dkv_{kind}_d{D}_m{st}s{stages}" + _suffix(feat)
     args = ("map_a, map_b, map_c, map_d, lse, dl, dk_out, dv_out, lq, lk, Hq, G, Sq, Sk, "
@@ -289,6 +294,8 @@ def dkv_source(kind, D, stages, feat=(False, False, False)):
         "        wband = U64(win_hi - win_lo)  # (win_lo <= 0 <= win_hi)",
         "        dk = zero_acc()", "        dv = zero_acc()",
         "        sv = zero_s()", "        dp = zero_s()"]
+    if feat[3]:  # (ALiBi's diagonal: the block's; its slope: each step's head's, below)
+        L += ["        adg = (min(max(lkb, 0), Sk) - min(max(lqb, 0), Sq)) if alibi == 2 else 0"]
     if feat[1]:  # (r0 % 4 = kl: the key group of row r0 + 8 (kl // 2) starts at kg)
         L += ["        kl = (lane // 4) % 4",
               "        kg = r0 + 8 * (kl // 2) - kl"]
@@ -297,6 +304,9 @@ def dkv_source(kind, D, stages, feat=(False, False, False)):
     L += ["        for u in range(nsteps):"] + ["            " + x for x in tile] + [
         "            cl = i0 + cb  # this thread's query columns cl + 8 j + {0, 1}",
         "            rb = (b * Hq + h) * Sq"]
+    if feat[3]:  # (pair (query cl + c, key r): -slope / scale |cq + c|)
+        L += ["            ans = -slopes[b * slope_b + h] * F32(LOG2E) / sl"]
+        L += [f"            cq{rr} = cl + adg - r{rr}" for rr in (0, 1)]
     for j in range(st // 8):  # their L and delta, loaded before the stage's wait (in flight
         # under it and S^T's products; TMA can't: a box's first byte must be 16-B aligned,
         # (b Hq + h) Sq 4 bytes is not when Sq % 4 != 0, an illegal instruction on the H200)
@@ -332,9 +342,12 @@ def dkv_source(kind, D, stages, feat=(False, False, False)):
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
         return (f"mask_term(widen(ma[b * ms0 + h * ms1 + min(cl + {co}, Sq - 1) * ms2 + "
                 f"min(r{rr}, Sk - 1) * ms3]), isc)")
+    def alibi_of(k):
+        co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
+        return f"ans * F32(abs(cq{rr} + {co}))"
     L += _grad_lines(" " * 12, masked, lambda k: f"L{2 * (k // 4) + k % 2}",
                      lambda k: f"dl{2 * (k // 4) + k % 2}", True, st, feat,
-                     lambda j, ind: _keep_lines("dkv", j, ind), added)
+                     lambda j, ind: _keep_lines("dkv", j, ind), added, alibi_of)
     L += ["            wgmma_fence()"] + _rs_lines((("dv", "ap", f"sa + {st * D * 2}"),
                                                     ("dk", "ad", "sa")), " " * 12, st) + _release()
     L += _store_lines("dk", D, "Sk", "b * kb + hk * kh + rw * krow + cb", "sc", "rw >= lkb") + \
@@ -343,7 +356,7 @@ def dkv_source(kind, D, stages, feat=(False, False, False)):
     return name, "\n".join(L) + "\n"
 
 
-def dq_source(kind, D, stages, feat=(False, False, False)):
+def dq_source(kind, D, stages, feat=(False, False, False, False)):
     """(name, source) of the dQ kernel (module docstring); feat as dkv_source's."""
     st = step_of("dq", D)
     name = f"attention_flash_dq_{kind}_d{D}_s{stages}" + _suffix(feat)
@@ -386,6 +399,8 @@ def dq_source(kind, D, stages, feat=(False, False, False)):
               f"        dl{rr} = dl[bh * Sq + r{rr}] if r{rr} < Sq else F32(0)"]
     L += live_lines("        ") + [
           "        dq = zero_acc()", "        sv = zero_s()", "        dp = zero_s()"]
+    if feat[3]:
+        L += alibi_lines("        ", "r0", "r1")
     if feat[0]:  # (rows past Sq read row Sq - 1: in bounds, never stored)
         L += [f"        mq{rr} = b * ms0 + h * ms1 + min(r{rr}, Sq - 1) * ms2" for rr in (0, 1)]
     if feat[1]:
@@ -401,6 +416,8 @@ def dq_source(kind, D, stages, feat=(False, False, False)):
         "win_hi) | (n0 < wrow + 63 + dg + win_lo)))",
         "            cl = n0 + cb",
         "            ck0 = U64(cl - lo0)", "            ck1 = U64(cl - lo1)"]
+    if feat[3]:  # (pair (query r, key cl + c): -slope / scale |ca - c|)
+        L += [f"            ca{rr} = ai{rr} - cl" for rr in (0, 1)]
 
     def at(k):  # pair k's mask element: query r_rr (its row offset mq), key cl + co
         co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
@@ -413,9 +430,12 @@ def dq_source(kind, D, stages, feat=(False, False, False)):
     def added(k):  # (a key past Sk is not read; masked() drops its pair)
         co = 8 * (k // 4) + k % 2
         return f"added_term(ma, {at(k)}, cl + {co} < Sk, isc)"
+    def alibi_of(k):
+        co, rr = 8 * (k // 4) + k % 2, (k % 4) // 2
+        return f"ans * F32(abs(ca{rr} - {co}))"
     L += _grad_lines(" " * 12, masked, lambda k: f"L{(k % 4) // 2}",
                      lambda k: f"dl{(k % 4) // 2}", False, st, feat,
-                     lambda j, ind: _keep_lines("dq", j, ind), added)
+                     lambda j, ind: _keep_lines("dq", j, ind), added, alibi_of)
     L += ["            wgmma_fence()"] + _rs_lines((("dq", "ad", "sa"),), " " * 12, st) + _release()
     L += _store_lines("dq", D, "Sq", "b * qb + h * qh + rw * qrow + cb", "sc", "rw >= lqb")
     return name, "\n".join(L) + "\n"

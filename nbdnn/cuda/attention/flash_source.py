@@ -26,8 +26,8 @@ BN = 128, D = 128, 64 KB for 8.4 MFLOP, 128 flop/byte, so the loads hide behind 
 tensor cores once a head's K and V sit in L2 (the block order keeps a head's query
 tiles together).
 
-Three features are compiled in only where a call has them (`masked`: the mask's kind,
-`dropped`, `capped`):
+Four features are compiled in only where a call has them (`masked`: the mask's kind,
+`dropped`, `capped`, `alibi`):
 - a mask (strides ms0..ms3 over (B, Hq, Sq, Sk), 0 where broadcast): boolean (True
   attends), each score reads its byte and a False one is -inf, as past seq_lens_k; or
   additive (q's dtype), each score takes its value m / scale before the scale (in the
@@ -43,7 +43,10 @@ Three features are compiled in only where a call has them (`masked`: the mask's 
 - a logit cap (softcap): each raw score s becomes (softcap / scale) tanh(s scale /
   softcap) before the mask and the softmax (flash.capped: ex2 and rcp, two MUFU
   instructions a score besides the softmax's ex2; tanh.approx's one would err by
-  2^-11 of the cap, 0.025 at Gemma 2's 50).
+  2^-11 of the cap, 0.025 at Gemma 2's 50);
+- ALiBi: each (capped) raw score takes -slope / scale |i + d - j| (d: ALiBi's diagonal),
+  |i + d - j| = |ca - c| for the tile's per-row ca = i + d - n0 - cb and the score's
+  column offset c: a subtraction, an absolute value, a conversion and an FMA a score.
 """
 
 BM = 128           # query rows a block (two consumer warpgroups of 64)
@@ -146,6 +149,14 @@ def cap_lines(ind):
             f"{ind}ccs2 = F32(2) * ccs"]
 
 
+def alibi_lines(ind, *rows):
+    """ALiBi's slope as a raw-unit factor ans = -slope / scale (sl = scale log2(e)), the
+    diagonal adg of its code, and each row's ai = i + adg (rows: the names of i)."""
+    return [f"{ind}ans = -slopes[b * slope_b + h] * F32(LOG2E) / sl",
+            f"{ind}adg = (min(max(lkb, 0), Sk) - min(max(lqb, 0), Sq)) if alibi == 2 else 0"] + \
+        [f"{ind}ai{rr} = {r} + adg" for rr, r in enumerate(rows)]
+
+
 def _pack_lines(BN, ind, dropped=False):
     """P's probabilities p -> the 16-bit pairs a of PV's A operand; dropped: each times
     its keep factor, kscale or 0 (module docstring: a lane's call per column group j
@@ -161,31 +172,38 @@ def _pack_lines(BN, ind, dropped=False):
     return L
 
 
-def _softmax_lines(BN, D, ind, pack=True, feat=(False, False, False)):
+def _softmax_lines(BN, D, ind, pack=True, feat=(False, False, False, False)):
     """Scores s -> masked x, the rows' running max m_, sum l_, probabilities p (packed
     into a unless pack is False). feat: (masked: the mask's kind, 1 boolean, 2 additive:
     every score reads its mask value; dropped: the packed p take their keep factors;
-    capped: each raw score capped first, capped(s, ...) of flash.py, in its own units)."""
-    masked, dropped, capped = feat
+    capped: each raw score capped first, capped(s, ...) of flash.py, in its own units;
+    alibi: then ALiBi's term, ans |ca - c| in raw units)."""
+    masked, dropped, capped, alibi = feat
     raw = "capped(sc[{k}], cc2, ccs, ccs2)" if capped else "sc[{k}]"
+    if alibi:
+        raw = "(" + raw + " + ans * F32(abs(ca{r} - {c})))"
     n = BN // 2
     row = [(k % 4) // 2 for k in range(n)]          # 0: row r, 1: row r + 8
     col = [8 * (k // 4) + k % 2 for k in range(n)]  # column offset past n0 + cb
     inside = "ck{r} + U64({c}) < wd{r}"  # (key cl + c in row r's live keys lo .. lim - 1)
+    alibi_tile = [f"{ind}ca{rr} = ai{rr} - n0 - cb" for rr in (0, 1)] if alibi else []
     if masked:
         score = f"masked_score({raw}, {inside}, mb, mr{{r}} + (cl + {{c}}) * ms3)" \
             if masked == 1 else \
             f"added_score({raw}, {inside}, ma, mr{{r}} + (cl + {{c}}) * ms3, isc)"
         L = [f"{ind}cl = n0 + cb", f"{ind}ck0 = U64(cl - lo0)", f"{ind}ck1 = U64(cl - lo1)"]
         L += [f"{ind}x{k} = " + score.format(k=k, c=col[k], r=row[k]) for k in range(n)]
+        L = L[:1] + alibi_tile + L[1:]
     else:
         L = [f"{ind}need = (n0 + {BN} > lkb) | ((causal != 0) & ((n0 + {BN - 1} > wrow + dg + "
              f"win_hi) | (n0 < wrow + 63 + dg + win_lo)))  # (bitwise: no branches in IR)",
              f"{ind}if need:", f"{ind}    ck0 = U64(n0 + cb - lo0)",
              f"{ind}    ck1 = U64(n0 + cb - lo1)"]
-        L += [f"{ind}    x{k} = sel({inside.format(c=col[k], r=row[k])}, {raw.format(k=k)}, "
-              "NEG)" for k in range(n)]
-        L += [f"{ind}else:"] + [f"{ind}    x{k} = {raw.format(k=k)}" for k in range(n)]
+        L += [f"{ind}    x{k} = sel({inside.format(c=col[k], r=row[k])}, "
+              f"{raw.format(k=k, c=col[k], r=row[k])}, NEG)" for k in range(n)]
+        L += [f"{ind}else:"] + [f"{ind}    x{k} = {raw.format(k=k, c=col[k], r=row[k])}"
+                                for k in range(n)]
+        L = alibi_tile + L
     for rr in (0, 1):
         xs = [f"x{k}" for k in range(n) if row[k] == rr]
         L += [f"{ind}mx{rr} = {_tree('fmaxf', xs)}",
@@ -215,7 +233,7 @@ def _pv_lines(D, BN, ind, stage, parity):
 
 def _consumer_lines(D, BN, stages, overlap, pingpong, persistent, feat):
     """A consumer warpgroup: its constants, then its tiles (_tile_lines), one each
-    unless persistent. feat: (masked, dropped, capped)."""
+    unless persistent. feat: (masked, dropped, capped, alibi)."""
     setup = ["    else:", f"        setmaxnreg_inc({REGS[1]})", "        w = wg - 1",
              "        i = tid % 128", "        lane = i % 32", "        cb = 2 * (lane % 4)",
              "        qa = qs + w * 8192  # (64 rows of 128 B into each Q box)",
@@ -228,13 +246,13 @@ def _consumer_lines(D, BN, stages, overlap, pingpong, persistent, feat):
     return setup + (_persistent(L, "        ", D, BN) if persistent else L)
 
 
-def _consumer_tile(D, BN, stages, overlap, pingpong=False, feat=(False, False, False)):
+def _consumer_tile(D, BN, stages, overlap, pingpong=False, feat=(False, False, False, False)):
     """A consumer warpgroup's loop over the key tiles. overlap (variant F2, FA3's
     intra-warpgroup pipelining): tile t's S = QK^T and tile t-1's O += PV are issued
     together, and the softmax of S_t runs while PV_{t-1} is on the tensor cores; O is
     rescaled once PV_{t-1} is done, the last tile's PV after the loop. Without it (F1):
     S_t, wait, softmax, PV_t, wait."""
-    masked, dropped, capped = feat
+    masked, dropped, capped, alibi = feat
     kv_bytes = BN * D * 2
     ind = " " * 12
     L = ["        wrow = m0 + w * 64",
@@ -247,6 +265,8 @@ def _consumer_tile(D, BN, stages, overlap, pingpong=False, feat=(False, False, F
         L += ["        isc = F32(LOG2E) / sl  # 1 / scale: m / scale joins the raw scores"]
     if capped:
         L += cap_lines("        ")
+    if alibi:
+        L += alibi_lines("        ", "r0", "r1")
     if dropped:  # score (row, n0 + 8 j + 4 (c // 2)): this lane's call's first word
         L += ["        eb = U64((b * Hq + h) * Sq + (r0 if lane % 2 == 0 else r1)) * U64(Sk) "
               "+ U64(4 * ((lane % 4) // 2))",
@@ -343,23 +363,23 @@ def _helper_lines(D, BN):
 
 
 def source(kind, D, BN, stages, overlap=True, pingpong=False, persistent=False,
-           masked=False, dropped=False, capped=False):
+           masked=False, dropped=False, capped=False, alibi=False):
     """(name, source) of the forward kernel for kind "f16"/"bf16", head dim D (64 or 128),
     BN keys a tile, `stages` K/V stages; overlap: variant F2 (_consumer_tile), else F1;
     pingpong (with overlap): F3, the warpgroups' products in turns; persistent: a block
     loops over tiles (total of them, the grid one block an SM), its producer loading the
     next tile's Q once the consumers' products are done with the last (barrier qempty)
     and its K and V meanwhile; masked: the mask's kind (0 none, 1 boolean, 2 additive),
-    dropped: dropout, capped: the logit cap (module docstring)."""
+    dropped: dropout, capped: the logit cap, alibi: ALiBi (module docstring)."""
     q_bytes, kv_bytes = BM * D * 2, BN * D * 2
     name = f"attention_flash_fwd_{kind}_d{D}_n{BN}s{stages}" + \
         ("_pp" if overlap and pingpong else "" if overlap else "_f1") + \
         ("_p" if persistent else "") + ("", "_m", "_a")[masked] + ("_d" if dropped else "") + \
-        ("_c" if capped else "")
+        ("_c" if capped else "") + ("_l" if alibi else "")
     L = _helper_lines(D, BN) + [
          f"def {name}(map_q, map_k, map_v, out, lse, lq, lk, Hq, G, Sq, Sk, has_lq, has_lk, "
          "causal, win_lo, win_hi, bhsd, scale_log2, ob, oh, orow, total, mb, ma, ms0, ms1, ms2, "
-         "ms3, thr, kscale, off_lo, off_hi, key_lo, key_hi, softcap):",
+         "ms3, thr, kscale, off_lo, off_hi, key_lo, key_hi, softcap, alibi, slope_b, slopes):",
          "    smem = cuda.shared.array(0, types.uint8)",
          f"    bars = cuda.shared.array({2 + 3 * stages}, types.uint64, alignment=8)",
          "    tid = cuda.threadIdx.x",
@@ -387,5 +407,5 @@ def source(kind, D, BN, stages, overlap=True, pingpong=False, persistent=False,
          "    cuda.syncthreads()"]
     L += _producer_lines(D, BN, stages, persistent) + \
         _consumer_lines(D, BN, stages, overlap, pingpong and overlap, persistent,
-                        (masked, dropped, capped))
+                        (masked, dropped, capped, alibi))
     return name, "\n".join(L) + "\n"

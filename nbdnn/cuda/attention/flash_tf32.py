@@ -30,7 +30,7 @@ this tile's products was tried and dropped: ptxas gave it 255 registers and spil
 432 B at D 64 (3.9 KB at D 128), LLVM hoisting the loop-invariant part of each
 prefetched element's address out of the key loop.
 
-Features: logit caps, causal (top-left, PyTorch's, or bottom-right) and sliding windows
+Features: logit caps, ALiBi, causal (top-left, PyTorch's, or bottom-right) and sliding windows
 about its diagonal (geometry.py's band: the key tiles before and past a block's bands
 are skipped), grouped-query heads,
 seq_lens_q / seq_lens_k (keys past a length are zero-filled, never read), both layouts
@@ -89,7 +89,7 @@ SIG = ("void(float32[::1], float32[::1], float32[::1], float32[::1], float32[::1
        "int64[::1], int64[::1], " + ", ".join(["int64"] * 21) + ", float32, "
        "float32[::1], uint8[::1], int64, int64, int64, int64, int64, "  # the mask
        "uint64, float32, uint64, uint64, uint64, uint64, "  # the dropout (simt.py's keep)
-       "float32)")  # the logit cap
+       "float32, int64, int64, float32[::1])")  # the logit cap; ALiBi's code, stride, slopes
 
 bits = instruction("mov.b32 $0, $1;", types.uint32, types.float32,
                    "a float32's bits (a value already rounded to TF32) as mma_tf32 takes them")
@@ -126,11 +126,11 @@ def shared_bytes(D, P):
     return (BQ * (1 if q_raw else parts) + 2 * bk * parts) * (D + 4) * 4
 
 
-def source(D, P, masked=False, dropped=False, capped=False):
+def source(D, P, masked=False, dropped=False, capped=False, alibi=False):
     """(name, source) of the kernel for head dim D and P products a term (1 or 3), with
-    the mask's bias (masked), the dropout's keep factors (dropped) and the logit cap
-    (capped: flash.capped in exp2's units, cap log2(e) tanh(s scale / cap)) compiled in
-    or out."""
+    the mask's bias (masked), the dropout's keep factors (dropped), the logit cap
+    (capped: flash.capped in exp2's units, cap log2(e) tanh(s scale / cap)) and ALiBi
+    (-slope log2(e) |i + d - j| after it) compiled in or out."""
     BK, q_raw = config(D, P)
     NT = BK // 8  # key n-tiles of a tile
     PD, DT = D + 4, D // 8
@@ -144,11 +144,14 @@ def source(D, P, masked=False, dropped=False, capped=False):
                 at += rows * PD
     name = f"attention_flash_tf32_d{D}_{'3x' if P == 3 else '1x'}" \
         f"{'_m' if masked else ''}{'_d' if dropped else ''}{'_c' if capped else ''}" \
+        f"{'_l' if alibi else ''}" \
         f"{f'_k{BK}' if BK != 32 else ''}{'_qr' if q_raw else ''}" \
         f"{'_pr' if P == 3 and PROMOTE_3X else ''}"
 
-    def score(n, e):  # accumulator s{n}_{e} as its score in exp2's units
-        return f"capped(s{n}_{e}, cc2, ccs, ccs2)" if capped else f"s{n}_{e} * scale2"
+    def score(n, e):  # accumulator s{n}_{e} as its score in exp2's units (key j)
+        s = f"capped(s{n}_{e}, cc2, ccs, ccs2)" if capped else f"s{n}_{e} * scale2"
+        r = "a" if e < 2 else "b"
+        return f"({s} + nsl * F32(abs(ai_{r} - j)))" if alibi else s
 
     def split(val, dst, idx):  # a value into its TF32 head (and tail) in shared memory
         if q_raw and dst == "Q":
@@ -171,7 +174,8 @@ def source(D, P, masked=False, dropped=False, capped=False):
 
     L = [f"def {name}(q, k, v, o, lse, lens_q, lens_k, Hq, G, Sq, Sk, qb, qh, qi, kb, kh, kj, "
          "vb, vh, vj, ob, oh, oi, has_lq, has_lk, causal, win_lo, win_hi, scale2, ma, mb, mkind, "
-         "m0, m1, m2, m3, thr, kscale, off_lo, off_hi, key_lo, key_hi, softcap):",
+         "m0, m1, m2, m3, thr, kscale, off_lo, off_hi, key_lo, key_hi, softcap, alibi, "
+         "slope_b, slopes):",
          "    sm = cuda.shared.array(0, F32)",
          "    t = cuda.threadIdx.x", "    lane = t % 32", "    w = t // 32",
          "    g = lane // 4", "    c = lane % 4",
@@ -200,6 +204,8 @@ def source(D, P, masked=False, dropped=False, capped=False):
           "    cc2 = F32(2) * scale2 / softcap if softcap > 0 else F32(0)  # (capped's "
           "constants)",
           "    ccs = softcap * LOG2E", "    ccs2 = F32(2) * ccs",
+          "    nsl = -slopes[b * slope_b + h] * LOG2E if alibi != 0 else F32(0)  # (ALiBi's)",
+          "    adg = nk - nq if alibi == 2 else 0", "    ai_a = ra + adg", "    ai_b = rb + adg",
           "    mo_a = b * m0 + h * m1 + ra * m2  # (the mask's rows: its broadcast strides)",
           "    mo_b = mo_a + 8 * m2",
           "    e_a = U64((b * Hq + h) * Sq + ra) * U64(Sk)  # (the dropout's element of key 0)",
@@ -297,12 +303,12 @@ def source(D, P, masked=False, dropped=False, capped=False):
 _KERNELS = {}
 
 
-def kernel(D, P, masked=False, dropped=False, capped=False):
-    """The Kernel for head dim D, P products a term, the mask, dropout and the logit cap
-    compiled in or out, built on first use."""
-    key = D, P, masked, dropped, capped, config(D, P), PROMOTE_3X
+def kernel(D, P, masked=False, dropped=False, capped=False, alibi=False):
+    """The Kernel for head dim D, P products a term, the mask, dropout, the logit cap and
+    ALiBi compiled in or out, built on first use."""
+    key = D, P, masked, dropped, capped, alibi, config(D, P), PROMOTE_3X
     if key not in _KERNELS:
-        name, src = source(D, P, masked, dropped, capped)
+        name, src = source(D, P, masked, dropped, capped, alibi)
         fn = compile_source(name, src, dict(
             cuda=cuda, math=math, F32=types.float32, NEG=types.float32(-np.inf),
             LN2=types.float32(math.log(2)), FULL=0xFFFFFFFF, fmaxf=libdevice.fmaxf, ex2=flash.ex2,
@@ -324,11 +330,12 @@ def forward(q, k, v, o, lse, ma, mb, lq, lk, geo, math_mode, stream):
     geometry.Geometry)."""
     B, Hq, G, Sq, Sk, D = geo[:6]
     P = MODES[math_mode]
-    kern = kernel(D, P, geo.masked, geo.dropped, geo.softcap > 0)
+    kern = kernel(D, P, geo.masked, geo.dropped, geo.softcap > 0, geo.alibi != 0)
     scale2 = float(geo.scale * math.log2(math.e))
     kern.launch(SIG, B * Hq * -(-Sq // BQ), THREADS, stream, q, k, v, o, lse, lq, lk, Hq, G,
                 Sq, Sk, *geo.strides, *geo.lengths, geo.causal, geo.win_lo, geo.win_hi, scale2,
-                ma, mb, *geo.mask, *geo.dropout, float(geo.softcap), shmem=shared_bytes(D, P))
+                ma, mb, *geo.mask, *geo.dropout, float(geo.softcap), geo.alibi, geo.slope_b,
+                geo.slopes, shmem=shared_bytes(D, P))
 
 
 def ptx_examples():
