@@ -238,6 +238,23 @@ def test_flash_windows_match_reference(dtype, D, layout, Sq, Sk, window, causal,
     _check_backward(q, k, v, do, tol, **kw)
 
 
+def _check_feature(rng, q, k, v, do, dtype, Sq, Sk, suffix, kw):
+    """A compiled-in feature's kernels (names ending in suffix), forward and backward,
+    against the float64 reference; q (B 2, Hq 4, Sq), k, v (Hk 2, Sk); kw["attn_mask"]
+    a _mask kind, made here."""
+    kw = dict(kw, enable_gqa=True)
+    if "attn_mask" in kw:
+        kw["attn_mask"] = _mask(rng, kw["attn_mask"], 2, 4, Sq, Sk, dtype)
+    with launched() as names:
+        o, lse = _run(q, k, v, **kw)
+    assert any(n.startswith("attention_flash_fwd") and n.endswith(suffix) for n in names), \
+        names
+    want_o, want_lse = _reference(q, k, v, **kw)
+    np.testing.assert_allclose(o, want_o, atol=2 * TOL[dtype], rtol=2 * TOL[dtype])
+    np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
+    _check_backward(q, k, v, do, TOL[dtype], suffix, **kw)
+
+
 @pytest.mark.parametrize("dtype,D,layout,cap,kw", [
     ("bfloat16", 128, "BHSD", 2.0, dict()),
     ("float16", 64, "BSHD", 0.5, dict(is_causal=True, window=(90, 0))),
@@ -255,16 +272,7 @@ def test_flash_softcap_matches_reference(dtype, D, layout, cap, kw):
     q, k, v = _inputs(rng, dtype, layout, 2, 4, 2, Sq, Sk, D)
     q = (3 * np.asarray(q, np.float32)).astype(DTYPES[dtype])  # (scores past the caps)
     do = rng.normal(0, 1, q.shape).astype(DTYPES[dtype])
-    kw = dict(kw, softcap=cap, enable_gqa=True, layout=layout)
-    if "attn_mask" in kw:
-        kw["attn_mask"] = _mask(rng, kw["attn_mask"], 2, 4, Sq, Sk, dtype)
-    with launched() as names:
-        o, lse = _run(q, k, v, **kw)
-    assert any(n.startswith("attention_flash_fwd") and n.endswith("_c") for n in names), names
-    want_o, want_lse = _reference(q, k, v, **kw)
-    np.testing.assert_allclose(o, want_o, atol=2 * TOL[dtype], rtol=2 * TOL[dtype])
-    np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
-    _check_backward(q, k, v, do, TOL[dtype], "_c", **kw)
+    _check_feature(rng, q, k, v, do, dtype, Sq, Sk, "_c", dict(kw, softcap=cap, layout=layout))
 
 
 @pytest.mark.parametrize("dtype,D,layout,per_entry,kw", [
@@ -286,16 +294,8 @@ def test_flash_alibi_matches_reference(dtype, D, layout, per_entry, kw):
     q, k, v = _inputs(rng, dtype, layout, 2, 4, 2, Sq, Sk, D)
     do = rng.normal(0, 1, q.shape).astype(DTYPES[dtype])
     slopes = rng.uniform(0.01, 0.5, (2, 4) if per_entry else (4,)).astype(np.float32)
-    kw = dict(kw, alibi_slopes=slopes, enable_gqa=True, layout=layout)
-    if "attn_mask" in kw:
-        kw["attn_mask"] = _mask(rng, kw["attn_mask"], 2, 4, Sq, Sk, dtype)
-    with launched() as names:
-        o, lse = _run(q, k, v, **kw)
-    assert any(n.startswith("attention_flash_fwd") and n.endswith("_l") for n in names), names
-    want_o, want_lse = _reference(q, k, v, **kw)
-    np.testing.assert_allclose(o, want_o, atol=2 * TOL[dtype], rtol=2 * TOL[dtype])
-    np.testing.assert_allclose(lse, want_lse, atol=1e-3, rtol=1e-4)
-    _check_backward(q, k, v, do, TOL[dtype], "_l", **kw)
+    _check_feature(rng, q, k, v, do, dtype, Sq, Sk, "_l",
+                   dict(kw, alibi_slopes=slopes, layout=layout))
 
 
 def test_flash_backward_reruns_are_bit_identical(monkeypatch):

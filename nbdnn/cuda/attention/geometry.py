@@ -89,11 +89,6 @@ class Geometry(NamedTuple):
         return self[29:35]
 
     @property
-    def scalars(self):
-        """Every field but the slopes array."""
-        return self[:-1]
-
-    @property
     def masked(self):
         return self.mask_kind != 0
 
